@@ -1,0 +1,42 @@
+//! Compiles the seed contracts under `proto/` with `protox` (pure Rust, no
+//! system `protoc`), generates prost messages plus tonic clients and servers,
+//! and writes the encoded descriptor set for tonic-reflection.
+
+use std::path::{Path, PathBuf};
+
+use prost::Message as _;
+
+fn collect_protos(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_protos(&path, out)?;
+        } else if path.extension().is_some_and(|ext| ext == "proto") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    let proto_dir = manifest_dir.join("proto");
+    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed=build.rs");
+
+    let mut files = Vec::new();
+    collect_protos(&proto_dir, &mut files)?;
+    files.sort();
+
+    let fds = protox::compile(&files, [&proto_dir])?;
+
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out_dir.join("paddock_descriptor.bin"), fds.encode_to_vec())?;
+
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! Tokens and time: the one place that says "over".
+
+/// A token budget; `max == 0` means unlimited (the obey seed's convention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBudget {
+    pub max: u64,
+}
+
+impl TokenBudget {
+    /// True when `used` has reached the budget: a turn that gets here is interrupted and a new
+    /// message is refused with OBEY-2013.
+    pub fn exhausted(self, used: u64) -> bool {
+        self.max > 0 && used >= self.max
+    }
+}
+
+/// The instant a session times out, if it has a timeout (`timeout_ms == 0` means none).
+pub fn timeout_deadline(started_at_ms: u64, timeout_ms: u64) -> Option<u64> {
+    (timeout_ms > 0).then(|| started_at_ms.saturating_add(timeout_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unlimited_is_never_exhausted() {
+        assert!(!TokenBudget { max: 0 }.exhausted(u64::MAX));
+    }
+
+    #[test]
+    fn exhausted_at_the_limit() {
+        let b = TokenBudget { max: 100 };
+        assert!(!b.exhausted(99));
+        assert!(b.exhausted(100));
+        assert!(b.exhausted(101));
+    }
+
+    #[test]
+    fn deadlines() {
+        assert_eq!(timeout_deadline(10, 0), None);
+        assert_eq!(timeout_deadline(10, 5), Some(15));
+        assert_eq!(timeout_deadline(u64::MAX, 5), Some(u64::MAX));
+    }
+}

@@ -1,0 +1,270 @@
+//! The engine: every session of a daemon, fed one [`Input`] at a time.
+//!
+//! `handle(now, input) -> Vec<Effect>` is the only way state changes. Getters take `&self`;
+//! [`Engine::poll_timeout`] says when the shell must next call `handle(now, Input::Tick)`.
+
+use std::collections::BTreeMap;
+
+use crate::error::{Error, ErrorCode};
+use crate::model::{Millis, RunId, SessionId, SessionRecord, Status};
+use crate::session::effect::Effect;
+use crate::session::input::Input;
+use crate::session::machine::{Ctx, Out, Session, Step, Timer};
+
+/// Every bound the engine enforces. Durations in milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a graceful stop waits for the current turn before force-stopping (OBEY-2021).
+    pub stop_grace_ms: u64,
+    /// TERM → KILL: how long a terminated process gets to exit (the centaurx runner's 10 s).
+    pub kill_grace_ms: u64,
+    /// How long a provider may take to report it started.
+    pub startup_timeout_ms: u64,
+    /// Sessions that are not terminal at once; a create beyond it is refused (OBEY-2004),
+    /// because every live session owns a process.
+    pub max_live_sessions: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            stop_grace_ms: 30_000,
+            kill_grace_ms: 10_000,
+            startup_timeout_ms: 30_000,
+            max_live_sessions: 64,
+        }
+    }
+}
+
+/// All sessions of one daemon.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    sessions: BTreeMap<SessionId, Session>,
+    limits: Limits,
+    next_run: RunId,
+    /// The latest time seen: time never goes backwards inside the engine.
+    now: Millis,
+    trace: Option<Vec<Step>>,
+}
+
+impl Engine {
+    pub fn new(limits: Limits) -> Self {
+        Engine {
+            sessions: BTreeMap::new(),
+            limits,
+            next_run: 1,
+            now: 0,
+            trace: None,
+        }
+    }
+
+    /// Rebuilds the engine from the store at daemon start-up. Sessions that were active when
+    /// the previous daemon died are reconciled: FAILED with OBEY-2032. The returned effects
+    /// persist and announce that.
+    pub fn restore(
+        limits: Limits,
+        now: Millis,
+        records: impl IntoIterator<Item = SessionRecord>,
+    ) -> (Self, Vec<Effect>) {
+        let mut engine = Engine::new(limits);
+        engine.now = now;
+        let mut out = Out::default();
+        for record in records {
+            let id = record.id.clone();
+            let mut s = Session::from_record(record);
+            let mut cx = Ctx {
+                now,
+                lim: &engine.limits,
+                next_run: &mut engine.next_run,
+                trace: &mut engine.trace,
+                out,
+            };
+            s.reconcile(&mut cx);
+            s.flush(&mut cx);
+            out = cx.out;
+            engine.sessions.insert(id, s);
+        }
+        (engine, out.into_effects())
+    }
+
+    // ── getters ────────────────────────────────────────────────────────────
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn session(&self, id: &SessionId) -> Option<&Session> {
+        self.sessions.get(id)
+    }
+
+    /// Every session, in id order (ULIDs: creation order).
+    pub fn sessions(&self) -> impl Iterator<Item = &Session> {
+        self.sessions.values()
+    }
+
+    pub fn live_sessions(&self) -> usize {
+        self.sessions
+            .values()
+            .filter(|s| !s.status().is_terminal())
+            .count()
+    }
+
+    /// The earliest deadline of any session: when, for which session, and why. The shell
+    /// sleeps until then (or the next input) and calls `handle(now, Input::Tick)`.
+    pub fn poll_timeout(&self) -> Option<(Millis, SessionId, Timer)> {
+        let mut best: Option<(Millis, &SessionId, Timer)> = None;
+        for (id, s) in &self.sessions {
+            if let Some((at, t)) = s.next_deadline() {
+                if best.is_none_or(|(b, _, _)| at < b) {
+                    best = Some((at, id, t));
+                }
+            }
+        }
+        best.map(|(at, id, t)| (at, id.clone(), t))
+    }
+
+    /// Turns on recording of every table lookup (for coverage in the simulator).
+    pub fn set_trace(&mut self, on: bool) {
+        self.trace = on.then(Vec::new);
+    }
+
+    /// The table lookups recorded since the last call.
+    pub fn take_trace(&mut self) -> Vec<Step> {
+        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    // ── input ──────────────────────────────────────────────────────────────
+
+    /// Feeds one input at time `now`; returns its effects (persists first: the drain rule).
+    pub fn handle(&mut self, now: Millis, input: Input) -> Vec<Effect> {
+        self.now = self.now.max(now);
+        let now = self.now;
+        let mut cx = Ctx {
+            now,
+            lim: &self.limits,
+            next_run: &mut self.next_run,
+            trace: &mut self.trace,
+            out: Out::default(),
+        };
+        match input {
+            Input::Create { req, id, config } => {
+                let live = self
+                    .sessions
+                    .values()
+                    .filter(|s| !s.status().is_terminal())
+                    .count();
+                let refuse = if self.sessions.contains_key(&id) {
+                    Some(format!("a session with id {id} already exists"))
+                } else if live >= cx.lim.max_live_sessions {
+                    Some(format!(
+                        "limit of {} live sessions reached; stop one first",
+                        cx.lim.max_live_sessions
+                    ))
+                } else {
+                    None
+                };
+                if let Some(msg) = refuse {
+                    cx.out.rest.push(Effect::Reply {
+                        req,
+                        result: Err(Error::new(ErrorCode::CreationFailed, msg)),
+                    });
+                } else {
+                    let record = new_record(id.clone(), config, now);
+                    let mut s = Session::from_record(record);
+                    s.handle_created(req, &mut cx);
+                    s.flush(&mut cx);
+                    self.sessions.insert(id, s);
+                }
+            }
+            Input::Send { req, id, text } => match self.sessions.get_mut(&id) {
+                Some(s) => {
+                    s.handle_send(req, text, &mut cx);
+                    s.flush(&mut cx);
+                }
+                None => not_found(&mut cx, req, &id),
+            },
+            Input::Stop { req, id, graceful } => match self.sessions.get_mut(&id) {
+                Some(s) => {
+                    s.handle_stop(req, graceful, &mut cx);
+                    s.flush(&mut cx);
+                }
+                None => not_found(&mut cx, req, &id),
+            },
+            Input::Restart {
+                req,
+                id,
+                provider_config,
+            } => match self.sessions.get_mut(&id) {
+                Some(s) => {
+                    s.handle_restart(req, provider_config, &mut cx);
+                    s.flush(&mut cx);
+                }
+                None => not_found(&mut cx, req, &id),
+            },
+            Input::Provider { id, run, event } => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.handle_provider(run, event, &mut cx);
+                    s.flush(&mut cx);
+                }
+            }
+            Input::Tick => {
+                // Fire every due deadline, earliest first; a fired timer may set new ones
+                // (a KILL after a TERM), which are due later than `now` unless a limit is 0, so
+                // the loop is bounded by the number of timers a session can have.
+                for s in self.sessions.values_mut() {
+                    for _ in 0..8 {
+                        match s.next_deadline() {
+                            Some((at, t)) if at <= now => s.handle_timer(t, &mut cx),
+                            _ => break,
+                        }
+                    }
+                    s.flush(&mut cx);
+                }
+            }
+        }
+        cx.out.into_effects()
+    }
+
+    /// Forgets a terminal session (after its stored data was deleted). Returns false if the
+    /// session is unknown or still live.
+    pub fn forget(&mut self, id: &SessionId) -> bool {
+        match self.sessions.get(id) {
+            Some(s) if s.status().is_terminal() && s.run() == crate::Run::Idle => {
+                self.sessions.remove(id);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+fn not_found(cx: &mut Ctx, req: u64, id: &SessionId) {
+    cx.out.rest.push(Effect::Reply {
+        req,
+        result: Err(Error::new(
+            ErrorCode::SessionNotFound,
+            format!("session \"{id}\" not found"),
+        )),
+    });
+}
+
+fn new_record(id: SessionId, config: crate::SessionConfig, now: Millis) -> SessionRecord {
+    SessionRecord {
+        id,
+        config,
+        status: Status::Created,
+        tokens_input: 0,
+        tokens_output: 0,
+        pid: None,
+        restart_count: 0,
+        created_at: now,
+        started_at: None,
+        last_activity_at: None,
+        ended_at: None,
+        error: None,
+        provider_session: None,
+        last_activity_seq: 0,
+        last_status_seq: 0,
+        turns: 0,
+    }
+}

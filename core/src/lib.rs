@@ -1,0 +1,26 @@
+//! paddock's core: pure, synchronous state machines for agent sessions.
+//!
+//! `(state, input) -> (state, effects)`. No I/O, no clock, no randomness, no tokio: time, ids
+//! and configuration come in as inputs ([`Engine::handle`] takes `now`), and everything the
+//! world must do comes out as an [`Effect`]. The shell (the daemon) and the simulator drive
+//! this same code.
+//!
+//! - [`session::table`]: which (status, input) pairs are legal — the transition table.
+//! - [`session::machine`]: one session's machine (turns, stops, restarts, budget, timeouts,
+//!   the provider process from spawn to reap).
+//! - [`Engine`]: all sessions of a daemon; the next deadline ([`Engine::poll_timeout`]).
+//! - [`error`]: the OBEY-NNNN registry; [`budget`]: the one place that says "over".
+
+pub mod budget;
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod session;
+
+pub use engine::{Engine, Limits};
+pub use error::{Error, ErrorCode, ErrorKind};
+pub use model::*;
+pub use session::effect::{Effect, Record, Signal, SpawnSpec};
+pub use session::input::{Input, ProviderEvent};
+pub use session::machine::{Run, Session, Step, Timer};
+pub use session::table::{InputKind, Rule};

@@ -1,0 +1,346 @@
+//! The vocabulary every machine and every protocol shares: statuses, providers, activities,
+//! a session's configuration and its durable record.
+//!
+//! Times are `Millis`: milliseconds since the Unix epoch, always supplied by the caller.
+
+use std::collections::BTreeMap;
+
+/// Milliseconds since the Unix epoch, supplied by the shell (or the simulator's clock).
+pub type Millis = u64;
+
+/// Identifies one request whose answer the shell is waiting for.
+pub type RequestId = u64;
+
+/// Identifies one provider process of one session (its "generation"): input from an older
+/// process is recognised and ignored.
+pub type RunId = u64;
+
+/// A session id (a ULID string made by the shell).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(pub String);
+
+impl std::fmt::Display for SessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for SessionId {
+    fn from(s: &str) -> Self {
+        SessionId(s.to_string())
+    }
+}
+
+/// A session's status; the numbering is the obey wire enum's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Status {
+    Created = 1,
+    Starting = 2,
+    /// Idle, waiting for input.
+    Running = 3,
+    /// Processing a message (a turn is in progress).
+    Working = 4,
+    Stopping = 5,
+    /// Terminal: clean shutdown.
+    Stopped = 6,
+    /// Terminal: an error occurred.
+    Failed = 7,
+    /// Blocked on a human (an approval or a question). paddock extension.
+    Waiting = 8,
+}
+
+impl Status {
+    pub const ALL: [Status; 8] = [
+        Status::Created,
+        Status::Starting,
+        Status::Running,
+        Status::Working,
+        Status::Waiting,
+        Status::Stopping,
+        Status::Stopped,
+        Status::Failed,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Stopped | Status::Failed)
+    }
+
+    /// The wire value (`SessionStatus` in obey.local.v1).
+    pub fn number(self) -> i32 {
+        self as i32
+    }
+
+    pub fn from_number(n: i32) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.number() == n)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Created => "CREATED",
+            Status::Starting => "STARTING",
+            Status::Running => "RUNNING",
+            Status::Working => "WORKING",
+            Status::Waiting => "WAITING",
+            Status::Stopping => "STOPPING",
+            Status::Stopped => "STOPPED",
+            Status::Failed => "FAILED",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which agent a session runs; the numbering is the obey wire enum's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Provider {
+    ClaudeCode = 1,
+    OpenClaw = 2,
+    Codex = 3,
+    OpenAiApi = 4,
+    /// paddock extension.
+    Gemini = 5,
+    /// paddock extension: any Agent Client Protocol agent.
+    Acp = 6,
+    /// paddock extension: the built-in scripted agent.
+    Scripted = 7,
+}
+
+impl Provider {
+    pub const ALL: [Provider; 7] = [
+        Provider::ClaudeCode,
+        Provider::OpenClaw,
+        Provider::Codex,
+        Provider::OpenAiApi,
+        Provider::Gemini,
+        Provider::Acp,
+        Provider::Scripted,
+    ];
+
+    pub fn number(self) -> i32 {
+        self as i32
+    }
+
+    pub fn from_number(n: i32) -> Option<Provider> {
+        Provider::ALL.into_iter().find(|p| p.number() == n)
+    }
+
+    /// The name users type (`--provider claude-code`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::ClaudeCode => "claude-code",
+            Provider::OpenClaw => "openclaw",
+            Provider::Codex => "codex",
+            Provider::OpenAiApi => "openai-api",
+            Provider::Gemini => "gemini",
+            Provider::Acp => "acp",
+            Provider::Scripted => "scripted",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Provider> {
+        let n = name.to_ascii_lowercase().replace('_', "-");
+        Provider::ALL
+            .into_iter()
+            .find(|p| p.name() == n || (n == "claude" && *p == Provider::ClaudeCode))
+    }
+}
+
+/// What kind of thing an agent did; the numbering is the obey wire enum's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ActivityKind {
+    Thinking = 1,
+    ToolCall = 2,
+    ToolResult = 3,
+    /// The model's final output: ends the turn.
+    Completion = 4,
+    /// A provider error: ends the turn.
+    Error = 5,
+    Status = 6,
+}
+
+impl ActivityKind {
+    pub const ALL: [ActivityKind; 6] = [
+        ActivityKind::Thinking,
+        ActivityKind::ToolCall,
+        ActivityKind::ToolResult,
+        ActivityKind::Completion,
+        ActivityKind::Error,
+        ActivityKind::Status,
+    ];
+
+    pub fn number(self) -> i32 {
+        self as i32
+    }
+
+    pub fn from_number(n: i32) -> Option<ActivityKind> {
+        ActivityKind::ALL.into_iter().find(|k| k.number() == n)
+    }
+
+    /// COMPLETION and ERROR end a turn.
+    pub fn ends_turn(self) -> bool {
+        matches!(self, ActivityKind::Completion | ActivityKind::Error)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivityKind::Thinking => "THINKING",
+            ActivityKind::ToolCall => "TOOL_CALL",
+            ActivityKind::ToolResult => "TOOL_RESULT",
+            ActivityKind::Completion => "COMPLETION",
+            ActivityKind::Error => "ERROR",
+            ActivityKind::Status => "STATUS",
+        }
+    }
+}
+
+/// One thing a provider did, as its adapter reports it. Tokens are deltas.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Activity {
+    pub kind: Option<ActivityKind>,
+    pub content: String,
+    pub tool_name: String,
+    pub tool_call_id: String,
+    pub tool_success: bool,
+    pub tokens_input: u64,
+    pub tokens_output: u64,
+}
+
+impl Activity {
+    pub fn new(kind: ActivityKind, content: impl Into<String>) -> Self {
+        Activity {
+            kind: Some(kind),
+            content: content.into(),
+            ..Activity::default()
+        }
+    }
+
+    pub fn kind(&self) -> ActivityKind {
+        self.kind.unwrap_or(ActivityKind::Status)
+    }
+
+    pub fn with_tokens(mut self, input: u64, output: u64) -> Self {
+        self.tokens_input = input;
+        self.tokens_output = output;
+        self
+    }
+
+    pub fn with_tool(mut self, name: impl Into<String>, call_id: impl Into<String>) -> Self {
+        self.tool_name = name.into();
+        self.tool_call_id = call_id.into();
+        self
+    }
+}
+
+/// Everything a session is created with; restart re-uses it (with an optional
+/// `provider_config` override).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    pub campaign_id: String,
+    pub provider: Provider,
+    pub model: String,
+    pub agent_name: String,
+    pub festival_id: String,
+    pub task_id: String,
+    pub provider_config: BTreeMap<String, String>,
+    pub environment: BTreeMap<String, String>,
+    /// Token budget; 0 = unlimited.
+    pub max_tokens: u64,
+    /// Session timeout, counted from each start; 0 = none.
+    pub timeout_ms: u64,
+    pub initial_message: String,
+    /// The campaign's root directory: where the agent runs.
+    pub working_dir: String,
+}
+
+impl SessionConfig {
+    /// A minimal configuration (used by tests and the simulator).
+    pub fn new(campaign_id: &str, provider: Provider, working_dir: &str) -> Self {
+        SessionConfig {
+            campaign_id: campaign_id.to_string(),
+            provider,
+            model: String::new(),
+            agent_name: String::new(),
+            festival_id: String::new(),
+            task_id: String::new(),
+            provider_config: BTreeMap::new(),
+            environment: BTreeMap::new(),
+            max_tokens: 0,
+            timeout_ms: 0,
+            initial_message: String::new(),
+            working_dir: working_dir.to_string(),
+        }
+    }
+}
+
+/// The durable part of a session: exactly what the store keeps in `agent_sessions`, and what
+/// the daemon rebuilds its state from after a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub id: SessionId,
+    pub config: SessionConfig,
+    pub status: Status,
+    pub tokens_input: u64,
+    pub tokens_output: u64,
+    /// The provider's process id while one runs.
+    pub pid: Option<u32>,
+    pub restart_count: u32,
+    pub created_at: Millis,
+    pub started_at: Option<Millis>,
+    pub last_activity_at: Option<Millis>,
+    pub ended_at: Option<Millis>,
+    /// Set when FAILED: the code and message that ended the session.
+    pub error: Option<crate::Error>,
+    /// The provider's own conversation id (claude `session_id`, codex `thread_id`, …), kept so
+    /// that a restart continues the same conversation.
+    pub provider_session: Option<String>,
+    /// The last activity sequence number used (per session; only goes up).
+    pub last_activity_seq: u64,
+    /// The last status-event sequence number used.
+    pub last_status_seq: u64,
+    /// How many turns have been started.
+    pub turns: u64,
+}
+
+impl SessionRecord {
+    pub fn tokens_total(&self) -> u64 {
+        self.tokens_input.saturating_add(self.tokens_output)
+    }
+}
+
+/// An activity as stored and as sent to clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActivityEvent {
+    pub session: SessionId,
+    pub seq: u64,
+    /// The turn this activity belongs to (none for activity outside a turn).
+    pub turn: Option<u64>,
+    /// True on the one COMPLETION or ERROR that ends its turn's stream.
+    pub ends_turn: bool,
+    pub activity: Activity,
+    pub at: Millis,
+}
+
+/// A status change, as stored and as sent to watchers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusEvent {
+    pub session: SessionId,
+    pub seq: u64,
+    /// `None` for the first event of a session (its creation).
+    pub previous: Option<Status>,
+    pub new: Status,
+    pub message: String,
+    pub at: Millis,
+}
+
+/// A user message, stored in order with the turn it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserMessage {
+    pub session: SessionId,
+    pub turn: u64,
+    pub text: String,
+    pub at: Millis,
+}

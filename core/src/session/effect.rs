@@ -1,0 +1,83 @@
+//! What comes out of the engine.
+//!
+//! The drain rule: every `handle` call returns its effects with all `Persist` effects first,
+//! in order, then the actions, emits and replies in the order they happened. The shell writes
+//! the persists in a transaction, may run `Spawn` / `Write` / `Signal` at once, and delivers
+//! `Emit*` and `Reply` only after that transaction committed: so no client ever sees an event
+//! that a crash could still lose.
+
+use crate::error::Error;
+use crate::model::{
+    ActivityEvent, RequestId, RunId, SessionConfig, SessionId, SessionRecord, StatusEvent,
+    UserMessage,
+};
+
+/// A row to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// Upsert the session's durable record.
+    Session(Box<SessionRecord>),
+    /// Append one activity.
+    Activity(ActivityEvent),
+    /// Append one status change.
+    Status(StatusEvent),
+    /// Append one user message.
+    UserMessage(UserMessage),
+}
+
+/// A signal for the provider's process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Term,
+    Kill,
+}
+
+/// How to start a provider process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnSpec {
+    pub config: SessionConfig,
+    /// The provider's conversation id to continue (after a restart), if it reported one.
+    pub resume: Option<String>,
+    pub restart_count: u32,
+}
+
+/// One effect for the shell to carry out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    Persist(Record),
+    /// Start the provider process for run `run`; answer with `ProviderEvent::Started` or
+    /// `SpawnFailed`.
+    Spawn {
+        id: SessionId,
+        run: RunId,
+        spec: SpawnSpec,
+    },
+    /// Deliver one user message to the provider of run `run`.
+    Write {
+        id: SessionId,
+        run: RunId,
+        text: String,
+    },
+    /// Signal the process group of run `run`.
+    Signal {
+        id: SessionId,
+        run: RunId,
+        pid: Option<u32>,
+        signal: Signal,
+    },
+    /// Tell watchers about a status change.
+    EmitStatus(StatusEvent),
+    /// Tell the turn's stream (and activity watchers) about an activity.
+    EmitActivity(ActivityEvent),
+    /// Answer request `req`.
+    Reply {
+        req: RequestId,
+        result: Result<SessionRecord, Error>,
+    },
+}
+
+impl Effect {
+    pub fn is_persist(&self) -> bool {
+        matches!(self, Effect::Persist(_))
+    }
+}

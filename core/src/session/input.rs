@@ -1,0 +1,63 @@
+//! What goes into the engine.
+
+use std::collections::BTreeMap;
+
+use crate::model::{Activity, RequestId, RunId, SessionConfig, SessionId};
+
+/// One input to the [`Engine`](crate::Engine). Requests carry the `req` their
+/// [`Effect::Reply`](crate::Effect::Reply) will answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// CreateSession: the shell has validated the request, resolved the campaign and made the id.
+    Create {
+        req: RequestId,
+        id: SessionId,
+        config: SessionConfig,
+    },
+    /// SendMessage.
+    Send {
+        req: RequestId,
+        id: SessionId,
+        text: String,
+    },
+    /// StopSession.
+    Stop {
+        req: RequestId,
+        id: SessionId,
+        graceful: bool,
+    },
+    /// RestartSession, with an optional `provider_config` override.
+    Restart {
+        req: RequestId,
+        id: SessionId,
+        provider_config: Option<BTreeMap<String, String>>,
+    },
+    /// Something the provider process of run `run` did.
+    Provider {
+        id: SessionId,
+        run: RunId,
+        event: ProviderEvent,
+    },
+    /// Time passed: fire every deadline at or before `now`.
+    Tick,
+}
+
+/// What a provider adapter (or the process supervisor) reports about one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderEvent {
+    /// The process is running (`pid` if it is a process of ours).
+    Started { pid: Option<u32> },
+    /// The process could not be started at all.
+    SpawnFailed { reason: String },
+    /// One activity (COMPLETION / ERROR end the turn).
+    Activity(Activity),
+    /// The provider's own conversation id, for resuming after a restart.
+    SessionRef(String),
+    /// The process exited. Sent only after all of its output was read and reported, so that
+    /// nothing it said is lost.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        stderr_tail: String,
+    },
+}

@@ -1,0 +1,829 @@
+//! One session's machine: its durable record plus what only lives while the daemon runs (the
+//! provider process, the current turn, a pending stop or restart, the deadlines).
+
+use std::collections::BTreeMap;
+
+use super::effect::{Effect, Record, Signal, SpawnSpec};
+use super::input::ProviderEvent;
+use super::table::{rule, InputKind, Rule};
+use crate::budget::{timeout_deadline, TokenBudget};
+use crate::error::{Error, ErrorCode};
+use crate::model::{
+    Activity, ActivityEvent, ActivityKind, Millis, RequestId, RunId, SessionRecord, Status,
+    StatusEvent, UserMessage,
+};
+use crate::Limits;
+
+/// The provider process of a session, as the core knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// No process.
+    Idle,
+    /// `Spawn` was asked for; no answer yet.
+    Spawning { run: RunId },
+    /// Running.
+    Alive { run: RunId, pid: Option<u32> },
+    /// TERM was sent; KILL follows at `kill_at` unless it exits first (`None` once KILL was
+    /// sent).
+    Terminating {
+        run: RunId,
+        pid: Option<u32>,
+        kill_at: Option<Millis>,
+    },
+}
+
+impl Run {
+    pub fn id(self) -> Option<RunId> {
+        match self {
+            Run::Idle => None,
+            Run::Spawning { run } | Run::Alive { run, .. } | Run::Terminating { run, .. } => {
+                Some(run)
+            }
+        }
+    }
+}
+
+/// What a session does once its process is gone after a stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterStop {
+    Stopped,
+    Restart,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StopPlan {
+    /// Graceful stop waiting for the current turn until then.
+    grace_deadline: Option<Millis>,
+    /// The grace period ran out and the turn was interrupted: replies carry OBEY-2021.
+    timed_out: bool,
+    replies: Vec<RequestId>,
+    then: AfterStop,
+}
+
+/// Which deadline [`Session::next_deadline`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Timer {
+    Startup,
+    SessionTimeout,
+    StopGrace,
+    Kill,
+}
+
+impl Timer {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Timer::Startup => "provider start-up timeout",
+            Timer::SessionTimeout => "session timeout",
+            Timer::StopGrace => "graceful-stop grace period",
+            Timer::Kill => "TERM to KILL escalation",
+        }
+    }
+
+    fn input_kind(self) -> InputKind {
+        match self {
+            Timer::Startup => InputKind::StartupTimeout,
+            Timer::SessionTimeout => InputKind::SessionTimeout,
+            Timer::StopGrace => InputKind::StopGraceTimeout,
+            Timer::Kill => InputKind::KillTimeout,
+        }
+    }
+}
+
+/// Effects of one step, persists kept apart so they can be put first (the drain rule).
+#[derive(Debug, Default)]
+pub(crate) struct Out {
+    pub persist: Vec<Effect>,
+    pub rest: Vec<Effect>,
+}
+
+impl Out {
+    pub fn into_effects(mut self) -> Vec<Effect> {
+        self.persist.append(&mut self.rest);
+        self.persist
+    }
+}
+
+/// What one step of a session needs from the engine: the time, the limits, the run-id
+/// counter, the coverage trace and the effects being collected.
+pub(crate) struct Ctx<'a> {
+    pub now: Millis,
+    pub lim: &'a Limits,
+    pub next_run: &'a mut RunId,
+    pub trace: &'a mut Option<Vec<Step>>,
+    pub out: Out,
+}
+
+impl Ctx<'_> {
+    fn take_run(&mut self) -> RunId {
+        let r = *self.next_run;
+        *self.next_run += 1;
+        r
+    }
+}
+
+/// One session.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub record: SessionRecord,
+    run: Run,
+    turn: Option<u64>,
+    stop: Option<StopPlan>,
+    /// Create / restart requests answered when the provider has started.
+    start_replies: Vec<RequestId>,
+    /// A restart asked for while the old process was still going away.
+    restart_pending: bool,
+    startup_deadline: Option<Millis>,
+    timeout_deadline: Option<Millis>,
+    dirty: bool,
+}
+
+impl Session {
+    /// A session rebuilt from its stored record (no process, no turn).
+    pub fn from_record(record: SessionRecord) -> Self {
+        Session {
+            record,
+            run: Run::Idle,
+            turn: None,
+            stop: None,
+            start_replies: Vec::new(),
+            restart_pending: false,
+            startup_deadline: None,
+            timeout_deadline: None,
+            dirty: false,
+        }
+    }
+
+    // ── getters ────────────────────────────────────────────────────────────
+
+    pub fn status(&self) -> Status {
+        self.record.status
+    }
+
+    pub fn run(&self) -> Run {
+        self.run
+    }
+
+    /// The turn in progress, if any.
+    pub fn turn(&self) -> Option<u64> {
+        self.turn
+    }
+
+    pub fn budget(&self) -> TokenBudget {
+        TokenBudget {
+            max: self.record.config.max_tokens,
+        }
+    }
+
+    /// The earliest pending deadline and what it is for.
+    pub fn next_deadline(&self) -> Option<(Millis, Timer)> {
+        let mut best: Option<(Millis, Timer)> = None;
+        let mut consider = |at: Option<Millis>, t: Timer| {
+            if let Some(at) = at {
+                if best.is_none_or(|(b, _)| at < b) {
+                    best = Some((at, t));
+                }
+            }
+        };
+        consider(self.startup_deadline, Timer::Startup);
+        consider(self.timeout_deadline, Timer::SessionTimeout);
+        consider(
+            self.stop.as_ref().and_then(|s| s.grace_deadline),
+            Timer::StopGrace,
+        );
+        if let Run::Terminating { kill_at, .. } = self.run {
+            consider(kill_at, Timer::Kill);
+        }
+        best
+    }
+
+    // ── handle_* : one per input ───────────────────────────────────────────
+
+    /// Looks the pair up in the table; `Err` for a refused request, `Ok(false)` for an
+    /// ignored input.
+    fn check(&self, kind: InputKind, cx: &mut Ctx) -> Result<bool, Error> {
+        let status = self.record.status;
+        let r = rule(status, kind);
+        if let Some(t) = cx.trace.as_mut() {
+            t.push(Step {
+                status,
+                input: kind,
+                rule: r,
+            });
+        }
+        match r {
+            Rule::Legal => Ok(true),
+            Rule::Ignore => Ok(false),
+            Rule::Refuse(code) => Err(refusal(code, status, kind, &self.record)),
+        }
+    }
+
+    pub(crate) fn handle_created(&mut self, req: RequestId, cx: &mut Ctx) {
+        self.dirty = true;
+        self.status_event(None, Status::Created, "session created", cx);
+        self.start_replies.push(req);
+        let run = cx.take_run();
+        self.spawn(run, "starting provider", cx);
+    }
+
+    pub(crate) fn handle_send(&mut self, req: RequestId, text: String, cx: &mut Ctx) {
+        match self.check(InputKind::Send, cx) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => return reply_err(cx, req, e),
+        }
+        if self.budget().exhausted(self.record.tokens_total()) {
+            let e = Error::new(
+                ErrorCode::BudgetExceeded,
+                format!(
+                    "token budget exhausted: {} of {} tokens used",
+                    self.record.tokens_total(),
+                    self.record.config.max_tokens
+                ),
+            );
+            return reply_err(cx, req, e);
+        }
+        self.begin_turn(text, cx);
+        cx.out.rest.push(Effect::Reply {
+            req,
+            result: Ok(self.record.clone()),
+        });
+    }
+
+    pub(crate) fn handle_stop(&mut self, req: RequestId, graceful: bool, cx: &mut Ctx) {
+        let kind = if graceful {
+            InputKind::StopGraceful
+        } else {
+            InputKind::StopForced
+        };
+        match self.check(kind, cx) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => return reply_err(cx, req, e),
+        }
+        if let Some(mut plan) = self.stop.take() {
+            // Already stopping: join it. A stop wins over a restart in progress, and a forced
+            // stop cuts a graceful wait short.
+            plan.replies.push(req);
+            if plan.then == AfterStop::Restart {
+                plan.then = AfterStop::Stopped;
+                let e = Error::new(
+                    ErrorCode::WrongState,
+                    format!("restart of {} superseded by a stop", self.record.id),
+                );
+                for r in std::mem::take(&mut self.start_replies) {
+                    reply_err(cx, r, e.clone());
+                }
+            }
+            let cut_short = !graceful && plan.grace_deadline.is_some();
+            if cut_short {
+                plan.grace_deadline = None;
+            }
+            self.stop = Some(plan);
+            if cut_short {
+                self.interrupt_turn("turn interrupted: session force-stopped", cx);
+                self.terminate(cx);
+            }
+            return self.maybe_finish_stop(cx);
+        }
+        let waiting_for_turn = graceful && self.turn.is_some();
+        self.stop = Some(StopPlan {
+            grace_deadline: waiting_for_turn.then(|| cx.now.saturating_add(cx.lim.stop_grace_ms)),
+            timed_out: false,
+            replies: vec![req],
+            then: AfterStop::Stopped,
+        });
+        self.startup_deadline = None;
+        self.timeout_deadline = None;
+        let msg = if waiting_for_turn {
+            "stopping: waiting for the current turn to finish"
+        } else if graceful {
+            "stopping"
+        } else {
+            "stopping (forced)"
+        };
+        self.set_status(Status::Stopping, msg, cx);
+        // Anyone still waiting for the session to start learns it will not.
+        let e = Error::new(
+            ErrorCode::WrongState,
+            format!("session {} was stopped before it started", self.record.id),
+        );
+        for r in std::mem::take(&mut self.start_replies) {
+            reply_err(cx, r, e.clone());
+        }
+        if !waiting_for_turn {
+            self.interrupt_turn("turn interrupted: session force-stopped", cx);
+            self.terminate(cx);
+        }
+        self.maybe_finish_stop(cx);
+    }
+
+    pub(crate) fn handle_restart(
+        &mut self,
+        req: RequestId,
+        provider_config: Option<BTreeMap<String, String>>,
+        cx: &mut Ctx,
+    ) {
+        match self.check(InputKind::Restart, cx) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => return reply_err(cx, req, e),
+        }
+        if let Some(pc) = provider_config {
+            self.record.config.provider_config = pc;
+            self.dirty = true;
+        }
+        self.start_replies.push(req);
+        if self.record.status.is_terminal() {
+            if self.run == Run::Idle {
+                self.respawn(cx);
+            } else {
+                // The old process is still going away; start again once it has.
+                self.restart_pending = true;
+            }
+            return;
+        }
+        self.stop = Some(StopPlan {
+            grace_deadline: None,
+            timed_out: false,
+            replies: Vec::new(),
+            then: AfterStop::Restart,
+        });
+        self.startup_deadline = None;
+        self.timeout_deadline = None;
+        self.set_status(Status::Stopping, "restarting", cx);
+        self.interrupt_turn("turn interrupted: session restarting", cx);
+        self.terminate(cx);
+        self.maybe_finish_stop(cx);
+    }
+
+    pub(crate) fn handle_provider(&mut self, run: RunId, event: ProviderEvent, cx: &mut Ctx) {
+        if self.run.id() != Some(run) {
+            return; // input from a process this session no longer has
+        }
+        match event {
+            ProviderEvent::Started { pid } => self.on_started(run, pid, cx),
+            ProviderEvent::SpawnFailed { reason } => self.on_spawn_failed(reason, cx),
+            ProviderEvent::Activity(activity) => self.on_activity(activity, cx),
+            ProviderEvent::SessionRef(r) => {
+                if !self.record.status.is_terminal()
+                    && self.record.provider_session.as_deref() != Some(r.as_str())
+                {
+                    self.record.provider_session = Some(r);
+                    self.dirty = true;
+                }
+            }
+            ProviderEvent::Exited {
+                code,
+                signal,
+                stderr_tail,
+            } => self.on_exited(code, signal, &stderr_tail, cx),
+        }
+    }
+
+    fn on_started(&mut self, run: RunId, pid: Option<u32>, cx: &mut Ctx) {
+        if !matches!(self.run, Run::Spawning { .. }) {
+            return;
+        }
+        if !matches!(self.check(InputKind::Started, cx), Ok(true)) {
+            return;
+        }
+        self.run = Run::Alive { run, pid };
+        self.record.pid = pid;
+        self.dirty = true;
+        self.startup_deadline = None;
+        if self.record.status != Status::Starting {
+            // Stopping or failed while it was being spawned: it goes at once.
+            return self.terminate(cx);
+        }
+        self.record.started_at = Some(cx.now);
+        self.timeout_deadline = timeout_deadline(cx.now, self.record.config.timeout_ms);
+        let msg = match pid {
+            Some(p) => format!("provider started (pid {p})"),
+            None => "provider started".to_string(),
+        };
+        self.set_status(Status::Running, &msg, cx);
+        let first_start = self.record.restart_count == 0 && self.record.turns == 0;
+        let initial = self.record.config.initial_message.clone();
+        if first_start && !initial.is_empty() {
+            self.begin_turn(initial, cx);
+        }
+        for req in std::mem::take(&mut self.start_replies) {
+            cx.out.rest.push(Effect::Reply {
+                req,
+                result: Ok(self.record.clone()),
+            });
+        }
+    }
+
+    fn on_spawn_failed(&mut self, reason: String, cx: &mut Ctx) {
+        if !matches!(self.check(InputKind::SpawnFailed, cx), Ok(true)) {
+            return;
+        }
+        self.run = Run::Idle;
+        self.record.pid = None;
+        self.dirty = true;
+        if self.record.status == Status::Starting {
+            let e = Error::new(
+                ErrorCode::CreationFailed,
+                format!("could not start the provider: {reason}"),
+            );
+            self.fail(e, cx);
+        } else {
+            self.maybe_finish_stop(cx);
+        }
+    }
+
+    fn on_activity(&mut self, activity: Activity, cx: &mut Ctx) {
+        let kind = if activity.kind().ends_turn() {
+            InputKind::TurnEnd
+        } else {
+            InputKind::Activity
+        };
+        if !matches!(self.check(kind, cx), Ok(true)) {
+            return;
+        }
+        self.record_activity(activity, cx);
+        if kind == InputKind::TurnEnd {
+            if self.record.status == Status::Working {
+                self.set_status(Status::Running, "turn completed", cx);
+            } else if let Some(plan) = self.stop.as_mut() {
+                if plan.grace_deadline.take().is_some() {
+                    // The graceful stop's wait is over: now the process goes.
+                    self.terminate(cx);
+                }
+            }
+        } else if self.turn.is_some() && self.budget().exhausted(self.record.tokens_total()) {
+            let e = Error::new(
+                ErrorCode::BudgetExceeded,
+                format!(
+                    "token budget exceeded: {} of {} tokens used",
+                    self.record.tokens_total(),
+                    self.record.config.max_tokens
+                ),
+            );
+            if self.record.status == Status::Stopping {
+                // A graceful stop was waiting for this turn: it is cut short, the stop goes on.
+                if let Some(plan) = self.stop.as_mut() {
+                    plan.grace_deadline = None;
+                }
+                self.interrupt_turn(&e.to_string(), cx);
+                self.terminate(cx);
+                self.maybe_finish_stop(cx);
+            } else {
+                self.fail(e, cx);
+            }
+        }
+    }
+
+    fn on_exited(&mut self, code: Option<i32>, signal: Option<i32>, stderr: &str, cx: &mut Ctx) {
+        if !matches!(self.check(InputKind::Exited, cx), Ok(true)) {
+            return;
+        }
+        self.run = Run::Idle;
+        self.record.pid = None;
+        self.dirty = true;
+        let how = match (code, signal) {
+            (_, Some(s)) => format!("killed by signal {s}"),
+            (Some(c), None) => format!("exit code {c}"),
+            (None, None) => "exit status unknown".to_string(),
+        };
+        let tail = stderr.trim();
+        let detail = if tail.is_empty() {
+            how
+        } else {
+            format!("{how}; stderr: {tail}")
+        };
+        match self.record.status {
+            Status::Stopping => {
+                let text = format!("provider exited during stop ({detail})");
+                self.interrupt_turn(&text, cx);
+                if let Some(plan) = self.stop.as_mut() {
+                    plan.grace_deadline = None;
+                }
+                self.maybe_finish_stop(cx);
+            }
+            Status::Failed | Status::Stopped => {
+                if std::mem::take(&mut self.restart_pending) {
+                    self.respawn(cx);
+                }
+            }
+            _ => {
+                let e = Error::new(
+                    ErrorCode::ProviderCrashed,
+                    format!("provider process exited unexpectedly ({detail})"),
+                );
+                self.fail(e, cx);
+            }
+        }
+    }
+
+    /// Fires `timer` (its deadline has passed).
+    pub(crate) fn handle_timer(&mut self, timer: Timer, cx: &mut Ctx) {
+        // Clear the deadline first, so an ignored timer never fires again.
+        match timer {
+            Timer::Startup => self.startup_deadline = None,
+            Timer::SessionTimeout => self.timeout_deadline = None,
+            Timer::StopGrace => {
+                if let Some(p) = self.stop.as_mut() {
+                    p.grace_deadline = None;
+                }
+            }
+            Timer::Kill => {
+                if let Run::Terminating { run, pid, .. } = self.run {
+                    self.run = Run::Terminating {
+                        run,
+                        pid,
+                        kill_at: None,
+                    };
+                }
+            }
+        }
+        if !matches!(self.check(timer.input_kind(), cx), Ok(true)) {
+            return;
+        }
+        match timer {
+            Timer::Startup => {
+                let e = Error::new(
+                    ErrorCode::CreationFailed,
+                    format!(
+                        "the provider did not start within {} ms",
+                        cx.lim.startup_timeout_ms
+                    ),
+                );
+                self.fail(e, cx);
+            }
+            Timer::SessionTimeout => {
+                let e = Error::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "session timeout of {} ms reached",
+                        self.record.config.timeout_ms
+                    ),
+                );
+                self.fail(e, cx);
+            }
+            Timer::StopGrace => {
+                if let Some(p) = self.stop.as_mut() {
+                    p.timed_out = true;
+                }
+                let text = format!(
+                    "{}: the turn did not finish within {} ms; session force-stopped",
+                    ErrorCode::GracefulStopTimedOut,
+                    cx.lim.stop_grace_ms
+                );
+                self.interrupt_turn(&text, cx);
+                self.terminate(cx);
+                self.maybe_finish_stop(cx);
+            }
+            Timer::Kill => {
+                if let Run::Terminating { run, pid, .. } = self.run {
+                    cx.out.rest.push(Effect::Signal {
+                        id: self.record.id.clone(),
+                        run,
+                        pid,
+                        signal: Signal::Kill,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Daemon start-up: a session the store shows as active lost its provider with the old
+    /// daemon. It ends FAILED with OBEY-2032.
+    pub(crate) fn reconcile(&mut self, cx: &mut Ctx) {
+        if self.record.status.is_terminal() {
+            return;
+        }
+        let was = self.record.status;
+        let e = Error::new(
+            ErrorCode::ConnectionLost,
+            format!("the daemon restarted while the session was {was}; its provider was lost"),
+        );
+        self.record.pid = None;
+        self.record.error = Some(e.clone());
+        self.record.ended_at = Some(cx.now);
+        self.dirty = true;
+        self.set_status(Status::Failed, &e.to_string(), cx);
+    }
+
+    /// Appends the record's persist if anything durable changed in this step.
+    pub(crate) fn flush(&mut self, cx: &mut Ctx) {
+        if std::mem::take(&mut self.dirty) {
+            cx.out
+                .persist
+                .push(Effect::Persist(Record::Session(Box::new(
+                    self.record.clone(),
+                ))));
+        }
+    }
+
+    // ── the steps the handlers are made of ─────────────────────────────────
+
+    fn spawn(&mut self, run: RunId, msg: &str, cx: &mut Ctx) {
+        self.run = Run::Spawning { run };
+        self.startup_deadline = Some(cx.now.saturating_add(cx.lim.startup_timeout_ms));
+        self.set_status(Status::Starting, msg, cx);
+        cx.out.rest.push(Effect::Spawn {
+            id: self.record.id.clone(),
+            run,
+            spec: SpawnSpec {
+                config: self.record.config.clone(),
+                resume: self.record.provider_session.clone(),
+                restart_count: self.record.restart_count,
+            },
+        });
+    }
+
+    fn respawn(&mut self, cx: &mut Ctx) {
+        self.record.restart_count = self.record.restart_count.saturating_add(1);
+        self.record.error = None;
+        self.record.ended_at = None;
+        self.stop = None;
+        self.dirty = true;
+        let msg = format!("restarting (restart #{})", self.record.restart_count);
+        let run = cx.take_run();
+        self.spawn(run, &msg, cx);
+    }
+
+    fn begin_turn(&mut self, text: String, cx: &mut Ctx) {
+        self.record.turns += 1;
+        let turn = self.record.turns;
+        self.turn = Some(turn);
+        self.record.last_activity_at = Some(cx.now);
+        self.dirty = true;
+        cx.out
+            .persist
+            .push(Effect::Persist(Record::UserMessage(UserMessage {
+                session: self.record.id.clone(),
+                turn,
+                text: text.clone(),
+                at: cx.now,
+            })));
+        self.set_status(Status::Working, "working on a message", cx);
+        if let Some(run) = self.run.id() {
+            cx.out.rest.push(Effect::Write {
+                id: self.record.id.clone(),
+                run,
+                text,
+            });
+        }
+    }
+
+    fn record_activity(&mut self, activity: Activity, cx: &mut Ctx) {
+        let rec = &mut self.record;
+        rec.last_activity_seq += 1;
+        rec.tokens_input = rec.tokens_input.saturating_add(activity.tokens_input);
+        rec.tokens_output = rec.tokens_output.saturating_add(activity.tokens_output);
+        rec.last_activity_at = Some(cx.now);
+        self.dirty = true;
+        let ends_turn = self.turn.is_some() && activity.kind().ends_turn();
+        let ev = ActivityEvent {
+            session: rec.id.clone(),
+            seq: rec.last_activity_seq,
+            turn: self.turn,
+            ends_turn,
+            activity,
+            at: cx.now,
+        };
+        if ends_turn {
+            self.turn = None;
+        }
+        cx.out
+            .persist
+            .push(Effect::Persist(Record::Activity(ev.clone())));
+        cx.out.rest.push(Effect::EmitActivity(ev));
+    }
+
+    /// Ends the current turn (if any) with an ERROR activity saying why.
+    fn interrupt_turn(&mut self, text: &str, cx: &mut Ctx) {
+        if self.turn.is_some() {
+            self.record_activity(Activity::new(ActivityKind::Error, text), cx);
+        }
+    }
+
+    /// TERM the process group now, KILL after the grace period.
+    fn terminate(&mut self, cx: &mut Ctx) {
+        if let Run::Alive { run, pid } = self.run {
+            self.run = Run::Terminating {
+                run,
+                pid,
+                kill_at: Some(cx.now.saturating_add(cx.lim.kill_grace_ms)),
+            };
+            cx.out.rest.push(Effect::Signal {
+                id: self.record.id.clone(),
+                run,
+                pid,
+                signal: Signal::Term,
+            });
+        }
+    }
+
+    /// The session ends FAILED with `error`: its turn's stream ends with the error, its
+    /// process is terminated, anyone waiting for it to start is told.
+    fn fail(&mut self, error: Error, cx: &mut Ctx) {
+        self.interrupt_turn(&error.to_string(), cx);
+        self.terminate(cx);
+        self.startup_deadline = None;
+        self.timeout_deadline = None;
+        self.stop = None;
+        self.record.error = Some(error.clone());
+        self.record.ended_at = Some(cx.now);
+        self.dirty = true;
+        self.set_status(Status::Failed, &error.to_string(), cx);
+        for req in std::mem::take(&mut self.start_replies) {
+            reply_err(cx, req, error.clone());
+        }
+    }
+
+    /// Once the process is gone and no turn is open, a stop completes: STOPPED (or, for a
+    /// restart, STARTING again). Everything the process said was recorded before its exit was
+    /// reported, so the final token counts are in the record persisted with this status.
+    fn maybe_finish_stop(&mut self, cx: &mut Ctx) {
+        if self.record.status != Status::Stopping || self.run != Run::Idle || self.turn.is_some() {
+            return;
+        }
+        let Some(plan) = self.stop.take() else {
+            return;
+        };
+        if plan.then == AfterStop::Restart {
+            return self.respawn(cx);
+        }
+        self.record.ended_at = Some(cx.now);
+        self.dirty = true;
+        let msg = if plan.timed_out {
+            "stopped (graceful stop timed out; force-stopped)"
+        } else {
+            "stopped"
+        };
+        self.set_status(Status::Stopped, msg, cx);
+        for req in plan.replies {
+            let result = if plan.timed_out {
+                Err(Error::new(
+                    ErrorCode::GracefulStopTimedOut,
+                    format!(
+                        "the current turn did not finish within {} ms; session {} was force-stopped",
+                        cx.lim.stop_grace_ms, self.record.id
+                    ),
+                ))
+            } else {
+                Ok(self.record.clone())
+            };
+            cx.out.rest.push(Effect::Reply { req, result });
+        }
+    }
+
+    fn set_status(&mut self, new: Status, message: &str, cx: &mut Ctx) {
+        let previous = self.record.status;
+        if previous == new {
+            return;
+        }
+        self.record.status = new;
+        self.dirty = true;
+        self.status_event(Some(previous), new, message, cx);
+    }
+
+    fn status_event(&mut self, previous: Option<Status>, new: Status, msg: &str, cx: &mut Ctx) {
+        self.record.last_status_seq += 1;
+        let ev = StatusEvent {
+            session: self.record.id.clone(),
+            seq: self.record.last_status_seq,
+            previous,
+            new,
+            message: msg.to_string(),
+            at: cx.now,
+        };
+        cx.out
+            .persist
+            .push(Effect::Persist(Record::Status(ev.clone())));
+        cx.out.rest.push(Effect::EmitStatus(ev));
+    }
+}
+
+/// One table lookup, recorded when tracing is on (the simulator's coverage).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub status: Status,
+    pub input: InputKind,
+    pub rule: Rule,
+}
+
+fn reply_err(cx: &mut Ctx, req: RequestId, e: Error) {
+    cx.out.rest.push(Effect::Reply {
+        req,
+        result: Err(e),
+    });
+}
+
+fn refusal(code: ErrorCode, status: Status, kind: InputKind, rec: &SessionRecord) -> Error {
+    let what = match kind {
+        InputKind::Send => "SendMessage needs a RUNNING session",
+        InputKind::Restart => "RestartSession is not possible while the session is stopping",
+        InputKind::StopGraceful | InputKind::StopForced => "nothing to stop",
+        _ => "not possible now",
+    };
+    let mut msg = format!("session {} is {status}: {what}", rec.id);
+    if let (true, Some(e)) = (status.is_terminal(), rec.error.as_ref()) {
+        msg.push_str(&format!(" (it failed with {e})"));
+    }
+    Error::new(code, msg)
+}

@@ -1,0 +1,237 @@
+//! The transition table: every (status, input) pair and what the machine does with it.
+//!
+//! This is the one place that says which pairs are legal. [`rule`] is consulted by the
+//! session machine before it acts on any input, so a pair that is not `Legal` here can never
+//! change a session. `Refuse` pairs answer the request with a typed error (OBEY-2011 / 2020);
+//! `Ignore` pairs are inputs that can arrive late or out of band (a provider line after the
+//! session failed, a timer that is no longer relevant) and are dropped without effect.
+//!
+//! `WAITING` has no legal rows yet: nothing enters it until human approvals arrive (the
+//! interactive-sessions work adds its rows here, and only here).
+
+use crate::error::ErrorCode;
+use crate::model::Status;
+
+/// The class of an input, as far as the table is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum InputKind {
+    /// A user message (SendMessage).
+    Send,
+    /// StopSession with `graceful = true`.
+    StopGraceful,
+    /// StopSession with `graceful = false`.
+    StopForced,
+    /// RestartSession.
+    Restart,
+    /// The provider process was spawned.
+    Started,
+    /// The provider process could not be spawned.
+    SpawnFailed,
+    /// An activity that does not end a turn (thinking, tool call, tool result, status).
+    Activity,
+    /// A COMPLETION or ERROR activity: it ends the turn.
+    TurnEnd,
+    /// The provider process exited (and its output was fully read).
+    Exited,
+    /// The provider did not report it started in time.
+    StartupTimeout,
+    /// The session's `timeout` elapsed.
+    SessionTimeout,
+    /// A graceful stop waited its whole grace period for the current turn.
+    StopGraceTimeout,
+    /// A TERMed process did not exit within the kill grace period.
+    KillTimeout,
+}
+
+impl InputKind {
+    pub const ALL: [InputKind; 13] = [
+        InputKind::Send,
+        InputKind::StopGraceful,
+        InputKind::StopForced,
+        InputKind::Restart,
+        InputKind::Started,
+        InputKind::SpawnFailed,
+        InputKind::Activity,
+        InputKind::TurnEnd,
+        InputKind::Exited,
+        InputKind::StartupTimeout,
+        InputKind::SessionTimeout,
+        InputKind::StopGraceTimeout,
+        InputKind::KillTimeout,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            InputKind::Send => "Send",
+            InputKind::StopGraceful => "StopGraceful",
+            InputKind::StopForced => "StopForced",
+            InputKind::Restart => "Restart",
+            InputKind::Started => "Started",
+            InputKind::SpawnFailed => "SpawnFailed",
+            InputKind::Activity => "Activity",
+            InputKind::TurnEnd => "TurnEnd",
+            InputKind::Exited => "Exited",
+            InputKind::StartupTimeout => "StartupTimeout",
+            InputKind::SessionTimeout => "SessionTimeout",
+            InputKind::StopGraceTimeout => "StopGraceTimeout",
+            InputKind::KillTimeout => "KillTimeout",
+        }
+    }
+}
+
+/// What the machine does with a (status, input) pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// The machine acts on it.
+    Legal,
+    /// A request refused with this code; nothing changes.
+    Refuse(ErrorCode),
+    /// Dropped without effect (late or irrelevant input).
+    Ignore,
+}
+
+/// The transition table.
+pub fn rule(status: Status, input: InputKind) -> Rule {
+    use InputKind as I;
+    use Rule::{Ignore, Legal, Refuse};
+    use Status as S;
+    let wrong_state = Refuse(ErrorCode::WrongState);
+    match (status, input) {
+        // CREATED lasts only inside the Create input (the provider is spawned at once), and
+        // WAITING is not entered yet: requests are refused, everything else dropped.
+        (S::Created | S::Waiting, I::Send | I::StopGraceful | I::StopForced | I::Restart) => {
+            wrong_state
+        }
+        (S::Created | S::Waiting, _) => Ignore,
+
+        (S::Starting, I::Send) => wrong_state,
+        (S::Starting, I::StopGraceful | I::StopForced | I::Restart) => Legal,
+        (S::Starting, I::Started | I::SpawnFailed | I::Exited | I::StartupTimeout) => Legal,
+        (S::Starting, I::SessionTimeout) => Legal,
+        (S::Starting, _) => Ignore,
+
+        (S::Running, I::Send | I::StopGraceful | I::StopForced | I::Restart) => Legal,
+        (S::Running, I::Activity | I::TurnEnd | I::Exited | I::SessionTimeout) => Legal,
+        (S::Running, _) => Ignore,
+
+        (S::Working, I::Send) => wrong_state,
+        (S::Working, I::StopGraceful | I::StopForced | I::Restart) => Legal,
+        (S::Working, I::Activity | I::TurnEnd | I::Exited | I::SessionTimeout) => Legal,
+        (S::Working, _) => Ignore,
+
+        (S::Stopping, I::Send | I::Restart) => wrong_state,
+        (S::Stopping, I::StopGraceful | I::StopForced) => Legal,
+        (S::Stopping, I::Started | I::SpawnFailed | I::Activity | I::TurnEnd | I::Exited) => Legal,
+        (S::Stopping, I::StopGraceTimeout | I::KillTimeout) => Legal,
+        (S::Stopping, _) => Ignore,
+
+        (S::Stopped | S::Failed, I::Send) => wrong_state,
+        (S::Stopped | S::Failed, I::StopGraceful | I::StopForced) => {
+            Refuse(ErrorCode::AlreadyStopped)
+        }
+        (S::Stopped | S::Failed, I::Restart) => Legal,
+        // A session can fail while its process is still being spawned or killed (budget,
+        // timeout, startup timeout): the process is still reaped and, if it only now reports
+        // it started, terminated.
+        (S::Failed, I::Started | I::Exited | I::KillTimeout) => Legal,
+        (S::Stopped | S::Failed, _) => Ignore,
+    }
+}
+
+/// Every legal pair, in table order.
+pub fn legal_pairs() -> Vec<(Status, InputKind)> {
+    let mut out = Vec::new();
+    for s in Status::ALL {
+        for i in InputKind::ALL {
+            if rule(s, i) == Rule::Legal {
+                out.push((s, i));
+            }
+        }
+    }
+    out
+}
+
+/// The table as Markdown: one row per status, one column per input.
+pub fn render() -> String {
+    let mut out = String::from("| status |");
+    for i in InputKind::ALL {
+        out.push_str(&format!(" {} |", i.name()));
+    }
+    out.push_str("\n|---|");
+    for _ in InputKind::ALL {
+        out.push_str("---|");
+    }
+    out.push('\n');
+    for s in Status::ALL {
+        out.push_str(&format!("| {} |", s.name()));
+        for i in InputKind::ALL {
+            let cell = match rule(s, i) {
+                Rule::Legal => "legal".to_string(),
+                Rule::Refuse(code) => code.to_string(),
+                Rule::Ignore => "·".to_string(),
+            };
+            out.push_str(&format!(" {cell} |"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_states_refuse_stop_with_2020_and_send_with_2011() {
+        for s in [Status::Stopped, Status::Failed] {
+            assert_eq!(
+                rule(s, InputKind::StopGraceful),
+                Rule::Refuse(ErrorCode::AlreadyStopped)
+            );
+            assert_eq!(
+                rule(s, InputKind::StopForced),
+                Rule::Refuse(ErrorCode::AlreadyStopped)
+            );
+            assert_eq!(
+                rule(s, InputKind::Send),
+                Rule::Refuse(ErrorCode::WrongState)
+            );
+            assert_eq!(rule(s, InputKind::Restart), Rule::Legal);
+        }
+    }
+
+    #[test]
+    fn only_running_accepts_a_message() {
+        for s in Status::ALL {
+            let r = rule(s, InputKind::Send);
+            if s == Status::Running {
+                assert_eq!(r, Rule::Legal);
+            } else {
+                assert_eq!(r, Rule::Refuse(ErrorCode::WrongState), "{s}");
+            }
+        }
+    }
+
+    #[test]
+    fn requests_are_never_silently_ignored() {
+        for s in Status::ALL {
+            for i in [
+                InputKind::Send,
+                InputKind::StopGraceful,
+                InputKind::StopForced,
+                InputKind::Restart,
+            ] {
+                assert_ne!(rule(s, i), Rule::Ignore, "{s} {i:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_renders_every_cell() {
+        let t = render();
+        assert_eq!(t.lines().count(), 2 + Status::ALL.len());
+        assert!(t.contains("| STOPPED |"));
+        assert!(t.contains("OBEY-2020"));
+        assert!(legal_pairs().contains(&(Status::Working, InputKind::TurnEnd)));
+    }
+}

@@ -1,0 +1,284 @@
+//! The gRPC wire contracts paddock speaks, generated at build time from the
+//! `.proto` files beside this file.
+//!
+//! The contracts are the seed specifications' protos **verbatim**: package
+//! names, service names, message names, field names, field numbers and enum
+//! values are exactly the seeds', so a client generated from any of the
+//! original protos works against paddock unchanged. The only additions are in
+//! `obey.local.v1`, each marked with a `// paddock extension:` comment in
+//! `proto/obey/local/v1/daemon.proto` (the messages of the seed's "existing"
+//! RPCs, a few enum values and fields, and campaign / activity-history RPCs).
+//!
+//! | module | proto package | services |
+//! |---|---|---|
+//! | [`obey::local::v1`] | `obey.local.v1` | `LocalDaemonService` |
+//! | [`runner::v1`] | `runner.v1` | `Runner` |
+//! | [`sunbeam::code::v1`] | `sunbeam.code.v1` | `CodeAgent` |
+//! | [`aria::v1`] | `aria.v1` | `TaskService`, `NotificationService`, `ContainerService`, `SessionService` |
+//!
+//! Each module holds the prost messages plus tonic's `*_client` and
+//! `*_server` modules. The protos are compiled with `protox` (pure Rust), so
+//! no system `protoc` is needed. [`FILE_DESCRIPTOR_SET`] is the encoded
+//! `FileDescriptorSet` of every file (imports included), for
+//! tonic-reflection.
+
+/// `obey.local.v1`: the obey daemon's `LocalDaemonService`.
+pub mod obey {
+    pub mod local {
+        #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+        pub mod v1 {
+            tonic::include_proto!("obey.local.v1");
+        }
+    }
+}
+
+/// `runner.v1`: the centaurx `Runner` service.
+pub mod runner {
+    #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+    pub mod v1 {
+        tonic::include_proto!("runner.v1");
+    }
+}
+
+/// `sunbeam.code.v1`: the sunbeam `CodeAgent` service.
+pub mod sunbeam {
+    pub mod code {
+        #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+        pub mod v1 {
+            tonic::include_proto!("sunbeam.code.v1");
+        }
+    }
+}
+
+/// `aria.v1`: the Aria runtime's task, notification, container and session
+/// services.
+pub mod aria {
+    #[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+    pub mod v1 {
+        tonic::include_proto!("aria.v1");
+    }
+}
+
+/// The encoded `google.protobuf.FileDescriptorSet` of every contract (with
+/// its imports), for `tonic_reflection::server::Builder::register_encoded_file_descriptor_set`.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/paddock_descriptor.bin"));
+
+#[cfg(test)]
+mod tests {
+    use super::FILE_DESCRIPTOR_SET;
+    use prost::Message as _;
+    use prost_types::{DescriptorProto, FileDescriptorSet};
+
+    fn fds() -> FileDescriptorSet {
+        FileDescriptorSet::decode(FILE_DESCRIPTOR_SET).expect("descriptor set decodes")
+    }
+
+    fn services(fds: &FileDescriptorSet) -> Vec<String> {
+        fds.file
+            .iter()
+            .flat_map(|f| {
+                f.service
+                    .iter()
+                    .map(move |s| format!("{}.{}", f.package(), s.name()))
+            })
+            .collect()
+    }
+
+    fn message<'a>(fds: &'a FileDescriptorSet, package: &str, name: &str) -> &'a DescriptorProto {
+        fds.file
+            .iter()
+            .filter(|f| f.package() == package)
+            .flat_map(|f| f.message_type.iter())
+            .find(|m| m.name() == name)
+            .unwrap_or_else(|| panic!("message {package}.{name} missing"))
+    }
+
+    fn field_number(fds: &FileDescriptorSet, package: &str, msg: &str, field: &str) -> i32 {
+        message(fds, package, msg)
+            .field
+            .iter()
+            .find(|f| f.name() == field)
+            .unwrap_or_else(|| panic!("field {package}.{msg}.{field} missing"))
+            .number()
+    }
+
+    fn enum_value(fds: &FileDescriptorSet, package: &str, enum_name: &str, value: &str) -> i32 {
+        fds.file
+            .iter()
+            .filter(|f| f.package() == package)
+            .flat_map(|f| f.enum_type.iter())
+            .find(|e| e.name() == enum_name)
+            .unwrap_or_else(|| panic!("enum {package}.{enum_name} missing"))
+            .value
+            .iter()
+            .find(|v| v.name() == value)
+            .unwrap_or_else(|| panic!("enum value {enum_name}.{value} missing"))
+            .number()
+    }
+
+    #[test]
+    fn every_seed_service_is_in_the_descriptor_set() {
+        let fds = fds();
+        let services = services(&fds);
+        for expected in [
+            "obey.local.v1.LocalDaemonService",
+            "runner.v1.Runner",
+            "sunbeam.code.v1.CodeAgent",
+            "aria.v1.TaskService",
+            "aria.v1.NotificationService",
+            "aria.v1.ContainerService",
+            "aria.v1.SessionService",
+        ] {
+            assert!(
+                services.iter().any(|s| s == expected),
+                "{expected} missing from {services:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn descriptor_set_carries_the_well_known_imports() {
+        let fds = fds();
+        for name in [
+            "google/protobuf/timestamp.proto",
+            "google/protobuf/duration.proto",
+        ] {
+            assert!(fds.file.iter().any(|f| f.name() == name), "{name} missing");
+        }
+    }
+
+    #[test]
+    fn seed_field_numbers_are_kept() {
+        let fds = fds();
+        let cases = [
+            ("obey.local.v1", "SessionInfo", "working_dir", 19),
+            ("obey.local.v1", "SessionInfo", "error_message", 18),
+            ("obey.local.v1", "StateResponse", "active_sessions", 10),
+            ("obey.local.v1", "SessionSummary", "status", 5),
+            (
+                "obey.local.v1",
+                "CreateSessionRequest",
+                "initial_message",
+                11,
+            ),
+            ("runner.v1", "ItemEvent", "raw", 11),
+            ("runner.v1", "ExecEvent", "raw", 7),
+            ("runner.v1", "ExecResumeRequest", "resume_session_id", 5),
+            ("sunbeam.code.v1", "StartSession", "client_tools", 8),
+            ("sunbeam.code.v1", "HistoryEntry", "role", 1),
+            ("sunbeam.code.v1", "HistoryEntry", "content", 2),
+            ("sunbeam.code.v1", "ServerMessage", "error", 8),
+            ("aria.v1", "Task", "current_operation", 17),
+            ("aria.v1", "TaskOutput", "progress", 5),
+            ("aria.v1", "ContainerLog", "stream", 2),
+        ];
+        for (package, msg, field, number) in cases {
+            assert_eq!(
+                field_number(&fds, package, msg, field),
+                number,
+                "{package}.{msg}.{field}"
+            );
+        }
+    }
+
+    #[test]
+    fn seed_enum_values_are_kept() {
+        let fds = fds();
+        let cases = [
+            ("obey.local.v1", "SessionStatus", "SESSION_STATUS_FAILED", 7),
+            (
+                "obey.local.v1",
+                "SessionProvider",
+                "SESSION_PROVIDER_OPENAI_API",
+                4,
+            ),
+            ("obey.local.v1", "ActivityType", "ACTIVITY_TYPE_STATUS", 6),
+            ("runner.v1", "ProcessSignal", "PROCESS_SIGNAL_KILL", 3),
+            ("runner.v1", "EventType", "EVENT_ERROR", 8),
+            ("runner.v1", "ItemType", "ITEM_ERROR", 8),
+            ("sunbeam.code.v1", "StatusKind", "THINKING", 3),
+            ("aria.v1", "TaskStatus", "TIMEOUT", 6),
+            ("aria.v1", "MessageRole", "TOOL", 4),
+        ];
+        for (package, enum_name, value, number) in cases {
+            assert_eq!(
+                enum_value(&fds, package, enum_name, value),
+                number,
+                "{enum_name}.{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn paddock_extensions_are_present() {
+        let fds = fds();
+        let fields = [
+            ("SessionActivityEvent", "seq", 10),
+            ("SessionStatusEvent", "seq", 6),
+            ("SessionInfo", "error_code", 20),
+            ("SessionInfo", "provider_config", 21),
+            ("SessionInfo", "timeout", 22),
+            ("WatchActivityRequest", "after_seq", 2),
+        ];
+        for (msg, field, number) in fields {
+            assert_eq!(field_number(&fds, "obey.local.v1", msg, field), number);
+        }
+        let values = [
+            ("SessionProvider", "SESSION_PROVIDER_GEMINI", 5),
+            ("SessionProvider", "SESSION_PROVIDER_ACP", 6),
+            ("SessionProvider", "SESSION_PROVIDER_SCRIPTED", 7),
+            ("SessionStatus", "SESSION_STATUS_WAITING", 8),
+        ];
+        for (enum_name, value, number) in values {
+            assert_eq!(enum_value(&fds, "obey.local.v1", enum_name, value), number);
+        }
+        let daemon = fds
+            .file
+            .iter()
+            .flat_map(|f| f.service.iter())
+            .find(|s| s.name() == "LocalDaemonService")
+            .expect("LocalDaemonService");
+        let methods: Vec<&str> = daemon.method.iter().map(|m| m.name()).collect();
+        for rpc in [
+            "ReportCampaignEvent",
+            "Shutdown",
+            "CreateSession",
+            "WatchAllSessions",
+            "AddCampaign",
+            "ListCampaigns",
+            "RemoveCampaign",
+            "ListActivities",
+            "WatchActivity",
+        ] {
+            assert!(methods.contains(&rpc), "{rpc} missing from {methods:?}");
+        }
+        let watch = daemon
+            .method
+            .iter()
+            .find(|m| m.name() == "WatchActivity")
+            .expect("WatchActivity");
+        assert!(watch.server_streaming());
+        assert_eq!(watch.output_type(), ".obey.local.v1.SessionActivityEvent");
+    }
+
+    #[test]
+    fn generated_types_are_usable() {
+        use crate::obey::local::v1::{SessionInfo, SessionStatus};
+        let info = SessionInfo {
+            id: "sess_1".into(),
+            status: SessionStatus::Waiting as i32,
+            error_code: "OBEY-2031".into(),
+            ..Default::default()
+        };
+        let decoded = SessionInfo::decode(info.encode_to_vec().as_slice()).expect("round trip");
+        assert_eq!(decoded, info);
+        assert_eq!(decoded.status(), SessionStatus::Waiting);
+
+        let entry = crate::sunbeam::code::v1::HistoryEntry {
+            role: "user".into(),
+            content: "hi".into(),
+        };
+        assert_eq!(entry.content, "hi");
+    }
+}
