@@ -1,1 +1,151 @@
-fn main() {}
+//! `paddock`: a local daemon that supervises AI coding agents, and its CLI.
+
+use paddock::{cli, daemon, paths, providers};
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "paddock",
+    version,
+    about = "Supervise AI coding agents: one daemon, every agent, every event stored"
+)]
+pub struct Cli {
+    /// The daemon's Unix socket [default: $XDG_RUNTIME_DIR/paddock/daemon.sock]
+    #[arg(long, global = true, env = "PADDOCK_SOCKET")]
+    socket: Option<PathBuf>,
+    /// Where the daemon keeps its database [default: $XDG_DATA_HOME/paddock]
+    #[arg(long, global = true, env = "PADDOCK_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Print JSON instead of tables
+    #[arg(long, global = true)]
+    json: bool,
+    /// Fail instead of starting a daemon when none answers on the socket
+    #[arg(long, global = true)]
+    no_autostart: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the daemon in the foreground
+    Daemon {
+        /// How long a graceful stop waits for the current turn, in seconds
+        #[arg(long, default_value_t = 30)]
+        stop_grace_secs: u64,
+        /// How long a TERMed agent gets before KILL, in seconds
+        #[arg(long, default_value_t = 10)]
+        kill_grace_secs: u64,
+        /// Live sessions at most
+        #[arg(long, default_value_t = 64)]
+        max_sessions: usize,
+    },
+    /// Watch a whole session of the built-in scripted agent, start to finish (no API key)
+    Demo {
+        /// The message to send the agent
+        #[arg(long, default_value = "What is in this project?")]
+        message: String,
+    },
+    /// Campaigns: named project roots that sessions run in
+    #[command(subcommand)]
+    Campaign(cli::CampaignCmd),
+    /// Agent sessions
+    #[command(subcommand)]
+    Session(cli::SessionCmd),
+    /// Check that the daemon answers
+    Ping,
+    /// The daemon's state and its active sessions
+    State,
+    /// Stop every session gracefully and stop the daemon
+    Shutdown {
+        /// Interrupt running turns instead of waiting for them
+        #[arg(long)]
+        force: bool,
+    },
+    /// The built-in scripted agent (started by the daemon; speaks Claude Code's stream-json)
+    #[command(name = "__scripted-agent", hide = true)]
+    ScriptedAgent {
+        #[arg(long)]
+        script: Option<PathBuf>,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let socket = cli.socket.clone().unwrap_or_else(paths::default_socket);
+    let data_dir = cli.data_dir.clone().unwrap_or_else(paths::default_data_dir);
+    let code = match cli.command {
+        Command::ScriptedAgent { script } => match providers::scripted::run(script.as_deref()) {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("scripted agent: {e}");
+                1
+            }
+        },
+        Command::Daemon {
+            stop_grace_secs,
+            kill_grace_secs,
+            max_sessions,
+        } => {
+            init_tracing();
+            let limits = paddock_core::Limits {
+                stop_grace_ms: stop_grace_secs * 1000,
+                kill_grace_ms: kill_grace_secs * 1000,
+                max_live_sessions: max_sessions,
+                ..paddock_core::Limits::default()
+            };
+            let opts = daemon::Options {
+                socket,
+                data_dir,
+                limits,
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            match rt.block_on(daemon::run(opts)) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("paddock daemon: {e}");
+                    1
+                }
+            }
+        }
+        command => {
+            let ctx = cli::Ctx {
+                socket,
+                data_dir,
+                json: cli.json,
+                autostart: !cli.no_autostart,
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            rt.block_on(async move {
+                match command {
+                    Command::Demo { message } => cli::demo::run(&ctx, &message).await,
+                    Command::Campaign(c) => cli::campaign(&ctx, c).await,
+                    Command::Session(c) => cli::session(&ctx, c).await,
+                    Command::Ping => cli::ping(&ctx).await,
+                    Command::State => cli::state(&ctx).await,
+                    Command::Shutdown { force } => cli::shutdown(&ctx, force).await,
+                    Command::Daemon { .. } | Command::ScriptedAgent { .. } => unreachable!(),
+                }
+            })
+        }
+    };
+    std::process::exit(code);
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,135 @@
+//! Core ↔ obey wire types. Mappings only: no decision is made here.
+
+use paddock_core as core;
+use paddock_proto::obey::local::v1 as pb;
+
+pub fn timestamp(ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+pub fn opt_timestamp(ms: Option<u64>) -> Option<prost_types::Timestamp> {
+    ms.map(timestamp)
+}
+
+pub fn timestamp_ms(ts: &prost_types::Timestamp) -> u64 {
+    (ts.seconds.max(0) as u64) * 1000 + (ts.nanos.max(0) as u64) / 1_000_000
+}
+
+pub fn duration_ms(d: &prost_types::Duration) -> u64 {
+    (d.seconds.max(0) as u64) * 1000 + (d.nanos.max(0) as u64) / 1_000_000
+}
+
+pub fn duration(ms: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+pub fn session_info(r: &core::SessionRecord) -> pb::SessionInfo {
+    let c = &r.config;
+    pb::SessionInfo {
+        id: r.id.0.clone(),
+        campaign_id: c.campaign_id.clone(),
+        provider: c.provider.number(),
+        model: c.model.clone(),
+        agent_name: c.agent_name.clone(),
+        status: r.status.number(),
+        festival_id: c.festival_id.clone(),
+        task_id: c.task_id.clone(),
+        tokens_input: r.tokens_input as i64,
+        tokens_output: r.tokens_output as i64,
+        max_tokens: c.max_tokens as i64,
+        pid: r.pid.map(|p| p as i32).unwrap_or(0),
+        restart_count: r.restart_count as i32,
+        created_at: Some(timestamp(r.created_at)),
+        started_at: opt_timestamp(r.started_at),
+        last_activity_at: opt_timestamp(r.last_activity_at),
+        ended_at: opt_timestamp(r.ended_at),
+        error_message: r.error.as_ref().map(|e| e.to_string()).unwrap_or_default(),
+        working_dir: c.working_dir.clone(),
+        error_code: r
+            .error
+            .as_ref()
+            .map(|e| e.code.to_string())
+            .unwrap_or_default(),
+        provider_config: c.provider_config.clone().into_iter().collect(),
+        timeout: (c.timeout_ms > 0).then(|| duration(c.timeout_ms)),
+    }
+}
+
+pub fn activity_event(e: &core::ActivityEvent) -> pb::SessionActivityEvent {
+    let a = &e.activity;
+    pb::SessionActivityEvent {
+        session_id: e.session.0.clone(),
+        r#type: a.kind().number(),
+        content: a.content.clone(),
+        tool_name: a.tool_name.clone(),
+        tool_call_id: a.tool_call_id.clone(),
+        tool_success: a.tool_success,
+        tokens_input: a.tokens_input as i64,
+        tokens_output: a.tokens_output as i64,
+        timestamp: Some(timestamp(e.at)),
+        seq: e.seq as i64,
+    }
+}
+
+pub fn status_event(e: &core::StatusEvent) -> pb::SessionStatusEvent {
+    pb::SessionStatusEvent {
+        session_id: e.session.0.clone(),
+        previous_status: e.previous.map(|s| s.number()).unwrap_or(0),
+        new_status: e.new.number(),
+        message: e.message.clone(),
+        timestamp: Some(timestamp(e.at)),
+        seq: e.seq as i64,
+    }
+}
+
+pub fn session_summary(r: &core::SessionRecord) -> pb::SessionSummary {
+    pb::SessionSummary {
+        id: r.id.0.clone(),
+        campaign_id: r.config.campaign_id.clone(),
+        provider: r.config.provider.number(),
+        agent_name: r.config.agent_name.clone(),
+        status: r.status.number(),
+    }
+}
+
+/// A core error as a gRPC status whose message starts with the code: `OBEY-2001: …`.
+pub fn status(e: &core::Error) -> tonic::Status {
+    let code = match e.code.kind() {
+        core::ErrorKind::NotFound => tonic::Code::NotFound,
+        core::ErrorKind::InvalidArgument => tonic::Code::InvalidArgument,
+        core::ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
+        core::ErrorKind::ResourceExhausted => tonic::Code::ResourceExhausted,
+        core::ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        core::ErrorKind::Unavailable => tonic::Code::Unavailable,
+        core::ErrorKind::Internal => tonic::Code::Internal,
+    };
+    tonic::Status::new(code, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_start_with_the_code() {
+        let s = status(&core::Error::new(
+            core::ErrorCode::CampaignNotFound,
+            "campaign \"x\" not found",
+        ));
+        assert_eq!(s.code(), tonic::Code::NotFound);
+        assert_eq!(s.message(), "OBEY-2001: campaign \"x\" not found");
+    }
+
+    #[test]
+    fn timestamps_round_trip() {
+        let ms = 1_771_425_000_123;
+        assert_eq!(timestamp_ms(&timestamp(ms)), ms);
+        assert_eq!(duration_ms(&duration(1500)), 1500);
+    }
+}

@@ -1,0 +1,931 @@
+//! `obey.local.v1.LocalDaemonService`: agent sessions bound to campaigns.
+//!
+//! Validation of the request's shape happens here; every rule about a session is the core's
+//! (reached through [`Handle::request`]); what only the shell knows (campaigns, stored
+//! activities, reported events) is read or written through [`Handle::call`].
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use paddock_core::{Error, ErrorCode, Provider, SessionConfig, SessionId, Status};
+use paddock_proto::obey::local::v1 as pb;
+use pb::local_daemon_service_server::LocalDaemonService;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status as GrpcStatus, Streaming};
+
+use super::convert;
+use crate::daemon::event_loop::{Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER};
+use crate::daemon::Handle;
+use crate::paths::now_ms;
+use crate::store::ExternalActivity;
+
+type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
+
+/// Largest page ListActivities returns.
+const LIST_ACTIVITIES_MAX: usize = 10_000;
+/// Rows of pushed activity stored per transaction.
+const EXTERNAL_BATCH: usize = 256;
+/// Output kept of one Execute line.
+const EXECUTE_LINE_BYTES: usize = 64 * 1024;
+
+pub struct Obey {
+    handle: Handle,
+}
+
+impl Obey {
+    pub fn new(handle: Handle) -> Self {
+        Obey { handle }
+    }
+}
+
+fn st(e: Error) -> GrpcStatus {
+    convert::status(&e)
+}
+
+fn invalid(msg: impl Into<String>) -> GrpcStatus {
+    GrpcStatus::invalid_argument(msg.into())
+}
+
+fn session_id(id: &str) -> Result<SessionId, GrpcStatus> {
+    if id.trim().is_empty() {
+        return Err(invalid("session_id is required"));
+    }
+    Ok(SessionId(id.trim().to_string()))
+}
+
+impl Obey {
+    async fn record(&self, id: SessionId) -> Result<paddock_core::SessionRecord, GrpcStatus> {
+        let found = self
+            .handle
+            .call(move |s| s.engine.session(&id).map(|x| x.record.clone()).ok_or(id))
+            .await
+            .map_err(st)?;
+        found.map_err(|id| {
+            st(Error::new(
+                ErrorCode::SessionNotFound,
+                format!("session \"{id}\" not found"),
+            ))
+        })
+    }
+
+    async fn campaign(&self, key: String) -> Result<crate::store::Campaign, GrpcStatus> {
+        let k = key.clone();
+        let found = self
+            .handle
+            .call(move |s| s.store.find_campaign(&k).map_err(|e| e.to_string()))
+            .await
+            .map_err(st)?
+            .map_err(GrpcStatus::internal)?;
+        found.ok_or_else(|| {
+            st(Error::new(
+                ErrorCode::CampaignNotFound,
+                format!("campaign \"{key}\" not found"),
+            ))
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl LocalDaemonService for Obey {
+    async fn report_campaign_event(
+        &self,
+        request: Request<pb::CampaignEventRequest>,
+    ) -> Result<Response<pb::EventResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        if r.campaign_id.is_empty() || r.event_type.is_empty() {
+            return Err(invalid("campaign_id and event_type are required"));
+        }
+        let c = self.campaign(r.campaign_id.clone()).await?;
+        let at = r
+            .timestamp
+            .as_ref()
+            .map(convert::timestamp_ms)
+            .unwrap_or_else(now_ms);
+        let id = self
+            .handle
+            .call(move |s| {
+                s.store
+                    .report_event(
+                        "campaign",
+                        &c.id,
+                        "",
+                        &r.event_type,
+                        &r.payload_json,
+                        at,
+                        now_ms(),
+                    )
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(st)?
+            .map_err(GrpcStatus::internal)?;
+        Ok(Response::new(pb::EventResponse {
+            accepted: true,
+            event_id: id.to_string(),
+        }))
+    }
+
+    async fn report_festival_event(
+        &self,
+        request: Request<pb::FestivalEventRequest>,
+    ) -> Result<Response<pb::EventResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        if r.festival_id.is_empty() || r.event_type.is_empty() {
+            return Err(invalid("festival_id and event_type are required"));
+        }
+        let campaign_id = if r.campaign_id.is_empty() {
+            String::new()
+        } else {
+            self.campaign(r.campaign_id.clone()).await?.id
+        };
+        let at = r
+            .timestamp
+            .as_ref()
+            .map(convert::timestamp_ms)
+            .unwrap_or_else(now_ms);
+        let id = self
+            .handle
+            .call(move |s| {
+                s.store
+                    .report_event(
+                        "festival",
+                        &campaign_id,
+                        &r.festival_id,
+                        &r.event_type,
+                        &r.payload_json,
+                        at,
+                        now_ms(),
+                    )
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(st)?
+            .map_err(GrpcStatus::internal)?;
+        Ok(Response::new(pb::EventResponse {
+            accepted: true,
+            event_id: id.to_string(),
+        }))
+    }
+
+    async fn stream_agent_activity(
+        &self,
+        request: Request<Streaming<pb::AgentActivityEvent>>,
+    ) -> Result<Response<pb::ActivityAck>, GrpcStatus> {
+        let mut stream = request.into_inner();
+        let mut received = 0i64;
+        let mut rows = Vec::with_capacity(EXTERNAL_BATCH);
+        loop {
+            let next = stream.next().await;
+            let done = match next {
+                Some(Ok(ev)) => {
+                    rows.push(ExternalActivity {
+                        session_id: ev.session_id,
+                        campaign_id: ev.campaign_id,
+                        agent_name: ev.agent_name,
+                        kind: ev.r#type,
+                        content: ev.content,
+                        tool_name: ev.tool_name,
+                        tool_call_id: ev.tool_call_id,
+                        tool_success: ev.tool_success,
+                        tokens_input: ev.tokens_input,
+                        tokens_output: ev.tokens_output,
+                        at: ev
+                            .timestamp
+                            .as_ref()
+                            .map(convert::timestamp_ms)
+                            .unwrap_or_else(now_ms),
+                    });
+                    false
+                }
+                Some(Err(e)) => return Err(e),
+                None => true,
+            };
+            if rows.len() >= EXTERNAL_BATCH || (done && !rows.is_empty()) {
+                let batch = std::mem::take(&mut rows);
+                let n = self
+                    .handle
+                    .call(move |s| {
+                        s.store
+                            .insert_external_activities(&batch)
+                            .map_err(|e| e.to_string())
+                    })
+                    .await
+                    .map_err(st)?
+                    .map_err(GrpcStatus::internal)?;
+                received += n as i64;
+            }
+            if done {
+                break;
+            }
+        }
+        Ok(Response::new(pb::ActivityAck { received }))
+    }
+
+    async fn ping(
+        &self,
+        _request: Request<pb::PingRequest>,
+    ) -> Result<Response<pb::PingResponse>, GrpcStatus> {
+        let started = self.handle.call(|s| s.started_at).await.map_err(st)?;
+        Ok(Response::new(pb::PingResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime: Some(convert::duration(now_ms().saturating_sub(started))),
+        }))
+    }
+
+    async fn get_state(
+        &self,
+        _request: Request<pb::StateRequest>,
+    ) -> Result<Response<pb::StateResponse>, GrpcStatus> {
+        let resp = self
+            .handle
+            .call(|s| {
+                let (campaigns, _) = s.store.counts().unwrap_or((0, 0));
+                pb::StateResponse {
+                    version: env!("CARGO_PKG_VERSION").to_string(),
+                    started_at: Some(convert::timestamp(s.started_at)),
+                    campaign_count: campaigns as i32,
+                    session_count: s.engine.sessions().count() as i32,
+                    socket_path: s.socket.display().to_string(),
+                    data_dir: s.data_dir.display().to_string(),
+                    active_sessions: s
+                        .engine
+                        .sessions()
+                        .filter(|x| !x.status().is_terminal())
+                        .map(|x| convert::session_summary(&x.record))
+                        .collect(),
+                }
+            })
+            .await
+            .map_err(st)?;
+        Ok(Response::new(resp))
+    }
+
+    type ExecuteStream = Stream_<pb::ExecuteResponse>;
+
+    async fn execute(
+        &self,
+        request: Request<pb::ExecuteRequest>,
+    ) -> Result<Response<Self::ExecuteStream>, GrpcStatus> {
+        let r = request.into_inner();
+        if r.command.trim().is_empty() {
+            return Err(invalid("command is required"));
+        }
+        let c = self.campaign(r.campaign_id.clone()).await?;
+        let mut cmd = if r.use_shell {
+            let mut line = r.command.clone();
+            for a in &r.args {
+                line.push(' ');
+                line.push_str(a);
+            }
+            let mut c = tokio::process::Command::new("sh");
+            c.arg("-c").arg(line);
+            c
+        } else {
+            let mut c = tokio::process::Command::new(&r.command);
+            c.args(&r.args);
+            c
+        };
+        cmd.current_dir(&c.root_path)
+            .envs(r.environment.iter())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: only prctl runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| {
+            GrpcStatus::failed_precondition(format!("cannot run {}: {e}", r.command))
+        })?;
+        let pid = child.id().unwrap_or(0) as i32;
+        let (tx, rx) = mpsc::channel(256);
+        let out = child.stdout.take().expect("piped");
+        let err = child.stderr.take().expect("piped");
+        let timeout =
+            (r.timeout_seconds > 0).then(|| Duration::from_secs(r.timeout_seconds as u64));
+        tokio::spawn(async move {
+            use tokio::io::{AsyncBufReadExt, BufReader};
+            let t1 = tx.clone();
+            let a = tokio::spawn(async move {
+                let mut lines = BufReader::new(out).lines();
+                while let Ok(Some(l)) = lines.next_line().await {
+                    let l = crate::daemon::supervisor::truncate(&l, EXECUTE_LINE_BYTES);
+                    let msg = pb::ExecuteResponse {
+                        output: Some(pb::execute_response::Output::Stdout(l + "\n")),
+                    };
+                    if t1.send(Ok(msg)).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let t2 = tx.clone();
+            let b = tokio::spawn(async move {
+                let mut lines = BufReader::new(err).lines();
+                while let Ok(Some(l)) = lines.next_line().await {
+                    let l = crate::daemon::supervisor::truncate(&l, EXECUTE_LINE_BYTES);
+                    let msg = pb::ExecuteResponse {
+                        output: Some(pb::execute_response::Output::Stderr(l + "\n")),
+                    };
+                    if t2.send(Ok(msg)).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let status = match timeout {
+                Some(t) => match tokio::time::timeout(t, child.wait()).await {
+                    Ok(s) => s.ok(),
+                    Err(_) => {
+                        let _ = nix::sys::signal::killpg(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                        let _ = tx
+                            .send(Err(GrpcStatus::deadline_exceeded(format!(
+                                "command timed out after {} s and was killed",
+                                r.timeout_seconds
+                            ))))
+                            .await;
+                        return;
+                    }
+                },
+                None => child.wait().await.ok(),
+            };
+            let _ = a.await;
+            let _ = b.await;
+            let code = status
+                .map(|s| {
+                    use std::os::unix::process::ExitStatusExt;
+                    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+                })
+                .unwrap_or(-1);
+            let _ = tx
+                .send(Ok(pb::ExecuteResponse {
+                    output: Some(pb::execute_response::Output::ExitCode(code)),
+                }))
+                .await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn shutdown(
+        &self,
+        request: Request<pb::ShutdownRequest>,
+    ) -> Result<Response<pb::ShutdownResponse>, GrpcStatus> {
+        let force = request.into_inner().force;
+        let n = self
+            .handle
+            .call(move |s| s.begin_shutdown_with(!force))
+            .await
+            .map_err(st)?;
+        Ok(Response::new(pb::ShutdownResponse {
+            accepted: true,
+            active_sessions: n as i32,
+        }))
+    }
+
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::CreateSessionResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        if r.campaign_id.trim().is_empty() {
+            return Err(invalid("campaign_id is required"));
+        }
+        let provider = Provider::from_number(r.provider).ok_or_else(|| {
+            st(Error::new(
+                ErrorCode::ProviderNotSupported,
+                format!("provider {} is not a supported provider", r.provider),
+            ))
+        })?;
+        if r.max_tokens < 0 {
+            return Err(invalid("max_tokens must not be negative"));
+        }
+        let timeout_ms = match &r.timeout {
+            Some(d) if d.seconds < 0 || d.nanos < 0 => {
+                return Err(invalid("timeout must not be negative"))
+            }
+            Some(d) => convert::duration_ms(d),
+            None => 0,
+        };
+        let campaign = self.campaign(r.campaign_id.trim().to_string()).await?;
+        if !std::path::Path::new(&campaign.root_path).is_dir() {
+            return Err(st(Error::new(
+                ErrorCode::SandboxInitFailed,
+                format!(
+                    "campaign \"{}\" root {} is not a directory",
+                    campaign.name, campaign.root_path
+                ),
+            )));
+        }
+        let ulid = ulid::Ulid::new().to_string();
+        let id = SessionId(format!("sess_{ulid}"));
+        let short = ulid[ulid.len() - 6..].to_ascii_lowercase();
+        let agent_name = if r.agent_name.trim().is_empty() {
+            format!("{}-{short}", provider.name())
+        } else {
+            r.agent_name.trim().to_string()
+        };
+        let config = SessionConfig {
+            campaign_id: campaign.id.clone(),
+            provider,
+            model: r.model.trim().to_string(),
+            agent_name,
+            festival_id: r.festival_id,
+            task_id: r.task_id,
+            provider_config: r.provider_config.into_iter().collect(),
+            environment: r.environment.into_iter().collect(),
+            max_tokens: r.max_tokens as u64,
+            timeout_ms,
+            initial_message: r.initial_message,
+            working_dir: campaign.root_path.clone(),
+        };
+        crate::providers::validate(&config).map_err(st)?;
+        let shutting = self.handle.call(|s| s.shutting_down).await.map_err(st)?;
+        if shutting {
+            return Err(GrpcStatus::unavailable("the daemon is shutting down"));
+        }
+        let record = self
+            .handle
+            .request(
+                Req::Create {
+                    id,
+                    config: Box::new(config),
+                },
+                None,
+            )
+            .await
+            .map_err(st)?;
+        Ok(Response::new(pb::CreateSessionResponse {
+            session: Some(convert::session_info(&record)),
+        }))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, GrpcStatus> {
+        let id = session_id(&request.into_inner().session_id)?;
+        let rec = self.record(id).await?;
+        Ok(Response::new(convert::session_info(&rec)))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let campaign = if r.campaign_id.trim().is_empty() {
+            None
+        } else {
+            Some(self.campaign(r.campaign_id.trim().to_string()).await?.id)
+        };
+        let mut statuses = Vec::new();
+        for n in &r.statuses {
+            statuses.push(
+                Status::from_number(*n)
+                    .ok_or_else(|| invalid(format!("unknown session status {n}")))?,
+            );
+        }
+        let provider = match r.provider {
+            0 => None,
+            n => Some(Provider::from_number(n).ok_or_else(|| {
+                st(Error::new(
+                    ErrorCode::ProviderNotSupported,
+                    format!("provider {n} is not a supported provider"),
+                ))
+            })?),
+        };
+        let include_terminated = r.include_terminated;
+        let sessions = self
+            .handle
+            .call(move |s| {
+                s.engine
+                    .sessions()
+                    .map(|x| &x.record)
+                    .filter(|rec| {
+                        campaign
+                            .as_ref()
+                            .is_none_or(|c| &rec.config.campaign_id == c)
+                    })
+                    .filter(|rec| provider.is_none_or(|p| rec.config.provider == p))
+                    .filter(|rec| {
+                        if !statuses.is_empty() {
+                            statuses.contains(&rec.status)
+                        } else {
+                            include_terminated || !rec.status.is_terminal()
+                        }
+                    })
+                    .map(convert::session_info)
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(st)?;
+        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+    }
+
+    type SendMessageStream = Stream_<pb::SessionActivityEvent>;
+
+    async fn send_message(
+        &self,
+        request: Request<pb::SendMessageRequest>,
+    ) -> Result<Response<Self::SendMessageStream>, GrpcStatus> {
+        let r = request.into_inner();
+        let id = session_id(&r.session_id)?;
+        if r.message.trim().is_empty() {
+            return Err(invalid("message is required"));
+        }
+        let (tx, rx) = mpsc::channel(TURN_STREAM_BUFFER);
+        self.handle
+            .request(
+                Req::Send {
+                    id,
+                    text: r.message,
+                },
+                Some(tx),
+            )
+            .await
+            .map_err(st)?;
+        let stream = ReceiverStream::new(rx).map(|item| match item {
+            Ok(ev) => Ok(convert::activity_event(&ev)),
+            Err(e) => Err(convert::status(&e)),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn stop_session(
+        &self,
+        request: Request<pb::StopSessionRequest>,
+    ) -> Result<Response<pb::StopSessionResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let id = session_id(&r.session_id)?;
+        let rec = self
+            .handle
+            .request(
+                Req::Stop {
+                    id,
+                    graceful: r.graceful,
+                },
+                None,
+            )
+            .await
+            .map_err(st)?;
+        Ok(Response::new(pb::StopSessionResponse {
+            session: Some(convert::session_info(&rec)),
+        }))
+    }
+
+    async fn restart_session(
+        &self,
+        request: Request<pb::RestartSessionRequest>,
+    ) -> Result<Response<pb::CreateSessionResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let id = session_id(&r.session_id)?;
+        let provider_config = if r.provider_config.is_empty() {
+            None
+        } else {
+            let pc: BTreeMap<String, String> = r.provider_config.into_iter().collect();
+            let mut probe = self.record(id.clone()).await?.config;
+            probe.provider_config = pc.clone();
+            crate::providers::validate(&probe).map_err(st)?;
+            Some(pc)
+        };
+        let rec = self
+            .handle
+            .request(
+                Req::Restart {
+                    id,
+                    provider_config,
+                },
+                None,
+            )
+            .await
+            .map_err(st)?;
+        Ok(Response::new(pb::CreateSessionResponse {
+            session: Some(convert::session_info(&rec)),
+        }))
+    }
+
+    type WatchSessionStream = Stream_<pb::SessionStatusEvent>;
+
+    async fn watch_session(
+        &self,
+        request: Request<pb::WatchSessionRequest>,
+    ) -> Result<Response<Self::WatchSessionStream>, GrpcStatus> {
+        let id = session_id(&request.into_inner().session_id)?;
+        // Subscribe first, then look: no event can fall between the two.
+        let sub = self.handle.hub.status.subscribe();
+        let rec = self.record(id.clone()).await?;
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        if !rec.status.is_terminal() {
+            tokio::spawn(forward_status(sub, tx, move |ev| ev.session == id, true));
+        }
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type WatchAllSessionsStream = Stream_<pb::SessionStatusEvent>;
+
+    async fn watch_all_sessions(
+        &self,
+        request: Request<pb::WatchAllSessionsRequest>,
+    ) -> Result<Response<Self::WatchAllSessionsStream>, GrpcStatus> {
+        let r = request.into_inner();
+        let sub = self.handle.hub.status.subscribe();
+        let campaign = if r.campaign_id.trim().is_empty() {
+            None
+        } else {
+            Some(self.campaign(r.campaign_id.trim().to_string()).await?.id)
+        };
+        // Session → campaign, for the filter; sessions created later are looked up once.
+        let handle = self.handle.clone();
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(async move {
+            let mut campaigns: BTreeMap<SessionId, String> = BTreeMap::new();
+            let mut sub = sub;
+            loop {
+                let ev = tokio::select! {
+                    biased;
+                    _ = tx.closed() => return,
+                    ev = sub.recv() => ev,
+                };
+                match ev {
+                    Ok(ev) => {
+                        if let Some(c) = &campaign {
+                            if !campaigns.contains_key(&ev.session) {
+                                let id = ev.session.clone();
+                                let found = handle
+                                    .call(move |s| {
+                                        s.engine
+                                            .session(&id)
+                                            .map(|x| x.record.config.campaign_id.clone())
+                                    })
+                                    .await
+                                    .ok()
+                                    .flatten()
+                                    .unwrap_or_default();
+                                campaigns.insert(ev.session.clone(), found);
+                            }
+                            if campaigns.get(&ev.session) != Some(c) {
+                                continue;
+                            }
+                        }
+                        if tx.send(Ok(convert::status_event(&ev))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx.send(Err(lagged(n))).await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn add_campaign(
+        &self,
+        request: Request<pb::AddCampaignRequest>,
+    ) -> Result<Response<pb::Campaign>, GrpcStatus> {
+        let r = request.into_inner();
+        let name = r.name.trim().to_string();
+        if name.is_empty() || r.root_path.trim().is_empty() {
+            return Err(invalid("name and root_path are required"));
+        }
+        let root = std::fs::canonicalize(r.root_path.trim()).map_err(|e| {
+            invalid(format!(
+                "root_path {} is not usable: {e}",
+                r.root_path.trim()
+            ))
+        })?;
+        if !root.is_dir() {
+            return Err(invalid(format!(
+                "root_path {} is not a directory",
+                root.display()
+            )));
+        }
+        let id = format!("camp_{}", ulid::Ulid::new());
+        let root = root.display().to_string();
+        let n = name.clone();
+        let result = self
+            .handle
+            .call(
+                move |s| match s.store.add_campaign(&id, &n, &root, now_ms()) {
+                    Ok(c) => Ok(c),
+                    Err(e) if crate::store::is_unique_violation(&e) => {
+                        Err(GrpcStatus::already_exists(format!(
+                            "a campaign named \"{n}\" already exists"
+                        )))
+                    }
+                    Err(e) => Err(GrpcStatus::internal(e.to_string())),
+                },
+            )
+            .await
+            .map_err(st)??;
+        Ok(Response::new(campaign_pb(&result)))
+    }
+
+    async fn list_campaigns(
+        &self,
+        _request: Request<pb::ListCampaignsRequest>,
+    ) -> Result<Response<pb::ListCampaignsResponse>, GrpcStatus> {
+        let list = self
+            .handle
+            .call(|s| s.store.campaigns().map_err(|e| e.to_string()))
+            .await
+            .map_err(st)?
+            .map_err(GrpcStatus::internal)?;
+        Ok(Response::new(pb::ListCampaignsResponse {
+            campaigns: list.iter().map(campaign_pb).collect(),
+        }))
+    }
+
+    async fn remove_campaign(
+        &self,
+        request: Request<pb::RemoveCampaignRequest>,
+    ) -> Result<Response<pb::RemoveCampaignResponse>, GrpcStatus> {
+        let key = request.into_inner().campaign;
+        let c = self.campaign(key).await?;
+        let id = c.id.clone();
+        let result = self
+            .handle
+            .call(move |s| {
+                let live = s
+                    .engine
+                    .sessions()
+                    .filter(|x| x.record.config.campaign_id == id && !x.status().is_terminal())
+                    .count();
+                if live > 0 {
+                    return Err(GrpcStatus::failed_precondition(format!(
+                        "campaign has {live} live session(s); stop them first"
+                    )));
+                }
+                s.store
+                    .remove_campaign(&id)
+                    .map_err(|e| GrpcStatus::internal(e.to_string()))
+            })
+            .await
+            .map_err(st)??;
+        Ok(Response::new(pb::RemoveCampaignResponse {
+            removed: result,
+        }))
+    }
+
+    async fn list_activities(
+        &self,
+        request: Request<pb::ListActivitiesRequest>,
+    ) -> Result<Response<pb::ListActivitiesResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let id = session_id(&r.session_id)?;
+        self.record(id.clone()).await?;
+        let limit = match r.limit {
+            n if n <= 0 => LIST_ACTIVITIES_MAX,
+            n => (n as usize).min(LIST_ACTIVITIES_MAX),
+        };
+        let after = r.after_seq.max(0) as u64;
+        let list = self
+            .handle
+            .call(move |s| {
+                s.store
+                    .activities(&id.0, after, limit)
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(st)?
+            .map_err(GrpcStatus::internal)?;
+        Ok(Response::new(pb::ListActivitiesResponse {
+            activities: list.iter().map(convert::activity_event).collect(),
+        }))
+    }
+
+    type WatchActivityStream = Stream_<pb::SessionActivityEvent>;
+
+    async fn watch_activity(
+        &self,
+        request: Request<pb::WatchActivityRequest>,
+    ) -> Result<Response<Self::WatchActivityStream>, GrpcStatus> {
+        let r = request.into_inner();
+        let id = session_id(&r.session_id)?;
+        // Subscribe before reading the store, then skip what the store already gave.
+        let mut acts = self.handle.hub.activity.subscribe();
+        let mut stat = self.handle.hub.status.subscribe();
+        let rec = self.record(id.clone()).await?;
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        let handle = self.handle.clone();
+        let mut last = r.after_seq.max(0) as u64;
+        tokio::spawn(async move {
+            // Stored history first, in pages.
+            loop {
+                let sid = id.0.clone();
+                let page = handle
+                    .call(move |s| s.store.activities(&sid, last, 1000).unwrap_or_default())
+                    .await
+                    .unwrap_or_default();
+                if page.is_empty() {
+                    break;
+                }
+                for ev in &page {
+                    last = ev.seq;
+                    if tx.send(Ok(convert::activity_event(ev))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            if rec.status.is_terminal() {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = tx.closed() => return,
+                    ev = acts.recv() => match ev {
+                        Ok(ev) if ev.session == id && ev.seq > last => {
+                            last = ev.seq;
+                            if tx.send(Ok(convert::activity_event(&ev))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            let _ = tx.send(Err(lagged(n))).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    ev = stat.recv() => match ev {
+                        Ok(ev) if ev.session == id && ev.new.is_terminal() => {
+                            // Everything of the session was delivered before its terminal
+                            // status; take what is still queued, then end.
+                            while let Ok(a) = acts.try_recv() {
+                                if a.session == id && a.seq > last {
+                                    last = a.seq;
+                                    let _ = tx.send(Ok(convert::activity_event(&a))).await;
+                                }
+                            }
+                            return;
+                        }
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+fn campaign_pb(c: &crate::store::Campaign) -> pb::Campaign {
+    pb::Campaign {
+        id: c.id.clone(),
+        name: c.name.clone(),
+        root_path: c.root_path.clone(),
+        created_at: Some(convert::timestamp(c.created_at)),
+    }
+}
+
+fn lagged(n: u64) -> GrpcStatus {
+    GrpcStatus::resource_exhausted(format!(
+        "watcher fell {n} events behind and was dropped; everything is stored — resubscribe"
+    ))
+}
+
+/// Forwards status events that pass `keep` until the client goes away (or, with
+/// `end_on_terminal`, the session ends).
+async fn forward_status(
+    mut sub: broadcast::Receiver<paddock_core::StatusEvent>,
+    tx: mpsc::Sender<Result<pb::SessionStatusEvent, GrpcStatus>>,
+    keep: impl Fn(&paddock_core::StatusEvent) -> bool,
+    end_on_terminal: bool,
+) {
+    loop {
+        let ev = tokio::select! {
+            biased;
+            _ = tx.closed() => return,
+            ev = sub.recv() => ev,
+        };
+        match ev {
+            Ok(ev) if keep(&ev) => {
+                if tx.send(Ok(convert::status_event(&ev))).await.is_err() {
+                    return;
+                }
+                if end_on_terminal && ev.new.is_terminal() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                let _ = tx.send(Err(lagged(n))).await;
+                return;
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! `paddock demo`: a whole session of the built-in scripted agent, live, in one command.
+//!
+//! Nothing is faked: a real daemon starts on a fresh socket and data dir, a campaign is
+//! registered on a small sample project, a real agent process answers over the same line
+//! protocol as Claude Code, every event goes through SQLite before it is shown, and at the end
+//! the session is stopped and the daemon shut down.
+
+use std::path::Path;
+use std::time::Duration;
+
+use paddock_core::Provider;
+use paddock_proto::obey::local::v1 as pb;
+use tokio_stream::StreamExt;
+
+use super::output::*;
+use super::{client, Ctx};
+
+pub async fn run(_ctx: &Ctx, message: &str) -> i32 {
+    match demo(message).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("demo failed: {e}");
+            1
+        }
+    }
+}
+
+fn sample_project(root: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(root.join("src"))?;
+    std::fs::write(
+        root.join("README.md"),
+        "# sample\nA tiny project for the paddock demo.\n",
+    )?;
+    std::fs::write(
+        root.join("Cargo.toml"),
+        "[package]\nname = \"sample\"\nversion = \"0.1.0\"\n",
+    )?;
+    std::fs::write(
+        root.join("src/main.rs"),
+        "fn main() { println!(\"hi\"); }\n",
+    )?;
+    Ok(())
+}
+
+async fn demo(message: &str) -> Result<(), String> {
+    let base = std::env::temp_dir().join(format!("paddock-demo-{}", std::process::id()));
+    let socket = base.join("daemon.sock");
+    let data = base.join("data");
+    let project = base.join("sample-project");
+    sample_project(&project).map_err(|e| e.to_string())?;
+
+    println!("▶ starting a paddock daemon on {}", socket.display());
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut daemon = tokio::process::Command::new(exe)
+        .args(["daemon", "--socket"])
+        .arg(&socket)
+        .arg("--data-dir")
+        .arg(&data)
+        .env("PADDOCK_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+    let result = session(&socket, &project, message).await;
+    // Shut the daemon down whatever happened, and wait for it.
+    if let Ok(ch) = client::channel(&socket).await {
+        let mut c = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
+        let _ = c.shutdown(pb::ShutdownRequest { force: false }).await;
+    }
+    match tokio::time::timeout(Duration::from_secs(20), daemon.wait()).await {
+        Ok(Ok(status)) => println!("▶ daemon exited ({status})"),
+        _ => {
+            let _ = daemon.kill().await;
+        }
+    }
+    println!(
+        "▶ the session's database is kept at {}",
+        data.join("paddock.db").display()
+    );
+    result
+}
+
+async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), String> {
+    let mut waited = 0;
+    let ch = loop {
+        match client::channel(socket).await {
+            Ok(ch) => break ch,
+            Err(e) if waited > 200 => return Err(e),
+            Err(_) => {
+                waited += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let mut c = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
+    let camp = c
+        .add_campaign(pb::AddCampaignRequest {
+            name: "demo".into(),
+            root_path: project.display().to_string(),
+        })
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner();
+    println!("▶ campaign \"{}\" → {}", camp.name, camp.root_path);
+
+    // Watch every status change of every session, in the background.
+    let mut watch = c
+        .watch_all_sessions(pb::WatchAllSessionsRequest::default())
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner();
+    let watcher = tokio::spawn(async move {
+        while let Some(Ok(e)) = watch.next().await {
+            println!(
+                "  status  {:>9} → {:<9} {}",
+                status_name(e.previous_status),
+                status_name(e.new_status),
+                e.message
+            );
+        }
+    });
+
+    let s = c
+        .create_session(pb::CreateSessionRequest {
+            campaign_id: "demo".into(),
+            provider: Provider::Scripted.number(),
+            agent_name: "demo-agent".into(),
+            max_tokens: 100_000,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner()
+        .session
+        .unwrap_or_default();
+    println!("▶ session {} created (pid {})", s.id, s.pid);
+
+    println!("▶ you: {message}");
+    let mut stream = c
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: message.to_string(),
+        })
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner();
+    while let Some(item) = stream.next().await {
+        let a = item.map_err(|e| e.message().to_string())?;
+        println!("  agent   {}", activity_line(&a));
+    }
+
+    let stopped = c
+        .stop_session(pb::StopSessionRequest {
+            session_id: s.id.clone(),
+            graceful: true,
+        })
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner()
+        .session
+        .unwrap_or_default();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    watcher.abort();
+    println!(
+        "▶ session {} is {}: {} input + {} output tokens, {} activities stored",
+        stopped.id,
+        status_name(stopped.status),
+        stopped.tokens_input,
+        stopped.tokens_output,
+        c.list_activities(pb::ListActivitiesRequest {
+            session_id: stopped.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().activities.len())
+        .unwrap_or(0)
+    );
+    Ok(())
+}

@@ -1,0 +1,448 @@
+//! The event loop: the one task that owns the engine, the store and the children.
+//!
+//! Each iteration waits for a command or the engine's next deadline, drains what else is
+//! queued (up to [`MAX_BATCH`]), feeds every input to the core, executes the effects — one
+//! `match` on `Effect` — and commits the batch's records in one transaction. Only then are
+//! status events, activities and replies delivered: a client never sees what a crash could
+//! still lose, and a fast agent costs one commit per batch, not one per event.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use paddock_core::{
+    ActivityEvent, Effect, Engine, Error, ErrorCode, Input, ProviderEvent, Record, RequestId,
+    RunId, SessionId, SessionRecord, StatusEvent,
+};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+
+use super::supervisor::{self, RunHandle};
+use crate::paths::now_ms;
+use crate::store::Store;
+
+/// Commands drained per iteration (and so per commit) at most.
+pub const MAX_BATCH: usize = 512;
+/// The command queue's bound: provider readers wait (and so slow their agent down) when the
+/// loop is behind, instead of buffering without limit.
+pub const COMMAND_QUEUE: usize = 4096;
+/// Activities buffered for one SendMessage client; a client that falls this far behind loses
+/// its stream (everything is still in the store: ListActivities / WatchActivity).
+pub const TURN_STREAM_BUFFER: usize = 4096;
+/// Events buffered per watcher before it is told it fell behind.
+pub const WATCH_BUFFER: usize = 4096;
+
+pub type Reply = oneshot::Sender<Result<SessionRecord, Error>>;
+pub type TurnStream = mpsc::Sender<Result<ActivityEvent, Error>>;
+
+/// A request for the core; the loop gives it its request id.
+#[derive(Debug)]
+pub enum Request {
+    Create {
+        id: SessionId,
+        config: Box<paddock_core::SessionConfig>,
+    },
+    Send {
+        id: SessionId,
+        text: String,
+    },
+    Stop {
+        id: SessionId,
+        graceful: bool,
+    },
+    Restart {
+        id: SessionId,
+        provider_config: Option<BTreeMap<String, String>>,
+    },
+}
+
+/// A closure run on the loop's state.
+pub type Call = Box<dyn FnOnce(&mut State) + Send>;
+
+/// Something for the loop to do.
+pub enum Command {
+    /// A provider's event (from a child's reader or waiter).
+    Provider(Input),
+    /// A session request; `turn` receives the activities of the turn a Send starts.
+    Request {
+        request: Request,
+        reply: Reply,
+        turn: Option<TurnStream>,
+    },
+    /// Read or change shell state, run after the current batch committed.
+    Call(Call),
+}
+
+/// Where status events and activities are published for watchers.
+#[derive(Clone)]
+pub struct Hub {
+    pub status: broadcast::Sender<StatusEvent>,
+    pub activity: broadcast::Sender<ActivityEvent>,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Hub {
+    pub fn new() -> Self {
+        Hub {
+            status: broadcast::channel(WATCH_BUFFER).0,
+            activity: broadcast::channel(WATCH_BUFFER).0,
+        }
+    }
+}
+
+struct Pending {
+    reply: Reply,
+    turn: Option<TurnStream>,
+}
+
+/// The loop's state.
+pub struct State {
+    pub engine: Engine,
+    pub store: Store,
+    pub hub: Hub,
+    pub started_at: u64,
+    pub socket: PathBuf,
+    pub data_dir: PathBuf,
+    /// Set by Shutdown / SIGTERM: no new sessions, every session is being stopped.
+    pub shutting_down: bool,
+    exe: PathBuf,
+    tx: mpsc::Sender<Command>,
+    runs: BTreeMap<(SessionId, RunId), RunHandle>,
+    pending: BTreeMap<RequestId, Pending>,
+    turn_streams: BTreeMap<(SessionId, u64), TurnStream>,
+    next_req: RequestId,
+    /// Told `true` when the loop has finished (after a shutdown).
+    done: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct Batch {
+    records: Vec<Record>,
+    deliver: Vec<Effect>,
+    inputs: VecDeque<Input>,
+    calls: Vec<Call>,
+}
+
+impl State {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        engine: Engine,
+        store: Store,
+        hub: Hub,
+        socket: PathBuf,
+        data_dir: PathBuf,
+        exe: PathBuf,
+        tx: mpsc::Sender<Command>,
+        done: watch::Sender<bool>,
+    ) -> Self {
+        State {
+            engine,
+            store,
+            hub,
+            started_at: now_ms(),
+            socket,
+            data_dir,
+            shutting_down: false,
+            exe,
+            tx,
+            runs: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            turn_streams: BTreeMap::new(),
+            next_req: 1,
+            done,
+        }
+    }
+
+    /// Begins a graceful shutdown: every live session is stopped gracefully; the loop ends
+    /// when all are terminal and every child was reaped.
+    pub fn begin_shutdown(&mut self) -> usize {
+        self.begin_shutdown_with(true)
+    }
+
+    /// As [`State::begin_shutdown`]; `graceful = false` interrupts running turns at once.
+    pub fn begin_shutdown_with(&mut self, graceful: bool) -> usize {
+        if self.shutting_down {
+            return self.engine.live_sessions();
+        }
+        self.shutting_down = true;
+        let live: Vec<SessionId> = self
+            .engine
+            .sessions()
+            .filter(|s| !s.status().is_terminal())
+            .map(|s| s.record.id.clone())
+            .collect();
+        let n = live.len();
+        tracing::info!("shutting down: stopping {n} live session(s)");
+        for id in live {
+            let (reply, _) = oneshot::channel();
+            let _ = self.tx.try_send(Command::Request {
+                request: Request::Stop { id, graceful },
+                reply,
+                turn: None,
+            });
+        }
+        n
+    }
+
+    fn finished(&self) -> bool {
+        self.shutting_down && self.engine.live_sessions() == 0 && self.runs.is_empty()
+    }
+
+    fn command(&mut self, cmd: Command, batch: &mut Batch) {
+        match cmd {
+            Command::Provider(input) => batch.inputs.push_back(input),
+            Command::Request {
+                request,
+                reply,
+                turn,
+            } => {
+                let req = self.next_req;
+                self.next_req += 1;
+                self.pending.insert(req, Pending { reply, turn });
+                let input = match request {
+                    Request::Create { id, config } => Input::Create {
+                        req,
+                        id,
+                        config: *config,
+                    },
+                    Request::Send { id, text } => Input::Send { req, id, text },
+                    Request::Stop { id, graceful } => Input::Stop { req, id, graceful },
+                    Request::Restart {
+                        id,
+                        provider_config,
+                    } => Input::Restart {
+                        req,
+                        id,
+                        provider_config,
+                    },
+                };
+                batch.inputs.push_back(input);
+            }
+            Command::Call(f) => batch.calls.push(f),
+        }
+    }
+
+    /// Feeds every queued input to the core, executing effects as they come.
+    fn run_inputs(&mut self, batch: &mut Batch) {
+        while let Some(input) = batch.inputs.pop_front() {
+            let exited = match &input {
+                Input::Provider {
+                    id,
+                    run,
+                    event: ProviderEvent::Exited { .. },
+                } => Some((id.clone(), *run)),
+                _ => None,
+            };
+            let effects = self.engine.handle(now_ms(), input);
+            if let Some(key) = exited {
+                self.runs.remove(&key);
+            }
+            self.execute(effects, batch);
+        }
+    }
+
+    /// The effect executor: one match.
+    fn execute(&mut self, effects: Vec<Effect>, batch: &mut Batch) {
+        for effect in effects {
+            match effect {
+                Effect::Persist(record) => batch.records.push(record),
+                Effect::Spawn { id, run, spec } => {
+                    let event = match crate::providers::plan(&spec, &self.exe) {
+                        Ok((plan, parser)) => {
+                            match supervisor::spawn(&plan, id.clone(), run, parser, self.tx.clone())
+                            {
+                                Ok(handle) => {
+                                    let pid = handle.pid;
+                                    self.runs.insert((id.clone(), run), handle);
+                                    ProviderEvent::Started { pid: Some(pid) }
+                                }
+                                Err(reason) => ProviderEvent::SpawnFailed { reason },
+                            }
+                        }
+                        Err(reason) => ProviderEvent::SpawnFailed { reason },
+                    };
+                    batch.inputs.push_back(Input::Provider { id, run, event });
+                }
+                Effect::Write { id, run, text } => {
+                    let provider = self.engine.session(&id).map(|s| s.record.config.provider);
+                    if let (Some(h), Some(p)) = (self.runs.get(&(id.clone(), run)), provider) {
+                        if !h.write_line(crate::providers::user_message_line(p, &text)) {
+                            tracing::warn!(session = %id, run, "could not deliver a message to the provider");
+                        }
+                    }
+                }
+                Effect::Signal {
+                    id, run, signal, ..
+                } => {
+                    if let Some(h) = self.runs.get(&(id, run)) {
+                        h.signal(signal);
+                    }
+                }
+                e @ (Effect::EmitStatus(_) | Effect::EmitActivity(_) | Effect::Reply { .. }) => {
+                    batch.deliver.push(e)
+                }
+            }
+        }
+    }
+
+    /// Commits the batch, then delivers what it acknowledged.
+    fn commit(&mut self, batch: &mut Batch) {
+        if !batch.records.is_empty() {
+            let mut attempt = 0;
+            loop {
+                match self.store.apply(&batch.records) {
+                    Ok(()) => break,
+                    Err(e) if attempt < 3 => {
+                        attempt += 1;
+                        tracing::warn!("store commit failed (attempt {attempt}): {e}");
+                        std::thread::sleep(Duration::from_millis(50 * attempt));
+                    }
+                    Err(e) => {
+                        // Nothing of this batch may be acknowledged. Crash-only: exit, and the
+                        // next start reconciles from what the store has.
+                        tracing::error!("store commit failed, exiting: {e}");
+                        std::process::exit(70);
+                    }
+                }
+            }
+            batch.records.clear();
+        }
+        for effect in batch.deliver.drain(..) {
+            match effect {
+                Effect::EmitStatus(ev) => {
+                    let _ = self.hub.status.send(ev);
+                }
+                Effect::EmitActivity(ev) => {
+                    if let Some(turn) = ev.turn {
+                        let key = (ev.session.clone(), turn);
+                        if let Some(stream) = self.turn_streams.get(&key) {
+                            let keep = stream.try_send(Ok(ev.clone())).is_ok() && !ev.ends_turn;
+                            if !keep {
+                                self.turn_streams.remove(&key);
+                            }
+                        }
+                    }
+                    let _ = self.hub.activity.send(ev);
+                }
+                Effect::Reply { req, result } => {
+                    if let Some(p) = self.pending.remove(&req) {
+                        if let (Ok(record), Some(stream)) = (&result, p.turn) {
+                            self.turn_streams
+                                .insert((record.id.clone(), record.turns), stream);
+                        }
+                        let _ = p.reply.send(result);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs the loop until a shutdown has stopped every session.
+pub async fn run(mut state: State, mut rx: mpsc::Receiver<Command>, restore: Vec<Effect>) {
+    let mut batch = Batch::default();
+    state.execute(restore, &mut batch);
+    state.commit(&mut batch);
+    loop {
+        let deadline = state.engine.poll_timeout().map(|(at, _, _)| at);
+        let first = tokio::select! {
+            biased;
+            cmd = rx.recv() => match cmd {
+                Some(c) => Some(c),
+                None => break,
+            },
+            _ = sleep_until(deadline) => None,
+        };
+        if let Some(c) = first {
+            state.command(c, &mut batch);
+        }
+        for _ in 0..MAX_BATCH {
+            match rx.try_recv() {
+                Ok(c) => state.command(c, &mut batch),
+                Err(_) => break,
+            }
+        }
+        batch.inputs.push_back(Input::Tick);
+        state.run_inputs(&mut batch);
+        state.commit(&mut batch);
+        for call in std::mem::take(&mut batch.calls) {
+            call(&mut state);
+            // A call may have queued requests (shutdown); they run next iteration.
+        }
+        if state.finished() {
+            break;
+        }
+    }
+    // Refuse whatever is still queued.
+    for (_, p) in std::mem::take(&mut state.pending) {
+        let _ = p.reply.send(Err(Error::new(
+            ErrorCode::AdapterNotInitialized,
+            "the daemon is shutting down",
+        )));
+    }
+    let _ = state.done.send(true);
+}
+
+async fn sleep_until(deadline: Option<u64>) {
+    match deadline {
+        Some(at) => {
+            let now = now_ms();
+            tokio::time::sleep(Duration::from_millis(at.saturating_sub(now))).await
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The loop's handle, for the API layer.
+#[derive(Clone)]
+pub struct Handle {
+    pub tx: mpsc::Sender<Command>,
+    pub hub: Hub,
+}
+
+impl Handle {
+    /// Sends a session request and waits for the core's answer.
+    pub async fn request(
+        &self,
+        request: Request,
+        turn: Option<TurnStream>,
+    ) -> Result<SessionRecord, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Request {
+                request,
+                reply,
+                turn,
+            })
+            .await
+            .map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())?
+    }
+
+    /// Runs `f` on the loop's state (after the current batch committed) and returns its result.
+    pub async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut State) -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Call(Box::new(move |s| {
+                let _ = tx.send(f(s));
+            })))
+            .await
+            .map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())
+    }
+}
+
+fn unavailable() -> Error {
+    Error::new(
+        ErrorCode::AdapterNotInitialized,
+        "the daemon's session engine is not running (shutting down?)",
+    )
+}

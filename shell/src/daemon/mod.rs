@@ -1,0 +1,165 @@
+//! `paddock daemon`: start-up, the socket, signals, and the event loop.
+//!
+//! Start-up order: take the data dir's lock (one daemon per data dir), open the store and run
+//! its migrations, rebuild the engine from it (reconciling sessions a previous daemon left
+//! active: FAILED, OBEY-2032), claim the socket (a live daemon on it makes this one refuse; a
+//! stale file is replaced), then serve until SIGINT / SIGTERM / Shutdown, which stop every
+//! session gracefully before the process exits 0.
+
+pub mod event_loop;
+pub mod supervisor;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use event_loop::{Command, Handle, Hub, State};
+use paddock_core::{Engine, Limits};
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch};
+
+use crate::paths::now_ms;
+use crate::store::Store;
+
+/// Largest gRPC message accepted or sent (a message to an agent, a batch of activities).
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub socket: PathBuf,
+    pub data_dir: PathBuf,
+    pub limits: Limits,
+}
+
+/// Runs the daemon in the foreground until it is told to stop.
+pub async fn run(opts: Options) -> Result<(), String> {
+    std::fs::create_dir_all(&opts.data_dir)
+        .map_err(|e| format!("cannot create data dir {}: {e}", opts.data_dir.display()))?;
+    let _lock = lock_data_dir(&opts.data_dir)?;
+    let db = crate::paths::database(&opts.data_dir);
+    let store = Store::open(&db).map_err(|e| format!("cannot open {}: {e}", db.display()))?;
+    let records = store
+        .load_sessions()
+        .map_err(|e| format!("cannot load sessions: {e}"))?;
+    let (engine, restore) = Engine::restore(opts.limits.clone(), now_ms(), records);
+    let reconciled = restore
+        .iter()
+        .filter(|e| matches!(e, paddock_core::Effect::EmitStatus(_)))
+        .count();
+    if reconciled > 0 {
+        tracing::warn!(
+            "{reconciled} session(s) left active by a previous daemon marked FAILED (OBEY-2032)"
+        );
+    }
+
+    let listener = bind_socket(&opts.socket)?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
+    let (tx, rx) = mpsc::channel(event_loop::COMMAND_QUEUE);
+    let (done_tx, mut done_rx) = watch::channel(false);
+    let hub = Hub::new();
+    let state = State::new(
+        engine,
+        store,
+        hub.clone(),
+        opts.socket.clone(),
+        opts.data_dir.clone(),
+        exe,
+        tx.clone(),
+        done_tx,
+    );
+    let loop_task = tokio::spawn(event_loop::run(state, rx, restore));
+    let handle = Handle {
+        tx: tx.clone(),
+        hub,
+    };
+
+    // SIGINT / SIGTERM: stop every session gracefully, then exit.
+    let sig_handle = handle.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {},
+            _ = term.recv() => {},
+        }
+        tracing::info!("signal received: stopping");
+        let _ = sig_handle.call(|s| s.begin_shutdown()).await;
+    });
+
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let shutdown = {
+        let mut rx = done_rx.clone();
+        async move {
+            let _ = rx.wait_for(|d| *d).await;
+        }
+    };
+    tracing::info!(socket = %opts.socket.display(), data = %opts.data_dir.display(), "paddock daemon listening");
+    let result = crate::api::router(handle)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    let _ = done_rx.wait_for(|d| *d).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), loop_task).await;
+    let _ = std::fs::remove_file(&opts.socket);
+    result.map_err(|e| format!("server error: {e}"))
+}
+
+/// One daemon per data dir: an exclusive `flock` held for the daemon's life.
+fn lock_data_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    let path = dir.join("daemon.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        format!(
+            "another paddock daemon is already using the data dir {}",
+            dir.display()
+        )
+    })
+}
+
+/// Creates the socket's directory (0700) and binds the socket (0600). A socket a live daemon
+/// answers on is refused; a stale one is replaced.
+fn bind_socket(path: &Path) -> Result<UnixListener, String> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.exists() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create socket dir {}: {e}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))?;
+    }
+    if path.exists() {
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(format!(
+                    "another paddock daemon is already listening on {}",
+                    path.display()
+                ))
+            }
+            Err(_) => {
+                tracing::info!("replacing stale socket {}", path.display());
+                std::fs::remove_file(path)
+                    .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
+            }
+        }
+    }
+    // Bind with a restrictive umask so the socket is never reachable by others, not even for a
+    // moment, then make the mode explicit.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = bound.map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
+    Ok(listener)
+}

@@ -1,0 +1,276 @@
+//! Child processes: spawn a provider, read its lines, write its stdin, signal its group, and
+//! report its exit — every one of them as a core input.
+//!
+//! Every child runs in its own process group (so a stop kills its whole tree) and gets
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the daemon. The parent-death signal fires when
+//! the *thread* that forked exits: children are spawned from the event loop, which runs on a
+//! runtime worker thread that lives as long as the daemon.
+//!
+//! Exit is reported only after stdout was read to its end (or a short drain period passed), so
+//! every line the provider printed reaches the core before its `Exited`: nothing is lost.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use paddock_core::{Input, ProviderEvent, RunId, SessionId, Signal};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command as ProcessCommand;
+use tokio::sync::mpsc;
+
+use crate::providers::{LineParser, Parsed};
+
+/// Longest stdout line kept whole; longer lines are cut (and counted as unrecognised). Agents
+/// print large tool results on one line; 4 MiB bounds the memory one line can take.
+pub const MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
+/// Lines of stderr kept for a FAILED reason.
+pub const STDERR_TAIL_LINES: usize = 20;
+/// Bytes kept of one stderr line.
+const STDERR_LINE_BYTES: usize = 512;
+/// Messages queued for one child's stdin.
+const STDIN_QUEUE: usize = 64;
+/// After the process exits, how long its stdout may stay open (a grandchild holding it) before
+/// the exit is reported anyway.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+}
+
+/// A running child, as the event loop holds it.
+#[derive(Debug)]
+pub struct RunHandle {
+    pub pid: u32,
+    stdin: mpsc::Sender<String>,
+}
+
+impl RunHandle {
+    /// Queues one line for the child's stdin. False if the queue is full or the child's stdin is
+    /// gone (its exit will follow and be reported).
+    pub fn write_line(&self, line: String) -> bool {
+        self.stdin.try_send(line).is_ok()
+    }
+
+    /// Signals the child's whole process group.
+    pub fn signal(&self, signal: Signal) {
+        let sig = match signal {
+            Signal::Term => nix::sys::signal::Signal::SIGTERM,
+            Signal::Kill => nix::sys::signal::Signal::SIGKILL,
+        };
+        let pgid = nix::unistd::Pid::from_raw(self.pid as i32);
+        if let Err(e) = nix::sys::signal::killpg(pgid, sig) {
+            tracing::debug!(pid = self.pid, ?sig, "killpg: {e}");
+        }
+    }
+}
+
+/// Starts `plan`; its output becomes `Input::Provider` commands on `tx`.
+pub fn spawn(
+    plan: &LaunchPlan,
+    id: SessionId,
+    run: RunId,
+    mut parser: Box<dyn LineParser>,
+    tx: mpsc::Sender<super::Command>,
+) -> Result<RunHandle, String> {
+    let mut cmd = ProcessCommand::new(&plan.program);
+    cmd.args(&plan.args)
+        .current_dir(&plan.cwd)
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl, which is
+    // async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("{}: {e}", plan.program.display()))?;
+    let pid = child.id().unwrap_or(0);
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+
+    let (stdin_tx, mut stdin_rx) = mpsc::channel::<String>(STDIN_QUEUE);
+    tokio::spawn(async move {
+        while let Some(line) = stdin_rx.recv().await {
+            let mut bytes = line.into_bytes();
+            bytes.push(b'\n');
+            if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
+                break; // the child closed stdin; its exit is reported by the waiter
+            }
+        }
+    });
+
+    let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+    let tail_w = tail.clone();
+    let stderr_task = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut t = tail_w.lock().expect("stderr tail lock");
+            if t.len() == STDERR_TAIL_LINES {
+                t.pop_front();
+            }
+            t.push_back(truncate(&line, STDERR_LINE_BYTES));
+        }
+    });
+
+    let stdin_for_control = stdin_tx.clone();
+    let sid = id.clone();
+    let out_tx = tx.clone();
+    let mut stdout_task = tokio::spawn(async move {
+        let mut reader = BufReader::new(stdout);
+        let mut buf = Vec::with_capacity(8 * 1024);
+        loop {
+            buf.clear();
+            match read_bounded_line(&mut reader, &mut buf).await {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let line = line.trim_end_matches(['\n', '\r']);
+            if line.is_empty() {
+                continue;
+            }
+            for parsed in parser.parse_line(line) {
+                match parsed {
+                    Parsed::Event(event) => {
+                        let input = Input::Provider {
+                            id: sid.clone(),
+                            run,
+                            event,
+                        };
+                        if out_tx.send(super::Command::Provider(input)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Parsed::Reply(line) => {
+                        let _ = stdin_for_control.send(line).await;
+                    }
+                    Parsed::Unrecognized(raw) => {
+                        tracing::debug!(session = %sid, run, "unrecognised provider line: {}", truncate(&raw, 200));
+                    }
+                }
+            }
+        }
+    });
+
+    tokio::spawn(async move {
+        let status = child.wait().await;
+        // Let the reader finish what the process printed before reporting the exit.
+        if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut stdout_task)
+            .await
+            .is_err()
+        {
+            stdout_task.abort();
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(200), stderr_task).await;
+        let (code, signal) = match status {
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                (s.code(), s.signal())
+            }
+            Err(_) => (None, None),
+        };
+        let stderr_tail = tail
+            .lock()
+            .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default();
+        let input = Input::Provider {
+            id,
+            run,
+            event: ProviderEvent::Exited {
+                code,
+                signal,
+                stderr_tail,
+            },
+        };
+        let _ = tx.send(super::Command::Provider(input)).await;
+    });
+
+    Ok(RunHandle {
+        pid,
+        stdin: stdin_tx,
+    })
+}
+
+/// Reads one line into `buf`, keeping at most [`MAX_LINE_BYTES`] of it (the rest of an
+/// over-long line is consumed and dropped). Returns the bytes consumed (0 at EOF).
+async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(total);
+        }
+        let (chunk, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (&available[..=i], true),
+            None => (available, false),
+        };
+        let n = chunk.len();
+        let room = MAX_LINE_BYTES.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..n.min(room)]);
+        reader.consume(n);
+        total += n;
+        if done {
+            return Ok(total);
+        }
+    }
+}
+
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} bytes cut]", &s[..end], s.len() - end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_respects_char_boundaries() {
+        assert_eq!(truncate("abc", 5), "abc");
+        let t = truncate("ééé", 3);
+        assert!(t.starts_with('é'));
+        assert!(t.contains("bytes cut"));
+    }
+
+    #[tokio::test]
+    async fn over_long_lines_are_bounded() {
+        let data = vec![b'x'; MAX_LINE_BYTES + 10];
+        let mut input = data.clone();
+        input.push(b'\n');
+        input.extend_from_slice(b"next\n");
+        let mut r = BufReader::new(&input[..]);
+        let mut buf = Vec::new();
+        let n = read_bounded_line(&mut r, &mut buf).await.unwrap();
+        assert_eq!(n, MAX_LINE_BYTES + 11);
+        assert_eq!(buf.len(), MAX_LINE_BYTES);
+        buf.clear();
+        read_bounded_line(&mut r, &mut buf).await.unwrap();
+        assert_eq!(buf, b"next\n");
+    }
+}

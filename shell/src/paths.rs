@@ -1,0 +1,41 @@
+//! Where the socket and the data live.
+//!
+//! Socket: `--socket`, else `$PADDOCK_SOCKET`, else `$XDG_RUNTIME_DIR/paddock/daemon.sock`, else
+//! `/tmp/paddock-<uid>/daemon.sock`. Data: `--data-dir`, else `$PADDOCK_DATA_DIR`, else
+//! `$XDG_DATA_HOME/paddock`, else `~/.local/share/paddock`. (clap reads the `PADDOCK_*`
+//! variables; this module supplies the defaults.)
+
+use std::path::PathBuf;
+
+pub fn default_socket() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("paddock").join("daemon.sock"),
+        None => {
+            PathBuf::from(format!("/tmp/paddock-{}", nix::unistd::getuid())).join("daemon.sock")
+        }
+    }
+}
+
+pub fn default_data_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir).join("paddock");
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".local").join("share").join("paddock")
+}
+
+/// The database file inside a data dir.
+pub fn database(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("paddock.db")
+}
+
+/// Milliseconds since the Unix epoch: the only clock the shell reads for the core.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

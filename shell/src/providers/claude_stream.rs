@@ -1,0 +1,954 @@
+//! Claude Code's `stream-json` line protocol: one stdout line in, core events out.
+//!
+//! Claude Code run as
+//! `claude -p --input-format stream-json --output-format stream-json --verbose` prints one JSON
+//! object per line on stdout. [`ClaudeStreamParser::parse_line`] turns each line into zero or
+//! more [`Parsed`] items; [`user_message_line`] makes the stdin line that delivers one user
+//! message; [`control_response_allow`] / [`control_response_deny`] /
+//! [`control_response_error`] answer a `control_request` (a permission prompt).
+//!
+//! # Mapping
+//!
+//! | line | result |
+//! |---|---|
+//! | `system` / `init` | `SessionRef(session_id)`, nothing else |
+//! | `system` / other known subtypes (`compact_boundary`, `hook_response`, `status`, …) | nothing |
+//! | `system` / unknown subtype | `Unrecognized` |
+//! | `assistant`, `thinking` block | `THINKING` (content = the thinking text) |
+//! | `assistant`, `redacted_thinking` block | `THINKING` (content = `[redacted thinking]`) |
+//! | `assistant`, `text` block | `STATUS` (content = the text) — see below |
+//! | `assistant`, `tool_use` / `server_tool_use` block | `TOOL_CALL` |
+//! | `user`, `tool_result` block (and `*_tool_result` blocks carrying a `tool_use_id`) | `TOOL_RESULT` |
+//! | `user`, plain text (a replayed user message) | nothing |
+//! | `result` | `COMPLETION` (success) or `ERROR`, preceded by `SessionRef` if the id changed |
+//! | `stream_event`, `control_response`, `control_cancel_request`, `keep_alive`, `tool_progress`, `auth_status` | nothing |
+//! | `control_request` | [`Parsed::ControlRequest`] |
+//! | blank line | nothing (not counted) |
+//! | not JSON, not an object, no `type`, unknown `type`, or a known type of unknown shape | `Unrecognized(line)` |
+//!
+//! **Why assistant `text` is `STATUS`, not `COMPLETION` or `THINKING`.** In a tool-using turn
+//! the model talks between tool calls ("Let me look at the tests first."); a line cannot tell
+//! whether more tool calls follow, so a `text` block cannot end the turn. It is not hidden
+//! reasoning either, so it is not `THINKING`: it is the model narrating, i.e. `STATUS`. The
+//! turn's answer arrives exactly once, in the `result` line, as the `COMPLETION` (which
+//! repeats the last `text` block; clients that show both may want to de-duplicate).
+//!
+//! `TOOL_CALL` content is a short rendering of the input: the command for `Bash`, the
+//! `file_path` for `Read`/`Write`/`Edit`/`MultiEdit`, `notebook_path` for `NotebookEdit`,
+//! `path` for `LS`, `pattern` for `Glob`/`Grep`, `url` for `WebFetch`, `query` for
+//! `WebSearch`; otherwise compact JSON. Truncated to [`TOOL_INPUT_MAX`] bytes.
+//! `TOOL_RESULT` content is the result's text (text blocks joined by newlines, `[image]` for
+//! images), truncated to [`TOOL_RESULT_MAX`] bytes with a `… [truncated N bytes]` marker;
+//! `tool_name` is the name remembered from the matching `tool_use` (empty if unseen);
+//! `tool_success = !is_error`.
+//!
+//! # Tokens
+//!
+//! Activity tokens are deltas. Claude Code prints one `assistant` line per content block and
+//! repeats the API message's `usage` on each (its `output_tokens` may grow from line to line).
+//! Per message `id`, the parser attributes the usage once, when first seen, and later only the
+//! increase. Input = `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`;
+//! output = `output_tokens`. The delta goes on the first activity the line produces; a line
+//! that produces none carries it to the next activity. The `result` line's `usage` holds the
+//! turn's totals (same input formula): its `COMPLETION`/`ERROR` carries
+//! `totals − attributed during this turn`, floored at 0 (a carried, never-attached delta is
+//! thereby included). Then the per-turn accounting resets. An `assistant` line without an `id`
+//! is attributed in full.
+
+use std::collections::HashMap;
+
+use paddock_core::{Activity, ActivityKind, ProviderEvent};
+use serde::Serialize;
+use serde_json::Value;
+
+/// `TOOL_CALL` content is cut to this many bytes.
+pub const TOOL_INPUT_MAX: usize = 2000;
+/// `TOOL_RESULT` content is cut to this many bytes (plus the marker).
+pub const TOOL_RESULT_MAX: usize = 8 * 1024;
+
+/// What one stdout line means.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// An event for the core.
+    Event(ProviderEvent),
+    /// The line is not JSON or its shape is unknown: the caller stores it raw and counts it.
+    Unrecognized(String),
+    /// Claude Code asks the controller something (a `can_use_tool` permission prompt, a
+    /// `hook_callback`, …) and waits for a `control_response` on stdin with this `request_id`.
+    /// `tool_name` is empty and `input` is `Null` when the request has none.
+    ControlRequest {
+        request_id: String,
+        subtype: String,
+        tool_name: String,
+        input: Value,
+    },
+}
+
+/// Per-session parser state.
+#[derive(Debug, Default)]
+pub struct ClaudeStreamParser {
+    /// The last `session_id` reported (from `init` or `result`).
+    session_id: Option<String>,
+    /// tool_use id → tool name, until its result arrives.
+    tool_names: HashMap<String, String>,
+    /// Per message id (this turn): the (input, output) usage attributed so far.
+    seen_usage: HashMap<String, (u64, u64)>,
+    /// Delta not yet attached to an activity.
+    pending: (u64, u64),
+    /// Attached to activities during this turn.
+    attributed: (u64, u64),
+    unrecognized: u64,
+}
+
+impl ClaudeStreamParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many lines yielded [`Parsed::Unrecognized`].
+    #[allow(dead_code)] // adapter API; the daemon may count on its own
+    pub fn unrecognized_count(&self) -> u64 {
+        self.unrecognized
+    }
+
+    /// One stdout line (with or without its trailing newline) → zero or more items.
+    /// Never panics.
+    pub fn parse_line(&mut self, line: &str) -> Vec<Parsed> {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            return Vec::new();
+        }
+        let out = match serde_json::from_str::<Value>(trimmed) {
+            Ok(v) => self.parse_value(&v),
+            Err(_) => None,
+        };
+        match out {
+            Some(items) => items,
+            None => {
+                self.unrecognized += 1;
+                vec![Parsed::Unrecognized(
+                    line.trim_end_matches(['\r', '\n']).to_string(),
+                )]
+            }
+        }
+    }
+
+    /// `None` = unrecognized.
+    fn parse_value(&mut self, v: &Value) -> Option<Vec<Parsed>> {
+        let obj = v.as_object()?;
+        let ty = obj.get("type")?.as_str()?;
+        match ty {
+            "system" => self.on_system(v),
+            "assistant" => self.on_assistant(v),
+            "user" => self.on_user(v),
+            "result" => Some(self.on_result(v)),
+            "control_request" => on_control_request(v),
+            "stream_event"
+            | "control_response"
+            | "control_cancel_request"
+            | "keep_alive"
+            | "tool_progress"
+            | "auth_status" => Some(Vec::new()),
+            _ => None,
+        }
+    }
+
+    fn on_system(&mut self, v: &Value) -> Option<Vec<Parsed>> {
+        match v.get("subtype")?.as_str()? {
+            "init" => {
+                let sid = v.get("session_id")?.as_str()?.to_string();
+                self.session_id = Some(sid.clone());
+                Some(vec![Parsed::Event(ProviderEvent::SessionRef(sid))])
+            }
+            "compact_boundary" | "hook_response" | "hook_started" | "hook_progress" | "status"
+            | "informational" | "task_notification" | "files_persisted" => Some(Vec::new()),
+            _ => None,
+        }
+    }
+
+    fn on_assistant(&mut self, v: &Value) -> Option<Vec<Parsed>> {
+        let msg = v.get("message")?.as_object()?;
+        let content = msg.get("content")?;
+        // Validate the shape before touching any state.
+        let blocks: Vec<Value> = match content {
+            Value::Array(a) => a.clone(),
+            Value::String(s) => vec![serde_json::json!({"type": "text", "text": s})],
+            _ => return None,
+        };
+        if let Some(usage) = msg.get("usage").filter(|u| u.is_object()) {
+            let (inp, out) = usage_totals(usage);
+            match msg.get("id").and_then(Value::as_str) {
+                Some(id) => {
+                    let prev = self.seen_usage.get(id).copied().unwrap_or((0, 0));
+                    self.pending.0 += inp.saturating_sub(prev.0);
+                    self.pending.1 += out.saturating_sub(prev.1);
+                    self.seen_usage
+                        .insert(id.to_string(), (prev.0.max(inp), prev.1.max(out)));
+                }
+                None => {
+                    self.pending.0 += inp;
+                    self.pending.1 += out;
+                }
+            }
+        }
+        let mut acts = Vec::new();
+        for b in &blocks {
+            let bt = b.get("type").and_then(Value::as_str).unwrap_or("");
+            match bt {
+                "thinking" => {
+                    let t = str_field(b, "thinking");
+                    acts.push(Activity::new(ActivityKind::Thinking, t));
+                }
+                "redacted_thinking" => {
+                    acts.push(Activity::new(ActivityKind::Thinking, "[redacted thinking]"));
+                }
+                "text" => {
+                    let t = str_field(b, "text");
+                    if !t.is_empty() {
+                        acts.push(Activity::new(ActivityKind::Status, t));
+                    }
+                }
+                "tool_use" | "server_tool_use" | "mcp_tool_use" => {
+                    let id = str_field(b, "id");
+                    let name = str_field(b, "name");
+                    let input = b.get("input").cloned().unwrap_or(Value::Null);
+                    if !id.is_empty() {
+                        self.tool_names.insert(id.clone(), name.clone());
+                    }
+                    let content = render_tool_input(&name, &input);
+                    acts.push(Activity::new(ActivityKind::ToolCall, content).with_tool(name, id));
+                }
+                // Results of server-side tools (web search, …) come inside assistant messages.
+                t if t.ends_with("tool_result") && b.get("tool_use_id").is_some() => {
+                    acts.push(self.tool_result_activity(b));
+                }
+                _ => {} // unknown block types are skipped
+            }
+        }
+        Some(self.attach(acts))
+    }
+
+    fn on_user(&mut self, v: &Value) -> Option<Vec<Parsed>> {
+        let msg = v.get("message")?.as_object()?;
+        let blocks = match msg.get("content")? {
+            Value::Array(a) => a,
+            Value::String(_) => return Some(Vec::new()), // a replayed user message
+            _ => return None,
+        };
+        let mut acts = Vec::new();
+        for b in blocks {
+            let bt = b.get("type").and_then(Value::as_str).unwrap_or("");
+            if bt.ends_with("tool_result") && b.get("tool_use_id").is_some() {
+                acts.push(self.tool_result_activity(b));
+            }
+            // text / image blocks: the user's own message replayed; nothing to report.
+        }
+        Some(self.attach(acts))
+    }
+
+    fn tool_result_activity(&mut self, b: &Value) -> Activity {
+        let id = str_field(b, "tool_use_id");
+        let name = self.tool_names.remove(&id).unwrap_or_default();
+        let is_error = b.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+        let text = match b.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(c) => content_text(c),
+        };
+        let mut a = Activity::new(
+            ActivityKind::ToolResult,
+            truncate_marked(&text, TOOL_RESULT_MAX),
+        )
+        .with_tool(name, id);
+        a.tool_success = !is_error;
+        a
+    }
+
+    fn on_result(&mut self, v: &Value) -> Vec<Parsed> {
+        let mut out = Vec::new();
+        if let Some(sid) = v.get("session_id").and_then(Value::as_str) {
+            if self.session_id.as_deref() != Some(sid) {
+                self.session_id = Some(sid.to_string());
+                out.push(Parsed::Event(ProviderEvent::SessionRef(sid.to_string())));
+            }
+        }
+        let subtype = v
+            .get("subtype")
+            .and_then(Value::as_str)
+            .unwrap_or("success");
+        let is_error = v.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+        let api_status = v.get("api_error_status").filter(|s| !s.is_null());
+        let text = v.get("result").and_then(Value::as_str).unwrap_or("");
+
+        let (tin, tout) = v
+            .get("usage")
+            .filter(|u| u.is_object())
+            .map(usage_totals)
+            .unwrap_or((0, 0));
+        let din = tin.saturating_sub(self.attributed.0);
+        let dout = tout.saturating_sub(self.attributed.1);
+
+        let activity = if is_error || subtype != "success" || api_status.is_some() {
+            let mut head = Vec::new();
+            if subtype != "success" {
+                head.push(subtype.to_string());
+            }
+            if let Some(s) = api_status {
+                let s = s
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| s.to_string());
+                head.push(format!("API error status {s}"));
+            }
+            if head.is_empty() {
+                head.push("error".to_string());
+            }
+            let mut detail: Vec<String> = Vec::new();
+            if !text.is_empty() {
+                detail.push(text.to_string());
+            }
+            if let Some(errs) = v.get("errors").and_then(Value::as_array) {
+                detail.extend(errs.iter().map(|e| match e.as_str() {
+                    Some(s) => s.to_string(),
+                    None => e.to_string(),
+                }));
+            }
+            if subtype == "error_max_turns" {
+                if let Some(n) = v.get("num_turns").and_then(Value::as_u64) {
+                    detail.push(format!("after {n} turns"));
+                }
+            }
+            let content = if detail.is_empty() {
+                format!("claude: {}", head.join(", "))
+            } else {
+                format!("claude: {}: {}", head.join(", "), detail.join("; "))
+            };
+            Activity::new(ActivityKind::Error, content)
+        } else {
+            Activity::new(ActivityKind::Completion, text)
+        };
+        out.push(Parsed::Event(ProviderEvent::Activity(
+            activity.with_tokens(din, dout),
+        )));
+
+        // The turn is over: reset its accounting.
+        self.pending = (0, 0);
+        self.attributed = (0, 0);
+        self.seen_usage.clear();
+        out
+    }
+
+    /// Puts the pending token delta on the first activity and wraps them.
+    fn attach(&mut self, acts: Vec<Activity>) -> Vec<Parsed> {
+        acts.into_iter()
+            .enumerate()
+            .map(|(i, mut a)| {
+                if i == 0 {
+                    a.tokens_input = self.pending.0;
+                    a.tokens_output = self.pending.1;
+                    self.attributed.0 += self.pending.0;
+                    self.attributed.1 += self.pending.1;
+                    self.pending = (0, 0);
+                }
+                Parsed::Event(ProviderEvent::Activity(a))
+            })
+            .collect()
+    }
+}
+
+fn on_control_request(v: &Value) -> Option<Vec<Parsed>> {
+    let request_id = v.get("request_id")?.as_str()?.to_string();
+    let req = v.get("request")?.as_object()?;
+    let subtype = req.get("subtype")?.as_str()?.to_string();
+    let tool_name = req
+        .get("tool_name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let input = req.get("input").cloned().unwrap_or(Value::Null);
+    Some(vec![Parsed::ControlRequest {
+        request_id,
+        subtype,
+        tool_name,
+        input,
+    }])
+}
+
+fn num(v: Option<&Value>) -> u64 {
+    match v {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// (input incl. cache reads and writes, output).
+fn usage_totals(u: &Value) -> (u64, u64) {
+    let inp = num(u.get("input_tokens"))
+        .saturating_add(num(u.get("cache_read_input_tokens")))
+        .saturating_add(num(u.get("cache_creation_input_tokens")));
+    (inp, num(u.get("output_tokens")))
+}
+
+fn str_field(v: &Value, key: &str) -> String {
+    v.get(key).and_then(Value::as_str).unwrap_or("").to_string()
+}
+
+/// A tool result's `content`: a string, or blocks (text joined by newlines).
+fn content_text(c: &Value) -> String {
+    match c {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .map(|b| match b.get("type").and_then(Value::as_str) {
+                Some("text") => str_field(b, "text"),
+                Some("image") => "[image]".to_string(),
+                _ => match b.as_str() {
+                    Some(s) => s.to_string(),
+                    None => b.to_string(),
+                },
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => other.to_string(),
+    }
+}
+
+fn render_tool_input(name: &str, input: &Value) -> String {
+    let key = match name {
+        "Bash" => Some("command"),
+        "Read" | "Write" | "Edit" | "MultiEdit" => Some("file_path"),
+        "NotebookEdit" => Some("notebook_path"),
+        "LS" => Some("path"),
+        "Glob" | "Grep" => Some("pattern"),
+        "WebFetch" => Some("url"),
+        "WebSearch" => Some("query"),
+        _ => None,
+    };
+    let s = match key.and_then(|k| input.get(k)).and_then(Value::as_str) {
+        Some(s) => s.to_string(),
+        None if input.is_null() => String::new(),
+        None => input.to_string(),
+    };
+    truncate_at(&s, TOOL_INPUT_MAX).to_string()
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
+fn truncate_at(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `s` cut to `max` bytes, with a `… [truncated N bytes]` marker when cut.
+fn truncate_marked(s: &str, max: usize) -> String {
+    let head = truncate_at(s, max);
+    if head.len() == s.len() {
+        s.to_string()
+    } else {
+        format!("{head}… [truncated {} bytes]", s.len() - head.len())
+    }
+}
+
+#[derive(Serialize)]
+struct TextBlock<'a> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+struct UserContent<'a> {
+    role: &'static str,
+    content: [TextBlock<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct UserLine<'a> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    message: UserContent<'a>,
+}
+
+/// The stdin line that delivers one user message (no trailing newline; the caller adds it):
+/// `{"type":"user","message":{"role":"user","content":[{"type":"text","text":…}]}}`.
+pub fn user_message_line(text: &str) -> String {
+    let line = UserLine {
+        ty: "user",
+        message: UserContent {
+            role: "user",
+            content: [TextBlock { ty: "text", text }],
+        },
+    };
+    serde_json::to_string(&line).expect("serialising strings cannot fail")
+}
+
+#[derive(Serialize)]
+struct ControlResponseLine<R: Serialize> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    response: R,
+}
+
+#[derive(Serialize)]
+struct SuccessResponse<'a, B: Serialize> {
+    subtype: &'static str,
+    request_id: &'a str,
+    response: B,
+}
+
+#[derive(Serialize)]
+struct Allow<'a> {
+    behavior: &'static str,
+    #[serde(rename = "updatedInput")]
+    updated_input: &'a Value,
+}
+
+#[derive(Serialize)]
+struct Deny<'a> {
+    behavior: &'static str,
+    message: &'a str,
+}
+
+fn to_line<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("serialising strings and JSON values cannot fail")
+}
+
+/// Allows a `can_use_tool` request (no trailing newline):
+/// `{"type":"control_response","response":{"subtype":"success","request_id":…,"response":{"behavior":"allow","updatedInput":…}}}`.
+/// Pass the request's own `input` to run the tool unchanged.
+pub fn control_response_allow(request_id: &str, input: &Value) -> String {
+    to_line(&ControlResponseLine {
+        ty: "control_response",
+        response: SuccessResponse {
+            subtype: "success",
+            request_id,
+            response: Allow {
+                behavior: "allow",
+                updated_input: input,
+            },
+        },
+    })
+}
+
+/// Denies a `can_use_tool` request (no trailing newline):
+/// `{"type":"control_response","response":{"subtype":"success","request_id":…,"response":{"behavior":"deny","message":…}}}`.
+pub fn control_response_deny(request_id: &str, message: &str) -> String {
+    to_line(&ControlResponseLine {
+        ty: "control_response",
+        response: SuccessResponse {
+            subtype: "success",
+            request_id,
+            response: Deny {
+                behavior: "deny",
+                message,
+            },
+        },
+    })
+}
+
+/// Answers a control request the controller cannot handle (e.g. an unknown subtype), so
+/// Claude Code does not wait forever (no trailing newline):
+/// `{"type":"control_response","response":{"subtype":"error","request_id":…,"error":…}}`.
+#[allow(dead_code)] // adapter API: for control requests other than `can_use_tool`
+pub fn control_response_error(request_id: &str, error: &str) -> String {
+    #[derive(Serialize)]
+    struct ErrorResponse<'a> {
+        subtype: &'static str,
+        request_id: &'a str,
+        error: &'a str,
+    }
+    to_line(&ControlResponseLine {
+        ty: "control_response",
+        response: ErrorResponse {
+            subtype: "error",
+            request_id,
+            error,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn acts(items: &[Parsed]) -> Vec<Activity> {
+        items
+            .iter()
+            .filter_map(|p| match p {
+                Parsed::Event(ProviderEvent::Activity(a)) => Some(a.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn run(p: &mut ClaudeStreamParser, transcript: &str) -> Vec<Parsed> {
+        transcript.lines().flat_map(|l| p.parse_line(l)).collect()
+    }
+
+    fn sum_tokens(a: &[Activity]) -> (u64, u64) {
+        a.iter().fold((0, 0), |(i, o), a| {
+            (i + a.tokens_input, o + a.tokens_output)
+        })
+    }
+
+    const SID: &str = "5b1c0d6e-2f0a-4c1e-9a57-0e8f3d2b7c11";
+
+    /// A full tool-using turn as Claude Code 2.x prints it: thinking and tool_use share one API
+    /// message (so its usage repeats, output growing), the tool result, then a text answer.
+    const TOOL_TURN: &str = include_str!("testdata/claude_tool_turn.jsonl");
+
+    #[test]
+    fn full_tool_turn() {
+        let mut p = ClaudeStreamParser::new();
+        let out = run(&mut p, TOOL_TURN);
+        assert_eq!(p.unrecognized_count(), 0, "{out:#?}");
+        assert_eq!(out[0], Parsed::Event(ProviderEvent::SessionRef(SID.into())));
+        let a = acts(&out);
+        let kinds: Vec<_> = a.iter().map(|a| a.kind()).collect();
+        use ActivityKind::*;
+        assert_eq!(
+            kinds,
+            [Thinking, ToolCall, ToolResult, Status, Completion],
+            "{a:#?}"
+        );
+        // SessionRef only once: the result's session_id is unchanged.
+        let refs = out
+            .iter()
+            .filter(|p| matches!(p, Parsed::Event(ProviderEvent::SessionRef(_))))
+            .count();
+        assert_eq!(refs, 1);
+
+        assert_eq!(a[0].content, "The user wants the file list. I'll run ls.");
+        // msg 1 first line: 3 + 0 + 14000 in, 2 out.
+        assert_eq!((a[0].tokens_input, a[0].tokens_output), (14003, 2));
+        assert_eq!(a[1].tool_name, "Bash");
+        assert_eq!(a[1].tool_call_id, "toolu_01A");
+        assert_eq!(a[1].content, "ls -la");
+        // Same message id, output grew 2 -> 41: only the increase.
+        assert_eq!((a[1].tokens_input, a[1].tokens_output), (0, 39));
+        assert_eq!(a[2].tool_name, "Bash");
+        assert_eq!(a[2].tool_call_id, "toolu_01A");
+        assert!(a[2].tool_success);
+        assert_eq!(a[2].content, "total 8\nREADME.md\nsrc");
+        assert_eq!((a[2].tokens_input, a[2].tokens_output), (0, 0));
+        assert_eq!(a[3].content, "Two entries: README.md and src.");
+        // msg 2: 5 + 14003 + 120 in, 12 out.
+        assert_eq!((a[3].tokens_input, a[3].tokens_output), (14128, 12));
+        assert_eq!(a[4].content, "Two entries: README.md and src.");
+        // result totals: in 8 + 14003 + 14120 = 28131, out 53; attributed 28131 / 53.
+        assert_eq!((a[4].tokens_input, a[4].tokens_output), (0, 0));
+        assert_eq!(sum_tokens(&a), (28131, 53));
+    }
+
+    #[test]
+    fn result_carries_the_remainder_and_turn_accounting_resets() {
+        let mut p = ClaudeStreamParser::new();
+        let t = r#"{"type":"assistant","message":{"id":"m1","role":"assistant","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,"output_tokens":5}}}
+{"type":"result","subtype":"success","is_error":false,"result":"hi","session_id":"s","usage":{"input_tokens":25,"cache_read_input_tokens":5,"output_tokens":9}}
+{"type":"assistant","message":{"id":"m2","role":"assistant","content":[{"type":"text","text":"again"}],"usage":{"input_tokens":7,"output_tokens":3}}}
+{"type":"result","subtype":"success","is_error":false,"result":"again","session_id":"s","usage":{"input_tokens":5,"output_tokens":1}}"#;
+        let out = run(&mut p, t);
+        let a = acts(&out);
+        assert_eq!((a[0].tokens_input, a[0].tokens_output), (10, 5));
+        assert_eq!(a[1].kind(), ActivityKind::Completion);
+        assert_eq!((a[1].tokens_input, a[1].tokens_output), (20, 4));
+        assert_eq!((a[2].tokens_input, a[2].tokens_output), (7, 3));
+        // Totals below what was attributed: floored at 0.
+        assert_eq!((a[3].tokens_input, a[3].tokens_output), (0, 0));
+        // A result with a new session_id is preceded by SessionRef (the first one here).
+        assert_eq!(out[1], Parsed::Event(ProviderEvent::SessionRef("s".into())));
+        assert_eq!(out.len(), 5);
+    }
+
+    #[test]
+    fn repeated_usage_same_message_id_is_counted_once() {
+        let mut p = ClaudeStreamParser::new();
+        let line = |block: &str, out: u64| {
+            format!(
+                r#"{{"type":"assistant","message":{{"id":"msg_X","role":"assistant","content":[{block}],"usage":{{"input_tokens":100,"cache_creation_input_tokens":50,"cache_read_input_tokens":0,"output_tokens":{out}}}}},"session_id":"s"}}"#
+            )
+        };
+        let mut all = Vec::new();
+        all.extend(p.parse_line(&line(
+            r#"{"type":"thinking","thinking":"a","signature":"sig"}"#,
+            1,
+        )));
+        all.extend(p.parse_line(&line(r#"{"type":"text","text":"b"}"#, 1)));
+        all.extend(p.parse_line(&line(r#"{"type":"text","text":"c"}"#, 30)));
+        // A stale (smaller) repeat attributes nothing and does not lower the high-water mark.
+        all.extend(p.parse_line(&line(r#"{"type":"text","text":"d"}"#, 10)));
+        all.extend(p.parse_line(&line(r#"{"type":"text","text":"e"}"#, 30)));
+        let a = acts(&all);
+        let toks: Vec<_> = a
+            .iter()
+            .map(|a| (a.tokens_input, a.tokens_output))
+            .collect();
+        assert_eq!(toks, [(150, 1), (0, 0), (0, 29), (0, 0), (0, 0)]);
+    }
+
+    #[test]
+    fn delta_of_a_line_without_activity_is_carried() {
+        let mut p = ClaudeStreamParser::new();
+        // Empty text and an unknown block type: no activity, but usage.
+        let t = r#"{"type":"assistant","message":{"id":"m1","content":[{"type":"text","text":""},{"type":"future_block","x":1}],"usage":{"input_tokens":40,"output_tokens":4}}}
+{"type":"assistant","message":{"id":"m2","content":[{"type":"tool_use","id":"t1","name":"Read","input":{"file_path":"/a/b.rs"}},{"type":"tool_use","id":"t2","name":"Grep","input":{"pattern":"fn main"}}],"usage":{"input_tokens":2,"output_tokens":6}}}"#;
+        let out = run(&mut p, t);
+        assert_eq!(p.unrecognized_count(), 0);
+        let a = acts(&out);
+        assert_eq!(a.len(), 2);
+        assert_eq!((a[0].tokens_input, a[0].tokens_output), (42, 10));
+        assert_eq!((a[1].tokens_input, a[1].tokens_output), (0, 0));
+        assert_eq!(a[0].content, "/a/b.rs");
+        assert_eq!(a[1].content, "fn main");
+        // The carried delta never attached before a result is covered by the result's totals.
+        let mut p = ClaudeStreamParser::new();
+        let t = r#"{"type":"assistant","message":{"id":"m1","content":[],"usage":{"input_tokens":40,"output_tokens":4}}}
+{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"s","usage":{"input_tokens":40,"output_tokens":4}}"#;
+        let a = acts(&run(&mut p, t));
+        assert_eq!(a.len(), 1);
+        assert_eq!((a[0].tokens_input, a[0].tokens_output), (40, 4));
+    }
+
+    #[test]
+    fn error_result_with_api_error_status() {
+        let mut p = ClaudeStreamParser::new();
+        let t = r#"{"type":"system","subtype":"init","cwd":"/w","session_id":"s1","tools":["Bash"],"model":"claude-sonnet-4-5","permissionMode":"default","apiKeySource":"none"}
+{"type":"assistant","message":{"id":"e1","model":"<synthetic>","role":"assistant","content":[{"type":"text","text":"API Error: 529 {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}"}],"usage":{"input_tokens":0,"output_tokens":0}},"session_id":"s1"}
+{"type":"result","subtype":"success","is_error":true,"duration_ms":31012,"duration_api_ms":0,"num_turns":1,"result":"API Error: 529 Overloaded","session_id":"s1","total_cost_usd":0,"usage":{"input_tokens":0,"output_tokens":0},"api_error_status":529}"#;
+        let out = run(&mut p, t);
+        let a = acts(&out);
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].kind(), ActivityKind::Status);
+        assert_eq!(a[1].kind(), ActivityKind::Error);
+        assert_eq!(
+            a[1].content,
+            "claude: API error status 529: API Error: 529 Overloaded"
+        );
+        // api_error_status alone (is_error false) is still an error; null is not.
+        let mut p = ClaudeStreamParser::new();
+        let e = r#"{"type":"result","subtype":"success","is_error":false,"result":"x","session_id":"s","api_error_status":"rate_limited"}"#;
+        assert_eq!(acts(&p.parse_line(e))[0].kind(), ActivityKind::Error);
+        let ok = r#"{"type":"result","subtype":"success","is_error":false,"result":"x","session_id":"s","api_error_status":null}"#;
+        assert_eq!(acts(&p.parse_line(ok))[0].kind(), ActivityKind::Completion);
+        // is_error with nothing else.
+        let bare = r#"{"type":"result","subtype":"success","is_error":true,"session_id":"s"}"#;
+        assert_eq!(acts(&p.parse_line(bare))[0].content, "claude: error");
+    }
+
+    #[test]
+    fn error_max_turns_and_during_execution() {
+        let mut p = ClaudeStreamParser::new();
+        let t = r#"{"type":"assistant","message":{"id":"a","content":[{"type":"tool_use","id":"t","name":"Bash","input":{"command":"make"}}],"usage":{"input_tokens":100,"output_tokens":10}},"session_id":"s"}
+{"type":"result","subtype":"error_max_turns","is_error":false,"duration_ms":5000,"num_turns":3,"session_id":"s","total_cost_usd":0.01,"usage":{"input_tokens":300,"output_tokens":25}}"#;
+        let a = acts(&run(&mut p, t));
+        assert_eq!(a[1].kind(), ActivityKind::Error);
+        assert_eq!(a[1].content, "claude: error_max_turns: after 3 turns");
+        assert_eq!((a[1].tokens_input, a[1].tokens_output), (200, 15));
+        let e = r#"{"type":"result","subtype":"error_during_execution","is_error":true,"session_id":"s","errors":["Tool crashed","second"],"usage":{"input_tokens":1,"output_tokens":1}}"#;
+        let a = acts(&p.parse_line(e));
+        assert_eq!(a[0].kind(), ActivityKind::Error);
+        assert_eq!(
+            a[0].content,
+            "claude: error_during_execution: Tool crashed; second"
+        );
+        assert_eq!((a[0].tokens_input, a[0].tokens_output), (1, 1));
+    }
+
+    #[test]
+    fn garbage_truncated_and_unknown_lines() {
+        let mut p = ClaudeStreamParser::new();
+        let lines = [
+            "Warning: something on stdout",
+            r#"{"type":"assistant","message":{"id":"m","content":[{"type":"text","te"#,
+            r#"{"type":"future_thing","x":1}"#,
+            r#"["an","array"]"#,
+            r#""a string""#,
+            r#"{"no_type":true}"#,
+            r#"{"type":"system","subtype":"brand_new"}"#,
+            r#"{"type":"system","subtype":"init"}"#,
+            r#"{"type":"assistant"}"#,
+            r#"{"type":"assistant","message":{"content":42}}"#,
+            r#"{"type":"user","message":{"content":{"x":1}}}"#,
+            r#"{"type":"control_request","request_id":"r"}"#,
+            "{\"type\":\"assistant\",\"message\":{\"content\":\"\u{0}\"}} trailing",
+        ];
+        for l in lines {
+            let out = p.parse_line(l);
+            assert_eq!(out, vec![Parsed::Unrecognized(l.to_string())], "{l}");
+        }
+        assert_eq!(p.unrecognized_count(), lines.len() as u64);
+        // Trailing newline is stripped from the raw line; blank lines are nothing.
+        assert_eq!(
+            p.parse_line("oops\n"),
+            vec![Parsed::Unrecognized("oops".into())]
+        );
+        assert!(p.parse_line("").is_empty());
+        assert!(p.parse_line("  \r\n").is_empty());
+        assert_eq!(p.unrecognized_count(), lines.len() as u64 + 1);
+        // Broken lines did not disturb the token state.
+        let a = acts(&p.parse_line(
+            r#"{"type":"result","subtype":"success","is_error":false,"result":"r","session_id":"s","usage":{"input_tokens":3,"output_tokens":4}}"#,
+        ));
+        assert_eq!((a[0].tokens_input, a[0].tokens_output), (3, 4));
+    }
+
+    #[test]
+    fn known_but_uninteresting_lines_are_ignored() {
+        let mut p = ClaudeStreamParser::new();
+        let t = r#"{"type":"stream_event","event":{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"He"}},"session_id":"s","parent_tool_use_id":null,"uuid":"u"}
+{"type":"system","subtype":"compact_boundary","session_id":"s","compact_metadata":{"trigger":"auto","pre_tokens":150000}}
+{"type":"system","subtype":"hook_response","hook_name":"x","stdout":"","stderr":"","exit_code":0}
+{"type":"system","subtype":"status","status":"compacting"}
+{"type":"control_response","response":{"subtype":"success","request_id":"req_1"}}
+{"type":"control_cancel_request","request_id":"req_2"}
+{"type":"keep_alive"}
+{"type":"user","message":{"role":"user","content":"hello"},"session_id":"s"}
+{"type":"user","message":{"role":"user","content":[{"type":"text","text":"hello"}]},"session_id":"s"}"#;
+        assert!(run(&mut p, t).is_empty());
+        assert_eq!(p.unrecognized_count(), 0);
+    }
+
+    #[test]
+    fn tool_results_blocks_errors_and_truncation() {
+        let mut p = ClaudeStreamParser::new();
+        p.parse_line(r#"{"type":"assistant","message":{"id":"m","content":[{"type":"tool_use","id":"t1","name":"Read","input":{"file_path":"/x"}},{"type":"tool_use","id":"t2","name":"mcp__srv__thing","input":{"a":[1,2],"b":"c"}}]}}"#);
+        let big = "é".repeat(5000); // 10000 bytes
+        let line = json!({"type":"user","message":{"role":"user","content":[
+            {"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"line1"},{"type":"image","source":{}},{"type":"text","text":"line2"}]},
+            {"type":"tool_result","tool_use_id":"t2","content":big,"is_error":true},
+            {"type":"tool_result","tool_use_id":"unknown","content":"<tool_use_error>File does not exist.</tool_use_error>","is_error":true}
+        ]}, "tool_use_result": "whatever"})
+        .to_string();
+        let a = acts(&p.parse_line(&line));
+        assert_eq!(a.len(), 3);
+        assert_eq!(a[0].content, "line1\n[image]\nline2");
+        assert_eq!(a[0].tool_name, "Read");
+        assert!(a[0].tool_success);
+        assert_eq!(a[1].tool_name, "mcp__srv__thing");
+        assert!(!a[1].tool_success);
+        assert!(a[1].content.starts_with("éé"));
+        assert!(
+            a[1].content.ends_with("… [truncated 1808 bytes]"),
+            "{}",
+            &a[1].content[8000..]
+        );
+        assert_eq!(a[1].content.len(), 8192 + "… [truncated 1808 bytes]".len());
+        assert_eq!(a[2].tool_name, "");
+        assert_eq!(a[2].tool_call_id, "unknown");
+        assert!(!a[2].tool_success);
+    }
+
+    #[test]
+    fn tool_input_rendering() {
+        assert_eq!(
+            render_tool_input("Bash", &json!({"command":"cargo test","timeout":5})),
+            "cargo test"
+        );
+        assert_eq!(
+            render_tool_input("Edit", &json!({"file_path":"/a","old_string":"x"})),
+            "/a"
+        );
+        assert_eq!(
+            render_tool_input("Write", &json!({"file_path":"/w","content":"x"})),
+            "/w"
+        );
+        assert_eq!(
+            render_tool_input("Bash", &json!({"cmd":"x"})),
+            r#"{"cmd":"x"}"#
+        );
+        assert_eq!(
+            render_tool_input("TodoWrite", &json!({"todos":[]})),
+            r#"{"todos":[]}"#
+        );
+        assert_eq!(render_tool_input("X", &Value::Null), "");
+        let long = render_tool_input("Task", &json!({"prompt": "ü".repeat(3000)}));
+        assert_eq!(long.len(), 1999); // cut on a char boundary at or below 2000 bytes
+        assert!(long.starts_with(r#"{"prompt":"ü"#));
+    }
+
+    #[test]
+    fn thinking_variants_and_string_content() {
+        let mut p = ClaudeStreamParser::new();
+        let t = r#"{"type":"assistant","message":{"id":"m","content":[{"type":"redacted_thinking","data":"xx"},{"type":"thinking","thinking":"hmm","signature":"s"}]}}
+{"type":"assistant","message":{"id":"n","content":"plain string content"}}"#;
+        let a = acts(&run(&mut p, t));
+        assert_eq!(a[0].kind(), ActivityKind::Thinking);
+        assert_eq!(a[0].content, "[redacted thinking]");
+        assert_eq!(a[1].content, "hmm");
+        assert_eq!(a[2].kind(), ActivityKind::Status);
+        assert_eq!(a[2].content, "plain string content");
+    }
+
+    #[test]
+    fn control_requests_and_responses() {
+        let mut p = ClaudeStreamParser::new();
+        let l = r#"{"type":"control_request","request_id":"req_7","request":{"subtype":"can_use_tool","tool_name":"Bash","input":{"command":"rm -rf build"},"permission_suggestions":[],"tool_use_id":"toolu_9"}}"#;
+        assert_eq!(
+            p.parse_line(l),
+            vec![Parsed::ControlRequest {
+                request_id: "req_7".into(),
+                subtype: "can_use_tool".into(),
+                tool_name: "Bash".into(),
+                input: json!({"command":"rm -rf build"}),
+            }]
+        );
+        let h = r#"{"type":"control_request","request_id":"req_8","request":{"subtype":"hook_callback","callback_id":"c"}}"#;
+        assert_eq!(
+            p.parse_line(h),
+            vec![Parsed::ControlRequest {
+                request_id: "req_8".into(),
+                subtype: "hook_callback".into(),
+                tool_name: String::new(),
+                input: Value::Null,
+            }]
+        );
+        assert_eq!(
+            control_response_allow("req_7", &json!({"command":"rm -rf build"})),
+            r#"{"type":"control_response","response":{"subtype":"success","request_id":"req_7","response":{"behavior":"allow","updatedInput":{"command":"rm -rf build"}}}}"#
+        );
+        assert_eq!(
+            control_response_deny("req_7", "not \"here\""),
+            r#"{"type":"control_response","response":{"subtype":"success","request_id":"req_7","response":{"behavior":"deny","message":"not \"here\""}}}"#
+        );
+        assert_eq!(
+            control_response_error("req_8", "unsupported"),
+            r#"{"type":"control_response","response":{"subtype":"error","request_id":"req_8","error":"unsupported"}}"#
+        );
+    }
+
+    #[test]
+    fn user_message_line_format() {
+        let l = user_message_line("hi \"there\"\nline2");
+        assert_eq!(
+            l,
+            r#"{"type":"user","message":{"role":"user","content":[{"type":"text","text":"hi \"there\"\nline2"}]}}"#
+        );
+        assert!(!l.contains('\n'));
+        // The parser (replay) ignores it.
+        assert!(ClaudeStreamParser::new().parse_line(&l).is_empty());
+    }
+
+    #[test]
+    fn session_ref_on_changed_result_id() {
+        let mut p = ClaudeStreamParser::new();
+        let out = run(
+            &mut p,
+            r#"{"type":"system","subtype":"init","session_id":"a"}
+{"type":"result","subtype":"success","is_error":false,"result":"x","session_id":"b"}"#,
+        );
+        assert_eq!(out[0], Parsed::Event(ProviderEvent::SessionRef("a".into())));
+        assert_eq!(out[1], Parsed::Event(ProviderEvent::SessionRef("b".into())));
+        assert!(
+            matches!(&out[2], Parsed::Event(ProviderEvent::Activity(a)) if a.kind() == ActivityKind::Completion)
+        );
+        assert_eq!(out.len(), 3);
+    }
+}

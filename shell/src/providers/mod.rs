@@ -1,0 +1,296 @@
+//! Provider adapters: how to start each agent and how to read its lines.
+//!
+//! An adapter turns the agent's own protocol into core [`ProviderEvent`]s and nothing more: no
+//! adapter carries lifecycle logic (that is the core's). The built-in `scripted` agent and
+//! Claude Code speak the same stream-json line protocol, so one parser serves both and every
+//! scripted test exercises the Claude Code parser.
+
+pub mod claude_stream;
+pub mod scripted;
+
+use std::path::{Path, PathBuf};
+
+use paddock_core::{Error, ErrorCode, Provider, ProviderEvent, SessionConfig, SpawnSpec};
+
+use crate::daemon::supervisor::LaunchPlan;
+
+/// One parsed stdout line's consequences.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Parsed {
+    /// Something for the core.
+    Event(ProviderEvent),
+    /// A line to write back on the agent's stdin (a permission answer).
+    Reply(String),
+    /// A line the parser does not know: kept in the log and counted, never fatal.
+    Unrecognized(String),
+}
+
+/// Reads one agent's stdout, line by line.
+pub trait LineParser: Send {
+    fn parse_line(&mut self, line: &str) -> Vec<Parsed>;
+}
+
+/// What a session may let its agent do without asking (`provider_config["permissions"]`):
+/// `allow-all` (default), `deny`, or `allow:Tool1,Tool2`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PermissionPolicy {
+    AllowAll,
+    Deny,
+    Allow(Vec<String>),
+}
+
+impl PermissionPolicy {
+    pub fn parse(s: Option<&str>) -> Result<Self, String> {
+        match s.map(str::trim) {
+            None | Some("") | Some("allow-all") => Ok(PermissionPolicy::AllowAll),
+            Some("deny") | Some("deny-all") => Ok(PermissionPolicy::Deny),
+            Some(list) if list.starts_with("allow:") => Ok(PermissionPolicy::Allow(
+                list["allow:".len()..]
+                    .split(',')
+                    .map(|t| t.trim().to_string())
+                    .filter(|t| !t.is_empty())
+                    .collect(),
+            )),
+            Some(other) => Err(format!(
+                "permissions must be allow-all, deny or allow:Tool1,Tool2 (got {other:?})"
+            )),
+        }
+    }
+
+    pub fn allows(&self, tool: &str) -> bool {
+        match self {
+            PermissionPolicy::AllowAll => true,
+            PermissionPolicy::Deny => false,
+            PermissionPolicy::Allow(list) => list.iter().any(|t| t == tool),
+        }
+    }
+}
+
+/// The stream-json reader shared by Claude Code and the scripted agent, answering permission
+/// requests by the session's policy.
+struct StreamJson {
+    parser: claude_stream::ClaudeStreamParser,
+    policy: PermissionPolicy,
+}
+
+impl LineParser for StreamJson {
+    fn parse_line(&mut self, line: &str) -> Vec<Parsed> {
+        self.parser
+            .parse_line(line)
+            .into_iter()
+            .map(|p| match p {
+                claude_stream::Parsed::Event(e) => Parsed::Event(e),
+                claude_stream::Parsed::Unrecognized(l) => Parsed::Unrecognized(l),
+                claude_stream::Parsed::ControlRequest {
+                    request_id,
+                    tool_name,
+                    input,
+                    ..
+                } => {
+                    if self.policy.allows(&tool_name) {
+                        Parsed::Reply(claude_stream::control_response_allow(&request_id, &input))
+                    } else {
+                        Parsed::Reply(claude_stream::control_response_deny(
+                            &request_id,
+                            &format!("paddock: the session's permission policy denies {tool_name}"),
+                        ))
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Checks a configuration at CreateSession: OBEY-2002 for a provider this build cannot run,
+/// OBEY-2003 for a model it does not accept, OBEY-2004 for a missing CLI binary or a bad
+/// provider_config.
+pub fn validate(config: &SessionConfig) -> Result<(), Error> {
+    PermissionPolicy::parse(
+        config
+            .provider_config
+            .get("permissions")
+            .map(String::as_str),
+    )
+    .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+    match config.provider {
+        Provider::Scripted => {
+            if !config.model.is_empty() && config.model != "scripted" {
+                return Err(Error::new(
+                    ErrorCode::ModelNotSupported,
+                    format!(
+                        "the scripted agent has one model, \"scripted\" (got \"{}\")",
+                        config.model
+                    ),
+                ));
+            }
+            if let Some(script) = config.provider_config.get("script") {
+                let path = Path::new(&config.working_dir).join(script);
+                scripted::Script::load(&path).map_err(|e| {
+                    Error::new(
+                        ErrorCode::CreationFailed,
+                        format!("bad script {}: {e}", path.display()),
+                    )
+                })?;
+            }
+            Ok(())
+        }
+        Provider::ClaudeCode => {
+            let bin = claude_binary(config);
+            find_on_path(&bin).map(|_| ()).ok_or_else(|| {
+                Error::new(
+                    ErrorCode::CreationFailed,
+                    format!("the claude-code CLI binary \"{bin}\" was not found on PATH"),
+                )
+            })
+        }
+        other => Err(Error::new(
+            ErrorCode::ProviderNotSupported,
+            format!(
+                "provider {} is not available in this build yet (available: scripted, claude-code)",
+                other.name()
+            ),
+        )),
+    }
+}
+
+fn claude_binary(config: &SessionConfig) -> String {
+    config
+        .provider_config
+        .get("command")
+        .cloned()
+        .unwrap_or_else(|| "claude".to_string())
+}
+
+/// Resolves a program name the way a shell would (a name with a slash is taken as a path).
+pub fn find_on_path(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return p.is_file().then_some(p);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// How to start the provider of `spec`, and the parser for its output.
+pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LineParser>), String> {
+    let config = &spec.config;
+    let cwd = PathBuf::from(&config.working_dir);
+    let mut env: Vec<(String, String)> = config
+        .environment
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let policy = PermissionPolicy::parse(
+        config
+            .provider_config
+            .get("permissions")
+            .map(String::as_str),
+    )?;
+    let parser = Box::new(StreamJson {
+        parser: claude_stream::ClaudeStreamParser::new(),
+        policy,
+    });
+    let plan = match config.provider {
+        Provider::Scripted => {
+            let mut args = vec!["__scripted-agent".to_string()];
+            if let Some(script) = config.provider_config.get("script") {
+                args.push("--script".into());
+                args.push(cwd.join(script).display().to_string());
+            }
+            LaunchPlan {
+                program: exe.to_path_buf(),
+                args,
+                env,
+                cwd,
+            }
+        }
+        Provider::ClaudeCode => {
+            let bin = claude_binary(config);
+            let program = find_on_path(&bin)
+                .ok_or_else(|| format!("the claude-code CLI binary \"{bin}\" was not found"))?;
+            let mut args: Vec<String> = [
+                "-p",
+                "--input-format",
+                "stream-json",
+                "--output-format",
+                "stream-json",
+                "--verbose",
+                "--permission-prompt-tool",
+                "stdio",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            if !config.model.is_empty() {
+                args.push("--model".into());
+                args.push(config.model.clone());
+            }
+            if let Some(resume) = &spec.resume {
+                args.push("--resume".into());
+                args.push(resume.clone());
+            }
+            env.push((
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+                "1".into(),
+            ));
+            LaunchPlan {
+                program,
+                args,
+                env,
+                cwd,
+            }
+        }
+        other => return Err(format!("provider {} is not available", other.name())),
+    };
+    Ok((plan, parser))
+}
+
+/// The stdin line that delivers one user message.
+pub fn user_message_line(provider: Provider, text: &str) -> String {
+    match provider {
+        Provider::Scripted | Provider::ClaudeCode => claude_stream::user_message_line(text),
+        _ => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permission_policies_parse() {
+        assert_eq!(
+            PermissionPolicy::parse(None),
+            Ok(PermissionPolicy::AllowAll)
+        );
+        assert_eq!(
+            PermissionPolicy::parse(Some("deny")),
+            Ok(PermissionPolicy::Deny)
+        );
+        let p = PermissionPolicy::parse(Some("allow: Read, LS")).unwrap();
+        assert!(p.allows("LS") && p.allows("Read") && !p.allows("Bash"));
+        assert!(PermissionPolicy::parse(Some("maybe")).is_err());
+    }
+
+    #[test]
+    fn unavailable_providers_are_2002_and_bad_models_2003() {
+        let mut c = SessionConfig::new("c", Provider::Codex, "/tmp");
+        assert_eq!(
+            validate(&c).unwrap_err().code,
+            ErrorCode::ProviderNotSupported
+        );
+        c.provider = Provider::Scripted;
+        c.model = "gpt-9".into();
+        assert_eq!(validate(&c).unwrap_err().code, ErrorCode::ModelNotSupported);
+        c.model = String::new();
+        assert!(validate(&c).is_ok());
+        c.provider = Provider::ClaudeCode;
+        c.provider_config
+            .insert("command".into(), "definitely-not-a-claude-binary".into());
+        let e = validate(&c).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CreationFailed);
+        assert!(e.message.contains("definitely-not-a-claude-binary"));
+    }
+}

@@ -1,0 +1,169 @@
+//! The schema, as an ordered list of migrations.
+//!
+//! `MIGRATIONS[i]` takes the database from version `i` to version `i + 1`. Each one runs in its
+//! own transaction together with the `schema_version` row that records it, so a migration is
+//! either entirely applied or not at all. Migrations are history: never edit one that has
+//! shipped, append a new one.
+
+use rusqlite::{params, Connection, TransactionBehavior};
+
+use super::{Result, StoreError};
+
+/// Every migration this binary knows, oldest first.
+pub(super) const MIGRATIONS: &[&str] = &[V1];
+
+/// Version 1: the initial schema.
+///
+/// No foreign keys between the session tables: the daemon writes a session's rows in the
+/// order its engine produced them, and activities must never be refused because of that
+/// order (or because a session was deleted while an external process still reports on it).
+/// Tables are `STRICT`, so a value of the wrong type is an error rather than silently kept.
+const V1: &str = r#"
+CREATE TABLE campaigns (
+    id         TEXT    NOT NULL PRIMARY KEY,
+    name       TEXT    NOT NULL UNIQUE,
+    root_path  TEXT    NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE agent_sessions (
+    id                TEXT    NOT NULL PRIMARY KEY,
+    campaign_id       TEXT    NOT NULL,
+    provider          INTEGER NOT NULL,
+    model             TEXT    NOT NULL,
+    agent_name        TEXT    NOT NULL,
+    status            INTEGER NOT NULL,
+    festival_id       TEXT    NOT NULL,
+    task_id           TEXT    NOT NULL,
+    tokens_input      INTEGER NOT NULL,
+    tokens_output     INTEGER NOT NULL,
+    max_tokens        INTEGER NOT NULL,
+    pid               INTEGER,
+    restart_count     INTEGER NOT NULL,
+    created_at        INTEGER NOT NULL,
+    started_at        INTEGER,
+    last_activity_at  INTEGER,
+    ended_at          INTEGER,
+    error_code        TEXT,
+    error_message     TEXT,
+    working_dir       TEXT    NOT NULL,
+    provider_config   TEXT    NOT NULL DEFAULT '{}',
+    environment       TEXT    NOT NULL DEFAULT '{}',
+    timeout_ms        INTEGER NOT NULL,
+    initial_message   TEXT    NOT NULL,
+    provider_session  TEXT,
+    last_activity_seq INTEGER NOT NULL,
+    last_status_seq   INTEGER NOT NULL,
+    turns             INTEGER NOT NULL
+) STRICT;
+CREATE INDEX agent_sessions_by_campaign ON agent_sessions (campaign_id);
+CREATE INDEX agent_sessions_by_status ON agent_sessions (status);
+
+CREATE TABLE agent_activities (
+    session_id    TEXT    NOT NULL,
+    seq           INTEGER NOT NULL,
+    turn          INTEGER,
+    ends_turn     INTEGER NOT NULL,
+    type          INTEGER NOT NULL,
+    content       TEXT    NOT NULL,
+    tool_name     TEXT    NOT NULL,
+    tool_call_id  TEXT    NOT NULL,
+    tool_success  INTEGER NOT NULL,
+    tokens_input  INTEGER NOT NULL,
+    tokens_output INTEGER NOT NULL,
+    at            INTEGER NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) STRICT;
+
+CREATE TABLE session_status_events (
+    session_id      TEXT    NOT NULL,
+    seq             INTEGER NOT NULL,
+    previous_status INTEGER,
+    new_status      INTEGER NOT NULL,
+    message         TEXT    NOT NULL,
+    at              INTEGER NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) STRICT;
+
+CREATE TABLE session_messages (
+    session_id TEXT    NOT NULL,
+    turn       INTEGER NOT NULL,
+    role       TEXT    NOT NULL,
+    content    TEXT    NOT NULL,
+    at         INTEGER NOT NULL,
+    PRIMARY KEY (session_id, turn, role)
+) STRICT;
+
+CREATE TABLE reported_events (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind         TEXT    NOT NULL CHECK (kind IN ('campaign', 'festival')),
+    campaign_id  TEXT    NOT NULL,
+    festival_id  TEXT    NOT NULL,
+    event_type   TEXT    NOT NULL,
+    payload_json TEXT    NOT NULL,
+    at           INTEGER NOT NULL,
+    received_at  INTEGER NOT NULL
+) STRICT;
+CREATE INDEX reported_events_by_campaign ON reported_events (campaign_id, id);
+
+CREATE TABLE external_activities (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id    TEXT    NOT NULL,
+    campaign_id   TEXT    NOT NULL,
+    agent_name    TEXT    NOT NULL,
+    type          INTEGER NOT NULL,
+    content       TEXT    NOT NULL,
+    tool_name     TEXT    NOT NULL,
+    tool_call_id  TEXT    NOT NULL,
+    tool_success  INTEGER NOT NULL,
+    tokens_input  INTEGER NOT NULL,
+    tokens_output INTEGER NOT NULL,
+    at            INTEGER NOT NULL
+) STRICT;
+CREATE INDEX external_activities_by_session ON external_activities (session_id, id);
+"#;
+
+/// Brings the database up to `migrations.len()`, applying only the migrations it lacks, each
+/// in its own transaction. Refuses ([`StoreError::TooNew`]) a database written by a newer
+/// binary. Returns the resulting version.
+pub(super) fn migrate(conn: &mut Connection, migrations: &[&str], now: u64) -> Result<i64> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version (
+             version    INTEGER NOT NULL PRIMARY KEY,
+             applied_at INTEGER NOT NULL
+         ) STRICT",
+    )?;
+    let known = i64::try_from(migrations.len()).unwrap_or(i64::MAX);
+    loop {
+        // IMMEDIATE: two processes opening the same file at once cannot both apply a step.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let current = current_version(&tx)?;
+        if current > known {
+            return Err(StoreError::TooNew {
+                found: current,
+                known,
+            });
+        }
+        if current == known {
+            tx.commit()?;
+            return Ok(current);
+        }
+        let index = usize::try_from(current)
+            .map_err(|_| StoreError::Corrupt(format!("schema_version {current} is negative")))?;
+        tx.execute_batch(migrations[index])?;
+        tx.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
+            params![current + 1, super::codec::int(now)],
+        )?;
+        tx.commit()?;
+    }
+}
+
+/// The highest version recorded (0 for a new database).
+pub(super) fn current_version(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+        [],
+        |row| row.get(0),
+    )?)
+}

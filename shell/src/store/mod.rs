@@ -1,0 +1,528 @@
+//! paddock's SQLite store: sessions, their activities / status events / user messages,
+//! campaigns, and what external processes report (campaign and festival events, activity).
+//!
+//! One [`Store`] owns one `rusqlite::Connection` (it is `Send`, not `Sync`: give it to one
+//! thread or put it behind a mutex). The daemon's hot path is [`Store::apply`]: the `Persist`
+//! records of one or more engine steps, written in one transaction with cached statements.
+//!
+//! The file is opened in WAL mode with `synchronous=NORMAL`, `foreign_keys=ON` and a busy
+//! timeout, and brought up to the current schema by versioned migrations (`migrations.rs`);
+//! a database written by a newer paddock is refused ([`StoreError::TooNew`]).
+
+mod codec;
+mod migrations;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use paddock_core::{ActivityEvent, Record, SessionRecord, StatusEvent, UserMessage};
+use rusqlite::{named_params, params, Connection, Rows, TransactionBehavior};
+
+use codec::{int, map_to_json, SESSION_COLUMNS};
+
+/// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Prepared statements kept per connection (the `apply` path uses four; the readers a dozen).
+const STATEMENT_CACHE: usize = 64;
+
+/// A campaign: a named root directory sessions run in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Campaign {
+    pub id: String,
+    pub name: String,
+    pub root_path: String,
+    pub created_at: u64,
+}
+
+/// One activity pushed by an external process (obey `StreamAgentActivity`), kept verbatim:
+/// `kind` is the wire `ActivityType` number, not checked against the core's enum.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExternalActivity {
+    pub session_id: String,
+    pub campaign_id: String,
+    pub agent_name: String,
+    pub kind: i32,
+    pub content: String,
+    pub tool_name: String,
+    pub tool_call_id: String,
+    pub tool_success: bool,
+    pub tokens_input: i64,
+    pub tokens_output: i64,
+    pub at: u64,
+}
+
+/// A store failure.
+#[derive(Debug)]
+pub enum StoreError {
+    /// SQLite refused or failed (I/O, lock timeout, constraint, …).
+    Sqlite(rusqlite::Error),
+    /// The database's schema version is newer than this binary's.
+    TooNew { found: i64, known: i64 },
+    /// A stored value cannot be decoded (unknown enum number, bad JSON, negative counter…).
+    Corrupt(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Sqlite(e) => write!(f, "database error: {e}"),
+            StoreError::TooNew { found, known } => write!(
+                f,
+                "database schema version {found} is newer than this paddock supports \
+                 (version {known}): it was written by a newer paddock; upgrade paddock \
+                 or use another database file"
+            ),
+            StoreError::Corrupt(what) => write!(f, "corrupt database: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StoreError::Sqlite(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sqlite(e)
+    }
+}
+
+/// True when `err` is a UNIQUE or PRIMARY KEY constraint violation (e.g. a campaign name
+/// that is already taken).
+pub fn is_unique_violation(err: &StoreError) -> bool {
+    matches!(
+        err,
+        StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
+            if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+    )
+}
+
+/// The session upsert, built from [`SESSION_COLUMNS`] so that it sets every column.
+static UPSERT_SESSION: LazyLock<String> = LazyLock::new(|| {
+    let values: Vec<String> = SESSION_COLUMNS.iter().map(|c| format!(":{c}")).collect();
+    let set: Vec<String> = SESSION_COLUMNS[1..]
+        .iter()
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO agent_sessions ({}) VALUES ({}) ON CONFLICT (id) DO UPDATE SET {}",
+        SESSION_COLUMNS.join(", "),
+        values.join(", "),
+        set.join(", ")
+    )
+});
+
+static SELECT_SESSIONS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM agent_sessions ORDER BY id",
+        SESSION_COLUMNS.join(", ")
+    )
+});
+
+static SELECT_SESSION: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM agent_sessions WHERE id = ?1",
+        SESSION_COLUMNS.join(", ")
+    )
+});
+
+const INSERT_ACTIVITY: &str = "INSERT INTO agent_activities \
+     (session_id, seq, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
+      tokens_input, tokens_output, at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
+
+const INSERT_STATUS: &str = "INSERT INTO session_status_events \
+     (session_id, seq, previous_status, new_status, message, at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+
+const INSERT_MESSAGE: &str = "INSERT INTO session_messages (session_id, turn, role, content, at) \
+     VALUES (?1, ?2, ?3, ?4, ?5)";
+
+const CAMPAIGN_COLUMNS: &str = "id, name, root_path, created_at";
+
+/// paddock's database. See the module documentation.
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database file at `path` and migrates it. The parent
+    /// directory must exist.
+    pub fn open(path: &Path) -> Result<Store> {
+        Store::init(Connection::open(path)?)
+    }
+
+    /// A private in-memory database (for tests).
+    pub fn open_in_memory() -> Result<Store> {
+        Store::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Store> {
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.execute_batch("PRAGMA foreign_keys = ON")?;
+        // WAL: readers never block the writer, and a commit is one append to the log.
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        // synchronous=NORMAL is durable enough *with WAL*: a commit is written to the WAL
+        // file before `COMMIT` returns, so a committed transaction survives a crash of this
+        // process (the OS still has the write); only the fsync is deferred to checkpoints.
+        // An OS crash or power loss can therefore lose the last few committed transactions,
+        // but never corrupts the database (WAL frames are checksummed and replayed only up to
+        // the last complete commit). paddock delivers events to clients only after commit,
+        // so the worst case is a restart that forgets the last moments before a power cut.
+        // If WAL is unavailable (a filesystem without shared-memory support), NORMAL with a
+        // rollback journal is *not* safe against power loss: use FULL there. (An in-memory
+        // database reports "memory" and has nothing to sync.)
+        let sync = if mode.eq_ignore_ascii_case("wal") || mode.eq_ignore_ascii_case("memory") {
+            "NORMAL"
+        } else {
+            "FULL"
+        };
+        conn.execute_batch(&format!("PRAGMA synchronous = {sync}"))?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        migrations::migrate(&mut conn, migrations::MIGRATIONS, now_ms())?;
+        Ok(Store { conn })
+    }
+
+    /// Writes a batch of core records in ONE transaction (the daemon's batched commit): all
+    /// of them or, on any error, none.
+    pub fn apply(&mut self, records: &[Record]) -> Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for record in records {
+            match record {
+                Record::Session(rec) => upsert_session(&tx, rec)?,
+                Record::Activity(ev) => insert_activity(&tx, ev)?,
+                Record::Status(ev) => insert_status(&tx, ev)?,
+                Record::UserMessage(m) => insert_message(&tx, m)?,
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Every session, in id order (ULIDs: creation order).
+    pub fn load_sessions(&self) -> Result<Vec<SessionRecord>> {
+        let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS)?;
+        let rows = stmt.query([])?;
+        collect(rows, codec::session_from_row)
+    }
+
+    /// One session.
+    pub fn session(&self, id: &str) -> Result<Option<SessionRecord>> {
+        let mut stmt = self.conn.prepare_cached(&SELECT_SESSION)?;
+        let mut rows = stmt.query([id])?;
+        rows.next()?.map(codec::session_from_row).transpose()
+    }
+
+    /// Up to `limit` activities of a session with `seq > after_seq`, in seq order.
+    pub fn activities(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<ActivityEvent>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT seq, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
+                    tokens_input, tokens_output, at \
+             FROM agent_activities WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )?;
+        let rows = stmt.query(params![session_id, int(after_seq), codec::limit(limit)])?;
+        collect(rows, |row| codec::activity_from_row(session_id, row))
+    }
+
+    /// Up to `limit` status events of a session with `seq > after_seq`, in seq order.
+    pub fn status_events(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<StatusEvent>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT seq, previous_status, new_status, message, at \
+             FROM session_status_events WHERE session_id = ?1 AND seq > ?2 \
+             ORDER BY seq LIMIT ?3",
+        )?;
+        let rows = stmt.query(params![session_id, int(after_seq), codec::limit(limit)])?;
+        collect(rows, |row| codec::status_event_from_row(session_id, row))
+    }
+
+    /// A session's user messages, in turn order.
+    pub fn user_messages(&self, session_id: &str) -> Result<Vec<UserMessage>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT turn, content, at FROM session_messages \
+             WHERE session_id = ?1 AND role = ?2 ORDER BY turn",
+        )?;
+        let rows = stmt.query(params![session_id, codec::ROLE_USER])?;
+        collect(rows, |row| codec::user_message_from_row(session_id, row))
+    }
+
+    /// Adds a campaign. A taken name (or id) fails with a constraint error: see
+    /// [`is_unique_violation`].
+    pub fn add_campaign(
+        &mut self,
+        id: &str,
+        name: &str,
+        root_path: &str,
+        now: u64,
+    ) -> Result<Campaign> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO campaigns (id, name, root_path, created_at) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![id, name, root_path, int(now)])?;
+        Ok(Campaign {
+            id: id.to_string(),
+            name: name.to_string(),
+            root_path: root_path.to_string(),
+            created_at: now,
+        })
+    }
+
+    /// Every campaign, by name.
+    pub fn campaigns(&self) -> Result<Vec<Campaign>> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {CAMPAIGN_COLUMNS} FROM campaigns ORDER BY name"
+        ))?;
+        let rows = stmt.query([])?;
+        collect(rows, codec::campaign_from_row)
+    }
+
+    /// The campaign with this id or, failing that, this name.
+    pub fn find_campaign(&self, id_or_name: &str) -> Result<Option<Campaign>> {
+        for column in ["id", "name"] {
+            let mut stmt = self.conn.prepare_cached(&format!(
+                "SELECT {CAMPAIGN_COLUMNS} FROM campaigns WHERE {column} = ?1"
+            ))?;
+            let mut rows = stmt.query([id_or_name])?;
+            if let Some(row) = rows.next()? {
+                return codec::campaign_from_row(row).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Removes the campaign with this id or, failing that, this name; false if there is none.
+    /// Its sessions are kept.
+    pub fn remove_campaign(&mut self, id_or_name: &str) -> Result<bool> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut removed = tx.execute("DELETE FROM campaigns WHERE id = ?1", [id_or_name])?;
+        if removed == 0 {
+            removed = tx.execute("DELETE FROM campaigns WHERE name = ?1", [id_or_name])?;
+        }
+        tx.commit()?;
+        Ok(removed > 0)
+    }
+
+    /// Records a campaign or festival event an external process reported; returns its id.
+    /// `kind` must be `"campaign"` or `"festival"` (a CHECK constraint refuses anything else).
+    #[allow(clippy::too_many_arguments)]
+    pub fn report_event(
+        &mut self,
+        kind: &str,
+        campaign_id: &str,
+        festival_id: &str,
+        event_type: &str,
+        payload_json: &str,
+        at: u64,
+        received_at: u64,
+    ) -> Result<i64> {
+        let mut stmt = self.conn.prepare_cached(
+            "INSERT INTO reported_events \
+             (kind, campaign_id, festival_id, event_type, payload_json, at, received_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?;
+        Ok(stmt.insert(params![
+            kind,
+            campaign_id,
+            festival_id,
+            event_type,
+            payload_json,
+            int(at),
+            int(received_at)
+        ])?)
+    }
+
+    /// Appends activity pushed by external processes, in one transaction; returns how many
+    /// rows were written.
+    pub fn insert_external_activities(&mut self, rows: &[ExternalActivity]) -> Result<usize> {
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO external_activities \
+                 (session_id, campaign_id, agent_name, type, content, tool_name, tool_call_id, \
+                  tool_success, tokens_input, tokens_output, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            )?;
+            for a in rows {
+                stmt.execute(params![
+                    a.session_id,
+                    a.campaign_id,
+                    a.agent_name,
+                    a.kind,
+                    a.content,
+                    a.tool_name,
+                    a.tool_call_id,
+                    a.tool_success,
+                    a.tokens_input,
+                    a.tokens_output,
+                    int(a.at)
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(rows.len())
+    }
+
+    /// Deletes a session with all its activities, status events and messages, in one
+    /// transaction. Returns whether the session existed (its other rows are deleted anyway).
+    /// `external_activities` are left alone: they are what other processes reported.
+    pub fn delete_session(&mut self, id: &str) -> Result<bool> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let existed = tx.execute("DELETE FROM agent_sessions WHERE id = ?1", [id])? > 0;
+        tx.execute("DELETE FROM agent_activities WHERE session_id = ?1", [id])?;
+        tx.execute(
+            "DELETE FROM session_status_events WHERE session_id = ?1",
+            [id],
+        )?;
+        tx.execute("DELETE FROM session_messages WHERE session_id = ?1", [id])?;
+        tx.commit()?;
+        Ok(existed)
+    }
+
+    /// (number of campaigns, number of sessions).
+    pub fn counts(&self) -> Result<(i64, i64)> {
+        Ok(self.conn.query_row(
+            "SELECT (SELECT COUNT(*) FROM campaigns), (SELECT COUNT(*) FROM agent_sessions)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?)
+    }
+}
+
+fn upsert_session(conn: &Connection, rec: &SessionRecord) -> Result<()> {
+    let c = &rec.config;
+    let provider_config = map_to_json(&c.provider_config)?;
+    let environment = map_to_json(&c.environment)?;
+    let error_code = rec.error.as_ref().map(|e| e.code.to_string());
+    let error_message = rec.error.as_ref().map(|e| e.message.as_str());
+    let mut stmt = conn.prepare_cached(&UPSERT_SESSION)?;
+    stmt.execute(named_params! {
+        ":id": rec.id.0,
+        ":campaign_id": c.campaign_id,
+        ":provider": c.provider.number(),
+        ":model": c.model,
+        ":agent_name": c.agent_name,
+        ":status": rec.status.number(),
+        ":festival_id": c.festival_id,
+        ":task_id": c.task_id,
+        ":tokens_input": int(rec.tokens_input),
+        ":tokens_output": int(rec.tokens_output),
+        ":max_tokens": int(c.max_tokens),
+        ":pid": rec.pid,
+        ":restart_count": rec.restart_count,
+        ":created_at": int(rec.created_at),
+        ":started_at": rec.started_at.map(int),
+        ":last_activity_at": rec.last_activity_at.map(int),
+        ":ended_at": rec.ended_at.map(int),
+        ":error_code": error_code,
+        ":error_message": error_message,
+        ":working_dir": c.working_dir,
+        ":provider_config": provider_config,
+        ":environment": environment,
+        ":timeout_ms": int(c.timeout_ms),
+        ":initial_message": c.initial_message,
+        ":provider_session": rec.provider_session,
+        ":last_activity_seq": int(rec.last_activity_seq),
+        ":last_status_seq": int(rec.last_status_seq),
+        ":turns": int(rec.turns),
+    })?;
+    Ok(())
+}
+
+fn insert_activity(conn: &Connection, ev: &ActivityEvent) -> Result<()> {
+    let a = &ev.activity;
+    conn.prepare_cached(INSERT_ACTIVITY)?.execute(params![
+        ev.session.0,
+        int(ev.seq),
+        ev.turn.map(int),
+        ev.ends_turn,
+        a.kind().number(),
+        a.content,
+        a.tool_name,
+        a.tool_call_id,
+        a.tool_success,
+        int(a.tokens_input),
+        int(a.tokens_output),
+        int(ev.at)
+    ])?;
+    Ok(())
+}
+
+fn insert_status(conn: &Connection, ev: &StatusEvent) -> Result<()> {
+    conn.prepare_cached(INSERT_STATUS)?.execute(params![
+        ev.session.0,
+        int(ev.seq),
+        ev.previous.map(|s| s.number()),
+        ev.new.number(),
+        ev.message,
+        int(ev.at)
+    ])?;
+    Ok(())
+}
+
+fn insert_message(conn: &Connection, m: &UserMessage) -> Result<()> {
+    conn.prepare_cached(INSERT_MESSAGE)?.execute(params![
+        m.session.0,
+        int(m.turn),
+        codec::ROLE_USER,
+        m.text,
+        int(m.at)
+    ])?;
+    Ok(())
+}
+
+/// Decodes every row with `f`.
+fn collect<T>(
+    mut rows: Rows<'_>,
+    mut f: impl FnMut(&rusqlite::Row) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(f(row)?);
+    }
+    Ok(out)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

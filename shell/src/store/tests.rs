@@ -1,0 +1,705 @@
+//! The store's tests: round trips, paging, atomicity, migrations, crash survival.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+use paddock_core::{
+    Activity, ActivityEvent, ActivityKind, Error, ErrorCode, Provider, Record, SessionConfig,
+    SessionId, SessionRecord, Status, StatusEvent, UserMessage,
+};
+use rusqlite::Connection;
+
+use super::codec::{self, SESSION_COLUMNS};
+use super::migrations::{self, MIGRATIONS};
+use super::*;
+
+/// A unique directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "paddock-store-{}-{}-{tag}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    fn db(&self) -> PathBuf {
+        self.0.join("paddock.db")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn full_record(id: &str) -> SessionRecord {
+    let mut config = SessionConfig::new("camp-1", Provider::Codex, "/srv/campaigns/it's \"here\"");
+    config.model = "gpt-5-codex".into();
+    config.agent_name = "builder ✓".into();
+    config.festival_id = "fest-7".into();
+    config.task_id = "task-42".into();
+    config.provider_config = BTreeMap::from([
+        ("effort".to_string(), "high".to_string()),
+        ("quote".to_string(), "a \"b\" \\ c\nd".to_string()),
+    ]);
+    config.environment = BTreeMap::from([("FOO".to_string(), "bar=baz".to_string())]);
+    config.max_tokens = 100_000;
+    config.timeout_ms = 3_600_000;
+    config.initial_message = "build the thing\nthen test it".into();
+    SessionRecord {
+        id: SessionId(id.to_string()),
+        config,
+        status: Status::Failed,
+        tokens_input: 12_345,
+        tokens_output: 678,
+        pid: Some(u32::MAX),
+        restart_count: 2,
+        created_at: 1_700_000_000_000,
+        started_at: Some(1_700_000_000_500),
+        last_activity_at: Some(1_700_000_100_000),
+        ended_at: Some(1_700_000_200_000),
+        error: Some(Error::new(
+            ErrorCode::BudgetExceeded,
+            "token budget exceeded: 100001 > 100000",
+        )),
+        provider_session: Some("thread-abc".into()),
+        last_activity_seq: 17,
+        last_status_seq: 9,
+        turns: 3,
+    }
+}
+
+fn bare_record(id: &str) -> SessionRecord {
+    SessionRecord {
+        id: SessionId(id.to_string()),
+        config: SessionConfig::new("", Provider::Scripted, ""),
+        status: Status::Created,
+        tokens_input: 0,
+        tokens_output: 0,
+        pid: None,
+        restart_count: 0,
+        created_at: 0,
+        started_at: None,
+        last_activity_at: None,
+        ended_at: None,
+        error: None,
+        provider_session: None,
+        last_activity_seq: 0,
+        last_status_seq: 0,
+        turns: 0,
+    }
+}
+
+fn activity(session: &str, seq: u64) -> ActivityEvent {
+    let kind = ActivityKind::ALL[(seq as usize) % ActivityKind::ALL.len()];
+    let mut a = Activity::new(kind, format!("activity {seq} of {session}"))
+        .with_tokens(seq, seq * 2)
+        .with_tool("bash", format!("call-{seq}"));
+    a.tool_success = seq.is_multiple_of(2);
+    ActivityEvent {
+        session: SessionId(session.to_string()),
+        seq,
+        turn: if seq.is_multiple_of(3) {
+            None
+        } else {
+            Some(seq / 3 + 1)
+        },
+        ends_turn: kind.ends_turn(),
+        activity: a,
+        at: 1_700_000_000_000 + seq,
+    }
+}
+
+fn status_event(session: &str, seq: u64) -> StatusEvent {
+    StatusEvent {
+        session: SessionId(session.to_string()),
+        seq,
+        previous: if seq == 1 {
+            None
+        } else {
+            Some(Status::ALL[(seq as usize) % Status::ALL.len()])
+        },
+        new: Status::ALL[(seq as usize + 1) % Status::ALL.len()],
+        message: format!("status {seq}"),
+        at: 1_700_000_000_000 + seq,
+    }
+}
+
+fn user_message(session: &str, turn: u64) -> UserMessage {
+    UserMessage {
+        session: SessionId(session.to_string()),
+        turn,
+        text: format!("message {turn}"),
+        at: 1_700_000_000_000 + turn,
+    }
+}
+
+fn count(store: &Store, table: &str) -> i64 {
+    store
+        .conn
+        .query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn a_file_database_uses_wal_normal_sync_and_foreign_keys() {
+    let dir = TempDir::new("pragmas");
+    let store = Store::open(&dir.db()).unwrap();
+    let pragma = |name: &str| -> String {
+        store
+            .conn
+            .query_row(&format!("PRAGMA {name}"), [], |r| {
+                r.get::<_, rusqlite::types::Value>(0)
+            })
+            .map(|v| match v {
+                rusqlite::types::Value::Integer(i) => i.to_string(),
+                rusqlite::types::Value::Text(t) => t,
+                other => format!("{other:?}"),
+            })
+            .unwrap()
+    };
+    assert_eq!(pragma("journal_mode"), "wal");
+    assert_eq!(pragma("synchronous"), "1", "NORMAL");
+    assert_eq!(pragma("foreign_keys"), "1");
+    assert_eq!(pragma("busy_timeout"), BUSY_TIMEOUT.as_millis().to_string());
+    assert_eq!(
+        migrations::current_version(&store.conn).unwrap(),
+        MIGRATIONS.len() as i64
+    );
+}
+
+#[test]
+fn the_session_column_list_matches_the_schema() {
+    let store = Store::open_in_memory().unwrap();
+    let mut stmt = store
+        .conn
+        .prepare("SELECT name FROM pragma_table_info('agent_sessions') ORDER BY cid")
+        .unwrap();
+    let cols: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(cols, SESSION_COLUMNS);
+}
+
+#[test]
+fn a_session_round_trips_with_every_field_set_and_with_none() {
+    let mut store = Store::open_in_memory().unwrap();
+    let full = full_record("01FULL");
+    let bare = bare_record("01BARE");
+    store
+        .apply(&[
+            Record::Session(Box::new(full.clone())),
+            Record::Session(Box::new(bare.clone())),
+        ])
+        .unwrap();
+    assert_eq!(store.session("01FULL").unwrap(), Some(full.clone()));
+    assert_eq!(store.session("01BARE").unwrap(), Some(bare.clone()));
+    assert_eq!(store.session("nope").unwrap(), None);
+    assert_eq!(
+        store.load_sessions().unwrap(),
+        vec![bare.clone(), full.clone()]
+    );
+
+    // The upsert overwrites every column, including back to NULL.
+    let mut cleared = bare_record("01FULL");
+    cleared.config.provider = Provider::Gemini;
+    store
+        .apply(&[Record::Session(Box::new(cleared.clone()))])
+        .unwrap();
+    assert_eq!(store.session("01FULL").unwrap(), Some(cleared));
+    store
+        .apply(&[Record::Session(Box::new(full.clone()))])
+        .unwrap();
+    assert_eq!(store.session("01FULL").unwrap(), Some(full));
+    assert_eq!(store.counts().unwrap(), (0, 2));
+}
+
+#[test]
+fn every_status_provider_and_error_code_round_trips() {
+    let mut store = Store::open_in_memory().unwrap();
+    let mut records = Vec::new();
+    for (i, code) in ErrorCode::ALL.into_iter().enumerate() {
+        let mut rec = full_record(&format!("s{i:02}"));
+        rec.status = Status::ALL[i % Status::ALL.len()];
+        rec.config.provider = Provider::ALL[i % Provider::ALL.len()];
+        rec.error = Some(Error::new(code, format!("{code}: because {i}")));
+        records.push(rec);
+    }
+    let batch: Vec<Record> = records
+        .iter()
+        .map(|r| Record::Session(Box::new(r.clone())))
+        .collect();
+    store.apply(&batch).unwrap();
+    assert_eq!(store.load_sessions().unwrap(), records);
+}
+
+#[test]
+fn activities_status_events_and_messages_page_by_seq() {
+    let mut store = Store::open_in_memory().unwrap();
+    let mut batch = Vec::new();
+    for seq in 1..=20 {
+        batch.push(Record::Activity(activity("a", seq)));
+        batch.push(Record::Activity(activity("b", seq)));
+        batch.push(Record::Status(status_event("a", seq)));
+    }
+    for turn in [2, 1, 3] {
+        batch.push(Record::UserMessage(user_message("a", turn)));
+    }
+    store.apply(&batch).unwrap();
+
+    let all = store.activities("a", 0, usize::MAX).unwrap();
+    assert_eq!(all, (1..=20).map(|s| activity("a", s)).collect::<Vec<_>>());
+    let page = store.activities("a", 5, 3).unwrap();
+    assert_eq!(page, (6..=8).map(|s| activity("a", s)).collect::<Vec<_>>());
+    assert!(store.activities("a", 20, 10).unwrap().is_empty());
+    assert!(store.activities("a", u64::MAX, 10).unwrap().is_empty());
+    assert!(store.activities("a", 0, 0).unwrap().is_empty());
+    assert!(store.activities("nobody", 0, 10).unwrap().is_empty());
+
+    let statuses = store.status_events("a", 18, 100).unwrap();
+    assert_eq!(statuses, vec![status_event("a", 19), status_event("a", 20)]);
+    assert_eq!(store.status_events("a", 0, 1).unwrap()[0].previous, None);
+    assert!(store.status_events("b", 0, 100).unwrap().is_empty());
+
+    let messages = store.user_messages("a").unwrap();
+    assert_eq!(
+        messages,
+        vec![
+            user_message("a", 1),
+            user_message("a", 2),
+            user_message("a", 3)
+        ]
+    );
+}
+
+#[test]
+fn an_activity_without_a_kind_is_stored_as_status() {
+    let mut store = Store::open_in_memory().unwrap();
+    let mut ev = activity("s", 1);
+    ev.activity.kind = None;
+    store.apply(&[Record::Activity(ev.clone())]).unwrap();
+    ev.activity.kind = Some(ActivityKind::Status);
+    assert_eq!(store.activities("s", 0, 10).unwrap(), vec![ev]);
+}
+
+#[test]
+fn a_batch_is_atomic() {
+    let mut store = Store::open_in_memory().unwrap();
+    store
+        .apply(&[Record::Activity(activity("old", 1))])
+        .unwrap();
+
+    let err = store
+        .apply(&[
+            Record::Session(Box::new(full_record("s"))),
+            Record::Activity(activity("s", 1)),
+            Record::Status(status_event("s", 1)),
+            Record::UserMessage(user_message("s", 1)),
+            Record::Activity(activity("s", 1)), // the same (session, seq): PK violation
+        ])
+        .unwrap_err();
+    assert!(is_unique_violation(&err), "{err}");
+    assert_eq!(store.session("s").unwrap(), None);
+    assert!(store.activities("s", 0, 100).unwrap().is_empty());
+    assert!(store.status_events("s", 0, 100).unwrap().is_empty());
+    assert!(store.user_messages("s").unwrap().is_empty());
+    // What was committed before is untouched, and the store is still usable.
+    assert_eq!(store.activities("old", 0, 100).unwrap().len(), 1);
+    store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
+    assert_eq!(store.activities("s", 0, 100).unwrap().len(), 1);
+}
+
+#[test]
+fn an_empty_batch_is_a_no_op() {
+    let mut store = Store::open_in_memory().unwrap();
+    store.apply(&[]).unwrap();
+    assert_eq!(store.insert_external_activities(&[]).unwrap(), 0);
+}
+
+#[test]
+fn reopening_applies_no_migration_twice() {
+    let dir = TempDir::new("reopen");
+    {
+        let mut store = Store::open(&dir.db()).unwrap();
+        store
+            .apply(&[Record::Session(Box::new(full_record("s")))])
+            .unwrap();
+    }
+    for _ in 0..2 {
+        let store = Store::open(&dir.db()).unwrap();
+        assert_eq!(store.session("s").unwrap(), Some(full_record("s")));
+        assert_eq!(count(&store, "schema_version"), MIGRATIONS.len() as i64);
+    }
+}
+
+#[test]
+fn opening_an_older_database_applies_only_the_newer_migrations() {
+    let dir = TempDir::new("upgrade");
+    let mut conn = Connection::open(dir.db()).unwrap();
+    // v1 only, then v1 + v2: v1 is not run again (its CREATE TABLEs would fail).
+    assert_eq!(
+        migrations::migrate(&mut conn, &MIGRATIONS[..1], 1).unwrap(),
+        1
+    );
+    let v2 = "CREATE TABLE extra (x INTEGER NOT NULL) STRICT; INSERT INTO extra VALUES (7);";
+    let newer = [MIGRATIONS[0], v2];
+    assert_eq!(migrations::migrate(&mut conn, &newer, 2).unwrap(), 2);
+    assert_eq!(migrations::migrate(&mut conn, &newer, 3).unwrap(), 2);
+    let extra: i64 = conn
+        .query_row("SELECT COUNT(*) FROM extra", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(extra, 1);
+    let applied: Vec<(i64, i64)> = conn
+        .prepare("SELECT version, applied_at FROM schema_version ORDER BY version")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(applied, vec![(1, 1), (2, 2)]);
+}
+
+#[test]
+fn a_failing_migration_leaves_nothing_behind() {
+    let mut conn = Connection::open_in_memory().unwrap();
+    migrations::migrate(&mut conn, &MIGRATIONS[..1], 1).unwrap();
+    let broken = [
+        MIGRATIONS[0],
+        "CREATE TABLE half (x); SELECT * FROM no_such_table;",
+    ];
+    assert!(migrations::migrate(&mut conn, &broken, 2).is_err());
+    assert_eq!(migrations::current_version(&conn).unwrap(), 1);
+    let half: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'half'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(half, 0);
+}
+
+#[test]
+fn a_database_from_a_newer_binary_is_refused() {
+    let dir = TempDir::new("too-new");
+    drop(Store::open(&dir.db()).unwrap());
+    {
+        let conn = Connection::open(dir.db()).unwrap();
+        conn.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?1, 0)",
+            [MIGRATIONS.len() as i64 + 5],
+        )
+        .unwrap();
+    }
+    let err = Store::open(&dir.db()).unwrap_err();
+    match &err {
+        StoreError::TooNew { found, known } => {
+            assert_eq!(*found, MIGRATIONS.len() as i64 + 5);
+            assert_eq!(*known, MIGRATIONS.len() as i64);
+        }
+        other => panic!("expected TooNew, got {other}"),
+    }
+    assert!(err.to_string().contains("newer than this paddock supports"));
+}
+
+#[test]
+fn campaigns_by_id_or_name_with_unique_names() {
+    let mut store = Store::open_in_memory().unwrap();
+    let b = store.add_campaign("c-2", "bravo", "/srv/b", 20).unwrap();
+    let a = store.add_campaign("c-1", "alpha", "/srv/a", 10).unwrap();
+    assert_eq!(
+        a,
+        Campaign {
+            id: "c-1".into(),
+            name: "alpha".into(),
+            root_path: "/srv/a".into(),
+            created_at: 10
+        }
+    );
+    assert_eq!(store.campaigns().unwrap(), vec![a.clone(), b.clone()]);
+    assert_eq!(store.find_campaign("c-1").unwrap(), Some(a.clone()));
+    assert_eq!(store.find_campaign("bravo").unwrap(), Some(b.clone()));
+    assert_eq!(store.find_campaign("charlie").unwrap(), None);
+
+    let dup = store
+        .add_campaign("c-3", "alpha", "/srv/x", 30)
+        .unwrap_err();
+    assert!(is_unique_violation(&dup), "{dup}");
+    let dup_id = store
+        .add_campaign("c-1", "other", "/srv/x", 30)
+        .unwrap_err();
+    assert!(is_unique_violation(&dup_id), "{dup_id}");
+    assert!(!is_unique_violation(&StoreError::Corrupt("x".into())));
+
+    // An id wins over another campaign's name.
+    let tricky = store.add_campaign("alpha", "delta", "/srv/d", 40).unwrap();
+    assert_eq!(store.find_campaign("alpha").unwrap(), Some(tricky));
+    assert_eq!(store.counts().unwrap(), (3, 0));
+
+    assert!(store.remove_campaign("alpha").unwrap()); // by id: "delta" goes
+    assert_eq!(store.find_campaign("alpha").unwrap(), Some(a));
+    assert!(store.remove_campaign("alpha").unwrap()); // now by name: c-1 goes
+    assert!(store.remove_campaign("c-2").unwrap());
+    assert!(!store.remove_campaign("c-2").unwrap());
+    assert!(store.campaigns().unwrap().is_empty());
+}
+
+#[test]
+fn delete_session_removes_everything_of_that_session_only() {
+    let mut store = Store::open_in_memory().unwrap();
+    let mut batch = Vec::new();
+    for id in ["gone", "kept"] {
+        batch.push(Record::Session(Box::new(full_record(id))));
+        for seq in 1..=3 {
+            batch.push(Record::Activity(activity(id, seq)));
+            batch.push(Record::Status(status_event(id, seq)));
+            batch.push(Record::UserMessage(user_message(id, seq)));
+        }
+    }
+    store.apply(&batch).unwrap();
+    assert!(store.delete_session("gone").unwrap());
+    assert_eq!(store.session("gone").unwrap(), None);
+    assert!(store.activities("gone", 0, 100).unwrap().is_empty());
+    assert!(store.status_events("gone", 0, 100).unwrap().is_empty());
+    assert!(store.user_messages("gone").unwrap().is_empty());
+    assert_eq!(store.activities("kept", 0, 100).unwrap().len(), 3);
+    assert_eq!(store.status_events("kept", 0, 100).unwrap().len(), 3);
+    assert_eq!(store.user_messages("kept").unwrap().len(), 3);
+    assert_eq!(count(&store, "agent_activities"), 3);
+    assert!(!store.delete_session("gone").unwrap());
+    assert_eq!(store.counts().unwrap(), (0, 1));
+}
+
+#[test]
+fn reported_events_and_external_activities_are_appended() {
+    let mut store = Store::open_in_memory().unwrap();
+    let first = store
+        .report_event("campaign", "c", "", "started", "{\"a\":1}", 5, 6)
+        .unwrap();
+    let second = store
+        .report_event("festival", "c", "f", "phase", "{}", 7, 8)
+        .unwrap();
+    assert!(second > first);
+    assert!(store
+        .report_event("bogus", "c", "f", "x", "{}", 1, 1)
+        .is_err());
+
+    let rows: Vec<ExternalActivity> = (0..3)
+        .map(|i| ExternalActivity {
+            session_id: "ext".into(),
+            campaign_id: "c".into(),
+            agent_name: "outside".into(),
+            kind: 99, // kept verbatim, not checked
+            content: format!("row {i}"),
+            tool_success: true,
+            tokens_input: -1,
+            at: 1000 + i,
+            ..ExternalActivity::default()
+        })
+        .collect();
+    assert_eq!(store.insert_external_activities(&rows).unwrap(), 3);
+    assert_eq!(count(&store, "external_activities"), 3);
+    let (kind, tokens, at): (i32, i64, i64) = store
+        .conn
+        .query_row(
+            "SELECT type, tokens_input, at FROM external_activities ORDER BY id DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((kind, tokens, at), (99, -1, 1002));
+}
+
+#[test]
+fn undecodable_rows_are_reported_as_corrupt() {
+    let mut store = Store::open_in_memory().unwrap();
+    store
+        .apply(&[
+            Record::Session(Box::new(full_record("s"))),
+            Record::Activity(activity("s", 1)),
+            Record::Status(status_event("s", 1)),
+        ])
+        .unwrap();
+    let corrupt = |store: &Store, sql: &str| {
+        store.conn.execute(sql, []).unwrap();
+    };
+    let is_corrupt = |r: Result<()>, needle: &str| match r {
+        Err(StoreError::Corrupt(m)) => assert!(m.contains(needle), "{m}"),
+        other => panic!("expected Corrupt({needle}), got {other:?}"),
+    };
+
+    corrupt(&store, "UPDATE agent_sessions SET status = 42");
+    is_corrupt(
+        store.load_sessions().map(drop),
+        "unknown status 42 (session s)",
+    );
+    corrupt(&store, "UPDATE agent_sessions SET status = 3, provider = 0");
+    is_corrupt(store.session("s").map(drop), "unknown provider 0");
+    corrupt(
+        &store,
+        "UPDATE agent_sessions SET provider = 1, error_code = 'OBEY-1'",
+    );
+    is_corrupt(store.session("s").map(drop), "agent_sessions.error_code");
+    corrupt(
+        &store,
+        "UPDATE agent_sessions SET error_code = NULL, environment = '[1]'",
+    );
+    is_corrupt(store.session("s").map(drop), "agent_sessions.environment");
+    corrupt(
+        &store,
+        "UPDATE agent_sessions SET environment = '{}', tokens_input = -1",
+    );
+    is_corrupt(store.session("s").map(drop), "negative value -1");
+    corrupt(
+        &store,
+        "UPDATE agent_sessions SET tokens_input = 1, pid = -5",
+    );
+    is_corrupt(store.session("s").map(drop), "agent_sessions.pid");
+    corrupt(&store, "UPDATE agent_activities SET type = 7");
+    is_corrupt(
+        store.activities("s", 0, 9).map(drop),
+        "unknown activity type 7",
+    );
+    corrupt(&store, "UPDATE session_status_events SET new_status = 0");
+    is_corrupt(store.status_events("s", 0, 9).map(drop), "unknown status 0");
+}
+
+#[test]
+fn huge_values_saturate_instead_of_failing_the_batch() {
+    assert_eq!(codec::int(u64::MAX), i64::MAX);
+    assert_eq!(codec::int(7), 7);
+    let mut store = Store::open_in_memory().unwrap();
+    let mut rec = bare_record("s");
+    rec.tokens_input = u64::MAX;
+    store.apply(&[Record::Session(Box::new(rec))]).unwrap();
+    assert_eq!(
+        store.session("s").unwrap().unwrap().tokens_input,
+        i64::MAX as u64
+    );
+}
+
+const CRASH_CHILD: &str = "PADDOCK_STORE_TEST_CRASH_DIR";
+
+/// Writes in a child process that then aborts (no close, no checkpoint, no destructors), and
+/// checks that everything it committed is there. Also: a plain drop, and a leaked connection.
+#[test]
+fn committed_rows_survive_a_crash() {
+    if let Some(dir) = std::env::var_os(CRASH_CHILD) {
+        let db = Path::new(&dir).join("paddock.db");
+        let mut store = Store::open(&db).unwrap();
+        store.add_campaign("c", "camp", "/srv", 1).unwrap();
+        for seq in 1..=50 {
+            store
+                .apply(&[
+                    Record::Activity(activity("s", seq)),
+                    Record::Session(Box::new(full_record("s"))),
+                ])
+                .unwrap();
+        }
+        std::process::abort();
+    }
+
+    let dir = TempDir::new("crash");
+    // This test's path as libtest names it: the module path without the crate name.
+    let module = module_path!()
+        .split_once("::")
+        .map_or(module_path!(), |(_, rest)| rest);
+    let name = format!("{module}::committed_rows_survive_a_crash");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name.as_str(), "--exact", "--test-threads=1", "--nocapture"])
+        .env(CRASH_CHILD, &dir.0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child must have aborted: {status}");
+    assert!(
+        dir.0.join("paddock.db-wal").exists(),
+        "the commits should still be in the WAL only"
+    );
+    {
+        let store = Store::open(&dir.db()).unwrap();
+        assert_eq!(store.activities("s", 0, 1000).unwrap().len(), 50);
+        assert_eq!(store.session("s").unwrap(), Some(full_record("s")));
+        assert_eq!(store.counts().unwrap(), (1, 1));
+    }
+
+    // A drop (the connection closes), then a leak (it never does).
+    let mut store = Store::open(&dir.db()).unwrap();
+    store.apply(&[Record::Activity(activity("s", 51))]).unwrap();
+    drop(store);
+    let mut store = Store::open(&dir.db()).unwrap();
+    store.apply(&[Record::Activity(activity("s", 52))]).unwrap();
+    std::mem::forget(store);
+    let store = Store::open(&dir.db()).unwrap();
+    assert_eq!(store.activities("s", 50, 1000).unwrap().len(), 2);
+}
+
+/// Not a check: prints the rate of the daemon's hot path on a real file.
+#[test]
+fn throughput_of_batched_activity_writes() {
+    const TOTAL: u64 = 10_000;
+    const BATCH: u64 = 100;
+    let dir = TempDir::new("throughput");
+    let mut store = Store::open(&dir.db()).unwrap();
+    let mut rec = full_record("s");
+    let started = Instant::now();
+    for b in 0..TOTAL / BATCH {
+        let mut batch: Vec<Record> = (b * BATCH + 1..=(b + 1) * BATCH)
+            .map(|seq| Record::Activity(activity("s", seq)))
+            .collect();
+        rec.last_activity_seq = (b + 1) * BATCH;
+        batch.push(Record::Session(Box::new(rec.clone())));
+        store.apply(&batch).unwrap();
+    }
+    let elapsed = started.elapsed();
+    assert_eq!(
+        store.activities("s", 0, usize::MAX).unwrap().len() as u64,
+        TOTAL
+    );
+    println!(
+        "store throughput: {TOTAL} activities in batches of {BATCH} (+1 session upsert each): \
+         {:.1} ms, {:.0} activities/s, {:.2} ms/commit",
+        elapsed.as_secs_f64() * 1e3,
+        TOTAL as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1e3 / (TOTAL / BATCH) as f64
+    );
+
+    // And one record per commit, the worst case (a lone activity between quiet periods).
+    let started = Instant::now();
+    for seq in TOTAL + 1..=TOTAL + 1000 {
+        store
+            .apply(&[Record::Activity(activity("s", seq))])
+            .unwrap();
+    }
+    let elapsed = started.elapsed();
+    println!(
+        "store throughput: 1000 single-activity commits: {:.1} ms, {:.0} commits/s",
+        elapsed.as_secs_f64() * 1e3,
+        1000.0 / elapsed.as_secs_f64()
+    );
+}
+
+#[test]
+fn store_errors_display_and_chain() {
+    let e = StoreError::TooNew { found: 9, known: 1 };
+    assert!(e.to_string().contains("version 9"));
+    assert!(std::error::Error::source(&e).is_none());
+    let e = StoreError::from(rusqlite::Error::InvalidQuery);
+    assert!(std::error::Error::source(&e).is_some());
+    assert!(StoreError::Corrupt("x.y: bad".into())
+        .to_string()
+        .contains("x.y: bad"));
+}
