@@ -1,0 +1,525 @@
+//! The engine, transition by transition: each test feeds inputs and checks the effects the
+//! shell would carry out. (The simulator explores the same machine at scale; these tests pin
+//! the exact behaviour of each rule.)
+
+use paddock_core::*;
+
+const T0: Millis = 1_000_000;
+
+struct Rig {
+    engine: Engine,
+    now: Millis,
+    next_req: RequestId,
+}
+
+fn limits() -> Limits {
+    Limits {
+        stop_grace_ms: 5_000,
+        kill_grace_ms: 1_000,
+        startup_timeout_ms: 3_000,
+        max_live_sessions: 2,
+    }
+}
+
+fn sid() -> SessionId {
+    SessionId::from("sess_1")
+}
+
+impl Rig {
+    fn new() -> Self {
+        Rig {
+            engine: Engine::new(limits()),
+            now: T0,
+            next_req: 1,
+        }
+    }
+
+    fn req(&mut self) -> RequestId {
+        self.next_req += 1;
+        self.next_req
+    }
+
+    fn at(&mut self, dt: Millis, input: Input) -> Vec<Effect> {
+        self.now += dt;
+        self.engine.handle(self.now, input)
+    }
+
+    fn create(&mut self, config: SessionConfig) -> (RequestId, Vec<Effect>) {
+        let req = self.req();
+        let fx = self.at(
+            0,
+            Input::Create {
+                req,
+                id: sid(),
+                config,
+            },
+        );
+        (req, fx)
+    }
+
+    fn provider(&mut self, run: RunId, event: ProviderEvent) -> Vec<Effect> {
+        self.at(
+            1,
+            Input::Provider {
+                id: sid(),
+                run,
+                event,
+            },
+        )
+    }
+
+    fn send(&mut self, text: &str) -> (RequestId, Vec<Effect>) {
+        let req = self.req();
+        let fx = self.at(
+            1,
+            Input::Send {
+                req,
+                id: sid(),
+                text: text.into(),
+            },
+        );
+        (req, fx)
+    }
+
+    fn stop(&mut self, graceful: bool) -> (RequestId, Vec<Effect>) {
+        let req = self.req();
+        let fx = self.at(
+            1,
+            Input::Stop {
+                req,
+                id: sid(),
+                graceful,
+            },
+        );
+        (req, fx)
+    }
+
+    fn status(&self) -> Status {
+        self.engine.session(&sid()).unwrap().status()
+    }
+
+    fn record(&self) -> SessionRecord {
+        self.engine.session(&sid()).unwrap().record.clone()
+    }
+
+    /// A running session (run 1, pid 42).
+    fn running(config: SessionConfig) -> Self {
+        let mut r = Rig::new();
+        r.create(config);
+        r.provider(1, ProviderEvent::Started { pid: Some(42) });
+        assert_eq!(r.status(), Status::Running);
+        r
+    }
+}
+
+fn config() -> SessionConfig {
+    SessionConfig::new("camp_1", Provider::Scripted, "/tmp")
+}
+
+fn act(kind: ActivityKind, tin: u64, tout: u64) -> ProviderEvent {
+    ProviderEvent::Activity(Activity::new(kind, "x").with_tokens(tin, tout))
+}
+
+fn statuses(fx: &[Effect]) -> Vec<(Option<Status>, Status)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::EmitStatus(ev) => Some((ev.previous, ev.new)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn reply(fx: &[Effect], req: RequestId) -> Option<Result<SessionRecord, Error>> {
+    fx.iter().find_map(|e| match e {
+        Effect::Reply { req: r, result } if *r == req => Some(result.clone()),
+        _ => None,
+    })
+}
+
+fn err_code(fx: &[Effect], req: RequestId) -> ErrorCode {
+    reply(fx, req)
+        .expect("a reply")
+        .expect_err("an error reply")
+        .code
+}
+
+fn activities(fx: &[Effect]) -> Vec<ActivityEvent> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::EmitActivity(a) => Some(a.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn signals(fx: &[Effect]) -> Vec<Signal> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Signal { signal, .. } => Some(*signal),
+            _ => None,
+        })
+        .collect()
+}
+
+fn exited() -> ProviderEvent {
+    ProviderEvent::Exited {
+        code: None,
+        signal: Some(15),
+        stderr_tail: String::new(),
+    }
+}
+
+/// The drain rule: persists first.
+fn assert_drain_rule(fx: &[Effect]) {
+    let first_other = fx.iter().position(|e| !e.is_persist()).unwrap_or(fx.len());
+    assert!(
+        fx[first_other..].iter().all(|e| !e.is_persist()),
+        "a Persist after a non-persist effect: {fx:#?}"
+    );
+}
+
+#[test]
+fn create_spawns_and_answers_once_started() {
+    let mut r = Rig::new();
+    let (req, fx) = r.create(config());
+    assert_drain_rule(&fx);
+    assert_eq!(
+        statuses(&fx),
+        vec![
+            (None, Status::Created),
+            (Some(Status::Created), Status::Starting)
+        ]
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::Spawn { run: 1, .. })));
+    assert!(
+        reply(&fx, req).is_none(),
+        "no answer before the provider started"
+    );
+    let fx = r.provider(1, ProviderEvent::Started { pid: Some(42) });
+    let rec = reply(&fx, req).unwrap().unwrap();
+    assert_eq!(rec.status, Status::Running);
+    assert_eq!(rec.pid, Some(42));
+    assert_eq!(rec.started_at, Some(T0 + 1));
+}
+
+#[test]
+fn initial_message_starts_a_turn_right_away() {
+    let mut c = config();
+    c.initial_message = "hello".into();
+    let mut r = Rig::new();
+    let (req, _) = r.create(c);
+    let fx = r.provider(1, ProviderEvent::Started { pid: Some(7) });
+    assert_eq!(reply(&fx, req).unwrap().unwrap().status, Status::Working);
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Write { text, .. } if text == "hello")));
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Persist(Record::UserMessage(m)) if m.text == "hello")));
+}
+
+#[test]
+fn a_turn_streams_and_ends_with_completion() {
+    let mut r = Rig::running(config());
+    let (req, fx) = r.send("hi");
+    assert_eq!(reply(&fx, req).unwrap().unwrap().status, Status::Working);
+    let fx = r.provider(1, act(ActivityKind::Thinking, 10, 1));
+    assert_drain_rule(&fx);
+    let a = activities(&fx);
+    assert_eq!((a[0].seq, a[0].turn, a[0].ends_turn), (1, Some(1), false));
+    let fx = r.provider(1, act(ActivityKind::Completion, 5, 4));
+    let a = activities(&fx);
+    assert!(a[0].ends_turn);
+    assert_eq!(
+        statuses(&fx),
+        vec![(Some(Status::Working), Status::Running)]
+    );
+    let rec = r.record();
+    assert_eq!((rec.tokens_input, rec.tokens_output), (15, 5));
+}
+
+#[test]
+fn one_message_at_a_time() {
+    let mut r = Rig::running(config());
+    r.send("one");
+    let (req, fx) = r.send("two");
+    assert_eq!(err_code(&fx, req), ErrorCode::WrongState);
+}
+
+#[test]
+fn a_turn_that_reaches_the_budget_fails_the_session() {
+    let mut c = config();
+    c.max_tokens = 100;
+    let mut r = Rig::running(c);
+    r.send("hi");
+    let fx = r.provider(1, act(ActivityKind::Thinking, 60, 50));
+    let a = activities(&fx);
+    assert_eq!(a.len(), 2);
+    assert_eq!(a[1].activity.kind(), ActivityKind::Error);
+    assert!(a[1].ends_turn);
+    assert!(a[1].activity.content.starts_with("OBEY-2013"));
+    assert_eq!(r.status(), Status::Failed);
+    assert_eq!(r.record().error.unwrap().code, ErrorCode::BudgetExceeded);
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    // Nothing the dying process still says is counted.
+    r.provider(1, act(ActivityKind::Thinking, 500, 500));
+    assert_eq!(r.record().tokens_total(), 110);
+    r.provider(1, exited());
+    assert_eq!(r.record().pid, None);
+}
+
+#[test]
+fn an_exhausted_budget_refuses_the_next_message() {
+    let mut c = config();
+    c.max_tokens = 100;
+    let mut r = Rig::running(c);
+    r.send("hi");
+    r.provider(1, act(ActivityKind::Completion, 50, 50));
+    assert_eq!(r.status(), Status::Running);
+    let (req, fx) = r.send("more");
+    assert_eq!(err_code(&fx, req), ErrorCode::BudgetExceeded);
+}
+
+#[test]
+fn the_session_timeout_fails_it_with_2014() {
+    let mut c = config();
+    c.timeout_ms = 10_000;
+    let mut r = Rig::running(c);
+    r.send("hi");
+    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    assert_eq!(timer, Timer::SessionTimeout);
+    assert_eq!(at, T0 + 1 + 10_000);
+    let fx = r.at(at - r.now, Input::Tick);
+    let a = activities(&fx);
+    assert!(a[0].activity.content.starts_with("OBEY-2014"));
+    assert_eq!(r.status(), Status::Failed);
+    assert_eq!(r.record().ended_at, Some(at));
+}
+
+#[test]
+fn a_graceful_stop_waits_for_the_turn() {
+    let mut r = Rig::running(config());
+    r.send("hi");
+    let (req, fx) = r.stop(true);
+    assert!(signals(&fx).is_empty(), "the turn may finish first");
+    assert_eq!(r.status(), Status::Stopping);
+    let fx = r.provider(1, act(ActivityKind::Completion, 1, 1));
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    let fx = r.provider(1, exited());
+    let rec = reply(&fx, req).unwrap().unwrap();
+    assert_eq!(rec.status, Status::Stopped);
+    assert!(rec.ended_at.is_some());
+    assert_eq!(rec.tokens_total(), 2);
+}
+
+#[test]
+fn a_graceful_stop_that_waits_too_long_forces_and_answers_2021() {
+    let mut r = Rig::running(config());
+    r.send("hi");
+    let (req, _) = r.stop(true);
+    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    assert_eq!(timer, Timer::StopGrace);
+    let fx = r.at(at - r.now, Input::Tick);
+    let a = activities(&fx);
+    assert!(a[0].activity.content.starts_with("OBEY-2021"));
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    let fx = r.provider(1, exited());
+    assert_eq!(err_code(&fx, req), ErrorCode::GracefulStopTimedOut);
+    assert_eq!(r.status(), Status::Stopped);
+}
+
+#[test]
+fn a_forced_stop_interrupts_and_escalates_to_kill() {
+    let mut r = Rig::running(config());
+    r.send("hi");
+    let (req, fx) = r.stop(false);
+    let a = activities(&fx);
+    assert_eq!(a[0].activity.kind(), ActivityKind::Error);
+    assert!(a[0].ends_turn);
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    assert_eq!(timer, Timer::Kill);
+    let fx = r.at(at - r.now, Input::Tick);
+    assert_eq!(signals(&fx), vec![Signal::Kill]);
+    assert!(r.engine.poll_timeout().is_none());
+    let fx = r.provider(1, exited());
+    assert_eq!(reply(&fx, req).unwrap().unwrap().status, Status::Stopped);
+}
+
+#[test]
+fn stopping_a_stopped_session_is_2020() {
+    let mut r = Rig::running(config());
+    r.stop(false);
+    r.provider(1, exited());
+    let (req, fx) = r.stop(true);
+    assert_eq!(err_code(&fx, req), ErrorCode::AlreadyStopped);
+    let (req, fx) = r.send("hi");
+    assert_eq!(err_code(&fx, req), ErrorCode::WrongState);
+}
+
+#[test]
+fn an_unexpected_exit_is_2031_with_the_stderr_tail() {
+    let mut r = Rig::running(config());
+    r.send("hi");
+    let fx = r.provider(
+        1,
+        ProviderEvent::Exited {
+            code: Some(3),
+            signal: None,
+            stderr_tail: "boom".into(),
+        },
+    );
+    let a = activities(&fx);
+    assert!(a[0].activity.content.contains("OBEY-2031"));
+    let e = r.record().error.unwrap();
+    assert_eq!(e.code, ErrorCode::ProviderCrashed);
+    assert!(e.message.contains("exit code 3") && e.message.contains("boom"));
+    assert!(signals(&fx).is_empty(), "no signal to a reaped process");
+}
+
+#[test]
+fn a_spawn_failure_is_2004() {
+    let mut r = Rig::new();
+    let (req, _) = r.create(config());
+    let fx = r.provider(
+        1,
+        ProviderEvent::SpawnFailed {
+            reason: "no such file".into(),
+        },
+    );
+    assert_eq!(err_code(&fx, req), ErrorCode::CreationFailed);
+    assert_eq!(r.status(), Status::Failed);
+}
+
+#[test]
+fn a_provider_that_never_starts_times_out() {
+    let mut r = Rig::new();
+    let (req, _) = r.create(config());
+    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    assert_eq!(timer, Timer::Startup);
+    let fx = r.at(at - r.now, Input::Tick);
+    assert_eq!(err_code(&fx, req), ErrorCode::CreationFailed);
+    // If it reports it started after all, it is terminated at once.
+    let fx = r.provider(1, ProviderEvent::Started { pid: Some(9) });
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    assert_eq!(r.status(), Status::Failed);
+}
+
+#[test]
+fn restart_of_a_running_session_stops_then_starts_the_same_id() {
+    let mut r = Rig::running(config());
+    let req = r.req();
+    let fx = r.at(
+        1,
+        Input::Restart {
+            req,
+            id: sid(),
+            provider_config: None,
+        },
+    );
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    let fx = r.provider(1, exited());
+    assert!(fx.iter().any(|e| matches!(e, Effect::Spawn { run: 2, .. })));
+    assert_eq!(r.record().restart_count, 1);
+    let fx = r.provider(2, ProviderEvent::Started { pid: Some(43) });
+    let rec = reply(&fx, req).unwrap().unwrap();
+    assert_eq!(
+        (rec.status, rec.restart_count, rec.pid),
+        (Status::Running, 1, Some(43))
+    );
+    // Input from the old process is ignored.
+    assert!(r.provider(1, act(ActivityKind::Thinking, 1, 1)).is_empty());
+}
+
+#[test]
+fn restart_is_the_way_out_of_failed() {
+    let mut r = Rig::running(config());
+    r.provider(1, exited());
+    assert_eq!(r.status(), Status::Failed);
+    let req = r.req();
+    let mut pc = std::collections::BTreeMap::new();
+    pc.insert("k".to_string(), "v".to_string());
+    let fx = r.at(
+        1,
+        Input::Restart {
+            req,
+            id: sid(),
+            provider_config: Some(pc),
+        },
+    );
+    assert_eq!(
+        statuses(&fx),
+        vec![(Some(Status::Failed), Status::Starting)]
+    );
+    let rec = r.record();
+    assert_eq!(rec.error, None);
+    assert_eq!(rec.ended_at, None);
+    assert_eq!(rec.config.provider_config.get("k").unwrap(), "v");
+}
+
+#[test]
+fn unknown_sessions_are_2010_and_the_live_limit_is_2004() {
+    let mut r = Rig::new();
+    let fx = r.at(
+        0,
+        Input::Send {
+            req: 5,
+            id: SessionId::from("nope"),
+            text: "x".into(),
+        },
+    );
+    assert_eq!(err_code(&fx, 5), ErrorCode::SessionNotFound);
+    for i in 0..3 {
+        let fx = r.at(
+            0,
+            Input::Create {
+                req: 10 + i,
+                id: SessionId(format!("s{i}")),
+                config: config(),
+            },
+        );
+        if i < 2 {
+            assert!(reply(&fx, 10 + i).is_none());
+        } else {
+            assert_eq!(err_code(&fx, 12), ErrorCode::CreationFailed);
+        }
+    }
+}
+
+#[test]
+fn restore_fails_what_was_active_with_2032() {
+    let mut r = Rig::running(config());
+    r.send("hi");
+    let rec = r.record();
+    let (engine, fx) = Engine::restore(limits(), T0 + 100, vec![rec]);
+    assert_drain_rule(&fx);
+    let s = engine.session(&sid()).unwrap();
+    assert_eq!(s.status(), Status::Failed);
+    assert_eq!(
+        s.record.error.as_ref().unwrap().code,
+        ErrorCode::ConnectionLost
+    );
+    assert_eq!(s.record.pid, None);
+    assert_eq!(statuses(&fx), vec![(Some(Status::Working), Status::Failed)]);
+}
+
+#[test]
+fn time_never_goes_backwards() {
+    let mut r = Rig::running(config());
+    let late = r.now;
+    r.engine.handle(late - 500, Input::Tick);
+    let (req, fx) = r.send("hi");
+    assert!(reply(&fx, req).unwrap().is_ok());
+    assert!(r.record().last_activity_at.unwrap() >= late);
+}
+
+#[test]
+fn architecture_md_shows_the_current_transition_table() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../ARCHITECTURE.md"))
+        .expect("ARCHITECTURE.md");
+    let table = paddock_core::session::table::render();
+    assert!(
+        doc.contains(&table),
+        "ARCHITECTURE.md must contain the transition table exactly as table::render() prints it:\n{table}"
+    );
+}
