@@ -16,6 +16,7 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod session;
+pub mod task;
 
 pub use engine::{Engine, Limits};
 pub use error::{Error, ErrorCode, ErrorKind};
