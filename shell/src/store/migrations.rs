@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use super::{Result, StoreError};
 
 /// Every migration this binary knows, oldest first.
-pub(super) const MIGRATIONS: &[&str] = &[V1];
+pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2];
 
 /// Version 1: the initial schema.
 ///

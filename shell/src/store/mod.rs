@@ -11,6 +11,7 @@
 
 mod codec;
 mod migrations;
+pub mod tasks;
 #[cfg(test)]
 mod tests;
 
@@ -200,7 +201,12 @@ impl Store {
     /// Writes a batch of core records in ONE transaction (the daemon's batched commit): all
     /// of them or, on any error, none.
     pub fn apply(&mut self, records: &[Record]) -> Result<()> {
-        if records.is_empty() {
+        self.apply_all(records, &[])
+    }
+
+    /// Writes a batch of session records and task rows in ONE transaction.
+    pub fn apply_all(&mut self, records: &[Record], tasks: &[tasks::TaskRow]) -> Result<()> {
+        if records.is_empty() && tasks.is_empty() {
             return Ok(());
         }
         let tx = self
@@ -213,6 +219,9 @@ impl Store {
                 Record::Status(ev) => insert_status(&tx, ev)?,
                 Record::UserMessage(m) => insert_message(&tx, m)?,
             }
+        }
+        for row in tasks {
+            tasks::write(&tx, row)?;
         }
         tx.commit()?;
         Ok(())

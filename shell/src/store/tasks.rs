@@ -1,0 +1,270 @@
+//! Aria tasks and their output.
+
+use paddock_core::task::{OutputKind, TaskOutput, TaskRecord, TaskSpec, TaskStatus};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use super::{Result, Store, StoreError};
+
+/// Version 2: tasks and their output.
+pub(super) const V2: &str = r#"
+CREATE TABLE tasks (
+    id                TEXT    NOT NULL PRIMARY KEY,
+    session_id        TEXT    NOT NULL,
+    type              TEXT    NOT NULL,
+    command_json      TEXT    NOT NULL,
+    environment       TEXT    NOT NULL DEFAULT '{}',
+    timeout_ms        INTEGER NOT NULL,
+    working_dir       TEXT    NOT NULL,
+    status            INTEGER NOT NULL,
+    created_at        INTEGER NOT NULL,
+    started_at        INTEGER,
+    completed_at      INTEGER,
+    exit_code         INTEGER,
+    error_message     TEXT,
+    progress_centi    INTEGER NOT NULL,
+    current_operation TEXT    NOT NULL,
+    pid               INTEGER,
+    output_bytes      INTEGER NOT NULL,
+    last_output_seq   INTEGER NOT NULL,
+    truncated         INTEGER NOT NULL
+) STRICT;
+CREATE INDEX tasks_by_session ON tasks (session_id);
+
+CREATE TABLE task_output (
+    task_id   TEXT    NOT NULL,
+    seq       INTEGER NOT NULL,
+    stream    TEXT    NOT NULL CHECK (stream IN ('stdout', 'stderr', 'progress')),
+    text      TEXT    NOT NULL,
+    progress  INTEGER,
+    at        INTEGER NOT NULL,
+    PRIMARY KEY (task_id, seq)
+) STRICT;
+"#;
+
+/// A task row or an output row, written with the daemon's batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskRow {
+    Task(TaskRecord),
+    Output(TaskOutput),
+}
+
+const TASK_COLUMNS: &str = "id, session_id, type, command_json, environment, timeout_ms, \
+     working_dir, status, created_at, started_at, completed_at, exit_code, error_message, \
+     progress_centi, current_operation, pid, output_bytes, last_output_seq, truncated";
+
+fn i(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+pub(super) fn write(conn: &Connection, row: &TaskRow) -> Result<()> {
+    match row {
+        TaskRow::Task(t) => {
+            let sql = format!(
+                "INSERT INTO tasks ({TASK_COLUMNS}) VALUES \
+                 (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19) \
+                 ON CONFLICT(id) DO UPDATE SET status=excluded.status, \
+                 started_at=excluded.started_at, completed_at=excluded.completed_at, \
+                 exit_code=excluded.exit_code, error_message=excluded.error_message, \
+                 progress_centi=excluded.progress_centi, \
+                 current_operation=excluded.current_operation, pid=excluded.pid, \
+                 output_bytes=excluded.output_bytes, last_output_seq=excluded.last_output_seq, \
+                 truncated=excluded.truncated"
+            );
+            conn.prepare_cached(&sql)?.execute(params![
+                t.id,
+                t.spec.session_id,
+                t.spec.kind,
+                serde_json::to_string(&t.spec.command).expect("json"),
+                serde_json::to_string(&t.spec.environment).expect("json"),
+                i(t.spec.timeout_ms),
+                t.spec.working_dir,
+                t.status.number(),
+                i(t.created_at),
+                t.started_at.map(i),
+                t.completed_at.map(i),
+                t.exit_code,
+                t.error_message,
+                t.progress_centi,
+                t.current_operation,
+                t.pid,
+                i(t.output_bytes),
+                i(t.last_output_seq),
+                t.truncated,
+            ])?;
+        }
+        TaskRow::Output(o) => {
+            let (stream, text, progress) = match &o.kind {
+                OutputKind::Stdout(s) => ("stdout", s.as_str(), None),
+                OutputKind::Stderr(s) => ("stderr", s.as_str(), None),
+                OutputKind::Progress { centi, operation } => {
+                    ("progress", operation.as_str(), Some(*centi))
+                }
+            };
+            conn.prepare_cached(
+                "INSERT INTO task_output (task_id, seq, stream, text, progress, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![o.task, i(o.seq), stream, text, progress, i(o.at)])?;
+        }
+    }
+    Ok(())
+}
+
+fn u(row: &Row, idx: usize, col: &str) -> Result<u64> {
+    let v: i64 = row.get(idx)?;
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("tasks.{col}: negative value {v}")))
+}
+
+fn task_from_row(row: &Row) -> Result<TaskRecord> {
+    let status: i32 = row.get(7)?;
+    let command: String = row.get(3)?;
+    let env: String = row.get(4)?;
+    Ok(TaskRecord {
+        id: row.get(0)?,
+        spec: TaskSpec {
+            session_id: row.get(1)?,
+            kind: row.get(2)?,
+            command: serde_json::from_str(&command)
+                .map_err(|e| StoreError::Corrupt(format!("tasks.command_json: {e}")))?,
+            environment: serde_json::from_str(&env)
+                .map_err(|e| StoreError::Corrupt(format!("tasks.environment: {e}")))?,
+            timeout_ms: u(row, 5, "timeout_ms")?,
+            working_dir: row.get(6)?,
+        },
+        status: TaskStatus::from_number(status)
+            .ok_or_else(|| StoreError::Corrupt(format!("tasks.status: unknown {status}")))?,
+        created_at: u(row, 8, "created_at")?,
+        started_at: row.get::<_, Option<i64>>(9)?.map(|v| v.max(0) as u64),
+        completed_at: row.get::<_, Option<i64>>(10)?.map(|v| v.max(0) as u64),
+        exit_code: row.get(11)?,
+        error_message: row.get(12)?,
+        progress_centi: row.get(13)?,
+        current_operation: row.get(14)?,
+        pid: row.get(15)?,
+        output_bytes: u(row, 16, "output_bytes")?,
+        last_output_seq: u(row, 17, "last_output_seq")?,
+        truncated: row.get(18)?,
+    })
+}
+
+impl Store {
+    /// Every task, oldest first.
+    pub fn load_tasks(&self) -> Result<Vec<TaskRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("SELECT {TASK_COLUMNS} FROM tasks ORDER BY id"))?;
+        let mut rows = stmt.query([])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(task_from_row(r)?);
+        }
+        Ok(out)
+    }
+
+    pub fn task(&self, id: &str) -> Result<Option<TaskRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1"))?;
+        let row = stmt.query_row([id], |r| Ok(task_from_row(r))).optional()?;
+        row.transpose()
+    }
+
+    /// A task's output after `after_seq`, at most `limit` rows.
+    pub fn task_output(&self, id: &str, after_seq: u64, limit: usize) -> Result<Vec<TaskOutput>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT seq, stream, text, progress, at FROM task_output \
+             WHERE task_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )?;
+        let mut rows = stmt.query(params![
+            id,
+            i(after_seq),
+            i64::try_from(limit).unwrap_or(i64::MAX)
+        ])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            let stream: String = r.get(1)?;
+            let text: String = r.get(2)?;
+            let kind = match stream.as_str() {
+                "stdout" => OutputKind::Stdout(text),
+                "stderr" => OutputKind::Stderr(text),
+                _ => OutputKind::Progress {
+                    centi: r.get::<_, Option<u32>>(3)?.unwrap_or(0),
+                    operation: text,
+                },
+            };
+            out.push(TaskOutput {
+                task: id.to_string(),
+                seq: u(r, 0, "seq")?,
+                kind,
+                at: u(r, 4, "at")?,
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_and_output_round_trip() {
+        let mut store = Store::open_in_memory().unwrap();
+        let rec = TaskRecord {
+            id: "task_1".into(),
+            spec: TaskSpec {
+                session_id: "s".into(),
+                kind: "container:exec".into(),
+                command: vec!["echo".into(), "hi".into()],
+                environment: [("A".to_string(), "1".to_string())].into_iter().collect(),
+                timeout_ms: 5000,
+                working_dir: "/tmp".into(),
+            },
+            status: TaskStatus::Running,
+            created_at: 1,
+            started_at: Some(2),
+            completed_at: None,
+            exit_code: None,
+            error_message: None,
+            progress_centi: 4250,
+            current_operation: "building".into(),
+            pid: Some(77),
+            output_bytes: 3,
+            last_output_seq: 2,
+            truncated: false,
+        };
+        let out1 = TaskOutput {
+            task: "task_1".into(),
+            seq: 1,
+            kind: OutputKind::Stdout("hi".into()),
+            at: 3,
+        };
+        let out2 = TaskOutput {
+            task: "task_1".into(),
+            seq: 2,
+            kind: OutputKind::Progress {
+                centi: 4250,
+                operation: "building".into(),
+            },
+            at: 4,
+        };
+        store
+            .apply_all(
+                &[],
+                &[
+                    TaskRow::Task(rec.clone()),
+                    TaskRow::Output(out1.clone()),
+                    TaskRow::Output(out2.clone()),
+                ],
+            )
+            .unwrap();
+        assert_eq!(store.load_tasks().unwrap(), vec![rec.clone()]);
+        assert_eq!(store.task("task_1").unwrap(), Some(rec));
+        assert_eq!(
+            store.task_output("task_1", 0, 10).unwrap(),
+            vec![out1, out2.clone()]
+        );
+        assert_eq!(store.task_output("task_1", 1, 10).unwrap(), vec![out2]);
+        assert_eq!(store.task("nope").unwrap(), None);
+    }
+}
