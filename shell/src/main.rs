@@ -97,10 +97,15 @@ fn main() {
                 max_live_sessions: max_sessions,
                 ..paddock_core::Limits::default()
             };
+            let task_limits = paddock_core::task::TaskLimits {
+                kill_grace_ms: kill_grace_secs * 1000,
+                ..paddock_core::task::TaskLimits::default()
+            };
             let opts = daemon::Options {
                 socket,
                 data_dir,
                 limits,
+                task_limits,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

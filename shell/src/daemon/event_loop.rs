@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use paddock_core::task::{TaskEffect, TaskInput, TaskOutput, TaskReply, TaskStatusEvent, Tasks};
 use paddock_core::{
     ActivityEvent, Effect, Engine, Error, ErrorCode, Input, ProviderEvent, Record, RequestId,
     RunId, SessionId, SessionRecord, StatusEvent,
@@ -18,6 +19,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use super::supervisor::{self, RunHandle};
 use crate::paths::now_ms;
+use crate::store::tasks::TaskRow;
 use crate::store::Store;
 
 /// Commands drained per iteration (and so per commit) at most.
@@ -32,6 +34,7 @@ pub const TURN_STREAM_BUFFER: usize = 4096;
 pub const WATCH_BUFFER: usize = 4096;
 
 pub type Reply = oneshot::Sender<Result<SessionRecord, Error>>;
+pub type TaskReplyTx = oneshot::Sender<Result<TaskReply, Error>>;
 pub type TurnStream = mpsc::Sender<Result<ActivityEvent, Error>>;
 
 /// A request for the core; the loop gives it its request id.
@@ -68,6 +71,13 @@ pub enum Command {
         reply: Reply,
         turn: Option<TurnStream>,
     },
+    /// A task request (launch, cancel); the loop gives it its request id.
+    TaskRequest {
+        input: TaskInput,
+        reply: TaskReplyTx,
+    },
+    /// A task process's output or exit.
+    TaskEvent(TaskInput),
     /// Read or change shell state, run after the current batch committed.
     Call(Call),
 }
@@ -77,6 +87,8 @@ pub enum Command {
 pub struct Hub {
     pub status: broadcast::Sender<StatusEvent>,
     pub activity: broadcast::Sender<ActivityEvent>,
+    pub task_status: broadcast::Sender<TaskStatusEvent>,
+    pub task_output: broadcast::Sender<TaskOutput>,
 }
 
 impl Default for Hub {
@@ -90,6 +102,8 @@ impl Hub {
         Hub {
             status: broadcast::channel(WATCH_BUFFER).0,
             activity: broadcast::channel(WATCH_BUFFER).0,
+            task_status: broadcast::channel(WATCH_BUFFER).0,
+            task_output: broadcast::channel(WATCH_BUFFER).0,
         }
     }
 }
@@ -102,6 +116,7 @@ struct Pending {
 /// The loop's state.
 pub struct State {
     pub engine: Engine,
+    pub tasks: Tasks,
     pub store: Store,
     pub hub: Hub,
     pub started_at: u64,
@@ -112,7 +127,9 @@ pub struct State {
     exe: PathBuf,
     tx: mpsc::Sender<Command>,
     runs: BTreeMap<(SessionId, RunId), RunHandle>,
+    task_runs: BTreeMap<String, u32>,
     pending: BTreeMap<RequestId, Pending>,
+    task_pending: BTreeMap<RequestId, TaskReplyTx>,
     turn_streams: BTreeMap<(SessionId, u64), TurnStream>,
     next_req: RequestId,
     /// Told `true` when the loop has finished (after a shutdown).
@@ -124,6 +141,9 @@ struct Batch {
     records: Vec<Record>,
     deliver: Vec<Effect>,
     inputs: VecDeque<Input>,
+    task_rows: Vec<TaskRow>,
+    task_deliver: Vec<TaskEffect>,
+    task_inputs: VecDeque<TaskInput>,
     calls: Vec<Call>,
 }
 
@@ -131,6 +151,7 @@ impl State {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         engine: Engine,
+        tasks: Tasks,
         store: Store,
         hub: Hub,
         socket: PathBuf,
@@ -141,6 +162,7 @@ impl State {
     ) -> Self {
         State {
             engine,
+            tasks,
             store,
             hub,
             started_at: now_ms(),
@@ -150,7 +172,9 @@ impl State {
             exe,
             tx,
             runs: BTreeMap::new(),
+            task_runs: BTreeMap::new(),
             pending: BTreeMap::new(),
+            task_pending: BTreeMap::new(),
             turn_streams: BTreeMap::new(),
             next_req: 1,
             done,
@@ -177,6 +201,19 @@ impl State {
             .collect();
         let n = live.len();
         tracing::info!("shutting down: stopping {n} live session(s)");
+        let running: Vec<String> = self
+            .tasks
+            .all()
+            .filter(|t| !t.status.is_terminal())
+            .map(|t| t.id.clone())
+            .collect();
+        for id in running {
+            let (reply, _) = oneshot::channel();
+            let _ = self.tx.try_send(Command::TaskRequest {
+                input: TaskInput::Cancel { req: 0, id },
+                reply,
+            });
+        }
         for id in live {
             let (reply, _) = oneshot::channel();
             let _ = self.tx.try_send(Command::Request {
@@ -189,7 +226,10 @@ impl State {
     }
 
     fn finished(&self) -> bool {
-        self.shutting_down && self.engine.live_sessions() == 0 && self.runs.is_empty()
+        self.shutting_down
+            && self.engine.live_sessions() == 0
+            && self.runs.is_empty()
+            && self.task_runs.is_empty()
     }
 
     fn command(&mut self, cmd: Command, batch: &mut Batch) {
@@ -222,7 +262,59 @@ impl State {
                 };
                 batch.inputs.push_back(input);
             }
+            Command::TaskRequest { mut input, reply } => {
+                let req = self.next_req;
+                self.next_req += 1;
+                match &mut input {
+                    TaskInput::Launch { req: r, .. } | TaskInput::Cancel { req: r, .. } => *r = req,
+                    _ => {}
+                }
+                self.task_pending.insert(req, reply);
+                batch.task_inputs.push_back(input);
+            }
+            Command::TaskEvent(input) => batch.task_inputs.push_back(input),
             Command::Call(f) => batch.calls.push(f),
+        }
+    }
+
+    /// Feeds every queued task input to the task machine.
+    fn run_task_inputs(&mut self, batch: &mut Batch) {
+        while let Some(input) = batch.task_inputs.pop_front() {
+            if let TaskInput::Exited { id, .. } = &input {
+                self.task_runs.remove(id);
+            }
+            let effects = self.tasks.handle(now_ms(), input);
+            self.execute_tasks(effects, batch);
+        }
+    }
+
+    /// The task effect executor: one match.
+    fn execute_tasks(&mut self, effects: Vec<TaskEffect>, batch: &mut Batch) {
+        {
+            for effect in effects {
+                match effect {
+                    TaskEffect::Persist(r) => batch.task_rows.push(TaskRow::Task(r)),
+                    TaskEffect::PersistOutput(o) => batch.task_rows.push(TaskRow::Output(o)),
+                    TaskEffect::Spawn { id, spec } => {
+                        let event = match supervisor::spawn_task(&id, &spec, self.tx.clone()) {
+                            Ok(pid) => {
+                                self.task_runs.insert(id.clone(), pid);
+                                TaskInput::Started { id, pid }
+                            }
+                            Err(reason) => TaskInput::SpawnFailed { id, reason },
+                        };
+                        batch.task_inputs.push_back(event);
+                    }
+                    TaskEffect::Signal { id, pid, kill } => {
+                        if self.task_runs.contains_key(&id) {
+                            supervisor::signal_group(pid, kill);
+                        }
+                    }
+                    e @ (TaskEffect::EmitStatus(_)
+                    | TaskEffect::EmitOutput(_)
+                    | TaskEffect::Reply { .. }) => batch.task_deliver.push(e),
+                }
+            }
         }
     }
 
@@ -291,10 +383,10 @@ impl State {
 
     /// Commits the batch, then delivers what it acknowledged.
     fn commit(&mut self, batch: &mut Batch) {
-        if !batch.records.is_empty() {
+        if !batch.records.is_empty() || !batch.task_rows.is_empty() {
             let mut attempt = 0;
             loop {
-                match self.store.apply(&batch.records) {
+                match self.store.apply_all(&batch.records, &batch.task_rows) {
                     Ok(()) => break,
                     Err(e) if attempt < 3 => {
                         attempt += 1;
@@ -310,6 +402,23 @@ impl State {
                 }
             }
             batch.records.clear();
+            batch.task_rows.clear();
+        }
+        for effect in batch.task_deliver.drain(..) {
+            match effect {
+                TaskEffect::EmitStatus(ev) => {
+                    let _ = self.hub.task_status.send(ev);
+                }
+                TaskEffect::EmitOutput(o) => {
+                    let _ = self.hub.task_output.send(o);
+                }
+                TaskEffect::Reply { req, result } => {
+                    if let Some(tx) = self.task_pending.remove(&req) {
+                        let _ = tx.send(result);
+                    }
+                }
+                _ => {}
+            }
         }
         for effect in batch.deliver.drain(..) {
             match effect {
@@ -344,12 +453,24 @@ impl State {
 }
 
 /// Runs the loop until a shutdown has stopped every session.
-pub async fn run(mut state: State, mut rx: mpsc::Receiver<Command>, restore: Vec<Effect>) {
+pub async fn run(
+    mut state: State,
+    mut rx: mpsc::Receiver<Command>,
+    restore: Vec<Effect>,
+    task_restore: Vec<TaskEffect>,
+) {
     let mut batch = Batch::default();
     state.execute(restore, &mut batch);
+    state.execute_tasks(task_restore, &mut batch);
     state.commit(&mut batch);
     loop {
-        let deadline = state.engine.poll_timeout().map(|(at, _, _)| at);
+        let deadline = [
+            state.engine.poll_timeout().map(|(at, _, _)| at),
+            state.tasks.poll_timeout().map(|(at, _, _)| at),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let first = tokio::select! {
             biased;
             cmd = rx.recv() => match cmd {
@@ -368,7 +489,9 @@ pub async fn run(mut state: State, mut rx: mpsc::Receiver<Command>, restore: Vec
             }
         }
         batch.inputs.push_back(Input::Tick);
+        batch.task_inputs.push_back(TaskInput::Tick);
         state.run_inputs(&mut batch);
+        state.run_task_inputs(&mut batch);
         state.commit(&mut batch);
         for call in std::mem::take(&mut batch.calls) {
             call(&mut state);
@@ -379,6 +502,12 @@ pub async fn run(mut state: State, mut rx: mpsc::Receiver<Command>, restore: Vec
         }
     }
     // Refuse whatever is still queued.
+    for (_, tx) in std::mem::take(&mut state.task_pending) {
+        let _ = tx.send(Err(Error::new(
+            ErrorCode::AdapterNotInitialized,
+            "the daemon is shutting down",
+        )));
+    }
     for (_, p) in std::mem::take(&mut state.pending) {
         let _ = p.reply.send(Err(Error::new(
             ErrorCode::AdapterNotInitialized,
@@ -419,6 +548,16 @@ impl Handle {
                 reply,
                 turn,
             })
+            .await
+            .map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())?
+    }
+
+    /// Sends a task request (launch, cancel) and waits for the task machine's answer.
+    pub async fn task(&self, input: TaskInput) -> Result<TaskReply, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::TaskRequest { input, reply })
             .await
             .map_err(|_| unavailable())?;
         rx.await.map_err(|_| unavailable())?

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use event_loop::{Command, Handle, Hub, State};
+use paddock_core::task::{TaskLimits, Tasks};
 use paddock_core::{Engine, Limits};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
@@ -29,6 +30,7 @@ pub struct Options {
     pub socket: PathBuf,
     pub data_dir: PathBuf,
     pub limits: Limits,
+    pub task_limits: TaskLimits,
 }
 
 /// Runs the daemon in the foreground until it is told to stop.
@@ -42,6 +44,10 @@ pub async fn run(opts: Options) -> Result<(), String> {
         .load_sessions()
         .map_err(|e| format!("cannot load sessions: {e}"))?;
     let (engine, restore) = Engine::restore(opts.limits.clone(), now_ms(), records);
+    let task_records = store
+        .load_tasks()
+        .map_err(|e| format!("cannot load tasks: {e}"))?;
+    let (tasks, task_restore) = Tasks::restore(opts.task_limits.clone(), now_ms(), task_records);
     let reconciled = restore
         .iter()
         .filter(|e| matches!(e, paddock_core::Effect::EmitStatus(_)))
@@ -59,6 +65,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let hub = Hub::new();
     let state = State::new(
         engine,
+        tasks,
         store,
         hub.clone(),
         opts.socket.clone(),
@@ -67,7 +74,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
         tx.clone(),
         done_tx,
     );
-    let loop_task = tokio::spawn(event_loop::run(state, rx, restore));
+    let loop_task = tokio::spawn(event_loop::run(state, rx, restore, task_restore));
     let handle = Handle {
         tx: tx.clone(),
         hub,

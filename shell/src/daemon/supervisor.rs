@@ -258,6 +258,21 @@ mod tests {
         assert!(t.contains("bytes cut"));
     }
 
+    #[test]
+    fn progress_lines() {
+        assert_eq!(
+            parse_progress("::progress 42 building"),
+            Some((4200, "building".into()))
+        );
+        assert_eq!(
+            parse_progress("::progress 12.5%"),
+            Some((1250, String::new()))
+        );
+        assert_eq!(parse_progress("::progress 101 x"), None);
+        assert_eq!(parse_progress("progress 10"), None);
+        assert_eq!(parse_progress("::progress abc"), None);
+    }
+
     #[tokio::test]
     async fn over_long_lines_are_bounded() {
         let data = vec![b'x'; MAX_LINE_BYTES + 10];
@@ -273,4 +288,119 @@ mod tests {
         read_bounded_line(&mut r, &mut buf).await.unwrap();
         assert_eq!(buf, b"next\n");
     }
+}
+
+/// Longest task output line kept whole.
+const TASK_LINE_BYTES: usize = 64 * 1024;
+
+/// Signals a process group: TERM, or KILL when `kill`.
+pub fn signal_group(pid: u32, kill: bool) {
+    let sig = if kill {
+        nix::sys::signal::Signal::SIGKILL
+    } else {
+        nix::sys::signal::Signal::SIGTERM
+    };
+    if let Err(e) = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), sig) {
+        tracing::debug!(pid, ?sig, "killpg: {e}");
+    }
+}
+
+/// Parses the progress convention: a stdout line `::progress <percent> [description]`
+/// (percent 0–100, decimals allowed) reports progress instead of being output.
+pub fn parse_progress(line: &str) -> Option<(u32, String)> {
+    let rest = line.strip_prefix("::progress ")?;
+    let (pct, op) = rest.split_once(' ').unwrap_or((rest, ""));
+    let pct: f64 = pct.trim_end_matches('%').parse().ok()?;
+    if !(0.0..=100.0).contains(&pct) {
+        return None;
+    }
+    Some(((pct * 100.0).round() as u32, op.trim().to_string()))
+}
+
+/// Starts a task's command (stdin closed, own process group, dies with the daemon); its
+/// output lines and its exit become task inputs on `tx`. Returns the pid.
+pub fn spawn_task(
+    id: &str,
+    spec: &paddock_core::task::TaskSpec,
+    tx: mpsc::Sender<super::Command>,
+) -> Result<u32, String> {
+    use paddock_core::task::{OutputKind, TaskInput};
+    let (program, args) = spec.command.split_first().ok_or("empty command")?;
+    let mut cmd = ProcessCommand::new(program);
+    cmd.args(args)
+        .envs(spec.environment.iter())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    if !spec.working_dir.is_empty() {
+        cmd.current_dir(&spec.working_dir);
+    }
+    // SAFETY: only prctl runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("{program}: {e}"))?;
+    let pid = child.id().unwrap_or(0);
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    let reader = |stream: Box<dyn tokio::io::AsyncRead + Send + Unpin>, is_err: bool| {
+        let tx = tx.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let mut r = BufReader::new(stream);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match read_bounded_line(&mut r, &mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                buf.truncate(buf.len().min(TASK_LINE_BYTES));
+                let line = String::from_utf8_lossy(&buf)
+                    .trim_end_matches(['\n', '\r'])
+                    .to_string();
+                let kind = match (is_err, parse_progress(&line)) {
+                    (false, Some((centi, operation))) => OutputKind::Progress { centi, operation },
+                    (false, None) => OutputKind::Stdout(line),
+                    (true, _) => OutputKind::Stderr(line),
+                };
+                let input = TaskInput::Output {
+                    id: id.clone(),
+                    kind,
+                };
+                if tx.send(super::Command::TaskEvent(input)).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let out_task = reader(Box::new(stdout), false);
+    let err_task = reader(Box::new(stderr), true);
+    let id = id.to_string();
+    tokio::spawn(async move {
+        let status = child.wait().await;
+        for t in [out_task, err_task] {
+            let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, t).await;
+        }
+        let (code, signal) = match status {
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                (s.code(), s.signal())
+            }
+            Err(_) => (None, None),
+        };
+        let _ = tx
+            .send(super::Command::TaskEvent(TaskInput::Exited {
+                id,
+                code,
+                signal,
+            }))
+            .await;
+    });
+    Ok(pid)
 }
