@@ -42,6 +42,21 @@ enum Command {
         /// Live sessions at most
         #[arg(long, default_value_t = 64)]
         max_sessions: usize,
+        /// The Aria runtime socket [default: ~/.aria/runtime.sock]
+        #[arg(long, env = "ARIA_RUNTIME_SOCK")]
+        aria_socket: Option<PathBuf>,
+        /// Do not serve the Aria runtime socket
+        #[arg(long)]
+        no_aria_socket: bool,
+        /// Where Aria sessions run [default: <data dir>/aria-workspace]
+        #[arg(long)]
+        aria_workspace: Option<PathBuf>,
+        /// The provider Aria sessions run
+        #[arg(long, default_value = "scripted")]
+        aria_provider: String,
+        /// The model Aria sessions use
+        #[arg(long, default_value = "")]
+        aria_model: String,
     },
     /// Watch a whole session of the built-in scripted agent, start to finish (no API key)
     Demo {
@@ -55,6 +70,9 @@ enum Command {
     /// Agent sessions
     #[command(subcommand)]
     Session(cli::SessionCmd),
+    /// Aria tasks: commands run to completion, their output stored
+    #[command(subcommand)]
+    Task(cli::task::TaskCmd),
     /// Check that the daemon answers
     Ping,
     /// The daemon's state and its active sessions
@@ -64,6 +82,13 @@ enum Command {
         /// Interrupt running turns instead of waiting for them
         #[arg(long)]
         force: bool,
+    },
+    /// Run the centaurx runner service (runner.v1.Runner) in the foreground: it runs codex exec
+    /// and shell commands for a client and owns them across that client's restarts
+    Runner {
+        /// The Unix socket to serve on (its directory is created 0700, the socket is 0600)
+        #[arg(long)]
+        socket: PathBuf,
     },
     /// The built-in scripted agent (started by the daemon; speaks Claude Code's stream-json)
     #[command(name = "__scripted-agent", hide = true)]
@@ -85,10 +110,16 @@ fn main() {
                 1
             }
         },
+        Command::Runner { socket } => paddock::runner::run(socket),
         Command::Daemon {
             stop_grace_secs,
             kill_grace_secs,
             max_sessions,
+            aria_socket,
+            no_aria_socket,
+            aria_workspace,
+            aria_provider,
+            aria_model,
         } => {
             init_tracing();
             let limits = paddock_core::Limits {
@@ -101,11 +132,22 @@ fn main() {
                 kill_grace_ms: kill_grace_secs * 1000,
                 ..paddock_core::task::TaskLimits::default()
             };
+            let Some(aria_provider) = paddock_core::Provider::from_name(&aria_provider) else {
+                eprintln!("paddock daemon: unknown --aria-provider {aria_provider}");
+                std::process::exit(2);
+            };
+            let aria_socket =
+                (!no_aria_socket).then(|| aria_socket.unwrap_or_else(paths::default_aria_socket));
+            let aria_workspace = aria_workspace.unwrap_or_else(|| data_dir.join("aria-workspace"));
             let opts = daemon::Options {
                 socket,
                 data_dir,
                 limits,
                 task_limits,
+                aria_socket,
+                aria_workspace,
+                aria_provider,
+                aria_model,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -135,10 +177,13 @@ fn main() {
                     Command::Demo { message } => cli::demo::run(&ctx, &message).await,
                     Command::Campaign(c) => cli::campaign(&ctx, c).await,
                     Command::Session(c) => cli::session(&ctx, c).await,
+                    Command::Task(c) => cli::task::run(&ctx, c).await,
                     Command::Ping => cli::ping(&ctx).await,
                     Command::State => cli::state(&ctx).await,
                     Command::Shutdown { force } => cli::shutdown(&ctx, force).await,
-                    Command::Daemon { .. } | Command::ScriptedAgent { .. } => unreachable!(),
+                    Command::Daemon { .. }
+                    | Command::ScriptedAgent { .. }
+                    | Command::Runner { .. } => unreachable!(),
                 }
             })
         }

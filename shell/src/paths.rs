@@ -27,6 +27,15 @@ pub fn default_data_dir() -> PathBuf {
     home.join(".local").join("share").join("paddock")
 }
 
+/// The Aria runtime socket: `~/.aria/runtime.sock` (`$ARIA_RUNTIME_SOCK` is read by clap).
+pub fn default_aria_socket() -> PathBuf {
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".aria").join("runtime.sock")
+}
+
 /// The database file inside a data dir.
 pub fn database(data_dir: &std::path::Path) -> PathBuf {
     data_dir.join("paddock.db")

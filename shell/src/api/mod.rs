@@ -1,22 +1,47 @@
 //! The gRPC services: one file per protocol, each a mapping onto the same session engine.
 
+pub mod aria;
 pub mod convert;
 pub mod obey;
 
+use paddock_proto::aria::v1 as aria_pb;
 use paddock_proto::obey::local::v1::local_daemon_service_server::LocalDaemonServiceServer;
 
-use crate::daemon::{Handle, MAX_MESSAGE_BYTES};
+use crate::daemon::MAX_MESSAGE_BYTES;
 
-/// Every service paddock serves on its socket, plus server reflection.
-pub fn router(handle: Handle) -> tonic::transport::server::Router {
+/// Every service paddock serves on a socket, plus server reflection. The same router serves
+/// paddock's own socket and the Aria socket.
+pub fn router(aria: aria::AriaConfig) -> tonic::transport::server::Router {
+    let handle = aria.handle.clone();
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
         .build_v1()
         .expect("the descriptor set compiled by build.rs is valid");
-    let obey = LocalDaemonServiceServer::new(obey::Obey::new(handle))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    macro_rules! limited {
+        ($svc:expr) => {
+            $svc.max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        };
+    }
     tonic::transport::Server::builder()
         .add_service(reflection)
-        .add_service(obey)
+        .add_service(limited!(LocalDaemonServiceServer::new(obey::Obey::new(
+            handle
+        ))))
+        .add_service(limited!(
+            aria_pb::task_service_server::TaskServiceServer::new(aria::Tasks(aria.clone()))
+        ))
+        .add_service(limited!(
+            aria_pb::notification_service_server::NotificationServiceServer::new(
+                aria::Notifications(aria.clone())
+            )
+        ))
+        .add_service(limited!(
+            aria_pb::session_service_server::SessionServiceServer::new(aria::Sessions(
+                aria.clone()
+            ))
+        ))
+        .add_service(limited!(
+            aria_pb::container_service_server::ContainerServiceServer::new(aria::Containers)
+        ))
 }

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod demo;
 pub mod output;
+pub mod task;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -113,14 +114,14 @@ pub enum SessionCmd {
     },
 }
 
-fn parse_kv(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.trim().to_string(), v.to_string()))
         .filter(|(k, _)| !k.is_empty())
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
-fn fail(msg: impl std::fmt::Display) -> i32 {
+pub(crate) fn fail(msg: impl std::fmt::Display) -> i32 {
     eprintln!("error: {msg}");
     1
 }

@@ -31,6 +31,13 @@ pub struct Options {
     pub data_dir: PathBuf,
     pub limits: Limits,
     pub task_limits: TaskLimits,
+    /// The Aria runtime socket (`~/.aria/runtime.sock` / `$ARIA_RUNTIME_SOCK`), if served.
+    pub aria_socket: Option<PathBuf>,
+    /// Where Aria sessions and unbound Aria tasks run.
+    pub aria_workspace: PathBuf,
+    /// The provider an Aria session runs (the scripted agent unless configured).
+    pub aria_provider: paddock_core::Provider,
+    pub aria_model: String,
 }
 
 /// Runs the daemon in the foreground until it is told to stop.
@@ -59,6 +66,18 @@ pub async fn run(opts: Options) -> Result<(), String> {
     }
 
     let listener = bind_socket(&opts.socket)?;
+    // The Aria socket is a second door to the same services. Another daemon holding it is not
+    // fatal: paddock's own socket still works.
+    let aria_listener = match &opts.aria_socket {
+        Some(path) => match bind_socket(path) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!("not serving the Aria socket: {e}");
+                None
+            }
+        },
+        None => None,
+    };
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
     let (tx, rx) = mpsc::channel(event_loop::COMMAND_QUEUE);
     let (done_tx, mut done_rx) = watch::channel(false);
@@ -106,7 +125,28 @@ pub async fn run(opts: Options) -> Result<(), String> {
         }
     };
     tracing::info!(socket = %opts.socket.display(), data = %opts.data_dir.display(), "paddock daemon listening");
-    let result = crate::api::router(handle)
+    let aria = crate::api::aria::AriaConfig {
+        handle: handle.clone(),
+        workspace: opts.aria_workspace.clone(),
+        provider: opts.aria_provider,
+        model: opts.aria_model.clone(),
+    };
+    if let (Some(l), Some(path)) = (aria_listener, opts.aria_socket.clone()) {
+        let mut done = done_rx.clone();
+        let router = crate::api::router(aria.clone());
+        tracing::info!(socket = %path.display(), "serving the Aria runtime API");
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            let stop = async move {
+                let _ = done.wait_for(|d| *d).await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+                tracing::warn!("Aria socket server: {e}");
+            }
+            let _ = std::fs::remove_file(&path);
+        });
+    }
+    let result = crate::api::router(aria)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     let _ = done_rx.wait_for(|d| *d).await;

@@ -1,0 +1,664 @@
+//! `aria.v1`: the task, notification, session and container services, mapped onto the same
+//! engine as every other protocol. Errors are the standard gRPC codes with a `google.rpc.Status`
+//! detail (an `ErrorInfo` whose reason names the failure, domain `paddock`).
+//!
+//! - `TaskService`: tasks are the core's task machine; output is stored and bounded there.
+//! - `NotificationService`: every task status change, and session status changes worth a
+//!   client's attention (a paddock extension of the `Notification` oneof).
+//! - `SessionService`: an Aria session *is* a paddock session, created with the daemon's
+//!   default Aria provider in the Aria workspace campaign; `ExecuteTurn` is a SendMessage.
+//! - `ContainerService`: UNIMPLEMENTED until the isolation drivers exist.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use paddock_core::task::{OutputKind, TaskInput, TaskRecord, TaskReply, TaskSpec, TaskStatus};
+use paddock_core::{ActivityKind, Error, ErrorCode, Provider, SessionConfig, SessionId, Status};
+use paddock_proto::aria::v1 as pb;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Code, Request, Response, Status as GrpcStatus};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use super::convert;
+use crate::daemon::event_loop::{Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER};
+use crate::daemon::Handle;
+use crate::paths::now_ms;
+
+type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
+
+/// Largest command_json accepted.
+const COMMAND_JSON_MAX: usize = 256 * 1024;
+/// The campaign Aria sessions run in.
+pub const ARIA_CAMPAIGN: &str = "aria";
+
+/// A standard status with a `google.rpc.Status` detail.
+pub fn status(code: Code, reason: &str, message: impl Into<String>) -> GrpcStatus {
+    let mut meta = HashMap::new();
+    meta.insert("service".to_string(), "paddock".to_string());
+    GrpcStatus::with_error_details(
+        code,
+        message.into(),
+        ErrorDetails::with_error_info(reason, "paddock", meta),
+    )
+}
+
+fn from_core(e: &Error) -> GrpcStatus {
+    let base = convert::status(e);
+    status(base.code(), &e.code.to_string(), e.to_string())
+}
+
+fn unavailable(e: Error) -> GrpcStatus {
+    status(Code::Unavailable, "DAEMON_UNAVAILABLE", e.to_string())
+}
+
+/// Shared configuration of the Aria services.
+#[derive(Clone)]
+pub struct AriaConfig {
+    pub handle: Handle,
+    /// Where Aria sessions (and tasks not bound to a session) run.
+    pub workspace: PathBuf,
+    /// The provider an Aria session runs.
+    pub provider: Provider,
+    pub model: String,
+}
+
+// ── TaskService ────────────────────────────────────────────────────────────
+
+pub struct Tasks(pub AriaConfig);
+
+fn task_pb(t: &TaskRecord) -> pb::Task {
+    pb::Task {
+        id: t.id.clone(),
+        user_id: user(),
+        session_id: t.spec.session_id.clone(),
+        container_id: String::new(),
+        parent_task_id: None,
+        r#type: t.spec.kind.clone(),
+        command_json: serde_json::to_string(&t.spec.command).unwrap_or_default(),
+        environment: t.spec.environment.clone().into_iter().collect(),
+        timeout_seconds: (t.spec.timeout_ms / 1000) as i32,
+        status: t.status.number(),
+        created_at: Some(convert::timestamp(t.created_at)),
+        started_at: convert::opt_timestamp(t.started_at),
+        completed_at: convert::opt_timestamp(t.completed_at),
+        exit_code: t.exit_code,
+        error_message: t.error_message.clone(),
+        progress_percent: f64::from(t.progress_centi) / 100.0,
+        current_operation: t.current_operation.clone(),
+    }
+}
+
+fn user() -> String {
+    std::env::var("USER").unwrap_or_else(|_| nix::unistd::getuid().to_string())
+}
+
+fn output_pb(o: &paddock_core::task::TaskOutput) -> pb::TaskOutput {
+    use pb::task_output::Output;
+    pb::TaskOutput {
+        task_id: o.task.clone(),
+        timestamp: Some(convert::timestamp(o.at)),
+        output: Some(match &o.kind {
+            OutputKind::Stdout(s) => Output::StdoutLine(s.clone()),
+            OutputKind::Stderr(s) => Output::StderrLine(s.clone()),
+            OutputKind::Progress { centi, operation } => Output::Progress(pb::ProgressUpdate {
+                percent_complete: f64::from(*centi) / 100.0,
+                operation_description: operation.clone(),
+            }),
+        }),
+    }
+}
+
+impl Tasks {
+    async fn record(&self, id: &str) -> Result<TaskRecord, GrpcStatus> {
+        let key = id.to_string();
+        self.0
+            .handle
+            .call(move |s| s.tasks.get(&key).cloned())
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                status(
+                    Code::NotFound,
+                    "TASK_NOT_FOUND",
+                    format!("task \"{id}\" not found"),
+                )
+            })
+    }
+}
+
+#[tonic::async_trait]
+impl pb::task_service_server::TaskService for Tasks {
+    async fn launch_task(
+        &self,
+        request: Request<pb::LaunchTaskRequest>,
+    ) -> Result<Response<pb::LaunchTaskResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let bad = |m: String| status(Code::InvalidArgument, "INVALID_TASK", m);
+        if r.command_json.len() > COMMAND_JSON_MAX {
+            return Err(bad(format!(
+                "command_json is larger than {COMMAND_JSON_MAX} bytes"
+            )));
+        }
+        let command: Vec<String> = serde_json::from_str(&r.command_json).map_err(|e| {
+            bad(format!(
+                "command_json must be a JSON array of strings, like [\"ls\", \"-l\"]: {e}"
+            ))
+        })?;
+        if command.first().is_none_or(|c| c.is_empty()) {
+            return Err(bad("command_json must name a program".into()));
+        }
+        if r.timeout_seconds < 0 {
+            return Err(bad("timeout_seconds must not be negative".into()));
+        }
+        let working_dir = if r.session_id.is_empty() {
+            std::fs::create_dir_all(&self.0.workspace).map_err(|e| {
+                status(
+                    Code::Internal,
+                    "WORKSPACE",
+                    format!("cannot create the Aria workspace: {e}"),
+                )
+            })?;
+            self.0.workspace.display().to_string()
+        } else {
+            let id = SessionId(r.session_id.clone());
+            self.0
+                .handle
+                .call(move |s| {
+                    s.engine
+                        .session(&id)
+                        .map(|x| x.record.config.working_dir.clone())
+                })
+                .await
+                .map_err(unavailable)?
+                .ok_or_else(|| {
+                    status(
+                        Code::NotFound,
+                        "SESSION_NOT_FOUND",
+                        format!("session \"{}\" not found", r.session_id),
+                    )
+                })?
+        };
+        let id = format!("task_{}", ulid::Ulid::new());
+        let spec = TaskSpec {
+            session_id: r.session_id,
+            kind: r.r#type,
+            command,
+            environment: r.environment.into_iter().collect(),
+            timeout_ms: r.timeout_seconds as u64 * 1000,
+            working_dir,
+        };
+        match self
+            .0
+            .handle
+            .task(TaskInput::Launch { req: 0, id, spec })
+            .await
+        {
+            Ok(TaskReply::Launched(task_id)) => {
+                Ok(Response::new(pb::LaunchTaskResponse { task_id }))
+            }
+            Ok(other) => Err(status(
+                Code::Internal,
+                "INTERNAL",
+                format!("unexpected reply {other:?}"),
+            )),
+            Err(e) => Err(status(Code::ResourceExhausted, "TASK_REFUSED", e.message)),
+        }
+    }
+
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::Task>, GrpcStatus> {
+        let t = self.record(&request.into_inner().task_id).await?;
+        Ok(Response::new(task_pb(&t)))
+    }
+
+    type StreamTaskOutputStream = Stream_<pb::TaskOutput>;
+
+    async fn stream_task_output(
+        &self,
+        request: Request<pb::StreamTaskOutputRequest>,
+    ) -> Result<Response<Self::StreamTaskOutputStream>, GrpcStatus> {
+        let r = request.into_inner();
+        // Subscribe first, then read what is stored: nothing falls between.
+        let mut outputs = self.0.handle.hub.task_output.subscribe();
+        let mut statuses = self.0.handle.hub.task_status.subscribe();
+        let rec = self.record(&r.task_id).await?;
+        let handle = self.0.handle.clone();
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(async move {
+            let id = rec.id.clone();
+            let mut last = 0u64;
+            loop {
+                let key = id.clone();
+                let page = handle
+                    .call(move |s| s.store.task_output(&key, last, 1000).unwrap_or_default())
+                    .await
+                    .unwrap_or_default();
+                if page.is_empty() {
+                    break;
+                }
+                for o in &page {
+                    last = o.seq;
+                    if tx.send(Ok(output_pb(o))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            if !r.follow || rec.status.is_terminal() {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = tx.closed() => return,
+                    o = outputs.recv() => match o {
+                        Ok(o) if o.task == id && o.seq > last => {
+                            last = o.seq;
+                            if tx.send(Ok(output_pb(&o))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
+                                format!("fell {n} lines behind; read again from the start")))).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    ev = statuses.recv() => match ev {
+                        Ok(ev) if ev.task == id && ev.status.is_terminal() => {
+                            while let Ok(o) = outputs.try_recv() {
+                                if o.task == id && o.seq > last {
+                                    last = o.seq;
+                                    let _ = tx.send(Ok(output_pb(&o))).await;
+                                }
+                            }
+                            return;
+                        }
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, GrpcStatus> {
+        let id = request.into_inner().task_id;
+        self.record(&id).await?;
+        match self.0.handle.task(TaskInput::Cancel { req: 0, id }).await {
+            Ok(TaskReply::Cancel { initiated }) => Ok(Response::new(pb::CancelTaskResponse {
+                cancellation_initiated: initiated,
+            })),
+            Ok(other) => Err(status(
+                Code::Internal,
+                "INTERNAL",
+                format!("unexpected reply {other:?}"),
+            )),
+            Err(e) => Err(status(Code::NotFound, "TASK_NOT_FOUND", e.message)),
+        }
+    }
+}
+
+// ── NotificationService ───────────────────────────────────────────────────
+
+pub struct Notifications(pub AriaConfig);
+
+#[tonic::async_trait]
+impl pb::notification_service_server::NotificationService for Notifications {
+    type StreamNotificationsStream = Stream_<pb::Notification>;
+
+    async fn stream_notifications(
+        &self,
+        _request: Request<pb::StreamNotificationsRequest>,
+    ) -> Result<Response<Self::StreamNotificationsStream>, GrpcStatus> {
+        use pb::notification::EventPayload;
+        let mut tasks = self.0.handle.hub.task_status.subscribe();
+        let mut sessions = self.0.handle.hub.status.subscribe();
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(async move {
+            loop {
+                let (at, payload) = tokio::select! {
+                    biased;
+                    _ = tx.closed() => return,
+                    ev = tasks.recv() => match ev {
+                        Ok(ev) => (ev.at, EventPayload::TaskStatus(pb::TaskStatusEvent {
+                            task_id: ev.task.clone(),
+                            new_status: ev.status.number(),
+                            status_message: ev.message.clone(),
+                            exit_code: ev.exit_code,
+                        })),
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
+                                format!("fell {n} notifications behind; resubscribe")))).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    ev = sessions.recv() => match ev {
+                        // Worth a client's attention: a session is up, blocked on a human,
+                        // or over. Turn-by-turn RUNNING ⇄ WORKING is not.
+                        Ok(ev) if matches!(ev.new, Status::Running | Status::Waiting | Status::Stopped | Status::Failed)
+                            && ev.previous != Some(Status::Working) =>
+                        {
+                            (ev.at, EventPayload::SessionStatus(pb::SessionStatusNotification {
+                                session_id: ev.session.0.clone(),
+                                previous_status: ev.previous.map(|s| s.name()).unwrap_or("UNSPECIFIED").to_string(),
+                                new_status: ev.new.name().to_string(),
+                                message: ev.message.clone(),
+                            }))
+                        }
+                        Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
+                                format!("fell {n} notifications behind; resubscribe")))).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                };
+                let n = pb::Notification {
+                    id: format!("ntf_{}", ulid::Ulid::new()),
+                    timestamp: Some(convert::timestamp(at)),
+                    event_payload: Some(payload),
+                };
+                if tx.send(Ok(n)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+// ── SessionService ────────────────────────────────────────────────────────
+
+pub struct Sessions(pub AriaConfig);
+
+fn session_pb(r: &paddock_core::SessionRecord) -> pb::Session {
+    let status = match r.status {
+        Status::Stopped => "completed",
+        Status::Failed => "failed",
+        _ => "active",
+    };
+    let mut ctx = HashMap::new();
+    ctx.insert("provider".to_string(), r.config.provider.name().to_string());
+    ctx.insert("model".to_string(), r.config.model.clone());
+    ctx.insert("paddock_status".to_string(), r.status.name().to_string());
+    ctx.insert("working_dir".to_string(), r.config.working_dir.clone());
+    ctx.insert("agent_name".to_string(), r.config.agent_name.clone());
+    ctx.insert("tokens_input".to_string(), r.tokens_input.to_string());
+    ctx.insert("tokens_output".to_string(), r.tokens_output.to_string());
+    if let Some(e) = &r.error {
+        ctx.insert("error".to_string(), e.to_string());
+    }
+    pb::Session {
+        id: r.id.0.clone(),
+        user_id: user(),
+        created_at: Some(convert::timestamp(r.created_at)),
+        context_data: ctx,
+        status: status.to_string(),
+    }
+}
+
+impl Sessions {
+    /// The Aria workspace as a campaign, registered on first use.
+    async fn campaign(&self) -> Result<crate::store::Campaign, GrpcStatus> {
+        let root = self.0.workspace.clone();
+        std::fs::create_dir_all(&root).map_err(|e| {
+            status(
+                Code::Internal,
+                "WORKSPACE",
+                format!("cannot create the Aria workspace: {e}"),
+            )
+        })?;
+        let root = root.canonicalize().unwrap_or(root).display().to_string();
+        self.0
+            .handle
+            .call(move |s| {
+                if let Some(c) = s
+                    .store
+                    .find_campaign(ARIA_CAMPAIGN)
+                    .map_err(|e| e.to_string())?
+                {
+                    return Ok(c);
+                }
+                let id = format!("camp_{}", ulid::Ulid::new());
+                s.store
+                    .add_campaign(&id, ARIA_CAMPAIGN, &root, now_ms())
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(unavailable)?
+            .map_err(|e| status(Code::Internal, "STORE", e))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::session_service_server::SessionService for Sessions {
+    async fn create_session(
+        &self,
+        _request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::Session>, GrpcStatus> {
+        let campaign = self.campaign().await?;
+        let ulid = ulid::Ulid::new().to_string();
+        let mut config = SessionConfig::new(&campaign.id, self.0.provider, &campaign.root_path);
+        config.model = self.0.model.clone();
+        config.agent_name = format!("aria-{}", ulid[ulid.len() - 6..].to_ascii_lowercase());
+        crate::providers::validate(&config).map_err(|e| from_core(&e))?;
+        let id = SessionId(format!("sess_{ulid}"));
+        let rec = self
+            .0
+            .handle
+            .request(
+                Req::Create {
+                    id,
+                    config: Box::new(config),
+                },
+                None,
+            )
+            .await
+            .map_err(|e| from_core(&e))?;
+        Ok(Response::new(session_pb(&rec)))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::Session>, GrpcStatus> {
+        let id = SessionId(request.into_inner().session_id);
+        let shown = id.0.clone();
+        let rec = self
+            .0
+            .handle
+            .call(move |s| s.engine.session(&id).map(|x| x.record.clone()))
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                status(
+                    Code::NotFound,
+                    "SESSION_NOT_FOUND",
+                    format!("session \"{shown}\" not found"),
+                )
+            })?;
+        Ok(Response::new(session_pb(&rec)))
+    }
+
+    type ExecuteTurnStream = Stream_<pb::TurnOutput>;
+
+    async fn execute_turn(
+        &self,
+        request: Request<pb::ExecuteTurnRequest>,
+    ) -> Result<Response<Self::ExecuteTurnStream>, GrpcStatus> {
+        use pb::turn_output::Event;
+        let r = request.into_inner();
+        if r.input.trim().is_empty() {
+            return Err(status(
+                Code::InvalidArgument,
+                "EMPTY_INPUT",
+                "input is required",
+            ));
+        }
+        let (turn_tx, mut turn_rx) = mpsc::channel(TURN_STREAM_BUFFER);
+        let rec = self
+            .0
+            .handle
+            .request(
+                Req::Send {
+                    id: SessionId(r.session_id.clone()),
+                    text: r.input.clone(),
+                },
+                Some(turn_tx),
+            )
+            .await
+            .map_err(|e| from_core(&e))?;
+        let (tx, rx) = mpsc::channel(TURN_STREAM_BUFFER);
+        let session = rec.id.0.clone();
+        let turn = rec.turns;
+        tokio::spawn(async move {
+            let first = pb::TurnOutput {
+                event: Some(Event::Message(pb::Message {
+                    id: format!("{session}:{turn}:user"),
+                    role: pb::MessageRole::User as i32,
+                    content: r.input,
+                    created_at: Some(convert::timestamp(now_ms())),
+                })),
+            };
+            if tx.send(Ok(first)).await.is_err() {
+                return;
+            }
+            while let Some(item) = turn_rx.recv().await {
+                let ev = match item {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        let _ = tx.send(Err(from_core(&e))).await;
+                        return;
+                    }
+                };
+                let a = &ev.activity;
+                let out = match a.kind() {
+                    ActivityKind::Thinking | ActivityKind::Status => Event::Message(pb::Message {
+                        id: format!("{session}:{}", ev.seq),
+                        role: pb::MessageRole::Assistant as i32,
+                        content: a.content.clone(),
+                        created_at: Some(convert::timestamp(ev.at)),
+                    }),
+                    ActivityKind::ToolCall => Event::ToolCall(pb::ToolCall {
+                        tool_name: a.tool_name.clone(),
+                        parameters_json: as_json(&a.content),
+                    }),
+                    ActivityKind::ToolResult => Event::ToolResult(pb::ToolResult {
+                        tool_name: a.tool_name.clone(),
+                        result_json: as_json(&a.content),
+                        success: a.tool_success,
+                        error_message: (!a.tool_success).then(|| a.content.clone()),
+                    }),
+                    ActivityKind::Completion => Event::FinalResponse(a.content.clone()),
+                    ActivityKind::Error => {
+                        let code = ErrorCode::parse(&a.content).unwrap_or(ErrorCode::Generic);
+                        let e = Error::new(code, a.content.clone());
+                        let mut st = from_core(&e);
+                        if ErrorCode::parse(&a.content).is_none() {
+                            st = status(Code::Internal, "PROVIDER_ERROR", a.content.clone());
+                        }
+                        let _ = tx.send(Err(st)).await;
+                        return;
+                    }
+                };
+                if tx
+                    .send(Ok(pb::TurnOutput { event: Some(out) }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                if ev.ends_turn {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Aria carries tool parameters and results as JSON: content that already is JSON is kept,
+/// anything else becomes a JSON string.
+fn as_json(content: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(content) {
+        Ok(_) => content.to_string(),
+        Err(_) => serde_json::Value::String(content.to_string()).to_string(),
+    }
+}
+
+// ── ContainerService ──────────────────────────────────────────────────────
+
+pub struct Containers;
+
+fn no_containers() -> GrpcStatus {
+    status(
+        Code::Unimplemented,
+        "CONTAINERS_NOT_AVAILABLE",
+        "containers come with paddock's isolation drivers, which this build does not have yet",
+    )
+}
+
+#[tonic::async_trait]
+impl pb::container_service_server::ContainerService for Containers {
+    async fn create_container(
+        &self,
+        _r: Request<pb::CreateContainerRequest>,
+    ) -> Result<Response<pb::Container>, GrpcStatus> {
+        Err(no_containers())
+    }
+    async fn start_container(
+        &self,
+        _r: Request<pb::StartContainerRequest>,
+    ) -> Result<Response<pb::StartContainerResponse>, GrpcStatus> {
+        Err(no_containers())
+    }
+    async fn stop_container(
+        &self,
+        _r: Request<pb::StopContainerRequest>,
+    ) -> Result<Response<pb::StopContainerResponse>, GrpcStatus> {
+        Err(no_containers())
+    }
+    async fn remove_container(
+        &self,
+        _r: Request<pb::RemoveContainerRequest>,
+    ) -> Result<Response<pb::RemoveContainerResponse>, GrpcStatus> {
+        Err(no_containers())
+    }
+    async fn get_container(
+        &self,
+        _r: Request<pb::GetContainerRequest>,
+    ) -> Result<Response<pb::Container>, GrpcStatus> {
+        Err(no_containers())
+    }
+    async fn list_containers(
+        &self,
+        _r: Request<pb::ListContainersRequest>,
+    ) -> Result<Response<pb::ListContainersResponse>, GrpcStatus> {
+        Err(no_containers())
+    }
+    type StreamContainerLogsStream = Stream_<pb::ContainerLog>;
+    async fn stream_container_logs(
+        &self,
+        _r: Request<pb::StreamContainerLogsRequest>,
+    ) -> Result<Response<Self::StreamContainerLogsStream>, GrpcStatus> {
+        Err(no_containers())
+    }
+}
+
+/// Whether a task status is final (for clients of this module).
+pub fn is_final(n: i32) -> bool {
+    TaskStatus::from_number(n).is_some_and(|s| s.is_terminal())
+}

@@ -1,0 +1,172 @@
+//! `paddock task …`: Aria tasks from the command line.
+
+use clap::Subcommand;
+use paddock_core::task::TaskStatus;
+use paddock_proto::aria::v1 as pb;
+use pb::task_service_client::TaskServiceClient;
+use serde_json::json;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+use super::output::{rfc3339, table};
+use super::{client, Ctx};
+
+#[derive(Subcommand, Debug)]
+pub enum TaskCmd {
+    /// Launch a command as a task: `paddock task launch [--session ID] -- make test`
+    Launch {
+        /// Bind the task to a session (it runs in the session's working dir)
+        #[arg(long)]
+        session: Option<String>,
+        /// Seconds before the task is killed (0 = none)
+        #[arg(long, default_value_t = 0)]
+        timeout: i32,
+        /// Environment, KEY=VALUE (repeatable)
+        #[arg(long = "env", value_parser = super::parse_kv)]
+        env: Vec<(String, String)>,
+        /// Aria's task type
+        #[arg(long = "type", default_value = "command")]
+        kind: String,
+        /// The command and its arguments
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Show a task
+    Get { id: String },
+    /// Print a task's output (with -f: then follow it until it ends)
+    Logs {
+        id: String,
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Cancel a pending or running task
+    Cancel { id: String },
+}
+
+fn status_name(n: i32) -> &'static str {
+    TaskStatus::from_number(n)
+        .map(|s| s.name())
+        .unwrap_or("UNSPECIFIED")
+}
+
+fn task_json(t: &pb::Task) -> serde_json::Value {
+    let ts = |t: &Option<prost_types::Timestamp>| t.as_ref().map(|t| rfc3339(t.seconds, t.nanos));
+    json!({
+        "id": t.id, "session_id": t.session_id, "type": t.r#type, "command_json": t.command_json,
+        "status": status_name(t.status), "exit_code": t.exit_code, "error_message": t.error_message,
+        "timeout_seconds": t.timeout_seconds, "progress_percent": t.progress_percent,
+        "current_operation": t.current_operation, "created_at": ts(&t.created_at),
+        "started_at": ts(&t.started_at), "completed_at": ts(&t.completed_at),
+    })
+}
+
+pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> i32 {
+    // Connect through the same autostart path as every other command.
+    if let Err(e) = client::connect(ctx).await {
+        return super::fail(e);
+    }
+    let ch: Channel = match client::channel(&ctx.socket).await {
+        Ok(c) => c,
+        Err(e) => return super::fail(e),
+    };
+    let mut c = TaskServiceClient::new(ch);
+    match cmd {
+        TaskCmd::Launch {
+            session,
+            timeout,
+            env,
+            kind,
+            command,
+        } => {
+            let req = pb::LaunchTaskRequest {
+                session_id: session.unwrap_or_default(),
+                r#type: kind,
+                command_json: serde_json::to_string(&command).expect("json"),
+                environment: env.into_iter().collect(),
+                timeout_seconds: timeout,
+            };
+            match c.launch_task(req).await {
+                Ok(r) => {
+                    let id = r.into_inner().task_id;
+                    if ctx.json {
+                        println!("{}", json!({ "task_id": id }));
+                    } else {
+                        println!("{id}");
+                    }
+                    0
+                }
+                Err(e) => super::fail(e.message()),
+            }
+        }
+        TaskCmd::Get { id } => match c.get_task(pb::GetTaskRequest { task_id: id }).await {
+            Ok(t) => {
+                let t = t.into_inner();
+                let v = task_json(&t);
+                if ctx.json {
+                    println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+                } else {
+                    let rows: Vec<Vec<String>> = v
+                        .as_object()
+                        .expect("object")
+                        .iter()
+                        .filter(|(_, v)| !v.is_null())
+                        .map(|(k, v)| {
+                            vec![
+                                k.clone(),
+                                v.as_str()
+                                    .map(str::to_string)
+                                    .unwrap_or_else(|| v.to_string()),
+                            ]
+                        })
+                        .collect();
+                    println!("{}", table(&["FIELD", "VALUE"], &rows));
+                }
+                0
+            }
+            Err(e) => super::fail(e.message()),
+        },
+        TaskCmd::Logs { id, follow } => {
+            let mut stream = match c
+                .stream_task_output(pb::StreamTaskOutputRequest {
+                    task_id: id,
+                    follow,
+                })
+                .await
+            {
+                Ok(s) => s.into_inner(),
+                Err(e) => return super::fail(e.message()),
+            };
+            use pb::task_output::Output;
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(o) => match o.output {
+                        Some(Output::StdoutLine(l)) => println!("{l}"),
+                        Some(Output::StderrLine(l)) => eprintln!("{l}"),
+                        Some(Output::Progress(p)) => {
+                            eprintln!("[{:>5.1}%] {}", p.percent_complete, p.operation_description)
+                        }
+                        None => {}
+                    },
+                    Err(e) => return super::fail(e.message()),
+                }
+            }
+            0
+        }
+        TaskCmd::Cancel { id } => {
+            match c.cancel_task(pb::CancelTaskRequest { task_id: id }).await {
+                Ok(r) => {
+                    let initiated = r.into_inner().cancellation_initiated;
+                    if ctx.json {
+                        println!("{}", json!({ "cancellation_initiated": initiated }));
+                    } else if initiated {
+                        println!("cancelling");
+                    } else {
+                        println!("the task had already ended");
+                    }
+                    0
+                }
+                Err(e) => super::fail(e.message()),
+            }
+        }
+    }
+}
