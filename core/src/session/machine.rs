@@ -422,14 +422,22 @@ impl Session {
         self.run = Run::Idle;
         self.record.pid = None;
         self.dirty = true;
-        if self.record.status == Status::Starting {
-            let e = Error::new(
-                ErrorCode::CreationFailed,
-                format!("could not start the provider: {reason}"),
-            );
-            self.fail(e, cx);
-        } else {
-            self.maybe_finish_stop(cx);
+        match self.record.status {
+            Status::Starting => {
+                let e = Error::new(
+                    ErrorCode::CreationFailed,
+                    format!("could not start the provider: {reason}"),
+                );
+                self.fail(e, cx);
+            }
+            // Failed before its spawn was answered (start-up timeout): a restart asked for
+            // meanwhile was waiting for this process to be gone.
+            Status::Failed => {
+                if std::mem::take(&mut self.restart_pending) {
+                    self.respawn(cx);
+                }
+            }
+            _ => self.maybe_finish_stop(cx),
         }
     }
 
@@ -440,6 +448,12 @@ impl Session {
             InputKind::Activity
         };
         if !matches!(self.check(kind, cx), Ok(true)) {
+            return;
+        }
+        if self.budget().exhausted(self.record.tokens_total()) {
+            // The budget is spent (so no turn is open): what the provider still says — lines of
+            // the interrupted turn, output between turns — is not counted, so that the count
+            // passes the budget only by the event that crossed it.
             return;
         }
         self.record_activity(activity, cx);
@@ -592,6 +606,11 @@ impl Session {
     /// daemon. It ends FAILED with OBEY-2032.
     pub(crate) fn reconcile(&mut self, cx: &mut Ctx) {
         if self.record.status.is_terminal() {
+            // A session that failed while its process was still being killed: that process
+            // died with the old daemon, so its pid names nothing of ours any more.
+            if self.record.pid.take().is_some() {
+                self.dirty = true;
+            }
             return;
         }
         let was = self.record.status;

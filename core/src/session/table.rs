@@ -107,7 +107,7 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
         (S::Starting, I::Send) => wrong_state,
         (S::Starting, I::StopGraceful | I::StopForced | I::Restart) => Legal,
         (S::Starting, I::Started | I::SpawnFailed | I::Exited | I::StartupTimeout) => Legal,
-        (S::Starting, I::SessionTimeout) => Legal,
+        // The session timeout counts from the provider's start: no deadline runs while STARTING.
         (S::Starting, _) => Ignore,
 
         (S::Running, I::Send | I::StopGraceful | I::StopForced | I::Restart) => Legal,
@@ -131,9 +131,9 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
         }
         (S::Stopped | S::Failed, I::Restart) => Legal,
         // A session can fail while its process is still being spawned or killed (budget,
-        // timeout, startup timeout): the process is still reaped and, if it only now reports
-        // it started, terminated.
-        (S::Failed, I::Started | I::Exited | I::KillTimeout) => Legal,
+        // timeout, startup timeout): the process is still reaped (whether it exits or its
+        // spawn fails late) and, if it only now reports it started, terminated.
+        (S::Failed, I::Started | I::SpawnFailed | I::Exited | I::KillTimeout) => Legal,
         (S::Stopped | S::Failed, _) => Ignore,
     }
 }

@@ -1,0 +1,146 @@
+//! The seed sweep: many seeds, every invariant after every step, then the coverage of the
+//! transition table. With `PADDOCK_SIM_SEED=N` it replays that one seed instead, printing the
+//! tail of its event log if it fails.
+//!
+//! - `PADDOCK_SIM_SEED=N`: replay seed N only.
+//! - `PADDOCK_SIM_SEEDS=N`: explore N seeds (default 10,000: the CI set).
+//! - `PADDOCK_SIM_SEED_START=S`: start at seed S (default 0).
+
+use std::sync::mpsc;
+use std::time::Instant;
+
+use sim::{run_seed, Coverage, Failure, LogMode, Options, Outcome};
+
+/// The CI set: seeds 0..10_000.
+const CI_SEEDS: u64 = 10_000;
+/// The CI set must simulate at least this many steps in total.
+const CI_MIN_STEPS: u64 = 1_000_000;
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    match v.trim().parse() {
+        Ok(n) => Some(n),
+        Err(_) => panic!("{name}={v:?} is not a number"),
+    }
+}
+
+#[test]
+fn sweep() {
+    if let Some(seed) = env_u64("PADDOCK_SIM_SEED") {
+        return replay(seed);
+    }
+    let n = env_u64("PADDOCK_SIM_SEEDS").unwrap_or(CI_SEEDS);
+    let start = env_u64("PADDOCK_SIM_SEED_START").unwrap_or(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8) as u64;
+    let t0 = Instant::now();
+
+    let (tx, rx) = mpsc::channel::<Result<Outcome, Box<Failure>>>();
+    std::thread::scope(|scope| {
+        for k in 0..threads {
+            let tx = tx.clone();
+            scope.spawn(move || {
+                let mut seed = start + k;
+                while seed < start + n {
+                    let r = run_seed(seed, &Options::default());
+                    if tx.send(r).is_err() {
+                        return;
+                    }
+                    seed += threads;
+                }
+            });
+        }
+        drop(tx);
+    });
+
+    let mut coverage = Coverage::default();
+    let mut failures: Vec<Failure> = Vec::new();
+    let (mut steps, mut crashes, mut mid, mut sessions, mut turns, mut sim_ms) = (0, 0, 0, 0, 0, 0);
+    let (mut requests, mut lost, mut cut) = (0, 0, 0);
+    for r in rx {
+        match r {
+            Ok(o) => {
+                steps += o.stats.steps;
+                crashes += o.stats.crashes;
+                mid += o.stats.crashes_mid_step;
+                sessions += o.stats.sessions;
+                turns += o.stats.model.turns_completed + o.stats.model.turns_errored;
+                requests += o.stats.model.requests;
+                lost += o.stats.model.requests_lost;
+                cut += o.stats.model.turns_cut;
+                sim_ms += o.stats.sim_ms;
+                coverage.merge(&o.coverage);
+            }
+            Err(f) => failures.push(*f),
+        }
+    }
+    failures.sort_by_key(|f| f.seed);
+    let wall = t0.elapsed();
+    println!(
+        "sim sweep: seeds {start}..{} on {threads} threads in {:.1}s: {steps} steps, {sessions} \
+         sessions, {requests} requests ({lost} lost in crashes), {turns} turns ended ({cut} cut \
+         by crashes), {crashes} daemon crashes ({mid} mid-step), {:.1} simulated hours; {} \
+         failed",
+        start + n,
+        wall.as_secs_f64(),
+        sim_ms as f64 / 3_600_000.0,
+        failures.len()
+    );
+    println!("table lookups reached (legal cells: count; refusals and ignored: (count)):");
+    println!("{}", coverage.render());
+    for f in failures.iter().take(20) {
+        println!("{f}");
+    }
+    if !failures.is_empty() {
+        panic!(
+            "{} of {n} seeds failed (each printed above as one `sim failed:` line{})",
+            failures.len(),
+            if failures.len() > 20 {
+                "; the first 20"
+            } else {
+                ""
+            }
+        );
+    }
+
+    if n >= CI_SEEDS && start == 0 {
+        assert!(
+            steps >= CI_MIN_STEPS,
+            "the CI set simulated only {steps} steps (at least {CI_MIN_STEPS} are required)"
+        );
+        let unreached = coverage.unreached();
+        if !unreached.is_empty() {
+            panic!(
+                "legal (status, input) pairs never reached by {n} seeds: {}\n\nthe transition \
+                 table:\n{}",
+                unreached
+                    .iter()
+                    .map(|(s, i)| format!("({s}, {})", i.name()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                paddock_core::session::table::render()
+            );
+        }
+    }
+}
+
+fn replay(seed: u64) {
+    let opts = Options {
+        log: LogMode::Text,
+        ..Options::default()
+    };
+    match run_seed(seed, &opts) {
+        Ok(o) => println!(
+            "seed {seed} passed: {:?}; faults: {}; log hash {:016x}",
+            o.stats, o.faults, o.hash
+        ),
+        Err(f) => {
+            eprintln!("the last {} entries of the event log:", f.log_tail.len());
+            for line in &f.log_tail {
+                eprintln!("  {line}");
+            }
+            panic!("{f}");
+        }
+    }
+}
