@@ -4,10 +4,13 @@
 //! The contracts are the seed specifications' protos **verbatim**: package
 //! names, service names, message names, field names, field numbers and enum
 //! values are exactly the seeds', so a client generated from any of the
-//! original protos works against paddock unchanged. The only additions are in
-//! `obey.local.v1`, each marked with a `// paddock extension:` comment in
-//! `proto/obey/local/v1/daemon.proto` (the messages of the seed's "existing"
-//! RPCs, a few enum values and fields, and campaign / activity-history RPCs).
+//! original protos works against paddock unchanged. The only additions, each
+//! marked with a `// paddock extension:` comment, are in `obey.local.v1`
+//! (`proto/obey/local/v1/daemon.proto`: the messages of the seed's "existing"
+//! RPCs, a few enum values and fields, and campaign / activity-history RPCs) and
+//! in `runner.v1` (`proto/runner/v1/runner.proto`: `RunnerEvent.seq`, an
+//! `EventsTruncated` payload, `RunCommandRequest.keep_stdin`, and the
+//! `ListRuns` / `AttachRun` / `WriteStdin` / `StopRun` RPCs).
 //!
 //! | module | proto package | services |
 //! |---|---|---|
@@ -260,6 +263,40 @@ mod tests {
             .expect("WatchActivity");
         assert!(watch.server_streaming());
         assert_eq!(watch.output_type(), ".obey.local.v1.SessionActivityEvent");
+    }
+
+    #[test]
+    fn runner_extensions_are_present() {
+        let fds = fds();
+        for (msg, field, number) in [
+            ("RunnerEvent", "seq", 10),
+            ("RunnerEvent", "truncated", 11),
+            ("RunCommandRequest", "keep_stdin", 6),
+            ("AttachRunRequest", "after_seq", 2),
+            ("StopRunRequest", "grace_ms", 2),
+        ] {
+            assert_eq!(field_number(&fds, "runner.v1", msg, field), number);
+        }
+        let runner = fds
+            .file
+            .iter()
+            .flat_map(|f| f.service.iter())
+            .find(|s| s.name() == "Runner")
+            .expect("Runner");
+        let methods: Vec<&str> = runner.method.iter().map(|m| m.name()).collect();
+        assert_eq!(
+            methods,
+            [
+                "Exec",
+                "ExecResume",
+                "RunCommand",
+                "SignalSession",
+                "ListRuns",
+                "AttachRun",
+                "WriteStdin",
+                "StopRun"
+            ]
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod budget;
 pub mod engine;
 pub mod error;
 pub mod model;
+pub mod run;
 pub mod session;
 pub mod task;
 

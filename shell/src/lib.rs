@@ -9,10 +9,14 @@
 //! - [`providers`]: one adapter per agent: how to start it, how to read its lines.
 //! - [`store`]: SQLite: migrations, the batched writer, queries.
 //! - [`cli`]: the commands and their tables / JSON.
+//! - [`runner`]: `paddock runner`, the centaurx `runner.v1.Runner` service in its own process.
+//! - [`socket`]: claiming a Unix socket (0700 dir, 0600 socket, stale ones replaced).
 
 pub mod api;
 pub mod cli;
 pub mod daemon;
 pub mod paths;
 pub mod providers;
+pub mod runner;
+pub mod socket;
 pub mod store;

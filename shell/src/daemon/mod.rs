@@ -9,7 +9,6 @@
 pub mod event_loop;
 pub mod supervisor;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -173,40 +172,8 @@ fn lock_data_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, String>
 }
 
 /// Creates the socket's directory (0700) and binds the socket (0600). A socket a live daemon
-/// answers on is refused; a stale one is replaced.
+/// answers on is refused; a stale one is replaced. (The one way every paddock server claims
+/// its socket: [`crate::socket::bind`].)
 fn bind_socket(path: &Path) -> Result<UnixListener, String> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !dir.exists() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create socket dir {}: {e}", dir.display()))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))?;
-    }
-    if path.exists() {
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => {
-                return Err(format!(
-                    "another paddock daemon is already listening on {}",
-                    path.display()
-                ))
-            }
-            Err(_) => {
-                tracing::info!("replacing stale socket {}", path.display());
-                std::fs::remove_file(path)
-                    .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
-            }
-        }
-    }
-    // Bind with a restrictive umask so the socket is never reachable by others, not even for a
-    // moment, then make the mode explicit.
-    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-    let bound = UnixListener::bind(path);
-    nix::sys::stat::umask(old);
-    let listener = bound.map_err(|e| format!("cannot bind {}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
-    Ok(listener)
+    crate::socket::bind(path, "paddock daemon")
 }

@@ -1,0 +1,567 @@
+//! `paddock runner --socket PATH`: a separate process that runs agents and commands for a
+//! client (the daemon) and serves the centaurx `runner.v1.Runner` service on a Unix socket.
+//!
+//! Why a separate process: it owns the children. A client that restarts (a daemon upgrade)
+//! loses nothing: the runs go on, their events stay numbered and buffered here, and the client
+//! finds them again with `ListRuns` and resumes each stream with `AttachRun{after_seq}`.
+//!
+//! The seed's RPCs behave as the seed says:
+//! - `Exec` / `ExecResume`: `$PADDOCK_CODEX_BIN` (default `codex`) `exec --json [--model M] --
+//!   <prompt>` / `exec --json [--model M] resume -- <thread_id> <prompt>` in `working_dir`,
+//!   stdin /dev/null, `SSH_AUTH_SOCK` set when given. (Flags go before `resume`, where every
+//!   codex version accepts them; `--` keeps a prompt that starts with `-` a prompt.) Each
+//!   stdout line becomes an `ExecEvent` ([`codex`]).
+//! - `RunCommand`: `sh -lc <command>` when `use_shell`. proto3 cannot tell an unset bool from
+//!   `false`, so `use_shell = false` means: run `command` split on whitespace, without a shell
+//!   (no quoting rules; a client that needs them uses the shell). stdout / stderr become
+//!   `CommandOutput` chunks of at most 64 KiB.
+//! - Every run's stream: `RunStatus{STARTED}`, its events, then `RunStatus{FINISHED,
+//!   exit_code}` — or `FAILED` (exit code 128 + signal) when a signal ended it — and the stream
+//!   closes. A process that cannot be started gives only `RunStatus{FAILED}` with the reason
+//!   (exit code 127 not found, 126 not executable, -1 otherwise).
+//! - Validation errors are `INVALID_ARGUMENT`; a `run_id` this runner still knows (live or
+//!   among the last 1,000 finished) is `ALREADY_EXISTS`; more than 128 live runs is
+//!   `RESOURCE_EXHAUSTED`.
+//! - `SignalSession`: the signal goes to the run's whole process group; `ok = false` with
+//!   "not found" / "already exited" / "not started yet".
+//!
+//! paddock's extensions (marked `// paddock extension:` in the proto): `RunnerEvent.seq`,
+//! `EventsTruncated`, `ListRuns`, `AttachRun`, `WriteStdin` (+ `RunCommandRequest.keep_stdin`)
+//! and `StopRun` (TERM, then KILL after `grace_ms`, default 10 s: the core's
+//! [`paddock_core::run`] machine decides). The buffer behind them: [`registry`].
+//!
+//! On SIGTERM / SIGINT the runner stops every run (TERM, KILL after 10 s), waits for them,
+//! and exits 0.
+//!
+//! A note for clients: the server is tonic, whose HTTP/2 layer (h2) rejects a request whose
+//! `:authority` is not a valid URI authority. gRPC C-core clients (Python `grpcio` ≥ 1.57 and
+//! others) send the percent-encoded socket path as the authority for a `unix:` target, which
+//! is rejected (RST_STREAM, PROTOCOL_ERROR): such a client must set the channel option
+//! `grpc.default_authority` to `localhost`.
+
+pub mod codex;
+pub mod process;
+pub mod registry;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paddock_core::run::{Input, Signal, DEFAULT_KILL_GRACE_MS};
+use paddock_proto::runner::v1::runner_server::{Runner, RunnerServer};
+use paddock_proto::runner::v1::{
+    AttachRunRequest, ExecRequest, ExecResumeRequest, ListRunsRequest, ListRunsResponse,
+    ProcessSignal, RunCommandRequest, RunKind, RunnerEvent, SignalRequest, SignalResponse,
+    StopRunRequest, StopRunResponse, WriteStdinRequest, WriteStdinResponse,
+};
+use tokio::sync::oneshot;
+use tonic::{Request, Response, Status};
+
+use process::{Launch, OutputMode};
+use registry::{CreateError, Limits, Registry, Run, StdinMsg};
+
+/// Largest request accepted (a prompt, a stdin write).
+pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// Largest event sent. Events stay under 4 MiB by construction (lines ≤ 1 MiB, chunks ≤ 64
+/// KiB); this only guards against a mistake.
+pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+/// Longest prompt / command: Linux takes at most 128 KiB (NUL included) in one argv string.
+pub const MAX_ARG_BYTES: usize = 128 * 1024 - 1;
+/// Longest run id.
+pub const MAX_RUN_ID_BYTES: usize = 256;
+/// Longest StopRun grace period.
+pub const MAX_GRACE_MS: u32 = 3_600_000;
+/// How long the runner waits for its runs to end when it is told to stop.
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(DEFAULT_KILL_GRACE_MS + 2_000);
+
+/// The program `Exec` runs.
+pub fn codex_program() -> OsString {
+    std::env::var_os("PADDOCK_CODEX_BIN")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| OsString::from("codex"))
+}
+
+/// The `Runner` service.
+#[derive(Clone)]
+pub struct RunnerService {
+    reg: Arc<Registry>,
+    codex: OsString,
+    clock: Clock,
+}
+
+/// Milliseconds since the runner started: the monotonic time the run machines get.
+#[derive(Clone, Copy)]
+struct Clock(Instant);
+
+impl Clock {
+    fn now(self) -> u64 {
+        self.0.elapsed().as_millis() as u64
+    }
+
+    fn instant(self, ms: u64) -> tokio::time::Instant {
+        (self.0 + Duration::from_millis(ms)).into()
+    }
+}
+
+type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<RunnerEvent, Status>> + Send>>;
+
+impl RunnerService {
+    pub fn new(reg: Arc<Registry>, codex: OsString) -> Self {
+        RunnerService {
+            reg,
+            codex,
+            clock: Clock(Instant::now()),
+        }
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.reg
+    }
+
+    /// Registers the run, attaches the caller's stream, starts the process.
+    async fn start(
+        &self,
+        run_id: &str,
+        kind: RunKind,
+        working_dir: &str,
+        launch: Launch,
+        mode: OutputMode,
+    ) -> Result<Response<EventStream>, Status> {
+        let run = self
+            .reg
+            .create(run_id, kind, working_dir)
+            .map_err(|e| match e {
+                CreateError::AlreadyExists => {
+                    Status::already_exists(format!("run_id {run_id:?} is already known"))
+                }
+                CreateError::TooManyRuns(n) => {
+                    Status::resource_exhausted(format!("{n} runs are live: that is the limit"))
+                }
+            })?;
+        let reader = run.attach(0);
+        // In a task of its own: a client that hangs up mid-call drops this handler, and must
+        // not leave a spawned child unsupervised.
+        let started = tokio::spawn(process::start(self.reg.clone(), run, launch, mode));
+        if let Err(e) = started.await {
+            return Err(Status::internal(format!("starting the run failed: {e}")));
+        }
+        Ok(Response::new(Box::pin(reader.into_stream())))
+    }
+
+    /// Sends the run's machine `input`; arms the timer it asks for.
+    fn apply(&self, run: &Arc<Run>, input: Input) -> Result<(), paddock_core::run::Refusal> {
+        // Signal / Stop / Tick emit no statuses: only process events do.
+        run.apply(input)?;
+        self.arm_timer(run);
+        Ok(())
+    }
+
+    /// Feeds `Tick` at the run's next deadline (a stop's KILL). A deadline that moved is
+    /// harmless: an early tick does nothing, and the later one is armed by the input that
+    /// moved it.
+    fn arm_timer(&self, run: &Arc<Run>) {
+        if let Some(at) = run.poll_timeout() {
+            let this = self.clone();
+            let run = run.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(this.clock.instant(at)).await;
+                let now = this.clock.now();
+                if run.apply(Input::Tick { now }).is_ok() {
+                    this.arm_timer(&run);
+                }
+            });
+        }
+    }
+
+    /// Stops every live run (runner shutdown).
+    pub fn stop_all(&self) {
+        for run in self.reg.live() {
+            let _ = self.apply(
+                &run,
+                Input::Stop {
+                    now: self.clock.now(),
+                    grace_ms: DEFAULT_KILL_GRACE_MS,
+                },
+            );
+        }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Status {
+    Status::invalid_argument(msg.into())
+}
+
+fn check_run_id(run_id: &str) -> Result<(), Status> {
+    if run_id.is_empty() {
+        return Err(invalid("run_id is required"));
+    }
+    if run_id.len() > MAX_RUN_ID_BYTES {
+        return Err(invalid(format!(
+            "run_id is {} bytes; at most {MAX_RUN_ID_BYTES}",
+            run_id.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_working_dir(dir: &str) -> Result<PathBuf, Status> {
+    if dir.is_empty() {
+        return Err(invalid("working_dir is required"));
+    }
+    let path = PathBuf::from(dir);
+    if !path.is_dir() {
+        return Err(invalid(format!(
+            "working_dir {dir:?} is not an existing directory"
+        )));
+    }
+    Ok(path)
+}
+
+/// A string that becomes one argv element.
+fn check_arg(what: &str, value: &str, required: bool) -> Result<(), Status> {
+    if required && value.trim().is_empty() {
+        return Err(invalid(format!("{what} is required")));
+    }
+    if value.len() > MAX_ARG_BYTES {
+        return Err(invalid(format!(
+            "{what} is {} bytes; at most {MAX_ARG_BYTES} (one argument of a process)",
+            value.len()
+        )));
+    }
+    if value.contains('\0') {
+        return Err(invalid(format!("{what} contains a NUL byte")));
+    }
+    Ok(())
+}
+
+fn ssh_auth_sock(s: &str) -> Result<Option<String>, Status> {
+    check_arg("ssh_auth_sock", s, false)?;
+    Ok((!s.is_empty()).then(|| s.to_string()))
+}
+
+fn check_json(json: bool) -> Result<(), Status> {
+    if json {
+        Ok(())
+    } else {
+        Err(invalid(
+            "json must be true: the runner streams codex's JSONL events",
+        ))
+    }
+}
+
+fn codex_args(model: &str, tail: &[&str]) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["exec".into(), "--json".into()];
+    if !model.is_empty() {
+        args.push("--model".into());
+        args.push(model.into());
+    }
+    args.extend(tail.iter().map(OsString::from));
+    args
+}
+
+#[tonic::async_trait]
+impl Runner for RunnerService {
+    type ExecStream = EventStream;
+    type ExecResumeStream = EventStream;
+    type RunCommandStream = EventStream;
+    type AttachRunStream = EventStream;
+
+    async fn exec(&self, req: Request<ExecRequest>) -> Result<Response<EventStream>, Status> {
+        let r = req.into_inner();
+        check_run_id(&r.run_id)?;
+        let cwd = check_working_dir(&r.working_dir)?;
+        check_arg("prompt", &r.prompt, true)?;
+        check_arg("model", &r.model, false)?;
+        check_json(r.json)?;
+        let launch = Launch {
+            program: self.codex.clone(),
+            args: codex_args(&r.model, &["--", &r.prompt]),
+            cwd,
+            ssh_auth_sock: ssh_auth_sock(&r.ssh_auth_sock)?,
+            stdin_piped: false,
+        };
+        self.start(
+            &r.run_id,
+            RunKind::Exec,
+            &r.working_dir,
+            launch,
+            OutputMode::Jsonl,
+        )
+        .await
+    }
+
+    async fn exec_resume(
+        &self,
+        req: Request<ExecResumeRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let r = req.into_inner();
+        check_run_id(&r.run_id)?;
+        let cwd = check_working_dir(&r.working_dir)?;
+        check_arg("prompt", &r.prompt, true)?;
+        check_arg("model", &r.model, false)?;
+        check_arg("resume_session_id", &r.resume_session_id, true)?;
+        check_json(r.json)?;
+        let launch = Launch {
+            program: self.codex.clone(),
+            args: codex_args(&r.model, &["resume", "--", &r.resume_session_id, &r.prompt]),
+            cwd,
+            ssh_auth_sock: ssh_auth_sock(&r.ssh_auth_sock)?,
+            stdin_piped: false,
+        };
+        self.start(
+            &r.run_id,
+            RunKind::ExecResume,
+            &r.working_dir,
+            launch,
+            OutputMode::Jsonl,
+        )
+        .await
+    }
+
+    async fn run_command(
+        &self,
+        req: Request<RunCommandRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let r = req.into_inner();
+        check_run_id(&r.run_id)?;
+        let cwd = check_working_dir(&r.working_dir)?;
+        check_arg("command", &r.command, true)?;
+        let (program, args) = if r.use_shell {
+            (
+                OsString::from("sh"),
+                vec![OsString::from("-lc"), OsString::from(&r.command)],
+            )
+        } else {
+            let mut words = r.command.split_whitespace().map(OsString::from);
+            let program = words.next().ok_or_else(|| invalid("command is required"))?;
+            (program, words.collect())
+        };
+        let launch = Launch {
+            program,
+            args,
+            cwd,
+            ssh_auth_sock: ssh_auth_sock(&r.ssh_auth_sock)?,
+            stdin_piped: r.keep_stdin,
+        };
+        self.start(
+            &r.run_id,
+            RunKind::Command,
+            &r.working_dir,
+            launch,
+            OutputMode::Chunks,
+        )
+        .await
+    }
+
+    async fn signal_session(
+        &self,
+        req: Request<SignalRequest>,
+    ) -> Result<Response<SignalResponse>, Status> {
+        let r = req.into_inner();
+        check_run_id(&r.run_id)?;
+        let signal = match ProcessSignal::try_from(r.signal) {
+            Ok(ProcessSignal::Hup) => Signal::Hup,
+            Ok(ProcessSignal::Term) => Signal::Term,
+            Ok(ProcessSignal::Kill) => Signal::Kill,
+            Ok(ProcessSignal::Unspecified) | Err(_) => {
+                return Err(invalid("signal must be HUP, TERM or KILL"))
+            }
+        };
+        let reply = |ok: bool, message: String| Ok(Response::new(SignalResponse { ok, message }));
+        let Some(run) = self.reg.get(&r.run_id) else {
+            return reply(false, "not found".into());
+        };
+        match self.apply(&run, Input::Signal { signal }) {
+            Ok(()) => reply(
+                true,
+                format!("sent {} to process group {}", signal.name(), run.info().pid),
+            ),
+            Err(refusal) => reply(false, refusal.message().into()),
+        }
+    }
+
+    async fn list_runs(
+        &self,
+        _req: Request<ListRunsRequest>,
+    ) -> Result<Response<ListRunsResponse>, Status> {
+        Ok(Response::new(ListRunsResponse {
+            runs: self.reg.list(),
+        }))
+    }
+
+    async fn attach_run(
+        &self,
+        req: Request<AttachRunRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let r = req.into_inner();
+        check_run_id(&r.run_id)?;
+        let run = self
+            .reg
+            .get(&r.run_id)
+            .ok_or_else(|| Status::not_found(format!("run {:?} is not known", r.run_id)))?;
+        Ok(Response::new(Box::pin(
+            run.attach(r.after_seq).into_stream(),
+        )))
+    }
+
+    async fn write_stdin(
+        &self,
+        req: Request<WriteStdinRequest>,
+    ) -> Result<Response<WriteStdinResponse>, Status> {
+        let r = req.into_inner();
+        check_run_id(&r.run_id)?;
+        let reply =
+            |ok: bool, message: String| Ok(Response::new(WriteStdinResponse { ok, message }));
+        let Some(run) = self.reg.get(&r.run_id) else {
+            return reply(false, "not found".into());
+        };
+        let tx = match run.stdin_for_write(r.close) {
+            Ok(tx) => tx,
+            Err(why) => return reply(false, why.into()),
+        };
+        let (ack, done) = oneshot::channel();
+        let len = r.data.len();
+        let msg = StdinMsg {
+            data: r.data,
+            close: r.close,
+            ack,
+        };
+        if tx.send(msg).await.is_err() {
+            return reply(false, "stdin is closed".into());
+        }
+        match done.await {
+            Ok(Ok(())) if r.close => reply(true, format!("wrote {len} bytes; stdin closed")),
+            Ok(Ok(())) => reply(true, format!("wrote {len} bytes")),
+            Ok(Err(e)) => reply(false, e),
+            Err(_) => reply(false, "stdin is closed".into()),
+        }
+    }
+
+    async fn stop_run(
+        &self,
+        req: Request<StopRunRequest>,
+    ) -> Result<Response<StopRunResponse>, Status> {
+        let r = req.into_inner();
+        check_run_id(&r.run_id)?;
+        if r.grace_ms > MAX_GRACE_MS {
+            return Err(invalid(format!(
+                "grace_ms is {}; at most {MAX_GRACE_MS}",
+                r.grace_ms
+            )));
+        }
+        let grace_ms = match r.grace_ms {
+            0 => DEFAULT_KILL_GRACE_MS,
+            g => u64::from(g),
+        };
+        let reply = |ok: bool, message: String| Ok(Response::new(StopRunResponse { ok, message }));
+        let Some(run) = self.reg.get(&r.run_id) else {
+            return reply(false, "not found".into());
+        };
+        let input = Input::Stop {
+            now: self.clock.now(),
+            grace_ms,
+        };
+        match self.apply(&run, input) {
+            Ok(()) => reply(
+                true,
+                format!("sent SIGTERM; SIGKILL follows in {grace_ms} ms if it is still running"),
+            ),
+            Err(refusal) => reply(false, refusal.message().into()),
+        }
+    }
+}
+
+/// The service with its limits, ready to add to a tonic server.
+pub fn service(reg: Arc<Registry>) -> (RunnerService, RunnerServer<RunnerService>) {
+    let svc = RunnerService::new(reg, codex_program());
+    let server = RunnerServer::new(svc.clone())
+        .max_decoding_message_size(MAX_REQUEST_BYTES)
+        .max_encoding_message_size(MAX_EVENT_BYTES);
+    (svc, server)
+}
+
+/// Serves the runner on `socket` until SIGTERM / SIGINT.
+pub async fn serve(socket: &Path) -> Result<(), String> {
+    let listener = crate::socket::bind(socket, "paddock runner")?;
+    let reg = Arc::new(Registry::new(Limits::default()));
+    let (svc, server) = service(reg.clone());
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| format!("reflection: {e}"))?;
+
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {},
+            _ = term.recv() => {},
+        }
+        tracing::info!("signal received: stopping every run");
+        svc.stop_all();
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+        while reg.live_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _ = stop_tx.send(true);
+    });
+
+    tracing::info!(socket = %socket.display(), codex = ?codex_program(), "paddock runner listening");
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let shutdown = {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let server = tonic::transport::Server::builder()
+        .add_service(reflection)
+        .add_service(server)
+        .serve_with_incoming_shutdown(incoming, shutdown);
+    tokio::pin!(server);
+    // Once told to stop, give open streams a moment to finish, then go.
+    let result = tokio::select! {
+        r = &mut server => r.map_err(|e| format!("server error: {e}")),
+        _ = async {
+            let _ = stop_rx.wait_for(|s| *s).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        } => Ok(()),
+    };
+    let _ = std::fs::remove_file(socket);
+    result
+}
+
+/// `paddock runner --socket PATH`: the runner in the foreground; the process exit code.
+pub fn run(socket: PathBuf) -> i32 {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("paddock runner: tokio runtime: {e}");
+            return 1;
+        }
+    };
+    match rt.block_on(serve(&socket)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("paddock runner: {e}");
+            1
+        }
+    }
+}
