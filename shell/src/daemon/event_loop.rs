@@ -293,7 +293,7 @@ impl State {
         {
             for effect in effects {
                 match effect {
-                    TaskEffect::Persist(r) => batch.task_rows.push(TaskRow::Task(r)),
+                    TaskEffect::Persist(r) => batch.task_rows.push(TaskRow::Task(Box::new(r))),
                     TaskEffect::PersistOutput(o) => batch.task_rows.push(TaskRow::Output(o)),
                     TaskEffect::Spawn { id, spec } => {
                         let event = match supervisor::spawn_task(&id, &spec, self.tx.clone()) {

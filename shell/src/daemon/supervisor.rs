@@ -246,50 +246,6 @@ pub fn truncate(s: &str, max: usize) -> String {
     format!("{}… [{} bytes cut]", &s[..end], s.len() - end)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn truncation_respects_char_boundaries() {
-        assert_eq!(truncate("abc", 5), "abc");
-        let t = truncate("ééé", 3);
-        assert!(t.starts_with('é'));
-        assert!(t.contains("bytes cut"));
-    }
-
-    #[test]
-    fn progress_lines() {
-        assert_eq!(
-            parse_progress("::progress 42 building"),
-            Some((4200, "building".into()))
-        );
-        assert_eq!(
-            parse_progress("::progress 12.5%"),
-            Some((1250, String::new()))
-        );
-        assert_eq!(parse_progress("::progress 101 x"), None);
-        assert_eq!(parse_progress("progress 10"), None);
-        assert_eq!(parse_progress("::progress abc"), None);
-    }
-
-    #[tokio::test]
-    async fn over_long_lines_are_bounded() {
-        let data = vec![b'x'; MAX_LINE_BYTES + 10];
-        let mut input = data.clone();
-        input.push(b'\n');
-        input.extend_from_slice(b"next\n");
-        let mut r = BufReader::new(&input[..]);
-        let mut buf = Vec::new();
-        let n = read_bounded_line(&mut r, &mut buf).await.unwrap();
-        assert_eq!(n, MAX_LINE_BYTES + 11);
-        assert_eq!(buf.len(), MAX_LINE_BYTES);
-        buf.clear();
-        read_bounded_line(&mut r, &mut buf).await.unwrap();
-        assert_eq!(buf, b"next\n");
-    }
-}
-
 /// Longest task output line kept whole.
 const TASK_LINE_BYTES: usize = 64 * 1024;
 
@@ -403,4 +359,48 @@ pub fn spawn_task(
             .await;
     });
     Ok(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_respects_char_boundaries() {
+        assert_eq!(truncate("abc", 5), "abc");
+        let t = truncate("ééé", 3);
+        assert!(t.starts_with('é'));
+        assert!(t.contains("bytes cut"));
+    }
+
+    #[test]
+    fn progress_lines() {
+        assert_eq!(
+            parse_progress("::progress 42 building"),
+            Some((4200, "building".into()))
+        );
+        assert_eq!(
+            parse_progress("::progress 12.5%"),
+            Some((1250, String::new()))
+        );
+        assert_eq!(parse_progress("::progress 101 x"), None);
+        assert_eq!(parse_progress("progress 10"), None);
+        assert_eq!(parse_progress("::progress abc"), None);
+    }
+
+    #[tokio::test]
+    async fn over_long_lines_are_bounded() {
+        let data = vec![b'x'; MAX_LINE_BYTES + 10];
+        let mut input = data.clone();
+        input.push(b'\n');
+        input.extend_from_slice(b"next\n");
+        let mut r = BufReader::new(&input[..]);
+        let mut buf = Vec::new();
+        let n = read_bounded_line(&mut r, &mut buf).await.unwrap();
+        assert_eq!(n, MAX_LINE_BYTES + 11);
+        assert_eq!(buf.len(), MAX_LINE_BYTES);
+        buf.clear();
+        read_bounded_line(&mut r, &mut buf).await.unwrap();
+        assert_eq!(buf, b"next\n");
+    }
 }

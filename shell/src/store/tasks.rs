@@ -44,7 +44,7 @@ CREATE TABLE task_output (
 /// A task row or an output row, written with the daemon's batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaskRow {
-    Task(TaskRecord),
+    Task(Box<TaskRecord>),
     Output(TaskOutput),
 }
 
@@ -252,7 +252,7 @@ mod tests {
             .apply_all(
                 &[],
                 &[
-                    TaskRow::Task(rec.clone()),
+                    TaskRow::Task(Box::new(rec.clone())),
                     TaskRow::Output(out1.clone()),
                     TaskRow::Output(out2.clone()),
                 ],
