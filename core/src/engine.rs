@@ -66,11 +66,32 @@ impl Engine {
         now: Millis,
         records: impl IntoIterator<Item = SessionRecord>,
     ) -> (Self, Vec<Effect>) {
+        Engine::restore_with(limits, now, records, &BTreeMap::new())
+    }
+
+    /// As [`Engine::restore`], adopting the provider processes that outlived the previous
+    /// daemon (`surviving`: session → its run and pid, as the runner lists them). An adopted
+    /// session carries on where it was (a turn in progress stays in progress; a stop in
+    /// progress is finished); one whose process is gone is FAILED with OBEY-2032.
+    pub fn restore_with(
+        limits: Limits,
+        now: Millis,
+        records: impl IntoIterator<Item = SessionRecord>,
+        surviving: &BTreeMap<SessionId, (RunId, Option<u32>)>,
+    ) -> (Self, Vec<Effect>) {
         let mut engine = Engine::new(limits);
         engine.now = now;
         let mut out = Out::default();
         for record in records {
             let id = record.id.clone();
+            // Run ids stay unique across daemon lifetimes: the runner may still know old ones.
+            if let Some(r) = record.run {
+                engine.next_run = engine.next_run.max(r + 1);
+            }
+            let survivor = surviving
+                .get(&id)
+                .copied()
+                .filter(|(run, _)| record.run == Some(*run));
             let mut s = Session::from_record(record);
             let mut cx = Ctx {
                 now,
@@ -79,7 +100,10 @@ impl Engine {
                 trace: &mut engine.trace,
                 out,
             };
-            s.reconcile(&mut cx);
+            match survivor {
+                Some((run, pid)) => s.adopt(run, pid, &mut cx),
+                None => s.reconcile(&mut cx),
+            }
             s.flush(&mut cx);
             out = cx.out;
             engine.sessions.insert(id, s);
@@ -201,9 +225,14 @@ impl Engine {
                 }
                 None => not_found(&mut cx, req, &id),
             },
-            Input::Provider { id, run, event } => {
+            Input::Provider {
+                id,
+                run,
+                cursor,
+                event,
+            } => {
                 if let Some(s) = self.sessions.get_mut(&id) {
-                    s.handle_provider(run, event, &mut cx);
+                    s.handle_provider(run, cursor, event, &mut cx);
                     s.flush(&mut cx);
                 }
             }
@@ -266,5 +295,8 @@ fn new_record(id: SessionId, config: crate::SessionConfig, now: Millis) -> Sessi
         last_activity_seq: 0,
         last_status_seq: 0,
         turns: 0,
+        turn_open: false,
+        run: None,
+        provider_cursor: 0,
     }
 }

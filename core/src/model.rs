@@ -303,6 +303,15 @@ pub struct SessionRecord {
     pub last_status_seq: u64,
     /// How many turns have been started.
     pub turns: u64,
+    /// True while turn number `turns` is in progress (its stream has not ended).
+    pub turn_open: bool,
+    /// The provider run (process) the session has, if any: kept so that a daemon that
+    /// restarts can adopt a process that outlived it (in the runner).
+    pub run: Option<RunId>,
+    /// How far into that run's output the session has applied, as the shell counts it (an
+    /// opaque, increasing position): after a daemon restart, output is read again from here,
+    /// and anything at or before it is recognised as already applied.
+    pub provider_cursor: u64,
 }
 
 impl SessionRecord {

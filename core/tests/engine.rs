@@ -63,6 +63,7 @@ impl Rig {
             Input::Provider {
                 id: sid(),
                 run,
+                cursor: None,
                 event,
             },
         )
@@ -501,6 +502,125 @@ fn restore_fails_what_was_active_with_2032() {
     );
     assert_eq!(s.record.pid, None);
     assert_eq!(statuses(&fx), vec![(Some(Status::Working), Status::Failed)]);
+    // The turn the old daemon left open ends in the store, with the reason.
+    let a = activities(&fx);
+    assert_eq!(a.len(), 1);
+    assert!(a[0].ends_turn && a[0].activity.content.starts_with("OBEY-2032"));
+    assert!(!s.record.turn_open);
+}
+
+#[test]
+fn restore_adopts_a_process_that_outlived_the_daemon() {
+    let mut r = Rig::running(config());
+    r.send("hi");
+    r.provider(1, act(ActivityKind::Thinking, 3, 3));
+    let rec = r.record();
+    assert_eq!((rec.run, rec.turn_open), (Some(1), true));
+    let mut surviving = std::collections::BTreeMap::new();
+    surviving.insert(sid(), (1, Some(42)));
+    let (mut engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], &surviving);
+    assert!(
+        statuses(&fx).is_empty(),
+        "nothing changes for an adopted session"
+    );
+    let s = engine.session(&sid()).unwrap();
+    assert_eq!((s.status(), s.turn()), (Status::Working, Some(1)));
+    // The turn goes on and ends normally; new runs get fresh ids.
+    let fx = engine.handle(
+        T0 + 200,
+        Input::Provider {
+            id: sid(),
+            run: 1,
+            cursor: Some(10),
+            event: act(ActivityKind::Completion, 1, 1),
+        },
+    );
+    assert!(activities(&fx)[0].ends_turn);
+    assert_eq!(engine.session(&sid()).unwrap().status(), Status::Running);
+    // Output at or before the applied cursor is recognised as already applied.
+    let fx = engine.handle(
+        T0 + 300,
+        Input::Provider {
+            id: sid(),
+            run: 1,
+            cursor: Some(10),
+            event: act(ActivityKind::Thinking, 1, 1),
+        },
+    );
+    assert!(fx.is_empty());
+    let fx = engine.handle(
+        T0 + 300,
+        Input::Restart {
+            req: 99,
+            id: sid(),
+            provider_config: None,
+        },
+    );
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    let fx = engine.handle(
+        T0 + 400,
+        Input::Provider {
+            id: sid(),
+            run: 1,
+            cursor: None,
+            event: exited(),
+        },
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::Spawn { run: 2, .. })));
+}
+
+#[test]
+fn restore_adopting_a_first_start_sends_the_initial_message() {
+    // The daemon died before it read `Started` (which is when the initial message goes): the
+    // adopted session must still get its first turn.
+    let mut config = config();
+    config.initial_message = "begin".into();
+    let mut r = Rig::new();
+    r.create(config);
+    let rec = r.record();
+    assert_eq!((rec.status, rec.run), (Status::Starting, Some(1)));
+    let mut surviving = std::collections::BTreeMap::new();
+    surviving.insert(sid(), (1, Some(42)));
+    let (engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], &surviving);
+    assert_eq!(
+        statuses(&fx),
+        vec![
+            (Some(Status::Starting), Status::Running),
+            (Some(Status::Running), Status::Working)
+        ]
+    );
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Write { run: 1, text, .. } if text == "begin")));
+    let s = engine.session(&sid()).unwrap();
+    assert_eq!(
+        (s.turn(), s.record.turns, s.record.turn_open),
+        (Some(1), 1, true)
+    );
+}
+
+#[test]
+fn restore_finishes_a_stop_the_old_daemon_began() {
+    let mut r = Rig::running(config());
+    r.send("hi");
+    r.stop(true);
+    let rec = r.record();
+    assert_eq!(rec.status, Status::Stopping);
+    let mut surviving = std::collections::BTreeMap::new();
+    surviving.insert(sid(), (1, Some(42)));
+    let (mut engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], &surviving);
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    assert!(activities(&fx)[0].ends_turn);
+    engine.handle(
+        T0 + 200,
+        Input::Provider {
+            id: sid(),
+            run: 1,
+            cursor: None,
+            event: exited(),
+        },
+    );
+    assert_eq!(engine.session(&sid()).unwrap().status(), Status::Stopped);
 }
 
 #[test]

@@ -82,6 +82,8 @@ pub mod model;
 pub mod rng;
 pub mod world;
 
-pub use driver::{faults_of, run_seed, Coverage, Failure, Options, Outcome, Phase, Stats};
+pub use driver::{
+    faults_of, run_seed, Coverage, Failure, Options, Outcome, Phase, Stats, RESTART_CASES,
+};
 pub use log::LogMode;
 pub use world::Faults;

@@ -7,7 +7,7 @@
 //! (previous, new) status pairs a cause may produce, which replies a request may get given the
 //! state it was made in, and how turns and tokens add up — not how the engine gets there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Effect, Engine, Error, ErrorCode, Input, Limits, Millis,
@@ -49,6 +49,8 @@ pub enum Cause {
     Provider {
         id: SessionId,
         run: RunId,
+        /// The event's position in the run's output (output events only).
+        cursor: Option<u64>,
         event: EventKind,
         activity: Option<Activity>,
     },
@@ -107,6 +109,8 @@ pub struct SessionModel {
     pub starts: u32,
     /// Turns started (user messages stored).
     pub turns: u64,
+    /// Turns whose stream ended (a COMPLETION or ERROR that ends it), across every daemon.
+    pub turns_ended: u64,
     pub open_turn: Option<u64>,
     /// When the status last changed.
     pub since: Millis,
@@ -116,6 +120,11 @@ pub struct SessionModel {
     restart_asked: bool,
     /// What the pending stop leads to.
     after_stop: Option<Then>,
+    /// The daemon restarting now adopts this session's process (meaningful in the restore
+    /// batch only).
+    adopted: bool,
+    /// The run whose output the session has applied, and how far (the last cursor applied).
+    applied: Option<(RunId, u64)>,
 }
 
 impl SessionModel {
@@ -151,8 +160,14 @@ pub struct ModelStats {
     pub requests_lost: u64,
     pub turns_completed: u64,
     pub turns_errored: u64,
-    /// Turn streams cut by a daemon crash.
+    /// Turns a daemon crash left open that the new daemon ended with OBEY-2032 (their
+    /// process was lost).
     pub turns_cut: u64,
+    /// Turns a daemon crash left open that went on in an adopted process.
+    pub turns_adopted: u64,
+    /// Output events replayed after a restart that had been applied already (and were
+    /// recognised as such).
+    pub replays_ignored: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -356,6 +371,15 @@ impl Model {
                 }
             }
         }
+        if let Cause::Provider {
+            id,
+            run,
+            cursor: Some(c),
+            ..
+        } = cause
+        {
+            self.on_cursor(id, *run, *c, effects)?;
+        }
         self.provider_activity_seen = false;
         for e in rest {
             match e {
@@ -370,6 +394,53 @@ impl Model {
             }
         }
         self.end_batch(cause)
+    }
+
+    /// An output event at cursor `c` of `run`: applied exactly once. One the session has
+    /// applied already (replayed after a restart) changes nothing; any other is applied, and
+    /// the cursor is stored with what it did (in the same transaction).
+    fn on_cursor(
+        &mut self,
+        id: &SessionId,
+        run: RunId,
+        c: u64,
+        effects: &[Effect],
+    ) -> Result<(), String> {
+        let Some(sm) = self.sessions.get_mut(id) else {
+            return Err(format!(
+                "output of run {run} for {id}, which clients never saw"
+            ));
+        };
+        let last = match sm.applied {
+            Some((r, n)) if r == run => n,
+            _ => 0,
+        };
+        if c <= last {
+            if !effects.is_empty() {
+                return Err(format!(
+                    "{id}: output at cursor {c} of run {run} was applied already (up to {last}); \
+                     replayed after a restart, it was applied again: {effects:?}"
+                ));
+            }
+            self.stats.replays_ignored += 1;
+            return Ok(());
+        }
+        let stored = effects.iter().find_map(|e| match e {
+            Effect::Persist(Record::Session(r)) if &r.id == id => Some(r),
+            _ => None,
+        });
+        match stored {
+            Some(r) if r.run == Some(run) && r.provider_cursor == c => {}
+            other => {
+                return Err(format!(
+                    "{id}: output at cursor {c} of run {run} (applied up to {last}) was not \
+                     applied, or its cursor not stored with it: the record stored is {:?}",
+                    other.map(|r| (r.run, r.provider_cursor))
+                ))
+            }
+        }
+        sm.applied = Some((run, c));
+        Ok(())
     }
 
     fn on_status(
@@ -415,11 +486,14 @@ impl Model {
                     tokens_out: 0,
                     starts: 0,
                     turns: 0,
+                    turns_ended: 0,
                     open_turn: None,
                     since: ev.at,
                     started_at: None,
                     restart_asked: false,
                     after_stop: None,
+                    adopted: false,
+                    applied: None,
                 },
             );
             return Ok(());
@@ -583,6 +657,27 @@ impl Model {
                  an ERROR: {ev:?}"
             ));
         }
+        if cause.restore() {
+            // A restart ends a turn the old daemon left open: with OBEY-2032 if its process
+            // was lost; an adopted one only if the session was stopping (the stop goes on).
+            let lost = ErrorCode::ConnectionLost.to_string();
+            if !sm.adopted && !a.content.starts_with(&lost) {
+                return Err(format!(
+                    "{id}: a restart that lost the process ended turn {:?} without saying \
+                     {lost}: {ev:?}",
+                    ev.turn
+                ));
+            }
+            if sm.adopted && sm.status != Status::Stopping {
+                return Err(format!(
+                    "{id}: an adopted {} session had turn {:?} interrupted: {ev:?}",
+                    sm.status, ev.turn
+                ));
+            }
+            if !sm.adopted {
+                self.stats.turns_cut += 1;
+            }
+        }
         match ev.turn {
             Some(t) => {
                 if sm.open_turn != Some(t) {
@@ -597,6 +692,7 @@ impl Model {
                         return Err(format!("{id}: a {} ends turn {t}", a.kind().name()));
                     }
                     sm.open_turn = None;
+                    sm.turns_ended += 1;
                     if a.kind() == ActivityKind::Completion {
                         self.stats.turns_completed += 1;
                     } else {
@@ -884,6 +980,13 @@ impl Model {
                     format!("{} starts", sm.starts),
                 );
             }
+            if sm.turns != sm.turns_ended + u64::from(sm.open_turn.is_some()) {
+                return Err(format!(
+                    "{id}: {} turns began, {} ended and {:?} is open: every turn ends exactly \
+                     once (across daemon restarts too)",
+                    sm.turns, sm.turns_ended, sm.open_turn
+                ));
+            }
             if rec.turns != sm.turns || s.turn() != sm.open_turn {
                 return mismatch(
                     "turns/open turn",
@@ -937,6 +1040,43 @@ impl Model {
                 return Err(format!(
                     "{id} is {} with open turn {:?}: WORKING means a turn is open",
                     rec.status, sm.open_turn
+                ));
+            }
+            if rec.run != s.run().id() {
+                return Err(format!(
+                    "{id}: the record names run {:?}, its process is {:?} (a restarted daemon \
+                     would adopt the wrong one)",
+                    rec.run,
+                    s.run()
+                ));
+            }
+            if rec.turn_open != s.turn().is_some() {
+                return Err(format!(
+                    "{id}: the record says turn_open={}, the open turn is {:?} (a restarted \
+                     daemon would end or continue the wrong turn)",
+                    rec.turn_open,
+                    s.turn()
+                ));
+            }
+            let applied = match (sm.applied, rec.run) {
+                (Some((r, n)), Some(run)) if r == run => n,
+                _ => 0,
+            };
+            if rec.provider_cursor != applied {
+                return mismatch(
+                    "output applied up to cursor",
+                    format!("{} (run {:?})", rec.provider_cursor, rec.run),
+                    applied.to_string(),
+                );
+            }
+            if rec.status == Status::Running
+                && rec.restart_count == 0
+                && rec.turns == 0
+                && !rec.config.initial_message.is_empty()
+            {
+                return Err(format!(
+                    "{id} is RUNNING after its first start and its initial message was never \
+                     sent (no turn began)"
                 ));
             }
             let run_pid = match s.run() {
@@ -1011,14 +1151,59 @@ impl Model {
                     sm.status, sm.status_seq, rec.status, rec.last_status_seq
                 ));
             }
-            if sm.open_turn.take().is_some() {
-                self.stats.turns_cut += 1;
+            // A turn in progress stays in progress in the store: the new daemon ends it or,
+            // adopting its process, lets it go on. Either way it ends exactly once.
+            if rec.turn_open != sm.open_turn.is_some() || rec.turns != sm.turns {
+                return Err(format!(
+                    "clients saw {id} with turn {:?} of {} open, the store says turn_open={} of \
+                     {}",
+                    sm.open_turn, sm.turns, rec.turn_open, rec.turns
+                ));
             }
+            sm.adopted = false;
             sm.after_stop = None;
             sm.restart_asked = false;
             sm.started_at = rec.started_at;
             // A restart's override was only kept if its step committed.
             sm.config = rec.config.clone();
+        }
+        Ok(())
+    }
+
+    /// The new daemon is about to adopt the processes of `adopted`: a stop in progress goes
+    /// on (to STOPPED: its requester is gone), and what was applied of their output is what
+    /// the store says.
+    pub fn on_restore(
+        &mut self,
+        adopted: &BTreeSet<SessionId>,
+        store: &Store,
+    ) -> Result<(), String> {
+        for (id, sm) in &mut self.sessions {
+            sm.adopted = adopted.contains(id);
+            if !sm.adopted {
+                // Its run is gone (a new daemon may reuse the number for another process).
+                sm.applied = None;
+                continue;
+            }
+            let rec = &store.sessions[id];
+            let run = rec.run.expect("an adopted session's record names its run");
+            let applied = match sm.applied {
+                Some((r, n)) if r == run => n,
+                _ => 0,
+            };
+            if rec.provider_cursor != applied {
+                return Err(format!(
+                    "{id}: the store says run {run}'s output was applied up to cursor {}, the \
+                     clients saw it applied up to {applied}",
+                    rec.provider_cursor
+                ));
+            }
+            if sm.status == Status::Stopping {
+                sm.after_stop = Some(Then::Stop);
+            }
+            if sm.open_turn.is_some() && sm.status == Status::Working {
+                self.stats.turns_adopted += 1;
+            }
         }
         Ok(())
     }
@@ -1048,25 +1233,28 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
     use EventKind as E;
     use ReqKind as R;
     use Status::*;
+    // A restart fails what it did not adopt, and carries on what it did.
+    let lost = cause.restore() && !sm.adopted;
+    let adopted = cause.restore() && sm.adopted;
     let ok = match (from, to) {
         (Created, Starting) => cause.req(R::Create),
-        (Starting, Running) => cause.ev(E::Started),
+        (Starting, Running) => cause.ev(E::Started) || adopted,
         (Starting, Failed) => {
-            cause.ev(E::SpawnFailed) || cause.ev(E::Exited) || cause.tick() || cause.restore()
+            cause.ev(E::SpawnFailed) || cause.ev(E::Exited) || cause.tick() || lost
         }
         (Starting | Running | Working, Stopping) => cause.stop() || cause.req(R::Restart),
         (Running, Working) => {
             cause.req(R::Send)
-                || (cause.ev(E::Started)
+                || ((cause.ev(E::Started) || adopted)
                     && sm.starts == 1
                     && sm.turns == 0
                     && !sm.config.initial_message.is_empty())
         }
-        (Running, Failed) => cause.ev(E::Exited) || cause.tick() || cause.restore(),
+        (Running, Failed) => cause.ev(E::Exited) || cause.tick() || lost,
         (Working, Running) => cause.ev(E::TurnEnd),
         (Working, Failed) => {
             // The budget (an activity), a crash, the session timeout, a daemon restart.
-            cause.ev(E::Activity) || cause.ev(E::Exited) || cause.tick() || cause.restore()
+            cause.ev(E::Activity) || cause.ev(E::Exited) || cause.tick() || lost
         }
         (Stopping, Stopped) => {
             if sm.after_stop != Some(Then::Stop) {
@@ -1080,7 +1268,7 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
             }
             cause.req(R::Restart) || cause.ev(E::Exited) || cause.ev(E::SpawnFailed)
         }
-        (Stopping, Failed) => cause.restore(),
+        (Stopping, Failed) => lost,
         (Stopped | Failed, Starting) => {
             if !sm.restart_asked {
                 return Err("a terminal session leaves only through a restart");
@@ -1137,7 +1325,10 @@ pub fn diff(want: &SessionRecord, got: &SessionRecord) -> String {
         provider_session,
         last_activity_seq,
         last_status_seq,
-        turns
+        turns,
+        turn_open,
+        run,
+        provider_cursor
     );
     format!("[{}]", out.join("; "))
 }

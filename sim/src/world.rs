@@ -53,6 +53,9 @@ pub struct Faults {
     /// Of those crashes, how many (per mille) hit with an input in flight: its effects are
     /// lost with the uncommitted transaction.
     pub crash_mid_step: u32,
+    /// Of those crashes, how many (per mille) the runner survives: the provider processes
+    /// keep running through the daemon's downtime, and the new daemon adopts them.
+    pub runner_survives: u32,
 }
 
 impl Faults {
@@ -79,6 +82,7 @@ impl Faults {
             stray_output: f(20, 400),
             daemon_crash: f(10, 300),
             crash_mid_step: f(100, 900),
+            runner_survives: f(200, 1000),
         }
     }
 }
@@ -89,7 +93,8 @@ impl fmt::Display for Faults {
             f,
             "spawn_fail={} exit_at_startup={} slow_start={} crash_mid_turn={} hang={} \
              garbage={} slow_output={} usage_jump={} provider_error={} ignore_term={} \
-             stray_output={} (per mille) daemon_crash={}/10k steps crash_mid_step={}",
+             stray_output={} (per mille) daemon_crash={}/10k steps crash_mid_step={} \
+             runner_survives={}",
             self.spawn_fail,
             self.exit_at_startup,
             self.slow_start,
@@ -102,7 +107,8 @@ impl fmt::Display for Faults {
             self.ignore_term,
             self.stray_output,
             self.daemon_crash,
-            self.crash_mid_step
+            self.crash_mid_step,
+            self.runner_survives
         )
     }
 }
@@ -208,6 +214,15 @@ impl Store {
         // Every session row written in this transaction must agree with the appends.
         for e in effects {
             if let Effect::Persist(Record::Session(rec)) = e {
+                if (rec.turn_open && rec.turns == 0)
+                    || (rec.run.is_none() && (rec.provider_cursor != 0 || rec.pid.is_some()))
+                {
+                    return Err(format!(
+                        "store: record of {} says turn_open={} of {} turns, run {:?}, cursor {}, \
+                         pid {:?}",
+                        rec.id, rec.turn_open, rec.turns, rec.run, rec.provider_cursor, rec.pid
+                    ));
+                }
                 let rows = self.rows.get(&rec.id).copied().unwrap_or_default();
                 if rec.last_status_seq != rows.status_seq
                     || rec.last_activity_seq != rows.activity_seq
@@ -245,7 +260,15 @@ struct Line {
     event: ProviderEvent,
     /// Part of the turn being answered (a Write must not arrive while one is still queued).
     of_turn: bool,
+    /// Its position in the run's output (output lines only), given when it is first
+    /// delivered; a redelivered line keeps it.
+    cursor: Option<u64>,
 }
+
+/// How many delivered output lines a process keeps for redelivery (the runner's buffer).
+/// A daemon commits every line it reads in the same step, so after a crash at most the one in
+/// flight is unapplied, plus the few already applied that are replayed to test the dedupe.
+const KEPT_OUTPUT: usize = 8;
 
 /// One fake provider process: a queue of timed lines, and how it reacts to signals.
 #[derive(Debug, Clone)]
@@ -269,6 +292,10 @@ struct Proc {
     /// The provider's conversation id (reported with `SessionRef`).
     conversation: String,
     calls: u64,
+    /// The cursor of the last output line delivered (output is numbered 1, 2, 3, … per run).
+    cursor: u64,
+    /// The last output lines delivered, with their cursors (what the runner would replay).
+    delivered: VecDeque<Line>,
 }
 
 /// What one delivered line was, for the driver's bookkeeping.
@@ -276,17 +303,31 @@ struct Proc {
 pub struct Delivery {
     pub id: SessionId,
     pub run: RunId,
+    /// The line's position in the run's output (`None` for start, spawn failure, exit).
+    pub cursor: Option<u64>,
     pub event: ProviderEvent,
 }
 
-/// The fake provider processes of the current daemon, keyed by run id.
+/// The fake provider processes, keyed by run id, as the runner holds them.
 ///
-/// A run id is only unique within one daemon's life (a restored engine counts from 1 again),
-/// which is one more reason the processes of a crashed daemon must die with it: they are
-/// dropped in [`World::crash`] and nothing they would still have said reaches the new engine.
+/// When the daemon crashes, the runner either dies with it (every process dies unheard:
+/// [`World::crash`] drops them) or survives it: then the processes go on in simulated time,
+/// and the new daemon adopts them ([`World::alive`]) and has their output redelivered from
+/// its committed cursor ([`World::redeliver`]); a process it does not adopt is stopped
+/// ([`World::reap`]) and nothing it says reaches the new engine.
+///
+/// A process is alive, as the runner lists it, until the daemon has read its exit: a process
+/// that exits while the daemon is down is still listed, with its last output and its exit
+/// waiting to be read.
 #[derive(Debug, Clone)]
 pub struct World {
     procs: BTreeMap<RunId, Proc>,
+    /// The process whose exit (or spawn failure) was delivered last, as it was just before:
+    /// if that delivery was the input a crash lost, the runner still has it.
+    gone: Option<(RunId, Proc)>,
+    /// Every (session, run) the runner has run since it last started (for the statistics: a
+    /// run id a new daemon reuses while the runner still remembers it).
+    known: std::collections::BTreeSet<(SessionId, RunId)>,
     faults: Faults,
     healed: bool,
     rng: Rng,
@@ -299,12 +340,17 @@ pub struct World {
     /// Counters for the run summary.
     pub spawns: u64,
     pub turns_scripted: u64,
+    /// Spawns whose (session, run) the surviving runner had already run under an earlier
+    /// daemon.
+    pub runs_reused: u64,
 }
 
 impl World {
     pub fn new(faults: Faults, rng: Rng, limits: &Limits) -> Self {
         World {
             procs: BTreeMap::new(),
+            gone: None,
+            known: std::collections::BTreeSet::new(),
             faults,
             healed: false,
             rng,
@@ -315,6 +361,7 @@ impl World {
             kill_grace_ms: limits.kill_grace_ms,
             spawns: 0,
             turns_scripted: 0,
+            runs_reused: 0,
         }
     }
 
@@ -326,10 +373,105 @@ impl World {
         }
     }
 
-    /// The daemon died: its children die with it (PR_SET_PDEATHSIG), unheard.
-    pub fn crash(&mut self) {
-        self.procs.clear();
+    /// The daemon died. If the runner died with it, so did every process (PR_SET_PDEATHSIG),
+    /// unheard. If the runner survived, its processes go on: one whose exit was the input in
+    /// flight (`in_flight_exit`) is still listed, its exit unread; one that was only being
+    /// spawned is listed if it exists at all (a spawn that fails never made a process), as
+    /// started; and the signals the old daemon sent are its own business (the new one cannot
+    /// know of them).
+    pub fn crash(&mut self, runner_survives: bool, in_flight_exit: bool) {
         self.last_run = 0;
+        let gone = self.gone.take();
+        if !runner_survives {
+            self.procs.clear();
+            self.known.clear();
+            return;
+        }
+        if let (true, Some((run, p))) = (in_flight_exit, gone) {
+            self.procs.insert(run, p);
+        }
+        self.procs.retain(|_, p| {
+            !matches!(
+                p.queue.front(),
+                Some(Line {
+                    event: ProviderEvent::SpawnFailed { .. },
+                    ..
+                })
+            )
+        });
+        for p in self.procs.values_mut() {
+            if !p.started {
+                if let Some(Line {
+                    event: ProviderEvent::Started { .. },
+                    ..
+                }) = p.queue.front()
+                {
+                    p.queue.pop_front();
+                }
+                p.started = true;
+            }
+            p.term_at = None;
+            p.killed = false;
+        }
+    }
+
+    /// What the surviving runner lists: every live process, as (run, session, pid).
+    pub fn alive(&self) -> Vec<(RunId, SessionId, u32)> {
+        self.procs
+            .iter()
+            .map(|(r, p)| (*r, p.session.clone(), p.pid))
+            .collect()
+    }
+
+    /// A process the new daemon did not adopt is stopped, unheard.
+    pub fn reap(&mut self, run: RunId) {
+        self.procs.remove(&run);
+    }
+
+    /// The new daemon adopted `run` at `now`, having applied its output up to `committed`:
+    /// the runner replays every output line after `from` (at most `committed`: a replay from
+    /// before it tests that what was applied is not applied twice), then the rest. Returns
+    /// how many lines are replayed.
+    pub fn redeliver(
+        &mut self,
+        now: Millis,
+        run: RunId,
+        from: u64,
+        committed: u64,
+    ) -> Result<usize, String> {
+        let Some(p) = self.procs.get_mut(&run) else {
+            return Ok(0);
+        };
+        // The runner still has everything the daemon did not apply.
+        let oldest = p.delivered.front().and_then(|l| l.cursor).unwrap_or(1);
+        if p.cursor > committed && oldest > committed + 1 {
+            return Err(format!(
+                "the runner kept run {run}'s output from cursor {oldest}, but the daemon applied \
+                 it only up to {committed}"
+            ));
+        }
+        // Lines queued for redelivery by an earlier restart are replayed from the log again.
+        p.queue.retain(|l| l.cursor.is_none());
+        for l in p.queue.iter_mut() {
+            l.at = l.at.max(now);
+        }
+        if p.exiting {
+            p.exit_at = p.exit_at.max(now);
+        }
+        let mut n = 0;
+        for l in p.delivered.iter().rev() {
+            let c = l.cursor.expect("a delivered output line has its cursor");
+            if c <= from {
+                break;
+            }
+            let mut l = l.clone();
+            l.at = now;
+            // What was applied belongs to no turn the provider is still answering.
+            l.of_turn = l.of_turn && c > committed;
+            p.queue.push_front(l);
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// The run of `session` that is still alive as far as the engine can know (its last line,
@@ -373,19 +515,31 @@ impl World {
         }
         let run = *rng.pick(&due);
         let p = self.procs.get_mut(&run).expect("due process");
-        let line = p.queue.pop_front().expect("due line");
+        let mut line = p.queue.pop_front().expect("due line");
         let id = p.session.clone();
         match line.event {
             ProviderEvent::Started { .. } => p.started = true,
             ProviderEvent::Exited { .. } | ProviderEvent::SpawnFailed { .. } => {
                 debug_assert!(p.queue.is_empty(), "a process's last word is its last");
-                self.procs.remove(&run);
+                let mut p = self.procs.remove(&run).expect("due process");
+                p.queue.push_front(line.clone());
+                self.gone = Some((run, p));
             }
-            _ => {}
+            ProviderEvent::Activity(_) | ProviderEvent::SessionRef(_) => {
+                if line.cursor.is_none() {
+                    p.cursor += 1;
+                    line.cursor = Some(p.cursor);
+                    p.delivered.push_back(line.clone());
+                    if p.delivered.len() > KEPT_OUTPUT {
+                        p.delivered.pop_front();
+                    }
+                }
+            }
         }
         Some(Delivery {
             id,
             run,
+            cursor: line.cursor,
             event: line.event,
         })
     }
@@ -405,6 +559,7 @@ impl World {
                         Activity::new(ActivityKind::Completion, "recovered").with_tokens(10, 10),
                     ),
                     of_turn: true,
+                    cursor: None,
                 });
             }
             // Promptly, in order: the minimum of two non-decreasing sequences is one.
@@ -439,6 +594,16 @@ impl World {
                  delivered): two processes for one session"
             ));
         }
+        if let Some(p) = self.procs.get(&run) {
+            return Err(format!(
+                "Spawn for {id} reuses run id {run}, which names a live process of {} that \
+                 outlived a daemon (run ids must stay unique across restarts)",
+                p.session
+            ));
+        }
+        if !self.known.insert((id.clone(), run)) {
+            self.runs_reused += 1;
+        }
         self.last_run = run;
         self.spawns += 1;
         let f = self.faults();
@@ -464,6 +629,8 @@ impl World {
             turn_open: false,
             conversation,
             calls: 0,
+            cursor: 0,
+            delivered: VecDeque::new(),
         };
         let rng = &mut self.rng;
         let quick = |rng: &mut Rng| rng.range(1, 400);
@@ -726,7 +893,12 @@ impl World {
 
 fn push(p: &mut Proc, at: Millis, event: ProviderEvent, of_turn: bool) {
     debug_assert!(p.queue.back().is_none_or(|l| l.at <= at));
-    p.queue.push_back(Line { at, event, of_turn });
+    p.queue.push_back(Line {
+        at,
+        event,
+        of_turn,
+        cursor: None,
+    });
 }
 
 fn ends_turn(e: &ProviderEvent) -> bool {

@@ -58,12 +58,23 @@ fn sweep() {
     let mut failures: Vec<Failure> = Vec::new();
     let (mut steps, mut crashes, mut mid, mut sessions, mut turns, mut sim_ms) = (0, 0, 0, 0, 0, 0);
     let (mut requests, mut lost, mut cut) = (0, 0, 0);
+    let (mut survived, mut adopted, mut turns_adopted, mut redelivered, mut replays) =
+        (0, 0, 0, 0, 0);
+    let (mut orphans, mut stale, mut reused) = (0, 0, 0);
     for r in rx {
         match r {
             Ok(o) => {
                 steps += o.stats.steps;
                 crashes += o.stats.crashes;
                 mid += o.stats.crashes_mid_step;
+                survived += o.stats.runner_survived;
+                adopted += o.stats.adopted;
+                turns_adopted += o.stats.model.turns_adopted;
+                redelivered += o.stats.redelivered;
+                replays += o.stats.model.replays_ignored;
+                orphans += o.stats.orphans;
+                stale += o.stats.stale_listed;
+                reused += o.stats.runs_reused;
                 sessions += o.stats.sessions;
                 turns += o.stats.model.turns_completed + o.stats.model.turns_errored;
                 requests += o.stats.model.requests;
@@ -87,8 +98,16 @@ fn sweep() {
         sim_ms as f64 / 3_600_000.0,
         failures.len()
     );
+    println!(
+        "runner: survived {survived} of the crashes; {adopted} processes adopted ({turns_adopted} \
+         with a turn in progress), {orphans} stopped unadopted, {stale} stale runs listed and \
+         not adopted; {redelivered} output lines replayed, {replays} of them recognised as applied already; {reused} spawns reused a \
+         (session, run) the surviving runner had run before"
+    );
     println!("table lookups reached (legal cells: count; refusals and ignored: (count)):");
     println!("{}", coverage.render());
+    println!("restart cases reached:");
+    println!("{}", coverage.render_restores());
     for f in failures.iter().take(20) {
         println!("{f}");
     }
@@ -120,6 +139,14 @@ fn sweep() {
                     .collect::<Vec<_>>()
                     .join(", "),
                 paddock_core::session::table::render()
+            );
+        }
+        let unreached = coverage.unreached_restores();
+        if !unreached.is_empty() {
+            panic!(
+                "restart cases never reached by {n} seeds (committed status, adopted, turn \
+                 open): {unreached:?}\n\n{}",
+                coverage.render_restores()
             );
         }
     }

@@ -1,1 +1,21 @@
-//! placeholder
+//! End-to-end tests of the real `paddock` binary: a real daemon per test on a real Unix
+//! socket, a real SQLite data dir and real agent processes (the built-in scripted agent), all
+//! inside one tempdir per test. See `harness.rs` for the layout.
+//!
+//! - `sessions`: turns, watches, lists, stops, restarts, budgets, timeouts, crashes (with
+//!   insta snapshots of the wire events in `snapshots/`).
+//! - `errors`: every OBEY-NNNN code reachable over the API, with its gRPC code.
+//! - `rpcs`: the "existing" RPCs (events, activity push, Ping, GetState, Execute) and the
+//!   campaign registry.
+//! - `lifecycle`: Shutdown, SIGTERM, restart reconciliation (OBEY-2032), socket ownership.
+//! - `cli`: the `paddock` command line against a daemon, autostart included.
+//! - `aria`: the Aria runtime API over `$HOME/.aria/runtime.sock`: tasks, notifications,
+//!   sessions, containers, errors with details.
+
+mod aria;
+mod cli;
+mod errors;
+mod harness;
+mod lifecycle;
+mod rpcs;
+mod sessions;

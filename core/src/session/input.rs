@@ -32,10 +32,13 @@ pub enum Input {
         id: SessionId,
         provider_config: Option<BTreeMap<String, String>>,
     },
-    /// Something the provider process of run `run` did.
+    /// Something the provider process of run `run` did. `cursor` is the position in the run's
+    /// output just after what produced this event (see `SessionRecord::provider_cursor`);
+    /// `None` for events with no position (start, spawn failure, exit).
     Provider {
         id: SessionId,
         run: RunId,
+        cursor: Option<u64>,
         event: ProviderEvent,
     },
     /// Time passed: fire every deadline at or before `now`.

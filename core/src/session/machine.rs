@@ -356,9 +356,22 @@ impl Session {
         self.maybe_finish_stop(cx);
     }
 
-    pub(crate) fn handle_provider(&mut self, run: RunId, event: ProviderEvent, cx: &mut Ctx) {
+    pub(crate) fn handle_provider(
+        &mut self,
+        run: RunId,
+        cursor: Option<u64>,
+        event: ProviderEvent,
+        cx: &mut Ctx,
+    ) {
         if self.run.id() != Some(run) {
             return; // input from a process this session no longer has
+        }
+        if let Some(c) = cursor {
+            if c <= self.record.provider_cursor {
+                return; // already applied before a daemon restart
+            }
+            self.record.provider_cursor = c;
+            self.dirty = true;
         }
         match event {
             ProviderEvent::Started { pid } => self.on_started(run, pid, cx),
@@ -387,7 +400,7 @@ impl Session {
         if !matches!(self.check(InputKind::Started, cx), Ok(true)) {
             return;
         }
-        self.run = Run::Alive { run, pid };
+        self.set_run(Run::Alive { run, pid });
         self.record.pid = pid;
         self.dirty = true;
         self.startup_deadline = None;
@@ -402,11 +415,7 @@ impl Session {
             None => "provider started".to_string(),
         };
         self.set_status(Status::Running, &msg, cx);
-        let first_start = self.record.restart_count == 0 && self.record.turns == 0;
-        let initial = self.record.config.initial_message.clone();
-        if first_start && !initial.is_empty() {
-            self.begin_turn(initial, cx);
-        }
+        self.send_initial_message(cx);
         for req in std::mem::take(&mut self.start_replies) {
             cx.out.rest.push(Effect::Reply {
                 req,
@@ -419,7 +428,7 @@ impl Session {
         if !matches!(self.check(InputKind::SpawnFailed, cx), Ok(true)) {
             return;
         }
-        self.run = Run::Idle;
+        self.set_run(Run::Idle);
         self.record.pid = None;
         self.dirty = true;
         match self.record.status {
@@ -493,7 +502,7 @@ impl Session {
         if !matches!(self.check(InputKind::Exited, cx), Ok(true)) {
             return;
         }
-        self.run = Run::Idle;
+        self.set_run(Run::Idle);
         self.record.pid = None;
         self.dirty = true;
         let how = match (code, signal) {
@@ -611,6 +620,7 @@ impl Session {
             if self.record.pid.take().is_some() {
                 self.dirty = true;
             }
+            self.set_run(Run::Idle);
             return;
         }
         let was = self.record.status;
@@ -619,6 +629,10 @@ impl Session {
             format!("the daemon restarted while the session was {was}; its provider was lost"),
         );
         self.record.pid = None;
+        // A turn the old daemon left open ends here, so every stored turn ends exactly once.
+        self.turn = self.record.turn_open.then_some(self.record.turns);
+        self.interrupt_turn(&e.to_string(), cx);
+        self.set_run(Run::Idle);
         self.record.error = Some(e.clone());
         self.record.ended_at = Some(cx.now);
         self.dirty = true;
@@ -638,8 +652,64 @@ impl Session {
 
     // ── the steps the handlers are made of ─────────────────────────────────
 
+    /// Changes the process, keeping the durable record's run id (and its output cursor) in
+    /// step with it.
+    fn set_run(&mut self, run: Run) {
+        let id = run.id();
+        if self.record.run != id {
+            self.record.run = id;
+            self.record.provider_cursor = 0;
+            self.dirty = true;
+        }
+        self.run = run;
+    }
+
+    /// Daemon start-up: the session's provider process outlived the previous daemon (the
+    /// runner kept it): take it back. A turn in progress goes on; a session that was starting
+    /// is now running; a stop in progress, or a session that had already ended, gets its
+    /// process terminated.
+    pub(crate) fn adopt(&mut self, run: RunId, pid: Option<u32>, cx: &mut Ctx) {
+        self.set_run(Run::Alive { run, pid });
+        self.record.pid = pid;
+        self.dirty = true;
+        match self.record.status {
+            Status::Created | Status::Starting => {
+                self.record.started_at = Some(cx.now);
+                self.timeout_deadline = timeout_deadline(cx.now, self.record.config.timeout_ms);
+                self.set_status(
+                    Status::Running,
+                    "provider adopted after a daemon restart",
+                    cx,
+                );
+                // The old daemon never saw it start, so never sent the initial message.
+                self.send_initial_message(cx);
+            }
+            Status::Running | Status::Working | Status::Waiting => {
+                let since = self.record.started_at.unwrap_or(cx.now);
+                self.timeout_deadline = timeout_deadline(since, self.record.config.timeout_ms);
+                self.turn = self.record.turn_open.then_some(self.record.turns);
+            }
+            Status::Stopping => {
+                // The stop's requester went with the old daemon; finish the stop now.
+                self.turn = self.record.turn_open.then_some(self.record.turns);
+                self.interrupt_turn(
+                    "turn interrupted: the session was stopping when the daemon restarted",
+                    cx,
+                );
+                self.stop = Some(StopPlan {
+                    grace_deadline: None,
+                    timed_out: false,
+                    replies: Vec::new(),
+                    then: AfterStop::Stopped,
+                });
+                self.terminate(cx);
+            }
+            Status::Stopped | Status::Failed => self.terminate(cx),
+        }
+    }
+
     fn spawn(&mut self, run: RunId, msg: &str, cx: &mut Ctx) {
-        self.run = Run::Spawning { run };
+        self.set_run(Run::Spawning { run });
         self.startup_deadline = Some(cx.now.saturating_add(cx.lim.startup_timeout_ms));
         self.set_status(Status::Starting, msg, cx);
         cx.out.rest.push(Effect::Spawn {
@@ -664,10 +734,20 @@ impl Session {
         self.spawn(run, &msg, cx);
     }
 
+    /// On the provider's first start, the session's initial message (if any) is its first turn.
+    fn send_initial_message(&mut self, cx: &mut Ctx) {
+        let first_start = self.record.restart_count == 0 && self.record.turns == 0;
+        let initial = self.record.config.initial_message.clone();
+        if first_start && !initial.is_empty() {
+            self.begin_turn(initial, cx);
+        }
+    }
+
     fn begin_turn(&mut self, text: String, cx: &mut Ctx) {
         self.record.turns += 1;
         let turn = self.record.turns;
         self.turn = Some(turn);
+        self.record.turn_open = true;
         self.record.last_activity_at = Some(cx.now);
         self.dirty = true;
         cx.out
@@ -706,6 +786,7 @@ impl Session {
         };
         if ends_turn {
             self.turn = None;
+            self.record.turn_open = false;
         }
         cx.out
             .persist

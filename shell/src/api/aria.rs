@@ -283,6 +283,8 @@ impl pb::task_service_server::TaskService for Tasks {
                         Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
+                    // Last: events already queued are delivered before the stream ends.
+                    _ = handle.closed() => return,
                 }
             }
         });
@@ -324,6 +326,7 @@ impl pb::notification_service_server::NotificationService for Notifications {
         use pb::notification::EventPayload;
         let mut tasks = self.0.handle.hub.task_status.subscribe();
         let mut sessions = self.0.handle.hub.status.subscribe();
+        let handle = self.0.handle.clone();
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         tokio::spawn(async move {
             loop {
@@ -365,6 +368,8 @@ impl pb::notification_service_server::NotificationService for Notifications {
                         }
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
+                    // Last: events already queued are delivered before the stream ends.
+                    _ = handle.closed() => return,
                 };
                 let n = pb::Notification {
                     id: format!("ntf_{}", ulid::Ulid::new()),

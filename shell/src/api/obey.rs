@@ -311,6 +311,7 @@ impl LocalDaemonService for Obey {
         let err = child.stderr.take().expect("piped");
         let timeout =
             (r.timeout_seconds > 0).then(|| Duration::from_secs(r.timeout_seconds as u64));
+        let handle = self.handle.clone();
         tokio::spawn(async move {
             use tokio::io::{AsyncBufReadExt, BufReader};
             let t1 = tx.clone();
@@ -339,24 +340,39 @@ impl LocalDaemonService for Obey {
                     }
                 }
             });
-            let status = match timeout {
-                Some(t) => match tokio::time::timeout(t, child.wait()).await {
-                    Ok(s) => s.ok(),
-                    Err(_) => {
-                        let _ = nix::sys::signal::killpg(
-                            nix::unistd::Pid::from_raw(pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                        let _ = tx
-                            .send(Err(GrpcStatus::deadline_exceeded(format!(
-                                "command timed out after {} s and was killed",
-                                r.timeout_seconds
-                            ))))
-                            .await;
-                        return;
-                    }
-                },
-                None => child.wait().await.ok(),
+            let limit = async move {
+                match timeout {
+                    Some(t) => tokio::time::sleep(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let kill = || {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            };
+            let status = tokio::select! {
+                s = child.wait() => s.ok(),
+                _ = limit => {
+                    kill();
+                    let _ = tx
+                        .send(Err(GrpcStatus::deadline_exceeded(format!(
+                            "command timed out after {} s and was killed",
+                            r.timeout_seconds
+                        ))))
+                        .await;
+                    return;
+                }
+                _ = handle.closed() => {
+                    kill();
+                    let _ = tx
+                        .send(Err(GrpcStatus::unavailable(
+                            "the daemon shut down; the command was killed",
+                        )))
+                        .await;
+                    return;
+                }
             };
             let _ = a.await;
             let _ = b.await;
@@ -625,7 +641,13 @@ impl LocalDaemonService for Obey {
         let rec = self.record(id.clone()).await?;
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         if !rec.status.is_terminal() {
-            tokio::spawn(forward_status(sub, tx, move |ev| ev.session == id, true));
+            tokio::spawn(forward_status(
+                self.handle.clone(),
+                sub,
+                tx,
+                move |ev| ev.session == id,
+                true,
+            ));
         }
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -654,6 +676,8 @@ impl LocalDaemonService for Obey {
                     biased;
                     _ = tx.closed() => return,
                     ev = sub.recv() => ev,
+                    // Last: events already queued are delivered before the stream ends.
+                    _ = handle.closed() => return,
                 };
                 match ev {
                     Ok(ev) => {
@@ -875,6 +899,8 @@ impl LocalDaemonService for Obey {
                         Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
+                    // Last: events already queued are delivered before the stream ends.
+                    _ = handle.closed() => return,
                 }
             }
         });
@@ -900,6 +926,7 @@ fn lagged(n: u64) -> GrpcStatus {
 /// Forwards status events that pass `keep` until the client goes away (or, with
 /// `end_on_terminal`, the session ends).
 async fn forward_status(
+    handle: Handle,
     mut sub: broadcast::Receiver<paddock_core::StatusEvent>,
     tx: mpsc::Sender<Result<pb::SessionStatusEvent, GrpcStatus>>,
     keep: impl Fn(&paddock_core::StatusEvent) -> bool,
@@ -910,6 +937,8 @@ async fn forward_status(
             biased;
             _ = tx.closed() => return,
             ev = sub.recv() => ev,
+            // Last: events already queued are delivered before the stream ends.
+            _ = handle.closed() => return,
         };
         match ev {
             Ok(ev) if keep(&ev) => {

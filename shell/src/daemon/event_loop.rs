@@ -326,6 +326,7 @@ impl State {
                     id,
                     run,
                     event: ProviderEvent::Exited { .. },
+                    ..
                 } => Some((id.clone(), *run)),
                 _ => None,
             };
@@ -357,7 +358,12 @@ impl State {
                         }
                         Err(reason) => ProviderEvent::SpawnFailed { reason },
                     };
-                    batch.inputs.push_back(Input::Provider { id, run, event });
+                    batch.inputs.push_back(Input::Provider {
+                        id,
+                        run,
+                        cursor: None,
+                        event,
+                    });
                 }
                 Effect::Write { id, run, text } => {
                     let provider = self.engine.session(&id).map(|s| s.record.config.provider);
@@ -532,9 +538,18 @@ async fn sleep_until(deadline: Option<u64>) {
 pub struct Handle {
     pub tx: mpsc::Sender<Command>,
     pub hub: Hub,
+    /// Becomes `true` when the loop has finished: every long-lived stream ends then.
+    pub done: watch::Receiver<bool>,
 }
 
 impl Handle {
+    /// Resolves when the daemon is done (after a shutdown stopped every session): streams
+    /// select on it so that no open stream keeps the daemon alive.
+    pub async fn closed(&self) {
+        let mut done = self.done.clone();
+        let _ = done.wait_for(|d| *d).await;
+    }
+
     /// Sends a session request and waits for the core's answer.
     pub async fn request(
         &self,

@@ -21,6 +21,9 @@ use tokio::sync::{mpsc, watch};
 use crate::paths::now_ms;
 use crate::store::Store;
 
+/// How long open calls may take to finish after the event loop is done.
+const SERVE_DRAIN: Duration = Duration::from_secs(2);
+
 /// Largest gRPC message accepted or sent (a message to an agent, a batch of activities).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
@@ -67,7 +70,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let listener = bind_socket(&opts.socket)?;
     // The Aria socket is a second door to the same services. Another daemon holding it is not
     // fatal: paddock's own socket still works.
-    let aria_listener = match &opts.aria_socket {
+    let aria_listener: Option<UnixListener> = match &opts.aria_socket {
         Some(path) => match bind_socket(path) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -96,6 +99,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let handle = Handle {
         tx: tx.clone(),
         hub,
+        done: done_rx.clone(),
     };
 
     // SIGINT / SIGTERM: stop every session gracefully, then exit.
@@ -124,6 +128,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
         }
     };
     tracing::info!(socket = %opts.socket.display(), data = %opts.data_dir.display(), "paddock daemon listening");
+    let aria_bound = aria_listener.is_some();
     let aria = crate::api::aria::AriaConfig {
         handle: handle.clone(),
         workspace: opts.aria_workspace.clone(),
@@ -145,9 +150,26 @@ pub async fn run(opts: Options) -> Result<(), String> {
             let _ = std::fs::remove_file(&path);
         });
     }
-    let result = crate::api::router(aria)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+    let serve = crate::api::router(aria).serve_with_incoming_shutdown(incoming, shutdown);
+    // Once the loop is done, in-flight calls get a short while to finish; a client that keeps
+    // a call open (a stream it never reads) does not keep the daemon alive.
+    let mut done_late = done_rx.clone();
+    let result = tokio::select! {
+        r = serve => r,
+        _ = async move {
+            let _ = done_late.wait_for(|d| *d).await;
+            tokio::time::sleep(SERVE_DRAIN).await;
+        } => {
+            tracing::warn!("open calls did not finish within {SERVE_DRAIN:?} of shutdown; exiting");
+            Ok(())
+        }
+    };
+    if let Some(path) = &opts.aria_socket {
+        // Only our own socket: a live Aria socket of another daemon was never bound here.
+        if aria_bound {
+            let _ = std::fs::remove_file(path);
+        }
+    }
     let _ = done_rx.wait_for(|d| *d).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), loop_task).await;
     let _ = std::fs::remove_file(&opts.socket);

@@ -152,6 +152,7 @@ pub fn spawn(
                         let input = Input::Provider {
                             id: sid.clone(),
                             run,
+                            cursor: None,
                             event,
                         };
                         if out_tx.send(super::Command::Provider(input)).await.is_err() {
@@ -193,6 +194,7 @@ pub fn spawn(
         let input = Input::Provider {
             id,
             run,
+            cursor: None,
             event: ProviderEvent::Exited {
                 code,
                 signal,

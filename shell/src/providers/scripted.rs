@@ -1249,6 +1249,13 @@ pub fn serve(
                     let _ = out.flush();
                     let _ = err.flush();
                     if let Ok(sig) = nix::sys::signal::Signal::try_from(n) {
+                        // The Rust runtime handles SIGSEGV / SIGBUS itself (stack overflow
+                        // detection): restore the default action so the signal really kills.
+                        // SAFETY: setting SIG_DFL installs no handler code.
+                        unsafe {
+                            let _ =
+                                nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl);
+                        }
                         let _ = nix::sys::signal::raise(sig);
                     }
                     // Still alive (the signal is ignored or caught): exit as if killed.

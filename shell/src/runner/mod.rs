@@ -281,6 +281,7 @@ impl Runner for RunnerService {
             cwd,
             ssh_auth_sock: ssh_auth_sock(&r.ssh_auth_sock)?,
             stdin_piped: false,
+            env: Vec::new(),
         };
         self.start(
             &r.run_id,
@@ -309,6 +310,7 @@ impl Runner for RunnerService {
             cwd,
             ssh_auth_sock: ssh_auth_sock(&r.ssh_auth_sock)?,
             stdin_piped: false,
+            env: Vec::new(),
         };
         self.start(
             &r.run_id,
@@ -327,8 +329,21 @@ impl Runner for RunnerService {
         let r = req.into_inner();
         check_run_id(&r.run_id)?;
         let cwd = check_working_dir(&r.working_dir)?;
-        check_arg("command", &r.command, true)?;
-        let (program, args) = if r.use_shell {
+        if r.argv.is_empty() {
+            check_arg("command", &r.command, true)?;
+        }
+        for a in &r.argv {
+            check_arg("argv", a, false)?;
+        }
+        let (program, args) = if let Some((program, rest)) = r.argv.split_first() {
+            if program.is_empty() {
+                return Err(invalid("argv[0] must name a program"));
+            }
+            (
+                OsString::from(program),
+                rest.iter().map(OsString::from).collect(),
+            )
+        } else if r.use_shell {
             (
                 OsString::from("sh"),
                 vec![OsString::from("-lc"), OsString::from(&r.command)],
@@ -344,6 +359,7 @@ impl Runner for RunnerService {
             cwd,
             ssh_auth_sock: ssh_auth_sock(&r.ssh_auth_sock)?,
             stdin_piped: r.keep_stdin,
+            env: r.environment.into_iter().collect(),
         };
         self.start(
             &r.run_id,

@@ -55,6 +55,8 @@ pub struct Launch {
     pub ssh_auth_sock: Option<String>,
     /// Pipe stdin (for WriteStdin) instead of /dev/null.
     pub stdin_piped: bool,
+    /// Added to the child's environment.
+    pub env: Vec<(String, String)>,
 }
 
 /// How the child's output becomes events.
@@ -129,6 +131,7 @@ fn spawn(launch: &Launch) -> std::io::Result<Child> {
     if let Some(sock) = &launch.ssh_auth_sock {
         cmd.env("SSH_AUTH_SOCK", sock);
     }
+    cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and only calls prctl and
     // getppid, which are async-signal-safe.

@@ -17,7 +17,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 28] = [
+pub(super) const SESSION_COLUMNS: [&str; 31] = [
     "id",
     "campaign_id",
     "provider",
@@ -46,6 +46,9 @@ pub(super) const SESSION_COLUMNS: [&str; 28] = [
     "last_activity_seq",
     "last_status_seq",
     "turns",
+    "turn_open",
+    "run_id",
+    "provider_cursor",
 ];
 
 /// The `role` of a user message in `session_messages`.
@@ -179,6 +182,9 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
         last_activity_seq: uint(row, T, "last_activity_seq")?,
         last_status_seq: uint(row, T, "last_status_seq")?,
         turns: uint(row, T, "turns")?,
+        turn_open: row.get("turn_open")?,
+        run: opt_uint(row, T, "run_id")?,
+        provider_cursor: uint(row, T, "provider_cursor")?,
     })
 }
 

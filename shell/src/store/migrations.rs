@@ -10,7 +10,15 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use super::{Result, StoreError};
 
 /// Every migration this binary knows, oldest first.
-pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2];
+pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2, V3];
+
+/// Version 3: what a restarted daemon needs to adopt a provider process that outlived it (its
+/// run id and how far into its output the session got), and whether a turn is open.
+const V3: &str = r#"
+ALTER TABLE agent_sessions ADD COLUMN turn_open INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agent_sessions ADD COLUMN run_id INTEGER;
+ALTER TABLE agent_sessions ADD COLUMN provider_cursor INTEGER NOT NULL DEFAULT 0;
+"#;
 
 /// Version 1: the initial schema.
 ///

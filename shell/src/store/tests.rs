@@ -76,6 +76,9 @@ fn full_record(id: &str) -> SessionRecord {
         last_activity_seq: 17,
         last_status_seq: 9,
         turns: 3,
+        turn_open: true,
+        run: Some(7),
+        provider_cursor: 12345,
     }
 }
 
@@ -97,6 +100,9 @@ fn bare_record(id: &str) -> SessionRecord {
         last_activity_seq: 0,
         last_status_seq: 0,
         turns: 0,
+        turn_open: false,
+        run: None,
+        provider_cursor: 0,
     }
 }
 

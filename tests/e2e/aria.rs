@@ -1,0 +1,407 @@
+//! The Aria runtime API (`aria.v1`) over the Aria socket (`$HOME/.aria/runtime.sock`): tasks
+//! (success, failure, timeout, cancel, follow from the start and from the middle, bounded
+//! output, output after a daemon restart), notifications, sessions and ExecuteTurn, containers
+//! (UNIMPLEMENTED), and errors with their `google.rpc.Status` details.
+
+use std::time::Duration;
+
+use aria::notification::EventPayload;
+use aria::task_output::Output;
+use aria::turn_output::Event;
+use paddock_proto::aria::v1 as aria;
+use tonic::transport::Channel;
+use tonic_types::StatusExt;
+
+use crate::harness::*;
+
+async fn aria_channel(d: &Daemon) -> Channel {
+    let path = d.dirs.home.join(".aria").join("runtime.sock");
+    within(async {
+        loop {
+            if let Ok(ch) = paddock::cli::client::channel(&path).await {
+                return ch;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+async fn tasks(d: &Daemon) -> aria::task_service_client::TaskServiceClient<Channel> {
+    aria::task_service_client::TaskServiceClient::new(aria_channel(d).await)
+}
+
+async fn launch(
+    c: &mut aria::task_service_client::TaskServiceClient<Channel>,
+    command: &[&str],
+    timeout_seconds: i32,
+) -> String {
+    c.launch_task(aria::LaunchTaskRequest {
+        command_json: serde_json::to_string(command).unwrap(),
+        timeout_seconds,
+        r#type: "test".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("launch")
+    .into_inner()
+    .task_id
+}
+
+async fn wait_task(
+    c: &mut aria::task_service_client::TaskServiceClient<Channel>,
+    id: &str,
+) -> aria::Task {
+    within(async {
+        loop {
+            let t = c
+                .get_task(aria::GetTaskRequest { task_id: id.into() })
+                .await
+                .unwrap()
+                .into_inner();
+            if !matches!(
+                aria::TaskStatus::try_from(t.status),
+                Ok(aria::TaskStatus::Pending | aria::TaskStatus::Running)
+            ) {
+                return t;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+fn lines(out: &[aria::TaskOutput]) -> Vec<String> {
+    out.iter()
+        .map(|o| match &o.output {
+            Some(Output::StdoutLine(l)) => format!("out:{l}"),
+            Some(Output::StderrLine(l)) => format!("err:{l}"),
+            Some(Output::Progress(p)) => {
+                format!(
+                    "progress:{}:{}",
+                    p.percent_complete, p.operation_description
+                )
+            }
+            None => "none".into(),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_runs_streams_and_reports_progress() {
+    let d = Daemon::start().await;
+    let mut c = tasks(&d).await;
+    let id = launch(
+        &mut c,
+        &[
+            "sh",
+            "-c",
+            "echo one; echo '::progress 50 half way'; echo oops >&2; echo two",
+        ],
+        0,
+    )
+    .await;
+    let t = wait_task(&mut c, &id).await;
+    assert_eq!(t.status, aria::TaskStatus::Completed as i32);
+    assert_eq!(t.exit_code, Some(0));
+    assert_eq!(t.progress_percent, 50.0);
+    assert_eq!(t.current_operation, "half way");
+    assert_eq!(
+        t.command_json,
+        r#"["sh","-c","echo one; echo '::progress 50 half way'; echo oops >&2; echo two"]"#
+    );
+    assert!(t.started_at.is_some() && t.completed_at.is_some());
+    let out = collect_ok(
+        c.stream_task_output(aria::StreamTaskOutputRequest {
+            task_id: id.clone(),
+            follow: false,
+        })
+        .await
+        .unwrap()
+        .into_inner(),
+    )
+    .await;
+    let got = lines(&out);
+    // stdout keeps its order; stderr is a separate pipe and may interleave.
+    let stdout: Vec<&String> = got.iter().filter(|l| !l.starts_with("err:")).collect();
+    assert_eq!(stdout, ["out:one", "progress:50:half way", "out:two"]);
+    assert!(got.contains(&"err:oops".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_timeout_and_cancel() {
+    let d = Daemon::start().await;
+    let mut c = tasks(&d).await;
+    let failed = launch(&mut c, &["sh", "-c", "exit 3"], 0).await;
+    let t = wait_task(&mut c, &failed).await;
+    assert_eq!(t.status, aria::TaskStatus::Failed as i32);
+    assert_eq!(t.exit_code, Some(3));
+    assert_eq!(t.error_message.as_deref(), Some("exited with code 3"));
+
+    let missing = launch(&mut c, &["/definitely/not/a/program"], 0).await;
+    let t = wait_task(&mut c, &missing).await;
+    assert_eq!(t.status, aria::TaskStatus::Failed as i32);
+    assert!(t.error_message.unwrap().contains("could not start"));
+
+    let slow = launch(&mut c, &["sleep", "30"], 1).await;
+    let t = wait_task(&mut c, &slow).await;
+    assert_eq!(t.status, aria::TaskStatus::Timeout as i32);
+
+    let cancelled = launch(&mut c, &["sleep", "30"], 0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = c
+        .cancel_task(aria::CancelTaskRequest {
+            task_id: cancelled.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.cancellation_initiated);
+    let t = wait_task(&mut c, &cancelled).await;
+    assert_eq!(t.status, aria::TaskStatus::Cancelled as i32);
+    // Cancelling a finished task initiates nothing.
+    let r = c
+        .cancel_task(aria::CancelTaskRequest { task_id: cancelled })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.cancellation_initiated);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_from_the_start_and_from_the_middle() {
+    let d = Daemon::start().await;
+    let mut c = tasks(&d).await;
+    let script = "for i in 1 2 3 4 5 6; do echo line$i; sleep 0.2; done";
+    let id = launch(&mut c, &["sh", "-c", script], 0).await;
+    let from_start = c
+        .stream_task_output(aria::StreamTaskOutputRequest {
+            task_id: id.clone(),
+            follow: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Join in the middle: after some output is stored.
+    tokio::time::sleep(Duration::from_millis(650)).await;
+    let from_middle = c
+        .stream_task_output(aria::StreamTaskOutputRequest {
+            task_id: id.clone(),
+            follow: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let want: Vec<String> = (1..=6).map(|i| format!("out:line{i}")).collect();
+    assert_eq!(lines(&collect_ok(from_start).await), want);
+    assert_eq!(lines(&collect_ok(from_middle).await), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_is_bounded_and_survives_a_daemon_restart() {
+    let mut d = Daemon::start().await;
+    let mut c = tasks(&d).await;
+    // 6 MiB of output: more than the 4 MiB kept per task.
+    let id = launch(
+        &mut c,
+        &["sh", "-c", "yes 0123456789abcdef | head -c 6291456"],
+        0,
+    )
+    .await;
+    let t = wait_task(&mut c, &id).await;
+    assert_eq!(t.status, aria::TaskStatus::Completed as i32);
+    let running = launch(&mut c, &["sleep", "30"], 0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    d.kill9();
+    d.launch().await;
+    let mut c = tasks(&d).await;
+    let out = collect_ok(
+        c.stream_task_output(aria::StreamTaskOutputRequest {
+            task_id: id.clone(),
+            follow: true,
+        })
+        .await
+        .unwrap()
+        .into_inner(),
+    )
+    .await;
+    let got = lines(&out);
+    let kept: usize = got
+        .iter()
+        .filter(|l| l.starts_with("out:"))
+        .map(|l| l.len() - 4 + 1)
+        .sum();
+    assert!(kept <= 4 * 1024 * 1024, "kept {kept} bytes");
+    assert!(kept > 4 * 1024 * 1024 - 64, "kept only {kept} bytes");
+    assert!(
+        got.last().unwrap().contains("output truncated"),
+        "last line: {:?}",
+        got.last()
+    );
+    // The task that was running when the daemon died lost its process with it.
+    let t = wait_task(&mut c, &running).await;
+    assert_eq!(t.status, aria::TaskStatus::Failed as i32);
+    assert!(t.error_message.unwrap().contains("daemon restarted"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_carry_task_and_session_status() {
+    let mut d = Daemon::start().await;
+    let mut n =
+        aria::notification_service_client::NotificationServiceClient::new(aria_channel(&d).await)
+            .stream_notifications(aria::StreamNotificationsRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+    let mut c = tasks(&d).await;
+    let id = launch(&mut c, &["true"], 0).await;
+    let got = collect_until(&mut n, |x| {
+        matches!(&x.event_payload, Some(EventPayload::TaskStatus(t)) if t.new_status == aria::TaskStatus::Completed as i32)
+    })
+    .await;
+    let statuses: Vec<i32> = got
+        .iter()
+        .filter_map(|x| match &x.event_payload {
+            Some(EventPayload::TaskStatus(t)) if t.task_id == id => Some(t.new_status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            aria::TaskStatus::Pending as i32,
+            aria::TaskStatus::Running as i32,
+            aria::TaskStatus::Completed as i32
+        ]
+    );
+    assert!(got
+        .iter()
+        .all(|x| x.id.starts_with("ntf_") && x.timestamp.is_some()));
+    let s = d.session(None).await;
+    let got = collect_until(&mut n, |x| {
+        matches!(&x.event_payload, Some(EventPayload::SessionStatus(s)) if s.new_status == "RUNNING")
+    })
+    .await;
+    match &got.last().unwrap().event_payload {
+        Some(EventPayload::SessionStatus(x)) => assert_eq!(x.session_id, s.id),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aria_session_executes_turns() {
+    let d = Daemon::start().await;
+    let mut s = aria::session_service_client::SessionServiceClient::new(aria_channel(&d).await);
+    let session = s
+        .create_session(aria::CreateSessionRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(session.id.starts_with("sess_"));
+    assert_eq!(session.status, "active");
+    assert_eq!(session.context_data["provider"], "scripted");
+    let out = collect_ok(
+        s.execute_turn(aria::ExecuteTurnRequest {
+            session_id: session.id.clone(),
+            input: "hello aria".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner(),
+    )
+    .await;
+    let shape: Vec<&str> = out
+        .iter()
+        .map(|o| match &o.event {
+            Some(Event::Message(m)) if m.role == aria::MessageRole::User as i32 => "user",
+            Some(Event::Message(_)) => "assistant",
+            Some(Event::ToolCall(_)) => "tool_call",
+            Some(Event::ToolResult(_)) => "tool_result",
+            Some(Event::FinalResponse(_)) => "final",
+            None => "none",
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            "user",
+            "assistant",
+            "tool_call",
+            "tool_result",
+            "assistant",
+            "final"
+        ]
+    );
+    match &out[2].event {
+        Some(Event::ToolCall(t)) => {
+            assert_eq!(t.tool_name, "LS");
+            serde_json::from_str::<serde_json::Value>(&t.parameters_json).expect("JSON parameters");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &out[5].event {
+        Some(Event::FinalResponse(f)) => assert!(f.contains("hello aria")),
+        other => panic!("{other:?}"),
+    }
+    let got = s
+        .get_session(aria::GetSessionRequest {
+            session_id: session.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.context_data["paddock_status"], "RUNNING");
+    assert_eq!(got.context_data["tokens_input"], "104");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_standard_codes_with_details() {
+    let d = Daemon::start().await;
+    let mut c = tasks(&d).await;
+    let e = c
+        .launch_task(aria::LaunchTaskRequest {
+            command_json: "ls -l".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let info = e.get_details_error_info().expect("an ErrorInfo detail");
+    assert_eq!(info.domain, "paddock");
+    assert_eq!(info.reason, "INVALID_TASK");
+    let e = c
+        .get_task(aria::GetTaskRequest {
+            task_id: "task_nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert_eq!(e.get_details_error_info().unwrap().reason, "TASK_NOT_FOUND");
+    let e = c
+        .launch_task(aria::LaunchTaskRequest {
+            command_json: r#"["true"]"#.into(),
+            session_id: "sess_nope".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let mut s = aria::session_service_client::SessionServiceClient::new(aria_channel(&d).await);
+    let e = s
+        .execute_turn(aria::ExecuteTurnRequest {
+            session_id: "sess_nope".into(),
+            input: "hi".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().starts_with("OBEY-2010"));
+    let mut k = aria::container_service_client::ContainerServiceClient::new(aria_channel(&d).await);
+    let e = k
+        .list_containers(aria::ListContainersRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented);
+    assert!(e.message().contains("isolation drivers"));
+}

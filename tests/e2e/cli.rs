@@ -1,0 +1,438 @@
+//! The `paddock` command line against a real daemon: campaign and session commands, table and
+//! `--json` output, errors (exit 1 with the daemon's OBEY message), `--no-autostart`, and
+//! autostart.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+
+    fn json_lines(&self) -> Vec<Value> {
+        self.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
+    #[track_caller]
+    fn ok(self) -> Out {
+        assert_eq!(self.code, 0, "{self:?}");
+        self
+    }
+
+    /// Exit 1 and `error: <prefix>…` on stderr.
+    #[track_caller]
+    fn fails_with(self, prefix: &str) -> Out {
+        assert_eq!(self.code, 1, "{self:?}");
+        assert!(
+            self.stderr.starts_with(&format!("error: {prefix}")),
+            "{self:?}"
+        );
+        self
+    }
+}
+
+async fn run(mut cmd: Command, args: &[&str]) -> Out {
+    cmd.args(args);
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.kill_on_drop(true);
+    let o = within(cmd.output()).await.expect("run paddock");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// `paddock --no-autostart <args>` against the test's daemon.
+async fn cli(d: &Daemon, args: &[&str]) -> Out {
+    run(d.dirs.cli(false), args).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_autostart_without_a_daemon_fails_clearly() {
+    let dirs = Dirs::new();
+    for args in [&["ping"][..], &["session", "list"], &["campaign", "list"]] {
+        let o = run(dirs.cli(false), args).await;
+        assert_eq!(o.code, 1, "{o:?}");
+        assert!(
+            o.stderr.contains(&format!(
+                "no paddock daemon answers on {}",
+                dirs.socket.display()
+            )) && o.stderr.contains("--no-autostart"),
+            "{o:?}"
+        );
+    }
+    assert!(!dirs.socket.exists(), "no daemon was started");
+    // `shutdown` never starts a daemon, even without --no-autostart.
+    let o = run(dirs.cli(true), &["shutdown"]).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(!dirs.socket.exists(), "no daemon was started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_with_no_daemon_autostarts_one_and_shutdown_stops_it() {
+    let dirs = Dirs::new();
+    let o = run(dirs.cli(true), &["ping"]).await.ok();
+    assert!(o.stdout.starts_with("paddock "), "{o:?}");
+    let pid: u32 = o
+        .stderr
+        .split("started a daemon (pid ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no daemon pid in {o:?}"));
+    let _guard = PidGuard(pid);
+    assert!(pid_running(pid));
+    assert!(dirs.socket.exists());
+    assert!(dirs.data.join("daemon.log").exists());
+
+    // The next command uses that daemon instead of starting another.
+    let o = run(dirs.cli(true), &["--json", "state"]).await.ok();
+    assert!(!o.stderr.contains("started a daemon"), "{o:?}");
+    assert_eq!(o.json()["socket_path"], dirs.socket.display().to_string());
+
+    let o = run(dirs.cli(true), &["shutdown"]).await.ok();
+    assert!(o.stdout.contains("daemon stopping (0 active"), "{o:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_running(pid) {
+        assert!(Instant::now() < deadline, "the daemon {pid} did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!dirs.socket.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaign_add_list_remove_as_tables_and_json() {
+    let d = Daemon::start().await;
+    let root = d.dirs.root.display().to_string();
+    let o = cli(&d, &["campaign", "add", "web", &root]).await.ok();
+    assert!(o.stdout.starts_with("campaign web (camp_"), "{o:?}");
+    assert!(o.stdout.trim_end().ends_with(&format!("→ {root}")), "{o:?}");
+    let home = d.dirs.home.display().to_string();
+    let o = cli(&d, &["--json", "campaign", "add", "docs", &home])
+        .await
+        .ok();
+    let docs = o.json();
+    assert_eq!(docs["name"], "docs");
+    assert_eq!(docs["root_path"], home.as_str());
+    assert!(docs["id"].as_str().unwrap().starts_with("camp_"));
+    assert!(docs["created_at"].as_str().unwrap().ends_with('Z'));
+
+    let o = cli(&d, &["campaign", "list"]).await.ok();
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{o:?}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(header, ["NAME", "ID", "ROOT"]);
+    assert!(lines
+        .iter()
+        .any(|l| l.starts_with("web ") && l.ends_with(&root)));
+    let o = cli(&d, &["--json", "campaign", "list"]).await.ok();
+    let list = o.json();
+    assert_eq!(list.as_array().unwrap().len(), 2);
+
+    let o = cli(&d, &["campaign", "remove", "web"]).await.ok();
+    assert_eq!(o.stdout.trim(), "campaign web removed");
+    let id = docs["id"].as_str().unwrap();
+    let o = cli(&d, &["--json", "campaign", "remove", id]).await.ok();
+    assert_eq!(o.json(), serde_json::json!({"removed": true}));
+    cli(&d, &["campaign", "remove", "web"])
+        .await
+        .fails_with("OBEY-2001: campaign \"web\" not found");
+    cli(&d, &["campaign", "add", "x", "/nonexistent/e2e/dir"])
+        .await
+        .fails_with("root_path");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_commands_as_tables_and_json() {
+    let d = Daemon::start().await;
+    let root = d.dirs.root.display().to_string();
+    cli(&d, &["campaign", "add", CAMPAIGN, &root]).await.ok();
+    let script = d.dirs.script("fixed", &fixed_turn());
+    let cfg = format!("script={script}");
+
+    // create
+    let o = cli(
+        &d,
+        &[
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--config",
+            &cfg,
+            "--name",
+            "cli-agent",
+        ],
+    )
+    .await
+    .ok();
+    let line = o.stdout.trim();
+    assert!(
+        line.starts_with("session sess_") && line.ends_with("(cli-agent, scripted) is RUNNING"),
+        "{o:?}"
+    );
+    let id = line.split_whitespace().nth(1).unwrap().to_string();
+    let o = cli(
+        &d,
+        &[
+            "--json",
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--name",
+            "json-agent",
+            "--max-tokens",
+            "1000",
+            "--timeout",
+            "600",
+            "--festival",
+            "fest-7",
+        ],
+    )
+    .await
+    .ok();
+    let j = o.json();
+    assert_eq!(j["status"], "RUNNING");
+    assert_eq!(j["agent_name"], "json-agent");
+    assert_eq!(j["provider"], "scripted");
+    assert_eq!(j["max_tokens"], 1000);
+    assert_eq!(j["festival_id"], "fest-7");
+    assert_eq!(j["working_dir"], root.as_str());
+    let id2 = j["id"].as_str().unwrap().to_string();
+
+    // list
+    let o = cli(&d, &["session", "list"]).await.ok();
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["ID", "NAME", "PROVIDER", "STATUS", "TOKENS", "AGE", "ERROR"]
+    );
+    assert_eq!(lines.len(), 3, "{o:?}");
+    let row = lines.iter().find(|l| l.starts_with(&id)).expect("row");
+    assert_eq!(
+        row.split_whitespace().take(5).collect::<Vec<_>>(),
+        [id.as_str(), "cli-agent", "scripted", "RUNNING", "0"]
+    );
+    let o = cli(&d, &["--json", "session", "list", "--campaign", CAMPAIGN])
+        .await
+        .ok();
+    assert_eq!(o.json().as_array().unwrap().len(), 2);
+
+    // info (full id, and a unique suffix of it)
+    let o = cli(&d, &["session", "info", &id]).await.ok();
+    let rows: Vec<Vec<&str>> = o
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["FIELD", "VALUE"]);
+    assert!(rows.contains(&vec!["agent_name", "cli-agent"]), "{o:?}");
+    assert!(rows.contains(&vec!["status", "RUNNING"]), "{o:?}");
+    assert!(rows.contains(&vec!["working_dir", root.as_str()]), "{o:?}");
+    let o = cli(&d, &["--json", "session", "info", &id[id.len() - 8..]])
+        .await
+        .ok();
+    assert_eq!(o.json()["id"], id.as_str());
+    assert_eq!(o.json()["provider_config"]["script"], script.as_str());
+
+    // send: a table of activities (pinned), then as JSON lines
+    let o = cli(&d, &["session", "send", &id, "hello there"]).await.ok();
+    insta::assert_snapshot!("cli_session_send", o.stdout);
+    let o = cli(&d, &["--json", "session", "send", &id, "again"])
+        .await
+        .ok();
+    let evs = o.json_lines();
+    let types: Vec<&str> = evs.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        types,
+        [
+            "THINKING",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "COMPLETION"
+        ]
+    );
+    assert_eq!(evs[0]["seq"], 6);
+    assert_eq!(evs[4]["content"], "Done with turn 2: again");
+    assert!(evs.iter().all(|e| e["session_id"] == id.as_str()));
+
+    // logs
+    let o = cli(&d, &["session", "logs", &id]).await.ok();
+    let seqs: Vec<i64> = o
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+    let o = cli(&d, &["--json", "session", "logs", &id, "--after", "7"])
+        .await
+        .ok();
+    let seqs: Vec<i64> = o
+        .json_lines()
+        .iter()
+        .map(|e| e["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, [8, 9, 10]);
+
+    // restart, stop
+    let o = cli(&d, &["session", "restart", &id]).await.ok();
+    assert_eq!(
+        o.stdout.trim(),
+        format!("session {id} is RUNNING (restart #1)")
+    );
+    let o = cli(&d, &["--json", "session", "restart", &id2]).await.ok();
+    assert_eq!(o.json()["restart_count"], 1);
+    let pid = o.json()["pid"].as_i64().unwrap() as i32;
+    let o = cli(&d, &["session", "stop", &id]).await.ok();
+    assert_eq!(o.stdout.trim(), format!("session {id} is STOPPED"));
+    let o = cli(&d, &["--json", "session", "stop", &id2, "--force"])
+        .await
+        .ok();
+    assert_eq!(o.json()["status"], "STOPPED");
+    assert_agent_gone(pid).await;
+
+    let o = cli(&d, &["session", "list"]).await.ok();
+    assert_eq!(o.stdout.lines().count(), 1, "only the header: {o:?}");
+    let o = cli(&d, &["--json", "session", "list", "--all"]).await.ok();
+    assert_eq!(o.json().as_array().unwrap().len(), 2);
+    let o = cli(&d, &["--json", "session", "list", "--status", "stopped"])
+        .await
+        .ok();
+    assert_eq!(o.json().as_array().unwrap().len(), 2);
+    let o = cli(&d, &["--json", "session", "list", "--status", "running"])
+        .await
+        .ok();
+    assert_eq!(o.json().as_array().unwrap().len(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_errors_exit_1_with_the_obey_message() {
+    let d = Daemon::start().await;
+    let root = d.dirs.root.display().to_string();
+    cli(&d, &["campaign", "add", CAMPAIGN, &root]).await.ok();
+
+    cli(&d, &["session", "info", "sess_nope"])
+        .await
+        .fails_with("OBEY-2010: session \"sess_nope\" not found");
+    cli(&d, &["session", "create", "--campaign", "nope"])
+        .await
+        .fails_with("OBEY-2001: ");
+    cli(
+        &d,
+        &[
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--provider",
+            "codex",
+        ],
+    )
+    .await
+    .fails_with("OBEY-2002: ");
+    cli(
+        &d,
+        &[
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--provider",
+            "banana",
+        ],
+    )
+    .await
+    .fails_with("OBEY-2002: ");
+    cli(
+        &d,
+        &[
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--model",
+            "gpt-9",
+        ],
+    )
+    .await
+    .fails_with("OBEY-2003: ");
+    cli(
+        &d,
+        &[
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--provider",
+            "claude-code",
+            "--config",
+            "command=paddock-e2e-no-claude",
+        ],
+    )
+    .await
+    .fails_with("OBEY-2004: ");
+
+    // A turn that ends in ERROR: the activity is printed, the exit code is 1.
+    let crash = d.dirs.script(
+        "crash",
+        &turns(serde_json::json!([{"thinking": "hmm"}, {"stderr": "kaboom"}, {"crash": 9}])),
+    );
+    let o = cli(
+        &d,
+        &[
+            "--json",
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--config",
+            &format!("script={crash}"),
+        ],
+    )
+    .await
+    .ok();
+    let id = o.json()["id"].as_str().unwrap().to_string();
+    let o = cli(&d, &["session", "send", &id, "go"]).await;
+    assert_eq!(o.code, 1, "{o:?}");
+    let last = o.stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("ERROR") && last.contains("OBEY-2031") && last.contains("kaboom"),
+        "{o:?}"
+    );
+    let o = cli(&d, &["--json", "session", "info", &id]).await.ok();
+    assert_eq!(o.json()["status"], "FAILED");
+    assert_eq!(o.json()["error_code"], "OBEY-2031");
+    cli(&d, &["session", "send", &id, "again"])
+        .await
+        .fails_with("OBEY-2011: ");
+    cli(&d, &["session", "stop", &id])
+        .await
+        .fails_with("OBEY-2020: ");
+}

@@ -1,0 +1,343 @@
+//! Every OBEY-NNNN code the API can produce, with its gRPC code and message prefix. (2013,
+//! 2014, 2021, 2031 are also covered by the scenario tests in `sessions`, 2032 in
+//! `lifecycle`.)
+
+use std::collections::HashMap;
+
+use paddock_proto::obey::local::v1 as pb;
+use pb::{SessionProvider as P, SessionStatus as S};
+use serde_json::json;
+use tonic::Code;
+
+use crate::harness::*;
+
+async fn create_err(d: &Daemon, req: pb::CreateSessionRequest) -> tonic::Status {
+    within(d.client().await.create_session(req))
+        .await
+        .expect_err("create should be refused")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_session_refusals_2001_2002_2003_2004_2005() {
+    let mut d = Daemon::start().await;
+    let base = d.request(None).await;
+
+    // 2001: unknown campaign (neither an id nor a name).
+    let mut r = base.clone();
+    r.campaign_id = "camp_nope".into();
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::NotFound, "OBEY-2001: ");
+    assert!(e.message().contains("camp_nope"), "{}", e.message());
+
+    // 2002: providers this build cannot run, and numbers that are no provider at all.
+    for p in [
+        P::Codex as i32,
+        P::Openclaw as i32,
+        P::OpenaiApi as i32,
+        P::Gemini as i32,
+        P::Acp as i32,
+        P::Unspecified as i32,
+        99,
+    ] {
+        let mut r = base.clone();
+        r.provider = p;
+        let e = create_err(&d, r).await;
+        assert_status(&e, Code::InvalidArgument, "OBEY-2002: ");
+    }
+    let mut r = base.clone();
+    r.provider = P::Codex as i32;
+    assert!(create_err(&d, r).await.message().contains("codex"));
+
+    // 2003: a model the scripted agent does not have.
+    let mut r = base.clone();
+    r.model = "gpt-9".into();
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::InvalidArgument, "OBEY-2003: ");
+    assert!(e.message().contains("gpt-9"));
+    // ... while its one model is accepted.
+    let mut r = base.clone();
+    r.model = "scripted".into();
+    assert_eq!(d.create(r).await.model, "scripted");
+
+    // 2004: a claude-code CLI that is not installed (named in the message), a script that
+    // does not exist or does not parse, a bad permission policy.
+    let mut r = base.clone();
+    r.provider = P::ClaudeCode as i32;
+    r.provider_config = HashMap::from([(
+        "command".to_string(),
+        "paddock-e2e-no-such-claude".to_string(),
+    )]);
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+    assert!(
+        e.message().contains("paddock-e2e-no-such-claude"),
+        "{}",
+        e.message()
+    );
+    let mut r = base.clone();
+    r.provider_config = HashMap::from([("script".to_string(), "scripts/missing.json".to_string())]);
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+    assert!(e.message().contains("missing.json"), "{}", e.message());
+    let bad = d
+        .dirs
+        .script("bad", &json!({"turns": [{"steps": [{"explode": 1}]}]}));
+    let mut r = base.clone();
+    r.provider_config = HashMap::from([("script".to_string(), bad)]);
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+    assert!(e.message().contains("explode"), "{}", e.message());
+    let mut r = base.clone();
+    r.provider_config = HashMap::from([("permissions".to_string(), "maybe".to_string())]);
+    assert_status(
+        &create_err(&d, r).await,
+        Code::FailedPrecondition,
+        "OBEY-2004: ",
+    );
+
+    // 2005: the campaign's root is gone.
+    let gone = d.dirs.base.join("gone");
+    std::fs::create_dir_all(&gone).unwrap();
+    let mut c = d.client().await;
+    c.add_campaign(pb::AddCampaignRequest {
+        name: "gone".into(),
+        root_path: gone.display().to_string(),
+    })
+    .await
+    .unwrap();
+    std::fs::remove_dir(&gone).unwrap();
+    let mut r = base.clone();
+    r.campaign_id = "gone".into();
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::Internal, "OBEY-2005: ");
+    assert!(e.message().contains("gone"), "{}", e.message());
+
+    // Refusals leave nothing behind.
+    let all = c
+        .list_sessions(pb::ListSessionsRequest {
+            include_terminated: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert_eq!(all.len(), 1, "{all:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_invalid_argument() {
+    let mut d = Daemon::start().await;
+    let base = d.request(None).await;
+    let mut r = base.clone();
+    r.campaign_id = " ".into();
+    assert_eq!(create_err(&d, r).await.code(), Code::InvalidArgument);
+    let mut r = base.clone();
+    r.max_tokens = -1;
+    assert_eq!(create_err(&d, r).await.code(), Code::InvalidArgument);
+    let mut r = base.clone();
+    r.timeout = Some(prost_types::Duration {
+        seconds: -1,
+        nanos: 0,
+    });
+    assert_eq!(create_err(&d, r).await.code(), Code::InvalidArgument);
+
+    let s = d.session(None).await;
+    let mut c = d.client().await;
+    let e = c
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: "  ".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = c
+        .get_session(pb::GetSessionRequest {
+            session_id: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = c
+        .list_sessions(pb::ListSessionsRequest {
+            statuses: vec![42],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_sessions_are_2010_on_every_session_rpc() {
+    let d = Daemon::start().await;
+    let mut c = d.client().await;
+    let id = "sess_01NOSUCHSESSION0000000000".to_string();
+    let check = |e: tonic::Status| {
+        assert_status(&e, Code::NotFound, "OBEY-2010: ");
+        assert!(
+            e.message().contains("sess_01NOSUCHSESSION"),
+            "{}",
+            e.message()
+        );
+    };
+    check(
+        c.get_session(pb::GetSessionRequest {
+            session_id: id.clone(),
+        })
+        .await
+        .unwrap_err(),
+    );
+    check(
+        c.send_message(pb::SendMessageRequest {
+            session_id: id.clone(),
+            message: "hi".into(),
+        })
+        .await
+        .unwrap_err(),
+    );
+    check(
+        c.stop_session(pb::StopSessionRequest {
+            session_id: id.clone(),
+            graceful: true,
+        })
+        .await
+        .unwrap_err(),
+    );
+    check(
+        c.stop_session(pb::StopSessionRequest {
+            session_id: id.clone(),
+            graceful: false,
+        })
+        .await
+        .unwrap_err(),
+    );
+    check(
+        c.restart_session(pb::RestartSessionRequest {
+            session_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err(),
+    );
+    check(
+        c.watch_session(pb::WatchSessionRequest {
+            session_id: id.clone(),
+        })
+        .await
+        .unwrap_err(),
+    );
+    check(
+        c.list_activities(pb::ListActivitiesRequest {
+            session_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err(),
+    );
+    check(
+        c.watch_activity(pb::WatchActivityRequest {
+            session_id: id.clone(),
+            after_seq: 0,
+        })
+        .await
+        .unwrap_err(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_state_2011_and_already_stopped_2020() {
+    let mut d = Daemon::start().await;
+    let s = d.session(Some(("slow", slow_turn(1500)))).await;
+    let mut c = d.client().await;
+    let mut first = c
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: "first".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(kind(&next(&mut first).await.unwrap().unwrap()), "THINKING");
+    // 2011: a message while WORKING.
+    let e = c
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: "second".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2011: ");
+    assert!(e.message().contains("WORKING"), "{}", e.message());
+    // The first turn is not disturbed.
+    let rest = collect_ok(first).await;
+    assert_eq!(rest.last().map(kind), Some("COMPLETION"));
+
+    // 2020: stopping a stopped session; 2011: a message to it.
+    d.stop(&s.id, true).await.unwrap();
+    let e = d.stop(&s.id, true).await.unwrap_err();
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2020: ");
+    let e = d.stop(&s.id, false).await.unwrap_err();
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2020: ");
+    let e = c
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: "hello?".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2011: ");
+    assert!(e.message().contains("STOPPED"), "{}", e.message());
+
+    // 2020 for a FAILED session too, naming why it failed.
+    let f = d
+        .session(Some(("crash_on_start", json!({"crash_on_start": 2}))))
+        .await;
+    d.wait_status(&f.id, S::Failed).await;
+    let e = d.stop(&f.id, false).await.unwrap_err();
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2020: ");
+    assert!(e.message().contains("OBEY-2031"), "{}", e.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_a_bad_provider_config_is_2004_and_changes_nothing() {
+    let mut d = Daemon::start().await;
+    let s = d.session(None).await;
+    let e = d
+        .client()
+        .await
+        .restart_session(pb::RestartSessionRequest {
+            session_id: s.id.clone(),
+            provider_config: HashMap::from([(
+                "script".to_string(),
+                "scripts/nowhere.json".to_string(),
+            )]),
+        })
+        .await
+        .unwrap_err();
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+    let info = d.get(&s.id).await;
+    assert_eq!(status_name(info.status), "RUNNING");
+    assert_eq!(info.restart_count, 0);
+    assert_eq!(info.pid, s.pid);
+    assert!(info.provider_config.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_session_limit_is_2004() {
+    let mut d = Daemon::start_with(Dirs::new(), &["--max-sessions", "2"]).await;
+    let a = d.session(None).await;
+    d.session(None).await;
+    let req = d.request(None).await;
+    let e = create_err(&d, req.clone()).await;
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+    assert!(
+        e.message().contains("limit of 2 live sessions"),
+        "{}",
+        e.message()
+    );
+    // A stopped session frees its place.
+    d.stop(&a.id, false).await.unwrap();
+    assert_eq!(status_name(d.create(req).await.status), "RUNNING");
+}

@@ -1,0 +1,357 @@
+//! The daemon's own life: Shutdown and SIGTERM (every session stopped gracefully, exit 0),
+//! kill -9 and restart (reconciliation: OBEY-2032), one daemon per socket and per data dir,
+//! stale sockets, socket permissions.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use paddock_proto::obey::local::v1 as pb;
+use pb::SessionStatus as S;
+
+use crate::harness::*;
+
+async fn open_send(
+    d: &Daemon,
+    id: &str,
+    message: &str,
+) -> tonic::Streaming<pb::SessionActivityEvent> {
+    d.client()
+        .await
+        .send_message(pb::SendMessageRequest {
+            session_id: id.into(),
+            message: message.into(),
+        })
+        .await
+        .expect("send message")
+        .into_inner()
+}
+
+fn kinds(list: &[pb::SessionActivityEvent]) -> Vec<&'static str> {
+    list.iter().map(kind).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_every_session_gracefully_and_the_daemon_exits_0() {
+    let mut d = Daemon::start().await;
+    let idle = d.session(None).await;
+    let busy = d.session(Some(("slow", slow_turn(800)))).await;
+    let mut stream = open_send(&d, &busy.id, "finish me").await;
+    assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
+
+    let r = d
+        .client()
+        .await
+        .shutdown(pb::ShutdownRequest { force: false })
+        .await
+        .expect("shutdown")
+        .into_inner();
+    assert!(r.accepted);
+    assert_eq!(r.active_sessions, 2);
+    // Graceful: the running turn is allowed to finish.
+    let rest = collect_ok(stream).await;
+    assert_eq!(kinds(&rest), ["STATUS", "COMPLETION"]);
+    let st = d.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
+    assert!(!d.dirs.socket.exists(), "the socket is removed on exit");
+    assert_agent_gone(idle.pid).await;
+    assert_agent_gone(busy.pid).await;
+
+    // What the store says afterwards: both STOPPED (not reconciled as lost).
+    d.launch().await;
+    for id in [&idle.id, &busy.id] {
+        let s = d.get(id).await;
+        assert_eq!(status_name(s.status), "STOPPED", "{s:?}");
+        assert_eq!(s.error_code, "");
+        assert!(s.ended_at.is_some());
+        assert_eq!(s.pid, 0);
+    }
+    assert_eq!(d.get(&busy.id).await.tokens_output, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_shutdown_interrupts_turns_and_exits_0() {
+    let mut d = Daemon::start().await;
+    let busy = d.session(Some(("hang", hanging_turn()))).await;
+    let mut stream = open_send(&d, &busy.id, "never finish").await;
+    assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
+    let t0 = Instant::now();
+    let r = d
+        .client()
+        .await
+        .shutdown(pb::ShutdownRequest { force: true })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.active_sessions, 1);
+    let rest = collect_ok(stream).await;
+    assert_eq!(kinds(&rest), ["ERROR"]);
+    let st = d.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
+    // No grace period was waited for.
+    assert!(
+        t0.elapsed() < Duration::from_millis(1900),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_agent_gone(busy.pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_sessions_and_exits_0() {
+    let mut d = Daemon::start().await;
+    let s = d.session(None).await;
+    kill(Pid::from_raw(d.pid() as i32), Signal::SIGTERM).unwrap();
+    let st = d.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
+    assert_agent_gone(s.pid).await;
+    d.launch().await;
+    assert_eq!(status_name(d.get(&s.id).await.status), "STOPPED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_watch_all_stream_does_not_keep_the_daemon_alive() {
+    let mut d = Daemon::start().await;
+    let mut all = d
+        .client()
+        .await
+        .watch_all_sessions(pb::WatchAllSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let s = d.session(None).await;
+    collect_until(&mut all, |e| e.new_status == S::Running as i32).await;
+    d.client()
+        .await
+        .shutdown(pb::ShutdownRequest { force: false })
+        .await
+        .unwrap();
+    // The watcher sees the session stop, then its stream ends with the daemon.
+    collect_until(&mut all, |e| e.new_status == S::Stopped as i32).await;
+    let st = d.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
+    assert!(next(&mut all).await.map_or(true, |r| r.is_err()));
+    assert_agent_gone(s.pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_a_restarted_daemon_fails_live_sessions_with_2032() {
+    let mut d = Daemon::start().await;
+    let idle = d.session(None).await;
+    let busy = d.session(Some(("hang", hanging_turn()))).await;
+    let done = d.session(None).await;
+    d.stop(&done.id, true).await.unwrap();
+    let mut stream = open_send(&d, &busy.id, "never finish").await;
+    assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
+    assert!(agent_running(idle.pid as u32) && agent_running(busy.pid as u32));
+
+    d.kill9();
+    // The agents die with the daemon (PDEATHSIG).
+    assert_agent_gone(idle.pid).await;
+    assert_agent_gone(busy.pid).await;
+    // The client's stream does not end as if the turn had completed.
+    match next(&mut stream).await {
+        None => {}
+        Some(Err(_)) => {}
+        Some(Ok(ev)) => panic!("unexpected event after the daemon died: {ev:?}"),
+    }
+    assert!(
+        d.dirs.socket.exists(),
+        "kill -9 leaves the socket file behind"
+    );
+
+    // Same socket (the stale file is replaced), same data dir.
+    d.launch().await;
+    for (s, was) in [(&idle, "RUNNING"), (&busy, "WORKING")] {
+        let info = d.get(&s.id).await;
+        assert_eq!(status_name(info.status), "FAILED", "{info:?}");
+        assert_eq!(info.error_code, "OBEY-2032");
+        assert!(
+            info.error_message.starts_with("OBEY-2032: ")
+                && info.error_message.contains("daemon restarted")
+                && info.error_message.contains(was),
+            "{}",
+            info.error_message
+        );
+        assert_eq!(info.pid, 0);
+        assert!(info.ended_at.is_some());
+    }
+    // The session stopped before the crash stays STOPPED.
+    let info = d.get(&done.id).await;
+    assert_eq!(status_name(info.status), "STOPPED");
+    assert_eq!(info.error_code, "");
+
+    let mut c = d.client().await;
+    let active = c
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert!(active.is_empty(), "{active:?}");
+    let st = c.get_state(pb::StateRequest {}).await.unwrap().into_inner();
+    assert!(st.active_sessions.is_empty());
+    assert_eq!(st.session_count, 3);
+    // Its history survived, ending with the failure.
+    let acts = c
+        .list_activities(pb::ListActivitiesRequest {
+            session_id: busy.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .activities;
+    assert_eq!(acts.first().map(kind), Some("THINKING"));
+    // A reconciled session can be restarted and works again.
+    let r = c
+        .restart_session(pb::RestartSessionRequest {
+            session_id: idle.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(status_name(r.status), "RUNNING");
+    assert_eq!(r.restart_count, 1);
+    let acts = d.send(&idle.id, "are you back?").await;
+    assert_eq!(acts.last().map(kind), Some("COMPLETION"));
+}
+
+/// Runs a second daemon that must refuse to start; its stderr.
+async fn refused_start(d: &Daemon, socket: &std::path::Path, data: &std::path::Path) -> String {
+    let mut child = Daemon::daemon_command(&d.dirs, socket, data, Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            stop_child(&mut child);
+            panic!("the second daemon did not refuse to start");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "{status:?} (signal {:?}): {err}",
+        status.signal()
+    );
+    err
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_on_the_same_socket_or_data_dir_refuses() {
+    let d = Daemon::start().await;
+    let other_data = d.dirs.base.join("data2");
+    let err = refused_start(&d, &d.dirs.socket, &other_data).await;
+    assert!(
+        err.contains(&format!(
+            "another paddock daemon is already listening on {}",
+            d.dirs.socket.display()
+        )),
+        "{err}"
+    );
+    let other_socket = d.dirs.base.join("other.sock");
+    let err = refused_start(&d, &other_socket, &d.dirs.data).await;
+    assert!(
+        err.contains("another paddock daemon is already using the data dir"),
+        "{err}"
+    );
+    // The first one is untouched.
+    assert!(d.dirs.socket.exists());
+    d.client().await.ping(pb::PingRequest {}).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_socket_file_is_replaced() {
+    let dirs = Dirs::new();
+    std::fs::create_dir_all(dirs.socket.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&dirs.socket).unwrap());
+    assert!(dirs.socket.exists());
+    let d = Daemon::start_in(dirs).await;
+    d.client().await.ping(pb::PingRequest {}).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_socket_dir_is_0700_and_the_socket_0600() {
+    let d = Daemon::start().await;
+    assert_eq!(mode(d.dirs.socket.parent().unwrap()), 0o700);
+    assert_eq!(mode(&d.dirs.socket), 0o600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executed_command_dies_with_a_killed_daemon() {
+    use pb::execute_response::Output;
+    let mut d = Daemon::start().await;
+    d.campaign().await;
+    let mut s = d
+        .client()
+        .await
+        .execute(pb::ExecuteRequest {
+            campaign_id: CAMPAIGN.into(),
+            command: "echo $$; exec sleep 30".into(),
+            use_shell: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let pid: i32 = match next(&mut s).await {
+        Some(Ok(pb::ExecuteResponse {
+            output: Some(Output::Stdout(line)),
+        })) => line.trim().parse().unwrap(),
+        other => panic!("expected the pid, got {other:?}"),
+    };
+    assert!(pid_running(pid as u32));
+    d.kill9();
+    let deadline = Instant::now() + WAIT;
+    while pid_running(pid as u32) {
+        assert!(
+            Instant::now() < deadline,
+            "command {pid} outlived the daemon"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_execute_stream_does_not_keep_the_daemon_alive() {
+    let mut d = Daemon::start().await;
+    d.campaign().await;
+    let mut s = d
+        .client()
+        .await
+        .execute(pb::ExecuteRequest {
+            campaign_id: CAMPAIGN.into(),
+            command: "echo started; exec sleep 30".into(),
+            use_shell: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(next(&mut s).await.unwrap().is_ok());
+    d.client()
+        .await
+        .shutdown(pb::ShutdownRequest { force: false })
+        .await
+        .unwrap();
+    let st = d.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
+}

@@ -1,0 +1,389 @@
+//! The "existing" RPCs (ReportCampaignEvent, ReportFestivalEvent, StreamAgentActivity, Ping,
+//! GetState, Execute) and the campaign registry (AddCampaign, ListCampaigns, RemoveCampaign).
+
+use paddock_proto::obey::local::v1 as pb;
+use pb::execute_response::Output;
+use tonic::Code;
+
+use crate::harness::*;
+
+/// Rows of `table` in the daemon's database (read-only, next to the running daemon).
+fn count_rows(d: &Daemon, table: &str, filter: &str) -> i64 {
+    let db = d.dirs.data.join("paddock.db");
+    let conn =
+        rusqlite::Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .expect("open the daemon's database");
+    conn.query_row(
+        &format!("SELECT COUNT(*) FROM {table} WHERE {filter}"),
+        [],
+        |r| r.get(0),
+    )
+    .expect("count rows")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_and_get_state() {
+    let mut d = Daemon::start().await;
+    let mut c = d.client().await;
+    let p = c.ping(pb::PingRequest {}).await.unwrap().into_inner();
+    assert!(!p.version.is_empty());
+    assert!(p.uptime.is_some());
+
+    let st = c.get_state(pb::StateRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.version, p.version);
+    assert_eq!(st.socket_path, d.dirs.socket.display().to_string());
+    assert_eq!(st.data_dir, d.dirs.data.display().to_string());
+    assert!(st.started_at.is_some());
+    assert_eq!((st.campaign_count, st.session_count), (0, 0));
+    assert!(st.active_sessions.is_empty());
+
+    let campaign = d.campaign().await;
+    let mut req = d.request(None).await;
+    req.agent_name = "summarised".into();
+    let s = d.create(req).await;
+    let st = c.get_state(pb::StateRequest {}).await.unwrap().into_inner();
+    assert_eq!((st.campaign_count, st.session_count), (1, 1));
+    assert_eq!(
+        st.active_sessions,
+        vec![pb::SessionSummary {
+            id: s.id.clone(),
+            campaign_id: campaign,
+            provider: pb::SessionProvider::Scripted as i32,
+            agent_name: "summarised".into(),
+            status: pb::SessionStatus::Running as i32,
+        }]
+    );
+    d.stop(&s.id, true).await.unwrap();
+    let st = c.get_state(pb::StateRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.session_count, 1);
+    assert!(st.active_sessions.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaign_and_festival_events_are_accepted_and_stored() {
+    let mut d = Daemon::start().await;
+    let campaign = d.campaign().await;
+    let mut c = d.client().await;
+    let r = c
+        .report_campaign_event(pb::CampaignEventRequest {
+            campaign_id: CAMPAIGN.into(),
+            event_type: "campaign.opened".into(),
+            payload_json: r#"{"by":"e2e"}"#.into(),
+            timestamp: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.accepted);
+    assert!(!r.event_id.is_empty());
+    let r2 = c
+        .report_festival_event(pb::FestivalEventRequest {
+            festival_id: "fest-1".into(),
+            campaign_id: campaign.clone(),
+            event_type: "festival.phase".into(),
+            payload_json: "{}".into(),
+            timestamp: Some(prost_types::Timestamp {
+                seconds: 1_771_425_000,
+                nanos: 0,
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r2.accepted);
+    assert_ne!(r2.event_id, r.event_id);
+    // A festival event needs no campaign.
+    c.report_festival_event(pb::FestivalEventRequest {
+        festival_id: "fest-2".into(),
+        event_type: "festival.created".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(count_rows(&d, "reported_events", "1=1"), 3);
+    assert_eq!(
+        count_rows(
+            &d,
+            "reported_events",
+            &format!("kind = 'campaign' AND campaign_id = '{campaign}'")
+        ),
+        1
+    );
+
+    let e = c
+        .report_campaign_event(pb::CampaignEventRequest {
+            campaign_id: "nope".into(),
+            event_type: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_status(&e, Code::NotFound, "OBEY-2001: ");
+    let e = c
+        .report_festival_event(pb::FestivalEventRequest {
+            festival_id: "f".into(),
+            campaign_id: "nope".into(),
+            event_type: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_status(&e, Code::NotFound, "OBEY-2001: ");
+    let e = c
+        .report_campaign_event(pb::CampaignEventRequest {
+            campaign_id: CAMPAIGN.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_agent_activity_acknowledges_every_event() {
+    let mut d = Daemon::start().await;
+    let campaign = d.campaign().await;
+    let mut c = d.client().await;
+    let events: Vec<pb::AgentActivityEvent> = (0..300)
+        .map(|i| pb::AgentActivityEvent {
+            session_id: "ext-agent-1".into(),
+            campaign_id: campaign.clone(),
+            agent_name: "external".into(),
+            r#type: if i % 2 == 0 {
+                pb::ActivityType::Thinking as i32
+            } else {
+                pb::ActivityType::ToolCall as i32
+            },
+            content: format!("event {i}"),
+            tokens_input: 1,
+            ..Default::default()
+        })
+        .collect();
+    let ack = within(c.stream_agent_activity(tokio_stream::iter(events)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ack.received, 300);
+    assert_eq!(
+        count_rows(&d, "external_activities", "session_id = 'ext-agent-1'"),
+        300
+    );
+    // An empty stream is fine too.
+    let ack = c
+        .stream_agent_activity(tokio_stream::iter(Vec::<pb::AgentActivityEvent>::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ack.received, 0);
+}
+
+async fn execute(
+    d: &Daemon,
+    req: pb::ExecuteRequest,
+) -> (String, String, Option<i32>, Option<tonic::Status>) {
+    let mut s = d.client().await.execute(req).await.unwrap().into_inner();
+    let (mut out, mut err, mut code) = (String::new(), String::new(), None);
+    while let Some(item) = next(&mut s).await {
+        match item {
+            Ok(r) => match r.output {
+                Some(Output::Stdout(t)) => out.push_str(&t),
+                Some(Output::Stderr(t)) => err.push_str(&t),
+                Some(Output::ExitCode(c)) => {
+                    assert!(code.is_none(), "two exit codes");
+                    code = Some(c)
+                }
+                None => panic!("empty output"),
+            },
+            Err(e) => return (out, err, code, Some(e)),
+        }
+    }
+    (out, err, code, None)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_streams_output_and_the_exit_code_in_the_campaign_root() {
+    let mut d = Daemon::start().await;
+    d.campaign().await;
+    let (out, err, code, e) = execute(
+        &d,
+        pb::ExecuteRequest {
+            campaign_id: CAMPAIGN.into(),
+            command: "ls".into(),
+            args: vec!["-1".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(e.is_none());
+    assert_eq!(out, "README.md\nnotes.txt\nscripts\nsrc\n");
+    assert_eq!(err, "");
+    assert_eq!(code, Some(0));
+
+    let (out, err, code, _) = execute(
+        &d,
+        pb::ExecuteRequest {
+            campaign_id: CAMPAIGN.into(),
+            command: "pwd; echo \"$GREETING\"; echo oops >&2; exit".into(),
+            args: vec!["3".into()],
+            use_shell: true,
+            environment: [("GREETING".to_string(), "hi there".to_string())].into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(out, format!("{}\nhi there\n", d.dirs.root.display()));
+    assert_eq!(err, "oops\n");
+    assert_eq!(code, Some(3));
+
+    // A command over its time limit is killed: the stream ends with DEADLINE_EXCEEDED.
+    let (_, _, code, e) = execute(
+        &d,
+        pb::ExecuteRequest {
+            campaign_id: CAMPAIGN.into(),
+            command: "sleep".into(),
+            args: vec!["30".into()],
+            timeout_seconds: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(code, None);
+    assert_eq!(e.expect("deadline").code(), Code::DeadlineExceeded);
+
+    let mut c = d.client().await;
+    let e = c
+        .execute(pb::ExecuteRequest {
+            campaign_id: "nope".into(),
+            command: "ls".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_status(&e, Code::NotFound, "OBEY-2001: ");
+    let e = c
+        .execute(pb::ExecuteRequest {
+            campaign_id: CAMPAIGN.into(),
+            command: "paddock-e2e-no-such-command".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaigns_are_added_listed_and_removed() {
+    let mut d = Daemon::start().await;
+    let mut c = d.client().await;
+    let camp = c
+        .add_campaign(pb::AddCampaignRequest {
+            name: CAMPAIGN.into(),
+            // A non-canonical path is stored canonical.
+            root_path: format!("{}/src/..", d.dirs.root.display()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(camp.id.starts_with("camp_"));
+    assert_eq!(camp.name, CAMPAIGN);
+    assert_eq!(camp.root_path, d.dirs.root.display().to_string());
+    assert!(camp.created_at.is_some());
+
+    // Duplicate names, missing roots, files as roots.
+    let e = c
+        .add_campaign(pb::AddCampaignRequest {
+            name: CAMPAIGN.into(),
+            root_path: d.dirs.root.display().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists);
+    for root in [d.dirs.base.join("nowhere"), d.dirs.root.join("README.md")] {
+        let e = c
+            .add_campaign(pb::AddCampaignRequest {
+                name: "x".into(),
+                root_path: root.display().to_string(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{root:?}: {e:?}");
+    }
+
+    let other = c
+        .add_campaign(pb::AddCampaignRequest {
+            name: "second".into(),
+            root_path: d.dirs.home.display().to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let list = c
+        .list_campaigns(pb::ListCampaignsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .campaigns;
+    let mut names: Vec<_> = list
+        .iter()
+        .map(|c| (c.name.clone(), c.id.clone()))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            (CAMPAIGN.to_string(), camp.id.clone()),
+            ("second".to_string(), other.id.clone())
+        ]
+    );
+
+    // A campaign with a live session cannot go; once it is stopped, it can.
+    let s = d
+        .create(pb::CreateSessionRequest {
+            campaign_id: camp.id.clone(),
+            provider: pb::SessionProvider::Scripted as i32,
+            ..Default::default()
+        })
+        .await;
+    let e = c
+        .remove_campaign(pb::RemoveCampaignRequest {
+            campaign: CAMPAIGN.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    d.stop(&s.id, false).await.unwrap();
+    let r = c
+        .remove_campaign(pb::RemoveCampaignRequest {
+            campaign: CAMPAIGN.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.removed);
+    // By id, too.
+    assert!(
+        c.remove_campaign(pb::RemoveCampaignRequest {
+            campaign: other.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .removed
+    );
+    assert!(c
+        .list_campaigns(pb::ListCampaignsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .campaigns
+        .is_empty());
+    let e = c
+        .remove_campaign(pb::RemoveCampaignRequest {
+            campaign: CAMPAIGN.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_status(&e, Code::NotFound, "OBEY-2001: ");
+    // The stopped session of the removed campaign is still there to read.
+    assert_eq!(status_name(d.get(&s.id).await.status), "STOPPED");
+}
