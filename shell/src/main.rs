@@ -57,6 +57,10 @@ enum Command {
         /// The model Aria sessions use
         #[arg(long, default_value = "")]
         aria_model: String,
+        /// Run agents in a separate runner process (`paddock runner`), so that they survive a
+        /// daemon crash and are taken back when the daemon restarts
+        #[arg(long)]
+        runner: bool,
     },
     /// Watch a whole session of the built-in scripted agent, start to finish (no API key)
     Demo {
@@ -120,6 +124,7 @@ fn main() {
             aria_workspace,
             aria_provider,
             aria_model,
+            runner,
         } => {
             init_tracing();
             let limits = paddock_core::Limits {
@@ -148,6 +153,7 @@ fn main() {
                 aria_workspace,
                 aria_provider,
                 aria_model,
+                use_runner: runner,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

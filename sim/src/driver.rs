@@ -233,6 +233,8 @@ pub struct Stats {
     pub stale_listed: u64,
     /// Spawns reusing a (session, run) the surviving runner had already run.
     pub runs_reused: u64,
+    /// Exits in flight at a crash that the surviving runner delivered again.
+    pub exits_revived: u64,
     pub spawns: u64,
     pub turns_scripted: u64,
     /// Simulated time the run covered.
@@ -407,6 +409,7 @@ impl Sim {
             orphans: self.orphans,
             stale_listed: self.stale_listed,
             runs_reused: self.world.runs_reused,
+            exits_revived: self.world.exits_revived,
             spawns: self.world.spawns,
             turns_scripted: self.world.turns_scripted,
             sim_ms: self.now - T0,

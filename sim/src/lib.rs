@@ -29,15 +29,39 @@
 //!   off) and `limits` the engine's grace periods and live-session limit.
 //!
 //! Replaying with `PADDOCK_SIM_SEED` keeps the event log as text and prints its last 80 entries
-//! before the failure line: `#step t+ms in <Input>` for every input fed, `out <Effect>` for
-//! every effect, `clock +Nms`, `the daemon crashes`, `restored N sessions`. Read it backwards
-//! from the failure.
+//! before the failure line: `#step t+ms in <Input>` for every input fed (provider inputs show
+//! their `cursor`), `out <Effect>` for every effect, `clock +Nms`, `the daemon crashes`, `the
+//! runner survives`, `adopting run R of S: output replayed after cursor C`, `restored N
+//! sessions`. Read it backwards from the failure.
+//!
+//! # Daemon crashes and the runner
+//!
+//! Provider processes run under a separate runner process. When the daemon crashes
+//! (`daemon_crash`, maybe with an input in flight whose transaction is lost:
+//! `crash_mid_step`), the runner survives it with probability `runner_survives`:
+//!
+//! - The runner died too: every process dies unheard; the new daemon is built with
+//!   `Engine::restore` as if from a cold start, and fails what was active (OBEY-2032).
+//! - The runner survived: its processes go on in simulated time through the downtime (their
+//!   output and exits keep coming due). It lists every process whose exit the daemon has not
+//!   read — including one whose exit was the input in flight, and one still starting (as
+//!   started; a spawn that fails made no process) — now and then with a stale run its session
+//!   no longer has. The new daemon is built with `Engine::restore_with(…, surviving)` and
+//!   adopts the processes whose session's committed record names their run; any other is
+//!   stopped unheard (never, so far: nothing should be left unnamed). Of every adopted run the
+//!   runner replays the output after the committed `provider_cursor`, from up to 3 lines
+//!   before it (those must be recognised as applied already), then the rest, its exit last.
+//!
+//! Every output line (activity, session ref) carries its cursor: 1, 2, 3, … per run, given when
+//! it is first delivered and kept when it is replayed. Start, spawn failure and exit have
+//! none.
 //!
 //! # Layout
 //!
 //! - [`rng`]: the seeded PRNG (SplitMix64) and the stable hash (FNV-1a).
 //! - [`world`]: the faults a seed picks, the fake store (commit boundary per step), the fake
-//!   provider processes (realistic turns, and their faults).
+//!   runner and its provider processes (realistic turns, their faults, numbered output kept
+//!   for replay, surviving a daemon crash).
 //! - [`client`]: the random client.
 //! - [`model`]: the reference model and its invariants.
 //! - `driver` (re-exported here): the loop — chaos, liveness, drain — and the daemon crashes.
@@ -53,27 +77,54 @@
 //!   made it): nothing leaves STOPPED or FAILED except through a restart (and then to STARTING,
 //!   with `restart_count` one higher);
 //! - one turn at a time per session; every turn's stream ends exactly once (one COMPLETION or
-//!   ERROR with `ends_turn`), and nothing is added to it afterwards;
+//!   ERROR with `ends_turn`), and nothing is added to it afterwards — across daemon crashes
+//!   too: a turn open at a crash stays open in the store and either ends at restore (an ERROR
+//!   saying OBEY-2032 if its process was lost; an ERROR if it was adopted while stopping) or
+//!   goes on in the adopted process;
+//! - every provider output event is applied exactly once per run: one at or before the
+//!   session's applied cursor (a replay after a restart) changes nothing, any other is applied
+//!   and its cursor stored in the same transaction; a provider event the table ignores
+//!   changes nothing but that cursor;
 //! - tokens never go down and never pass `max_tokens` by more than the event that crossed it;
 //! - every reply answers a request that is waiting for one, exactly once, with what the state
 //!   at the time allows (refusals at once and with the right OBEY code; starts once started;
 //!   stops once stopped), and carries the committed record;
-//! - every `Spawn` uses a fresh run id, for a session that has no process, with its config,
-//!   restart count and conversation to resume; no `Write` or `Signal` addresses a run whose
-//!   exit (or spawn failure) was delivered, or which never reported it started; a `Write` never
-//!   reaches a provider still answering the previous message.
+//! - every `Spawn` uses a fresh run id (never that of a process that outlived a daemon), for a
+//!   session that has no process, with its config, restart count and conversation to resume;
+//!   no `Write` or `Signal` addresses a run whose exit (or spawn failure) was delivered, or
+//!   which never reported it started; a `Write` never reaches a provider still answering the
+//!   previous message.
 //!
 //! Checked after every step:
 //! - the engine's records equal the committed ones (no change is left unpersisted), and equal
-//!   what clients saw (status, seqs, tokens, turns, restart count, config);
+//!   what clients saw (status, seqs, tokens, turns, restart count, config, the cursor applied);
+//! - the record names the session's process (`run`) and says whether a turn is open
+//!   (`turn_open`), so that a restarted daemon adopts the right process and ends or continues
+//!   the right turn; turns begun = turns ended + the open one;
 //! - `ended_at` is set exactly when terminal, an error is kept exactly while FAILED;
 //! - an open turn means WORKING (or a graceful STOPPING), and never an exhausted budget;
+//! - a first start sends the initial message (no session is RUNNING after its first start
+//!   with an initial message and no turn);
 //! - the engine's idea of each process matches the world's (no lost process, no ghost);
 //! - after a Tick, no deadline is due.
 //!
-//! After a daemon crash: the rebuilt engine equals the store, active sessions FAILED with
-//! OBEY-2032. After the faults heal: every session idle or terminal within a bounded number of
-//! steps. At the end: every request answered, every process reaped, no deadline left.
+//! After a daemon crash, the rebuilt engine equals the store changed exactly as the restart
+//! rules say:
+//! - adopted (the runner kept its process and the record names it): STARTING becomes RUNNING
+//!   (started now; and WORKING on its initial message if this is its first start); RUNNING and
+//!   WORKING carry on (same turn, session timeout from the stored start); STOPPING has its
+//!   open turn interrupted and its process TERMed (the stop ends STOPPED, with no replies);
+//!   FAILED has its process TERMed; each gets the deadline that implies, and the record's pid;
+//! - not adopted: its record names no run (cursor 0, no pid); an active session is FAILED with
+//!   OBEY-2032, its open turn ended first with an ERROR saying so;
+//! - nothing the runner keeps alive is lost: every process it still has was adopted (or is
+//!   named by no record, and is stopped); and what was applied of an adopted run's output is
+//!   what clients saw.
+//!
+//! Every restart case (committed status × adopted or not × turn open or not) must be reached
+//! by the CI set, like every legal pair of the table. After the faults heal: every session
+//! idle or terminal within a bounded number of steps. At the end: every request answered,
+//! every process reaped, no deadline left.
 
 pub mod client;
 mod driver;

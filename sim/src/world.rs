@@ -343,6 +343,8 @@ pub struct World {
     /// Spawns whose (session, run) the surviving runner had already run under an earlier
     /// daemon.
     pub runs_reused: u64,
+    /// Exits lost with the daemon that read them, still held by the surviving runner.
+    pub exits_revived: u64,
 }
 
 impl World {
@@ -362,6 +364,7 @@ impl World {
             spawns: 0,
             turns_scripted: 0,
             runs_reused: 0,
+            exits_revived: 0,
         }
     }
 
@@ -389,6 +392,7 @@ impl World {
         }
         if let (true, Some((run, p))) = (in_flight_exit, gone) {
             self.procs.insert(run, p);
+            self.exits_revived += 1;
         }
         self.procs.retain(|_, p| {
             !matches!(

@@ -60,7 +60,7 @@ fn sweep() {
     let (mut requests, mut lost, mut cut) = (0, 0, 0);
     let (mut survived, mut adopted, mut turns_adopted, mut redelivered, mut replays) =
         (0, 0, 0, 0, 0);
-    let (mut orphans, mut stale, mut reused) = (0, 0, 0);
+    let (mut orphans, mut stale, mut reused, mut revived) = (0, 0, 0, 0);
     for r in rx {
         match r {
             Ok(o) => {
@@ -74,6 +74,7 @@ fn sweep() {
                 replays += o.stats.model.replays_ignored;
                 orphans += o.stats.orphans;
                 stale += o.stats.stale_listed;
+                revived += o.stats.exits_revived;
                 reused += o.stats.runs_reused;
                 sessions += o.stats.sessions;
                 turns += o.stats.model.turns_completed + o.stats.model.turns_errored;
@@ -90,9 +91,9 @@ fn sweep() {
     let wall = t0.elapsed();
     println!(
         "sim sweep: seeds {start}..{} on {threads} threads in {:.1}s: {steps} steps, {sessions} \
-         sessions, {requests} requests ({lost} lost in crashes), {turns} turns ended ({cut} cut \
-         by crashes), {crashes} daemon crashes ({mid} mid-step), {:.1} simulated hours; {} \
-         failed",
+         sessions, {requests} requests ({lost} lost in crashes), {turns} turns ended ({cut} by \
+         a restart that lost their process), {crashes} daemon crashes ({mid} mid-step), {:.1} \
+         simulated hours; {} failed",
         start + n,
         wall.as_secs_f64(),
         sim_ms as f64 / 3_600_000.0,
@@ -101,7 +102,8 @@ fn sweep() {
     println!(
         "runner: survived {survived} of the crashes; {adopted} processes adopted ({turns_adopted} \
          with a turn in progress), {orphans} stopped unadopted, {stale} stale runs listed and \
-         not adopted; {redelivered} output lines replayed, {replays} of them recognised as applied already; {reused} spawns reused a \
+         not adopted; {redelivered} output lines replayed, {replays} of them recognised as \
+         applied already; {revived} exits in flight delivered again; {reused} spawns reused a \
          (session, run) the surviving runner had run before"
     );
     println!("table lookups reached (legal cells: count; refusals and ignored: (count)):");

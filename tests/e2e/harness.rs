@@ -378,6 +378,27 @@ impl Drop for Daemon {
         if let Some(mut child) = self.child.take() {
             stop_child(&mut child);
         }
+        // A daemon started with --runner has a runner that outlives it by design: stop it.
+        if let Some(pid) = self.runner_pid() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while pid_running(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+}
+
+impl Daemon {
+    /// The pid of the runner of this data dir, if one is running.
+    pub fn runner_pid(&self) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.dirs.data.join("runner.sock.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        pid_running(pid).then_some(pid)
     }
 }
 

@@ -132,7 +132,7 @@ async fn an_open_watch_all_stream_does_not_keep_the_daemon_alive() {
     collect_until(&mut all, |e| e.new_status == S::Stopped as i32).await;
     let st = d.wait_exit(Duration::from_secs(10)).await;
     assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
-    assert!(next(&mut all).await.map_or(true, |r| r.is_err()));
+    assert!(next(&mut all).await.is_none_or(|r| r.is_err()));
     assert_agent_gone(s.pid).await;
 }
 

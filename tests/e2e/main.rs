@@ -9,6 +9,7 @@
 //!   campaign registry.
 //! - `lifecycle`: Shutdown, SIGTERM, restart reconciliation (OBEY-2032), socket ownership.
 //! - `cli`: the `paddock` command line against a daemon, autostart included.
+//! - `runner_mode`: `daemon --runner`: agents survive a daemon SIGKILL and are taken back.
 //! - `aria`: the Aria runtime API over `$HOME/.aria/runtime.sock`: tasks, notifications,
 //!   sessions, containers, errors with details.
 
@@ -18,4 +19,5 @@ mod errors;
 mod harness;
 mod lifecycle;
 mod rpcs;
+mod runner_mode;
 mod sessions;

@@ -124,6 +124,8 @@ pub struct State {
     pub data_dir: PathBuf,
     /// Set by Shutdown / SIGTERM: no new sessions, every session is being stopped.
     pub shutting_down: bool,
+    /// The runner agents run in (`None`: they are the daemon's own children).
+    pub runner: Option<super::runner_link::RunnerLink>,
     exe: PathBuf,
     tx: mpsc::Sender<Command>,
     runs: BTreeMap<(SessionId, RunId), RunHandle>,
@@ -169,6 +171,7 @@ impl State {
             socket,
             data_dir,
             shutting_down: false,
+            runner: None,
             exe,
             tx,
             runs: BTreeMap::new(),
@@ -223,6 +226,44 @@ impl State {
             });
         }
         n
+    }
+
+    /// Takes back the agent runs the engine adopted at start-up (they outlived the previous
+    /// daemon in the runner): their output is read again from where each session got to.
+    pub fn reattach_adopted(&mut self) {
+        let Some(link) = self.runner.clone() else {
+            return;
+        };
+        let adopted: Vec<(SessionId, RunId, u64, paddock_core::SessionRecord)> = self
+            .engine
+            .sessions()
+            .filter_map(|s| {
+                let run = s.run().id()?;
+                Some((
+                    s.record.id.clone(),
+                    run,
+                    s.record.provider_cursor,
+                    s.record.clone(),
+                ))
+            })
+            .collect();
+        for (id, run, cursor, record) in adopted {
+            let spec = paddock_core::SpawnSpec {
+                config: record.config.clone(),
+                resume: record.provider_session.clone(),
+                restart_count: record.restart_count,
+            };
+            let parser = match crate::providers::plan(&spec, &self.exe) {
+                Ok((_, parser)) => parser,
+                Err(e) => {
+                    tracing::warn!(session = %id, "cannot read the adopted run: {e}");
+                    continue;
+                }
+            };
+            tracing::info!(session = %id, run, cursor, at = ?super::runner_link::line_start(cursor), "reattached to a run that outlived the daemon");
+            let handle = link.attach_agent(id.clone(), run, cursor, parser, self.tx.clone());
+            self.runs.insert((id, run), handle);
+        }
     }
 
     fn finished(&self) -> bool {
@@ -344,6 +385,15 @@ impl State {
             match effect {
                 Effect::Persist(record) => batch.records.push(record),
                 Effect::Spawn { id, run, spec } => {
+                    if let (Some(link), Ok((plan, parser))) =
+                        (&self.runner, crate::providers::plan(&spec, &self.exe))
+                    {
+                        // Started / SpawnFailed come back from the runner as inputs.
+                        let handle =
+                            link.spawn_agent(&plan, id.clone(), run, parser, self.tx.clone());
+                        self.runs.insert((id, run), handle);
+                        continue;
+                    }
                     let event = match crate::providers::plan(&spec, &self.exe) {
                         Ok((plan, parser)) => {
                             match supervisor::spawn(&plan, id.clone(), run, parser, self.tx.clone())

@@ -7,6 +7,7 @@
 //! session gracefully before the process exits 0.
 
 pub mod event_loop;
+pub mod runner_link;
 pub mod supervisor;
 
 use std::path::{Path, PathBuf};
@@ -40,6 +41,8 @@ pub struct Options {
     /// The provider an Aria session runs (the scripted agent unless configured).
     pub aria_provider: paddock_core::Provider,
     pub aria_model: String,
+    /// Run agents in the runner (`paddock runner`), so that they outlive the daemon.
+    pub use_runner: bool,
 }
 
 /// Runs the daemon in the foreground until it is told to stop.
@@ -52,7 +55,19 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let records = store
         .load_sessions()
         .map_err(|e| format!("cannot load sessions: {e}"))?;
-    let (engine, restore) = Engine::restore(opts.limits.clone(), now_ms(), records);
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
+    // With the runner, agents that outlived a previous daemon are adopted, not failed.
+    let runner = if opts.use_runner {
+        Some(runner_link::RunnerLink::connect_or_start(&opts.data_dir, &exe).await?)
+    } else {
+        None
+    };
+    let surviving = match &runner {
+        Some(link) => link.surviving_agents().await?,
+        None => Default::default(),
+    };
+    let (engine, restore) =
+        Engine::restore_with(opts.limits.clone(), now_ms(), records, &surviving);
     let task_records = store
         .load_tasks()
         .map_err(|e| format!("cannot load tasks: {e}"))?;
@@ -80,7 +95,6 @@ pub async fn run(opts: Options) -> Result<(), String> {
         },
         None => None,
     };
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
     let (tx, rx) = mpsc::channel(event_loop::COMMAND_QUEUE);
     let (done_tx, mut done_rx) = watch::channel(false);
     let hub = Hub::new();
@@ -95,6 +109,9 @@ pub async fn run(opts: Options) -> Result<(), String> {
         tx.clone(),
         done_tx,
     );
+    let mut state = state;
+    state.runner = runner.clone();
+    state.reattach_adopted();
     let loop_task = tokio::spawn(event_loop::run(state, rx, restore, task_restore));
     let handle = Handle {
         tx: tx.clone(),
@@ -173,6 +190,10 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let _ = done_rx.wait_for(|d| *d).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), loop_task).await;
     let _ = std::fs::remove_file(&opts.socket);
+    if let Some(link) = &runner {
+        // A clean shutdown stopped every session: the runner has nothing left to keep.
+        link.stop_runner();
+    }
     result.map_err(|e| format!("server error: {e}"))
 }
 

@@ -44,14 +44,34 @@ pub struct LaunchPlan {
     pub cwd: PathBuf,
 }
 
-/// A running child, as the event loop holds it.
+/// A running child, as the event loop holds it: a child of the daemon, or a run of the
+/// runner.
 #[derive(Debug)]
 pub struct RunHandle {
+    /// The pid of a child of the daemon (runner-owned runs report theirs as an input).
     pub pid: u32,
     stdin: mpsc::Sender<String>,
+    signaller: Signaller,
+}
+
+#[derive(Debug)]
+enum Signaller {
+    /// Our own child: signal its process group.
+    Group(u32),
+    /// A run of the runner: ask the runner.
+    Runner(super::runner_link::RunRef),
 }
 
 impl RunHandle {
+    /// A run owned by the runner.
+    pub fn in_runner(stdin: mpsc::Sender<String>, run: super::runner_link::RunRef) -> Self {
+        RunHandle {
+            pid: 0,
+            stdin,
+            signaller: Signaller::Runner(run),
+        }
+    }
+
     /// Queues one line for the child's stdin. False if the queue is full or the child's stdin is
     /// gone (its exit will follow and be reported).
     pub fn write_line(&self, line: String) -> bool {
@@ -60,13 +80,18 @@ impl RunHandle {
 
     /// Signals the child's whole process group.
     pub fn signal(&self, signal: Signal) {
-        let sig = match signal {
-            Signal::Term => nix::sys::signal::Signal::SIGTERM,
-            Signal::Kill => nix::sys::signal::Signal::SIGKILL,
-        };
-        let pgid = nix::unistd::Pid::from_raw(self.pid as i32);
-        if let Err(e) = nix::sys::signal::killpg(pgid, sig) {
-            tracing::debug!(pid = self.pid, ?sig, "killpg: {e}");
+        match &self.signaller {
+            Signaller::Group(pid) => {
+                let sig = match signal {
+                    Signal::Term => nix::sys::signal::Signal::SIGTERM,
+                    Signal::Kill => nix::sys::signal::Signal::SIGKILL,
+                };
+                let pgid = nix::unistd::Pid::from_raw(*pid as i32);
+                if let Err(e) = nix::sys::signal::killpg(pgid, sig) {
+                    tracing::debug!(pid, ?sig, "killpg: {e}");
+                }
+            }
+            Signaller::Runner(run) => run.signal(signal),
         }
     }
 }
@@ -207,6 +232,7 @@ pub fn spawn(
     Ok(RunHandle {
         pid,
         stdin: stdin_tx,
+        signaller: Signaller::Group(pid),
     })
 }
 

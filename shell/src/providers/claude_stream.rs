@@ -11,20 +11,29 @@
 //!
 //! | line | result |
 //! |---|---|
-//! | `system` / `init` | `SessionRef(session_id)`, nothing else |
-//! | `system` / other known subtypes (`compact_boundary`, `hook_response`, `status`, …) | nothing |
+//! | `system` / `init` | `SessionRef(session_id)` when the id is new (Claude Code 2.1 repeats `init` at the start of every turn), nothing else |
+//! | `system` / `api_retry` | `STATUS` (`API error 500 (server_error); retry 1 of 10 in 597 ms`) |
+//! | `system` / `model_fallback`, `model_refusal_fallback`, `model_refusal_no_fallback`, `model_consent_fallback` | `STATUS` (content = the line's `content`) |
+//! | `system` / other known subtypes ([`SILENT_SYSTEM_SUBTYPES`]: `thinking_tokens`, `task_started`, `permission_denied`, `compact_boundary`, …) | nothing |
 //! | `system` / unknown subtype | `Unrecognized` |
+//! | `assistant` with `is_api_error_message: true` (the CLI's synthetic `API Error: …` message) | nothing: the `result` that follows is the `ERROR` |
 //! | `assistant`, `thinking` block | `THINKING` (content = the thinking text) |
 //! | `assistant`, `redacted_thinking` block | `THINKING` (content = `[redacted thinking]`) |
 //! | `assistant`, `text` block | `STATUS` (content = the text) — see below |
 //! | `assistant`, `tool_use` / `server_tool_use` block | `TOOL_CALL` |
 //! | `user`, `tool_result` block (and `*_tool_result` blocks carrying a `tool_use_id`) | `TOOL_RESULT` |
 //! | `user`, plain text (a replayed user message) | nothing |
-//! | `result` | `COMPLETION` (success) or `ERROR`, preceded by `SessionRef` if the id changed |
+//! | `result` | `COMPLETION` (success) or `ERROR`, preceded by `SessionRef` if the id changed (below) |
 //! | `stream_event`, `control_response`, `control_cancel_request`, `keep_alive`, `tool_progress`, `auth_status` | nothing |
 //! | `control_request` | [`Parsed::ControlRequest`] |
 //! | blank line | nothing (not counted) |
 //! | not JSON, not an object, no `type`, unknown `type`, or a known type of unknown shape | `Unrecognized(line)` |
+//!
+//! A `result` is an `ERROR` when `is_error` is true, `subtype` is not `success` (e.g.
+//! `error_max_turns`, `error_during_execution`) or `api_error_status` is set — Claude Code 2.1
+//! reports a failed API call as `subtype: "success"`, `is_error: true`, `api_error_status: 500`,
+//! `api_error_type: "api_error"`. Its content: `claude: <subtype>, API error status <status>
+//! (<type>): <result text>; <errors…>`.
 //!
 //! **Why assistant `text` is `STATUS`, not `COMPLETION` or `THINKING`.** In a tool-using turn
 //! the model talks between tool calls ("Let me look at the tests first."); a line cannot tell
@@ -65,6 +74,43 @@ use serde_json::Value;
 pub const TOOL_INPUT_MAX: usize = 2000;
 /// `TOOL_RESULT` content is cut to this many bytes (plus the marker).
 pub const TOOL_RESULT_MAX: usize = 8 * 1024;
+
+/// `system` lines that carry nothing a session's activity needs (progress, UI and bookkeeping
+/// notices; the tool results and the `result` that matter arrive as their own lines). Taken from
+/// what Claude Code 2.1.330 prints (and its binary can print) in `stream-json` mode; a subtype
+/// not listed here, nor mapped in [`ClaudeStreamParser::parse_line`], is `Unrecognized`.
+pub const SILENT_SYSTEM_SUBTYPES: &[&str] = &[
+    "background_tasks_changed",
+    "checkpoint_done",
+    "commands_changed",
+    "compact_boundary",
+    "control_request_progress",
+    "file_snapshot",
+    "files_persisted",
+    "hook_progress",
+    "hook_response",
+    "hook_started",
+    "informational",
+    "local_command",
+    "memory_recall",
+    "memory_saved",
+    "notification",
+    "per_turn_effort_changed",
+    "permission_denied",
+    "post_turn_summary",
+    "session_state_changed",
+    "session_title_changed",
+    "status",
+    "stop_hook_summary",
+    "task_notification",
+    "task_progress",
+    "task_started",
+    "task_summary",
+    "task_updated",
+    "thinking_tokens",
+    "turn_duration",
+    "turn_starting",
+];
 
 /// What one stdout line means.
 #[derive(Debug, Clone, PartialEq)]
@@ -154,14 +200,49 @@ impl ClaudeStreamParser {
     }
 
     fn on_system(&mut self, v: &Value) -> Option<Vec<Parsed>> {
-        match v.get("subtype")?.as_str()? {
+        let subtype = v.get("subtype")?.as_str()?;
+        match subtype {
             "init" => {
                 let sid = v.get("session_id")?.as_str()?.to_string();
+                if self.session_id.as_deref() == Some(sid.as_str()) {
+                    return Some(Vec::new());
+                }
                 self.session_id = Some(sid.clone());
                 Some(vec![Parsed::Event(ProviderEvent::SessionRef(sid))])
             }
-            "compact_boundary" | "hook_response" | "hook_started" | "hook_progress" | "status"
-            | "informational" | "task_notification" | "files_persisted" => Some(Vec::new()),
+            "api_retry" => {
+                let mut text = String::from("API error");
+                match v.get("error_status") {
+                    Some(Value::Number(n)) => text.push_str(&format!(" {n}")),
+                    Some(Value::String(s)) if !s.is_empty() => text.push_str(&format!(" {s}")),
+                    _ => {}
+                }
+                if let Some(e) = v.get("error").and_then(Value::as_str) {
+                    text.push_str(&format!(" ({e})"));
+                }
+                text.push_str("; retry");
+                if let Some(a) = v.get("attempt").and_then(Value::as_u64) {
+                    text.push_str(&format!(" {a}"));
+                    if let Some(m) = v.get("max_retries").and_then(Value::as_u64) {
+                        text.push_str(&format!(" of {m}"));
+                    }
+                }
+                if let Some(d) = v.get("retry_delay_ms").and_then(Value::as_u64) {
+                    text.push_str(&format!(" in {d} ms"));
+                }
+                Some(self.attach(vec![Activity::new(ActivityKind::Status, text)]))
+            }
+            "model_fallback"
+            | "model_refusal_fallback"
+            | "model_refusal_no_fallback"
+            | "model_consent_fallback" => {
+                let content = match v.get("content").and_then(Value::as_str) {
+                    Some(c) if !c.is_empty() => c.to_string(),
+                    _ => subtype.replace('_', " "),
+                };
+                Some(self.attach(vec![Activity::new(ActivityKind::Status, content)]))
+            }
+            s if SILENT_SYSTEM_SUBTYPES.contains(&s) => Some(Vec::new()),
             _ => None,
         }
     }
@@ -169,6 +250,13 @@ impl ClaudeStreamParser {
     fn on_assistant(&mut self, v: &Value) -> Option<Vec<Parsed>> {
         let msg = v.get("message")?.as_object()?;
         let content = msg.get("content")?;
+        // The CLI's own stand-in for a failed API call ("API Error: 500 …"): the `result` line
+        // that follows says the same as an ERROR, so this one adds nothing.
+        if v.get("is_api_error_message").and_then(Value::as_bool) == Some(true)
+            && matches!(content, Value::Array(_) | Value::String(_))
+        {
+            return Some(Vec::new());
+        }
         // Validate the shape before touching any state.
         let blocks: Vec<Value> = match content {
             Value::Array(a) => a.clone(),
@@ -297,7 +385,10 @@ impl ClaudeStreamParser {
                     .as_str()
                     .map(str::to_string)
                     .unwrap_or_else(|| s.to_string());
-                head.push(format!("API error status {s}"));
+                match v.get("api_error_type").and_then(Value::as_str) {
+                    Some(t) if !t.is_empty() => head.push(format!("API error status {s} ({t})")),
+                    _ => head.push(format!("API error status {s}")),
+                }
             }
             if head.is_empty() {
                 head.push("error".to_string());
@@ -312,7 +403,8 @@ impl ClaudeStreamParser {
                     None => e.to_string(),
                 }));
             }
-            if subtype == "error_max_turns" {
+            // Claude Code 2.1 says why in `errors` ("Reached maximum number of turns (1)").
+            if subtype == "error_max_turns" && detail.is_empty() {
                 if let Some(n) = v.get("num_turns").and_then(Value::as_u64) {
                     detail.push(format!("after {n} turns"));
                 }
@@ -556,7 +648,6 @@ pub fn control_response_deny(request_id: &str, message: &str) -> String {
 /// Answers a control request the controller cannot handle (e.g. an unknown subtype), so
 /// Claude Code does not wait forever (no trailing newline):
 /// `{"type":"control_response","response":{"subtype":"error","request_id":…,"error":…}}`.
-#[allow(dead_code)] // adapter API: for control requests other than `can_use_tool`
 pub fn control_response_error(request_id: &str, error: &str) -> String {
     #[derive(Serialize)]
     struct ErrorResponse<'a> {
@@ -646,6 +737,149 @@ mod tests {
         // result totals: in 8 + 14003 + 14120 = 28131, out 53; attributed 28131 / 53.
         assert_eq!((a[4].tokens_input, a[4].tokens_output), (0, 0));
         assert_eq!(sum_tokens(&a), (28131, 53));
+    }
+
+    /// Three turns as the real Claude Code 2.1.330 printed them against the fake model server
+    /// of `tests/providers` (recorded by its `real_stream_json_through_the_adapter` test with
+    /// `PADDOCK_RECORD_FIXTURES=1`; paths normalised): a thinking + Bash + Write turn (with a
+    /// `can_use_tool` control request), an API error 500, a plain answer.
+    const RECORDED: &str = include_str!("testdata/claude_recorded.jsonl");
+
+    #[test]
+    fn recorded_stream_of_the_real_cli() {
+        let mut p = ClaudeStreamParser::new();
+        let mut turns: Vec<Vec<Parsed>> = vec![Vec::new()];
+        for line in RECORDED.lines() {
+            let out = p.parse_line(line);
+            turns.last_mut().unwrap().extend(out);
+            if line.contains(r#""type":"result""#) {
+                turns.push(Vec::new());
+            }
+        }
+        assert!(turns.pop().unwrap().is_empty());
+        assert_eq!(turns.len(), 3);
+        // Every line of this CLI version is understood.
+        assert_eq!(p.unrecognized_count(), 0);
+        // `init` opens every turn; the id is reported once.
+        let refs: Vec<_> = turns
+            .iter()
+            .flatten()
+            .filter(|x| matches!(x, Parsed::Event(ProviderEvent::SessionRef(_))))
+            .collect();
+        assert_eq!(refs.len(), 1, "{refs:?}");
+        // The permission prompt for Write (Bash `ls` needs none).
+        let prompts: Vec<_> = turns[0]
+            .iter()
+            .filter_map(|x| match x {
+                Parsed::ControlRequest {
+                    subtype,
+                    tool_name,
+                    input,
+                    ..
+                } => Some((
+                    subtype.as_str(),
+                    tool_name.as_str(),
+                    input["content"].clone(),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(prompts, [("can_use_tool", "Write", json!("hi\n"))]);
+
+        use ActivityKind::*;
+        let a = acts(&turns[0]);
+        let kinds: Vec<_> = a.iter().map(|a| a.kind()).collect();
+        assert_eq!(
+            kinds,
+            [Thinking, ToolCall, ToolResult, ToolCall, ToolResult, Status, Completion],
+            "{a:#?}"
+        );
+        assert_eq!(a[1].content, "ls");
+        assert_eq!(a[2].content, "README.md\nsrc");
+        assert_eq!(a[1].tool_call_id, a[2].tool_call_id);
+        assert_eq!(a[3].content, "/home/dev/proj/hello.txt");
+        assert_eq!(a[4].tool_name, "Write");
+        assert!(a[4].tool_success);
+        // The assistant lines carry message_start's usage (output 1); the `result` brings the
+        // turn's real totals: 900 + (50 + 900 cached) + (60 + 950 cached) in, 25 + 15 + 12 out.
+        assert_eq!((a[0].tokens_input, a[0].tokens_output), (900, 1));
+        assert_eq!((a[3].tokens_input, a[3].tokens_output), (950, 1));
+        assert_eq!((a[5].tokens_input, a[5].tokens_output), (1010, 1));
+        assert_eq!((a[6].tokens_input, a[6].tokens_output), (0, 49));
+        assert_eq!(sum_tokens(&a), (2860, 52));
+
+        // A 500: the CLI's synthetic "API Error" message adds nothing; the result is the ERROR.
+        let a = acts(&turns[1]);
+        assert_eq!(a.len(), 1, "{a:#?}");
+        assert_eq!(a[0].kind(), Error);
+        assert!(
+            a[0].content
+                .starts_with("claude: API error status 500 (api_error): API Error: 500 "),
+            "{}",
+            a[0].content
+        );
+        assert_eq!(sum_tokens(&a), (0, 0));
+
+        let a = acts(&turns[2]);
+        assert_eq!(
+            a.iter().map(|a| a.kind()).collect::<Vec<_>>(),
+            [Status, Completion]
+        );
+        assert_eq!(a[1].content, "Second turn.");
+        assert_eq!(sum_tokens(&a), (100, 10));
+    }
+
+    #[test]
+    fn system_lines_of_the_2_1_cli() {
+        let mut p = ClaudeStreamParser::new();
+        let t = r#"{"type":"system","subtype":"init","session_id":"s","cwd":"/w"}
+{"type":"system","subtype":"thinking_tokens","estimated_tokens":6,"estimated_tokens_delta":6,"session_id":"s","uuid":"u"}
+{"type":"system","subtype":"task_started","task_id":"b","tool_use_id":"t","description":"nap","task_type":"local_bash","session_id":"s"}
+{"type":"system","subtype":"permission_denied","tool_name":"Write","tool_use_id":"t","message":"no","session_id":"s"}
+{"type":"system","subtype":"init","session_id":"s","cwd":"/w"}
+{"type":"system","subtype":"api_retry","attempt":1,"max_retries":10,"retry_delay_ms":597,"error_status":500,"error":"server_error","session_id":"s","uuid":"u"}
+{"type":"system","subtype":"api_retry","attempt":2,"max_retries":10,"retry_delay_ms":1000,"error_status":null,"error":"connection_error"}
+{"type":"system","subtype":"model_fallback","content":"Opus is overloaded; using Sonnet","level":"warning","originalModel":"a","fallbackModel":"b"}
+{"type":"system","subtype":"model_refusal_no_fallback"}"#;
+        let out = run(&mut p, t);
+        assert_eq!(p.unrecognized_count(), 0);
+        assert_eq!(out[0], Parsed::Event(ProviderEvent::SessionRef("s".into())));
+        let a = acts(&out);
+        assert_eq!(out.len(), 1 + a.len());
+        let texts: Vec<_> = a.iter().map(|a| (a.kind(), a.content.as_str())).collect();
+        assert_eq!(
+            texts,
+            [
+                (
+                    ActivityKind::Status,
+                    "API error 500 (server_error); retry 1 of 10 in 597 ms"
+                ),
+                (
+                    ActivityKind::Status,
+                    "API error (connection_error); retry 2 of 10 in 1000 ms"
+                ),
+                (ActivityKind::Status, "Opus is overloaded; using Sonnet"),
+                (ActivityKind::Status, "model refusal no fallback"),
+            ]
+        );
+        // A new id (another conversation) is reported again.
+        let out = p.parse_line(r#"{"type":"system","subtype":"init","session_id":"t"}"#);
+        assert_eq!(out, [Parsed::Event(ProviderEvent::SessionRef("t".into()))]);
+    }
+
+    #[test]
+    fn synthetic_api_error_message_is_left_to_the_result() {
+        let mut p = ClaudeStreamParser::new();
+        let t = r#"{"type":"assistant","message":{"id":"0b1","model":"<synthetic>","role":"assistant","stop_reason":"stop_sequence","type":"message","usage":{"input_tokens":0,"output_tokens":0},"content":[{"type":"text","text":"API Error: 400 bad"}]},"session_id":"s","error":"unknown","is_api_error_message":true,"api_error_status":400,"api_error_type":"invalid_request_error"}
+{"type":"result","subtype":"success","is_error":true,"api_error_status":400,"api_error_type":"invalid_request_error","result":"API Error: 400 bad","session_id":"s","usage":{"input_tokens":0,"output_tokens":0}}"#;
+        let out = run(&mut p, t);
+        assert_eq!(p.unrecognized_count(), 0);
+        let a = acts(&out);
+        assert_eq!(a.len(), 1);
+        assert_eq!(
+            a[0].content,
+            "claude: API error status 400 (invalid_request_error): API Error: 400 bad"
+        );
     }
 
     #[test]
@@ -760,6 +994,13 @@ mod tests {
             "claude: error_during_execution: Tool crashed; second"
         );
         assert_eq!((a[0].tokens_input, a[0].tokens_output), (1, 1));
+        // As 2.1.330 prints it: the reason in `errors`, no `result` text.
+        let e = r#"{"type":"result","subtype":"error_max_turns","is_error":true,"num_turns":2,"stop_reason":"tool_use","session_id":"s","usage":{"input_tokens":100,"output_tokens":10},"terminal_reason":"max_turns","errors":["Reached maximum number of turns (1)"]}"#;
+        let a = acts(&p.parse_line(e));
+        assert_eq!(
+            a[0].content,
+            "claude: error_max_turns: Reached maximum number of turns (1)"
+        );
     }
 
     #[test]

@@ -83,11 +83,18 @@ impl LineParser for StreamJson {
                 claude_stream::Parsed::Unrecognized(l) => Parsed::Unrecognized(l),
                 claude_stream::Parsed::ControlRequest {
                     request_id,
+                    subtype,
                     tool_name,
                     input,
-                    ..
                 } => {
-                    if self.policy.allows(&tool_name) {
+                    if subtype != "can_use_tool" {
+                        // Hook callbacks, MCP messages, …: nothing paddock registered, so none
+                        // should come; answer anyway, so the agent never waits on us.
+                        Parsed::Reply(claude_stream::control_response_error(
+                            &request_id,
+                            &format!("paddock: control request {subtype:?} is not supported"),
+                        ))
+                    } else if self.policy.allows(&tool_name) {
                         Parsed::Reply(claude_stream::control_response_allow(&request_id, &input))
                     } else {
                         Parsed::Reply(claude_stream::control_response_deny(
@@ -210,6 +217,16 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
             let bin = claude_binary(config);
             let program = find_on_path(&bin)
                 .ok_or_else(|| format!("the claude-code CLI binary \"{bin}\" was not found"))?;
+            // Checked against the real CLI (2.1.330, tests/providers): `--verbose` is required
+            // for stream-json output in `-p` mode; `--permission-prompt-tool stdio` makes it ask
+            // us (`control_request` / `can_use_tool` on stdout, our `control_response` on
+            // stdin) — without it, in `-p` mode, it denies every tool that needs permission
+            // ("Claude requested permissions to write to …, but you haven't granted it yet").
+            // This works as root too (only `--permission-mode bypassPermissions` needs
+            // IS_SANDBOX=1 there). `--resume <session_id>` continues the conversation stored
+            // under `$HOME/.claude/projects/<cwd>/`, under the same id, so it needs the same
+            // HOME and working directory; a lost conversation makes the CLI exit 1 at start
+            // ("No conversation found with session ID: …" on stderr).
             let mut args: Vec<String> = [
                 "-p",
                 "--input-format",
@@ -231,10 +248,17 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
                 args.push("--resume".into());
                 args.push(resume.clone());
             }
-            env.push((
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
-                "1".into(),
-            ));
+            // No telemetry, update checks or other side traffic from a supervised agent,
+            // unless the session's environment says otherwise.
+            if !env
+                .iter()
+                .any(|(k, _)| k == "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC")
+            {
+                env.push((
+                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+                    "1".into(),
+                ));
+            }
             LaunchPlan {
                 program,
                 args,
@@ -272,6 +296,90 @@ mod tests {
         let p = PermissionPolicy::parse(Some("allow: Read, LS")).unwrap();
         assert!(p.allows("LS") && p.allows("Read") && !p.allows("Bash"));
         assert!(PermissionPolicy::parse(Some("maybe")).is_err());
+    }
+
+    fn claude_spec() -> SpawnSpec {
+        let mut c = SessionConfig::new("c", Provider::ClaudeCode, "/tmp");
+        c.provider_config.insert("command".into(), "/bin/sh".into());
+        c.model = "claude-x".into();
+        SpawnSpec {
+            config: c,
+            resume: None,
+            restart_count: 0,
+        }
+    }
+
+    #[test]
+    fn claude_code_launch() {
+        let mut spec = claude_spec();
+        let (p, _) = plan(&spec, Path::new("/paddock")).unwrap();
+        assert_eq!(p.program, PathBuf::from("/bin/sh"));
+        assert_eq!(
+            p.args.join(" "),
+            "-p --input-format stream-json --output-format stream-json --verbose \
+             --permission-prompt-tool stdio --model claude-x"
+        );
+        assert_eq!(p.cwd, PathBuf::from("/tmp"));
+        assert!(p.env.contains(&(
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+            "1".into()
+        )));
+        // A restart continues the conversation; the session's own environment wins.
+        spec.resume = Some("9f0c".into());
+        spec.config.model.clear();
+        spec.config.environment.insert(
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+            "0".into(),
+        );
+        let (p, _) = plan(&spec, Path::new("/paddock")).unwrap();
+        assert!(
+            p.args.ends_with(&["--resume".into(), "9f0c".into()]),
+            "{:?}",
+            p.args
+        );
+        assert!(!p.args.contains(&"--model".to_string()));
+        let v: Vec<_> = p
+            .env
+            .iter()
+            .filter(|(k, _)| k == "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC")
+            .collect();
+        assert_eq!(
+            v,
+            [&(
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+                "0".into()
+            )]
+        );
+    }
+
+    #[test]
+    fn control_requests_are_answered_by_policy() {
+        let mut spec = claude_spec();
+        spec.config
+            .provider_config
+            .insert("permissions".into(), "allow:Bash".into());
+        let (_, mut parser) = plan(&spec, Path::new("/paddock")).unwrap();
+        let ask = |tool: &str, id: &str| {
+            format!(
+                r#"{{"type":"control_request","request_id":"{id}","request":{{"subtype":"can_use_tool","tool_name":"{tool}","input":{{"command":"ls"}},"tool_use_id":"t"}}}}"#
+            )
+        };
+        let reply = |out: Vec<Parsed>| match &out[..] {
+            [Parsed::Reply(r)] => serde_json::from_str::<serde_json::Value>(r).unwrap(),
+            other => panic!("not one reply: {other:?}"),
+        };
+        let r = reply(parser.parse_line(&ask("Bash", "r1")));
+        assert_eq!(r["response"]["request_id"], "r1");
+        assert_eq!(r["response"]["response"]["behavior"], "allow");
+        assert_eq!(r["response"]["response"]["updatedInput"]["command"], "ls");
+        let r = reply(parser.parse_line(&ask("Write", "r2")));
+        assert_eq!(r["response"]["response"]["behavior"], "deny");
+        // Not a permission prompt: an error answer, so the agent does not wait for one.
+        let r = reply(parser.parse_line(
+            r#"{"type":"control_request","request_id":"r3","request":{"subtype":"hook_callback","callback_id":"c"}}"#,
+        ));
+        assert_eq!(r["response"]["subtype"], "error");
+        assert_eq!(r["response"]["request_id"], "r3");
     }
 
     #[test]

@@ -499,8 +499,19 @@ pub fn service(reg: Arc<Registry>) -> (RunnerService, RunnerServer<RunnerService
 }
 
 /// Serves the runner on `socket` until SIGTERM / SIGINT.
+/// The file a runner writes its pid to: `<socket>.pid`.
+pub fn pid_file(socket: &Path) -> std::path::PathBuf {
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".pid");
+    std::path::PathBuf::from(name)
+}
+
 pub async fn serve(socket: &Path) -> Result<(), String> {
     let listener = crate::socket::bind(socket, "paddock runner")?;
+    // Who owns the socket, for a daemon that needs to stop its runner (or a test that must
+    // clean up): `<socket>.pid`, removed on a clean exit.
+    let pid_file = pid_file(socket);
+    let _ = std::fs::write(&pid_file, std::process::id().to_string());
     let reg = Arc::new(Registry::new(Limits::default()));
     let (svc, server) = service(reg.clone());
     let reflection = tonic_reflection::server::Builder::configure()
@@ -552,6 +563,7 @@ pub async fn serve(socket: &Path) -> Result<(), String> {
         } => Ok(()),
     };
     let _ = std::fs::remove_file(socket);
+    let _ = std::fs::remove_file(&pid_file);
     result
 }
 

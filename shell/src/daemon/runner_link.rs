@@ -1,0 +1,624 @@
+//! The daemon's side of the runner (`paddock runner`): agents run as runs of a separate
+//! process that outlives the daemon, so a daemon that dies and comes back finds them still
+//! running and takes them back.
+//!
+//! - Start-up: connect to the runner on `<data dir>/runner.sock`, or start one (detached, its
+//!   own process group, no parent-death signal: it must survive us).
+//! - Spawn: `RunCommand` with the agent's exact argv and environment and a piped stdin; the
+//!   response stream is read like a child's pipes: stdout chunks are reassembled into lines for
+//!   the provider's parser, stderr's last lines are kept, the final `RunStatus` is the exit.
+//! - Cursor: every event parsed from a line carries a cursor naming where that line starts
+//!   (the runner event's `seq` and the byte offset in it) and the event's index within the
+//!   line; the core stores the last applied one with the batch. After a restart the daemon
+//!   attaches from the start of that line and the core skips what it had already applied:
+//!   nothing is lost, nothing applied twice (as long as the runner still buffers it).
+//! - If the runner goes away, the run's exit is reported with the reason (OBEY-2031).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use paddock_core::{Input, ProviderEvent, RunId, SessionId, Signal};
+use paddock_proto::runner::v1 as rpb;
+use rpb::runner_client::RunnerClient;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use super::supervisor::{truncate, LaunchPlan, RunHandle, MAX_LINE_BYTES, STDERR_TAIL_LINES};
+use super::Command;
+use crate::providers::{LineParser, Parsed};
+
+/// How long the daemon waits for a runner it started to answer.
+const RUNNER_START_WAIT: Duration = Duration::from_secs(10);
+/// Lines queued for one agent's stdin.
+const STDIN_QUEUE: usize = 64;
+/// Bits of the cursor for the event index within a line (at most 255 events per line).
+const EVENT_BITS: u32 = 8;
+/// Bits of the cursor for the byte offset within a runner event (chunks are at most 64 KiB).
+const OFFSET_BITS: u32 = 17;
+
+/// The cursor of the `k`-th event parsed from the line that starts at byte `offset` of the
+/// runner event `seq`. Cursors grow with the position in the output.
+pub fn cursor(seq: u64, offset: usize, k: usize) -> u64 {
+    (((seq << OFFSET_BITS) | offset as u64) << EVENT_BITS) | (k.min(255) as u64)
+}
+
+/// Where the line of `cursor` starts: (runner event seq, byte offset in it).
+pub fn line_start(cursor: u64) -> (u64, usize) {
+    let pos = cursor >> EVENT_BITS;
+    (
+        pos >> OFFSET_BITS,
+        (pos & ((1 << OFFSET_BITS) - 1)) as usize,
+    )
+}
+
+/// The runner's name for run `run` of session `id`.
+pub fn run_id(id: &SessionId, run: RunId) -> String {
+    format!("agent:{id}:{run}")
+}
+
+/// The session and run of a runner run id made by [`run_id`].
+pub fn parse_run_id(s: &str) -> Option<(SessionId, RunId)> {
+    let rest = s.strip_prefix("agent:")?;
+    let (id, run) = rest.rsplit_once(':')?;
+    Some((SessionId(id.to_string()), run.parse().ok()?))
+}
+
+/// A run of the runner, for signals.
+#[derive(Debug, Clone)]
+pub struct RunRef {
+    client: RunnerClient<Channel>,
+    pub run_id: String,
+}
+
+impl RunRef {
+    /// Signals the run's process group (through the runner; fire and forget: the exit is
+    /// what counts, and it is reported on the run's stream).
+    pub fn signal(&self, signal: Signal) {
+        let mut client = self.client.clone();
+        let req = rpb::SignalRequest {
+            run_id: self.run_id.clone(),
+            signal: match signal {
+                Signal::Term => rpb::ProcessSignal::Term as i32,
+                Signal::Kill => rpb::ProcessSignal::Kill as i32,
+            },
+        };
+        tokio::spawn(async move {
+            if let Err(e) = client.signal_session(req).await {
+                tracing::warn!("runner SignalSession failed: {e}");
+            }
+        });
+    }
+}
+
+/// The daemon's connection to its runner.
+#[derive(Debug, Clone)]
+pub struct RunnerLink {
+    client: RunnerClient<Channel>,
+    pub socket: PathBuf,
+    data_dir: PathBuf,
+    exe: PathBuf,
+}
+
+impl RunnerLink {
+    /// Connects to the runner of `data_dir`, starting one if none answers.
+    pub async fn connect_or_start(data_dir: &Path, exe: &Path) -> Result<Self, String> {
+        let socket = data_dir.join("runner.sock");
+        if let Some(client) = Self::connect(&socket).await {
+            tracing::info!(socket = %socket.display(), "using the running runner");
+            return Ok(RunnerLink {
+                client,
+                socket,
+                data_dir: data_dir.to_path_buf(),
+                exe: exe.to_path_buf(),
+            });
+        }
+        let client = Self::start(data_dir, exe, &socket).await?;
+        Ok(RunnerLink {
+            client,
+            socket,
+            data_dir: data_dir.to_path_buf(),
+            exe: exe.to_path_buf(),
+        })
+    }
+
+    /// Starts a runner on `socket` and waits until it answers.
+    async fn start(
+        data_dir: &Path,
+        exe: &Path,
+        socket: &Path,
+    ) -> Result<RunnerClient<Channel>, String> {
+        let log_path = data_dir.join("runner.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        let mut child = std::process::Command::new(exe);
+        child
+            .arg("runner")
+            .arg("--socket")
+            .arg(socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        // Its own process group: a Ctrl-C meant for the daemon's terminal does not reach it.
+        std::os::unix::process::CommandExt::process_group(&mut child, 0);
+        let mut child = child
+            .spawn()
+            .map_err(|e| format!("cannot start the runner: {e}"))?;
+        tracing::info!(pid = child.id(), socket = %socket.display(), "started a runner");
+        // Reap it if it exits while we live (it normally outlives us).
+        std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+        let deadline = tokio::time::Instant::now() + RUNNER_START_WAIT;
+        loop {
+            if let Some(client) = Self::connect(socket).await {
+                return Ok(client);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "the runner did not answer on {} within {}s (see {})",
+                    socket.display(),
+                    RUNNER_START_WAIT.as_secs(),
+                    log_path.display()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn connect(socket: &Path) -> Option<RunnerClient<Channel>> {
+        let ch = crate::cli::client::channel(socket).await.ok()?;
+        let mut client = RunnerClient::new(ch);
+        client.list_runs(rpb::ListRunsRequest {}).await.ok()?;
+        Some(client)
+    }
+
+    /// The agent runs still alive in the runner: session → (run, pid).
+    pub async fn surviving_agents(
+        &self,
+    ) -> Result<BTreeMap<SessionId, (RunId, Option<u32>)>, String> {
+        let runs = self
+            .client
+            .clone()
+            .list_runs(rpb::ListRunsRequest {})
+            .await
+            .map_err(|e| format!("runner ListRuns: {}", e.message()))?
+            .into_inner()
+            .runs;
+        Ok(runs
+            .into_iter()
+            .filter(|r| r.state == rpb::RunState::Started as i32)
+            .filter_map(|r| {
+                let (id, run) = parse_run_id(&r.run_id)?;
+                Some((id, (run, (r.pid > 0).then_some(r.pid))))
+            })
+            .collect())
+    }
+
+    /// Asks the runner to stop (SIGTERM to the pid it wrote next to its socket). Used on a
+    /// clean daemon shutdown, when every session was stopped: nothing is left for it to keep.
+    pub fn stop_runner(&self) {
+        let pid_file = crate::runner::pid_file(&self.socket);
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+
+    fn run_ref(&self, id: &SessionId, run: RunId) -> RunRef {
+        RunRef {
+            client: self.client.clone(),
+            run_id: run_id(id, run),
+        }
+    }
+
+    /// Starts an agent as a run of the runner. `Started` / `SpawnFailed` come as inputs.
+    pub fn spawn_agent(
+        &self,
+        plan: &LaunchPlan,
+        id: SessionId,
+        run: RunId,
+        parser: Box<dyn LineParser>,
+        tx: mpsc::Sender<Command>,
+    ) -> RunHandle {
+        let rref = self.run_ref(&id, run);
+        let stdin = self.stdin_forwarder(&rref);
+        let mut argv = vec![plan.program.display().to_string()];
+        argv.extend(plan.args.iter().cloned());
+        let req = rpb::RunCommandRequest {
+            run_id: rref.run_id.clone(),
+            working_dir: plan.cwd.display().to_string(),
+            command: argv.join(" "),
+            use_shell: false,
+            ssh_auth_sock: String::new(),
+            keep_stdin: true,
+            argv,
+            environment: plan.env.iter().cloned().collect(),
+        };
+        let mut client = self.client.clone();
+        let link = self.clone();
+        tokio::spawn(async move {
+            let mut result = client.run_command(req.clone()).await;
+            if matches!(&result, Err(e) if e.code() == tonic::Code::Unavailable) {
+                // The runner is gone (its runs died with it): start a new one and try once more.
+                tracing::warn!("the runner does not answer; starting a new one");
+                if let Ok(fresh) = Self::start(&link.data_dir, &link.exe, &link.socket).await {
+                    client = fresh;
+                    result = client.run_command(req).await;
+                }
+            }
+            match result {
+                Ok(stream) => {
+                    let reader = Reader::new(id, run, parser, tx, client, false, None);
+                    reader.read(stream.into_inner()).await;
+                }
+                Err(e) => {
+                    let event = ProviderEvent::SpawnFailed {
+                        reason: format!("the runner refused the run: {}", e.message()),
+                    };
+                    let _ = tx
+                        .send(Command::Provider(Input::Provider {
+                            id,
+                            run,
+                            cursor: None,
+                            event,
+                        }))
+                        .await;
+                }
+            }
+        });
+        RunHandle::in_runner(stdin, rref)
+    }
+
+    /// Takes back an agent run that outlived the previous daemon, reading its output again from
+    /// the start of the line the session had got to (`cursor`).
+    pub fn attach_agent(
+        &self,
+        id: SessionId,
+        run: RunId,
+        cursor: u64,
+        parser: Box<dyn LineParser>,
+        tx: mpsc::Sender<Command>,
+    ) -> RunHandle {
+        let rref = self.run_ref(&id, run);
+        let stdin = self.stdin_forwarder(&rref);
+        let (seq, offset) = if cursor == 0 {
+            (0, 0)
+        } else {
+            line_start(cursor)
+        };
+        let req = rpb::AttachRunRequest {
+            run_id: rref.run_id.clone(),
+            after_seq: seq.saturating_sub(1),
+        };
+        let mut client = self.client.clone();
+        tokio::spawn(async move {
+            let reader = Reader::new(
+                id.clone(),
+                run,
+                parser,
+                tx.clone(),
+                client.clone(),
+                true,
+                (seq > 0).then_some((seq, offset)),
+            );
+            match client.attach_run(req).await {
+                Ok(stream) => reader.read(stream.into_inner()).await,
+                Err(e) => {
+                    reader
+                        .lost(format!("cannot reattach: {}", e.message()))
+                        .await
+                }
+            }
+        });
+        RunHandle::in_runner(stdin, rref)
+    }
+
+    /// A queue whose lines are written to the run's stdin, in order.
+    fn stdin_forwarder(&self, rref: &RunRef) -> mpsc::Sender<String> {
+        let (tx, mut rx) = mpsc::channel::<String>(STDIN_QUEUE);
+        let mut client = self.client.clone();
+        let run_id = rref.run_id.clone();
+        tokio::spawn(async move {
+            while let Some(line) = rx.recv().await {
+                let mut data = line.into_bytes();
+                data.push(b'\n');
+                let req = rpb::WriteStdinRequest {
+                    run_id: run_id.clone(),
+                    data,
+                    close: false,
+                };
+                match client.write_stdin(req).await {
+                    Ok(r) if r.get_ref().ok => {}
+                    Ok(r) => {
+                        tracing::warn!(run = %run_id, "stdin: {}", r.get_ref().message);
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(run = %run_id, "stdin: {}", e.message());
+                        break;
+                    }
+                }
+            }
+        });
+        tx
+    }
+}
+
+/// Reads one run's event stream into provider inputs.
+struct Reader {
+    id: SessionId,
+    run: RunId,
+    parser: Box<dyn LineParser>,
+    tx: mpsc::Sender<Command>,
+    client: RunnerClient<Channel>,
+    started: bool,
+    /// Skip output before this position (a reattach resumes at a line start).
+    skip: Option<(u64, usize)>,
+    line: Vec<u8>,
+    /// Where the line in `line` started: (event seq, offset).
+    line_start: Option<(u64, usize)>,
+    stderr: VecDeque<String>,
+    stderr_partial: String,
+}
+
+impl Reader {
+    fn new(
+        id: SessionId,
+        run: RunId,
+        parser: Box<dyn LineParser>,
+        tx: mpsc::Sender<Command>,
+        client: RunnerClient<Channel>,
+        started: bool,
+        skip: Option<(u64, usize)>,
+    ) -> Self {
+        Reader {
+            id,
+            run,
+            parser,
+            tx,
+            client,
+            started,
+            skip,
+            line: Vec::new(),
+            line_start: None,
+            stderr: VecDeque::new(),
+            stderr_partial: String::new(),
+        }
+    }
+
+    async fn send(&mut self, cursor: Option<u64>, event: ProviderEvent) -> bool {
+        self.tx
+            .send(Command::Provider(Input::Provider {
+                id: self.id.clone(),
+                run: self.run,
+                cursor,
+                event,
+            }))
+            .await
+            .is_ok()
+    }
+
+    async fn read(mut self, mut stream: tonic::Streaming<rpb::RunnerEvent>) {
+        loop {
+            let ev = match stream.message().await {
+                Ok(Some(ev)) => ev,
+                Ok(None) => return self.lost("the runner ended the run's stream".into()).await,
+                Err(e) => {
+                    return self
+                        .lost(format!("the runner went away: {}", e.message()))
+                        .await
+                }
+            };
+            use rpb::runner_event::Payload;
+            match ev.payload {
+                Some(Payload::CommandOutput(out)) => {
+                    if out.stream == rpb::StreamKind::Stderr as i32 {
+                        self.stderr_text(&out.text);
+                    } else if !self.stdout(ev.seq, out.text.as_bytes()).await {
+                        return;
+                    }
+                }
+                Some(Payload::Status(st)) => {
+                    let state = rpb::RunState::try_from(st.state).unwrap_or_default();
+                    match state {
+                        rpb::RunState::Started => {
+                            if !self.started {
+                                self.started = true;
+                                let pid = self.pid().await;
+                                if !self.send(None, ProviderEvent::Started { pid }).await {
+                                    return;
+                                }
+                            }
+                        }
+                        rpb::RunState::Finished | rpb::RunState::Failed => {
+                            return self.finish(state, st.exit_code, &st.message).await;
+                        }
+                        rpb::RunState::Unspecified => {}
+                    }
+                }
+                Some(Payload::Truncated(t)) => {
+                    tracing::warn!(
+                        session = %self.id,
+                        "the runner no longer holds {} events of this run; output was lost",
+                        t.dropped
+                    );
+                    self.line.clear();
+                    self.line_start = None;
+                    self.skip = None;
+                }
+                Some(Payload::Exec(_)) | None => {}
+            }
+        }
+    }
+
+    async fn pid(&mut self) -> Option<u32> {
+        let runs = self
+            .client
+            .list_runs(rpb::ListRunsRequest {})
+            .await
+            .ok()?
+            .into_inner()
+            .runs;
+        let want = run_id(&self.id, self.run);
+        runs.into_iter()
+            .find(|r| r.run_id == want)
+            .map(|r| r.pid)
+            .filter(|p| *p > 0)
+    }
+
+    /// Feeds one stdout chunk: whole lines go to the parser with their cursors.
+    async fn stdout(&mut self, seq: u64, bytes: &[u8]) -> bool {
+        let mut from = 0;
+        if let Some((skip_seq, skip_off)) = self.skip {
+            if seq < skip_seq {
+                return true;
+            }
+            if seq == skip_seq {
+                from = skip_off.min(bytes.len());
+            }
+            self.skip = None;
+        }
+        let mut start = from;
+        while start < bytes.len() {
+            if self.line_start.is_none() {
+                self.line_start = Some((seq, start));
+            }
+            let end = match bytes[start..].iter().position(|&b| b == b'\n') {
+                Some(i) => start + i + 1,
+                None => bytes.len(),
+            };
+            let room = MAX_LINE_BYTES.saturating_sub(self.line.len());
+            self.line
+                .extend_from_slice(&bytes[start..end][..(end - start).min(room)]);
+            let complete = bytes[end - 1] == b'\n';
+            start = end;
+            if !complete {
+                break;
+            }
+            let (lseq, loff) = self.line_start.take().expect("set above");
+            let text = String::from_utf8_lossy(&self.line).into_owned();
+            self.line.clear();
+            let text = text.trim_end_matches(['\n', '\r']);
+            if text.is_empty() {
+                continue;
+            }
+            let mut k = 0;
+            for parsed in self.parser.parse_line(text) {
+                match parsed {
+                    Parsed::Event(event) => {
+                        if !self.send(Some(cursor(lseq, loff, k)), event).await {
+                            return false;
+                        }
+                        k += 1;
+                    }
+                    Parsed::Reply(line) => {
+                        let mut client = self.client.clone();
+                        let req = rpb::WriteStdinRequest {
+                            run_id: run_id(&self.id, self.run),
+                            data: (line + "\n").into_bytes(),
+                            close: false,
+                        };
+                        let _ = client.write_stdin(req).await;
+                    }
+                    Parsed::Unrecognized(raw) => {
+                        tracing::debug!(session = %self.id, "unrecognised provider line: {}", truncate(&raw, 200));
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn stderr_text(&mut self, text: &str) {
+        self.stderr_partial.push_str(text);
+        while let Some(i) = self.stderr_partial.find('\n') {
+            let line: String = self.stderr_partial.drain(..=i).collect();
+            if self.stderr.len() == STDERR_TAIL_LINES {
+                self.stderr.pop_front();
+            }
+            self.stderr.push_back(truncate(line.trim_end(), 512));
+        }
+        if self.stderr_partial.len() > 4096 {
+            self.stderr_partial.clear();
+        }
+    }
+
+    fn tail(&self) -> String {
+        self.stderr.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    async fn finish(mut self, state: rpb::RunState, exit_code: i32, message: &str) {
+        let event = if !self.started && state == rpb::RunState::Failed {
+            ProviderEvent::SpawnFailed {
+                reason: message.to_string(),
+            }
+        } else if state == rpb::RunState::Failed && exit_code > 128 {
+            ProviderEvent::Exited {
+                code: None,
+                signal: Some(exit_code - 128),
+                stderr_tail: self.tail(),
+            }
+        } else {
+            ProviderEvent::Exited {
+                code: Some(exit_code),
+                signal: None,
+                stderr_tail: self.tail(),
+            }
+        };
+        self.send(None, event).await;
+    }
+
+    /// The run can no longer be followed: report it ended, with the reason.
+    async fn lost(mut self, why: String) {
+        tracing::warn!(session = %self.id, run = self.run, "{why}");
+        let mut tail = self.tail();
+        if !tail.is_empty() {
+            tail.push('\n');
+        }
+        tail.push_str(&why);
+        let event = if self.started {
+            ProviderEvent::Exited {
+                code: None,
+                signal: None,
+                stderr_tail: tail,
+            }
+        } else {
+            ProviderEvent::SpawnFailed { reason: why }
+        };
+        self.send(None, event).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_grow_with_the_position_and_round_trip() {
+        let a = cursor(3, 10, 0);
+        let b = cursor(3, 10, 1);
+        let c = cursor(3, 11, 0);
+        let d = cursor(4, 0, 0);
+        assert!(a < b && b < c && c < d);
+        assert_eq!(line_start(b), (3, 10));
+        assert_eq!(line_start(cursor(1 << 30, 65_536, 255)), (1 << 30, 65_536));
+    }
+
+    #[test]
+    fn run_ids_round_trip() {
+        let id = SessionId("sess_01ABC".into());
+        assert_eq!(parse_run_id(&run_id(&id, 42)), Some((id, 42)));
+        assert_eq!(parse_run_id("task:x:1"), None);
+        assert_eq!(parse_run_id("agent:x:y"), None);
+    }
+}

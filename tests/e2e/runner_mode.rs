@@ -1,0 +1,184 @@
+//! `paddock daemon --runner`: agents run in the runner, so the daemon can die (SIGKILL, mid
+//! turn) and come back without killing a single agent: every session is back, its agent the
+//! same process, its turn goes on, every event reaches the store and the watchers exactly once.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use paddock_proto::obey::local::v1 as pb;
+use serde_json::json;
+
+use crate::harness::*;
+
+fn paced_turn() -> serde_json::Value {
+    turns(json!([
+        {"thinking": "step one", "tokens_in": 10, "tokens_out": 1, "delay_ms": 100},
+        {"thinking": "step two", "tokens_in": 10, "tokens_out": 1, "delay_ms": 900},
+        {"thinking": "step three", "tokens_in": 10, "tokens_out": 1, "delay_ms": 900},
+        {"result": "done with {message}", "tokens_in": 40, "tokens_out": 7}
+    ]))
+}
+
+async fn runner_daemon() -> Daemon {
+    Daemon::start_with(Dirs::new(), &["--runner"]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_killed_mid_turn_takes_its_agents_back() {
+    let mut d = runner_daemon().await;
+    let busy = d.session(Some(("paced", paced_turn()))).await;
+    let idle = d.session(None).await;
+    let runner = d.runner_pid().expect("a runner");
+    assert_ne!(runner, d.pid());
+
+    // A turn in progress when the daemon dies.
+    let c = d.client().await;
+    let mut stream = c
+        .clone()
+        .send_message(pb::SendMessageRequest {
+            session_id: busy.id.clone(),
+            message: "the job".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = next(&mut stream).await.unwrap().unwrap();
+    assert_eq!(kind(&first), "THINKING");
+    d.kill9();
+    assert!(
+        agent_running(busy.pid as u32),
+        "the agent outlives the daemon"
+    );
+    assert!(agent_running(idle.pid as u32));
+
+    d.launch().await;
+    assert_eq!(d.runner_pid(), Some(runner), "the same runner");
+    // Every session is back, with the same agent process.
+    let b = d.get(&busy.id).await;
+    assert_eq!(status_name(b.status), "WORKING");
+    assert_eq!(b.pid, busy.pid);
+    let i = d.get(&idle.id).await;
+    assert_eq!(status_name(i.status), "RUNNING");
+    assert_eq!(i.pid, idle.pid);
+
+    // The turn goes on and ends; a watcher from the start sees every activity exactly once.
+    let done = d.wait_status(&busy.id, pb::SessionStatus::Running).await;
+    let stored = d
+        .client()
+        .await
+        .list_activities(pb::ListActivitiesRequest {
+            session_id: busy.id.clone(),
+            after_seq: 0,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .activities;
+    let seqs: Vec<i64> = stored.iter().map(|a| a.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
+    let contents: Vec<&str> = stored.iter().map(|a| a.content.as_str()).collect();
+    assert_eq!(
+        contents,
+        ["step one", "step two", "step three", "done with the job"],
+        "each activity exactly once; daemon log: {}",
+        d.stderr()
+    );
+    let distinct: BTreeSet<&str> = contents.iter().copied().collect();
+    assert_eq!(distinct.len(), contents.len());
+    // The turn's totals, as its result line reported them.
+    assert_eq!(done.tokens_input, 40);
+    assert_eq!(done.tokens_output, 7);
+
+    // And it keeps working.
+    let acts = d.send(&idle.id, "after the restart").await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION");
+
+    // A clean shutdown stops the agents and the runner.
+    d.client()
+        .await
+        .shutdown(pb::ShutdownRequest { force: false })
+        .await
+        .unwrap();
+    let st = d.wait_exit(Duration::from_secs(15)).await;
+    assert_eq!(st.code(), Some(0));
+    assert_agent_gone(busy.pid).await;
+    assert_agent_gone(idle.pid).await;
+    within(async {
+        while pid_running(runner) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_after_a_restart_see_the_rest_of_the_life() {
+    let mut d = runner_daemon().await;
+    let s = d.session(Some(("paced", paced_turn()))).await;
+    let c = d.client().await;
+    let _stream = c
+        .clone()
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: "x".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    d.kill9();
+    d.launch().await;
+    let mut watch = d
+        .client()
+        .await
+        .watch_session(pb::WatchSessionRequest {
+            session_id: s.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let evs = collect_until(&mut watch, |e| {
+        e.new_status == pb::SessionStatus::Running as i32
+    })
+    .await;
+    assert_eq!(evs.len(), 1, "{evs:?}");
+    assert_eq!(status_name(evs[0].previous_status), "WORKING");
+    d.stop(&s.id, false).await.unwrap();
+    let evs = collect_ok(watch).await;
+    let names: Vec<&str> = evs.iter().map(|e| status_name(e.new_status)).collect();
+    assert_eq!(names, ["STOPPING", "STOPPED"]);
+    assert_agent_gone(s.pid).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_runner_dies_its_agents_die_and_their_sessions_fail() {
+    let mut d = runner_daemon().await;
+    let s = d.session(Some(("paced", paced_turn()))).await;
+    let runner = d.runner_pid().expect("a runner");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(runner as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let failed = d.wait_status(&s.id, pb::SessionStatus::Failed).await;
+    assert_eq!(failed.error_code, "OBEY-2031");
+    assert!(
+        failed.error_message.contains("runner"),
+        "{}",
+        failed.error_message
+    );
+    assert_agent_gone(s.pid).await;
+    // Runner and daemon gone together: a restarted daemon starts a new runner and reconciles.
+    let s2 = d.session(None).await;
+    d.kill9();
+    let runner2 = d.runner_pid().expect("a new runner");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(runner2 as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert_agent_gone(s2.pid).await;
+    d.launch().await;
+    let s2 = d.get(&s2.id).await;
+    assert_eq!(status_name(s2.status), "FAILED");
+    assert_eq!(s2.error_code, "OBEY-2032");
+}

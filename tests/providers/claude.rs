@@ -1,0 +1,644 @@
+//! Claude Code, for real: the npm CLI (pinned in tests/npm/package.json) against the fake
+//! Anthropic server, supervised by the real daemon.
+//!
+//! Facts of the CLI these tests rely on (2.1.330): `ANTHROPIC_BASE_URL` points it at the fake
+//! server, any `ANTHROPIC_API_KEY` and `--model` name work, `CLAUDE_CODE_MAX_RETRIES=0` makes
+//! a 5xx / 429 / 529 end the turn at once (by default it retries 10 times with back-off), and
+//! its conversations live under `$HOME/.claude/projects/<cwd>/` (HOME is the test's tempdir).
+
+use std::time::{Duration, Instant};
+
+use paddock_proto::obey::local::v1 as pb;
+use pb::SessionStatus as S;
+use serde_json::{json, Value};
+
+use crate::fake_anthropic::{Recorded, Reply};
+use crate::harness::*;
+
+/// Asserts that `expected` appear in the conversation `r` sent, in this order (other texts may
+/// come between them: the CLI adds system reminders).
+#[track_caller]
+fn assert_conversation(r: &Recorded, expected: &[&str]) {
+    let texts = r.texts();
+    let mut at = 0;
+    for e in expected {
+        match texts[at..].iter().position(|t| t.contains(e)) {
+            Some(i) => at += i + 1,
+            None => panic!("{e:?} is not in the conversation sent (in order): {texts:#?}"),
+        }
+    }
+}
+
+/// The conversation id the CLI sends with every request (the same across `--resume`).
+fn conversation_id(r: &Recorded) -> String {
+    r.headers
+        .get("x-claude-code-session-id")
+        .cloned()
+        .unwrap_or_else(|| panic!("no x-claude-code-session-id header: {:?}", r.headers))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn tool_turn_changes_files_and_counts_real_tokens() {
+    let w = World::start(vec![]).await;
+    let hello = w.root.join("hello.txt");
+    w.fake.push([
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo made-by-bash > bash.txt && ls", "description": "Create bash.txt"}),
+        )
+        .thinking("Two files: one with Bash, one with Write.")
+        .usage(1200, 0, 40),
+        Reply::tool(
+            "Write",
+            json!({"file_path": hello.display().to_string(), "content": "hello from the fake model\n"}),
+        )
+        .saying("Now the second file.")
+        .usage(300, 1000, 30),
+        Reply::text("Created bash.txt and hello.txt.").usage(400, 2300, 20),
+    ]);
+    let s = w.claude().await;
+    assert_eq!(s.status, S::Running as i32, "{s:?}");
+    let acts = w.send(&s.id, "Please create two files.").await;
+
+    // The tools really ran, in the campaign directory.
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("bash.txt")).unwrap(),
+        "made-by-bash\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&hello).unwrap(),
+        "hello from the fake model\n"
+    );
+    assert_eq!(
+        kinds(&acts),
+        [
+            "THINKING",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "COMPLETION"
+        ],
+        "{acts:#?}"
+    );
+    assert!(acts[2].tool_success && acts[5].tool_success, "{acts:#?}");
+    assert_eq!(acts[1].tool_call_id, acts[2].tool_call_id);
+    // Token deltas add up to the real totals of the `result` line: every message's input
+    // (cache reads included) and final output.
+    assert_eq!(token_sums(&acts), (1200 + 1300 + 2700, 40 + 30 + 20));
+    let info = w.get(&s.id).await;
+    assert_eq!((info.tokens_input, info.tokens_output), (5200, 90));
+
+    // What the CLI sent: the model asked for, streaming, three calls, the tool results fed back.
+    let reqs = w.fake.message_requests();
+    assert_eq!(reqs.len(), 3, "{reqs:#?}");
+    for r in &reqs {
+        assert_eq!(r.body["model"], MODEL);
+        assert_eq!(r.body["stream"], true);
+        assert_eq!(r.headers["x-api-key"], "sk-ant-paddock-test");
+    }
+    assert_conversation(
+        &reqs[2],
+        &[
+            "Please create two files.",
+            "tool_use Bash",
+            "bash.txt",
+            "tool_use Write",
+            "File created successfully",
+        ],
+    );
+    // Nothing but /v1/messages was called.
+    assert!(w
+        .fake
+        .requests()
+        .iter()
+        .all(|r| r.path.starts_with("/v1/messages")));
+
+    insta::assert_yaml_snapshot!("claude_tool_turn", w.render(&acts));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn conversation_continues_across_turns_session_restarts_and_daemon_restarts() {
+    let mut w = World::start(vec![
+        Reply::text("Noted: swordfish."),
+        Reply::text("You said swordfish."),
+        Reply::text("Still swordfish after a session restart."),
+        Reply::text("Still swordfish after a daemon restart."),
+    ])
+    .await;
+    let s = w.claude().await;
+    let pid1 = s.pid;
+
+    let a1 = w.send(&s.id, "Remember the word swordfish.").await;
+    assert_eq!(kinds(&a1), ["STATUS", "COMPLETION"]);
+    assert_eq!(a1[1].content, "Noted: swordfish.");
+    let a2 = w.send(&s.id, "What was the word?").await;
+    assert_eq!(a2[1].content, "You said swordfish.");
+    let reqs = w.fake.message_requests();
+    assert_conversation(
+        &reqs[1],
+        &[
+            "Remember the word swordfish.",
+            "Noted: swordfish.",
+            "What was the word?",
+        ],
+    );
+    let conv = conversation_id(&reqs[0]);
+    assert_eq!(conversation_id(&reqs[1]), conv);
+
+    // A session restart: a new process that resumes the same conversation.
+    let r = w.restart(&s.id).await;
+    assert_eq!(r.restart_count, 1);
+    assert_ne!(r.pid, pid1);
+    let args = cmdline(r.pid as u32);
+    assert!(
+        args.contains(&format!("--resume {conv}")),
+        "the restarted CLI was not resumed: {args}"
+    );
+    let a3 = w.send(&s.id, "And now?").await;
+    assert_eq!(a3[1].content, "Still swordfish after a session restart.");
+    let reqs = w.fake.message_requests();
+    assert_eq!(conversation_id(&reqs[2]), conv);
+    assert_conversation(
+        &reqs[2],
+        &[
+            "Remember the word swordfish.",
+            "Noted: swordfish.",
+            "What was the word?",
+            "You said swordfish.",
+            "And now?",
+        ],
+    );
+
+    // The daemon dies; at its next start the session is FAILED (OBEY-2032); a restart resumes.
+    w.kill9();
+    w.launch().await;
+    let f = w.get(&s.id).await;
+    assert_eq!(f.status, S::Failed as i32);
+    assert_eq!(f.error_code, "OBEY-2032");
+    let r = w.restart(&s.id).await;
+    assert_eq!(r.restart_count, 2);
+    let a4 = w.send(&s.id, "And after the crash?").await;
+    assert_eq!(a4[1].content, "Still swordfish after a daemon restart.");
+    let reqs = w.fake.message_requests();
+    assert_eq!(reqs.len(), 4);
+    assert_eq!(conversation_id(&reqs[3]), conv);
+    assert_conversation(
+        &reqs[3],
+        &[
+            "Remember the word swordfish.",
+            "Noted: swordfish.",
+            "What was the word?",
+            "You said swordfish.",
+            "And now?",
+            "Still swordfish after a session restart.",
+            "And after the crash?",
+        ],
+    );
+    // Every turn's token counts were stored (100 in + 10 out per answer, by default).
+    let info = w.get(&s.id).await;
+    assert_eq!((info.tokens_input, info.tokens_output), (400, 40));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn model_api_errors_end_the_turn_with_an_error() {
+    let w = World::start(vec![
+        Reply::error(500),
+        Reply::error(429),
+        Reply::error(529),
+        Reply::text("Recovered."),
+        // After a 400 the CLI tries again without some betas: answer them all.
+        Reply::error(400).times(20),
+    ])
+    .await;
+    let s = w.claude().await;
+    let mut turns = Vec::new();
+    for (msg, status) in [
+        ("one", "500"),
+        ("two", "429"),
+        ("three", "529"),
+        ("four", ""),
+        ("five", "400"),
+    ] {
+        let acts = w.send(&s.id, msg).await;
+        if status.is_empty() {
+            assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
+        } else {
+            assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
+            assert!(
+                acts[0]
+                    .content
+                    .starts_with(&format!("claude: API error status {status} (")),
+                "{}",
+                acts[0].content
+            );
+            assert!(acts[0].content.contains("fake"), "{}", acts[0].content);
+        }
+        // The session lives on: the process is the same, ready for the next message.
+        let info = w.get(&s.id).await;
+        assert_eq!(info.status, S::Running as i32, "{info:?}");
+        assert_eq!(info.pid, s.pid);
+        turns.push(json!({ "message": msg, "activities": w.render(&acts) }));
+    }
+    insta::assert_yaml_snapshot!("claude_api_errors", Value::Array(turns));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn max_turns_ends_the_turn_with_an_error() {
+    let w = World::start(vec![
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo one > one.txt", "description": "One"}),
+        )
+        .usage(200, 0, 20),
+        Reply::text("Second answer."),
+    ])
+    .await;
+    let mut req = w.claude_request();
+    req.environment
+        .insert("CLAUDE_CODE_MAX_TURNS".into(), "1".into());
+    let s = w.create(req).await;
+    let acts = w.send(&s.id, "Do two things.").await;
+    assert_eq!(
+        kinds(&acts),
+        ["TOOL_CALL", "TOOL_RESULT", "ERROR"],
+        "{acts:#?}"
+    );
+    assert_eq!(
+        acts[2].content,
+        "claude: error_max_turns: Reached maximum number of turns (1)"
+    );
+    // The real totals arrive with the error.
+    assert_eq!(token_sums(&acts), (200, 20));
+    assert_eq!(w.get(&s.id).await.status, S::Running as i32);
+    // The next message is a new turn of the same conversation.
+    let acts = w.send(&s.id, "Go on.").await;
+    assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn agent_killed_mid_turn_is_obey_2031() {
+    let w = World::start(vec![Reply::hang()]).await;
+    let s = w.claude().await;
+    let stream = w.send_stream(&s.id, "Think hard.").await;
+    w.fake.wait_requests(1, WAIT).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(s.pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let acts = collect(stream).await;
+    let last = acts.last().expect("an activity");
+    assert_eq!(kind(last), "ERROR", "{acts:#?}");
+    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
+    assert!(
+        last.content.contains("killed by signal 9"),
+        "{}",
+        last.content
+    );
+    let info = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(info.error_code, "OBEY-2031");
+    assert_eq!(info.pid, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn token_budget_crossed_by_real_usage_fails_the_session() {
+    let w = World::start(vec![]).await;
+    w.fake.push([
+        Reply::tool(
+            "Write",
+            json!({"file_path": w.root.join("a.txt").display().to_string(), "content": "a\n"}),
+        )
+        .usage(1500, 0, 10),
+        Reply::text("This answer crosses the budget.").usage(1600, 0, 10),
+    ]);
+    let mut req = w.claude_request();
+    req.max_tokens = 2000;
+    let s = w.create(req).await;
+    let acts = w.send(&s.id, "Write a.txt, then answer.").await;
+    assert_eq!(
+        kinds(&acts),
+        ["TOOL_CALL", "TOOL_RESULT", "STATUS", "ERROR"],
+        "{acts:#?}"
+    );
+    // The budget was crossed by the real usage of the second API call (1500 + 1 then 1600 + 1).
+    assert_eq!(
+        (acts[0].tokens_input, acts[0].tokens_output),
+        (1500, 1),
+        "{acts:#?}"
+    );
+    assert_eq!((acts[2].tokens_input, acts[2].tokens_output), (1600, 1));
+    assert!(
+        acts[3].content.starts_with("OBEY-2013"),
+        "{}",
+        acts[3].content
+    );
+    let info = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(info.error_code, "OBEY-2013");
+    assert_eq!((info.tokens_input, info.tokens_output), (3100, 2));
+    wait_gone(s.pid as u32).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn stop_during_a_tool_call_ends_the_tool_and_the_agent() {
+    let w = World::start(vec![]).await;
+    // A sleep no other process has on its command line. (A bare `sleep 30` is refused by the
+    // CLI's Bash tool: "Blocked: standalone sleep".)
+    let nap = format!("sleep 30.{}{}", std::process::id(), s_nonce());
+    w.fake.push([
+        Reply::tool(
+            "Bash",
+            json!({"command": format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"), "description": "Nap"}),
+        ),
+        Reply::text("Woke up."),
+    ]);
+    let s = w.claude().await;
+    let mut stream = w.send_stream(&s.id, "Take a nap.").await;
+    let first = next(&mut stream).await.expect("the tool call");
+    assert_eq!(kind(&first), "TOOL_CALL");
+    wait_file(&w.root.join("nap.txt"), WAIT).await;
+    let deadline = Instant::now() + WAIT;
+    while processes_with(&nap).is_empty() {
+        assert!(Instant::now() < deadline, "the tool never started");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    let t0 = Instant::now();
+    let stopped = w.stop(&s.id, false).await.expect("forced stop");
+    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
+    let mut rest = vec![first];
+    rest.extend(collect(stream).await);
+    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
+    // The tool's processes went with the agent, long before the sleep would have ended.
+    wait_no_process(&nap, Duration::from_secs(5)).await;
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    wait_gone(s.pid as u32).await;
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
+        "napping\n"
+    );
+}
+
+fn s_nonce() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        % 100_000
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn permission_policy_answers_the_cli_on_stdin() {
+    let w = World::start(vec![]).await;
+    let denied = w.root.join("denied.txt");
+    w.fake.push([
+        Reply::tool(
+            "Write",
+            json!({"file_path": denied.display().to_string(), "content": "no\n"}),
+        ),
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo allowed > allowed.txt", "description": "Allowed"}),
+        ),
+        Reply::text("One of two."),
+    ]);
+    let mut req = w.claude_request();
+    req.provider_config
+        .insert("permissions".into(), "allow:Bash,Read".into());
+    let s = w.create(req).await;
+    let acts = w.send(&s.id, "Write both files.").await;
+    assert_eq!(
+        kinds(&acts),
+        [
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "COMPLETION"
+        ],
+        "{acts:#?}"
+    );
+    assert!(!acts[1].tool_success);
+    assert_eq!(
+        acts[1].content,
+        "paddock: the session's permission policy denies Write"
+    );
+    assert!(acts[3].tool_success, "{acts:#?}");
+    assert!(!denied.exists());
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("allowed.txt")).unwrap(),
+        "allowed\n"
+    );
+    insta::assert_yaml_snapshot!("claude_permissions", w.render(&acts));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn a_lost_conversation_fails_the_resume_with_the_cli_stderr() {
+    let w = World::start(vec![Reply::text("First.")]).await;
+    let s = w.claude().await;
+    w.send(&s.id, "Hello.").await;
+    w.stop(&s.id, true).await.expect("stop");
+    // The CLI keeps its conversations under $HOME/.claude/projects/<cwd>/: lose them.
+    let projects = w.home.join(".claude/projects");
+    assert!(projects.is_dir(), "no {}", projects.display());
+    std::fs::remove_dir_all(&projects).unwrap();
+    w.restart(&s.id).await;
+    let f = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(f.error_code, "OBEY-2031", "{f:?}");
+    assert!(
+        f.error_message.contains("exit code 1")
+            && f.error_message
+                .contains("No conversation found with session ID"),
+        "{}",
+        f.error_message
+    );
+}
+
+/// No CLI needed: a missing binary is refused at CreateSession with OBEY-2004, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_cli_binary_is_obey_2004() {
+    let w = World::start(vec![]).await;
+    let req = pb::CreateSessionRequest {
+        campaign_id: w.campaign_id.clone(),
+        provider: pb::SessionProvider::ClaudeCode as i32,
+        provider_config: [(
+            "command".to_string(),
+            "/nonexistent/claude-paddock-missing".to_string(),
+        )]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    let e = w
+        .client()
+        .await
+        .create_session(req)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
+    assert!(
+        e.message().contains("/nonexistent/claude-paddock-missing"),
+        "{}",
+        e.message()
+    );
+}
+
+/// The CLI's real stdout, line by line, through the adapter (`providers::plan` and its
+/// parser, without the daemon), as a snapshot: a new CLI version that prints something new or
+/// differently shows up as a reviewed diff. With `PADDOCK_RECORD_FIXTURES=1` the transcript is
+/// also written to `shell/src/providers/testdata/claude_recorded.jsonl`, which the parser's unit
+/// tests read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn real_stream_json_through_the_adapter() {
+    use paddock::providers::{self, Parsed};
+    use paddock_core::{Provider, ProviderEvent, SessionConfig, SpawnSpec};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let w = World::start(vec![]).await;
+    let hello = w.root.join("hello.txt");
+    w.fake.push([
+        Reply::tool(
+            "Bash",
+            json!({"command": "ls", "description": "List the project"}),
+        )
+        .thinking("Let me look around first.")
+        .usage(900, 0, 25),
+        Reply::tool(
+            "Write",
+            json!({"file_path": hello.display().to_string(), "content": "hi\n"}),
+        )
+        .usage(50, 900, 15),
+        Reply::text("Listed and wrote hello.txt.").usage(60, 950, 12),
+        Reply::error(500),
+        Reply::text("Second turn."),
+    ]);
+    let mut config = SessionConfig::new("c", Provider::ClaudeCode, &w.root.display().to_string());
+    config.model = MODEL.into();
+    config
+        .provider_config
+        .insert("command".into(), claude_bin().display().to_string());
+    config.environment = w.claude_env().into_iter().collect();
+    let spec = SpawnSpec {
+        config,
+        resume: None,
+        restart_count: 0,
+    };
+    let (plan, mut parser) = providers::plan(&spec, std::path::Path::new(BIN)).expect("plan");
+    let mut child = tokio::process::Command::new(&plan.program)
+        .args(&plan.args)
+        .current_dir(&plan.cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &w.home)
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn claude");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let messages = [
+        "List the project, then write hello.txt.",
+        "Again?",
+        "Once more.",
+    ];
+    let mut transcript = Vec::new();
+    let mut rendered = Vec::new();
+    let mut claude_session = String::new();
+    for (turn, m) in messages.iter().enumerate() {
+        let line = providers::user_message_line(Provider::ClaudeCode, m) + "\n";
+        stdin.write_all(line.as_bytes()).await.unwrap();
+        loop {
+            let Some(l) = within(lines.next_line()).await.unwrap() else {
+                panic!("the CLI closed its stdout in turn {turn}");
+            };
+            transcript.push(l.clone());
+            let v: Value = serde_json::from_str(&l).unwrap_or(Value::Null);
+            let what = format!(
+                "{}{}",
+                v["type"].as_str().unwrap_or("?"),
+                v["subtype"]
+                    .as_str()
+                    .or(v["request"]["subtype"].as_str())
+                    .map(|s| format!("/{s}"))
+                    .unwrap_or_default()
+            );
+            let mut items = Vec::new();
+            for p in parser.parse_line(&l) {
+                items.push(match p {
+                    Parsed::Event(ProviderEvent::SessionRef(id)) => {
+                        claude_session = id;
+                        json!({"session_ref": "<claude session id>"})
+                    }
+                    Parsed::Event(ProviderEvent::Activity(a)) => {
+                        let mut o = json!({
+                            "type": a.kind().name(),
+                            "content": w.redact(&a.content),
+                        });
+                        if !a.tool_name.is_empty() {
+                            o["tool"] = json!(a.tool_name);
+                        }
+                        if a.tokens_input != 0 || a.tokens_output != 0 {
+                            o["tokens"] = json!([a.tokens_input, a.tokens_output]);
+                        }
+                        o
+                    }
+                    Parsed::Event(other) => json!({"event": format!("{other:?}")}),
+                    Parsed::Reply(r) => {
+                        let answer: Value = serde_json::from_str(&r).unwrap();
+                        stdin.write_all((r + "\n").as_bytes()).await.unwrap();
+                        json!({"reply": answer["response"]["response"]["behavior"]})
+                    }
+                    Parsed::Unrecognized(_) => json!("unrecognized"),
+                });
+            }
+            rendered.push(json!({ "line": what, "parsed": items }));
+            if v["type"] == "result" {
+                break;
+            }
+        }
+    }
+    drop(stdin);
+    let _ = within(child.wait()).await;
+    assert!(hello.exists());
+    assert!(!claude_session.is_empty());
+
+    if std::env::var_os("PADDOCK_RECORD_FIXTURES").is_some() {
+        let root = w.root.display().to_string();
+        let text: String = transcript
+            .iter()
+            .map(|l| {
+                l.replace(&root, "/home/dev/proj")
+                    .replace(&w.home.display().to_string(), "/home/dev")
+                    .replace(&w.fake.addr.to_string(), "127.0.0.1:8080")
+                    + "\n"
+            })
+            .collect();
+        let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/providers/testdata/claude_recorded.jsonl");
+        std::fs::write(&out, text).unwrap();
+        eprintln!("recorded {} lines to {}", transcript.len(), out.display());
+    }
+    insta::assert_yaml_snapshot!("claude_real_stream", Value::Array(rendered));
+}

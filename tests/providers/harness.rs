@@ -1,0 +1,496 @@
+//! The providers harness: the real `paddock daemon` on a temp socket and data dir, a fake
+//! model server on 127.0.0.1, and the real agent CLI from `tests/npm` talking to it.
+//!
+//! Layout of a test's tempdir:
+//!
+//! ```text
+//! <tmp>/home/                    HOME of the daemon and so of the agent (~/.claude lives here)
+//! <tmp>/data/                    --data-dir
+//! <tmp>/run/daemon.sock          --socket
+//! <tmp>/project/                 the campaign root (README.md, src/main.rs)
+//! <tmp>/daemon-<n>.stderr        each daemon start's stderr
+//! ```
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use paddock_proto::obey::local::v1 as pb;
+use pb::local_daemon_service_client::LocalDaemonServiceClient;
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+use crate::fake_anthropic::{FakeAnthropic, Reply};
+
+pub type Client = LocalDaemonServiceClient<Channel>;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_paddock");
+
+/// Anything a test waits for, at most.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The model name sessions ask for: any name works against the fake server, and it must reach
+/// the server unchanged.
+pub const MODEL: &str = "claude-paddock-test";
+
+/// The Claude Code CLI: `PADDOCK_CLAUDE_BIN`, else `tests/npm/node_modules/.bin/claude` (what
+/// `cd tests/npm && npm ci` installs; the version is pinned in tests/npm/package.json).
+pub fn claude_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PADDOCK_CLAUDE_BIN") {
+        return PathBuf::from(p);
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/npm/node_modules/.bin/claude");
+    assert!(
+        p.exists(),
+        "the Claude Code CLI is not installed at {}: run `cd tests/npm && npm ci` (or set PADDOCK_CLAUDE_BIN)",
+        p.display()
+    );
+    std::fs::canonicalize(&p).unwrap()
+}
+
+/// One test's world: directories, the fake model server, a daemon.
+pub struct World {
+    pub tmp: tempfile::TempDir,
+    pub base: PathBuf,
+    pub home: PathBuf,
+    pub data: PathBuf,
+    pub socket: PathBuf,
+    pub root: PathBuf,
+    pub fake: FakeAnthropic,
+    daemon: Option<Child>,
+    starts: u32,
+    pub campaign_id: String,
+}
+
+impl World {
+    /// Directories, the fake server with `script`, a daemon and the campaign.
+    pub async fn start(script: Vec<Reply>) -> World {
+        let tmp = tempfile::Builder::new()
+            .prefix("pdk-prov-")
+            .tempdir()
+            .unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        let home = base.join("home");
+        let data = base.join("data");
+        let root = base.join("project");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::write(root.join("README.md"), "# project\n").unwrap();
+        std::fs::write(root.join("src/main.rs"), "fn main() {}\n").unwrap();
+        let fake = FakeAnthropic::start(script).await;
+        let mut w = World {
+            socket: base.join("run").join("daemon.sock"),
+            tmp,
+            base,
+            home,
+            data,
+            root,
+            fake,
+            daemon: None,
+            starts: 0,
+            campaign_id: String::new(),
+        };
+        w.launch().await;
+        let c = w
+            .client()
+            .await
+            .add_campaign(pb::AddCampaignRequest {
+                name: "proj".into(),
+                root_path: w.root.display().to_string(),
+            })
+            .await
+            .expect("add campaign")
+            .into_inner();
+        w.campaign_id = c.id;
+        w
+    }
+
+    /// Starts (again) the daemon; waits until it answers. A stop's TERM gets 10 s before KILL:
+    /// Claude Code needs a few seconds to end its tool processes (which run in sessions of
+    /// their own, out of reach of a signal to its process group).
+    pub async fn launch(&mut self) {
+        assert!(self.daemon.is_none());
+        self.starts += 1;
+        let log = self.base.join(format!("daemon-{}.stderr", self.starts));
+        let child = Command::new(BIN)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &self.home)
+            .env("PADDOCK_LOG", "info")
+            .arg("daemon")
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--data-dir")
+            .arg(&self.data)
+            .args(["--stop-grace-secs", "2", "--kill-grace-secs", "10"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn daemon");
+        self.daemon = Some(child);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(st) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "daemon exited at start ({st}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            if let Ok(ch) = paddock::cli::client::channel(&self.socket).await {
+                if LocalDaemonServiceClient::new(ch)
+                    .ping(pb::PingRequest {})
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "the daemon did not answer");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILLs the daemon (its agents die with it, PDEATHSIG).
+    pub fn kill9(&mut self) {
+        let mut c = self.daemon.take().expect("daemon running");
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    pub fn daemon_stderr(&self) -> String {
+        std::fs::read_to_string(self.base.join(format!("daemon-{}.stderr", self.starts)))
+            .unwrap_or_default()
+    }
+
+    pub async fn client(&self) -> Client {
+        LocalDaemonServiceClient::new(
+            paddock::cli::client::channel(&self.socket)
+                .await
+                .expect("connect"),
+        )
+    }
+
+    /// The environment a Claude Code session gets: the fake server, a dummy key, no side
+    /// traffic, and no API retries (a 5xx would otherwise be retried with back-off for minutes).
+    pub fn claude_env(&self) -> HashMap<String, String> {
+        [
+            ("ANTHROPIC_BASE_URL", self.fake.url()),
+            ("ANTHROPIC_API_KEY", "sk-ant-paddock-test".to_string()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
+            ("CLAUDE_CODE_MAX_RETRIES", "0".to_string()),
+            ("DISABLE_AUTOUPDATER", "1".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// A CreateSession request for Claude Code in the campaign.
+    pub fn claude_request(&self) -> pb::CreateSessionRequest {
+        pb::CreateSessionRequest {
+            campaign_id: self.campaign_id.clone(),
+            provider: pb::SessionProvider::ClaudeCode as i32,
+            model: MODEL.into(),
+            provider_config: [("command".to_string(), claude_bin().display().to_string())]
+                .into_iter()
+                .collect(),
+            environment: self.claude_env(),
+            ..Default::default()
+        }
+    }
+
+    pub async fn create(&self, req: pb::CreateSessionRequest) -> pb::SessionInfo {
+        within(self.client().await.create_session(req))
+            .await
+            .expect("create session")
+            .into_inner()
+            .session
+            .unwrap()
+    }
+
+    /// A Claude Code session with default settings.
+    pub async fn claude(&self) -> pb::SessionInfo {
+        self.create(self.claude_request()).await
+    }
+
+    pub async fn get(&self, id: &str) -> pb::SessionInfo {
+        self.client()
+            .await
+            .get_session(pb::GetSessionRequest {
+                session_id: id.into(),
+            })
+            .await
+            .expect("get session")
+            .into_inner()
+    }
+
+    /// Starts a turn; the open stream.
+    pub async fn send_stream(
+        &self,
+        id: &str,
+        msg: &str,
+    ) -> tonic::Streaming<pb::SessionActivityEvent> {
+        self.client()
+            .await
+            .send_message(pb::SendMessageRequest {
+                session_id: id.into(),
+                message: msg.into(),
+            })
+            .await
+            .expect("send message")
+            .into_inner()
+    }
+
+    /// One whole turn: every activity until the stream ends.
+    pub async fn send(&self, id: &str, msg: &str) -> Vec<pb::SessionActivityEvent> {
+        let s = self.send_stream(id, msg).await;
+        collect(s).await
+    }
+
+    pub async fn stop(&self, id: &str, graceful: bool) -> Result<pb::SessionInfo, tonic::Status> {
+        within(self.client().await.stop_session(pb::StopSessionRequest {
+            session_id: id.into(),
+            graceful,
+        }))
+        .await
+        .map(|r| r.into_inner().session.unwrap())
+    }
+
+    pub async fn restart(&self, id: &str) -> pb::SessionInfo {
+        within(
+            self.client()
+                .await
+                .restart_session(pb::RestartSessionRequest {
+                    session_id: id.into(),
+                    ..Default::default()
+                }),
+        )
+        .await
+        .expect("restart session")
+        .into_inner()
+        .session
+        .unwrap()
+    }
+
+    /// Every stored activity of a session.
+    pub async fn activities(&self, id: &str) -> Vec<pb::SessionActivityEvent> {
+        self.client()
+            .await
+            .list_activities(pb::ListActivitiesRequest {
+                session_id: id.into(),
+                after_seq: 0,
+                limit: 0,
+            })
+            .await
+            .expect("list activities")
+            .into_inner()
+            .activities
+    }
+
+    pub async fn wait_status(&self, id: &str, status: pb::SessionStatus) -> pb::SessionInfo {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let s = self.get(id).await;
+            if s.status == status as i32 {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "session never became {status:?}: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Redacts this world's paths and the fake server's address.
+    pub fn redact(&self, s: &str) -> String {
+        s.replace(&self.root.display().to_string(), "<root>")
+            .replace(&self.base.display().to_string(), "<tmp>")
+            .replace(&self.fake.addr.to_string(), "<fake-server>")
+    }
+
+    /// Activities as small JSON values for a snapshot: kind, content (paths redacted), tool,
+    /// success, tokens. No ids, sequence numbers or timestamps.
+    pub fn render(&self, list: &[pb::SessionActivityEvent]) -> Value {
+        Value::Array(
+            list.iter()
+                .map(|a| {
+                    let mut v = json!({"type": kind(a), "content": self.redact(&a.content)});
+                    let o = v.as_object_mut().unwrap();
+                    if !a.tool_name.is_empty() {
+                        o.insert("tool".into(), json!(a.tool_name));
+                    }
+                    if a.r#type == pb::ActivityType::ToolResult as i32 {
+                        o.insert("success".into(), json!(a.tool_success));
+                    }
+                    if a.tokens_input != 0 || a.tokens_output != 0 {
+                        o.insert("tokens".into(), json!([a.tokens_input, a.tokens_output]));
+                    }
+                    v
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            if let Ok(None) = c.try_wait() {
+                let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+                // (The daemon under test may take its time to close its servers; its agents
+                // die with it either way, through PDEATHSIG.)
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = c.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(25));
+                }
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+pub async fn within<F: std::future::Future>(f: F) -> F::Output {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .expect("timed out waiting for the daemon")
+}
+
+/// Every item of a turn stream; a stream error is a test failure.
+pub async fn collect(
+    mut s: tonic::Streaming<pb::SessionActivityEvent>,
+) -> Vec<pb::SessionActivityEvent> {
+    let mut out = Vec::new();
+    loop {
+        match within(s.message()).await {
+            Ok(Some(a)) => out.push(a),
+            Ok(None) => return out,
+            Err(e) => panic!("stream error after {out:?}: {e:?}"),
+        }
+    }
+}
+
+/// The next item of a stream.
+pub async fn next(
+    s: &mut tonic::Streaming<pb::SessionActivityEvent>,
+) -> Option<pb::SessionActivityEvent> {
+    within(s.message()).await.expect("stream error")
+}
+
+pub fn kind(a: &pb::SessionActivityEvent) -> &'static str {
+    pb::ActivityType::try_from(a.r#type)
+        .map(|t| t.as_str_name().trim_start_matches("ACTIVITY_TYPE_"))
+        .unwrap_or("?")
+}
+
+pub fn kinds(list: &[pb::SessionActivityEvent]) -> Vec<&'static str> {
+    list.iter().map(kind).collect()
+}
+
+pub fn status_name(n: i32) -> &'static str {
+    pb::SessionStatus::try_from(n)
+        .map(|s| s.as_str_name().trim_start_matches("SESSION_STATUS_"))
+        .unwrap_or("?")
+}
+
+pub fn token_sums(list: &[pb::SessionActivityEvent]) -> (i64, i64) {
+    list.iter().fold((0, 0), |(i, o), a| {
+        (i + a.tokens_input, o + a.tokens_output)
+    })
+}
+
+// ── processes ──────────────────────────────────────────────────────────────────────────────────
+
+/// Pids of live processes whose command line contains `needle`.
+pub fn processes_with(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) && alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// True while `pid` is a live (not zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next()),
+            Some('Z') | Some('X') | None
+        ),
+    }
+}
+
+/// The command line of `pid`, arguments joined by spaces.
+pub fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Waits until no live process has `needle` in its command line.
+pub async fn wait_no_process(needle: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = processes_with(needle);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes still running with {needle:?}: {:?}",
+            left.iter().map(|p| cmdline(*p)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the agent process `pid` is gone (a reused pid running something else counts
+/// as gone).
+pub async fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + WAIT;
+    while alive(pid) && cmdline(pid).contains("claude") {
+        assert!(
+            Instant::now() < deadline,
+            "agent {pid} still running: {}",
+            cmdline(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Waits until `path` exists.
+pub async fn wait_file(path: &Path, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

@@ -1,0 +1,16 @@
+//! Provider adapters against the real agent CLIs, offline.
+//!
+//! The CLIs come from npm (versions pinned in `tests/npm/package.json`; `.ci/run` runs
+//! `npm ci` there) and talk to a fake model server on 127.0.0.1 written here
+//! (`fake_anthropic.rs`), which replays a per-test script of answers and records every request.
+//! Each test starts the real `paddock daemon` and drives it over gRPC, as a client would.
+//!
+//! The tests that need a CLI are `#[ignore]`d in a plain `cargo test`; run them with
+//! `cargo test -p paddock --test providers -- --include-ignored` after `cd tests/npm && npm ci`
+//! (or with `PADDOCK_CLAUDE_BIN=/path/to/claude`).
+//!
+//! - `claude`: Claude Code (`claude -p --input-format stream-json --output-format stream-json`).
+
+mod claude;
+mod fake_anthropic;
+mod harness;
