@@ -57,10 +57,11 @@ enum Command {
         /// The model Aria sessions use
         #[arg(long, default_value = "")]
         aria_model: String,
-        /// Run agents in a separate runner process (`paddock runner`), so that they survive a
-        /// daemon crash and are taken back when the daemon restarts
+        /// Run agents and tasks as the daemon's own children (they die with it) instead of in
+        /// the runner process (`paddock runner`), where they survive a daemon crash and are
+        /// taken back when the daemon restarts
         #[arg(long)]
-        runner: bool,
+        no_runner: bool,
     },
     /// Watch a whole session of the built-in scripted agent, start to finish (no API key)
     Demo {
@@ -124,7 +125,7 @@ fn main() {
             aria_workspace,
             aria_provider,
             aria_model,
-            runner,
+            no_runner,
         } => {
             init_tracing();
             let limits = paddock_core::Limits {
@@ -153,7 +154,7 @@ fn main() {
                 aria_workspace,
                 aria_provider,
                 aria_model,
-                use_runner: runner,
+                use_runner: !no_runner,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -1,8 +1,9 @@
 //! The simulation loop: one seed, three phases.
 //!
-//! 1. **Chaos.** Each step does one thing: the daemon crashes (maybe with an input in flight),
-//!    the client acts, a due provider line or deadline is fed, or the clock jumps to the next
-//!    one and it is fed. After every step every invariant is checked.
+//! 1. **Chaos.** Each step does one thing: the daemon crashes (maybe with an input in flight;
+//!    its runner surviving or not, see [`crate`]), the client acts, a due provider line or
+//!    deadline is fed, or the clock jumps to the next one and it is fed. After every step every
+//!    invariant is checked.
 //! 2. **Liveness.** Every fault heals; the client only stops sessions. Within a bounded number of
 //!    steps every session must be idle (RUNNING, no turn) or terminal.
 //! 3. **Drain.** Every live session is force-stopped. Within a bounded number of steps every
@@ -231,6 +232,10 @@ pub struct Stats {
     pub orphans: u64,
     /// Runs the runner listed that their session no longer had (not to be adopted).
     pub stale_listed: u64,
+    /// Runs that exited while the daemon was down, not listed (only running ones were).
+    pub finished_unlisted: u64,
+    /// Output lines of those runs that were never applied.
+    pub output_unread: u64,
     /// Spawns reusing a (session, run) the surviving runner had already run.
     pub runs_reused: u64,
     /// Exits in flight at a crash that the surviving runner delivered again.
@@ -356,6 +361,8 @@ struct Sim {
     redelivered: u64,
     orphans: u64,
     stale_listed: u64,
+    finished_unlisted: u64,
+    output_unread: u64,
 }
 
 impl Sim {
@@ -394,6 +401,8 @@ impl Sim {
             redelivered: 0,
             orphans: 0,
             stale_listed: 0,
+            finished_unlisted: 0,
+            output_unread: 0,
         }
     }
 
@@ -408,6 +417,8 @@ impl Sim {
             redelivered: self.redelivered,
             orphans: self.orphans,
             stale_listed: self.stale_listed,
+            finished_unlisted: self.finished_unlisted,
+            output_unread: self.output_unread,
             runs_reused: self.world.runs_reused,
             exits_revived: self.world.exits_revived,
             spawns: self.world.spawns,
@@ -741,10 +752,30 @@ impl Sim {
         self.jump(self.now + down);
 
         // What the runner lists, and which of it the new daemon will adopt: a process whose
-        // session's committed record names its run.
+        // session's committed record names its run. Either every run whose exit the daemon
+        // has not read (its last output and its exit are replayed), or only those whose process
+        // is still running (as the shell lists them now): one that exited while the daemon was
+        // down is then not adopted, and what it said last is never read.
+        let only_running = survives && self.rng.chance(1, 2);
         let mut surviving: BTreeMap<SessionId, (RunId, Option<u32>)> = BTreeMap::new();
         let mut adopt: BTreeMap<SessionId, (RunId, u32)> = BTreeMap::new();
         for (run, id, pid) in self.world.alive() {
+            if only_running && self.world.exited_by(run, self.now) {
+                log_entry!(
+                    self.log,
+                    "   run {run} of {id} exited meanwhile: not listed"
+                );
+                self.finished_unlisted += 1;
+                let committed = self
+                    .store
+                    .sessions
+                    .get(&id)
+                    .filter(|r| r.run == Some(run))
+                    .map_or(0, |r| r.provider_cursor);
+                self.output_unread += self.world.unread_output(run, committed);
+                self.world.reap(run);
+                continue;
+            }
             let named = self.store.sessions.get(&id).and_then(|r| r.run) == Some(run);
             surviving.insert(id.clone(), (run, Some(pid)));
             if named {

@@ -43,14 +43,17 @@
 //! - The runner died too: every process dies unheard; the new daemon is built with
 //!   `Engine::restore` as if from a cold start, and fails what was active (OBEY-2032).
 //! - The runner survived: its processes go on in simulated time through the downtime (their
-//!   output and exits keep coming due). It lists every process whose exit the daemon has not
-//!   read — including one whose exit was the input in flight, and one still starting (as
-//!   started; a spawn that fails made no process) — now and then with a stale run its session
-//!   no longer has. The new daemon is built with `Engine::restore_with(…, surviving)` and
-//!   adopts the processes whose session's committed record names their run; any other is
-//!   stopped unheard (never, so far: nothing should be left unnamed). Of every adopted run the
-//!   runner replays the output after the committed `provider_cursor`, from up to 3 lines
-//!   before it (those must be recognised as applied already), then the rest, its exit last.
+//!   output and exits keep coming due). On half of these crashes it lists every process whose
+//!   exit the daemon has not read — including one whose exit was the input in flight, and one
+//!   still starting (as started; a spawn that fails made no process); on the other half only
+//!   those still running (as the shell's `surviving_agents` does: a run that exited while the
+//!   daemon was down is not adopted, and its last output is never read). Now and then it also
+//!   lists a stale run its session no longer has. The new daemon is built with
+//!   `Engine::restore_with(…, surviving)` and adopts the processes whose session's committed
+//!   record names their run; any other is stopped unheard (never, so far: nothing should be
+//!   left unnamed). Of every adopted run the runner replays the output after the committed
+//!   `provider_cursor`, from up to 3 lines before it (those must be recognised as applied
+//!   already), then the rest, its exit last.
 //!
 //! Every output line (activity, session ref) carries its cursor: 1, 2, 3, … per run, given when
 //! it is first delivered and kept when it is replayed. Start, spawn failure and exit have

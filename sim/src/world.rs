@@ -427,6 +427,35 @@ impl World {
             .collect()
     }
 
+    /// Whether `run` has exited by `now` (its exit is waiting to be read).
+    pub fn exited_by(&self, run: RunId, now: Millis) -> bool {
+        self.procs
+            .get(&run)
+            .is_some_and(|p| p.exiting && p.exit_at <= now)
+    }
+
+    /// How many output lines of `run` the daemon has not applied (`committed` is its applied
+    /// cursor): still queued, or delivered and lost with the crash.
+    pub fn unread_output(&self, run: RunId, committed: u64) -> u64 {
+        let Some(p) = self.procs.get(&run) else {
+            return 0;
+        };
+        let output = |e: &ProviderEvent| {
+            matches!(e, ProviderEvent::Activity(_) | ProviderEvent::SessionRef(_))
+        };
+        let queued = p
+            .queue
+            .iter()
+            .filter(|l| output(&l.event) && l.cursor.is_none())
+            .count();
+        let unapplied = p
+            .delivered
+            .iter()
+            .filter(|l| l.cursor.is_some_and(|c| c > committed))
+            .count();
+        (queued + unapplied) as u64
+    }
+
     /// A process the new daemon did not adopt is stopped, unheard.
     pub fn reap(&mut self, run: RunId) {
         self.procs.remove(&run);
@@ -706,8 +735,17 @@ impl World {
             ));
         }
         // A stray final line (a duplicate) still queued from before is stale now: the adapter
-        // knows a new message began and discards it, as it cannot end the new turn.
+        // knows a new message began and discards it, as it cannot end the new turn. One being
+        // replayed after a restart is discarded from the replay too (it was read, and dropped).
+        let stale: Vec<u64> = p
+            .queue
+            .iter()
+            .filter(|l| !l.of_turn && ends_turn(&l.event))
+            .filter_map(|l| l.cursor)
+            .collect();
         p.queue.retain(|l| l.of_turn || !ends_turn(&l.event));
+        p.delivered
+            .retain(|l| !l.cursor.is_some_and(|c| stale.contains(&c)));
         if p.turn_open || p.queue.iter().any(|l| l.of_turn) {
             return Err(format!(
                 "Write to run {run} of {id} while the provider is still answering the previous \

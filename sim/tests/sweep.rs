@@ -61,6 +61,7 @@ fn sweep() {
     let (mut survived, mut adopted, mut turns_adopted, mut redelivered, mut replays) =
         (0, 0, 0, 0, 0);
     let (mut orphans, mut stale, mut reused, mut revived) = (0, 0, 0, 0);
+    let (mut unlisted, mut unread) = (0, 0);
     for r in rx {
         match r {
             Ok(o) => {
@@ -75,6 +76,8 @@ fn sweep() {
                 orphans += o.stats.orphans;
                 stale += o.stats.stale_listed;
                 revived += o.stats.exits_revived;
+                unlisted += o.stats.finished_unlisted;
+                unread += o.stats.output_unread;
                 reused += o.stats.runs_reused;
                 sessions += o.stats.sessions;
                 turns += o.stats.model.turns_completed + o.stats.model.turns_errored;
@@ -102,7 +105,7 @@ fn sweep() {
     println!(
         "runner: survived {survived} of the crashes; {adopted} processes adopted ({turns_adopted} \
          with a turn in progress), {orphans} stopped unadopted, {stale} stale runs listed and \
-         not adopted; {redelivered} output lines replayed, {replays} of them recognised as \
+         not adopted, {unlisted} exited meanwhile and not listed ({unread} output lines never read); {redelivered} output lines replayed, {replays} of them recognised as \
          applied already; {revived} exits in flight delivered again; {reused} spawns reused a \
          (session, run) the surviving runner had run before"
     );

@@ -405,3 +405,45 @@ async fn errors_are_standard_codes_with_details() {
     assert_eq!(e.code(), tonic::Code::Unimplemented);
     assert!(e.message().contains("isolation drivers"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_grpcio_client_uses_the_task_service() {
+    let have = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have {
+        eprintln!(
+            "SKIPPED a_python_grpcio_client_uses_the_task_service: python3 with grpcio and \
+             grpcio-tools is not installed (pip install grpcio grpcio-tools)"
+        );
+        return;
+    }
+    let d = Daemon::start().await;
+    let _ = aria_channel(&d).await; // the Aria socket answers
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let stubs = d.dirs.base.join("stubs");
+    std::fs::create_dir_all(&stubs).unwrap();
+    let out = tokio::process::Command::new("python3")
+        .arg(root.join("tests/e2e/grpcio_tasks.py"))
+        .arg("--socket")
+        .arg(d.dirs.home.join(".aria").join("runtime.sock"))
+        .arg("--proto-root")
+        .arg(root.join("proto"))
+        .arg("--stubs")
+        .arg(&stubs)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "grpcio client failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("grpcio task client: all checks passed"),
+        "{stdout}"
+    );
+}

@@ -378,8 +378,8 @@ impl Drop for Daemon {
         if let Some(mut child) = self.child.take() {
             stop_child(&mut child);
         }
-        // A daemon started with --runner has a runner that outlives it by design: stop it.
-        if let Some(pid) = self.runner_pid() {
+        // A daemon's runner outlives it by design: stop every runner this test started.
+        for pid in self.all_runner_pids() {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(5);
             while pid_running(pid) && Instant::now() < deadline {
@@ -390,15 +390,31 @@ impl Drop for Daemon {
     }
 }
 
+fn runner_pid_in(data_dir: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(data_dir.join("runner.sock.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    pid_running(pid).then_some(pid)
+}
+
 impl Daemon {
     /// The pid of the runner of this data dir, if one is running.
     pub fn runner_pid(&self) -> Option<u32> {
-        let pid: u32 = std::fs::read_to_string(self.dirs.data.join("runner.sock.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        pid_running(pid).then_some(pid)
+        runner_pid_in(&self.dirs.data)
+    }
+
+    /// Runners of every data dir under this test's tempdir (tests may start daemons on other
+    /// data dirs too).
+    fn all_runner_pids(&self) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir(&self.dirs.base) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| runner_pid_in(&e.path()))
+            .collect()
     }
 }
 

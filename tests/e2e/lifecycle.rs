@@ -138,7 +138,9 @@ async fn an_open_watch_all_stream_does_not_keep_the_daemon_alive() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_a_restarted_daemon_fails_live_sessions_with_2032() {
-    let mut d = Daemon::start().await;
+    // Agents as the daemon's own children (no runner): they die with it (PDEATHSIG), and the
+    // next daemon reconciles their sessions. (With the runner they survive: runner_mode.rs.)
+    let mut d = Daemon::start_with(Dirs::new(), &["--no-runner"]).await;
     let idle = d.session(None).await;
     let busy = d.session(Some(("hang", hanging_turn()))).await;
     let done = d.session(None).await;

@@ -20,7 +20,7 @@ fn paced_turn() -> serde_json::Value {
 }
 
 async fn runner_daemon() -> Daemon {
-    Daemon::start_with(Dirs::new(), &["--runner"]).await
+    Daemon::start_with(Dirs::new(), &[]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,6 +65,9 @@ pub type Call = Box<dyn FnOnce(&mut State) + Send>;
 pub enum Command {
     /// A provider's event (from a child's reader or waiter).
     Provider(Input),
+    /// The events of one line of a provider's output: handled in one batch, so they are
+    /// committed together (a line is applied whole or not at all).
+    ProviderLine(Vec<Input>),
     /// A session request; `turn` receives the activities of the turn a Send starts.
     Request {
         request: Request,
@@ -253,14 +256,21 @@ impl State {
                 resume: record.provider_session.clone(),
                 restart_count: record.restart_count,
             };
-            let parser = match crate::providers::plan(&spec, &self.exe) {
+            let mut parser = match crate::providers::plan(&spec, &self.exe) {
                 Ok((_, parser)) => parser,
                 Err(e) => {
                     tracing::warn!(session = %id, "cannot read the adopted run: {e}");
                     continue;
                 }
             };
-            tracing::info!(session = %id, run, cursor, at = ?super::runner_link::line_start(cursor), "reattached to a run that outlived the daemon");
+            if record.turn_open {
+                // The turn goes on: what it already counted must not be counted again.
+                match self.store.turn_tokens(&id.0, record.turns) {
+                    Ok(tokens) => parser.resume_turn(tokens),
+                    Err(e) => tracing::warn!(session = %id, "cannot read the turn's tokens: {e}"),
+                }
+            }
+            tracing::info!(session = %id, run, cursor, at = ?super::runner_link::position(cursor), "reattached to a run that outlived the daemon");
             let handle = link.attach_agent(id.clone(), run, cursor, parser, self.tx.clone());
             self.runs.insert((id, run), handle);
         }
@@ -276,6 +286,7 @@ impl State {
     fn command(&mut self, cmd: Command, batch: &mut Batch) {
         match cmd {
             Command::Provider(input) => batch.inputs.push_back(input),
+            Command::ProviderLine(inputs) => batch.inputs.extend(inputs),
             Command::Request {
                 request,
                 reply,
@@ -337,6 +348,12 @@ impl State {
                     TaskEffect::Persist(r) => batch.task_rows.push(TaskRow::Task(Box::new(r))),
                     TaskEffect::PersistOutput(o) => batch.task_rows.push(TaskRow::Output(o)),
                     TaskEffect::Spawn { id, spec } => {
+                        if let Some(link) = &self.runner {
+                            // Started / SpawnFailed come back from the runner as task inputs.
+                            link.spawn_task(&id, &spec, self.tx.clone());
+                            self.task_runs.insert(id, 0);
+                            continue;
+                        }
                         let event = match supervisor::spawn_task(&id, &spec, self.tx.clone()) {
                             Ok(pid) => {
                                 self.task_runs.insert(id.clone(), pid);
@@ -348,7 +365,10 @@ impl State {
                     }
                     TaskEffect::Signal { id, pid, kill } => {
                         if self.task_runs.contains_key(&id) {
-                            supervisor::signal_group(pid, kill);
+                            match &self.runner {
+                                Some(link) => link.signal_task(&id, kill),
+                                None => supervisor::signal_group(pid, kill),
+                            }
                         }
                     }
                     e @ (TaskEffect::EmitStatus(_)

@@ -55,6 +55,9 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let records = store
         .load_sessions()
         .map_err(|e| format!("cannot load sessions: {e}"))?;
+    // Claim the socket before anything is started: a daemon that must refuse (another one
+    // answers there) leaves nothing behind.
+    let listener = bind_socket(&opts.socket)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
     // With the runner, agents that outlived a previous daemon are adopted, not failed.
     let runner = if opts.use_runner {
@@ -63,7 +66,10 @@ pub async fn run(opts: Options) -> Result<(), String> {
         None
     };
     let surviving = match &runner {
-        Some(link) => link.surviving_agents().await?,
+        Some(link) => {
+            link.kill_orphaned_tasks().await;
+            link.surviving_agents().await?
+        }
         None => Default::default(),
     };
     let (engine, restore) =
@@ -82,7 +88,6 @@ pub async fn run(opts: Options) -> Result<(), String> {
         );
     }
 
-    let listener = bind_socket(&opts.socket)?;
     // The Aria socket is a second door to the same services. Another daemon holding it is not
     // fatal: paddock's own socket still works.
     let aria_listener: Option<UnixListener> = match &opts.aria_socket {

@@ -7,11 +7,12 @@
 //! - Spawn: `RunCommand` with the agent's exact argv and environment and a piped stdin; the
 //!   response stream is read like a child's pipes: stdout chunks are reassembled into lines for
 //!   the provider's parser, stderr's last lines are kept, the final `RunStatus` is the exit.
-//! - Cursor: every event parsed from a line carries a cursor naming where that line starts
-//!   (the runner event's `seq` and the byte offset in it) and the event's index within the
-//!   line; the core stores the last applied one with the batch. After a restart the daemon
-//!   attaches from the start of that line and the core skips what it had already applied:
-//!   nothing is lost, nothing applied twice (as long as the runner still buffers it).
+//! - Cursor: the events parsed from one line reach the event loop as one command (so one
+//!   batch, one transaction), the last of them carrying a cursor naming where the line ends
+//!   (the runner event's `seq` and the byte offset after the newline); the core stores it with
+//!   the batch. After a restart the daemon attaches right after that line: nothing is lost,
+//!   nothing applied twice (as long as the runner still buffers it), and the core ignores any
+//!   event at or before the stored cursor should one come again.
 //! - If the runner goes away, the run's exit is reported with the reason (OBEY-2031).
 
 use std::collections::{BTreeMap, VecDeque};
@@ -33,23 +34,20 @@ use crate::providers::{LineParser, Parsed};
 const RUNNER_START_WAIT: Duration = Duration::from_secs(10);
 /// Lines queued for one agent's stdin.
 const STDIN_QUEUE: usize = 64;
-/// Bits of the cursor for the event index within a line (at most 255 events per line).
-const EVENT_BITS: u32 = 8;
 /// Bits of the cursor for the byte offset within a runner event (chunks are at most 64 KiB).
 const OFFSET_BITS: u32 = 17;
 
-/// The cursor of the `k`-th event parsed from the line that starts at byte `offset` of the
-/// runner event `seq`. Cursors grow with the position in the output.
-pub fn cursor(seq: u64, offset: usize, k: usize) -> u64 {
-    (((seq << OFFSET_BITS) | offset as u64) << EVENT_BITS) | (k.min(255) as u64)
+/// The cursor of the position `offset` bytes into runner event `seq` (the end of a line).
+/// Cursors grow with the position in the output.
+pub fn cursor(seq: u64, offset: usize) -> u64 {
+    (seq << OFFSET_BITS) | offset as u64
 }
 
-/// Where the line of `cursor` starts: (runner event seq, byte offset in it).
-pub fn line_start(cursor: u64) -> (u64, usize) {
-    let pos = cursor >> EVENT_BITS;
+/// The position a cursor names: (runner event seq, byte offset in it).
+pub fn position(cursor: u64) -> (u64, usize) {
     (
-        pos >> OFFSET_BITS,
-        (pos & ((1 << OFFSET_BITS) - 1)) as usize,
+        cursor >> OFFSET_BITS,
+        (cursor & ((1 << OFFSET_BITS) - 1)) as usize,
     )
 }
 
@@ -63,6 +61,11 @@ pub fn parse_run_id(s: &str) -> Option<(SessionId, RunId)> {
     let rest = s.strip_prefix("agent:")?;
     let (id, run) = rest.rsplit_once(':')?;
     Some((SessionId(id.to_string()), run.parse().ok()?))
+}
+
+/// The runner's name for task `id`'s run.
+pub fn task_run_id(id: &str) -> String {
+    format!("task:{id}")
 }
 
 /// A run of the runner, for signals.
@@ -199,6 +202,206 @@ impl RunnerLink {
             .collect())
     }
 
+    /// Task runs still alive in the runner: their tasks were lost with the previous daemon
+    /// (they are FAILED at start-up), so their processes are killed rather than left unowned.
+    pub async fn kill_orphaned_tasks(&self) {
+        let Ok(r) = self.client.clone().list_runs(rpb::ListRunsRequest {}).await else {
+            return;
+        };
+        for run in r.into_inner().runs {
+            if run.state == rpb::RunState::Started as i32 && run.run_id.starts_with("task:") {
+                tracing::warn!(run = %run.run_id, "killing a task run left by the previous daemon");
+                let _ = self
+                    .client
+                    .clone()
+                    .signal_session(rpb::SignalRequest {
+                        run_id: run.run_id,
+                        signal: rpb::ProcessSignal::Kill as i32,
+                    })
+                    .await;
+            }
+        }
+    }
+
+    /// Signals a task's run (TERM, or KILL when `kill`).
+    pub fn signal_task(&self, id: &str, kill: bool) {
+        RunRef {
+            client: self.client.clone(),
+            run_id: task_run_id(id),
+        }
+        .signal(if kill { Signal::Kill } else { Signal::Term });
+    }
+
+    /// Starts a task's command as a run of the runner; its output, start and exit come back as
+    /// task inputs (stdout lines with the `::progress` convention, stderr lines).
+    pub fn spawn_task(
+        &self,
+        id: &str,
+        spec: &paddock_core::task::TaskSpec,
+        tx: mpsc::Sender<Command>,
+    ) {
+        use paddock_core::task::{OutputKind, TaskInput};
+        let run_id = task_run_id(id);
+        let req = rpb::RunCommandRequest {
+            run_id: run_id.clone(),
+            working_dir: spec.working_dir.clone(),
+            command: spec.command.join(" "),
+            use_shell: false,
+            ssh_auth_sock: String::new(),
+            keep_stdin: false,
+            argv: spec.command.clone(),
+            environment: spec.environment.clone().into_iter().collect(),
+        };
+        let mut client = self.client.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let send = |input: TaskInput| {
+                let tx = tx.clone();
+                async move { tx.send(Command::TaskEvent(input)).await.is_ok() }
+            };
+            let mut stream = match client.run_command(req).await {
+                Ok(s) => s.into_inner(),
+                Err(e) => {
+                    send(TaskInput::SpawnFailed {
+                        id,
+                        reason: format!("the runner refused the run: {}", e.message()),
+                    })
+                    .await;
+                    return;
+                }
+            };
+            let mut started = false;
+            let mut out = String::new();
+            let mut err = String::new();
+            loop {
+                let ev = match stream.message().await {
+                    Ok(Some(ev)) => ev,
+                    Ok(None) | Err(_) => {
+                        let input = if started {
+                            TaskInput::Exited {
+                                id,
+                                code: None,
+                                signal: None,
+                            }
+                        } else {
+                            TaskInput::SpawnFailed {
+                                id,
+                                reason: "the runner went away".into(),
+                            }
+                        };
+                        send(input).await;
+                        return;
+                    }
+                };
+                use rpb::runner_event::Payload;
+                match ev.payload {
+                    Some(Payload::CommandOutput(o)) => {
+                        let is_err = o.stream == rpb::StreamKind::Stderr as i32;
+                        let buf = if is_err { &mut err } else { &mut out };
+                        buf.push_str(&o.text);
+                        while let Some(i) = buf.find('\n') {
+                            let line: String = buf.drain(..=i).collect();
+                            let line = line.trim_end_matches(['\n', '\r']).to_string();
+                            let kind = match (is_err, super::supervisor::parse_progress(&line)) {
+                                (false, Some((centi, operation))) => {
+                                    OutputKind::Progress { centi, operation }
+                                }
+                                (false, None) => OutputKind::Stdout(line),
+                                (true, _) => OutputKind::Stderr(line),
+                            };
+                            if !send(TaskInput::Output {
+                                id: id.clone(),
+                                kind,
+                            })
+                            .await
+                            {
+                                return;
+                            }
+                        }
+                        // A line longer than this is cut into pieces rather than held whole.
+                        if buf.len() > 64 * 1024 {
+                            let piece = std::mem::take(buf);
+                            let kind = if is_err {
+                                OutputKind::Stderr(piece)
+                            } else {
+                                OutputKind::Stdout(piece)
+                            };
+                            send(TaskInput::Output {
+                                id: id.clone(),
+                                kind,
+                            })
+                            .await;
+                        }
+                    }
+                    Some(Payload::Status(st)) => {
+                        let state = rpb::RunState::try_from(st.state).unwrap_or_default();
+                        match state {
+                            rpb::RunState::Started => {
+                                started = true;
+                                let pid = client
+                                    .list_runs(rpb::ListRunsRequest {})
+                                    .await
+                                    .ok()
+                                    .and_then(|r| {
+                                        r.into_inner()
+                                            .runs
+                                            .into_iter()
+                                            .find(|r| r.run_id == run_id)
+                                            .map(|r| r.pid)
+                                    })
+                                    .unwrap_or(0);
+                                send(TaskInput::Started {
+                                    id: id.clone(),
+                                    pid,
+                                })
+                                .await;
+                            }
+                            rpb::RunState::Finished | rpb::RunState::Failed => {
+                                // What is left without a final newline is a line too.
+                                for (is_err, rest) in [(false, &out), (true, &err)] {
+                                    if !rest.is_empty() {
+                                        let kind = if is_err {
+                                            OutputKind::Stderr(rest.clone())
+                                        } else {
+                                            OutputKind::Stdout(rest.clone())
+                                        };
+                                        send(TaskInput::Output {
+                                            id: id.clone(),
+                                            kind,
+                                        })
+                                        .await;
+                                    }
+                                }
+                                let input = if !started {
+                                    TaskInput::SpawnFailed {
+                                        id,
+                                        reason: st.message,
+                                    }
+                                } else if state == rpb::RunState::Failed && st.exit_code > 128 {
+                                    TaskInput::Exited {
+                                        id,
+                                        code: None,
+                                        signal: Some(st.exit_code - 128),
+                                    }
+                                } else {
+                                    TaskInput::Exited {
+                                        id,
+                                        code: Some(st.exit_code),
+                                        signal: None,
+                                    }
+                                };
+                                send(input).await;
+                                return;
+                            }
+                            rpb::RunState::Unspecified => {}
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
+
     /// Asks the runner to stop (SIGTERM to the pid it wrote next to its socket). Used on a
     /// clean daemon shutdown, when every session was stopped: nothing is left for it to keep.
     pub fn stop_runner(&self) {
@@ -279,8 +482,8 @@ impl RunnerLink {
         RunHandle::in_runner(stdin, rref)
     }
 
-    /// Takes back an agent run that outlived the previous daemon, reading its output again from
-    /// the start of the line the session had got to (`cursor`).
+    /// Takes back an agent run that outlived the previous daemon, reading its output from just
+    /// after the last line the session applied (`cursor`).
     pub fn attach_agent(
         &self,
         id: SessionId,
@@ -294,7 +497,7 @@ impl RunnerLink {
         let (seq, offset) = if cursor == 0 {
             (0, 0)
         } else {
-            line_start(cursor)
+            position(cursor)
         };
         let req = rpb::AttachRunRequest {
             run_id: rref.run_id.clone(),
@@ -362,11 +565,9 @@ struct Reader {
     tx: mpsc::Sender<Command>,
     client: RunnerClient<Channel>,
     started: bool,
-    /// Skip output before this position (a reattach resumes at a line start).
+    /// Skip output before this position (a reattach resumes after the last applied line).
     skip: Option<(u64, usize)>,
     line: Vec<u8>,
-    /// Where the line in `line` started: (event seq, offset).
-    line_start: Option<(u64, usize)>,
     stderr: VecDeque<String>,
     stderr_partial: String,
 }
@@ -390,7 +591,6 @@ impl Reader {
             started,
             skip,
             line: Vec::new(),
-            line_start: None,
             stderr: VecDeque::new(),
             stderr_partial: String::new(),
         }
@@ -453,7 +653,6 @@ impl Reader {
                         t.dropped
                     );
                     self.line.clear();
-                    self.line_start = None;
                     self.skip = None;
                 }
                 Some(Payload::Exec(_)) | None => {}
@@ -490,9 +689,6 @@ impl Reader {
         }
         let mut start = from;
         while start < bytes.len() {
-            if self.line_start.is_none() {
-                self.line_start = Some((seq, start));
-            }
             let end = match bytes[start..].iter().position(|&b| b == b'\n') {
                 Some(i) => start + i + 1,
                 None => bytes.len(),
@@ -505,22 +701,21 @@ impl Reader {
             if !complete {
                 break;
             }
-            let (lseq, loff) = self.line_start.take().expect("set above");
             let text = String::from_utf8_lossy(&self.line).into_owned();
             self.line.clear();
             let text = text.trim_end_matches(['\n', '\r']);
             if text.is_empty() {
                 continue;
             }
-            let mut k = 0;
+            let mut inputs = Vec::new();
             for parsed in self.parser.parse_line(text) {
                 match parsed {
-                    Parsed::Event(event) => {
-                        if !self.send(Some(cursor(lseq, loff, k)), event).await {
-                            return false;
-                        }
-                        k += 1;
-                    }
+                    Parsed::Event(event) => inputs.push(Input::Provider {
+                        id: self.id.clone(),
+                        run: self.run,
+                        cursor: None,
+                        event,
+                    }),
                     Parsed::Reply(line) => {
                         let mut client = self.client.clone();
                         let req = rpb::WriteStdinRequest {
@@ -534,6 +729,14 @@ impl Reader {
                         tracing::debug!(session = %self.id, "unrecognised provider line: {}", truncate(&raw, 200));
                     }
                 }
+            }
+            // The line's events go as one command (one batch, one transaction); the last one
+            // carries the line's end as the cursor the session stores.
+            if let Some(Input::Provider { cursor: c, .. }) = inputs.last_mut() {
+                *c = Some(cursor(seq, end));
+            }
+            if !inputs.is_empty() && self.tx.send(Command::ProviderLine(inputs)).await.is_err() {
+                return false;
             }
         }
         true
@@ -605,13 +808,12 @@ mod tests {
 
     #[test]
     fn cursors_grow_with_the_position_and_round_trip() {
-        let a = cursor(3, 10, 0);
-        let b = cursor(3, 10, 1);
-        let c = cursor(3, 11, 0);
-        let d = cursor(4, 0, 0);
-        assert!(a < b && b < c && c < d);
-        assert_eq!(line_start(b), (3, 10));
-        assert_eq!(line_start(cursor(1 << 30, 65_536, 255)), (1 << 30, 65_536));
+        let a = cursor(3, 10);
+        let b = cursor(3, 11);
+        let c = cursor(4, 0);
+        assert!(a < b && b < c);
+        assert_eq!(position(b), (3, 11));
+        assert_eq!(position(cursor(1 << 40, 65_536)), (1 << 40, 65_536));
     }
 
     #[test]

@@ -153,6 +153,13 @@ impl ClaudeStreamParser {
 
     /// How many lines yielded [`Parsed::Unrecognized`].
     #[allow(dead_code)] // adapter API; the daemon may count on its own
+    /// Continues a turn another parser began (a daemon restarted and reattached to the agent):
+    /// `tokens` were already attributed to the turn's activities, so the `result` line's totals
+    /// are not counted twice.
+    pub fn resume_turn(&mut self, tokens: (u64, u64)) {
+        self.attributed = tokens;
+    }
+
     pub fn unrecognized_count(&self) -> u64 {
         self.unrecognized
     }

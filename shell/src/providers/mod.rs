@@ -28,6 +28,12 @@ pub enum Parsed {
 /// Reads one agent's stdout, line by line.
 pub trait LineParser: Send {
     fn parse_line(&mut self, line: &str) -> Vec<Parsed>;
+
+    /// The agent is taken back mid-turn after a daemon restart: `tokens` (input, output) were
+    /// already counted for the turn in progress.
+    fn resume_turn(&mut self, tokens: (u64, u64)) {
+        let _ = tokens;
+    }
 }
 
 /// What a session may let its agent do without asking (`provider_config["permissions"]`):
@@ -74,6 +80,10 @@ struct StreamJson {
 }
 
 impl LineParser for StreamJson {
+    fn resume_turn(&mut self, tokens: (u64, u64)) {
+        self.parser.resume_turn(tokens);
+    }
+
     fn parse_line(&mut self, line: &str) -> Vec<Parsed> {
         self.parser
             .parse_line(line)

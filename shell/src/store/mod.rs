@@ -425,6 +425,17 @@ impl Store {
         Ok(existed)
     }
 
+    /// The tokens (input, output) counted so far for one turn of a session.
+    pub fn turn_tokens(&self, session_id: &str, turn: u64) -> Result<(u64, u64)> {
+        let (i, o): (i64, i64) = self.conn.query_row(
+            "SELECT COALESCE(SUM(tokens_input), 0), COALESCE(SUM(tokens_output), 0) \
+             FROM agent_activities WHERE session_id = ?1 AND turn = ?2",
+            params![session_id, int(turn)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok((i.max(0) as u64, o.max(0) as u64))
+    }
+
     /// (number of campaigns, number of sessions).
     pub fn counts(&self) -> Result<(i64, i64)> {
         Ok(self.conn.query_row(
