@@ -42,6 +42,9 @@ enum Command {
         /// Live sessions at most
         #[arg(long, default_value_t = 64)]
         max_sessions: usize,
+        /// Output bytes kept per task (past it, one truncation marker line)
+        #[arg(long, default_value_t = 4 * 1024 * 1024)]
+        task_output_max_bytes: u64,
         /// The Aria runtime socket [default: ~/.aria/runtime.sock]
         #[arg(long, env = "ARIA_RUNTIME_SOCK")]
         aria_socket: Option<PathBuf>,
@@ -120,6 +123,7 @@ fn main() {
             stop_grace_secs,
             kill_grace_secs,
             max_sessions,
+            task_output_max_bytes,
             aria_socket,
             no_aria_socket,
             aria_workspace,
@@ -136,6 +140,7 @@ fn main() {
             };
             let task_limits = paddock_core::task::TaskLimits {
                 kill_grace_ms: kill_grace_secs * 1000,
+                max_output_bytes: task_output_max_bytes,
                 ..paddock_core::task::TaskLimits::default()
             };
             let Some(aria_provider) = paddock_core::Provider::from_name(&aria_provider) else {

@@ -46,7 +46,7 @@ pub type Client = LocalDaemonServiceClient<Channel>;
 pub const BIN: &str = env!("CARGO_BIN_EXE_paddock");
 
 /// Anything a test waits for, at most (a hung daemon fails the test instead of hanging it).
-pub const WAIT: Duration = Duration::from_secs(15);
+pub const WAIT: Duration = Duration::from_secs(30);
 
 /// The name the default campaign is registered under.
 pub const CAMPAIGN: &str = "proj";
