@@ -113,10 +113,6 @@ impl Engine {
 
     // ── getters ────────────────────────────────────────────────────────────
 
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     pub fn session(&self, id: &SessionId) -> Option<&Session> {
         self.sessions.get(id)
     }
@@ -145,6 +141,13 @@ impl Engine {
             }
         }
         best.map(|(at, id, t)| (at, id.clone(), t))
+    }
+
+    /// Makes every run id this engine hands out greater than `floor`: the runner may still
+    /// remember runs (even finished ones) that no stored record names any more, and refuses
+    /// to start a run under an id it knows.
+    pub fn reserve_runs_through(&mut self, floor: RunId) {
+        self.next_run = self.next_run.max(floor.saturating_add(1));
     }
 
     /// Turns on recording of every table lookup (for coverage in the simulator).
@@ -252,18 +255,6 @@ impl Engine {
             }
         }
         cx.out.into_effects()
-    }
-
-    /// Forgets a terminal session (after its stored data was deleted). Returns false if the
-    /// session is unknown or still live.
-    pub fn forget(&mut self, id: &SessionId) -> bool {
-        match self.sessions.get(id) {
-            Some(s) if s.status().is_terminal() && s.run() == crate::Run::Idle => {
-                self.sessions.remove(id);
-                true
-            }
-            _ => false,
-        }
     }
 }
 

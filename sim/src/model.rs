@@ -523,7 +523,11 @@ impl Model {
             // A deadline fired: not before it was due.
             let due = match prev {
                 Status::Starting => Some(sm.since + self.limits.startup_timeout_ms),
-                _ => sm.started_at.map(|t| t + sm.config.timeout_ms),
+                // No timeout configured (0): no session deadline exists at all.
+                _ => sm
+                    .started_at
+                    .filter(|_| sm.config.timeout_ms > 0)
+                    .map(|t| t + sm.config.timeout_ms),
             };
             if due.is_none_or(|due| self.now < due) {
                 return Err(format!(
@@ -599,7 +603,11 @@ impl Model {
             // A deadline interrupted the turn: the stop's grace period, or the session timeout.
             let due = match sm.status {
                 Status::Stopping => Some(sm.since + self.limits.stop_grace_ms),
-                _ => sm.started_at.map(|t| t + sm.config.timeout_ms),
+                // No timeout configured (0): no session deadline exists at all.
+                _ => sm
+                    .started_at
+                    .filter(|_| sm.config.timeout_ms > 0)
+                    .map(|t| t + sm.config.timeout_ms),
             };
             if due.is_none_or(|due| self.now < due) {
                 return Err(format!(

@@ -65,15 +65,16 @@ pub async fn run(opts: Options) -> Result<(), String> {
     } else {
         None
     };
-    let surviving = match &runner {
+    let (surviving, run_floor) = match &runner {
         Some(link) => {
             link.kill_orphaned_tasks().await;
-            link.surviving_agents().await?
+            link.agent_runs().await?
         }
         None => Default::default(),
     };
-    let (engine, restore) =
+    let (mut engine, restore) =
         Engine::restore_with(opts.limits.clone(), now_ms(), records, &surviving);
+    engine.reserve_runs_through(run_floor);
     let task_records = store
         .load_tasks()
         .map_err(|e| format!("cannot load tasks: {e}"))?;

@@ -180,10 +180,13 @@ impl RunnerLink {
         Some(client)
     }
 
-    /// The agent runs still alive in the runner: session → (run, pid).
-    pub async fn surviving_agents(
+    /// The agent runs the runner knows — live, or finished with output the previous daemon may
+    /// not have read — as session → (run, pid), and the highest agent run id it knows (new run
+    /// ids must be above it: the runner refuses an id it remembers). The engine adopts only the
+    /// runs a stored record names as the session's current run.
+    pub async fn agent_runs(
         &self,
-    ) -> Result<BTreeMap<SessionId, (RunId, Option<u32>)>, String> {
+    ) -> Result<(BTreeMap<SessionId, (RunId, Option<u32>)>, RunId), String> {
         let runs = self
             .client
             .clone()
@@ -192,14 +195,17 @@ impl RunnerLink {
             .map_err(|e| format!("runner ListRuns: {}", e.message()))?
             .into_inner()
             .runs;
-        Ok(runs
-            .into_iter()
-            .filter(|r| r.state == rpb::RunState::Started as i32)
-            .filter_map(|r| {
-                let (id, run) = parse_run_id(&r.run_id)?;
-                Some((id, (run, (r.pid > 0).then_some(r.pid))))
-            })
-            .collect())
+        let mut max_run = 0;
+        let mut out = BTreeMap::new();
+        for r in runs {
+            let Some((id, run)) = parse_run_id(&r.run_id) else {
+                continue;
+            };
+            max_run = max_run.max(run);
+            // Oldest first: a session's later run replaces an earlier one.
+            out.insert(id, (run, (r.pid > 0).then_some(r.pid)));
+        }
+        Ok((out, max_run))
     }
 
     /// Task runs still alive in the runner: their tasks were lost with the previous daemon
