@@ -182,3 +182,59 @@ async fn when_the_runner_dies_its_agents_die_and_their_sessions_fail() {
     assert_eq!(status_name(s2.status), "FAILED");
     assert_eq!(s2.error_code, "OBEY-2032");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_ends_while_the_daemon_is_down_is_read_to_its_end() {
+    let mut d = runner_daemon().await;
+    let s = d.session(Some(("paced", paced_turn()))).await;
+    let c = d.client().await;
+    let mut stream = c
+        .clone()
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: "quick".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    next(&mut stream).await.unwrap().unwrap();
+    d.kill9();
+    // The turn finishes (about 2 s) while no daemon is there to read it.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    d.launch().await;
+    let back = d.wait_status(&s.id, pb::SessionStatus::Running).await;
+    assert_eq!(back.pid, s.pid);
+    let stored = d
+        .client()
+        .await
+        .list_activities(pb::ListActivitiesRequest {
+            session_id: s.id.clone(),
+            after_seq: 0,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .activities;
+    let contents: Vec<&str> = stored.iter().map(|a| a.content.as_str()).collect();
+    assert_eq!(
+        contents,
+        ["step one", "step two", "step three", "done with quick"]
+    );
+    // A restart after the daemon restart gets a run id the runner does not know yet.
+    let r = d
+        .client()
+        .await
+        .restart_session(pb::RestartSessionRequest {
+            session_id: s.id.clone(),
+            provider_config: Default::default(),
+        })
+        .await
+        .expect("restart")
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(status_name(r.status), "RUNNING");
+    assert_eq!(r.restart_count, 1);
+    assert_ne!(r.pid, s.pid);
+}
