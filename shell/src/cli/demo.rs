@@ -108,16 +108,24 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), Str
         .await
         .map_err(|e| e.message().to_string())?
         .into_inner();
+    // Status changes and activity come on two streams; a turn's end (WORKING → …) is printed
+    // once the turn's own stream has ended, so the output reads in the order things happened.
+    let (status_tx, mut statuses) = tokio::sync::mpsc::unbounded_channel();
     let watcher = tokio::spawn(async move {
         while let Some(Ok(e)) = watch.next().await {
-            println!(
-                "  status  {:>9} → {:<9} {}",
-                status_name(e.previous_status),
-                status_name(e.new_status),
-                e.message
-            );
+            if status_tx.send(e).is_err() {
+                break;
+            }
         }
     });
+    let print_status = |e: &pb::SessionStatusEvent| {
+        println!(
+            "  status  {:>9} → {:<9} {}",
+            status_name(e.previous_status),
+            status_name(e.new_status),
+            e.message
+        );
+    };
 
     let s = c
         .create_session(pb::CreateSessionRequest {
@@ -132,6 +140,9 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), Str
         .into_inner()
         .session
         .unwrap_or_default();
+    while let Ok(e) = statuses.try_recv() {
+        print_status(&e);
+    }
     println!("▶ session {} created (pid {})", s.id, s.pid);
 
     println!("▶ you: {message}");
@@ -143,9 +154,34 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), Str
         .await
         .map_err(|e| e.message().to_string())?
         .into_inner();
-    while let Some(item) = stream.next().await {
-        let a = item.map_err(|e| e.message().to_string())?;
-        println!("  agent   {}", activity_line(&a));
+    let mut held = Vec::new();
+    loop {
+        tokio::select! {
+            item = stream.next() => match item {
+                Some(item) => {
+                    let a = item.map_err(|e| e.message().to_string())?;
+                    println!("  agent   {}", activity_line(&a));
+                }
+                None => break,
+            },
+            Some(e) = statuses.recv() => {
+                if e.previous_status == paddock_core::Status::Working.number() {
+                    held.push(e);
+                } else {
+                    print_status(&e);
+                }
+            }
+        }
+    }
+    // The turn's end, now that its stream has ended (it may still be on its way).
+    if held.is_empty() {
+        if let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(500), statuses.recv()).await
+        {
+            held.push(e);
+        }
+    }
+    for e in held.drain(..) {
+        print_status(&e);
     }
 
     let stopped = c
@@ -159,6 +195,9 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), Str
         .session
         .unwrap_or_default();
     tokio::time::sleep(Duration::from_millis(100)).await;
+    while let Ok(e) = statuses.try_recv() {
+        print_status(&e);
+    }
     watcher.abort();
     println!(
         "▶ session {} is {}: {} input + {} output tokens, {} activities stored",
