@@ -56,7 +56,48 @@ fn session_id(id: &str) -> Result<SessionId, GrpcStatus> {
     Ok(SessionId(id.trim().to_string()))
 }
 
+/// A campaign or festival event to store.
+struct ReportedEvent {
+    kind: &'static str,
+    campaign_id: String,
+    festival_id: String,
+    event_type: String,
+    payload_json: String,
+    timestamp: Option<prost_types::Timestamp>,
+}
+
 impl Obey {
+    /// Stores a reported event; answers with its id.
+    async fn report(&self, e: ReportedEvent) -> Result<Response<pb::EventResponse>, GrpcStatus> {
+        let at = e
+            .timestamp
+            .as_ref()
+            .map(convert::timestamp_ms)
+            .unwrap_or_else(now_ms);
+        let id = self
+            .handle
+            .call(move |s| {
+                s.store
+                    .report_event(
+                        e.kind,
+                        &e.campaign_id,
+                        &e.festival_id,
+                        &e.event_type,
+                        &e.payload_json,
+                        at,
+                        now_ms(),
+                    )
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(st)?
+            .map_err(GrpcStatus::internal)?;
+        Ok(Response::new(pb::EventResponse {
+            accepted: true,
+            event_id: id.to_string(),
+        }))
+    }
+
     async fn record(&self, id: SessionId) -> Result<paddock_core::SessionRecord, GrpcStatus> {
         let found = self
             .handle
@@ -99,33 +140,15 @@ impl LocalDaemonService for Obey {
             return Err(invalid("campaign_id and event_type are required"));
         }
         let c = self.campaign(r.campaign_id.clone()).await?;
-        let at = r
-            .timestamp
-            .as_ref()
-            .map(convert::timestamp_ms)
-            .unwrap_or_else(now_ms);
-        let id = self
-            .handle
-            .call(move |s| {
-                s.store
-                    .report_event(
-                        "campaign",
-                        &c.id,
-                        "",
-                        &r.event_type,
-                        &r.payload_json,
-                        at,
-                        now_ms(),
-                    )
-                    .map_err(|e| e.to_string())
-            })
-            .await
-            .map_err(st)?
-            .map_err(GrpcStatus::internal)?;
-        Ok(Response::new(pb::EventResponse {
-            accepted: true,
-            event_id: id.to_string(),
-        }))
+        let event = ReportedEvent {
+            kind: "campaign",
+            campaign_id: c.id,
+            festival_id: String::new(),
+            event_type: r.event_type,
+            payload_json: r.payload_json,
+            timestamp: r.timestamp,
+        };
+        self.report(event).await
     }
 
     async fn report_festival_event(
@@ -141,33 +164,15 @@ impl LocalDaemonService for Obey {
         } else {
             self.campaign(r.campaign_id.clone()).await?.id
         };
-        let at = r
-            .timestamp
-            .as_ref()
-            .map(convert::timestamp_ms)
-            .unwrap_or_else(now_ms);
-        let id = self
-            .handle
-            .call(move |s| {
-                s.store
-                    .report_event(
-                        "festival",
-                        &campaign_id,
-                        &r.festival_id,
-                        &r.event_type,
-                        &r.payload_json,
-                        at,
-                        now_ms(),
-                    )
-                    .map_err(|e| e.to_string())
-            })
-            .await
-            .map_err(st)?
-            .map_err(GrpcStatus::internal)?;
-        Ok(Response::new(pb::EventResponse {
-            accepted: true,
-            event_id: id.to_string(),
-        }))
+        let event = ReportedEvent {
+            kind: "festival",
+            campaign_id,
+            festival_id: r.festival_id,
+            event_type: r.event_type,
+            payload_json: r.payload_json,
+            timestamp: r.timestamp,
+        };
+        self.report(event).await
     }
 
     async fn stream_agent_activity(
