@@ -236,8 +236,6 @@ pub struct Stats {
     pub finished_unlisted: u64,
     /// Output lines of those runs that were never applied.
     pub output_unread: u64,
-    /// Spawns reusing a (session, run) the surviving runner had already run.
-    pub runs_reused: u64,
     /// Exits in flight at a crash that the surviving runner delivered again.
     pub exits_revived: u64,
     pub spawns: u64,
@@ -419,7 +417,6 @@ impl Sim {
             stale_listed: self.stale_listed,
             finished_unlisted: self.finished_unlisted,
             output_unread: self.output_unread,
-            runs_reused: self.world.runs_reused,
             exits_revived: self.world.exits_revived,
             spawns: self.world.spawns,
             turns_scripted: self.world.turns_scripted,
@@ -586,12 +583,17 @@ impl Sim {
             ProviderEvent::SessionRef(_) => (EventKind::SessionRef, None),
             ProviderEvent::Exited { .. } => (EventKind::Exited, None),
         };
+        let session_ref = match &d.event {
+            ProviderEvent::SessionRef(r) => Some(r.clone()),
+            _ => None,
+        };
         let cause = Cause::Provider {
             id: d.id.clone(),
             run: d.run,
             cursor: d.cursor,
             event,
             activity,
+            session_ref,
         };
         Some(Next::Input(
             Input::Provider {
@@ -815,8 +817,21 @@ impl Sim {
         self.model
             .on_restore(&adopt.keys().cloned().collect(), &self.store)?;
         let records = self.store.records();
-        let (mut engine, effects) =
-            Engine::restore_with(self.limits.clone(), self.now, records.clone(), &surviving);
+        // A runner that died took everything with it: a cold start. One that survived is asked
+        // what it still runs, and the run ids it remembers are reserved. The engine avoids the
+        // ids the records name by itself (`restore_with`); the floor reserves the others (runs
+        // no record names any more), so each guarantee is tested on its own.
+        let (mut engine, effects) = if survives {
+            let (mut engine, effects) =
+                Engine::restore_with(self.limits.clone(), self.now, records.clone(), &surviving);
+            let named: BTreeSet<RunId> = records.iter().filter_map(|r| r.run).collect();
+            if let Some(floor) = self.world.max_known_run_except(&named) {
+                engine.reserve_runs_through(floor);
+            }
+            (engine, effects)
+        } else {
+            Engine::restore(self.limits.clone(), self.now, records.clone())
+        };
         engine.set_trace(true);
         self.engine = engine;
         log_entry!(self.log, "   restored {} sessions", records.len());

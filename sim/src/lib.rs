@@ -78,7 +78,11 @@
 //! - every status event pairs the true previous status with the new one, its `seq` is the last
 //!   plus one, and the pair is one the reference relation allows for the cause (the input that
 //!   made it): nothing leaves STOPPED or FAILED except through a restart (and then to STARTING,
-//!   with `restart_count` one higher);
+//!   with `restart_count` one higher); every FAILED carries the error code its cause implies
+//!   (a spawn failure or the start-up timeout OBEY-2004, the budget OBEY-2013, the session
+//!   timeout OBEY-2014, an exit OBEY-2031, a lost process OBEY-2032);
+//! - only a forced stop, a restart, a deadline, the budget, an exit or a daemon restart
+//!   interrupts a turn: a graceful stop (a second one too) waits for it;
 //! - one turn at a time per session; every turn's stream ends exactly once (one COMPLETION or
 //!   ERROR with `ends_turn`), and nothing is added to it afterwards — across daemon crashes
 //!   too: a turn open at a crash stays open in the store and either ends at restore (an ERROR
@@ -109,7 +113,21 @@
 //! - a first start sends the initial message (no session is RUNNING after its first start
 //!   with an initial message and no turn);
 //! - the engine's idea of each process matches the world's (no lost process, no ghost);
-//! - after a Tick, no deadline is due.
+//! - after a Tick, no deadline is due;
+//! - one next deadline, with its reason: the reference model computes every session's
+//!   deadlines itself (the start-up timeout while STARTING, the session timeout while RUNNING or
+//!   WORKING, the grace period of a graceful stop waiting for a turn, the KILL due a kill grace
+//!   period after a TERM until the process is gone or KILLed), and each session's
+//!   `next_deadline` and `Engine::poll_timeout` must be the earliest of them (the driver sleeps
+//!   until `poll_timeout`, so a later one would fire late); KILL is sent only when due;
+//! - STARTING means a spawn is in flight, RUNNING and WORKING a live process, STOPPED none (a
+//!   spawn failure while STARTING fails the session in the same step);
+//! - the conversation id a run reports (`SessionRef`, unless the session has ended) is what
+//!   the record keeps and what the next `Spawn` resumes;
+//! - run ids are never reused while the runner remembers them: the engine avoids those the
+//!   records name by itself (`restore_with`), the driver reserves the others
+//!   (`reserve_runs_through`, as the shell does), and a cold start (the runner died too) uses
+//!   `Engine::restore`.
 //!
 //! After a daemon crash, the rebuilt engine equals the store changed exactly as the restart
 //! rules say:

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Effect, Engine, Error, ErrorCode, Input, Limits, Millis,
-    Record, RequestId, RunId, SessionConfig, SessionId, SessionRecord, SpawnSpec, Status,
-    StatusEvent,
+    Record, RequestId, Run, RunId, SessionConfig, SessionId, SessionRecord, Signal, SpawnSpec,
+    Status, StatusEvent, Timer,
 };
 
 use crate::world::Store;
@@ -53,6 +53,8 @@ pub enum Cause {
         cursor: Option<u64>,
         event: EventKind,
         activity: Option<Activity>,
+        /// The conversation id a `SessionRef` reports.
+        session_ref: Option<String>,
     },
     Tick,
     /// A restarted daemon reconciling what the store says.
@@ -125,6 +127,11 @@ pub struct SessionModel {
     adopted: bool,
     /// The run whose output the session has applied, and how far (the last cursor applied).
     applied: Option<(RunId, u64)>,
+    /// The provider's conversation id, as the runs reported it (`SessionRef`): what the
+    /// record keeps and the next `Spawn` resumes.
+    pub provider_session: Option<String>,
+    /// The process TERMed and not yet gone (nor KILLed): when KILL is due.
+    kill_at: Option<(RunId, Millis)>,
 }
 
 impl SessionModel {
@@ -378,22 +385,70 @@ impl Model {
             ..
         } = cause
         {
-            self.on_cursor(id, *run, *c, effects)?;
+            self.on_cursor(cause, id, *run, *c, effects)?;
+        }
+        if let Cause::Provider {
+            id,
+            run,
+            event: EventKind::Exited | EventKind::SpawnFailed,
+            ..
+        } = cause
+        {
+            // The process is gone: no KILL is due any more.
+            if let Some(sm) = self.sessions.get_mut(id) {
+                if sm.kill_at.is_some_and(|(r, _)| r == *run) {
+                    sm.kill_at = None;
+                }
+            }
         }
         self.provider_activity_seen = false;
         for e in rest {
             match e {
-                Effect::EmitStatus(ev) => self.on_status(cause, ev, &messages)?,
+                Effect::EmitStatus(ev) => self.on_status(cause, ev, &messages, store)?,
                 Effect::EmitActivity(ev) => self.on_activity(cause, ev)?,
                 Effect::Reply { req, result } => self.on_reply(cause, *req, result, store)?,
                 Effect::Spawn { id, spec, .. } => self.on_spawn(cause, id, spec, store)?,
-                Effect::Write { id, .. } | Effect::Signal { id, .. } => {
+                Effect::Write { id, .. } => same_session(cause, id)?,
+                Effect::Signal {
+                    id, run, signal, ..
+                } => {
                     same_session(cause, id)?;
+                    self.on_signal(id, *run, *signal)?;
                 }
                 Effect::Persist(_) => unreachable!("persists come first"),
             }
         }
+        if cause.tick() {
+            // Every due deadline fired: a due KILL was sent (or, the table ignoring it, dropped).
+            for sm in self.sessions.values_mut() {
+                if sm.kill_at.is_some_and(|(_, at)| at <= now) {
+                    sm.kill_at = None;
+                }
+            }
+        }
         self.end_batch(cause)
+    }
+
+    /// TERM starts the kill grace period of a process; KILL ends it.
+    fn on_signal(&mut self, id: &SessionId, run: RunId, signal: Signal) -> Result<(), String> {
+        let Some(sm) = self.sessions.get_mut(id) else {
+            return Err(format!("a signal for a session never created: {id}"));
+        };
+        match signal {
+            Signal::Term => {
+                sm.kill_at = Some((run, self.now.saturating_add(self.limits.kill_grace_ms)));
+            }
+            Signal::Kill => {
+                if sm.kill_at.is_none_or(|(r, at)| r != run || at > self.now) {
+                    return Err(format!(
+                        "{id}: KILL to run {run} at {}, but its kill deadline is {:?}",
+                        self.now, sm.kill_at
+                    ));
+                }
+                sm.kill_at = None;
+            }
+        }
+        Ok(())
     }
 
     /// An output event at cursor `c` of `run`: applied exactly once. One the session has
@@ -401,6 +456,7 @@ impl Model {
     /// the cursor is stored with what it did (in the same transaction).
     fn on_cursor(
         &mut self,
+        cause: &Cause,
         id: &SessionId,
         run: RunId,
         c: u64,
@@ -440,6 +496,16 @@ impl Model {
             }
         }
         sm.applied = Some((run, c));
+        if let Cause::Provider {
+            session_ref: Some(r),
+            ..
+        } = cause
+        {
+            // A conversation id is kept (and resumed) unless the session has ended.
+            if !sm.status.is_terminal() {
+                sm.provider_session = Some(r.clone());
+            }
+        }
         Ok(())
     }
 
@@ -448,6 +514,7 @@ impl Model {
         cause: &Cause,
         ev: &StatusEvent,
         messages: &[(&SessionId, u64)],
+        store: &Store,
     ) -> Result<(), String> {
         same_session(cause, &ev.session)?;
         let id = &ev.session;
@@ -494,6 +561,8 @@ impl Model {
                     after_stop: None,
                     adopted: false,
                     applied: None,
+                    provider_session: None,
+                    kill_at: None,
                 },
             );
             return Ok(());
@@ -534,6 +603,29 @@ impl Model {
                     "{id} failed on a deadline at {} that was due at {due:?} ({prev} since {}, \
                      started at {:?})",
                     self.now, sm.since, sm.started_at
+                ));
+            }
+        }
+        if ev.new == Status::Failed {
+            // Every failure says why, with the code its cause implies.
+            use EventKind as E;
+            let want = match cause {
+                Cause::Tick if prev == Status::Starting => Some(ErrorCode::CreationFailed),
+                Cause::Tick => Some(ErrorCode::Timeout),
+                Cause::Restore => Some(ErrorCode::ConnectionLost),
+                c if c.ev(E::SpawnFailed) => Some(ErrorCode::CreationFailed),
+                c if c.ev(E::Exited) => Some(ErrorCode::ProviderCrashed),
+                c if c.ev(E::Activity) => Some(ErrorCode::BudgetExceeded),
+                _ => None,
+            };
+            let got = store
+                .sessions
+                .get(id)
+                .and_then(|r| r.error.as_ref())
+                .map(|e| e.code);
+            if want.is_none() || got != want {
+                return Err(format!(
+                    "{id} went {prev} -> FAILED on {cause:?} with error {got:?}, not {want:?}"
                 ));
             }
         }
@@ -659,6 +751,20 @@ impl Model {
             _ => false,
         };
         let interruption = a.kind() == ActivityKind::Error && ev.ends_turn && delta == 0;
+        if !from_provider
+            && interruption
+            && !(cause.req(ReqKind::StopForced)
+                || cause.req(ReqKind::Restart)
+                || cause.tick()
+                || cause.ev(EventKind::Exited)
+                || cause.ev(EventKind::Activity)
+                || cause.restore())
+        {
+            return Err(format!(
+                "{id}: {cause:?} interrupted turn {:?} (only a forced stop, a restart, a deadline,                  the budget, an exit or a daemon restart ends a turn; a graceful stop waits for                  it): {ev:?}",
+                ev.turn
+            ));
+        }
         if !(from_provider || interruption) {
             return Err(format!(
                 "{id}: the engine recorded an activity of its own that does not end a turn with \
@@ -881,10 +987,11 @@ impl Model {
             .sessions
             .get(id)
             .and_then(|r| r.provider_session.clone());
-        if spec.resume != stored {
+        if spec.resume != stored || spec.resume != sm.provider_session {
             return Err(format!(
-                "Spawn for {id} resumes {:?}, but the stored conversation is {stored:?}",
-                spec.resume
+                "Spawn for {id} resumes {:?}, but the stored conversation is {stored:?} and the \
+                 last one its runs reported {:?}",
+                spec.resume, sm.provider_session
             ));
         }
         Ok(())
@@ -1019,6 +1126,37 @@ impl Model {
             if tick {
                 self.check_deadlines(id, sm)?;
             }
+            let want = self.deadline(sm);
+            if s.next_deadline() != want {
+                return Err(format!(
+                    "{id} ({}, process {:?}): the engine's next deadline is {:?}, the reference \
+                     one {want:?} (one next deadline, with its reason; a later one fires late)",
+                    sm.status,
+                    s.run(),
+                    s.next_deadline()
+                ));
+            }
+            if rec.provider_session != sm.provider_session {
+                return mismatch(
+                    "provider_session",
+                    format!("{:?}", rec.provider_session),
+                    format!("{:?}", sm.provider_session),
+                );
+            }
+            let run_ok = match rec.status {
+                Status::Starting => matches!(s.run(), Run::Spawning { .. }),
+                Status::Running | Status::Working => matches!(s.run(), Run::Alive { .. }),
+                Status::Stopped => s.run() == Run::Idle,
+                _ => true,
+            };
+            if !run_ok {
+                return Err(format!(
+                    "{id} is {} with process {:?} (STARTING means a spawn in flight, RUNNING and \
+                     WORKING a live process, STOPPED none)",
+                    rec.status,
+                    s.run()
+                ));
+            }
             let terminal = rec.status.is_terminal();
             if rec.ended_at.is_some() != terminal {
                 return Err(format!(
@@ -1100,7 +1238,57 @@ impl Model {
                 ));
             }
         }
+        // The engine's next deadline is the earliest of every session's.
+        let earliest = self
+            .sessions
+            .iter()
+            .filter_map(|(id, sm)| self.deadline(sm).map(|(at, t)| (at, id, t)))
+            .min_by_key(|(at, _, _)| *at);
+        let got = engine.poll_timeout();
+        let ok = match (&got, earliest) {
+            (None, None) => true,
+            (Some((at, id, t)), Some((want, _, _))) => {
+                *at == want
+                    && self.sessions.get(id).and_then(|sm| self.deadline(sm)) == Some((*at, *t))
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(format!(
+                "the engine's next deadline is {got:?}, the reference earliest {earliest:?}"
+            ));
+        }
         Ok(())
+    }
+
+    /// The reference deadline of a session: the earliest of those it has (the start-up timeout
+    /// while STARTING, the session timeout while RUNNING or WORKING, the grace period of a
+    /// graceful stop waiting for a turn, the KILL of a TERMed process), ties in `Timer` order.
+    fn deadline(&self, sm: &SessionModel) -> Option<(Millis, Timer)> {
+        let mut all = Vec::new();
+        match sm.status {
+            Status::Starting => all.push((
+                sm.since.saturating_add(self.limits.startup_timeout_ms),
+                Timer::Startup,
+            )),
+            Status::Running | Status::Working if sm.config.timeout_ms > 0 => {
+                if let Some(t) = sm.started_at {
+                    all.push((
+                        t.saturating_add(sm.config.timeout_ms),
+                        Timer::SessionTimeout,
+                    ));
+                }
+            }
+            Status::Stopping if sm.open_turn.is_some() => all.push((
+                sm.since.saturating_add(self.limits.stop_grace_ms),
+                Timer::StopGrace,
+            )),
+            _ => {}
+        }
+        if let Some((_, at)) = sm.kill_at {
+            all.push((at, Timer::Kill));
+        }
+        all.into_iter().min()
     }
 
     /// After a Tick at `now`, no deadline that was due is left unenforced.
@@ -1168,6 +1356,14 @@ impl Model {
                     sm.open_turn, sm.turns, rec.turn_open, rec.turns
                 ));
             }
+            if rec.provider_session != sm.provider_session {
+                return Err(format!(
+                    "clients saw {id} with conversation {:?}, the store has {:?}",
+                    sm.provider_session, rec.provider_session
+                ));
+            }
+            // The new daemon TERMs afresh what it must.
+            sm.kill_at = None;
             sm.adopted = false;
             sm.after_stop = None;
             sm.restart_asked = false;

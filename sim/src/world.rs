@@ -4,7 +4,7 @@
 //! The clock itself is one `Millis` in the driver: it only moves forward, and it jumps from one
 //! event to the next (the next provider line, or the engine's next deadline).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use paddock_core::{
@@ -325,9 +325,9 @@ pub struct World {
     /// The process whose exit (or spawn failure) was delivered last, as it was just before:
     /// if that delivery was the input a crash lost, the runner still has it.
     gone: Option<(RunId, Proc)>,
-    /// Every (session, run) the runner has run since it last started (for the statistics: a
-    /// run id a new daemon reuses while the runner still remembers it).
-    known: std::collections::BTreeSet<(SessionId, RunId)>,
+    /// Every (session, run) the runner has run since it last started: it refuses to start a
+    /// run under an id it knows (a new daemon reserves them, `Engine::reserve_runs_through`).
+    known: BTreeSet<(SessionId, RunId)>,
     faults: Faults,
     healed: bool,
     rng: Rng,
@@ -340,9 +340,6 @@ pub struct World {
     /// Counters for the run summary.
     pub spawns: u64,
     pub turns_scripted: u64,
-    /// Spawns whose (session, run) the surviving runner had already run under an earlier
-    /// daemon.
-    pub runs_reused: u64,
     /// Exits lost with the daemon that read them, still held by the surviving runner.
     pub exits_revived: u64,
 }
@@ -352,7 +349,7 @@ impl World {
         World {
             procs: BTreeMap::new(),
             gone: None,
-            known: std::collections::BTreeSet::new(),
+            known: BTreeSet::new(),
             faults,
             healed: false,
             rng,
@@ -363,7 +360,6 @@ impl World {
             kill_grace_ms: limits.kill_grace_ms,
             spawns: 0,
             turns_scripted: 0,
-            runs_reused: 0,
             exits_revived: 0,
         }
     }
@@ -420,6 +416,16 @@ impl World {
     }
 
     /// What the surviving runner lists: every live process, as (run, session, pid).
+    /// The largest run id the runner knows (run since it last started) that `named` does not
+    /// contain, if any.
+    pub fn max_known_run_except(&self, named: &BTreeSet<RunId>) -> Option<RunId> {
+        self.known
+            .iter()
+            .map(|(_, r)| *r)
+            .filter(|r| !named.contains(r))
+            .max()
+    }
+
     pub fn alive(&self) -> Vec<(RunId, SessionId, u32)> {
         self.procs
             .iter()
@@ -634,9 +640,13 @@ impl World {
                 p.session
             ));
         }
-        if !self.known.insert((id.clone(), run)) {
-            self.runs_reused += 1;
+        if let Some((s, _)) = self.known.iter().find(|(_, r)| *r == run) {
+            return Err(format!(
+                "Spawn for {id} reuses run id {run}, which the surviving runner remembers (a run \
+                 of {s}): a new daemon must reserve every id the runner knows"
+            ));
         }
+        self.known.insert((id.clone(), run));
         self.last_run = run;
         self.spawns += 1;
         let f = self.faults();
@@ -837,7 +847,9 @@ impl World {
                 Activity::new(ActivityKind::Completion, "done: the change is in")
                     .with_tokens(rng.range(100, 2000), rng.range(20, 800))
             } else {
+                // A late usage report between turns (it may be what crosses the budget).
                 Activity::new(ActivityKind::Status, "idle")
+                    .with_tokens(rng.range(0, 3000), rng.range(0, 800))
             };
             push(p, t, ProviderEvent::Activity(ev), false);
         }
