@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::pin::Pin;
 
-use paddock_core::task::{OutputKind, TaskInput, TaskRecord, TaskReply, TaskSpec, TaskStatus};
+use paddock_core::task::{OutputKind, TaskInput, TaskRecord, TaskReply, TaskSpec};
 use paddock_core::{ActivityKind, Error, ErrorCode, Provider, SessionConfig, SessionId, Status};
 use paddock_proto::aria::v1 as pb;
 use tokio::sync::{broadcast, mpsc};
@@ -437,7 +437,7 @@ impl Sessions {
                 {
                     return Ok(c);
                 }
-                let id = format!("camp_{}", ulid::Ulid::new());
+                let id = super::new_campaign_id();
                 s.store
                     .add_campaign(&id, ARIA_CAMPAIGN, &root, now_ms())
                     .map_err(|e| e.to_string())
@@ -455,12 +455,11 @@ impl pb::session_service_server::SessionService for Sessions {
         _request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, GrpcStatus> {
         let campaign = self.campaign().await?;
-        let ulid = ulid::Ulid::new().to_string();
+        let (id, short) = super::new_session_id();
         let mut config = SessionConfig::new(&campaign.id, self.0.provider, &campaign.root_path);
         config.model = self.0.model.clone();
-        config.agent_name = format!("aria-{}", ulid[ulid.len() - 6..].to_ascii_lowercase());
+        config.agent_name = format!("aria-{short}");
         crate::providers::validate(&config).map_err(|e| from_core(&e))?;
-        let id = SessionId(format!("sess_{ulid}"));
         let rec = self
             .0
             .handle
@@ -661,9 +660,4 @@ impl pb::container_service_server::ContainerService for Containers {
     ) -> Result<Response<Self::StreamContainerLogsStream>, GrpcStatus> {
         Err(no_containers())
     }
-}
-
-/// Whether a task status is final (for clients of this module).
-pub fn is_final(n: i32) -> bool {
-    TaskStatus::from_number(n).is_some_and(|s| s.is_terminal())
 }

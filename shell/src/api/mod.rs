@@ -9,6 +9,19 @@ use paddock_proto::obey::local::v1::local_daemon_service_server::LocalDaemonServ
 
 use crate::daemon::MAX_MESSAGE_BYTES;
 
+/// A new session id (`sess_<ULID>`) and its short form (the last 6 characters, lower case),
+/// for default agent names such as `<provider>-<short id>` (the obey seed's convention).
+pub fn new_session_id() -> (paddock_core::SessionId, String) {
+    let ulid = ulid::Ulid::new().to_string();
+    let short = ulid[ulid.len() - 6..].to_ascii_lowercase();
+    (paddock_core::SessionId(format!("sess_{ulid}")), short)
+}
+
+/// A new campaign id (`camp_<ULID>`).
+pub fn new_campaign_id() -> String {
+    format!("camp_{}", ulid::Ulid::new())
+}
+
 /// Every service paddock serves on a socket, plus server reflection. The same router serves
 /// paddock's own socket and the Aria socket.
 pub fn router(aria: aria::AriaConfig) -> tonic::transport::server::Router {

@@ -446,9 +446,7 @@ impl LocalDaemonService for Obey {
                 ),
             )));
         }
-        let ulid = ulid::Ulid::new().to_string();
-        let id = SessionId(format!("sess_{ulid}"));
-        let short = ulid[ulid.len() - 6..].to_ascii_lowercase();
+        let (id, short) = super::new_session_id();
         let agent_name = if r.agent_name.trim().is_empty() {
             format!("{}-{short}", provider.name())
         } else {
@@ -741,7 +739,7 @@ impl LocalDaemonService for Obey {
                 root.display()
             )));
         }
-        let id = format!("camp_{}", ulid::Ulid::new());
+        let id = super::new_campaign_id();
         let root = root.display().to_string();
         let n = name.clone();
         let result = self

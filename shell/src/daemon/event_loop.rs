@@ -405,17 +405,15 @@ impl State {
             match effect {
                 Effect::Persist(record) => batch.records.push(record),
                 Effect::Spawn { id, run, spec } => {
-                    if let (Some(link), Ok((plan, parser))) =
-                        (&self.runner, crate::providers::plan(&spec, &self.exe))
-                    {
-                        // Started / SpawnFailed come back from the runner as inputs.
-                        let handle =
-                            link.spawn_agent(&plan, id.clone(), run, parser, self.tx.clone());
-                        self.runs.insert((id, run), handle);
-                        continue;
-                    }
-                    let event = match crate::providers::plan(&spec, &self.exe) {
-                        Ok((plan, parser)) => {
+                    let event = match (crate::providers::plan(&spec, &self.exe), &self.runner) {
+                        (Ok((plan, parser)), Some(link)) => {
+                            // Started / SpawnFailed come back from the runner as inputs.
+                            let handle =
+                                link.spawn_agent(&plan, id.clone(), run, parser, self.tx.clone());
+                            self.runs.insert((id, run), handle);
+                            continue;
+                        }
+                        (Ok((plan, parser)), None) => {
                             match supervisor::spawn(&plan, id.clone(), run, parser, self.tx.clone())
                             {
                                 Ok(handle) => {
@@ -426,7 +424,7 @@ impl State {
                                 Err(reason) => ProviderEvent::SpawnFailed { reason },
                             }
                         }
-                        Err(reason) => ProviderEvent::SpawnFailed { reason },
+                        (Err(reason), _) => ProviderEvent::SpawnFailed { reason },
                     };
                     batch.inputs.push_back(Input::Provider {
                         id,

@@ -63,6 +63,16 @@ pub fn parse_run_id(s: &str) -> Option<(SessionId, RunId)> {
     Some((SessionId(id.to_string()), run.parse().ok()?))
 }
 
+/// A finished run's exit as (code, signal): the runner reports death by signal N as FAILED with
+/// exit code 128 + N.
+fn exit_of(state: rpb::RunState, exit_code: i32) -> (Option<i32>, Option<i32>) {
+    if state == rpb::RunState::Failed && exit_code > 128 {
+        (None, Some(exit_code - 128))
+    } else {
+        (Some(exit_code), None)
+    }
+}
+
 /// The runner's name for task `id`'s run.
 pub fn task_run_id(id: &str) -> String {
     format!("task:{id}")
@@ -308,13 +318,7 @@ impl RunnerLink {
                         while let Some(i) = buf.find('\n') {
                             let line: String = buf.drain(..=i).collect();
                             let line = line.trim_end_matches(['\n', '\r']).to_string();
-                            let kind = match (is_err, super::supervisor::parse_progress(&line)) {
-                                (false, Some((centi, operation))) => {
-                                    OutputKind::Progress { centi, operation }
-                                }
-                                (false, None) => OutputKind::Stdout(line),
-                                (true, _) => OutputKind::Stderr(line),
-                            };
+                            let kind = super::supervisor::task_line(line, is_err);
                             if !send(TaskInput::Output {
                                 id: id.clone(),
                                 kind,
@@ -378,22 +382,13 @@ impl RunnerLink {
                                         .await;
                                     }
                                 }
-                                let input = if !started {
+                                let input = if started {
+                                    let (code, signal) = exit_of(state, st.exit_code);
+                                    TaskInput::Exited { id, code, signal }
+                                } else {
                                     TaskInput::SpawnFailed {
                                         id,
                                         reason: st.message,
-                                    }
-                                } else if state == rpb::RunState::Failed && st.exit_code > 128 {
-                                    TaskInput::Exited {
-                                        id,
-                                        code: None,
-                                        signal: Some(st.exit_code - 128),
-                                    }
-                                } else {
-                                    TaskInput::Exited {
-                                        id,
-                                        code: Some(st.exit_code),
-                                        signal: None,
                                     }
                                 };
                                 send(input).await;
@@ -771,16 +766,11 @@ impl Reader {
             ProviderEvent::SpawnFailed {
                 reason: message.to_string(),
             }
-        } else if state == rpb::RunState::Failed && exit_code > 128 {
-            ProviderEvent::Exited {
-                code: None,
-                signal: Some(exit_code - 128),
-                stderr_tail: self.tail(),
-            }
         } else {
+            let (code, signal) = exit_of(state, exit_code);
             ProviderEvent::Exited {
-                code: Some(exit_code),
-                signal: None,
+                code,
+                signal,
                 stderr_tail: self.tail(),
             }
         };

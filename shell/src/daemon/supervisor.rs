@@ -301,6 +301,17 @@ pub fn parse_progress(line: &str) -> Option<(u32, String)> {
     Some(((pct * 100.0).round() as u32, op.trim().to_string()))
 }
 
+/// One line of a task's output: stdout lines following the `::progress` convention are
+/// progress, other stdout lines output, stderr lines stderr.
+pub fn task_line(line: String, is_stderr: bool) -> paddock_core::task::OutputKind {
+    use paddock_core::task::OutputKind;
+    match (is_stderr, parse_progress(&line)) {
+        (false, Some((centi, operation))) => OutputKind::Progress { centi, operation },
+        (false, None) => OutputKind::Stdout(line),
+        (true, _) => OutputKind::Stderr(line),
+    }
+}
+
 /// Starts a task's command (stdin closed, own process group, dies with the daemon); its
 /// output lines and its exit become task inputs on `tx`. Returns the pid.
 pub fn spawn_task(
@@ -308,7 +319,7 @@ pub fn spawn_task(
     spec: &paddock_core::task::TaskSpec,
     tx: mpsc::Sender<super::Command>,
 ) -> Result<u32, String> {
-    use paddock_core::task::{OutputKind, TaskInput};
+    use paddock_core::task::TaskInput;
     let (program, args) = spec.command.split_first().ok_or("empty command")?;
     let mut cmd = ProcessCommand::new(program);
     cmd.args(args)
@@ -348,11 +359,7 @@ pub fn spawn_task(
                 let line = String::from_utf8_lossy(&buf)
                     .trim_end_matches(['\n', '\r'])
                     .to_string();
-                let kind = match (is_err, parse_progress(&line)) {
-                    (false, Some((centi, operation))) => OutputKind::Progress { centi, operation },
-                    (false, None) => OutputKind::Stdout(line),
-                    (true, _) => OutputKind::Stderr(line),
-                };
+                let kind = task_line(line, is_err);
                 let input = TaskInput::Output {
                     id: id.clone(),
                     kind,
