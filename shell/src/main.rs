@@ -104,6 +104,10 @@ enum Command {
         #[arg(long)]
         script: Option<PathBuf>,
     },
+    /// A bridge between the daemon's stream-json and an agent's own protocol (started by the
+    /// daemon for codex, gemini, ACP agents and the openai-api loop)
+    #[command(name = "__bridge", hide = true)]
+    Bridge(providers::bridge::BridgeArgs),
 }
 
 fn main() {
@@ -118,6 +122,7 @@ fn main() {
                 1
             }
         },
+        Command::Bridge(args) => providers::bridge::run(args),
         Command::Runner { socket } => paddock::runner::run(socket),
         Command::Daemon {
             stop_grace_secs,
@@ -195,6 +200,7 @@ fn main() {
                     Command::Shutdown { force } => cli::shutdown(&ctx, force).await,
                     Command::Daemon { .. }
                     | Command::ScriptedAgent { .. }
+                    | Command::Bridge(_)
                     | Command::Runner { .. } => unreachable!(),
                 }
             })

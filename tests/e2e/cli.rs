@@ -352,11 +352,11 @@ async fn cli_errors_exit_1_with_the_obey_message() {
             "--campaign",
             CAMPAIGN,
             "--provider",
-            "codex",
+            "acp",
         ],
     )
     .await
-    .fails_with("OBEY-2002: ");
+    .fails_with("OBEY-2004: ");
     cli(
         &d,
         &[

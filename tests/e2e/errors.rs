@@ -29,24 +29,32 @@ async fn create_session_refusals_2001_2002_2003_2004_2005() {
     assert_status(&e, Code::NotFound, "OBEY-2001: ");
     assert!(e.message().contains("camp_nope"), "{}", e.message());
 
-    // 2002: providers this build cannot run, and numbers that are no provider at all.
-    for p in [
-        P::Codex as i32,
-        P::Openclaw as i32,
-        P::OpenaiApi as i32,
-        P::Gemini as i32,
-        P::Acp as i32,
-        P::Unspecified as i32,
-        99,
-    ] {
+    // 2002: numbers that are no provider at all.
+    for p in [P::Unspecified as i32, 99] {
         let mut r = base.clone();
         r.provider = p;
         let e = create_err(&d, r).await;
         assert_status(&e, Code::InvalidArgument, "OBEY-2002: ");
     }
+    // 2004: CLI agents whose binary is not installed here, named in the message; an ACP agent
+    // without a command line. 2003: the openai-api loop without a model.
+    for (p, named) in [
+        (P::Codex, "\"codex\""),
+        (P::Gemini, "\"gemini\""),
+        (P::Openclaw, "\"openclaw\""),
+        (P::Acp, "provider_config.command"),
+    ] {
+        let mut r = base.clone();
+        r.provider = p as i32;
+        r.environment = HashMap::from([("PATH".to_string(), "/nonexistent".to_string())]);
+        let e = create_err(&d, r).await;
+        assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+        assert!(e.message().contains(named), "{p:?}: {}", e.message());
+    }
     let mut r = base.clone();
-    r.provider = P::Codex as i32;
-    assert!(create_err(&d, r).await.message().contains("codex"));
+    r.provider = P::OpenaiApi as i32;
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::InvalidArgument, "OBEY-2003: ");
 
     // 2003: a model the scripted agent does not have.
     let mut r = base.clone();

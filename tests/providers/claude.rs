@@ -568,7 +568,7 @@ async fn real_stream_json_through_the_adapter() {
     let mut rendered = Vec::new();
     let mut claude_session = String::new();
     for (turn, m) in messages.iter().enumerate() {
-        let line = providers::user_message_line(Provider::ClaudeCode, m) + "\n";
+        let line = providers::user_message_line(m) + "\n";
         stdin.write_all(line.as_bytes()).await.unwrap();
         loop {
             let Some(l) = within(lines.next_line()).await.unwrap() else {

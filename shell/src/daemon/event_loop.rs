@@ -434,9 +434,8 @@ impl State {
                     });
                 }
                 Effect::Write { id, run, text } => {
-                    let provider = self.engine.session(&id).map(|s| s.record.config.provider);
-                    if let (Some(h), Some(p)) = (self.runs.get(&(id.clone(), run)), provider) {
-                        if !h.write_line(crate::providers::user_message_line(p, &text)) {
+                    if let Some(h) = self.runs.get(&(id.clone(), run)) {
+                        if !h.write_line(crate::providers::user_message_line(&text)) {
                             tracing::warn!(session = %id, run, "could not deliver a message to the provider");
                         }
                     }

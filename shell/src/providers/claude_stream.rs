@@ -33,7 +33,8 @@
 //! `error_max_turns`, `error_during_execution`) or `api_error_status` is set — Claude Code 2.1
 //! reports a failed API call as `subtype: "success"`, `is_error: true`, `api_error_status: 500`,
 //! `api_error_type: "api_error"`. Its content: `claude: <subtype>, API error status <status>
-//! (<type>): <result text>; <errors…>`.
+//! (<type>): <result text>; <errors…>` — with the bridge's agent name (`paddock_agent`, e.g.
+//! `codex`) in place of `claude` for lines from a [`super::bridge`].
 //!
 //! **Why assistant `text` is `STATUS`, not `COMPLETION` or `THINKING`.** In a tool-using turn
 //! the model talks between tool calls ("Let me look at the tests first."); a line cannot tell
@@ -416,10 +417,15 @@ impl ClaudeStreamParser {
                     detail.push(format!("after {n} turns"));
                 }
             }
+            // A bridge names its agent (`paddock_agent`); Claude Code itself does not.
+            let agent = v
+                .get("paddock_agent")
+                .and_then(Value::as_str)
+                .unwrap_or("claude");
             let content = if detail.is_empty() {
-                format!("claude: {}", head.join(", "))
+                format!("{agent}: {}", head.join(", "))
             } else {
-                format!("claude: {}: {}", head.join(", "), detail.join("; "))
+                format!("{agent}: {}: {}", head.join(", "), detail.join("; "))
             };
             Activity::new(ActivityKind::Error, content)
         } else {

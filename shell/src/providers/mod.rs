@@ -5,6 +5,7 @@
 //! Claude Code speak the same stream-json line protocol, so one parser serves both and every
 //! scripted test exercises the Claude Code parser.
 
+pub mod bridge;
 pub mod claude_stream;
 pub mod scripted;
 
@@ -153,19 +154,66 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
         }
         Provider::ClaudeCode => {
             let bin = claude_binary(config);
-            find_on_path(&bin).map(|_| ()).ok_or_else(|| {
+            find_on_path(&bin, config).map(|_| ()).ok_or_else(|| {
                 Error::new(
                     ErrorCode::CreationFailed,
                     format!("the claude-code CLI binary \"{bin}\" was not found on PATH"),
                 )
             })
         }
-        other => Err(Error::new(
-            ErrorCode::ProviderNotSupported,
-            format!(
-                "provider {} is not available in this build yet (available: scripted, claude-code)",
-                other.name()
-            ),
+        Provider::Codex | Provider::Gemini | Provider::Acp | Provider::OpenClaw => {
+            let argv = agent_command(config.provider, &config.provider_config)
+                .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+            find_on_path(&argv[0], config).map(|_| ()).ok_or_else(|| {
+                Error::new(
+                    ErrorCode::CreationFailed,
+                    format!(
+                        "the {} CLI binary \"{}\" was not found on PATH",
+                        config.provider.name(),
+                        argv[0]
+                    ),
+                )
+            })
+        }
+        Provider::OpenAiApi => {
+            if config.model.trim().is_empty() {
+                return Err(Error::new(
+                    ErrorCode::ModelNotSupported,
+                    "the openai-api provider needs a model name (the endpoint's own, e.g. gpt-4.1)",
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The command line that starts a CLI agent: `provider_config["command"]` (split like a shell
+/// would, so `"openclaw acp"` or `"/opt/bin/gemini --acp"` work), else the provider's default.
+pub fn agent_command(
+    provider: Provider,
+    provider_config: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<String>, String> {
+    let line = match provider_config.get("command").map(|s| s.trim()) {
+        Some(c) if !c.is_empty() => c.to_string(),
+        _ => match provider {
+            Provider::ClaudeCode => "claude".into(),
+            Provider::Codex => "codex".into(),
+            Provider::Gemini => "gemini".into(),
+            Provider::OpenClaw => "openclaw acp".into(),
+            Provider::Acp => {
+                return Err(
+                    "the acp provider needs provider_config.command: the agent's command line \
+                     (e.g. \"gemini --acp\")"
+                        .into(),
+                )
+            }
+            other => return Err(format!("provider {} runs no CLI", other.name())),
+        },
+    };
+    match shlex::split(&line) {
+        Some(argv) if !argv.is_empty() => Ok(argv),
+        _ => Err(format!(
+            "provider_config.command is not a command line: {line:?}"
         )),
     }
 }
@@ -178,13 +226,18 @@ fn claude_binary(config: &SessionConfig) -> String {
         .unwrap_or_else(|| "claude".to_string())
 }
 
-/// Resolves a program name the way a shell would (a name with a slash is taken as a path).
-pub fn find_on_path(program: &str) -> Option<PathBuf> {
+/// Resolves a program name the way a shell would (a name with a slash is taken as a path),
+/// on the session's own `PATH` if its environment sets one (the agent runs with it), else the
+/// daemon's.
+pub fn find_on_path(program: &str, config: &SessionConfig) -> Option<PathBuf> {
     if program.contains('/') {
         let p = PathBuf::from(program);
         return p.is_file().then_some(p);
     }
-    let path = std::env::var_os("PATH")?;
+    let path = match config.environment.get("PATH") {
+        Some(p) => std::ffi::OsString::from(p),
+        None => std::env::var_os("PATH")?,
+    };
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
         .find(|p| p.is_file())
@@ -225,7 +278,7 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
         }
         Provider::ClaudeCode => {
             let bin = claude_binary(config);
-            let program = find_on_path(&bin)
+            let program = find_on_path(&bin, config)
                 .ok_or_else(|| format!("the claude-code CLI binary \"{bin}\" was not found"))?;
             // Checked against the real CLI (2.1.330, tests/providers): `--verbose` is required
             // for stream-json output in `-p` mode; `--permission-prompt-tool stdio` makes it ask
@@ -276,17 +329,48 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
                 cwd,
             }
         }
-        other => return Err(format!("provider {} is not available", other.name())),
+        Provider::Codex
+        | Provider::Gemini
+        | Provider::Acp
+        | Provider::OpenClaw
+        | Provider::OpenAiApi => {
+            let kind = match config.provider {
+                Provider::Codex => "codex",
+                Provider::Gemini => "gemini",
+                Provider::OpenAiApi => "openai",
+                _ => "acp",
+            };
+            let mut provider_config = config.provider_config.clone();
+            if config.provider == Provider::OpenClaw && !provider_config.contains_key("command") {
+                provider_config.insert("command".into(), "openclaw acp".into());
+            }
+            let mut args = vec![
+                "__bridge".to_string(),
+                kind.to_string(),
+                "--model".into(),
+                config.model.clone(),
+                "--config".into(),
+                serde_json::to_string(&provider_config).expect("strings serialise"),
+            ];
+            if let Some(resume) = &spec.resume {
+                args.push("--resume".into());
+                args.push(resume.clone());
+            }
+            LaunchPlan {
+                program: exe.to_path_buf(),
+                args,
+                env,
+                cwd,
+            }
+        }
     };
     Ok((plan, parser))
 }
 
-/// The stdin line that delivers one user message.
-pub fn user_message_line(provider: Provider, text: &str) -> String {
-    match provider {
-        Provider::Scripted | Provider::ClaudeCode => claude_stream::user_message_line(text),
-        _ => text.to_string(),
-    }
+/// The stdin line that delivers one user message. Every agent process speaks stream-json:
+/// natively (Claude Code, the scripted agent) or through its [`bridge`].
+pub fn user_message_line(text: &str) -> String {
+    claude_stream::user_message_line(text)
 }
 
 #[cfg(test)]
@@ -393,12 +477,18 @@ mod tests {
     }
 
     #[test]
-    fn unavailable_providers_are_2002_and_bad_models_2003() {
+    fn missing_binaries_are_2004_and_bad_models_2003() {
         let mut c = SessionConfig::new("c", Provider::Codex, "/tmp");
-        assert_eq!(
-            validate(&c).unwrap_err().code,
-            ErrorCode::ProviderNotSupported
-        );
+        c.provider_config
+            .insert("command".into(), "no-such-codex --flag".into());
+        let e = validate(&c).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CreationFailed);
+        assert!(e.message.contains("\"no-such-codex\""), "{e}");
+        c.provider_config.clear();
+        c.provider = Provider::Acp;
+        assert_eq!(validate(&c).unwrap_err().code, ErrorCode::CreationFailed);
+        c.provider = Provider::OpenAiApi;
+        assert_eq!(validate(&c).unwrap_err().code, ErrorCode::ModelNotSupported);
         c.provider = Provider::Scripted;
         c.model = "gpt-9".into();
         assert_eq!(validate(&c).unwrap_err().code, ErrorCode::ModelNotSupported);

@@ -1,0 +1,259 @@
+//! Bridges: agents that do not speak stream-json, behind one wire protocol.
+//!
+//! The daemon talks to every agent process the same way: Claude Code's `stream-json` on the
+//! agent's stdio ([`wire`] has the table). Claude Code and the scripted agent speak it
+//! natively. Every other agent runs behind a bridge — the paddock binary itself, started as
+//! `paddock __bridge <kind>` in the session's working directory — which is the session's
+//! agent process as far as the daemon can tell, and which speaks the agent's own protocol on
+//! the other side:
+//!
+//! - [`codex`]: one `codex exec --json` process per turn (`codex exec resume` after the first),
+//! - [`gemini`]: one `gemini -p … --output-format stream-json` process per turn,
+//! - [`acp`]: a long-lived Agent Client Protocol agent (JSON-RPC on its stdio); OpenClaw,
+//! - [`openai`]: paddock's own agent loop against an OpenAI-compatible chat completions API,
+//!   with built-in tools confined to the working directory.
+//!
+//! Why a process and not a parser in the daemon: per-turn CLIs (codex, gemini) would otherwise
+//! make the core model a session whose process comes and goes; a stateful JSON-RPC peer (ACP)
+//! or an HTTP loop would put protocol state into the daemon's event loop. Behind a bridge, the
+//! core's one model holds for every provider (one process per session run, messages on stdin,
+//! TERM/KILL to its process group, crash = exit), the runner can own a bridged agent across a
+//! daemon restart like any other, and a permission prompt is one `control_request` whoever
+//! asked it. The bridge has no lifecycle logic: it never decides a session's state; it
+//! translates, and when the agent process it drives dies by a signal it dies the same way
+//! ([`die_like`]), so the daemon sees the crash the core then rules on.
+//!
+//! The agent's children share the bridge's process group (the daemon's TERM/KILL reach them);
+//! the agent's stderr is passed through to the bridge's stderr, which the daemon keeps.
+
+pub mod acp;
+pub mod codex;
+pub mod gemini;
+pub mod openai;
+pub mod wire;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+pub use wire::{Decision, In, Out, TurnEnd, Usage};
+
+/// Which protocol the bridge speaks on the agent's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    Codex,
+    Gemini,
+    Acp,
+    Openai,
+}
+
+impl Kind {
+    /// The agent's name in ERROR texts.
+    pub fn agent_name(self) -> &'static str {
+        match self {
+            Kind::Codex => "codex",
+            Kind::Gemini => "gemini",
+            Kind::Acp => "acp",
+            Kind::Openai => "openai-api",
+        }
+    }
+}
+
+/// What the daemon tells a bridge (`paddock __bridge <kind> …`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BridgeArgs {
+    #[arg(value_enum)]
+    pub kind: Kind,
+    /// The session's model ("" = the agent's default)
+    #[arg(long, default_value = "")]
+    pub model: String,
+    /// The agent's conversation id to continue (from an earlier run's `system/init`)
+    #[arg(long)]
+    pub resume: Option<String>,
+    /// The session's provider_config, as a JSON object of strings
+    #[arg(long, default_value = "{}")]
+    pub config: String,
+}
+
+/// A running bridge: its arguments, the daemon on stdout and stdin.
+pub struct Bridge {
+    pub model: String,
+    pub resume: Option<String>,
+    pub config: BTreeMap<String, String>,
+    /// The working directory (the campaign root): the process's own.
+    pub cwd: PathBuf,
+    pub out: Arc<Out>,
+    pub input: In,
+}
+
+impl Bridge {
+    /// `provider_config[key]`, if set and not empty.
+    pub fn config(&self, key: &str) -> Option<&str> {
+        self.config
+            .get(key)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// Runs a bridge until the daemon closes its stdin (exit 0) or the agent fails for good.
+pub fn run(args: BridgeArgs) -> i32 {
+    let config: BTreeMap<String, String> = match serde_json::from_str(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("paddock bridge: bad --config: {e}");
+            return 2;
+        }
+    };
+    let out = Arc::new(Out::stdout(args.kind.agent_name()));
+    let bridge = Bridge {
+        model: args.model,
+        resume: args.resume,
+        config,
+        cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        input: In::spawn(out.clone()),
+        out,
+    };
+    let result = match args.kind {
+        Kind::Codex => codex::run(&bridge),
+        Kind::Gemini => gemini::run(&bridge),
+        Kind::Acp => acp::run(&bridge),
+        Kind::Openai => openai::run(&bridge),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("paddock bridge ({}): {e}", args.kind.agent_name());
+            1
+        }
+    }
+}
+
+/// How a per-turn agent process ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TurnExit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// The last [`STDERR_TAIL`] bytes of its stderr.
+    pub stderr_tail: String,
+}
+
+/// How much of an agent process's stderr a bridge keeps for its error texts.
+pub const STDERR_TAIL: usize = 4096;
+
+impl TurnExit {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// `exit code 1: <stderr tail>` / `killed by signal 9`.
+    pub fn describe(&self) -> String {
+        let how = match (self.code, self.signal) {
+            (_, Some(s)) => format!("killed by signal {s}"),
+            (Some(c), None) => format!("exit code {c}"),
+            (None, None) => "exit status unknown".into(),
+        };
+        let tail = self.stderr_tail.trim();
+        if tail.is_empty() {
+            how
+        } else {
+            format!("{how}: {tail}")
+        }
+    }
+}
+
+/// Runs one agent process to its end: stdin closed, each stdout line to `on_line` (in order,
+/// on this thread), stderr passed through to the bridge's own and its tail kept.
+pub fn run_turn(cmd: &mut Command, mut on_line: impl FnMut(&str)) -> std::io::Result<TurnExit> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().expect("piped");
+    let tail = Arc::new(Mutex::new(String::new()));
+    let keep = tail.clone();
+    let err_thread = std::thread::spawn(move || pass_stderr(stderr, &keep));
+    let stdout = child.stdout.take().expect("piped");
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        let line = line.trim_end_matches('\r');
+        if !line.trim().is_empty() {
+            on_line(line);
+        }
+    }
+    let status = child.wait()?;
+    let _ = err_thread.join();
+    use std::os::unix::process::ExitStatusExt;
+    let stderr_tail = tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(TurnExit {
+        code: status.code(),
+        signal: status.signal(),
+        stderr_tail,
+    })
+}
+
+/// Copies an agent's stderr to ours, keeping its last [`STDERR_TAIL`] bytes in `tail`.
+pub fn pass_stderr(r: impl Read, tail: &Mutex<String>) {
+    use std::io::Write;
+    for line in BufReader::new(r).lines() {
+        let Ok(line) = line else { break };
+        let _ = writeln!(std::io::stderr(), "{line}");
+        let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
+        t.push_str(&line);
+        t.push('\n');
+        if t.len() > STDERR_TAIL {
+            let mut cut = t.len() - STDERR_TAIL;
+            while !t.is_char_boundary(cut) {
+                cut += 1;
+            }
+            t.drain(..cut);
+        }
+    }
+}
+
+/// The agent process was killed by a signal: the bridge dies by the same signal, so the daemon
+/// sees what happened to the agent (a crash, OBEY-2031, with this stderr). Without a signal
+/// (a crash with an exit code), exits with that code.
+pub fn die_like(exit: &TurnExit, agent: &str) -> ! {
+    eprintln!("paddock bridge: {agent} {}", exit.describe());
+    if let Some(sig) = exit.signal {
+        if let Ok(s) = nix::sys::signal::Signal::try_from(sig) {
+            // Default action for the signal, then raise it on ourselves.
+            unsafe {
+                let _ = nix::sys::signal::signal(s, nix::sys::signal::SigHandler::SigDfl);
+            }
+            let _ = nix::sys::signal::raise(s);
+        }
+        std::process::exit(128 + sig);
+    }
+    std::process::exit(exit.code.filter(|c| *c != 0).unwrap_or(1));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_turn_reads_lines_and_keeps_stderr() {
+        let mut lines = Vec::new();
+        let exit = run_turn(
+            Command::new("sh").args(["-c", "echo one; echo; echo two; echo oops >&2; exit 3"]),
+            |l| lines.push(l.to_string()),
+        )
+        .unwrap();
+        assert_eq!(lines, ["one", "two"]);
+        assert_eq!(exit.code, Some(3));
+        assert!(!exit.success());
+        assert_eq!(exit.describe(), "exit code 3: oops");
+    }
+
+    #[test]
+    fn a_killed_turn_reports_its_signal() {
+        let exit = run_turn(Command::new("sh").args(["-c", "kill -9 $$"]), |_| {}).unwrap();
+        assert_eq!(exit.signal, Some(9));
+        assert_eq!(exit.describe(), "killed by signal 9");
+    }
+}

@@ -1,0 +1,396 @@
+//! The bridge side of paddock's agent wire protocol: Claude Code's `stream-json`.
+//!
+//! A bridge prints on stdout exactly the lines the daemon's stream-json reader
+//! ([`crate::providers::claude_stream`]) understands, and reads on stdin exactly the lines the
+//! daemon writes to a Claude Code process: one user message per line, and `control_response`
+//! answers to the `control_request` permission prompts the bridge sends.
+//!
+//! | bridge prints | daemon sees |
+//! |---|---|
+//! | [`Out::init`] — `system/init` with `session_id` | `SessionRef` (kept; a restart gets it back as `--resume`) |
+//! | [`Out::thinking`] / [`Out::text`] / [`Out::tool_use`] — an `assistant` line | `THINKING` / `STATUS` / `TOOL_CALL` |
+//! | [`Out::tool_result`] — a `user` line with a `tool_result` block | `TOOL_RESULT` (tool name matched by id) |
+//! | [`Out::usage`] — an `assistant` line with only `usage` | tokens, attached to the next activity |
+//! | [`Out::result`] — `result` | `COMPLETION` or `ERROR`, with the turn's tokens not yet counted |
+//! | [`In::ask`] — `control_request` / `can_use_tool` | answered by the session's permission policy |
+//! | [`Out::raw`] — an agent line the bridge does not understand, verbatim | stored raw and counted, never fatal |
+//!
+//! Token accounting follows the reader's rule: usage on `assistant` lines is counted per
+//! message id as it arrives; the `result` line carries the turn's totals and its activity gets
+//! whatever the turn's `assistant` lines did not already account for. A bridge that only learns
+//! usage at the end of a turn puts it on the `result` alone.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+/// Token counts as a model API reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Input tokens not read from a cache.
+    pub input: u64,
+    /// Input tokens read from the provider's prompt cache.
+    pub cache_read: u64,
+    pub output: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: Usage) {
+        self.input += other.input;
+        self.cache_read += other.cache_read;
+        self.output += other.output;
+    }
+
+    fn to_json(self) -> Value {
+        json!({
+            "input_tokens": self.input,
+            "cache_read_input_tokens": self.cache_read,
+            "output_tokens": self.output,
+        })
+    }
+}
+
+/// How a turn ended, for [`Out::result`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TurnEnd {
+    /// The turn failed (the model API refused, the agent reported an error, …).
+    pub is_error: bool,
+    /// The final answer, or what went wrong.
+    pub text: String,
+    /// The whole turn's usage.
+    pub usage: Usage,
+    /// The agent's conversation id, if known.
+    pub session_id: Option<String>,
+    /// The model API's HTTP status, when that is why the turn failed.
+    pub api_error_status: Option<u16>,
+}
+
+/// The bridge's stdout: one JSON object per line, each written whole.
+pub struct Out {
+    w: Mutex<Box<dyn Write + Send>>,
+    /// Names the agent in ERROR texts (`codex: API error status 500: …`).
+    agent: &'static str,
+    next_msg: AtomicU64,
+}
+
+impl Out {
+    pub fn stdout(agent: &'static str) -> Out {
+        Out::to_writer(agent, Box::new(io::stdout()))
+    }
+
+    pub fn to_writer(agent: &'static str, w: Box<dyn Write + Send>) -> Out {
+        Out {
+            w: Mutex::new(w),
+            agent,
+            next_msg: AtomicU64::new(1),
+        }
+    }
+
+    /// Writes one line. A closed stdout means the daemon is gone: the bridge has no one to
+    /// work for, so it exits.
+    pub fn line(&self, v: &Value) {
+        self.raw(&v.to_string());
+    }
+
+    /// Passes an agent's line through verbatim (it must be one line).
+    pub fn raw(&self, line: &str) {
+        let mut w = self.w.lock().unwrap_or_else(|e| e.into_inner());
+        let ok = w
+            .write_all(line.as_bytes())
+            .and_then(|_| w.write_all(b"\n"))
+            .and_then(|_| w.flush());
+        if ok.is_err() {
+            std::process::exit(141);
+        }
+    }
+
+    /// The agent's conversation id: the daemon keeps it and passes it back as `--resume`.
+    pub fn init(&self, session_id: &str) {
+        self.line(&json!({"type": "system", "subtype": "init", "session_id": session_id}));
+    }
+
+    fn msg_id(&self) -> String {
+        format!("bridge-{}", self.next_msg.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// An assistant line with `blocks` and, optionally, the usage of the model call that made
+    /// them (counted once per line: each line gets its own message id).
+    pub fn assistant(&self, blocks: Vec<Value>, usage: Option<Usage>) {
+        let mut message = json!({"id": self.msg_id(), "role": "assistant", "content": blocks});
+        if let Some(u) = usage {
+            message["usage"] = u.to_json();
+        }
+        self.line(&json!({"type": "assistant", "message": message}));
+    }
+
+    pub fn thinking(&self, text: &str) {
+        self.assistant(vec![json!({"type": "thinking", "thinking": text})], None);
+    }
+
+    /// The model talking (not necessarily its final answer: that is [`Out::result`]).
+    pub fn text(&self, text: &str) {
+        self.assistant(vec![json!({"type": "text", "text": text})], None);
+    }
+
+    pub fn tool_use(&self, id: &str, name: &str, input: &Value) {
+        self.assistant(
+            vec![json!({"type": "tool_use", "id": id, "name": name, "input": input})],
+            None,
+        );
+    }
+
+    pub fn tool_result(&self, id: &str, content: &str, is_error: bool) {
+        self.line(&json!({
+            "type": "user",
+            "message": {"role": "user", "content": [{
+                "type": "tool_result", "tool_use_id": id, "content": content, "is_error": is_error,
+            }]},
+        }));
+    }
+
+    /// Usage of one model call, with no content of its own.
+    pub fn usage(&self, usage: Usage) {
+        self.assistant(Vec::new(), Some(usage));
+    }
+
+    /// The end of a turn.
+    pub fn result(&self, end: &TurnEnd) {
+        let mut v = json!({
+            "type": "result",
+            "subtype": "success",
+            "is_error": end.is_error,
+            "result": end.text,
+            "usage": end.usage.to_json(),
+            "paddock_agent": self.agent,
+        });
+        if let Some(sid) = &end.session_id {
+            v["session_id"] = json!(sid);
+        }
+        if let Some(s) = end.api_error_status {
+            v["api_error_status"] = json!(s);
+        }
+        self.line(&v);
+    }
+}
+
+/// A permission answer from the daemon.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Go ahead, with this (possibly edited) input.
+    Allow(Value),
+    /// Do not; tell the model why.
+    Deny(String),
+}
+
+/// The bridge's stdin: user messages in order, permission answers to whoever asked.
+pub struct In {
+    users: Mutex<mpsc::Receiver<String>>,
+    pending: Arc<Mutex<HashMap<String, mpsc::Sender<Decision>>>>,
+    out: Arc<Out>,
+    next_id: AtomicU64,
+}
+
+impl In {
+    /// Reads stdin on a thread of its own.
+    pub fn spawn(out: Arc<Out>) -> In {
+        In::from_reader(out, Box::new(io::BufReader::new(io::stdin())))
+    }
+
+    pub fn from_reader(out: Arc<Out>, r: Box<dyn BufRead + Send>) -> In {
+        let (tx, rx) = mpsc::channel();
+        let pending: Arc<Mutex<HashMap<String, mpsc::Sender<Decision>>>> = Arc::default();
+        let waiting = pending.clone();
+        std::thread::spawn(move || {
+            for line in r.lines() {
+                let Ok(line) = line else { break };
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                match v.get("type").and_then(Value::as_str) {
+                    Some("user") => {
+                        if let Some(text) = crate::providers::scripted::user_text(&line) {
+                            if tx.send(text).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    Some("control_response") => {
+                        let r = &v["response"];
+                        let Some(id) = r["request_id"].as_str() else {
+                            continue;
+                        };
+                        let decision =
+                            if r["subtype"] == "success" && r["response"]["behavior"] == "allow" {
+                                Decision::Allow(r["response"]["updatedInput"].clone())
+                            } else {
+                                let why = r["response"]["message"]
+                                    .as_str()
+                                    .or_else(|| r["error"].as_str())
+                                    .unwrap_or("denied")
+                                    .to_string();
+                                Decision::Deny(why)
+                            };
+                        let waiter = waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+                        if let Some(w) = waiter {
+                            let _ = w.send(decision);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            // EOF: the daemon closed our stdin. Whoever waits for an answer gets a denial.
+            waiting.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        });
+        In {
+            users: Mutex::new(rx),
+            pending,
+            out,
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The next user message; `None` once stdin is closed.
+    pub fn next_user(&self) -> Option<String> {
+        self.users
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recv()
+            .ok()
+    }
+
+    /// Asks the daemon whether the agent may use `tool` with `input`, and waits for the answer
+    /// (a denial if stdin closes first).
+    pub fn ask(&self, tool: &str, input: &Value) -> Decision {
+        let id = format!("perm-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = mpsc::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), tx);
+        self.out.line(&json!({
+            "type": "control_request",
+            "request_id": id,
+            "request": {"subtype": "can_use_tool", "tool_name": tool, "input": input},
+        }));
+        rx.recv()
+            .unwrap_or_else(|_| Decision::Deny("paddock closed the session".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::claude_stream::{self, ClaudeStreamParser};
+    use paddock_core::{ActivityKind, ProviderEvent};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the bridge prints is what the daemon's reader understands.
+    #[test]
+    fn bridge_lines_read_back_as_activities() {
+        let buf = Buf::default();
+        let out = Out::to_writer("codex", Box::new(buf.clone()));
+        out.init("thread-1");
+        out.thinking("hmm");
+        out.tool_use("c1", "shell", &json!({"command": "ls"}));
+        out.tool_result("c1", "a\nb", false);
+        out.usage(Usage {
+            input: 10,
+            cache_read: 2,
+            output: 3,
+        });
+        out.text("done");
+        out.result(&TurnEnd {
+            text: "done".into(),
+            usage: Usage {
+                input: 30,
+                cache_read: 2,
+                output: 7,
+            },
+            ..Default::default()
+        });
+        out.result(&TurnEnd {
+            is_error: true,
+            text: "unexpected status 500".into(),
+            api_error_status: Some(500),
+            ..Default::default()
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let mut p = ClaudeStreamParser::new();
+        let mut acts = Vec::new();
+        for l in text.lines() {
+            for parsed in p.parse_line(l) {
+                match parsed {
+                    claude_stream::Parsed::Event(ProviderEvent::Activity(a)) => acts.push(a),
+                    claude_stream::Parsed::Event(ProviderEvent::SessionRef(s)) => {
+                        assert_eq!(s, "thread-1")
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        let kinds: Vec<_> = acts.iter().map(|a| a.kind()).collect();
+        assert_eq!(
+            kinds,
+            [
+                ActivityKind::Thinking,
+                ActivityKind::ToolCall,
+                ActivityKind::ToolResult,
+                ActivityKind::Status,
+                ActivityKind::Completion,
+                ActivityKind::Error
+            ]
+        );
+        assert_eq!(acts[2].tool_name, "shell");
+        assert_eq!((acts[3].tokens_input, acts[3].tokens_output), (12, 3));
+        assert_eq!((acts[4].tokens_input, acts[4].tokens_output), (20, 4));
+        assert!(
+            acts[5].content.starts_with("codex: API error status 500"),
+            "{}",
+            acts[5].content
+        );
+    }
+
+    #[test]
+    fn permission_answers_reach_the_asker() {
+        let (r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
+        let buf = Buf::default();
+        let out = Arc::new(Out::to_writer("acp", Box::new(buf.clone())));
+        let input = In::from_reader(out, Box::new(io::BufReader::new(r)));
+        let asker = std::thread::spawn(move || {
+            let d = input.ask("shell", &json!({"command": "rm -rf /"}));
+            (d, input)
+        });
+        // Wait for the request, then answer it as the daemon does.
+        let id = loop {
+            let t = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            if let Some(l) = t.lines().next() {
+                let v: Value = serde_json::from_str(l).unwrap();
+                assert_eq!(v["request"]["tool_name"], "shell");
+                break v["request_id"].as_str().unwrap().to_string();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        writeln!(w, "{}", claude_stream::control_response_deny(&id, "no")).unwrap();
+        writeln!(w, "{}", claude_stream::user_message_line("next")).unwrap();
+        let (d, input) = asker.join().unwrap();
+        assert_eq!(d, Decision::Deny("no".into()));
+        assert_eq!(input.next_user().as_deref(), Some("next"));
+        drop(w);
+        assert_eq!(input.next_user(), None);
+    }
+}
