@@ -291,7 +291,7 @@ impl FakeAnthropic {
     pub fn message_requests(&self) -> Vec<Recorded> {
         self.requests()
             .into_iter()
-            .filter(|r| r.method == "POST" && is_messages(&r.path))
+            .filter(|r| r.method == "POST" && is_messages(&r.path) && !is_title_request(&r.body))
             .collect()
     }
 
@@ -311,6 +311,13 @@ impl FakeAnthropic {
             }
         }
     }
+}
+
+/// A side request for a session title (the Claude Agent SDK, and so Claude's ACP adapter, asks
+/// for one at a session's first prompt, with a JSON schema of `{title}`): answered with a fixed
+/// title, outside the test's script, and left out of [`FakeAnthropic::message_requests`].
+fn is_title_request(body: &Value) -> bool {
+    body["output_config"]["format"]["schema"]["properties"]["title"].is_object()
 }
 
 fn is_messages(path: &str) -> bool {
@@ -390,6 +397,9 @@ async fn serve(
         });
         if !messages_call {
             (None, 0)
+        } else if is_title_request(&st.requests.last().unwrap().body) {
+            let title = Reply::text(r#"{"title":"Paddock test session"}"#).usage(1, 0, 1);
+            (Some(title), 0)
         } else {
             let reply = next_reply(&mut st);
             st.messages += 1;

@@ -494,3 +494,20 @@ pub async fn wait_file(path: &Path, limit: Duration) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// An npm-installed CLI: `$env_var`, else `tests/npm/node_modules/.bin/<name>` (what
+/// `cd tests/npm && npm ci` installs; versions pinned in tests/npm/package.json).
+pub fn npm_bin(env_var: &str, name: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env_var) {
+        return PathBuf::from(p);
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/npm/node_modules/.bin")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{name} is not installed at {}: run `cd tests/npm && npm ci` (or set {env_var})",
+        p.display()
+    );
+    std::fs::canonicalize(&p).unwrap()
+}

@@ -10,7 +10,9 @@
 //! (or with `PADDOCK_CLAUDE_BIN=/path/to/claude`).
 //!
 //! - `claude`: Claude Code (`claude -p --input-format stream-json --output-format stream-json`).
+//! - `acp`: an Agent Client Protocol agent (Claude's ACP adapter) through paddock's ACP bridge.
 
+mod acp;
 mod claude;
 mod fake_anthropic;
 mod harness;

@@ -85,7 +85,8 @@ pub struct Bridge {
     /// The working directory (the campaign root): the process's own.
     pub cwd: PathBuf,
     pub out: Arc<Out>,
-    pub input: In,
+    /// Shared: a bridge may wait for permission answers on threads of its own.
+    pub input: Arc<In>,
 }
 
 impl Bridge {
@@ -113,7 +114,7 @@ pub fn run(args: BridgeArgs) -> i32 {
         resume: args.resume,
         config,
         cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
-        input: In::spawn(out.clone()),
+        input: Arc::new(In::spawn(out.clone())),
         out,
     };
     let result = match args.kind {
