@@ -1094,3 +1094,60 @@ async fn activities_can_be_listed_in_pages_and_watched_from_history_to_the_end()
     d.stop(&s.id, false).await.unwrap();
     assert!(collect_ok(w).await.is_empty());
 }
+
+/// Lines the adapter does not understand never hurt the session: they are stored raw (in the
+/// store's `provider_unrecognized` table), counted in SessionInfo, and the count survives a
+/// daemon restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrecognized_provider_lines_are_stored_raw_and_counted() {
+    let mut d = Daemon::start().await;
+    let script = turns(json!([
+        {"raw": "this is not json {"},
+        {"text": "Between two odd lines."},
+        {"raw": "{\"type\":\"from_a_future_cli\",\"x\":1}"},
+        {"result": "Still fine."}
+    ]));
+    let s = d.session(Some(("odd", script))).await;
+    let acts = d.send(&s.id, "Go.").await;
+    assert_eq!(
+        acts.iter().map(kind).collect::<Vec<_>>(),
+        ["STATUS", "COMPLETION"],
+        "{acts:#?}"
+    );
+    assert_eq!(d.get(&s.id).await.unrecognized_lines, 2);
+    d.send(&s.id, "Again.").await;
+    let info = d.get(&s.id).await;
+    assert_eq!(info.status, pb::SessionStatus::Running as i32);
+    assert_eq!(info.unrecognized_lines, 4);
+    // Listed too, and kept across a restart of the daemon.
+    let listed = within(
+        d.client()
+            .await
+            .list_sessions(pb::ListSessionsRequest::default()),
+    )
+    .await
+    .unwrap()
+    .into_inner()
+    .sessions;
+    assert_eq!(listed[0].unrecognized_lines, 4);
+    d.kill9();
+    d.launch().await;
+    assert_eq!(d.get(&s.id).await.unrecognized_lines, 4);
+    let db = rusqlite::Connection::open(d.dirs.data.join("paddock.db")).unwrap();
+    let lines: Vec<String> = db
+        .prepare("SELECT line FROM provider_unrecognized WHERE session_id = ?1 ORDER BY seq")
+        .unwrap()
+        .query_map([&s.id], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "this is not json {",
+            "{\"type\":\"from_a_future_cli\",\"x\":1}",
+            "this is not json {",
+            "{\"type\":\"from_a_future_cli\",\"x\":1}"
+        ]
+    );
+}

@@ -6,15 +6,18 @@
 //! Agent SDK, so the Claude facts hold (`ANTHROPIC_BASE_URL`, any key and model name,
 //! `CLAUDE_CODE_MAX_RETRIES=0`); as root it refuses to start a session unless `IS_SANDBOX=1`
 //! ("--dangerously-skip-permissions cannot be used with root/sudo privileges"); in its
-//! `default` mode it asks `session/request_permission` before every edit or command.
+//! `default` mode it asks `session/request_permission` before every edit or command; it sends
+//! side requests (a session title, answered by the fake server outside the script; a guess of
+//! the next prompt, off with `CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION=false`).
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use paddock_proto::obey::local::v1 as pb;
 use pb::SessionStatus as S;
-use serde_json::json;
+use serde_json::{json, Value};
 
-use crate::fake_anthropic::Reply;
+use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
 
 /// The ACP adapter: `PADDOCK_ACP_BIN`, else tests/npm/node_modules/.bin/claude-agent-acp.
@@ -25,6 +28,12 @@ pub fn acp_bin() -> std::path::PathBuf {
 fn acp_env(w: &World) -> HashMap<String, String> {
     let mut env = w.claude_env();
     env.insert("IS_SANDBOX".into(), "1".into());
+    // The SDK predicts the user's next prompt after a turn, with a model call of its own that
+    // would take the next scripted reply.
+    env.insert(
+        "CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION".into(),
+        "false".into(),
+    );
     env.insert(
         "PADDOCK_BRIDGE_TRACE".into(),
         w.base.join("acp-trace.jsonl").display().to_string(),
@@ -44,13 +53,40 @@ fn acp_request(w: &World) -> pb::CreateSessionRequest {
     }
 }
 
+/// The ACP session id the agent gave the first `session/new`.
+fn acp_session_id(w: &World) -> String {
+    trace(w)
+        .lines()
+        .filter_map(|l| l.strip_prefix("< "))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|v| v["result"]["sessionId"].as_str().map(str::to_string))
+        .expect("a session/new answer in the trace")
+}
+
 fn trace(w: &World) -> String {
     std::fs::read_to_string(w.base.join("acp-trace.jsonl")).unwrap_or_default()
 }
 
+/// The adapter's process (a node script), not the bridge in front of it.
+fn adapter_pids() -> Vec<u32> {
+    processes_with("claude-agent-acp/dist")
+}
+
+#[track_caller]
+fn assert_sent(r: &Recorded, expected: &[&str]) {
+    let texts = r.texts();
+    let mut at = 0;
+    for e in expected {
+        match texts[at..].iter().position(|t| t.contains(e)) {
+            Some(i) => at += i + 1,
+            None => panic!("{e:?} is not in the conversation sent (in order): {texts:#?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
-async fn acp_tool_turn_changes_files() {
+async fn acp_tool_turn_changes_files_and_counts_real_tokens() {
     let w = World::start(vec![]).await;
     let hello = w.root.join("hello.txt");
     w.fake.push([
@@ -71,11 +107,9 @@ async fn acp_tool_turn_changes_files() {
     let s = w.create(acp_request(&w)).await;
     assert_eq!(s.status, S::Running as i32, "{s:?}");
     let acts = w.send(&s.id, "Please create two files.").await;
-    eprintln!("TRACE:\n{}", trace(&w));
-    eprintln!("ACTS: {:#?}", w.render(&acts));
-    for r in w.fake.message_requests() {
-        eprintln!("REQ {} {}", r.path, serde_json::to_string(&r.body).unwrap().chars().take(1500).collect::<String>());
-    }
+
+    // The tools really ran, in the campaign directory, each allowed by the session's policy
+    // through ACP's permission prompt.
     assert_eq!(
         std::fs::read_to_string(w.root.join("bash.txt")).unwrap(),
         "made-by-bash\n"
@@ -84,5 +118,348 @@ async fn acp_tool_turn_changes_files() {
         std::fs::read_to_string(&hello).unwrap(),
         "hello from the fake model\n"
     );
+    assert!(trace(&w).contains("session/request_permission"));
+    assert_eq!(
+        kinds(&acts),
+        [
+            "THINKING",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "COMPLETION"
+        ],
+        "{acts:#?}"
+    );
+    assert_eq!(acts[1].tool_name, "Bash");
+    assert_eq!(acts[1].tool_call_id, acts[2].tool_call_id);
+    assert!(acts[2].tool_success && acts[5].tool_success, "{acts:#?}");
+    // The prompt's usage: every model call's input (cache reads included) and output.
+    assert_eq!(token_sums(&acts), (1200 + 1300 + 2700, 40 + 30 + 20));
+    let info = w.get(&s.id).await;
+    assert_eq!((info.tokens_input, info.tokens_output), (5200, 90));
+    insta::assert_yaml_snapshot!("acp_tool_turn", w.render(&acts));
     w.stop(&s.id, true).await.expect("stop");
+    wait_gone(s.pid as u32).await;
+    // Everything the agent started has gone with it.
+    wait_no_process_in(&w.root, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_conversation_continues_across_turns_and_restarts() {
+    let w = World::start(vec![
+        Reply::text("Noted: swordfish."),
+        Reply::text("You said swordfish."),
+        Reply::text("Still swordfish after a restart."),
+    ])
+    .await;
+    let s = w.create(acp_request(&w)).await;
+    let a1 = w.send(&s.id, "Remember the word swordfish.").await;
+    assert_eq!(kinds(&a1), ["COMPLETION"], "{a1:#?}");
+    assert_eq!(a1[0].content, "Noted: swordfish.");
+    let a2 = w.send(&s.id, "What was the word?").await;
+    assert_eq!(a2[0].content, "You said swordfish.");
+    let reqs = w.fake.message_requests();
+    assert_sent(
+        &reqs[1],
+        &[
+            "Remember the word swordfish.",
+            "Noted: swordfish.",
+            "What was the word?",
+        ],
+    );
+    let conv = acp_session_id(&w);
+
+    // A session restart: a new bridge and agent, which continue the same ACP session.
+    let r = w.restart(&s.id).await;
+    assert_ne!(r.pid, s.pid);
+    assert!(
+        cmdline(r.pid as u32).contains(&format!("--resume {conv}")),
+        "{}",
+        cmdline(r.pid as u32)
+    );
+    let a3 = w.send(&s.id, "And now?").await;
+    // The replayed history was not reported again.
+    assert_eq!(kinds(&a3), ["COMPLETION"], "{a3:#?}");
+    let reqs = w.fake.message_requests();
+    assert_sent(
+        &reqs[2],
+        &[
+            "Remember the word swordfish.",
+            "Noted: swordfish.",
+            "What was the word?",
+            "You said swordfish.",
+            "And now?",
+        ],
+    );
+    assert!(trace(&w).contains(r#""method":"session/resume""#));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_model_api_errors_end_the_turn_with_an_error() {
+    let w = World::start(vec![
+        Reply::error(500),
+        Reply::text("Recovered."),
+        // After a 400 the SDK tries again without some betas: answer them all.
+        Reply::error(400).times(20),
+    ])
+    .await;
+    let s = w.create(acp_request(&w)).await;
+    let mut turns = Vec::new();
+    for (msg, status) in [("one", "500"), ("two", ""), ("three", "400")] {
+        let acts = w.send(&s.id, msg).await;
+        if status.is_empty() {
+            assert_eq!(kinds(&acts), ["COMPLETION"], "{acts:#?}");
+        } else {
+            assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
+            let e = &acts[0].content;
+            assert!(
+                e.starts_with(&format!("acp: API error status {status}: ")),
+                "{e}"
+            );
+            assert!(e.contains("fake"), "{e}");
+        }
+        // The session lives on: the same agent, ready for the next message.
+        let info = w.get(&s.id).await;
+        assert_eq!(info.status, S::Running as i32, "{info:?}");
+        assert_eq!(info.pid, s.pid);
+        turns.push(json!({ "message": msg, "activities": w.render(&acts) }));
+    }
+    insta::assert_yaml_snapshot!("acp_api_errors", Value::Array(turns));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_agent_killed_mid_turn_is_obey_2031() {
+    let w = World::start(vec![Reply::hang()]).await;
+    let s = w.create(acp_request(&w)).await;
+    let stream = w.send_stream(&s.id, "Think hard.").await;
+    w.fake.wait_requests(1, WAIT).await;
+    // The adapter the bridge started (it may start helpers of its own).
+    let agents: Vec<u32> = adapter_pids()
+        .into_iter()
+        .filter(|p| parent_of(*p) == Some(s.pid as u32))
+        .collect();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agents[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let acts = collect(stream).await;
+    let last = acts.last().expect("an activity");
+    assert_eq!(kind(last), "ERROR", "{acts:#?}");
+    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
+    assert!(last.content.contains("signal 9"), "{}", last.content);
+    let info = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(info.error_code, "OBEY-2031");
+    wait_gone(s.pid as u32).await;
+    // What the agent had started (Claude Code under the SDK) went with it.
+    wait_no_process_in(&w.root, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_token_budget_crossed_by_real_usage_fails_the_session() {
+    let w = World::start(vec![]).await;
+    w.fake.push([
+        Reply::tool(
+            "Write",
+            json!({"file_path": w.root.join("a.txt").display().to_string(), "content": "a\n"}),
+        )
+        .usage(1500, 0, 10),
+        Reply::text("This answer crosses the budget.").usage(1600, 0, 10),
+    ]);
+    let mut req = acp_request(&w);
+    req.max_tokens = 2000;
+    let s = w.create(req).await;
+    let acts = w.send(&s.id, "Write a.txt, then answer.").await;
+    // ACP reports usage with the prompt's answer only, so the budget is crossed by the turn's
+    // end: the turn completes with its real counts, and the session takes no more work.
+    assert_eq!(
+        kinds(&acts),
+        ["TOOL_CALL", "TOOL_RESULT", "COMPLETION"],
+        "{acts:#?}"
+    );
+    assert_eq!(token_sums(&acts), (3100, 20));
+    let e = within(w.client().await.send_message(pb::SendMessageRequest {
+        session_id: s.id.clone(),
+        message: "More?".into(),
+    }))
+    .await
+    .expect_err("the budget is spent");
+    assert!(e.message().starts_with("OBEY-2013"), "{}", e.message());
+    assert!(e.message().contains("3120 of 2000"), "{}", e.message());
+    let info = w.get(&s.id).await;
+    assert_eq!((info.tokens_input, info.tokens_output), (3100, 20));
+    w.stop(&s.id, true).await.expect("stop");
+    wait_gone(s.pid as u32).await;
+    wait_no_process_in(&w.root, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_stop_during_a_tool_call_ends_the_tool_and_the_agent() {
+    let w = World::start(vec![]).await;
+    let nap = format!("sleep 30.{}{}", std::process::id(), nonce());
+    w.fake.push([
+        Reply::tool(
+            "Bash",
+            json!({"command": format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"), "description": "Nap"}),
+        ),
+        Reply::text("Woke up."),
+    ]);
+    let s = w.create(acp_request(&w)).await;
+    let mut stream = w.send_stream(&s.id, "Take a nap.").await;
+    let first = next(&mut stream).await.expect("the tool call");
+    assert_eq!(kind(&first), "TOOL_CALL", "{first:?}");
+    wait_file(&w.root.join("nap.txt"), WAIT).await;
+    let deadline = Instant::now() + WAIT;
+    while processes_with(&nap).is_empty() {
+        assert!(Instant::now() < deadline, "the tool never started");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let t0 = Instant::now();
+    let stopped = w.stop(&s.id, false).await.expect("forced stop");
+    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
+    let rest = collect(stream).await;
+    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
+    wait_no_process(&nap, Duration::from_secs(15)).await;
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    wait_gone(s.pid as u32).await;
+    wait_no_process_in(&w.root, Duration::from_secs(10)).await;
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
+        "napping\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_permission_policy_answers_the_agents_prompts() {
+    let w = World::start(vec![]).await;
+    let denied = w.root.join("denied.txt");
+    w.fake.push([
+        Reply::tool(
+            "Write",
+            json!({"file_path": denied.display().to_string(), "content": "no\n"}),
+        ),
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo allowed > allowed.txt", "description": "Allowed"}),
+        ),
+        Reply::text("One of two."),
+    ]);
+    let mut req = acp_request(&w);
+    req.provider_config
+        .insert("permissions".into(), "allow:Bash,Read".into());
+    let s = w.create(req).await;
+    let acts = w.send(&s.id, "Write both files.").await;
+    assert_eq!(
+        kinds(&acts),
+        [
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "COMPLETION"
+        ],
+        "{acts:#?}"
+    );
+    assert!(!acts[1].tool_success, "{acts:#?}");
+    assert!(acts[3].tool_success, "{acts:#?}");
+    assert!(!denied.exists());
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("allowed.txt")).unwrap(),
+        "allowed\n"
+    );
+    // The agent picked the denial up through its own option ("reject").
+    assert!(
+        trace(&w).contains(r#""optionId":"reject""#),
+        "{}",
+        trace(&w)
+    );
+    insta::assert_yaml_snapshot!("acp_permissions", w.render(&acts));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+fn nonce() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        % 100_000
+}
+
+/// No agent needed: an ACP session without a command line, or with a missing binary, is
+/// refused at CreateSession with OBEY-2004.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acp_without_a_runnable_command_is_obey_2004() {
+    let w = World::start(vec![]).await;
+    let mut req = acp_request_without_binary(&w);
+    let e = within(w.client().await.create_session(req.clone()))
+        .await
+        .expect_err("no command");
+    assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
+    assert!(
+        e.message().contains("provider_config.command"),
+        "{}",
+        e.message()
+    );
+    req.provider_config
+        .insert("command".into(), "paddock-no-such-acp-agent --acp".into());
+    let e = within(w.client().await.create_session(req))
+        .await
+        .expect_err("missing binary");
+    assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
+    assert!(
+        e.message().contains("paddock-no-such-acp-agent"),
+        "{}",
+        e.message()
+    );
+}
+
+fn acp_request_without_binary(w: &World) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        campaign_id: w.campaign_id.clone(),
+        provider: pb::SessionProvider::Acp as i32,
+        ..Default::default()
+    }
+}
+
+/// What the agent said, recorded (`PADDOCK_BRIDGE_TRACE`), through the bridge's translator:
+/// a snapshot, so a new adapter version that speaks differently shows up as a reviewed diff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_recorded_updates_through_the_translator() {
+    let w = World::start(vec![]).await;
+    w.fake.push([
+        Reply::tool("Bash", json!({"command": "ls", "description": "List"}))
+            .thinking("Look first.")
+            .usage(900, 0, 25),
+        Reply::text("Listed.").usage(60, 900, 12),
+    ]);
+    let s = w.create(acp_request(&w)).await;
+    w.send(&s.id, "List the project.").await;
+    w.stop(&s.id, true).await.expect("stop");
+    let updates: Vec<Value> = trace(&w)
+        .lines()
+        .filter_map(|l| l.strip_prefix("< "))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["method"] == "session/update")
+        .map(|v| v["params"]["update"].clone())
+        .collect();
+    let kinds_seen: Vec<&str> = updates
+        .iter()
+        .filter_map(|u| u["sessionUpdate"].as_str())
+        .filter(|k| *k != "available_commands_update" && *k != "usage_update")
+        .collect();
+    insta::assert_yaml_snapshot!("acp_recorded_update_kinds", kinds_seen);
+    let rendered = paddock::providers::bridge::acp::translate_for_test(&updates);
+    insta::assert_yaml_snapshot!("acp_recorded_translated", w.redact(&rendered));
 }

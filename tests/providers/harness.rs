@@ -511,3 +511,46 @@ pub fn npm_bin(env_var: &str, name: &str) -> PathBuf {
     );
     std::fs::canonicalize(&p).unwrap()
 }
+
+/// The parent of process `pid`, from /proc.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`: comm may hold spaces and parentheses; ppid follows the last ')'.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Processes whose working directory is `dir` (or below it): what an agent started there.
+pub fn processes_in(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .collect()
+}
+
+/// Waits until no process works in `dir` (at most `limit`).
+pub async fn wait_no_process_in(dir: &Path, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = processes_in(dir);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes still work in {}: {:?}",
+            dir.display(),
+            left.iter().map(|p| cmdline(*p)).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

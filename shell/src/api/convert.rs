@@ -29,9 +29,17 @@ pub fn duration(ms: u64) -> prost_types::Duration {
     }
 }
 
+/// A session as the obey API shows it. `unrecognized_lines` is the shell's count, not the
+/// core's: see [`session_info_with`].
 pub fn session_info(r: &core::SessionRecord) -> pb::SessionInfo {
+    session_info_with(r, 0)
+}
+
+/// [`session_info`] with the count of the session's unrecognized provider lines.
+pub fn session_info_with(r: &core::SessionRecord, unrecognized_lines: u64) -> pb::SessionInfo {
     let c = &r.config;
     pb::SessionInfo {
+        unrecognized_lines: unrecognized_lines as i64,
         id: r.id.0.clone(),
         campaign_id: c.campaign_id.clone(),
         provider: c.provider.number(),

@@ -98,6 +98,17 @@ impl Obey {
         }))
     }
 
+    /// A session's info with the shell's count of its unrecognized provider lines.
+    async fn info(&self, rec: &paddock_core::SessionRecord) -> pb::SessionInfo {
+        let id = rec.id.0.clone();
+        let n = self
+            .handle
+            .call(move |s| s.unrecognized.get(&id).copied().unwrap_or(0))
+            .await
+            .unwrap_or(0);
+        convert::session_info_with(rec, n)
+    }
+
     async fn record(&self, id: SessionId) -> Result<paddock_core::SessionRecord, GrpcStatus> {
         let found = self
             .handle
@@ -493,7 +504,7 @@ impl LocalDaemonService for Obey {
     ) -> Result<Response<pb::SessionInfo>, GrpcStatus> {
         let id = session_id(&request.into_inner().session_id)?;
         let rec = self.record(id).await?;
-        Ok(Response::new(convert::session_info(&rec)))
+        Ok(Response::new(self.info(&rec).await))
     }
 
     async fn list_sessions(
@@ -542,7 +553,10 @@ impl LocalDaemonService for Obey {
                             include_terminated || !rec.status.is_terminal()
                         }
                     })
-                    .map(convert::session_info)
+                    .map(|rec| {
+                        let n = s.unrecognized.get(&rec.id.0).copied().unwrap_or(0);
+                        convert::session_info_with(rec, n)
+                    })
                     .collect::<Vec<_>>()
             })
             .await
@@ -597,7 +611,7 @@ impl LocalDaemonService for Obey {
             .await
             .map_err(st)?;
         Ok(Response::new(pb::StopSessionResponse {
-            session: Some(convert::session_info(&rec)),
+            session: Some(self.info(&rec).await),
         }))
     }
 

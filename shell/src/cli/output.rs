@@ -76,6 +76,7 @@ pub fn session_json(s: &pb::SessionInfo) -> Value {
         "error_message": s.error_message,
         "working_dir": s.working_dir,
         "provider_config": s.provider_config,
+        "unrecognized_lines": s.unrecognized_lines,
     })
 }
 

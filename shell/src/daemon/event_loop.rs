@@ -20,7 +20,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use super::supervisor::{self, RunHandle};
 use crate::paths::now_ms;
 use crate::store::tasks::TaskRow;
-use crate::store::Store;
+use crate::store::{Store, UnrecognizedLine};
 
 /// Commands drained per iteration (and so per commit) at most.
 pub const MAX_BATCH: usize = 512;
@@ -83,6 +83,12 @@ pub enum Command {
     TaskEvent(TaskInput),
     /// Read or change shell state, run after the current batch committed.
     Call(Call),
+    /// A provider line its adapter did not understand: stored raw and counted.
+    Unrecognized {
+        id: SessionId,
+        run: RunId,
+        line: String,
+    },
 }
 
 /// Where status events and activities are published for watchers.
@@ -139,11 +145,14 @@ pub struct State {
     next_req: RequestId,
     /// Told `true` when the loop has finished (after a shutdown).
     done: watch::Sender<bool>,
+    /// Unrecognized provider lines per session, as committed.
+    pub unrecognized: BTreeMap<String, u64>,
 }
 
 #[derive(Default)]
 struct Batch {
     records: Vec<Record>,
+    unrecognized: Vec<UnrecognizedLine>,
     deliver: Vec<Effect>,
     inputs: VecDeque<Input>,
     task_rows: Vec<TaskRow>,
@@ -184,6 +193,7 @@ impl State {
             turn_streams: BTreeMap::new(),
             next_req: 1,
             done,
+            unrecognized: BTreeMap::new(),
         }
     }
 
@@ -326,6 +336,15 @@ impl State {
             }
             Command::TaskEvent(input) => batch.task_inputs.push_back(input),
             Command::Call(f) => batch.calls.push(f),
+            Command::Unrecognized { id, run, line } => {
+                tracing::debug!(session = %id, run, "unrecognised provider line: {}", line.chars().take(200).collect::<String>());
+                batch.unrecognized.push(UnrecognizedLine {
+                    session_id: id.0,
+                    run,
+                    at_ms: now_ms() as i64,
+                    line,
+                });
+            }
         }
     }
 
@@ -456,10 +475,16 @@ impl State {
 
     /// Commits the batch, then delivers what it acknowledged.
     fn commit(&mut self, batch: &mut Batch) {
-        if !batch.records.is_empty() || !batch.task_rows.is_empty() {
+        if !batch.records.is_empty()
+            || !batch.task_rows.is_empty()
+            || !batch.unrecognized.is_empty()
+        {
             let mut attempt = 0;
             loop {
-                match self.store.apply_all(&batch.records, &batch.task_rows) {
+                match self
+                    .store
+                    .apply_all(&batch.records, &batch.task_rows, &batch.unrecognized)
+                {
                     Ok(()) => break,
                     Err(e) if attempt < 3 => {
                         attempt += 1;
@@ -476,6 +501,9 @@ impl State {
             }
             batch.records.clear();
             batch.task_rows.clear();
+            for l in batch.unrecognized.drain(..) {
+                *self.unrecognized.entry(l.session_id).or_default() += 1;
+            }
         }
         for effect in batch.task_deliver.drain(..) {
             match effect {

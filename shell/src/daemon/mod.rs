@@ -116,6 +116,12 @@ pub async fn run(opts: Options) -> Result<(), String> {
         done_tx,
     );
     let mut state = state;
+    state.unrecognized = state
+        .store
+        .unrecognized_counts()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
     state.runner = runner.clone();
     state.reattach_adopted();
     let loop_task = tokio::spawn(event_loop::run(state, rx, restore, task_restore));

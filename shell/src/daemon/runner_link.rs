@@ -726,8 +726,15 @@ impl Reader {
                         };
                         let _ = client.write_stdin(req).await;
                     }
-                    Parsed::Unrecognized(raw) => {
-                        tracing::debug!(session = %self.id, "unrecognised provider line: {}", truncate(&raw, 200));
+                    Parsed::Unrecognized(line) => {
+                        let cmd = Command::Unrecognized {
+                            id: self.id.clone(),
+                            run: self.run,
+                            line,
+                        };
+                        if self.tx.send(cmd).await.is_err() {
+                            return false;
+                        }
                     }
                 }
             }

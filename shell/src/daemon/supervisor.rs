@@ -187,8 +187,15 @@ pub fn spawn(
                     Parsed::Reply(line) => {
                         let _ = stdin_for_control.send(line).await;
                     }
-                    Parsed::Unrecognized(raw) => {
-                        tracing::debug!(session = %sid, run, "unrecognised provider line: {}", truncate(&raw, 200));
+                    Parsed::Unrecognized(line) => {
+                        let cmd = super::Command::Unrecognized {
+                            id: sid.clone(),
+                            run,
+                            line,
+                        };
+                        if out_tx.send(cmd).await.is_err() {
+                            return;
+                        }
                     }
                 }
             }
@@ -197,6 +204,9 @@ pub fn spawn(
 
     tokio::spawn(async move {
         let status = child.wait().await;
+        // A session's agent is its whole process group: what the leader left behind (tool
+        // processes, an ACP agent's own children) goes with it.
+        signal_group(pid, true);
         // Let the reader finish what the process printed before reporting the exit.
         if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut stdout_task)
             .await

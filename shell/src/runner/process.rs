@@ -207,7 +207,14 @@ async fn supervise(reg: Arc<Registry>, run: Arc<Run>, mut child: Child, mode: Ou
             )
         }
     };
+    let pid = child.id();
     let status = child.wait().await;
+    // A run is its whole process group (its leader started it with a group of its own): what
+    // the leader left behind when it exited goes with it, as systemd's control-group kill
+    // mode does. Nothing is left running that no one supervises.
+    if let Some(pid) = pid {
+        signal_group(pid, Signal::Kill);
+    }
     let _ = exited_tx.send(true);
     let _ = out_task.await;
     let detail = err_task.await.unwrap_or_default();

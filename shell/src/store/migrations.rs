@@ -10,7 +10,20 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use super::{Result, StoreError};
 
 /// Every migration this binary knows, oldest first.
-pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2, V3];
+pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2, V3, V4];
+
+/// Version 4: provider output lines the adapter did not understand, kept raw (the newest
+/// [`super::UNRECOGNIZED_KEPT`] per session; `seq` counts them all).
+const V4: &str = r#"
+CREATE TABLE provider_unrecognized (
+    session_id TEXT    NOT NULL,
+    seq        INTEGER NOT NULL,
+    run        INTEGER NOT NULL,
+    at         INTEGER NOT NULL,
+    line       TEXT    NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) STRICT;
+"#;
 
 /// Version 3: what a restarted daemon needs to adopt a provider process that outlived it (its
 /// run id and how far into its output the session got), and whether a turn is open.

@@ -102,6 +102,46 @@ impl From<rusqlite::Error> for StoreError {
 
 /// True when `err` is a UNIQUE or PRIMARY KEY constraint violation (e.g. a campaign name
 /// that is already taken).
+/// A provider output line its adapter did not understand: kept raw, so a format change in a
+/// new CLI version can be seen and handled, never fatal to the session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnrecognizedLine {
+    pub session_id: String,
+    pub run: u64,
+    pub at_ms: i64,
+    pub line: String,
+}
+
+/// Unrecognized lines kept per session (the newest; the count covers all of them).
+pub const UNRECOGNIZED_KEPT: i64 = 1000;
+/// An unrecognized line is kept up to this many bytes.
+pub const UNRECOGNIZED_LINE_MAX: usize = 16 * 1024;
+
+fn insert_unrecognized(tx: &rusqlite::Transaction<'_>, l: &UnrecognizedLine) -> Result<()> {
+    let mut line = l.line.as_str();
+    if line.len() > UNRECOGNIZED_LINE_MAX {
+        let mut cut = UNRECOGNIZED_LINE_MAX;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line = &line[..cut];
+    }
+    let seq: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM provider_unrecognized WHERE session_id = ?1",
+        [&l.session_id],
+        |r| r.get(0),
+    )?;
+    tx.execute(
+        "INSERT INTO provider_unrecognized (session_id, seq, run, at, line) VALUES (?1, ?2, ?3, ?4, ?5)",
+        rusqlite::params![l.session_id, seq, l.run as i64, l.at_ms, line],
+    )?;
+    tx.execute(
+        "DELETE FROM provider_unrecognized WHERE session_id = ?1 AND seq <= ?2",
+        rusqlite::params![l.session_id, seq - UNRECOGNIZED_KEPT],
+    )?;
+    Ok(())
+}
+
 pub fn is_unique_violation(err: &StoreError) -> bool {
     matches!(
         err,
@@ -201,12 +241,18 @@ impl Store {
     /// Writes a batch of core records in ONE transaction (the daemon's batched commit): all
     /// of them or, on any error, none.
     pub fn apply(&mut self, records: &[Record]) -> Result<()> {
-        self.apply_all(records, &[])
+        self.apply_all(records, &[], &[])
     }
 
-    /// Writes a batch of session records and task rows in ONE transaction.
-    pub fn apply_all(&mut self, records: &[Record], tasks: &[tasks::TaskRow]) -> Result<()> {
-        if records.is_empty() && tasks.is_empty() {
+    /// Writes a batch of session records, task rows and unrecognized provider lines in ONE
+    /// transaction.
+    pub fn apply_all(
+        &mut self,
+        records: &[Record],
+        tasks: &[tasks::TaskRow],
+        unrecognized: &[UnrecognizedLine],
+    ) -> Result<()> {
+        if records.is_empty() && tasks.is_empty() && unrecognized.is_empty() {
             return Ok(());
         }
         let tx = self
@@ -223,8 +269,39 @@ impl Store {
         for row in tasks {
             tasks::write(&tx, row)?;
         }
+        for line in unrecognized {
+            insert_unrecognized(&tx, line)?;
+        }
         tx.commit()?;
         Ok(())
+    }
+
+    /// How many unrecognized provider lines each session has had (sessions with none are
+    /// absent).
+    pub fn unrecognized_counts(&self) -> Result<Vec<(String, u64)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT session_id, MAX(seq) FROM provider_unrecognized GROUP BY session_id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// The kept unrecognized lines of a session, oldest first: (seq, run, at ms, line).
+    pub fn unrecognized_lines(&self, session_id: &str) -> Result<Vec<(u64, u64, i64, String)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT seq, run, at, line FROM provider_unrecognized WHERE session_id = ?1 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map([session_id], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u64,
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Every session, in id order (ULIDs: creation order).
@@ -421,6 +498,10 @@ impl Store {
             [id],
         )?;
         tx.execute("DELETE FROM session_messages WHERE session_id = ?1", [id])?;
+        tx.execute(
+            "DELETE FROM provider_unrecognized WHERE session_id = ?1",
+            [id],
+        )?;
         tx.commit()?;
         Ok(existed)
     }

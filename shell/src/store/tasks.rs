@@ -256,6 +256,7 @@ mod tests {
                     TaskRow::Output(out1.clone()),
                     TaskRow::Output(out2.clone()),
                 ],
+                &[],
             )
             .unwrap();
         assert_eq!(store.load_tasks().unwrap(), vec![rec.clone()]);

@@ -133,7 +133,9 @@ impl Rpc {
     }
 
     fn respond_error(&self, id: &Value, code: i64, message: &str) {
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}));
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+        );
     }
 
     /// The agent is gone: every waiting caller learns it.
@@ -309,9 +311,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .end_turn(&bridge.out);
-        bridge
-            .out
-            .result(&turn_end(reply, final_text, &session_id));
+        bridge.out.result(&turn_end(reply, final_text, &session_id));
     }
     Ok(())
 }
@@ -365,10 +365,19 @@ fn turn_end(reply: Reply, final_text: String, session_id: &str) -> TurnEnd {
         }
         Err(e) => {
             end.is_error = true;
+            end.api_error_status = api_status_in(&e.message);
             end.text = e.message;
         }
     }
     end
+}
+
+/// ACP has no field for a model API's HTTP status; agents put it in their error text
+/// (Claude's adapter: `Internal error: API Error: 500 …`).
+fn api_status_in(message: &str) -> Option<u16> {
+    let at = message.find("API Error: ")? + "API Error: ".len();
+    let digits = message.get(at..at + 3)?;
+    digits.parse().ok().filter(|s| (400..600).contains(s))
 }
 
 /// ACP's (draft) end-of-turn usage: `inputTokens`, `outputTokens`, `cachedReadTokens`, …
@@ -440,14 +449,13 @@ fn on_agent_line(
             let (rpc, id, params, asker) =
                 (rpc.clone(), id.clone(), v["params"].clone(), asker.clone());
             // What the agent said before it asked, and the call itself, go to the daemon first.
-            tr.lock()
+            let (tool, input) = tr
+                .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .before_permission(&v["params"]["toolCall"], out);
             // Answered on a thread of its own: the answer may take a while (a human, later),
             // and the agent's other messages must keep flowing meanwhile.
             std::thread::spawn(move || {
-                let call = &params["toolCall"];
-                let (tool, input) = tool_of(call);
                 let decision = asker.ask(&tool, &input);
                 rpc.respond(&id, permission_outcome(&params["options"], &decision));
             });
@@ -482,6 +490,7 @@ fn permission_outcome(options: &Value, decision: &Decision) -> Value {
 fn tool_of(call: &Value) -> (String, Value) {
     let name = call["_meta"]["claudeCode"]["toolName"]
         .as_str()
+        .or_else(|| call["name"].as_str())
         .or_else(|| call["kind"].as_str())
         .unwrap_or("tool")
         .to_string();
@@ -592,6 +601,7 @@ impl Translator {
         // The adapter's own tool name wins over ACP's `kind`; a real input over a title.
         let (name, input) = tool_of(u);
         if u["_meta"]["claudeCode"]["toolName"].is_string()
+            || u["name"].is_string()
             || (tool.name.is_empty() && u["kind"].is_string())
         {
             tool.name = name;
@@ -630,15 +640,21 @@ impl Translator {
         }
     }
 
-    /// A permission prompt carries the call's latest name and input: reported before asking.
-    pub fn before_permission(&mut self, call: &Value, out: &Out) {
+    /// A permission prompt carries the call's latest name and input: the call is reported
+    /// before asking, and its name and input, as this translator knows them, are what is asked.
+    pub fn before_permission(&mut self, call: &Value, out: &Out) -> (String, Value) {
         self.flush_text(out);
         self.flush_thought(out);
         let mut u = call.clone();
         u["status"] = Value::Null;
         self.on_tool(&u, out);
-        if let Some(id) = call["toolCallId"].as_str() {
-            self.report_tool(id, out);
+        let Some(id) = call["toolCallId"].as_str() else {
+            return tool_of(call);
+        };
+        self.report_tool(id, out);
+        match self.open_tools.get(id) {
+            Some(t) => (t.name.clone(), t.input.clone()),
+            None => tool_of(call),
         }
     }
 
@@ -664,6 +680,58 @@ impl Translator {
         self.finished.clear();
         std::mem::take(&mut self.text).trim().to_string()
     }
+}
+
+/// Runs recorded `session/update`s through a [`Translator`] and what it prints through the
+/// daemon's reader: one line per activity (`KIND [tool] content`). For snapshot tests of
+/// recorded agent output.
+#[doc(hidden)]
+pub fn translate_for_test(updates: &[Value]) -> String {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let out = Out::to_writer("acp", Box::new(buf.clone()));
+    let mut t = Translator::default();
+    let mut unknown = 0;
+    for u in updates {
+        if !t.on_update(u, &out) {
+            unknown += 1;
+        }
+    }
+    let answer = t.end_turn(&out);
+    let text =
+        String::from_utf8_lossy(&buf.0.lock().unwrap_or_else(|e| e.into_inner())).to_string();
+    let mut p = crate::providers::claude_stream::ClaudeStreamParser::new();
+    let mut lines: Vec<String> = text
+        .lines()
+        .flat_map(|l| p.parse_line(l))
+        .filter_map(|x| match x {
+            crate::providers::claude_stream::Parsed::Event(
+                paddock_core::ProviderEvent::Activity(a),
+            ) => Some(format!(
+                "{} [{}] {}",
+                a.kind().name(),
+                a.tool_name,
+                a.content
+            )),
+            _ => None,
+        })
+        .collect();
+    lines.push(format!("answer: {answer}"));
+    lines.push(format!("unknown updates: {unknown}"));
+    lines.join("\n")
 }
 
 fn chunk_text(c: &Value) -> String {
@@ -788,7 +856,9 @@ mod tests {
     #[test]
     fn prompt_answers_end_turns() {
         let e = turn_end(
-            Ok(json!({"stopReason": "end_turn", "usage": {"inputTokens": 10, "outputTokens": 5, "cachedReadTokens": 100}})),
+            Ok(
+                json!({"stopReason": "end_turn", "usage": {"inputTokens": 10, "outputTokens": 5, "cachedReadTokens": 100}}),
+            ),
             "hi".into(),
             "s",
         );
