@@ -62,6 +62,18 @@ async fn create_session_refusals_2001_2002_2003_2004_2005() {
     let e = create_err(&d, r).await;
     assert_status(&e, Code::InvalidArgument, "OBEY-2003: ");
     assert!(e.message().contains("gpt-9"));
+    // A CLI agent asked for another vendor's model, on its vendor's own endpoint.
+    let mut r = base.clone();
+    r.provider = P::ClaudeCode as i32;
+    r.model = "gpt-5.5".into();
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::InvalidArgument, "OBEY-2003: ");
+    assert!(
+        e.message()
+            .contains("claude-code does not serve model \"gpt-5.5\""),
+        "{}",
+        e.message()
+    );
     // ... while its one model is accepted.
     let mut r = base.clone();
     r.model = "scripted".into();

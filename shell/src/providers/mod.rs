@@ -132,15 +132,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
     .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
     match config.provider {
         Provider::Scripted => {
-            if !config.model.is_empty() && config.model != "scripted" {
-                return Err(Error::new(
-                    ErrorCode::ModelNotSupported,
-                    format!(
-                        "the scripted agent has one model, \"scripted\" (got \"{}\")",
-                        config.model
-                    ),
-                ));
-            }
+            check_model(config)?;
             if let Some(script) = config.provider_config.get("script") {
                 let path = Path::new(&config.working_dir).join(script);
                 scripted::Script::load(&path).map_err(|e| {
@@ -153,6 +145,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
             Ok(())
         }
         Provider::ClaudeCode => {
+            check_model(config)?;
             let bin = claude_binary(config);
             find_on_path(&bin, config).map(|_| ()).ok_or_else(|| {
                 Error::new(
@@ -162,6 +155,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
             })
         }
         Provider::Codex | Provider::Gemini | Provider::Acp | Provider::OpenClaw => {
+            check_model(config)?;
             let argv = agent_command(config.provider, &config.provider_config)
                 .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
             find_on_path(&argv[0], config).map(|_| ()).ok_or_else(|| {
@@ -186,6 +180,68 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
         }
     }
 }
+
+/// OBEY-2003 for a model the provider's own service cannot serve, caught at CreateSession
+/// rather than at the first turn. Only the plain vendor endpoints are judged: with a custom
+/// endpoint (`ANTHROPIC_BASE_URL`, Bedrock/Vertex, `GOOGLE_GEMINI_BASE_URL`, a codex
+/// `model_provider`) any name may be valid, so any name is accepted. ACP agents list their
+/// models only once started: the bridge checks the name against that list (the session then
+/// fails with the list in its reason). The openai-api loop needs a name; its endpoint judges it.
+pub fn check_model(config: &SessionConfig) -> Result<(), Error> {
+    let model = config.model.trim();
+    if model.is_empty() {
+        return Ok(());
+    }
+    let env_set = |k: &str| {
+        config.environment.get(k).is_some_and(|v| !v.is_empty())
+            || std::env::var_os(k).is_some_and(|v| !v.is_empty())
+    };
+    let (ok, expected) = match config.provider {
+        Provider::ClaudeCode => (
+            env_set("ANTHROPIC_BASE_URL")
+                || env_set("CLAUDE_CODE_USE_BEDROCK")
+                || env_set("CLAUDE_CODE_USE_VERTEX")
+                || model.starts_with("claude-")
+                || CLAUDE_ALIASES.contains(&model.trim_end_matches("[1m]")),
+            "a Claude model (sonnet, opus, haiku, opusplan, or a claude-… name)",
+        ),
+        Provider::Codex => (
+            config
+                .provider_config
+                .values()
+                .any(|v| v.contains("model_provider"))
+                || ["gpt-", "o1", "o3", "o4", "codex-"]
+                    .iter()
+                    .any(|p| model.starts_with(p)),
+            "an OpenAI model codex can use (gpt-…, o3…, o4…, codex-…)",
+        ),
+        Provider::Gemini => (
+            env_set("GOOGLE_GEMINI_BASE_URL")
+                || env_set("GOOGLE_GENAI_USE_VERTEXAI")
+                || model.starts_with("gemini-")
+                || GEMINI_ALIASES.contains(&model),
+            "a Gemini model (auto, pro, flash, flash-lite, or a gemini-… name)",
+        ),
+        Provider::Scripted => (model == "scripted", "\"scripted\""),
+        Provider::Acp | Provider::OpenClaw | Provider::OpenAiApi => (true, ""),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorCode::ModelNotSupported,
+            format!(
+                "{} does not serve model \"{model}\": expected {expected}",
+                config.provider.name()
+            ),
+        ))
+    }
+}
+
+/// The model aliases Claude Code accepts for `--model`.
+const CLAUDE_ALIASES: &[&str] = &["default", "sonnet", "opus", "haiku", "best", "opusplan"];
+/// The model aliases gemini-cli accepts for `-m`.
+const GEMINI_ALIASES: &[&str] = &["auto", "pro", "flash", "flash-lite"];
 
 /// The command line that starts a CLI agent: `provider_config["command"]` (split like a shell
 /// would, so `"openclaw acp"` or `"/opt/bin/gemini --acp"` work), else the provider's default.
@@ -489,6 +545,27 @@ mod tests {
         assert_eq!(validate(&c).unwrap_err().code, ErrorCode::CreationFailed);
         c.provider = Provider::OpenAiApi;
         assert_eq!(validate(&c).unwrap_err().code, ErrorCode::ModelNotSupported);
+        // Vendor endpoints: a model of another vendor is refused, with what is expected.
+        for (p, bad, good) in [
+            (Provider::ClaudeCode, "gpt-5.5", "claude-sonnet-9"),
+            (Provider::ClaudeCode, "gemini-3", "opus[1m]"),
+            (Provider::Codex, "claude-opus-5", "gpt-5.5"),
+            (Provider::Gemini, "gpt-5.5", "gemini-2.5-flash"),
+        ] {
+            let mut c = SessionConfig::new("c", p, "/tmp");
+            c.model = bad.into();
+            let e = check_model(&c).unwrap_err();
+            assert_eq!(e.code, ErrorCode::ModelNotSupported, "{p:?} {bad}");
+            assert!(e.message.contains(bad), "{e}");
+            c.model = good.into();
+            assert!(check_model(&c).is_ok(), "{p:?} {good}");
+        }
+        // A custom endpoint may serve any name.
+        let mut c = SessionConfig::new("c", Provider::ClaudeCode, "/tmp");
+        c.model = "my-local-model".into();
+        c.environment
+            .insert("ANTHROPIC_BASE_URL".into(), "http://127.0.0.1:9".into());
+        assert!(check_model(&c).is_ok());
         c.provider = Provider::Scripted;
         c.model = "gpt-9".into();
         assert_eq!(validate(&c).unwrap_err().code, ErrorCode::ModelNotSupported);
