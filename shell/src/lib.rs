@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod contain;
 pub mod daemon;
 pub mod paths;
 pub mod providers;

@@ -351,6 +351,42 @@ async fn signals_reach_the_whole_process_group() {
     }
 }
 
+/// What a run leaves behind when its leader exits goes with it: its group, and processes
+/// that left the group (setsid) but carry the run's tag in their environment.
+#[tokio::test]
+async fn a_runs_leftovers_die_with_it_even_out_of_its_group() {
+    let r = Runner::start();
+    let mut c = r.client().await;
+    let s = c
+        .run_command(command(
+            "leftovers",
+            &r.work,
+            "sleep 600 & echo $!; setsid sleep 600 & echo $!; sleep 0.3",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let all = collect(s).await;
+    let pids: Vec<u32> = all
+        .iter()
+        .filter_map(|e| match &e.payload {
+            Some(Payload::CommandOutput(o)) => Some(o.text.clone()),
+            _ => None,
+        })
+        .collect::<String>()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "{all:?}");
+    let last = status(all.last().unwrap()).unwrap();
+    assert_eq!(last.state(), pb::RunState::Finished, "{last:?}");
+    eventually(
+        "the group's sleep and the escaped sleep died with the run",
+        || pids.iter().all(|p| !alive(*p)),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn stop_run_escalates_to_kill_when_term_is_ignored() {
     let r = Runner::start();

@@ -104,10 +104,12 @@ pub fn spawn(
     mut parser: Box<dyn LineParser>,
     tx: mpsc::Sender<super::Command>,
 ) -> Result<RunHandle, String> {
+    let tag = crate::contain::new_tag();
     let mut cmd = ProcessCommand::new(&plan.program);
     cmd.args(&plan.args)
         .current_dir(&plan.cwd)
         .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .env(crate::contain::TAG_VAR, &tag)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -204,9 +206,10 @@ pub fn spawn(
 
     tokio::spawn(async move {
         let status = child.wait().await;
-        // A session's agent is its whole process group: what the leader left behind (tool
-        // processes, an ACP agent's own children) goes with it.
-        signal_group(pid, true);
+        // A session's agent is its whole process tree: what the leader left behind (tool
+        // processes, an ACP agent's own children, even those in sessions of their own) goes
+        // with it.
+        crate::contain::kill_tree(pid, &tag);
         // Let the reader finish what the process printed before reporting the exit.
         if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut stdout_task)
             .await

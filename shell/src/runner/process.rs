@@ -71,8 +71,10 @@ pub enum OutputMode {
 /// Starts `launch` for `run` (registered, not started): its STARTED status, or a FAILED one if
 /// it cannot be spawned, is in the run's log when this returns; the rest follows from tasks.
 pub async fn start(reg: Arc<Registry>, run: Arc<Run>, launch: Launch, mode: OutputMode) {
+    // Run ids are unique: the run's id marks its whole process tree (see `crate::contain`).
+    let tag = format!("run-{}", run.id);
     let child = if launch.cwd.is_dir() {
-        spawn(&launch).map_err(|e| {
+        spawn(&launch, &tag).map_err(|e| {
             let code = match e.kind() {
                 std::io::ErrorKind::NotFound => 127,
                 std::io::ErrorKind::PermissionDenied => 126,
@@ -111,10 +113,10 @@ pub async fn start(reg: Arc<Registry>, run: Arc<Run>, launch: Launch, mode: Outp
         run.set_stdin(tx);
         tokio::spawn(write_stdin(stdin, rx));
     }
-    tokio::spawn(supervise(reg, run, child, mode));
+    tokio::spawn(supervise(reg, run, child, mode, tag));
 }
 
-fn spawn(launch: &Launch) -> std::io::Result<Child> {
+fn spawn(launch: &Launch, tag: &str) -> std::io::Result<Child> {
     let mut cmd = Command::new(&launch.program);
     cmd.args(&launch.args)
         .current_dir(&launch.cwd)
@@ -132,6 +134,7 @@ fn spawn(launch: &Launch) -> std::io::Result<Child> {
         cmd.env("SSH_AUTH_SOCK", sock);
     }
     cmd.envs(launch.env.iter().map(|(k, v)| (k, v)));
+    cmd.env(crate::contain::TAG_VAR, tag);
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and only calls prctl and
     // getppid, which are async-signal-safe.
@@ -182,7 +185,13 @@ async fn write_stdin(mut stdin: ChildStdin, mut rx: mpsc::Receiver<StdinMsg>) {
 }
 
 /// Reads the child's output into the log, waits for its exit, and reports it.
-async fn supervise(reg: Arc<Registry>, run: Arc<Run>, mut child: Child, mode: OutputMode) {
+async fn supervise(
+    reg: Arc<Registry>,
+    run: Arc<Run>,
+    mut child: Child,
+    mode: OutputMode,
+    tag: String,
+) {
     let (exited_tx, exited_rx) = watch::channel(false);
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -209,12 +218,10 @@ async fn supervise(reg: Arc<Registry>, run: Arc<Run>, mut child: Child, mode: Ou
     };
     let pid = child.id();
     let status = child.wait().await;
-    // A run is its whole process group (its leader started it with a group of its own): what
-    // the leader left behind when it exited goes with it, as systemd's control-group kill
-    // mode does. Nothing is left running that no one supervises.
-    if let Some(pid) = pid {
-        signal_group(pid, Signal::Kill);
-    }
+    // A run is its whole process tree (see `crate::contain`): what the leader left behind
+    // when it exited goes with it, as systemd's control-group kill mode does. Nothing is left
+    // running that no one supervises.
+    crate::contain::kill_tree(pid.unwrap_or(0), &tag);
     let _ = exited_tx.send(true);
     let _ = out_task.await;
     let detail = err_task.await.unwrap_or_default();
