@@ -10,7 +10,10 @@
 //! (or with `PADDOCK_CLAUDE_BIN=/path/to/claude`).
 //!
 //! - `claude`: Claude Code (`claude -p --input-format stream-json --output-format stream-json`).
+//! - `openai`: paddock's own agent loop (`paddock __bridge openai`) against `fake_openai.rs`; no CLI, never ignored.
 
 mod claude;
 mod fake_anthropic;
+mod fake_openai;
 mod harness;
+mod openai;
