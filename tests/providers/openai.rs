@@ -551,8 +551,10 @@ async fn openai_permission_policy_denies_and_the_model_is_told() {
     w.stop(&s.id, true).await.expect("stop");
 }
 
+/// No model: OBEY-2003; a provider_config the loop cannot use: OBEY-2004. Both at create,
+/// before any process starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn openai_without_a_model_is_obey_2003() {
+async fn openai_bad_configurations_are_refused_at_create() {
     let (w, fake) = start(vec![]).await;
     let mut req = request(&w, &fake);
     req.model = String::new();
@@ -564,5 +566,221 @@ async fn openai_without_a_model_is_obey_2003() {
         .expect_err("refused");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(e.message().starts_with("OBEY-2003"), "{}", e.message());
+    for (key, value) in [("max_tool_rounds", "many"), ("base_url", "localhost:8080")] {
+        let mut req = request(&w, &fake);
+        req.provider_config.insert(key.into(), value.into());
+        let e = w
+            .client()
+            .await
+            .create_session(req)
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
+        assert!(e.message().contains(key), "{}", e.message());
+    }
     assert!(fake.requests().is_empty());
+}
+
+/// The saved conversation is gone: the resumed bridge refuses to start a blank one (as Claude
+/// Code does), and the session fails with its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_a_lost_conversation_fails_the_resume() {
+    let (w, fake) = start(vec![Reply::text("First.")]).await;
+    let s = w.create(request(&w, &fake)).await;
+    w.send(&s.id, "Hello.").await;
+    w.stop(&s.id, true).await.expect("stop");
+    let state = w.home.join(".local/state/paddock/openai-api");
+    assert!(state.is_dir(), "no {}", state.display());
+    std::fs::remove_dir_all(&state).unwrap();
+    w.restart(&s.id).await;
+    let f = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(f.error_code, "OBEY-2031", "{f:?}");
+    assert!(
+        f.error_message.contains("exit code 1") && f.error_message.contains("no conversation"),
+        "{}",
+        f.error_message
+    );
+}
+
+/// The bridge's own stdout is this provider's "CLI output": recorded once from a live run and
+/// kept as `tests/providers/recordings/openai_bridge.jsonl` (paths, the fake server's address
+/// and the conversation id normalised).
+const RECORDING: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/providers/recordings/openai_bridge.jsonl"
+);
+
+/// The recording through the daemon's adapter (`providers::plan`'s parser), as a snapshot.
+#[test]
+fn openai_recorded_bridge_output_through_the_adapter() {
+    use paddock::providers::{self, Parsed};
+    use paddock_core::{Provider, ProviderEvent, SessionConfig, SpawnSpec};
+
+    let text = std::fs::read_to_string(RECORDING).expect("the recording");
+    // The live run's policy: `shell` is denied.
+    let mut config = SessionConfig::new("c", Provider::OpenAiApi, "/home/dev/proj");
+    config.provider_config.insert(
+        "permissions".into(),
+        "allow:list_dir,read_file,write_file".into(),
+    );
+    let spec = SpawnSpec {
+        config,
+        resume: None,
+        restart_count: 0,
+    };
+    let (_, mut parser) = providers::plan(&spec, std::path::Path::new(BIN)).expect("plan");
+    let mut rendered = Vec::new();
+    for l in text.lines() {
+        let v: Value = serde_json::from_str(l).unwrap_or(Value::Null);
+        let what = format!(
+            "{}{}",
+            v["type"].as_str().unwrap_or("?"),
+            v["subtype"]
+                .as_str()
+                .or(v["request"]["subtype"].as_str())
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default()
+        );
+        let items: Vec<Value> = parser
+            .parse_line(l)
+            .into_iter()
+            .map(|p| match p {
+                Parsed::Event(ProviderEvent::SessionRef(id)) => json!({ "session_ref": id }),
+                Parsed::Event(ProviderEvent::Activity(a)) => {
+                    let mut o = json!({"type": a.kind().name(), "content": a.content});
+                    if !a.tool_name.is_empty() {
+                        o["tool"] = json!(a.tool_name);
+                    }
+                    if a.kind() == paddock_core::ActivityKind::ToolResult {
+                        o["success"] = json!(a.tool_success);
+                    }
+                    if a.tokens_input != 0 || a.tokens_output != 0 {
+                        o["tokens"] = json!([a.tokens_input, a.tokens_output]);
+                    }
+                    o
+                }
+                Parsed::Event(other) => json!({ "event": format!("{other:?}") }),
+                Parsed::Reply(r) => {
+                    let answer: Value = serde_json::from_str(&r).unwrap();
+                    json!({ "reply": answer["response"]["response"]["behavior"] })
+                }
+                Parsed::Unrecognized(_) => json!("unrecognized"),
+            })
+            .collect();
+        rendered.push(json!({ "line": what, "parsed": items }));
+    }
+    insta::assert_yaml_snapshot!("openai_recorded_bridge_output", Value::Array(rendered));
+}
+
+/// A live run of the bridge (`providers::plan`, no daemon: this test answers its permission
+/// prompts with the adapter's replies) prints exactly the recording. With
+/// `PADDOCK_RECORD_FIXTURES=1` it writes the recording instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_bridge_output_matches_the_recording() {
+    use paddock::providers::{self, Parsed};
+    use paddock_core::{Provider, SessionConfig, SpawnSpec};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let (w, fake) = start(vec![
+        Reply::tool("list_dir", json!({}))
+            .reasoning("Let me look around first.")
+            .usage(900, 0, 25),
+        Reply::tool(
+            "write_file",
+            json!({"path": "hello.txt", "content": "hi\n"}),
+        )
+        .and_tool("shell", json!({"command": "rm -rf src"}))
+        .saying("Writing the file; cleaning up too.")
+        .usage(1000, 900, 15),
+        Reply::text("Wrote hello.txt; src stays.").usage(1100, 1000, 12),
+        Reply::error(500),
+        Reply::text("Second turn."),
+    ])
+    .await;
+    let mut config = SessionConfig::new("c", Provider::OpenAiApi, &w.root.display().to_string());
+    config.model = MODEL.into();
+    config.provider_config = [
+        ("base_url", fake.base_url()),
+        ("max_retries", "0".into()),
+        ("permissions", "allow:list_dir,read_file,write_file".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    config.environment = [("OPENAI_API_KEY".to_string(), KEY.to_string())]
+        .into_iter()
+        .collect();
+    let spec = SpawnSpec {
+        config,
+        resume: None,
+        restart_count: 0,
+    };
+    let (plan, mut parser) = providers::plan(&spec, std::path::Path::new(BIN)).expect("plan");
+    let mut child = tokio::process::Command::new(&plan.program)
+        .args(&plan.args)
+        .current_dir(&plan.cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &w.home)
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the bridge");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut transcript = Vec::new();
+    for m in ["List, then write hello.txt.", "Again?", "Once more."] {
+        let line = providers::user_message_line(m) + "\n";
+        stdin.write_all(line.as_bytes()).await.unwrap();
+        loop {
+            let Some(l) = within(lines.next_line()).await.unwrap() else {
+                panic!("the bridge closed its stdout");
+            };
+            for p in parser.parse_line(&l) {
+                if let Parsed::Reply(r) = p {
+                    stdin.write_all((r + "\n").as_bytes()).await.unwrap();
+                }
+            }
+            let end = l.contains(r#""type":"result""#);
+            transcript.push(l);
+            if end {
+                break;
+            }
+        }
+    }
+    drop(stdin);
+    let st = within(child.wait()).await.unwrap();
+    assert!(st.success(), "{st:?}");
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("hello.txt")).unwrap(),
+        "hi\n"
+    );
+    assert!(w.root.join("src").is_dir(), "the denied shell command ran");
+
+    let first: Value = serde_json::from_str(&transcript[0]).unwrap();
+    assert_eq!(first["subtype"], "init");
+    let conv = first["session_id"].as_str().unwrap().to_string();
+    let text: String = transcript
+        .iter()
+        .map(|l| {
+            l.replace(&conv, "01CONVERSATIONID0000000000")
+                .replace(&w.root.display().to_string(), "/home/dev/proj")
+                .replace(&fake.addr.to_string(), "127.0.0.1:8080")
+                + "\n"
+        })
+        .collect();
+    if std::env::var_os("PADDOCK_RECORD_FIXTURES").is_some() {
+        std::fs::create_dir_all(std::path::Path::new(RECORDING).parent().unwrap()).unwrap();
+        std::fs::write(RECORDING, &text).unwrap();
+        eprintln!("recorded {} lines to {RECORDING}", transcript.len());
+    }
+    let recorded = std::fs::read_to_string(RECORDING).unwrap_or_default();
+    assert_eq!(
+        text, recorded,
+        "the bridge's output changed: review, then re-record with PADDOCK_RECORD_FIXTURES=1"
+    );
 }

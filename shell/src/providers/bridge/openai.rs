@@ -55,8 +55,8 @@ mod sse;
 mod store;
 mod tools;
 
-use std::path::PathBuf;
-use std::str::FromStr;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -86,44 +86,74 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_bridge(b: &Bridge) -> Result<Settings, String> {
-        if b.model.trim().is_empty() {
+        Settings::new(&b.model, &b.config, &b.cwd)
+    }
+
+    /// From the session's model and `provider_config`; the environment fills in `base_url` and
+    /// the key.
+    pub fn new(
+        model: &str,
+        config: &BTreeMap<String, String>,
+        cwd: &Path,
+    ) -> Result<Settings, String> {
+        if model.trim().is_empty() {
             return Err("no model: the openai-api provider needs the endpoint's model name".into());
         }
+        let get = |k: &str| config.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let base_url = get("base_url")
+            .map(String::from)
+            .or_else(|| env("OPENAI_BASE_URL"))
+            .unwrap_or_else(|| "https://api.openai.com/v1".into());
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(format!(
+                "the openai-api base_url must be an http:// or https:// URL (got {base_url:?})"
+            ));
+        }
+        let number = |key: &str, default: u64, min: u64| -> Result<u64, String> {
+            let n = match get(key) {
+                None => default,
+                Some(s) => s
+                    .parse()
+                    .map_err(|_| format!("provider_config.{key} is not a number: {s:?}"))?,
+            };
+            if n < min {
+                return Err(format!("provider_config.{key} must be at least {min}"));
+            }
+            Ok(n)
+        };
+        let small = |key: &str, default: u64| -> Result<u32, String> {
+            u32::try_from(number(key, default, 0)?)
+                .map_err(|_| format!("provider_config.{key} is too large"))
+        };
+        let size = |key: &str, default: u64| -> Result<usize, String> {
+            usize::try_from(number(key, default, 1024)?)
+                .map_err(|_| format!("provider_config.{key} is too large"))
+        };
         Ok(Settings {
-            model: b.model.clone(),
-            base_url: b
-                .config("base_url")
-                .map(String::from)
-                .or_else(|| env("OPENAI_BASE_URL"))
-                .unwrap_or_else(|| "https://api.openai.com/v1".into()),
-            api_key: b
-                .config("api_key")
+            model: model.to_string(),
+            base_url,
+            api_key: get("api_key")
                 .map(String::from)
                 .or_else(|| env("OPENAI_API_KEY")),
-            max_tool_rounds: number(b, "max_tool_rounds", 25)?,
-            max_retries: number(b, "max_retries", 2)?,
-            retry_backoff: Duration::from_millis(number(b, "retry_backoff_ms", 500)?),
-            request_timeout: Duration::from_secs(number(b, "request_timeout_secs", 300)?),
-            shell_timeout: Duration::from_secs(number(b, "shell_timeout_secs", 120)?),
-            tool_output_max: number(b, "max_tool_output_bytes", 16 * 1024)?,
-            conversation_max: number(b, "max_conversation_bytes", 2 << 20)?,
-            response_max: number(b, "max_response_bytes", 8 << 20)?,
-            system_prompt: b.config("system_prompt").map(String::from),
-            state_dir: store::state_dir(b.config("state_dir"), &b.cwd),
+            max_tool_rounds: small("max_tool_rounds", 25)?,
+            max_retries: small("max_retries", 2)?,
+            retry_backoff: Duration::from_millis(number("retry_backoff_ms", 500, 0)?),
+            request_timeout: Duration::from_secs(number("request_timeout_secs", 300, 1)?),
+            shell_timeout: Duration::from_secs(number("shell_timeout_secs", 120, 1)?),
+            tool_output_max: size("max_tool_output_bytes", 16 * 1024)?,
+            conversation_max: size("max_conversation_bytes", 2 << 20)?,
+            response_max: number("max_response_bytes", 8 << 20, 1024)?,
+            system_prompt: get("system_prompt").map(String::from),
+            state_dir: store::state_dir(get("state_dir"), cwd),
         })
     }
 }
 
-/// `provider_config[key]` as a number, `default` if unset.
-fn number<T: FromStr>(b: &Bridge, key: &str, default: T) -> Result<T, String> {
-    match b.config(key) {
-        None => Ok(default),
-        Some(s) => s
-            .trim()
-            .parse()
-            .map_err(|_| format!("provider_config.{key} is not a number: {s:?}")),
-    }
+/// Checks a session's `provider_config` at CreateSession, so that a bad value is refused
+/// there (OBEY-2004) rather than crashing the bridge at its start.
+pub fn check_config(config: &BTreeMap<String, String>) -> Result<(), String> {
+    Settings::new("-", config, Path::new(".")).map(|_| ())
 }
 
 /// A chat completions endpoint: the real one ([`Api`]) or, in tests, a script.
@@ -743,6 +773,35 @@ mod tests {
             .map(|m| m["content"].as_str().unwrap_or("").to_string())
             .collect();
         assert_eq!(texts, ["sys", "one", "Back.", "two"]);
+    }
+
+    #[test]
+    fn settings_from_provider_config() {
+        let c = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let s = Settings::new(
+            "m",
+            &c(&[("base_url", "http://127.0.0.1:9/v1"), ("max_retries", "0")]),
+            Path::new("/w"),
+        )
+        .unwrap();
+        assert_eq!((s.max_retries, s.max_tool_rounds), (0, 25));
+        assert_eq!(s.base_url, "http://127.0.0.1:9/v1");
+        assert!(Settings::new("", &c(&[]), Path::new("/w")).is_err());
+        for bad in [
+            ("max_retries", "two"),
+            ("shell_timeout_secs", "0"),
+            ("max_tool_output_bytes", "10"),
+            ("base_url", "ftp://x"),
+        ] {
+            let e = check_config(&c(&[bad])).unwrap_err();
+            assert!(e.contains(bad.0), "{e}");
+        }
+        assert!(check_config(&c(&[("state_dir", "/tmp/x")])).is_ok());
     }
 
     #[test]
