@@ -40,8 +40,8 @@
 //! | `api_key` | `$OPENAI_API_KEY` (preferred: a config value shows in the process list) | sent as `Authorization: Bearer`; none, no header |
 //! | `permissions` | `allow-all` | the daemon's policy for every tool call (`deny`, `allow:shell,read_file`) |
 //! | `max_tool_rounds` | 25 | model calls with tool use per turn, before the turn ends in an ERROR |
-//! | `max_retries` | 2 | retries of a 429 / 5xx / failed connection, per call |
-//! | `retry_backoff_ms` | 500 | the first retry's delay, doubled for each next one |
+//! | `max_retries` | 2 | retries of a 429 / 5xx / failed connection, per call (at most 10; a timeout is not retried) |
+//! | `retry_backoff_ms` | 500 | the first retry's delay, doubled for each next one (at most 60 s) |
 //! | `request_timeout_secs` | 300 | one whole call, streaming included |
 //! | `shell_timeout_secs` | 120 | one shell command |
 //! | `max_tool_output_bytes` | 16384 | a tool's result for the model (the activity shows 8 KiB of it) |
@@ -65,6 +65,11 @@ use super::{Bridge, Decision, Out, TurnEnd, Usage};
 use api::{Api, CallError, Garbage};
 use sse::{Completion, ToolCall};
 use tools::{Outcome, Tools};
+
+/// Retries are "bounded and small": at most this many per call, each waiting at most
+/// [`RETRY_DELAY_MAX`].
+const RETRIES_MAX: u32 = 10;
+const RETRY_DELAY_MAX: Duration = Duration::from_secs(60);
 
 /// Everything the loop needs from `provider_config` and the environment.
 #[derive(Debug, Clone)]
@@ -137,7 +142,14 @@ impl Settings {
                 .map(String::from)
                 .or_else(|| env("OPENAI_API_KEY")),
             max_tool_rounds: small("max_tool_rounds", 25)?,
-            max_retries: small("max_retries", 2)?,
+            max_retries: match small("max_retries", 2)? {
+                n if n > RETRIES_MAX => {
+                    return Err(format!(
+                        "provider_config.max_retries must be at most {RETRIES_MAX}"
+                    ))
+                }
+                n => n,
+            },
             retry_backoff: Duration::from_millis(number("retry_backoff_ms", 500, 0)?),
             request_timeout: Duration::from_secs(number("request_timeout_secs", 300, 1)?),
             shell_timeout: Duration::from_secs(number("shell_timeout_secs", 120, 1)?),
@@ -289,7 +301,12 @@ impl Agent<'_> {
                 }
                 Err(e) if e.retryable() && attempt < self.settings.max_retries => {
                     attempt += 1;
-                    let delay = self.settings.retry_backoff * 2u32.saturating_pow(attempt - 1);
+                    let delay = self
+                        .settings
+                        .retry_backoff
+                        .checked_mul(2u32.saturating_pow(attempt - 1))
+                        .unwrap_or(RETRY_DELAY_MAX)
+                        .min(RETRY_DELAY_MAX);
                     self.out
                         .line(&retry_line(&e, attempt, self.settings.max_retries, delay));
                     std::thread::sleep(delay);
@@ -374,7 +391,7 @@ impl Agent<'_> {
     fn failed(&self, e: CallError, usage: Usage) -> TurnEnd {
         let (text, status) = match e {
             CallError::Status { status, message } => (message, Some(status)),
-            CallError::Transport(m) => (m, None),
+            CallError::Transport(m) | CallError::TimedOut(m) => (m, None),
         };
         TurnEnd {
             is_error: true,
@@ -430,7 +447,7 @@ fn assistant_message(c: &Completion) -> Value {
 fn retry_line(e: &CallError, attempt: u32, max: u32, delay: Duration) -> Value {
     let (status, error) = match e {
         CallError::Status { status, message } => (json!(status), message.as_str()),
-        CallError::Transport(m) => (json!("unreachable"), m.as_str()),
+        CallError::Transport(m) | CallError::TimedOut(m) => (json!("unreachable"), m.as_str()),
     };
     json!({"type": "system", "subtype": "api_retry", "error_status": status, "error": error,
            "attempt": attempt, "max_retries": max, "retry_delay_ms": delay.as_millis() as u64})
@@ -794,6 +811,7 @@ mod tests {
         assert!(Settings::new("", &c(&[]), Path::new("/w")).is_err());
         for bad in [
             ("max_retries", "two"),
+            ("max_retries", "11"),
             ("shell_timeout_secs", "0"),
             ("max_tool_output_bytes", "10"),
             ("base_url", "ftp://x"),

@@ -22,8 +22,11 @@ const SSE_LINE_MAX: usize = 1 << 20;
 pub enum CallError {
     /// The endpoint answered with an HTTP error status.
     Status { status: u16, message: String },
-    /// No answer, or a broken one (connection refused, timeout, a stream cut off or too big).
+    /// No answer, or a broken one (connection refused, a stream cut off or too big).
     Transport(String),
+    /// `request_timeout_secs` passed. Not tried again: a model that took that long once
+    /// would most likely do it again, and the turn would hang for a multiple of it.
+    TimedOut(String),
 }
 
 impl CallError {
@@ -32,6 +35,7 @@ impl CallError {
         match self {
             CallError::Status { status, .. } => *status == 429 || *status >= 500,
             CallError::Transport(_) => true,
+            CallError::TimedOut(_) => false,
         }
     }
 }
@@ -83,9 +87,10 @@ impl Api {
         if let Some(k) = &self.key {
             req = req.header("authorization", format!("Bearer {k}"));
         }
-        let resp = req
-            .send(body.to_string())
-            .map_err(|e| CallError::Transport(format!("{}: {e}", self.url)))?;
+        let resp = req.send(body.to_string()).map_err(|e| match e {
+            ureq::Error::Timeout(_) => CallError::TimedOut(format!("{}: {e}", self.url)),
+            e => CallError::Transport(format!("{}: {e}", self.url)),
+        })?;
         let status = resp.status().as_u16();
         let is_json = resp
             .headers()
@@ -116,6 +121,9 @@ impl Api {
                 })?,
                 Ok(Some(Event::Done)) | Ok(None) => break,
                 Ok(Some(Event::Garbage(g))) => garbage.push(g),
+                Err(e) if is_timeout(&e) => {
+                    return Err(CallError::TimedOut(format!("reading the stream: {e}")))
+                }
                 Err(e) => return Err(CallError::Transport(format!("reading the stream: {e}"))),
             }
         }
@@ -133,6 +141,14 @@ impl Api {
             .map(|c| (c, Vec::new()))
             .map_err(|m| CallError::Transport(format!("the answer reported an error: {m}")))
     }
+}
+
+/// ureq reports a timeout while reading a body as an `io::Error` wrapping its own.
+fn is_timeout(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::TimedOut
+        || e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<ureq::Error>())
+            .is_some_and(|u| matches!(u, ureq::Error::Timeout(_)))
 }
 
 /// The API's message from an error body, else its first bytes, else the status's reason.
@@ -191,6 +207,33 @@ mod tests {
             message: String::new()
         }
         .retryable());
+    }
+
+    #[test]
+    fn a_slow_endpoint_times_out_and_is_not_retried() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        // Accepts, reads the request, answers the head and then nothing.
+        let server = std::thread::spawn(move || {
+            use std::io::Write;
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n");
+            std::thread::sleep(Duration::from_millis(1500));
+        });
+        let api = Api::new(
+            &format!("http://127.0.0.1:{port}/v1"),
+            None,
+            Duration::from_millis(500),
+            1 << 20,
+        );
+        let t0 = std::time::Instant::now();
+        let e = api.complete(&serde_json::json!({})).unwrap_err();
+        assert!(matches!(e, CallError::TimedOut(_)), "{e:?}");
+        assert!(!e.retryable());
+        assert!(t0.elapsed() < Duration::from_millis(1400));
+        server.join().unwrap();
     }
 
     #[test]
