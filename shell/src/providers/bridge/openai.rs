@@ -232,12 +232,13 @@ pub struct Agent<'a> {
 impl Agent<'_> {
     /// One turn: the user's `text` to the final answer, or to an error. Never panics.
     pub fn turn(&mut self, text: &str) -> TurnEnd {
+        self.messages.push(json!({"role": "user", "content": text}));
+        self.save();
+        // Announced once saved: the daemon never holds an id that `--resume` cannot load.
         if !self.announced {
             self.out.init(&self.id);
             self.announced = true;
         }
-        self.messages.push(json!({"role": "user", "content": text}));
-        self.save();
         let mut total = Usage::default();
         let mut rounds = 0;
         let end = loop {
