@@ -50,10 +50,10 @@
 //! | `system_prompt` | a short one naming the root and the tools | the system message |
 //! | `state_dir` | see [`store`] | where conversations are saved |
 
-mod api;
-mod sse;
-mod store;
-mod tools;
+pub mod api;
+pub mod sse;
+pub mod store;
+pub mod tools;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

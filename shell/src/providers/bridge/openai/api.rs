@@ -13,9 +13,9 @@ use serde_json::Value;
 use super::sse::{self, Accumulator, Completion, Event, SseReader};
 
 /// An error body is read up to this size: enough for any API's message.
-const ERROR_BODY_MAX: u64 = 64 * 1024;
+pub const ERROR_BODY_MAX: u64 = 64 * 1024;
 /// One server-sent event line at most (a chunk carries a few tokens; 1 MiB is generous).
-const SSE_LINE_MAX: usize = 1 << 20;
+pub const SSE_LINE_MAX: usize = 1 << 20;
 
 /// Why a call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
