@@ -2,7 +2,7 @@
 //!
 //! | tool | input | does | result |
 //! |---|---|---|---|
-//! | `shell` | `command` | `/bin/sh -c command` in the root, stdin closed, stdout and stderr in one pipe | the output (capped), `[exit code N]` / `[timed out …]`; an error when not exit 0 |
+//! | `shell` | `command` | `/bin/sh -c command` in the root, stdin closed, stdout and stderr in one pipe | the output (capped), `[exit code N]` / `[timed out …]`; an error when not exit 0; a background job that keeps the pipe open is not waited for (2 s) |
 //! | `read_file` | `path` | reads a file | its text (capped, lossy UTF-8) |
 //! | `write_file` | `path`, `content` | creates or replaces a file (and its missing parent directories) | `wrote N bytes to path` |
 //! | `list_dir` | `path` (default `.`) | lists a directory, sorted, `name/` for directories | one entry a line (capped) |
@@ -24,7 +24,7 @@ use std::fs;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -287,24 +287,27 @@ impl Tools {
             cmd.spawn()?
         };
         let max = self.output_max;
-        let (tx, rx) = mpsc::channel();
+        // (kept bytes, total bytes seen), shared so that what came is there even if the pipe
+        // never closes.
+        let output: Arc<Mutex<(Vec<u8>, usize)>> = Arc::default();
+        let sink = output.clone();
+        let (done_tx, done) = mpsc::channel::<()>();
         std::thread::spawn(move || {
             // Keep the first `max` bytes, count (and drop) the rest: the pipe must be drained
             // or a chatty command blocks on it forever.
-            let mut kept = Vec::new();
-            let mut total = 0usize;
             let mut buf = [0u8; 8192];
             loop {
                 match reader.read(&mut buf) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        total += n;
-                        let room = max.saturating_sub(kept.len());
-                        kept.extend_from_slice(&buf[..n.min(room)]);
+                        let mut o = sink.lock().unwrap_or_else(|e| e.into_inner());
+                        o.1 += n;
+                        let room = max.saturating_sub(o.0.len());
+                        o.0.extend_from_slice(&buf[..n.min(room)]);
                     }
                 }
             }
-            let _ = tx.send((kept, total));
+            let _ = done_tx.send(());
         });
         let deadline = Instant::now() + self.shell_timeout;
         let mut timed_out = false;
@@ -319,13 +322,18 @@ impl Tools {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        let (kept, total) = rx.recv_timeout(DRAIN_AFTER_EXIT).unwrap_or((Vec::new(), 0));
+        // A background job of the command may hold the pipe open: wait a little, not for it.
+        let held_open = done.recv_timeout(DRAIN_AFTER_EXIT).is_err();
+        let (kept, total) = output.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut text = String::from_utf8_lossy(&kept).into_owned();
         if total > kept.len() {
             text.push_str(&format!(
                 "\n[truncated: {} of {total} bytes of output shown]",
                 kept.len()
             ));
+        }
+        if held_open {
+            text.push_str("\n[a background process still holds the output open: not waited for]");
         }
         use std::os::unix::process::ExitStatusExt;
         let tail = if timed_out {
@@ -550,6 +558,15 @@ mod tests {
         assert!(!o.is_error);
         let o = t.run(SHELL, &json!({"command": "true"}));
         assert_eq!(o, Outcome::ok("[no output]"));
+        // A background job holding the output: what came before is kept, the job not waited for.
+        let bg = format!("sleep 4.{}", std::process::id());
+        let t0 = Instant::now();
+        let o = t.run(SHELL, &json!({"command": format!("echo hi; {bg} &")}));
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        assert_eq!(
+            o,
+            Outcome::ok("hi\n\n[a background process still holds the output open: not waited for]")
+        );
         // A timeout kills the command and what it started.
         t.shell_timeout = Duration::from_millis(300);
         let marker = format!("sleep 7.{}", std::process::id());
