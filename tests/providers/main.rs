@@ -11,8 +11,11 @@
 //!
 //! - `claude`: Claude Code (`claude -p --input-format stream-json --output-format stream-json`).
 //! - `acp`: an Agent Client Protocol agent (Claude's ACP adapter) through paddock's ACP bridge.
+//! - `openai`: paddock's own agent loop (`paddock __bridge openai`) against `fake_openai.rs`; no CLI, never ignored.
 
 mod acp;
 mod claude;
 mod fake_anthropic;
+mod fake_openai;
 mod harness;
+mod openai;

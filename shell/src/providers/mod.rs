@@ -176,7 +176,8 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
                     "the openai-api provider needs a model name (the endpoint's own, e.g. gpt-4.1)",
                 ));
             }
-            Ok(())
+            bridge::openai::check_config(&config.provider_config)
+                .map_err(|e| Error::new(ErrorCode::CreationFailed, e))
         }
     }
 }
