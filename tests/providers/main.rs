@@ -10,7 +10,10 @@
 //! (or with `PADDOCK_CLAUDE_BIN=/path/to/claude`).
 //!
 //! - `claude`: Claude Code (`claude -p --input-format stream-json --output-format stream-json`).
+//! - `gemini`: Gemini CLI behind `paddock __bridge gemini` (one `gemini -p` per turn), against `fake_gemini.rs`.
 
 mod claude;
 mod fake_anthropic;
+mod fake_gemini;
+mod gemini;
 mod harness;

@@ -17,17 +17,21 @@
 //! `$HOME/.gemini/projects.json`), and `--resume <uuid>` continues it under the same id: the
 //! next request to the model carries the whole earlier conversation. A lost conversation makes
 //! the CLI exit 1 before any output ("Error resuming session: Invalid session identifier …").
+//! A new conversation whose first turn fails (an API error) is not kept at all (the next
+//! `--resume` of its id exits 42, "No previous sessions found for this project"), so the bridge
+//! adopts a new id — and tells the daemon, [`Out::init`] — only when a turn ends in success;
+//! until then each turn starts a new conversation.
 //!
 //! # Mapping
 //!
 //! | gemini prints | bridge prints ([`Out`]) | daemon sees |
 //! |---|---|---|
-//! | `init` (`session_id`, `model`) | [`Out::init`] when the id is new | `SessionRef` (kept for `--resume`) |
+//! | `init` (`session_id`, `model`) | [`Out::init`], for a new id once the turn succeeded (above) | `SessionRef` (kept for `--resume`) |
 //! | `message`, `role: user` (the CLI echoing our prompt) | nothing | — |
 //! | `message`, `role: assistant` (`delta: true` chunks) | collected; one [`Out::text`] when something else comes | `STATUS` |
 //! | `tool_use` (`tool_name`, `tool_id`, `parameters`) | [`Out::tool_use`] | `TOOL_CALL` |
 //! | `tool_result` (`tool_id`, `status`, `output` / `error.message`) | [`Out::tool_result`], an error unless `status: success` | `TOOL_RESULT` |
-//! | `result`, `status: success`, `stats` | [`Out::result`]: the last assistant text since the last tool, the stats' tokens | `COMPLETION` |
+//! | `result`, `status: success`, `stats` | the pending assistant text with the turn's usage, then [`Out::result`]: the text since the last tool, the same totals | `STATUS` with the tokens, then `COMPLETION` |
 //! | `result`, `status: error`, `error.message` | [`Out::result`] with `is_error` (and the API's HTTP status, if it was an API error) | `ERROR` |
 //! | `error` (a non-fatal warning), anything else, non-JSON | [`Out::raw`], verbatim | stored and counted |
 //! | the process killed by a signal, or exiting without a `result` | [`die_like`]: the bridge dies the same way | crash, OBEY-2031 |
@@ -43,7 +47,12 @@
 //! `candidatesTokenCount`, `total_tokens` = `totalTokenCount`, which also counts the
 //! `thoughtsTokenCount` the stats have no field for. Thinking tokens are billed as output, so
 //! output = `total_tokens - input_tokens` (never less than `output_tokens`). No usage is known
-//! before the turn ends: a token budget is crossed, at the earliest, by a turn's `result`.
+//! before the turn ends. The bridge prints the last assistant text (the answer) only when the
+//! `result` comes, with the turn's usage on it, and the `result` with the same totals (the
+//! reader counts only what the answer did not): like Claude Code's final message, the answer
+//! is the activity that crosses a token budget, which fails the session (OBEY-2013); a turn
+//! that ends without text puts its tokens on the `COMPLETION` (the budget then refuses the next
+//! message instead).
 //!
 //! # API errors
 //!
@@ -75,8 +84,11 @@
 //! `GEMINI_CLI_NO_RELAUNCH=true` (unless the session's environment sets it): by default the
 //! CLI re-executes itself as a child node process with a bigger heap and waits for it, and a
 //! signal that kills that child shows as the parent's plain `exit 1`. With one process, a
-//! crash is seen as what it was, and the turn starts faster. Shell commands run on a pty
-//! (node-pty) in a session of their own; they get SIGHUP when the CLI dies.
+//! crash is seen as what it was, and the turn starts faster. Shell commands run detached, in a
+//! process group of their own, which the daemon's TERM to the bridge's group does not
+//! reach and gemini does not end when it is told to stop: [`reaper`] ends them.
+
+mod reaper;
 
 use std::process::Command;
 
@@ -98,6 +110,7 @@ const TEXT_MAX: usize = 64 * 1024;
 pub fn run(bridge: &Bridge) -> Result<(), String> {
     let argv = agent_command(Provider::Gemini, &bridge.config)?;
     let policy = PermissionPolicy::parse(bridge.config("permissions"))?;
+    reaper::install();
     let mut session = bridge.resume.clone();
     while let Some(message) = bridge.input.next_user() {
         if message.len() > PROMPT_MAX {
@@ -119,6 +132,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
         session = turn.session_id.clone();
         let end = turn.finish(&exit);
+        reaper::reap_orphans();
         match end {
             Some(end) => bridge.out.result(&end),
             None => die_like(&exit, "gemini"),
@@ -173,10 +187,10 @@ fn permission_args(policy: &PermissionPolicy) -> Vec<String> {
 /// One turn's reading of gemini's stdout.
 #[derive(Debug, Default)]
 struct Turn {
-    /// The conversation id: the one resumed, then the one `init` reported.
+    /// The conversation id: the one resumed, or a new one once the turn succeeded.
     session_id: Option<String>,
-    /// Whether this turn already told the daemon the id.
-    announced: bool,
+    /// The id `init` reported, if it is not `session_id`.
+    new_id: Option<String>,
     /// Assistant text not yet printed (gemini streams it in chunks).
     pending_text: String,
     /// The assistant's text since the turn's last tool call: its answer.
@@ -203,11 +217,11 @@ impl Turn {
         match field("type") {
             Some("init") => match field("session_id") {
                 Some(id) if !id.is_empty() => {
-                    if !self.announced || self.session_id.as_deref() != Some(id) {
+                    if self.session_id.as_deref() == Some(id) {
                         out.init(id);
-                        self.announced = true;
+                    } else {
+                        self.new_id = Some(id.to_string());
                     }
-                    self.session_id = Some(id.to_string());
                 }
                 _ => out.raw(line),
             },
@@ -244,8 +258,25 @@ impl Turn {
                 None => out.raw(line),
             },
             Some("result") => {
+                let success = v.get("status").and_then(Value::as_str) == Some("success");
+                if success {
+                    if let Some(id) = self.new_id.take() {
+                        out.init(&id);
+                        self.session_id = Some(id);
+                    }
+                }
+                let end = self.result(&v);
+                if success && !self.pending_text.trim().is_empty() {
+                    // The answer carries the turn's usage, as Claude Code's last message does:
+                    // a budget it crosses fails the session, not merely the next message.
+                    let text = std::mem::take(&mut self.pending_text);
+                    out.assistant(
+                        vec![serde_json::json!({"type": "text", "text": text})],
+                        Some(end.usage),
+                    );
+                }
                 self.flush(out);
-                self.end = Some(self.result(&v));
+                self.end = Some(end);
             }
             _ => out.raw(line),
         }
@@ -432,21 +463,27 @@ mod tests {
             .iter()
             .map(|v| v["type"].as_str().unwrap_or("?"))
             .collect();
-        assert_eq!(types, ["system", "assistant", "user", "assistant", "result"]);
+        // The new conversation's id comes once the turn has succeeded, before the answer.
         assert_eq!(
-            printed[0]["session_id"],
+            types,
+            ["assistant", "user", "system", "assistant", "result"]
+        );
+        assert_eq!(
+            printed[2]["session_id"],
             "2c51fa12-efa2-4df8-8170-dba6d54d2854"
         );
-        let call = &printed[1]["message"]["content"][0];
+        let call = &printed[0]["message"]["content"][0];
         assert_eq!(call["name"], "run_shell_command");
         assert_eq!(call["input"]["command"], "echo hi > made.txt");
-        let result = &printed[2]["message"]["content"][0];
+        let result = &printed[1]["message"]["content"][0];
         assert_eq!(result["tool_use_id"], call["id"]);
         assert_eq!(result["is_error"], false);
-        assert_eq!(
-            printed[3]["message"]["content"][0]["text"],
-            "Part one. Part two."
-        );
+        // The answer, its chunks joined, carries the turn's usage.
+        let answer = &printed[3]["message"];
+        assert_eq!(answer["content"][0]["text"], "Part one. Part two.");
+        assert_eq!(answer["usage"]["input_tokens"], 700);
+        assert_eq!(answer["usage"]["cache_read_input_tokens"], 300);
+        assert_eq!(answer["usage"]["output_tokens"], 47);
         let end = end.unwrap();
         assert!(!end.is_error);
         assert_eq!(end.text, "Part one. Part two.");
@@ -509,7 +546,25 @@ mod tests {
         let end = end.unwrap();
         assert!(end.is_error);
         assert_eq!(end.api_error_status, Some(429));
-        assert!(end.text.starts_with("[API Error: fake 429]"), "{}", end.text);
+        assert!(
+            end.text.starts_with("[API Error: fake 429]"),
+            "{}",
+            end.text
+        );
+    }
+
+    #[test]
+    fn a_new_conversation_is_adopted_only_when_its_turn_succeeds() {
+        let failed = r#"{"type":"init","session_id":"new-1","model":"m"}
+{"type":"result","status":"error","error":{"type":"unknown","message":"[API Error: {\"error\":{\"code\":400,\"message\":\"bad\",\"status\":\"INVALID_ARGUMENT\"}}]"},"stats":{}}"#;
+        let (printed, end) = translate(failed, &ok());
+        assert!(printed.iter().all(|v| v["type"] != "system"), "{printed:?}");
+        assert_eq!(end.unwrap().session_id, None);
+        let good = r#"{"type":"init","session_id":"new-2","model":"m"}
+{"type":"result","status":"success","stats":{}}"#;
+        let (printed, end) = translate(good, &ok());
+        assert_eq!(printed[0]["session_id"], "new-2");
+        assert_eq!(end.unwrap().session_id.as_deref(), Some("new-2"));
     }
 
     #[test]
@@ -577,6 +632,46 @@ mod tests {
             permission_args(&PermissionPolicy::Deny),
             ["--approval-mode", "default"]
         );
+    }
+
+    /// The recording of a real gemini-cli 0.61.0 turn (a shell command, a text, a file
+    /// written, an answer; `tests/providers/gemini.rs` checks it is current and can record it
+    /// anew) through the bridge and the daemon's reader: the activities a client sees.
+    #[test]
+    fn recorded_real_output_as_activities() {
+        use crate::providers::claude_stream::{self, ClaudeStreamParser};
+        use paddock_core::ProviderEvent;
+
+        let recorded = include_str!("../../../../tests/providers/recordings/gemini_stream.jsonl");
+        let (printed, end) = translate(recorded, &ok());
+        assert!(end.is_some());
+        let mut parser = ClaudeStreamParser::new();
+        let mut acts = Vec::new();
+        for line in &printed {
+            for p in parser.parse_line(&line.to_string()) {
+                acts.push(match p {
+                    claude_stream::Parsed::Event(ProviderEvent::SessionRef(_)) => {
+                        serde_json::json!({"session_ref": "<gemini session id>"})
+                    }
+                    claude_stream::Parsed::Event(ProviderEvent::Activity(a)) => {
+                        let mut o =
+                            serde_json::json!({"type": a.kind().name(), "content": a.content});
+                        if !a.tool_name.is_empty() {
+                            o["tool"] = serde_json::json!(a.tool_name);
+                        }
+                        if a.kind() == paddock_core::ActivityKind::ToolResult {
+                            o["success"] = serde_json::json!(a.tool_success);
+                        }
+                        if a.tokens_input != 0 || a.tokens_output != 0 {
+                            o["tokens"] = serde_json::json!([a.tokens_input, a.tokens_output]);
+                        }
+                        o
+                    }
+                    other => serde_json::json!(format!("{other:?}")),
+                });
+            }
+        }
+        insta::assert_yaml_snapshot!("gemini_recorded_stream", acts);
     }
 
     #[test]
