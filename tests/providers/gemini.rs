@@ -220,11 +220,12 @@ async fn gemini_tool_turn_changes_files_and_counts_real_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
-async fn gemini_conversation_continues_across_turns_and_session_restarts() {
-    let g = G::start(vec![
+async fn gemini_conversation_continues_across_turns_session_restarts_and_daemon_crashes() {
+    let mut g = G::start(vec![
         Reply::text("Noted: swordfish."),
         Reply::text("You said swordfish."),
         Reply::text("Still swordfish after a session restart."),
+        Reply::text("Still swordfish after a daemon restart."),
     ])
     .await;
     let s = g.session().await;
@@ -269,9 +270,31 @@ async fn gemini_conversation_continues_across_turns_and_session_restarts() {
         ],
     );
     assert_eq!(g.conversations(), conv);
+
+    // The daemon dies (SIGKILL); the bridge lives on in the runner and the next daemon takes
+    // it back: same process, same conversation.
+    let before = g.w.get(&s.id).await;
+    g.w.kill9();
+    g.w.launch().await;
+    let f = g.w.get(&s.id).await;
+    assert_eq!(f.status, S::Running as i32, "{}", f.error_message);
+    assert_eq!(f.pid, before.pid);
+    let a4 = g.w.send(&s.id, "And after the crash?").await;
+    assert_eq!(a4[1].content, "Still swordfish after a daemon restart.");
+    assert_conversation(
+        &g.fake.stream_requests()[3],
+        &[
+            "Remember the word swordfish.",
+            "What was the word?",
+            "And now?",
+            "Still swordfish after a session restart.",
+            "And after the crash?",
+        ],
+    );
+    assert_eq!(g.conversations(), conv);
     // Every turn's tokens were stored (100 in + 10 out per answer, by default).
     let info = g.w.get(&s.id).await;
-    assert_eq!((info.tokens_input, info.tokens_output), (300, 30));
+    assert_eq!((info.tokens_input, info.tokens_output), (400, 40));
     g.w.stop(&s.id, true).await.expect("stop");
 }
 
@@ -281,21 +304,35 @@ async fn gemini_model_api_errors_end_the_turn_with_an_error() {
     let g = G::start(vec![
         Reply::error(500),
         Reply::error(400),
+        Reply::error(429),
         Reply::text("Recovered."),
     ])
     .await;
     let s = g.session().await;
     let mut turns = Vec::new();
-    for (msg, status) in [("one", "500"), ("two", "400"), ("three", "")] {
+    for (msg, status) in [
+        ("one", "500"),
+        ("two", "400"),
+        ("three", "429"),
+        ("four", ""),
+    ] {
         let acts = g.w.send(&s.id, msg).await;
         if status.is_empty() {
             assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
         } else {
             assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
+            // (The CLI rewrites a 429's message: the status comes from its stderr.)
             assert!(
-                acts[0].content.starts_with(&format!(
-                    "gemini: API error status {status}: fake {status} from the paddock test server"
-                )),
+                acts[0]
+                    .content
+                    .starts_with(&format!("gemini: API error status {status}: ")),
+                "{}",
+                acts[0].content
+            );
+            assert!(
+                acts[0]
+                    .content
+                    .contains(&format!("fake {status} from the paddock test server")),
                 "{}",
                 acts[0].content
             );
@@ -307,7 +344,7 @@ async fn gemini_model_api_errors_end_the_turn_with_an_error() {
         turns.push(json!({ "message": msg, "activities": g.render(&acts) }));
     }
     // One request per error: no retries.
-    assert_eq!(g.fake.stream_requests().len(), 3);
+    assert_eq!(g.fake.stream_requests().len(), 4);
     insta::assert_yaml_snapshot!("gemini_api_errors", Value::Array(turns));
     g.w.stop(&s.id, true).await.expect("stop");
 }
