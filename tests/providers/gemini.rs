@@ -83,9 +83,11 @@ impl G {
         serde_json::from_str(&v.replace(&self.fake.addr.to_string(), "<fake-server>")).unwrap()
     }
 
-    /// The gemini conversations stored under `$HOME/.gemini/tmp/<project>/chats/`: their ids.
+    /// The ids of the gemini conversations stored under `$HOME/.gemini/tmp/<project>/chats/`.
+    /// (One conversation may have more than one file: a resumed run sometimes starts a new
+    /// `session-<time>-<id>.jsonl` under the same id.)
     fn conversations(&self) -> Vec<String> {
-        let mut ids = Vec::new();
+        let mut ids = std::collections::BTreeSet::new();
         let tmp = self.w.home.join(".gemini/tmp");
         for project in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
             for chat in std::fs::read_dir(project.path().join("chats"))
@@ -100,11 +102,11 @@ impl G {
                     .and_then(|l| serde_json::from_str(l).ok())
                     .unwrap_or(Value::Null);
                 if let Some(id) = first["sessionId"].as_str() {
-                    ids.push(id.to_string());
+                    ids.insert(id.to_string());
                 }
             }
         }
-        ids
+        ids.into_iter().collect()
     }
 }
 
@@ -515,6 +517,34 @@ async fn gemini_permission_policy_becomes_its_approval_mode() {
         "{offered:?}"
     );
     g.w.stop(&s.id, true).await.expect("stop");
+}
+
+/// A conversation gemini no longer has: the resumed CLI exits 42 at the next message, and the
+/// bridge with it — a crash (OBEY-2031) that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn gemini_lost_conversation_fails_the_resumed_turn_with_the_cli_stderr() {
+    let g = G::start(vec![Reply::text("First.")]).await;
+    let s = g.session().await;
+    g.w.send(&s.id, "Hello.").await;
+    g.w.stop(&s.id, true).await.expect("stop");
+    let tmp = g.w.home.join(".gemini/tmp");
+    assert_eq!(g.conversations().len(), 1);
+    std::fs::remove_dir_all(&tmp).unwrap();
+    let r = g.w.restart(&s.id).await;
+    assert!(cmdline(r.pid as u32).contains("--resume"), "{r:?}");
+    let acts = g.w.send(&s.id, "Still there?").await;
+    assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
+    let f = g.w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(f.error_code, "OBEY-2031", "{f:?}");
+    assert!(
+        f.error_message.contains("exit code 42")
+            && f.error_message.contains("Error resuming session"),
+        "{}",
+        f.error_message
+    );
+    // Only the first turn reached the model.
+    assert_eq!(g.fake.stream_requests().len(), 1);
 }
 
 /// No CLI needed: a missing binary is refused at CreateSession with OBEY-2004, naming it.

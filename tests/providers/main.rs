@@ -10,7 +10,7 @@
 //! (or with `PADDOCK_CLAUDE_BIN=/path/to/claude`).
 //!
 //! - `claude`: Claude Code (`claude -p --input-format stream-json --output-format stream-json`).
-//! - `gemini`: Gemini CLI behind `paddock __bridge gemini` (one `gemini -p` per turn), against `fake_gemini.rs`.
+//! - `gemini`: Gemini CLI behind `paddock __bridge gemini` (one `gemini` run per turn; `PADDOCK_GEMINI_BIN`), against `fake_gemini.rs`.
 
 mod claude;
 mod fake_anthropic;

@@ -1,4 +1,4 @@
-//! The gemini bridge: one `gemini -p … --output-format stream-json` process per turn.
+//! The gemini bridge: one `gemini --prompt=… --output-format stream-json` process per turn.
 //!
 //! Gemini CLI (checked against 0.61.0, the version pinned in `tests/npm/package.json`) has no
 //! long-lived stdio protocol in headless mode: each turn is one process, started in the
@@ -16,9 +16,10 @@
 //! (`<project>` is a short name for the working directory, registered in
 //! `$HOME/.gemini/projects.json`), and `--resume <uuid>` continues it under the same id: the
 //! next request to the model carries the whole earlier conversation. A lost conversation makes
-//! the CLI exit 1 before any output ("Error resuming session: Invalid session identifier …").
-//! A new conversation whose first turn fails (an API error) is not kept at all (the next
-//! `--resume` of its id exits 42, "No previous sessions found for this project"), so the bridge
+//! the CLI exit 42 before any output ("Error resuming session: No previous sessions found for
+//! this project" / "Invalid session identifier …"): the bridge dies with it (a crash).
+//! A new conversation whose first turn fails (an API error) is not kept at all (a `--resume`
+//! of its id fails like a lost one), so the bridge
 //! adopts a new id — and tells the daemon, [`Out::init`] — only when a turn ends in success;
 //! until then each turn starts a new conversation.
 //!
@@ -56,8 +57,9 @@
 //!
 //! # API errors
 //!
-//! A failed model call ends the turn with `result` / `status: error` and an exit code (244 for
-//! a 500; 0 for others); the CLI never prints the HTTP status on its own line. The message is
+//! A failed model call ends the turn with `result` / `status: error`, and the CLI exits with
+//! the HTTP status as its exit code, modulo 256 (400 → 144, 429 → 173, 500 → 244), which the
+//! bridge does not rely on; the `result` has no status field of its own. The message is
 //! `[API Error: <the API's error JSON>]` (`{"error":{"code":500,"message":…,"status":…}}`),
 //! from which the status is read; for a 429 the CLI rewrites it (`[API Error: <message>]\nPlease
 //! wait…`), and the status is then read from the `status: 429` its stderr shows. By default the
@@ -107,6 +109,8 @@ const TOOL_OUTPUT_MAX: usize = 16 * 1024;
 /// Longest final answer or error text kept for the `result` line.
 const TEXT_MAX: usize = 64 * 1024;
 
+/// Runs one gemini process per user message until the daemon closes stdin. Err only when
+/// gemini cannot be started at all (the daemon sees the bridge exit: a crash).
 pub fn run(bridge: &Bridge) -> Result<(), String> {
     let argv = agent_command(Provider::Gemini, &bridge.config)?;
     let policy = PermissionPolicy::parse(bridge.config("permissions"))?;
@@ -159,8 +163,9 @@ fn command(
         cmd.args(["--resume", id]);
     }
     cmd.args(permission_args(policy));
-    // `--prompt=…` in one argument: a message starting with `-` stays a message.
-    cmd.arg(format!("--prompt={message}"));
+    // `--prompt=…` in one argument: a message starting with `-` stays a message. (A NUL
+    // cannot be in an argument: it is dropped.)
+    cmd.arg(format!("--prompt={}", message.replace('\0', "")));
     if std::env::var_os("GEMINI_CLI_NO_RELAUNCH").is_none() {
         cmd.env("GEMINI_CLI_NO_RELAUNCH", "true");
     }
