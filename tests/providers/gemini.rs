@@ -4,12 +4,15 @@
 //!
 //! Facts of the CLI these tests rely on (0.61.0): `GOOGLE_GEMINI_BASE_URL` points it at the
 //! fake server and any `GEMINI_API_KEY` works once `$HOME/.gemini/settings.json` selects API-key
-//! auth (`security.auth.selectedType: "gemini-api-key"`; without it the headless CLI refuses
-//! to start); `general.maxAttempts: 1` there makes a failing model call end the turn at once
+//! auth (`security.auth.selectedType: "gemini-api-key"`; without it the headless CLI only says
+//! "Invalid auth method selected."); `general.maxAttempts: 1` there makes a failing model call end the turn at once
 //! (by default it tries 10 times with back-off: minutes for a 5xx); `--skip-trust` trusts the
-//! working directory; its conversations live under `$HOME/.gemini/tmp/<project>/chats/`; a
-//! failed call writes a report to `$TMPDIR` (the tests point it into their tempdir). Each turn
-//! is a new node process, which takes 2–6 s to start: the tests keep their turns few.
+//! working directory; `privacy.usageStatisticsEnabled: false` stops its only side traffic (Google's
+//! usage logging: without it, strace shows DNS lookups; with it, no connection but to the fake
+//! server);
+//! its conversations live under `$HOME/.gemini/tmp/<project>/chats/`; a failed call writes a
+//! report to `$TMPDIR` (the tests point it into their tempdir). Each turn is a new node process
+//! that takes a second or more to start (more on a busy machine): the tests keep turns few.
 
 use std::time::{Duration, Instant};
 
