@@ -134,6 +134,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         let mut turn = Turn::new(session.clone());
         let exit = run_turn(&mut cmd, |line| turn.line(line, &bridge.out))
             .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
+        reaper::park_if_stopping();
         session = turn.session_id.clone();
         let end = turn.finish(&exit);
         reaper::reap_orphans();

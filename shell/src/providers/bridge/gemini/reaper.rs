@@ -18,7 +18,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;
 use std::os::fd::IntoRawFd;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::Pid;
@@ -26,7 +26,11 @@ use nix::unistd::Pid;
 /// The pipe's write end, for the signal handler (-1 until installed).
 static WAKE: AtomicI32 = AtomicI32::new(-1);
 
+/// Set by the handler: the bridge is being stopped, the reaper thread will end it.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn on_term(_: nix::libc::c_int) {
+    STOPPING.store(true, Ordering::SeqCst);
     let fd = WAKE.load(Ordering::Relaxed);
     if fd >= 0 {
         // SAFETY: write(2) is async-signal-safe; the byte is on the stack of this call.
@@ -64,6 +68,15 @@ pub fn install() {
     );
     // SAFETY: the handler only calls write(2) on a descriptor that stays open.
     let _ = unsafe { signal::sigaction(Signal::SIGTERM, &action) };
+}
+
+/// Once a TERM came, the reaper thread ends the bridge when the tools are gone: the caller
+/// (gemini has just exited, of that same TERM) waits for it instead of dying first, which
+/// would leave the tools behind.
+pub fn park_if_stopping() {
+    while STOPPING.load(Ordering::SeqCst) {
+        std::thread::park_timeout(std::time::Duration::from_secs(1));
+    }
 }
 
 /// KILLs the process group of each of our descendants other than our own group, and each
