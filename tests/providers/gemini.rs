@@ -468,8 +468,9 @@ fn nonce() -> u32 {
         % 100_000
 }
 
-/// `permissions: deny` is gemini's `default` approval mode: headless, the CLI does not offer
-/// the model its shell or write tools at all, and a call to one fails as an unknown tool.
+/// A permission policy is gemini's `default` approval mode (with `--allowed-tools` for an
+/// allow-list): headless, the CLI does not offer the model the tools that need approval at
+/// all, and a call to one fails as an unknown tool; an allowed tool is offered and runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn gemini_permission_policy_becomes_its_approval_mode() {
@@ -519,6 +520,65 @@ async fn gemini_permission_policy_becomes_its_approval_mode() {
             .any(|t| t == "run_shell_command" || t == "write_file"),
         "{offered:?}"
     );
+    g.w.stop(&s.id, true).await.expect("stop");
+
+    // `allow:run_shell_command`: that tool, and no other that needs approval, is offered and
+    // runs — but a command with a redirection (`>`) still needs a confirmation gemini cannot
+    // ask for headless (its policy engine's `allowRedirection` defaults to false).
+    g.fake.push([
+        Reply::call(
+            "run_shell_command",
+            json!({"command": "echo no > redirected.txt", "description": "Redirected"}),
+        ),
+        Reply::call(
+            "run_shell_command",
+            json!({"command": "touch allowed.txt", "description": "Allowed"}),
+        ),
+        Reply::text("Done."),
+    ]);
+    let mut req = g.request();
+    req.provider_config
+        .insert("permissions".into(), "allow:run_shell_command".into());
+    let s = g.w.create(req).await;
+    let acts = g.w.send(&s.id, "Create two files.").await;
+    assert_eq!(
+        kinds(&acts),
+        [
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "COMPLETION"
+        ],
+        "{acts:#?}"
+    );
+    assert!(!acts[1].tool_success, "{acts:#?}");
+    assert!(
+        acts[1].content.contains("requires user confirmation"),
+        "{}",
+        acts[1].content
+    );
+    assert!(!g.w.root.join("redirected.txt").exists());
+    assert!(acts[3].tool_success, "{acts:#?}");
+    assert!(g.w.root.join("allowed.txt").exists());
+    let offered: Vec<String> = g.fake.stream_requests()[2].body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| {
+            t["functionDeclarations"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|f| f["name"].as_str().map(String::from))
+        .collect();
+    assert!(
+        offered.iter().any(|t| t == "run_shell_command"),
+        "{offered:?}"
+    );
+    assert!(!offered.iter().any(|t| t == "write_file"), "{offered:?}");
     g.w.stop(&s.id, true).await.expect("stop");
 }
 

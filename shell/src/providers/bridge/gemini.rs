@@ -9,7 +9,7 @@
 //!        --approval-mode … [--allowed-tools …] --prompt=<the user's message>
 //! ```
 //!
-//! with stdin closed. It prints JSON lines ([`Turn::line`] reads them) and exits. The bridge
+//! with stdin closed. It prints JSON lines (`Turn::line` reads them) and exits. The bridge
 //! remembers the `session_id` of the `init` line and passes it back as `--resume` on the next
 //! turn, so the turns of one paddock session are one gemini conversation. The CLI keeps that
 //! conversation under `$HOME/.gemini/tmp/<project>/chats/session-<date>-<id prefix>.jsonl`
@@ -79,7 +79,11 @@
 //! | `deny` | `--approval-mode default`: only the read-only tools |
 //! | `allow:run_shell_command,write_file` | `--approval-mode default --allowed-tools run_shell_command,write_file` (gemini's tool names; deprecated in 0.61 in favour of policy files, still honoured) |
 //!
-//! So the daemon is never asked (no `control_request`): the policy is applied by gemini itself.
+//! So the daemon is never asked (no `control_request`): the policy is applied by gemini itself,
+//! with gemini's rules: a tool it would still want confirmed is refused (`Tool execution for
+//! "Shell" requires user confirmation, which is not supported in non-interactive mode`), e.g.
+//! an allowed `run_shell_command` whose command uses a redirection (`>`), and a tool it does not
+//! offer fails as unknown (`Tool "write_file" not found`). Both are failed `TOOL_RESULT`s.
 //!
 //! # Process
 //!
@@ -88,7 +92,7 @@
 //! signal that kills that child shows as the parent's plain `exit 1`. With one process, a
 //! crash is seen as what it was, and the turn starts faster. Shell commands run detached, in a
 //! process group of their own, which the daemon's TERM to the bridge's group does not
-//! reach and gemini does not end when it is told to stop: [`reaper`] ends them.
+//! reach and gemini does not end when it is told to stop: the `reaper` submodule ends them.
 
 mod reaper;
 
