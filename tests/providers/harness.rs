@@ -554,3 +554,49 @@ pub async fn wait_no_process_in(dir: &Path, limit: Duration) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+// ── gemini ─────────────────────────────────────────────────────────────────────────────────────
+
+/// The Gemini CLI: `PADDOCK_GEMINI_BIN`, else `tests/npm/node_modules/.bin/gemini` (the version
+/// is pinned in tests/npm/package.json).
+pub fn gemini_bin() -> PathBuf {
+    npm_bin("PADDOCK_GEMINI_BIN", "gemini")
+}
+
+/// Pids of the live children of `pid`.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) && alive(child) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// Waits until `pid` is gone or runs something without `needle` in its command line.
+pub async fn wait_gone_with(pid: u32, needle: &str) {
+    let deadline = Instant::now() + WAIT;
+    while alive(pid) && cmdline(pid).contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} still running: {}",
+            cmdline(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

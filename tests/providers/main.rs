@@ -12,10 +12,13 @@
 //! - `claude`: Claude Code (`claude -p --input-format stream-json --output-format stream-json`).
 //! - `acp`: an Agent Client Protocol agent (Claude's ACP adapter) through paddock's ACP bridge.
 //! - `openai`: paddock's own agent loop (`paddock __bridge openai`) against `fake_openai.rs`; no CLI, never ignored.
+//! - `gemini`: Gemini CLI behind `paddock __bridge gemini` (one `gemini` run per turn; `PADDOCK_GEMINI_BIN`), against `fake_gemini.rs`.
 
 mod acp;
 mod claude;
 mod fake_anthropic;
+mod fake_gemini;
 mod fake_openai;
+mod gemini;
 mod harness;
 mod openai;
