@@ -10,7 +10,12 @@
 //! (or with `PADDOCK_CLAUDE_BIN=/path/to/claude`).
 //!
 //! - `claude`: Claude Code (`claude -p --input-format stream-json --output-format stream-json`).
+//! - `codex`: codex through paddock's codex bridge (`codex exec --json` per turn), against a
+//!   fake OpenAI Responses API (`fake_responses.rs`); its bridge tests with a fake `codex`
+//!   script need no CLI.
 
 mod claude;
+mod codex;
 mod fake_anthropic;
+mod fake_responses;
 mod harness;
