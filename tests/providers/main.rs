@@ -13,12 +13,17 @@
 //! - `acp`: an Agent Client Protocol agent (Claude's ACP adapter) through paddock's ACP bridge.
 //! - `openai`: paddock's own agent loop (`paddock __bridge openai`) against `fake_openai.rs`; no CLI, never ignored.
 //! - `gemini`: Gemini CLI behind `paddock __bridge gemini` (one `gemini` run per turn; `PADDOCK_GEMINI_BIN`), against `fake_gemini.rs`.
+//! - `codex`: codex through paddock's codex bridge (`codex exec --json` per turn), against a
+//!   fake OpenAI Responses API (`fake_responses.rs`); its bridge tests with a fake `codex`
+//!   script need no CLI.
 
 mod acp;
 mod claude;
+mod codex;
 mod fake_anthropic;
 mod fake_gemini;
 mod fake_openai;
+mod fake_responses;
 mod gemini;
 mod harness;
 mod openai;

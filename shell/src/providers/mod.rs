@@ -158,6 +158,10 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
             check_model(config)?;
             let argv = agent_command(config.provider, &config.provider_config)
                 .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+            if config.provider == Provider::Codex {
+                bridge::codex::validate_config(&config.provider_config)
+                    .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+            }
             find_on_path(&argv[0], config).map(|_| ()).ok_or_else(|| {
                 Error::new(
                     ErrorCode::CreationFailed,

@@ -1,8 +1,988 @@
-//! The codex bridge (being written).
+//! The codex bridge: one `codex exec --json` process per turn.
+//!
+//! Each user message runs `codex exec --json … -- <prompt>`; once the first turn reported its
+//! thread (`thread.started`), later turns — and a restarted session, which gets the thread id
+//! back as `--resume` — run `codex exec resume --json … -- <thread_id> <prompt>`. Codex keeps
+//! the conversation itself (under `$CODEX_HOME/sessions`, default `~/.codex`), so a resumed
+//! thread needs the same `CODEX_HOME`. The process's stdin is `/dev/null` (an open stdin makes
+//! codex wait for more prompt forever); a prompt that cannot be one argument (over
+//! [`MAX_ARG_PROMPT`] bytes, or exactly `-`, which codex reads as "the prompt is on stdin") is
+//! given as `-` and written to a pipe that is then closed.
+//!
+//! The command line (checked against codex-cli 0.169.0, `tests/providers/codex.rs`):
+//!
+//! ```text
+//! <command> exec [resume] --json --skip-git-repo-check [-m <model>]
+//!     -c approval_policy="never" -c sandbox_mode="<from permissions>"
+//!     -c check_for_update_on_startup=false -c analytics.enabled=false
+//!     [-c <each codex_config line>] -- [<thread_id>] <prompt>
+//! ```
+//!
+//! `<command>` is `provider_config["command"]` (default `codex`). `--skip-git-repo-check`:
+//! a campaign root need not be a git repository (without it codex exits 1, "Not inside a
+//! trusted directory"). Options go after `resume` (`codex exec resume` has no `--sandbox` flag,
+//! so the sandbox is set with `-c` for both forms; a later `-c` of the same key wins).
+//!
+//! ## provider_config
+//!
+//! | key | meaning |
+//! |---|---|
+//! | `command` | the codex command line (split like a shell would) |
+//! | `permissions` | the session's policy, mapped onto codex's sandbox (below) |
+//! | `codex_config` | more codex settings: one `key=value` per line (blank lines and `#` lines skipped), each passed as `-c key=value` after paddock's own, so they win; the value is TOML (a bare word is taken as a string), e.g. `model_provider=fake` or `model_reasoning_effort="low"` |
+//!
+//! ## Permissions
+//!
+//! `codex exec` never asks a human: its approval policy is always `never` here, and what a
+//! tool may do is decided by codex's sandbox alone.
+//!
+//! | `permissions` | codex | what the agent can do |
+//! |---|---|---|
+//! | `allow-all` (default) | `sandbox_mode="danger-full-access"` | run any command, edit any file, use the network |
+//! | `deny` | `sandbox_mode="read-only"` | read files and run commands that only read; writes fail (`Read-only file system`), patches are rejected |
+//! | `allow:…` naming a tool that writes (`command_execution`, `file_change`, or Claude's `Bash`, `Write`, `Edit`, `MultiEdit`, `NotebookEdit`; also `shell`, `exec_command`, `apply_patch`) | `sandbox_mode="workspace-write"` | edit files and run commands inside the working directory (and temp dirs), no network |
+//! | `allow:…` naming none of those | `sandbox_mode="read-only"` | as `deny` |
+//!
+//! Codex's sandbox cannot tell one tool from another beyond this: shell commands and patches
+//! are both writes. As root in paddock's container (Debian 12), codex 0.169's Linux sandbox
+//! works (`read-only` really makes the file system read-only to tool commands, and
+//! `workspace-write` confines writes to the workspace); `allow-all` needs no sandbox at all,
+//! so it runs tools whether or not the sandbox is available on a machine. One quirk of codex
+//! 0.169: a command its sandbox fails within a few milliseconds (`echo x > f` under
+//! `read-only`) is reported to the model but printed as no `command_execution` item at all, so
+//! the session shows no tool call for it; a command that runs a moment longer is printed as
+//! usual (failed, `Read-only file system`). A rejected patch is never printed (codex logs
+//! "patch rejected: writing is blocked by read-only sandbox" on stderr).
+//!
+//! ## What the bridge prints
+//!
+//! | `codex exec --json` | bridge |
+//! |---|---|
+//! | `thread.started {thread_id}` | [`Out::init`] (the daemon keeps the thread id for `--resume`) |
+//! | `turn.started` | nothing |
+//! | `item.completed` `agent_message {text}` | [`Out::text`]; the last one is the turn's result text |
+//! | `item.completed` `reasoning {text}` | [`Out::thinking`] |
+//! | `item.started` / `item.completed` `command_execution {command, aggregated_output, exit_code, status}` | tool `command_execution` `{command}` / its result: the output, failed when `status` is not `completed` or `exit_code` is not 0 |
+//! | `file_change {changes[{path, kind}], status}` | tool `file_change` `{changes}` / `kind path` per line, failed when `status` is `failed` |
+//! | `mcp_tool_call {server, tool, arguments, result, error, status}` | tool `mcp_tool_call` `{server, tool, arguments}` / the result's text blocks or the error |
+//! | `web_search {query}` | tool `web_search` `{query}` / the query |
+//! | `todo_list {items[{text, completed}]}` (started, updated, completed) | [`Out::text`] with a checklist, each time it changes |
+//! | `item.completed` `error {message}` | [`Out::text`] `codex: <message>`: codex's *warnings* (e.g. "Model metadata for `x` not found. Defaulting to fallback metadata"); the turn goes on and may well complete |
+//! | `error {message}` | kept as the turn's last error (codex prints it right before `turn.failed`, and for retried stream errors), and passed on raw |
+//! | `turn.completed {usage}` | [`Out::result`]: success, the last agent message, the usage |
+//! | `turn.failed {error{message}}` | [`Out::result`]: an error with that message |
+//! | anything else (unknown events, items, non-JSON) | [`Out::raw`] |
+//!
+//! A tool item's id is prefixed with the turn's number (`t3:item_0`): codex numbers items from
+//! `item_0` in every process.
+//!
+//! Usage: codex reports it at `turn.completed` only, and as the *thread's* running total, not
+//! the turn's: `input_tokens` (all of them, cached ones included, as the Responses API counts),
+//! `cached_input_tokens` (the cached part), `output_tokens` (reasoning included), and fields
+//! beyond those (0.169 adds `cache_write_input_tokens` — part of `input_tokens` — and
+//! `reasoning_output_tokens` — part of `output_tokens`), summed over every model call of the
+//! thread since it began: a resumed thread's second turn of 100 tokens reports 200. Parsed
+//! leniently (a missing or odd field is 0). The bridge takes the thread's total before the turn
+//! — the last one it saw, or, for the first turn of a restarted bridge, the last `token_count`
+//! event's `total_token_usage` in codex's own record of the thread
+//! (`$CODEX_HOME/sessions/**/rollout-*-<thread_id>.jsonl`; none found: 0) — and reports the
+//! difference. Should a total ever go down (a codex that reports per turn), it is taken as the
+//! turn's own. The result carries input = `input_tokens − cached_input_tokens`, cache read =
+//! `cached_input_tokens`, output = `output_tokens` (each the turn's part), so the daemon's input
+//! total (input + cache reads) counts codex's `input_tokens` once. The model calls of a turn
+//! that did not complete (failed, stopped) are in the thread's total, so they are counted with
+//! the next turn that does.
+//!
+//! How a turn ends:
+//! - `turn.completed` → COMPLETION; `turn.failed` → ERROR with its message (codex 0.169 says
+//!   "We're currently experiencing high demand, …" for a 5xx, the API's error JSON for a 4xx,
+//!   "stream disconnected before completion: …" for a `response.failed`);
+//! - codex exits without either (a lost thread on resume: exit 1, "Error: thread/resume: … no
+//!   rollout found for thread id …"; a bad `-c`; …) → ERROR with the last `error` event's
+//!   message, if any, and the exit status with codex's stderr tail (its backtrace cut off);
+//! - codex killed by a signal (not by a stop) → the bridge ends what codex left running and
+//!   dies by the same signal ([`super::die_like`]), so the daemon sees the crash (codex's npm
+//!   launcher killed leaves the codex binary holding stdout: the bridge reads at most
+//!   [`DRAIN_AFTER_EXIT`] past its child's exit);
+//! - codex cannot be started → ERROR.
+//!
+//! The session goes on after an ERROR turn: the next message runs codex again (resuming the
+//! thread if there is one).
+//!
+//! ## Stopping, and codex's tool processes
+//!
+//! Codex runs each tool command in a session of its own (`setsid`: pgid = sid = the tool's
+//! shell), so the daemon's TERM/KILL to the bridge's process group does not reach it. On TERM
+//! codex kills the tool's shell (on KILL the shell dies with it too), but not what the shell
+//! started: `sleep 300; echo done` leaves `sleep 300` running, reparented. The
+//! bridge therefore makes itself a child subreaper (`PR_SET_CHILD_SUBREAPER`): a tool process
+//! orphaned by codex becomes the bridge's child. On SIGTERM / SIGINT / SIGHUP, once codex has
+//! exited (it got the signal with the group; the bridge passes it on too), and when the daemon
+//! closes its stdin, the bridge TERMs every process still below it, KILLs what is left after
+//! [`SWEEP_GRACE`], and then dies by the signal it got (or exits 0). Between turns it only
+//! reaps orphans that already ended: a tool's background process (a server the model started)
+//! lives as long as the session. If the bridge itself is KILLed, the orphans it had adopted go
+//! to init, as without a bridge.
 
-use super::Bridge;
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 
-pub fn run(bridge: &Bridge) -> Result<(), String> {
-    let _ = bridge;
-    Err("the codex bridge is not written yet".into())
+use paddock_core::Provider;
+use serde_json::{json, Value};
+
+use super::wire::{Out, TurnEnd, Usage};
+use super::{die_like, pass_stderr, Bridge, TurnExit};
+use crate::providers::{agent_command, PermissionPolicy};
+
+/// Longest prompt given as an argument; a longer one goes through stdin (Linux refuses a single
+/// argument over 128 KiB).
+pub const MAX_ARG_PROMPT: usize = 100_000;
+
+/// How long the bridge still reads codex's stdout after codex exited (something it left behind
+/// may hold the pipe open).
+pub const DRAIN_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long the tool processes left behind get between TERM and KILL when the bridge ends.
+pub const SWEEP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Tools whose permission lets a codex session write (an `allow:` list naming one of these runs
+/// codex with `workspace-write`).
+const WRITING_TOOLS: &[&str] = &[
+    "command_execution",
+    "file_change",
+    "shell",
+    "exec_command",
+    "apply_patch",
+    "Bash",
+    "Write",
+    "Edit",
+    "MultiEdit",
+    "NotebookEdit",
+];
+
+/// The codex sandbox for a session's permission policy (see the module doc).
+pub fn sandbox_mode(policy: &PermissionPolicy) -> &'static str {
+    match policy {
+        PermissionPolicy::AllowAll => "danger-full-access",
+        PermissionPolicy::Deny => "read-only",
+        PermissionPolicy::Allow(tools) => {
+            if tools.iter().any(|t| WRITING_TOOLS.contains(&t.as_str())) {
+                "workspace-write"
+            } else {
+                "read-only"
+            }
+        }
+    }
 }
+
+/// `provider_config["codex_config"]`: one `key=value` per line, blank and `#` lines skipped.
+pub fn extra_config(text: Option<&str>) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.unwrap_or("").lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match line.split_once('=') {
+            Some((k, _)) if !k.trim().is_empty() => out.push(line.to_string()),
+            _ => {
+                return Err(format!(
+                    "codex_config line {} is not key=value: {line:?}",
+                    n + 1
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checks a codex session's provider_config (at CreateSession).
+pub fn validate_config(config: &std::collections::BTreeMap<String, String>) -> Result<(), String> {
+    extra_config(config.get("codex_config").map(String::as_str)).map(|_| ())
+}
+
+/// How to run codex for this session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The command line (`codex`, or `provider_config["command"]` split).
+    pub argv: Vec<String>,
+    pub model: String,
+    pub sandbox: &'static str,
+    /// `-c` values from `codex_config`, after paddock's own.
+    pub extra: Vec<String>,
+}
+
+impl Settings {
+    pub fn new(bridge: &Bridge) -> Result<Settings, String> {
+        let policy = PermissionPolicy::parse(bridge.config("permissions"))?;
+        Ok(Settings {
+            argv: agent_command(Provider::Codex, &bridge.config)?,
+            model: bridge.model.clone(),
+            sandbox: sandbox_mode(&policy),
+            extra: extra_config(bridge.config("codex_config"))?,
+        })
+    }
+
+    /// The arguments after the program for one turn: a new thread, or `thread` resumed.
+    /// `prompt_arg` is the prompt itself, or `-` when it goes through stdin.
+    pub fn args(&self, thread: Option<&str>, prompt_arg: &str) -> Vec<String> {
+        let mut a: Vec<String> = self.argv[1..].to_vec();
+        a.push("exec".into());
+        if thread.is_some() {
+            a.push("resume".into());
+        }
+        a.extend(["--json".into(), "--skip-git-repo-check".into()]);
+        if !self.model.is_empty() {
+            a.extend(["-m".into(), self.model.clone()]);
+        }
+        let ours = [
+            "approval_policy=\"never\"".to_string(),
+            format!("sandbox_mode=\"{}\"", self.sandbox),
+            "check_for_update_on_startup=false".to_string(),
+            "analytics.enabled=false".to_string(),
+        ];
+        for kv in ours.into_iter().chain(self.extra.iter().cloned()) {
+            a.push("-c".into());
+            a.push(kv);
+        }
+        a.push("--".into());
+        if let Some(t) = thread {
+            a.push(t.into());
+        }
+        a.push(prompt_arg.into());
+        a
+    }
+}
+
+/// Runs turns until the daemon closes stdin.
+pub fn run(bridge: &Bridge) -> Result<(), String> {
+    let settings = Settings::new(bridge)?;
+    let guard = procs::Guard::install().map_err(|e| format!("cannot set up signals: {e}"))?;
+    let mut thread = bridge.resume.clone();
+    // The thread's token totals as of the last turn this bridge saw end.
+    let mut totals: Option<(String, Totals)> = None;
+    let mut turn_no = 0u64;
+    while let Some(prompt) = bridge.input.next_user() {
+        turn_no += 1;
+        let via_stdin = prompt.len() > MAX_ARG_PROMPT || prompt == "-";
+        let args = settings.args(thread.as_deref(), if via_stdin { "-" } else { &prompt });
+        let mut cmd = Command::new(&settings.argv[0]);
+        cmd.args(&args).current_dir(&bridge.cwd);
+        let before = match (&thread, &totals) {
+            (None, _) => Totals::default(),
+            (Some(t), Some((known, n))) if known == t => *n,
+            (Some(t), _) => codex_home()
+                .and_then(|h| recorded_totals(&h, t))
+                .unwrap_or_default(),
+        };
+        let mut mapper = Mapper::new(&bridge.out, turn_no, thread.clone(), before);
+        let exit = guard.run(&mut cmd, via_stdin.then_some(prompt.as_bytes()), |l| {
+            mapper.line(l)
+        });
+        if let Some(t) = &mapper.thread {
+            thread = Some(t.clone());
+            if let Some(after) = mapper.after {
+                totals = Some((t.clone(), after));
+            }
+        }
+        match exit {
+            Err(e) => mapper.fail(format!("could not start {}: {e}", settings.argv[0])),
+            Ok(exit) => {
+                if let Some(sig) = guard.stop_signal() {
+                    guard.sweep();
+                    procs::die_by(sig);
+                }
+                if !mapper.finished() {
+                    if exit.signal.is_some() {
+                        guard.sweep();
+                        die_like(&exit, "codex");
+                    }
+                    mapper.fail(unfinished_text(mapper.last_error.as_deref(), &exit));
+                }
+            }
+        }
+        procs::reap_exited();
+    }
+    guard.sweep();
+    Ok(())
+}
+
+/// The ERROR text of a turn codex left without `turn.completed` / `turn.failed`.
+pub fn unfinished_text(last_error: Option<&str>, exit: &TurnExit) -> String {
+    let exit = TurnExit {
+        stderr_tail: clean_stderr(&exit.stderr_tail),
+        ..exit.clone()
+    };
+    match last_error {
+        Some(e) => format!("{e} (codex {})", exit.describe()),
+        None => format!("codex ended before the turn did: {}", exit.describe()),
+    }
+}
+
+/// Codex's stderr without its noise: the backtrace of an `Error:` (from "Stack backtrace:" on)
+/// and the "Reading additional input from stdin..." it prints on every run.
+pub fn clean_stderr(tail: &str) -> String {
+    let tail = match tail.find("Stack backtrace:") {
+        Some(i) => &tail[..i],
+        None => tail,
+    };
+    tail.lines()
+        .filter(|l| l.trim() != "Reading additional input from stdin...")
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim()
+        .to_string()
+}
+
+/// Lenient token count: an integer, a float or a numeric string; anything else is 0.
+fn count(v: Option<&Value>) -> u64 {
+    match v {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
+            .unwrap_or(0),
+        Some(Value::String(s)) => s.trim().parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// A thread's running token totals, as codex reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// All input tokens, cached ones included.
+    pub input: u64,
+    pub cached: u64,
+    pub output: u64,
+}
+
+impl Totals {
+    /// From `turn.completed`'s `usage` (or a rollout's `total_token_usage`), leniently.
+    pub fn parse(u: &Value) -> Totals {
+        Totals {
+            input: count(u.get("input_tokens")),
+            cached: count(u.get("cached_input_tokens")),
+            output: count(u.get("output_tokens")),
+        }
+    }
+
+    /// The usage of the turn that took the thread from `before` to `self`, as the wire counts
+    /// it (input without the cached part).
+    pub fn since(self, before: Totals) -> Usage {
+        let grew = self.input >= before.input
+            && self.cached >= before.cached
+            && self.output >= before.output;
+        let turn = if grew {
+            Totals {
+                input: self.input - before.input,
+                cached: self.cached - before.cached,
+                output: self.output - before.output,
+            }
+        } else {
+            self
+        };
+        Usage {
+            input: turn.input.saturating_sub(turn.cached),
+            cache_read: turn.cached,
+            output: turn.output,
+        }
+    }
+}
+
+/// Where codex keeps its threads: `$CODEX_HOME`, else `~/.codex`.
+pub fn codex_home() -> Option<std::path::PathBuf> {
+    match std::env::var_os("CODEX_HOME") {
+        Some(h) if !h.is_empty() => Some(h.into()),
+        _ => std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".codex")),
+    }
+}
+
+/// The thread's running totals as codex last recorded them: the last `token_count` event of
+/// its rollout file under `<home>/sessions`. `None` if there is no such file or event.
+pub fn recorded_totals(home: &std::path::Path, thread: &str) -> Option<Totals> {
+    let suffix = format!("-{thread}.jsonl");
+    let mut dirs = vec![home.join("sessions")];
+    let mut file = None;
+    while let Some(d) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if name.starts_with("rollout-") && name.ends_with(&suffix) {
+                file = Some(p);
+            }
+        }
+    }
+    let text = std::fs::read_to_string(file?).ok()?;
+    text.lines()
+        .rev()
+        .filter(|l| l.contains("\"token_count\""))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|v| {
+            v.pointer("/payload/info/total_token_usage")
+                .filter(|u| u.is_object())
+                .map(Totals::parse)
+        })
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// One turn's `codex exec --json` lines → the bridge's lines.
+pub struct Mapper<'o> {
+    out: &'o Out,
+    turn: u64,
+    /// The thread: known before the turn (resume) or from `thread.started`.
+    pub thread: Option<String>,
+    /// The last agent message: the turn's result text.
+    last_text: String,
+    /// The last top-level `error` event's message.
+    pub last_error: Option<String>,
+    /// Tool ids whose call was printed and whose result was not.
+    open: HashSet<String>,
+    /// The last checklist printed.
+    todo: String,
+    finished: bool,
+    /// The thread's totals before this turn.
+    before: Totals,
+    /// The thread's totals `turn.completed` reported.
+    pub after: Option<Totals>,
+}
+
+impl<'o> Mapper<'o> {
+    /// Turn `turn` (numbered from 1 in this bridge) of `thread` (if it goes on one), whose
+    /// token totals were `before`.
+    pub fn new(out: &'o Out, turn: u64, thread: Option<String>, before: Totals) -> Self {
+        Mapper {
+            out,
+            turn,
+            thread,
+            last_text: String::new(),
+            last_error: None,
+            open: HashSet::new(),
+            todo: String::new(),
+            finished: false,
+            before,
+            after: None,
+        }
+    }
+
+    /// The turn's result was printed.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Ends the turn with an ERROR (once).
+    pub fn fail(&mut self, text: String) {
+        self.end(TurnEnd {
+            is_error: true,
+            text,
+            ..Default::default()
+        });
+    }
+
+    fn end(&mut self, mut end: TurnEnd) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        end.session_id = self.thread.clone();
+        self.out.result(&end);
+    }
+
+    pub fn line(&mut self, line: &str) {
+        let v: Value = match serde_json::from_str(line) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => return self.out.raw(line),
+        };
+        match str_of(&v, "type") {
+            "thread.started" => match v.get("thread_id").and_then(Value::as_str) {
+                Some(t) if !t.is_empty() => {
+                    self.thread = Some(t.to_string());
+                    self.out.init(t);
+                }
+                _ => self.out.raw(line),
+            },
+            "turn.started" => {}
+            "turn.completed" => {
+                let after = Totals::parse(v.get("usage").unwrap_or(&Value::Null));
+                self.after = Some(after);
+                let usage = after.since(self.before);
+                let text = std::mem::take(&mut self.last_text);
+                self.end(TurnEnd {
+                    text,
+                    usage,
+                    ..Default::default()
+                });
+            }
+            "turn.failed" => {
+                let msg = v
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .map(String::from)
+                    .or_else(|| self.last_error.clone())
+                    .unwrap_or_else(|| "codex: the turn failed".into());
+                self.fail(msg);
+            }
+            "error" => {
+                self.last_error = Some(str_of(&v, "message").to_string());
+                self.out.raw(line);
+            }
+            "item.started" | "item.updated" | "item.completed" => {
+                let phase = str_of(&v, "type").trim_start_matches("item.");
+                match v.get("item") {
+                    Some(item @ Value::Object(_)) => {
+                        if !self.item(phase, item) {
+                            self.out.raw(line);
+                        }
+                    }
+                    _ => self.out.raw(line),
+                }
+            }
+            _ => self.out.raw(line),
+        }
+    }
+
+    /// One item event; false if the bridge does not know it (the line then goes out raw).
+    fn item(&mut self, phase: &str, item: &Value) -> bool {
+        let id = format!("t{}:{}", self.turn, str_of(item, "id"));
+        let done = phase == "completed";
+        match str_of(item, "type") {
+            "agent_message" => {
+                if done {
+                    let t = str_of(item, "text");
+                    self.out.text(t);
+                    self.last_text = t.to_string();
+                }
+            }
+            "reasoning" => {
+                let t = str_of(item, "text");
+                if done && !t.is_empty() {
+                    self.out.thinking(t);
+                }
+            }
+            "error" => {
+                if done {
+                    self.out
+                        .text(&format!("codex: {}", str_of(item, "message")));
+                }
+            }
+            "todo_list" => {
+                let list: Vec<String> = item
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|t| {
+                        let mark = if t.get("completed").and_then(Value::as_bool) == Some(true) {
+                            "x"
+                        } else {
+                            " "
+                        };
+                        format!("[{mark}] {}", str_of(t, "text"))
+                    })
+                    .collect();
+                let text = format!("Plan:\n{}", list.join("\n"));
+                if text != self.todo {
+                    self.out.text(&text);
+                    self.todo = text;
+                }
+            }
+            kind @ ("command_execution" | "file_change" | "mcp_tool_call" | "web_search") => {
+                if phase == "updated" {
+                    return true;
+                }
+                if !self.open.contains(&id) {
+                    self.out.tool_use(&id, kind, &tool_input(kind, item));
+                    self.open.insert(id.clone());
+                }
+                if done {
+                    self.open.remove(&id);
+                    let (content, is_error) = tool_output(kind, item);
+                    self.out.tool_result(&id, &content, is_error);
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// A tool item's call, as the tool's input.
+fn tool_input(kind: &str, item: &Value) -> Value {
+    match kind {
+        "command_execution" => json!({"command": str_of(item, "command")}),
+        "file_change" => json!({"changes": item.get("changes").cloned().unwrap_or(json!([]))}),
+        "mcp_tool_call" => json!({
+            "server": str_of(item, "server"),
+            "tool": str_of(item, "tool"),
+            "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
+        }),
+        _ => json!({"query": str_of(item, "query")}),
+    }
+}
+
+/// A completed tool item's result: its text, and whether it failed.
+fn tool_output(kind: &str, item: &Value) -> (String, bool) {
+    let status = str_of(item, "status");
+    match kind {
+        "command_execution" => {
+            let mut out = str_of(item, "aggregated_output").to_string();
+            let code = item.get("exit_code").and_then(Value::as_i64);
+            let failed = status != "completed" || code.is_some_and(|c| c != 0);
+            if failed {
+                if !out.is_empty() && !out.ends_with('\n') {
+                    out.push('\n');
+                }
+                match code {
+                    Some(c) => out.push_str(&format!("(exit code {c})")),
+                    None => out.push_str(&format!(
+                        "({})",
+                        if status.is_empty() { "failed" } else { status }
+                    )),
+                }
+            }
+            (out, failed)
+        }
+        "file_change" => {
+            let lines: Vec<String> = item
+                .get("changes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|c| format!("{} {}", str_of(c, "kind"), str_of(c, "path")))
+                .collect();
+            (lines.join("\n"), status == "failed")
+        }
+        "mcp_tool_call" => {
+            let err = item.pointer("/error/message").and_then(Value::as_str);
+            let text = match err {
+                Some(e) => e.to_string(),
+                None => {
+                    let blocks = item.pointer("/result/content").and_then(Value::as_array);
+                    match blocks {
+                        Some(b) => b
+                            .iter()
+                            .filter_map(|x| x.get("text").and_then(Value::as_str))
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                        None => item
+                            .get("result")
+                            .map(|r| r.to_string())
+                            .unwrap_or_default(),
+                    }
+                }
+            };
+            (text, err.is_some() || status == "failed")
+        }
+        _ => (str_of(item, "query").to_string(), status == "failed"),
+    }
+}
+
+/// The bridge's processes: signals, the codex child of the turn in progress, and the tool
+/// processes codex leaves behind.
+pub mod procs {
+    use super::*;
+    use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
+    use nix::unistd::Pid;
+    use std::os::fd::IntoRawFd;
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// The signal that asked the bridge to stop (0: none yet).
+    static STOP: AtomicI32 = AtomicI32::new(0);
+    /// The write end of the self-pipe the handler wakes the signal thread with.
+    static WAKE: AtomicI32 = AtomicI32::new(-1);
+
+    extern "C" fn on_signal(sig: nix::libc::c_int) {
+        STOP.store(sig, Ordering::SeqCst);
+        let fd = WAKE.load(Ordering::SeqCst);
+        if fd >= 0 {
+            let b = [sig as u8];
+            // Async-signal-safe; a full pipe only means the thread is awake already.
+            unsafe {
+                nix::libc::write(fd, b.as_ptr().cast(), 1);
+            }
+        }
+    }
+
+    /// Installed once per bridge process.
+    pub struct Guard {
+        /// The codex process of the turn in progress (exited but not yet reaped counts).
+        child: Arc<Mutex<Option<u32>>>,
+    }
+
+    impl Guard {
+        /// Subreaper, TERM/INT/HUP handlers, and the thread that acts on them.
+        pub fn install() -> std::io::Result<Guard> {
+            nix::sys::prctl::set_child_subreaper(true)?;
+            let (r, w) = nix::unistd::pipe()?;
+            WAKE.store(w.into_raw_fd(), Ordering::SeqCst);
+            let action = SigAction::new(
+                SigHandler::Handler(on_signal),
+                SaFlags::SA_RESTART,
+                SigSet::empty(),
+            );
+            for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+                unsafe { signal::sigaction(s, &action) }?;
+            }
+            let child: Arc<Mutex<Option<u32>>> = Arc::default();
+            let slot = child.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 1];
+                loop {
+                    match nix::unistd::read(&r, &mut b) {
+                        Ok(0) => return,
+                        Ok(_) => {}
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        Err(_) => return,
+                    }
+                    let sig = STOP.load(Ordering::SeqCst);
+                    let running = slot.lock().unwrap_or_else(|e| e.into_inner());
+                    match *running {
+                        // The turn's thread sweeps and dies once codex is gone.
+                        Some(pid) => {
+                            if let Ok(s) = Signal::try_from(sig) {
+                                let _ = signal::kill(Pid::from_raw(pid as i32), s);
+                            }
+                        }
+                        // Between turns: nothing to wait for.
+                        None => {
+                            sweep();
+                            die_by(sig);
+                        }
+                    }
+                }
+            });
+            Ok(Guard { child })
+        }
+
+        /// The signal that asked the bridge to stop, if one did.
+        pub fn stop_signal(&self) -> Option<i32> {
+            match STOP.load(Ordering::SeqCst) {
+                0 => None,
+                s => Some(s),
+            }
+        }
+
+        pub fn sweep(&self) {
+            sweep();
+        }
+
+        /// Runs one codex process to its end: `stdin` written then closed (or `/dev/null`),
+        /// each stdout line to `on_line`, stderr passed through with its tail kept.
+        pub fn run(
+            &self,
+            cmd: &mut Command,
+            stdin: Option<&[u8]>,
+            mut on_line: impl FnMut(&str),
+        ) -> std::io::Result<TurnExit> {
+            cmd.stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+            // Codex dies with the bridge (TERM: it ends its tool shells on the way out).
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(cmd, || {
+                    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
+                });
+            }
+            let mut child = {
+                let mut slot = self.child.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(sig) = self.stop_signal() {
+                    sweep();
+                    die_by(sig);
+                }
+                let child = cmd.spawn()?;
+                *slot = Some(child.id());
+                child
+            };
+            let pid = child.id();
+            let feeder = match (child.stdin.take(), stdin) {
+                (Some(mut w), Some(bytes)) => {
+                    let bytes = bytes.to_vec();
+                    Some(std::thread::spawn(move || {
+                        let _ = w.write_all(&bytes);
+                    }))
+                }
+                _ => None,
+            };
+            let stderr = child.stderr.take().expect("piped");
+            let tail = Arc::new(Mutex::new(String::new()));
+            let keep = tail.clone();
+            let err_thread = std::thread::spawn(move || pass_stderr(stderr, &keep));
+            let stdout = child.stdout.take().expect("piped");
+            let (tx, rx) = std::sync::mpsc::channel::<String>();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            // Every line until stdout closes; but once codex has exited, at most DRAIN_AFTER_EXIT
+            // more (a process it left behind may hold the pipe: npm's launcher killed leaves
+            // the codex binary running).
+            let mut exited_at: Option<Instant> = None;
+            loop {
+                match rx.recv_timeout(Duration::from_millis(100)) {
+                    Ok(line) => {
+                        let line = line.trim_end_matches('\r');
+                        if !line.trim().is_empty() {
+                            on_line(line);
+                        }
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => match exited_at {
+                        Some(t) if t.elapsed() >= DRAIN_AFTER_EXIT => break,
+                        Some(_) => {}
+                        None => {
+                            if exited(pid) {
+                                exited_at = Some(Instant::now());
+                            }
+                        }
+                    },
+                }
+            }
+            // Wait for the exit without reaping, so the signal thread never signals a pid
+            // that was reused; then forget the child and reap it.
+            while let Err(nix::errno::Errno::EINTR) = waitid(
+                Id::Pid(Pid::from_raw(pid as i32)),
+                WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+            ) {}
+            *self.child.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            let status = child.wait()?;
+            // Stderr too may be held open by what codex left behind: wait for it a little.
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while !err_thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if let Some(f) = feeder {
+                if f.is_finished() {
+                    let _ = f.join();
+                }
+            }
+            use std::os::unix::process::ExitStatusExt;
+            let stderr_tail = tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            Ok(TurnExit {
+                code: status.code(),
+                signal: status.signal(),
+                stderr_tail,
+            })
+        }
+    }
+
+    /// Whether `pid` (our child) has exited, without reaping it.
+    fn exited(pid: u32) -> bool {
+        matches!(
+            waitid(
+                Id::Pid(Pid::from_raw(pid as i32)),
+                WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+            ),
+            Ok(st) if st != WaitStatus::StillAlive
+        )
+    }
+
+    /// Dies by `sig` (its default action), as the daemon's signal meant.
+    pub fn die_by(sig: i32) -> ! {
+        if let Ok(s) = Signal::try_from(sig) {
+            unsafe {
+                let _ = signal::signal(s, SigHandler::SigDfl);
+            }
+            let _ = signal::raise(s);
+        }
+        std::process::exit(128 + sig);
+    }
+
+    /// Reaps the bridge's children that have exited (orphans adopted as subreaper). Only called
+    /// when no codex process is running, so nothing of the turn's is taken.
+    pub fn reap_exited() {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Every process below `root` (by parent pid, from /proc).
+    pub fn descendants(root: u32) -> Vec<u32> {
+        let mut parent_of: Vec<(u32, u32)> = Vec::new();
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    continue;
+                };
+                // pid (comm) state ppid …: comm may hold spaces and parentheses.
+                let Some((_, rest)) = stat.rsplit_once(')') else {
+                    continue;
+                };
+                let mut f = rest.split_whitespace();
+                let state = f.next().unwrap_or("");
+                let Some(ppid) = f.next().and_then(|p| p.parse::<u32>().ok()) else {
+                    continue;
+                };
+                if state != "Z" && state != "X" {
+                    parent_of.push((pid, ppid));
+                }
+            }
+        }
+        let mut found = vec![root];
+        let mut i = 0;
+        while i < found.len() {
+            let p = found[i];
+            for (c, pp) in &parent_of {
+                if *pp == p && !found.contains(c) {
+                    found.push(*c);
+                }
+            }
+            i += 1;
+        }
+        found.remove(0);
+        found
+    }
+
+    /// TERMs every process below the bridge, KILLs what is left after [`SWEEP_GRACE`], and
+    /// reaps them.
+    pub fn sweep() {
+        let me = std::process::id();
+        for (sig, grace) in [
+            (Signal::SIGTERM, SWEEP_GRACE),
+            (Signal::SIGKILL, Duration::from_secs(1)),
+        ] {
+            let left = descendants(me);
+            if left.is_empty() {
+                break;
+            }
+            for p in &left {
+                let _ = signal::kill(Pid::from_raw(*p as i32), sig);
+            }
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline {
+                reap_exited();
+                if descendants(me).is_empty() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        reap_exited();
+    }
+}
+
+#[cfg(test)]
+mod tests;

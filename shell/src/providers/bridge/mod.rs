@@ -24,7 +24,9 @@
 //! ([`die_like`]), so the daemon sees the crash the core then rules on.
 //!
 //! The agent's children share the bridge's process group (the daemon's TERM/KILL reach them);
-//! the agent's stderr is passed through to the bridge's stderr, which the daemon keeps.
+//! the agent's stderr is passed through to the bridge's stderr, which the daemon keeps. (Codex
+//! runs its tool commands in sessions of their own, out of the group's reach: the codex bridge
+//! adopts what codex leaves behind as a child subreaper and ends it on a stop — see [`codex`].)
 
 pub mod acp;
 pub mod codex;

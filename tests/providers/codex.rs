@@ -1,0 +1,884 @@
+//! Codex through paddock's codex bridge (`paddock __bridge codex`).
+//!
+//! Two kinds of tests:
+//!
+//! - without a CLI (always run): the bridge binary itself, driven over its stdio as the daemon
+//!   does, with a fake `codex` shell script — one process per turn, resume arguments, prompts
+//!   through stdin, a codex that exits early or is killed, and the tool processes that escape
+//!   codex's process group being swept on stop;
+//! - the real CLI (`@openai/codex`, pinned in tests/npm/package.json; `PADDOCK_CODEX_BIN`
+//!   overrides), supervised by the real daemon and talking to the fake Responses API
+//!   (`fake_responses.rs`).
+//!
+//! Facts of codex-cli 0.169.0 these tests rely on: a model provider of its own is configured
+//! with `-c` (here through the bridge's `codex_config`): `model_provider=fake` and
+//! `model_providers.fake={name, base_url, env_key, wire_api="responses",
+//! request_max_retries=0, stream_max_retries=0}` (no retries: a 5xx ends the turn at once);
+//! the key is read from the environment variable `env_key` names; `CODEX_HOME` (here
+//! `<tmp>/home/.codex`) holds its threads, so `exec resume` needs the same one; a model name
+//! codex knows (`gpt-5.5`) gets its full tool set (`exec_command`, `apply_patch`, …) — with an
+//! unknown name codex falls back to a reduced set without `apply_patch`, and says so in an
+//! `error` item.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use paddock_proto::obey::local::v1 as pb;
+use pb::SessionStatus as S;
+use serde_json::{json, Value};
+
+use crate::fake_responses::{FakeResponses, Recorded, Reply};
+use crate::harness::*;
+
+/// The model the real-CLI sessions ask for (one codex 0.169 knows).
+const CODEX_MODEL: &str = "gpt-5.5";
+
+/// The key the fake provider reads from the environment.
+const KEY: &str = "sk-paddock-codex-test";
+
+/// The codex CLI: `PADDOCK_CODEX_BIN`, else `tests/npm/node_modules/.bin/codex`.
+fn codex_bin() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("PADDOCK_CODEX_BIN") {
+        return p.into();
+    }
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/npm/node_modules/.bin/codex");
+    assert!(
+        p.exists(),
+        "the codex CLI is not installed at {}: run `cd tests/npm && npm ci` (or set PADDOCK_CODEX_BIN)",
+        p.display()
+    );
+    std::fs::canonicalize(&p).unwrap()
+}
+
+/// `codex_config` pointing codex at `fake`.
+fn fake_provider_config(fake: &FakeResponses) -> String {
+    format!(
+        "model_provider=fake\n\
+         model_providers.fake={{name=\"fake\",base_url=\"{}\",env_key=\"PADDOCK_FAKE_KEY\",wire_api=\"responses\",request_max_retries=0,stream_max_retries=0}}\n",
+        fake.base_url()
+    )
+}
+
+/// A codex session's CreateSession request, with `permissions` if given.
+fn codex_request(
+    w: &World,
+    fake: &FakeResponses,
+    permissions: Option<&str>,
+) -> pb::CreateSessionRequest {
+    let codex_home = w.home.join(".codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    let mut config: std::collections::HashMap<String, String> = [
+        ("command".to_string(), codex_bin().display().to_string()),
+        ("codex_config".to_string(), fake_provider_config(fake)),
+    ]
+    .into_iter()
+    .collect();
+    if let Some(p) = permissions {
+        config.insert("permissions".into(), p.into());
+    }
+    pb::CreateSessionRequest {
+        campaign_id: w.campaign_id.clone(),
+        provider: pb::SessionProvider::Codex as i32,
+        model: CODEX_MODEL.into(),
+        provider_config: config,
+        environment: [
+            ("PADDOCK_FAKE_KEY", KEY.to_string()),
+            ("CODEX_HOME", codex_home.display().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        ..Default::default()
+    }
+}
+
+/// Asserts that `expected` appear in the input `r` sent, in this order.
+#[track_caller]
+fn assert_input(r: &Recorded, expected: &[&str]) {
+    let texts = r.texts();
+    let mut at = 0;
+    for e in expected {
+        match texts[at..].iter().position(|t| t.contains(e)) {
+            Some(i) => at += i + 1,
+            None => panic!("{e:?} is not in the input sent (in order): {texts:#?}"),
+        }
+    }
+}
+
+/// The thread a request belongs to.
+fn thread_of(r: &Recorded) -> String {
+    r.headers
+        .get("thread-id")
+        .cloned()
+        .unwrap_or_else(|| panic!("no thread-id header: {:?}", r.headers))
+}
+
+fn nonce() -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        % 100_000;
+    format!("{}{n}", std::process::id() % 1000)
+}
+
+/// Children of `pid` (from /proc).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+// ── the bridge with a fake codex (no CLI needed) ──────────────────────────────────────────────
+
+/// A fake `codex`: logs its arguments and prompt, then acts on the prompt's first word.
+const FAKE_CODEX: &str = r#"#!/bin/sh
+dir="$FAKE_CODEX_DIR"
+n=$(ls "$dir" | grep -c '^args\.')
+n=$((n + 1))
+printf '%s\n' "$@" > "$dir/args.$n"
+for a in "$@"; do last="$a"; done
+if [ "$last" = "-" ]; then prompt=$(cat); else prompt="$last"; fi
+printf '%s' "$prompt" > "$dir/prompt.$n"
+echo "Reading additional input from stdin..." >&2
+case "$prompt" in
+  crash*)
+    echo '{"type":"thread.started","thread_id":"th-crash"}'
+    echo '{"type":"error","message":"the model is unreachable"}'
+    echo "Error: something went wrong" >&2
+    echo "Stack backtrace:" >&2
+    echo "   0: <unknown>" >&2
+    exit 3 ;;
+  selfkill*)
+    kill -9 $$ ;;
+  orphan*)
+    # What codex does with a tool command: a session of its own.
+    setsid sh -c "exec sleep $FAKE_CODEX_NAP" </dev/null >/dev/null 2>&1 & ;;
+  hang*)
+    setsid sh -c "exec sleep $FAKE_CODEX_NAP" </dev/null >/dev/null 2>&1 &
+    echo '{"type":"thread.started","thread_id":"th-1"}'
+    exec sleep 301 ;;
+esac
+echo '{"type":"thread.started","thread_id":"th-1"}'
+echo '{"type":"turn.started"}'
+printf '{"type":"item.completed","item":{"id":"item_0","type":"agent_message","text":"turn %s: %s bytes"}}\n' "$n" "${#prompt}"
+# The thread's running totals, as codex reports them: 10 in (4 cached), 2 out per turn.
+printf '{"type":"turn.completed","usage":{"input_tokens":%s,"cached_input_tokens":%s,"output_tokens":%s,"something_new":1}}\n' $((n * 10)) $((n * 4)) $((n * 2))
+"#;
+
+/// A bridge process over a fake codex, driven over its stdio.
+struct FakeBridge {
+    dir: tempfile::TempDir,
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    nap: String,
+}
+
+impl FakeBridge {
+    fn start(resume: Option<&str>, extra_config: &[(&str, &str)]) -> FakeBridge {
+        let dir = tempfile::Builder::new()
+            .prefix("pdk-codex-")
+            .tempdir()
+            .unwrap();
+        let script = dir.path().join("codex");
+        std::fs::write(&script, FAKE_CODEX).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let log = dir.path().join("log");
+        std::fs::create_dir(&log).unwrap();
+        let mut config = serde_json::Map::new();
+        config.insert("command".into(), json!(script.display().to_string()));
+        for (k, v) in extra_config {
+            config.insert(k.to_string(), json!(v));
+        }
+        let nap = format!("300.{}", nonce());
+        let mut cmd = Command::new(BIN);
+        cmd.args(["__bridge", "codex", "--model", "gpt-test", "--config"])
+            .arg(Value::Object(config).to_string());
+        if let Some(r) = resume {
+            cmd.args(["--resume", r]);
+        }
+        let mut child = cmd
+            .current_dir(dir.path())
+            .env("FAKE_CODEX_DIR", &log)
+            .env("CODEX_HOME", dir.path().join("codex-home"))
+            .env("FAKE_CODEX_NAP", &nap)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn the bridge");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines() {
+                let Ok(l) = l else { return };
+                if tx.send(l).is_err() {
+                    return;
+                }
+            }
+        });
+        FakeBridge {
+            dir,
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+            nap,
+        }
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join("log").join(name)).unwrap_or_default()
+    }
+
+    fn send(&mut self, text: &str) {
+        let line = paddock::providers::user_message_line(text) + "\n";
+        let w = self.stdin.as_mut().unwrap();
+        w.write_all(line.as_bytes()).unwrap();
+        w.flush().unwrap();
+    }
+
+    /// The bridge's lines up to and including the turn's `result`.
+    fn turn(&mut self, text: &str) -> Vec<Value> {
+        self.send(text);
+        let mut out = Vec::new();
+        loop {
+            let l = self
+                .lines
+                .recv_timeout(WAIT)
+                .expect("the bridge printed no result");
+            let v: Value = serde_json::from_str(&l).unwrap_or(json!({"raw": l}));
+            let end = v["type"] == "result";
+            out.push(v);
+            if end {
+                return out;
+            }
+        }
+    }
+
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "the bridge did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for FakeBridge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for p in processes_with(&format!("sleep {}", self.nap)) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+
+/// Waits for the fake tool process (`sleep <nap>`, once `setsid` exec'd it) and returns its pid.
+fn wait_tool(nap: &str) -> u32 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found: Vec<u32> = processes_with(nap)
+            .into_iter()
+            .filter(|p| cmdline(*p).starts_with("sleep "))
+            .collect();
+        if let [p] = found[..] {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tool never started: {found:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn one_codex_process_per_turn_resuming_the_thread() {
+    let mut b = FakeBridge::start(
+        None,
+        &[
+            ("permissions", "deny"),
+            ("codex_config", "model_reasoning_effort=\"low\"\n"),
+        ],
+    );
+    let t1 = b.turn("hello");
+    assert_eq!(
+        t1[0],
+        json!({"type": "system", "subtype": "init", "session_id": "th-1"})
+    );
+    let result = t1.last().unwrap();
+    assert_eq!(result["is_error"], false);
+    assert_eq!(result["result"], "turn 1: 5 bytes");
+    assert_eq!(result["session_id"], "th-1");
+    assert_eq!(
+        result["usage"],
+        json!({"input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 2})
+    );
+    assert_eq!(
+        b.log("args.1").lines().collect::<Vec<_>>(),
+        [
+            "exec",
+            "--json",
+            "--skip-git-repo-check",
+            "-m",
+            "gpt-test",
+            "-c",
+            "approval_policy=\"never\"",
+            "-c",
+            "sandbox_mode=\"read-only\"",
+            "-c",
+            "check_for_update_on_startup=false",
+            "-c",
+            "analytics.enabled=false",
+            "-c",
+            "model_reasoning_effort=\"low\"",
+            "--",
+            "hello"
+        ]
+    );
+    // Later turns resume the thread; a prompt that cannot be an argument goes through stdin.
+    // Each turn's usage is what the thread's totals grew by.
+    let t2 = b.turn("-");
+    assert_eq!(
+        t2.last().unwrap()["usage"],
+        json!({"input_tokens": 6, "cache_read_input_tokens": 4, "output_tokens": 2})
+    );
+    let big = "x".repeat(200_000);
+    let t3 = b.turn(&big);
+    assert_eq!(t3.last().unwrap()["result"], "turn 3: 200000 bytes");
+    let args2: Vec<String> = b.log("args.2").lines().map(String::from).collect();
+    assert_eq!(args2[..2], ["exec", "resume"]);
+    assert_eq!(args2[args2.len() - 3..], ["--", "th-1", "-"]);
+    assert_eq!(b.log("prompt.2"), "-");
+    assert!(b.log("args.3").ends_with("--\nth-1\n-\n"));
+    assert_eq!(b.log("prompt.3").len(), 200_000);
+    // The daemon closes stdin: the bridge exits 0.
+    drop(b.stdin.take());
+    assert_eq!(b.wait().code(), Some(0));
+}
+
+#[test]
+fn a_restarted_bridge_resumes_and_early_exits_are_errors() {
+    let mut b = FakeBridge::start(Some("th-0"), &[]);
+    let t = b.turn("crash now");
+    assert_eq!(
+        t.iter()
+            .map(|v| v["type"].as_str().unwrap_or("?"))
+            .collect::<Vec<_>>(),
+        ["system", "error", "result"]
+    );
+    let r = t.last().unwrap();
+    assert_eq!(r["is_error"], true);
+    assert_eq!(
+        r["result"],
+        "the model is unreachable (codex exit code 3: Error: something went wrong)"
+    );
+    assert_eq!(r["session_id"], "th-crash");
+    let args: Vec<String> = b.log("args.1").lines().map(String::from).collect();
+    assert_eq!(args[..2], ["exec", "resume"]);
+    assert!(args.ends_with(&["--".into(), "th-0".into(), "crash now".into()]));
+    // The thread codex reported is the one resumed next.
+    let t = b.turn("fine");
+    assert_eq!(t.last().unwrap()["is_error"], false);
+    assert!(b.log("args.2").ends_with("--\nth-crash\nfine\n"));
+    // A codex killed by a signal (not by a stop): the bridge dies the same way.
+    b.send("selfkill");
+    let st = b.wait();
+    assert_eq!(st.signal(), Some(9), "{st:?}");
+}
+
+#[test]
+fn a_stop_ends_the_tool_processes_codex_left_behind() {
+    let mut b = FakeBridge::start(None, &[]);
+    let nap = format!("sleep {}", b.nap);
+    b.send("hang");
+    // Codex puts its tools in sessions of their own: the group's TERM does not reach them.
+    let tool = wait_tool(&nap);
+    let pgid = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(tool as i32))).unwrap();
+    assert_ne!(pgid.as_raw() as u32, b.child.id());
+    // The daemon's stop: TERM to the bridge's process group.
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(b.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let st = b.wait();
+    assert_eq!(st.signal(), Some(15), "{st:?}");
+    assert!(
+        processes_with(&nap).is_empty(),
+        "the tool outlived the stop"
+    );
+}
+
+#[test]
+fn tool_processes_live_with_the_session_and_end_with_it() {
+    let mut b = FakeBridge::start(None, &[]);
+    let nap = format!("sleep {}", b.nap);
+    let t = b.turn("orphan");
+    assert_eq!(t.last().unwrap()["is_error"], false);
+    // The turn is over, codex is gone: its tool's background process lives on, the bridge's
+    // child now (its subreaper).
+    let tool = wait_tool(&nap);
+    let deadline = Instant::now() + WAIT;
+    while !children(b.child.id()).contains(&tool) {
+        assert!(
+            Instant::now() < deadline,
+            "{tool} was not adopted by the bridge"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Idle, a TERM ends it too.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(b.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let st = b.wait();
+    assert_eq!(st.signal(), Some(15), "{st:?}");
+    assert!(processes_with(&nap).is_empty());
+
+    // The same when the daemon closes stdin (a normal end): exit 0, nothing left.
+    let mut b = FakeBridge::start(None, &[]);
+    let nap = format!("sleep {}", b.nap);
+    b.turn("orphan");
+    wait_tool(&nap);
+    drop(b.stdin.take());
+    assert_eq!(b.wait().code(), Some(0));
+    assert!(processes_with(&nap).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_codex_config_is_obey_2004() {
+    let w = World::start(vec![]).await;
+    let req = pb::CreateSessionRequest {
+        campaign_id: w.campaign_id.clone(),
+        provider: pb::SessionProvider::Codex as i32,
+        provider_config: [
+            ("command".to_string(), "/bin/sh".to_string()),
+            (
+                "codex_config".to_string(),
+                "model=\"x\"\nnot a setting".to_string(),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    let e = w
+        .client()
+        .await
+        .create_session(req)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
+    assert!(
+        e.message().contains("codex_config line 2"),
+        "{}",
+        e.message()
+    );
+}
+
+// ── the real CLI ──────────────────────────────────────────────────────────────────────────────
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn codex_runs_shell_and_patch_tools_and_counts_real_tokens() {
+    let w = World::start(vec![]).await;
+    let fake = FakeResponses::start(vec![
+        Reply::shell("echo made-by-shell > shell.txt && ls")
+            .thinking("Two files: one with the shell, one with a patch.")
+            .usage(1200, 0, 40),
+        Reply::patch(
+            "*** Begin Patch\n*** Add File: hello.txt\n+hello from the fake model\n*** End Patch\n",
+        )
+        .saying("Now the second file.")
+        .usage(1300, 1000, 30),
+        Reply::text("Created shell.txt and hello.txt.").usage(2700, 2300, 20),
+    ])
+    .await;
+    let s = w.create(codex_request(&w, &fake, None)).await;
+    assert_eq!(s.status, S::Running as i32, "{s:?}");
+    let acts = w.send(&s.id, "Please create two files.").await;
+
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("shell.txt")).unwrap(),
+        "made-by-shell\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("hello.txt")).unwrap(),
+        "hello from the fake model\n"
+    );
+    assert_eq!(
+        kinds(&acts),
+        [
+            "THINKING",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "COMPLETION"
+        ],
+        "{acts:#?}"
+    );
+    assert_eq!(acts[1].tool_name, "command_execution");
+    assert!(
+        acts[1].content.contains("echo made-by-shell"),
+        "{}",
+        acts[1].content
+    );
+    assert!(acts[2].tool_success, "{acts:#?}");
+    assert!(acts[2].content.contains("shell.txt"), "{}", acts[2].content);
+    assert_eq!(acts[1].tool_call_id, acts[2].tool_call_id);
+    assert_eq!(acts[4].tool_name, "file_change");
+    assert!(acts[5].tool_success);
+    assert_eq!(w.redact(&acts[5].content), "add <root>/hello.txt");
+    assert_eq!(acts[7].content, "Created shell.txt and hello.txt.");
+    // Codex sums the turn's model calls; the input includes the cached tokens, counted once.
+    assert_eq!(token_sums(&acts), (1200 + 1300 + 2700, 40 + 30 + 20));
+    let info = w.get(&s.id).await;
+    assert_eq!((info.tokens_input, info.tokens_output), (5200, 90));
+
+    // What codex sent: the model, streaming, the key, the tools' outputs fed back.
+    let reqs = fake.response_requests();
+    assert_eq!(reqs.len(), 3, "{reqs:#?}");
+    for r in &reqs {
+        assert_eq!(r.body["model"], CODEX_MODEL);
+        assert_eq!(r.body["stream"], true);
+        assert_eq!(r.headers["authorization"], format!("Bearer {KEY}"));
+        // Plain JSON bodies, not compressed.
+        assert!(
+            !r.headers.contains_key("content-encoding"),
+            "{:?}",
+            r.headers
+        );
+        // allow-all: no sandbox.
+        assert_eq!(r.turn_metadata()["sandbox_mode"], "danger-full-access");
+    }
+    let tools: Vec<&str> = reqs[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        tools.contains(&"exec_command") && tools.contains(&"apply_patch"),
+        "{tools:?}"
+    );
+    assert_input(
+        &reqs[2],
+        &[
+            "Please create two files.",
+            "call exec_command",
+            "shell.txt",
+            "Now the second file.",
+            "call apply_patch",
+            "Success. Updated the following files",
+        ],
+    );
+    assert_eq!(reqs[0].user_texts(), ["Please create two files."]);
+    // Nothing but /v1/responses was called.
+    assert!(fake.requests().iter().all(|r| r.path == "/v1/responses"));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn codex_conversation_continues_across_turns_restarts_and_daemon_crashes() {
+    let mut w = World::start(vec![]).await;
+    let fake = FakeResponses::start(vec![
+        Reply::text("Noted: swordfish."),
+        Reply::text("You said swordfish."),
+        Reply::text("Still swordfish after a session restart."),
+        Reply::text("Still swordfish after a daemon restart."),
+    ])
+    .await;
+    let s = w.create(codex_request(&w, &fake, None)).await;
+
+    let a1 = w.send(&s.id, "Remember the word swordfish.").await;
+    assert_eq!(kinds(&a1), ["STATUS", "COMPLETION"], "{a1:#?}");
+    assert_eq!(a1[1].content, "Noted: swordfish.");
+    let a2 = w.send(&s.id, "What was the word?").await;
+    assert_eq!(a2[1].content, "You said swordfish.");
+    let reqs = fake.response_requests();
+    let thread = thread_of(&reqs[0]);
+    assert_eq!(thread_of(&reqs[1]), thread);
+    assert_input(
+        &reqs[1],
+        &[
+            "Remember the word swordfish.",
+            "Noted: swordfish.",
+            "What was the word?",
+        ],
+    );
+    // One codex process per turn, under the same bridge.
+    assert_eq!(w.get(&s.id).await.pid, s.pid);
+
+    // A session restart: a new bridge, given the thread to resume.
+    let r = w.restart(&s.id).await;
+    assert_ne!(r.pid, s.pid);
+    let args = cmdline(r.pid as u32);
+    assert!(
+        args.contains(&format!("--resume {thread}")),
+        "the restarted bridge was not resumed: {args}"
+    );
+    let a3 = w.send(&s.id, "And now?").await;
+    assert_eq!(a3[1].content, "Still swordfish after a session restart.");
+    let reqs = fake.response_requests();
+    assert_eq!(thread_of(&reqs[2]), thread);
+    assert_input(
+        &reqs[2],
+        &[
+            "Remember the word swordfish.",
+            "Noted: swordfish.",
+            "What was the word?",
+            "You said swordfish.",
+            "And now?",
+        ],
+    );
+
+    // The daemon dies; the bridge lives on in the runner and the next daemon takes it back.
+    let before = w.get(&s.id).await;
+    w.kill9();
+    w.launch().await;
+    let f = w.get(&s.id).await;
+    assert_eq!(f.status, S::Running as i32, "{}", f.error_message);
+    assert_eq!(f.pid, before.pid);
+    let a4 = w.send(&s.id, "And after the crash?").await;
+    assert_eq!(a4[1].content, "Still swordfish after a daemon restart.");
+    let reqs = fake.response_requests();
+    assert_eq!(reqs.len(), 4);
+    assert_eq!(thread_of(&reqs[3]), thread);
+    assert_input(&reqs[3], &["swordfish", "And now?", "And after the crash?"]);
+    let info = w.get(&s.id).await;
+    assert_eq!((info.tokens_input, info.tokens_output), (400, 40));
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn codex_permissions_become_its_sandbox() {
+    let w = World::start(vec![]).await;
+    let patch = "*** Begin Patch\n*** Add File: patched.txt\n+patched\n*** End Patch\n";
+    let fake = FakeResponses::start(vec![
+        // deny → read-only: the shell cannot write, the patch is rejected. (The command takes a
+        // moment: codex 0.169 prints no command_execution item at all for a command its sandbox
+        // fails within a few milliseconds — the model still gets the failure.)
+        Reply::shell("sleep 1; echo denied > denied.txt"),
+        Reply::patch(patch),
+        Reply::text("Nothing written."),
+        // allow:file_change → workspace-write: both work inside the working directory.
+        Reply::shell("echo allowed > allowed.txt"),
+        Reply::patch(patch),
+        Reply::text("Both written."),
+    ])
+    .await;
+    let s = w.create(codex_request(&w, &fake, Some("deny"))).await;
+    let acts = w.send(&s.id, "Write two files.").await;
+    assert_eq!(
+        kinds(&acts),
+        ["TOOL_CALL", "TOOL_RESULT", "STATUS", "COMPLETION"],
+        "{acts:#?}"
+    );
+    assert!(!acts[1].tool_success);
+    assert!(
+        acts[1].content.contains("Read-only file system"),
+        "{}",
+        acts[1].content
+    );
+    assert!(!w.root.join("denied.txt").exists());
+    assert!(!w.root.join("patched.txt").exists());
+    let reqs = fake.response_requests();
+    assert_eq!(reqs[0].turn_metadata()["sandbox_mode"], "read-only");
+    // The model is told the patch was rejected.
+    assert_input(&reqs[2], &["call apply_patch", "rejected"]);
+    w.stop(&s.id, true).await.expect("stop");
+
+    let s = w
+        .create(codex_request(&w, &fake, Some("allow:file_change")))
+        .await;
+    let acts = w.send(&s.id, "Write two files.").await;
+    assert_eq!(
+        kinds(&acts),
+        [
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "TOOL_CALL",
+            "TOOL_RESULT",
+            "STATUS",
+            "COMPLETION"
+        ],
+        "{acts:#?}"
+    );
+    assert!(acts[1].tool_success && acts[3].tool_success, "{acts:#?}");
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("allowed.txt")).unwrap(),
+        "allowed\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("patched.txt")).unwrap(),
+        "patched\n"
+    );
+    assert_eq!(
+        fake.response_requests()[3].turn_metadata()["sandbox_mode"],
+        "workspace-write"
+    );
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn codex_failed_turns_are_errors_and_the_session_goes_on() {
+    let w = World::start(vec![]).await;
+    let fake = FakeResponses::start(vec![
+        Reply::error(500),
+        Reply::error(400),
+        Reply::Failed("the model fell over".into()),
+        Reply::text("Recovered."),
+    ])
+    .await;
+    let s = w.create(codex_request(&w, &fake, None)).await;
+    let mut errors = Vec::new();
+    for msg in ["one", "two", "three"] {
+        let acts = w.send(&s.id, msg).await;
+        assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
+        errors.push(acts[0].content.clone());
+        let info = w.get(&s.id).await;
+        assert_eq!(info.status, S::Running as i32, "{info:?}");
+        assert_eq!(info.pid, s.pid);
+    }
+    // Codex's own words for each: a 5xx, the API's error JSON for a 4xx, a failed response.
+    assert!(errors[0].starts_with("codex: error: "), "{}", errors[0]);
+    assert!(
+        errors[1].contains("fake 400 from the paddock test server"),
+        "{}",
+        errors[1]
+    );
+    assert!(errors[2].contains("the model fell over"), "{}", errors[2]);
+    let acts = w.send(&s.id, "four").await;
+    assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
+    // The failed turns belong to the thread: the fourth request carries them.
+    let reqs = fake.response_requests();
+    assert_eq!(reqs.len(), 4);
+    assert_eq!(reqs[3].user_texts(), ["one", "two", "three", "four"]);
+
+    // A thread codex no longer has (its CODEX_HOME lost): the turn is an ERROR with codex's
+    // stderr, and the session lives on.
+    std::fs::remove_dir_all(w.home.join(".codex/sessions")).unwrap();
+    let acts = w.send(&s.id, "five").await;
+    assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
+    assert!(
+        acts[0].content.contains("exit code 1")
+            && acts[0].content.contains("no rollout found for thread id"),
+        "{}",
+        acts[0].content
+    );
+    assert!(
+        !acts[0].content.contains("Stack backtrace"),
+        "{}",
+        acts[0].content
+    );
+    assert_eq!(w.get(&s.id).await.status, S::Running as i32);
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn codex_stop_during_a_tool_call_ends_the_tool_and_the_agent() {
+    let w = World::start(vec![]).await;
+    let nap = format!("sleep 30.{}", nonce());
+    let fake = FakeResponses::start(vec![
+        Reply::shell_waiting(
+            &format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"),
+            600_000,
+        ),
+        Reply::text("Woke up."),
+    ])
+    .await;
+    let s = w.create(codex_request(&w, &fake, None)).await;
+    let mut stream = w.send_stream(&s.id, "Take a nap.").await;
+    let first = next(&mut stream).await.expect("the tool call");
+    assert_eq!(kind(&first), "TOOL_CALL", "{first:?}");
+    wait_file(&w.root.join("nap.txt"), WAIT).await;
+    let deadline = Instant::now() + WAIT;
+    while processes_with(&nap).is_empty() {
+        assert!(Instant::now() < deadline, "the tool never started");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Codex runs it in a session of its own, out of the bridge's process group.
+    let tool = processes_with(&nap)[0];
+    let sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(tool as i32))).unwrap();
+    assert_ne!(sid.as_raw(), s.pid);
+
+    let t0 = Instant::now();
+    let stopped = w.stop(&s.id, false).await.expect("forced stop");
+    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
+    let mut rest = vec![first];
+    rest.extend(collect(stream).await);
+    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
+    wait_no_process(&nap, Duration::from_secs(5)).await;
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert!(!alive(s.pid as u32));
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
+        "napping\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn codex_killed_mid_turn_is_obey_2031() {
+    let w = World::start(vec![]).await;
+    let fake = FakeResponses::start(vec![Reply::Hang]).await;
+    let s = w.create(codex_request(&w, &fake, None)).await;
+    let stream = w.send_stream(&s.id, "Think hard.").await;
+    fake.wait_requests(1, WAIT).await;
+    // The bridge's child: codex (its npm launcher). (Tool processes codex orphaned may be the
+    // bridge's children too, as zombies until it reaps them: they have no command line.)
+    let codex: Vec<u32> = children(s.pid as u32)
+        .into_iter()
+        .filter(|p| cmdline(*p).contains(" exec "))
+        .collect();
+    assert_eq!(codex.len(), 1, "{codex:?}");
+    assert!(cmdline(codex[0]).contains("exec"), "{}", cmdline(codex[0]));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(codex[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let acts = collect(stream).await;
+    let last = acts.last().expect("an activity");
+    assert_eq!(kind(last), "ERROR", "{acts:#?}");
+    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
+    assert!(
+        last.content.contains("killed by signal 9"),
+        "{}",
+        last.content
+    );
+    let info = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(info.error_code, "OBEY-2031");
+    // Nothing of codex is left behind.
+    wait_no_process(
+        &format!("base_url=\"{}\"", fake.base_url()),
+        Duration::from_secs(5),
+    )
+    .await;
+}
