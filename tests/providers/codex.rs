@@ -177,6 +177,8 @@ struct FakeBridge {
     stdin: Option<std::process::ChildStdin>,
     lines: std::sync::mpsc::Receiver<String>,
     nap: String,
+    /// The containment tag the daemon would give the bridge (`paddock::contain`).
+    tag: String,
 }
 
 impl FakeBridge {
@@ -197,6 +199,7 @@ impl FakeBridge {
             config.insert(k.to_string(), json!(v));
         }
         let nap = format!("300.{}", nonce());
+        let tag = paddock::contain::new_tag();
         let mut cmd = Command::new(BIN);
         cmd.args(["__bridge", "codex", "--model", "gpt-test", "--config"])
             .arg(Value::Object(config).to_string());
@@ -208,6 +211,7 @@ impl FakeBridge {
             .env("FAKE_CODEX_DIR", &log)
             .env("CODEX_HOME", dir.path().join("codex-home"))
             .env("FAKE_CODEX_NAP", &nap)
+            .env(paddock::contain::TAG_VAR, &tag)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -230,6 +234,7 @@ impl FakeBridge {
             child,
             lines: rx,
             nap,
+            tag,
         }
     }
 
@@ -403,16 +408,18 @@ fn a_restarted_bridge_resumes_and_early_exits_are_errors() {
     assert_eq!(st.signal(), Some(9), "{st:?}");
 }
 
+/// Codex puts its tools in sessions of their own, out of reach of the stop's TERM to the
+/// bridge's group; they still carry the session's tag, by which the daemon ends them when the
+/// bridge is gone (what `paddock::contain::kill_tree` does for a session's process).
 #[test]
 fn a_stop_ends_the_tool_processes_codex_left_behind() {
     let mut b = FakeBridge::start(None, &[]);
     let nap = format!("sleep {}", b.nap);
     b.send("hang");
-    // Codex puts its tools in sessions of their own: the group's TERM does not reach them.
     let tool = wait_tool(&nap);
     let pgid = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(tool as i32))).unwrap();
     assert_ne!(pgid.as_raw() as u32, b.child.id());
-    // The daemon's stop: TERM to the bridge's process group.
+    // The daemon's stop: TERM to the bridge's process group. The bridge dies by it.
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(b.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -420,47 +427,34 @@ fn a_stop_ends_the_tool_processes_codex_left_behind() {
     .unwrap();
     let st = b.wait();
     assert_eq!(st.signal(), Some(15), "{st:?}");
-    assert!(
-        processes_with(&nap).is_empty(),
-        "the tool outlived the stop"
-    );
+    // The tool escaped the group, not the tag.
+    assert!(paddock::contain::kill_tree(b.child.id(), &b.tag) >= 1);
+    let deadline = Instant::now() + WAIT;
+    while !processes_with(&nap).is_empty() {
+        assert!(Instant::now() < deadline, "the tool outlived the stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
+/// A tool's background process outlives its turn (a server the model started), and ends with
+/// the session: the daemon closes the bridge's stdin, the bridge exits 0, the tag sweep ends it.
 #[test]
 fn tool_processes_live_with_the_session_and_end_with_it() {
     let mut b = FakeBridge::start(None, &[]);
     let nap = format!("sleep {}", b.nap);
     let t = b.turn("orphan");
     assert_eq!(t.last().unwrap()["is_error"], false);
-    // The turn is over, codex is gone: its tool's background process lives on, the bridge's
-    // child now (its subreaper).
     let tool = wait_tool(&nap);
-    let deadline = Instant::now() + WAIT;
-    while !children(b.child.id()).contains(&tool) {
-        assert!(
-            Instant::now() < deadline,
-            "{tool} was not adopted by the bridge"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // Idle, a TERM ends it too.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(b.child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let st = b.wait();
-    assert_eq!(st.signal(), Some(15), "{st:?}");
-    assert!(processes_with(&nap).is_empty());
-
-    // The same when the daemon closes stdin (a normal end): exit 0, nothing left.
-    let mut b = FakeBridge::start(None, &[]);
-    let nap = format!("sleep {}", b.nap);
-    b.turn("orphan");
-    wait_tool(&nap);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(alive(tool), "the background process died with its turn");
     drop(b.stdin.take());
     assert_eq!(b.wait().code(), Some(0));
-    assert!(processes_with(&nap).is_empty());
+    assert!(paddock::contain::kill_tree(b.child.id(), &b.tag) >= 1);
+    let deadline = Instant::now() + WAIT;
+    while !processes_with(&nap).is_empty() {
+        assert!(Instant::now() < deadline, "the tool outlived the session");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -817,7 +811,7 @@ async fn codex_stop_during_a_tool_call_ends_the_tool_and_the_agent() {
     let mut stream = w.send_stream(&s.id, "Take a nap.").await;
     let first = next(&mut stream).await.expect("the tool call");
     assert_eq!(kind(&first), "TOOL_CALL", "{first:?}");
-    wait_file(&w.root.join("nap.txt"), WAIT).await;
+    wait_file_content(&w.root.join("nap.txt"), "napping\n", WAIT).await;
     let deadline = Instant::now() + WAIT;
     while processes_with(&nap).is_empty() {
         assert!(Instant::now() < deadline, "the tool never started");

@@ -600,3 +600,16 @@ pub async fn wait_gone_with(pid: u32, needle: &str) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Waits until the file at `path` holds exactly `content` (at most `limit`).
+pub async fn wait_file_content(path: &Path, content: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while std::fs::read_to_string(path).ok().as_deref() != Some(content) {
+        assert!(
+            Instant::now() < deadline,
+            "{} never held {content:?}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

@@ -403,7 +403,7 @@ async fn openai_stop_during_a_slow_shell_tool_ends_the_tool_and_the_bridge() {
     let mut stream = w.send_stream(&s.id, "Take a nap.").await;
     let first = next(&mut stream).await.expect("the tool call");
     assert_eq!(kind(&first), "TOOL_CALL");
-    wait_file(&w.root.join("nap.txt"), WAIT).await;
+    wait_file_content(&w.root.join("nap.txt"), "napping\n", WAIT).await;
     let deadline = Instant::now() + WAIT;
     while processes_with(&nap).is_empty() {
         assert!(Instant::now() < deadline, "the tool never started");

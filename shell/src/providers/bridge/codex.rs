@@ -100,10 +100,9 @@
 //! - codex exits without either (a lost thread on resume: exit 1, "Error: thread/resume: … no
 //!   rollout found for thread id …"; a bad `-c`; …) → ERROR with the last `error` event's
 //!   message, if any, and the exit status with codex's stderr tail (its backtrace cut off);
-//! - codex killed by a signal (not by a stop) → the bridge ends what codex left running and
-//!   dies by the same signal ([`super::die_like`]), so the daemon sees the crash (codex's npm
-//!   launcher killed leaves the codex binary holding stdout: the bridge reads at most
-//!   [`DRAIN_AFTER_EXIT`] past its child's exit);
+//! - codex killed by a signal → the bridge dies by the same signal ([`super::die_like`]), so
+//!   the daemon sees the crash (codex's npm launcher killed leaves the codex binary holding
+//!   stdout: the bridge reads at most [`super::DRAIN_AFTER_EXIT`] past its child's exit);
 //! - codex cannot be started → ERROR.
 //!
 //! The session goes on after an ERROR turn: the next message runs codex again (resuming the
@@ -112,40 +111,26 @@
 //! ## Stopping, and codex's tool processes
 //!
 //! Codex runs each tool command in a session of its own (`setsid`: pgid = sid = the tool's
-//! shell), so the daemon's TERM/KILL to the bridge's process group does not reach it. On TERM
-//! codex kills the tool's shell (on KILL the shell dies with it too), but not what the shell
-//! started: `sleep 300; echo done` leaves `sleep 300` running, reparented. The
-//! bridge therefore makes itself a child subreaper (`PR_SET_CHILD_SUBREAPER`): a tool process
-//! orphaned by codex becomes the bridge's child. On SIGTERM / SIGINT / SIGHUP, once codex has
-//! exited (it got the signal with the group; the bridge passes it on too), and when the daemon
-//! closes its stdin, the bridge TERMs every process still below it, KILLs what is left after
-//! [`SWEEP_GRACE`], and then dies by the signal it got (or exits 0). Between turns it only
-//! reaps orphans that already ended: a tool's background process (a server the model started)
-//! lives as long as the session. If the bridge itself is KILLed, the orphans it had adopted go
-//! to init, as without a bridge.
+//! shell), so the daemon's TERM/KILL to the bridge's process group does not reach it, and on
+//! TERM codex ends the tool's shell but not what the shell started (`sleep 300; echo done`
+//! leaves `sleep 300` running). Those processes carry the session's containment tag: when the
+//! bridge exits (the stop's TERM ends it, by default action), the daemon kills every process
+//! still tagged (`crate::contain`). A tool's background process (a server the model started)
+//! thus lives as long as the session, and no longer.
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 
 use paddock_core::Provider;
 use serde_json::{json, Value};
 
 use super::wire::{Out, TurnEnd, Usage};
-use super::{die_like, pass_stderr, Bridge, TurnExit};
+use super::{die_like, run_turn, Bridge, TurnExit};
 use crate::providers::{agent_command, PermissionPolicy};
 
 /// Longest prompt given as an argument; a longer one goes through stdin (Linux refuses a single
 /// argument over 128 KiB).
 pub const MAX_ARG_PROMPT: usize = 100_000;
-
-/// How long the bridge still reads codex's stdout after codex exited (something it left behind
-/// may hold the pipe open).
-pub const DRAIN_AFTER_EXIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// How long the tool processes left behind get between TERM and KILL when the bridge ends.
-pub const SWEEP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Tools whose permission lets a codex session write (an `allow:` list naming one of these runs
 /// codex with `workspace-write`).
@@ -259,7 +244,6 @@ impl Settings {
 /// Runs turns until the daemon closes stdin.
 pub fn run(bridge: &Bridge) -> Result<(), String> {
     let settings = Settings::new(bridge)?;
-    let guard = procs::Guard::install().map_err(|e| format!("cannot set up signals: {e}"))?;
     let mut thread = bridge.resume.clone();
     // The thread's token totals as of the last turn this bridge saw end.
     let mut totals: Option<(String, Totals)> = None;
@@ -278,7 +262,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
                 .unwrap_or_default(),
         };
         let mut mapper = Mapper::new(&bridge.out, turn_no, thread.clone(), before);
-        let exit = guard.run(&mut cmd, via_stdin.then_some(prompt.as_bytes()), |l| {
+        let exit = run_turn(&mut cmd, via_stdin.then_some(prompt.as_bytes()), |l| {
             mapper.line(l)
         });
         if let Some(t) = &mapper.thread {
@@ -290,22 +274,15 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         match exit {
             Err(e) => mapper.fail(format!("could not start {}: {e}", settings.argv[0])),
             Ok(exit) => {
-                if let Some(sig) = guard.stop_signal() {
-                    guard.sweep();
-                    procs::die_by(sig);
-                }
                 if !mapper.finished() {
                     if exit.signal.is_some() {
-                        guard.sweep();
                         die_like(&exit, "codex");
                     }
                     mapper.fail(unfinished_text(mapper.last_error.as_deref(), &exit));
                 }
             }
         }
-        procs::reap_exited();
     }
-    guard.sweep();
     Ok(())
 }
 
@@ -682,305 +659,6 @@ fn tool_output(kind: &str, item: &Value) -> (String, bool) {
             (text, err.is_some() || status == "failed")
         }
         _ => (str_of(item, "query").to_string(), status == "failed"),
-    }
-}
-
-/// The bridge's processes: signals, the codex child of the turn in progress, and the tool
-/// processes codex leaves behind.
-pub mod procs {
-    use super::*;
-    use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
-    use nix::unistd::Pid;
-    use std::os::fd::IntoRawFd;
-    use std::sync::atomic::{AtomicI32, Ordering};
-    use std::time::{Duration, Instant};
-
-    /// The signal that asked the bridge to stop (0: none yet).
-    static STOP: AtomicI32 = AtomicI32::new(0);
-    /// The write end of the self-pipe the handler wakes the signal thread with.
-    static WAKE: AtomicI32 = AtomicI32::new(-1);
-
-    extern "C" fn on_signal(sig: nix::libc::c_int) {
-        STOP.store(sig, Ordering::SeqCst);
-        let fd = WAKE.load(Ordering::SeqCst);
-        if fd >= 0 {
-            let b = [sig as u8];
-            // Async-signal-safe; a full pipe only means the thread is awake already.
-            unsafe {
-                nix::libc::write(fd, b.as_ptr().cast(), 1);
-            }
-        }
-    }
-
-    /// Installed once per bridge process.
-    pub struct Guard {
-        /// The codex process of the turn in progress (exited but not yet reaped counts).
-        child: Arc<Mutex<Option<u32>>>,
-    }
-
-    impl Guard {
-        /// Subreaper, TERM/INT/HUP handlers, and the thread that acts on them.
-        pub fn install() -> std::io::Result<Guard> {
-            nix::sys::prctl::set_child_subreaper(true)?;
-            let (r, w) = nix::unistd::pipe()?;
-            WAKE.store(w.into_raw_fd(), Ordering::SeqCst);
-            let action = SigAction::new(
-                SigHandler::Handler(on_signal),
-                SaFlags::SA_RESTART,
-                SigSet::empty(),
-            );
-            for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
-                unsafe { signal::sigaction(s, &action) }?;
-            }
-            let child: Arc<Mutex<Option<u32>>> = Arc::default();
-            let slot = child.clone();
-            std::thread::spawn(move || {
-                let mut b = [0u8; 1];
-                loop {
-                    match nix::unistd::read(&r, &mut b) {
-                        Ok(0) => return,
-                        Ok(_) => {}
-                        Err(nix::errno::Errno::EINTR) => continue,
-                        Err(_) => return,
-                    }
-                    let sig = STOP.load(Ordering::SeqCst);
-                    let running = slot.lock().unwrap_or_else(|e| e.into_inner());
-                    match *running {
-                        // The turn's thread sweeps and dies once codex is gone.
-                        Some(pid) => {
-                            if let Ok(s) = Signal::try_from(sig) {
-                                let _ = signal::kill(Pid::from_raw(pid as i32), s);
-                            }
-                        }
-                        // Between turns: nothing to wait for.
-                        None => {
-                            sweep();
-                            die_by(sig);
-                        }
-                    }
-                }
-            });
-            Ok(Guard { child })
-        }
-
-        /// The signal that asked the bridge to stop, if one did.
-        pub fn stop_signal(&self) -> Option<i32> {
-            match STOP.load(Ordering::SeqCst) {
-                0 => None,
-                s => Some(s),
-            }
-        }
-
-        pub fn sweep(&self) {
-            sweep();
-        }
-
-        /// Runs one codex process to its end: `stdin` written then closed (or `/dev/null`),
-        /// each stdout line to `on_line`, stderr passed through with its tail kept.
-        pub fn run(
-            &self,
-            cmd: &mut Command,
-            stdin: Option<&[u8]>,
-            mut on_line: impl FnMut(&str),
-        ) -> std::io::Result<TurnExit> {
-            cmd.stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-            // Codex dies with the bridge (TERM: it ends its tool shells on the way out).
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(cmd, || {
-                    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
-                });
-            }
-            let mut child = {
-                let mut slot = self.child.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(sig) = self.stop_signal() {
-                    sweep();
-                    die_by(sig);
-                }
-                let child = cmd.spawn()?;
-                *slot = Some(child.id());
-                child
-            };
-            let pid = child.id();
-            let feeder = match (child.stdin.take(), stdin) {
-                (Some(mut w), Some(bytes)) => {
-                    let bytes = bytes.to_vec();
-                    Some(std::thread::spawn(move || {
-                        let _ = w.write_all(&bytes);
-                    }))
-                }
-                _ => None,
-            };
-            let stderr = child.stderr.take().expect("piped");
-            let tail = Arc::new(Mutex::new(String::new()));
-            let keep = tail.clone();
-            let err_thread = std::thread::spawn(move || pass_stderr(stderr, &keep));
-            let stdout = child.stdout.take().expect("piped");
-            let (tx, rx) = std::sync::mpsc::channel::<String>();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            // Every line until stdout closes; but once codex has exited, at most DRAIN_AFTER_EXIT
-            // more (a process it left behind may hold the pipe: npm's launcher killed leaves
-            // the codex binary running).
-            let mut exited_at: Option<Instant> = None;
-            loop {
-                match rx.recv_timeout(Duration::from_millis(100)) {
-                    Ok(line) => {
-                        let line = line.trim_end_matches('\r');
-                        if !line.trim().is_empty() {
-                            on_line(line);
-                        }
-                    }
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => match exited_at {
-                        Some(t) if t.elapsed() >= DRAIN_AFTER_EXIT => break,
-                        Some(_) => {}
-                        None => {
-                            if exited(pid) {
-                                exited_at = Some(Instant::now());
-                            }
-                        }
-                    },
-                }
-            }
-            // Wait for the exit without reaping, so the signal thread never signals a pid
-            // that was reused; then forget the child and reap it.
-            while let Err(nix::errno::Errno::EINTR) = waitid(
-                Id::Pid(Pid::from_raw(pid as i32)),
-                WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
-            ) {}
-            *self.child.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            let status = child.wait()?;
-            // Stderr too may be held open by what codex left behind: wait for it a little.
-            let deadline = Instant::now() + Duration::from_millis(500);
-            while !err_thread.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if let Some(f) = feeder {
-                if f.is_finished() {
-                    let _ = f.join();
-                }
-            }
-            use std::os::unix::process::ExitStatusExt;
-            let stderr_tail = tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            Ok(TurnExit {
-                code: status.code(),
-                signal: status.signal(),
-                stderr_tail,
-            })
-        }
-    }
-
-    /// Whether `pid` (our child) has exited, without reaping it.
-    fn exited(pid: u32) -> bool {
-        matches!(
-            waitid(
-                Id::Pid(Pid::from_raw(pid as i32)),
-                WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
-            ),
-            Ok(st) if st != WaitStatus::StillAlive
-        )
-    }
-
-    /// Dies by `sig` (its default action), as the daemon's signal meant.
-    pub fn die_by(sig: i32) -> ! {
-        if let Ok(s) = Signal::try_from(sig) {
-            unsafe {
-                let _ = signal::signal(s, SigHandler::SigDfl);
-            }
-            let _ = signal::raise(s);
-        }
-        std::process::exit(128 + sig);
-    }
-
-    /// Reaps the bridge's children that have exited (orphans adopted as subreaper). Only called
-    /// when no codex process is running, so nothing of the turn's is taken.
-    pub fn reap_exited() {
-        loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    }
-
-    /// Every process below `root` (by parent pid, from /proc).
-    pub fn descendants(root: u32) -> Vec<u32> {
-        let mut parent_of: Vec<(u32, u32)> = Vec::new();
-        if let Ok(dir) = std::fs::read_dir("/proc") {
-            for e in dir.flatten() {
-                let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                    continue;
-                };
-                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                    continue;
-                };
-                // pid (comm) state ppid …: comm may hold spaces and parentheses.
-                let Some((_, rest)) = stat.rsplit_once(')') else {
-                    continue;
-                };
-                let mut f = rest.split_whitespace();
-                let state = f.next().unwrap_or("");
-                let Some(ppid) = f.next().and_then(|p| p.parse::<u32>().ok()) else {
-                    continue;
-                };
-                if state != "Z" && state != "X" {
-                    parent_of.push((pid, ppid));
-                }
-            }
-        }
-        let mut found = vec![root];
-        let mut i = 0;
-        while i < found.len() {
-            let p = found[i];
-            for (c, pp) in &parent_of {
-                if *pp == p && !found.contains(c) {
-                    found.push(*c);
-                }
-            }
-            i += 1;
-        }
-        found.remove(0);
-        found
-    }
-
-    /// TERMs every process below the bridge, KILLs what is left after [`SWEEP_GRACE`], and
-    /// reaps them.
-    pub fn sweep() {
-        let me = std::process::id();
-        for (sig, grace) in [
-            (Signal::SIGTERM, SWEEP_GRACE),
-            (Signal::SIGKILL, Duration::from_secs(1)),
-        ] {
-            let left = descendants(me);
-            if left.is_empty() {
-                break;
-            }
-            for p in &left {
-                let _ = signal::kill(Pid::from_raw(*p as i32), sig);
-            }
-            let deadline = Instant::now() + grace;
-            while Instant::now() < deadline {
-                reap_exited();
-                if descendants(me).is_empty() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        reap_exited();
     }
 }
 

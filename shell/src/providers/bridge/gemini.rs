@@ -92,9 +92,8 @@
 //! signal that kills that child shows as the parent's plain `exit 1`. With one process, a
 //! crash is seen as what it was, and the turn starts faster. Shell commands run detached, in a
 //! process group of their own, which the daemon's TERM to the bridge's group does not
-//! reach and gemini does not end when it is told to stop: the `reaper` submodule ends them.
-
-mod reaper;
+//! reach and gemini does not end when it is told to stop: they carry the session's
+//! containment tag, and the daemon ends them when the bridge exits (`crate::contain`).
 
 use std::process::Command;
 
@@ -118,7 +117,6 @@ const TEXT_MAX: usize = 64 * 1024;
 pub fn run(bridge: &Bridge) -> Result<(), String> {
     let argv = agent_command(Provider::Gemini, &bridge.config)?;
     let policy = PermissionPolicy::parse(bridge.config("permissions"))?;
-    reaper::install();
     let mut session = bridge.resume.clone();
     while let Some(message) = bridge.input.next_user() {
         if message.len() > PROMPT_MAX {
@@ -136,12 +134,10 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         let mut cmd = command(&argv, &bridge.model, &policy, session.as_deref(), &message);
         cmd.current_dir(&bridge.cwd);
         let mut turn = Turn::new(session.clone());
-        let exit = run_turn(&mut cmd, |line| turn.line(line, &bridge.out))
+        let exit = run_turn(&mut cmd, None, |line| turn.line(line, &bridge.out))
             .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
-        reaper::park_if_stopping();
         session = turn.session_id.clone();
         let end = turn.finish(&exit);
-        reaper::reap_orphans();
         match end {
             Some(end) => bridge.out.result(&end),
             None => die_like(&exit, "gemini"),

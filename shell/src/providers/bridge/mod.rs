@@ -23,10 +23,12 @@
 //! translates, and when the agent process it drives dies by a signal it dies the same way
 //! ([`die_like`]), so the daemon sees the crash the core then rules on.
 //!
-//! The agent's children share the bridge's process group (the daemon's TERM/KILL reach them);
-//! the agent's stderr is passed through to the bridge's stderr, which the daemon keeps. (Codex
-//! runs its tool commands in sessions of their own, out of the group's reach: the codex bridge
-//! adopts what codex leaves behind as a child subreaper and ends it on a stop — see [`codex`].)
+//! The agent's children share the bridge's process group (the daemon's TERM/KILL reach them),
+//! and tool processes that leave the group (codex and gemini run each command in a session of
+//! its own) still carry the session's containment tag: when the bridge exits, the daemon ends
+//! them all (`crate::contain`). So a bridge keeps the default signal actions and never hunts
+//! processes itself. The agent's stderr is passed through to the bridge's stderr, which the
+//! daemon keeps.
 
 pub mod acp;
 pub mod codex;
@@ -38,7 +40,8 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub use wire::{Decision, In, Out, TurnEnd, Usage};
 
@@ -167,28 +170,85 @@ impl TurnExit {
     }
 }
 
-/// Runs one agent process to its end: stdin closed, each stdout line to `on_line` (in order,
-/// on this thread), stderr passed through to the bridge's own and its tail kept.
-pub fn run_turn(cmd: &mut Command, mut on_line: impl FnMut(&str)) -> std::io::Result<TurnExit> {
+/// How long a bridge keeps reading an agent's stdout after the agent exited: a process it left
+/// behind may hold the pipe open (codex's npm launcher killed leaves the codex binary running).
+pub const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// Runs one agent process to its end: `stdin` written then closed (or `/dev/null`: an open
+/// stdin makes `codex exec` wait for a prompt forever), each stdout line to `on_line` (in
+/// order, on this thread), stderr passed through to the bridge's own and its tail kept. Once
+/// the process has exited, its output is read for at most [`DRAIN_AFTER_EXIT`] more.
+///
+/// What the process leaves running is not the bridge's business: it carries the session's
+/// containment tag, and the daemon ends it with the session (see `crate::contain`).
+pub fn run_turn(
+    cmd: &mut Command,
+    stdin: Option<&[u8]>,
+    mut on_line: impl FnMut(&str),
+) -> std::io::Result<TurnExit> {
     let mut child = cmd
-        .stdin(Stdio::null())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
+    if let (Some(mut w), Some(bytes)) = (child.stdin.take(), stdin) {
+        let bytes = bytes.to_vec();
+        // On a thread: a large prompt must not block reading the agent's output.
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = w.write_all(&bytes);
+        });
+    }
     let stderr = child.stderr.take().expect("piped");
     let tail = Arc::new(Mutex::new(String::new()));
     let keep = tail.clone();
     let err_thread = std::thread::spawn(move || pass_stderr(stderr, &keep));
     let stdout = child.stdout.take().expect("piped");
-    for line in BufReader::new(stdout).lines() {
-        let Ok(line) = line else { break };
-        let line = line.trim_end_matches('\r');
-        if !line.trim().is_empty() {
-            on_line(line);
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut status = None;
+    let mut exited_at: Option<Instant> = None;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(line) => {
+                let line = line.trim_end_matches('\r');
+                if !line.trim().is_empty() {
+                    on_line(line);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => match exited_at {
+                Some(t) if t.elapsed() >= DRAIN_AFTER_EXIT => break,
+                Some(_) => {}
+                None => {
+                    if let Some(st) = child.try_wait()? {
+                        status = Some(st);
+                        exited_at = Some(Instant::now());
+                    }
+                }
+            },
         }
     }
-    let status = child.wait()?;
-    let _ = err_thread.join();
+    let status = match status {
+        Some(s) => s,
+        None => child.wait()?,
+    };
+    // Stderr too may be held open by what the agent left behind: wait for it a little.
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while !err_thread.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     use std::os::unix::process::ExitStatusExt;
     let stderr_tail = tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(TurnExit {
@@ -244,6 +304,7 @@ mod tests {
         let mut lines = Vec::new();
         let exit = run_turn(
             Command::new("sh").args(["-c", "echo one; echo; echo two; echo oops >&2; exit 3"]),
+            None,
             |l| lines.push(l.to_string()),
         )
         .unwrap();
@@ -255,8 +316,36 @@ mod tests {
 
     #[test]
     fn a_killed_turn_reports_its_signal() {
-        let exit = run_turn(Command::new("sh").args(["-c", "kill -9 $$"]), |_| {}).unwrap();
+        let exit = run_turn(Command::new("sh").args(["-c", "kill -9 $$"]), None, |_| {}).unwrap();
         assert_eq!(exit.signal, Some(9));
         assert_eq!(exit.describe(), "killed by signal 9");
+    }
+
+    /// A prompt on stdin arrives whole; an exited agent whose leftover holds its stdout does
+    /// not hold the turn for longer than the drain period.
+    #[test]
+    fn stdin_prompts_and_held_pipes() {
+        let mut lines = Vec::new();
+        let exit = run_turn(
+            Command::new("sh").args(["-c", "wc -c"]),
+            Some(&[b'x'; 300_000]),
+            |l| lines.push(l.trim().to_string()),
+        )
+        .unwrap();
+        assert!(exit.success());
+        assert_eq!(lines, ["300000"]);
+        let t0 = Instant::now();
+        let exit = run_turn(
+            Command::new("sh").args(["-c", "sleep 29.4817 & echo started"]),
+            None,
+            |_| {},
+        )
+        .unwrap();
+        assert!(exit.success());
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        // (the sleep is a leftover of this test's own; end it)
+        let _ = Command::new("pkill")
+            .args(["-f", "^sleep 29.4817$"])
+            .status();
     }
 }
