@@ -46,7 +46,8 @@
 //! `TOOL_CALL` content is a short rendering of the input: the command for `Bash`, the
 //! `file_path` for `Read`/`Write`/`Edit`/`MultiEdit`, `notebook_path` for `NotebookEdit`,
 //! `path` for `LS`, `pattern` for `Glob`/`Grep`, `url` for `WebFetch`, `query` for
-//! `WebSearch`; otherwise compact JSON. Truncated to [`TOOL_INPUT_MAX`] bytes.
+//! `WebSearch`; for other tools (those of agents behind a bridge) the first string among
+//! `command`, `file_path`, `path`, `pattern`, `url`, `query`; otherwise compact JSON. Truncated to [`TOOL_INPUT_MAX`] bytes.
 //! `TOOL_RESULT` content is the result's text (text blocks joined by newlines, `[image]` for
 //! images), truncated to [`TOOL_RESULT_MAX`] bytes with a `… [truncated N bytes]` marker;
 //! `tool_name` is the name remembered from the matching `tool_use` (empty if unseen);
@@ -531,6 +532,14 @@ fn render_tool_input(name: &str, input: &Value) -> String {
         "WebSearch" => Some("query"),
         _ => None,
     };
+    // Other agents' tools (behind a bridge: codex's commands, gemini's `run_shell_command` and
+    // `write_file`, the openai-api loop's `shell` / `read_file`, …) name their main argument
+    // the same few ways: show it rather than the whole JSON.
+    let key = key.or_else(|| {
+        ["command", "file_path", "path", "pattern", "url", "query"]
+            .into_iter()
+            .find(|k| input.get(*k).is_some_and(Value::is_string))
+    });
     let s = match key.and_then(|k| input.get(k)).and_then(Value::as_str) {
         Some(s) => s.to_string(),
         None if input.is_null() => String::new(),

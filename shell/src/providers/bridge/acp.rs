@@ -824,7 +824,7 @@ mod tests {
                 "STATUS  Listing.",
                 "TOOL_CALL Bash ls",
                 "TOOL_RESULT Bash README.md",
-                "TOOL_CALL edit {\"file_path\":\"/x\"}",
+                "TOOL_CALL edit /x",
                 "TOOL_RESULT edit denied",
                 "STATUS  plan: [x] a, [ ] b",
             ]

@@ -658,10 +658,10 @@ mod tests {
             [
                 "session 01TEST",
                 "Thinking \"Write it.\"  (100,10)",
-                "ToolCall \"{\\\"content\\\":\\\"hi\\\\n\\\",\\\"path\\\":\\\"a.txt\\\"}\" write_file (0,0)",
+                "ToolCall \"a.txt\" write_file (0,0)",
                 "ToolResult \"wrote 3 bytes to a.txt\" write_file (0,0)",
                 "Status \"Now look.\"  (200,20)",
-                "ToolCall \"{\\\"command\\\":\\\"cat a.txt\\\"}\" shell (0,0)",
+                "ToolCall \"cat a.txt\" shell (0,0)",
                 "ToolResult \"hi\\n\" shell (0,0)",
                 "Status \"Done.\"  (300,30)",
                 "Completion \"Done.\"  (0,0)",
