@@ -463,3 +463,20 @@ async fn acp_recorded_updates_through_the_translator() {
     let rendered = paddock::providers::bridge::acp::translate_for_test(&updates);
     insta::assert_yaml_snapshot!("acp_recorded_translated", w.redact(&rendered));
 }
+
+/// OpenClaw is the ACP adapter with `openclaw acp` as its default command: any ACP agent
+/// given as its command runs the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn openclaw_sessions_are_acp_sessions() {
+    let w = World::start(vec![Reply::text("Hello from an OpenClaw session.")]).await;
+    let mut req = acp_request(&w);
+    req.provider = pb::SessionProvider::Openclaw as i32;
+    let s = w.create(req).await;
+    assert_eq!(s.provider, pb::SessionProvider::Openclaw as i32);
+    let acts = w.send(&s.id, "Hi.").await;
+    assert_eq!(kinds(&acts), ["COMPLETION"], "{acts:#?}");
+    assert_eq!(acts[0].content, "Hello from an OpenClaw session.");
+    assert!(cmdline(s.pid as u32).contains("__bridge acp"));
+    w.stop(&s.id, true).await.expect("stop");
+}

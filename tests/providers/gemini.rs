@@ -715,3 +715,52 @@ async fn gemini_recorded_stream_is_current() {
     let recorded = std::fs::read_to_string(&fixture).expect("the recording");
     assert_eq!(shape(&text), shape(&recorded), "{text}");
 }
+
+/// A second ACP agent, from another vendor: `gemini --acp` behind paddock's ACP bridge, a tool
+/// turn that changes the project, the permission prompt answered by the session's policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn gemini_over_acp_runs_a_tool_turn() {
+    let g = G::start(vec![]).await;
+    let hello = g.w.root.join("hello.txt");
+    g.fake.push([
+        Reply::call(
+            "write_file",
+            json!({"file_path": hello.display().to_string(), "content": "hello over ACP\n"}),
+        )
+        .usage(1200, 0, 40),
+        Reply::text("Wrote hello.txt.").usage(1300, 0, 20),
+    ]);
+    let mut env = g.env();
+    let trace = g.w.base.join("acp-trace.jsonl");
+    env.insert("PADDOCK_BRIDGE_TRACE".into(), trace.display().to_string());
+    let req = pb::CreateSessionRequest {
+        campaign_id: g.w.campaign_id.clone(),
+        provider: pb::SessionProvider::Acp as i32,
+        provider_config: [(
+            "command".to_string(),
+            format!("{} --acp", gemini_bin().display()),
+        )]
+        .into_iter()
+        .collect(),
+        environment: env,
+        ..Default::default()
+    };
+    let s = g.w.create(req).await;
+    let acts = g.w.send(&s.id, "Write hello.txt.").await;
+    let trace = std::fs::read_to_string(&trace).unwrap_or_default();
+    assert_eq!(
+        std::fs::read_to_string(&hello).ok().as_deref(),
+        Some("hello over ACP\n"),
+        "{acts:#?}\n{trace}"
+    );
+    let k = kinds(&acts);
+    assert!(
+        k.contains(&"TOOL_CALL") && k.contains(&"TOOL_RESULT"),
+        "{acts:#?}"
+    );
+    assert_eq!(k.last(), Some(&"COMPLETION"), "{acts:#?}");
+    assert_eq!(acts.last().unwrap().content, "Wrote hello.txt.");
+    g.w.stop(&s.id, true).await.expect("stop");
+    wait_no_process_in(&g.w.root, Duration::from_secs(10)).await;
+}
