@@ -591,6 +591,9 @@ async fn codex_runs_shell_and_patch_tools_and_counts_real_tokens() {
     assert_eq!(reqs[0].user_texts(), ["Please create two files."]);
     // Nothing but /v1/responses was called.
     assert!(fake.requests().iter().all(|r| r.path == "/v1/responses"));
+    // The real CLI's output, as the daemon parsed it: a new codex version that prints
+    // something new or differently shows up as a reviewed diff.
+    insta::assert_yaml_snapshot!("codex_tool_turn", w.render(&acts));
     w.stop(&s.id, true).await.expect("stop");
 }
 
@@ -767,6 +770,13 @@ async fn codex_failed_turns_are_errors_and_the_session_goes_on() {
         errors[1]
     );
     assert!(errors[2].contains("the model fell over"), "{}", errors[2]);
+    insta::assert_yaml_snapshot!(
+        "codex_api_errors",
+        errors
+            .iter()
+            .map(|e| w.redact(e).replace(&fake.addr.to_string(), "<fake-server>"))
+            .collect::<Vec<_>>()
+    );
     let acts = w.send(&s.id, "four").await;
     assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
     // The failed turns belong to the thread: the fourth request carries them.
