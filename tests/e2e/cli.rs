@@ -301,6 +301,18 @@ async fn session_commands_as_tables_and_json() {
         .collect();
     assert_eq!(seqs, [8, 9, 10]);
 
+    // history: both turns as one conversation (pinned), the answer once; newest entries only
+    let o = cli(&d, &["session", "history", &id]).await.ok();
+    insta::assert_snapshot!("cli_session_history", o.stdout);
+    let o = cli(&d, &["--json", "session", "history", &id, "--limit", "2"])
+        .await
+        .ok();
+    let items = o.json_lines();
+    let roles: Vec<&str> = items.iter().map(|e| e["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["status", "assistant"], "{o:?}");
+    assert_eq!(items[1]["content"], "Done with turn 2: again");
+    assert_eq!(items[1]["turn"], 2);
+
     // restart, stop
     let o = cli(&d, &["session", "restart", &id]).await.ok();
     assert_eq!(

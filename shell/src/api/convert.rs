@@ -85,6 +85,18 @@ pub fn activity_event(e: &core::ActivityEvent) -> pb::SessionActivityEvent {
     }
 }
 
+pub fn history_item(i: &crate::api::history::Item) -> pb::HistoryItem {
+    pb::HistoryItem {
+        turn: i.turn as i64,
+        role: i.role.name().to_string(),
+        content: i.content.clone(),
+        tool_name: i.tool_name.clone(),
+        tool_call_id: i.tool_call_id.clone(),
+        tool_success: i.tool_success,
+        timestamp: Some(timestamp(i.at)),
+    }
+}
+
 pub fn status_event(e: &core::StatusEvent) -> pb::SessionStatusEvent {
     pb::SessionStatusEvent {
         session_id: e.session.0.clone(),

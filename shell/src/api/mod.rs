@@ -2,6 +2,7 @@
 
 pub mod aria;
 pub mod convert;
+pub mod history;
 pub mod obey;
 
 use paddock_proto::aria::v1 as aria_pb;

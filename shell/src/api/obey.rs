@@ -26,6 +26,8 @@ type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
 /// Largest page ListActivities returns.
 const LIST_ACTIVITIES_MAX: usize = 10_000;
+/// GetHistory's entries when the request names no limit.
+const HISTORY_DEFAULT: usize = 1000;
 /// Rows of pushed activity stored per transaction.
 const EXTERNAL_BATCH: usize = 256;
 /// Output kept of one Execute line.
@@ -844,6 +846,37 @@ impl LocalDaemonService for Obey {
             .map_err(GrpcStatus::internal)?;
         Ok(Response::new(pb::ListActivitiesResponse {
             activities: list.iter().map(convert::activity_event).collect(),
+        }))
+    }
+
+    async fn get_history(
+        &self,
+        request: Request<pb::GetHistoryRequest>,
+    ) -> Result<Response<pb::GetHistoryResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let id = session_id(&r.session_id)?;
+        self.record(id.clone()).await?;
+        let limit = match r.limit {
+            n if n <= 0 => HISTORY_DEFAULT,
+            n => (n as usize).min(LIST_ACTIVITIES_MAX),
+        };
+        let (messages, (activities, truncated)) = self
+            .handle
+            .call(move |s| {
+                let m = s.store.user_messages(&id.0)?;
+                let a = s.store.last_activities(&id.0, limit)?;
+                Ok::<_, crate::store::StoreError>((m, a))
+            })
+            .await
+            .map_err(st)?
+            .map_err(|e| GrpcStatus::internal(e.to_string()))?;
+        let mut items = crate::api::history::merge(&messages, &activities, truncated);
+        // The window is of activities; user messages (one per turn) may add a few more.
+        let over = items.len().saturating_sub(limit);
+        items.drain(..over);
+        Ok(Response::new(pb::GetHistoryResponse {
+            items: items.iter().map(convert::history_item).collect(),
+            truncated: truncated || over > 0,
         }))
     }
 

@@ -112,6 +112,13 @@ pub enum SessionCmd {
         #[arg(long, default_value_t = 0)]
         after: i64,
     },
+    /// Print a session's conversation: each turn's message, then what the agent did and said
+    History {
+        id: String,
+        /// At most this many of the newest entries
+        #[arg(long, default_value_t = 1000)]
+        limit: i32,
+    },
 }
 
 pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -463,6 +470,26 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
                     status_name(s.status),
                     s.restart_count
                 );
+            }
+        }
+        SessionCmd::History { id, limit } => {
+            let id = tryc!(resolve(&mut c, &id).await);
+            let h = tryg!(
+                c.get_history(pb::GetHistoryRequest {
+                    session_id: id,
+                    limit,
+                })
+                .await
+            );
+            if h.truncated && !ctx.json {
+                println!("(older entries left out; --limit shows more)");
+            }
+            for item in &h.items {
+                if ctx.json {
+                    println!("{}", history_json(item));
+                } else {
+                    println!("{}", history_line(item));
+                }
             }
         }
         SessionCmd::Logs { id, after } => {

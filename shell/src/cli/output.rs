@@ -151,6 +151,34 @@ pub fn age(t: &Option<prost_types::Timestamp>, now_ms: u64) -> String {
 }
 
 /// One activity as a line for a terminal.
+pub fn history_json(i: &pb::HistoryItem) -> Value {
+    json!({
+        "turn": i.turn,
+        "role": i.role,
+        "content": i.content,
+        "tool_name": i.tool_name,
+        "tool_call_id": i.tool_call_id,
+        "tool_success": i.tool_success,
+        "at": ts(&i.timestamp),
+    })
+}
+
+/// `[3] user      Fix the tests` / `[3] tool_call Bash: cargo test` (multi-line content
+/// indented under its entry).
+pub fn history_line(i: &pb::HistoryItem) -> String {
+    let head = match (i.role.as_str(), i.tool_name.is_empty()) {
+        ("tool_call", false) => format!("tool_call {}:", i.tool_name),
+        ("tool_result", false) => format!(
+            "tool_result {} {}:",
+            i.tool_name,
+            if i.tool_success { "ok" } else { "FAILED" }
+        ),
+        (role, _) => format!("{role}:"),
+    };
+    let body = i.content.trim_end().replace('\n', "\n      ");
+    format!("[{}] {head} {body}", i.turn)
+}
+
 pub fn activity_line(a: &pb::SessionActivityEvent) -> String {
     let kind = activity_name(a.r#type);
     let mut body = a.content.replace('\n', " ⏎ ");

@@ -334,6 +334,25 @@ impl Store {
         collect(rows, |row| codec::activity_from_row(session_id, row))
     }
 
+    /// The newest `limit` activities of a session, in seq order, and whether older ones exist.
+    pub fn last_activities(
+        &self,
+        session_id: &str,
+        limit: usize,
+    ) -> Result<(Vec<ActivityEvent>, bool)> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT seq, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
+                    tokens_input, tokens_output, at \
+             FROM agent_activities WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2",
+        )?;
+        let rows = stmt.query(params![session_id, codec::limit(limit.saturating_add(1))])?;
+        let mut list = collect(rows, |row| codec::activity_from_row(session_id, row))?;
+        let truncated = list.len() > limit;
+        list.truncate(limit);
+        list.reverse();
+        Ok((list, truncated))
+    }
+
     /// Up to `limit` status events of a session with `seq > after_seq`, in seq order.
     pub fn status_events(
         &self,
