@@ -26,6 +26,7 @@
 //! | `result` | `COMPLETION` (success) or `ERROR`, preceded by `SessionRef` if the id changed (below) |
 //! | `stream_event`, `control_response`, `control_cancel_request`, `keep_alive`, `tool_progress`, `auth_status` | nothing |
 //! | `control_request` | [`Parsed::ControlRequest`] |
+//! | `paddock_raw` (a bridge's envelope for an agent line it did not understand) | `Unrecognized(the agent's line)` |
 //! | blank line | nothing (not counted) |
 //! | not JSON, not an object, no `type`, unknown `type`, or a known type of unknown shape | `Unrecognized(line)` |
 //!
@@ -197,6 +198,12 @@ impl ClaudeStreamParser {
             "assistant" => self.on_assistant(v),
             "user" => self.on_user(v),
             "result" => Some(self.on_result(v)),
+            // A bridge's envelope for an agent line it did not understand: stored raw.
+            "paddock_raw" => {
+                let line = v.get("line")?.as_str()?.to_string();
+                self.unrecognized += 1;
+                Some(vec![Parsed::Unrecognized(line)])
+            }
             "control_request" => on_control_request(v),
             "stream_event"
             | "control_response"

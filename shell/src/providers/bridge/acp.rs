@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::wire::{Decision, In, Out, TurnEnd, Usage};
+use super::wire::{push_limited, Decision, In, Out, TurnEnd, Usage, TEXT_MAX};
 use super::{Bridge, TurnExit};
 use crate::providers::agent_command;
 
@@ -542,11 +542,11 @@ impl Translator {
         match kind {
             "agent_message_chunk" => {
                 self.flush_thought(out);
-                self.text.push_str(&chunk_text(&u["content"]));
+                push_limited(&mut self.text, &chunk_text(&u["content"]), TEXT_MAX);
             }
             "agent_thought_chunk" => {
                 self.flush_text(out);
-                self.thought.push_str(&chunk_text(&u["content"]));
+                push_limited(&mut self.thought, &chunk_text(&u["content"]), TEXT_MAX);
             }
             "tool_call" | "tool_call_update" => {
                 if kind == "tool_call" {

@@ -99,18 +99,13 @@ use std::process::Command;
 
 use serde_json::Value;
 
+use super::wire::{push_limited, truncate, TEXT_MAX};
 use super::{die_like, run_turn, Bridge, Out, TurnEnd, TurnExit, Usage};
 use crate::providers::{agent_command, PermissionPolicy};
 use paddock_core::Provider;
 
 /// Longest user message passed on the command line (Linux refuses an argument over 128 KiB).
 const PROMPT_MAX: usize = 120 * 1024;
-
-/// Longest tool result the bridge passes on (the daemon's reader keeps 8 KB of it).
-const TOOL_OUTPUT_MAX: usize = 16 * 1024;
-
-/// Longest final answer or error text kept for the `result` line.
-const TEXT_MAX: usize = 64 * 1024;
 
 /// Runs one gemini process per user message until the daemon closes stdin. Err only when
 /// gemini cannot be started at all (the daemon sees the bridge exit: a crash).
@@ -259,7 +254,7 @@ impl Turn {
                         .filter(|t| !t.is_empty() || ok)
                         .or_else(|| v.pointer("/error/message").and_then(Value::as_str))
                         .unwrap_or("");
-                    out.tool_result(id, &truncate(text, TOOL_OUTPUT_MAX), !ok);
+                    out.tool_result(id, text, !ok);
                 }
                 None => out.raw(line),
             },
@@ -276,10 +271,7 @@ impl Turn {
                     // The answer carries the turn's usage, as Claude Code's last message does:
                     // a budget it crosses fails the session, not merely the next message.
                     let text = std::mem::take(&mut self.pending_text);
-                    out.assistant(
-                        vec![serde_json::json!({"type": "text", "text": text})],
-                        Some(end.usage),
-                    );
+                    out.assistant(vec![super::wire::text_block(&text)], Some(end.usage));
                 }
                 self.flush(out);
                 self.end = Some(end);
@@ -317,7 +309,7 @@ impl Turn {
         };
         TurnEnd {
             is_error: true,
-            text: truncate(text.trim(), TEXT_MAX),
+            text: truncate(text.trim(), TEXT_MAX).into_owned(),
             usage,
             session_id: self.session_id.clone(),
             api_error_status,
@@ -385,24 +377,6 @@ fn stderr_status(stderr: &str) -> Option<u16> {
             .strip_prefix("status: ")
             .and_then(|s| s.trim_end_matches(',').parse().ok())
     })
-}
-
-fn push_limited(buf: &mut String, text: &str, max: usize) {
-    if buf.len() < max {
-        buf.push_str(&truncate(text, max - buf.len()));
-    }
-}
-
-/// At most `max` bytes of `s` (on a char boundary), with a marker saying how much was cut.
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}… [truncated {} bytes]", &s[..cut], s.len() - cut)
 }
 
 #[cfg(test)]
@@ -596,9 +570,13 @@ mod tests {
     fn unknown_lines_pass_through_verbatim() {
         let lines = "not json\n{\"type\":\"error\",\"severity\":\"warning\",\"message\":\"loop\"}\n{\"type\":\"tool_use\"}";
         let (printed, _) = translate(lines, &ok());
-        assert_eq!(printed[0], Value::String("not json".into()));
-        assert_eq!(printed[1]["type"], "error");
-        assert_eq!(printed[2], serde_json::json!({"type":"tool_use"}));
+        let raw = |v: &Value| {
+            assert_eq!(v["type"], "paddock_raw", "{v}");
+            v["line"].as_str().unwrap().to_string()
+        };
+        assert_eq!(raw(&printed[0]), "not json");
+        assert!(raw(&printed[1]).contains("\"severity\":\"warning\""));
+        assert_eq!(raw(&printed[2]), "{\"type\":\"tool_use\"}");
     }
 
     #[test]
@@ -678,13 +656,5 @@ mod tests {
             }
         }
         insta::assert_yaml_snapshot!("gemini_recorded_stream", acts);
-    }
-
-    #[test]
-    fn long_texts_are_cut_on_char_boundaries() {
-        let s = "é".repeat(10);
-        let t = truncate(&s, 5);
-        assert!(t.starts_with("éé…"), "{t}");
-        assert!(t.ends_with("[truncated 16 bytes]"), "{t}");
     }
 }

@@ -341,15 +341,15 @@ impl Agent<'_> {
     fn emit(&self, c: &Completion) {
         let mut blocks = Vec::new();
         if !c.reasoning.trim().is_empty() {
-            blocks.push(json!({"type": "thinking", "thinking": c.reasoning}));
+            blocks.push(super::wire::thinking_block(&c.reasoning));
         }
         if !c.text.trim().is_empty() {
-            blocks.push(json!({"type": "text", "text": c.text}));
+            blocks.push(super::wire::text_block(&c.text));
         }
         for tc in &c.tool_calls {
             let input = parse_arguments(&tc.arguments)
                 .unwrap_or_else(|_| Value::String(tc.arguments.clone()));
-            blocks.push(json!({"type": "tool_use", "id": tc.id, "name": tc.name, "input": input}));
+            blocks.push(super::wire::tool_use_block(&tc.id, &tc.name, &input));
         }
         match (blocks.is_empty(), c.usage) {
             (false, u) => self.out.assistant(blocks, u),
