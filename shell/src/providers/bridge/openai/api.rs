@@ -119,7 +119,22 @@ impl Api {
                 Ok(Some(Event::Chunk(v))) => acc.chunk(&v).map_err(|m| {
                     CallError::Transport(format!("the stream reported an error: {m}"))
                 })?,
-                Ok(Some(Event::Done)) | Ok(None) => break,
+                Ok(Some(Event::Done)) => break,
+                // An end without `[DONE]`: fine once the answer said it was finished; a stream
+                // cut by the size limit or by the connection is not an answer (its usage, sent
+                // last, would be lost with it).
+                Ok(None) if events.exhausted() => {
+                    return Err(CallError::Transport(format!(
+                        "the answer exceeds max_response_bytes ({} bytes)",
+                        self.max_response_bytes
+                    )))
+                }
+                Ok(None) if !acc.finished() => {
+                    return Err(CallError::Transport(
+                        "the stream ended before the answer did".into(),
+                    ))
+                }
+                Ok(None) => break,
                 Ok(Some(Event::Garbage(g))) => garbage.push(g),
                 Err(e) if is_timeout(&e) => {
                     return Err(CallError::TimedOut(format!("reading the stream: {e}")))

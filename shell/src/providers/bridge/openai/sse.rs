@@ -73,6 +73,11 @@ impl<R: Read> SseReader<R> {
         }
     }
 
+    /// The body limit was used up: the stream was cut there, not ended by the server.
+    pub fn exhausted(&self) -> bool {
+        self.r.get_ref().limit() == 0
+    }
+
     /// The next event, `None` at the end of the stream.
     pub fn next_event(&mut self) -> io::Result<Option<Event>> {
         let mut data: Option<String> = None;
@@ -157,6 +162,11 @@ pub struct Accumulator {
 }
 
 impl Accumulator {
+    /// The model said it finished (a `finish_reason` arrived).
+    pub fn finished(&self) -> bool {
+        self.finish_reason.is_some()
+    }
+
     /// Takes one chunk; `Err` with the endpoint's message when the chunk is an error.
     pub fn chunk(&mut self, v: &Value) -> Result<(), String> {
         if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
@@ -446,13 +456,17 @@ mod tests {
         let long = format!("data: {}\n\n", "x".repeat(100));
         let mut r = SseReader::new(long.as_bytes(), 1 << 20, 50);
         assert!(r.next_event().is_err());
-        // The body cap ends the stream early.
+        // The body cap ends the stream early, and says so.
         let mut r = SseReader::new(RECORDED.as_bytes(), 300, 4096);
         let mut n = 0;
         while let Ok(Some(_)) = r.next_event() {
             n += 1;
         }
         assert!(n < 3, "{n}");
+        assert!(r.exhausted());
+        let mut r = SseReader::new(RECORDED.as_bytes(), 1 << 20, 4096);
+        while let Ok(Some(_)) = r.next_event() {}
+        assert!(!r.exhausted());
     }
 
     #[test]
