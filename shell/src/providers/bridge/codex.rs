@@ -90,8 +90,9 @@
 //! turn's own. The result carries input = `input_tokens − cached_input_tokens`, cache read =
 //! `cached_input_tokens`, output = `output_tokens` (each the turn's part), so the daemon's input
 //! total (input + cache reads) counts codex's `input_tokens` once. The model calls of a turn
-//! that did not complete (failed, stopped) are in the thread's total, so they are counted with
-//! the next turn that does.
+//! that failed are in the thread's total, so they are counted with the next turn that
+//! completes; a turn cut short by a stop ends its bridge, and the next bridge starts from the
+//! total in codex's record, so what that turn spent is not counted.
 //!
 //! How a turn ends:
 //! - `turn.completed` → COMPLETION; `turn.failed` → ERROR with its message (codex 0.169 says
@@ -261,14 +262,26 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
                 .and_then(|h| recorded_totals(&h, t))
                 .unwrap_or_default(),
         };
+        // Until a turn completes, the thread's last known total is this one: a turn that
+        // fails is then counted with the next turn that completes.
+        if let Some(t) = &thread {
+            if totals.as_ref().is_none_or(|(known, _)| known != t) {
+                totals = Some((t.clone(), before));
+            }
+        }
         let mut mapper = Mapper::new(&bridge.out, turn_no, thread.clone(), before);
         let exit = run_turn(&mut cmd, via_stdin.then_some(prompt.as_bytes()), |l| {
             mapper.line(l)
         });
         if let Some(t) = &mapper.thread {
             thread = Some(t.clone());
-            if let Some(after) = mapper.after {
-                totals = Some((t.clone(), after));
+            match mapper.after {
+                Some(after) => totals = Some((t.clone(), after)),
+                // A failed first turn of a new thread: its calls count with the next turn.
+                None if totals.as_ref().is_none_or(|(known, _)| known != t) => {
+                    totals = Some((t.clone(), before));
+                }
+                None => {}
             }
         }
         match exit {

@@ -12,7 +12,8 @@
 //! prompt (that comes from the configuration of the run that sends them). Written whole to a
 //! temporary file and renamed, so a bridge killed mid-write leaves the previous version.
 //! Bounded: [`trim`] drops the oldest whole exchanges until the messages fit
-//! `max_conversation_bytes`; the same bound keeps every request under that size.
+//! `max_conversation_bytes` (the exchange in progress is always kept whole). Private to its
+//! owner: the directory is created 0700, the files 0600.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -75,17 +76,34 @@ pub fn load(dir: &Path, id: &str) -> Result<Vec<Value>, String> {
 
 /// Saves conversation `id` (atomically).
 pub fn save(dir: &Path, id: &str, messages: &[Value]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let p = path(dir, id);
-    let tmp = dir.join(format!(".{id}.json.tmp"));
+    // A temp name of this process's own: a restarted bridge overlapping its predecessor
+    // never writes into the other's file. Conversations hold file contents and tool output:
+    // private to their owner (0700 / 0600).
+    let tmp = dir.join(format!(".{id}.{}.json.tmp", std::process::id()));
     let body = json!({"version": VERSION, "id": id, "messages": messages}).to_string();
-    fs::create_dir_all(dir)
-        .and_then(|_| fs::write(&tmp, body))
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .and_then(|_| {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(body.as_bytes())
+        })
         .and_then(|_| fs::rename(&tmp, &p))
         .map_err(|e| format!("cannot save the conversation to {}: {e}", p.display()))
 }
 
 /// Drops the oldest exchanges (each from a `user` message up to the next) until the messages'
-/// JSON fits `max_bytes`; the last exchange is always kept, whatever its size. Cutting at a
+/// JSON fits `max_bytes`; the last exchange is always kept, whatever its size (so a long turn
+/// may go over: its tool results are each bounded by `max_tool_output_bytes`). Cutting at a
 /// `user` message keeps the rest valid for the API: a `tool` message never loses the assistant
 /// message that asked for it.
 pub fn trim(messages: &mut Vec<Value>, max_bytes: usize) {

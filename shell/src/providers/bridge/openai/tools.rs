@@ -187,11 +187,16 @@ impl Tools {
             Err(e) => return Outcome::error(e),
         };
         let read = || -> std::io::Result<(Vec<u8>, u64)> {
-            let f = fs::File::open(&path)?;
-            let len = f.metadata()?.len();
-            if f.metadata()?.is_dir() {
+            // Only regular files: opening a FIFO would block the agent until someone writes.
+            let meta = fs::metadata(&path)?;
+            if meta.is_dir() {
                 return Err(std::io::Error::other("is a directory (use list_dir)"));
             }
+            if !meta.is_file() {
+                return Err(std::io::Error::other("is not a regular file"));
+            }
+            let f = fs::File::open(&path)?;
+            let len = f.metadata()?.len();
             let mut buf = Vec::new();
             f.take(self.output_max as u64).read_to_end(&mut buf)?;
             Ok((buf, len))
@@ -219,6 +224,11 @@ impl Tools {
         let write = || -> std::io::Result<()> {
             if let Some(parent) = path.parent() {
                 fs::create_dir_all(parent)?;
+            }
+            // Only regular files (or new ones): writing to a FIFO would block the agent.
+            match fs::metadata(&path) {
+                Ok(m) if !m.is_file() => return Err(std::io::Error::other("is not a regular file")),
+                _ => {}
             }
             fs::write(&path, content)
         };
