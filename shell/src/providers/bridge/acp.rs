@@ -31,7 +31,9 @@
 //!
 //! Requests the bridge does not serve (`fs/*`, `terminal/*`: not advertised) are answered with
 //! JSON-RPC's "method not found", so the agent never waits on us. When the agent exits, the
-//! bridge dies the same way ([`super::die_like`]): an ACP agent lives as long as its session.
+//! bridge dies the same way ([`super::die_like`]) once what the agent printed was handled (at
+//! most [`super::DRAIN_AFTER_EXIT`] later, should something it left behind hold its stdout): an
+//! ACP agent lives as long as its session.
 //!
 //! `PADDOCK_BRIDGE_TRACE=<file>` appends every line exchanged with the agent to that file
 //! (`>` sent, `<` received): how a new agent's behaviour is recorded.
@@ -55,7 +57,8 @@ pub const PROTOCOL_VERSION: u64 = 1;
 /// How long the agent may take to answer a set-up request (`initialize`, `session/new`, …).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// An agent's line longer than this is not parsed (it is passed through cut).
+/// An agent's line longer than this is not parsed: what fits is passed on as an unrecognized
+/// line, the rest skipped.
 const MAX_LINE: usize = 4 * 1024 * 1024;
 
 /// A JSON-RPC error from the agent (or the bridge's own, code 0, when the agent is gone).
@@ -81,7 +84,7 @@ type Reply = Result<Value, RpcError>;
 struct Rpc {
     stdin: Mutex<ChildStdin>,
     next_id: AtomicU64,
-    pending: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
+    pending: super::wire::Waiters<u64, Reply>,
     trace: Option<Mutex<std::fs::File>>,
 }
 
@@ -107,11 +110,7 @@ impl Rpc {
     /// Sends a request; the receiver gets its answer.
     fn request(&self, method: &str, params: Value) -> mpsc::Receiver<Reply> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
+        let rx = self.pending.wait_for(id);
         self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         rx
     }
@@ -140,10 +139,7 @@ impl Rpc {
 
     /// The agent is gone: every waiting caller learns it.
     fn fail_all(&self) {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.pending.close();
     }
 }
 
@@ -180,7 +176,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     let rpc = Arc::new(Rpc {
         stdin: Mutex::new(child.stdin.take().expect("piped")),
         next_id: AtomicU64::new(0),
-        pending: Mutex::default(),
+        pending: Default::default(),
         trace,
     });
     let tail = Arc::new(Mutex::new(String::new()));
@@ -192,6 +188,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     let replaying = Arc::new(AtomicBool::new(false));
     let stdout = child.stdout.take().expect("piped");
     {
+        let waiter_rpc = rpc.clone();
         let (rpc, out, tr, replaying) = (
             rpc.clone(),
             bridge.out.clone(),
@@ -199,27 +196,40 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             replaying.clone(),
         );
         let asker = bridge.input.clone();
-        std::thread::spawn(move || {
+        // The reader: every line in order; it ends at EOF (or when the agent's exit is known).
+        let reader = std::thread::spawn(move || {
             let mut r = BufReader::new(stdout);
             let mut buf = Vec::new();
             loop {
-                buf.clear();
-                match r.read_until(b'\n', &mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                match read_line_bounded(&mut r, &mut buf, MAX_LINE) {
+                    Ok(None) | Err(_) => break,
+                    Ok(Some(cut)) => {
+                        let line = String::from_utf8_lossy(&buf);
+                        let line = line.trim_end_matches(['\n', '\r']);
+                        if cut {
+                            // Not a message we could parse whole: kept (cut), never acted on.
+                            out.raw(line);
+                            continue;
+                        }
+                        if line.trim().is_empty() {
+                            continue;
+                        }
+                        rpc.trace("<", line);
+                        on_agent_line(line, &rpc, &out, &tr, &replaying, &asker);
+                    }
                 }
-                let line = String::from_utf8_lossy(&buf);
-                let line = line.trim_end_matches(['\n', '\r']);
-                if line.trim().is_empty() {
-                    continue;
-                }
-                rpc.trace("<", line);
-                on_agent_line(line, &rpc, &out, &tr, &replaying, &asker);
             }
-            rpc.fail_all();
-            // Wait for the exit and die the same way: the agent lived as long as its session.
+        });
+        // The waiter: the agent lives as long as its session, so its exit — noticed even if
+        // something it left behind holds its stdout — ends the bridge the same way, once the
+        // reader has handled what the agent printed (at most DRAIN_AFTER_EXIT).
+        std::thread::spawn(move || {
             let status = child.wait();
-            std::thread::sleep(Duration::from_millis(50));
+            let deadline = std::time::Instant::now() + super::DRAIN_AFTER_EXIT;
+            while !reader.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            waiter_rpc.fail_all();
             use std::os::unix::process::ExitStatusExt;
             let exit = TurnExit {
                 code: status.as_ref().ok().and_then(|s| s.code()),
@@ -390,6 +400,41 @@ fn usage_of(u: &Value) -> Usage {
     }
 }
 
+/// Reads one line into `buf` (cleared first), keeping at most `max` bytes of it and skipping
+/// the rest: `Some(true)` when it was cut, `None` at EOF. An agent cannot make the bridge hold
+/// more than `max` bytes of one line.
+fn read_line_bounded(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<bool>> {
+    buf.clear();
+    let n = std::io::Read::take(&mut *r, max as u64).read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') || buf.len() < max {
+        return Ok(Some(false));
+    }
+    // Cut: skip to the end of the line.
+    loop {
+        let chunk = r.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(Some(true));
+        }
+        match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => {
+                r.consume(i + 1);
+                return Ok(Some(true));
+            }
+            None => {
+                let len = chunk.len();
+                r.consume(len);
+            }
+        }
+    }
+}
+
 /// One line from the agent.
 fn on_agent_line(
     line: &str,
@@ -399,10 +444,6 @@ fn on_agent_line(
     replaying: &AtomicBool,
     asker: &Arc<In>,
 ) {
-    if line.len() > MAX_LINE {
-        out.raw(&line[..line.floor_char_boundary(4096)]);
-        return;
-    }
     let Ok(v) = serde_json::from_str::<Value>(line) else {
         out.raw(line);
         return;
@@ -412,13 +453,7 @@ fn on_agent_line(
     match (method, id) {
         // An answer to one of our requests.
         (None, Some(id)) => {
-            let waiter = id.as_u64().and_then(|n| {
-                rpc.pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&n)
-            });
-            if let Some(w) = waiter {
+            if let Some(n) = id.as_u64() {
                 let reply = match v.get("error") {
                     Some(e) => Err(RpcError {
                         code: e["code"].as_i64().unwrap_or(0),
@@ -426,7 +461,7 @@ fn on_agent_line(
                     }),
                     None => Ok(v.get("result").cloned().unwrap_or(Value::Null)),
                 };
-                let _ = w.send(reply);
+                rpc.pending.answer(&n, reply);
             }
         }
         // A notification.
@@ -827,6 +862,26 @@ mod tests {
                 "TOOL_CALL edit /x",
                 "TOOL_RESULT edit denied",
                 "STATUS  plan: [x] a, [ ] b",
+            ]
+        );
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_skipped() {
+        let data = format!("short\n{}\nnext\nlast", "x".repeat(100));
+        let mut r = std::io::BufReader::with_capacity(8, data.as_bytes());
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        while let Some(cut) = read_line_bounded(&mut r, &mut buf, 10).unwrap() {
+            got.push((String::from_utf8_lossy(&buf).trim_end().to_string(), cut));
+        }
+        assert_eq!(
+            got,
+            [
+                ("short".to_string(), false),
+                ("x".repeat(10), true),
+                ("next".to_string(), false),
+                ("last".to_string(), false)
             ]
         );
     }

@@ -250,10 +250,55 @@ pub enum Decision {
     Deny(String),
 }
 
+/// Callers waiting for answers by id (permission answers, JSON-RPC replies). Once closed (the
+/// other side is gone), every waiter — present, or registering later — learns it at once
+/// instead of waiting forever.
+pub struct Waiters<K, V> {
+    inner: Mutex<(HashMap<K, mpsc::Sender<V>>, bool)>,
+}
+
+impl<K: std::hash::Hash + Eq, V> Default for Waiters<K, V> {
+    fn default() -> Self {
+        Waiters {
+            inner: Mutex::new((HashMap::new(), false)),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V> Waiters<K, V> {
+    /// A receiver for the answer to `id` (it reports disconnection if closed).
+    pub fn wait_for(&self, id: K) -> mpsc::Receiver<V> {
+        let (tx, rx) = mpsc::channel();
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !g.1 {
+            g.0.insert(id, tx);
+        }
+        rx
+    }
+
+    /// Delivers the answer to `id`; `false` if no one waits for it.
+    pub fn answer(&self, id: &K, v: V) -> bool {
+        let waiter = self
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .remove(id);
+        waiter.is_some_and(|w| w.send(v).is_ok())
+    }
+
+    /// No answer will come any more.
+    pub fn close(&self) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.1 = true;
+        g.0.clear();
+    }
+}
+
 /// The bridge's stdin: user messages in order, permission answers to whoever asked.
 pub struct In {
     users: Mutex<mpsc::Receiver<String>>,
-    pending: Arc<Mutex<HashMap<String, mpsc::Sender<Decision>>>>,
+    pending: Arc<Waiters<String, Decision>>,
     out: Arc<Out>,
     next_id: AtomicU64,
 }
@@ -266,7 +311,7 @@ impl In {
 
     pub fn from_reader(out: Arc<Out>, r: Box<dyn BufRead + Send>) -> In {
         let (tx, rx) = mpsc::channel();
-        let pending: Arc<Mutex<HashMap<String, mpsc::Sender<Decision>>>> = Arc::default();
+        let pending: Arc<Waiters<String, Decision>> = Arc::default();
         let waiting = pending.clone();
         std::thread::spawn(move || {
             for line in r.lines() {
@@ -298,16 +343,13 @@ impl In {
                                     .to_string();
                                 Decision::Deny(why)
                             };
-                        let waiter = waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
-                        if let Some(w) = waiter {
-                            let _ = w.send(decision);
-                        }
+                        waiting.answer(&id.to_string(), decision);
                     }
                     _ => {}
                 }
             }
             // EOF: the daemon closed our stdin. Whoever waits for an answer gets a denial.
-            waiting.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            waiting.close();
         });
         In {
             users: Mutex::new(rx),
@@ -330,11 +372,7 @@ impl In {
     /// (a denial if stdin closes first).
     pub fn ask(&self, tool: &str, input: &Value) -> Decision {
         let id = format!("perm-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        let (tx, rx) = mpsc::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone(), tx);
+        let rx = self.pending.wait_for(id.clone());
         self.out.line(&json!({
             "type": "control_request",
             "request_id": id,
@@ -462,6 +500,20 @@ mod tests {
                 claude_stream::Parsed::Unrecognized("not json".into()),
             ]
         );
+    }
+
+    #[test]
+    fn waiters_learn_when_no_answer_will_come() {
+        let w: Waiters<u64, &str> = Waiters::default();
+        let a = w.wait_for(1);
+        assert!(w.answer(&1, "yes"));
+        assert_eq!(a.recv(), Ok("yes"));
+        assert!(!w.answer(&1, "again"));
+        let b = w.wait_for(2);
+        w.close();
+        assert!(b.recv().is_err());
+        // Registering after the close does not wait forever either.
+        assert!(w.wait_for(3).recv().is_err());
     }
 
     #[test]

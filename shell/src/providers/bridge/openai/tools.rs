@@ -227,7 +227,9 @@ impl Tools {
             }
             // Only regular files (or new ones): writing to a FIFO would block the agent.
             match fs::metadata(&path) {
-                Ok(m) if !m.is_file() => return Err(std::io::Error::other("is not a regular file")),
+                Ok(m) if !m.is_file() => {
+                    return Err(std::io::Error::other("is not a regular file"))
+                }
                 _ => {}
             }
             fs::write(&path, content)
