@@ -784,3 +784,41 @@ async fn openai_bridge_output_matches_the_recording() {
         "the bridge's output changed: review, then re-record with PADDOCK_RECORD_FIXTURES=1"
     );
 }
+
+/// A key given in provider_config never shows in the process list, and the agent's own shell
+/// tool sees neither it nor the bridge's configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_a_configured_key_stays_out_of_sight() {
+    let w = World::start(vec![]).await;
+    let fake = FakeOpenAi::start(vec![
+        Reply::tool(
+            "shell",
+            json!({"command": "env > env.txt; cat /proc/$PPID/cmdline | tr '\\0' ' ' > parent.txt"}),
+        ),
+        Reply::text("Looked."),
+    ])
+    .await;
+    let mut req = request(&w, &fake);
+    req.environment.clear();
+    req.provider_config
+        .insert("api_key".into(), "sk-secret-in-config".into());
+    let s = w.create(req).await;
+    assert!(
+        !cmdline(s.pid as u32).contains("sk-secret-in-config"),
+        "{}",
+        cmdline(s.pid as u32)
+    );
+    w.send(&s.id, "Look around.").await;
+    let env = std::fs::read_to_string(w.root.join("env.txt")).unwrap();
+    assert!(!env.contains("sk-secret-in-config"), "{env}");
+    assert!(!env.contains("PADDOCK_BRIDGE_CONFIG"), "{env}");
+    let parent = std::fs::read_to_string(w.root.join("parent.txt")).unwrap();
+    assert!(parent.contains("__bridge openai"), "{parent}");
+    assert!(!parent.contains("sk-secret"), "{parent}");
+    // The key did reach the endpoint.
+    assert_eq!(
+        fake.requests()[0].headers["authorization"],
+        "Bearer sk-secret-in-config"
+    );
+    w.stop(&s.id, true).await.expect("stop");
+}

@@ -410,9 +410,13 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
                 kind.to_string(),
                 "--model".into(),
                 config.model.clone(),
-                "--config".into(),
-                serde_json::to_string(&provider_config).expect("strings serialise"),
             ];
+            // In the environment, not on the command line: provider_config may hold a key,
+            // and any local user can read a process's arguments.
+            env.push((
+                bridge::CONFIG_ENV.into(),
+                serde_json::to_string(&provider_config).expect("strings serialise"),
+            ));
             if let Some(resume) = &spec.resume {
                 args.push("--resume".into());
                 args.push(resume.clone());

@@ -3,7 +3,8 @@
 //! The daemon talks to every agent process the same way: Claude Code's `stream-json` on the
 //! agent's stdio ([`wire`] has the table). Claude Code and the scripted agent speak it
 //! natively. Every other agent runs behind a bridge — the paddock binary itself, started as
-//! `paddock __bridge <kind>` in the session's working directory — which is the session's
+//! `paddock __bridge <kind> --model M [--resume ID]` in the session's working directory, its
+//! provider_config in `$PADDOCK_BRIDGE_CONFIG` — which is the session's
 //! agent process as far as the daemon can tell, and which speaks the agent's own protocol on
 //! the other side:
 //!
@@ -77,10 +78,14 @@ pub struct BridgeArgs {
     /// The agent's conversation id to continue (from an earlier run's `system/init`)
     #[arg(long)]
     pub resume: Option<String>,
-    /// The session's provider_config, as a JSON object of strings
-    #[arg(long, default_value = "{}")]
-    pub config: String,
+    /// The session's provider_config, as a JSON object of strings (the daemon passes it in
+    /// $PADDOCK_BRIDGE_CONFIG instead, out of the process list)
+    #[arg(long)]
+    pub config: Option<String>,
 }
+
+/// The environment variable that carries a bridge's provider_config (JSON).
+pub const CONFIG_ENV: &str = "PADDOCK_BRIDGE_CONFIG";
 
 /// A running bridge: its arguments, the daemon on stdout and stdin.
 pub struct Bridge {
@@ -106,10 +111,18 @@ impl Bridge {
 
 /// Runs a bridge until the daemon closes its stdin (exit 0) or the agent fails for good.
 pub fn run(args: BridgeArgs) -> i32 {
-    let config: BTreeMap<String, String> = match serde_json::from_str(&args.config) {
+    // The configuration may hold a secret (an API key): taken out of the environment before
+    // anything starts (so no agent or tool inherits it), and the process made non-dumpable, so
+    // that processes of the same user (the agent's tools) cannot read it from
+    // /proc/<pid>/environ either.
+    let from_env = std::env::var(CONFIG_ENV).ok();
+    std::env::remove_var(CONFIG_ENV);
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let text = args.config.or(from_env).unwrap_or_else(|| "{}".into());
+    let config: BTreeMap<String, String> = match serde_json::from_str(&text) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("paddock bridge: bad --config: {e}");
+            eprintln!("paddock bridge: bad configuration: {e}");
             return 2;
         }
     };
