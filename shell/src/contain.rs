@@ -25,24 +25,45 @@ pub fn new_tag() -> String {
     ulid::Ulid::new().to_string()
 }
 
+/// How many times [`kill_tree`] looks again for tagged processes forked while it looked.
+const MAX_PASSES: usize = 8;
+
 /// Kills process group `pgid` and every process tagged `tag`; how many tagged processes were
 /// found. For a tree whose leader has exited (or is about to be killed anyway).
+///
+/// Tagged processes are first stopped (SIGSTOP), pass after pass until a pass finds none it
+/// had not stopped yet, so that one forking while it is looked for (a shell loop, `make -j`, a
+/// restarter) cannot leave a child behind; then all are killed. Reads /proc: call it off an
+/// async runtime's threads.
 pub fn kill_tree(pgid: u32, tag: &str) -> usize {
     if pgid != 0 {
         let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
     }
-    let tagged = tagged_processes(Path::new("/proc"), tag);
-    for pid in &tagged {
+    let mut stopped = std::collections::BTreeSet::new();
+    for _ in 0..MAX_PASSES {
+        let new: Vec<u32> = tagged_processes(Path::new("/proc"), tag)
+            .into_iter()
+            .filter(|p| !stopped.contains(p))
+            .collect();
+        if new.is_empty() {
+            break;
+        }
+        for pid in &new {
+            let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGSTOP);
+        }
+        stopped.extend(new);
+    }
+    for pid in &stopped {
         let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
     }
-    if !tagged.is_empty() {
+    if !stopped.is_empty() {
         tracing::info!(
             tag,
-            count = tagged.len(),
+            count = stopped.len(),
             "killed what was left of a process tree"
         );
     }
-    tagged.len()
+    stopped.len()
 }
 
 /// The processes under `proc_root` whose environment holds `TAG_VAR=tag` (never this one).
@@ -91,5 +112,29 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(tagged_processes(Path::new("/proc"), "no-such-tag").is_empty());
+    }
+
+    /// A tree that keeps forking is still ended whole.
+    #[test]
+    fn a_forking_tree_is_ended_whole() {
+        let tag = new_tag();
+        let mut sh = Command::new("sh")
+            .args(["-c", "while :; do setsid sleep 600 & sleep 0.01; done"])
+            .env(TAG_VAR, &tag)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tagged_processes(Path::new("/proc"), &tag).len() < 5 {
+            assert!(Instant::now() < deadline, "the tree never grew");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(kill_tree(0, &tag) >= 5);
+        let _ = sh.wait();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !tagged_processes(Path::new("/proc"), &tag).is_empty() {
+            assert!(Instant::now() < deadline, "tagged processes survived");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }

@@ -209,7 +209,7 @@ pub fn spawn(
         // A session's agent is its whole process tree: what the leader left behind (tool
         // processes, an ACP agent's own children, even those in sessions of their own) goes
         // with it.
-        crate::contain::kill_tree(pid, &tag);
+        let _ = tokio::task::spawn_blocking(move || crate::contain::kill_tree(pid, &tag)).await;
         // Let the reader finish what the process printed before reporting the exit.
         if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut stdout_task)
             .await

@@ -221,7 +221,8 @@ async fn supervise(
     // A run is its whole process tree (see `crate::contain`): what the leader left behind
     // when it exited goes with it, as systemd's control-group kill mode does. Nothing is left
     // running that no one supervises.
-    crate::contain::kill_tree(pid.unwrap_or(0), &tag);
+    let pgid = pid.unwrap_or(0);
+    let _ = tokio::task::spawn_blocking(move || crate::contain::kill_tree(pgid, &tag)).await;
     let _ = exited_tx.send(true);
     let _ = out_task.await;
     let detail = err_task.await.unwrap_or_default();
