@@ -5,7 +5,7 @@
 //! - without a CLI (always run): the bridge binary itself, driven over its stdio as the daemon
 //!   does, with a fake `codex` shell script — one process per turn, resume arguments, prompts
 //!   through stdin, a codex that exits early or is killed, and the tool processes that escape
-//!   codex's process group being swept on stop;
+//!   tool processes outside codex's process group ended with the session (containment tag);
 //! - the real CLI (`@openai/codex`, pinned in tests/npm/package.json; `PADDOCK_CODEX_BIN`
 //!   overrides), supervised by the real daemon and talking to the fake Responses API
 //!   (`fake_responses.rs`).
@@ -373,7 +373,7 @@ fn one_codex_process_per_turn_resuming_the_thread() {
     assert_eq!(b.log("prompt.2"), "-");
     assert!(b.log("args.3").ends_with("--\nth-1\n-\n"));
     assert_eq!(b.log("prompt.3").len(), 200_000);
-    // The daemon closes stdin: the bridge exits 0.
+    // Stdin closes: the bridge exits 0.
     drop(b.stdin.take());
     assert_eq!(b.wait().code(), Some(0));
 }
@@ -439,7 +439,7 @@ fn a_stop_ends_the_tool_processes_codex_left_behind() {
 }
 
 /// A tool's background process outlives its turn (a server the model started), and ends with
-/// the session: the daemon closes the bridge's stdin, the bridge exits 0, the tag sweep ends it.
+/// the session: when the bridge exits (here: its stdin closes), the tag sweep ends it.
 #[test]
 fn tool_processes_live_with_the_session_and_end_with_it() {
     let mut b = FakeBridge::start(None, &[]);

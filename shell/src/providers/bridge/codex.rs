@@ -242,7 +242,7 @@ impl Settings {
     }
 }
 
-/// Runs turns until the daemon closes stdin.
+/// Runs turns until stdin closes (a stop ends the bridge by its signal).
 pub fn run(bridge: &Bridge) -> Result<(), String> {
     let settings = Settings::new(bridge)?;
     let mut thread = bridge.resume.clone();

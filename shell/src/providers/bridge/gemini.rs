@@ -107,7 +107,7 @@ use paddock_core::Provider;
 /// Longest user message passed on the command line (Linux refuses an argument over 128 KiB).
 const PROMPT_MAX: usize = 120 * 1024;
 
-/// Runs one gemini process per user message until the daemon closes stdin. Err only when
+/// Runs one gemini process per user message until stdin closes. Err only when
 /// gemini cannot be started at all (the daemon sees the bridge exit: a crash).
 pub fn run(bridge: &Bridge) -> Result<(), String> {
     let argv = agent_command(Provider::Gemini, &bridge.config)?;

@@ -109,7 +109,8 @@ impl Bridge {
     }
 }
 
-/// Runs a bridge until the daemon closes its stdin (exit 0) or the agent fails for good.
+/// Runs a bridge until its stdin closes (exit 0) or the agent fails for good; a stop ends it
+/// by its signal (default action).
 pub fn run(args: BridgeArgs) -> i32 {
     // The configuration may hold a secret (an API key): taken out of the environment before
     // anything starts (so no agent or tool inherits it), and the process made non-dumpable, so

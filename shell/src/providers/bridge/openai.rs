@@ -179,7 +179,7 @@ impl Model for Api {
     }
 }
 
-/// Runs the bridge: one turn per user message until the daemon closes stdin.
+/// Runs the bridge: one turn per user message until stdin closes.
 pub fn run(bridge: &Bridge) -> Result<(), String> {
     let s = Settings::from_bridge(bridge)?;
     let tools = Tools::new(&bridge.cwd, s.shell_timeout, s.tool_output_max)
