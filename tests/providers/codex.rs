@@ -5,7 +5,7 @@
 //! - without a CLI (always run): the bridge binary itself, driven over its stdio as the daemon
 //!   does, with a fake `codex` shell script — one process per turn, resume arguments, prompts
 //!   through stdin, a codex that exits early or is killed, and the tool processes that escape
-//!   tool processes outside codex's process group ended with the session (containment tag);
+//!   codex's process group, ended with the session by their containment tag;
 //! - the real CLI (`@openai/codex`, pinned in tests/npm/package.json; `PADDOCK_CODEX_BIN`
 //!   overrides), supervised by the real daemon and talking to the fake Responses API
 //!   (`fake_responses.rs`).
