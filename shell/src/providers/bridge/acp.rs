@@ -39,7 +39,7 @@
 //! (`>` sent, `<` received): how a new agent's behaviour is recorded.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -54,12 +54,16 @@ use crate::providers::agent_command;
 /// The ACP protocol version this client speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
 
+/// Permission prompts of the agent's waiting for an answer at once, at most.
+const MAX_OPEN_PROMPTS: usize = 32;
+static OPEN_PROMPTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// How long the agent may take to answer a set-up request (`initialize`, `session/new`, …).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// An agent's line longer than this is not parsed: what fits is passed on as an unrecognized
 /// line, the rest skipped.
-const MAX_LINE: usize = 4 * 1024 * 1024;
+const MAX_LINE: usize = super::AGENT_LINE_MAX;
 
 /// A JSON-RPC error from the agent (or the bridge's own, code 0, when the agent is gone).
 #[derive(Debug, Clone, PartialEq)]
@@ -201,7 +205,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             let mut r = BufReader::new(stdout);
             let mut buf = Vec::new();
             loop {
-                match read_line_bounded(&mut r, &mut buf, MAX_LINE) {
+                match super::read_line_bounded(&mut r, &mut buf, MAX_LINE) {
                     Ok(None) | Err(_) => break,
                     Ok(Some(cut)) => {
                         let line = String::from_utf8_lossy(&buf);
@@ -400,41 +404,6 @@ fn usage_of(u: &Value) -> Usage {
     }
 }
 
-/// Reads one line into `buf` (cleared first), keeping at most `max` bytes of it and skipping
-/// the rest: `Some(true)` when it was cut, `None` at EOF. An agent cannot make the bridge hold
-/// more than `max` bytes of one line.
-fn read_line_bounded(
-    r: &mut impl BufRead,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<Option<bool>> {
-    buf.clear();
-    let n = std::io::Read::take(&mut *r, max as u64).read_until(b'\n', buf)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if buf.last() == Some(&b'\n') || buf.len() < max {
-        return Ok(Some(false));
-    }
-    // Cut: skip to the end of the line.
-    loop {
-        let chunk = r.fill_buf()?;
-        if chunk.is_empty() {
-            return Ok(Some(true));
-        }
-        match chunk.iter().position(|b| *b == b'\n') {
-            Some(i) => {
-                r.consume(i + 1);
-                return Ok(Some(true));
-            }
-            None => {
-                let len = chunk.len();
-                r.consume(len);
-            }
-        }
-    }
-}
-
 /// One line from the agent.
 fn on_agent_line(
     line: &str,
@@ -489,10 +458,18 @@ fn on_agent_line(
                 .unwrap_or_else(|e| e.into_inner())
                 .before_permission(&v["params"]["toolCall"], out);
             // Answered on a thread of its own: the answer may take a while (a human, later),
-            // and the agent's other messages must keep flowing meanwhile.
+            // and the agent's other messages must keep flowing meanwhile. At most
+            // MAX_OPEN_PROMPTS at once: beyond, the agent is refused at once.
+            if OPEN_PROMPTS.fetch_add(1, Ordering::SeqCst) >= MAX_OPEN_PROMPTS {
+                OPEN_PROMPTS.fetch_sub(1, Ordering::SeqCst);
+                let refused = Decision::Deny("too many permission prompts at once".into());
+                rpc.respond(&id, permission_outcome(&params["options"], &refused));
+                return;
+            }
             std::thread::spawn(move || {
                 let decision = asker.ask(&tool, &input);
                 rpc.respond(&id, permission_outcome(&params["options"], &decision));
+                OPEN_PROMPTS.fetch_sub(1, Ordering::SeqCst);
             });
         }
         (Some(m), Some(id)) => {
@@ -872,7 +849,7 @@ mod tests {
         let mut r = std::io::BufReader::with_capacity(8, data.as_bytes());
         let mut buf = Vec::new();
         let mut got = Vec::new();
-        while let Some(cut) = read_line_bounded(&mut r, &mut buf, 10).unwrap() {
+        while let Some(cut) = super::super::read_line_bounded(&mut r, &mut buf, 10).unwrap() {
             got.push((String::from_utf8_lossy(&buf).trim_end().to_string(), cut));
         }
         assert_eq!(

@@ -390,6 +390,29 @@ pub fn codex_home() -> Option<std::path::PathBuf> {
 
 /// The thread's running totals as codex last recorded them: the last `token_count` event of
 /// its rollout file under `<home>/sessions`. `None` if there is no such file or event.
+/// How much of the end of codex's record of a thread [`recorded_totals`] reads.
+const ROLLOUT_TAIL: u64 = 4 * 1024 * 1024;
+
+/// The last `max` bytes of a file, from the first whole line in them.
+fn read_tail(path: &std::path::Path, max: u64) -> std::io::Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let start = len.saturating_sub(max);
+    f.seek(SeekFrom::Start(start))?;
+    let mut buf = Vec::new();
+    f.take(max).read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    Ok(if start > 0 {
+        // The first line is probably cut: skip it.
+        text.split_once('\n')
+            .map(|(_, rest)| rest.to_string())
+            .unwrap_or_default()
+    } else {
+        text
+    })
+}
+
 pub fn recorded_totals(home: &std::path::Path, thread: &str) -> Option<Totals> {
     let suffix = format!("-{thread}.jsonl");
     let mut dirs = vec![home.join("sessions")];
@@ -408,7 +431,9 @@ pub fn recorded_totals(home: &std::path::Path, thread: &str) -> Option<Totals> {
             }
         }
     }
-    let text = std::fs::read_to_string(file?).ok()?;
+    // The last token count is near the end: read at most the file's last ROLLOUT_TAIL bytes
+    // (a long thread's record can be hundreds of megabytes).
+    let text = read_tail(&file?, ROLLOUT_TAIL).ok()?;
     text.lines()
         .rev()
         .filter(|l| l.contains("\"token_count\""))

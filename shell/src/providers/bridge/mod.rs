@@ -184,6 +184,9 @@ impl TurnExit {
     }
 }
 
+/// An agent's output line longer than this is cut (and so not understood).
+pub const AGENT_LINE_MAX: usize = 4 * 1024 * 1024;
+
 /// How long a bridge keeps reading an agent's stdout after the agent exited: a process it left
 /// behind may hold the pipe open (codex's npm launcher killed leaves the codex binary running).
 pub const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
@@ -222,10 +225,17 @@ pub fn run_turn(
     let keep = tail.clone();
     let err_thread = std::thread::spawn(move || pass_stderr(stderr, &keep));
     let stdout = child.stdout.take().expect("piped");
-    let (tx, rx) = mpsc::channel::<String>();
+    // Bounded: the reader waits while this thread is busy handing lines on.
+    let (tx, rx) = mpsc::sync_channel::<String>(256);
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
+        let mut r = BufReader::new(stdout);
+        let mut buf = Vec::new();
+        // Lines over the daemon's own limit could not be read whole there either: cut here
+        // (and then not understood: passed on as unrecognized).
+        while let Ok(Some(_)) = read_line_bounded(&mut r, &mut buf, AGENT_LINE_MAX) {
+            let line = String::from_utf8_lossy(&buf)
+                .trim_end_matches('\n')
+                .to_string();
             if tx.send(line).is_err() {
                 break;
             }
@@ -242,16 +252,18 @@ pub fn run_turn(
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            Err(mpsc::RecvTimeoutError::Timeout) => match exited_at {
-                Some(t) if t.elapsed() >= DRAIN_AFTER_EXIT => break,
-                Some(_) => {}
-                None => {
-                    if let Some(st) = child.try_wait()? {
-                        status = Some(st);
-                        exited_at = Some(Instant::now());
-                    }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        // Checked whatever arrived: a leftover that keeps writing does not hold the turn.
+        match exited_at {
+            Some(t) if t.elapsed() >= DRAIN_AFTER_EXIT => break,
+            Some(_) => {}
+            None => {
+                if let Some(st) = child.try_wait()? {
+                    status = Some(st);
+                    exited_at = Some(Instant::now());
                 }
-            },
+            }
         }
     }
     let status = match status {
@@ -272,14 +284,62 @@ pub fn run_turn(
     })
 }
 
+/// Reads one line into `buf` (cleared first), keeping at most `max` bytes of it and skipping
+/// the rest: `Some(true)` when it was cut, `None` at EOF. An agent cannot make the bridge hold
+/// more than `max` bytes of one line.
+pub fn read_line_bounded(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<bool>> {
+    buf.clear();
+    let n = std::io::Read::take(&mut *r, max as u64).read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') || buf.len() < max {
+        return Ok(Some(false));
+    }
+    // Cut: skip to the end of the line.
+    loop {
+        let chunk = r.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(Some(true));
+        }
+        match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => {
+                r.consume(i + 1);
+                return Ok(Some(true));
+            }
+            None => {
+                let len = chunk.len();
+                r.consume(len);
+            }
+        }
+    }
+}
+
 /// Copies an agent's stderr to ours, keeping its last [`STDERR_TAIL`] bytes in `tail`.
 pub fn pass_stderr(r: impl Read, tail: &Mutex<String>) {
     use std::io::Write;
-    for line in BufReader::new(r).lines() {
-        let Ok(line) = line else { break };
+    let mut r = BufReader::new(r);
+    let mut buf = Vec::new();
+    loop {
+        // One line at a time, each cut at STDERR_TAIL bytes: an agent cannot make the bridge
+        // hold more.
+        buf.clear();
+        match (&mut r)
+            .take(STDERR_TAIL as u64)
+            .read_until(b'\n', &mut buf)
+        {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let line = String::from_utf8_lossy(&buf);
+        let line = line.trim_end_matches(['\n', '\r']);
         let _ = writeln!(std::io::stderr(), "{line}");
         let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
-        t.push_str(&line);
+        t.push_str(line);
         t.push('\n');
         if t.len() > STDERR_TAIL {
             let mut cut = t.len() - STDERR_TAIL;
