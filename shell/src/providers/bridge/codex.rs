@@ -372,11 +372,7 @@ impl Totals {
         } else {
             self
         };
-        Usage {
-            input: turn.input.saturating_sub(turn.cached),
-            cache_read: turn.cached,
-            output: turn.output,
-        }
+        Usage::from_prompt_inclusive(turn.input, turn.cached, turn.output)
     }
 }
 

@@ -346,13 +346,8 @@ impl Turn {
 fn usage(stats: &Value) -> Usage {
     let n = |k: &str| stats.get(k).and_then(Value::as_u64).unwrap_or(0);
     let prompt = n("input_tokens");
-    let cached = n("cached").min(prompt);
     let output = n("output_tokens").max(n("total_tokens").saturating_sub(prompt));
-    Usage {
-        input: prompt - cached,
-        cache_read: cached,
-        output,
-    }
+    Usage::from_prompt_inclusive(prompt, n("cached"), output)
 }
 
 /// `[API Error: {"error":{"code":500,"message":"…","status":"INTERNAL"}}]` → (500, `… (INTERNAL)`).

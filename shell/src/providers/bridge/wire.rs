@@ -76,6 +76,18 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// From counts where the prompt includes its cached part (OpenAI, codex, Gemini): the
+    /// uncached rest is `input`, the cached part `cache_read` (a cached count above the
+    /// prompt's is taken as the whole prompt).
+    pub fn from_prompt_inclusive(prompt: u64, cached: u64, output: u64) -> Usage {
+        let cached = cached.min(prompt);
+        Usage {
+            input: prompt - cached,
+            cache_read: cached,
+            output,
+        }
+    }
+
     pub fn add(&mut self, other: Usage) {
         self.input += other.input;
         self.cache_read += other.cache_read;

@@ -311,20 +311,12 @@ fn reasoning(m: &Value) -> Option<&str> {
 
 /// OpenAI's usage: `prompt_tokens` includes the cached ones, which it also reports apart.
 pub fn usage(u: &Value) -> Usage {
-    let prompt = u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
-    let cached = u
-        .pointer("/prompt_tokens_details/cached_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(0)
-        .min(prompt);
-    Usage {
-        input: prompt - cached,
-        cache_read: cached,
-        output: u
-            .get("completion_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
-    }
+    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    Usage::from_prompt_inclusive(
+        n("/prompt_tokens"),
+        n("/prompt_tokens_details/cached_tokens"),
+        n("/completion_tokens"),
+    )
 }
 
 /// The message of an API error object (`{"message": …}`), or of a body holding one
