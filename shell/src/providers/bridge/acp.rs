@@ -21,7 +21,7 @@
 //! | `agent_message_chunk` (accumulated) | `STATUS` when a tool call or thought follows; the last one is the turn's `COMPLETION` |
 //! | `tool_call` | `TOOL_CALL` (tool = `_meta.claudeCode.toolName`, else the `kind`, input = `rawInput`) |
 //! | `tool_call_update` with status `completed` / `failed` | `TOOL_RESULT` (content text, success = not failed) |
-//! | `plan` | `STATUS` (`plan: [ ] step, [x] step`) |
+//! | `plan` | `STATUS` (`Plan:` and a `[x]` / `[~]` / `[ ]` line per step, as for every agent) |
 //! | `user_message_chunk`, `available_commands_update`, `current_mode_update`, `config_option_update`, `session_info_update`, `usage_update`, `_…` extensions | nothing |
 //! | `session/request_permission` | a `can_use_tool` prompt to the daemon; its answer picks the agent's `allow_once` / `reject_once` option |
 //! | `session/prompt` result: `end_turn` | `COMPLETION`, with the response's `usage` when the agent reports it |
@@ -569,21 +569,21 @@ impl Translator {
             }
             "plan" => {
                 self.flush_text(out);
-                let steps: Vec<String> = u["entries"]
+                use super::wire::Step;
+                let steps = u["entries"]
                     .as_array()
                     .map(Vec::as_slice)
                     .unwrap_or(&[])
                     .iter()
                     .map(|e| {
-                        let mark = match e["status"].as_str() {
-                            Some("completed") => "[x]",
-                            Some("in_progress") => "[~]",
-                            _ => "[ ]",
+                        let step = match e["status"].as_str() {
+                            Some("completed") => Step::Done,
+                            Some("in_progress") => Step::InProgress,
+                            _ => Step::Pending,
                         };
-                        format!("{mark} {}", e["content"].as_str().unwrap_or(""))
-                    })
-                    .collect();
-                out.text(&format!("plan: {}", steps.join(", ")));
+                        (step, e["content"].as_str().unwrap_or(""))
+                    });
+                out.text(&super::wire::plan_text(steps));
             }
             "user_message_chunk"
             | "available_commands_update"
@@ -838,7 +838,7 @@ mod tests {
                 "TOOL_RESULT Bash README.md",
                 "TOOL_CALL edit /x",
                 "TOOL_RESULT edit denied",
-                "STATUS  plan: [x] a, [ ] b",
+                "STATUS  Plan:\n[x] a\n[ ] b",
             ]
         );
     }

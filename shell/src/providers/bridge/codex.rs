@@ -585,21 +585,21 @@ impl<'o> Mapper<'o> {
                 }
             }
             "todo_list" => {
-                let list: Vec<String> = item
-                    .get("items")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .map(|t| {
-                        let mark = if t.get("completed").and_then(Value::as_bool) == Some(true) {
-                            "x"
-                        } else {
-                            " "
-                        };
-                        format!("[{mark}] {}", str_of(t, "text"))
-                    })
-                    .collect();
-                let text = format!("Plan:\n{}", list.join("\n"));
+                let text = super::wire::plan_text(
+                    item.get("items")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .map(|t| {
+                            let done = t.get("completed").and_then(Value::as_bool) == Some(true);
+                            let step = if done {
+                                super::wire::Step::Done
+                            } else {
+                                super::wire::Step::Pending
+                            };
+                            (step, str_of(t, "text"))
+                        }),
+                );
                 if text != self.todo {
                     self.out.text(&text);
                     self.todo = text;

@@ -253,6 +253,29 @@ pub fn tool_use_block(id: &str, name: &str, input: &Value) -> Value {
     json!({"type": "tool_use", "id": id, "name": name, "input": input})
 }
 
+/// How far one step of an agent's plan is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Pending,
+    InProgress,
+    Done,
+}
+
+/// An agent's plan (codex's todo list, ACP's `plan`) as one text, the same for every agent:
+/// `Plan:` then one `[x] step` (done), `[~] step` (in progress) or `[ ] step` line each.
+pub fn plan_text<'a>(steps: impl IntoIterator<Item = (Step, &'a str)>) -> String {
+    let mut text = String::from("Plan:");
+    for (step, what) in steps {
+        let mark = match step {
+            Step::Done => "[x]",
+            Step::InProgress => "[~]",
+            Step::Pending => "[ ]",
+        };
+        text.push_str(&format!("\n{mark} {what}"));
+    }
+    text
+}
+
 /// A permission answer from the daemon.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
