@@ -1151,3 +1151,43 @@ async fn unrecognized_provider_lines_are_stored_raw_and_counted() {
         ]
     );
 }
+
+/// A client slower than its agent still gets every activity of its turn, in order, ending
+/// with the COMPLETION: past the stream's buffer the rest comes from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_gets_its_whole_turn() {
+    let mut d = Daemon::start().await;
+    let n = 6000;
+    let mut steps: Vec<serde_json::Value> = (0..n)
+        .map(|i| json!({"text": format!("step {i}"), "tokens_in": 1, "tokens_out": 1}))
+        .collect();
+    steps.push(json!({"result": "all done"}));
+    let s = d.session(Some(("long", turns(json!(steps))))).await;
+    let mut stream = within(d.client().await.send_message(pb::SendMessageRequest {
+        session_id: s.id.clone(),
+        message: "go".into(),
+    }))
+    .await
+    .unwrap()
+    .into_inner();
+    // Let the agent run far ahead of this client.
+    let deadline = Instant::now() + WAIT;
+    while d.get(&s.id).await.status != S::Running as i32 {
+        assert!(Instant::now() < deadline, "the turn never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut seqs = Vec::new();
+    let mut last = None;
+    while let Some(ev) = within(stream.message()).await.unwrap() {
+        seqs.push(ev.seq);
+        last = Some(ev);
+    }
+    assert_eq!(seqs.len(), n + 1);
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "in order, none twice"
+    );
+    let last = last.unwrap();
+    assert_eq!(kind(&last), "COMPLETION");
+    assert_eq!(last.content, "all done");
+}

@@ -530,9 +530,18 @@ impl State {
                     if let Some(turn) = ev.turn {
                         let key = (ev.session.clone(), turn);
                         if let Some(stream) = self.turn_streams.get(&key) {
-                            let keep = stream.try_send(Ok(ev.clone())).is_ok() && !ev.ends_turn;
-                            if !keep {
-                                self.turn_streams.remove(&key);
+                            match stream.try_send(Ok(ev.clone())) {
+                                Ok(()) if !ev.ends_turn => {}
+                                Err(mpsc::error::TrySendError::Full(_)) => {
+                                    // The client fell behind: the rest of its turn comes
+                                    // from the store, at the client's pace.
+                                    if let Some(stream) = self.turn_streams.remove(&key) {
+                                        self.catch_up(stream, key.0.clone(), turn, ev.seq - 1);
+                                    }
+                                }
+                                _ => {
+                                    self.turn_streams.remove(&key);
+                                }
                             }
                         }
                     }
@@ -550,6 +559,50 @@ impl State {
                 _ => {}
             }
         }
+    }
+}
+
+impl State {
+    /// Feeds a turn's stream from the store, from activity `after_seq` on, until the turn's
+    /// last activity (or the client goes): a client slower than its agent still gets every
+    /// activity of its turn, in order, ending with the one that ends it. The loop never waits
+    /// for a client; the store is the buffer.
+    fn catch_up(&self, stream: TurnStream, session: SessionId, turn: u64, after_seq: u64) {
+        const PAGE: usize = 256;
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let mut after = after_seq;
+            loop {
+                let (rtx, rrx) = oneshot::channel();
+                let sid = session.0.clone();
+                let read = Box::new(move |s: &mut State| {
+                    let _ = rtx.send(s.store.activities(&sid, after, PAGE));
+                });
+                if tx.send(Command::Call(read)).await.is_err() {
+                    return; // the loop is gone
+                }
+                let Ok(Ok(page)) = rrx.await else {
+                    return;
+                };
+                let full = page.len() == PAGE;
+                for ev in page {
+                    after = ev.seq;
+                    if ev.turn != Some(turn) {
+                        continue;
+                    }
+                    let ends = ev.ends_turn;
+                    if stream.send(Ok(ev)).await.is_err() || ends {
+                        return;
+                    }
+                }
+                if !full {
+                    if stream.is_closed() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        });
     }
 }
 
