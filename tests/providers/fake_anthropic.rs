@@ -29,6 +29,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+use crate::fake_http::{respond_json, Conn, Request};
+
 /// One content block of a scripted answer.
 #[derive(Debug, Clone)]
 pub enum Block {
@@ -327,58 +329,22 @@ fn is_messages(path: &str) -> bool {
 
 /// Serves requests on one connection until it closes (each answer closes it).
 async fn serve(
-    mut sock: TcpStream,
+    sock: TcpStream,
     state: Arc<Mutex<State>>,
     arrived: Arc<Notify>,
 ) -> std::io::Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-    // The head.
-    let head_end = loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i;
-        }
-        if buf.len() > 1 << 20 {
-            return Ok(());
-        }
-        let mut chunk = [0u8; 16 * 1024];
-        let n = sock.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
+    let mut conn = Conn::new(sock);
+    let Some(req) = conn.next_request().await? else {
+        return Ok(());
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let mut lines = head.split("\r\n");
-    let request_line = lines.next().unwrap_or("");
-    let mut parts = request_line.split(' ');
-    let method = parts.next().unwrap_or("").to_string();
-    let path = parts.next().unwrap_or("").to_string();
-    let headers: BTreeMap<String, String> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let mut body: Vec<u8> = buf[head_end + 4..].to_vec();
-    let chunked = headers
-        .get("transfer-encoding")
-        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
-    if chunked {
-        body = read_chunked(&mut sock, body).await?;
-    } else {
-        let len: usize = headers
-            .get("content-length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        while body.len() < len {
-            let mut chunk = [0u8; 64 * 1024];
-            let n = sock.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(());
-            }
-            body.extend_from_slice(&chunk[..n]);
-        }
-        body.truncate(len);
-    }
-    let json_body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut sock = conn.sock;
+    let json_body = req.json();
+    let Request {
+        method,
+        path,
+        headers,
+        ..
+    } = req;
     let stream = json_body["stream"].as_bool().unwrap_or(false);
     let model = json_body["model"]
         .as_str()
@@ -409,12 +375,9 @@ async fn serve(
     arrived.notify_waiters();
 
     let Some(reply) = reply else {
-        return respond_json(
-            &mut sock,
+        return respond_json(&mut sock,
             404,
-            &json!({"type":"error","error":{"type":"not_found_error","message":format!("the fake server has no {method} {path}")}}),
-        )
-        .await;
+            &json!({"type":"error","error":{"type":"not_found_error","message":format!("the fake server has no {method} {path}")}}), true).await;
     };
     match reply {
         Reply::Error {
@@ -427,13 +390,14 @@ async fn serve(
                 &mut sock,
                 status,
                 &json!({"type":"error","error":{"type":kind,"message":message}}),
+                true,
             )
             .await
         }
         Reply::Message(m) if stream => stream_message(&mut sock, &m, &model, msg_no).await,
         Reply::Message(m) => {
             let resp = whole_message(&m, &model, msg_no);
-            respond_json(&mut sock, 200, &resp).await
+            respond_json(&mut sock, 200, &resp, true).await
         }
     }
 }
@@ -463,68 +427,6 @@ fn next_reply(st: &mut State) -> Reply {
         }
         st.next += 1;
         st.served = 0;
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-async fn read_chunked(sock: &mut TcpStream, mut raw: Vec<u8>) -> std::io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        while find(&raw, b"\r\n").is_none() {
-            let mut chunk = [0u8; 16 * 1024];
-            let n = sock.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(out);
-            }
-            raw.extend_from_slice(&chunk[..n]);
-        }
-        let i = find(&raw, b"\r\n").unwrap();
-        let size_line = String::from_utf8_lossy(&raw[..i]).to_string();
-        let size = usize::from_str_radix(size_line.split(';').next().unwrap_or("").trim(), 16)
-            .unwrap_or(0);
-        while raw.len() < i + 2 + size + 2 {
-            let mut chunk = [0u8; 64 * 1024];
-            let n = sock.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(out);
-            }
-            raw.extend_from_slice(&chunk[..n]);
-        }
-        if size == 0 {
-            return Ok(out);
-        }
-        out.extend_from_slice(&raw[i + 2..i + 2 + size]);
-        raw.drain(..i + 2 + size + 2);
-    }
-}
-
-async fn respond_json(sock: &mut TcpStream, status: u16, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
-    let head = format!(
-        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nrequest-id: req_paddock_fake\r\nconnection: close\r\n\r\n",
-        reason(status),
-        body.len()
-    );
-    sock.write_all(head.as_bytes()).await?;
-    sock.write_all(body.as_bytes()).await?;
-    sock.flush().await?;
-    let _ = sock.shutdown().await;
-    Ok(())
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        404 => "Not Found",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        529 => "Overloaded",
-        _ => "Error",
     }
 }
 

@@ -29,6 +29,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+use crate::fake_http::{respond_json, Conn, Request};
+
 /// One part of a scripted answer.
 #[derive(Debug, Clone)]
 pub enum Part {
@@ -278,48 +280,21 @@ fn is_stream(path: &str) -> bool {
 }
 
 async fn serve(
-    mut sock: TcpStream,
+    sock: TcpStream,
     state: Arc<Mutex<State>>,
     arrived: Arc<Notify>,
 ) -> std::io::Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let head_end = loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i;
-        }
-        if buf.len() > 1 << 20 {
-            return Ok(());
-        }
-        let mut chunk = [0u8; 16 * 1024];
-        let n = sock.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
+    let mut conn = Conn::new(sock);
+    let Some(Request {
+        method,
+        path,
+        headers,
+        body,
+    }) = conn.next_request().await?
+    else {
+        return Ok(());
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let mut lines = head.split("\r\n");
-    let mut request_line = lines.next().unwrap_or("").split(' ');
-    let method = request_line.next().unwrap_or("").to_string();
-    let path = request_line.next().unwrap_or("").to_string();
-    let headers: BTreeMap<String, String> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let len: usize = headers
-        .get("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body: Vec<u8> = buf[head_end + 4..].to_vec();
-    while body.len() < len {
-        let mut chunk = [0u8; 64 * 1024];
-        let n = sock.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    body.truncate(len);
+    let mut sock = conn.sock;
     let stream_call = method == "POST" && is_stream(&path);
     let (reply, call_no) = {
         let mut st = state.lock().unwrap();
@@ -352,11 +327,12 @@ async fn serve(
                 &mut sock,
                 404,
                 &google_error(404, &format!("the fake server has no {method} {path}")),
+                true,
             )
             .await
         }
         Some(Reply::Error { status, message }) => {
-            respond_json(&mut sock, status, &google_error(status, &message)).await
+            respond_json(&mut sock, status, &google_error(status, &message), true).await
         }
         Some(Reply::Hang) => {
             sock.write_all(SSE_HEAD.as_bytes()).await?;
@@ -436,21 +412,4 @@ fn google_error(status: u16, message: &str) -> Value {
         _ => "INTERNAL",
     };
     json!({"error": {"code": status, "message": message, "status": name}})
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-async fn respond_json(sock: &mut TcpStream, status: u16, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
-    let head = format!(
-        "HTTP/1.1 {status} Error\r\ncontent-type: application/json; charset=UTF-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    sock.write_all(head.as_bytes()).await?;
-    sock.write_all(body.as_bytes()).await?;
-    sock.flush().await?;
-    let _ = sock.shutdown().await;
-    Ok(())
 }

@@ -26,6 +26,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+use crate::fake_http::{respond_json, Conn, Request};
+
 /// One scripted answer.
 #[derive(Debug, Clone)]
 pub enum Reply {
@@ -245,50 +247,22 @@ impl FakeOpenAi {
 }
 
 async fn serve(
-    mut sock: TcpStream,
+    sock: TcpStream,
     state: Arc<Mutex<State>>,
     arrived: Arc<Notify>,
 ) -> std::io::Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-    let head_end = loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i;
-        }
-        if buf.len() > 1 << 20 {
-            return Ok(());
-        }
-        let mut chunk = [0u8; 16 * 1024];
-        let n = sock.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
+    let mut conn = Conn::new(sock);
+    let Some(req) = conn.next_request().await? else {
+        return Ok(());
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let mut lines = head.split("\r\n");
-    let mut parts = lines.next().unwrap_or("").split(' ');
-    let method = parts.next().unwrap_or("").to_string();
-    let path = parts.next().unwrap_or("").to_string();
-    let headers: BTreeMap<String, String> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    // The bridge (ureq) sends a Content-Length body.
-    let len: usize = headers
-        .get("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = buf[head_end + 4..].to_vec();
-    while body.len() < len {
-        let mut chunk = [0u8; 64 * 1024];
-        let n = sock.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    body.truncate(len);
-    let json_body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut sock = conn.sock;
+    let json_body = req.json();
+    let Request {
+        method,
+        path,
+        headers,
+        ..
+    } = req;
     let completions = method == "POST" && path == "/v1/chat/completions";
     let (reply, n) = {
         let mut st = state.lock().unwrap();
@@ -321,6 +295,7 @@ async fn serve(
             404,
             &json!({"error": {"message": format!("the fake server has no {method} {path}"),
                               "type": "invalid_request_error", "code": "not_found"}}),
+            true,
         )
         .await;
     };
@@ -340,6 +315,7 @@ async fn serve(
                 &mut sock,
                 status,
                 &json!({"error": {"message": message, "type": kind, "param": null, "code": null}}),
+                true,
             )
             .await
         }
@@ -347,12 +323,8 @@ async fn serve(
             let usage = json_body["stream_options"]["include_usage"] == true;
             stream(&mut sock, &m, &model, n, usage).await
         }
-        Reply::Message(m) => respond_json(&mut sock, 200, &whole(&m, &model, n)).await,
+        Reply::Message(m) => respond_json(&mut sock, 200, &whole(&m, &model, n), true).await,
     }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 fn usage(m: &Message) -> Value {
@@ -483,27 +455,4 @@ async fn send(sock: &mut TcpStream, chunks: &[Value]) -> std::io::Result<()> {
         sock.write_all(format!("data: {c}\n\n").as_bytes()).await?;
     }
     sock.flush().await
-}
-
-async fn respond_json(sock: &mut TcpStream, status: u16, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
-    let reason = match status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        404 => "Not Found",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Error",
-    };
-    let head = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    sock.write_all(head.as_bytes()).await?;
-    sock.write_all(body.as_bytes()).await?;
-    sock.flush().await?;
-    let _ = sock.shutdown().await;
-    Ok(())
 }

@@ -32,6 +32,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
+use crate::fake_http::{respond_json, Conn, Request};
+
 /// One output item of a scripted response.
 #[derive(Debug, Clone)]
 pub enum Item {
@@ -312,66 +314,25 @@ fn is_responses(path: &str) -> bool {
 
 /// Serves requests on one connection until the client closes it.
 async fn serve(
-    mut sock: TcpStream,
+    sock: TcpStream,
     conn: u64,
     state: Arc<Mutex<State>>,
     arrived: Arc<Notify>,
 ) -> std::io::Result<()> {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut http = Conn::new(sock);
     loop {
-        let head_end = loop {
-            if let Some(i) = find(&buf, b"\r\n\r\n") {
-                break i;
-            }
-            if buf.len() > 1 << 20 {
-                return Ok(());
-            }
-            let mut chunk = [0u8; 16 * 1024];
-            let n = sock.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(());
-            }
-            buf.extend_from_slice(&chunk[..n]);
+        let Some(req) = http.next_request().await? else {
+            return Ok(());
         };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-        buf.drain(..head_end + 4);
-        let mut lines = head.split("\r\n");
-        let mut parts = lines.next().unwrap_or("").split(' ');
-        let method = parts.next().unwrap_or("").to_string();
-        let path = parts.next().unwrap_or("").to_string();
-        let headers: BTreeMap<String, String> = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-            .collect();
-        let body = if headers
-            .get("transfer-encoding")
-            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
-        {
-            read_chunked(&mut sock, &mut buf).await?
-        } else {
-            let len: usize = headers
-                .get("content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            while buf.len() < len {
-                let mut chunk = [0u8; 64 * 1024];
-                let n = sock.read(&mut chunk).await?;
-                if n == 0 {
-                    return Ok(());
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            }
-            buf.drain(..len).collect()
-        };
+        let sock = &mut http.sock;
         // A compressed body is recorded as Null (codex 0.169 sends none to a custom provider).
-        let compressed = headers
-            .get("content-encoding")
-            .is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
-        let json_body: Value = if compressed {
-            Value::Null
-        } else {
-            serde_json::from_slice(&body).unwrap_or(Value::Null)
-        };
+        let json_body = req.json();
+        let Request {
+            method,
+            path,
+            headers,
+            ..
+        } = req;
         let model = json_body["model"]
             .as_str()
             .unwrap_or("gpt-fake")
@@ -407,7 +368,7 @@ async fn serve(
             None => {
                 let e = json!({"error": {"message": format!("the fake server has no {method} {path}"),
                     "type": "invalid_request_error", "code": "not_found"}});
-                respond_json(&mut sock, 404, &e).await?;
+                respond_json(sock, 404, &e, false).await?;
                 true
             }
             Some(Reply::Error { status, message }) => {
@@ -417,12 +378,12 @@ async fn serve(
                     "server_error"
                 };
                 let e = json!({"error": {"message": message, "type": kind}});
-                respond_json(&mut sock, status, &e).await?;
+                respond_json(sock, status, &e, false).await?;
                 true
             }
             Some(Reply::Hang) => {
-                start_stream(&mut sock).await?;
-                send(&mut sock, &created(no, &model)).await?;
+                start_stream(sock).await?;
+                send(sock, &created(no, &model)).await?;
                 let mut b = [0u8; 1024];
                 let _ = tokio::time::timeout(Duration::from_secs(120), async {
                     loop {
@@ -436,16 +397,16 @@ async fn serve(
                 false
             }
             Some(Reply::Failed(message)) => {
-                start_stream(&mut sock).await?;
-                send(&mut sock, &created(no, &model)).await?;
+                start_stream(sock).await?;
+                send(sock, &created(no, &model)).await?;
                 send(
-                    &mut sock,
+                    sock,
                     &json!({"type": "response.failed", "response": {
                         "id": format!("resp_{no}"), "object": "response", "status": "failed",
                         "error": {"code": "server_error", "message": message}}}),
                 )
                 .await?;
-                end_stream(&mut sock).await?;
+                end_stream(sock).await?;
                 true
             }
             Some(Reply::Response {
@@ -454,8 +415,8 @@ async fn serve(
                 cached_tokens,
                 output_tokens,
             }) => {
-                start_stream(&mut sock).await?;
-                send(&mut sock, &created(no, &model)).await?;
+                start_stream(sock).await?;
+                send(sock, &created(no, &model)).await?;
                 let mut output = Vec::new();
                 for (k, item) in items.iter().enumerate() {
                     let done = output_item(item, no, k);
@@ -465,27 +426,27 @@ async fn serve(
                         added["status"] = json!("in_progress");
                     }
                     send(
-                        &mut sock,
+                        sock,
                         &json!({"type": "response.output_item.added", "output_index": k, "item": added}),
                     )
                     .await?;
                     if let Item::Text(t) = item {
                         send(
-                            &mut sock,
+                            sock,
                             &json!({"type": "response.output_text.delta", "item_id": done["id"],
                                 "output_index": k, "content_index": 0, "delta": t}),
                         )
                         .await?;
                     }
                     send(
-                        &mut sock,
+                        sock,
                         &json!({"type": "response.output_item.done", "output_index": k, "item": done}),
                     )
                     .await?;
                     output.push(done);
                 }
                 send(
-                    &mut sock,
+                    sock,
                     &json!({"type": "response.completed", "response": {
                     "id": format!("resp_{no}"), "object": "response", "status": "completed",
                     "model": model, "output": output,
@@ -498,7 +459,7 @@ async fn serve(
                     }}}),
                 )
                 .await?;
-                end_stream(&mut sock).await?;
+                end_stream(sock).await?;
                 true
             }
         };
@@ -532,68 +493,6 @@ fn output_item(item: &Item, no: u64, k: usize) -> Value {
         Item::Patch(p) => json!({"type": "custom_tool_call", "id": format!("ctc_{no}_{k}"),
             "call_id": format!("call_{no}_{k}"), "name": "apply_patch", "input": p,
             "status": "completed"}),
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Reads a chunked body from `raw` (what was read already) and the socket; leaves what follows
-/// it in `raw`.
-async fn read_chunked(sock: &mut TcpStream, raw: &mut Vec<u8>) -> std::io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        while find(raw, b"\r\n").is_none() {
-            let mut chunk = [0u8; 16 * 1024];
-            let n = sock.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(out);
-            }
-            raw.extend_from_slice(&chunk[..n]);
-        }
-        let i = find(raw, b"\r\n").unwrap();
-        let size_line = String::from_utf8_lossy(&raw[..i]).to_string();
-        let size = usize::from_str_radix(size_line.split(';').next().unwrap_or("").trim(), 16)
-            .unwrap_or(0);
-        while raw.len() < i + 2 + size + 2 {
-            let mut chunk = [0u8; 64 * 1024];
-            let n = sock.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(out);
-            }
-            raw.extend_from_slice(&chunk[..n]);
-        }
-        out.extend_from_slice(&raw[i + 2..i + 2 + size]);
-        raw.drain(..i + 2 + size + 2);
-        if size == 0 {
-            return Ok(out);
-        }
-    }
-}
-
-async fn respond_json(sock: &mut TcpStream, status: u16, body: &Value) -> std::io::Result<()> {
-    let body = body.to_string();
-    let head = format!(
-        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nx-request-id: req_paddock_fake\r\n\r\n",
-        reason(status),
-        body.len()
-    );
-    sock.write_all(head.as_bytes()).await?;
-    sock.write_all(body.as_bytes()).await?;
-    sock.flush().await
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        404 => "Not Found",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Error",
     }
 }
 

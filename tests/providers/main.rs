@@ -22,6 +22,7 @@ mod claude;
 mod codex;
 mod fake_anthropic;
 mod fake_gemini;
+mod fake_http;
 mod fake_openai;
 mod fake_responses;
 mod gemini;

@@ -1,0 +1,179 @@
+//! The HTTP/1.1 every fake model server shares: requests read from a connection
+//! (`Content-Length` or chunked bodies, one after another on a kept-alive connection) and JSON
+//! answers. Plain tokio: a fake server is a small thing, and a framework would only add build
+//! time to a 2-core CI. Each fake (`fake_anthropic`, `fake_responses`, `fake_gemini`,
+//! `fake_openai`) adds its API's routes, script and streaming format.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A request head bigger than this ends the connection.
+const HEAD_MAX: usize = 1 << 20;
+
+/// One request.
+pub struct Request {
+    pub method: String,
+    /// With its query string.
+    pub path: String,
+    /// Names lowercased.
+    pub headers: BTreeMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// The body as JSON (`Null` if it is not JSON, or compressed).
+    pub fn json(&self) -> Value {
+        let compressed = self
+            .headers
+            .get("content-encoding")
+            .is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
+        if compressed {
+            return Value::Null;
+        }
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// A client's connection: requests are read from it one after another.
+pub struct Conn {
+    pub sock: TcpStream,
+    /// Read but not yet used (the start of the next request).
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    pub fn new(sock: TcpStream) -> Conn {
+        Conn {
+            sock,
+            buf: Vec::with_capacity(64 * 1024),
+        }
+    }
+
+    /// The next request; `None` when the client closed the connection (or sent garbage).
+    pub async fn next_request(&mut self) -> std::io::Result<Option<Request>> {
+        let head_end = loop {
+            if let Some(i) = find(&self.buf, b"\r\n\r\n") {
+                break i;
+            }
+            if self.buf.len() > HEAD_MAX || !self.fill().await? {
+                return Ok(None);
+            }
+        };
+        let head = String::from_utf8_lossy(&self.buf[..head_end]).to_string();
+        self.buf.drain(..head_end + 4);
+        let mut lines = head.split("\r\n");
+        let mut parts = lines.next().unwrap_or("").split(' ');
+        let method = parts.next().unwrap_or("").to_string();
+        let path = parts.next().unwrap_or("").to_string();
+        let headers: BTreeMap<String, String> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let chunked = headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+        let body = if chunked {
+            match self.chunked_body().await? {
+                Some(b) => b,
+                None => return Ok(None),
+            }
+        } else {
+            let len: usize = headers
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            while self.buf.len() < len {
+                if !self.fill().await? {
+                    return Ok(None);
+                }
+            }
+            self.buf.drain(..len).collect()
+        };
+        Ok(Some(Request {
+            method,
+            path,
+            headers,
+            body,
+        }))
+    }
+
+    /// Reads more into the buffer; `false` at the end of the connection.
+    async fn fill(&mut self) -> std::io::Result<bool> {
+        let mut chunk = [0u8; 64 * 1024];
+        let n = self.sock.read(&mut chunk).await?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n > 0)
+    }
+
+    async fn chunked_body(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        loop {
+            let i = loop {
+                if let Some(i) = find(&self.buf, b"\r\n") {
+                    break i;
+                }
+                if !self.fill().await? {
+                    return Ok(None);
+                }
+            };
+            let size_line = String::from_utf8_lossy(&self.buf[..i]).to_string();
+            let size = usize::from_str_radix(size_line.split(';').next().unwrap_or("").trim(), 16)
+                .unwrap_or(0);
+            while self.buf.len() < i + 2 + size + 2 {
+                if !self.fill().await? {
+                    return Ok(None);
+                }
+            }
+            out.extend_from_slice(&self.buf[i + 2..i + 2 + size]);
+            self.buf.drain(..i + 2 + size + 2);
+            if size == 0 {
+                return Ok(Some(out));
+            }
+        }
+    }
+}
+
+/// Answers with a JSON body; `close` ends the connection after it.
+pub async fn respond_json(
+    sock: &mut TcpStream,
+    status: u16,
+    body: &Value,
+    close: bool,
+) -> std::io::Result<()> {
+    let body = body.to_string();
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nx-request-id: req_paddock_fake\r\n{}\r\n",
+        reason(status),
+        body.len(),
+        if close { "connection: close\r\n" } else { "" }
+    );
+    sock.write_all(head.as_bytes()).await?;
+    sock.write_all(body.as_bytes()).await?;
+    sock.flush().await?;
+    if close {
+        let _ = sock.shutdown().await;
+    }
+    Ok(())
+}
+
+/// The reason phrase of a status line.
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        529 => "Overloaded",
+        _ => "Error",
+    }
+}
+
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
