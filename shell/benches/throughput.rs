@@ -65,12 +65,33 @@ fn baseline(script_path: &Path, root: &Path) -> Duration {
     took
 }
 
+/// A daemon (and the runner it started) that goes away with the benchmark, even on a panic.
+struct DaemonGuard {
+    child: std::process::Child,
+    data: std::path::PathBuf,
+}
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Ok(pid) = std::fs::read_to_string(self.data.join("runner.sock.pid")) {
+            if let Ok(pid) = pid.trim().parse::<i32>() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
 /// The daemon path: a session of the scripted agent, one SendMessage, every activity streamed
 /// back (committed before it is sent). Times the turn only (the session is started first).
 async fn through_daemon(dir: &Path, script_rel: &str, n: usize) -> Duration {
     let socket = dir.join("run/daemon.sock");
     let data = dir.join("data");
-    let mut daemon = Command::new(BIN)
+    let daemon = Command::new(BIN)
         .arg("daemon")
         .arg("--socket")
         .arg(&socket)
@@ -82,6 +103,10 @@ async fn through_daemon(dir: &Path, script_rel: &str, n: usize) -> Duration {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn the daemon");
+    let mut daemon = DaemonGuard {
+        child: daemon,
+        data: data.clone(),
+    };
     let ch = loop {
         if let Ok(ch) = paddock::cli::client::channel(&socket).await {
             if LocalDaemonServiceClient::new(ch.clone())
@@ -146,7 +171,7 @@ async fn through_daemon(dir: &Path, script_rel: &str, n: usize) -> Duration {
             ..Default::default()
         })
         .await;
-    let _ = daemon.wait();
+    let _ = daemon.child.wait();
     took
 }
 
