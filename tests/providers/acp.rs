@@ -457,7 +457,14 @@ async fn acp_recorded_updates_through_the_translator() {
     let kinds_seen: Vec<&str> = updates
         .iter()
         .filter_map(|u| u["sessionUpdate"].as_str())
-        .filter(|k| *k != "available_commands_update" && *k != "usage_update")
+        // Left out: updates the adapter sends when it gets to them (commands, usage, the
+        // session's title from a side request), at no fixed point of the turn.
+        .filter(|k| {
+            !matches!(
+                *k,
+                "available_commands_update" | "usage_update" | "session_info_update"
+            )
+        })
         .collect();
     insta::assert_yaml_snapshot!("acp_recorded_update_kinds", kinds_seen);
     let rendered = paddock::providers::bridge::acp::translate_for_test(&updates);
