@@ -270,9 +270,15 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             }
         }
         let mut mapper = Mapper::new(&bridge.out, turn_no, thread.clone(), before);
-        let exit = run_turn(&mut cmd, via_stdin.then_some(prompt.as_bytes()), |l| {
-            mapper.line(l)
-        });
+        let exit = run_turn(
+            &mut cmd,
+            via_stdin.then_some(prompt.as_bytes()),
+            super::EXIT_AFTER_TURN,
+            |l| {
+                mapper.line(l);
+                mapper.finished()
+            },
+        );
         if let Some(t) = &mapper.thread {
             thread = Some(t.clone());
             match mapper.after {

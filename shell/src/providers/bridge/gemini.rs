@@ -129,8 +129,11 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         let mut cmd = command(&argv, &bridge.model, &policy, session.as_deref(), &message);
         cmd.current_dir(&bridge.cwd);
         let mut turn = Turn::new(session.clone());
-        let exit = run_turn(&mut cmd, None, |line| turn.line(line, &bridge.out))
-            .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
+        let exit = run_turn(&mut cmd, None, super::EXIT_AFTER_TURN, |line| {
+            turn.line(line, &bridge.out);
+            turn.end.is_some()
+        })
+        .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
         session = turn.session_id.clone();
         let end = turn.finish(&exit);
         match end {

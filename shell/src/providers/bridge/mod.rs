@@ -191,17 +191,24 @@ pub const AGENT_LINE_MAX: usize = 4 * 1024 * 1024;
 /// behind may hold the pipe open (codex's npm launcher killed leaves the codex binary running).
 pub const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
+/// How long an agent process may live on after its output said the turn is over, before it
+/// is killed (a CLI that hangs on its way out must not hold the next message).
+pub const EXIT_AFTER_TURN: Duration = Duration::from_secs(10);
+
 /// Runs one agent process to its end: `stdin` written then closed (or `/dev/null`: an open
 /// stdin makes `codex exec` wait for a prompt forever), each stdout line to `on_line` (in
-/// order, on this thread), stderr passed through to the bridge's own and its tail kept. Once
-/// the process has exited, its output is read for at most [`DRAIN_AFTER_EXIT`] more.
+/// order, on this thread; it answers whether the turn is over), stderr passed through to the
+/// bridge's own and its tail kept. Once the process has exited, its output is read for at most
+/// [`DRAIN_AFTER_EXIT`] more; once the turn is over, the process gets `exit_after_turn` to
+/// exit, then is killed.
 ///
 /// What the process leaves running is not the bridge's business: it carries the session's
 /// containment tag, and the daemon ends it with the session (see `crate::contain`).
 pub fn run_turn(
     cmd: &mut Command,
     stdin: Option<&[u8]>,
-    mut on_line: impl FnMut(&str),
+    exit_after_turn: Duration,
+    mut on_line: impl FnMut(&str) -> bool,
 ) -> std::io::Result<TurnExit> {
     let mut child = cmd
         .stdin(if stdin.is_some() {
@@ -243,12 +250,13 @@ pub fn run_turn(
     });
     let mut status = None;
     let mut exited_at: Option<Instant> = None;
+    let mut turn_over_at: Option<Instant> = None;
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(line) => {
                 let line = line.trim_end_matches('\r');
-                if !line.trim().is_empty() {
-                    on_line(line);
+                if !line.trim().is_empty() && on_line(line) && turn_over_at.is_none() {
+                    turn_over_at = Some(Instant::now());
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -262,6 +270,10 @@ pub fn run_turn(
                 if let Some(st) = child.try_wait()? {
                     status = Some(st);
                     exited_at = Some(Instant::now());
+                } else if turn_over_at.is_some_and(|t| t.elapsed() >= exit_after_turn) {
+                    tracing::warn!("the agent did not exit after its turn; killing it");
+                    let _ = child.kill();
+                    turn_over_at = None;
                 }
             }
         }
@@ -379,7 +391,11 @@ mod tests {
         let exit = run_turn(
             Command::new("sh").args(["-c", "echo one; echo; echo two; echo oops >&2; exit 3"]),
             None,
-            |l| lines.push(l.to_string()),
+            EXIT_AFTER_TURN,
+            |l| {
+                lines.push(l.to_string());
+                false
+            },
         )
         .unwrap();
         assert_eq!(lines, ["one", "two"]);
@@ -390,7 +406,13 @@ mod tests {
 
     #[test]
     fn a_killed_turn_reports_its_signal() {
-        let exit = run_turn(Command::new("sh").args(["-c", "kill -9 $$"]), None, |_| {}).unwrap();
+        let exit = run_turn(
+            Command::new("sh").args(["-c", "kill -9 $$"]),
+            None,
+            EXIT_AFTER_TURN,
+            |_| false,
+        )
+        .unwrap();
         assert_eq!(exit.signal, Some(9));
         assert_eq!(exit.describe(), "killed by signal 9");
     }
@@ -403,7 +425,11 @@ mod tests {
         let exit = run_turn(
             Command::new("sh").args(["-c", "wc -c"]),
             Some(&[b'x'; 300_000]),
-            |l| lines.push(l.trim().to_string()),
+            EXIT_AFTER_TURN,
+            |l| {
+                lines.push(l.trim().to_string());
+                false
+            },
         )
         .unwrap();
         assert!(exit.success());
@@ -412,7 +438,8 @@ mod tests {
         let exit = run_turn(
             Command::new("sh").args(["-c", "sleep 29.4817 & echo started"]),
             None,
-            |_| {},
+            EXIT_AFTER_TURN,
+            |_| false,
         )
         .unwrap();
         assert!(exit.success());
@@ -421,5 +448,20 @@ mod tests {
         let _ = Command::new("pkill")
             .args(["-f", "^sleep 29.4817$"])
             .status();
+    }
+
+    /// An agent that said its turn is over but does not exit is killed after the grace.
+    #[test]
+    fn an_agent_that_hangs_after_its_turn_is_killed() {
+        let t0 = Instant::now();
+        let exit = run_turn(
+            Command::new("sh").args(["-c", "echo result; exec sleep 28.3917"]),
+            None,
+            Duration::from_millis(300),
+            |l| l == "result",
+        )
+        .unwrap();
+        assert_eq!(exit.signal, Some(9));
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     }
 }
