@@ -21,3 +21,4 @@ pub mod providers;
 pub mod runner;
 pub mod socket;
 pub mod store;
+pub mod text;

@@ -74,14 +74,7 @@ fn adapter_pids() -> Vec<u32> {
 
 #[track_caller]
 fn assert_sent(r: &Recorded, expected: &[&str]) {
-    let texts = r.texts();
-    let mut at = 0;
-    for e in expected {
-        match texts[at..].iter().position(|t| t.contains(e)) {
-            Some(i) => at += i + 1,
-            None => panic!("{e:?} is not in the conversation sent (in order): {texts:#?}"),
-        }
-    }
+    assert_in_order(&r.texts(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

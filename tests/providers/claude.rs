@@ -19,14 +19,7 @@ use crate::harness::*;
 /// come between them: the CLI adds system reminders).
 #[track_caller]
 fn assert_conversation(r: &Recorded, expected: &[&str]) {
-    let texts = r.texts();
-    let mut at = 0;
-    for e in expected {
-        match texts[at..].iter().position(|t| t.contains(e)) {
-            Some(i) => at += i + 1,
-            None => panic!("{e:?} is not in the conversation sent (in order): {texts:#?}"),
-        }
-    }
+    assert_in_order(&r.texts(), expected);
 }
 
 /// The conversation id the CLI sends with every request (the same across `--resume`).
@@ -476,30 +469,14 @@ async fn a_lost_conversation_fails_the_resume_with_the_cli_stderr() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_cli_binary_is_obey_2004() {
     let w = World::start(vec![]).await;
-    let req = pb::CreateSessionRequest {
-        campaign_id: w.campaign_id.clone(),
-        provider: pb::SessionProvider::ClaudeCode as i32,
-        provider_config: [(
-            "command".to_string(),
-            "/nonexistent/claude-paddock-missing".to_string(),
-        )]
-        .into_iter()
-        .collect(),
-        ..Default::default()
-    };
-    let e = w
-        .client()
-        .await
-        .create_session(req)
-        .await
-        .expect_err("refused");
-    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
-    assert!(
-        e.message().contains("/nonexistent/claude-paddock-missing"),
-        "{}",
-        e.message()
-    );
+    let missing = "/nonexistent/claude-paddock-missing";
+    assert_refused_2004(
+        &w,
+        pb::SessionProvider::ClaudeCode,
+        &[("command", missing)],
+        missing,
+    )
+    .await;
 }
 
 /// The CLI's real stdout, line by line, through the adapter (`providers::plan` and its

@@ -39,17 +39,7 @@ const KEY: &str = "sk-paddock-codex-test";
 
 /// The codex CLI: `PADDOCK_CODEX_BIN`, else `tests/npm/node_modules/.bin/codex`.
 fn codex_bin() -> std::path::PathBuf {
-    if let Some(p) = std::env::var_os("PADDOCK_CODEX_BIN") {
-        return p.into();
-    }
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/npm/node_modules/.bin/codex");
-    assert!(
-        p.exists(),
-        "the codex CLI is not installed at {}: run `cd tests/npm && npm ci` (or set PADDOCK_CODEX_BIN)",
-        p.display()
-    );
-    std::fs::canonicalize(&p).unwrap()
+    npm_bin("PADDOCK_CODEX_BIN", "codex")
 }
 
 /// `codex_config` pointing codex at `fake`.
@@ -97,14 +87,7 @@ fn codex_request(
 /// Asserts that `expected` appear in the input `r` sent, in this order.
 #[track_caller]
 fn assert_input(r: &Recorded, expected: &[&str]) {
-    let texts = r.texts();
-    let mut at = 0;
-    for e in expected {
-        match texts[at..].iter().position(|t| t.contains(e)) {
-            Some(i) => at += i + 1,
-            None => panic!("{e:?} is not in the input sent (in order): {texts:#?}"),
-        }
-    }
+    assert_in_order(&r.texts(), expected);
 }
 
 /// The thread a request belongs to.
@@ -122,15 +105,6 @@ fn nonce() -> String {
         .subsec_nanos()
         % 100_000;
     format!("{}{n}", std::process::id() % 1000)
-}
-
-/// Children of `pid` (from /proc).
-fn children(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
 }
 
 // ── the bridge with a fake codex (no CLI needed) ──────────────────────────────────────────────
@@ -462,33 +436,16 @@ fn tool_processes_live_with_the_session_and_end_with_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_codex_config_is_obey_2004() {
     let w = World::start(vec![]).await;
-    let req = pb::CreateSessionRequest {
-        campaign_id: w.campaign_id.clone(),
-        provider: pb::SessionProvider::Codex as i32,
-        provider_config: [
-            ("command".to_string(), "/bin/sh".to_string()),
-            (
-                "codex_config".to_string(),
-                "model=\"x\"\nnot a setting".to_string(),
-            ),
-        ]
-        .into_iter()
-        .collect(),
-        ..Default::default()
-    };
-    let e = w
-        .client()
-        .await
-        .create_session(req)
-        .await
-        .expect_err("refused");
-    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
-    assert!(
-        e.message().contains("codex_config line 2"),
-        "{}",
-        e.message()
-    );
+    assert_refused_2004(
+        &w,
+        pb::SessionProvider::Codex,
+        &[
+            ("command", "/bin/sh"),
+            ("codex_config", "model=\"x\"\nnot a setting"),
+        ],
+        "codex_config line 2",
+    )
+    .await;
 }
 
 // ── the real CLI ──────────────────────────────────────────────────────────────────────────────
@@ -859,7 +816,7 @@ async fn codex_killed_mid_turn_is_obey_2031() {
     fake.wait_requests(1, WAIT).await;
     // The bridge's child: codex (its npm launcher). (Tool processes codex orphaned may be the
     // bridge's children too, as zombies until it reaps them: they have no command line.)
-    let codex: Vec<u32> = children(s.pid as u32)
+    let codex: Vec<u32> = children_of(s.pid as u32)
         .into_iter()
         .filter(|p| cmdline(*p).contains(" exec "))
         .collect();

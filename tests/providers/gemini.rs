@@ -116,14 +116,7 @@ impl G {
 /// Asserts that `expected` appear in the conversation `r` sent, in this order.
 #[track_caller]
 fn assert_conversation(r: &Recorded, expected: &[&str]) {
-    let texts = r.texts();
-    let mut at = 0;
-    for e in expected {
-        match texts[at..].iter().position(|t| t.contains(e)) {
-            Some(i) => at += i + 1,
-            None => panic!("{e:?} is not in the conversation sent (in order): {texts:#?}"),
-        }
-    }
+    assert_in_order(&r.texts(), expected);
 }
 
 /// The gemini process the bridge `pid` runs for the turn in progress.
@@ -614,30 +607,14 @@ async fn gemini_lost_conversation_fails_the_resumed_turn_with_the_cli_stderr() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gemini_missing_cli_binary_is_obey_2004() {
     let w = World::start(vec![]).await;
-    let req = pb::CreateSessionRequest {
-        campaign_id: w.campaign_id.clone(),
-        provider: pb::SessionProvider::Gemini as i32,
-        provider_config: [(
-            "command".to_string(),
-            "/nonexistent/gemini-paddock-missing".to_string(),
-        )]
-        .into_iter()
-        .collect(),
-        ..Default::default()
-    };
-    let e = w
-        .client()
-        .await
-        .create_session(req)
-        .await
-        .expect_err("refused");
-    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
-    assert!(
-        e.message().contains("/nonexistent/gemini-paddock-missing"),
-        "{}",
-        e.message()
-    );
+    let missing = "/nonexistent/gemini-paddock-missing";
+    assert_refused_2004(
+        &w,
+        pb::SessionProvider::Gemini,
+        &[("command", missing)],
+        missing,
+    )
+    .await;
 }
 
 /// The CLI's real stdout for a tool turn, compared by shape with the recording the bridge's

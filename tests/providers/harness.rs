@@ -41,16 +41,7 @@ pub const MODEL: &str = "claude-paddock-test";
 /// The Claude Code CLI: `PADDOCK_CLAUDE_BIN`, else `tests/npm/node_modules/.bin/claude` (what
 /// `cd tests/npm && npm ci` installs; the version is pinned in tests/npm/package.json).
 pub fn claude_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("PADDOCK_CLAUDE_BIN") {
-        return PathBuf::from(p);
-    }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/npm/node_modules/.bin/claude");
-    assert!(
-        p.exists(),
-        "the Claude Code CLI is not installed at {}: run `cd tests/npm && npm ci` (or set PADDOCK_CLAUDE_BIN)",
-        p.display()
-    );
-    std::fs::canonicalize(&p).unwrap()
+    npm_bin("PADDOCK_CLAUDE_BIN", "claude")
 }
 
 /// One test's world: directories, the fake model server, a daemon.
@@ -611,5 +602,43 @@ pub async fn wait_file_content(path: &Path, content: &str, limit: Duration) {
             path.display()
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Asserts that CreateSession for `provider` with `config` is refused with OBEY-2004
+/// (FAILED_PRECONDITION), its message naming `naming`.
+pub async fn assert_refused_2004(
+    w: &World,
+    provider: pb::SessionProvider,
+    config: &[(&str, &str)],
+    naming: &str,
+) {
+    let req = pb::CreateSessionRequest {
+        campaign_id: w.campaign_id.clone(),
+        provider: provider as i32,
+        provider_config: config
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let e = within(w.client().await.create_session(req))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().starts_with("OBEY-2004"), "{}", e.message());
+    assert!(e.message().contains(naming), "{}", e.message());
+}
+
+/// Asserts that `expected` appear in `texts` (what a CLI sent its model), in this order; other
+/// texts may come between them (CLIs add system reminders).
+#[track_caller]
+pub fn assert_in_order(texts: &[String], expected: &[&str]) {
+    let mut at = 0;
+    for e in expected {
+        match texts[at..].iter().position(|t| t.contains(e)) {
+            Some(i) => at += i + 1,
+            None => panic!("{e:?} is not in the conversation sent (in order): {texts:#?}"),
+        }
     }
 }

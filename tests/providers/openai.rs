@@ -46,23 +46,7 @@ fn request(w: &World, fake: &FakeOpenAi) -> pb::CreateSessionRequest {
 /// Asserts that `expected` appear in the conversation `r` sent, in this order.
 #[track_caller]
 fn assert_conversation(r: &Recorded, expected: &[&str]) {
-    let texts = r.texts();
-    let mut at = 0;
-    for e in expected {
-        match texts[at..].iter().position(|t| t.contains(e)) {
-            Some(i) => at += i + 1,
-            None => panic!("{e:?} is not in the conversation sent (in order): {texts:#?}"),
-        }
-    }
-}
-
-/// Waits until `pid` is gone (or runs something other than a bridge).
-async fn wait_bridge_gone(pid: u32) {
-    let deadline = Instant::now() + WAIT;
-    while alive(pid) && cmdline(pid).contains("__bridge") {
-        assert!(Instant::now() < deadline, "bridge {pid} still running");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    assert_in_order(&r.texts(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +368,7 @@ async fn openai_token_budget_crossed_by_real_usage_fails_the_session() {
     let info = w.wait_status(&s.id, S::Failed).await;
     assert_eq!(info.error_code, "OBEY-2013");
     assert_eq!((info.tokens_input, info.tokens_output), (3100, 20));
-    wait_bridge_gone(s.pid as u32).await;
+    wait_gone_with(s.pid as u32, "__bridge").await;
     assert_eq!(fake.completions().len(), 2);
 }
 
@@ -419,7 +403,7 @@ async fn openai_stop_during_a_slow_shell_tool_ends_the_tool_and_the_bridge() {
     // The command went with the bridge (same process group), long before it would have ended.
     wait_no_process(&nap, Duration::from_secs(5)).await;
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
-    wait_bridge_gone(s.pid as u32).await;
+    wait_gone_with(s.pid as u32, "__bridge").await;
     assert_eq!(
         std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
         "napping\n"

@@ -277,14 +277,11 @@ async fn read_bounded_line<R: tokio::io::AsyncBufRead + Unpin>(
 }
 
 pub fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
+    let head = crate::text::prefix(s, max);
+    if head.len() == s.len() {
         return s.to_string();
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… [{} bytes cut]", &s[..end], s.len() - end)
+    format!("{head}… [{} bytes cut]", s.len() - head.len())
 }
 
 /// Longest task output line kept whole.

@@ -360,7 +360,7 @@ impl ClaudeStreamParser {
         };
         let mut a = Activity::new(
             ActivityKind::ToolResult,
-            truncate_marked(&text, TOOL_RESULT_MAX),
+            crate::text::truncate(&text, TOOL_RESULT_MAX).into_owned(),
         )
         .with_tool(name, id);
         a.tool_success = !is_error;
@@ -552,29 +552,7 @@ fn render_tool_input(name: &str, input: &Value) -> String {
         None if input.is_null() => String::new(),
         None => input.to_string(),
     };
-    truncate_at(&s, TOOL_INPUT_MAX).to_string()
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
-fn truncate_at(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// `s` cut to `max` bytes, with a `… [truncated N bytes]` marker when cut.
-fn truncate_marked(s: &str, max: usize) -> String {
-    let head = truncate_at(s, max);
-    if head.len() == s.len() {
-        s.to_string()
-    } else {
-        format!("{head}… [truncated {} bytes]", s.len() - head.len())
-    }
+    crate::text::prefix(&s, TOOL_INPUT_MAX).to_string()
 }
 
 #[derive(Serialize)]

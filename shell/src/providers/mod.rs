@@ -144,17 +144,11 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
             }
             Ok(())
         }
-        Provider::ClaudeCode => {
-            check_model(config)?;
-            let bin = claude_binary(config);
-            find_on_path(&bin, config).map(|_| ()).ok_or_else(|| {
-                Error::new(
-                    ErrorCode::CreationFailed,
-                    format!("the claude-code CLI binary \"{bin}\" was not found on PATH"),
-                )
-            })
-        }
-        Provider::Codex | Provider::Gemini | Provider::Acp | Provider::OpenClaw => {
+        Provider::ClaudeCode
+        | Provider::Codex
+        | Provider::Gemini
+        | Provider::Acp
+        | Provider::OpenClaw => {
             check_model(config)?;
             let argv = agent_command(config.provider, &config.provider_config)
                 .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
@@ -279,14 +273,6 @@ pub fn agent_command(
     }
 }
 
-fn claude_binary(config: &SessionConfig) -> String {
-    config
-        .provider_config
-        .get("command")
-        .cloned()
-        .unwrap_or_else(|| "claude".to_string())
-}
-
 /// Resolves a program name the way a shell would (a name with a slash is taken as a path),
 /// on the session's own `PATH` if its environment sets one (the agent runs with it), else the
 /// daemon's.
@@ -338,9 +324,10 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
             }
         }
         Provider::ClaudeCode => {
-            let bin = claude_binary(config);
-            let program = find_on_path(&bin, config)
-                .ok_or_else(|| format!("the claude-code CLI binary \"{bin}\" was not found"))?;
+            let argv = agent_command(config.provider, &config.provider_config)?;
+            let program = find_on_path(&argv[0], config).ok_or_else(|| {
+                format!("the claude-code CLI binary \"{}\" was not found", argv[0])
+            })?;
             // Checked against the real CLI (2.1.330, tests/providers): `--verbose` is required
             // for stream-json output in `-p` mode; `--permission-prompt-tool stdio` makes it ask
             // us (`control_request` / `can_use_tool` on stdout, our `control_response` on
@@ -351,19 +338,22 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
             // under `$HOME/.claude/projects/<cwd>/`, under the same id, so it needs the same
             // HOME and working directory; a lost conversation makes the CLI exit 1 at start
             // ("No conversation found with session ID: …" on stderr).
-            let mut args: Vec<String> = [
-                "-p",
-                "--input-format",
-                "stream-json",
-                "--output-format",
-                "stream-json",
-                "--verbose",
-                "--permission-prompt-tool",
-                "stdio",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            // A command line's own arguments come first (`command="claude --debug"`).
+            let mut args: Vec<String> = argv[1..].to_vec();
+            args.extend(
+                [
+                    "-p",
+                    "--input-format",
+                    "stream-json",
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                    "--permission-prompt-tool",
+                    "stdio",
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
             if !config.model.is_empty() {
                 args.push("--model".into());
                 args.push(config.model.clone());

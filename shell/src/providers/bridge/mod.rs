@@ -354,10 +354,7 @@ pub fn pass_stderr(r: impl Read, tail: &Mutex<String>) {
         t.push_str(line);
         t.push('\n');
         if t.len() > STDERR_TAIL {
-            let mut cut = t.len() - STDERR_TAIL;
-            while !t.is_char_boundary(cut) {
-                cut += 1;
-            }
+            let cut = t.ceil_char_boundary(t.len() - STDERR_TAIL);
             t.drain(..cut);
         }
     }

@@ -42,21 +42,7 @@ pub const TOOL_INPUT_MAX: usize = 64 * 1024;
 /// The longest unrecognized agent line passed on.
 pub const RAW_MAX: usize = 16 * 1024;
 
-/// At most `max` bytes of `s`, cut on a char boundary, with a marker saying how much was cut.
-pub fn truncate(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if s.len() <= max {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    std::borrow::Cow::Owned(format!(
-        "{}… [truncated {} bytes]",
-        &s[..cut],
-        s.len() - cut
-    ))
-}
+pub use crate::text::truncate;
 
 /// Appends `text` to `buf` while `buf` is under `max` bytes (the last piece cut, marked).
 pub fn push_limited(buf: &mut String, text: &str, max: usize) {

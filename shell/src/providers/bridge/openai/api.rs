@@ -182,11 +182,7 @@ fn error_text(body: impl Read, status: u16) -> String {
     if t.is_empty() {
         return format!("HTTP {status}");
     }
-    let mut cut = t.len().min(500);
-    while !t.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    t[..cut].to_string()
+    crate::text::prefix(t, 500).to_string()
 }
 
 #[cfg(test)]

@@ -381,10 +381,7 @@ fn cap(mut s: String, max: usize) -> String {
     if s.len() <= max {
         return s;
     }
-    let mut cut = max;
-    while !s.is_char_boundary(cut) {
-        cut -= 1;
-    }
+    let cut = s.floor_char_boundary(max);
     let dropped = s.len() - cut;
     s.truncate(cut);
     s.push_str(&format!("\n[truncated {dropped} bytes]"));
