@@ -103,6 +103,9 @@ enum Command {
     ScriptedAgent {
         #[arg(long)]
         script: Option<PathBuf>,
+        /// Text for the `{system_prompt}` placeholder (Claude Code's flag of the same name)
+        #[arg(long)]
+        append_system_prompt: Option<String>,
     },
     /// A bridge between the daemon's stream-json and an agent's own protocol (started by the
     /// daemon for codex, gemini, ACP agents and the openai-api loop)
@@ -115,7 +118,10 @@ fn main() {
     let socket = cli.socket.clone().unwrap_or_else(paths::default_socket);
     let data_dir = cli.data_dir.clone().unwrap_or_else(paths::default_data_dir);
     let code = match cli.command {
-        Command::ScriptedAgent { script } => match providers::scripted::run(script.as_deref()) {
+        Command::ScriptedAgent {
+            script,
+            append_system_prompt,
+        } => match providers::scripted::run(script.as_deref(), append_system_prompt.as_deref()) {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("scripted agent: {e}");

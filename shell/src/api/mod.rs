@@ -4,6 +4,7 @@ pub mod aria;
 pub mod convert;
 pub mod history;
 pub mod obey;
+pub mod sunbeam;
 
 use paddock_proto::aria::v1 as aria_pb;
 use paddock_proto::obey::local::v1::local_daemon_service_server::LocalDaemonServiceServer;
@@ -24,8 +25,12 @@ pub fn new_campaign_id() -> String {
 }
 
 /// Every service paddock serves on a socket, plus server reflection. The same router serves
-/// paddock's own socket and the Aria socket.
-pub fn router(aria: aria::AriaConfig) -> tonic::transport::server::Router {
+/// paddock's own socket and the Aria socket; sunbeam's `CodeAgent` is served where `sunbeam`
+/// is given (paddock's own socket).
+pub fn router(
+    aria: aria::AriaConfig,
+    sunbeam: Option<sunbeam::CodeAgent>,
+) -> tonic::transport::server::Router {
     let handle = aria.handle.clone();
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
@@ -58,4 +63,7 @@ pub fn router(aria: aria::AriaConfig) -> tonic::transport::server::Router {
         .add_service(limited!(
             aria_pb::container_service_server::ContainerServiceServer::new(aria::Containers)
         ))
+        .add_optional_service(sunbeam.map(|s| {
+            limited!(paddock_proto::sunbeam::code::v1::code_agent_server::CodeAgentServer::new(s))
+        }))
 }

@@ -166,7 +166,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     };
     if let (Some(l), Some(path)) = (aria_listener, opts.aria_socket.clone()) {
         let mut done = done_rx.clone();
-        let router = crate::api::router(aria.clone());
+        let router = crate::api::router(aria.clone(), None);
         tracing::info!(socket = %path.display(), "serving the Aria runtime API");
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
@@ -179,7 +179,9 @@ pub async fn run(opts: Options) -> Result<(), String> {
             let _ = std::fs::remove_file(&path);
         });
     }
-    let serve = crate::api::router(aria).serve_with_incoming_shutdown(incoming, shutdown);
+    let sunbeam = crate::api::sunbeam::CodeAgent::new(handle.clone());
+    let serve =
+        crate::api::router(aria, Some(sunbeam)).serve_with_incoming_shutdown(incoming, shutdown);
     // Once the loop is done, in-flight calls get a short while to finish; a client that keeps
     // a call open (a stream it never reads) does not keep the daemon alive.
     let mut done_late = done_rx.clone();

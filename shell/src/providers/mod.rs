@@ -290,6 +290,31 @@ pub fn find_on_path(program: &str, config: &SessionConfig) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// `provider_config["system_prompt"]`: text for the agent's system prompt (sunbeam's project
+/// context, or a user's own). Claude Code and the scripted agent get it with
+/// `--append-system-prompt` (added to their own prompt); the openai-api loop uses it as its
+/// system message. The other agents have no such channel: [`takes_system_prompt`] says so, and
+/// whoever sets the key must give the text with the first message instead.
+pub const SYSTEM_PROMPT_KEY: &str = "system_prompt";
+
+/// Whether the provider's agent receives `provider_config["system_prompt"]` itself.
+pub fn takes_system_prompt(provider: Provider) -> bool {
+    matches!(
+        provider,
+        Provider::Scripted | Provider::ClaudeCode | Provider::OpenAiApi
+    )
+}
+
+/// `--append-system-prompt TEXT` when the session has a system prompt (an empty one is none).
+fn system_prompt_args(config: &SessionConfig) -> Vec<String> {
+    match config.provider_config.get(SYSTEM_PROMPT_KEY) {
+        Some(text) if !text.trim().is_empty() => {
+            vec!["--append-system-prompt".into(), text.clone()]
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// How to start the provider of `spec`, and the parser for its output.
 pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LineParser>), String> {
     let config = &spec.config;
@@ -316,6 +341,7 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
                 args.push("--script".into());
                 args.push(cwd.join(script).display().to_string());
             }
+            args.extend(system_prompt_args(config));
             LaunchPlan {
                 program: exe.to_path_buf(),
                 args,
@@ -362,6 +388,7 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
                 args.push("--resume".into());
                 args.push(resume.clone());
             }
+            args.extend(system_prompt_args(config));
             // No telemetry, update checks or other side traffic from a supervised agent,
             // unless the session's environment says otherwise.
             if !env
@@ -487,6 +514,25 @@ mod tests {
             p.args
         );
         assert!(!p.args.contains(&"--model".to_string()));
+        // A system prompt (sunbeam's project context) is appended to Claude Code's own.
+        spec.config
+            .provider_config
+            .insert(SYSTEM_PROMPT_KEY.into(), "Project: /x\nbranch main".into());
+        let (p, _) = plan(&spec, Path::new("/paddock")).unwrap();
+        assert!(
+            p.args.ends_with(&[
+                "--append-system-prompt".into(),
+                "Project: /x\nbranch main".into()
+            ]),
+            "{:?}",
+            p.args
+        );
+        spec.config
+            .provider_config
+            .insert(SYSTEM_PROMPT_KEY.into(), " ".into());
+        let (p, _) = plan(&spec, Path::new("/paddock")).unwrap();
+        assert!(!p.args.contains(&"--append-system-prompt".to_string()));
+        spec.config.provider_config.remove(SYSTEM_PROMPT_KEY);
         let v: Vec<_> = p
             .env
             .iter()
@@ -499,6 +545,25 @@ mod tests {
                 "0".into()
             )]
         );
+    }
+
+    #[test]
+    fn scripted_launch_passes_the_system_prompt() {
+        let mut c = SessionConfig::new("c", Provider::Scripted, "/tmp");
+        c.provider_config
+            .insert(SYSTEM_PROMPT_KEY.into(), "ctx".into());
+        let spec = SpawnSpec {
+            config: c,
+            resume: None,
+            restart_count: 0,
+        };
+        let (p, _) = plan(&spec, Path::new("/paddock")).unwrap();
+        assert_eq!(
+            p.args,
+            ["__scripted-agent", "--append-system-prompt", "ctx"]
+        );
+        assert!(takes_system_prompt(Provider::Scripted));
+        assert!(!takes_system_prompt(Provider::Codex));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The built-in scripted agent: `paddock __scripted-agent [--script FILE]`.
+//! The built-in scripted agent: `paddock __scripted-agent [--script FILE]
+//! [--append-system-prompt TEXT]`.
 //!
 //! A real child process that speaks Claude Code's `stream-json` line protocol (see
 //! [`super::claude_stream`]), so the daemon drives it exactly as it drives `claude`, and every
@@ -97,7 +98,8 @@
 //! - `{"delay_ms": N}` alone: just wait.
 //!
 //! In TEXT, tool inputs and `raw`/`stderr` lines, `{message}`, `{turn}` (1-based message
-//! number), `{cwd}` and `{session_id}` are replaced.
+//! number), `{cwd}`, `{session_id}` and `{system_prompt}` (what `--append-system-prompt TEXT`
+//! gave the agent, as Claude Code takes it; empty without) are replaced.
 //!
 //! The `result` line's `duration_ms` is the sum of the turn's `delay_ms` so far.
 
@@ -605,6 +607,8 @@ pub enum Action {
 pub struct Agent {
     script: Script,
     session_id: String,
+    /// What `--append-system-prompt` gave (empty: none), for `{system_prompt}`.
+    system_prompt: String,
     answered: u64,
     init_sent: bool,
 }
@@ -614,9 +618,16 @@ impl Agent {
         Agent {
             script,
             session_id: session_id.into(),
+            system_prompt: String::new(),
             answered: 0,
             init_sent: false,
         }
+    }
+
+    /// The text `--append-system-prompt` gave, which `{system_prompt}` stands for.
+    pub fn with_system_prompt(mut self, text: impl Into<String>) -> Self {
+        self.system_prompt = text.into();
+        self
     }
 
     /// The actions that answer the next user message (`cwd`: the working directory, for the
@@ -646,6 +657,7 @@ impl Agent {
             cwd,
             cwd_str: cwd.display().to_string(),
             session_id: &self.session_id,
+            system_prompt: &self.system_prompt,
             model: &model,
             out: Vec::new(),
             msg_seq: 0,
@@ -784,6 +796,7 @@ struct TurnCx<'a> {
     cwd: &'a Path,
     cwd_str: String,
     session_id: &'a str,
+    system_prompt: &'a str,
     model: &'a str,
     out: Vec<Action>,
     msg_seq: u64,
@@ -817,6 +830,7 @@ impl TurnCx<'_> {
                 "turn" => Some(self.k.to_string()),
                 "cwd" => Some(self.cwd_str.clone()),
                 "session_id" => Some(self.session_id.to_string()),
+                "system_prompt" => Some(self.system_prompt.to_string()),
                 _ => None,
             });
             match (value, close) {
@@ -1154,7 +1168,7 @@ pub fn default_session_id() -> String {
 /// or forever (`hang`). Returns the exit code; the caller must exit with it at once, printing
 /// nothing on stdout. A script that cannot be read or parsed is reported on stderr and gives
 /// exit code 2.
-pub fn run(script: Option<&Path>) -> io::Result<i32> {
+pub fn run(script: Option<&Path>, system_prompt: Option<&str>) -> io::Result<i32> {
     let script = match script {
         None => Script::default(),
         Some(p) => match Script::load(p) {
@@ -1183,7 +1197,8 @@ pub fn run(script: Option<&Path>) -> io::Result<i32> {
     }
     let cwd = std::env::current_dir()?;
     let session_id = script.session_id.clone().unwrap_or_else(default_session_id);
-    let mut agent = Agent::new(script, session_id);
+    let mut agent =
+        Agent::new(script, session_id).with_system_prompt(system_prompt.unwrap_or_default());
     serve(
         &mut agent,
         io::stdin().lock(),
@@ -1609,6 +1624,16 @@ mod tests {
         let dir = temp_dir("ph");
         let lines = stdout_lines(&agent.answer("{cwd} stays", &dir));
         assert_eq!(lines[1], "1|{cwd} stays|S|{nope}|{|}");
+        // `{system_prompt}`: what --append-system-prompt gave, empty without.
+        let script =
+            parse_script(r#"{"turns":[{"steps":[{"raw":"[{system_prompt}]"}]}]}"#).unwrap();
+        let mut plain = Agent::new(script.clone(), "S");
+        assert_eq!(stdout_lines(&plain.answer("x", &dir))[1], "[]");
+        let mut told = Agent::new(script, "S").with_system_prompt("be brief, please");
+        assert_eq!(
+            stdout_lines(&told.answer("x", &dir))[1],
+            "[be brief, please]"
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 

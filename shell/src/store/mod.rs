@@ -460,6 +460,21 @@ impl Store {
         ])?)
     }
 
+    /// The payloads of a campaign's newest `limit` reported events of one type, newest first.
+    pub fn reported_payloads(
+        &self,
+        campaign_id: &str,
+        event_type: &str,
+        limit: usize,
+    ) -> Result<Vec<String>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT payload_json FROM reported_events \
+             WHERE campaign_id = ?1 AND event_type = ?2 ORDER BY id DESC LIMIT ?3",
+        )?;
+        let rows = stmt.query(params![campaign_id, event_type, codec::limit(limit)])?;
+        collect(rows, |row| Ok(row.get(0)?))
+    }
+
     /// Appends activity pushed by external processes, in one transaction; returns how many
     /// rows were written.
     pub fn insert_external_activities(&mut self, rows: &[ExternalActivity]) -> Result<usize> {

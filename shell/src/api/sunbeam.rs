@@ -1,0 +1,1473 @@
+//! `sunbeam.code.v1.CodeAgent`: the `sunbeam code` client's one bidirectional stream, mapped
+//! onto the same sessions as every other protocol.
+//!
+//! A stream is one client attached to one paddock session: its first message (`StartSession`)
+//! finds or makes the session of a project, and from then on the client's messages become the
+//! same session requests obey makes (Create, Send, Stop, Restart through [`Handle::request`])
+//! and the session's live activity and status feed (the hub every watcher reads) becomes the
+//! client's `ServerMessage`s. Every rule about the session is the core's; this module decides
+//! nothing about it.
+//!
+//! - **Which session.** The project (`project_path`, canonicalized) picks the campaign whose
+//!   root it is (an ad-hoc campaign named after the directory is registered if there is none)
+//!   and the session: the newest one created through sunbeam for that root (marked with
+//!   `provider_config["sunbeam.project"] = <root>`) that no `EndSession` ended (each
+//!   `EndSession` is recorded as the campaign event `sunbeam.session_ended`, payload
+//!   `{"session_id": …}`). A terminal one is restarted; none, a new one is created.
+//! - **Many clients.** Output comes from the session's feed, not from the reply to whoever
+//!   sent the input: every client attached to a session sees every turn, and input from any of
+//!   them works (a second input while a turn runs is refused by the core, OBEY-2011, as a
+//!   non-fatal `Error`).
+//! - **Detach vs. end.** Closing the stream only detaches (the session goes on, and the next
+//!   `StartSession` resumes it with its history); `EndSession` stops the session gracefully.
+//! - **Project context.** `prompt_md`, `git_branch`, `git_status` and `file_tree` become one
+//!   bounded text in `provider_config["system_prompt"]` (see [`project_context`]), which the
+//!   agent gets as a system prompt where it has one ([`providers::takes_system_prompt`]) and
+//!   otherwise ahead of the session's first message.
+//! - **Bounded.** Each stream queues at most [`OUTGOING_QUEUE`] messages for its client (then
+//!   it waits; a client that falls behind the hub catches up from the store); texts, history
+//!   entries and the history itself are cut with a marker (the constants below).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use paddock_core::{
+    ActivityEvent, ActivityKind, Error, ErrorCode, Provider, SessionConfig, SessionId,
+    SessionRecord, Status, StatusEvent, UserMessage,
+};
+use paddock_proto::sunbeam::code::v1 as pb;
+use pb::client_message::Payload as In;
+use pb::server_message::Payload as OutMsg;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status as GrpcStatus, Streaming};
+
+use super::history::{self, Role};
+use crate::daemon::event_loop::Request as Req;
+use crate::daemon::Handle;
+use crate::paths::now_ms;
+use crate::providers;
+use crate::text::truncate;
+
+type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
+
+/// `provider_config` key marking a session as sunbeam's: the project root it belongs to.
+pub const PROJECT_KEY: &str = "sunbeam.project";
+/// The campaign event recording that `EndSession` ended a session (payload
+/// `{"session_id": "…"}`): such a session is never resumed.
+pub const ENDED_EVENT: &str = "sunbeam.session_ended";
+
+/// Messages queued for one client; past it the stream waits for the client (the hub buffers,
+/// and a stream that fell behind the hub catches up from the store).
+pub const OUTGOING_QUEUE: usize = 256;
+/// One TextDelta, Status, ToolCall's args, or Error message, at most.
+pub const TEXT_MAX: usize = 64 * 1024;
+/// A turn's `TextDone.full_text`, at most.
+pub const FULL_TEXT_MAX: usize = 1024 * 1024;
+/// One history entry's content, at most.
+pub const HISTORY_ENTRY_MAX: usize = 16 * 1024;
+/// History entries sent with `SessionReady` (the newest), at most…
+pub const HISTORY_ENTRIES_MAX: usize = 200;
+/// …and their bytes, at most (well under the 4 MiB gRPC message limit).
+pub const HISTORY_BYTES_MAX: usize = 1024 * 1024;
+/// The newest activities read to build the history.
+const HISTORY_ACTIVITIES: usize = 5000;
+/// `config_toml`, at most.
+pub const CONFIG_TOML_MAX: usize = 64 * 1024;
+/// Project context parts: `prompt_md`, `git_status`, the file tree (entries and bytes), one
+/// path, the branch name. Together under 64 KiB, so that the context fits in one command-line
+/// argument (`--append-system-prompt`; Linux allows 128 KiB per argument).
+pub const PROMPT_MD_MAX: usize = 32 * 1024;
+pub const GIT_STATUS_MAX: usize = 8 * 1024;
+pub const FILE_TREE_ENTRIES_MAX: usize = 500;
+pub const FILE_TREE_BYTES_MAX: usize = 16 * 1024;
+const PATH_MAX: usize = 512;
+const BRANCH_MAX: usize = 256;
+/// EndSession marks read per campaign when looking for a project's session.
+const ENDED_MARKS_MAX: usize = 10_000;
+/// Activities read from the store per page when a stream catches up.
+const CATCH_UP_PAGE: usize = 256;
+
+/// Where the project context starts and ends when it goes ahead of the first message (agents
+/// without a system prompt); the history shows the message without it.
+const CONTEXT_OPEN: &str = "<project-context>\n";
+const CONTEXT_CLOSE: &str = "\n</project-context>\n\n";
+
+/// The service. Clones share the per-project locks.
+#[derive(Clone)]
+pub struct CodeAgent {
+    handle: Handle,
+    /// One lock per project root: finding-or-making a project's session, and ending one (stop,
+    /// then mark), happen one at a time, so two clients starting at once share one session.
+    projects: Arc<Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl CodeAgent {
+    pub fn new(handle: Handle) -> Self {
+        CodeAgent {
+            handle,
+            projects: Arc::default(),
+        }
+    }
+
+    fn project_lock(&self, root: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.projects.lock().unwrap_or_else(|e| e.into_inner());
+        // Locks nobody holds or waits for are dropped: the map stays as small as the use.
+        map.retain(|_, l| Arc::strong_count(l) > 1);
+        map.entry(root.to_string()).or_default().clone()
+    }
+}
+
+#[tonic::async_trait]
+impl pb::code_agent_server::CodeAgent for CodeAgent {
+    type SessionStream = Stream_<pb::ServerMessage>;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::ClientMessage>>,
+    ) -> Result<Response<Self::SessionStream>, GrpcStatus> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(OUTGOING_QUEUE);
+        tokio::spawn(self.clone().serve(inbound, Out(tx)));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+// ── the client's side of the stream ────────────────────────────────────────────────────────
+
+/// The stream to the client.
+#[derive(Clone)]
+struct Out(mpsc::Sender<Result<pb::ServerMessage, GrpcStatus>>);
+
+impl Out {
+    /// False when the client is gone.
+    async fn send(&self, payload: OutMsg) -> bool {
+        self.0
+            .send(Ok(pb::ServerMessage {
+                payload: Some(payload),
+            }))
+            .await
+            .is_ok()
+    }
+
+    async fn error(&self, message: impl AsRef<str>, fatal: bool) -> bool {
+        self.send(OutMsg::Error(pb::Error {
+            message: truncate(message.as_ref(), TEXT_MAX).into_owned(),
+            fatal,
+        }))
+        .await
+    }
+
+    async fn closed(&self) {
+        self.0.closed().await
+    }
+}
+
+/// Whether the stream goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Go,
+    /// The stream ends: the session ended, a fatal error, or the client is gone.
+    Stop,
+}
+
+fn go(sent: bool) -> Flow {
+    if sent {
+        Flow::Go
+    } else {
+        Flow::Stop
+    }
+}
+
+fn payload_name(p: &In) -> &'static str {
+    match p {
+        In::Start(_) => "StartSession",
+        In::Input(_) => "UserInput",
+        In::ToolResult(_) => "ToolResult",
+        In::Approval(_) => "ToolApproval",
+        In::End(_) => "EndSession",
+    }
+}
+
+impl CodeAgent {
+    /// One stream, start to end.
+    async fn serve(self, mut inbound: Streaming<pb::ClientMessage>, out: Out) {
+        let first = tokio::select! {
+            biased;
+            _ = out.closed() => return,
+            m = inbound.message() => m,
+            _ = self.handle.closed() => return,
+        };
+        let start = match first {
+            Ok(Some(pb::ClientMessage {
+                payload: Some(In::Start(s)),
+            })) => s,
+            Ok(Some(pb::ClientMessage { payload })) => {
+                let got = payload
+                    .as_ref()
+                    .map(payload_name)
+                    .unwrap_or("an empty message");
+                out.error(
+                    format!("the first message must be StartSession (got {got})"),
+                    true,
+                )
+                .await;
+                return;
+            }
+            // The client went away without a word.
+            Ok(None) | Err(_) => return,
+        };
+        // Subscribe before the session is found or made: whatever it does from here on is
+        // either in the history read below or still queued here.
+        let activity = self.handle.hub.activity.subscribe();
+        let status = self.handle.hub.status.subscribe();
+        let attached = match self.start(start).await {
+            Ok(a) => a,
+            Err(message) => {
+                out.error(message, true).await;
+                return;
+            }
+        };
+        let mut conn = Conn {
+            agent: self,
+            id: attached.record.id.clone(),
+            out,
+            last_seq: attached.last_seq,
+            turn: None,
+            ending: false,
+            inbound_open: true,
+        };
+        if !conn.out.send(OutMsg::Ready(attached.ready)).await {
+            return;
+        }
+        // A turn that was running when this client attached is replayed from its start.
+        if conn.catch_up().await == Flow::Stop {
+            return;
+        }
+        conn.run(inbound, activity, status).await;
+    }
+}
+
+// ── StartSession ───────────────────────────────────────────────────────────────────────────
+
+/// A session found or made for a client.
+struct Attached {
+    record: SessionRecord,
+    ready: pb::SessionReady,
+    /// The newest activity the client has (in its history) or must not get again.
+    last_seq: u64,
+}
+
+/// What `config_toml` may say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub provider: Provider,
+    pub max_tokens: u64,
+    pub timeout_ms: u64,
+    pub environment: BTreeMap<String, String>,
+    /// `provider_config`, with `permissions` in it.
+    pub provider_config: BTreeMap<String, String>,
+}
+
+/// The keys `config_toml` may have.
+pub const CONFIG_KEYS: [&str; 6] = [
+    "provider",
+    "permissions",
+    "max_tokens",
+    "timeout",
+    "env",
+    "provider_config",
+];
+
+/// Parses `config_toml`: `provider` (a `--provider` name; default `scripted`), `permissions`
+/// (`allow-all`, `deny`, `allow:A,B`), `max_tokens` (0: none), `timeout` (seconds, 0: none),
+/// `env` (a table of strings) and `provider_config` (a table of strings, numbers or booleans).
+/// Unknown keys are refused, all of them named.
+pub fn parse_config(text: &str) -> Result<Settings, String> {
+    if text.len() > CONFIG_TOML_MAX {
+        return Err(format!(
+            "config_toml is {} bytes; at most {CONFIG_TOML_MAX} are accepted",
+            text.len()
+        ));
+    }
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| format!("config_toml is not valid TOML: {e}"))?;
+    let unknown: Vec<&str> = table
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !CONFIG_KEYS.contains(k))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "config_toml has unknown key(s): {} (known: {})",
+            unknown.join(", "),
+            CONFIG_KEYS.join(", ")
+        ));
+    }
+    let string = |key: &str| -> Result<Option<String>, String> {
+        match table.get(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(format!(
+                "config_toml: {key} must be a string (got {})",
+                v.type_str()
+            )),
+        }
+    };
+    let count = |key: &str| -> Result<u64, String> {
+        match table.get(key) {
+            None => Ok(0),
+            Some(toml::Value::Integer(n)) if *n >= 0 => Ok(*n as u64),
+            Some(v) => Err(format!(
+                "config_toml: {key} must be a non-negative integer (got {v})"
+            )),
+        }
+    };
+    let strings = |key: &str, scalars: bool| -> Result<BTreeMap<String, String>, String> {
+        let Some(v) = table.get(key) else {
+            return Ok(BTreeMap::new());
+        };
+        let toml::Value::Table(t) = v else {
+            return Err(format!(
+                "config_toml: {key} must be a table (got {})",
+                v.type_str()
+            ));
+        };
+        t.iter()
+            .map(|(k, v)| match v {
+                toml::Value::String(s) => Ok((k.clone(), s.clone())),
+                toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_)
+                    if scalars =>
+                {
+                    Ok((k.clone(), v.to_string()))
+                }
+                other => Err(format!(
+                    "config_toml: {key}.{k} must be a string{} (got {})",
+                    if scalars { ", number or boolean" } else { "" },
+                    other.type_str()
+                )),
+            })
+            .collect()
+    };
+    let provider = match string("provider")? {
+        None => Provider::Scripted,
+        Some(name) => Provider::from_name(name.trim()).ok_or_else(|| {
+            let known: Vec<&str> = Provider::ALL.iter().map(|p| p.name()).collect();
+            format!(
+                "config_toml: unknown provider {name:?} (known: {})",
+                known.join(", ")
+            )
+        })?,
+    };
+    let mut provider_config = strings("provider_config", true)?;
+    for reserved in [PROJECT_KEY, providers::SYSTEM_PROMPT_KEY] {
+        if provider_config.contains_key(reserved) {
+            return Err(format!(
+                "config_toml: provider_config.{reserved} is set by sunbeam itself"
+            ));
+        }
+    }
+    if let Some(p) = string("permissions")? {
+        if provider_config.contains_key("permissions") {
+            return Err(
+                "config_toml: permissions is given twice (top level and provider_config)".into(),
+            );
+        }
+        provider_config.insert("permissions".into(), p);
+    }
+    Ok(Settings {
+        provider,
+        max_tokens: count("max_tokens")?,
+        timeout_ms: count("timeout")?.saturating_mul(1000),
+        environment: strings("env", false)?,
+        provider_config,
+    })
+}
+
+/// The agent's project context: the root, the branch, `git status`, the file tree and the
+/// project's instructions (`prompt_md`), each part bounded (see the `*_MAX` constants; the
+/// file tree keeps its first entries and says how many more there are).
+pub fn project_context(root: &str, s: &pb::StartSession) -> String {
+    let mut out = String::from("# Project context (from the sunbeam client)\n\n");
+    out.push_str(&format!("Project root: {root}\n"));
+    let branch = s.git_branch.trim();
+    if !branch.is_empty() {
+        out.push_str(&format!("Git branch: {}\n", truncate(branch, BRANCH_MAX)));
+    }
+    let status = s.git_status.trim_end();
+    if !status.trim().is_empty() {
+        out.push_str("\n## git status\n\n```\n");
+        out.push_str(&truncate(status, GIT_STATUS_MAX));
+        out.push_str("\n```\n");
+    }
+    if !s.file_tree.is_empty() {
+        let mut list = String::new();
+        let mut shown = 0;
+        for path in &s.file_tree {
+            let line = truncate(path.trim_end(), PATH_MAX);
+            if shown == FILE_TREE_ENTRIES_MAX || list.len() + line.len() + 1 > FILE_TREE_BYTES_MAX {
+                break;
+            }
+            list.push_str(&line);
+            list.push('\n');
+            shown += 1;
+        }
+        let total = s.file_tree.len();
+        out.push_str(&format!("\n## Files ({shown} of {total})\n\n"));
+        out.push_str(&list);
+        if shown < total {
+            out.push_str(&format!("… and {} more\n", total - shown));
+        }
+    }
+    let prompt = s.prompt_md.trim();
+    if !prompt.is_empty() {
+        out.push_str("\n## Project instructions\n\n");
+        out.push_str(&truncate(prompt, PROMPT_MD_MAX));
+        out.push('\n');
+    }
+    out
+}
+
+/// A campaign name from a directory: its last component (or `project`).
+fn campaign_name(root: &std::path::Path) -> String {
+    root.file_name()
+        .map(|n| n.to_string_lossy().trim().to_string())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "project".into())
+}
+
+impl CodeAgent {
+    /// StartSession: the project's campaign and session, found, restarted or made. An `Err`
+    /// is the fatal error's message.
+    async fn start(&self, s: pb::StartSession) -> Result<Attached, String> {
+        let given = s.project_path.trim();
+        if given.is_empty() {
+            return Err("StartSession.project_path is required".into());
+        }
+        let root = std::fs::canonicalize(given)
+            .map_err(|e| format!("project_path {given} cannot be used: {e}"))?;
+        if !root.is_dir() {
+            return Err(format!(
+                "project_path {} is not a directory",
+                root.display()
+            ));
+        }
+        let settings = parse_config(&s.config_toml)?;
+        let root_str = root.display().to_string();
+        let context = project_context(&root_str, &s);
+        let lock = self.project_lock(&root_str);
+        let _guard = lock.lock().await;
+
+        let campaign = self.campaign_for(&root, &root_str).await?;
+        let found = self.find_session(&root_str).await?;
+        let (record, resumed) = match found {
+            Some(rec) if rec.status.is_terminal() => {
+                // Restarted with the context of this attach (the files may have changed).
+                let mut pc = rec.config.provider_config.clone();
+                pc.insert(providers::SYSTEM_PROMPT_KEY.into(), context);
+                let mut probe = rec.config.clone();
+                probe.provider_config = pc.clone();
+                providers::validate(&probe).map_err(|e| e.to_string())?;
+                let rec = self
+                    .handle
+                    .request(
+                        Req::Restart {
+                            id: rec.id.clone(),
+                            provider_config: Some(pc),
+                        },
+                        None,
+                    )
+                    .await
+                    .map_err(|e| format!("cannot restart session {}: {e}", rec.id))?;
+                (rec, true)
+            }
+            Some(rec) => (rec, true),
+            None => (
+                self.create(&campaign, &root_str, &s.model, settings, context)
+                    .await?,
+                false,
+            ),
+        };
+        let (history, last_seq) = self.history(&record).await?;
+        Ok(Attached {
+            ready: pb::SessionReady {
+                session_id: record.id.0.clone(),
+                room_id: record.config.campaign_id.clone(),
+                model: record.config.model.clone(),
+                resumed,
+                history,
+            },
+            record,
+            last_seq,
+        })
+    }
+
+    /// The campaign whose root is `root` (the oldest, if several), or a new one named after the
+    /// directory (`name`, `name-2`, … while taken), registered as AddCampaign does.
+    async fn campaign_for(
+        &self,
+        root: &std::path::Path,
+        root_str: &str,
+    ) -> Result<crate::store::Campaign, String> {
+        let base = campaign_name(root);
+        let root_str = root_str.to_string();
+        self.handle
+            .call(move |st| {
+                let all = st.store.campaigns().map_err(|e| e.to_string())?;
+                if let Some(c) = all
+                    .into_iter()
+                    .filter(|c| c.root_path == root_str)
+                    .min_by_key(|c| (c.created_at, c.id.clone()))
+                {
+                    return Ok(c);
+                }
+                let names = (1..100)
+                    .map(|i| {
+                        if i == 1 {
+                            base.clone()
+                        } else {
+                            format!("{base}-{i}")
+                        }
+                    })
+                    .chain(std::iter::once(format!(
+                        "{base}-{}",
+                        super::new_campaign_id().to_ascii_lowercase()
+                    )));
+                for name in names {
+                    let id = super::new_campaign_id();
+                    match st.store.add_campaign(&id, &name, &root_str, now_ms()) {
+                        Ok(c) => {
+                            tracing::info!(campaign = %c.id, name = %c.name, root = %c.root_path, "sunbeam registered a campaign for a new project");
+                            return Ok(c);
+                        }
+                        Err(e) if crate::store::is_unique_violation(&e) => continue,
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                Err(format!("no free campaign name for {root_str}"))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    /// The newest session made through sunbeam for `root` that no EndSession ended.
+    async fn find_session(&self, root: &str) -> Result<Option<SessionRecord>, String> {
+        let root = root.to_string();
+        self.handle
+            .call(move |st| {
+                let mut candidates: Vec<SessionRecord> = st
+                    .engine
+                    .sessions()
+                    .filter(|x| x.record.config.provider_config.get(PROJECT_KEY) == Some(&root))
+                    .map(|x| x.record.clone())
+                    .collect();
+                let campaigns: BTreeSet<String> = candidates
+                    .iter()
+                    .map(|r| r.config.campaign_id.clone())
+                    .collect();
+                let mut ended = BTreeSet::new();
+                for c in &campaigns {
+                    for p in st
+                        .store
+                        .reported_payloads(c, ENDED_EVENT, ENDED_MARKS_MAX)
+                        .map_err(|e| e.to_string())?
+                    {
+                        if let Some(id) = serde_json::from_str::<serde_json::Value>(&p)
+                            .ok()
+                            .and_then(|v| v["session_id"].as_str().map(String::from))
+                        {
+                            ended.insert(id);
+                        }
+                    }
+                }
+                candidates.retain(|r| !ended.contains(&r.id.0));
+                Ok(candidates
+                    .into_iter()
+                    .max_by_key(|r| (r.created_at, r.id.clone())))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    async fn create(
+        &self,
+        campaign: &crate::store::Campaign,
+        root: &str,
+        model: &str,
+        settings: Settings,
+        context: String,
+    ) -> Result<SessionRecord, String> {
+        let (id, short) = super::new_session_id();
+        let mut provider_config = settings.provider_config;
+        provider_config.insert(PROJECT_KEY.into(), root.to_string());
+        provider_config.insert(providers::SYSTEM_PROMPT_KEY.into(), context);
+        let config = SessionConfig {
+            campaign_id: campaign.id.clone(),
+            provider: settings.provider,
+            model: model.trim().to_string(),
+            agent_name: format!("sunbeam-{short}"),
+            festival_id: String::new(),
+            task_id: String::new(),
+            provider_config,
+            environment: settings.environment,
+            max_tokens: settings.max_tokens,
+            timeout_ms: settings.timeout_ms,
+            initial_message: String::new(),
+            working_dir: root.to_string(),
+        };
+        providers::validate(&config).map_err(|e| e.to_string())?;
+        let shutting = self
+            .handle
+            .call(|s| s.shutting_down)
+            .await
+            .map_err(|e| e.to_string())?;
+        if shutting {
+            return Err("the daemon is shutting down".into());
+        }
+        self.handle
+            .request(
+                Req::Create {
+                    id,
+                    config: Box::new(config),
+                },
+                None,
+            )
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// The session's conversation for SessionReady, and the activity the client's feed starts
+    /// after: a turn still running is left out of the history and replayed from its start.
+    async fn history(&self, rec: &SessionRecord) -> Result<(Vec<pb::HistoryEntry>, u64), String> {
+        let id = rec.id.clone();
+        let (messages, (activities, truncated), now) = self
+            .handle
+            .call(move |s| {
+                let m = s.store.user_messages(&id.0)?;
+                let a = s.store.last_activities(&id.0, HISTORY_ACTIVITIES)?;
+                let now = s.engine.session(&id).map(|x| x.record.clone());
+                Ok::<_, crate::store::StoreError>((m, a, now))
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot read the session's history: {e}"))?;
+        let now = now.unwrap_or_else(|| rec.clone());
+        let open = now.turn_open.then_some(now.turns);
+        let replay_from = open.and_then(|t| {
+            activities
+                .iter()
+                .find(|a| a.turn == Some(t))
+                .map(|a| a.seq - 1)
+        });
+        let last_seq = replay_from.unwrap_or(now.last_activity_seq);
+        let done: Vec<ActivityEvent> = activities
+            .into_iter()
+            .filter(|a| a.seq <= last_seq)
+            .collect();
+        Ok((conversation(&messages, &done, truncated), last_seq))
+    }
+}
+
+/// A session's history as sunbeam shows it: each turn's user message (without a project
+/// context put ahead of it) and its answer — the same text its `TextDone` carried — newest
+/// [`HISTORY_ENTRIES_MAX`] / [`HISTORY_BYTES_MAX`], each cut to [`HISTORY_ENTRY_MAX`].
+pub fn conversation(
+    messages: &[UserMessage],
+    activities: &[ActivityEvent],
+    truncated: bool,
+) -> Vec<pb::HistoryEntry> {
+    let entry = |role: &str, content: &str| pb::HistoryEntry {
+        role: role.into(),
+        content: truncate(content, HISTORY_ENTRY_MAX).into_owned(),
+    };
+    let mut out = Vec::new();
+    let mut answer: Option<(u64, Answer)> = None;
+    for item in history::merge(messages, activities, truncated) {
+        if answer.as_ref().is_some_and(|(t, _)| *t != item.turn) {
+            answer = None;
+        }
+        match item.role {
+            Role::User => out.push(entry("user", without_context(&item.content))),
+            Role::Status if item.turn > 0 => {
+                answer
+                    .get_or_insert_with(|| (item.turn, Answer::default()))
+                    .1
+                    .push(&item.content, false);
+            }
+            Role::Assistant => {
+                let (_, mut a) = answer.take().unwrap_or_default();
+                a.push(&item.content, true);
+                out.push(entry("assistant", &a.full_text()));
+            }
+            _ => {}
+        }
+    }
+    let mut bytes = 0;
+    let keep = out
+        .iter()
+        .rev()
+        .take(HISTORY_ENTRIES_MAX)
+        .take_while(|e| {
+            bytes += e.content.len();
+            bytes <= HISTORY_BYTES_MAX
+        })
+        .count();
+    out.split_off(out.len() - keep)
+}
+
+/// `text` without the project context a first message may carry.
+fn without_context(text: &str) -> &str {
+    text.strip_prefix(CONTEXT_OPEN)
+        .and_then(|rest| rest.split_once(CONTEXT_CLOSE))
+        .map(|(_, message)| message)
+        .unwrap_or(text)
+}
+
+/// A turn's answer as the client sees it: every text the agent said in the turn, then its
+/// final answer, one delta each, separated by a blank line. The final answer repeating what was
+/// already said (Claude Code's `result` repeats its last text) adds nothing; one that extends
+/// it adds the rest.
+#[derive(Debug, Clone, Default)]
+pub struct Answer {
+    text: String,
+    /// Bytes left out of `text` past [`FULL_TEXT_MAX`].
+    dropped: usize,
+}
+
+impl Answer {
+    /// Adds one text (`last`: the turn's final answer); returns the delta to send.
+    pub fn push(&mut self, piece: &str, last: bool) -> String {
+        let piece = truncate(piece, TEXT_MAX);
+        if piece.is_empty() {
+            return String::new();
+        }
+        let delta = if self.text.is_empty() && self.dropped == 0 {
+            piece.into_owned()
+        } else if last && self.text.ends_with(&*piece) {
+            String::new()
+        } else if last && piece.starts_with(&self.text) && self.dropped == 0 {
+            piece[self.text.len()..].to_string()
+        } else {
+            format!("\n\n{piece}")
+        };
+        if self.dropped == 0 && self.text.len() + delta.len() <= FULL_TEXT_MAX {
+            self.text.push_str(&delta);
+        } else {
+            self.dropped += delta.len();
+        }
+        delta
+    }
+
+    /// Everything pushed, with a marker if some was left out.
+    pub fn full_text(&self) -> String {
+        if self.dropped == 0 {
+            self.text.clone()
+        } else {
+            format!("{}… [truncated {} bytes]", self.text, self.dropped)
+        }
+    }
+}
+
+// ── an attached stream ─────────────────────────────────────────────────────────────────────
+
+/// One client attached to one session.
+struct Conn {
+    agent: CodeAgent,
+    id: SessionId,
+    out: Out,
+    /// The newest activity handled (sent, or in the client's history).
+    last_seq: u64,
+    /// The turn being shown and its text so far.
+    turn: Option<(u64, Answer)>,
+    /// This client sent EndSession; the stop is under way.
+    ending: bool,
+    /// False once the client closed its side: output goes on until the stream is dropped.
+    inbound_open: bool,
+}
+
+/// A request's answer, back from the task that waited for it.
+enum Outcome {
+    /// EndSession's stop (and mark) finished.
+    Ended(Result<SessionRecord, Error>),
+}
+
+impl Conn {
+    fn handle(&self) -> &Handle {
+        &self.agent.handle
+    }
+
+    async fn run(
+        &mut self,
+        mut inbound: Streaming<pb::ClientMessage>,
+        mut activity: broadcast::Receiver<ActivityEvent>,
+        mut status: broadcast::Receiver<StatusEvent>,
+    ) {
+        let (done_tx, mut done_rx) = mpsc::channel::<Outcome>(1);
+        let handle = self.handle().clone();
+        loop {
+            let flow = tokio::select! {
+                biased;
+                _ = self.out.closed() => Flow::Stop,
+                Some(o) = done_rx.recv() => self.on_outcome(o).await,
+                ev = activity.recv() => match ev {
+                    Ok(ev) => self.on_activity(ev).await,
+                    // Fell behind the hub: the store has everything.
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up().await,
+                    Err(broadcast::error::RecvError::Closed) => Flow::Stop,
+                },
+                ev = status.recv() => match ev {
+                    Ok(ev) if ev.session == self.id => self.on_status(ev.new, &ev.message).await,
+                    Ok(_) => Flow::Go,
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.recheck_status().await,
+                    Err(broadcast::error::RecvError::Closed) => Flow::Stop,
+                },
+                m = inbound.message(), if self.inbound_open => match m {
+                    Ok(Some(msg)) => self.on_client(msg, &done_tx).await,
+                    // The client closed its side (or it broke): it may still read.
+                    Ok(None) | Err(_) => {
+                        self.inbound_open = false;
+                        Flow::Go
+                    }
+                },
+                _ = handle.closed() => {
+                    self.out.error("the paddock daemon shut down", true).await;
+                    Flow::Stop
+                }
+            };
+            if flow == Flow::Stop {
+                return;
+            }
+        }
+    }
+
+    /// The one place a client message is dispatched.
+    async fn on_client(&mut self, msg: pb::ClientMessage, done: &mpsc::Sender<Outcome>) -> Flow {
+        match msg.payload {
+            None => go(self.out.error("an empty ClientMessage", false).await),
+            Some(In::Start(_)) => go(self
+                .out
+                .error(
+                    format!("session {} is already started on this stream", self.id),
+                    false,
+                )
+                .await),
+            Some(In::Input(input)) => self.input(input.text).await,
+            Some(In::ToolResult(r)) => self.answer(Answer_::ToolResult(r)).await,
+            Some(In::Approval(a)) => self.answer(Answer_::Approval(a)).await,
+            Some(In::End(_)) => self.end(done.clone()).await,
+        }
+    }
+
+    /// UserInput: one turn, sent like any SendMessage. Its output comes from the feed, as for
+    /// every client of the session.
+    async fn input(&mut self, text: String) -> Flow {
+        if text.trim().is_empty() {
+            return go(self.out.error("UserInput.text is empty", false).await);
+        }
+        let id = self.id.clone();
+        let rec = self
+            .handle()
+            .call(move |s| s.engine.session(&id).map(|x| x.record.clone()))
+            .await
+            .ok()
+            .flatten();
+        let mut message = text;
+        if let Some(rec) = rec {
+            // Agents without a system prompt get the project context with the first message.
+            let context = rec.config.provider_config.get(providers::SYSTEM_PROMPT_KEY);
+            if let (0, false, Some(ctx)) = (
+                rec.turns,
+                providers::takes_system_prompt(rec.config.provider),
+                context,
+            ) {
+                message = format!("{CONTEXT_OPEN}{ctx}{CONTEXT_CLOSE}{message}");
+            }
+        }
+        let sent = self
+            .handle()
+            .request(
+                Req::Send {
+                    id: self.id.clone(),
+                    text: message,
+                },
+                None,
+            )
+            .await;
+        match sent {
+            Ok(_) => Flow::Go,
+            Err(e) => go(self.out.error(e.to_string(), false).await),
+        }
+    }
+
+    /// ToolResult / ToolApproval: an answer to something the session asked the client. Where
+    /// pending approvals and client-side tool calls are looked up and resolved by `call_id`
+    /// (through the engine, when it has them); until then nothing is ever pending on a
+    /// sunbeam client, so every answer names nothing.
+    async fn answer(&mut self, answer: Answer_) -> Flow {
+        let (what, call_id) = match &answer {
+            Answer_::ToolResult(r) => ("client-side tool call", &r.call_id),
+            Answer_::Approval(a) => ("approval request", &a.call_id),
+        };
+        go(self
+            .out
+            .error(
+                format!(
+                    "no pending {what} has call_id {call_id:?} in session {}",
+                    self.id
+                ),
+                false,
+            )
+            .await)
+    }
+
+    /// EndSession: a graceful stop (waited for in a task of its own, so that the turn it
+    /// lets finish still streams here), then the mark that keeps the session from being
+    /// resumed, then SessionEnd.
+    async fn end(&mut self, done: mpsc::Sender<Outcome>) -> Flow {
+        if self.ending {
+            return go(self
+                .out
+                .error("EndSession is already under way", false)
+                .await);
+        }
+        self.ending = true;
+        let handle = self.handle().clone();
+        let lock = self
+            .agent
+            .project_lock(self.project().await.as_deref().unwrap_or(""));
+        let id = self.id.clone();
+        tokio::spawn(async move {
+            // While the project is locked, no StartSession can find the session stopped but
+            // not yet marked.
+            let _guard = lock.lock().await;
+            let result = handle
+                .request(
+                    Req::Stop {
+                        id: id.clone(),
+                        graceful: true,
+                    },
+                    None,
+                )
+                .await;
+            let stopped = match &result {
+                Ok(_) => true,
+                Err(e) => matches!(
+                    e.code,
+                    ErrorCode::AlreadyStopped | ErrorCode::GracefulStopTimedOut
+                ),
+            };
+            let result = if stopped {
+                mark_ended(&handle, &id).await.and(result)
+            } else {
+                result
+            };
+            let _ = done.send(Outcome::Ended(result)).await;
+        });
+        Flow::Go
+    }
+
+    async fn project(&self) -> Option<String> {
+        let id = self.id.clone();
+        self.handle()
+            .call(move |s| {
+                s.engine
+                    .session(&id)
+                    .and_then(|x| x.record.config.provider_config.get(PROJECT_KEY).cloned())
+            })
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn on_outcome(&mut self, outcome: Outcome) -> Flow {
+        match outcome {
+            Outcome::Ended(result) => {
+                let ended = match &result {
+                    Ok(_) => true,
+                    Err(e) => matches!(
+                        e.code,
+                        ErrorCode::AlreadyStopped | ErrorCode::GracefulStopTimedOut
+                    ),
+                };
+                if !ended {
+                    self.ending = false;
+                    let e = result.err().map(|e| e.to_string()).unwrap_or_default();
+                    return go(self.out.error(format!("EndSession: {e}"), false).await);
+                }
+                if self.catch_up().await == Flow::Stop {
+                    return Flow::Stop;
+                }
+                let mut summary = self.summary().await;
+                if let Err(e) = &result {
+                    if e.code == ErrorCode::GracefulStopTimedOut {
+                        summary.push_str(" (the turn did not finish in time and was interrupted)");
+                    }
+                }
+                self.out.send(OutMsg::End(pb::SessionEnd { summary })).await;
+                Flow::Stop
+            }
+        }
+    }
+
+    /// A status change of the session. Terminal ones end the stream, after everything the
+    /// session did before them.
+    async fn on_status(&mut self, status: Status, message: &str) -> Flow {
+        match status {
+            // This client's own EndSession answers with SessionEnd when its stop is done.
+            Status::Stopped if self.ending => Flow::Go,
+            Status::Stopped => {
+                if self.catch_up().await == Flow::Stop {
+                    return Flow::Stop;
+                }
+                let summary = self.summary().await;
+                self.out.send(OutMsg::End(pb::SessionEnd { summary })).await;
+                Flow::Stop
+            }
+            Status::Failed => {
+                // An ERROR activity of a failing turn ends the stream itself (fatal).
+                if self.catch_up().await == Flow::Stop {
+                    return Flow::Stop;
+                }
+                self.out
+                    .error(format!("the session failed: {message}"), true)
+                    .await;
+                Flow::Stop
+            }
+            _ => Flow::Go,
+        }
+    }
+
+    /// After missing status events: the session's status now.
+    async fn recheck_status(&mut self) -> Flow {
+        let id = self.id.clone();
+        let now = self
+            .handle()
+            .call(move |s| {
+                s.engine.session(&id).map(|x| {
+                    let r = &x.record;
+                    (
+                        r.status,
+                        r.error.as_ref().map(|e| e.to_string()).unwrap_or_default(),
+                    )
+                })
+            })
+            .await
+            .ok()
+            .flatten();
+        match now {
+            Some((status, message)) => self.on_status(status, &message).await,
+            None => {
+                self.out.error("the session no longer exists", true).await;
+                Flow::Stop
+            }
+        }
+    }
+
+    /// Everything stored after `last_seq`, in pages: after falling behind the hub, and before
+    /// the stream ends (so that nothing the session did is missing).
+    async fn catch_up(&mut self) -> Flow {
+        loop {
+            let id = self.id.0.clone();
+            let after = self.last_seq;
+            let page = match self
+                .handle()
+                .call(move |s| s.store.activities(&id, after, CATCH_UP_PAGE))
+                .await
+            {
+                Ok(Ok(page)) => page,
+                Ok(Err(e)) => {
+                    return go(self
+                        .out
+                        .error(format!("cannot read the session's activity: {e}"), false)
+                        .await)
+                }
+                Err(_) => return Flow::Stop,
+            };
+            let full = page.len() == CATCH_UP_PAGE;
+            for ev in page {
+                if self.on_activity(ev).await == Flow::Stop {
+                    return Flow::Stop;
+                }
+            }
+            if !full {
+                return Flow::Go;
+            }
+        }
+    }
+
+    /// The one place the session's activities become server messages.
+    async fn on_activity(&mut self, ev: ActivityEvent) -> Flow {
+        if ev.session != self.id || ev.seq <= self.last_seq {
+            return Flow::Go;
+        }
+        self.last_seq = ev.seq;
+        if let Some(t) = ev.turn {
+            if self.turn.as_ref().map(|(n, _)| *n) != Some(t) {
+                self.turn = Some((t, Answer::default()));
+            }
+        }
+        let a = &ev.activity;
+        let content = || truncate(&a.content, TEXT_MAX).into_owned();
+        let status = |kind: pb::StatusKind, message: String| {
+            OutMsg::Status(pb::Status {
+                message,
+                kind: kind as i32,
+            })
+        };
+        match a.kind() {
+            ActivityKind::Thinking => go(self
+                .out
+                .send(status(pb::StatusKind::Thinking, content()))
+                .await),
+            ActivityKind::ToolCall => {
+                let call = OutMsg::ToolCall(pb::ToolCall {
+                    call_id: a.tool_call_id.clone(),
+                    name: a.tool_name.clone(),
+                    args_json: args_json(&a.content),
+                    is_local: false,
+                    needs_approval: false,
+                });
+                let running = status(pb::StatusKind::ToolRunning, a.tool_name.clone());
+                go(self.out.send(call).await && self.out.send(running).await)
+            }
+            ActivityKind::ToolResult => {
+                let message = if a.tool_success {
+                    a.tool_name.clone()
+                } else {
+                    let first = a.content.lines().next().unwrap_or_default();
+                    format!("{} failed: {}", a.tool_name, truncate(first, 200))
+                };
+                go(self
+                    .out
+                    .send(status(pb::StatusKind::ToolDone, message))
+                    .await)
+            }
+            ActivityKind::Status => match &mut self.turn {
+                Some((_, answer)) if ev.turn.is_some() => {
+                    let delta = answer.push(&a.content, false);
+                    go(delta.is_empty()
+                        || self
+                            .out
+                            .send(OutMsg::Delta(pb::TextDelta { text: delta }))
+                            .await)
+                }
+                // Outside a turn: a notice, not part of an answer.
+                _ => go(self.out.send(status(pb::StatusKind::Info, content())).await),
+            },
+            ActivityKind::Completion => {
+                let turn = ev.turn.unwrap_or(0);
+                let mut answer = match self.turn.take() {
+                    Some((t, a)) if t == turn => a,
+                    _ => Answer::default(),
+                };
+                let delta = answer.push(&a.content, true);
+                if !delta.is_empty()
+                    && !self
+                        .out
+                        .send(OutMsg::Delta(pb::TextDelta { text: delta }))
+                        .await
+                {
+                    return Flow::Stop;
+                }
+                let id = self.id.0.clone();
+                let (tokens_in, tokens_out) = self
+                    .handle()
+                    .call(move |s| s.store.turn_tokens(&id, turn))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or((a.tokens_input, a.tokens_output));
+                go(self
+                    .out
+                    .send(OutMsg::Done(pb::TextDone {
+                        full_text: answer.full_text(),
+                        input_tokens: u32::try_from(tokens_in).unwrap_or(u32::MAX),
+                        output_tokens: u32::try_from(tokens_out).unwrap_or(u32::MAX),
+                    }))
+                    .await)
+            }
+            ActivityKind::Error => {
+                self.turn = None;
+                let id = self.id.clone();
+                let failed = self
+                    .handle()
+                    .call(move |s| s.engine.session(&id).map(|x| x.status()))
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_none_or(|s| s == Status::Failed);
+                let sent = self.out.error(&a.content, failed).await;
+                if failed {
+                    Flow::Stop
+                } else {
+                    go(sent)
+                }
+            }
+        }
+    }
+
+    /// SessionEnd's summary: turns, tokens, and the first line of the last answer.
+    async fn summary(&self) -> String {
+        let id = self.id.clone();
+        let found = self
+            .handle()
+            .call(move |s| {
+                let rec = s.engine.session(&id).map(|x| x.record.clone())?;
+                let last = s
+                    .store
+                    .last_activities(&id.0, 200)
+                    .ok()
+                    .and_then(|(list, _)| {
+                        list.into_iter()
+                            .rev()
+                            .find(|a| a.activity.kind() == ActivityKind::Completion)
+                            .map(|a| a.activity.content)
+                    });
+                Some((rec, last))
+            })
+            .await
+            .ok()
+            .flatten();
+        let Some((rec, last)) = found else {
+            return format!("session {} ended", self.id);
+        };
+        let mut s = format!(
+            "{} turn{}, {} input + {} output tokens",
+            rec.turns,
+            if rec.turns == 1 { "" } else { "s" },
+            rec.tokens_input,
+            rec.tokens_output
+        );
+        if let Some(text) = last {
+            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+            s.push_str(&format!("; last answer: {}", truncate(first.trim(), 200)));
+        }
+        s
+    }
+}
+
+/// A client's answer to the session.
+enum Answer_ {
+    ToolResult(pb::ToolResult),
+    Approval(pb::ToolApproval),
+}
+
+/// Records that EndSession ended a session (a campaign event), so it is never resumed.
+async fn mark_ended(handle: &Handle, id: &SessionId) -> Result<(), Error> {
+    let id = id.clone();
+    handle
+        .call(move |s| {
+            let campaign = s
+                .engine
+                .session(&id)
+                .map(|x| x.record.config.campaign_id.clone())
+                .unwrap_or_default();
+            let payload = serde_json::json!({ "session_id": id.0 }).to_string();
+            s.store
+                .report_event(
+                    "campaign",
+                    &campaign,
+                    "",
+                    ENDED_EVENT,
+                    &payload,
+                    now_ms(),
+                    now_ms(),
+                )
+                .map(|_| ())
+                .map_err(|e| Error::new(ErrorCode::Generic, format!("cannot record the end: {e}")))
+        })
+        .await?
+}
+
+/// A tool call's arguments as JSON: the activity carries the call's main argument (a path, a
+/// command) or its whole input; JSON stays, anything else becomes a JSON string.
+fn args_json(content: &str) -> String {
+    let content = truncate(content, TEXT_MAX);
+    match serde_json::from_str::<serde_json::Value>(&content) {
+        Ok(_) => content.into_owned(),
+        Err(_) => serde_json::Value::String(content.into_owned()).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::Activity;
+
+    #[test]
+    fn config_toml_keys_types_and_unknowns() {
+        let s = parse_config(
+            r#"
+            provider = "claude-code"
+            permissions = "allow:Read,LS"
+            max_tokens = 5000
+            timeout = 60
+            env = { ANTHROPIC_BASE_URL = "http://127.0.0.1:9" }
+            [provider_config]
+            command = "/opt/claude"
+            max_tool_rounds = 3
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.provider, Provider::ClaudeCode);
+        assert_eq!((s.max_tokens, s.timeout_ms), (5000, 60_000));
+        assert_eq!(s.environment["ANTHROPIC_BASE_URL"], "http://127.0.0.1:9");
+        assert_eq!(s.provider_config["permissions"], "allow:Read,LS");
+        assert_eq!(s.provider_config["max_tool_rounds"], "3");
+        let d = parse_config("").unwrap();
+        assert_eq!(d.provider, Provider::Scripted);
+        assert!(d.provider_config.is_empty() && d.environment.is_empty());
+
+        let e = parse_config("modle = \"x\"\nprovider = \"scripted\"\ncolour = 1").unwrap_err();
+        assert!(e.contains("unknown key(s): colour, modle"), "{e}");
+        assert!(parse_config("provider = ")
+            .unwrap_err()
+            .contains("not valid TOML"));
+        assert!(parse_config("provider = \"nope\"")
+            .unwrap_err()
+            .contains("unknown provider"));
+        assert!(parse_config("max_tokens = -1")
+            .unwrap_err()
+            .contains("non-negative"));
+        assert!(parse_config("env = { A = 1 }")
+            .unwrap_err()
+            .contains("env.A must be a string"));
+        assert!(parse_config("[provider_config]\nsystem_prompt = \"x\"")
+            .unwrap_err()
+            .contains("set by sunbeam"));
+        assert!(
+            parse_config("permissions = \"deny\"\n[provider_config]\npermissions = \"deny\"")
+                .unwrap_err()
+                .contains("twice")
+        );
+    }
+
+    #[test]
+    fn project_context_is_bounded() {
+        let s = pb::StartSession {
+            prompt_md: "Be careful.\n".into(),
+            git_branch: "main".into(),
+            git_status: " M src/lib.rs\n".into(),
+            file_tree: (0..FILE_TREE_ENTRIES_MAX + 7)
+                .map(|i| format!("src/f{i}.rs"))
+                .collect(),
+            ..Default::default()
+        };
+        let c = project_context("/p", &s);
+        assert!(c.contains("Project root: /p\nGit branch: main\n"), "{c}");
+        assert!(c.contains("```\n M src/lib.rs\n```"), "{c}");
+        assert!(c.contains(&format!(
+            "## Files ({FILE_TREE_ENTRIES_MAX} of {})",
+            FILE_TREE_ENTRIES_MAX + 7
+        )));
+        assert!(c.contains("… and 7 more\n"));
+        assert!(
+            c.ends_with("## Project instructions\n\nBe careful.\n"),
+            "{c}"
+        );
+        let huge = pb::StartSession {
+            prompt_md: "x".repeat(1 << 20),
+            git_status: "y".repeat(1 << 20),
+            file_tree: vec!["z".repeat(4096); 10_000],
+            git_branch: "b".repeat(4096),
+            ..Default::default()
+        };
+        // Everything together fits in one command-line argument.
+        assert!(project_context("/p", &huge).len() < 64 * 1024 + 1024);
+        let bare = project_context("/p", &pb::StartSession::default());
+        assert_eq!(
+            bare,
+            "# Project context (from the sunbeam client)\n\nProject root: /p\n"
+        );
+    }
+
+    #[test]
+    fn answers_join_texts_and_skip_a_repeated_final_answer() {
+        let mut a = Answer::default();
+        assert_eq!(a.push("Looking.", false), "Looking.");
+        assert_eq!(a.push("Done.", false), "\n\nDone.");
+        assert_eq!(a.push("Done.", true), "");
+        assert_eq!(a.full_text(), "Looking.\n\nDone.");
+        let mut b = Answer::default();
+        b.push("Part one", false);
+        assert_eq!(b.push("Part one and two", true), " and two");
+        let mut c = Answer::default();
+        assert_eq!(c.push("Only the answer", true), "Only the answer");
+        let mut d = Answer::default();
+        d.push(&"x".repeat(TEXT_MAX * 2), false);
+        assert!(d
+            .full_text()
+            .ends_with(&format!("[truncated {TEXT_MAX} bytes]")));
+    }
+
+    fn act(seq: u64, turn: u64, kind: ActivityKind, text: &str) -> ActivityEvent {
+        ActivityEvent {
+            session: SessionId::from("s"),
+            seq,
+            turn: Some(turn),
+            ends_turn: kind.ends_turn(),
+            activity: Activity::new(kind, text),
+            at: seq,
+        }
+    }
+
+    #[test]
+    fn conversation_is_user_and_assistant_as_the_client_saw_them() {
+        use ActivityKind as K;
+        let msg = |turn, text: &str| UserMessage {
+            session: SessionId::from("s"),
+            turn,
+            text: text.into(),
+            at: turn,
+        };
+        let messages = [
+            msg(1, &format!("{CONTEXT_OPEN}ctx{CONTEXT_CLOSE}hello")),
+            msg(2, "again"),
+            msg(3, "running"),
+        ];
+        let acts = [
+            act(1, 1, K::Thinking, "hmm"),
+            act(2, 1, K::ToolCall, "."),
+            act(3, 1, K::ToolResult, "a b"),
+            act(4, 1, K::Status, "Two files."),
+            act(5, 1, K::Completion, "You said hello."),
+            act(6, 2, K::Status, "Done."),
+            act(7, 2, K::Completion, "Done."),
+            act(8, 3, K::Thinking, "still going"),
+        ];
+        let h: Vec<(String, String)> = conversation(&messages, &acts, false)
+            .into_iter()
+            .map(|e| (e.role, e.content))
+            .collect();
+        let pairs: Vec<(&str, &str)> = h.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("user", "hello"),
+                ("assistant", "Two files.\n\nYou said hello."),
+                ("user", "again"),
+                ("assistant", "Done."),
+                ("user", "running"),
+            ]
+        );
+        // Bounded: the newest entries are kept.
+        let many: Vec<UserMessage> = (1..=HISTORY_ENTRIES_MAX as u64 + 5)
+            .map(|t| msg(t, &format!("m{t}")))
+            .collect();
+        let h = conversation(&many, &[], false);
+        assert_eq!(h.len(), HISTORY_ENTRIES_MAX);
+        assert_eq!(
+            h.last().unwrap().content,
+            format!("m{}", HISTORY_ENTRIES_MAX + 5)
+        );
+    }
+
+    #[test]
+    fn tool_args_are_json() {
+        assert_eq!(args_json("src/main.rs"), "\"src/main.rs\"");
+        assert_eq!(args_json("{\"a\":1}"), "{\"a\":1}");
+    }
+}
