@@ -12,6 +12,8 @@
 //! - `runner_mode`: `daemon --runner`: agents survive a daemon SIGKILL and are taken back.
 //! - `aria`: the Aria runtime API over `$HOME/.aria/runtime.sock`: tasks, notifications,
 //!   sessions, containers, errors with details.
+//! - `sunbeam`: the `CodeAgent.Session` stream: turns, detach / resume, two clients, the
+//!   project context, EndSession, refusals (snapshot of one whole turn).
 
 mod aria;
 mod cli;
@@ -21,3 +23,4 @@ mod lifecycle;
 mod rpcs;
 mod runner_mode;
 mod sessions;
+mod sunbeam;
