@@ -450,7 +450,22 @@ async fn sunbeam_refusals() {
     assert!(sessions.is_empty(), "{sessions:?}");
 
     // Once attached: answers to nothing pending, a second StartSession, an empty input.
-    let (mut c, ready) = attach(&d, start(&d)).await;
+    let (mut c, ready) = attach(
+        &d,
+        sb::StartSession {
+            client_tools: vec![sb::ToolDef {
+                name: "open_in_editor".into(),
+                ..Default::default()
+            }],
+            ..start(&d)
+        },
+    )
+    .await;
+    // Client-side tools are not offered to the agent yet, and the client is told.
+    assert!(
+        matches!(c.expect().await, Out::Status(s) if s.kind == sb::StatusKind::Info as i32
+            && s.message.starts_with("1 client tool(s) were not offered to the agent")),
+    );
     c.send(In::Approval(sb::ToolApproval {
         call_id: "call_1".into(),
         approved: true,
@@ -509,4 +524,32 @@ async fn sunbeam_input_while_busy() {
     let td = done(&rest);
     assert_eq!(td.full_text, "Still at it\n\nSlow answer to first");
     assert_eq!((td.input_tokens, td.output_tokens), (14, 4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sunbeam_attach_mid_turn_replays_the_turn() {
+    let d = Daemon::start().await;
+    let s = start_with_script(&d, "slow", slow_turn(1000));
+    let (mut a, ra) = attach(&d, s.clone()).await;
+    a.input("first").await;
+    assert!(matches!(a.expect().await, Out::Status(_)));
+    // A client attaching while the turn runs gets its message in the history and the whole
+    // turn, from its start, as the first client does.
+    let (mut b, rb) = attach(&d, s).await;
+    assert!(rb.resumed);
+    let history: Vec<(&str, &str)> = rb
+        .history
+        .iter()
+        .map(|h| (h.role.as_str(), h.content.as_str()))
+        .collect();
+    assert_eq!(history, [("user", "first")]);
+    let r = Redact::new(&d).session(&ra.session_id);
+    let tb: Vec<Value> = b.turn().await.iter().map(|m| render(&r, m)).collect();
+    let mut ta = vec![json!({"status": ["THINKING", "Working slowly"]})];
+    ta.extend(a.turn().await.iter().map(|m| render(&r, m)));
+    assert_eq!(ta, tb);
+    assert_eq!(
+        tb.last().unwrap()["done"],
+        json!({"full_text": "Still at it\n\nSlow answer to first", "input_tokens": 14, "output_tokens": 4})
+    );
 }

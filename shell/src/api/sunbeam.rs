@@ -242,6 +242,21 @@ impl CodeAgent {
         if !conn.out.send(OutMsg::Ready(attached.ready)).await {
             return;
         }
+        if attached.client_tools > 0 {
+            // Said once, plainly, rather than letting the client wait for calls that never come.
+            let note = format!(
+                "{} client tool(s) were not offered to the agent: client-side tools are not \
+                 supported yet, every tool runs in the session",
+                attached.client_tools
+            );
+            let info = OutMsg::Status(pb::Status {
+                message: note,
+                kind: pb::StatusKind::Info as i32,
+            });
+            if !conn.out.send(info).await {
+                return;
+            }
+        }
         // A turn that was running when this client attached is replayed from its start.
         if conn.catch_up().await == Flow::Stop {
             return;
@@ -258,6 +273,8 @@ struct Attached {
     ready: pb::SessionReady,
     /// The newest activity the client has (in its history) or must not get again.
     last_seq: u64,
+    /// How many `client_tools` the client declared (not offered to the agent yet).
+    client_tools: usize,
 }
 
 /// What `config_toml` may say.
@@ -458,6 +475,7 @@ impl CodeAgent {
         let settings = parse_config(&s.config_toml)?;
         let root_str = root.display().to_string();
         let context = project_context(&root_str, &s);
+        let client_tools = s.client_tools.len();
         let lock = self.project_lock(&root_str);
         let _guard = lock.lock().await;
 
@@ -502,6 +520,7 @@ impl CodeAgent {
             },
             record,
             last_seq,
+            client_tools,
         })
     }
 
