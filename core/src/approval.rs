@@ -93,9 +93,14 @@ impl ApprovalState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     Approve,
-    Deny { reason: String },
+    Deny {
+        reason: String,
+    },
     /// The answer to a question, or a client tool's result.
-    Answer { text: String, is_error: bool },
+    Answer {
+        text: String,
+        is_error: bool,
+    },
 }
 
 /// One request for a human, as stored and as shown to clients.

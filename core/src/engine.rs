@@ -279,7 +279,10 @@ impl Engine {
                             result: Ok(record),
                         });
                     }
-                    Err(e) => cx.out.rest.push(Effect::Reply { req, result: Err(e) }),
+                    Err(e) => cx.out.rest.push(Effect::Reply {
+                        req,
+                        result: Err(e),
+                    }),
                 },
                 None => not_found(&mut cx, req, &id),
             },

@@ -160,7 +160,9 @@ fn an_approval_waits_then_the_answer_reaches_the_agent_once() {
     assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Pending)]);
     assert!(answers(&fx).is_empty());
     assert_eq!(r.status(), Status::Waiting);
-    assert!(fx.iter().any(|e| matches!(e, Effect::EmitApproval(a) if a.is_pending())));
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::EmitApproval(a) if a.is_pending())));
     // A message now is refused, saying why.
     let req = r.next_req();
     let fx = r.at(
@@ -171,18 +173,28 @@ fn an_approval_waits_then_the_answer_reaches_the_agent_once() {
             text: "x".into(),
         },
     );
-    assert!(fx.iter().any(|e| matches!(e, Effect::Reply { result: Err(e), .. }
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Reply { result: Err(e), .. }
         if e.code == ErrorCode::WrongState && e.message.contains("approvals"))));
 
     let (fx, result) = r.resolve("a1", Decision::Approve);
     let a = result.unwrap();
-    assert_eq!((a.state, a.allowed, a.resolved_by.as_str()), (ApprovalState::Approved, true, "cli"));
+    assert_eq!(
+        (a.state, a.allowed, a.resolved_by.as_str()),
+        (ApprovalState::Approved, true, "cli")
+    );
     assert_eq!(answers(&fx), [("key-a1".to_string(), true, String::new())]);
     assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Approved)]);
     assert_eq!(r.status(), Status::Working);
 
     // A second answer is refused with OBEY-2041 and changes nothing.
-    let (fx, result) = r.resolve("a1", Decision::Deny { reason: "no".into() });
+    let (fx, result) = r.resolve(
+        "a1",
+        Decision::Deny {
+            reason: "no".into(),
+        },
+    );
     let e = result.unwrap_err();
     assert_eq!(e.code, ErrorCode::ApprovalResolved);
     assert!(e.message.contains("already approved"), "{e}");
@@ -198,8 +210,16 @@ fn deny_and_answers_carry_their_text_and_the_session_waits_for_the_last_request(
     r.ask("a1", AskKind::Permission, "Bash");
     r.ask("q1", AskKind::Question, "AskUserQuestion");
     assert_eq!(r.engine.pending_approvals().count(), 2);
-    let (fx, _) = r.resolve("a1", Decision::Deny { reason: "not here".into() });
-    assert_eq!(answers(&fx), [("key-a1".to_string(), false, "not here".to_string())]);
+    let (fx, _) = r.resolve(
+        "a1",
+        Decision::Deny {
+            reason: "not here".into(),
+        },
+    );
+    assert_eq!(
+        answers(&fx),
+        [("key-a1".to_string(), false, "not here".to_string())]
+    );
     assert_eq!(r.status(), Status::Waiting, "the question is still open");
     // A permission cannot be "answered", nor a question... approved is fine (empty answer).
     let (_, result) = r.resolve(
@@ -238,7 +258,10 @@ fn an_unanswered_request_expires_with_the_sessions_default() {
     let fx = r.engine.handle(at, Input::Tick);
     let a = answers(&fx);
     assert_eq!(a.len(), 1);
-    assert!(!a[0].1 && a[0].2.contains("nobody answered within 60 s"), "{a:?}");
+    assert!(
+        !a[0].1 && a[0].2.contains("nobody answered within 60 s"),
+        "{a:?}"
+    );
     assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Expired)]);
     assert_eq!(r.status(), Status::Working);
     let (_, result) = r.resolve("a1", Decision::Approve);
@@ -325,12 +348,19 @@ fn an_open_request_survives_a_daemon_restart_when_the_agent_does() {
             by: "cli".into(),
         },
     );
-    assert!(fx.iter().any(|e| matches!(e, Effect::Answer { run: 1, approval, .. } if approval.key == "key-a1")));
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Answer { run: 1, approval, .. } if approval.key == "key-a1")));
     assert_eq!(engine.session(&sid()).unwrap().status(), Status::Working);
 
     // Not adopted (the agent is gone): FAILED, the request cancelled.
-    let (engine, fx) =
-        Engine::restore_with(Limits::default(), r.now + 5, [record], [pending], &BTreeMap::new());
+    let (engine, fx) = Engine::restore_with(
+        Limits::default(),
+        r.now + 5,
+        [record],
+        [pending],
+        &BTreeMap::new(),
+    );
     assert_eq!(engine.session(&sid()).unwrap().status(), Status::Failed);
     assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Cancelled)]);
 }
@@ -340,7 +370,9 @@ fn only_a_terminal_session_is_deleted() {
     let mut r = Rig::working("allow-all");
     let req = r.next_req();
     let fx = r.at(1, Input::Delete { req, id: sid() });
-    assert!(fx.iter().any(|e| matches!(e, Effect::Reply { result: Err(e), .. } if e.code == ErrorCode::WrongState)));
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Reply { result: Err(e), .. } if e.code == ErrorCode::WrongState)
+    ));
     let req = r.next_req();
     r.at(
         1,
@@ -353,7 +385,9 @@ fn only_a_terminal_session_is_deleted() {
     // Still stopping: not yet.
     let req = r.next_req();
     let fx = r.at(1, Input::Delete { req, id: sid() });
-    assert!(fx.iter().any(|e| matches!(e, Effect::Reply { result: Err(e), .. } if e.code == ErrorCode::WrongState)));
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Reply { result: Err(e), .. } if e.code == ErrorCode::WrongState)
+    ));
     r.provider(ProviderEvent::Exited {
         code: None,
         signal: Some(15),

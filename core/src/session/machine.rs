@@ -793,7 +793,10 @@ impl Session {
         let Some(pos) = self.pending.iter().position(|a| &a.id == approval) else {
             let e = Error::new(
                 ErrorCode::ApprovalNotFound,
-                format!("approval {approval} is not open in session {}", self.record.id),
+                format!(
+                    "approval {approval} is not open in session {}",
+                    self.record.id
+                ),
             );
             return reply(cx, Err(e));
         };
@@ -1048,7 +1051,11 @@ impl Session {
                 self.settle_status("provider adopted after a daemon restart", cx);
             }
             Status::Stopping => {
-                self.cancel_pending("the session was stopping when the daemon restarted", false, cx);
+                self.cancel_pending(
+                    "the session was stopping when the daemon restarted",
+                    false,
+                    cx,
+                );
                 // The stop's requester went with the old daemon; finish the stop now.
                 self.turn = self.record.turn_open.then_some(self.record.turns);
                 self.interrupt_turn(
