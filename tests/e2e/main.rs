@@ -15,6 +15,7 @@
 //! - `sunbeam`: the `CodeAgent.Session` stream: turns, detach / resume, two clients, the
 //!   project context, EndSession, refusals (snapshot of one whole turn).
 
+mod approvals;
 mod aria;
 mod cli;
 mod errors;
