@@ -450,22 +450,7 @@ async fn sunbeam_refusals() {
     assert!(sessions.is_empty(), "{sessions:?}");
 
     // Once attached: answers to nothing pending, a second StartSession, an empty input.
-    let (mut c, ready) = attach(
-        &d,
-        sb::StartSession {
-            client_tools: vec![sb::ToolDef {
-                name: "open_in_editor".into(),
-                ..Default::default()
-            }],
-            ..start(&d)
-        },
-    )
-    .await;
-    // Client-side tools are not offered to the agent yet, and the client is told.
-    assert!(
-        matches!(c.expect().await, Out::Status(s) if s.kind == sb::StatusKind::Info as i32
-            && s.message.starts_with("1 client tool(s) were not offered to the agent")),
-    );
+    let (mut c, ready) = attach(&d, start(&d)).await;
     c.send(In::Approval(sb::ToolApproval {
         call_id: "call_1".into(),
         approved: true,
@@ -487,8 +472,8 @@ async fn sunbeam_refusals() {
     assert_eq!(
         errors,
         [
-            json!({"error": {"message": "no pending approval request has call_id \"call_1\" in session <session>", "fatal": false}}),
-            json!({"error": {"message": "no pending client-side tool call has call_id \"call_2\" in session <session>", "fatal": false}}),
+            json!({"error": {"message": "no open approval request or client-side tool call has call_id \"call_1\" in session <session>", "fatal": false}}),
+            json!({"error": {"message": "no open approval request or client-side tool call has call_id \"call_2\" in session <session>", "fatal": false}}),
             json!({"error": {"message": "session <session> is already started on this stream", "fatal": false}}),
             json!({"error": {"message": "UserInput.text is empty", "fatal": false}}),
         ]
@@ -552,4 +537,156 @@ async fn sunbeam_attach_mid_turn_replays_the_turn() {
         tb.last().unwrap()["done"],
         json!({"full_text": "Still at it\n\nSlow answer to first", "input_tokens": 14, "output_tokens": 4})
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sunbeam_approvals_client_tools_and_questions() {
+    let d = Daemon::start().await;
+    let rel = d.dirs.script(
+        "asks",
+        &turns(json!([
+            {"ask": "Bash", "input": {"command": "make"}, "allowed_result": "built"},
+            {"client_tool": "run_tests", "input": {"filter": "unit"}},
+            {"text": "The tests said: {answer}"},
+            {"question": "Which colour?", "options": ["red", "blue"]},
+            {"result": "Done: {answer}"}
+        ])),
+    );
+    let tool = |name: &str| sb::ToolDef {
+        name: name.into(),
+        description: format!("{name}, run by the client"),
+        schema_json: r#"{"type":"object"}"#.into(),
+    };
+    let s = sb::StartSession {
+        config_toml: format!("permissions = \"ask\"\n[provider_config]\nscript = \"{rel}\"\n"),
+        client_tools: vec![tool("run_tests")],
+        ..start(&d)
+    };
+    let (mut c, ready) = attach(&d, s.clone()).await;
+    let (mut watcher, _) = attach(&d, s.clone()).await;
+    c.input("build and test").await;
+
+    // A permission: ApprovalNeeded, answered with ToolApproval.
+    let mut all = c.until(|m| matches!(m, Out::Approval(_))).await;
+    let Some(Out::Approval(ap)) = all.last().cloned() else {
+        unreachable!()
+    };
+    assert_eq!(
+        (ap.name.as_str(), ap.summary.as_str()),
+        ("Bash", "Bash: make")
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&ap.args_json).unwrap(),
+        json!({"command": "make"})
+    );
+    assert_eq!(
+        status_name(d.get(&ready.session_id).await.status),
+        "WAITING"
+    );
+    c.send(In::Approval(sb::ToolApproval {
+        call_id: ap.call_id.clone(),
+        approved: true,
+    }))
+    .await;
+
+    // A client tool: a local ToolCall whose call_id the result names.
+    let local = |m: &Out| matches!(m, Out::ToolCall(t) if t.is_local);
+    all.extend(c.until(local).await);
+    let Some(Out::ToolCall(tc)) = all.last().cloned() else {
+        unreachable!()
+    };
+    assert_eq!(tc.name, "run_tests");
+    assert_ne!(tc.call_id, ap.call_id);
+    assert_eq!(
+        serde_json::from_str::<Value>(&tc.args_json).unwrap(),
+        json!({"filter": "unit"})
+    );
+    c.send(In::ToolResult(sb::ToolResult {
+        call_id: tc.call_id.clone(),
+        result: "3 passed".into(),
+        is_error: false,
+    }))
+    .await;
+
+    // A question: a local call of AskUserQuestion, answered with its result.
+    all.extend(c.until(local).await);
+    let Some(Out::ToolCall(q)) = all.last().cloned() else {
+        unreachable!()
+    };
+    assert_eq!(q.name, "AskUserQuestion");
+    assert!(q.args_json.contains("Which colour?"), "{}", q.args_json);
+    c.send(In::ToolResult(sb::ToolResult {
+        call_id: q.call_id.clone(),
+        result: "blue".into(),
+        is_error: false,
+    }))
+    .await;
+    let rest = c.turn().await;
+    let text = done(&rest).full_text.clone();
+    all.extend(rest);
+    assert_eq!(
+        text,
+        "The tests said: 3 passed\n\nDone: User answered: blue"
+    );
+
+    let r = Redact::new(&d).session(&ready.session_id);
+    let shown: Vec<Value> = all.iter().map(|m| render(&r, m)).collect();
+    let has = |v: Value| assert!(shown.contains(&v), "{v} not in {shown:#?}");
+    has(json!({"status": ["TOOL_DONE", "Bash"]}));
+    has(json!({"status": ["TOOL_DONE", "run_tests"]}));
+    // How each request was settled: the core's notes, as notices.
+    has(json!({"status": ["INFO", format!("{} approved (sunbeam)", ap.call_id)]}));
+    has(json!({"status": ["INFO", format!("{} answered (sunbeam): 3 passed", tc.call_id)]}));
+    has(json!({"status": ["INFO", format!("waiting for approval ({}): Bash: make", ap.call_id)]}));
+    // The client tool's call shows once: as the request to run it.
+    let run_tests_calls = all
+        .iter()
+        .filter(|m| matches!(m, Out::ToolCall(t) if t.name == "run_tests"))
+        .count();
+    assert_eq!(run_tests_calls, 1);
+
+    // The other client was asked the same, and saw the same turn.
+    let w = watcher.turn().await;
+    assert!(w
+        .iter()
+        .any(|m| matches!(m, Out::Approval(x) if x.call_id == ap.call_id)));
+    assert_eq!(done(&w).full_text, text);
+
+    // An answer to a request already settled is refused, and the stream goes on.
+    c.send(In::Approval(sb::ToolApproval {
+        call_id: ap.call_id.clone(),
+        approved: false,
+    }))
+    .await;
+    match c.expect().await {
+        Out::Error(e) => assert!(
+            !e.fatal && e.message.starts_with("no open approval"),
+            "{e:?}"
+        ),
+        other => panic!("expected an Error, got {other:?}"),
+    }
+
+    // Attaching again with a tool the session was not made with: the client is told.
+    drop(c);
+    let (mut c2, again) = attach(
+        &d,
+        sb::StartSession {
+            client_tools: vec![tool("run_tests"), tool("deploy")],
+            ..s
+        },
+    )
+    .await;
+    assert!(again.resumed);
+    match c2.expect().await {
+        Out::Status(st) => {
+            assert_eq!(st.kind, sb::StatusKind::Info as i32);
+            assert!(
+                st.message
+                    .starts_with("client tool(s) not offered to the agent: deploy ("),
+                "{}",
+                st.message
+            );
+        }
+        other => panic!("expected a Status INFO, got {other:?}"),
+    }
 }

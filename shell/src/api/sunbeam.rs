@@ -18,6 +18,10 @@
 //!   sent the input: every client attached to a session sees every turn, and input from any of
 //!   them works (a second input while a turn runs is refused by the core, OBEY-2011, as a
 //!   non-fatal `Error`).
+//! - **Requests for the client.** The session's open approvals (the core's, on the hub) are
+//!   asked of every attached client: a permission as `ApprovalNeeded`, a client tool or a
+//!   question as a local `ToolCall`, the request id as `call_id`. `ToolApproval` and
+//!   `ToolResult` resolve them through [`Handle::resolve`], like `ResolveApproval` does.
 //! - **Detach vs. end.** Closing the stream only detaches (the session goes on, and the next
 //!   `StartSession` resumes it with its history); `EndSession` stops the session gracefully.
 //! - **Project context.** `prompt_md`, `git_branch`, `git_status` and `file_tree` become one
@@ -33,8 +37,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use paddock_core::{
-    ActivityEvent, ActivityKind, Error, ErrorCode, Provider, SessionConfig, SessionId,
-    SessionRecord, Status, StatusEvent, UserMessage,
+    ActivityEvent, ActivityKind, Approval, ApprovalId, AskKind, Decision, Error, ErrorCode,
+    Provider, SessionConfig, SessionId, SessionRecord, Status, StatusEvent, UserMessage,
 };
 use paddock_proto::sunbeam::code::v1 as pb;
 use pb::client_message::Payload as In;
@@ -89,6 +93,13 @@ const BRANCH_MAX: usize = 256;
 const ENDED_MARKS_MAX: usize = 10_000;
 /// Activities read from the store per page when a stream catches up.
 const CATCH_UP_PAGE: usize = 256;
+/// A client tool's result (`ToolResult.result`) handed to the agent, at most.
+pub const CLIENT_RESULT_MAX: usize = 256 * 1024;
+/// How a request this stream resolved is signed (`Approval.resolved_by`).
+const RESOLVED_BY: &str = "sunbeam";
+/// `provider_config` key for the client's tools: a JSON list of `{name, description,
+/// schema_json}`, which the openai-api loop offers to its model.
+pub const CLIENT_TOOLS_KEY: &str = "client_tools";
 
 /// Where the project context starts and ends when it goes ahead of the first message (agents
 /// without a system prompt); the history shows the message without it.
@@ -223,6 +234,7 @@ impl CodeAgent {
         // either in the history read below or still queued here.
         let activity = self.handle.hub.activity.subscribe();
         let status = self.handle.hub.status.subscribe();
+        let approvals = self.handle.hub.approval.subscribe();
         let attached = match self.start(start).await {
             Ok(a) => a,
             Err(message) => {
@@ -238,16 +250,18 @@ impl CodeAgent {
             turn: None,
             ending: false,
             inbound_open: true,
+            client_tools: client_tool_names(&attached.record.config.provider_config),
+            shown: BTreeSet::new(),
         };
         if !conn.out.send(OutMsg::Ready(attached.ready)).await {
             return;
         }
-        if attached.client_tools > 0 {
+        if !attached.unoffered_tools.is_empty() {
             // Said once, plainly, rather than letting the client wait for calls that never come.
             let note = format!(
-                "{} client tool(s) were not offered to the agent: client-side tools are not \
-                 supported yet, every tool runs in the session",
-                attached.client_tools
+                "client tool(s) not offered to the agent: {} (only the openai-api agent takes \
+                 client tools, and a resumed session keeps the ones it started with)",
+                attached.unoffered_tools.join(", ")
             );
             let info = OutMsg::Status(pb::Status {
                 message: note,
@@ -257,11 +271,12 @@ impl CodeAgent {
                 return;
             }
         }
-        // A turn that was running when this client attached is replayed from its start.
-        if conn.catch_up().await == Flow::Stop {
+        // A turn that was running when this client attached is replayed from its start, then
+        // what the session waits for is asked again.
+        if conn.catch_up().await == Flow::Stop || conn.show_open_approvals().await == Flow::Stop {
             return;
         }
-        conn.run(inbound, activity, status).await;
+        conn.run(inbound, activity, status, approvals).await;
     }
 }
 
@@ -273,8 +288,8 @@ struct Attached {
     ready: pb::SessionReady,
     /// The newest activity the client has (in its history) or must not get again.
     last_seq: u64,
-    /// How many `client_tools` the client declared (not offered to the agent yet).
-    client_tools: usize,
+    /// `client_tools` the client declared that the session's agent is not offered.
+    unoffered_tools: Vec<String>,
 }
 
 /// What `config_toml` may say.
@@ -380,7 +395,7 @@ pub fn parse_config(text: &str) -> Result<Settings, String> {
         })?,
     };
     let mut provider_config = strings("provider_config", true)?;
-    for reserved in [PROJECT_KEY, providers::SYSTEM_PROMPT_KEY] {
+    for reserved in [PROJECT_KEY, providers::SYSTEM_PROMPT_KEY, CLIENT_TOOLS_KEY] {
         if provider_config.contains_key(reserved) {
             return Err(format!(
                 "config_toml: provider_config.{reserved} is set by sunbeam itself"
@@ -475,7 +490,8 @@ impl CodeAgent {
         let settings = parse_config(&s.config_toml)?;
         let root_str = root.display().to_string();
         let context = project_context(&root_str, &s);
-        let client_tools = s.client_tools.len();
+        let declared: Vec<String> = s.client_tools.iter().map(|t| t.name.clone()).collect();
+        let tools_json = client_tools_json(&s.client_tools)?;
         let lock = self.project_lock(&root_str);
         let _guard = lock.lock().await;
 
@@ -504,8 +520,10 @@ impl CodeAgent {
             }
             Some(rec) => (rec, true),
             None => (
-                self.create(&campaign, &root_str, &s.model, settings, context)
-                    .await?,
+                self.create(
+                    &campaign, &root_str, &s.model, settings, context, tools_json,
+                )
+                .await?,
                 false,
             ),
         };
@@ -518,9 +536,9 @@ impl CodeAgent {
                 resumed,
                 history,
             },
+            unoffered_tools: unoffered(&record.config, &declared),
             record,
             last_seq,
-            client_tools,
         })
     }
 
@@ -618,9 +636,13 @@ impl CodeAgent {
         model: &str,
         settings: Settings,
         context: String,
+        client_tools: Option<String>,
     ) -> Result<SessionRecord, String> {
         let (id, short) = super::new_session_id();
         let mut provider_config = settings.provider_config;
+        if let Some(tools) = client_tools {
+            provider_config.insert(CLIENT_TOOLS_KEY.into(), tools);
+        }
         provider_config.insert(PROJECT_KEY.into(), root.to_string());
         provider_config.insert(providers::SYSTEM_PROMPT_KEY.into(), context);
         let config = SessionConfig {
@@ -710,7 +732,7 @@ pub fn conversation(
         }
         match item.role {
             Role::User => out.push(entry("user", without_context(&item.content))),
-            Role::Status if item.turn > 0 => {
+            Role::Status if item.turn > 0 && item.tool_call_id.is_empty() => {
                 answer
                     .get_or_insert_with(|| (item.turn, Answer::default()))
                     .1
@@ -805,6 +827,10 @@ struct Conn {
     ending: bool,
     /// False once the client closed its side: output goes on until the stream is dropped.
     inbound_open: bool,
+    /// The client tools of the session: their calls show once, as the request to run them.
+    client_tools: BTreeSet<String>,
+    /// Open requests this client was shown (as many as the session has open).
+    shown: BTreeSet<ApprovalId>,
 }
 
 /// A request's answer, back from the task that waited for it.
@@ -823,6 +849,7 @@ impl Conn {
         mut inbound: Streaming<pb::ClientMessage>,
         mut activity: broadcast::Receiver<ActivityEvent>,
         mut status: broadcast::Receiver<StatusEvent>,
+        mut approvals: broadcast::Receiver<Approval>,
     ) {
         let (done_tx, mut done_rx) = mpsc::channel::<Outcome>(1);
         let handle = self.handle().clone();
@@ -841,6 +868,12 @@ impl Conn {
                     Ok(ev) if ev.session == self.id => self.on_status(ev.new, &ev.message).await,
                     Ok(_) => Flow::Go,
                     Err(broadcast::error::RecvError::Lagged(_)) => self.recheck_status().await,
+                    Err(broadcast::error::RecvError::Closed) => Flow::Stop,
+                },
+                ev = approvals.recv() => match ev {
+                    Ok(a) => self.on_approval(a).await,
+                    // Fell behind: what is open now is asked again (each request once).
+                    Err(broadcast::error::RecvError::Lagged(_)) => self.show_open_approvals().await,
                     Err(broadcast::error::RecvError::Closed) => Flow::Stop,
                 },
                 m = inbound.message(), if self.inbound_open => match m {
@@ -921,25 +954,108 @@ impl Conn {
         }
     }
 
-    /// ToolResult / ToolApproval: an answer to something the session asked the client. Where
-    /// pending approvals and client-side tool calls are looked up and resolved by `call_id`
-    /// (through the engine, when it has them); until then nothing is ever pending on a
-    /// sunbeam client, so every answer names nothing.
+    /// ToolResult / ToolApproval: the answer to one of the session's open requests (its
+    /// `call_id` is the request's id), resolved through the engine like any client's: a
+    /// permission is approved or denied, a client tool's result (or a question's answer) is
+    /// the answer. Only this session's open requests can be answered on its stream.
     async fn answer(&mut self, answer: Answer_) -> Flow {
-        let (what, call_id) = match &answer {
-            Answer_::ToolResult(r) => ("client-side tool call", &r.call_id),
-            Answer_::Approval(a) => ("approval request", &a.call_id),
+        let (call_id, decision) = match answer {
+            Answer_::ToolResult(r) => (
+                r.call_id,
+                Decision::Answer {
+                    text: truncate(&r.result, CLIENT_RESULT_MAX).into_owned(),
+                    is_error: r.is_error,
+                },
+            ),
+            Answer_::Approval(a) if a.approved => (a.call_id, Decision::Approve),
+            Answer_::Approval(a) => (
+                a.call_id,
+                Decision::Deny {
+                    reason: "denied by the sunbeam client".into(),
+                },
+            ),
         };
-        go(self
-            .out
-            .error(
-                format!(
-                    "no pending {what} has call_id {call_id:?} in session {}",
-                    self.id
-                ),
-                false,
-            )
-            .await)
+        let open = match self.handle().pending_approvals(Some(self.id.clone())).await {
+            Ok(open) => open,
+            Err(e) => return go(self.out.error(e.to_string(), false).await),
+        };
+        if !open.iter().any(|a| a.id == call_id) {
+            return go(self
+                .out
+                .error(
+                    format!(
+                        "no open approval request or client-side tool call has call_id \
+                         {call_id:?} in session {}",
+                        self.id
+                    ),
+                    false,
+                )
+                .await);
+        }
+        match self.handle().resolve(call_id, decision, RESOLVED_BY).await {
+            Ok(_) => Flow::Go,
+            Err(e) => go(self.out.error(e.to_string(), false).await),
+        }
+    }
+
+    /// The session's open requests, asked of a client that just attached.
+    async fn show_open_approvals(&mut self) -> Flow {
+        let open = self
+            .handle()
+            .pending_approvals(Some(self.id.clone()))
+            .await
+            .unwrap_or_default();
+        for a in open {
+            if self.on_approval(a).await == Flow::Stop {
+                return Flow::Stop;
+            }
+        }
+        Flow::Go
+    }
+
+    /// The one place the session's requests for a human (or for the client) become server
+    /// messages: a permission is `ApprovalNeeded`; a client tool, and a question (Claude Code's
+    /// `AskUserQuestion`, answered with its result), is a `ToolCall` with `is_local`. The
+    /// request's id is the `call_id` the answer names. How each is settled (here, by another
+    /// client, the CLI, expiry, the turn's end) is the core's note in the activity feed.
+    async fn on_approval(&mut self, a: Approval) -> Flow {
+        if a.session != self.id {
+            return Flow::Go;
+        }
+        if a.is_pending() {
+            if !self.shown.insert(a.id.clone()) {
+                return Flow::Go;
+            }
+            let args_json = truncate(&a.input, TEXT_MAX).into_owned();
+            return match a.kind {
+                AskKind::Permission => go(self
+                    .out
+                    .send(OutMsg::Approval(pb::ApprovalNeeded {
+                        call_id: a.id,
+                        name: a.tool,
+                        args_json,
+                        summary: truncate(&a.summary, TEXT_MAX).into_owned(),
+                    }))
+                    .await),
+                AskKind::ClientTool | AskKind::Question => {
+                    let running = OutMsg::Status(pb::Status {
+                        message: a.tool.clone(),
+                        kind: pb::StatusKind::ToolRunning as i32,
+                    });
+                    let call = OutMsg::ToolCall(pb::ToolCall {
+                        call_id: a.id,
+                        name: a.tool,
+                        args_json,
+                        is_local: true,
+                        needs_approval: false,
+                    });
+                    go(self.out.send(call).await && self.out.send(running).await)
+                }
+            };
+        }
+        // Settled: the core's note about it comes with the activity (a Status INFO).
+        self.shown.remove(&a.id);
+        Flow::Go
     }
 
     /// EndSession: a graceful stop (waited for in a task of its own, so that the turn it
@@ -1141,6 +1257,8 @@ impl Conn {
                 .out
                 .send(status(pb::StatusKind::Thinking, content()))
                 .await),
+            // A call of a client tool shows as its request (on_approval), with the id to answer.
+            ActivityKind::ToolCall if self.client_tools.contains(&a.tool_name) => Flow::Go,
             ActivityKind::ToolCall => {
                 let call = OutMsg::ToolCall(pb::ToolCall {
                     call_id: a.tool_call_id.clone(),
@@ -1164,8 +1282,10 @@ impl Conn {
                     .send(status(pb::StatusKind::ToolDone, message))
                     .await)
             }
+            // The agent's own words are its answer; the core's notes about requests (they name
+            // the request) and anything outside a turn are notices.
             ActivityKind::Status => match &mut self.turn {
-                Some((_, answer)) if ev.turn.is_some() => {
+                Some((_, answer)) if ev.turn.is_some() && a.tool_call_id.is_empty() => {
                     let delta = answer.push(&a.content, false);
                     go(delta.is_empty()
                         || self
@@ -1173,7 +1293,6 @@ impl Conn {
                             .send(OutMsg::Delta(pb::TextDelta { text: delta }))
                             .await)
                 }
-                // Outside a turn: a notice, not part of an answer.
                 _ => go(self.out.send(status(pb::StatusKind::Info, content())).await),
             },
             ActivityKind::Completion => {
@@ -1299,6 +1418,57 @@ async fn mark_ended(handle: &Handle, id: &SessionId) -> Result<(), Error> {
                 .map_err(|e| Error::new(ErrorCode::Generic, format!("cannot record the end: {e}")))
         })
         .await?
+}
+
+/// `StartSession.client_tools` as `provider_config["client_tools"]` (none: `None`).
+fn client_tools_json(tools: &[pb::ToolDef]) -> Result<Option<String>, String> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let mut names = BTreeSet::new();
+    let list: Vec<serde_json::Value> = tools
+        .iter()
+        .map(|t| {
+            let name = t.name.trim();
+            if name.is_empty() || !names.insert(name.to_string()) {
+                return Err(format!(
+                    "client_tools: every tool needs a name of its own (got {name:?})"
+                ));
+            }
+            Ok(serde_json::json!({
+                "name": name,
+                "description": t.description,
+                "schema_json": t.schema_json,
+            }))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Some(serde_json::Value::Array(list).to_string()))
+}
+
+/// The names of a session's client tools.
+fn client_tool_names(provider_config: &BTreeMap<String, String>) -> BTreeSet<String> {
+    provider_config
+        .get(CLIENT_TOOLS_KEY)
+        .and_then(|t| serde_json::from_str::<Vec<serde_json::Value>>(t).ok())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// The tools a client declared that the session's agent is not offered: all of them for an
+/// agent without client tools (only the openai-api loop offers them to its model; the
+/// scripted agent calls what its script says), else those the session was not made with.
+fn unoffered(config: &SessionConfig, declared: &[String]) -> Vec<String> {
+    let offered = client_tool_names(&config.provider_config);
+    declared
+        .iter()
+        .filter(|n| {
+            !matches!(config.provider, Provider::OpenAiApi | Provider::Scripted)
+                || !offered.contains(n.trim())
+        })
+        .cloned()
+        .collect()
 }
 
 /// A tool call's arguments as JSON: the activity carries the call's main argument (a path, a
@@ -1452,6 +1622,11 @@ mod tests {
             act(2, 1, K::ToolCall, "."),
             act(3, 1, K::ToolResult, "a b"),
             act(4, 1, K::Status, "Two files."),
+            // The core's note about a request is not part of the answer.
+            ActivityEvent {
+                activity: Activity::new(K::Status, "a1 approved (cli)").with_tool("Bash", "a1"),
+                ..act(4, 1, K::Status, "")
+            },
             act(5, 1, K::Completion, "You said hello."),
             act(6, 2, K::Status, "Done."),
             act(7, 2, K::Completion, "Done."),
