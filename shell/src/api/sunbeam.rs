@@ -1005,6 +1005,8 @@ impl Conn {
             .pending_approvals(Some(self.id.clone()))
             .await
             .unwrap_or_default();
+        // Requests settled while this stream was not looking are forgotten.
+        self.shown.retain(|id| open.iter().any(|a| &a.id == id));
         for a in open {
             if self.on_approval(a).await == Flow::Stop {
                 return Flow::Stop;
