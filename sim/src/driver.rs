@@ -81,17 +81,22 @@ impl Default for Coverage {
 
 /// The restart cases that can happen: (committed status, process adopted, turn open). Every
 /// one must be reached by the CI set. (A STOPPED session has no process to adopt; a turn is
-/// open only while WORKING or STOPPING.)
-pub const RESTART_CASES: [(Status, bool, bool); 13] = [
+/// open only while WORKING, WAITING or STOPPING; a session WAITING without a turn was asked
+/// something between turns.)
+pub const RESTART_CASES: [(Status, bool, bool); 17] = [
     (Status::Starting, true, false),
     (Status::Running, true, false),
     (Status::Working, true, true),
+    (Status::Waiting, true, true),
+    (Status::Waiting, true, false),
     (Status::Stopping, true, false),
     (Status::Stopping, true, true),
     (Status::Failed, true, false),
     (Status::Starting, false, false),
     (Status::Running, false, false),
     (Status::Working, false, true),
+    (Status::Waiting, false, true),
+    (Status::Waiting, false, false),
     (Status::Stopping, false, false),
     (Status::Stopping, false, true),
     (Status::Stopped, false, false),
@@ -240,6 +245,9 @@ pub struct Stats {
     pub exits_revived: u64,
     pub spawns: u64,
     pub turns_scripted: u64,
+    /// Asks the fake agents made, and answers they received.
+    pub asks_scripted: u64,
+    pub answers_received: u64,
     /// Simulated time the run covered.
     pub sim_ms: Millis,
     pub model: ModelStats,
@@ -425,6 +433,8 @@ impl Sim {
             exits_revived: self.world.exits_revived,
             spawns: self.world.spawns,
             turns_scripted: self.world.turns_scripted,
+            asks_scripted: self.world.asks_scripted,
+            answers_received: self.world.answers_received,
             sim_ms: self.now - T0,
             model: self.model.stats,
         }

@@ -94,7 +94,7 @@ impl Faults {
             runner_survives: f(200, 1000),
             ask: 0,
             abandon_ask: f(20, 300),
-            stray_ask: f(20, 300),
+            stray_ask: f(50, 500),
         };
         // Most seeds ask: approvals are much of what a session does.
         if rng.chance(3, 4) {
@@ -1050,7 +1050,7 @@ impl World {
                     self.next_ask += 1;
                     self.asks_scripted += 1;
                     point.push(Script::Line {
-                        event: ask_event(self.next_ask, rng),
+                        event: ask_event(self.next_ask, &[6, 2, 2], rng),
                         of_turn: true,
                         blocks: !abandon,
                     });
@@ -1109,12 +1109,16 @@ impl World {
                     .with_tokens(rng.range(0, 3000), rng.range(0, 800))
             };
             script.push(Script::line(ProviderEvent::Activity(ev), false));
-        } else if rng.per_mille(f.stray_ask) {
-            // A permission prompt outside any turn (a background tool): the agent does not
-            // block on it, but it gets its answer.
+        }
+        if turn_ends && !crash && rng.per_mille(f.stray_ask) {
+            // A request outside any turn (a background tool's permission, a client-side tool
+            // run for a hook): the agent does not block on it, but it gets its answer.
             self.next_ask += 1;
             self.asks_scripted += 1;
-            script.push(Script::line(ask_event(self.next_ask, rng), false));
+            script.push(Script::line(
+                ask_event(self.next_ask, &[1, 0, 1], rng),
+                false,
+            ));
         }
         p.slow = rng.per_mille(f.slow_output);
         // Up to the first wait now; the rest when the agent has its answers.
@@ -1349,10 +1353,10 @@ fn maybe_release(p: &mut Proc, now: Millis, healed: bool, rng: &mut Rng) {
     queue_script(p, now, next, healed, rng);
 }
 
-/// A request the agent makes: mostly permission prompts for tools (some a policy allows,
-/// denies or asks about), sometimes a question, sometimes a client-side tool.
-fn ask_event(n: u64, rng: &mut Rng) -> ProviderEvent {
-    let kind = match rng.weighted(&[6, 2, 2]) {
+/// A request the agent makes: permission prompts for tools (some a policy allows, denies or
+/// asks about), questions, client-side tools, in proportion to `weights`.
+fn ask_event(n: u64, weights: &[u32; 3], rng: &mut Rng) -> ProviderEvent {
+    let kind = match rng.weighted(weights) {
         0 => AskKind::Permission,
         1 => AskKind::Question,
         _ => AskKind::ClientTool,
