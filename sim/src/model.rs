@@ -314,15 +314,10 @@ impl Model {
             .collect()
     }
 
-    /// A request clients saw resolved (for a second answer), if any: the newest of a random
-    /// session's, or an old one.
+    /// The requests clients saw resolved (what a second answer goes to), oldest first (ids
+    /// are numbered in the order the agents asked).
     pub fn resolved_approvals(&self) -> impl Iterator<Item = &Approval> {
         self.approvals.values().filter(|a| !a.is_pending())
-    }
-
-    /// The model's record of one request.
-    pub fn approval(&self, id: &str) -> Option<&Approval> {
-        self.approvals.get(id)
     }
 
     /// What a `Resolve` of `approval` with `decision` must get now.

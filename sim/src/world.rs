@@ -1179,8 +1179,8 @@ impl World {
         Ok(())
     }
 
-    /// Every ask an agent waits on that was applied (its line at or before `applied(run)`,
-    /// the cursor the engine applied of that run): (run, session, key).
+    /// Every ask an agent waits on and has no answer to: (run, session, key, the cursor of its
+    /// line). The driver checks the engine holds each one open once it applied that line.
     pub fn blocked(&self) -> Vec<(RunId, SessionId, String, u64)> {
         let mut out = Vec::new();
         for (run, p) in &self.procs {
