@@ -186,6 +186,10 @@ fn an_approval_waits_then_the_answer_reaches_the_agent_once() {
     );
     assert_eq!(answers(&fx), [("key-a1".to_string(), true, String::new())]);
     assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Approved)]);
+    assert!(
+        fx.contains(&Effect::EmitApproval(a.clone())),
+        "the reply is the request as stored"
+    );
     assert_eq!(r.status(), Status::Working);
 
     // A second answer is refused with OBEY-2041 and changes nothing.

@@ -1,14 +1,17 @@
 //! The random client: many sessions under create, send, graceful and forced stop, restart,
-//! watch and list — including calls that are illegal in the session's current state, calls for
-//! sessions that do not exist and creates of ids that do.
+//! delete, watch and list, and a human answering the agents' requests — including calls that
+//! are illegal in the session's current state, calls for sessions that do not exist, creates of
+//! ids that do, second answers, answers to unknown requests and answers of the wrong kind.
 //!
 //! It aims most calls where they can do something (a message at a session it last saw
-//! RUNNING, a restart at one it saw end) so that turns and restarts really happen, and the rest
-//! anywhere.
+//! RUNNING, a restart at one it saw end, an answer to a request it saw open) so that turns,
+//! restarts and approvals really happen, and the rest anywhere.
 
 use std::collections::BTreeMap;
 
-use paddock_core::{Input, Provider, RequestId, SessionConfig, SessionId, Status};
+use paddock_core::{
+    ApprovalId, AskKind, Decision, Input, Provider, RequestId, SessionConfig, SessionId, Status,
+};
 
 use crate::model::Model;
 use crate::rng::Rng;
@@ -35,7 +38,38 @@ struct Mix {
     restart: u32,
     watch: u32,
     list: u32,
+    /// Answer a request (0: this seed's humans never answer; everything expires).
+    resolve: u32,
+    delete: u32,
 }
+
+/// How this seed's humans answer, and which policies its sessions run under.
+#[derive(Debug, Clone, Copy)]
+struct Humans {
+    /// Per mille of answers given to a request resolved already (a second answer, maybe too
+    /// late to be remembered), to a request that never existed, and of the wrong kind
+    /// (a permission answered with text, a client tool "approved").
+    again: u32,
+    unknown: u32,
+    wrong: u32,
+    /// Weights of the permission policies sessions are created with: none (allow-all by
+    /// default), allow-all, deny, allow:Read,Grep, ask, ask:Read,Grep.
+    policies: [u32; 6],
+    /// The approval timeouts sessions get: 0 none (15 minutes), 1 short (100 ms – 5 s, so
+    /// expiry happens), 2 a mix of short and long (10 s – 10 min).
+    timeouts: u32,
+    /// Per mille of sessions whose expired requests are approved rather than denied.
+    default_allow: u32,
+}
+
+const POLICIES: [Option<&str>; 6] = [
+    None,
+    Some("allow-all"),
+    Some("deny"),
+    Some("allow:Read,Grep"),
+    Some("ask"),
+    Some("ask:Read,Grep"),
+];
 
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -45,7 +79,8 @@ pub struct Client {
     /// How many sessions this client creates at most.
     max_sessions: usize,
     next_req: RequestId,
-    /// The liveness phase: only stops.
+    humans: Humans,
+    /// The liveness phase: only stops and answers.
     only_stops: bool,
 }
 
@@ -59,19 +94,42 @@ impl Client {
             restart: rng.range(0, 8) as u32,
             watch: rng.range(0, 4) as u32,
             list: rng.range(0, 2) as u32,
+            resolve: if rng.chance(1, 5) {
+                0
+            } else {
+                rng.range(2, 30) as u32
+            },
+            delete: rng.range(0, 2) as u32,
         };
         let max_sessions = rng.range(1, 10) as usize;
+        let mut policies = [0; 6];
+        for w in &mut policies {
+            *w = if rng.chance(2, 3) {
+                rng.range(1, 10) as u32
+            } else {
+                0
+            };
+        }
+        let humans = Humans {
+            again: rng.range(0, 200) as u32,
+            unknown: rng.range(0, 60) as u32,
+            wrong: rng.range(0, 150) as u32,
+            policies,
+            timeouts: rng.range(0, 2) as u32,
+            default_allow: rng.range(0, 1000) as u32,
+        };
         Client {
             rng,
             mix,
             ids: Vec::new(),
             max_sessions,
             next_req: 1,
+            humans,
             only_stops: false,
         }
     }
 
-    /// From now on the client only stops sessions (the liveness phase).
+    /// From now on the client only stops sessions and answers requests (the liveness phase).
     pub fn only_stops(&mut self) {
         self.only_stops = true;
     }
@@ -85,6 +143,9 @@ impl Client {
     /// One action, aimed using what the client has seen so far (`model`).
     pub fn act(&mut self, model: &Model) -> Action {
         if self.only_stops {
+            if self.mix.resolve > 0 && self.rng.chance(1, 2) {
+                return self.resolve(model);
+            }
             let id = self.target(model, |_| true);
             let graceful = self.rng.chance(1, 2);
             let req = self.req();
@@ -106,6 +167,14 @@ impl Client {
             m.restart,
             m.watch,
             m.list,
+            // Answers go where requests are open; with none open, a late or unknown one now
+            // and then.
+            if model.open_approvals().is_empty() {
+                m.resolve / 8
+            } else {
+                m.resolve * 3
+            },
+            m.delete,
         ];
         let choice = if self.ids.is_empty() {
             0
@@ -135,6 +204,11 @@ impl Client {
                 let provider_config = self.rng.chance(1, 3).then(|| {
                     let mut m = BTreeMap::new();
                     m.insert("effort".to_string(), format!("{}", self.rng.range(1, 3)));
+                    // The override replaces the whole configuration: often with other
+                    // approval settings.
+                    if self.rng.chance(2, 3) {
+                        self.approval_settings(&mut m);
+                    }
                     m
                 });
                 Action::Request(Box::new(Input::Restart {
@@ -144,8 +218,87 @@ impl Client {
                 }))
             }
             5 => Action::Watch(self.target(model, |_| true)),
-            _ => Action::List,
+            6 => Action::List,
+            7 => self.resolve(model),
+            _ => {
+                // Mostly sessions that ended (some still have a process going away), the
+                // rest anywhere (live ones are refused).
+                let id = self.target(model, Status::is_terminal);
+                let req = self.req();
+                Action::Request(Box::new(Input::Delete { req, id }))
+            }
         }
+    }
+
+    /// A human answers: mostly a request seen open, with an answer of the right kind; now and
+    /// then a second answer, an answer to a request that never existed, or the wrong kind.
+    fn resolve(&mut self, model: &Model) -> Action {
+        let h = self.humans;
+        let open = model.open_approvals();
+        let again = self.rng.per_mille(h.again) || open.is_empty();
+        let (approval, kind): (ApprovalId, Option<AskKind>) = if self.rng.per_mille(h.unknown) {
+            ("ap-unknown".to_string(), None)
+        } else if again {
+            let done: Vec<_> = model.resolved_approvals().collect();
+            if done.is_empty() {
+                ("ap-unknown".to_string(), None)
+            } else {
+                // Mostly a recent one (still remembered), sometimes any.
+                let i = if self.rng.chance(3, 4) {
+                    done.len() - 1 - self.rng.index(done.len().min(8))
+                } else {
+                    self.rng.index(done.len())
+                };
+                (done[i].id.clone(), Some(done[i].kind))
+            }
+        } else {
+            let a = *self.rng.pick(&open);
+            (a.id.clone(), Some(a.kind))
+        };
+        let wrong = self.rng.per_mille(h.wrong);
+        let text = |rng: &mut Rng| Decision::Answer {
+            text: "use the staging database".to_string(),
+            is_error: rng.chance(1, 5),
+        };
+        let deny = Decision::Deny {
+            reason: "not on this branch".to_string(),
+        };
+        let decision = match (kind, wrong) {
+            (Some(AskKind::Permission), true) => text(&mut self.rng),
+            (Some(AskKind::ClientTool), true) => Decision::Approve,
+            (Some(AskKind::Permission), false) => {
+                if self.rng.chance(2, 3) {
+                    Decision::Approve
+                } else {
+                    deny
+                }
+            }
+            (Some(AskKind::ClientTool), false) => {
+                if self.rng.chance(4, 5) {
+                    text(&mut self.rng)
+                } else {
+                    deny
+                }
+            }
+            // A question: answered, or denied, or (an empty answer) approved.
+            (_, _) => match self.rng.below(3) {
+                0 => text(&mut self.rng),
+                1 => deny,
+                _ => Decision::Approve,
+            },
+        };
+        let req = self.req();
+        let by = if self.rng.chance(1, 2) {
+            "cli"
+        } else {
+            "sunbeam"
+        };
+        Action::Request(Box::new(Input::Resolve {
+            req,
+            approval,
+            decision,
+            by: by.to_string(),
+        }))
     }
 
     /// A session to address: mostly one whose last seen status fits `good`, sometimes any of
@@ -194,6 +347,38 @@ impl Client {
                 .provider_config
                 .insert("effort".to_string(), "2".to_string());
         }
+        self.approval_settings(&mut config.provider_config);
         Action::Request(Box::new(Input::Create { req, id, config }))
+    }
+
+    /// A session's permission policy, approval timeout and default, as this seed's humans
+    /// like them.
+    fn approval_settings(&mut self, pc: &mut BTreeMap<String, String>) {
+        let h = self.humans;
+        if let Some(p) = POLICIES[self.rng.weighted(&h.policies)] {
+            pc.insert("permissions".to_string(), p.to_string());
+        }
+        let timeout = match h.timeouts {
+            0 => None,
+            1 => Some(self.short_timeout()),
+            _ if self.rng.chance(1, 2) => Some(self.short_timeout()),
+            _ => Some(format!("{}s", self.rng.range(10, 600))),
+        };
+        if let Some(t) = timeout {
+            pc.insert("approval_timeout".to_string(), t);
+        }
+        if self.rng.per_mille(h.default_allow) {
+            pc.insert("approval_default".to_string(), "allow".to_string());
+        } else if self.rng.chance(1, 4) {
+            pc.insert("approval_default".to_string(), "deny".to_string());
+        }
+    }
+
+    fn short_timeout(&mut self) -> String {
+        if self.rng.chance(1, 2) {
+            format!("{}ms", self.rng.range(100, 5_000))
+        } else {
+            format!("{}s", self.rng.range(1, 5))
+        }
     }
 }

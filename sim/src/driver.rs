@@ -16,14 +16,14 @@ use std::fmt;
 use paddock_core::budget::timeout_deadline;
 use paddock_core::session::table::{InputKind, Rule};
 use paddock_core::{
-    Effect, Engine, ErrorCode, Input, Limits, Millis, ProviderEvent, Run, RunId, SessionId,
-    SessionRecord, Signal, Status, Step, Timer,
+    Approval, ApprovalId, Effect, Engine, ErrorCode, Input, Limits, Millis, ProviderEvent, Run,
+    RunId, SessionId, SessionRecord, Signal, Status, Step, Timer,
 };
 
 use crate::client::{Action, Client};
 use crate::log::{EventLog, LogMode};
 use crate::log_entry;
-use crate::model::{diff, Cause, EventKind, Model, ModelStats};
+use crate::model::{diff, AskSeen, Cause, EventKind, Model, ModelStats};
 use crate::rng::Rng;
 use crate::world::{pick_limits, Faults, Store, World, T0};
 use paddock_core::Record;
@@ -81,17 +81,22 @@ impl Default for Coverage {
 
 /// The restart cases that can happen: (committed status, process adopted, turn open). Every
 /// one must be reached by the CI set. (A STOPPED session has no process to adopt; a turn is
-/// open only while WORKING or STOPPING.)
-pub const RESTART_CASES: [(Status, bool, bool); 13] = [
+/// open only while WORKING, WAITING or STOPPING; a session WAITING without a turn was asked
+/// something between turns.)
+pub const RESTART_CASES: [(Status, bool, bool); 17] = [
     (Status::Starting, true, false),
     (Status::Running, true, false),
     (Status::Working, true, true),
+    (Status::Waiting, true, true),
+    (Status::Waiting, true, false),
     (Status::Stopping, true, false),
     (Status::Stopping, true, true),
     (Status::Failed, true, false),
     (Status::Starting, false, false),
     (Status::Running, false, false),
     (Status::Working, false, true),
+    (Status::Waiting, false, true),
+    (Status::Waiting, false, false),
     (Status::Stopping, false, false),
     (Status::Stopping, false, true),
     (Status::Stopped, false, false),
@@ -240,6 +245,9 @@ pub struct Stats {
     pub exits_revived: u64,
     pub spawns: u64,
     pub turns_scripted: u64,
+    /// Asks the fake agents made, and answers they received.
+    pub asks_scripted: u64,
+    pub answers_received: u64,
     /// Simulated time the run covered.
     pub sim_ms: Millis,
     pub model: ModelStats,
@@ -313,7 +321,12 @@ pub fn run_seed(seed: u64, opts: &Options) -> Result<Outcome, Box<Failure>> {
             invariant,
             faults: sim.faults,
             limits: sim.limits.clone(),
-            log_tail: sim.log.tail(80),
+            log_tail: sim.log.tail(
+                std::env::var("PADDOCK_SIM_TAIL")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(80),
+            ),
         })),
     }
 }
@@ -420,6 +433,8 @@ impl Sim {
             exits_revived: self.world.exits_revived,
             spawns: self.world.spawns,
             turns_scripted: self.world.turns_scripted,
+            asks_scripted: self.world.asks_scripted,
+            answers_received: self.world.answers_received,
             sim_ms: self.now - T0,
             model: self.model.stats,
         }
@@ -573,8 +588,24 @@ impl Sim {
             return Some(Next::Input(Input::Tick, Cause::Tick));
         }
         let d = self.world.pop_due(self.now, &mut self.rng)?;
+        let ask = match &d.event {
+            ProviderEvent::Ask {
+                approval,
+                key,
+                kind,
+                tool,
+                ..
+            } => Some(Box::new(AskSeen {
+                approval: approval.clone(),
+                key: key.clone(),
+                kind: *kind,
+                tool: tool.clone(),
+            })),
+            _ => None,
+        };
         let (event, activity) = match &d.event {
             ProviderEvent::Started { .. } => (EventKind::Started, None),
+            ProviderEvent::Ask { .. } => (EventKind::Ask, None),
             ProviderEvent::SpawnFailed { .. } => (EventKind::SpawnFailed, None),
             ProviderEvent::Activity(a) if a.kind().ends_turn() => {
                 (EventKind::TurnEnd, Some(a.clone()))
@@ -594,6 +625,7 @@ impl Sim {
             event,
             activity,
             session_ref,
+            ask,
         };
         Some(Next::Input(
             Input::Provider {
@@ -696,11 +728,40 @@ impl Sim {
                     pid,
                     signal,
                 } => self.world.signal(self.now, id, *run, *pid, *signal)?,
+                Effect::Answer { id, run, approval } => {
+                    self.world.answer(self.now, id, *run, approval)?
+                }
                 _ => {}
             }
         }
         self.model.check(&self.engine, &self.store, tick)?;
-        self.check_processes()
+        self.check_processes()?;
+        self.check_blocked()
+    }
+
+    /// Every agent that waits for an answer is waited for: once the engine applied its ask
+    /// (and its process is still the session's, not being killed), the request is open, so
+    /// a human, its expiry, or the session's end will answer it. (A process being killed, or
+    /// gone, is owed nothing.)
+    fn check_blocked(&self) -> Result<(), String> {
+        for (run, id, key, cursor) in self.world.blocked() {
+            let Some(s) = self.engine.session(&id) else {
+                continue; // checked by check_processes: no process outlives its session
+            };
+            let alive = matches!(s.run(), Run::Alive { run: r, .. } if r == run);
+            if !alive || s.record.provider_cursor < cursor {
+                continue; // being killed, or its ask not yet applied (replayed after a crash)
+            }
+            if !s.pending().iter().any(|a| a.run == run && a.key == key) {
+                return Err(format!(
+                    "run {run} of {id} waits for the answer to {key} (asked at cursor {cursor}), \
+                     but the session ({}) has no open request for it: the agent would wait \
+                     forever",
+                    s.status()
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn take_trace(&mut self) -> Vec<Step> {
@@ -717,6 +778,15 @@ impl Sim {
     /// committed cursor (or a little before it).
     fn crash(&mut self, in_flight: Option<(Input, Cause)>) -> Result<(), String> {
         self.crashes += 1;
+        // The open requests as committed (the input in flight is lost with its transaction).
+        let open_before: BTreeMap<SessionId, BTreeSet<ApprovalId>> = self
+            .engine
+            .sessions()
+            .map(|s| {
+                let ids = s.pending().iter().map(|a| a.id.clone()).collect();
+                (s.record.id.clone(), ids)
+            })
+            .collect();
         let mut in_flight_exit = false;
         if let Some((input, _)) = in_flight {
             log_entry!(
@@ -814,23 +884,38 @@ impl Sim {
                  {committed} applied)"
             );
         }
+        // The stored requests the new daemon loads: every open one, the newest resolved.
+        let loaded = self.store.approvals_to_load();
         self.model
-            .on_restore(&adopt.keys().cloned().collect(), &self.store)?;
+            .on_restore(&adopt.keys().cloned().collect(), &self.store, &loaded)?;
         let records = self.store.records();
-        // A runner that died took everything with it: a cold start. One that survived is asked
-        // what it still runs, and the run ids it remembers are reserved. The engine avoids the
-        // ids the records name by itself (`restore_with`); the floor reserves the others (runs
-        // no record names any more), so each guarantee is tested on its own.
+        // A runner that died took everything with it: a cold start, nothing to adopt. One
+        // that survived is asked what it still runs, and the run ids it remembers are
+        // reserved. The engine avoids the ids the records name by itself (`restore_with`); the
+        // floor reserves the others (runs no record names any more), so each guarantee is
+        // tested on its own. (Either way the stored requests are loaded: those of sessions
+        // whose process is gone are cancelled.)
         let (mut engine, effects) = if survives {
-            let (mut engine, effects) =
-                Engine::restore_with(self.limits.clone(), self.now, records.clone(), &surviving);
+            let (mut engine, effects) = Engine::restore_with(
+                self.limits.clone(),
+                self.now,
+                records.clone(),
+                loaded.clone(),
+                &surviving,
+            );
             let named: BTreeSet<RunId> = records.iter().filter_map(|r| r.run).collect();
             if let Some(floor) = self.world.max_known_run_except(&named) {
                 engine.reserve_runs_through(floor);
             }
             (engine, effects)
         } else {
-            Engine::restore(self.limits.clone(), self.now, records.clone())
+            Engine::restore_with(
+                self.limits.clone(),
+                self.now,
+                records.clone(),
+                loaded.clone(),
+                &BTreeMap::new(),
+            )
         };
         engine.set_trace(true);
         self.engine = engine;
@@ -840,7 +925,59 @@ impl Sim {
                 .add_restore(rec.status, adopt.contains_key(&rec.id), rec.turn_open);
         }
         self.check_restored(&records, &adopt, &effects)?;
+        self.check_restored_approvals(&adopt, &open_before, &loaded)?;
         self.apply(&Cause::Restore, &effects, false)
+    }
+
+    /// The requests a restarted daemon holds: an adopted session keeps exactly the ones open
+    /// before the crash (those of a lost transaction aside: the engine's state before the
+    /// input in flight is what was committed) while it carries on (RUNNING, WORKING, WAITING),
+    /// and every other session has none left open once the restore's effects are applied;
+    /// every resolved one loaded is recognised for a late answer.
+    fn check_restored_approvals(
+        &self,
+        adopt: &BTreeMap<SessionId, (RunId, u32)>,
+        open_before: &BTreeMap<SessionId, BTreeSet<ApprovalId>>,
+        loaded: &[Approval],
+    ) -> Result<(), String> {
+        for s in self.engine.sessions() {
+            let id = &s.record.id;
+            let now: BTreeSet<ApprovalId> = s.pending().iter().map(|a| a.id.clone()).collect();
+            let carries_on = adopt.contains_key(id)
+                && matches!(
+                    s.status(),
+                    Status::Running | Status::Working | Status::Waiting
+                );
+            let want = if carries_on {
+                open_before.get(id).cloned().unwrap_or_default()
+            } else {
+                BTreeSet::new()
+            };
+            if now != want {
+                return Err(format!(
+                    "restore: {id} ({}, {}) came back with open requests {now:?}, not {want:?}",
+                    s.status(),
+                    if adopt.contains_key(id) {
+                        "adopted"
+                    } else {
+                        "not adopted"
+                    }
+                ));
+            }
+        }
+        for a in loaded.iter().filter(|a| !a.is_pending()) {
+            let got = self
+                .engine
+                .session(&a.session)
+                .and_then(|s| s.approval(&a.id));
+            if got != Some(a) {
+                return Err(format!(
+                    "restore: resolved request {} was loaded but the engine knows it as {got:?}",
+                    a.id
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The restored engine holds exactly what the store said, changed only as the restart
@@ -916,10 +1053,23 @@ impl Sim {
                         }
                         Status::Running | Status::Working | Status::Waiting => {
                             want_run = alive;
+                            // The session timeout from the stored start, and the expiry of the
+                            // requests it still waits for (ties: the session timeout first).
+                            let expiry = self
+                                .store
+                                .open
+                                .iter()
+                                .filter_map(|a| self.store.approvals.get(a))
+                                .filter(|a| &a.session == id)
+                                .map(|a| (a.expires_at, Timer::ApprovalExpiry))
+                                .min();
                             want_deadline = rec
                                 .started_at
                                 .and_then(|t| timeout_deadline(t, rec.config.timeout_ms))
-                                .map(|at| (at, Timer::SessionTimeout));
+                                .map(|at| (at, Timer::SessionTimeout))
+                                .into_iter()
+                                .chain(expiry)
+                                .min();
                         }
                         Status::Stopping | Status::Stopped | Status::Failed => {
                             if rec.turn_open {
@@ -1105,6 +1255,13 @@ impl Sim {
         if !unanswered.is_empty() {
             return Err(format!("drain: requests never answered: {unanswered:?}"));
         }
+        let open: Vec<_> = self.engine.pending_approvals().map(|a| &a.id).collect();
+        if !open.is_empty() || !self.store.open.is_empty() {
+            return Err(format!(
+                "drain: requests for a human still open: {open:?} (stored: {:?})",
+                self.store.open
+            ));
+        }
         for s in self.engine.sessions() {
             if !s.status().is_terminal() || s.run() != Run::Idle || s.turn().is_some() {
                 return Err(format!(
@@ -1147,7 +1304,8 @@ fn check_table(
             if let Some((step, code)) = refused {
                 let ok = matches!(
                     effects,
-                    [Effect::Reply { req: r, result: Err(e) }] if r == req && e.code == code
+                    [Effect::Reply { req: r, result: Err(e) }]
+                    | [Effect::ReplyApproval { req: r, result: Err(e) }] if r == req && e.code == code
                 );
                 if !ok {
                     return Err(format!(

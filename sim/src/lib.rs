@@ -29,7 +29,7 @@
 //!   off) and `limits` the engine's grace periods and live-session limit.
 //!
 //! Replaying with `PADDOCK_SIM_SEED` keeps the event log as text and prints its last 80 entries
-//! before the failure line: `#step t+ms in <Input>` for every input fed (provider inputs show
+//! (`PADDOCK_SIM_TAIL=N`: the last N) before the failure line: `#step t+ms in <Input>` for every input fed (provider inputs show
 //! their `cursor`), `out <Effect>` for every effect, `clock +Nms`, `the daemon crashes`, `the
 //! runner survives`, `adopting run R of S: output replayed after cursor C`, `restored N
 //! sessions`. Read it backwards from the failure.
@@ -55,17 +55,35 @@
 //!   `provider_cursor`, from up to 3 lines before it (those must be recognised as applied
 //!   already), then the rest, its exit last.
 //!
-//! Every output line (activity, session ref) carries its cursor: 1, 2, 3, … per run, given when
-//! it is first delivered and kept when it is replayed. Start, spawn failure and exit have
-//! none.
+//! Every output line (activity, session ref, ask) carries its cursor: 1, 2, 3, … per run, given
+//! when it is first delivered and kept when it is replayed. Start, spawn failure and exit have
+//! none. The stored requests for a human are loaded as the shell's store gives them (every
+//! open one, the newest 32 resolved of each session by creation), adopted or not.
+//!
+//! # Approvals
+//!
+//! Each seed picks how often its agents ask (`ask`, per mille of turns; 0 on a quarter of the
+//! seeds), how often they do not wait for the answer (`abandon_ask`) and how often they ask
+//! outside any turn (`stray_ask`); its sessions get a mix of permission policies (none,
+//! `allow-all`, `deny`, `allow:Read,Grep`, `ask`, `ask:Read,Grep`), approval timeouts (none,
+//! short ones of 100 ms – 5 s that expire, or up to 10 minutes) and defaults (`allow` or
+//! `deny` on expiry); a restart's config override often changes them. A turn that asks does
+//! so at one or two points, one or two requests at a time (permissions for Read, Bash, Edit,
+//! Grep, Write; questions; client-side tools), maybe with a line while it waits, and holds the
+//! rest of the turn until every request is answered. The agent records the one answer each
+//! key gets. The client answers what it saw open (approve, deny, answer; sometimes the wrong
+//! kind), answers resolved requests again, answers ids that never existed, on some seeds never
+//! answers at all (everything expires), and deletes sessions (ended ones, and live ones that
+//! must be refused).
 //!
 //! # Layout
 //!
 //! - [`rng`]: the seeded PRNG (SplitMix64) and the stable hash (FNV-1a).
-//! - [`world`]: the faults a seed picks, the fake store (commit boundary per step), the fake
-//!   runner and its provider processes (realistic turns, their faults, numbered output kept
-//!   for replay, surviving a daemon crash).
-//! - [`client`]: the random client.
+//! - [`world`]: the faults a seed picks, the fake store (commit boundary per step; requests
+//!   for a human upserted by id; a delete takes the session's rows with it), the fake runner
+//!   and its provider processes (realistic turns, their faults, asks they wait on, numbered
+//!   output kept for replay, surviving a daemon crash).
+//! - [`client`]: the random client, and the humans who answer.
 //! - [`model`]: the reference model and its invariants.
 //! - `driver` (re-exported here): the loop — chaos, liveness, drain — and the daemon crashes.
 //!
@@ -100,7 +118,34 @@
 //!   session that has no process, with its config, restart count and conversation to resume;
 //!   no `Write` or `Signal` addresses a run whose exit (or spawn failure) was delivered, or
 //!   which never reported it started; a `Write` never reaches a provider still answering the
-//!   previous message.
+//!   previous message, nor an agent waiting for an answer;
+//! - an `Ask` is settled at once (one `Answer`, nothing stored) exactly when the reference
+//!   policy settles it (`allow-all`, `deny`, `allow:…` for permissions; questions denied unless
+//!   the policy asks; client tools never) or the session is stopping with its process still
+//!   going; otherwise it opens exactly one request (stored pending, shown, a STATUS note), with
+//!   the expiry the session's `approval_timeout` gives, and the session goes WAITING; while
+//!   the process is being killed, or the table ignores it, nothing happens;
+//! - every request emitted is persisted in the same transaction; a request is opened once,
+//!   by its own Ask, and resolved once, as itself: by the client's resolve (the state and
+//!   `allowed` the decision implies, `resolved_by` the client), by expiry (a Tick, only once
+//!   due, `allowed` the session's default) or cancelled (never by a resolve or an ask, and
+//!   only when the session stops waiting for good: afterwards it is neither WAITING nor
+//!   WORKING); the store refuses any other write (resolved → pending, resolved twice);
+//! - every request resolved by a client or by expiry is answered to its agent exactly once
+//!   in that batch, a cancelled one only when a graceful stop tells the agent no; an `Answer`
+//!   goes only to the run that asked, which must be the session's live process (not being
+//!   killed), says `allowed` as the state implies, and comes once per key, ever (the fake agent
+//!   checks the same from its side: a key it asked, answered once);
+//! - a `Resolve` is answered at once, as the reference says from what clients saw when it was
+//!   made: the request (as stored and shown) for an open one and an answer of its kind;
+//!   OBEY-2011 for the wrong kind (a permission answered with text, a client tool approved);
+//!   OBEY-2041 for one resolved and still remembered (the newest 32 of its session in the
+//!   order they were resolved; after a restart those loaded, in the order they were made);
+//!   OBEY-2040 for anything else (unknown, forgotten, its session deleted); a refusal has no
+//!   other effect;
+//! - a `Delete` is answered at once: an ended session without a process is removed (its
+//!   `Record::Delete` alone in its transaction, the store's rows gone with it, the engine and
+//!   clients no longer know it); any other is refused (OBEY-2011; OBEY-2010 if unknown).
 //!
 //! Checked after every step:
 //! - the engine's records equal the committed ones (no change is left unpersisted), and equal
@@ -118,10 +163,18 @@
 //!   deadlines itself (the start-up timeout while STARTING, the session timeout while RUNNING or
 //!   WORKING, the grace period of a graceful stop waiting for a turn, the KILL due a kill grace
 //!   period after a TERM until the process is gone or KILLed), and each session's
-//!   `next_deadline` and `Engine::poll_timeout` must be the earliest of them (the driver sleeps
+//!   `next_deadline` and `Engine::poll_timeout` must be the earliest of them (and the earliest
+//!   expiry of an open request) (the driver sleeps
 //!   until `poll_timeout`, so a later one would fire late); KILL is sent only when due;
-//! - STARTING means a spawn is in flight, RUNNING and WORKING a live process, STOPPED none (a
-//!   spawn failure while STARTING fails the session in the same step);
+//! - STARTING means a spawn is in flight, RUNNING, WORKING and WAITING a live process, STOPPED
+//!   none (a spawn failure while STARTING fails the session in the same step); the process the
+//!   engine names is the one the reference tracks from spawns, TERMs and exits;
+//! - a session is WAITING exactly while it has an open request, and the engine's open
+//!   requests are the store's and those clients saw open, field for field; each belongs to
+//!   the session's live process; only WORKING, WAITING and STOPPING have a turn open;
+//! - every agent that waits for an answer is waited for: once its ask was applied, while its
+//!   process is the session's live one, the engine holds the request open (so a human, its
+//!   expiry or the session's end answers it);
 //! - the conversation id a run reports (`SessionRef`, unless the session has ended) is what
 //!   the record keeps and what the next `Spawn` resumes;
 //! - run ids are never reused while the runner remembers them: the engine avoids those the
@@ -140,12 +193,22 @@
 //!   OBEY-2032, its open turn ended first with an ERROR saying so;
 //! - nothing the runner keeps alive is lost: every process it still has was adopted (or is
 //!   named by no record, and is stopped); and what was applied of an adopted run's output is
-//!   what clients saw.
+//!   what clients saw;
+//! - an adopted session that carries on (RUNNING, WORKING, WAITING) has exactly the requests
+//!   open that were open before the crash (the input in flight is lost with its transaction),
+//!   with their expiry as its deadline if earlier; every other session has none open once
+//!   the restore's effects are applied (its open ones cancelled, no agent told); every resolved
+//!   request loaded is known again for a late answer.
 //!
 //! Every restart case (committed status × adopted or not × turn open or not) must be reached
-//! by the CI set, like every legal pair of the table. After the faults heal: every session
-//! idle or terminal within a bounded number of steps. At the end: every request answered,
-//! every process reaped, no deadline left.
+//! by the CI set, like every legal pair of the table. After the faults heal (the agents still
+//! ask; the client stops sessions and answers requests): every session idle or terminal, so
+//! every request resolved, within a bounded number of steps. At the end: every request
+//! answered, every request for a human closed, every process reaped, no deadline left.
+//!
+//! The config comparisons of the whole-state check (the costliest part of it) run whenever the
+//! session's record was written and on every 16th step: a config only changes with a
+//! persisted restart, and a divergence never heals, so it is still caught.
 
 pub mod client;
 mod driver;

@@ -7,12 +7,14 @@
 //! (previous, new) status pairs a cause may produce, which replies a request may get given the
 //! state it was made in, and how turns and tokens add up — not how the engine gets there.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use paddock_core::session::machine::RESOLVED_KEPT;
 use paddock_core::{
-    Activity, ActivityEvent, ActivityKind, Effect, Engine, Error, ErrorCode, Input, Limits, Millis,
-    Record, RequestId, Run, RunId, SessionConfig, SessionId, SessionRecord, Signal, SpawnSpec,
-    Status, StatusEvent, Timer,
+    Activity, ActivityEvent, ActivityKind, Approval, ApprovalId, ApprovalSettings, ApprovalState,
+    AskKind, Decision, Effect, Engine, Error, ErrorCode, Input, Limits, Millis, Record, RequestId,
+    Run, RunId, SessionConfig, SessionId, SessionRecord, Signal, SpawnSpec, Status, StatusEvent,
+    Timer,
 };
 
 use crate::world::Store;
@@ -25,6 +27,10 @@ pub enum ReqKind {
     StopGraceful,
     StopForced,
     Restart,
+    /// ResolveApproval.
+    Resolve,
+    /// DeleteSession.
+    Delete,
 }
 
 /// The kind of a provider event.
@@ -36,6 +42,16 @@ pub enum EventKind {
     TurnEnd,
     SessionRef,
     Exited,
+    Ask,
+}
+
+/// What an `Ask` asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AskSeen {
+    pub approval: ApprovalId,
+    pub key: String,
+    pub kind: AskKind,
+    pub tool: String,
 }
 
 /// What caused an effect batch.
@@ -55,6 +71,8 @@ pub enum Cause {
         activity: Option<Activity>,
         /// The conversation id a `SessionRef` reports.
         session_ref: Option<String>,
+        /// What an `Ask` asks.
+        ask: Option<Box<AskSeen>>,
     },
     Tick,
     /// A restarted daemon reconciling what the store says.
@@ -132,6 +150,16 @@ pub struct SessionModel {
     pub provider_session: Option<String>,
     /// The process TERMed and not yet gone (nor KILLed): when KILL is due.
     kill_at: Option<(RunId, Millis)>,
+    /// The session's process (from its `Spawn` until its exit or spawn failure is read), and
+    /// whether it was TERMed.
+    proc_run: Option<RunId>,
+    terminating: bool,
+    /// Its open requests for a human: id → when each expires.
+    pub open: BTreeMap<ApprovalId, Millis>,
+    /// The resolved requests the engine remembers for late answers (OBEY-2041), oldest first:
+    /// the newest [`RESOLVED_KEPT`] in the order they were resolved; after a daemon restart,
+    /// those loaded, in the order they were made.
+    remembered: VecDeque<ApprovalId>,
 }
 
 impl SessionModel {
@@ -155,6 +183,20 @@ struct Pending {
     /// A create that must be refused: the id exists, or the live-session limit is reached.
     refuse_create: bool,
     config: Option<SessionConfig>,
+    /// A resolve: what it resolves, how, and the answer it must get.
+    resolve: Option<ResolveExpect>,
+    /// A delete: the session had a process then.
+    had_process: bool,
+}
+
+/// What a `Resolve` must get, decided from what clients saw when it was made.
+#[derive(Debug, Clone)]
+struct ResolveExpect {
+    approval: ApprovalId,
+    decision: Decision,
+    by: String,
+    /// `Ok` (it resolves the request) or the refusal's code.
+    want: Result<(), ErrorCode>,
 }
 
 /// Counters for the run summary.
@@ -175,6 +217,24 @@ pub struct ModelStats {
     /// Output events replayed after a restart that had been applied already (and were
     /// recognised as such).
     pub replays_ignored: u64,
+    /// Asks applied, settled at once (the policy, or a stop), and opened for a human.
+    pub asks: u64,
+    pub asks_settled: u64,
+    pub approvals_opened: u64,
+    /// How the opened ones ended.
+    pub approvals_resolved: u64,
+    pub approvals_expired: u64,
+    pub approvals_cancelled: u64,
+    /// Resolves refused: already resolved (OBEY-2041), unknown (OBEY-2040), the wrong kind of
+    /// answer (OBEY-2011).
+    pub resolves_late: u64,
+    pub resolves_unknown: u64,
+    pub resolves_wrong: u64,
+    /// Answers the agents got.
+    pub answers: u64,
+    /// Sessions deleted, and deletes refused (the session was live or still had a process).
+    pub deleted: u64,
+    pub deletes_refused: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -188,6 +248,18 @@ pub struct Model {
     provider_activity_seen: bool,
     /// The status of the session the request of the current batch was made for, then.
     pending_pre: Option<Status>,
+    /// Every request for a human clients saw, as they last saw it (a deleted session's are
+    /// forgotten with it).
+    approvals: BTreeMap<ApprovalId, Approval>,
+    /// Every agent key that got its answer: one answer per key, ever.
+    answered: BTreeSet<String>,
+    /// The requests opened or resolved in the current batch (their notes are the engine's
+    /// own activities).
+    batch_approvals: BTreeSet<ApprovalId>,
+    /// The sessions whose record the current batch wrote.
+    batch_persisted: BTreeSet<SessionId>,
+    /// Whole-state checks so far (every 16th compares every configuration).
+    checks: u64,
     pub stats: ModelStats,
 }
 
@@ -200,6 +272,11 @@ impl Model {
             now: 0,
             provider_activity_seen: false,
             pending_pre: None,
+            approvals: BTreeMap::new(),
+            answered: BTreeSet::new(),
+            batch_approvals: BTreeSet::new(),
+            batch_persisted: BTreeSet::new(),
+            checks: 0,
             stats: ModelStats::default(),
         }
     }
@@ -228,10 +305,97 @@ impl Model {
         self.pending.len()
     }
 
+    /// The requests for a human that clients saw open, oldest session first.
+    pub fn open_approvals(&self) -> Vec<&Approval> {
+        self.sessions
+            .values()
+            .flat_map(|s| s.open.keys())
+            .filter_map(|id| self.approvals.get(id))
+            .collect()
+    }
+
+    /// The requests clients saw resolved (what a second answer goes to), oldest first (ids
+    /// are numbered in the order the agents asked).
+    pub fn resolved_approvals(&self) -> impl Iterator<Item = &Approval> {
+        self.approvals.values().filter(|a| !a.is_pending())
+    }
+
+    /// What a `Resolve` of `approval` with `decision` must get now.
+    fn resolve_expectation(
+        &self,
+        approval: &ApprovalId,
+        decision: &Decision,
+    ) -> (Option<SessionId>, Result<(), ErrorCode>) {
+        let Some(a) = self.approvals.get(approval) else {
+            return (None, Err(ErrorCode::ApprovalNotFound));
+        };
+        let Some(sm) = self.sessions.get(&a.session) else {
+            return (None, Err(ErrorCode::ApprovalNotFound));
+        };
+        let session = Some(a.session.clone());
+        if !a.is_pending() {
+            let remembered = sm.remembered.contains(approval);
+            return (
+                session,
+                Err(if remembered {
+                    ErrorCode::ApprovalResolved
+                } else {
+                    ErrorCode::ApprovalNotFound
+                }),
+            );
+        }
+        let fits = !matches!(
+            (a.kind, decision),
+            (AskKind::Permission, Decision::Answer { .. })
+                | (AskKind::ClientTool, Decision::Approve)
+        );
+        if sm.status != Status::Waiting || !fits {
+            return (session, Err(ErrorCode::WrongState));
+        }
+        (session, Ok(()))
+    }
+
     // ── requests ─────────────────────────────────────────────────────────
 
     /// A request is about to be fed: remember what its reply may be.
     pub fn on_request(&mut self, input: &Input) -> Cause {
+        if let Input::Resolve {
+            req,
+            approval,
+            decision,
+            by,
+        } = input
+        {
+            self.stats.requests += 1;
+            let (session, want) = self.resolve_expectation(approval, decision);
+            // A request for no session the client knows: effects for any session are wrong.
+            let id = session.unwrap_or_else(|| SessionId::from("s-none"));
+            let pre = self.status(&id);
+            self.pending_pre = pre;
+            self.pending.insert(
+                *req,
+                Pending {
+                    kind: ReqKind::Resolve,
+                    id: id.clone(),
+                    pre,
+                    exhausted: false,
+                    refuse_create: false,
+                    config: None,
+                    resolve: Some(ResolveExpect {
+                        approval: approval.clone(),
+                        decision: decision.clone(),
+                        by: by.clone(),
+                        want,
+                    }),
+                    had_process: false,
+                },
+            );
+            return Cause::Request {
+                req: *req,
+                id,
+                kind: ReqKind::Resolve,
+            };
+        }
         let (req, id, kind) = match input {
             Input::Create { req, id, .. } => (*req, id, ReqKind::Create),
             Input::Send { req, id, .. } => (*req, id, ReqKind::Send),
@@ -245,13 +409,17 @@ impl Model {
                 },
             ),
             Input::Restart { req, id, .. } => (*req, id, ReqKind::Restart),
-            Input::Provider { .. } | Input::Tick => unreachable!("not a request"),
+            Input::Delete { req, id } => (*req, id, ReqKind::Delete),
+            Input::Resolve { .. } | Input::Provider { .. } | Input::Tick => {
+                unreachable!("not a session request")
+            }
         };
         self.stats.requests += 1;
         let live = self.live();
         let sm = self.sessions.get_mut(id);
         let pre = sm.as_ref().map(|s| s.status);
         let exhausted = sm.as_ref().is_some_and(|s| s.exhausted());
+        let had_process = sm.as_ref().is_some_and(|s| s.proc_run.is_some());
         let mut config = None;
         if let Some(sm) = sm {
             match (input, pre) {
@@ -290,6 +458,8 @@ impl Model {
                 exhausted,
                 refuse_create,
                 config,
+                resolve: None,
+                had_process,
             },
         );
         Cause::Request {
@@ -369,6 +539,8 @@ impl Model {
                     Effect::Persist(Record::Status(ev)) => &ev.session,
                     Effect::Persist(Record::Activity(ev)) => &ev.session,
                     Effect::Persist(Record::UserMessage(m)) => &m.session,
+                    Effect::Persist(Record::Approval(a)) => &a.session,
+                    Effect::Persist(Record::Delete(d)) => d,
                     _ => continue,
                 };
                 if sid != id {
@@ -378,6 +550,35 @@ impl Model {
                 }
             }
         }
+        // Every request opened or resolved is stored in this transaction, as it is shown.
+        let p_approvals: Vec<&Approval> = persists
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Persist(Record::Approval(a)) => Some(a),
+                _ => None,
+            })
+            .collect();
+        let e_approvals: Vec<&Approval> = rest
+            .iter()
+            .filter_map(|e| match e {
+                Effect::EmitApproval(a) => Some(a),
+                _ => None,
+            })
+            .collect();
+        if p_approvals != e_approvals {
+            return Err(format!(
+                "emitted requests {e_approvals:?} are not the persisted ones {p_approvals:?}"
+            ));
+        }
+        self.batch_approvals = e_approvals.iter().map(|a| a.id.clone()).collect();
+        self.batch_persisted = persists
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Persist(Record::Session(r)) => Some(r.id.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut applied = true;
         if let Cause::Provider {
             id,
             run,
@@ -385,8 +586,13 @@ impl Model {
             ..
         } = cause
         {
-            self.on_cursor(cause, id, *run, *c, effects)?;
+            applied = self.on_cursor(cause, id, *run, *c, effects)?;
         }
+        // The session as it was before this batch (what an Ask is settled against).
+        let before = cause
+            .session()
+            .and_then(|id| self.sessions.get(id))
+            .map(|sm| (sm.status, sm.terminating, sm.config.clone()));
         if let Cause::Provider {
             id,
             run,
@@ -394,20 +600,27 @@ impl Model {
             ..
         } = cause
         {
-            // The process is gone: no KILL is due any more.
+            // The process is gone: no KILL is due any more, and it can be deleted.
             if let Some(sm) = self.sessions.get_mut(id) {
                 if sm.kill_at.is_some_and(|(r, _)| r == *run) {
                     sm.kill_at = None;
                 }
+                if sm.proc_run == Some(*run) {
+                    sm.proc_run = None;
+                    sm.terminating = false;
+                }
             }
         }
         self.provider_activity_seen = false;
+        let mut answers: Vec<&Approval> = Vec::new();
+        let mut resolved: Vec<&Approval> = Vec::new();
+        let mut refused_resolve = false;
         for e in rest {
             match e {
                 Effect::EmitStatus(ev) => self.on_status(cause, ev, &messages, store)?,
                 Effect::EmitActivity(ev) => self.on_activity(cause, ev)?,
                 Effect::Reply { req, result } => self.on_reply(cause, *req, result, store)?,
-                Effect::Spawn { id, spec, .. } => self.on_spawn(cause, id, spec, store)?,
+                Effect::Spawn { id, run, spec } => self.on_spawn(cause, id, *run, spec, store)?,
                 Effect::Write { id, .. } => same_session(cause, id)?,
                 Effect::Signal {
                     id, run, signal, ..
@@ -415,9 +628,29 @@ impl Model {
                     same_session(cause, id)?;
                     self.on_signal(id, *run, *signal)?;
                 }
+                Effect::EmitApproval(a) => {
+                    self.on_approval(cause, a)?;
+                    if !a.is_pending() {
+                        resolved.push(a);
+                    }
+                }
+                Effect::Answer { id, run, approval } => {
+                    self.on_answer(cause, id, *run, approval)?;
+                    answers.push(approval);
+                }
+                Effect::ReplyApproval { req, result } => {
+                    refused_resolve = result.is_err();
+                    self.on_reply_approval(cause, *req, result)?;
+                }
                 Effect::Persist(_) => unreachable!("persists come first"),
             }
         }
+        if refused_resolve && effects.len() != 1 {
+            return Err(format!(
+                "a refused Resolve changed something: {effects:?} (a refusal changes nothing)"
+            ));
+        }
+        self.check_answers(cause, applied, before, &answers, &resolved)?;
         if cause.tick() {
             // Every due deadline fired: a due KILL was sent (or, the table ignoring it, dropped).
             for sm in self.sessions.values_mut() {
@@ -429,6 +662,358 @@ impl Model {
         self.end_batch(cause)
     }
 
+    /// Every request a human (or expiry) resolved is answered to its agent exactly once; one
+    /// the session cancelled only when a graceful stop tells the agent no; an Ask is settled at
+    /// once (one Answer, nothing stored) exactly when the session's policy settles it or the
+    /// session is stopping, and otherwise opens one request and makes the session WAITING.
+    fn check_answers(
+        &mut self,
+        cause: &Cause,
+        applied: bool,
+        before: Option<(Status, bool, SessionConfig)>,
+        answers: &[&Approval],
+        resolved: &[&Approval],
+    ) -> Result<(), String> {
+        let graceful = cause.req(ReqKind::StopGraceful);
+        for a in resolved {
+            let n = answers.iter().filter(|x| x.id == a.id).count();
+            let want = match a.state {
+                ApprovalState::Cancelled => usize::from(graceful),
+                _ => 1,
+            };
+            if n != want {
+                return Err(format!(
+                    "request {} ended {} ({}) on {cause:?} and its agent got {n} answers, not \
+                     {want}",
+                    a.id,
+                    a.state.name(),
+                    a.resolved_by
+                ));
+            }
+            if a.state == ApprovalState::Cancelled {
+                // Cancelled only when the session stops waiting for good: its turn, process or
+                // life ended.
+                let now = self.sessions.get(&a.session).map(|s| s.status);
+                if matches!(now, Some(Status::Waiting | Status::Working)) {
+                    return Err(format!(
+                        "request {} was cancelled ({}) on {cause:?}, yet the session is still \
+                         {now:?}",
+                        a.id, a.answer
+                    ));
+                }
+            }
+        }
+        let settled: Vec<&&Approval> = answers
+            .iter()
+            .filter(|x| !resolved.iter().any(|a| a.id == x.id))
+            .collect();
+        let Cause::Provider {
+            event: EventKind::Ask,
+            ask: Some(ask),
+            id,
+            ..
+        } = cause
+        else {
+            if let Some(a) = settled.first() {
+                return Err(format!(
+                    "an Answer on {cause:?} for a request that was not resolved here: {a:?}"
+                ));
+            }
+            return Ok(());
+        };
+        let opened = self.batch_approvals.contains(&ask.approval);
+        if !applied {
+            return Ok(()); // a replay: on_cursor checked it changed nothing
+        }
+        self.stats.asks += 1;
+        let Some((status, terminating, config)) = before else {
+            return Err(format!("an Ask applied for {id}, which clients never saw"));
+        };
+        let want: Option<Option<bool>> = match status {
+            Status::Running | Status::Working | Status::Waiting => {
+                Some(policy_settles(&config, ask.kind, &ask.tool))
+            }
+            // A stopping session tells a process that is still going no, at once.
+            Status::Stopping if !terminating => Some(Some(false)),
+            _ => None, // ignored (the table), or a process being killed
+        };
+        let got_answer = settled.first().map(|a| a.allowed);
+        let ok = match want {
+            None => settled.is_empty() && !opened,
+            Some(Some(allowed)) => {
+                settled.len() == 1
+                    && got_answer == Some(allowed)
+                    && !opened
+                    && settled[0].id == ask.approval
+                    && settled[0].key == ask.key
+                    && settled[0].resolved_by == "policy"
+            }
+            Some(None) => settled.is_empty() && opened,
+        };
+        if !ok {
+            return Err(format!(
+                "{id} ({status}{}) got Ask {ask:?} under permissions {:?}: the reference says \
+                 {}, the engine answered {got_answer:?} and {} a request",
+                if terminating {
+                    ", its process TERMed"
+                } else {
+                    ""
+                },
+                config.provider_config.get("permissions"),
+                match want {
+                    None => "nothing happens".to_string(),
+                    Some(Some(a)) => format!("answered at once, allowed={a}"),
+                    Some(None) => "a request for a human".to_string(),
+                },
+                if opened { "opened" } else { "did not open" }
+            ));
+        }
+        if want.is_some_and(|w| w.is_some()) {
+            self.stats.asks_settled += 1;
+        }
+        Ok(())
+    }
+
+    /// A request opened or resolved, as clients see it.
+    fn on_approval(&mut self, cause: &Cause, a: &Approval) -> Result<(), String> {
+        same_session(cause, &a.session)?;
+        let now = self.now;
+        let Some(sm) = self.sessions.get_mut(&a.session) else {
+            return Err(format!("a request of a session never created: {a:?}"));
+        };
+        if a.is_pending() {
+            let ok = match cause {
+                Cause::Provider {
+                    run,
+                    event: EventKind::Ask,
+                    ask: Some(ask),
+                    ..
+                } => {
+                    a.id == ask.approval
+                        && a.key == ask.key
+                        && a.kind == ask.kind
+                        && a.tool == ask.tool
+                        && a.run == *run
+                }
+                _ => false,
+            };
+            if !ok || self.approvals.contains_key(&a.id) {
+                return Err(format!(
+                    "request {} opened on {cause:?} (it must be opened once, by its own Ask): \
+                     {a:?}",
+                    a.id
+                ));
+            }
+            let expires = now.saturating_add(approval_timeout_ms(&sm.config));
+            if a.created_at != now || a.expires_at != expires || a.turn != sm.open_turn {
+                return Err(format!(
+                    "request {} opened at {} expiring at {} in turn {:?}; the reference says \
+                     {now}, {expires} (approval_timeout {:?}), turn {:?}",
+                    a.id,
+                    a.created_at,
+                    a.expires_at,
+                    a.turn,
+                    sm.config.provider_config.get("approval_timeout"),
+                    sm.open_turn
+                ));
+            }
+            self.stats.approvals_opened += 1;
+            sm.open.insert(a.id.clone(), a.expires_at);
+            self.approvals.insert(a.id.clone(), a.clone());
+            return Ok(());
+        }
+        let Some(old) = self.approvals.get(&a.id) else {
+            return Err(format!(
+                "request {} resolved, but it was never open: {a:?}",
+                a.id
+            ));
+        };
+        if !old.is_pending() {
+            return Err(format!(
+                "request {} resolved twice: {} ({}) and now {} ({})",
+                a.id,
+                old.state.name(),
+                old.resolved_by,
+                a.state.name(),
+                a.resolved_by
+            ));
+        }
+        let same = old.session == a.session
+            && old.run == a.run
+            && old.key == a.key
+            && old.kind == a.kind
+            && old.created_at == a.created_at
+            && old.expires_at == a.expires_at
+            && old.turn == a.turn;
+        if !same || a.resolved_at != Some(now) {
+            return Err(format!(
+                "request {} resolved as another one, or not now: {old:?} -> {a:?}",
+                a.id
+            ));
+        }
+        let default_allow = approval_default_allow(&sm.config);
+        match a.state {
+            ApprovalState::Approved | ApprovalState::Denied | ApprovalState::Answered => {
+                let want = match cause {
+                    Cause::Request {
+                        req,
+                        kind: ReqKind::Resolve,
+                        ..
+                    } => self
+                        .pending
+                        .get(req)
+                        .and_then(|p| p.resolve.as_ref())
+                        .filter(|r| r.approval == a.id && r.want.is_ok())
+                        .map(|r| (decided(&r.decision), r.by.clone())),
+                    _ => None,
+                };
+                if want != Some(((a.state, a.allowed), a.resolved_by.clone())) {
+                    return Err(format!(
+                        "request {} was {} (allowed={}, by {}) on {cause:?}; the resolve asked \
+                         for {want:?}",
+                        a.id,
+                        a.state.name(),
+                        a.allowed,
+                        a.resolved_by
+                    ));
+                }
+                self.stats.approvals_resolved += 1;
+            }
+            ApprovalState::Expired => {
+                if !cause.tick() || a.expires_at > now || a.allowed != default_allow {
+                    return Err(format!(
+                        "request {} expired on {cause:?} at {now} (due {}), allowed={} (the \
+                         session's default is allow={default_allow})",
+                        a.id, a.expires_at, a.allowed
+                    ));
+                }
+                self.stats.approvals_expired += 1;
+            }
+            ApprovalState::Cancelled => {
+                if a.allowed
+                    || cause.req(ReqKind::Resolve)
+                    || cause.ev(EventKind::Ask)
+                    || cause.req(ReqKind::Send)
+                {
+                    return Err(format!(
+                        "request {} cancelled on {cause:?} (allowed={}): {a:?}",
+                        a.id, a.allowed
+                    ));
+                }
+                self.stats.approvals_cancelled += 1;
+            }
+            ApprovalState::Pending => unreachable!("resolved"),
+        }
+        sm.open.remove(&a.id);
+        if sm.remembered.len() >= RESOLVED_KEPT {
+            sm.remembered.pop_front();
+        }
+        sm.remembered.push_back(a.id.clone());
+        self.approvals.insert(a.id.clone(), a.clone());
+        Ok(())
+    }
+
+    /// One answer to one agent: to the process that asked (the session's, not being killed),
+    /// once per key, saying what the request's state says.
+    fn on_answer(
+        &mut self,
+        cause: &Cause,
+        id: &SessionId,
+        run: RunId,
+        a: &Approval,
+    ) -> Result<(), String> {
+        same_session(cause, id)?;
+        let Some(sm) = self.sessions.get(id) else {
+            return Err(format!("an Answer for a session never created: {a:?}"));
+        };
+        if &a.session != id || a.run != run || sm.proc_run != Some(run) || sm.terminating {
+            return Err(format!(
+                "an Answer for {} of run {} went to run {run} of {id} (the session's process is \
+                 {:?}{}): an answer goes to the process that asked and to no other",
+                a.key,
+                a.run,
+                sm.proc_run,
+                if sm.terminating { ", being killed" } else { "" }
+            ));
+        }
+        let allowed = match a.state {
+            ApprovalState::Pending => {
+                return Err(format!("an Answer for a request still open: {a:?}"))
+            }
+            ApprovalState::Approved | ApprovalState::Answered => true,
+            ApprovalState::Denied | ApprovalState::Cancelled => false,
+            ApprovalState::Expired => approval_default_allow(&sm.config),
+        };
+        if a.allowed != allowed {
+            return Err(format!(
+                "an Answer says allowed={} for a request {}: {a:?}",
+                a.allowed,
+                a.state.name()
+            ));
+        }
+        if !self.answered.insert(a.key.clone()) {
+            return Err(format!(
+                "a second Answer for {} (request {}, run {run} of {id}): one answer per ask",
+                a.key, a.id
+            ));
+        }
+        self.stats.answers += 1;
+        Ok(())
+    }
+
+    /// The reply to a `Resolve`: at once, what the reference said when it was made.
+    fn on_reply_approval(
+        &mut self,
+        cause: &Cause,
+        req: RequestId,
+        result: &Result<Approval, Error>,
+    ) -> Result<(), String> {
+        let Some(p) = self.pending.remove(&req) else {
+            return Err(format!(
+                "a reply to resolve {req}, which is not waiting for one: {result:?}"
+            ));
+        };
+        let Some(r) = p.resolve else {
+            return Err(format!(
+                "{:?} {req} for {} was answered as a resolve: {result:?}",
+                p.kind, p.id
+            ));
+        };
+        if !matches!(cause, Cause::Request { req: q, .. } if *q == req) {
+            return Err(format!(
+                "resolve {req} was not answered at once: {result:?}"
+            ));
+        }
+        let what = format!(
+            "resolve {req} of {} with {:?} (made while {:?})",
+            r.approval, r.decision, p.pre
+        );
+        match (&r.want, result) {
+            (Ok(()), Ok(a)) => {
+                if self.approvals.get(&a.id) != Some(a) || a.id != r.approval {
+                    return Err(format!(
+                        "{what} was answered with {a:?}, not the request as stored and shown"
+                    ));
+                }
+                self.stats.replies_ok += 1;
+            }
+            (Err(want), Err(e)) if e.code == *want => {
+                self.stats.replies_err += 1;
+                match want {
+                    ErrorCode::ApprovalResolved => self.stats.resolves_late += 1,
+                    ErrorCode::ApprovalNotFound => self.stats.resolves_unknown += 1,
+                    _ => self.stats.resolves_wrong += 1,
+                }
+            }
+            (want, got) => {
+                return Err(format!(
+                    "{what}: the reference says {want:?}, the engine {got:?}"
+                ))
+            }
+        }
+        Ok(())
+    }
+
     /// TERM starts the kill grace period of a process; KILL ends it.
     fn on_signal(&mut self, id: &SessionId, run: RunId, signal: Signal) -> Result<(), String> {
         let Some(sm) = self.sessions.get_mut(id) else {
@@ -436,6 +1021,18 @@ impl Model {
         };
         match signal {
             Signal::Term => {
+                if sm.proc_run != Some(run) || sm.terminating {
+                    return Err(format!(
+                        "{id}: TERM to run {run}, but its process is {:?}{}",
+                        sm.proc_run,
+                        if sm.terminating {
+                            " (TERMed already)"
+                        } else {
+                            ""
+                        }
+                    ));
+                }
+                sm.terminating = true;
                 sm.kill_at = Some((run, self.now.saturating_add(self.limits.kill_grace_ms)));
             }
             Signal::Kill => {
@@ -461,7 +1058,7 @@ impl Model {
         run: RunId,
         c: u64,
         effects: &[Effect],
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let Some(sm) = self.sessions.get_mut(id) else {
             return Err(format!(
                 "output of run {run} for {id}, which clients never saw"
@@ -479,7 +1076,7 @@ impl Model {
                 ));
             }
             self.stats.replays_ignored += 1;
-            return Ok(());
+            return Ok(false);
         }
         let stored = effects.iter().find_map(|e| match e {
             Effect::Persist(Record::Session(r)) if &r.id == id => Some(r),
@@ -506,7 +1103,7 @@ impl Model {
                 sm.provider_session = Some(r.clone());
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     fn on_status(
@@ -563,6 +1160,10 @@ impl Model {
                     applied: None,
                     provider_session: None,
                     kill_at: None,
+                    proc_run: None,
+                    terminating: false,
+                    open: BTreeMap::new(),
+                    remembered: VecDeque::new(),
                 },
             );
             return Ok(());
@@ -641,6 +1242,11 @@ impl Model {
                 sm.after_stop = None;
                 sm.restart_asked = false;
             }
+            // Back to work once the human answered: the same turn goes on.
+            Status::Working if prev == Status::Waiting && sm.open_turn.is_none() => {
+                return Err(format!("{id} went WAITING -> WORKING with no turn open"));
+            }
+            Status::Working if prev == Status::Waiting => {}
             Status::Working => {
                 if let Some(t) = sm.open_turn {
                     return Err(format!(
@@ -661,7 +1267,7 @@ impl Model {
         if ev.new.is_terminal() {
             sm.after_stop = None;
         }
-        if ev.new != Status::Working && ev.new != Status::Stopping {
+        if !matches!(ev.new, Status::Working | Status::Waiting | Status::Stopping) {
             if let Some(t) = sm.open_turn {
                 return Err(format!(
                     "{id} went {} with turn {t} still open (its stream never ended)",
@@ -691,7 +1297,18 @@ impl Model {
                 ev.at, self.now
             ));
         }
-        if cause.tick() {
+        // The engine's own notes about requests for a human (opened, answered, expired): a
+        // STATUS line without tokens naming a request opened or resolved in this batch.
+        let note = {
+            let a = &ev.activity;
+            a.kind() == ActivityKind::Status
+                && !ev.ends_turn
+                && a.tokens_input == 0
+                && a.tokens_output == 0
+                && self.batch_approvals.contains(&a.tool_call_id)
+                && (cause.ev(EventKind::Ask) || cause.req(ReqKind::Resolve) || cause.tick())
+        };
+        if cause.tick() && !note {
             // A deadline interrupted the turn: the stop's grace period, or the session timeout.
             let due = match sm.status {
                 Status::Stopping => Some(sm.since + self.limits.stop_grace_ms),
@@ -711,7 +1328,7 @@ impl Model {
         }
         if !matches!(
             sm.status,
-            Status::Running | Status::Working | Status::Stopping
+            Status::Running | Status::Working | Status::Waiting | Status::Stopping
         ) {
             return Err(format!(
                 "{id} recorded an activity while {}: {ev:?}",
@@ -765,10 +1382,10 @@ impl Model {
                 ev.turn
             ));
         }
-        if !(from_provider || interruption) {
+        if !(from_provider || interruption || note) {
             return Err(format!(
-                "{id}: the engine recorded an activity of its own that does not end a turn with \
-                 an ERROR: {ev:?}"
+                "{id}: the engine recorded an activity of its own that neither ends a turn with \
+                 an ERROR nor notes a request for a human: {ev:?}"
             ));
         }
         if cause.restore() {
@@ -852,6 +1469,14 @@ impl Model {
         }
         let immediate = matches!(cause, Cause::Request { req: r, .. } if *r == req);
         let what = format!("{:?} {req} for {} (made while {:?})", p.kind, p.id, p.pre);
+        if p.kind == ReqKind::Resolve {
+            return Err(format!(
+                "{what} was answered as a session request: {result:?}"
+            ));
+        }
+        if p.kind == ReqKind::Delete {
+            return self.on_delete_reply(&p, immediate, result, store, &what);
+        }
         if let Ok(rec) = result {
             if rec.id != p.id {
                 return Err(format!("{what} was answered with the record of {}", rec.id));
@@ -884,6 +1509,7 @@ impl Model {
             return expect_now(ErrorCode::SessionNotFound);
         }
         match p.kind {
+            ReqKind::Resolve | ReqKind::Delete => unreachable!("answered above"),
             ReqKind::Create if p.refuse_create => expect_now(ErrorCode::CreationFailed),
             ReqKind::Create | ReqKind::Restart if p.pre == Some(Status::Stopping) => {
                 expect_now(ErrorCode::WrongState)
@@ -957,17 +1583,82 @@ impl Model {
         }
     }
 
+    /// DeleteSession: an ended session without a process is forgotten (by the engine, the
+    /// store and so by every client); any other is refused at once (OBEY-2010 unknown, else
+    /// OBEY-2011), changing nothing.
+    fn on_delete_reply(
+        &mut self,
+        p: &Pending,
+        immediate: bool,
+        result: &Result<SessionRecord, Error>,
+        store: &Store,
+        what: &str,
+    ) -> Result<(), String> {
+        let bad = |why: &str| Err(format!("{what}: {why}; got {result:?}"));
+        if !immediate {
+            return bad("a delete is answered at once");
+        }
+        let Some(pre) = p.pre else {
+            return match result {
+                Err(e) if e.code == ErrorCode::SessionNotFound => Ok(()),
+                _ => bad("expected OBEY-2010"),
+            };
+        };
+        let deletable = pre.is_terminal() && !p.had_process;
+        match result {
+            Ok(rec) if deletable => {
+                if rec.id != p.id || !rec.status.is_terminal() || rec.run.is_some() {
+                    return bad("the reply is not the ended session's record");
+                }
+                let rows_left = store.sessions.contains_key(&p.id)
+                    || store.approvals.values().any(|a| a.session == p.id);
+                if rows_left {
+                    return bad("the store still holds rows of the deleted session");
+                }
+                self.sessions.remove(&p.id);
+                self.approvals.retain(|_, a| a.session != p.id);
+                self.stats.deleted += 1;
+                Ok(())
+            }
+            Err(e) if !deletable && e.code == ErrorCode::WrongState => {
+                self.stats.deletes_refused += 1;
+                Ok(())
+            }
+            _ => bad(&format!(
+                "the session was {pre}{}, so the delete must {}",
+                if p.had_process {
+                    " with its process still going away"
+                } else {
+                    ""
+                },
+                if deletable {
+                    "succeed"
+                } else {
+                    "be refused with OBEY-2011"
+                }
+            )),
+        }
+    }
+
     fn on_spawn(
         &mut self,
         cause: &Cause,
         id: &SessionId,
+        run: RunId,
         spec: &SpawnSpec,
         store: &Store,
     ) -> Result<(), String> {
         same_session(cause, id)?;
-        let Some(sm) = self.sessions.get(id) else {
+        let Some(sm) = self.sessions.get_mut(id) else {
             return Err(format!("Spawn for a session never created: {id}"));
         };
+        if let Some(old) = sm.proc_run {
+            return Err(format!(
+                "Spawn of run {run} for {id} while its run {old} is not gone: two processes"
+            ));
+        }
+        sm.proc_run = Some(run);
+        let sm = &self.sessions[id];
         if sm.status != Status::Starting {
             return Err(format!("Spawn for {id} while it is {}", sm.status));
         }
@@ -1002,7 +1693,7 @@ impl Model {
             return Ok(());
         };
         if let Some(p) = self.pending.get(req) {
-            let must_now = p.kind == ReqKind::Send
+            let must_now = matches!(p.kind, ReqKind::Send | ReqKind::Resolve | ReqKind::Delete)
                 || (p.pre.is_none() && p.kind != ReqKind::Create)
                 || p.refuse_create
                 || (p.kind == ReqKind::Restart && p.pre == Some(Status::Stopping))
@@ -1041,7 +1732,9 @@ impl Model {
     // ── whole-state checks ───────────────────────────────────────────────
 
     /// After every step: the engine's state, the store and what clients saw agree.
-    pub fn check(&self, engine: &Engine, store: &Store, tick: bool) -> Result<(), String> {
+    pub fn check(&mut self, engine: &Engine, store: &Store, tick: bool) -> Result<(), String> {
+        self.checks += 1;
+        let sample = self.checks.is_multiple_of(16);
         let n = engine.sessions().count();
         if n != store.sessions.len() || n != self.sessions.len() {
             return Err(format!(
@@ -1056,7 +1749,11 @@ impl Model {
             let Some(stored) = store.sessions.get(id) else {
                 return Err(format!("{id} is in the engine but was never stored"));
             };
-            if stored != rec {
+            // A configuration changes only with a persisted restart, and a divergence never
+            // heals: it is compared whenever the record was written, and on a sample of steps
+            // (comparing every config every step was most of the sweep's time).
+            let full = sample || self.batch_persisted.contains(id);
+            if !same_record(stored, rec, full) {
                 return Err(format!(
                     "{id}: the engine's record differs from the committed one (a change that was \
                      never persisted): {}",
@@ -1109,7 +1806,7 @@ impl Model {
                     format!("{}/{:?}", sm.turns, sm.open_turn),
                 );
             }
-            if rec.config != sm.config {
+            if full && rec.config != sm.config {
                 return mismatch(
                     "config",
                     format!("{:?}", rec.config),
@@ -1145,14 +1842,16 @@ impl Model {
             }
             let run_ok = match rec.status {
                 Status::Starting => matches!(s.run(), Run::Spawning { .. }),
-                Status::Running | Status::Working => matches!(s.run(), Run::Alive { .. }),
+                Status::Running | Status::Working | Status::Waiting => {
+                    matches!(s.run(), Run::Alive { .. })
+                }
                 Status::Stopped => s.run() == Run::Idle,
                 _ => true,
             };
             if !run_ok {
                 return Err(format!(
-                    "{id} is {} with process {:?} (STARTING means a spawn in flight, RUNNING and \
-                     WORKING a live process, STOPPED none)",
+                    "{id} is {} with process {:?} (STARTING means a spawn in flight, RUNNING, \
+                     WORKING and WAITING a live process, STOPPED none)",
                     rec.status,
                     s.run()
                 ));
@@ -1180,14 +1879,20 @@ impl Model {
                     ));
                 }
             }
-            if (rec.status == Status::Working) != sm.open_turn.is_some()
-                && rec.status != Status::Stopping
-            {
+            let turn_ok = match rec.status {
+                Status::Working => sm.open_turn.is_some(),
+                // Blocked on a human inside a turn, or on a prompt outside any.
+                Status::Waiting | Status::Stopping => true,
+                _ => sm.open_turn.is_none(),
+            };
+            if !turn_ok {
                 return Err(format!(
-                    "{id} is {} with open turn {:?}: WORKING means a turn is open",
+                    "{id} is {} with open turn {:?}: WORKING means a turn is open, and only \
+                     WORKING, WAITING and STOPPING have one",
                     rec.status, sm.open_turn
                 ));
             }
+            self.check_approvals(s, sm, store)?;
             if rec.run != s.run().id() {
                 return Err(format!(
                     "{id}: the record names run {:?}, its process is {:?} (a restarted daemon \
@@ -1238,6 +1943,13 @@ impl Model {
                 ));
             }
         }
+        let engine_open = engine.pending_approvals().count();
+        if engine_open != store.open.len() {
+            return Err(format!(
+                "the engine has {engine_open} open requests, the store {}",
+                store.open.len()
+            ));
+        }
         // The engine's next deadline is the earliest of every session's.
         let earliest = self
             .sessions
@@ -1271,7 +1983,7 @@ impl Model {
                 sm.since.saturating_add(self.limits.startup_timeout_ms),
                 Timer::Startup,
             )),
-            Status::Running | Status::Working if sm.config.timeout_ms > 0 => {
+            Status::Running | Status::Working | Status::Waiting if sm.config.timeout_ms > 0 => {
                 if let Some(t) = sm.started_at {
                     all.push((
                         t.saturating_add(sm.config.timeout_ms),
@@ -1287,6 +1999,9 @@ impl Model {
         }
         if let Some((_, at)) = sm.kill_at {
             all.push((at, Timer::Kill));
+        }
+        if let Some(at) = sm.open.values().min() {
+            all.push((*at, Timer::ApprovalExpiry));
         }
         all.into_iter().min()
     }
@@ -1307,7 +2022,7 @@ impl Model {
                     return late("start-up timeout", due);
                 }
             }
-            Status::Running | Status::Working if sm.config.timeout_ms > 0 => {
+            Status::Running | Status::Working | Status::Waiting if sm.config.timeout_ms > 0 => {
                 if let Some(due) = sm.started_at.map(|t| t + sm.config.timeout_ms) {
                     if now >= due {
                         return late("session timeout", due);
@@ -1321,6 +2036,71 @@ impl Model {
                 }
             }
             _ => {}
+        }
+        if let Some(due) = sm.open.values().min() {
+            if now >= *due {
+                return late("approval timeout (a request is still open)", *due);
+            }
+        }
+        Ok(())
+    }
+
+    /// One session's requests for a human: the engine's open ones are the committed ones and
+    /// the ones clients saw open, to the field; the session is WAITING exactly while one is
+    /// open; each belongs to the session's live process (the one that asked, which the answer
+    /// must reach).
+    fn check_approvals(
+        &self,
+        s: &paddock_core::Session,
+        sm: &SessionModel,
+        store: &Store,
+    ) -> Result<(), String> {
+        let id = &s.record.id;
+        let engine: Vec<&ApprovalId> = s.pending().iter().map(|a| &a.id).collect();
+        let seen: Vec<&ApprovalId> = sm.open.keys().collect();
+        let mut sorted = engine.clone();
+        sorted.sort();
+        if sorted != seen {
+            return Err(format!(
+                "{id}: the engine's open requests are {engine:?}, the clients saw {seen:?} open"
+            ));
+        }
+        for a in s.pending() {
+            let stored = store.approvals.get(&a.id);
+            if stored != Some(a) || self.approvals.get(&a.id) != Some(a) {
+                return Err(format!(
+                    "{id}: open request {} differs between the engine {a:?}, the store \
+                     {stored:?} and what clients saw {:?}",
+                    a.id,
+                    self.approvals.get(&a.id)
+                ));
+            }
+            if !matches!(s.run(), Run::Alive { run, .. } if run == a.run) {
+                return Err(format!(
+                    "{id}: request {} of run {} is open while the session's process is {:?}",
+                    a.id,
+                    a.run,
+                    s.run()
+                ));
+            }
+        }
+        if (s.status() == Status::Waiting) == engine.is_empty() {
+            return Err(format!(
+                "{id} is {} with open requests {engine:?}: WAITING means a request is open, \
+                 and only then",
+                s.status()
+            ));
+        }
+        let run = s.run().id();
+        let terminating = matches!(s.run(), Run::Terminating { .. });
+        if sm.proc_run != run || sm.terminating != terminating {
+            return Err(format!(
+                "{id}: the engine's process is {:?}; the reference, from spawns, TERMs and \
+                 exits: run {:?}{}",
+                s.run(),
+                sm.proc_run,
+                if sm.terminating { ", TERMed" } else { "" }
+            ));
         }
         Ok(())
     }
@@ -1364,6 +2144,7 @@ impl Model {
             }
             // The new daemon TERMs afresh what it must.
             sm.kill_at = None;
+            sm.terminating = false;
             sm.adopted = false;
             sm.after_stop = None;
             sm.restart_asked = false;
@@ -1381,16 +2162,30 @@ impl Model {
         &mut self,
         adopted: &BTreeSet<SessionId>,
         store: &Store,
+        loaded: &[Approval],
     ) -> Result<(), String> {
         for (id, sm) in &mut self.sessions {
+            // The late answers the new daemon recognises: the resolved requests it loaded
+            // (the newest by creation), in the order they were made.
+            let mut mine: Vec<&Approval> = loaded
+                .iter()
+                .filter(|a| &a.session == id && !a.is_pending())
+                .collect();
+            mine.sort_by_key(|a| a.created_at);
+            sm.remembered = mine.iter().map(|a| a.id.clone()).collect();
+            while sm.remembered.len() > RESOLVED_KEPT {
+                sm.remembered.pop_front();
+            }
             sm.adopted = adopted.contains(id);
             if !sm.adopted {
                 // Its run is gone (a new daemon may reuse the number for another process).
                 sm.applied = None;
+                sm.proc_run = None;
                 continue;
             }
             let rec = &store.sessions[id];
             let run = rec.run.expect("an adopted session's record names its run");
+            sm.proc_run = Some(run);
             let applied = match sm.applied {
                 Some((r, n)) if r == run => n,
                 _ => 0,
@@ -1405,7 +2200,7 @@ impl Model {
             if sm.status == Status::Stopping {
                 sm.after_stop = Some(Then::Stop);
             }
-            if sm.open_turn.is_some() && sm.status == Status::Working {
+            if sm.open_turn.is_some() && matches!(sm.status, Status::Working | Status::Waiting) {
                 self.stats.turns_adopted += 1;
             }
         }
@@ -1456,6 +2251,14 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
         }
         (Running, Failed) => cause.ev(E::Exited) || cause.tick() || lost,
         (Working, Running) => cause.ev(E::TurnEnd),
+        // Blocked on a human: an ask the policy does not settle.
+        (Running | Working, Waiting) => cause.ev(E::Ask),
+        // Unblocked: the last open request answered or expired (back to the turn, or idle),
+        // or the turn ended (what was open is moot).
+        (Waiting, Working) => cause.req(R::Resolve) || cause.tick(),
+        (Waiting, Running) => cause.req(R::Resolve) || cause.tick() || cause.ev(E::TurnEnd),
+        (Waiting, Stopping) => cause.stop() || cause.req(R::Restart),
+        (Waiting, Failed) => cause.ev(E::Activity) || cause.ev(E::Exited) || cause.tick() || lost,
         (Working, Failed) => {
             // The budget (an activity), a crash, the session timeout, a daemon restart.
             cause.ev(E::Activity) || cause.ev(E::Exited) || cause.tick() || lost
@@ -1489,6 +2292,72 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
     }
 }
 
+/// The reference permission policy (`provider_config["permissions"]`, as the client writes
+/// it): `Some(allowed)` when the policy settles the ask at once, `None` when a human must.
+fn policy_settles(config: &SessionConfig, kind: AskKind, tool: &str) -> Option<bool> {
+    let policy = config
+        .provider_config
+        .get("permissions")
+        .map_or("allow-all", String::as_str);
+    // (asks a human, the tools allowed without asking; None: every tool)
+    let (asks, allowed): (bool, Option<Vec<&str>>) = match policy {
+        "allow-all" => (false, None),
+        "deny" => (false, Some(Vec::new())),
+        "ask" => (true, Some(Vec::new())),
+        p if p.starts_with("allow:") => (false, Some(p["allow:".len()..].split(',').collect())),
+        p if p.starts_with("ask:") => (true, Some(p["ask:".len()..].split(',').collect())),
+        other => unreachable!("the client writes no policy like {other:?}"),
+    };
+    match kind {
+        // The client runs its own tools: always a request.
+        AskKind::ClientTool => None,
+        AskKind::Question if asks => None,
+        AskKind::Question => Some(false),
+        AskKind::Permission if allowed.is_none_or(|l| l.contains(&tool)) => Some(true),
+        AskKind::Permission if asks => None,
+        AskKind::Permission => Some(false),
+    }
+}
+
+/// The reference approval timeout (`provider_config["approval_timeout"]`, as the client writes
+/// it: `250ms`, `5s`, `2m`; none: the default).
+fn approval_timeout_ms(config: &SessionConfig) -> u64 {
+    let Some(t) = config.provider_config.get("approval_timeout") else {
+        return ApprovalSettings::DEFAULT_TIMEOUT_MS;
+    };
+    let num = |suffix: &str| -> u64 {
+        t[..t.len() - suffix.len()]
+            .parse()
+            .unwrap_or_else(|_| unreachable!("the client writes no timeout like {t:?}"))
+    };
+    if t.ends_with("ms") {
+        num("ms")
+    } else if t.ends_with('s') {
+        num("s") * 1000
+    } else if t.ends_with('m') {
+        num("m") * 60_000
+    } else {
+        unreachable!("the client writes no timeout like {t:?}")
+    }
+}
+
+/// On expiry the request is approved only if the session says so.
+fn approval_default_allow(config: &SessionConfig) -> bool {
+    config
+        .provider_config
+        .get("approval_default")
+        .is_some_and(|d| d == "allow")
+}
+
+/// What a decision makes of a request: its state and whether the agent may go ahead.
+fn decided(d: &Decision) -> (ApprovalState, bool) {
+    match d {
+        Decision::Approve => (ApprovalState::Approved, true),
+        Decision::Deny { .. } => (ApprovalState::Denied, false),
+        Decision::Answer { .. } => (ApprovalState::Answered, true),
+    }
+}
+
 fn same_session(cause: &Cause, id: &SessionId) -> Result<(), String> {
     match cause.session() {
         Some(c) if c != id => Err(format!(
@@ -1496,6 +2365,51 @@ fn same_session(cause: &Cause, id: &SessionId) -> Result<(), String> {
         )),
         _ => Ok(()),
     }
+}
+
+/// Two records are equal (their configurations compared only if `config`).
+fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
+    // Destructured, so that a new field cannot be left out of the comparison.
+    let SessionRecord {
+        id,
+        config: a_config,
+        status,
+        tokens_input,
+        tokens_output,
+        pid,
+        restart_count,
+        created_at,
+        started_at,
+        last_activity_at,
+        ended_at,
+        error,
+        provider_session,
+        last_activity_seq,
+        last_status_seq,
+        turns,
+        turn_open,
+        run,
+        provider_cursor,
+    } = a;
+    *id == b.id
+        && *status == b.status
+        && *tokens_input == b.tokens_input
+        && *tokens_output == b.tokens_output
+        && *pid == b.pid
+        && *restart_count == b.restart_count
+        && *created_at == b.created_at
+        && *started_at == b.started_at
+        && *last_activity_at == b.last_activity_at
+        && *ended_at == b.ended_at
+        && *error == b.error
+        && *provider_session == b.provider_session
+        && *last_activity_seq == b.last_activity_seq
+        && *last_status_seq == b.last_status_seq
+        && *turns == b.turns
+        && *turn_open == b.turn_open
+        && *run == b.run
+        && *provider_cursor == b.provider_cursor
+        && (!config || *a_config == b.config)
 }
 
 /// The fields in which two records differ, for failure messages.

@@ -7,9 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
+use paddock_core::session::machine::RESOLVED_KEPT;
 use paddock_core::{
-    Activity, ActivityKind, Effect, Limits, Millis, ProviderEvent, Record, RunId, SessionId,
-    SessionRecord, Signal, SpawnSpec,
+    Activity, ActivityKind, Approval, ApprovalId, AskKind, Effect, Limits, Millis, ProviderEvent,
+    Record, RunId, SessionId, SessionRecord, Signal, SpawnSpec,
 };
 
 use crate::rng::Rng;
@@ -56,6 +57,14 @@ pub struct Faults {
     /// Of those crashes, how many (per mille) the runner survives: the provider processes
     /// keep running through the daemon's downtime, and the new daemon adopts them.
     pub runner_survives: u32,
+    /// Turns (per mille) that ask something (a permission, a question, a client-side tool)
+    /// and wait for the answer. Not a fault (healing keeps it): the agent's way of working.
+    pub ask: u32,
+    /// Of the asks, how many (per mille) the agent does not wait for: its turn goes on (and
+    /// may end) with the request still open.
+    pub abandon_ask: u32,
+    /// Turns (per mille) followed by an ask outside any turn (a stray permission prompt).
+    pub stray_ask: u32,
 }
 
 impl Faults {
@@ -68,7 +77,7 @@ impl Faults {
                 0
             }
         };
-        Faults {
+        let mut faults = Faults {
             spawn_fail: f(20, 300),
             exit_at_startup: f(20, 300),
             slow_start: f(20, 400),
@@ -83,6 +92,22 @@ impl Faults {
             daemon_crash: f(10, 300),
             crash_mid_step: f(100, 900),
             runner_survives: f(200, 1000),
+            ask: 0,
+            abandon_ask: f(20, 300),
+            stray_ask: f(50, 500),
+        };
+        // Most seeds ask: approvals are much of what a session does.
+        if rng.chance(3, 4) {
+            faults.ask = rng.range(50, 800) as u32;
+        }
+        faults
+    }
+
+    /// What is left once every fault healed: the agents still ask (and wait for the answer).
+    pub fn healed(&self) -> Faults {
+        Faults {
+            ask: self.ask,
+            ..Faults::default()
         }
     }
 }
@@ -94,7 +119,7 @@ impl fmt::Display for Faults {
             "spawn_fail={} exit_at_startup={} slow_start={} crash_mid_turn={} hang={} \
              garbage={} slow_output={} usage_jump={} provider_error={} ignore_term={} \
              stray_output={} (per mille) daemon_crash={}/10k steps crash_mid_step={} \
-             runner_survives={}",
+             runner_survives={} ask={} abandon_ask={} stray_ask={}",
             self.spawn_fail,
             self.exit_at_startup,
             self.slow_start,
@@ -108,7 +133,10 @@ impl fmt::Display for Faults {
             self.stray_output,
             self.daemon_crash,
             self.crash_mid_step,
-            self.runner_survives
+            self.runner_survives,
+            self.ask,
+            self.abandon_ask,
+            self.stray_ask
         )
     }
 }
@@ -156,13 +184,19 @@ struct Rows {
 pub struct Store {
     pub sessions: BTreeMap<SessionId, SessionRecord>,
     rows: BTreeMap<SessionId, Rows>,
-    /// Rows committed so far (records, activities, status changes, messages).
+    /// Requests for a human, upserted by id.
+    pub approvals: BTreeMap<ApprovalId, Approval>,
+    /// The ids of the open ones.
+    pub open: BTreeSet<ApprovalId>,
+    /// Rows committed so far (records, activities, status changes, messages, approvals).
     pub committed: u64,
 }
 
 impl Store {
     /// Applies the persists among `effects` as one transaction. Appends must continue their
-    /// table's sequence exactly (no gap, no repeat).
+    /// table's sequence exactly (no gap, no repeat); a request for a human is written once
+    /// open and once resolved, never again (its state never goes back), and a session is
+    /// deleted (with everything stored about it) only once it ended and has no process.
     pub fn commit(&mut self, effects: &[Effect]) -> Result<(), String> {
         for e in effects {
             let Effect::Persist(r) = e else { continue };
@@ -209,6 +243,36 @@ impl Store {
                     }
                     rows.message_turn = m.turn;
                 }
+                Record::Approval(a) => self.put_approval(a)?,
+                Record::Delete(id) => {
+                    if effects.iter().filter(|e| e.is_persist()).count() != 1 {
+                        return Err(format!(
+                            "store: the delete of {id} shares its transaction with other rows: \
+                             {effects:?}"
+                        ));
+                    }
+                    match self.sessions.get(id) {
+                        Some(rec) if rec.status.is_terminal() && rec.run.is_none() => {}
+                        Some(rec) => {
+                            return Err(format!(
+                                "store: {id} deleted while {} with run {:?} (only an ended \
+                                 session without a process may be)",
+                                rec.status, rec.run
+                            ))
+                        }
+                        None => return Err(format!("store: {id} deleted, but never stored")),
+                    }
+                    if self
+                        .approvals
+                        .values()
+                        .any(|a| &a.session == id && a.is_pending())
+                    {
+                        return Err(format!("store: {id} deleted with a request still open"));
+                    }
+                    self.sessions.remove(id);
+                    self.rows.remove(id);
+                    self.approvals.retain(|_, a| &a.session != id);
+                }
             }
         }
         // Every session row written in this transaction must agree with the appends.
@@ -241,13 +305,96 @@ impl Store {
                     ));
                 }
             }
+            if let Effect::Persist(Record::Approval(a)) = e {
+                if !self.sessions.contains_key(&a.session) {
+                    return Err(format!(
+                        "store: approval {} belongs to {}, which is not stored",
+                        a.id, a.session
+                    ));
+                }
+            }
         }
+        Ok(())
+    }
+
+    /// Upserts one request for a human: opened once (pending), resolved once (same request,
+    /// now settled), and never written again.
+    fn put_approval(&mut self, a: &Approval) -> Result<(), String> {
+        match (self.approvals.get(&a.id), a.is_pending()) {
+            (None, true) => {}
+            (None, false) => {
+                return Err(format!(
+                    "store: approval {} is stored for the first time already {} (it was never \
+                     open)",
+                    a.id,
+                    a.state.name()
+                ))
+            }
+            (Some(old), _) if !old.is_pending() => {
+                return Err(format!(
+                    "store: approval {} was {} already and is written again as {}: a request \
+                     is resolved exactly once and never goes back",
+                    a.id,
+                    old.state.name(),
+                    a.state.name()
+                ))
+            }
+            (Some(_), true) => {
+                return Err(format!("store: approval {} is opened twice", a.id));
+            }
+            (Some(old), false) => {
+                let same = old.session == a.session
+                    && old.run == a.run
+                    && old.key == a.key
+                    && old.kind == a.kind
+                    && old.tool == a.tool
+                    && old.input == a.input
+                    && old.turn == a.turn
+                    && old.created_at == a.created_at
+                    && old.expires_at == a.expires_at;
+                if !same || a.resolved_at.is_none() {
+                    return Err(format!(
+                        "store: approval {} is resolved as another request (or without a time): \
+                         {old:?} -> {a:?}",
+                        a.id
+                    ));
+                }
+            }
+        }
+        if a.is_pending() {
+            self.open.insert(a.id.clone());
+        } else {
+            self.open.remove(&a.id);
+        }
+        self.approvals.insert(a.id.clone(), a.clone());
         Ok(())
     }
 
     /// Every committed session record, in id order (what a restarted daemon loads).
     pub fn records(&self) -> Vec<SessionRecord> {
         self.sessions.values().cloned().collect()
+    }
+
+    /// The requests a restarted daemon loads, as the shell's store gives them: every open
+    /// one, and the newest [`RESOLVED_KEPT`] resolved ones of each session (newest by
+    /// creation), oldest first.
+    pub fn approvals_to_load(&self) -> Vec<Approval> {
+        let mut all: Vec<&Approval> = self.approvals.values().collect();
+        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        let mut kept: BTreeMap<&SessionId, usize> = BTreeMap::new();
+        let mut out: Vec<Approval> = Vec::new();
+        for a in all.into_iter().rev() {
+            if !a.is_pending() {
+                let n = kept.entry(&a.session).or_default();
+                if *n == RESOLVED_KEPT {
+                    continue;
+                }
+                *n += 1;
+            }
+            out.push(a.clone());
+        }
+        out.reverse();
+        out
     }
 }
 
@@ -263,6 +410,40 @@ struct Line {
     /// Its position in the run's output (output lines only), given when it is first
     /// delivered; a redelivered line keeps it.
     cursor: Option<u64>,
+    /// An `Ask` the agent waits for: the rest of its turn is held until it is answered.
+    blocks: bool,
+}
+
+/// One step of a scripted turn: a line, or a point where the agent waits until every ask it
+/// made is answered.
+#[derive(Debug, Clone)]
+enum Script {
+    Line {
+        event: ProviderEvent,
+        of_turn: bool,
+        blocks: bool,
+    },
+    Wait,
+}
+
+impl Script {
+    fn line(event: ProviderEvent, of_turn: bool) -> Script {
+        Script::Line {
+            event,
+            of_turn,
+            blocks: false,
+        }
+    }
+
+    fn is_ask(&self) -> bool {
+        matches!(
+            self,
+            Script::Line {
+                event: ProviderEvent::Ask { .. },
+                ..
+            }
+        )
+    }
 }
 
 /// How many delivered output lines a process keeps for redelivery (the runner's buffer).
@@ -296,6 +477,18 @@ struct Proc {
     cursor: u64,
     /// The last output lines delivered, with their cursors (what the runner would replay).
     delivered: VecDeque<Line>,
+    /// The rest of the current turn, held back while the agent waits for answers; times are
+    /// given when it is released.
+    held: VecDeque<Script>,
+    /// The current turn's lines come seconds apart.
+    slow: bool,
+    /// Asks delivered that the agent waits for and has no answer to yet: key → the Ask
+    /// line's cursor.
+    blocked: BTreeMap<String, u64>,
+    /// The keys of every Ask delivered, and the one answer each got (the agent's record:
+    /// a second answer to one key is a bug).
+    asked: BTreeSet<String>,
+    answers: BTreeMap<String, Approval>,
 }
 
 /// What one delivered line was, for the driver's bookkeeping.
@@ -335,6 +528,9 @@ pub struct World {
     last_run: RunId,
     next_pid: u32,
     next_conversation: u64,
+    /// Numbers the asks: approval ids and agent keys are unique across the whole run (the
+    /// shell makes ULIDs), across daemon crashes too.
+    next_ask: u64,
     startup_timeout_ms: u64,
     kill_grace_ms: u64,
     /// Counters for the run summary.
@@ -342,6 +538,9 @@ pub struct World {
     pub turns_scripted: u64,
     /// Exits lost with the daemon that read them, still held by the surviving runner.
     pub exits_revived: u64,
+    /// Asks scripted, and answers the agents received.
+    pub asks_scripted: u64,
+    pub answers_received: u64,
 }
 
 impl World {
@@ -356,17 +555,20 @@ impl World {
             last_run: 0,
             next_pid: 4000,
             next_conversation: 1,
+            next_ask: 0,
             startup_timeout_ms: limits.startup_timeout_ms,
             kill_grace_ms: limits.kill_grace_ms,
             spawns: 0,
             turns_scripted: 0,
             exits_revived: 0,
+            asks_scripted: 0,
+            answers_received: 0,
         }
     }
 
     fn faults(&self) -> Faults {
         if self.healed {
-            Faults::default()
+            self.faults.healed()
         } else {
             self.faults
         }
@@ -447,7 +649,12 @@ impl World {
             return 0;
         };
         let output = |e: &ProviderEvent| {
-            matches!(e, ProviderEvent::Activity(_) | ProviderEvent::SessionRef(_))
+            matches!(
+                e,
+                ProviderEvent::Activity(_)
+                    | ProviderEvent::SessionRef(_)
+                    | ProviderEvent::Ask { .. }
+            )
         };
         let queued = p
             .queue
@@ -564,7 +771,9 @@ impl World {
                 p.queue.push_front(line.clone());
                 self.gone = Some((run, p));
             }
-            ProviderEvent::Activity(_) | ProviderEvent::SessionRef(_) => {
+            ProviderEvent::Activity(_)
+            | ProviderEvent::SessionRef(_)
+            | ProviderEvent::Ask { .. } => {
                 if line.cursor.is_none() {
                     p.cursor += 1;
                     line.cursor = Some(p.cursor);
@@ -573,6 +782,15 @@ impl World {
                         p.delivered.pop_front();
                     }
                 }
+                if let ProviderEvent::Ask { key, .. } = &line.event {
+                    p.asked.insert(key.clone());
+                    if line.blocks && !p.answers.contains_key(key) {
+                        let c = line.cursor.expect("an output line has its cursor");
+                        p.blocked.insert(key.clone(), c);
+                    }
+                }
+                // The agent's own pace: the world's stream, not the scheduler's.
+                maybe_release(p, now, self.healed, &mut self.rng);
             }
         }
         Some(Delivery {
@@ -591,15 +809,20 @@ impl World {
             p.ignore_term = false;
             if p.turn_open && !p.exiting {
                 p.turn_open = false;
-                let at = p.queue.back().map_or(now, |l| l.at.max(now));
-                p.queue.push_back(Line {
-                    at,
-                    event: ProviderEvent::Activity(
-                        Activity::new(ActivityKind::Completion, "recovered").with_tokens(10, 10),
-                    ),
-                    of_turn: true,
-                    cursor: None,
-                });
+                let done = ProviderEvent::Activity(
+                    Activity::new(ActivityKind::Completion, "recovered").with_tokens(10, 10),
+                );
+                let waits =
+                    !p.held.is_empty() || !p.blocked.is_empty() || p.queue.iter().any(|l| l.blocks);
+                if !waits {
+                    let at = p.queue.back().map_or(now, |l| l.at.max(now));
+                    push(p, at, done, true);
+                } else {
+                    // It waits (or will) for answers: the turn ends after them (a hang may
+                    // have cut the wait after its last ask).
+                    p.held.push_back(Script::Wait);
+                    p.held.push_back(Script::line(done, true));
+                }
             }
             // Promptly, in order: the minimum of two non-decreasing sequences is one.
             for (i, l) in p.queue.iter_mut().enumerate() {
@@ -674,6 +897,11 @@ impl World {
             calls: 0,
             cursor: 0,
             delivered: VecDeque::new(),
+            held: VecDeque::new(),
+            slow: false,
+            blocked: BTreeMap::new(),
+            asked: BTreeSet::new(),
+            answers: BTreeMap::new(),
         };
         let rng = &mut self.rng;
         let quick = |rng: &mut Rng| rng.range(1, 400);
@@ -728,6 +956,7 @@ impl World {
     /// `Effect::Write`: one user message; the provider scripts its answer (and its faults).
     pub fn write(&mut self, now: Millis, id: &SessionId, run: RunId) -> Result<(), String> {
         let f = self.faults();
+        let healed = self.healed;
         let Some(p) = self.procs.get_mut(&run) else {
             return Err(format!(
                 "Write to run {run} of {id}, which has exited, failed to spawn or never existed"
@@ -762,18 +991,24 @@ impl World {
                  message: two turns at once"
             ));
         }
+        if !p.held.is_empty() || !p.blocked.is_empty() {
+            return Err(format!(
+                "Write to run {run} of {id} while the agent waits for the answers to {:?}: a \
+                 message reached a session that is WAITING",
+                p.blocked.keys().collect::<Vec<_>>()
+            ));
+        }
         if p.exiting {
             return Ok(()); // it is dying; the message is lost with it
         }
         self.turns_scripted += 1;
         let rng = &mut self.rng;
-        let slow = rng.per_mille(f.slow_output);
-        let mut lines: Vec<ProviderEvent> = Vec::new();
+        let mut script: Vec<Script> = Vec::new();
         for _ in 0..rng.range(0, 3) {
             if rng.chance(1, 2) {
                 let a = Activity::new(ActivityKind::Thinking, "considering the request")
                     .with_tokens(0, rng.range(5, 300));
-                lines.push(ProviderEvent::Activity(a));
+                script.push(Script::line(ProviderEvent::Activity(a), true));
             } else {
                 p.calls += 1;
                 let call = format!("call-{}", p.calls);
@@ -781,10 +1016,10 @@ impl World {
                 let a = Activity::new(ActivityKind::ToolCall, "{\"path\":\"src/lib.rs\"}")
                     .with_tool(tool, call.clone())
                     .with_tokens(rng.range(50, 3000), rng.range(5, 200));
-                lines.push(ProviderEvent::Activity(a));
+                script.push(Script::line(ProviderEvent::Activity(a), true));
                 let mut r = Activity::new(ActivityKind::ToolResult, "ok").with_tool(tool, call);
                 r.tool_success = rng.chance(9, 10);
-                lines.push(ProviderEvent::Activity(r));
+                script.push(Script::line(ProviderEvent::Activity(r), true));
             }
         }
         let last = if rng.per_mille(f.provider_error) {
@@ -793,55 +1028,77 @@ impl World {
             Activity::new(ActivityKind::Completion, "done: the change is in")
                 .with_tokens(rng.range(100, 2000), rng.range(20, 800))
         };
-        lines.push(ProviderEvent::Activity(last));
+        script.push(Script::line(ProviderEvent::Activity(last), true));
         if rng.per_mille(f.usage_jump) {
-            let i = rng.index(lines.len());
-            if let ProviderEvent::Activity(a) = &mut lines[i] {
+            let i = rng.index(script.len());
+            if let Script::Line {
+                event: ProviderEvent::Activity(a),
+                ..
+            } = &mut script[i]
+            {
                 a.tokens_output += rng.range(50_000, 500_000);
+            }
+        }
+        // The agent asks, at one or two points of the turn (before its last line): one or two
+        // requests at once (a question and a permission, parallel tool calls), maybe a line
+        // while it waits, then it waits for every answer — unless it does not wait at all.
+        if rng.per_mille(f.ask) {
+            for _ in 0..rng.range(1, 2) {
+                let abandon = rng.per_mille(f.abandon_ask);
+                let mut point = Vec::new();
+                for _ in 0..rng.range(1, 2) {
+                    self.next_ask += 1;
+                    self.asks_scripted += 1;
+                    point.push(Script::Line {
+                        event: ask_event(self.next_ask, &[6, 2, 2], rng),
+                        of_turn: true,
+                        blocks: !abandon,
+                    });
+                }
+                if rng.chance(1, 4) {
+                    let a = Activity::new(ActivityKind::Status, "waiting for the user");
+                    point.push(Script::line(ProviderEvent::Activity(a), true));
+                }
+                if !abandon {
+                    point.push(Script::Wait);
+                }
+                let at = rng.index(script.len());
+                script.splice(at..at, point);
             }
         }
         // Faults that cut the turn short.
         let mut turn_ends = true;
         let mut crash = false;
         if rng.per_mille(f.crash_mid_turn) {
-            lines.truncate(rng.index(lines.len()));
+            // It dies wherever it was, waiting or not.
+            script.truncate(rng.index(script.len()));
+            script.retain(|s| !matches!(s, Script::Wait));
             crash = true;
         } else if rng.per_mille(f.hang) {
-            lines.truncate(rng.index(lines.len()));
+            script.truncate(rng.index(script.len()));
             turn_ends = false;
         } else if rng.per_mille(f.garbage) {
-            let i = rng.index(lines.len());
-            if i == lines.len() - 1 {
+            // One line the adapter cannot read (never an ask: an unreadable prompt is one the
+            // agent is not waiting on).
+            let lines: Vec<usize> = (0..script.len())
+                .filter(|i| matches!(script[*i], Script::Line { .. }) && !script[*i].is_ask())
+                .collect();
+            let i = *rng.pick(&lines);
+            if i == script.len() - 1 {
                 turn_ends = false;
             }
-            lines.remove(i);
-        }
-        let mut t = p.queue.back().map_or(now, |l| l.at.max(now));
-        let gap = |rng: &mut Rng| {
-            if slow {
-                rng.range(1_000, 30_000)
-            } else {
-                rng.range(1, 800)
-            }
-        };
-        for ev in lines {
-            t += gap(rng);
-            push(p, t, ev, true);
+            script.remove(i);
         }
         if crash {
-            t += gap(rng);
             let ev = if rng.chance(1, 2) {
                 exited(None, Some(11), "segmentation fault")
             } else {
                 exited(Some(101), None, "panicked at 'index out of bounds'")
             };
-            push(p, t, ev, false);
-            p.exiting = true;
-            p.exit_at = t;
+            script.push(Script::line(ev, false));
         } else if !turn_ends {
             p.turn_open = true;
         } else if rng.per_mille(f.stray_output) {
-            t += gap(rng);
             let ev = if rng.chance(1, 2) {
                 // A duplicated final line (with its usage).
                 Activity::new(ActivityKind::Completion, "done: the change is in")
@@ -851,9 +1108,87 @@ impl World {
                 Activity::new(ActivityKind::Status, "idle")
                     .with_tokens(rng.range(0, 3000), rng.range(0, 800))
             };
-            push(p, t, ProviderEvent::Activity(ev), false);
+            script.push(Script::line(ProviderEvent::Activity(ev), false));
         }
+        if turn_ends && !crash && rng.per_mille(f.stray_ask) {
+            // A request outside any turn (a background tool's permission, a client-side tool
+            // run for a hook): the agent does not block on it, but it gets its answer.
+            self.next_ask += 1;
+            self.asks_scripted += 1;
+            script.push(Script::line(
+                ask_event(self.next_ask, &[1, 0, 1], rng),
+                false,
+            ));
+        }
+        p.slow = rng.per_mille(f.slow_output);
+        // Up to the first wait now; the rest when the agent has its answers.
+        let wait = script
+            .iter()
+            .position(|s| matches!(s, Script::Wait))
+            .unwrap_or(script.len());
+        p.held = script.split_off(wait).into();
+        p.held.pop_front(); // the wait itself
+        queue_script(p, now, script, healed, rng);
         Ok(())
+    }
+
+    /// `Effect::Answer`: the agent gets the answer to its request `key`. Only the process
+    /// that asked may get it, once; once every request it waits for is answered, its turn
+    /// goes on.
+    pub fn answer(
+        &mut self,
+        now: Millis,
+        id: &SessionId,
+        run: RunId,
+        approval: &Approval,
+    ) -> Result<(), String> {
+        let healed = self.healed;
+        let Some(p) = self.procs.get_mut(&run) else {
+            return Err(format!(
+                "Answer to {} ({}) for run {run} of {id}, which has exited, failed to spawn or \
+                 never existed",
+                approval.key, approval.id
+            ));
+        };
+        if &p.session != id || approval.session != *id || approval.run != run {
+            return Err(format!(
+                "Answer for {id} addressed run {run} of {}: {approval:?}",
+                p.session
+            ));
+        }
+        if !p.asked.contains(&approval.key) {
+            return Err(format!(
+                "Answer to run {run} of {id} for {}, which that run never asked: {approval:?}",
+                approval.key
+            ));
+        }
+        if let Some(first) = p.answers.get(&approval.key) {
+            return Err(format!(
+                "a second Answer to run {run} of {id} for {}: first {} ({}), now {} ({})",
+                approval.key,
+                first.state.name(),
+                first.resolved_by,
+                approval.state.name(),
+                approval.resolved_by
+            ));
+        }
+        self.answers_received += 1;
+        p.answers.insert(approval.key.clone(), approval.clone());
+        p.blocked.remove(&approval.key);
+        maybe_release(p, now, healed, &mut self.rng);
+        Ok(())
+    }
+
+    /// Every ask an agent waits on and has no answer to: (run, session, key, the cursor of its
+    /// line). The driver checks the engine holds each one open once it applied that line.
+    pub fn blocked(&self) -> Vec<(RunId, SessionId, String, u64)> {
+        let mut out = Vec::new();
+        for (run, p) in &self.procs {
+            for (key, c) in &p.blocked {
+                out.push((*run, p.session.clone(), key.clone(), *c));
+            }
+        }
+        out
     }
 
     /// `Effect::Signal`: TERM ends the process after a moment (unless it ignores TERM); KILL
@@ -918,6 +1253,8 @@ impl World {
         p.queue
             .retain(|l| l.at <= at && !matches!(l.event, ProviderEvent::Exited { .. }));
         p.turn_open = false;
+        p.held.clear();
+        p.blocked.clear();
         p.exiting = true;
         p.exit_at = p.queue.back().map_or(at, |l| l.at.max(at));
         let ev = exited(None, Some(sig), "");
@@ -952,7 +1289,91 @@ fn push(p: &mut Proc, at: Millis, event: ProviderEvent, of_turn: bool) {
         event,
         of_turn,
         cursor: None,
+        blocks: false,
     });
+}
+
+/// Queues the lines of `script` (no waits in it) after whatever is queued, each a gap after the
+/// one before; an exit among them is the process's last word.
+fn queue_script(p: &mut Proc, now: Millis, script: Vec<Script>, healed: bool, rng: &mut Rng) {
+    let slow = p.slow && !healed;
+    let mut t = p.queue.back().map_or(now, |l| l.at.max(now));
+    for s in script {
+        let Script::Line {
+            event,
+            of_turn,
+            blocks,
+        } = s
+        else {
+            continue;
+        };
+        t += if slow {
+            rng.range(1_000, 30_000)
+        } else if healed {
+            rng.range(1, 20)
+        } else {
+            rng.range(1, 800)
+        };
+        let exit = matches!(event, ProviderEvent::Exited { .. });
+        p.queue.push_back(Line {
+            at: t,
+            event,
+            of_turn,
+            cursor: None,
+            blocks,
+        });
+        if exit {
+            p.exiting = true;
+            p.exit_at = t;
+            p.held.clear();
+            return;
+        }
+    }
+}
+
+/// The agent goes on with its turn once every request it waits for is answered and the part
+/// of the turn before the wait is all out.
+fn maybe_release(p: &mut Proc, now: Millis, healed: bool, rng: &mut Rng) {
+    if p.held.is_empty() || !p.blocked.is_empty() || p.exiting || p.queue.iter().any(|l| l.of_turn)
+    {
+        return;
+    }
+    let mut next = Vec::new();
+    while let Some(s) = p.held.pop_front() {
+        if matches!(s, Script::Wait) {
+            // Two ask points spliced into one place wait once.
+            if next.is_empty() {
+                continue;
+            }
+            p.held.push_front(s);
+            break;
+        }
+        next.push(s);
+    }
+    queue_script(p, now, next, healed, rng);
+}
+
+/// A request the agent makes: permission prompts for tools (some a policy allows, denies or
+/// asks about), questions, client-side tools, in proportion to `weights`.
+fn ask_event(n: u64, weights: &[u32; 3], rng: &mut Rng) -> ProviderEvent {
+    let kind = match rng.weighted(weights) {
+        0 => AskKind::Permission,
+        1 => AskKind::Question,
+        _ => AskKind::ClientTool,
+    };
+    let tool = match kind {
+        AskKind::Permission => *rng.pick(&["Read", "Bash", "Edit", "Grep", "Write"]),
+        AskKind::Question => "AskUserQuestion",
+        AskKind::ClientTool => "client.open_file",
+    };
+    ProviderEvent::Ask {
+        approval: format!("ap{n:05}"),
+        key: format!("k{n}"),
+        kind,
+        tool: tool.to_string(),
+        input: "{\"command\":\"cargo test\"}".to_string(),
+        summary: format!("{tool}: cargo test"),
+    }
 }
 
 fn ends_turn(e: &ProviderEvent) -> bool {

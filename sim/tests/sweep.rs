@@ -62,6 +62,8 @@ fn sweep() {
         (0, 0, 0, 0, 0);
     let (mut orphans, mut stale, mut revived) = (0, 0, 0);
     let (mut unlisted, mut unread) = (0, 0);
+    let mut m = sim::model::ModelStats::default();
+    let (mut scripted, mut received) = (0, 0);
     for r in rx {
         match r {
             Ok(o) => {
@@ -84,6 +86,21 @@ fn sweep() {
                 lost += o.stats.model.requests_lost;
                 cut += o.stats.model.turns_cut;
                 sim_ms += o.stats.sim_ms;
+                scripted += o.stats.asks_scripted;
+                received += o.stats.answers_received;
+                let s = &o.stats.model;
+                m.asks += s.asks;
+                m.asks_settled += s.asks_settled;
+                m.approvals_opened += s.approvals_opened;
+                m.approvals_resolved += s.approvals_resolved;
+                m.approvals_expired += s.approvals_expired;
+                m.approvals_cancelled += s.approvals_cancelled;
+                m.resolves_late += s.resolves_late;
+                m.resolves_unknown += s.resolves_unknown;
+                m.resolves_wrong += s.resolves_wrong;
+                m.answers += s.answers;
+                m.deleted += s.deleted;
+                m.deletes_refused += s.deletes_refused;
                 coverage.merge(&o.coverage);
             }
             Err(f) => failures.push(*f),
@@ -106,6 +123,25 @@ fn sweep() {
          with a turn in progress), {orphans} stopped unadopted, {stale} stale runs listed and \
          not adopted, {unlisted} exited meanwhile and not listed ({unread} output lines never read); {redelivered} output lines replayed, {replays} of them recognised as \
          applied already; {revived} exits in flight delivered again"
+    );
+    println!(
+        "approvals: {scripted} asks scripted, {} applied ({} settled at once by a policy or a \
+         stop), {} requests opened: {} resolved by a client, {} expired, {} cancelled; resolves \
+         refused: {} already resolved (OBEY-2041), {} unknown (OBEY-2040), {} of the wrong kind \
+         (OBEY-2011); {} answers sent, {received} received by agents; {} sessions deleted, {} \
+         deletes refused",
+        m.asks,
+        m.asks_settled,
+        m.approvals_opened,
+        m.approvals_resolved,
+        m.approvals_expired,
+        m.approvals_cancelled,
+        m.resolves_late,
+        m.resolves_unknown,
+        m.resolves_wrong,
+        m.answers,
+        m.deleted,
+        m.deletes_refused
     );
     println!("table lookups reached (legal cells: count; refusals and ignored: (count)):");
     println!("{}", coverage.render());

@@ -831,6 +831,7 @@ impl Session {
         a.answer = answer;
         a.is_error = is_error;
         a.resolved_by = by.to_string();
+        a.resolved_at = Some(cx.now);
         self.finish_approval(a.clone(), true, cx);
         self.settle_status("", cx);
         reply(cx, Ok(a))
