@@ -77,6 +77,10 @@ pub fn session_json(s: &pb::SessionInfo) -> Value {
         "working_dir": s.working_dir,
         "provider_config": s.provider_config,
         "unrecognized_lines": s.unrecognized_lines,
+        "initial_message": s.initial_message,
+        "turns_completed": s.turns_completed,
+        "driver": super::latis::DRIVERS[0],
+        "state": super::latis::state_of(s),
     })
 }
 
