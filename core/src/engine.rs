@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::approval::Approval;
 use crate::error::{Error, ErrorCode};
 use crate::model::{Millis, RunId, SessionId, SessionRecord, Status};
-use crate::session::effect::Effect;
+use crate::session::effect::{Effect, Record};
 use crate::session::input::Input;
 use crate::session::machine::{Ctx, Out, Session, Step, Timer};
 
@@ -66,22 +67,29 @@ impl Engine {
         now: Millis,
         records: impl IntoIterator<Item = SessionRecord>,
     ) -> (Self, Vec<Effect>) {
-        Engine::restore_with(limits, now, records, &BTreeMap::new())
+        Engine::restore_with(limits, now, records, Vec::new(), &BTreeMap::new())
     }
 
     /// As [`Engine::restore`], adopting the provider processes that outlived the previous
     /// daemon (`surviving`: session → its run and pid, as the runner lists them). An adopted
-    /// session carries on where it was (a turn in progress stays in progress; a stop in
-    /// progress is finished); one whose process is gone is FAILED with OBEY-2032.
+    /// session carries on where it was (a turn in progress stays in progress, a request for a
+    /// human stays open; a stop in progress is finished); one whose process is gone is FAILED
+    /// with OBEY-2032 and its open requests are cancelled. `approvals` are the stored requests
+    /// (every open one, and the newest resolved ones of each session).
     pub fn restore_with(
         limits: Limits,
         now: Millis,
         records: impl IntoIterator<Item = SessionRecord>,
+        approvals: impl IntoIterator<Item = Approval>,
         surviving: &BTreeMap<SessionId, (RunId, Option<u32>)>,
     ) -> (Self, Vec<Effect>) {
         let mut engine = Engine::new(limits);
         engine.now = now;
         let mut out = Out::default();
+        let mut by_session: BTreeMap<SessionId, Vec<Approval>> = BTreeMap::new();
+        for a in approvals {
+            by_session.entry(a.session.clone()).or_default().push(a);
+        }
         for record in records {
             let id = record.id.clone();
             // Run ids stay unique across daemon lifetimes: the runner may still know old ones.
@@ -93,6 +101,11 @@ impl Engine {
                 .copied()
                 .filter(|(run, _)| record.run == Some(*run));
             let mut s = Session::from_record(record);
+            let mut mine = by_session.remove(&id).unwrap_or_default();
+            mine.sort_by_key(|a| a.created_at);
+            for a in mine {
+                s.restore_approval(a);
+            }
             let mut cx = Ctx {
                 now,
                 lim: &engine.limits,
@@ -120,6 +133,11 @@ impl Engine {
     /// Every session, in id order (ULIDs: creation order).
     pub fn sessions(&self) -> impl Iterator<Item = &Session> {
         self.sessions.values()
+    }
+
+    /// Every request waiting for a human, oldest session first.
+    pub fn pending_approvals(&self) -> impl Iterator<Item = &Approval> {
+        self.sessions.values().flat_map(|s| s.pending().iter())
     }
 
     pub fn live_sessions(&self) -> usize {
@@ -226,6 +244,46 @@ impl Engine {
                     s.handle_restart(req, provider_config, &mut cx);
                     s.flush(&mut cx);
                 }
+                None => not_found(&mut cx, req, &id),
+            },
+            Input::Resolve {
+                req,
+                approval,
+                decision,
+                by,
+            } => match self
+                .sessions
+                .values_mut()
+                .find(|s| s.approval(&approval).is_some())
+            {
+                Some(s) => {
+                    s.handle_resolve(req, &approval, decision, &by, &mut cx);
+                    s.flush(&mut cx);
+                }
+                None => cx.out.rest.push(Effect::ReplyApproval {
+                    req,
+                    result: Err(Error::new(
+                        ErrorCode::ApprovalNotFound,
+                        format!("no open approval \"{approval}\""),
+                    )),
+                }),
+            },
+            Input::Delete { req, id } => match self.sessions.get(&id) {
+                Some(s) => match s.check_delete(&mut cx) {
+                    Ok(()) => {
+                        let record = s.record.clone();
+                        self.sessions.remove(&id);
+                        cx.out.persist.push(Effect::Persist(Record::Delete(id)));
+                        cx.out.rest.push(Effect::Reply {
+                            req,
+                            result: Ok(record),
+                        });
+                    }
+                    Err(e) => cx.out.rest.push(Effect::Reply {
+                        req,
+                        result: Err(e),
+                    }),
+                },
                 None => not_found(&mut cx, req, &id),
             },
             Input::Provider {

@@ -42,6 +42,10 @@ pub enum ErrorCode {
     ProviderCrashed,
     /// OBEY-2032 Provider connection lost.
     ConnectionLost,
+    /// OBEY-2040 Approval not found (paddock extension).
+    ApprovalNotFound,
+    /// OBEY-2041 Approval already resolved (paddock extension).
+    ApprovalResolved,
 }
 
 /// The class of a failure; the shell maps it one-to-one onto a gRPC status code.
@@ -58,7 +62,7 @@ pub enum ErrorKind {
 
 impl ErrorCode {
     /// Every code, in registry order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::Generic,
         ErrorCode::CampaignNotFound,
         ErrorCode::ProviderNotSupported,
@@ -75,6 +79,8 @@ impl ErrorCode {
         ErrorCode::AdapterNotInitialized,
         ErrorCode::ProviderCrashed,
         ErrorCode::ConnectionLost,
+        ErrorCode::ApprovalNotFound,
+        ErrorCode::ApprovalResolved,
     ];
 
     /// The registry number, e.g. `2013`.
@@ -96,6 +102,8 @@ impl ErrorCode {
             ErrorCode::AdapterNotInitialized => 2030,
             ErrorCode::ProviderCrashed => 2031,
             ErrorCode::ConnectionLost => 2032,
+            ErrorCode::ApprovalNotFound => 2040,
+            ErrorCode::ApprovalResolved => 2041,
         }
     }
 
@@ -125,19 +133,24 @@ impl ErrorCode {
             ErrorCode::AdapterNotInitialized => "provider adapter not initialized",
             ErrorCode::ProviderCrashed => "provider process crashed",
             ErrorCode::ConnectionLost => "provider connection lost",
+            ErrorCode::ApprovalNotFound => "approval not found",
+            ErrorCode::ApprovalResolved => "approval already resolved",
         }
     }
 
     /// The gRPC class of this failure.
     pub fn kind(self) -> ErrorKind {
         match self {
-            ErrorCode::CampaignNotFound | ErrorCode::SessionNotFound => ErrorKind::NotFound,
+            ErrorCode::CampaignNotFound
+            | ErrorCode::SessionNotFound
+            | ErrorCode::ApprovalNotFound => ErrorKind::NotFound,
             ErrorCode::ProviderNotSupported | ErrorCode::ModelNotSupported => {
                 ErrorKind::InvalidArgument
             }
-            ErrorCode::CreationFailed | ErrorCode::WrongState | ErrorCode::AlreadyStopped => {
-                ErrorKind::FailedPrecondition
-            }
+            ErrorCode::CreationFailed
+            | ErrorCode::WrongState
+            | ErrorCode::AlreadyStopped
+            | ErrorCode::ApprovalResolved => ErrorKind::FailedPrecondition,
             ErrorCode::BudgetExceeded => ErrorKind::ResourceExhausted,
             ErrorCode::Timeout | ErrorCode::GracefulStopTimedOut => ErrorKind::DeadlineExceeded,
             ErrorCode::DeliveryFailed

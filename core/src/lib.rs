@@ -9,8 +9,10 @@
 //! - [`session::machine`]: one session's machine (turns, stops, restarts, budget, timeouts,
 //!   the provider process from spawn to reap).
 //! - [`Engine`]: all sessions of a daemon; the next deadline ([`Engine::poll_timeout`]).
+//! - [`approval`]: what an agent may do without asking, and requests that wait for a human.
 //! - [`error`]: the OBEY-NNNN registry; [`budget`]: the one place that says "over".
 
+pub mod approval;
 pub mod budget;
 pub mod engine;
 pub mod error;
@@ -19,6 +21,9 @@ pub mod run;
 pub mod session;
 pub mod task;
 
+pub use approval::{
+    Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
+};
 pub use engine::{Engine, Limits};
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;

@@ -518,7 +518,7 @@ fn restore_adopts_a_process_that_outlived_the_daemon() {
     assert_eq!((rec.run, rec.turn_open), (Some(1), true));
     let mut surviving = std::collections::BTreeMap::new();
     surviving.insert(sid(), (1, Some(42)));
-    let (mut engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], &surviving);
+    let (mut engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
     assert!(
         statuses(&fx).is_empty(),
         "nothing changes for an adopted session"
@@ -581,7 +581,7 @@ fn restore_adopting_a_first_start_sends_the_initial_message() {
     assert_eq!((rec.status, rec.run), (Status::Starting, Some(1)));
     let mut surviving = std::collections::BTreeMap::new();
     surviving.insert(sid(), (1, Some(42)));
-    let (engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], &surviving);
+    let (engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
     assert_eq!(
         statuses(&fx),
         vec![
@@ -608,7 +608,7 @@ fn restore_finishes_a_stop_the_old_daemon_began() {
     assert_eq!(rec.status, Status::Stopping);
     let mut surviving = std::collections::BTreeMap::new();
     surviving.insert(sid(), (1, Some(42)));
-    let (mut engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], &surviving);
+    let (mut engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
     assert_eq!(signals(&fx), vec![Signal::Term]);
     assert!(activities(&fx)[0].ends_turn);
     engine.handle(

@@ -75,6 +75,28 @@ enum Command {
     /// Campaigns: named project roots that sessions run in
     #[command(subcommand)]
     Campaign(cli::CampaignCmd),
+    /// Requests waiting for a human: permission prompts, questions, client-side tool calls
+    Approvals {
+        /// Only this session's (id or unique prefix)
+        #[arg(long)]
+        session: Option<String>,
+        /// Resolved ones too
+        #[arg(long)]
+        all: bool,
+        /// At most this many, newest first
+        #[arg(long, default_value_t = 100)]
+        limit: i32,
+    },
+    /// Let an agent go ahead with what it asked
+    Approve { id: String },
+    /// Refuse what an agent asked; the reason is passed on to it
+    Deny {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Answer an agent's question (or give a client-side tool's result)
+    Answer { id: String, text: String },
     /// Agent sessions
     #[command(subcommand)]
     Session(cli::SessionCmd),
@@ -193,6 +215,30 @@ fn main() {
                 match command {
                     Command::Demo { message } => cli::demo::run(&ctx, &message).await,
                     Command::Campaign(c) => cli::campaign(&ctx, c).await,
+                    Command::Approvals {
+                        session,
+                        all,
+                        limit,
+                    } => {
+                        let args = cli::approvals::ListArgs {
+                            session,
+                            all,
+                            limit,
+                        };
+                        cli::approvals::list(&ctx, args).await
+                    }
+                    Command::Approve { id } => {
+                        let d = paddock_proto::obey::local::v1::ApprovalDecision::Approve;
+                        cli::approvals::resolve(&ctx, id, d, String::new()).await
+                    }
+                    Command::Deny { id, reason } => {
+                        let d = paddock_proto::obey::local::v1::ApprovalDecision::Deny;
+                        cli::approvals::resolve(&ctx, id, d, reason).await
+                    }
+                    Command::Answer { id, text } => {
+                        let d = paddock_proto::obey::local::v1::ApprovalDecision::Answer;
+                        cli::approvals::resolve(&ctx, id, d, text).await
+                    }
                     Command::Session(c) => cli::session(&ctx, c).await,
                     Command::Task(c) => cli::task::run(&ctx, c).await,
                     Command::Ping => cli::ping(&ctx).await,

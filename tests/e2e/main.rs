@@ -15,6 +15,7 @@
 //! - `aria`: the Aria runtime API over `$HOME/.aria/runtime.sock`: tasks, notifications,
 //!   sessions, containers, errors with details.
 
+mod approvals;
 mod aria;
 mod cli;
 mod errors;

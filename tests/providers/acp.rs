@@ -381,6 +381,45 @@ async fn acp_permission_policy_answers_the_agents_prompts() {
     w.stop(&s.id, true).await.expect("stop");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_prompts_wait_for_a_human() {
+    let w = World::start(vec![]).await;
+    let denied = w.root.join("denied.txt");
+    w.fake.push([
+        Reply::tool(
+            "Write",
+            json!({"file_path": denied.display().to_string(), "content": "no\n"}),
+        ),
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo approved > approved.txt", "description": "Approved"}),
+        ),
+        Reply::text("One of two."),
+    ]);
+    let mut req = acp_request(&w);
+    req.provider_config
+        .insert("permissions".into(), "ask".into());
+    let s = w.create(req).await;
+    let turn = w.send_stream(&s.id, "Write both files.").await;
+    let first = resolve_next(&w, &s.id, pb::ApprovalDecision::Deny, "not that one").await;
+    assert_eq!(first.kind, pb::ApprovalKind::Permission as i32);
+    let second = resolve_next(&w, &s.id, pb::ApprovalDecision::Approve, "").await;
+    assert_ne!(first.id, second.id);
+    let acts = collect(turn).await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
+    assert!(!denied.exists());
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("approved.txt")).unwrap(),
+        "approved\n"
+    );
+    // The human's answers went to the agent through its own options.
+    let t = trace(&w);
+    assert!(t.contains(r#""optionId":"reject""#), "{t}");
+    assert!(t.contains(r#""optionId":"allow-once""#), "{t}");
+    w.stop(&s.id, true).await.expect("stop");
+}
+
 fn nonce() -> u32 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

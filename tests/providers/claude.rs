@@ -444,6 +444,66 @@ async fn permission_policy_answers_the_cli_on_stdin() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn a_human_approves_denies_and_answers_the_real_cli() {
+    let w = World::start(vec![]).await;
+    let denied = w.root.join("denied.txt");
+    w.fake.push([
+        Reply::tool(
+            "Write",
+            json!({"file_path": denied.display().to_string(), "content": "no\n"}),
+        ),
+        Reply::tool(
+            "Bash",
+            json!({"command": "echo approved > approved.txt", "description": "Approved"}),
+        ),
+        Reply::tool(
+            "AskUserQuestion",
+            json!({"questions": [{"question": "Which database?", "header": "DB",
+                "options": [{"label": "PostgreSQL 15", "description": "as CI"},
+                            {"label": "PostgreSQL 14", "description": "as the test"}],
+                "multiSelect": false}]}),
+        ),
+        Reply::text("Done."),
+    ]);
+    let mut req = w.claude_request();
+    req.provider_config
+        .insert("permissions".into(), "ask:Read".into());
+    let s = w.create(req).await;
+    let turn = w.send_stream(&s.id, "Write both files, then ask me.").await;
+    let write = resolve_next(&w, &s.id, pb::ApprovalDecision::Deny, "not that file").await;
+    assert_eq!(write.tool_name, "Write");
+    assert!(write.summary.starts_with("Write: "), "{}", write.summary);
+    let bash = resolve_next(&w, &s.id, pb::ApprovalDecision::Approve, "").await;
+    assert_eq!(bash.summary, "Bash: echo approved > approved.txt");
+    let q = resolve_next(&w, &s.id, pb::ApprovalDecision::Answer, "PostgreSQL 15").await;
+    assert_eq!(q.kind, pb::ApprovalKind::Question as i32);
+    assert_eq!(q.summary, "Which database? [PostgreSQL 15 / PostgreSQL 14]");
+    let acts = collect(turn).await;
+    let results: Vec<(bool, String)> = acts
+        .iter()
+        .filter(|a| kind(a) == "TOOL_RESULT")
+        .map(|a| (a.tool_success, a.content.clone()))
+        .collect();
+    assert_eq!(results.len(), 3, "{acts:#?}");
+    assert_eq!(results[0], (false, "not that file".to_string()));
+    assert!(results[1].0, "{acts:#?}");
+    assert!(results[2].1.contains("PostgreSQL 15"), "{acts:#?}");
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION");
+    assert!(!denied.exists());
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("approved.txt")).unwrap(),
+        "approved\n"
+    );
+    // What the model was told, in the real CLI's own words.
+    let sent = w.fake.requests();
+    let last = serde_json::to_string(&sent.last().unwrap().body).unwrap();
+    assert!(last.contains("PostgreSQL 15"), "{last}");
+    assert_eq!(status_name(w.get(&s.id).await.status), "RUNNING");
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn a_lost_conversation_fails_the_resume_with_the_cli_stderr() {
     let w = World::start(vec![Reply::text("First.")]).await;
     let s = w.claude().await;

@@ -642,3 +642,49 @@ pub fn assert_in_order(texts: &[String], expected: &[&str]) {
         }
     }
 }
+
+/// Waits for the session's next open request for a human, then resolves it (`text`: the deny
+/// reason or the answer). Returns the request as it was asked.
+pub async fn resolve_next(
+    w: &World,
+    session: &str,
+    decision: pb::ApprovalDecision,
+    text: &str,
+) -> pb::Approval {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let a = loop {
+        let open = w
+            .client()
+            .await
+            .list_approvals(pb::ListApprovalsRequest {
+                session_id: session.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("list approvals")
+            .into_inner()
+            .approvals;
+        if let Some(a) = open.into_iter().last() {
+            break a;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never asked; session is {}",
+            status_name(w.get(session).await.status)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status_name(w.get(session).await.status), "WAITING");
+    w.client()
+        .await
+        .resolve_approval(pb::ResolveApprovalRequest {
+            approval_id: a.id.clone(),
+            decision: decision as i32,
+            text: text.into(),
+            is_error: false,
+            resolved_by: "test".into(),
+        })
+        .await
+        .expect("resolve");
+    a
+}

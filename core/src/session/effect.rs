@@ -6,6 +6,7 @@
 //! `Emit*` and `Reply` only after that transaction committed: so no client ever sees an event
 //! that a crash could still lose.
 
+use crate::approval::Approval;
 use crate::error::Error;
 use crate::model::{
     ActivityEvent, RequestId, RunId, SessionConfig, SessionId, SessionRecord, StatusEvent,
@@ -23,6 +24,10 @@ pub enum Record {
     Status(StatusEvent),
     /// Append one user message.
     UserMessage(UserMessage),
+    /// Upsert one request for a human.
+    Approval(Approval),
+    /// Remove the session and everything stored about it.
+    Delete(SessionId),
 }
 
 /// A signal for the provider's process group.
@@ -58,6 +63,13 @@ pub enum Effect {
         run: RunId,
         text: String,
     },
+    /// Tell the provider of run `run` the outcome of its request `approval.key` (allowed or
+    /// not, with `approval.answer`).
+    Answer {
+        id: SessionId,
+        run: RunId,
+        approval: Approval,
+    },
     /// Signal the process group of run `run`.
     Signal {
         id: SessionId,
@@ -69,10 +81,17 @@ pub enum Effect {
     EmitStatus(StatusEvent),
     /// Tell the turn's stream (and activity watchers) about an activity.
     EmitActivity(ActivityEvent),
+    /// Tell watchers about a request for a human that was opened or resolved.
+    EmitApproval(Approval),
     /// Answer request `req`.
     Reply {
         req: RequestId,
         result: Result<SessionRecord, Error>,
+    },
+    /// Answer a `Resolve` request.
+    ReplyApproval {
+        req: RequestId,
+        result: Result<Approval, Error>,
     },
 }
 

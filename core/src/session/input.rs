@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::approval::{ApprovalId, AskKind, Decision};
 use crate::model::{Activity, RequestId, RunId, SessionConfig, SessionId};
 
 /// One input to the [`Engine`](crate::Engine). Requests carry the `req` their
@@ -32,6 +33,17 @@ pub enum Input {
         id: SessionId,
         provider_config: Option<BTreeMap<String, String>>,
     },
+    /// Resolve a pending approval (approve, deny, answer), from any client; `by` names the
+    /// client for the record.
+    Resolve {
+        req: RequestId,
+        approval: ApprovalId,
+        decision: Decision,
+        by: String,
+    },
+    /// DeleteSession (paddock extension): forget a terminal session and everything stored
+    /// about it.
+    Delete { req: RequestId, id: SessionId },
     /// Something the provider process of run `run` did. `cursor` is the position in the run's
     /// output just after what produced this event (see `SessionRecord::provider_cursor`);
     /// `None` for events with no position (start, spawn failure, exit).
@@ -54,6 +66,19 @@ pub enum ProviderEvent {
     SpawnFailed { reason: String },
     /// One activity (COMPLETION / ERROR end the turn).
     Activity(Activity),
+    /// The agent asks something and waits for the answer (a permission prompt, a question, a
+    /// client-side tool). `approval` is the id the request gets if a human must answer it;
+    /// `key` is the agent's own id for it, which the answer carries back.
+    Ask {
+        approval: ApprovalId,
+        key: String,
+        kind: AskKind,
+        tool: String,
+        /// The tool's input as JSON text.
+        input: String,
+        /// One human-readable line.
+        summary: String,
+    },
     /// The provider's own conversation id, for resuming after a restart.
     SessionRef(String),
     /// The process exited. Sent only after all of its output was read and reported, so that

@@ -1,11 +1,14 @@
 //! One session's machine: its durable record plus what only lives while the daemon runs (the
 //! provider process, the current turn, a pending stop or restart, the deadlines).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::effect::{Effect, Record, Signal, SpawnSpec};
 use super::input::ProviderEvent;
 use super::table::{rule, InputKind, Rule};
+use crate::approval::{
+    Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
+};
 use crate::budget::{timeout_deadline, TokenBudget};
 use crate::error::{Error, ErrorCode};
 use crate::model::{
@@ -67,6 +70,8 @@ pub enum Timer {
     SessionTimeout,
     StopGrace,
     Kill,
+    /// The earliest open request's approval timeout.
+    ApprovalExpiry,
 }
 
 impl Timer {
@@ -76,6 +81,7 @@ impl Timer {
             Timer::SessionTimeout => "session timeout",
             Timer::StopGrace => "graceful-stop grace period",
             Timer::Kill => "TERM to KILL escalation",
+            Timer::ApprovalExpiry => "approval timeout",
         }
     }
 
@@ -85,6 +91,7 @@ impl Timer {
             Timer::SessionTimeout => InputKind::SessionTimeout,
             Timer::StopGrace => InputKind::StopGraceTimeout,
             Timer::Kill => InputKind::KillTimeout,
+            Timer::ApprovalExpiry => InputKind::ApprovalExpired,
         }
     }
 }
@@ -134,8 +141,16 @@ pub struct Session {
     restart_pending: bool,
     startup_deadline: Option<Millis>,
     timeout_deadline: Option<Millis>,
+    /// Requests waiting for a human, oldest first. Not empty ⇔ the session is `WAITING`.
+    pending: Vec<Approval>,
+    /// The newest resolved requests (at most [`RESOLVED_KEPT`]), so that a second answer is
+    /// told it came too late (OBEY-2041) rather than that the request does not exist.
+    resolved: VecDeque<Approval>,
     dirty: bool,
 }
+
+/// How many resolved requests a session remembers for late answers.
+pub const RESOLVED_KEPT: usize = 32;
 
 impl Session {
     /// A session rebuilt from its stored record (no process, no turn).
@@ -149,7 +164,19 @@ impl Session {
             restart_pending: false,
             startup_deadline: None,
             timeout_deadline: None,
+            pending: Vec::new(),
+            resolved: VecDeque::new(),
             dirty: false,
+        }
+    }
+
+    /// Daemon start-up: a stored request of this session (pending ones are open again;
+    /// resolved ones are remembered for late answers).
+    pub(crate) fn restore_approval(&mut self, a: Approval) {
+        if a.is_pending() {
+            self.pending.push(a);
+        } else {
+            self.remember(a);
         }
     }
 
@@ -166,6 +193,19 @@ impl Session {
     /// The turn in progress, if any.
     pub fn turn(&self) -> Option<u64> {
         self.turn
+    }
+
+    /// The requests waiting for a human, oldest first.
+    pub fn pending(&self) -> &[Approval] {
+        &self.pending
+    }
+
+    /// An open or recently resolved request of this session.
+    pub fn approval(&self, id: &str) -> Option<&Approval> {
+        self.pending
+            .iter()
+            .chain(self.resolved.iter())
+            .find(|a| a.id == id)
     }
 
     pub fn budget(&self) -> TokenBudget {
@@ -193,6 +233,10 @@ impl Session {
         if let Run::Terminating { kill_at, .. } = self.run {
             consider(kill_at, Timer::Kill);
         }
+        consider(
+            self.pending.iter().map(|a| a.expires_at).min(),
+            Timer::ApprovalExpiry,
+        );
         best
     }
 
@@ -260,6 +304,8 @@ impl Session {
             Ok(false) => return,
             Err(e) => return reply_err(cx, req, e),
         }
+        // Nobody will answer now. A turn a graceful stop waits for hears "no" and can finish.
+        self.cancel_pending("the session is stopping", graceful, cx);
         if let Some(mut plan) = self.stop.take() {
             // Already stopping: join it. A stop wins over a restart in progress, and a forced
             // stop cuts a graceful wait short.
@@ -333,6 +379,7 @@ impl Session {
             self.dirty = true;
         }
         self.start_replies.push(req);
+        self.cancel_pending("the session is restarting", false, cx);
         if self.record.status.is_terminal() {
             if self.run == Run::Idle {
                 self.respawn(cx);
@@ -377,6 +424,24 @@ impl Session {
             ProviderEvent::Started { pid } => self.on_started(run, pid, cx),
             ProviderEvent::SpawnFailed { reason } => self.on_spawn_failed(reason, cx),
             ProviderEvent::Activity(activity) => self.on_activity(activity, cx),
+            ProviderEvent::Ask {
+                approval,
+                key,
+                kind,
+                tool,
+                input,
+                summary,
+            } => self.on_ask(
+                Ask {
+                    approval,
+                    key,
+                    kind,
+                    tool,
+                    input,
+                    summary,
+                },
+                cx,
+            ),
             ProviderEvent::SessionRef(r) => {
                 if !self.record.status.is_terminal()
                     && self.record.provider_session.as_deref() != Some(r.as_str())
@@ -467,7 +532,9 @@ impl Session {
         }
         self.record_activity(activity, cx);
         if kind == InputKind::TurnEnd {
-            if self.record.status == Status::Working {
+            if matches!(self.record.status, Status::Working | Status::Waiting) {
+                // Whatever the turn still asked is moot now.
+                self.cancel_pending("the turn ended before it was answered", false, cx);
                 self.set_status(Status::Running, "turn completed", cx);
             } else if let Some(plan) = self.stop.as_mut() {
                 if plan.grace_deadline.take().is_some() {
@@ -560,8 +627,14 @@ impl Session {
                     };
                 }
             }
+            Timer::ApprovalExpiry => {}
         }
         if !matches!(self.check(timer.input_kind(), cx), Ok(true)) {
+            if timer == Timer::ApprovalExpiry {
+                // Only a WAITING session has open requests; should one ever be left elsewhere,
+                // it is closed rather than left to fire forever.
+                self.cancel_pending("the request was left open", false, cx);
+            }
             return;
         }
         match timer {
@@ -608,6 +681,289 @@ impl Session {
                     });
                 }
             }
+            Timer::ApprovalExpiry => self.expire_approvals(cx),
+        }
+    }
+
+    /// The agent asks something: the session's policy settles it at once, or it becomes a
+    /// request for a human and the session waits.
+    fn on_ask(&mut self, ask: Ask, cx: &mut Ctx) {
+        if !matches!(self.check(InputKind::Ask, cx), Ok(true)) {
+            return;
+        }
+        let Run::Alive { run, .. } = self.run else {
+            return;
+        };
+        let settings = ApprovalSettings::of(&self.record.config.provider_config);
+        let mut a = Approval {
+            id: ask.approval,
+            session: self.record.id.clone(),
+            run,
+            key: ask.key,
+            kind: ask.kind,
+            tool: ask.tool,
+            input: ask.input,
+            summary: ask.summary,
+            turn: self.turn,
+            created_at: cx.now,
+            expires_at: cx.now.saturating_add(settings.timeout_ms),
+            state: ApprovalState::Pending,
+            answer: String::new(),
+            is_error: false,
+            allowed: false,
+            resolved_by: String::new(),
+            resolved_at: None,
+        };
+        let settled = if self.record.status == Status::Stopping {
+            Some((false, "the session is stopping".to_string()))
+        } else {
+            match Policy::of(&self.record.config.provider_config).decide(a.kind, &a.tool) {
+                PolicyAnswer::Allow => Some((true, String::new())),
+                PolicyAnswer::Deny(reason) => Some((false, reason)),
+                PolicyAnswer::AskHuman => None,
+            }
+        };
+        if let Some((allowed, reason)) = settled {
+            // Settled without a human: the agent is answered, nothing is kept.
+            a.state = if allowed {
+                ApprovalState::Approved
+            } else {
+                ApprovalState::Denied
+            };
+            a.allowed = allowed;
+            a.answer = reason;
+            a.resolved_by = "policy".to_string();
+            a.resolved_at = Some(cx.now);
+            cx.out.rest.push(Effect::Answer {
+                id: self.record.id.clone(),
+                run,
+                approval: a,
+            });
+            return;
+        }
+        let what = match a.kind {
+            AskKind::Permission => "approval",
+            AskKind::Question => "an answer",
+            AskKind::ClientTool => "the client's tool result",
+        };
+        let note = format!("waiting for {what} ({}): {}", a.id, a.summary);
+        let mut activity = Activity::new(ActivityKind::Status, note).with_tool(&a.tool, &a.id);
+        activity.tool_success = true;
+        self.record_activity(activity, cx);
+        cx.out
+            .persist
+            .push(Effect::Persist(Record::Approval(a.clone())));
+        cx.out.rest.push(Effect::EmitApproval(a.clone()));
+        self.pending.push(a);
+        self.settle_status("", cx);
+    }
+
+    /// A client answers request `approval` (which this session has, open or resolved).
+    pub(crate) fn handle_resolve(
+        &mut self,
+        req: RequestId,
+        approval: &ApprovalId,
+        decision: Decision,
+        by: &str,
+        cx: &mut Ctx,
+    ) {
+        let reply = |cx: &mut Ctx, result| cx.out.rest.push(Effect::ReplyApproval { req, result });
+        if let Some(done) = self.resolved.iter().find(|a| &a.id == approval) {
+            let e = Error::new(
+                ErrorCode::ApprovalResolved,
+                format!(
+                    "approval {} was already {} (by {}){}",
+                    done.id,
+                    done.state.name(),
+                    done.resolved_by,
+                    if done.answer.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", done.answer)
+                    }
+                ),
+            );
+            return reply(cx, Err(e));
+        }
+        match self.check(InputKind::Resolve, cx) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => return reply(cx, Err(e)),
+        }
+        let Some(pos) = self.pending.iter().position(|a| &a.id == approval) else {
+            let e = Error::new(
+                ErrorCode::ApprovalNotFound,
+                format!(
+                    "approval {approval} is not open in session {}",
+                    self.record.id
+                ),
+            );
+            return reply(cx, Err(e));
+        };
+        let kind = self.pending[pos].kind;
+        let (state, allowed, answer, is_error) = match (kind, decision) {
+            (AskKind::Permission, Decision::Answer { .. }) => {
+                let e = Error::new(
+                    ErrorCode::WrongState,
+                    format!(
+                        "approval {approval} asks permission for {}: approve or deny it",
+                        self.pending[pos].tool
+                    ),
+                );
+                return reply(cx, Err(e));
+            }
+            (AskKind::ClientTool, Decision::Approve) => {
+                let e = Error::new(
+                    ErrorCode::WrongState,
+                    format!("approval {approval} is a client-side tool call: answer it with the tool's result"),
+                );
+                return reply(cx, Err(e));
+            }
+            (_, Decision::Approve) => (ApprovalState::Approved, true, String::new(), false),
+            (_, Decision::Deny { reason }) => (ApprovalState::Denied, false, reason, true),
+            (_, Decision::Answer { text, is_error }) => {
+                (ApprovalState::Answered, true, text, is_error)
+            }
+        };
+        let mut a = self.pending.remove(pos);
+        a.state = state;
+        a.allowed = allowed;
+        a.answer = answer;
+        a.is_error = is_error;
+        a.resolved_by = by.to_string();
+        self.finish_approval(a.clone(), true, cx);
+        self.settle_status("", cx);
+        reply(cx, Ok(a))
+    }
+
+    /// Every open request whose time is up gets the session's default answer.
+    fn expire_approvals(&mut self, cx: &mut Ctx) {
+        let settings = ApprovalSettings::of(&self.record.config.provider_config);
+        let (due, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|a| a.expires_at <= cx.now);
+        self.pending = open;
+        for mut a in due {
+            a.state = ApprovalState::Expired;
+            a.allowed = settings.default_allow;
+            a.is_error = !settings.default_allow;
+            a.answer = format!(
+                "nobody answered within {} s; the session's default applies: {}",
+                settings.timeout_ms / 1000,
+                if settings.default_allow {
+                    "allow"
+                } else {
+                    "deny"
+                }
+            );
+            a.resolved_by = "expiry".to_string();
+            self.finish_approval(a, true, cx);
+        }
+        self.settle_status("", cx);
+    }
+
+    /// Closes every open request (the turn, the process or the session is ending); the agent
+    /// is told no if `tell_agent` (it may still be listening).
+    fn cancel_pending(&mut self, reason: &str, tell_agent: bool, cx: &mut Ctx) {
+        for mut a in std::mem::take(&mut self.pending) {
+            a.state = ApprovalState::Cancelled;
+            a.allowed = false;
+            a.is_error = true;
+            a.answer = reason.to_string();
+            a.resolved_by = "paddock".to_string();
+            self.finish_approval(a, tell_agent, cx);
+        }
+    }
+
+    /// Stores a resolved request, tells the agent (if `tell_agent` and the process that asked
+    /// is still the session's), and tells watchers.
+    fn finish_approval(&mut self, mut a: Approval, tell_agent: bool, cx: &mut Ctx) {
+        a.resolved_at = Some(cx.now);
+        if tell_agent && a.state != ApprovalState::Cancelled {
+            let note = format!(
+                "{} {} ({}){}",
+                a.id,
+                a.state.name(),
+                a.resolved_by,
+                if a.answer.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", a.answer)
+                }
+            );
+            let mut activity = Activity::new(ActivityKind::Status, note).with_tool(&a.tool, &a.id);
+            activity.tool_success = a.allowed;
+            self.record_activity(activity, cx);
+        }
+        cx.out
+            .persist
+            .push(Effect::Persist(Record::Approval(a.clone())));
+        if tell_agent {
+            if let Run::Alive { run, .. } = self.run {
+                if run == a.run {
+                    cx.out.rest.push(Effect::Answer {
+                        id: self.record.id.clone(),
+                        run,
+                        approval: a.clone(),
+                    });
+                }
+            }
+        }
+        cx.out.rest.push(Effect::EmitApproval(a.clone()));
+        self.remember(a);
+    }
+
+    fn remember(&mut self, a: Approval) {
+        if self.resolved.len() >= RESOLVED_KEPT {
+            self.resolved.pop_front();
+        }
+        self.resolved.push_back(a);
+    }
+
+    /// A live, idle-or-working session's status follows its open requests and its turn:
+    /// `WAITING` while anything is open, else `WORKING` during a turn, else `RUNNING`.
+    fn settle_status(&mut self, why: &str, cx: &mut Ctx) {
+        if !matches!(
+            self.record.status,
+            Status::Running | Status::Working | Status::Waiting
+        ) {
+            return;
+        }
+        let (new, msg) = match (self.pending.first(), self.turn) {
+            (Some(a), _) => {
+                let what = match a.kind {
+                    AskKind::Permission => "approval",
+                    AskKind::Question => "an answer",
+                    AskKind::ClientTool => "the client",
+                };
+                (
+                    Status::Waiting,
+                    format!("waiting for {what} ({}): {}", a.id, a.summary),
+                )
+            }
+            (None, Some(_)) => (Status::Working, "working on a message".to_string()),
+            (None, None) => (Status::Running, "idle".to_string()),
+        };
+        let msg = if why.is_empty() {
+            msg
+        } else {
+            format!("{why}; {msg}")
+        };
+        self.set_status(new, &msg, cx);
+    }
+
+    /// DeleteSession: may this session be forgotten now?
+    pub(crate) fn check_delete(&self, cx: &mut Ctx) -> Result<(), Error> {
+        match self.check(InputKind::Delete, cx) {
+            Ok(true) if self.run == Run::Idle => Ok(()),
+            Ok(_) => Err(Error::new(
+                ErrorCode::WrongState,
+                format!(
+                    "session {} is {} but its process is still going away; try again shortly",
+                    self.record.id, self.record.status
+                ),
+            )),
+            Err(e) => Err(e),
         }
     }
 
@@ -615,6 +971,7 @@ impl Session {
     /// daemon. It ends FAILED with OBEY-2032.
     pub(crate) fn reconcile(&mut self, cx: &mut Ctx) {
         if self.record.status.is_terminal() {
+            self.cancel_pending("the session had ended", false, cx);
             // A session that failed while its process was still being killed: that process
             // died with the old daemon, so its pid names nothing of ours any more.
             if self.record.pid.take().is_some() {
@@ -628,6 +985,7 @@ impl Session {
             ErrorCode::ConnectionLost,
             format!("the daemon restarted while the session was {was}; its provider was lost"),
         );
+        self.cancel_pending(&e.to_string(), false, cx);
         self.record.pid = None;
         // A turn the old daemon left open ends here, so every stored turn ends exactly once.
         self.turn = self.record.turn_open.then_some(self.record.turns);
@@ -688,8 +1046,16 @@ impl Session {
                 let since = self.record.started_at.unwrap_or(cx.now);
                 self.timeout_deadline = timeout_deadline(since, self.record.config.timeout_ms);
                 self.turn = self.record.turn_open.then_some(self.record.turns);
+                // Open requests are still open: the agent still waits for their answers (and
+                // their expiry deadlines still hold). The status follows them.
+                self.settle_status("provider adopted after a daemon restart", cx);
             }
             Status::Stopping => {
+                self.cancel_pending(
+                    "the session was stopping when the daemon restarted",
+                    false,
+                    cx,
+                );
                 // The stop's requester went with the old daemon; finish the stop now.
                 self.turn = self.record.turn_open.then_some(self.record.turns);
                 self.interrupt_turn(
@@ -704,7 +1070,10 @@ impl Session {
                 });
                 self.terminate(cx);
             }
-            Status::Stopped | Status::Failed => self.terminate(cx),
+            Status::Stopped | Status::Failed => {
+                self.cancel_pending("the session had ended", false, cx);
+                self.terminate(cx);
+            }
         }
     }
 
@@ -821,6 +1190,7 @@ impl Session {
     /// The session ends FAILED with `error`: its turn's stream ends with the error, its
     /// process is terminated, anyone waiting for it to start is told.
     fn fail(&mut self, error: Error, cx: &mut Ctx) {
+        self.cancel_pending(&error.to_string(), false, cx);
         self.interrupt_turn(&error.to_string(), cx);
         self.terminate(cx);
         self.startup_deadline = None;
@@ -899,6 +1269,16 @@ impl Session {
     }
 }
 
+/// What `ProviderEvent::Ask` carries.
+struct Ask {
+    approval: ApprovalId,
+    key: String,
+    kind: AskKind,
+    tool: String,
+    input: String,
+    summary: String,
+}
+
 /// One table lookup, recorded when tracing is on (the simulator's coverage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
@@ -916,7 +1296,12 @@ fn reply_err(cx: &mut Ctx, req: RequestId, e: Error) {
 
 fn refusal(code: ErrorCode, status: Status, kind: InputKind, rec: &SessionRecord) -> Error {
     let what = match kind {
+        InputKind::Send if status == Status::Waiting => {
+            "it waits for a human: answer its open request first (`paddock approvals`)"
+        }
         InputKind::Send => "SendMessage needs a RUNNING session",
+        InputKind::Delete => "only a STOPPED or FAILED session can be deleted; stop it first",
+        InputKind::Resolve => "it is not waiting for anyone",
         InputKind::Restart => "RestartSession is not possible while the session is stopping",
         InputKind::StopGraceful | InputKind::StopForced => "nothing to stop",
         _ => "not possible now",

@@ -6,8 +6,10 @@
 //! `Ignore` pairs are inputs that can arrive late or out of band (a provider line after the
 //! session failed, a timer that is no longer relevant) and are dropped without effect.
 //!
-//! `WAITING` has no legal rows yet: nothing enters it until human approvals arrive (the
-//! interactive-sessions work adds its rows here, and only here).
+//! `WAITING` means the agent is blocked on a human (or a client): at least one request is
+//! open. It is entered by `Ask` (when the policy does not settle the request) and left when
+//! the last request is resolved (`Resolve`, `ApprovalExpired`), the turn ends, or the session
+//! stops, restarts or fails.
 
 use crate::error::ErrorCode;
 use crate::model::Status;
@@ -41,10 +43,18 @@ pub enum InputKind {
     StopGraceTimeout,
     /// A TERMed process did not exit within the kill grace period.
     KillTimeout,
+    /// The agent asks something (permission, a question, a client-side tool).
+    Ask,
+    /// A client resolves an open request.
+    Resolve,
+    /// An open request waited its whole approval timeout.
+    ApprovalExpired,
+    /// DeleteSession.
+    Delete,
 }
 
 impl InputKind {
-    pub const ALL: [InputKind; 13] = [
+    pub const ALL: [InputKind; 17] = [
         InputKind::Send,
         InputKind::StopGraceful,
         InputKind::StopForced,
@@ -58,6 +68,10 @@ impl InputKind {
         InputKind::SessionTimeout,
         InputKind::StopGraceTimeout,
         InputKind::KillTimeout,
+        InputKind::Ask,
+        InputKind::Resolve,
+        InputKind::ApprovalExpired,
+        InputKind::Delete,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +89,10 @@ impl InputKind {
             InputKind::SessionTimeout => "SessionTimeout",
             InputKind::StopGraceTimeout => "StopGraceTimeout",
             InputKind::KillTimeout => "KillTimeout",
+            InputKind::Ask => "Ask",
+            InputKind::Resolve => "Resolve",
+            InputKind::ApprovalExpired => "ApprovalExpired",
+            InputKind::Delete => "Delete",
         }
     }
 }
@@ -97,12 +115,18 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
     use Status as S;
     let wrong_state = Refuse(ErrorCode::WrongState);
     match (status, input) {
-        // CREATED lasts only inside the Create input (the provider is spawned at once), and
-        // WAITING is not entered yet: requests are refused, everything else dropped.
-        (S::Created | S::Waiting, I::Send | I::StopGraceful | I::StopForced | I::Restart) => {
-            wrong_state
-        }
-        (S::Created | S::Waiting, _) => Ignore,
+        // A live session is deleted only after it stopped; a request is answered only while
+        // the session waits for it (a resolved or unknown one is refused before this table,
+        // with OBEY-2041 / OBEY-2040).
+        (S::Stopped | S::Failed, I::Delete) => Legal,
+        (_, I::Delete) => wrong_state,
+        (S::Waiting, I::Resolve) => Legal,
+        (_, I::Resolve) => wrong_state,
+
+        // CREATED lasts only inside the Create input (the provider is spawned at once):
+        // requests are refused, everything else dropped.
+        (S::Created, I::Send | I::StopGraceful | I::StopForced | I::Restart) => wrong_state,
+        (S::Created, _) => Ignore,
 
         (S::Starting, I::Send) => wrong_state,
         (S::Starting, I::StopGraceful | I::StopForced | I::Restart) => Legal,
@@ -111,18 +135,28 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
         (S::Starting, _) => Ignore,
 
         (S::Running, I::Send | I::StopGraceful | I::StopForced | I::Restart) => Legal,
-        (S::Running, I::Activity | I::TurnEnd | I::Exited | I::SessionTimeout) => Legal,
+        (S::Running, I::Activity | I::TurnEnd | I::Exited | I::SessionTimeout | I::Ask) => Legal,
         (S::Running, _) => Ignore,
 
         (S::Working, I::Send) => wrong_state,
         (S::Working, I::StopGraceful | I::StopForced | I::Restart) => Legal,
-        (S::Working, I::Activity | I::TurnEnd | I::Exited | I::SessionTimeout) => Legal,
+        (S::Working, I::Activity | I::TurnEnd | I::Exited | I::SessionTimeout | I::Ask) => Legal,
         (S::Working, _) => Ignore,
+
+        // Blocked on a human: a message waits for the answer; a stop, restart, the turn's end,
+        // an exit or the session timeout cancel what is open.
+        (S::Waiting, I::Send) => wrong_state,
+        (S::Waiting, I::StopGraceful | I::StopForced | I::Restart) => Legal,
+        (S::Waiting, I::Activity | I::TurnEnd | I::Exited | I::SessionTimeout | I::Ask) => Legal,
+        (S::Waiting, I::ApprovalExpired) => Legal,
+        (S::Waiting, _) => Ignore,
 
         (S::Stopping, I::Send | I::Restart) => wrong_state,
         (S::Stopping, I::StopGraceful | I::StopForced) => Legal,
         (S::Stopping, I::Started | I::SpawnFailed | I::Activity | I::TurnEnd | I::Exited) => Legal,
         (S::Stopping, I::StopGraceTimeout | I::KillTimeout) => Legal,
+        // A turn finishing during a graceful stop may still ask: it is told no at once.
+        (S::Stopping, I::Ask) => Legal,
         (S::Stopping, _) => Ignore,
 
         (S::Stopped | S::Failed, I::Send) => wrong_state,
@@ -220,6 +254,8 @@ mod tests {
                 InputKind::StopGraceful,
                 InputKind::StopForced,
                 InputKind::Restart,
+                InputKind::Resolve,
+                InputKind::Delete,
             ] {
                 assert_ne!(rule(s, i), Rule::Ignore, "{s} {i:?}");
             }

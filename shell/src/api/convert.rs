@@ -37,8 +37,18 @@ pub fn session_info(r: &core::SessionRecord) -> pb::SessionInfo {
 
 /// [`session_info`] with the count of the session's unrecognized provider lines.
 pub fn session_info_with(r: &core::SessionRecord, unrecognized_lines: u64) -> pb::SessionInfo {
+    session_info_full(r, unrecognized_lines, 0)
+}
+
+/// [`session_info_with`] and the number of requests waiting for a human.
+pub fn session_info_full(
+    r: &core::SessionRecord,
+    unrecognized_lines: u64,
+    pending_approvals: usize,
+) -> pb::SessionInfo {
     let c = &r.config;
     pb::SessionInfo {
+        pending_approvals: pending_approvals as i32,
         unrecognized_lines: unrecognized_lines as i64,
         id: r.id.0.clone(),
         campaign_id: c.campaign_id.clone(),
@@ -132,6 +142,42 @@ pub fn status(e: &core::Error) -> tonic::Status {
         core::ErrorKind::Internal => tonic::Code::Internal,
     };
     tonic::Status::new(code, e.to_string())
+}
+
+/// A request for a human as the obey API shows it.
+pub fn approval(a: &core::Approval) -> pb::Approval {
+    pb::Approval {
+        id: a.id.clone(),
+        session_id: a.session.0.clone(),
+        kind: a.kind.number(),
+        tool_name: a.tool.clone(),
+        input_json: a.input.clone(),
+        summary: a.summary.clone(),
+        state: a.state.number(),
+        created_at: Some(timestamp(a.created_at)),
+        expires_at: Some(timestamp(a.expires_at)),
+        resolved_at: opt_timestamp(a.resolved_at),
+        answer: a.answer.clone(),
+        allowed: a.allowed,
+        resolved_by: a.resolved_by.clone(),
+        turn: a.turn.unwrap_or(0) as i64,
+    }
+}
+
+/// A ResolveApproval request as the core's decision.
+pub fn decision(
+    d: pb::ApprovalDecision,
+    text: String,
+    is_error: bool,
+) -> Result<core::Decision, String> {
+    match d {
+        pb::ApprovalDecision::Approve => Ok(core::Decision::Approve),
+        pb::ApprovalDecision::Deny => Ok(core::Decision::Deny { reason: text }),
+        pb::ApprovalDecision::Answer => Ok(core::Decision::Answer { text, is_error }),
+        pb::ApprovalDecision::Unspecified => {
+            Err("decision is required: APPROVE, DENY or ANSWER".to_string())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,8 @@ type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
 /// Largest page ListActivities returns.
 const LIST_ACTIVITIES_MAX: usize = 10_000;
+/// ListApprovals' answers when the request names no limit.
+const APPROVALS_DEFAULT: usize = 100;
 /// GetHistory's entries when the request names no limit.
 const HISTORY_DEFAULT: usize = 1000;
 /// Rows of pushed activity stored per transaction.
@@ -100,15 +102,21 @@ impl Obey {
         }))
     }
 
-    /// A session's info with the shell's count of its unrecognized provider lines.
+    /// A session's info with the shell's count of its unrecognized provider lines and the
+    /// engine's of its open requests.
     async fn info(&self, rec: &paddock_core::SessionRecord) -> pb::SessionInfo {
-        let id = rec.id.0.clone();
-        let n = self
+        let id = rec.id.clone();
+        let (n, pending) = self
             .handle
-            .call(move |s| s.unrecognized.get(&id).copied().unwrap_or(0))
+            .call(move |s| {
+                (
+                    s.unrecognized.get(&id.0).copied().unwrap_or(0),
+                    s.engine.session(&id).map_or(0, |x| x.pending().len()),
+                )
+            })
             .await
-            .unwrap_or(0);
-        convert::session_info_with(rec, n)
+            .unwrap_or((0, 0));
+        convert::session_info_full(rec, n, pending)
     }
 
     async fn record(&self, id: SessionId) -> Result<paddock_core::SessionRecord, GrpcStatus> {
@@ -880,6 +888,118 @@ impl LocalDaemonService for Obey {
             truncated: truncated || over > 0,
             last_seq,
         }))
+    }
+
+    async fn list_approvals(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let session = (!r.session_id.trim().is_empty()).then(|| r.session_id.trim().to_string());
+        let limit = match r.limit {
+            n if n <= 0 => APPROVALS_DEFAULT,
+            n => (n as usize).min(LIST_ACTIVITIES_MAX),
+        };
+        let all = r.include_resolved;
+        let list = self
+            .handle
+            .call(move |s| {
+                s.store
+                    .approvals(session.as_deref(), all, limit)
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(st)?
+            .map_err(GrpcStatus::internal)?;
+        Ok(Response::new(pb::ListApprovalsResponse {
+            approvals: list.iter().map(convert::approval).collect(),
+        }))
+    }
+
+    async fn resolve_approval(
+        &self,
+        request: Request<pb::ResolveApprovalRequest>,
+    ) -> Result<Response<pb::Approval>, GrpcStatus> {
+        let r = request.into_inner();
+        let id = r.approval_id.trim().to_string();
+        if id.is_empty() {
+            return Err(invalid("approval_id is required"));
+        }
+        let decision = pb::ApprovalDecision::try_from(r.decision)
+            .map_err(|_| invalid(format!("unknown decision {}", r.decision)))
+            .and_then(|d| convert::decision(d, r.text, r.is_error).map_err(invalid))?;
+        let by = match r.resolved_by.trim() {
+            "" => "obey".to_string(),
+            b => crate::text::prefix(b, 64).to_string(),
+        };
+        let a = self.handle.resolve(id, decision, &by).await.map_err(st)?;
+        Ok(Response::new(convert::approval(&a)))
+    }
+
+    type WatchApprovalsStream = Stream_<pb::Approval>;
+
+    async fn watch_approvals(
+        &self,
+        request: Request<pb::WatchApprovalsRequest>,
+    ) -> Result<Response<Self::WatchApprovalsStream>, GrpcStatus> {
+        let r = request.into_inner();
+        let only = (!r.session_id.trim().is_empty()).then(|| SessionId(r.session_id.trim().into()));
+        // Subscribe before reading what is open, so nothing falls between the two.
+        let mut sub = self.handle.hub.approval.subscribe();
+        let open = self
+            .handle
+            .pending_approvals(only.clone())
+            .await
+            .map_err(st)?;
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        let handle = self.handle.clone();
+        tokio::spawn(async move {
+            let snapshot: std::collections::BTreeSet<String> =
+                open.iter().map(|a| a.id.clone()).collect();
+            for a in &open {
+                if tx.send(Ok(convert::approval(a))).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let ev = tokio::select! {
+                    biased;
+                    _ = tx.closed() => return,
+                    ev = sub.recv() => ev,
+                    _ = handle.closed() => return,
+                };
+                match ev {
+                    Ok(a) if only.as_ref().is_none_or(|id| &a.session == id) => {
+                        // An open request already sent from the snapshot is not sent twice.
+                        if a.is_pending() && snapshot.contains(&a.id) {
+                            continue;
+                        }
+                        if tx.send(Ok(convert::approval(&a))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx.send(Err(lagged(n))).await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn delete_session(
+        &self,
+        request: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, GrpcStatus> {
+        let id = session_id(&request.into_inner().session_id)?;
+        self.handle
+            .request(Req::Delete { id }, None)
+            .await
+            .map_err(st)?;
+        Ok(Response::new(pb::DeleteSessionResponse { deleted: true }))
     }
 
     type WatchActivityStream = Stream_<pb::SessionActivityEvent>;

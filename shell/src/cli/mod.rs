@@ -2,6 +2,7 @@
 //! commands. Every command is a gRPC call on the daemon's socket; errors print the daemon's
 //! message (`OBEY-2010: session "x" not found`) and exit 1.
 
+pub mod approvals;
 pub mod attach;
 pub mod client;
 pub mod demo;
@@ -131,7 +132,7 @@ macro_rules! tryg {
     };
 }
 
-fn print_json(v: &serde_json::Value) {
+pub(crate) fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).expect("json"));
 }
 
@@ -186,7 +187,7 @@ pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> i32 {
 }
 
 /// Accepts a full session id or a unique prefix of one (or of its part after `sess_`).
-async fn resolve(c: &mut Client, id: &str) -> Result<String, String> {
+pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String, String> {
     if c.get_session(pb::GetSessionRequest {
         session_id: id.to_string(),
     })

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use paddock_core::task::{TaskEffect, TaskInput, TaskOutput, TaskReply, TaskStatusEvent, Tasks};
 use paddock_core::{
-    ActivityEvent, Effect, Engine, Error, ErrorCode, Input, ProviderEvent, Record, RequestId,
-    RunId, SessionId, SessionRecord, StatusEvent,
+    ActivityEvent, Approval, ApprovalId, Decision, Effect, Engine, Error, ErrorCode, Input,
+    ProviderEvent, Record, RequestId, RunId, SessionId, SessionRecord, StatusEvent,
 };
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
@@ -34,6 +34,7 @@ pub const TURN_STREAM_BUFFER: usize = 4096;
 pub const WATCH_BUFFER: usize = 4096;
 
 pub type Reply = oneshot::Sender<Result<SessionRecord, Error>>;
+pub type ApprovalReply = oneshot::Sender<Result<Approval, Error>>;
 pub type TaskReplyTx = oneshot::Sender<Result<TaskReply, Error>>;
 pub type TurnStream = mpsc::Sender<Result<ActivityEvent, Error>>;
 
@@ -56,6 +57,10 @@ pub enum Request {
         id: SessionId,
         provider_config: Option<BTreeMap<String, String>>,
     },
+    /// DeleteSession: forget a terminal session and everything stored about it.
+    Delete {
+        id: SessionId,
+    },
 }
 
 /// A closure run on the loop's state.
@@ -73,6 +78,13 @@ pub enum Command {
         request: Request,
         reply: Reply,
         turn: Option<TurnStream>,
+    },
+    /// Resolve a request for a human; `by` names the client.
+    Resolve {
+        approval: ApprovalId,
+        decision: Decision,
+        by: String,
+        reply: ApprovalReply,
     },
     /// A task request (launch, cancel); the loop gives it its request id.
     TaskRequest {
@@ -98,6 +110,8 @@ pub struct Hub {
     pub activity: broadcast::Sender<ActivityEvent>,
     pub task_status: broadcast::Sender<TaskStatusEvent>,
     pub task_output: broadcast::Sender<TaskOutput>,
+    /// Requests for a human, as they are opened and resolved.
+    pub approval: broadcast::Sender<Approval>,
 }
 
 impl Default for Hub {
@@ -113,6 +127,7 @@ impl Hub {
             activity: broadcast::channel(WATCH_BUFFER).0,
             task_status: broadcast::channel(WATCH_BUFFER).0,
             task_output: broadcast::channel(WATCH_BUFFER).0,
+            approval: broadcast::channel(WATCH_BUFFER).0,
         }
     }
 }
@@ -141,6 +156,7 @@ pub struct State {
     task_runs: BTreeMap<String, u32>,
     pending: BTreeMap<RequestId, Pending>,
     task_pending: BTreeMap<RequestId, TaskReplyTx>,
+    approval_pending: BTreeMap<RequestId, ApprovalReply>,
     turn_streams: BTreeMap<(SessionId, u64), TurnStream>,
     next_req: RequestId,
     /// Told `true` when the loop has finished (after a shutdown).
@@ -190,6 +206,7 @@ impl State {
             task_runs: BTreeMap::new(),
             pending: BTreeMap::new(),
             task_pending: BTreeMap::new(),
+            approval_pending: BTreeMap::new(),
             turn_streams: BTreeMap::new(),
             next_req: 1,
             done,
@@ -321,8 +338,25 @@ impl State {
                         id,
                         provider_config,
                     },
+                    Request::Delete { id } => Input::Delete { req, id },
                 };
                 batch.inputs.push_back(input);
+            }
+            Command::Resolve {
+                approval,
+                decision,
+                by,
+                reply,
+            } => {
+                let req = self.next_req;
+                self.next_req += 1;
+                self.approval_pending.insert(req, reply);
+                batch.inputs.push_back(Input::Resolve {
+                    req,
+                    approval,
+                    decision,
+                    by,
+                });
             }
             Command::TaskRequest { mut input, reply } => {
                 let req = self.next_req;
@@ -422,7 +456,12 @@ impl State {
     fn execute(&mut self, effects: Vec<Effect>, batch: &mut Batch) {
         for effect in effects {
             match effect {
-                Effect::Persist(record) => batch.records.push(record),
+                Effect::Persist(record) => {
+                    if let Record::Delete(id) = &record {
+                        self.unrecognized.remove(&id.0);
+                    }
+                    batch.records.push(record)
+                }
                 Effect::Spawn { id, run, spec } => {
                     let event = match (crate::providers::plan(&spec, &self.exe), &self.runner) {
                         (Ok((plan, parser)), Some(link)) => {
@@ -459,6 +498,13 @@ impl State {
                         }
                     }
                 }
+                Effect::Answer { id, run, approval } => {
+                    if let Some(h) = self.runs.get(&(id.clone(), run)) {
+                        if !h.write_line(crate::providers::answer_line(&approval)) {
+                            tracing::warn!(session = %id, run, approval = %approval.id, "could not deliver an answer to the provider");
+                        }
+                    }
+                }
                 Effect::Signal {
                     id, run, signal, ..
                 } => {
@@ -466,9 +512,11 @@ impl State {
                         h.signal(signal);
                     }
                 }
-                e @ (Effect::EmitStatus(_) | Effect::EmitActivity(_) | Effect::Reply { .. }) => {
-                    batch.deliver.push(e)
-                }
+                e @ (Effect::EmitStatus(_)
+                | Effect::EmitActivity(_)
+                | Effect::EmitApproval(_)
+                | Effect::Reply { .. }
+                | Effect::ReplyApproval { .. }) => batch.deliver.push(e),
             }
         }
     }
@@ -546,6 +594,14 @@ impl State {
                         }
                     }
                     let _ = self.hub.activity.send(ev);
+                }
+                Effect::EmitApproval(a) => {
+                    let _ = self.hub.approval.send(a);
+                }
+                Effect::ReplyApproval { req, result } => {
+                    if let Some(tx) = self.approval_pending.remove(&req) {
+                        let _ = tx.send(result);
+                    }
                 }
                 Effect::Reply { req, result } => {
                     if let Some(p) = self.pending.remove(&req) {
@@ -714,6 +770,41 @@ impl Handle {
             .await
             .map_err(|_| unavailable())?;
         rx.await.map_err(|_| unavailable())?
+    }
+
+    /// Resolves a request for a human (from client `by`) and waits for the core's answer.
+    pub async fn resolve(
+        &self,
+        approval: ApprovalId,
+        decision: Decision,
+        by: &str,
+    ) -> Result<Approval, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Resolve {
+                approval,
+                decision,
+                by: by.to_string(),
+                reply,
+            })
+            .await
+            .map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())?
+    }
+
+    /// The open requests of one session (or all), oldest first, as the engine has them.
+    pub async fn pending_approvals(
+        &self,
+        session: Option<SessionId>,
+    ) -> Result<Vec<Approval>, Error> {
+        self.call(move |s| {
+            s.engine
+                .pending_approvals()
+                .filter(|a| session.as_ref().is_none_or(|id| &a.session == id))
+                .cloned()
+                .collect()
+        })
+        .await
     }
 
     /// Sends a task request (launch, cancel) and waits for the task machine's answer.

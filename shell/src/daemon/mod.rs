@@ -72,8 +72,16 @@ pub async fn run(opts: Options) -> Result<(), String> {
         }
         None => Default::default(),
     };
-    let (mut engine, restore) =
-        Engine::restore_with(opts.limits.clone(), now_ms(), records, &surviving);
+    let approvals = store
+        .load_approvals()
+        .map_err(|e| format!("cannot load approvals: {e}"))?;
+    let (mut engine, restore) = Engine::restore_with(
+        opts.limits.clone(),
+        now_ms(),
+        records,
+        approvals,
+        &surviving,
+    );
     engine.reserve_runs_through(run_floor);
     let task_records = store
         .load_tasks()

@@ -5,6 +5,7 @@
 //! Claude Code speak the same stream-json line protocol, so one parser serves both and every
 //! scripted test exercises the Claude Code parser.
 
+pub mod ask;
 pub mod bridge;
 pub mod claude_stream;
 pub mod scripted;
@@ -38,46 +39,14 @@ pub trait LineParser: Send {
 }
 
 /// What a session may let its agent do without asking (`provider_config["permissions"]`):
-/// `allow-all` (default), `deny`, or `allow:Tool1,Tool2`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PermissionPolicy {
-    AllowAll,
-    Deny,
-    Allow(Vec<String>),
-}
+/// the core's policy (the core applies it; bridges map it onto their agents' own flags).
+pub use paddock_core::Policy as PermissionPolicy;
 
-impl PermissionPolicy {
-    pub fn parse(s: Option<&str>) -> Result<Self, String> {
-        match s.map(str::trim) {
-            None | Some("") | Some("allow-all") => Ok(PermissionPolicy::AllowAll),
-            Some("deny") | Some("deny-all") => Ok(PermissionPolicy::Deny),
-            Some(list) if list.starts_with("allow:") => Ok(PermissionPolicy::Allow(
-                list["allow:".len()..]
-                    .split(',')
-                    .map(|t| t.trim().to_string())
-                    .filter(|t| !t.is_empty())
-                    .collect(),
-            )),
-            Some(other) => Err(format!(
-                "permissions must be allow-all, deny or allow:Tool1,Tool2 (got {other:?})"
-            )),
-        }
-    }
-
-    pub fn allows(&self, tool: &str) -> bool {
-        match self {
-            PermissionPolicy::AllowAll => true,
-            PermissionPolicy::Deny => false,
-            PermissionPolicy::Allow(list) => list.iter().any(|t| t == tool),
-        }
-    }
-}
-
-/// The stream-json reader shared by Claude Code and the scripted agent, answering permission
-/// requests by the session's policy.
+/// The stream-json reader shared by Claude Code, the scripted agent and every bridge. A
+/// permission prompt, question or client-tool call becomes a core `Ask` (the core answers it
+/// by the session's policy or from a human); any other control request is refused at once.
 struct StreamJson {
     parser: claude_stream::ClaudeStreamParser,
-    policy: PermissionPolicy,
 }
 
 impl LineParser for StreamJson {
@@ -98,20 +67,16 @@ impl LineParser for StreamJson {
                     tool_name,
                     input,
                 } => {
-                    if subtype != "can_use_tool" {
+                    let approval = ulid::Ulid::new().to_string().to_lowercase();
+                    match ask::ask_event(approval, request_id.clone(), &subtype, tool_name, &input)
+                    {
+                        Some(ev) => Parsed::Event(ev),
                         // Hook callbacks, MCP messages, …: nothing paddock registered, so none
                         // should come; answer anyway, so the agent never waits on us.
-                        Parsed::Reply(claude_stream::control_response_error(
+                        None => Parsed::Reply(claude_stream::control_response_error(
                             &request_id,
                             &format!("paddock: control request {subtype:?} is not supported"),
-                        ))
-                    } else if self.policy.allows(&tool_name) {
-                        Parsed::Reply(claude_stream::control_response_allow(&request_id, &input))
-                    } else {
-                        Parsed::Reply(claude_stream::control_response_deny(
-                            &request_id,
-                            &format!("paddock: the session's permission policy denies {tool_name}"),
-                        ))
+                        )),
                     }
                 }
             })
@@ -119,17 +84,39 @@ impl LineParser for StreamJson {
     }
 }
 
+/// The `control_response` line telling an agent the outcome of its request.
+pub use ask::answer_line;
+
 /// Checks a configuration at CreateSession: OBEY-2002 for a provider this build cannot run,
 /// OBEY-2003 for a model it does not accept, OBEY-2004 for a missing CLI binary or a bad
 /// provider_config.
 pub fn validate(config: &SessionConfig) -> Result<(), Error> {
-    PermissionPolicy::parse(
+    let policy = PermissionPolicy::parse(
         config
             .provider_config
             .get("permissions")
             .map(String::as_str),
     )
     .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+    paddock_core::ApprovalSettings::parse(&config.provider_config)
+        .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+    if policy.asks() && matches!(config.provider, Provider::Codex | Provider::Gemini) {
+        // `codex exec` and `gemini -p` run without anyone to ask: they have no way to wait
+        // for an answer. (Gemini over ACP, `--provider acp` with `gemini --acp`, can ask.)
+        return Err(Error::new(
+            ErrorCode::CreationFailed,
+            format!(
+                "permissions \"ask\" needs an agent that can wait for an answer; the {} CLI \
+                 cannot (use allow-all, deny or allow:Tool1,Tool2{})",
+                config.provider.name(),
+                if config.provider == Provider::Gemini {
+                    ", or run gemini over ACP: --provider acp --config command=\"gemini --acp\""
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
     match config.provider {
         Provider::Scripted => {
             check_model(config)?;
@@ -299,15 +286,8 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let policy = PermissionPolicy::parse(
-        config
-            .provider_config
-            .get("permissions")
-            .map(String::as_str),
-    )?;
     let parser = Box::new(StreamJson {
         parser: claude_stream::ClaudeStreamParser::new(),
-        policy,
     });
     let plan = match config.provider {
         Provider::Scripted => {
@@ -502,33 +482,56 @@ mod tests {
     }
 
     #[test]
-    fn control_requests_are_answered_by_policy() {
-        let mut spec = claude_spec();
-        spec.config
-            .provider_config
-            .insert("permissions".into(), "allow:Bash".into());
+    fn permission_prompts_go_to_the_core_and_other_requests_are_refused() {
+        let spec = claude_spec();
         let (_, mut parser) = plan(&spec, Path::new("/paddock")).unwrap();
-        let ask = |tool: &str, id: &str| {
-            format!(
-                r#"{{"type":"control_request","request_id":"{id}","request":{{"subtype":"can_use_tool","tool_name":"{tool}","input":{{"command":"ls"}},"tool_use_id":"t"}}}}"#
-            )
-        };
-        let reply = |out: Vec<Parsed>| match &out[..] {
-            [Parsed::Reply(r)] => serde_json::from_str::<serde_json::Value>(r).unwrap(),
-            other => panic!("not one reply: {other:?}"),
-        };
-        let r = reply(parser.parse_line(&ask("Bash", "r1")));
-        assert_eq!(r["response"]["request_id"], "r1");
-        assert_eq!(r["response"]["response"]["behavior"], "allow");
-        assert_eq!(r["response"]["response"]["updatedInput"]["command"], "ls");
-        let r = reply(parser.parse_line(&ask("Write", "r2")));
-        assert_eq!(r["response"]["response"]["behavior"], "deny");
-        // Not a permission prompt: an error answer, so the agent does not wait for one.
-        let r = reply(parser.parse_line(
+        let out = parser.parse_line(
+            r#"{"type":"control_request","request_id":"r1","request":{"subtype":"can_use_tool","tool_name":"Bash","input":{"command":"ls"},"tool_use_id":"t"}}"#,
+        );
+        // The core decides (by the session's policy, or a human): the parser only asks.
+        match &out[..] {
+            [Parsed::Event(ProviderEvent::Ask {
+                approval,
+                key,
+                kind,
+                tool,
+                summary,
+                ..
+            })] => {
+                assert_eq!(approval.len(), 26, "a ULID");
+                assert_eq!(
+                    (key.as_str(), *kind, tool.as_str(), summary.as_str()),
+                    ("r1", paddock_core::AskKind::Permission, "Bash", "Bash: ls")
+                );
+            }
+            other => panic!("not one Ask: {other:?}"),
+        }
+        // Not a question for a human: an error answer, so the agent does not wait for one.
+        let out = parser.parse_line(
             r#"{"type":"control_request","request_id":"r3","request":{"subtype":"hook_callback","callback_id":"c"}}"#,
-        ));
+        );
+        let [Parsed::Reply(r)] = &out[..] else {
+            panic!("not one reply: {out:?}")
+        };
+        let r: serde_json::Value = serde_json::from_str(r).unwrap();
         assert_eq!(r["response"]["subtype"], "error");
         assert_eq!(r["response"]["request_id"], "r3");
+    }
+
+    #[test]
+    fn ask_is_refused_for_agents_that_cannot_wait_for_an_answer() {
+        let mut c = SessionConfig::new("c", Provider::Codex, "/tmp");
+        c.provider_config.insert("permissions".into(), "ask".into());
+        let e = validate(&c).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CreationFailed);
+        assert!(e.message.contains("cannot"), "{e}");
+        c.provider = Provider::Scripted;
+        c.provider_config
+            .insert("approval_timeout".into(), "soon".into());
+        assert!(validate(&c)
+            .unwrap_err()
+            .message
+            .contains("approval_timeout"));
     }
 
     #[test]

@@ -94,6 +94,21 @@
 //!   N (e.g. 9, 11). `{"hang": true}`: stop producing output and sleep forever (stdin is no
 //!   longer read; only a signal ends it).
 //! - `{"builtin": true}`: the built-in answer (steps 2–6 above) at this point.
+//! - Asking the controller (the daemon), as Claude Code does with `--permission-prompt-tool
+//!   stdio`: the step prints the tool's `tool_use` line, then a `control_request`, and waits
+//!   (reading stdin; user messages that arrive meanwhile are answered afterwards) for the
+//!   `control_response` with its `request_id`; then it prints the tool's result:
+//!   - `{"ask": TOOL, "input": {…}, "allowed_result": TEXT}`: a `can_use_tool` permission
+//!     prompt. Allowed: `LS` / `Read` run for real, any other tool's result is `allowed_result` (default
+//!     `approved`). Denied: an error result `denied: <message>`.
+//!   - `{"question": TEXT, "options": [LABEL, …]}`: Claude Code's `AskUserQuestion` tool (a
+//!     `can_use_tool` prompt for it); the result is `User answered: <answer>` (the answer is
+//!     read from `updatedInput.answers`), or an error when refused.
+//!   - `{"client_tool": NAME, "input": {…}}`: paddock's `client_tool` request (a tool the
+//!     client runs); the result is the response's `result` (`is_error` as it says).
+//!
+//!   In every later step of the turn, `{answer}` is the last answer (the result text, the
+//!   answer, or the deny message).
 //! - `{"delay_ms": N}` alone: just wait.
 //!
 //! In TEXT, tool inputs and `raw`/`stderr` lines, `{message}`, `{turn}` (1-based message
@@ -199,6 +214,21 @@ pub enum StepKind {
     Signal(i32),
     Hang,
     Builtin,
+    /// Ask the controller and wait for its answer.
+    Ask {
+        ask: AskStep,
+        input: Value,
+        /// Permission prompts: the result when allowed (tools other than LS / Read).
+        result: Option<String>,
+    },
+}
+
+/// What an asking step asks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AskStep {
+    Permission(String),
+    Question { text: String, options: Vec<String> },
+    ClientTool(String),
 }
 
 /// An assistant line's `usage`.
@@ -278,6 +308,9 @@ struct RawTurn {
 }
 
 const KINDS: &[&str] = &[
+    "ask",
+    "question",
+    "client_tool",
     "thinking",
     "text",
     "tool",
@@ -340,6 +373,9 @@ fn parse_step(m: &Map<String, Value>) -> Result<Step, String> {
         Some("thinking" | "text") => &["tokens_in", "tokens_out", "message_id"],
         Some("tool") => &["input", "id", "tokens_in", "tokens_out", "message_id"],
         Some("tool_result") => &["is_error", "id"],
+        Some("ask") => &["input", "allowed_result"],
+        Some("question") => &["options"],
+        Some("client_tool") => &["input"],
         Some("result") => &[
             "tokens_in",
             "tokens_out",
@@ -415,6 +451,45 @@ fn parse_step(m: &Map<String, Value>) -> Result<Step, String> {
             },
             num_turns: opt_u64(m, "num_turns")?,
         },
+        Some(k @ ("ask" | "client_tool")) => {
+            let name = req_str(m, k)?;
+            let input = match m.get("input") {
+                None | Some(Value::Null) => Value::Object(Map::new()),
+                Some(v @ Value::Object(_)) => v.clone(),
+                Some(_) => return Err("\"input\" must be an object".into()),
+            };
+            StepKind::Ask {
+                ask: if k == "ask" {
+                    AskStep::Permission(name)
+                } else {
+                    AskStep::ClientTool(name)
+                },
+                input,
+                result: opt_str(m, "allowed_result")?,
+            }
+        }
+        Some("question") => {
+            let options = match m.get("options") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|o| {
+                        o.as_str()
+                            .map(str::to_string)
+                            .ok_or_else(|| "\"options\" must be strings".to_string())
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => return Err("\"options\" must be a list of strings".into()),
+            };
+            StepKind::Ask {
+                ask: AskStep::Question {
+                    text: req_str(m, "question")?,
+                    options,
+                },
+                input: Value::Null,
+                result: None,
+            }
+        }
         Some("raw" | "garbage") => StepKind::Raw(req_str(m, kind.unwrap_or("raw"))?),
         Some("stderr") => StepKind::Stderr(req_str(m, "stderr")?),
         Some("crash") => StepKind::Crash(req_i32(m, "crash")?),
@@ -597,6 +672,17 @@ pub enum Action {
     Signal(i32),
     /// Produce nothing more and never exit.
     Hang,
+    /// Print the `control_request` line, wait for the `control_response` with `request_id`,
+    /// then print the result of tool call `call` as the answer says.
+    Ask {
+        request_id: String,
+        line: String,
+        call: String,
+        tool: String,
+        input: Value,
+        /// Permission prompts: the result when allowed (LS / Read run for real instead).
+        allowed_result: String,
+    },
 }
 
 /// The agent's state across messages. [`Agent::answer`] is deterministic given the script,
@@ -771,6 +857,54 @@ impl Agent {
                 StepKind::Signal(n) => t.out.push(Action::Signal(*n)),
                 StepKind::Hang => t.out.push(Action::Hang),
                 StepKind::Builtin => t.builtin(),
+                StepKind::Ask { ask, input, result } => {
+                    let (tool, input, subtype) = match ask {
+                        AskStep::Permission(name) => {
+                            (name.clone(), t.expand_value(input), "can_use_tool")
+                        }
+                        AskStep::ClientTool(name) => {
+                            (name.clone(), t.expand_value(input), "client_tool")
+                        }
+                        AskStep::Question { text, options } => {
+                            let options: Vec<Value> = options
+                                .iter()
+                                .map(|o| serde_json::json!({"label": t.expand(o), "description": ""}))
+                                .collect();
+                            let q = serde_json::json!({"questions": [{
+                                "question": t.expand(text),
+                                "header": "Question",
+                                "options": options,
+                                "multiSelect": false,
+                            }]});
+                            (super::ask::QUESTION_TOOL.to_string(), q, "can_use_tool")
+                        }
+                    };
+                    let mid = t.message_id(None);
+                    let call = t.tool_call(&tool, &input, None, &mid, Usage::default());
+                    let request_id = format!("req_scripted_{}_{}", t.k, t.tool_seq);
+                    let line = serde_json::json!({
+                        "type": "control_request",
+                        "request_id": request_id,
+                        "request": {
+                            "subtype": subtype,
+                            "tool_name": tool,
+                            "input": input,
+                            "tool_use_id": call,
+                        }
+                    })
+                    .to_string();
+                    t.out.push(Action::Ask {
+                        request_id,
+                        line,
+                        call,
+                        tool,
+                        input,
+                        allowed_result: result
+                            .as_deref()
+                            .map(|r| t.expand(r))
+                            .unwrap_or_else(|| "approved".to_string()),
+                    });
+                }
             }
         }
         t.out
@@ -899,20 +1033,7 @@ impl TurnCx<'_> {
     }
 
     fn tool_result(&mut self, call: &str, content: &str, is_error: bool) {
-        let line = json_line(&UserLine {
-            ty: "user",
-            message: UserMessage {
-                role: "user",
-                content: [ToolResultBlock {
-                    ty: "tool_result",
-                    tool_use_id: call,
-                    content,
-                    is_error,
-                }],
-            },
-            parent_tool_use_id: None,
-            session_id: self.session_id,
-        });
+        let line = tool_result_line(call, content, is_error, self.session_id);
         self.out.push(Action::Line(line));
     }
 
@@ -1201,39 +1322,43 @@ pub fn serve(
     err: &mut impl Write,
     cwd: &Path,
 ) -> io::Result<i32> {
-    for line in input.lines() {
-        let line = match line {
-            Ok(l) => l,
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                let _ = writeln!(
-                    err,
-                    "paddock scripted agent: ignoring a non-UTF-8 stdin line"
-                );
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let Some(text) = user_text(&line) else {
-            if serde_json::from_str::<Value>(&line).is_err() {
-                let _ = writeln!(
-                    err,
-                    "paddock scripted agent: ignoring a non-JSON stdin line"
-                );
-            }
-            continue;
-        };
+    let mut stdin = Stdin {
+        lines: input.lines(),
+        queued: std::collections::VecDeque::new(),
+    };
+    while let Some(text) = stdin.next_message(err)? {
+        let mut answer: Option<String> = None;
         for action in agent.answer(&text, cwd) {
             match action {
                 Action::Line(l) => {
-                    let written = writeln!(out, "{l}").and_then(|()| out.flush());
-                    match written {
-                        Ok(()) => {}
-                        // Nobody reads our output any more: nothing left to do.
-                        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(0),
-                        Err(e) => return Err(e),
+                    let l = match &answer {
+                        Some(a) => l.replace("{answer}", json_inner(a).as_str()),
+                        None => l,
+                    };
+                    if !print(out, &l)? {
+                        return Ok(0);
+                    }
+                }
+                Action::Ask {
+                    request_id,
+                    line,
+                    call,
+                    tool,
+                    input,
+                    allowed_result,
+                } => {
+                    if !print(out, &line)? {
+                        return Ok(0);
+                    }
+                    let Some(response) = stdin.wait_response(&request_id, err)? else {
+                        return Ok(0); // stdin closed while waiting: nobody will answer
+                    };
+                    let (content, is_error) =
+                        ask_outcome(&response, &tool, &input, &allowed_result, cwd);
+                    answer = Some(content.clone());
+                    let l = tool_result_line(&call, &content, is_error, &agent.session_id);
+                    if !print(out, &l)? {
+                        return Ok(0);
                     }
                 }
                 Action::Stderr(l) => {
@@ -1270,6 +1395,152 @@ pub fn serve(
     Ok(0)
 }
 
+/// Writes one line and flushes; `false` when nobody reads our output any more.
+fn print(out: &mut impl Write, line: &str) -> io::Result<bool> {
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `s` as the inside of a JSON string literal (to put into a line already serialised).
+fn json_inner(s: &str) -> String {
+    let quoted = serde_json::to_string(s).expect("a string serialises");
+    quoted[1..quoted.len() - 1].to_string()
+}
+
+/// The agent's stdin: user messages (some queued while the agent waited for an answer) and
+/// control responses.
+struct Stdin<L> {
+    lines: L,
+    queued: std::collections::VecDeque<String>,
+}
+
+impl<L: Iterator<Item = io::Result<String>>> Stdin<L> {
+    /// The next non-empty line; `None` at EOF.
+    fn next_line(&mut self, err: &mut impl Write) -> io::Result<Option<String>> {
+        for line in self.lines.by_ref() {
+            match line {
+                Ok(l) if l.trim().is_empty() => {}
+                Ok(l) => return Ok(Some(l)),
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    let _ = writeln!(
+                        err,
+                        "paddock scripted agent: ignoring a non-UTF-8 stdin line"
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The next user message's text; `None` at EOF.
+    fn next_message(&mut self, err: &mut impl Write) -> io::Result<Option<String>> {
+        if let Some(t) = self.queued.pop_front() {
+            return Ok(Some(t));
+        }
+        while let Some(line) = self.next_line(err)? {
+            match user_text(&line) {
+                Some(text) => return Ok(Some(text)),
+                None if serde_json::from_str::<Value>(&line).is_err() => {
+                    let _ = writeln!(
+                        err,
+                        "paddock scripted agent: ignoring a non-JSON stdin line"
+                    );
+                }
+                None => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits for the `control_response` to `request_id` (its `response.response`); user
+    /// messages meanwhile are queued. `None` at EOF.
+    fn wait_response(
+        &mut self,
+        request_id: &str,
+        err: &mut impl Write,
+    ) -> io::Result<Option<Value>> {
+        while let Some(line) = self.next_line(err)? {
+            if let Some(text) = user_text(&line) {
+                self.queued.push_back(text);
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            let r = &v["response"];
+            if v["type"] == "control_response" && r["request_id"] == request_id {
+                if r["subtype"] == "error" {
+                    return Ok(Some(serde_json::json!({
+                        "behavior": "deny",
+                        "message": r["error"].as_str().unwrap_or("error"),
+                    })));
+                }
+                return Ok(Some(r["response"].clone()));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// A tool's result after the controller's answer: (content, is_error).
+fn ask_outcome(
+    response: &Value,
+    tool: &str,
+    input: &Value,
+    allowed_result: &str,
+    cwd: &Path,
+) -> (String, bool) {
+    let allowed = response["behavior"] == "allow";
+    let message = response["message"].as_str().unwrap_or("").to_string();
+    if let Some(result) = response.get("result").and_then(Value::as_str) {
+        // A client tool's result.
+        let is_error = response["is_error"].as_bool().unwrap_or(!allowed);
+        return (result.to_string(), is_error);
+    }
+    if !allowed {
+        return (format!("denied: {message}"), true);
+    }
+    if tool == super::ask::QUESTION_TOOL {
+        let answers = response["updatedInput"]["answers"]
+            .as_object()
+            .map(|m| {
+                m.values()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+            .unwrap_or_default();
+        return (format!("User answered: {answers}"), false);
+    }
+    let input = response.get("updatedInput").unwrap_or(input);
+    match tool {
+        "LS" | "Read" => run_tool(tool, input, cwd),
+        _ => (allowed_result.to_string(), false),
+    }
+}
+
+/// A user `tool_result` line.
+fn tool_result_line(call: &str, content: &str, is_error: bool, session_id: &str) -> String {
+    json_line(&UserLine {
+        ty: "user",
+        message: UserMessage {
+            role: "user",
+            content: [ToolResultBlock {
+                ty: "tool_result",
+                tool_use_id: call,
+                content,
+                is_error,
+            }],
+        },
+        parent_tool_use_id: None,
+        session_id,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::claude_stream::{user_message_line, ClaudeStreamParser, Parsed};
@@ -1281,7 +1552,7 @@ mod tests {
         let mut out = Vec::new();
         for a in actions {
             match a {
-                Action::Line(l) => out.push(l.clone()),
+                Action::Line(l) | Action::Ask { line: l, .. } => out.push(l.clone()),
                 Action::Exit(_) | Action::Signal(_) | Action::Hang => break,
                 Action::Stderr(_) | Action::Sleep(_) => {}
             }
@@ -1679,5 +1950,77 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         assert_eq!(out.lines().count(), 2); // init + "bye"
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn asking_steps_wait_for_the_answer_and_queue_messages_meanwhile() {
+        let script = parse_script(
+            r#"{"turns":[{"steps":[
+                {"ask":"Bash","input":{"command":"make"},"allowed_result":"built"},
+                {"question":"Which DB?","options":["PG 14","PG 15"]},
+                {"client_tool":"run_tests","input":{}},
+                {"result":"done: {answer}"}
+            ]}, {"steps":[{"result":"second"}]}]}"#,
+        )
+        .unwrap();
+        let mut agent = Agent::new(script, "s");
+        let stdin = [
+            user_message_line("go"),
+            // A message while the agent waits is answered after this turn.
+            user_message_line("next"),
+            crate::providers::claude_stream::control_response_deny("req_scripted_1_1", "not now"),
+            crate::providers::claude_stream::control_response_allow(
+                "req_scripted_1_2",
+                &serde_json::json!({"questions":[{"question":"Which DB?"}],"answers":{"Which DB?":"PG 15"}}),
+            ),
+            r#"{"type":"control_response","response":{"subtype":"success","request_id":"req_scripted_1_3","response":{"behavior":"allow","result":"7 passed \"ok\"","is_error":false}}}"#.to_string(),
+        ]
+        .join("\n");
+        let mut out = Vec::new();
+        let code = serve(
+            &mut agent,
+            stdin.as_bytes(),
+            &mut out,
+            &mut Vec::new(),
+            Path::new("/"),
+        )
+        .unwrap();
+        assert_eq!(code, 0);
+        let out = String::from_utf8(out).unwrap();
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let results: Vec<(String, bool)> = lines
+            .iter()
+            .filter(|l| l["type"] == "user")
+            .map(|l| {
+                let b = &l["message"]["content"][0];
+                (
+                    b["content"].as_str().unwrap().to_string(),
+                    b["is_error"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            results,
+            [
+                ("denied: not now".to_string(), true),
+                ("User answered: PG 15".to_string(), false),
+                ("7 passed \"ok\"".to_string(), false),
+            ]
+        );
+        let requests: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["type"] == "control_request")
+            .collect();
+        assert_eq!(requests.len(), 3);
+        assert_eq!(requests[2]["request"]["subtype"], "client_tool");
+        let finals: Vec<&str> = lines
+            .iter()
+            .filter(|l| l["type"] == "result")
+            .map(|l| l["result"].as_str().unwrap())
+            .collect();
+        assert_eq!(finals, ["done: 7 passed \"ok\"", "second"]);
     }
 }

@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use super::{Result, StoreError};
 
 /// Every migration this binary knows, oldest first.
-pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2, V3, V4];
+pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2, V3, V4, super::approvals::V5];
 
 /// Version 4: provider output lines the adapter did not understand, kept raw (the newest
 /// [`super::UNRECOGNIZED_KEPT`] per session; `seq` counts them all).

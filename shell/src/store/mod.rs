@@ -9,6 +9,7 @@
 //! timeout, and brought up to the current schema by versioned migrations (`migrations.rs`);
 //! a database written by a newer paddock is refused ([`StoreError::TooNew`]).
 
+pub mod approvals;
 mod codec;
 mod migrations;
 pub mod tasks;
@@ -257,6 +258,10 @@ impl Store {
                 Record::Activity(ev) => insert_activity(&tx, ev)?,
                 Record::Status(ev) => insert_status(&tx, ev)?,
                 Record::UserMessage(m) => insert_message(&tx, m)?,
+                Record::Approval(a) => approvals::upsert(&tx, a)?,
+                Record::Delete(id) => {
+                    delete_session_rows(&tx, &id.0)?;
+                }
             }
         }
         for row in tasks {
@@ -503,17 +508,7 @@ impl Store {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let existed = tx.execute("DELETE FROM agent_sessions WHERE id = ?1", [id])? > 0;
-        tx.execute("DELETE FROM agent_activities WHERE session_id = ?1", [id])?;
-        tx.execute(
-            "DELETE FROM session_status_events WHERE session_id = ?1",
-            [id],
-        )?;
-        tx.execute("DELETE FROM session_messages WHERE session_id = ?1", [id])?;
-        tx.execute(
-            "DELETE FROM provider_unrecognized WHERE session_id = ?1",
-            [id],
-        )?;
+        let existed = delete_session_rows(&tx, id)?;
         tx.commit()?;
         Ok(existed)
     }
@@ -537,6 +532,22 @@ impl Store {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?)
     }
+}
+
+/// Deletes every row of a session (not `external_activities`: those are what other processes
+/// reported). Returns whether the session existed.
+fn delete_session_rows(conn: &Connection, id: &str) -> Result<bool> {
+    let existed = conn.execute("DELETE FROM agent_sessions WHERE id = ?1", [id])? > 0;
+    for table in [
+        "agent_activities",
+        "session_status_events",
+        "session_messages",
+        "provider_unrecognized",
+        "approvals",
+    ] {
+        conn.execute(&format!("DELETE FROM {table} WHERE session_id = ?1"), [id])?;
+    }
+    Ok(existed)
 }
 
 fn upsert_session(conn: &Connection, rec: &SessionRecord) -> Result<()> {

@@ -153,7 +153,8 @@ pub fn sandbox_mode(policy: &PermissionPolicy) -> &'static str {
     match policy {
         PermissionPolicy::AllowAll => "danger-full-access",
         PermissionPolicy::Deny => "read-only",
-        PermissionPolicy::Allow(tools) => {
+        // `ask` is refused at create for codex (nobody can be asked); as a list it is safe.
+        PermissionPolicy::Allow(tools) | PermissionPolicy::Ask(tools) => {
             if tools.iter().any(|t| WRITING_TOOLS.contains(&t.as_str())) {
                 "workspace-write"
             } else {

@@ -176,10 +176,11 @@ fn permission_args(policy: &PermissionPolicy) -> Vec<String> {
     match policy {
         PermissionPolicy::AllowAll => vec!["--approval-mode".into(), "yolo".into()],
         PermissionPolicy::Deny => vec!["--approval-mode".into(), "default".into()],
-        PermissionPolicy::Allow(tools) if tools.is_empty() => {
+        // `ask` is refused at create for gemini (nobody can be asked); as a list it is safe.
+        PermissionPolicy::Allow(tools) | PermissionPolicy::Ask(tools) if tools.is_empty() => {
             vec!["--approval-mode".into(), "default".into()]
         }
-        PermissionPolicy::Allow(tools) => vec![
+        PermissionPolicy::Allow(tools) | PermissionPolicy::Ask(tools) => vec![
             "--approval-mode".into(),
             "default".into(),
             "--allowed-tools".into(),

@@ -1,0 +1,404 @@
+//! Human approvals, rule by rule: a request the policy does not settle makes the session
+//! WAITING until it is resolved exactly once (approve, deny, answer, expiry), and a stop,
+//! restart, failure or daemon restart closes it.
+
+use std::collections::BTreeMap;
+
+use paddock_core::*;
+
+const T0: Millis = 1_000_000;
+
+fn sid() -> SessionId {
+    SessionId::from("sess_1")
+}
+
+struct Rig {
+    engine: Engine,
+    now: Millis,
+    req: RequestId,
+}
+
+impl Rig {
+    /// A session (run 1, pid 42) with `permissions` and a 60 s approval timeout, working on a
+    /// turn.
+    fn working(permissions: &str) -> Rig {
+        let mut config = SessionConfig::new("camp", Provider::Scripted, "/tmp");
+        config
+            .provider_config
+            .insert("permissions".into(), permissions.into());
+        config
+            .provider_config
+            .insert("approval_timeout".into(), "60s".into());
+        let mut r = Rig {
+            engine: Engine::new(Limits::default()),
+            now: T0,
+            req: 0,
+        };
+        let req = r.next_req();
+        r.at(
+            0,
+            Input::Create {
+                req,
+                id: sid(),
+                config,
+            },
+        );
+        r.provider(ProviderEvent::Started { pid: Some(42) });
+        let req = r.next_req();
+        r.at(
+            1,
+            Input::Send {
+                req,
+                id: sid(),
+                text: "go".into(),
+            },
+        );
+        assert_eq!(r.status(), Status::Working);
+        r
+    }
+
+    fn next_req(&mut self) -> RequestId {
+        self.req += 1;
+        self.req
+    }
+
+    fn at(&mut self, dt: Millis, input: Input) -> Vec<Effect> {
+        self.now += dt;
+        self.engine.handle(self.now, input)
+    }
+
+    fn provider(&mut self, event: ProviderEvent) -> Vec<Effect> {
+        self.at(
+            1,
+            Input::Provider {
+                id: sid(),
+                run: 1,
+                cursor: None,
+                event,
+            },
+        )
+    }
+
+    fn ask(&mut self, id: &str, kind: AskKind, tool: &str) -> Vec<Effect> {
+        self.provider(ProviderEvent::Ask {
+            approval: id.into(),
+            key: format!("key-{id}"),
+            kind,
+            tool: tool.into(),
+            input: r#"{"command":"rm -rf build"}"#.into(),
+            summary: format!("{tool}: rm -rf build"),
+        })
+    }
+
+    fn resolve(&mut self, id: &str, decision: Decision) -> (Vec<Effect>, Result<Approval, Error>) {
+        let req = self.next_req();
+        let fx = self.at(
+            1,
+            Input::Resolve {
+                req,
+                approval: id.into(),
+                decision,
+                by: "cli".into(),
+            },
+        );
+        let result = fx
+            .iter()
+            .find_map(|e| match e {
+                Effect::ReplyApproval { req: r, result } if *r == req => Some(result.clone()),
+                _ => None,
+            })
+            .expect("a Resolve is always answered");
+        (fx, result)
+    }
+
+    fn status(&self) -> Status {
+        self.engine.session(&sid()).unwrap().status()
+    }
+}
+
+fn answers(fx: &[Effect]) -> Vec<(String, bool, String)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Answer { approval, .. } => Some((
+                approval.key.clone(),
+                approval.allowed,
+                approval.answer.clone(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn stored(fx: &[Effect]) -> Vec<(String, ApprovalState)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Persist(Record::Approval(a)) => Some((a.id.clone(), a.state)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_policy_settles_what_it_can_without_a_human() {
+    let mut r = Rig::working("ask:Read");
+    let fx = r.ask("a1", AskKind::Permission, "Read");
+    assert_eq!(answers(&fx), [("key-a1".to_string(), true, String::new())]);
+    assert!(stored(&fx).is_empty(), "a policy decision is not a request");
+    assert_eq!(r.status(), Status::Working);
+
+    let mut r = Rig::working("allow:Read");
+    let fx = r.ask("a2", AskKind::Permission, "Bash");
+    let a = answers(&fx);
+    assert!(!a[0].1 && a[0].2.contains("denies Bash"), "{a:?}");
+    assert_eq!(r.status(), Status::Working);
+}
+
+#[test]
+fn an_approval_waits_then_the_answer_reaches_the_agent_once() {
+    let mut r = Rig::working("ask");
+    let fx = r.ask("a1", AskKind::Permission, "Bash");
+    assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Pending)]);
+    assert!(answers(&fx).is_empty());
+    assert_eq!(r.status(), Status::Waiting);
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::EmitApproval(a) if a.is_pending())));
+    // A message now is refused, saying why.
+    let req = r.next_req();
+    let fx = r.at(
+        1,
+        Input::Send {
+            req,
+            id: sid(),
+            text: "x".into(),
+        },
+    );
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Reply { result: Err(e), .. }
+        if e.code == ErrorCode::WrongState && e.message.contains("approvals"))));
+
+    let (fx, result) = r.resolve("a1", Decision::Approve);
+    let a = result.unwrap();
+    assert_eq!(
+        (a.state, a.allowed, a.resolved_by.as_str()),
+        (ApprovalState::Approved, true, "cli")
+    );
+    assert_eq!(answers(&fx), [("key-a1".to_string(), true, String::new())]);
+    assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Approved)]);
+    assert_eq!(r.status(), Status::Working);
+
+    // A second answer is refused with OBEY-2041 and changes nothing.
+    let (fx, result) = r.resolve(
+        "a1",
+        Decision::Deny {
+            reason: "no".into(),
+        },
+    );
+    let e = result.unwrap_err();
+    assert_eq!(e.code, ErrorCode::ApprovalResolved);
+    assert!(e.message.contains("already approved"), "{e}");
+    assert!(answers(&fx).is_empty() && stored(&fx).is_empty());
+    // An unknown one with OBEY-2040.
+    let (_, result) = r.resolve("nope", Decision::Approve);
+    assert_eq!(result.unwrap_err().code, ErrorCode::ApprovalNotFound);
+}
+
+#[test]
+fn deny_and_answers_carry_their_text_and_the_session_waits_for_the_last_request() {
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    r.ask("q1", AskKind::Question, "AskUserQuestion");
+    assert_eq!(r.engine.pending_approvals().count(), 2);
+    let (fx, _) = r.resolve(
+        "a1",
+        Decision::Deny {
+            reason: "not here".into(),
+        },
+    );
+    assert_eq!(
+        answers(&fx),
+        [("key-a1".to_string(), false, "not here".to_string())]
+    );
+    assert_eq!(r.status(), Status::Waiting, "the question is still open");
+    // A permission cannot be "answered", nor a question... approved is fine (empty answer).
+    let (_, result) = r.resolve(
+        "q1",
+        Decision::Answer {
+            text: "Postgres 15".into(),
+            is_error: false,
+        },
+    );
+    assert_eq!(result.unwrap().answer, "Postgres 15");
+    assert_eq!(r.status(), Status::Working);
+}
+
+#[test]
+fn a_permission_cannot_be_answered_with_text() {
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    let (_, result) = r.resolve(
+        "a1",
+        Decision::Answer {
+            text: "sure".into(),
+            is_error: false,
+        },
+    );
+    assert_eq!(result.unwrap_err().code, ErrorCode::WrongState);
+    assert_eq!(r.status(), Status::Waiting);
+}
+
+#[test]
+fn an_unanswered_request_expires_with_the_sessions_default() {
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    assert_eq!(timer, Timer::ApprovalExpiry);
+    r.now = at;
+    let fx = r.engine.handle(at, Input::Tick);
+    let a = answers(&fx);
+    assert_eq!(a.len(), 1);
+    assert!(
+        !a[0].1 && a[0].2.contains("nobody answered within 60 s"),
+        "{a:?}"
+    );
+    assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Expired)]);
+    assert_eq!(r.status(), Status::Working);
+    let (_, result) = r.resolve("a1", Decision::Approve);
+    assert!(result.unwrap_err().message.contains("already expired"));
+}
+
+#[test]
+fn a_graceful_stop_tells_the_agent_no_and_a_turn_end_closes_what_is_open() {
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    let req = r.next_req();
+    let fx = r.at(
+        1,
+        Input::Stop {
+            req,
+            id: sid(),
+            graceful: true,
+        },
+    );
+    assert_eq!(answers(&fx)[0].2, "the session is stopping");
+    assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Cancelled)]);
+    assert_eq!(r.status(), Status::Stopping);
+    // The turn, still finishing, asks again: told no at once.
+    let fx = r.ask("a2", AskKind::Permission, "Bash");
+    assert_eq!(answers(&fx)[0].2, "the session is stopping");
+    assert!(stored(&fx).is_empty());
+
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    let fx = r.provider(ProviderEvent::Activity(Activity::new(
+        ActivityKind::Completion,
+        "gave up",
+    )));
+    assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Cancelled)]);
+    assert_eq!(r.status(), Status::Running);
+}
+
+#[test]
+fn a_crash_while_waiting_fails_the_session_and_cancels_the_request() {
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    let fx = r.provider(ProviderEvent::Exited {
+        code: Some(1),
+        signal: None,
+        stderr_tail: String::new(),
+    });
+    assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Cancelled)]);
+    assert_eq!(r.status(), Status::Failed);
+    let (_, result) = r.resolve("a1", Decision::Approve);
+    assert!(result.unwrap_err().message.contains("already cancelled"));
+}
+
+#[test]
+fn an_open_request_survives_a_daemon_restart_when_the_agent_does() {
+    let mut r = Rig::working("ask");
+    let fx = r.ask("a1", AskKind::Permission, "Bash");
+    let Some(Effect::Persist(Record::Approval(pending))) = fx
+        .iter()
+        .find(|e| matches!(e, Effect::Persist(Record::Approval(_))))
+        .cloned()
+    else {
+        unreachable!()
+    };
+    let record = r.engine.session(&sid()).unwrap().record.clone();
+    assert_eq!(record.status, Status::Waiting);
+
+    // Adopted: still waiting, still answerable, and the answer goes to the same run.
+    let mut surviving = BTreeMap::new();
+    surviving.insert(sid(), (1, Some(42)));
+    let (mut engine, _) = Engine::restore_with(
+        Limits::default(),
+        r.now + 5,
+        [record.clone()],
+        [pending.clone()],
+        &surviving,
+    );
+    assert_eq!(engine.session(&sid()).unwrap().status(), Status::Waiting);
+    let fx = engine.handle(
+        r.now + 10,
+        Input::Resolve {
+            req: 99,
+            approval: "a1".into(),
+            decision: Decision::Approve,
+            by: "cli".into(),
+        },
+    );
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Answer { run: 1, approval, .. } if approval.key == "key-a1")));
+    assert_eq!(engine.session(&sid()).unwrap().status(), Status::Working);
+
+    // Not adopted (the agent is gone): FAILED, the request cancelled.
+    let (engine, fx) = Engine::restore_with(
+        Limits::default(),
+        r.now + 5,
+        [record],
+        [pending],
+        &BTreeMap::new(),
+    );
+    assert_eq!(engine.session(&sid()).unwrap().status(), Status::Failed);
+    assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Cancelled)]);
+}
+
+#[test]
+fn only_a_terminal_session_is_deleted() {
+    let mut r = Rig::working("allow-all");
+    let req = r.next_req();
+    let fx = r.at(1, Input::Delete { req, id: sid() });
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Reply { result: Err(e), .. } if e.code == ErrorCode::WrongState)
+    ));
+    let req = r.next_req();
+    r.at(
+        1,
+        Input::Stop {
+            req,
+            id: sid(),
+            graceful: false,
+        },
+    );
+    // Still stopping: not yet.
+    let req = r.next_req();
+    let fx = r.at(1, Input::Delete { req, id: sid() });
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Reply { result: Err(e), .. } if e.code == ErrorCode::WrongState)
+    ));
+    r.provider(ProviderEvent::Exited {
+        code: None,
+        signal: Some(15),
+        stderr_tail: String::new(),
+    });
+    assert_eq!(r.status(), Status::Stopped);
+    let req = r.next_req();
+    let fx = r.at(1, Input::Delete { req, id: sid() });
+    assert!(matches!(&fx[0], Effect::Persist(Record::Delete(id)) if *id == sid()));
+    assert!(r.engine.session(&sid()).is_none());
+    let req = r.next_req();
+    let fx = r.at(1, Input::Delete { req, id: sid() });
+    assert!(fx.iter().any(|e| matches!(e, Effect::Reply { result: Err(e), .. } if e.code == ErrorCode::SessionNotFound)));
+}

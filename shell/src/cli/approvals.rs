@@ -1,0 +1,173 @@
+//! `paddock approvals`, `paddock approve ID`, `paddock deny ID [--reason]`,
+//! `paddock answer ID TEXT`: requests for a human, from the command line.
+
+use paddock_proto::obey::local::v1 as pb;
+use serde_json::{json, Value};
+
+use super::output::{age, table};
+use super::{client, fail, print_json, Ctx};
+
+/// What `paddock approvals` shows.
+pub struct ListArgs {
+    pub session: Option<String>,
+    pub all: bool,
+    pub limit: i32,
+}
+
+pub fn kind_name(n: i32) -> &'static str {
+    match pb::ApprovalKind::try_from(n) {
+        Ok(pb::ApprovalKind::Permission) => "permission",
+        Ok(pb::ApprovalKind::Question) => "question",
+        Ok(pb::ApprovalKind::ClientTool) => "client-tool",
+        _ => "unknown",
+    }
+}
+
+pub fn state_name(n: i32) -> &'static str {
+    match pb::ApprovalState::try_from(n) {
+        Ok(pb::ApprovalState::Pending) => "pending",
+        Ok(pb::ApprovalState::Approved) => "approved",
+        Ok(pb::ApprovalState::Denied) => "denied",
+        Ok(pb::ApprovalState::Answered) => "answered",
+        Ok(pb::ApprovalState::Expired) => "expired",
+        Ok(pb::ApprovalState::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+pub fn approval_json(a: &pb::Approval) -> Value {
+    let ts = |t: &Option<prost_types::Timestamp>| {
+        t.as_ref()
+            .map(|t| super::output::rfc3339(t.seconds, t.nanos))
+    };
+    json!({
+        "id": a.id,
+        "session_id": a.session_id,
+        "kind": kind_name(a.kind),
+        "tool_name": a.tool_name,
+        "input": serde_json::from_str::<Value>(&a.input_json).unwrap_or(Value::String(a.input_json.clone())),
+        "summary": a.summary,
+        "state": state_name(a.state),
+        "created_at": ts(&a.created_at),
+        "expires_at": ts(&a.expires_at),
+        "resolved_at": ts(&a.resolved_at),
+        "answer": a.answer,
+        "allowed": a.allowed,
+        "resolved_by": a.resolved_by,
+        "turn": a.turn,
+    })
+}
+
+/// One line for a human: what is asked, and how to answer.
+pub fn approval_line(a: &pb::Approval) -> String {
+    match pb::ApprovalState::try_from(a.state) {
+        Ok(pb::ApprovalState::Pending) => {
+            let how = match pb::ApprovalKind::try_from(a.kind) {
+                Ok(pb::ApprovalKind::Permission) => {
+                    format!("paddock approve {0} | paddock deny {0}", a.id)
+                }
+                _ => format!("paddock answer {} \"…\"", a.id),
+            };
+            format!("[{}] {} — {}  ({how})", kind_name(a.kind), a.summary, a.id)
+        }
+        _ => format!(
+            "[{}] {} — {} {} by {}{}",
+            kind_name(a.kind),
+            a.summary,
+            a.id,
+            state_name(a.state),
+            a.resolved_by,
+            if a.answer.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", a.answer)
+            }
+        ),
+    }
+}
+
+pub async fn list(ctx: &Ctx, args: ListArgs) -> i32 {
+    let mut c = match client::connect(ctx).await {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let session_id = match args.session {
+        Some(s) => match super::resolve(&mut c, &s).await {
+            Ok(id) => id,
+            Err(e) => return fail(e),
+        },
+        None => String::new(),
+    };
+    let list = match c
+        .list_approvals(pb::ListApprovalsRequest {
+            session_id,
+            include_resolved: args.all,
+            limit: args.limit,
+        })
+        .await
+    {
+        Ok(r) => r.into_inner().approvals,
+        Err(e) => return fail(e.message()),
+    };
+    if ctx.json {
+        print_json(&json!(list.iter().map(approval_json).collect::<Vec<_>>()));
+        return 0;
+    }
+    if list.is_empty() {
+        println!(
+            "{}",
+            if args.all {
+                "no approvals"
+            } else {
+                "nothing is waiting for you"
+            }
+        );
+        return 0;
+    }
+    let now = crate::paths::now_ms();
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|a| {
+            vec![
+                a.id.clone(),
+                a.session_id.clone(),
+                kind_name(a.kind).to_string(),
+                state_name(a.state).to_string(),
+                crate::text::truncate(&a.summary, 60).into_owned(),
+                age(&a.created_at, now),
+            ]
+        })
+        .collect();
+    println!(
+        "{}",
+        table(&["ID", "SESSION", "KIND", "STATE", "WHAT", "AGE"], &rows)
+    );
+    0
+}
+
+/// `approve`, `deny`, `answer`.
+pub async fn resolve(ctx: &Ctx, id: String, decision: pb::ApprovalDecision, text: String) -> i32 {
+    let mut c = match client::connect(ctx).await {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let a = match c
+        .resolve_approval(pb::ResolveApprovalRequest {
+            approval_id: id,
+            decision: decision as i32,
+            text,
+            is_error: false,
+            resolved_by: "cli".into(),
+        })
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(e) => return fail(e.message()),
+    };
+    if ctx.json {
+        print_json(&approval_json(&a));
+    } else {
+        println!("{}", approval_line(&a));
+    }
+    0
+}

@@ -1,0 +1,159 @@
+//! Requests for a human (approvals, questions, client-side tools): one row per request,
+//! upserted as it is opened and resolved.
+
+use paddock_core::{Approval, ApprovalState, AskKind, SessionId};
+use rusqlite::{params, Connection, Row};
+
+use super::codec::int;
+use super::{Result, Store, StoreError};
+
+/// Version 5: requests for a human.
+pub(super) const V5: &str = r#"
+CREATE TABLE approvals (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    session_id  TEXT    NOT NULL,
+    run         INTEGER NOT NULL,
+    key         TEXT    NOT NULL,
+    kind        INTEGER NOT NULL,
+    tool        TEXT    NOT NULL,
+    input       TEXT    NOT NULL,
+    summary     TEXT    NOT NULL,
+    turn        INTEGER,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    state       INTEGER NOT NULL,
+    answer      TEXT    NOT NULL,
+    is_error    INTEGER NOT NULL,
+    allowed     INTEGER NOT NULL,
+    resolved_by TEXT    NOT NULL,
+    resolved_at INTEGER
+) STRICT;
+CREATE INDEX approvals_by_session ON approvals (session_id, created_at);
+CREATE INDEX approvals_pending ON approvals (state) WHERE state = 1;
+"#;
+
+/// A request's tool input is kept up to this many bytes (a huge file write is summarised, not
+/// stored twice).
+pub const INPUT_KEPT: usize = 64 * 1024;
+
+/// How many resolved requests per session a restarted daemon remembers (for late answers).
+pub const RESOLVED_LOADED: i64 = paddock_core::session::machine::RESOLVED_KEPT as i64;
+
+const COLUMNS: &str = "id, session_id, run, key, kind, tool, input, summary, turn, created_at, \
+                       expires_at, state, answer, is_error, allowed, resolved_by, resolved_at";
+
+pub(super) fn upsert(conn: &Connection, a: &Approval) -> Result<()> {
+    conn.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO approvals ({COLUMNS}) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+    ))?
+    .execute(params![
+        a.id,
+        a.session.0,
+        int(a.run),
+        a.key,
+        a.kind.number(),
+        a.tool,
+        crate::text::prefix(&a.input, INPUT_KEPT),
+        a.summary,
+        a.turn.map(int),
+        int(a.created_at),
+        int(a.expires_at),
+        a.state.number(),
+        a.answer,
+        a.is_error,
+        a.allowed,
+        a.resolved_by,
+        a.resolved_at.map(int),
+    ])?;
+    Ok(())
+}
+
+fn from_row(row: &Row) -> Result<Approval> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("approvals: bad {what}"));
+    let u = |i: usize, what: &str| -> Result<u64> {
+        let v: i64 = row.get(i)?;
+        u64::try_from(v).map_err(|_| corrupt(what))
+    };
+    let opt = |i: usize, what: &str| -> Result<Option<u64>> {
+        let v: Option<i64> = row.get(i)?;
+        v.map(|v| u64::try_from(v).map_err(|_| corrupt(what)))
+            .transpose()
+    };
+    Ok(Approval {
+        id: row.get(0)?,
+        session: SessionId(row.get(1)?),
+        run: u(2, "run")?,
+        key: row.get(3)?,
+        kind: AskKind::from_number(row.get(4)?).ok_or_else(|| corrupt("kind"))?,
+        tool: row.get(5)?,
+        input: row.get(6)?,
+        summary: row.get(7)?,
+        turn: opt(8, "turn")?,
+        created_at: u(9, "created_at")?,
+        expires_at: u(10, "expires_at")?,
+        state: ApprovalState::from_number(row.get(11)?).ok_or_else(|| corrupt("state"))?,
+        answer: row.get(12)?,
+        is_error: row.get(13)?,
+        allowed: row.get(14)?,
+        resolved_by: row.get(15)?,
+        resolved_at: opt(16, "resolved_at")?,
+    })
+}
+
+impl Store {
+    /// What a starting daemon gives the engine: every open request, and the newest resolved
+    /// ones of each session.
+    pub fn load_approvals(&self) -> Result<Vec<Approval>> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {COLUMNS} FROM ( \
+               SELECT *, ROW_NUMBER() OVER (PARTITION BY session_id ORDER BY created_at DESC, id DESC) AS n \
+               FROM approvals WHERE state != 1) \
+             WHERE n <= ?1 \
+             UNION ALL SELECT {COLUMNS} FROM approvals WHERE state = 1 \
+             ORDER BY created_at, id"
+        ))?;
+        let rows = stmt.query_map([RESOLVED_LOADED], |r| Ok(from_row(r)))?;
+        rows.map(|r| r?).collect()
+    }
+
+    /// Requests, newest first: of one session or all, open ones only unless `all`.
+    pub fn approvals(
+        &self,
+        session: Option<&str>,
+        all: bool,
+        limit: usize,
+    ) -> Result<Vec<Approval>> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM approvals \
+             WHERE (?1 IS NULL OR session_id = ?1) AND (?2 OR state = 1) \
+             ORDER BY created_at DESC, id DESC LIMIT ?3"
+        ))?;
+        let rows = stmt.query_map(params![session, all, super::codec::limit(limit)], |r| {
+            Ok(from_row(r))
+        })?;
+        rows.map(|r| r?).collect()
+    }
+
+    /// One request by id.
+    pub fn approval(&self, id: &str) -> Result<Option<Approval>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM approvals WHERE id = ?1"))?;
+        let mut rows = stmt.query_map([id], |r| Ok(from_row(r)))?;
+        rows.next().transpose()?.transpose()
+    }
+
+    /// How many requests are open, per session.
+    pub fn pending_counts(&self) -> Result<Vec<(String, u64)>> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT session_id, COUNT(*) FROM approvals WHERE state = 1 GROUP BY session_id",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        rows.map(|r| {
+            let (s, n) = r?;
+            Ok((s, n.max(0) as u64))
+        })
+        .collect()
+    }
+}

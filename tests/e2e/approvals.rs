@@ -1,0 +1,480 @@
+//! Human approvals over the wire: a scripted agent asks (permission, question, client tool),
+//! the session is WAITING with the request listed, and a client resolves it exactly once —
+//! or it expires; a pending request survives a daemon kill -9 and is answered afterwards.
+
+use std::time::{Duration, Instant};
+
+use paddock_proto::obey::local::v1 as pb;
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+/// A turn that asks permission for Bash, then ends with what it was told.
+fn asking_turn() -> Value {
+    json!({"turns": [{"steps": [
+        {"thinking": "I need to clean the build directory."},
+        {"ask": "Bash", "input": {"command": "rm -rf build"}, "allowed_result": "removed build/"},
+        {"result": "Done: {answer}", "tokens_in": 10, "tokens_out": 5}
+    ]}]})
+}
+
+async fn asking_session(d: &mut Daemon, script: Value, config: &[(&str, &str)]) -> pb::SessionInfo {
+    let mut req = d.request(Some(("asking", script))).await;
+    req.provider_config
+        .insert("permissions".into(), "ask:Read,LS".into());
+    for (k, v) in config {
+        req.provider_config.insert(k.to_string(), v.to_string());
+    }
+    d.create(req).await
+}
+
+/// Waits until the session has one open request; returns it.
+async fn wait_pending(d: &Daemon, session: &str) -> pb::Approval {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = d
+            .client()
+            .await
+            .list_approvals(pb::ListApprovalsRequest {
+                session_id: session.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .approvals;
+        if let Some(a) = list.into_iter().next() {
+            return a;
+        }
+        assert!(Instant::now() < deadline, "no approval was ever requested");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn resolve(
+    d: &Daemon,
+    id: &str,
+    decision: pb::ApprovalDecision,
+    text: &str,
+) -> Result<pb::Approval, tonic::Status> {
+    d.client()
+        .await
+        .resolve_approval(pb::ResolveApprovalRequest {
+            approval_id: id.into(),
+            decision: decision as i32,
+            text: text.into(),
+            is_error: false,
+            resolved_by: "test".into(),
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Starts a turn; returns its activity stream.
+async fn start_turn(
+    d: &Daemon,
+    id: &str,
+    text: &str,
+) -> tonic::Streaming<pb::SessionActivityEvent> {
+    d.client()
+        .await
+        .send_message(pb::SendMessageRequest {
+            session_id: id.into(),
+            message: text.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn last_text(acts: &[pb::SessionActivityEvent]) -> String {
+    acts.last().map(|a| a.content.clone()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_tool_runs_and_a_second_answer_is_refused() {
+    let mut d = Daemon::start().await;
+    let s = asking_session(&mut d, asking_turn(), &[]).await;
+    let turn = start_turn(&d, &s.id, "clean up").await;
+    let a = wait_pending(&d, &s.id).await;
+    assert_eq!(a.kind, pb::ApprovalKind::Permission as i32);
+    assert_eq!(a.tool_name, "Bash");
+    assert_eq!(a.summary, "Bash: rm -rf build");
+    assert_eq!(a.state, pb::ApprovalState::Pending as i32);
+    let input: Value = serde_json::from_str(&a.input_json).unwrap();
+    assert_eq!(input["command"], "rm -rf build");
+    let info = d.get(&s.id).await;
+    assert_eq!(status_name(info.status), "WAITING");
+    assert_eq!(info.pending_approvals, 1);
+    // A message now is refused: the agent waits for a human.
+    let busy = d
+        .client()
+        .await
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: "hello?".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(busy.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        busy.message().starts_with("OBEY-2011"),
+        "{}",
+        busy.message()
+    );
+
+    let done = resolve(&d, &a.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap();
+    assert_eq!(done.state, pb::ApprovalState::Approved as i32);
+    assert!(done.allowed);
+    assert_eq!(done.resolved_by, "test");
+    let acts = collect_ok(turn).await;
+    assert_eq!(last_text(&acts), "Done: removed build/");
+    let kinds: Vec<&str> = acts.iter().map(kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            "THINKING",
+            "TOOL_CALL",
+            "STATUS",
+            "STATUS",
+            "TOOL_RESULT",
+            "COMPLETION"
+        ],
+        "{acts:#?}"
+    );
+    assert!(acts[2]
+        .content
+        .starts_with(&format!("waiting for approval ({})", a.id)));
+    assert!(
+        acts[3].content.contains("approved (test)"),
+        "{}",
+        acts[3].content
+    );
+    assert_eq!(status_name(d.get(&s.id).await.status), "RUNNING");
+
+    // Exactly once: the second answer is OBEY-2041, an unknown id OBEY-2040.
+    let again = resolve(&d, &a.id, pb::ApprovalDecision::Deny, "no")
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        again.message().starts_with("OBEY-2041"),
+        "{}",
+        again.message()
+    );
+    assert!(again.message().contains("already approved"));
+    let unknown = resolve(&d, "nope", pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    assert!(unknown.message().starts_with("OBEY-2040"));
+    // The resolved request stays listed with include_resolved.
+    let all = d
+        .client()
+        .await
+        .list_approvals(pb::ListApprovalsRequest {
+            session_id: s.id.clone(),
+            include_resolved: true,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals;
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].state, pb::ApprovalState::Approved as i32);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_tool_tells_the_agent_why() {
+    let mut d = Daemon::start().await;
+    let s = asking_session(&mut d, asking_turn(), &[]).await;
+    let turn = start_turn(&d, &s.id, "clean up").await;
+    let a = wait_pending(&d, &s.id).await;
+    let done = resolve(&d, &a.id, pb::ApprovalDecision::Deny, "keep the build")
+        .await
+        .unwrap();
+    assert_eq!(done.state, pb::ApprovalState::Denied as i32);
+    let acts = collect_ok(turn).await;
+    assert_eq!(last_text(&acts), "Done: denied: keep the build");
+    let result = acts.iter().find(|a| kind(a) == "TOOL_RESULT").unwrap();
+    assert!(!result.tool_success);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_are_answered_with_text_and_client_tools_with_their_result() {
+    let mut d = Daemon::start().await;
+    let script = json!({"turns": [{"steps": [
+        {"question": "The test assumes PostgreSQL 14 but CI uses 15. Update the test or the CI config?",
+         "options": ["Update the test", "Update the CI config"]},
+        {"client_tool": "run_tests", "input": {"filter": "db"}},
+        {"result": "Final: {answer}"}
+    ]}]});
+    let s = asking_session(&mut d, script, &[]).await;
+    let turn = start_turn(&d, &s.id, "fix the tests").await;
+    let q = wait_pending(&d, &s.id).await;
+    assert_eq!(q.kind, pb::ApprovalKind::Question as i32);
+    assert_eq!(
+        q.summary,
+        "The test assumes PostgreSQL 14 but CI uses 15. Update the test or the CI config? [Update the test / Update the CI config]"
+    );
+    // A question is not approved or denied blindly: approving is allowed (empty answer), but
+    // here the human answers.
+    resolve(
+        &d,
+        &q.id,
+        pb::ApprovalDecision::Answer,
+        "Update the CI config",
+    )
+    .await
+    .unwrap();
+    let t = loop {
+        let t = wait_pending(&d, &s.id).await;
+        if t.id != q.id {
+            break t;
+        }
+    };
+    assert_eq!(t.kind, pb::ApprovalKind::ClientTool as i32);
+    assert_eq!(t.tool_name, "run_tests");
+    // A client tool cannot be "approved": it needs its result.
+    let wrong = resolve(&d, &t.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::FailedPrecondition);
+    resolve(
+        &d,
+        &t.id,
+        pb::ApprovalDecision::Answer,
+        "12 passed, 0 failed",
+    )
+    .await
+    .unwrap();
+    let acts = collect_ok(turn).await;
+    let results: Vec<&str> = acts
+        .iter()
+        .filter(|a| kind(a) == "TOOL_RESULT")
+        .map(|a| a.content.as_str())
+        .collect();
+    assert_eq!(
+        results,
+        ["User answered: Update the CI config", "12 passed, 0 failed"]
+    );
+    assert_eq!(last_text(&acts), "Final: 12 passed, 0 failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_request_expires_with_the_default_and_the_session_carries_on() {
+    let mut d = Daemon::start().await;
+    let s = asking_session(&mut d, asking_turn(), &[("approval_timeout", "500ms")]).await;
+    let turn = start_turn(&d, &s.id, "clean up").await;
+    let a = wait_pending(&d, &s.id).await;
+    let acts = collect_ok(turn).await;
+    assert!(
+        last_text(&acts).starts_with("Done: denied: nobody answered within 0 s"),
+        "{}",
+        last_text(&acts)
+    );
+    let late = resolve(&d, &a.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap_err();
+    assert!(
+        late.message().contains("already expired"),
+        "{}",
+        late.message()
+    );
+    assert_eq!(status_name(d.get(&s.id).await.status), "RUNNING");
+
+    // approval_default=allow: the expiry lets it go ahead.
+    let s = asking_session(
+        &mut d,
+        asking_turn(),
+        &[("approval_timeout", "300ms"), ("approval_default", "allow")],
+    )
+    .await;
+    let acts = d.send(&s.id, "clean up").await;
+    assert_eq!(last_text(&acts), "Done: removed build/");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_settles_what_it_allows_without_asking() {
+    let mut d = Daemon::start().await;
+    let script = json!({"turns": [{"steps": [
+        {"ask": "Read", "input": {"file_path": "notes.txt"}},
+        {"ask": "Bash", "input": {"command": "make"}},
+        {"result": "{answer}"}
+    ]}]});
+    let mut req = d.request(Some(("policy", script))).await;
+    req.provider_config
+        .insert("permissions".into(), "allow:Read".into());
+    let s = d.create(req).await;
+    let acts = d.send(&s.id, "go").await;
+    let results: Vec<(&str, bool)> = acts
+        .iter()
+        .filter(|a| kind(a) == "TOOL_RESULT")
+        .map(|a| (a.content.as_str(), a.tool_success))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("remember the milk\n", true),
+            (
+                "denied: paddock: the session's permission policy denies Bash",
+                false
+            )
+        ]
+    );
+    // Nothing was asked of a human.
+    let all = d
+        .client()
+        .await
+        .list_approvals(pb::ListApprovalsRequest {
+            session_id: s.id.clone(),
+            include_resolved: true,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals;
+    assert!(all.is_empty(), "{all:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_request_survives_a_daemon_kill_and_its_answer_reaches_the_agent() {
+    let mut d = Daemon::start().await;
+    let s = asking_session(&mut d, asking_turn(), &[]).await;
+    let _turn = start_turn(&d, &s.id, "clean up").await;
+    let a = wait_pending(&d, &s.id).await;
+    d.kill9();
+    assert!(
+        agent_running(s.pid as u32),
+        "the agent waits on, in the runner"
+    );
+    d.launch().await;
+    // Still listed, still WAITING, still answerable.
+    let info = d.get(&s.id).await;
+    assert_eq!(status_name(info.status), "WAITING");
+    assert_eq!(info.pid, s.pid);
+    let again = wait_pending(&d, &s.id).await;
+    assert_eq!(again.id, a.id);
+    let mut watch = d
+        .client()
+        .await
+        .watch_activity(pb::WatchActivityRequest {
+            session_id: s.id.clone(),
+            after_seq: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    resolve(&d, &a.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap();
+    let acts = collect_until(&mut watch, |a| kind(a) == "COMPLETION").await;
+    assert_eq!(last_text(&acts), "Done: removed build/");
+    d.wait_status(&s.id, pb::SessionStatus::Running).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_waiting_cancels_the_request_and_a_watcher_sees_it_all() {
+    let mut d = Daemon::start().await;
+    let mut watch = d
+        .client()
+        .await
+        .watch_approvals(pb::WatchApprovalsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let s = asking_session(&mut d, asking_turn(), &[]).await;
+    let turn = start_turn(&d, &s.id, "clean up").await;
+    let opened = next(&mut watch).await.unwrap().unwrap();
+    assert_eq!(opened.state, pb::ApprovalState::Pending as i32);
+    assert_eq!(opened.session_id, s.id);
+    // A graceful stop tells the agent no; its turn finishes and the session stops.
+    let stopped = d.stop(&s.id, true).await.unwrap();
+    assert_eq!(status_name(stopped.status), "STOPPED");
+    let closed = next(&mut watch).await.unwrap().unwrap();
+    assert_eq!(closed.id, opened.id);
+    assert_eq!(closed.state, pb::ApprovalState::Cancelled as i32);
+    assert_eq!(closed.answer, "the session is stopping");
+    let acts = collect_ok(turn).await;
+    assert_eq!(last_text(&acts), "Done: denied: the session is stopping");
+    let late = resolve(&d, &opened.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap_err();
+    assert!(late.message().contains("already cancelled"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_lists_approves_denies_and_answers() {
+    let mut d = Daemon::start().await;
+    let script = json!({"turns": [{"steps": [
+        {"ask": "Bash", "input": {"command": "make test"}},
+        {"question": "Ship it?", "options": ["yes", "no"]},
+        {"ask": "Bash", "input": {"command": "git push"}},
+        {"result": "{answer}"}
+    ]}]});
+    let s = asking_session(&mut d, script, &[]).await;
+    let turn = start_turn(&d, &s.id, "go").await;
+    let cli = |args: &[&str]| {
+        let out = d.dirs.cli(false).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let a = wait_pending(&d, &s.id).await;
+    let (code, out, _) = cli(&["approvals"]);
+    assert_eq!(code, Some(0));
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["ID", "SESSION", "KIND", "STATE", "WHAT", "AGE"]);
+    assert!(
+        out.contains(&a.id) && out.contains("Bash: make test"),
+        "{out}"
+    );
+    let (code, out, _) = cli(&["approve", &a.id]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("approved by cli"), "{out}");
+    let (code, _, err) = cli(&["approve", &a.id]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("OBEY-2041"), "{err}");
+
+    let q = loop {
+        let q = wait_pending(&d, &s.id).await;
+        if q.id != a.id {
+            break q;
+        }
+    };
+    let (code, out, _) = cli(&["--json", "approvals", "--session", &s.id]);
+    assert_eq!(code, Some(0));
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed[0]["kind"], "question");
+    assert_eq!(listed[0]["summary"], "Ship it? [yes / no]");
+    let (code, _, _) = cli(&["answer", &q.id, "yes"]);
+    assert_eq!(code, Some(0));
+
+    let p = loop {
+        let p = wait_pending(&d, &s.id).await;
+        if p.id != q.id {
+            break p;
+        }
+    };
+    let (code, out, _) = cli(&["deny", &p.id, "--reason", "not on a Friday"]);
+    assert_eq!(code, Some(0), "{out}");
+    let acts = collect_ok(turn).await;
+    assert_eq!(last_text(&acts), "denied: not on a Friday");
+    let (_, out, _) = cli(&["approvals"]);
+    assert_eq!(out.trim(), "nothing is waiting for you");
+    let (_, out, _) = cli(&["--json", "approvals", "--all"]);
+    let all: Value = serde_json::from_str(&out).unwrap();
+    let states: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["denied", "answered", "approved"]);
+}
