@@ -848,3 +848,288 @@ async fn attach_follows_a_session_to_its_end() {
     let shown = from_header(&s).replace(&id, "<id>");
     insta::assert_snapshot!("latis_attach_stopped", shown);
 }
+
+/// Rows stored about `session` in each of the store's per-session tables.
+fn stored_rows(d: &Daemon, session: &str) -> Vec<(&'static str, i64)> {
+    let db = rusqlite::Connection::open(d.dirs.data.join("paddock.db")).expect("open the store");
+    let mut out = Vec::new();
+    let id_column = [
+        ("agent_sessions", "id"),
+        ("agent_activities", "session_id"),
+        ("session_status_events", "session_id"),
+        ("session_messages", "session_id"),
+        ("provider_unrecognized", "session_id"),
+        ("approvals", "session_id"),
+    ];
+    for (table, column) in id_column {
+        let n: i64 = db
+            .query_row(
+                &format!("SELECT COUNT(*) FROM {table} WHERE {column} = ?1"),
+                [session],
+                |r| r.get(0),
+            )
+            .unwrap_or_else(|e| panic!("{table}: {e}"));
+        out.push((table, n));
+    }
+    out
+}
+
+/// `session create --task TASK --config CFG` in the project; the new id.
+async fn create_task(d: &Daemon, task: &str, cfg: &str) -> String {
+    let o = cli_in(
+        d,
+        &d.dirs.root,
+        &["session", "create", "--task", task, "--config", cfg],
+    )
+    .await
+    .ok();
+    created_id(&o)
+}
+
+fn nothing_stored(rows: &[(&'static str, i64)]) -> bool {
+    rows.iter().all(|(_, n)| *n == 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_stops_a_live_session_and_forgets_it_and_prune_removes_the_ended_ones() {
+    let d = Daemon::start().await;
+    let fixed = format!("script={}", d.dirs.script("fixed", &fixed_turn()));
+    let crash = format!(
+        "script={}",
+        d.dirs.script(
+            "crash",
+            &turns(json!([{"raw": "not json {"}, {"stderr": "kaboom"}, {"crash": 9}]))
+        )
+    );
+    // A live session with a turn behind it: stopped (its agent gone), then forgotten.
+    let live = create_task(&d, "Live one", &fixed).await;
+    let info = d.wait_status(&live, pb::SessionStatus::Running).await;
+    assert!(info.pid > 0);
+    assert!(!nothing_stored(&stored_rows(&d, &live)));
+    let o = cli(&d, &["session", "delete", &live]).await.ok();
+    assert_eq!(
+        o.stdout,
+        format!("Session {live} stopped.\nSession {live} deleted.\n")
+    );
+    assert_agent_gone(info.pid).await;
+    let rows = stored_rows(&d, &live);
+    assert!(nothing_stored(&rows), "{rows:?}");
+    cli(&d, &["session", "status", &live])
+        .await
+        .fails_with(&format!("OBEY-2010: session \"{live}\" not found"));
+
+    // A stopped one: deleted at once, by a unique suffix, as JSON.
+    let stopped = create_task(&d, "Stopped one", &fixed).await;
+    d.wait_status(&stopped, pb::SessionStatus::Running).await;
+    cli(&d, &["session", "stop", &stopped]).await.ok();
+    let o = cli(
+        &d,
+        &["--json", "session", "delete", &stopped[stopped.len() - 8..]],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        o.json(),
+        json!({"id": stopped, "deleted": true, "stopped": false})
+    );
+    assert!(nothing_stored(&stored_rows(&d, &stopped)));
+    cli(&d, &["session", "delete", "sess_nope"])
+        .await
+        .fails_with("OBEY-2010: ");
+
+    // prune: every stopped and failed session (unrecognized lines and all), not the live one.
+    let done = create_task(&d, "Done and stopped", &fixed).await;
+    d.wait_status(&done, pb::SessionStatus::Running).await;
+    cli(&d, &["session", "stop", &done]).await.ok();
+    let failed = create_task(&d, "Crashes", &crash).await;
+    d.wait_status(&failed, pb::SessionStatus::Failed).await;
+    assert!(
+        stored_rows(&d, &failed).contains(&("provider_unrecognized", 1)),
+        "{:?}",
+        stored_rows(&d, &failed)
+    );
+    let keep = create_task(&d, "Still going", &fixed).await;
+    d.wait_status(&keep, pb::SessionStatus::Running).await;
+    let o = cli(&d, &["session", "prune"]).await.ok();
+    let mut lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.pop(), Some("Pruned 2 session(s)."), "{o:?}");
+    lines.sort();
+    let mut want = vec![
+        format!("Deleted {done} (stopped, Done and stopped)"),
+        format!("Deleted {failed} (failed, Crashes)"),
+    ];
+    want.sort();
+    assert_eq!(lines, want, "{o:?}");
+    for id in [&done, &failed] {
+        assert!(nothing_stored(&stored_rows(&d, id)), "{id}");
+    }
+    assert!(!nothing_stored(&stored_rows(&d, &keep)));
+    let o = cli(&d, &["session", "prune"]).await.ok();
+    assert_eq!(o.stdout, "No stopped or failed sessions to prune.\n");
+    let o = cli(&d, &["--json", "session", "list", "--all"]).await.ok();
+    let ids: Vec<&str> = o
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|s| if s == keep { "keep" } else { "other" })
+        .collect();
+    assert_eq!(ids, ["keep"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_asks_the_human_and_answers_on_the_same_line() {
+    let d = Daemon::start().await;
+    let Some(tmux) = Tmux::start(&d) else {
+        return;
+    };
+    let script = d.dirs.script(
+        "asking",
+        &json!({"turns": [
+            {"steps": [
+                {"ask": "Bash", "input": {"command": "rm -rf build"}, "allowed_result": "removed build/"},
+                {"result": "Cleaned: {answer}"}
+            ]},
+            {"steps": [
+                {"question": "The test assumes PostgreSQL 14 but CI uses 15. Update the test or the CI config?",
+                 "options": ["Update the test", "Update the CI config"]},
+                {"result": "On it: {answer}"}
+            ]},
+            {"steps": [
+                {"ask": "Bash", "input": {"command": "git push --force"}},
+                {"result": "Not pushed: {answer}"}
+            ]}
+        ]}),
+    );
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &[
+            "session",
+            "create",
+            "--mount",
+            ".:/workspace",
+            "--config",
+            &format!("script={script}"),
+            "--config",
+            "permissions=ask",
+        ],
+    )
+    .await
+    .ok();
+    let id = created_id(&o);
+    tmux.spawn(&d, "a", &["session", "attach", &id]);
+    tmux.wait_for("a", "the hint", |s| s.contains("Ctrl-D detaches"))
+        .await;
+
+    // A permission: the line that follows the prompt is y/n; anything else is asked again.
+    tmux.type_line("a", "clean the build");
+    tmux.wait_for("a", "the prompt", |s| {
+        s.contains("Allow Bash: rm -rf build? [y/n, or n and a reason]")
+    })
+    .await;
+    let s = d.get(&id).await;
+    assert_eq!(status_name(s.status), "WAITING");
+    assert_eq!(s.pending_approvals, 1);
+    let o = cli(&d, &["session", "status", &id]).await.ok();
+    assert!(
+        o.stdout.starts_with(&format!("Session {id} - waiting\n")),
+        "{o:?}"
+    );
+    assert!(
+        o.stdout.contains("pending approvals: 1 (answer in"),
+        "{o:?}"
+    );
+    tmux.type_line("a", "sure");
+    tmux.wait_for("a", "the hint", |s| {
+        s.contains("(answer y or n, or n and a reason)")
+    })
+    .await;
+    tmux.type_line("a", "y");
+    let s = tmux
+        .wait_for("a", "the answer", |s| {
+            s.contains("Agent: Cleaned: removed build/")
+        })
+        .await;
+    let turn: Vec<&str> = s
+        .split("clean the build\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .map(str::trim_end)
+        .collect();
+    let at = |line: &str| {
+        turn.iter()
+            .position(|l| *l == line || (line.starts_with(' ') && l.ends_with(line)))
+            .unwrap_or_else(|| panic!("no {line:?} in:\n{s}"))
+    };
+    assert!(at("[waiting for input]") < at(" approved (attach)]"), "{s}");
+    assert!(
+        at("Allow Bash: rm -rf build? [y/n, or n and a reason]") < at("sure"),
+        "{s}"
+    );
+    assert!(
+        at(" approved (attach)]") < at("Agent: Cleaned: removed build/"),
+        "{s}"
+    );
+    tmux.wait_for("a", "the turn's end", |s| {
+        s.trim_end().ends_with("[complete]")
+    })
+    .await;
+
+    // A question: the line is the answer.
+    tmux.type_line("a", "fix the tests");
+    tmux
+        .wait_for("a", "the question", |s| {
+            s.contains("Agent asks: The test assumes PostgreSQL 14 but CI uses 15. Update the test or the CI config? [Update the test / Update the CI config]\n(type your answer)")
+        })
+        .await;
+    tmux.type_line("a", "Update the CI config");
+    tmux.wait_for("a", "the answer", |s| {
+        s.contains(" answered (attach): Update the CI config]")
+            && s.contains("Agent: On it: User answered: Update the CI config")
+    })
+    .await;
+    tmux.wait_for("a", "the turn's end", |s| {
+        s.trim_end().ends_with("[complete]")
+    })
+    .await;
+
+    // A refusal with its reason, which the agent is told.
+    tmux.type_line("a", "push it");
+    tmux.wait_for("a", "the prompt", |s| {
+        s.contains("Allow Bash: git push --force?")
+    })
+    .await;
+    tmux.type_line("a", "n not on a Friday");
+    tmux.wait_for("a", "the refusal", |s| {
+        s.contains(" denied (attach): not on a Friday]")
+            && s.contains("Agent: Not pushed: denied: not on a Friday")
+    })
+    .await;
+    tmux.keys("a", &["C-d"]);
+    tmux.wait_for("a", "the exit", |s| {
+        s.contains("Detached; the agent keeps working.\n[exit 0]")
+    })
+    .await;
+    let o = cli(&d, &["--json", "approvals", "--session", &id, "--all"])
+        .await
+        .ok();
+    let by: Vec<(String, String)> = o
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["state"].as_str().unwrap().to_string(),
+                a["resolved_by"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(by.len(), 3, "{o:?}");
+    assert!(by.iter().all(|(_, who)| who == "attach"), "{by:?}");
+}

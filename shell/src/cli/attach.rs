@@ -107,11 +107,13 @@ fn spawn_stdin(tx: mpsc::Sender<Typed>) {
 
 /// One conversation entry as attach prints it: `You: …`, `Agent: …`, `Agent (thinking): …`,
 /// `  [Bash] cargo test`, `  [Bash ok] …`, `Error: …`. `role` is a history role (user,
-/// assistant, thinking, tool_call, tool_result, status, error).
-pub fn entry(role: &str, tool: &str, success: bool, content: &str) -> String {
+/// assistant, thinking, tool_call, tool_result, status, error). A `status` that names a
+/// request (`call_id`) is paddock's note that the agent waits for a human, shown as `[…]`.
+pub fn entry(role: &str, tool: &str, call_id: &str, success: bool, content: &str) -> String {
     let text = content.trim_end();
     match role {
         "user" => format!("You: {text}"),
+        "status" if !call_id.is_empty() => format!("[{}]", one_line(text, DETAIL_CHARS * 2)),
         "assistant" | "status" => format!("Agent: {text}"),
         "thinking" => format!("Agent (thinking): {}", one_line(text, DETAIL_CHARS)),
         "tool_call" => format!("  [{tool}] {}", one_line(text, DETAIL_CHARS)),
@@ -135,6 +137,148 @@ pub fn role_of(kind: ActivityKind) -> &'static str {
         ActivityKind::Error => "error",
         ActivityKind::Status => "status",
     }
+}
+
+/// Open requests attach keeps track of (the daemon bounds them per session too); past it a
+/// request is left to `paddock approvals`.
+pub const APPROVALS_MAX: usize = 64;
+
+/// How attach asks a human for one request.
+pub fn approval_prompt(a: &pb::Approval) -> String {
+    match pb::ApprovalKind::try_from(a.kind) {
+        Ok(pb::ApprovalKind::Permission) => {
+            format!("Allow {}? [y/n, or n and a reason]", a.summary)
+        }
+        Ok(pb::ApprovalKind::ClientTool) => format!(
+            "Agent calls {} (a tool you run): {}\n(type its result)",
+            a.tool_name, a.summary
+        ),
+        _ => format!("Agent asks: {}\n(type your answer)", a.summary),
+    }
+}
+
+/// A typed line as the answer to `a`: the decision and its text, or a hint when the line is
+/// not one (a permission takes y/yes, n/no, or `n <reason>`; anything else a text).
+pub fn answer_of(
+    a: &pb::Approval,
+    line: &str,
+) -> Result<(pb::ApprovalDecision, String), &'static str> {
+    let t = line.trim();
+    if pb::ApprovalKind::try_from(a.kind) != Ok(pb::ApprovalKind::Permission) {
+        return if t.is_empty() {
+            Err("(type the answer, then Enter)")
+        } else {
+            Ok((pb::ApprovalDecision::Answer, t.to_string()))
+        };
+    }
+    let lower = t.to_ascii_lowercase();
+    match lower.as_str() {
+        "y" | "yes" => return Ok((pb::ApprovalDecision::Approve, String::new())),
+        "n" | "no" => return Ok((pb::ApprovalDecision::Deny, String::new())),
+        _ => {}
+    }
+    for prefix in ["no ", "no:", "n ", "n:"] {
+        if lower.starts_with(prefix) {
+            return Ok((
+                pb::ApprovalDecision::Deny,
+                t[prefix.len()..].trim().to_string(),
+            ));
+        }
+    }
+    Err("(answer y or n, or n and a reason)")
+}
+
+/// How a request ended, when the session's activity does not say it: the daemon notes every
+/// answer (`[<id> approved (attach)]`) and expiry in the turn's activity, but a request
+/// cancelled with its turn, its agent or its session only shows here.
+pub fn resolution_line(a: &pb::Approval) -> Option<String> {
+    (a.state == pb::ApprovalState::Cancelled as i32).then(|| {
+        if a.answer.is_empty() {
+            format!("[{} cancelled]", a.id)
+        } else {
+            format!(
+                "[{} cancelled: {}]",
+                a.id,
+                one_line(&a.answer, DETAIL_CHARS)
+            )
+        }
+    })
+}
+
+/// The requests of the session that wait for a human, the first one asked.
+#[derive(Default)]
+struct Asks {
+    open: VecDeque<pb::Approval>,
+    /// The id of the request whose prompt was printed.
+    prompted: Option<String>,
+}
+
+impl Asks {
+    fn on_event(&mut self, a: pb::Approval) {
+        if a.state == pb::ApprovalState::Pending as i32 {
+            if !self.open.iter().any(|x| x.id == a.id) {
+                if self.open.len() < APPROVALS_MAX {
+                    self.open.push_back(a);
+                } else {
+                    println!(
+                        "(more than {APPROVALS_MAX} requests are open; `paddock approvals` lists them all)"
+                    );
+                }
+            }
+        } else if let Some(i) = self.open.iter().position(|x| x.id == a.id) {
+            self.open.remove(i);
+            if let Some(line) = resolution_line(&a) {
+                println!("{line}");
+            }
+            if self.prompted.as_deref() == Some(a.id.as_str()) {
+                self.prompted = None;
+            }
+        }
+        if self.prompted.is_none() {
+            if let Some(first) = self.open.front() {
+                println!("{}", approval_prompt(first));
+                self.prompted = Some(first.id.clone());
+            }
+        }
+    }
+
+    /// The request a typed line answers, if one was asked.
+    fn asked(&self) -> Option<&pb::Approval> {
+        let id = self.prompted.as_deref()?;
+        self.open.iter().find(|a| a.id == id)
+    }
+}
+
+/// Answers the asked request with a typed line (the approvals stream then says how it ended).
+async fn answer(c: &mut Client, a: &pb::Approval, line: &str) {
+    match answer_of(a, line) {
+        Err(hint) => println!("{hint}"),
+        Ok((decision, text)) => {
+            let r = c
+                .resolve_approval(pb::ResolveApprovalRequest {
+                    approval_id: a.id.clone(),
+                    decision: decision as i32,
+                    text,
+                    is_error: false,
+                    resolved_by: "attach".into(),
+                })
+                .await;
+            if let Err(e) = r {
+                println!("error: {}", e.message());
+            }
+        }
+    }
+}
+
+async fn watch_approvals(
+    c: &mut Client,
+    id: &str,
+) -> Result<tonic::Streaming<pb::Approval>, tonic::Status> {
+    c.watch_approvals(pb::WatchApprovalsRequest {
+        session_id: id.to_string(),
+    })
+    .await
+    .map(|r| r.into_inner())
 }
 
 /// How attach names a state in its header and its `[…]` lines.
@@ -164,7 +308,13 @@ impl Printer {
         }
         println!(
             "{}",
-            entry(role_of(kind), &a.tool_name, a.tool_success, &a.content)
+            entry(
+                role_of(kind),
+                &a.tool_name,
+                &a.tool_call_id,
+                a.tool_success,
+                &a.content
+            )
         );
     }
 }
@@ -348,6 +498,7 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
             entry(
                 &item.role,
                 &item.tool_name,
+                &item.tool_call_id,
                 item.tool_success,
                 &item.content
             )
@@ -366,13 +517,15 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
     println!("(type a message and press Enter; Ctrl-D detaches, the agent keeps working)");
     let mut last_seq = history.last_seq;
     let mut acts = watch_activity(c, &id, last_seq).await.map_err(msg)?;
+    let mut approvals = watch_approvals(c, &id).await.map_err(msg)?;
+    let mut asks = Asks::default();
     let mut reopened = 0u32;
 
     let (typed_tx, mut typed) = mpsc::channel::<Typed>(4);
     spawn_stdin(typed_tx);
     let (sent_tx, mut sent) = mpsc::channel::<Sent>(4);
     let mut printer = Printer::default();
-    let (mut s_open, mut a_open, mut t_open) = (true, true, true);
+    let (mut s_open, mut a_open, mut t_open, mut q_open) = (true, true, true, true);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
 
@@ -382,7 +535,11 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
             biased;
             _ = &mut ctrl_c => return Ok(detach(&s)),
             t = typed.recv(), if t_open => match t {
-                Some(Typed::Line(line)) => on_line(c, &mut s, line, &sent_tx),
+                Some(Typed::Line(line)) => match asks.asked().cloned() {
+                    // A request waits for a human: the line is its answer.
+                    Some(a) => answer(c, &a, &line).await,
+                    None => on_line(c, &mut s, line, &sent_tx),
+                },
                 Some(Typed::TooLong(n)) => println!(
                     "(that line is {n} bytes, over the {LINE_MAX_BYTES}-byte limit; not sent)"
                 ),
@@ -426,6 +583,18 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
                     send_next(c, &mut s, &sent_tx);
                 }
                 None => {}
+            },
+            ev = approvals.next(), if q_open => match ev {
+                Some(Ok(a)) => asks.on_event(a),
+                Some(Err(e)) => {
+                    // Fell behind: reopen; the open requests come again (known ones once).
+                    reopened += 1;
+                    if reopened > REOPEN_MAX {
+                        return Err(format!("the approvals stream keeps failing: {}", e.message()));
+                    }
+                    approvals = watch_approvals(c, &id).await.map_err(msg)?;
+                }
+                None => q_open = false,
             },
             ev = statuses.next(), if s_open => match ev {
                 Some(Ok(e)) => {
@@ -578,37 +747,156 @@ mod tests {
 
     #[test]
     fn entries_read_like_a_conversation() {
-        assert_eq!(entry("user", "", false, "Fix it\n"), "You: Fix it");
+        assert_eq!(entry("user", "", "", false, "Fix it\n"), "You: Fix it");
         assert_eq!(
-            entry("assistant", "", false, "Done.\nAll green."),
+            entry("assistant", "", "", false, "Done.\nAll green."),
             "Agent: Done.\nAll green."
         );
-        assert_eq!(entry("status", "", false, "Looking."), "Agent: Looking.");
         assert_eq!(
-            entry("thinking", "", false, "a\nb"),
+            entry("status", "", "", false, "Looking."),
+            "Agent: Looking."
+        );
+        assert_eq!(
+            entry(
+                "status",
+                "Bash",
+                "ap_1",
+                true,
+                "waiting for approval (ap_1): Bash: ls"
+            ),
+            "[waiting for approval (ap_1): Bash: ls]"
+        );
+        assert_eq!(
+            entry("thinking", "", "", false, "a\nb"),
             "Agent (thinking): a b"
         );
         assert_eq!(
-            entry("tool_call", "Bash", false, "cargo test"),
+            entry("tool_call", "Bash", "t1", false, "cargo test"),
             "  [Bash] cargo test"
         );
-        assert_eq!(entry("tool_result", "Bash", true, "ok\n"), "  [Bash ok] ok");
         assert_eq!(
-            entry("tool_result", "Bash", false, "boom"),
+            entry("tool_result", "Bash", "t1", true, "ok\n"),
+            "  [Bash ok] ok"
+        );
+        assert_eq!(
+            entry("tool_result", "Bash", "t1", false, "boom"),
             "  [Bash FAILED] boom"
         );
         assert_eq!(
-            entry("error", "", false, "OBEY-2031: crashed"),
+            entry("error", "", "", false, "OBEY-2031: crashed"),
             "Error: OBEY-2031: crashed"
         );
         let long = "x".repeat(500);
         assert_eq!(
-            entry("tool_call", "Read", false, &long).chars().count(),
+            entry("tool_call", "Read", "t2", false, &long)
+                .chars()
+                .count(),
             "  [Read] ".len() + DETAIL_CHARS
         );
         for k in ActivityKind::ALL {
-            assert!(!entry(role_of(k), "T", true, "c").starts_with(role_of(k)));
+            assert!(!entry(role_of(k), "T", "", true, "c").starts_with(role_of(k)));
         }
+    }
+
+    fn ask(kind: pb::ApprovalKind, summary: &str) -> pb::Approval {
+        pb::Approval {
+            id: "ap_1".into(),
+            kind: kind as i32,
+            tool_name: "run_tests".into(),
+            summary: summary.into(),
+            state: pb::ApprovalState::Pending as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn requests_are_asked_and_answered_on_one_line() {
+        use pb::ApprovalDecision as D;
+        let p = ask(pb::ApprovalKind::Permission, "Bash: rm -rf build");
+        assert_eq!(
+            approval_prompt(&p),
+            "Allow Bash: rm -rf build? [y/n, or n and a reason]"
+        );
+        for yes in ["y", "Y", " yes ", "YES"] {
+            assert_eq!(answer_of(&p, yes), Ok((D::Approve, String::new())), "{yes}");
+        }
+        for no in ["n", "No"] {
+            assert_eq!(answer_of(&p, no), Ok((D::Deny, String::new())), "{no}");
+        }
+        assert_eq!(
+            answer_of(&p, "no not on a Friday"),
+            Ok((D::Deny, "not on a Friday".into()))
+        );
+        assert_eq!(
+            answer_of(&p, "N: Use make clean"),
+            Ok((D::Deny, "Use make clean".into()))
+        );
+        assert!(answer_of(&p, "sure").is_err());
+        assert!(answer_of(&p, "").is_err());
+
+        let q = ask(
+            pb::ApprovalKind::Question,
+            "Update the test or the CI? [test / CI]",
+        );
+        assert_eq!(
+            approval_prompt(&q),
+            "Agent asks: Update the test or the CI? [test / CI]\n(type your answer)"
+        );
+        assert_eq!(answer_of(&q, " CI \n"), Ok((D::Answer, "CI".into())));
+        assert_eq!(answer_of(&q, "y"), Ok((D::Answer, "y".into())));
+        assert!(answer_of(&q, "  ").is_err());
+        let t = ask(
+            pb::ApprovalKind::ClientTool,
+            "run_tests {\"filter\":\"db\"}",
+        );
+        assert!(approval_prompt(&t).starts_with("Agent calls run_tests (a tool you run): "));
+        assert_eq!(
+            answer_of(&t, "3 passed"),
+            Ok((D::Answer, "3 passed".into()))
+        );
+
+        let done = |state: pb::ApprovalState, answer: &str| {
+            resolution_line(&pb::Approval {
+                state: state as i32,
+                answer: answer.into(),
+                ..p.clone()
+            })
+        };
+        for noted in [
+            pb::ApprovalState::Approved,
+            pb::ApprovalState::Denied,
+            pb::ApprovalState::Answered,
+            pb::ApprovalState::Expired,
+        ] {
+            assert_eq!(done(noted, "x"), None, "{noted:?}");
+        }
+        assert_eq!(
+            done(pb::ApprovalState::Cancelled, "the session was stopped"),
+            Some("[ap_1 cancelled: the session was stopped]".into())
+        );
+        assert_eq!(
+            done(pb::ApprovalState::Cancelled, ""),
+            Some("[ap_1 cancelled]".into())
+        );
+    }
+
+    #[test]
+    fn the_first_open_request_is_the_one_asked() {
+        let mut asks = Asks::default();
+        let mut first = ask(pb::ApprovalKind::Permission, "Bash: ls");
+        let mut second = ask(pb::ApprovalKind::Question, "Why?");
+        second.id = "ap_2".into();
+        asks.on_event(first.clone());
+        asks.on_event(second.clone());
+        asks.on_event(first.clone()); // sent again after a reopen: kept once
+        assert_eq!(asks.open.len(), 2);
+        assert_eq!(asks.asked().map(|a| a.id.as_str()), Some("ap_1"));
+        first.state = pb::ApprovalState::Approved as i32;
+        asks.on_event(first);
+        assert_eq!(asks.asked().map(|a| a.id.as_str()), Some("ap_2"));
+        second.state = pb::ApprovalState::Cancelled as i32;
+        asks.on_event(second);
+        assert!(asks.asked().is_none() && asks.open.is_empty());
     }
 
     #[test]

@@ -558,10 +558,137 @@ pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
     if s.pid > 0 {
         out.push(("pid".into(), s.pid.to_string()));
     }
+    if !Status::from_number(s.status).is_some_and(Status::is_terminal) {
+        out.push((
+            "pending approvals".into(),
+            if s.pending_approvals > 0 {
+                format!(
+                    "{} (answer in `paddock session attach {}` or with `paddock approvals`)",
+                    s.pending_approvals, s.id
+                )
+            } else {
+                "0".into()
+            },
+        ));
+    }
     if !s.error_message.is_empty() {
         out.push(("error".into(), s.error_message.clone()));
     }
     out
+}
+
+/// `session delete`: a live session is force-stopped first (its agent's whole process group
+/// goes), then DeleteSession removes it and every row stored about it.
+pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> i32 {
+    let info = match c
+        .get_session(pb::GetSessionRequest {
+            session_id: id.to_string(),
+        })
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(e) => return super::fail(e.message()),
+    };
+    let mut stopped = false;
+    if !Status::from_number(info.status).is_some_and(Status::is_terminal) {
+        match c
+            .stop_session(pb::StopSessionRequest {
+                session_id: id.to_string(),
+                graceful: false,
+            })
+            .await
+        {
+            Ok(_) => stopped = true,
+            // It ended on its own meanwhile.
+            Err(e) if e.message().starts_with("OBEY-2020") => {}
+            Err(e) => {
+                return super::fail(format!(
+                    "cannot stop session {id} to delete it: {}",
+                    e.message()
+                ))
+            }
+        }
+    }
+    if let Err(e) = c
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: id.to_string(),
+        })
+        .await
+    {
+        return super::fail(e.message());
+    }
+    if ctx.json {
+        super::print_json(&serde_json::json!({ "id": id, "deleted": true, "stopped": stopped }));
+    } else {
+        if stopped {
+            println!("Session {id} stopped.");
+        }
+        println!("Session {id} deleted.");
+    }
+    0
+}
+
+/// `session prune`: deletes every STOPPED and FAILED session (of one campaign, if given) and
+/// says which. A session restarted between the list and its delete is skipped, and said so.
+pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -> i32 {
+    let list = match c
+        .list_sessions(pb::ListSessionsRequest {
+            campaign_id: campaign.unwrap_or_default(),
+            statuses: vec![Status::Stopped.number(), Status::Failed.number()],
+            provider: 0,
+            include_terminated: true,
+        })
+        .await
+    {
+        Ok(r) => r.into_inner().sessions,
+        Err(e) => return super::fail(e.message()),
+    };
+    let (mut deleted, mut skipped, mut failed) = (Vec::new(), Vec::new(), 0);
+    for s in &list {
+        match c
+            .delete_session(pb::DeleteSessionRequest {
+                session_id: s.id.clone(),
+            })
+            .await
+        {
+            Ok(_) => {
+                if !ctx.json {
+                    println!(
+                        "Deleted {} ({}, {})",
+                        s.id,
+                        state_of(s),
+                        if s.initial_message.trim().is_empty() {
+                            "no task".to_string()
+                        } else {
+                            one_line(&s.initial_message, TASK_CELL_CHARS)
+                        }
+                    );
+                }
+                deleted.push(s.id.clone());
+            }
+            // Restarted (or deleted) by someone else meanwhile: not ours to prune any more.
+            Err(e)
+                if e.message().starts_with("OBEY-2011") || e.message().starts_with("OBEY-2010") =>
+            {
+                if !ctx.json {
+                    println!("Skipped {}: {}", s.id, e.message());
+                }
+                skipped.push(serde_json::json!({ "id": s.id, "reason": e.message() }));
+            }
+            Err(e) => {
+                eprintln!("error: session {}: {}", s.id, e.message());
+                failed += 1;
+            }
+        }
+    }
+    if ctx.json {
+        super::print_json(&serde_json::json!({ "deleted": deleted, "skipped": skipped }));
+    } else if deleted.is_empty() && skipped.is_empty() && failed == 0 {
+        println!("No stopped or failed sessions to prune.");
+    } else {
+        println!("Pruned {} session(s).", deleted.len());
+    }
+    i32::from(failed > 0)
 }
 
 /// Renders [`status_lines`] under a `Session <id> - <state>` header.

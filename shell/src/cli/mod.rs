@@ -64,6 +64,14 @@ pub enum SessionCmd {
     /// Talk to a session: its recent history, then live activity; a line you type is sent as
     /// a message. Ctrl-D (or Ctrl-C) detaches and the agent keeps working
     Attach { id: String },
+    /// Delete a session and everything stored about it (a live one is force-stopped first)
+    Delete { id: String },
+    /// Delete every stopped and failed session and everything stored about them
+    Prune {
+        /// Only this campaign's (id or name)
+        #[arg(long)]
+        campaign: Option<String>,
+    },
     /// Send a message and stream the agent's activity until the turn ends
     Send { id: String, message: String },
     /// Follow a session: its status changes and activity, until it ends
@@ -316,6 +324,11 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
             let id = tryc!(resolve(&mut c, &id).await);
             return attach::run(&mut c, id).await;
         }
+        SessionCmd::Delete { id } => {
+            let id = tryc!(resolve(&mut c, &id).await);
+            return latis::delete(ctx, &mut c, &id).await;
+        }
+        SessionCmd::Prune { campaign } => return latis::prune(ctx, &mut c, campaign).await,
         SessionCmd::Send { id, message } => {
             let id = tryc!(resolve(&mut c, &id).await);
             let mut stream = tryg!(
