@@ -472,6 +472,42 @@ async fn openai_path_escapes_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_asks_a_human_and_has_the_client_run_its_tools() {
+    let (w, fake) = start(vec![
+        Reply::tool("shell", json!({"command": "echo ran > ran.txt"})),
+        Reply::tool("run_tests", json!({"filter": "db"})),
+        Reply::text("All green."),
+    ])
+    .await;
+    let mut req = request(&w, &fake);
+    req.provider_config
+        .insert("permissions".into(), "ask:read_file,list_dir".into());
+    req.provider_config.insert(
+        "client_tools".into(),
+        r#"[{"name":"run_tests","description":"Run the test suite on the client","schema_json":"{\"type\":\"object\"}"}]"#.into(),
+    );
+    let s = w.create(req).await;
+    let turn = w.send_stream(&s.id, "Run it, then the tests.").await;
+    let shell = resolve_next(&w, &s.id, pb::ApprovalDecision::Approve, "").await;
+    assert_eq!(shell.summary, "shell: echo ran > ran.txt");
+    let tests = resolve_next(&w, &s.id, pb::ApprovalDecision::Answer, "12 passed").await;
+    assert_eq!(tests.kind, pb::ApprovalKind::ClientTool as i32);
+    assert_eq!(tests.tool_name, "run_tests");
+    let acts = collect(turn).await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("ran.txt")).unwrap(),
+        "ran\n"
+    );
+    // The model saw the client's tool among its tools, and its result.
+    let sent = fake.completions();
+    let offered = serde_json::to_string(&sent[0].body["tools"]).unwrap();
+    assert!(offered.contains("run_tests"), "{offered}");
+    assert_conversation(&sent[2], &["tool: 12 passed"]);
+    w.stop(&s.id, true).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_permission_policy_denies_and_the_model_is_told() {
     let (w, fake) = start(vec![
         Reply::tool(

@@ -483,7 +483,7 @@ fn on_agent_line(
 /// `reject_once` (else `reject_always`) to deny; without one, the prompt is cancelled.
 fn permission_outcome(options: &Value, decision: &Decision) -> Value {
     let kinds: &[&str] = match decision {
-        Decision::Allow(_) => &["allow_once", "allow_always"],
+        Decision::Allow(_) | Decision::Result { .. } => &["allow_once", "allow_always"],
         Decision::Deny(_) => &["reject_once", "reject_always"],
     };
     let options = options.as_array().map(Vec::as_slice).unwrap_or(&[]);

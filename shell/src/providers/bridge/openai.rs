@@ -38,7 +38,7 @@
 //! |---|---|---|
 //! | `base_url` | `$OPENAI_BASE_URL`, else `https://api.openai.com/v1` | the endpoint, up to `/chat/completions` |
 //! | `api_key` | `$OPENAI_API_KEY` (preferred: a config value shows in the process list) | sent as `Authorization: Bearer`; none, no header |
-//! | `permissions` | `allow-all` | the daemon's policy for every tool call (`deny`, `allow:shell,read_file`) |
+//! | `permissions` | `allow-all` | the daemon's policy for every tool call (`deny`, `allow:shell,read_file`, `ask`, `ask:read_file`) |
 //! | `max_tool_rounds` | 25 | model calls with tool use per turn, before the turn ends in an ERROR |
 //! | `max_retries` | 2 | retries of a 429 / 5xx / failed connection, per call (at most 10; a timeout is not retried) |
 //! | `retry_backoff_ms` | 500 | the first retry's delay, doubled for each next one (at most 60 s) |
@@ -48,6 +48,7 @@
 //! | `max_conversation_bytes` | 2 MiB | the conversation sent and saved; the oldest exchanges go first |
 //! | `max_response_bytes` | 8 MiB | one call's streamed answer |
 //! | `system_prompt` | a short one naming the root and the tools | the system message |
+//! | `client_tools` | none | tools a client runs, as a JSON list of `{name, description, schema_json}` (at most 64): offered to the model; a call becomes a `client_tool` request the daemon has the client answer |
 //! | `state_dir` | see [`store`] | where conversations are saved |
 
 pub mod api;
@@ -87,6 +88,64 @@ pub struct Settings {
     pub response_max: u64,
     pub system_prompt: Option<String>,
     pub state_dir: PathBuf,
+    /// Tools the client runs (`provider_config["client_tools"]`): offered to the model next to
+    /// paddock's own; a call is put to the daemon, which has the client run it.
+    pub client_tools: Vec<ClientTool>,
+}
+
+/// A tool the client runs (a sunbeam `ToolDef`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientTool {
+    pub name: String,
+    pub description: String,
+    /// The JSON schema of its arguments.
+    pub parameters: Value,
+}
+
+/// At most this many client tools are offered.
+pub const CLIENT_TOOLS_MAX: usize = 64;
+
+/// `provider_config["client_tools"]`: a JSON list of `{"name", "description", "schema_json"}`
+/// (`schema_json` a JSON schema as text, or `parameters` as an object).
+pub fn client_tools(text: Option<&str>) -> Result<Vec<ClientTool>, String> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    let list: Vec<Value> = serde_json::from_str(text)
+        .map_err(|e| format!("provider_config.client_tools is not a JSON list: {e}"))?;
+    if list.len() > CLIENT_TOOLS_MAX {
+        return Err(format!(
+            "provider_config.client_tools: at most {CLIENT_TOOLS_MAX} tools"
+        ));
+    }
+    let own = [
+        tools::SHELL,
+        tools::READ_FILE,
+        tools::WRITE_FILE,
+        tools::LIST_DIR,
+    ];
+    list.iter()
+        .map(|t| {
+            let name = t["name"].as_str().unwrap_or("").trim().to_string();
+            if name.is_empty() || own.contains(&name.as_str()) {
+                return Err(format!(
+                    "provider_config.client_tools: every tool needs a name, not one of paddock's own ({name:?})"
+                ));
+            }
+            let parameters = match (&t["parameters"], t["schema_json"].as_str()) {
+                (p @ Value::Object(_), _) => p.clone(),
+                (_, Some(s)) if !s.trim().is_empty() => serde_json::from_str(s).map_err(|e| {
+                    format!("provider_config.client_tools: {name}'s schema_json: {e}")
+                })?,
+                _ => json!({"type": "object", "properties": {}}),
+            };
+            Ok(ClientTool {
+                name,
+                description: t["description"].as_str().unwrap_or("").to_string(),
+                parameters,
+            })
+        })
+        .collect()
 }
 
 impl Settings {
@@ -158,6 +217,7 @@ impl Settings {
             response_max: number("max_response_bytes", 8 << 20, 1024)?,
             system_prompt: get("system_prompt").map(String::from),
             state_dir: store::state_dir(get("state_dir"), cwd),
+            client_tools: client_tools(get("client_tools"))?,
         })
     }
 }
@@ -197,11 +257,13 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         None => (ulid::Ulid::new().to_string(), Vec::new()),
     };
     let ask = |tool: &str, input: &Value| bridge.input.ask(tool, input);
+    let on_client = |tool: &str, input: &Value| bridge.input.run_on_client(tool, input);
     let mut agent = Agent {
         settings: s,
         out: &bridge.out,
         model: &api,
         ask: &ask,
+        on_client: &on_client,
         tools,
         id,
         messages,
@@ -221,6 +283,8 @@ pub struct Agent<'a> {
     model: &'a dyn Model,
     /// Asks the daemon whether a tool may run.
     ask: &'a dyn Fn(&str, &Value) -> Decision,
+    /// Has the client run one of its tools: (result, is_error).
+    on_client: &'a dyn Fn(&str, &Value) -> (String, bool),
     tools: Tools,
     /// The conversation's id (a ULID), announced with `system/init`.
     id: String,
@@ -333,8 +397,21 @@ impl Agent<'_> {
             "messages": messages,
             "stream": true,
             "stream_options": {"include_usage": true},
-            "tools": tools::definitions(),
+            "tools": self.tool_definitions(),
         })
+    }
+
+    /// paddock's own tools, then the client's.
+    fn tool_definitions(&self) -> Value {
+        let mut defs = tools::definitions();
+        if let Value::Array(list) = &mut defs {
+            for t in &self.settings.client_tools {
+                list.push(json!({"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters,
+                }}));
+            }
+        }
+        defs
     }
 
     /// One `assistant` line for one model call: what it said and asked, and its usage.
@@ -360,6 +437,24 @@ impl Agent<'_> {
 
     /// Asks, then runs, one tool call.
     fn use_tool(&self, tc: &ToolCall) -> Outcome {
+        if self.settings.client_tools.iter().any(|t| t.name == tc.name) {
+            let input = match parse_arguments(&tc.arguments) {
+                Ok(v) => v,
+                Err(e) => {
+                    return Outcome::error(format!("the arguments are not a JSON object: {e}"))
+                }
+            };
+            let (text, is_error) = (self.on_client)(&tc.name, &input);
+            let text = crate::text::truncate(&text, self.settings.tool_output_max).into_owned();
+            return if is_error {
+                Outcome::error(text)
+            } else {
+                Outcome {
+                    text,
+                    is_error: false,
+                }
+            };
+        }
         if ![
             tools::SHELL,
             tools::READ_FILE,
@@ -379,6 +474,10 @@ impl Agent<'_> {
             Decision::Allow(edited) if edited.is_object() => self.tools.run(&tc.name, &edited),
             Decision::Allow(_) => self.tools.run(&tc.name, &input),
             Decision::Deny(why) => Outcome::error(why),
+            // Only a client tool's request is answered with a result.
+            Decision::Result { .. } => {
+                Outcome::error("paddock answered a permission prompt with a tool result")
+            }
         }
     }
 
@@ -556,14 +655,18 @@ mod tests {
             response_max: 1 << 20,
             system_prompt: Some("sys".into()),
             state_dir: root.join("../state"),
+            client_tools: Vec::new(),
         };
         settings(&mut s);
+        let on_client =
+            |tool: &str, input: &Value| (format!("client ran {tool} with {input}"), false);
         let mut agent = Agent {
             tools: Tools::new(root, s.shell_timeout, s.tool_output_max).unwrap(),
             settings: s,
             out: &out,
             model: &script,
             ask: &ask,
+            on_client: &on_client,
             id: "01TEST".into(),
             messages: Vec::new(),
             announced: false,
@@ -608,6 +711,53 @@ mod tests {
         let root = std::fs::canonicalize(tmp.path()).unwrap().join("root");
         std::fs::create_dir_all(&root).unwrap();
         (tmp, root)
+    }
+
+    #[test]
+    fn client_tools_are_offered_and_run_by_the_client() {
+        let (_tmp, root) = root();
+        let r = run_turns(
+            &root,
+            vec![
+                Ok(answer(
+                    "",
+                    vec![call("c1", "run_tests", r#"{"filter":"db"}"#)],
+                    100,
+                    10,
+                )),
+                Ok(answer("Tests pass.", vec![], 200, 20)),
+            ],
+            &["Run the tests."],
+            |s| {
+                s.client_tools = client_tools(Some(
+                    r#"[{"name":"run_tests","description":"Run the suite","schema_json":"{\"type\":\"object\",\"properties\":{\"filter\":{\"type\":\"string\"}}}"}]"#,
+                ))
+                .unwrap()
+            },
+            "",
+        );
+        let offered: Vec<&str> = r.sent[0]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(offered.last(), Some(&"run_tests"));
+        let tool_msg = &r.sent[1]["messages"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        assert_eq!(tool_msg["role"], "tool");
+        assert_eq!(
+            tool_msg["content"],
+            r#"client ran run_tests with {"filter":"db"}"#
+        );
+        // Bad definitions are refused at create.
+        assert!(client_tools(Some("{}")).is_err());
+        assert!(client_tools(Some(r#"[{"name":"shell"}]"#)).is_err());
+        assert!(client_tools(Some(r#"[{"name":"x","schema_json":"{"}]"#)).is_err());
     }
 
     #[test]

@@ -269,6 +269,8 @@ pub enum Decision {
     Allow(Value),
     /// Do not; tell the model why.
     Deny(String),
+    /// A client-side tool's result (the answer to a `client_tool` request).
+    Result { text: String, is_error: bool },
 }
 
 /// Callers waiting for answers by id (permission answers, JSON-RPC replies). Once closed (the
@@ -353,17 +355,25 @@ impl In {
                         let Some(id) = r["request_id"].as_str() else {
                             continue;
                         };
-                        let decision =
-                            if r["subtype"] == "success" && r["response"]["behavior"] == "allow" {
-                                Decision::Allow(r["response"]["updatedInput"].clone())
-                            } else {
-                                let why = r["response"]["message"]
-                                    .as_str()
-                                    .or_else(|| r["error"].as_str())
-                                    .unwrap_or("denied")
-                                    .to_string();
-                                Decision::Deny(why)
-                            };
+                        let result = r["response"]["result"].as_str();
+                        let decision = if let (Some(text), "success") =
+                            (result, r["subtype"].as_str().unwrap_or(""))
+                        {
+                            Decision::Result {
+                                text: text.to_string(),
+                                is_error: r["response"]["is_error"].as_bool().unwrap_or(false),
+                            }
+                        } else if r["subtype"] == "success" && r["response"]["behavior"] == "allow"
+                        {
+                            Decision::Allow(r["response"]["updatedInput"].clone())
+                        } else {
+                            let why = r["response"]["message"]
+                                .as_str()
+                                .or_else(|| r["error"].as_str())
+                                .unwrap_or("denied")
+                                .to_string();
+                            Decision::Deny(why)
+                        };
                         waiting.answer(&id.to_string(), decision);
                     }
                     _ => {}
@@ -401,6 +411,24 @@ impl In {
         }));
         rx.recv()
             .unwrap_or_else(|_| Decision::Deny("paddock closed the session".into()))
+    }
+
+    /// Asks the daemon to have the client run `tool` (a sunbeam `is_local` tool) and waits
+    /// for its result: (text, is_error).
+    pub fn run_on_client(&self, tool: &str, input: &Value) -> (String, bool) {
+        let id = format!("client-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let rx = self.pending.wait_for(id.clone());
+        self.out.line(&json!({
+            "type": "control_request",
+            "request_id": id,
+            "request": {"subtype": "client_tool", "tool_name": tool, "input": input},
+        }));
+        match rx.recv() {
+            Ok(Decision::Result { text, is_error }) => (text, is_error),
+            Ok(Decision::Deny(why)) => (why, true),
+            Ok(Decision::Allow(_)) => (String::new(), false),
+            Err(_) => ("paddock closed the session".into(), true),
+        }
     }
 }
 
