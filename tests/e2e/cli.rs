@@ -9,10 +9,10 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
 }
 
 impl std::fmt::Debug for Out {
@@ -26,11 +26,11 @@ impl std::fmt::Debug for Out {
 }
 
 impl Out {
-    fn json(&self) -> Value {
+    pub fn json(&self) -> Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {self:?}"))
     }
 
-    fn json_lines(&self) -> Vec<Value> {
+    pub fn json_lines(&self) -> Vec<Value> {
         self.stdout
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
@@ -38,14 +38,14 @@ impl Out {
     }
 
     #[track_caller]
-    fn ok(self) -> Out {
+    pub fn ok(self) -> Out {
         assert_eq!(self.code, 0, "{self:?}");
         self
     }
 
     /// Exit 1 and `error: <prefix>…` on stderr.
     #[track_caller]
-    fn fails_with(self, prefix: &str) -> Out {
+    pub fn fails_with(self, prefix: &str) -> Out {
         assert_eq!(self.code, 1, "{self:?}");
         assert!(
             self.stderr.starts_with(&format!("error: {prefix}")),
@@ -55,7 +55,7 @@ impl Out {
     }
 }
 
-async fn run(mut cmd: Command, args: &[&str]) -> Out {
+pub(crate) async fn run(mut cmd: Command, args: &[&str]) -> Out {
     cmd.args(args);
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.kill_on_drop(true);
@@ -68,7 +68,7 @@ async fn run(mut cmd: Command, args: &[&str]) -> Out {
 }
 
 /// `paddock --no-autostart <args>` against the test's daemon.
-async fn cli(d: &Daemon, args: &[&str]) -> Out {
+pub(crate) async fn cli(d: &Daemon, args: &[&str]) -> Out {
     run(d.dirs.cli(false), args).await
 }
 
@@ -191,12 +191,17 @@ async fn session_commands_as_tables_and_json() {
     )
     .await
     .ok();
-    let line = o.stdout.trim();
+    let lines: Vec<&str> = o.stdout.lines().collect();
     assert!(
-        line.starts_with("session sess_") && line.ends_with("(cli-agent, scripted) is RUNNING"),
+        lines[0].starts_with("Session sess_") && lines[0].ends_with(" created."),
         "{o:?}"
     );
-    let id = line.split_whitespace().nth(1).unwrap().to_string();
+    assert_eq!(
+        lines[1],
+        format!("cli-agent (scripted, local driver) is ready in {root}"),
+        "{o:?}"
+    );
+    let id = lines[0].split_whitespace().nth(1).unwrap().to_string();
     let o = cli(
         &d,
         &[
@@ -231,14 +236,16 @@ async fn session_commands_as_tables_and_json() {
     let lines: Vec<&str> = o.stdout.lines().collect();
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
-        ["ID", "NAME", "PROVIDER", "STATUS", "TOKENS", "AGE", "ERROR"]
+        ["ID", "DRIVER", "STATUS", "TASK", "AGE", "NAME", "PROVIDER", "TOKENS"]
     );
     assert_eq!(lines.len(), 3, "{o:?}");
     let row = lines.iter().find(|l| l.starts_with(&id)).expect("row");
+    let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(
-        row.split_whitespace().take(5).collect::<Vec<_>>(),
-        [id.as_str(), "cli-agent", "scripted", "RUNNING", "0"]
+        [cells[0], cells[1], cells[2], cells[3]],
+        [id.as_str(), "local", "ready", "-"]
     );
+    assert_eq!(cells[5..], ["cli-agent", "scripted", "0"]);
     let o = cli(&d, &["--json", "session", "list", "--campaign", CAMPAIGN])
         .await
         .ok();

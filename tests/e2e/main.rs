@@ -9,6 +9,8 @@
 //!   campaign registry.
 //! - `lifecycle`: Shutdown, SIGTERM, restart reconciliation (OBEY-2032), socket ownership.
 //! - `cli`: the `paddock` command line against a daemon, autostart included.
+//! - `latis`: latis' session commands (create --task, -c session.yaml, drivers, mounts, the
+//!   latis list, status, delete, prune) and `session attach` in a real terminal (tmux).
 //! - `runner_mode`: `daemon --runner`: agents survive a daemon SIGKILL and are taken back.
 //! - `aria`: the Aria runtime API over `$HOME/.aria/runtime.sock`: tasks, notifications,
 //!   sessions, containers, errors with details.
@@ -20,6 +22,7 @@ mod aria;
 mod cli;
 mod errors;
 mod harness;
+mod latis;
 mod lifecycle;
 mod rpcs;
 mod runner_mode;

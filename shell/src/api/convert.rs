@@ -76,6 +76,8 @@ pub fn session_info_full(
             .unwrap_or_default(),
         provider_config: c.provider_config.clone().into_iter().collect(),
         timeout: (c.timeout_ms > 0).then(|| duration(c.timeout_ms)),
+        initial_message: c.initial_message.clone(),
+        turns_completed: r.turns.saturating_sub(u64::from(r.turn_open)) as i64,
     }
 }
 

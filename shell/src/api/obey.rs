@@ -878,6 +878,7 @@ impl LocalDaemonService for Obey {
             .await
             .map_err(st)?
             .map_err(|e| GrpcStatus::internal(e.to_string()))?;
+        let last_seq = activities.last().map(|a| a.seq as i64).unwrap_or(0);
         let mut items = crate::api::history::merge(&messages, &activities, truncated);
         // The window is of activities; user messages (one per turn) may add a few more.
         let over = items.len().saturating_sub(limit);
@@ -885,6 +886,7 @@ impl LocalDaemonService for Obey {
         Ok(Response::new(pb::GetHistoryResponse {
             items: items.iter().map(convert::history_item).collect(),
             truncated: truncated || over > 0,
+            last_seq,
         }))
     }
 

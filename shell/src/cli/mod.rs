@@ -3,12 +3,13 @@
 //! message (`OBEY-2010: session "x" not found`) and exit 1.
 
 pub mod approvals;
+pub mod attach;
 pub mod client;
 pub mod demo;
+pub mod latis;
 pub mod output;
 pub mod task;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use clap::Subcommand;
@@ -40,39 +41,8 @@ pub enum CampaignCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum SessionCmd {
-    /// Create and start an agent session
-    Create {
-        /// Campaign id or name
-        #[arg(long)]
-        campaign: String,
-        /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp
-        #[arg(long, default_value = "scripted")]
-        provider: String,
-        #[arg(long)]
-        model: Option<String>,
-        /// Human-readable name [default: <provider>-<short id>]
-        #[arg(long)]
-        name: Option<String>,
-        /// Sent as soon as the agent is up
-        #[arg(long)]
-        initial_message: Option<String>,
-        /// Token budget (0 = unlimited)
-        #[arg(long, default_value_t = 0)]
-        max_tokens: i64,
-        /// Session timeout in seconds (0 = none)
-        #[arg(long, default_value_t = 0)]
-        timeout: u64,
-        /// Provider configuration, KEY=VALUE (repeatable)
-        #[arg(long = "config", value_parser = parse_kv)]
-        config: Vec<(String, String)>,
-        /// Environment for the agent, KEY=VALUE (repeatable)
-        #[arg(long = "env", value_parser = parse_kv)]
-        env: Vec<(String, String)>,
-        #[arg(long)]
-        festival: Option<String>,
-        #[arg(long)]
-        task_id: Option<String>,
-    },
+    /// Create and start an agent session (`--task "…"` runs in the current directory)
+    Create(Box<latis::CreateArgs>),
     /// List sessions (active ones unless --all)
     List {
         #[arg(long)]
@@ -86,8 +56,22 @@ pub enum SessionCmd {
         #[arg(long)]
         provider: Option<String>,
     },
-    /// Show one session
+    /// Show one session (every field)
     Info { id: String },
+    /// A session's latis state (creating, starting, working, waiting, ready, complete,
+    /// stopping, stopped, failed), its task and details, its error if any
+    Status { id: String },
+    /// Talk to a session: its recent history, then live activity; a line you type is sent as
+    /// a message. Ctrl-D (or Ctrl-C) detaches and the agent keeps working
+    Attach { id: String },
+    /// Delete a session and everything stored about it (a live one is force-stopped first)
+    Delete { id: String },
+    /// Delete every stopped and failed session and everything stored about them
+    Prune {
+        /// Only this campaign's (id or name)
+        #[arg(long)]
+        campaign: Option<String>,
+    },
     /// Send a message and stream the agent's activity until the turn ends
     Send { id: String, message: String },
     /// Follow a session: its status changes and activity, until it ends
@@ -249,26 +233,6 @@ pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String, String> 
     }
 }
 
-fn session_row(s: &pb::SessionInfo, now: u64) -> Vec<String> {
-    vec![
-        s.id.clone(),
-        s.agent_name.clone(),
-        provider_name(s.provider).to_string(),
-        status_name(s.status).to_string(),
-        format!("{}", s.tokens_input + s.tokens_output),
-        age(&s.created_at, now),
-        if s.error_message.is_empty() {
-            String::new()
-        } else {
-            let mut e = s.error_message.clone();
-            if e.chars().count() > 60 {
-                e = e.chars().take(57).collect::<String>() + "...";
-            }
-            e
-        },
-    ]
-}
-
 fn print_session(ctx: &Ctx, s: &pb::SessionInfo) {
     if ctx.json {
         return print_json(&session_json(s));
@@ -293,55 +257,7 @@ fn print_session(ctx: &Ctx, s: &pb::SessionInfo) {
 pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
     let mut c = tryc!(client::connect(ctx).await);
     match cmd {
-        SessionCmd::Create {
-            campaign,
-            provider,
-            model,
-            name,
-            initial_message,
-            max_tokens,
-            timeout,
-            config,
-            env,
-            festival,
-            task_id,
-        } => {
-            let Some(p) = Provider::from_name(&provider) else {
-                return fail(format!(
-                    "OBEY-2002: unknown provider \"{provider}\" (scripted, claude-code, codex, openclaw, openai-api, gemini, acp)"
-                ));
-            };
-            let req = pb::CreateSessionRequest {
-                campaign_id: campaign,
-                provider: p.number(),
-                model: model.unwrap_or_default(),
-                agent_name: name.unwrap_or_default(),
-                festival_id: festival.unwrap_or_default(),
-                task_id: task_id.unwrap_or_default(),
-                provider_config: config.into_iter().collect::<HashMap<_, _>>(),
-                environment: env.into_iter().collect::<HashMap<_, _>>(),
-                max_tokens,
-                timeout: (timeout > 0).then_some(prost_types::Duration {
-                    seconds: timeout as i64,
-                    nanos: 0,
-                }),
-                initial_message: initial_message.unwrap_or_default(),
-            };
-            let s = tryg!(c.create_session(req).await)
-                .session
-                .unwrap_or_default();
-            if ctx.json {
-                print_json(&session_json(&s));
-            } else {
-                println!(
-                    "session {} ({}, {}) is {}",
-                    s.id,
-                    s.agent_name,
-                    provider_name(s.provider),
-                    status_name(s.status)
-                );
-            }
-        }
+        SessionCmd::Create(args) => return create(ctx, &mut c, *args).await,
         SessionCmd::List {
             campaign,
             all,
@@ -377,14 +293,8 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
                 print_json(&json!(list.iter().map(session_json).collect::<Vec<_>>()));
             } else {
                 let now = now_ms();
-                let rows: Vec<Vec<String>> = list.iter().map(|s| session_row(s, now)).collect();
-                println!(
-                    "{}",
-                    table(
-                        &["ID", "NAME", "PROVIDER", "STATUS", "TOKENS", "AGE", "ERROR"],
-                        &rows
-                    )
-                );
+                let rows: Vec<Vec<String>> = list.iter().map(|s| latis::list_row(s, now)).collect();
+                println!("{}", table(&latis::LIST_HEADERS, &rows));
             }
         }
         SessionCmd::Info { id } => {
@@ -395,6 +305,30 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
             );
             print_session(ctx, &s);
         }
+        SessionCmd::Status { id } => {
+            let id = tryc!(resolve(&mut c, &id).await);
+            let s = tryg!(
+                c.get_session(pb::GetSessionRequest { session_id: id })
+                    .await
+            );
+            if ctx.json {
+                print_json(&session_json(&s));
+            } else {
+                println!("{}", latis::status_text(&s, now_ms()));
+            }
+        }
+        SessionCmd::Attach { id } => {
+            if ctx.json {
+                return fail("attach is interactive and has no --json (`paddock --json session watch ID` streams JSON)");
+            }
+            let id = tryc!(resolve(&mut c, &id).await);
+            return attach::run(&mut c, id).await;
+        }
+        SessionCmd::Delete { id } => {
+            let id = tryc!(resolve(&mut c, &id).await);
+            return latis::delete(ctx, &mut c, &id).await;
+        }
+        SessionCmd::Prune { campaign } => return latis::prune(ctx, &mut c, campaign).await,
         SessionCmd::Send { id, message } => {
             let id = tryc!(resolve(&mut c, &id).await);
             let mut stream = tryg!(
@@ -512,6 +446,44 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
                 }
             }
         }
+    }
+    0
+}
+
+/// `session create`: the flags over `-c session.yaml`, the place resolved to a campaign (the
+/// current directory registered as one if needed), then CreateSession.
+async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> i32 {
+    let cwd = tryc!(std::env::current_dir().map_err(|e| format!("the current directory: {e}")));
+    let file = match &args.file {
+        Some(path) => {
+            let f = tryc!(latis::SessionFile::read(path));
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map(|p| cwd.join(p))
+                .unwrap_or_else(|| cwd.clone());
+            Some((f, dir))
+        }
+        None => None,
+    };
+    let plan = tryc!(latis::plan(args, file, &cwd));
+    let mut req = plan.request;
+    req.campaign_id = tryc!(latis::resolve_place(c, &plan.place).await);
+    let s = tryg!(c.create_session(req).await)
+        .session
+        .unwrap_or_default();
+    if ctx.json {
+        print_json(&session_json(&s));
+    } else {
+        println!("Session {} created.", s.id);
+        println!(
+            "{} ({}, {} driver) is {} in {}",
+            s.agent_name,
+            provider_name(s.provider),
+            plan.driver,
+            latis::state_of(&s),
+            s.working_dir
+        );
     }
     0
 }

@@ -78,6 +78,10 @@ pub fn session_json(s: &pb::SessionInfo) -> Value {
         "provider_config": s.provider_config,
         "unrecognized_lines": s.unrecognized_lines,
         "pending_approvals": s.pending_approvals,
+        "initial_message": s.initial_message,
+        "turns_completed": s.turns_completed,
+        "driver": super::latis::DRIVERS[0],
+        "state": super::latis::state_of(s),
     })
 }
 

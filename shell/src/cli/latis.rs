@@ -1,0 +1,1010 @@
+//! latis' session commands on paddock's sessions: `session create --task …` (with a driver,
+//! mounts and a `session.yaml`), the latis list (`ID DRIVER STATUS TASK AGE`), `session status`,
+//! `session delete` and `session prune`. `attach` is in `attach.rs`.
+//!
+//! latis speaks of a session's *state* (creating, starting, working, waiting, complete,
+//! stopped); paddock's core has statuses. [`latis_state`] is the one place that maps one onto
+//! the other.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use paddock_core::Status;
+use paddock_proto::obey::local::v1 as pb;
+use serde::Deserialize;
+
+use super::client::Client;
+
+/// The drivers paddock has. latis' podman, kubernetes, qemu and ssh drivers provision an
+/// isolated environment; paddock runs the agent as a supervised local process, so `local` is
+/// the one there is.
+pub const DRIVERS: &[&str] = &["local"];
+
+/// The one workspace path a `--mount` may name as its destination under the local driver.
+pub const WORKSPACE: &str = "/workspace";
+
+/// How long a TASK cell may be (in characters, the ellipsis included).
+pub const TASK_CELL_CHARS: usize = 40;
+
+/// How many ad-hoc campaign names (`dir`, `dir-2`, …) are tried before giving up.
+const CAMPAIGN_NAME_TRIES: u32 = 50;
+
+/// A `session.yaml` is read only up to this size: it is a handful of fields.
+const SESSION_FILE_MAX_BYTES: u64 = 1024 * 1024;
+
+/// latis' name for a session's state: `creating`, `starting`, `working`, `waiting`, `ready`,
+/// `complete`, `stopping`, `stopped` or `failed`.
+///
+/// `RUNNING` (idle) is `complete` once the session has finished a turn (its task, or a later
+/// message), else `ready` (created without a task, nothing asked yet). `FAILED` is latis'
+/// "complete, unsuccessfully": its own word here, with the error shown by `session status`.
+pub fn latis_state(status: Status, turns_completed: i64) -> &'static str {
+    match status {
+        Status::Created => "creating",
+        Status::Starting => "starting",
+        Status::Working => "working",
+        Status::Waiting => "waiting",
+        Status::Running if turns_completed > 0 => "complete",
+        Status::Running => "ready",
+        Status::Stopping => "stopping",
+        Status::Stopped => "stopped",
+        Status::Failed => "failed",
+    }
+}
+
+/// [`latis_state`] of a session as the daemon reports it (`unknown` for a status this CLI
+/// does not know, from a newer daemon).
+pub fn state_of(s: &pb::SessionInfo) -> &'static str {
+    match Status::from_number(s.status) {
+        Some(st) => latis_state(st, s.turns_completed),
+        None => "unknown",
+    }
+}
+
+/// `text` on one line, at most `max` characters, the cut marked with `…`.
+pub fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= max {
+        return flat;
+    }
+    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
+    cut.truncate(cut.trim_end().len());
+    cut.push('…');
+    cut
+}
+
+/// The latis list's row: ID, DRIVER, STATUS, TASK, AGE, then paddock's NAME, PROVIDER, TOKENS.
+pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<String> {
+    vec![
+        s.id.clone(),
+        DRIVERS[0].to_string(),
+        state_of(s).to_string(),
+        if s.initial_message.trim().is_empty() {
+            "-".to_string()
+        } else {
+            one_line(&s.initial_message, TASK_CELL_CHARS)
+        },
+        super::output::age(&s.created_at, now_ms),
+        s.agent_name.clone(),
+        super::output::provider_name(s.provider).to_string(),
+        format!("{}", s.tokens_input + s.tokens_output),
+    ]
+}
+
+pub const LIST_HEADERS: [&str; 8] = [
+    "ID", "DRIVER", "STATUS", "TASK", "AGE", "NAME", "PROVIDER", "TOKENS",
+];
+
+/// Checks a `--driver` / `driver:`; the error names the drivers there are.
+pub fn check_driver(name: &str) -> Result<&'static str, String> {
+    let n = name.trim().to_ascii_lowercase();
+    if let Some(d) = DRIVERS.iter().find(|d| **d == n) {
+        return Ok(d);
+    }
+    let why = match n.as_str() {
+        "podman" | "docker" | "kubernetes" | "k8s" | "qemu" | "ssh" => format!(
+            "driver \"{name}\" is not available: paddock does not provision containers, pods, \
+             VMs or remote hosts"
+        ),
+        _ => format!("unknown driver \"{name}\""),
+    };
+    Err(format!(
+        "{why}; the drivers are: {} (the agent runs as a supervised local process, without \
+         isolation)",
+        DRIVERS.join(", ")
+    ))
+}
+
+/// What a `--mount SRC:DST` means under the local driver: the agent is not isolated, so
+/// nothing is mounted; SRC becomes the session's working directory (its campaign root) and DST
+/// must be the workspace (`/workspace` or `.`). Relative SRCs are taken from `base`. Returns
+/// SRC, canonical.
+pub fn parse_mount(spec: &str, base: &Path) -> Result<PathBuf, String> {
+    let explain = "the local driver does not isolate the filesystem: the agent sees the host \
+                   as it is, and a mount only names its working directory, as SRC:/workspace";
+    let Some((src, dst)) = spec.split_once(':') else {
+        return Err(format!("mount \"{spec}\": expected SRC:DST ({explain})"));
+    };
+    if dst.contains(':') {
+        return Err(format!(
+            "mount \"{spec}\": mount options are not supported ({explain})"
+        ));
+    }
+    let dst_ok = matches!(dst.trim_end_matches('/'), "/workspace" | ".");
+    if !dst_ok {
+        return Err(format!(
+            "mount \"{spec}\": destination \"{dst}\" is not {WORKSPACE} ({explain})"
+        ));
+    }
+    if src.is_empty() {
+        return Err(format!("mount \"{spec}\": SRC is empty"));
+    }
+    let path = base.join(src);
+    let canon = std::fs::canonicalize(&path)
+        .map_err(|e| format!("mount \"{spec}\": {}: {e}", path.display()))?;
+    if !canon.is_dir() {
+        return Err(format!(
+            "mount \"{spec}\": {} is not a directory",
+            canon.display()
+        ));
+    }
+    Ok(canon)
+}
+
+/// `session create`'s flags. Every one may also come from `-c session.yaml`; a flag given
+/// overrides the file.
+#[derive(Args, Debug, Default)]
+pub struct CreateArgs {
+    /// Campaign id or name [default with --task, --mount or -c: the current directory,
+    /// registered as a campaign if none has it as its root]
+    #[arg(long)]
+    pub campaign: Option<String>,
+    /// The task: the session's first message, sent as soon as the agent is up
+    #[arg(long, visible_alias = "initial-message")]
+    pub task: Option<String>,
+    /// Where the agent runs: local (the only driver: a supervised local process, no isolation)
+    #[arg(long)]
+    pub driver: Option<String>,
+    /// SRC:/workspace: run in SRC (the local driver mounts nothing; see README)
+    #[arg(long = "mount", value_name = "SRC:DST")]
+    pub mounts: Vec<String>,
+    /// A YAML file with any of: task, driver, mounts, provider, model, name, max_tokens,
+    /// timeout, config, env, campaign
+    #[arg(short = 'c', long = "file", value_name = "session.yaml")]
+    pub file: Option<PathBuf>,
+    /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp [default: scripted]
+    #[arg(long)]
+    pub provider: Option<String>,
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Human-readable name [default: <provider>-<short id>]
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Token budget (0 = unlimited)
+    #[arg(long)]
+    pub max_tokens: Option<i64>,
+    /// Session timeout in seconds (0 = none)
+    #[arg(long)]
+    pub timeout: Option<u64>,
+    /// Provider configuration, KEY=VALUE (repeatable)
+    #[arg(long = "config", value_parser = super::parse_kv)]
+    pub config: Vec<(String, String)>,
+    /// Environment for the agent, KEY=VALUE (repeatable)
+    #[arg(long = "env", value_parser = super::parse_kv)]
+    pub env: Vec<(String, String)>,
+    #[arg(long)]
+    pub festival: Option<String>,
+    #[arg(long)]
+    pub task_id: Option<String>,
+}
+
+/// A scalar YAML value, kept as text (`max_rounds: 5` and `max_rounds: "5"` alike).
+#[derive(Deserialize, Debug, Clone, PartialEq)]
+#[serde(untagged)]
+pub enum Scalar {
+    Text(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Scalar {
+    fn text(&self) -> String {
+        match self {
+            Scalar::Text(s) => s.clone(),
+            Scalar::Int(i) => i.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+/// `-c session.yaml`. Unknown keys are errors (a typo must not be silently ignored).
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionFile {
+    pub task: Option<String>,
+    pub driver: Option<String>,
+    /// `SRC:DST`, SRC relative to the file's directory.
+    pub mounts: Option<Vec<String>>,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub name: Option<String>,
+    pub max_tokens: Option<i64>,
+    /// Seconds.
+    pub timeout: Option<u64>,
+    pub config: Option<BTreeMap<String, Scalar>>,
+    pub env: Option<BTreeMap<String, Scalar>>,
+    pub campaign: Option<String>,
+}
+
+impl SessionFile {
+    pub fn parse(text: &str, origin: &str) -> Result<SessionFile, String> {
+        if text.trim().is_empty() {
+            return Ok(SessionFile::default());
+        }
+        serde_norway::from_str(text).map_err(|e| format!("{origin}: {e}"))
+    }
+
+    pub fn read(path: &Path) -> Result<SessionFile, String> {
+        use std::io::Read;
+        let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut text = String::new();
+        f.take(SESSION_FILE_MAX_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if text.len() as u64 > SESSION_FILE_MAX_BYTES {
+            return Err(format!(
+                "{}: larger than {SESSION_FILE_MAX_BYTES} bytes",
+                path.display()
+            ));
+        }
+        SessionFile::parse(&text, &path.display().to_string())
+    }
+}
+
+/// Where a new session runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    /// A campaign, by id or name (the daemon resolves it).
+    Campaign(String),
+    /// A directory; the campaign whose root it is, registered if there is none.
+    Dir(PathBuf),
+    /// A campaign and the directory a mount named: they must be the same.
+    Both(String, PathBuf),
+}
+
+/// A create request with its place still to be resolved to a campaign id.
+#[derive(Debug)]
+pub struct Plan {
+    pub place: Place,
+    pub driver: &'static str,
+    /// Everything but `campaign_id`.
+    pub request: pb::CreateSessionRequest,
+}
+
+/// Merges the flags over the file (`file_dir`: the file's directory, for its relative
+/// mounts; `cwd`: for the flags' relative mounts and the default place).
+pub fn plan(
+    args: CreateArgs,
+    file: Option<(SessionFile, PathBuf)>,
+    cwd: &Path,
+) -> Result<Plan, String> {
+    let from_file = file.is_some();
+    let (f, file_dir) = file.unwrap_or_else(|| (SessionFile::default(), cwd.to_path_buf()));
+    let driver = check_driver(
+        args.driver
+            .as_deref()
+            .or(f.driver.as_deref())
+            .unwrap_or(DRIVERS[0]),
+    )?;
+    let mounts: Vec<PathBuf> = if !args.mounts.is_empty() {
+        args.mounts
+            .iter()
+            .map(|m| parse_mount(m, cwd))
+            .collect::<Result<_, _>>()?
+    } else {
+        f.mounts
+            .unwrap_or_default()
+            .iter()
+            .map(|m| parse_mount(m, &file_dir))
+            .collect::<Result<_, _>>()?
+    };
+    if mounts.len() > 1 {
+        return Err(format!(
+            "{} mounts given: the local driver runs the agent in one working directory \
+             (SRC:{WORKSPACE}); it does not isolate the filesystem, so there is nothing else \
+             to mount",
+            mounts.len()
+        ));
+    }
+    let task = args.task.or(f.task).unwrap_or_default();
+    let campaign = args
+        .campaign
+        .or(f.campaign)
+        .filter(|c| !c.trim().is_empty());
+    let place = match (campaign, mounts.into_iter().next()) {
+        (Some(c), Some(dir)) => Place::Both(c, dir),
+        (Some(c), None) => Place::Campaign(c),
+        (None, Some(dir)) => Place::Dir(dir),
+        (None, None) if from_file || !task.trim().is_empty() => Place::Dir(
+            std::fs::canonicalize(cwd)
+                .map_err(|e| format!("the current directory {}: {e}", cwd.display()))?,
+        ),
+        (None, None) => {
+            return Err(
+                "--campaign is required, unless --task, --mount or -c is given (then \
+                 the session runs in the current directory)"
+                    .into(),
+            )
+        }
+    };
+    let provider_name = args
+        .provider
+        .or(f.provider)
+        .unwrap_or_else(|| "scripted".into());
+    let Some(provider) = paddock_core::Provider::from_name(&provider_name) else {
+        return Err(format!(
+            "OBEY-2002: unknown provider \"{provider_name}\" (scripted, claude-code, codex, \
+             openclaw, openai-api, gemini, acp)"
+        ));
+    };
+    let max_tokens = args.max_tokens.or(f.max_tokens).unwrap_or(0);
+    if max_tokens < 0 {
+        return Err(format!("max_tokens must be 0 or more, not {max_tokens}"));
+    }
+    let timeout = args.timeout.or(f.timeout).unwrap_or(0);
+    let timeout_secs =
+        i64::try_from(timeout).map_err(|_| format!("timeout {timeout} is too large"))?;
+    let merge = |file: Option<BTreeMap<String, Scalar>>, flags: Vec<(String, String)>| {
+        let mut m: std::collections::HashMap<String, String> = file
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.text()))
+            .collect();
+        m.extend(flags);
+        m
+    };
+    let request = pb::CreateSessionRequest {
+        campaign_id: String::new(),
+        provider: provider.number(),
+        model: args.model.or(f.model).unwrap_or_default(),
+        agent_name: args.name.or(f.name).unwrap_or_default(),
+        festival_id: args.festival.unwrap_or_default(),
+        task_id: args.task_id.unwrap_or_default(),
+        provider_config: merge(f.config, args.config),
+        environment: merge(f.env, args.env),
+        max_tokens,
+        timeout: (timeout_secs > 0).then_some(prost_types::Duration {
+            seconds: timeout_secs,
+            nanos: 0,
+        }),
+        initial_message: task,
+    };
+    Ok(Plan {
+        place,
+        driver,
+        request,
+    })
+}
+
+/// A campaign name for `dir`: its last component, made of letters, digits, `-`, `_` and `.`.
+pub fn campaign_name_for(dir: &Path) -> String {
+    let base = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let clean = clean.trim_matches('-').to_string();
+    if clean.is_empty() {
+        "root".into()
+    } else {
+        clean
+    }
+}
+
+/// The campaign id whose root is `dir`, registering one (named after the directory, with
+/// `-2`, `-3`, … when that name is taken) if none is. Says so on stderr when it registers.
+pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String, String> {
+    let root = dir.display().to_string();
+    let base = campaign_name_for(dir);
+    for n in 1..=CAMPAIGN_NAME_TRIES {
+        let list = c
+            .list_campaigns(pb::ListCampaignsRequest {})
+            .await
+            .map_err(|e| e.message().to_string())?
+            .into_inner()
+            .campaigns;
+        if let Some(found) = list.iter().find(|k| k.root_path == root) {
+            return Ok(found.id.clone());
+        }
+        let name = if n == 1 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
+        if list.iter().any(|k| k.name == name) {
+            continue;
+        }
+        match c
+            .add_campaign(pb::AddCampaignRequest {
+                name: name.clone(),
+                root_path: root.clone(),
+            })
+            .await
+        {
+            Ok(r) => {
+                let k = r.into_inner();
+                eprintln!("paddock: registered {root} as campaign \"{}\"", k.name);
+                return Ok(k.id);
+            }
+            // Taken meanwhile (another create in the same moment): look again.
+            Err(e) if e.code() == tonic::Code::AlreadyExists => continue,
+            Err(e) => return Err(e.message().to_string()),
+        }
+    }
+    Err(format!(
+        "no free campaign name for {root} after {CAMPAIGN_NAME_TRIES} tries ({base}, {base}-2, \
+         …); register it with `paddock campaign add NAME {root}`"
+    ))
+}
+
+/// The campaign id a plan's place comes to.
+pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String, String> {
+    match place {
+        Place::Campaign(name) => Ok(name.clone()),
+        Place::Dir(dir) => campaign_for_dir(c, dir).await,
+        Place::Both(name, dir) => {
+            let list = c
+                .list_campaigns(pb::ListCampaignsRequest {})
+                .await
+                .map_err(|e| e.message().to_string())?
+                .into_inner()
+                .campaigns;
+            let Some(k) = list.iter().find(|k| k.id == *name || k.name == *name) else {
+                return Err(format!("OBEY-2001: campaign \"{name}\" not found"));
+            };
+            if Path::new(&k.root_path) != dir {
+                return Err(format!(
+                    "the mount's SRC {} is not campaign \"{}\"'s root {}: under the local \
+                     driver a mount names the working directory, and a campaign has one; give \
+                     one of the two",
+                    dir.display(),
+                    k.name,
+                    k.root_path
+                ));
+            }
+            Ok(k.id.clone())
+        }
+    }
+}
+
+/// `session status`: the session's details, latis state first, as `key: value` lines.
+pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
+    use super::output::{age, provider_name, rfc3339, status_name};
+    let at = |t: &Option<prost_types::Timestamp>| match t {
+        Some(t) => format!(
+            "{} ({} ago)",
+            rfc3339(t.seconds, t.nanos),
+            age(&Some(*t), now_ms)
+        ),
+        None => "-".into(),
+    };
+    let mut out = vec![
+        (
+            "state".to_string(),
+            format!(
+                "{} (status {}, {} turn(s) completed)",
+                state_of(s),
+                status_name(s.status),
+                s.turns_completed
+            ),
+        ),
+        (
+            "task".into(),
+            if s.initial_message.trim().is_empty() {
+                "-".into()
+            } else {
+                s.initial_message.trim_end().replace('\n', "\n      ")
+            },
+        ),
+        (
+            "driver".into(),
+            format!("local (no isolation; working directory {})", s.working_dir),
+        ),
+        ("name".into(), s.agent_name.clone()),
+        (
+            "provider".into(),
+            if s.model.is_empty() {
+                provider_name(s.provider).to_string()
+            } else {
+                format!("{} (model {})", provider_name(s.provider), s.model)
+            },
+        ),
+        ("campaign".into(), s.campaign_id.clone()),
+        (
+            "tokens".into(),
+            format!(
+                "{} in / {} out{}",
+                s.tokens_input,
+                s.tokens_output,
+                if s.max_tokens > 0 {
+                    format!(" (budget {})", s.max_tokens)
+                } else {
+                    String::new()
+                }
+            ),
+        ),
+        ("created".into(), at(&s.created_at)),
+        ("started".into(), at(&s.started_at)),
+        ("last activity".into(), at(&s.last_activity_at)),
+    ];
+    if s.ended_at.is_some() {
+        out.push(("ended".into(), at(&s.ended_at)));
+    }
+    if s.restart_count > 0 {
+        out.push(("restarts".into(), s.restart_count.to_string()));
+    }
+    if s.pid > 0 {
+        out.push(("pid".into(), s.pid.to_string()));
+    }
+    if !Status::from_number(s.status).is_some_and(Status::is_terminal) {
+        out.push((
+            "pending approvals".into(),
+            if s.pending_approvals > 0 {
+                format!(
+                    "{} (answer in `paddock session attach {}` or with `paddock approvals`)",
+                    s.pending_approvals, s.id
+                )
+            } else {
+                "0".into()
+            },
+        ));
+    }
+    if !s.error_message.is_empty() {
+        out.push(("error".into(), s.error_message.clone()));
+    }
+    out
+}
+
+/// `session delete`: a live session is force-stopped first (its agent's whole process group
+/// goes), then DeleteSession removes it and every row stored about it.
+pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> i32 {
+    let info = match c
+        .get_session(pb::GetSessionRequest {
+            session_id: id.to_string(),
+        })
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(e) => return super::fail(e.message()),
+    };
+    let mut stopped = false;
+    if !Status::from_number(info.status).is_some_and(Status::is_terminal) {
+        match c
+            .stop_session(pb::StopSessionRequest {
+                session_id: id.to_string(),
+                graceful: false,
+            })
+            .await
+        {
+            Ok(_) => stopped = true,
+            // It ended on its own meanwhile.
+            Err(e) if e.message().starts_with("OBEY-2020") => {}
+            Err(e) => {
+                return super::fail(format!(
+                    "cannot stop session {id} to delete it: {}",
+                    e.message()
+                ))
+            }
+        }
+    }
+    if let Err(e) = c
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: id.to_string(),
+        })
+        .await
+    {
+        return super::fail(e.message());
+    }
+    if ctx.json {
+        super::print_json(&serde_json::json!({ "id": id, "deleted": true, "stopped": stopped }));
+    } else {
+        if stopped {
+            println!("Session {id} stopped.");
+        }
+        println!("Session {id} deleted.");
+    }
+    0
+}
+
+/// `session prune`: deletes every STOPPED and FAILED session (of one campaign, if given) and
+/// says which. A session restarted between the list and its delete is skipped, and said so.
+pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -> i32 {
+    let list = match c
+        .list_sessions(pb::ListSessionsRequest {
+            campaign_id: campaign.unwrap_or_default(),
+            statuses: vec![Status::Stopped.number(), Status::Failed.number()],
+            provider: 0,
+            include_terminated: true,
+        })
+        .await
+    {
+        Ok(r) => r.into_inner().sessions,
+        Err(e) => return super::fail(e.message()),
+    };
+    let (mut deleted, mut skipped, mut failed) = (Vec::new(), Vec::new(), 0);
+    for s in &list {
+        match c
+            .delete_session(pb::DeleteSessionRequest {
+                session_id: s.id.clone(),
+            })
+            .await
+        {
+            Ok(_) => {
+                if !ctx.json {
+                    println!(
+                        "Deleted {} ({}, {})",
+                        s.id,
+                        state_of(s),
+                        if s.initial_message.trim().is_empty() {
+                            "no task".to_string()
+                        } else {
+                            one_line(&s.initial_message, TASK_CELL_CHARS)
+                        }
+                    );
+                }
+                deleted.push(s.id.clone());
+            }
+            // Restarted (or deleted) by someone else meanwhile: not ours to prune any more.
+            Err(e)
+                if e.message().starts_with("OBEY-2011") || e.message().starts_with("OBEY-2010") =>
+            {
+                if !ctx.json {
+                    println!("Skipped {}: {}", s.id, e.message());
+                }
+                skipped.push(serde_json::json!({ "id": s.id, "reason": e.message() }));
+            }
+            Err(e) => {
+                eprintln!("error: session {}: {}", s.id, e.message());
+                failed += 1;
+            }
+        }
+    }
+    if ctx.json {
+        super::print_json(&serde_json::json!({ "deleted": deleted, "skipped": skipped }));
+    } else if deleted.is_empty() && skipped.is_empty() && failed == 0 {
+        println!("No stopped or failed sessions to prune.");
+    } else {
+        println!("Pruned {} session(s).", deleted.len());
+    }
+    i32::from(failed > 0)
+}
+
+/// Renders [`status_lines`] under a `Session <id> - <state>` header.
+pub fn status_text(s: &pb::SessionInfo, now_ms: u64) -> String {
+    let lines = status_lines(s, now_ms);
+    let w = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    let mut out = format!("Session {} - {}", s.id, state_of(s));
+    for (k, v) in lines {
+        out.push_str(&format!("\n  {:<w$} {v}", format!("{k}:")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_has_its_latis_state() {
+        let cases = [
+            (Status::Created, 0, "creating"),
+            (Status::Starting, 0, "starting"),
+            (Status::Working, 0, "working"),
+            (Status::Working, 3, "working"),
+            (Status::Waiting, 1, "waiting"),
+            (Status::Running, 0, "ready"),
+            (Status::Running, 1, "complete"),
+            (Status::Running, 7, "complete"),
+            (Status::Stopping, 2, "stopping"),
+            (Status::Stopped, 0, "stopped"),
+            (Status::Stopped, 5, "stopped"),
+            (Status::Failed, 0, "failed"),
+            (Status::Failed, 2, "failed"),
+        ];
+        for (status, turns, want) in cases {
+            assert_eq!(latis_state(status, turns), want, "{status:?} after {turns}");
+        }
+        // Every status is covered above.
+        for st in Status::ALL {
+            assert!(cases.iter().any(|(s, _, _)| *s == st), "{st:?}");
+        }
+        let info = pb::SessionInfo {
+            status: 99,
+            ..Default::default()
+        };
+        assert_eq!(state_of(&info), "unknown");
+    }
+
+    #[test]
+    fn tasks_fit_one_cell() {
+        assert_eq!(
+            one_line("Fix the failing tests", 40),
+            "Fix the failing tests"
+        );
+        assert_eq!(one_line("  two\nlines\t here ", 40), "two lines here");
+        let long = "Refactor the authentication module so that it uses the new token store";
+        let cell = one_line(long, 24);
+        assert_eq!(cell, "Refactor the authentica…");
+        assert!(cell.chars().count() <= 24);
+        assert_eq!(one_line("ééééé", 3), "éé…");
+    }
+
+    #[test]
+    fn drivers_other_than_local_are_clear_errors() {
+        assert_eq!(check_driver("local"), Ok("local"));
+        assert_eq!(check_driver("LOCAL"), Ok("local"));
+        for d in ["podman", "kubernetes", "qemu", "ssh"] {
+            let e = check_driver(d).unwrap_err();
+            assert!(
+                e.starts_with(&format!("driver \"{d}\" is not available")),
+                "{e}"
+            );
+            assert!(e.contains("the drivers are: local"), "{e}");
+        }
+        let e = check_driver("banana").unwrap_err();
+        assert!(
+            e.starts_with("unknown driver \"banana\"; the drivers are: local"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_mount_names_the_working_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        std::fs::create_dir(base.join("repo")).unwrap();
+        std::fs::write(base.join("file"), "x").unwrap();
+        for dst in ["/workspace", "/workspace/", ".", "./"] {
+            assert_eq!(
+                parse_mount(&format!("repo:{dst}"), &base),
+                Ok(base.join("repo")),
+                "{dst}"
+            );
+        }
+        let abs = format!("{}:/workspace", base.join("repo").display());
+        assert_eq!(parse_mount(&abs, Path::new("/")), Ok(base.join("repo")));
+        let e = parse_mount("repo:/src", &base).unwrap_err();
+        assert!(
+            e.contains("destination \"/src\" is not /workspace")
+                && e.contains("does not isolate the filesystem"),
+            "{e}"
+        );
+        let e = parse_mount("repo:/workspace:Z", &base).unwrap_err();
+        assert!(e.contains("mount options are not supported"), "{e}");
+        assert!(parse_mount("repo", &base)
+            .unwrap_err()
+            .contains("expected SRC:DST"));
+        assert!(parse_mount(":/workspace", &base)
+            .unwrap_err()
+            .contains("SRC is empty"));
+        assert!(parse_mount("nope:/workspace", &base)
+            .unwrap_err()
+            .contains("nope"));
+        assert!(parse_mount("file:/workspace", &base)
+            .unwrap_err()
+            .contains("is not a directory"));
+    }
+
+    #[test]
+    fn session_files_parse_strictly() {
+        let f = SessionFile::parse(
+            "task: Fix the tests\ndriver: local\nmounts: [\"./repo:/workspace\"]\n\
+             provider: scripted\nmodel: m\nname: fixer\nmax_tokens: 500\ntimeout: 60\n\
+             config:\n  script: s.json\n  rounds: 5\n  verbose: true\nenv:\n  A: b\n\
+             campaign: proj\n",
+            "session.yaml",
+        )
+        .unwrap();
+        assert_eq!(f.task.as_deref(), Some("Fix the tests"));
+        assert_eq!(f.mounts, Some(vec!["./repo:/workspace".to_string()]));
+        assert_eq!(f.max_tokens, Some(500));
+        let cfg = f.config.unwrap();
+        assert_eq!(cfg["rounds"].text(), "5");
+        assert_eq!(cfg["verbose"].text(), "true");
+        assert_eq!(cfg["script"].text(), "s.json");
+        assert_eq!(SessionFile::parse("\n", "x"), Ok(SessionFile::default()));
+        let e = SessionFile::parse("task: x\nimage: fedora\n", "session.yaml").unwrap_err();
+        assert!(
+            e.starts_with("session.yaml: unknown field `image`") && e.contains("expected one of"),
+            "{e}"
+        );
+        let e = SessionFile::parse("timeout: soon\n", "s.yaml").unwrap_err();
+        assert!(e.starts_with("s.yaml: timeout: invalid type"), "{e}");
+    }
+
+    fn args() -> CreateArgs {
+        CreateArgs::default()
+    }
+
+    #[test]
+    fn flags_override_the_file_and_the_place_defaults_to_the_current_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cwd = std::fs::canonicalize(tmp.path()).unwrap();
+        std::fs::create_dir_all(cwd.join("conf/repo")).unwrap();
+        std::fs::create_dir_all(cwd.join("other")).unwrap();
+
+        // Nothing says where: an error; a task alone: the current directory.
+        let e = plan(args(), None, &cwd).unwrap_err();
+        assert!(e.starts_with("--campaign is required"), "{e}");
+        let p = plan(
+            CreateArgs {
+                task: Some("Fix it".into()),
+                ..args()
+            },
+            None,
+            &cwd,
+        )
+        .unwrap();
+        assert_eq!(p.place, Place::Dir(cwd.clone()));
+        assert_eq!(p.request.initial_message, "Fix it");
+        assert_eq!(
+            p.request.provider,
+            paddock_core::Provider::Scripted.number()
+        );
+        assert_eq!(p.driver, "local");
+
+        // The file's mounts are relative to the file; its maps merge under the flags'.
+        let file = SessionFile::parse(
+            "task: from file\nmounts: [\"repo:/workspace\"]\nname: f\nmax_tokens: 9\n\
+             config: {a: \"1\", b: 2}\nenv: {X: x}\n",
+            "s.yaml",
+        )
+        .unwrap();
+        let p = plan(
+            CreateArgs {
+                name: Some("flag".into()),
+                config: vec![("b".into(), "3".into())],
+                ..args()
+            },
+            Some((file, cwd.join("conf"))),
+            &cwd,
+        )
+        .unwrap();
+        assert_eq!(p.place, Place::Dir(cwd.join("conf/repo")));
+        assert_eq!(p.request.initial_message, "from file");
+        assert_eq!(p.request.agent_name, "flag");
+        assert_eq!(p.request.max_tokens, 9);
+        assert_eq!(p.request.provider_config["a"], "1");
+        assert_eq!(p.request.provider_config["b"], "3");
+        assert_eq!(p.request.environment["X"], "x");
+
+        // A flag's mount replaces the file's, relative to the current directory.
+        let file = SessionFile::parse("mounts: [\"repo:/workspace\"]\n", "s.yaml").unwrap();
+        let p = plan(
+            CreateArgs {
+                mounts: vec!["other:.".into()],
+                ..args()
+            },
+            Some((file, cwd.join("conf"))),
+            &cwd,
+        )
+        .unwrap();
+        assert_eq!(p.place, Place::Dir(cwd.join("other")));
+
+        // A file alone (no task) runs in the current directory; a campaign is kept by name.
+        let p = plan(args(), Some((SessionFile::default(), cwd.clone())), &cwd).unwrap();
+        assert_eq!(p.place, Place::Dir(cwd.clone()));
+        let p = plan(
+            CreateArgs {
+                campaign: Some("proj".into()),
+                mounts: vec!["other:/workspace".into()],
+                ..args()
+            },
+            None,
+            &cwd,
+        )
+        .unwrap();
+        assert_eq!(p.place, Place::Both("proj".into(), cwd.join("other")));
+
+        // Two mounts, a bad driver from the file, a negative budget.
+        let e = plan(
+            CreateArgs {
+                mounts: vec!["other:/workspace".into(), "conf:/workspace".into()],
+                ..args()
+            },
+            None,
+            &cwd,
+        )
+        .unwrap_err();
+        assert!(e.starts_with("2 mounts given"), "{e}");
+        let file = SessionFile::parse("driver: podman\ntask: t\n", "s.yaml").unwrap();
+        let e = plan(args(), Some((file, cwd.clone())), &cwd).unwrap_err();
+        assert!(e.starts_with("driver \"podman\" is not available"), "{e}");
+        let file = SessionFile::parse("driver: podman\ntask: t\n", "s.yaml").unwrap();
+        let p = plan(
+            CreateArgs {
+                driver: Some("local".into()),
+                ..args()
+            },
+            Some((file, cwd.clone())),
+            &cwd,
+        );
+        assert!(p.is_ok(), "the flag overrides the file's driver");
+        let e = plan(
+            CreateArgs {
+                task: Some("t".into()),
+                max_tokens: Some(-1),
+                ..args()
+            },
+            None,
+            &cwd,
+        )
+        .unwrap_err();
+        assert!(e.contains("max_tokens must be 0 or more"), "{e}");
+        let e = plan(
+            CreateArgs {
+                task: Some("t".into()),
+                provider: Some("banana".into()),
+                ..args()
+            },
+            None,
+            &cwd,
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("OBEY-2002: unknown provider \"banana\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn campaign_names_come_from_the_directory() {
+        assert_eq!(campaign_name_for(Path::new("/home/me/my repo")), "my-repo");
+        assert_eq!(campaign_name_for(Path::new("/srv/web.app_2")), "web.app_2");
+        assert_eq!(campaign_name_for(Path::new("/")), "root");
+    }
+
+    #[test]
+    fn list_rows_start_with_latis_columns() {
+        let s = pb::SessionInfo {
+            id: "sess_1".into(),
+            status: Status::Running.number(),
+            turns_completed: 1,
+            initial_message: "Fix the failing tests in the whole repository, then open a PR".into(),
+            agent_name: "a".into(),
+            provider: paddock_core::Provider::Scripted.number(),
+            tokens_input: 5,
+            tokens_output: 7,
+            created_at: Some(prost_types::Timestamp {
+                seconds: 100,
+                nanos: 0,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            list_row(&s, 100_000 + 120_000),
+            [
+                "sess_1",
+                "local",
+                "complete",
+                "Fix the failing tests in the whole repo…",
+                "2m",
+                "a",
+                "scripted",
+                "12"
+            ]
+        );
+    }
+}
