@@ -59,19 +59,8 @@ impl Engine {
         }
     }
 
-    /// Rebuilds the engine from the store at daemon start-up. Sessions that were active when
-    /// the previous daemon died are reconciled: FAILED with OBEY-2032. The returned effects
-    /// persist and announce that.
-    pub fn restore(
-        limits: Limits,
-        now: Millis,
-        records: impl IntoIterator<Item = SessionRecord>,
-    ) -> (Self, Vec<Effect>) {
-        Engine::restore_with(limits, now, records, Vec::new(), &BTreeMap::new())
-    }
-
-    /// As [`Engine::restore`], adopting the provider processes that outlived the previous
-    /// daemon (`surviving`: session → its run and pid, as the runner lists them). An adopted
+    /// Rebuilds the engine from the store at daemon start-up, adopting the provider processes
+    /// that outlived the previous daemon (`surviving`: session → its run and pid, as the runner lists them). An adopted
     /// session carries on where it was (a turn in progress stays in progress, a request for a
     /// human stays open; a stop in progress is finished); one whose process is gone is FAILED
     /// with OBEY-2032 and its open requests are cancelled. `approvals` are the stored requests
@@ -88,6 +77,9 @@ impl Engine {
         let mut out = Out::default();
         let mut by_session: BTreeMap<SessionId, Vec<Approval>> = BTreeMap::new();
         for a in approvals {
+            // A request names the run that asked; that run id must never name another process
+            // (its answer may be sent again to the run that asked it).
+            engine.next_run = engine.next_run.max(a.run + 1);
             by_session.entry(a.session.clone()).or_default().push(a);
         }
         for record in records {
@@ -102,7 +94,11 @@ impl Engine {
                 .filter(|(run, _)| record.run == Some(*run));
             let mut s = Session::from_record(record);
             let mut mine = by_session.remove(&id).unwrap_or_default();
-            mine.sort_by_key(|a| a.created_at);
+            // Open ones in the order they were asked; resolved ones in the order they were
+            // resolved (the window of late answers the old daemon had).
+            mine.sort_by(|a, b| {
+                (a.resolved_at, a.created_at, &a.id).cmp(&(b.resolved_at, b.created_at, &b.id))
+            });
             for a in mine {
                 s.restore_approval(a);
             }

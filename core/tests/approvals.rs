@@ -406,3 +406,55 @@ fn only_a_terminal_session_is_deleted() {
     let fx = r.at(1, Input::Delete { req, id: sid() });
     assert!(fx.iter().any(|e| matches!(e, Effect::Reply { result: Err(e), .. } if e.code == ErrorCode::SessionNotFound)));
 }
+
+#[test]
+fn an_adopted_agent_is_sent_its_answers_again_and_run_ids_stay_unique() {
+    // Answers go out after their resolution is stored: a daemon that died in between leaves
+    // an agent that never got its answer. The new daemon sends it again (the agent ignores an
+    // answer it already has).
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    let (fx, result) = r.resolve("a1", Decision::Approve);
+    let resolved = result.unwrap();
+    assert!(fx.iter().any(|e| matches!(e, Effect::Answer { .. })));
+    let record = r.engine.session(&sid()).unwrap().record.clone();
+    let mut surviving = BTreeMap::new();
+    surviving.insert(sid(), (1, Some(42)));
+    let (engine, fx) = Engine::restore_with(
+        Limits::default(),
+        r.now + 5,
+        [record.clone()],
+        [resolved.clone()],
+        &surviving,
+    );
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Answer { run: 1, approval, .. } if *approval == resolved)),
+        "{fx:?}"
+    );
+    assert_eq!(engine.session(&sid()).unwrap().status(), Status::Working);
+
+    // A request's run id is never handed to another process, even when no record names it.
+    let mut old = resolved;
+    old.run = 40;
+    let (mut engine, _) = Engine::restore_with(
+        Limits::default(),
+        r.now + 5,
+        [record],
+        [old],
+        &BTreeMap::new(),
+    );
+    let fx = engine.handle(
+        r.now + 10,
+        Input::Restart {
+            req: 1,
+            id: sid(),
+            provider_config: None,
+        },
+    );
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Spawn { run, .. } if *run > 40)),
+        "{fx:?}"
+    );
+}

@@ -492,7 +492,8 @@ fn restore_fails_what_was_active_with_2032() {
     let mut r = Rig::running(config());
     r.send("hi");
     let rec = r.record();
-    let (engine, fx) = Engine::restore(limits(), T0 + 100, vec![rec]);
+    let (engine, fx) =
+        Engine::restore_with(limits(), T0 + 100, vec![rec], vec![], &Default::default());
     assert_drain_rule(&fx);
     let s = engine.session(&sid()).unwrap();
     assert_eq!(s.status(), Status::Failed);

@@ -41,7 +41,7 @@
 //! `crash_mid_step`), the runner survives it with probability `runner_survives`:
 //!
 //! - The runner died too: every process dies unheard; the new daemon is built with
-//!   `Engine::restore` as if from a cold start, and fails what was active (OBEY-2032).
+//!   `Engine::restore_with` (nothing adopted) as if from a cold start, and fails what was active (OBEY-2032).
 //! - The runner survived: its processes go on in simulated time through the downtime (their
 //!   output and exits keep coming due). On half of these crashes it lists every process whose
 //!   exit the daemon has not read — including one whose exit was the input in flight, and one
@@ -180,7 +180,7 @@
 //! - run ids are never reused while the runner remembers them: the engine avoids those the
 //!   records name by itself (`restore_with`), the driver reserves the others
 //!   (`reserve_runs_through`, as the shell does), and a cold start (the runner died too) uses
-//!   `Engine::restore`.
+//!   `Engine::restore_with`.
 //!
 //! After a daemon crash, the rebuilt engine equals the store changed exactly as the restart
 //! rules say:

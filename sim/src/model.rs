@@ -232,6 +232,8 @@ pub struct ModelStats {
     pub resolves_wrong: u64,
     /// Answers the agents got.
     pub answers: u64,
+    /// Answers sent again to an agent adopted after a restart.
+    pub answers_repeated: u64,
     /// Sessions deleted, and deletes refused (the session was live or still had a process).
     pub deleted: u64,
     pub deletes_refused: u64,
@@ -706,6 +708,11 @@ impl Model {
         let settled: Vec<&&Approval> = answers
             .iter()
             .filter(|x| !resolved.iter().any(|a| a.id == x.id))
+            // An adopted agent is sent again the answers of its resolved requests (at least
+            // once): each exactly as stored.
+            .filter(|x| {
+                !(cause.restore() && !x.is_pending() && self.approvals.get(&x.id) == Some(**x))
+            })
             .collect();
         let Cause::Provider {
             event: EventKind::Ask,
@@ -935,6 +942,17 @@ impl Model {
                 sm.proc_run,
                 if sm.terminating { ", being killed" } else { "" }
             ));
+        }
+        if cause.restore() && !a.is_pending() && self.approvals.get(&a.id) == Some(a) {
+            // Sent again when an adopted agent is taken back (answers go out after their
+            // resolution is stored, so a restart re-sends them: at least once), exactly as
+            // stored (and checked when it was first sent, under the config of that time).
+            if self.answered.insert(a.key.clone()) {
+                self.stats.answers += 1;
+            } else {
+                self.stats.answers_repeated += 1;
+            }
+            return Ok(());
         }
         let allowed = match a.state {
             ApprovalState::Pending => {
@@ -2166,12 +2184,14 @@ impl Model {
     ) -> Result<(), String> {
         for (id, sm) in &mut self.sessions {
             // The late answers the new daemon recognises: the resolved requests it loaded
-            // (the newest by creation), in the order they were made.
+            // (the most recently resolved), in the order they were resolved.
             let mut mine: Vec<&Approval> = loaded
                 .iter()
                 .filter(|a| &a.session == id && !a.is_pending())
                 .collect();
-            mine.sort_by_key(|a| a.created_at);
+            mine.sort_by(|a, b| {
+                (a.resolved_at, a.created_at, &a.id).cmp(&(b.resolved_at, b.created_at, &b.id))
+            });
             sm.remembered = mine.iter().map(|a| a.id.clone()).collect();
             while sm.remembered.len() > RESOLVED_KEPT {
                 sm.remembered.pop_front();

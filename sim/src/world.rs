@@ -376,11 +376,12 @@ impl Store {
     }
 
     /// The requests a restarted daemon loads, as the shell's store gives them: every open
-    /// one, and the newest [`RESOLVED_KEPT`] resolved ones of each session (newest by
-    /// creation), oldest first.
+    /// one, and the [`RESOLVED_KEPT`] most recently resolved ones of each session.
     pub fn approvals_to_load(&self) -> Vec<Approval> {
         let mut all: Vec<&Approval> = self.approvals.values().collect();
-        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        all.sort_by(|a, b| {
+            (a.resolved_at, a.created_at, &a.id).cmp(&(b.resolved_at, b.created_at, &b.id))
+        });
         let mut kept: BTreeMap<&SessionId, usize> = BTreeMap::new();
         let mut out: Vec<Approval> = Vec::new();
         for a in all.into_iter().rev() {
@@ -541,6 +542,8 @@ pub struct World {
     /// Asks scripted, and answers the agents received.
     pub asks_scripted: u64,
     pub answers_received: u64,
+    /// Answers sent again after a restart (and ignored by the agent).
+    pub answers_repeated: u64,
 }
 
 impl World {
@@ -563,6 +566,7 @@ impl World {
             exits_revived: 0,
             asks_scripted: 0,
             answers_received: 0,
+            answers_repeated: 0,
         }
     }
 
@@ -1163,6 +1167,16 @@ impl World {
             ));
         }
         if let Some(first) = p.answers.get(&approval.key) {
+            // An answer sent again after a daemon restart (at least once): the same answer is
+            // ignored, as real agents ignore an answer to a request they no longer wait for.
+            if first.id == approval.id
+                && first.state == approval.state
+                && first.allowed == approval.allowed
+                && first.answer == approval.answer
+            {
+                self.answers_repeated += 1;
+                return Ok(());
+            }
             return Err(format!(
                 "a second Answer to run {run} of {id} for {}: first {} ({}), now {} ({})",
                 approval.key,

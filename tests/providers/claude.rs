@@ -642,6 +642,23 @@ async fn real_stream_json_through_the_adapter() {
                         }
                         o
                     }
+                    // A permission prompt goes to the core; answered here as the core does
+                    // for the default policy (allow-all).
+                    Parsed::Event(ProviderEvent::Ask {
+                        key,
+                        kind,
+                        tool,
+                        input,
+                        summary,
+                        ..
+                    }) => {
+                        let input: Value = serde_json::from_str(&input).unwrap();
+                        let r = paddock::providers::claude_stream::control_response_allow(
+                            &key, &input,
+                        );
+                        stdin.write_all((r + "\n").as_bytes()).await.unwrap();
+                        json!({"ask": tool, "kind": kind.name(), "summary": w.redact(&summary), "reply": "allow"})
+                    }
                     Parsed::Event(other) => json!({"event": format!("{other:?}")}),
                     Parsed::Reply(r) => {
                         let answer: Value = serde_json::from_str(&r).unwrap();

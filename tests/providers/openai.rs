@@ -680,6 +680,13 @@ fn openai_recorded_bridge_output_through_the_adapter() {
                     }
                     o
                 }
+                // A permission prompt goes to the core (the daemon answers it by the policy).
+                Parsed::Event(ProviderEvent::Ask {
+                    kind,
+                    tool,
+                    summary,
+                    ..
+                }) => json!({ "ask": tool, "kind": kind.name(), "summary": summary }),
                 Parsed::Event(other) => json!({ "event": format!("{other:?}") }),
                 Parsed::Reply(r) => {
                     let answer: Value = serde_json::from_str(&r).unwrap();
@@ -698,7 +705,7 @@ fn openai_recorded_bridge_output_through_the_adapter() {
 /// `PADDOCK_RECORD_FIXTURES=1` it writes the recording instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_bridge_output_matches_the_recording() {
-    use paddock::providers::{self, Parsed};
+    use paddock::providers::{self, claude_stream, Parsed};
     use paddock_core::{Provider, SessionConfig, SpawnSpec};
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -736,6 +743,7 @@ async fn openai_bridge_output_matches_the_recording() {
         resume: None,
         restart_count: 0,
     };
+    let policy = paddock_core::Policy::of(&spec.config.provider_config);
     let (plan, mut parser) = providers::plan(&spec, std::path::Path::new(BIN)).expect("plan");
     let mut child = tokio::process::Command::new(&plan.program)
         .args(&plan.args)
@@ -761,8 +769,26 @@ async fn openai_bridge_output_matches_the_recording() {
                 panic!("the bridge closed its stdout");
             };
             for p in parser.parse_line(&l) {
-                if let Parsed::Reply(r) = p {
-                    stdin.write_all((r + "\n").as_bytes()).await.unwrap();
+                // Answered as the daemon's core does: by the session's policy.
+                if let Parsed::Event(paddock_core::ProviderEvent::Ask {
+                    key,
+                    kind,
+                    tool,
+                    input,
+                    ..
+                }) = p
+                {
+                    let input: Value = serde_json::from_str(&input).unwrap();
+                    let answer = match policy.decide(kind, &tool) {
+                        paddock_core::PolicyAnswer::Allow => {
+                            claude_stream::control_response_allow(&key, &input)
+                        }
+                        paddock_core::PolicyAnswer::Deny(why) => {
+                            claude_stream::control_response_deny(&key, &why)
+                        }
+                        paddock_core::PolicyAnswer::AskHuman => unreachable!("no ask policy"),
+                    };
+                    stdin.write_all((answer + "\n").as_bytes()).await.unwrap();
                 }
             }
             let end = l.contains(r#""type":"result""#);

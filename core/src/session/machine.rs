@@ -1050,6 +1050,18 @@ impl Session {
                 // Open requests are still open: the agent still waits for their answers (and
                 // their expiry deadlines still hold). The status follows them.
                 self.settle_status("provider adopted after a daemon restart", cx);
+                // Answers go out only after their resolution was stored, so the old daemon may
+                // have died in between: its requests' answers are sent again (an agent ignores
+                // an answer to a request it no longer waits for). At least once, never lost.
+                for a in &self.resolved {
+                    if a.run == run && a.state != ApprovalState::Cancelled {
+                        cx.out.rest.push(Effect::Answer {
+                            id: self.record.id.clone(),
+                            run,
+                            approval: a.clone(),
+                        });
+                    }
+                }
             }
             Status::Stopping => {
                 self.cancel_pending(

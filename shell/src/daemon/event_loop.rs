@@ -498,13 +498,6 @@ impl State {
                         }
                     }
                 }
-                Effect::Answer { id, run, approval } => {
-                    if let Some(h) = self.runs.get(&(id.clone(), run)) {
-                        if !h.write_line(crate::providers::answer_line(&approval)) {
-                            tracing::warn!(session = %id, run, approval = %approval.id, "could not deliver an answer to the provider");
-                        }
-                    }
-                }
                 Effect::Signal {
                     id, run, signal, ..
                 } => {
@@ -512,7 +505,10 @@ impl State {
                         h.signal(signal);
                     }
                 }
-                e @ (Effect::EmitStatus(_)
+                // An answer goes to the agent only once its resolution is stored: a crash in
+                // between loses nothing (the adopted agent is sent it again).
+                e @ (Effect::Answer { .. }
+                | Effect::EmitStatus(_)
                 | Effect::EmitActivity(_)
                 | Effect::EmitApproval(_)
                 | Effect::Reply { .. }
@@ -594,6 +590,13 @@ impl State {
                         }
                     }
                     let _ = self.hub.activity.send(ev);
+                }
+                Effect::Answer { id, run, approval } => {
+                    if let Some(h) = self.runs.get(&(id.clone(), run)) {
+                        if !h.write_line(crate::providers::answer_line(&approval)) {
+                            tracing::warn!(session = %id, run, approval = %approval.id, "could not deliver an answer to the provider");
+                        }
+                    }
                 }
                 Effect::EmitApproval(a) => {
                     let _ = self.hub.approval.send(a);

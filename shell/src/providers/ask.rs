@@ -70,6 +70,7 @@ pub fn summary(kind: AskKind, tool: &str, input: &Value) -> String {
                 .or_else(|| field("pattern"))
                 .unwrap_or_else(|| match input {
                     Value::Null => String::new(),
+                    Value::Object(m) if m.is_empty() => String::new(),
                     v => v.to_string(),
                 });
             if detail.is_empty() {

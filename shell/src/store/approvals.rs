@@ -102,12 +102,12 @@ fn from_row(row: &Row) -> Result<Approval> {
 }
 
 impl Store {
-    /// What a starting daemon gives the engine: every open request, and the newest resolved
-    /// ones of each session.
+    /// What a starting daemon gives the engine: every open request, and the most recently
+    /// resolved ones of each session (the engine's window of late answers).
     pub fn load_approvals(&self) -> Result<Vec<Approval>> {
         let mut stmt = self.conn.prepare(&format!(
             "SELECT {COLUMNS} FROM ( \
-               SELECT *, ROW_NUMBER() OVER (PARTITION BY session_id ORDER BY created_at DESC, id DESC) AS n \
+               SELECT *, ROW_NUMBER() OVER (PARTITION BY session_id ORDER BY resolved_at DESC, created_at DESC, id DESC) AS n \
                FROM approvals WHERE state != 1) \
              WHERE n <= ?1 \
              UNION ALL SELECT {COLUMNS} FROM approvals WHERE state = 1 \
