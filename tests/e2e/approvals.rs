@@ -106,6 +106,18 @@ async fn an_approved_tool_runs_and_a_second_answer_is_refused() {
     let info = d.get(&s.id).await;
     assert_eq!(status_name(info.status), "WAITING");
     assert_eq!(info.pending_approvals, 1);
+    // Aria's clients see it too: "waiting", not "active".
+    let mut aria = paddock_proto::aria::v1::session_service_client::SessionServiceClient::new(
+        crate::aria::aria_channel(&d).await,
+    );
+    let seen = aria
+        .get_session(paddock_proto::aria::v1::GetSessionRequest {
+            session_id: s.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(seen.status, "waiting");
     // A message now is refused: the agent waits for a human.
     let busy = d
         .client()

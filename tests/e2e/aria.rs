@@ -14,7 +14,7 @@ use tonic_types::StatusExt;
 
 use crate::harness::*;
 
-async fn aria_channel(d: &Daemon) -> Channel {
+pub(crate) async fn aria_channel(d: &Daemon) -> Channel {
     let path = d.dirs.home.join(".aria").join("runtime.sock");
     within(async {
         loop {

@@ -393,6 +393,9 @@ fn session_pb(r: &paddock_core::SessionRecord) -> pb::Session {
     let status = match r.status {
         Status::Stopped => "completed",
         Status::Failed => "failed",
+        // Blocked on a human: distinct from working and idle (its open requests are listed by
+        // obey's ListApprovals).
+        Status::Waiting => "waiting",
         _ => "active",
     };
     let mut ctx = HashMap::new();
