@@ -14,6 +14,13 @@ use crate::model::{Millis, RunId, SessionId};
 /// Identifies one request for a human (a ULID made by the shell).
 pub type ApprovalId = String;
 
+/// Requests one session may have open at once; an agent that asks more is told no at once.
+pub const MAX_OPEN_REQUESTS: usize = 16;
+
+/// The longest deny reason, answer or client-tool result accepted (an answer is one line on
+/// the agent's stdin, which the runner bounds too).
+pub const ANSWER_MAX: usize = 256 * 1024;
+
 /// What an agent asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum AskKind {
@@ -231,7 +238,8 @@ impl Policy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApprovalSettings {
     pub timeout_ms: u64,
-    /// On expiry the request is approved (`allow`) instead of denied (the default).
+    /// On expiry a permission is granted (`allow`) instead of refused (the default). Never a
+    /// question or a client tool: nobody can make up their answers.
     pub default_allow: bool,
 }
 

@@ -245,13 +245,13 @@ impl Engine {
             Input::Resolve {
                 req,
                 approval,
+                session,
                 decision,
                 by,
-            } => match self
-                .sessions
-                .values_mut()
-                .find(|s| s.approval(&approval).is_some())
-            {
+            } => match self.sessions.values_mut().find(|s| {
+                s.approval(&approval).is_some()
+                    && session.as_ref().is_none_or(|id| &s.record.id == id)
+            }) {
                 Some(s) => {
                     s.handle_resolve(req, &approval, decision, &by, &mut cx);
                     s.flush(&mut cx);
@@ -260,7 +260,12 @@ impl Engine {
                     req,
                     result: Err(Error::new(
                         ErrorCode::ApprovalNotFound,
-                        format!("no open approval \"{approval}\""),
+                        match &session {
+                            Some(id) => format!(
+                                "no open approval request or client-side tool call \"{approval}\" in session {id}"
+                            ),
+                            None => format!("no open approval \"{approval}\""),
+                        },
                     )),
                 }),
             },

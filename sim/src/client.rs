@@ -296,6 +296,7 @@ impl Client {
         Action::Request(Box::new(Input::Resolve {
             req,
             approval,
+            session: None,
             decision,
             by: by.to_string(),
         }))

@@ -728,9 +728,9 @@ impl Sim {
                     pid,
                     signal,
                 } => self.world.signal(self.now, id, *run, *pid, *signal)?,
-                Effect::Answer { id, run, approval } => {
-                    self.world.answer(self.now, id, *run, approval)?
-                }
+                Effect::Answer {
+                    id, run, approval, ..
+                } => self.world.answer(self.now, id, *run, approval)?,
                 _ => {}
             }
         }

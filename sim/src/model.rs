@@ -366,6 +366,7 @@ impl Model {
             approval,
             decision,
             by,
+            ..
         } = input
         {
             self.stats.requests += 1;
@@ -636,7 +637,21 @@ impl Model {
                         resolved.push(a);
                     }
                 }
-                Effect::Answer { id, run, approval } => {
+                Effect::Answer {
+                    id,
+                    run,
+                    approval,
+                    at_once,
+                } => {
+                    // Only what nothing stores (the policy's answers) goes out before the
+                    // commit.
+                    if *at_once == self.approvals.contains_key(&approval.id) {
+                        return Err(format!(
+                            "an Answer for {} ({}) with at_once={at_once}: only answers nothing \
+                             stores go out before their batch commits",
+                            approval.id, approval.resolved_by
+                        ));
+                    }
                     self.on_answer(cause, id, *run, approval)?;
                     answers.push(approval);
                 }
@@ -736,13 +751,24 @@ impl Model {
         let Some((status, terminating, config)) = before else {
             return Err(format!("an Ask applied for {id}, which clients never saw"));
         };
-        let want: Option<Option<bool>> = match status {
+        // Requests open before this ask (the one it opened, if any, is in the set already).
+        let open_before = self
+            .sessions
+            .get(id)
+            .map_or(0, |sm| sm.open.len() - usize::from(opened));
+        let (want, by): (Option<Option<bool>>, &str) = match status {
+            // Too many open: told no at once.
+            Status::Running | Status::Working | Status::Waiting
+                if open_before >= paddock_core::approval::MAX_OPEN_REQUESTS =>
+            {
+                (Some(Some(false)), "paddock")
+            }
             Status::Running | Status::Working | Status::Waiting => {
-                Some(policy_settles(&config, ask.kind, &ask.tool))
+                (Some(policy_settles(&config, ask.kind, &ask.tool)), "policy")
             }
             // A stopping session tells a process that is still going no, at once.
-            Status::Stopping if !terminating => Some(Some(false)),
-            _ => None, // ignored (the table), or a process being killed
+            Status::Stopping if !terminating => (Some(Some(false)), "paddock"),
+            _ => (None, ""), // ignored (the table), or a process being killed
         };
         let got_answer = settled.first().map(|a| a.allowed);
         let ok = match want {
@@ -753,7 +779,7 @@ impl Model {
                     && !opened
                     && settled[0].id == ask.approval
                     && settled[0].key == ask.key
-                    && settled[0].resolved_by == "policy"
+                    && settled[0].resolved_by == by
             }
             Some(None) => settled.is_empty() && opened,
         };
@@ -858,7 +884,8 @@ impl Model {
                 a.id
             ));
         }
-        let default_allow = approval_default_allow(&sm.config);
+        // The default decides a permission only; a question or client tool expires as no.
+        let default_allow = approval_default_allow(&sm.config) && a.kind == AskKind::Permission;
         match a.state {
             ApprovalState::Approved | ApprovalState::Denied | ApprovalState::Answered => {
                 let want = match cause {
@@ -960,7 +987,9 @@ impl Model {
             }
             ApprovalState::Approved | ApprovalState::Answered => true,
             ApprovalState::Denied | ApprovalState::Cancelled => false,
-            ApprovalState::Expired => approval_default_allow(&sm.config),
+            ApprovalState::Expired => {
+                approval_default_allow(&sm.config) && a.kind == AskKind::Permission
+            }
         };
         if a.allowed != allowed {
             return Err(format!(

@@ -490,3 +490,46 @@ async fn the_cli_lists_approves_denies_and_answers() {
         .collect();
     assert_eq!(states, ["denied", "answered", "approved"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aria_notification_stream_says_when_an_agent_waits_and_when_it_goes_on() {
+    use paddock_proto::aria::v1 as aria;
+    use paddock_proto::aria::v1::notification::EventPayload;
+    let mut d = Daemon::start().await;
+    let mut n = aria::notification_service_client::NotificationServiceClient::new(
+        crate::aria::aria_channel(&d).await,
+    )
+    .stream_notifications(aria::StreamNotificationsRequest {})
+    .await
+    .unwrap()
+    .into_inner();
+    let s = asking_session(&mut d, asking_turn(), &[]).await;
+    let turn = start_turn(&d, &s.id, "clean up").await;
+    let is = |x: &aria::Notification, prev: &str, new: &str| {
+        matches!(&x.event_payload, Some(EventPayload::SessionStatus(e))
+            if e.session_id == s.id && e.previous_status == prev && e.new_status == new)
+    };
+    let got = collect_until(&mut n, |x| is(x, "WORKING", "WAITING")).await;
+    let Some(EventPayload::SessionStatus(e)) = &got.last().unwrap().event_payload else {
+        unreachable!()
+    };
+    assert!(
+        e.message.starts_with("waiting for approval (")
+            && e.message.ends_with("Bash: rm -rf build"),
+        "{}",
+        e.message
+    );
+    let a = wait_pending(&d, &s.id).await;
+    resolve(&d, &a.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap();
+    collect_until(&mut n, |x| is(x, "WAITING", "WORKING")).await;
+    collect_ok(turn).await;
+    // The turn's own RUNNING ⇄ WORKING is not news.
+    d.stop(&s.id, false).await.unwrap();
+    let got = collect_until(&mut n, |x| {
+        matches!(&x.event_payload, Some(EventPayload::SessionStatus(e)) if e.new_status == "STOPPED")
+    })
+    .await;
+    assert!(!got.iter().any(|x| is(x, "WORKING", "RUNNING")), "{got:?}");
+}

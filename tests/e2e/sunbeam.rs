@@ -214,9 +214,11 @@ async fn sunbeam_turn_detach_and_resume() {
         .collect();
     assert_eq!(deltas, td.full_text);
 
-    // Detach: drop the stream. The session goes on.
+    // Detach: drop the stream. The session goes on: it still takes work (here from an obey
+    // client) while no sunbeam client is attached.
     drop(c);
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let meanwhile = d.send(&ready.session_id, "while away").await;
+    assert_eq!(kind(meanwhile.last().unwrap()), "COMPLETION");
     let s = d.get(&ready.session_id).await;
     assert_eq!(status_name(s.status), "RUNNING");
 
@@ -234,6 +236,8 @@ async fn sunbeam_turn_detach_and_resume() {
         [
             ("user".to_string(), "hello".to_string()),
             ("assistant".to_string(), builtin_answer("hello")),
+            ("user".to_string(), "while away".to_string()),
+            ("assistant".to_string(), builtin_answer("while away")),
         ]
     );
     // And the resumed stream works.
@@ -472,8 +476,8 @@ async fn sunbeam_refusals() {
     assert_eq!(
         errors,
         [
-            json!({"error": {"message": "no open approval request or client-side tool call has call_id \"call_1\" in session <session>", "fatal": false}}),
-            json!({"error": {"message": "no open approval request or client-side tool call has call_id \"call_2\" in session <session>", "fatal": false}}),
+            json!({"error": {"message": "OBEY-2040: no open approval request or client-side tool call \"call_1\" in session <session>", "fatal": false}}),
+            json!({"error": {"message": "OBEY-2040: no open approval request or client-side tool call \"call_2\" in session <session>", "fatal": false}}),
             json!({"error": {"message": "session <session> is already started on this stream", "fatal": false}}),
             json!({"error": {"message": "UserInput.text is empty", "fatal": false}}),
         ]
@@ -652,7 +656,7 @@ async fn sunbeam_approvals_client_tools_and_questions() {
         .any(|m| matches!(m, Out::Approval(x) if x.call_id == ap.call_id)));
     assert_eq!(done(&w).full_text, text);
 
-    // An answer to a request already settled is refused, and the stream goes on.
+    // An answer to a request already settled is refused (OBEY-2041), and the stream goes on.
     c.send(In::Approval(sb::ToolApproval {
         call_id: ap.call_id.clone(),
         approved: false,
@@ -660,7 +664,7 @@ async fn sunbeam_approvals_client_tools_and_questions() {
     .await;
     match c.expect().await {
         Out::Error(e) => assert!(
-            !e.fatal && e.message.starts_with("no open approval"),
+            !e.fatal && e.message.starts_with("OBEY-2041: approval"),
             "{e:?}"
         ),
         other => panic!("expected an Error, got {other:?}"),

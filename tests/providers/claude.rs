@@ -656,6 +656,9 @@ async fn real_stream_json_through_the_adapter() {
                         let r = paddock::providers::claude_stream::control_response_allow(
                             &key, &input,
                         );
+                        // Twice: a daemon that restarted sends an adopted agent its answers
+                        // again (at least once), and the CLI must ignore the repeat.
+                        stdin.write_all((r.clone() + "\n").as_bytes()).await.unwrap();
                         stdin.write_all((r + "\n").as_bytes()).await.unwrap();
                         json!({"ask": tool, "kind": kind.name(), "summary": w.redact(&summary), "reply": "allow"})
                     }

@@ -64,11 +64,14 @@ pub enum Effect {
         text: String,
     },
     /// Tell the provider of run `run` the outcome of its request `approval.key` (allowed or
-    /// not, with `approval.answer`).
+    /// not, with `approval.answer`). A stored resolution is told only after it committed
+    /// (`at_once == false`); an answer nothing stores (the policy's) is told at once, since a
+    /// crash before the commit replays the ask and a crash after it must not lose the answer.
     Answer {
         id: SessionId,
         run: RunId,
         approval: Approval,
+        at_once: bool,
     },
     /// Signal the process group of run `run`.
     Signal {

@@ -38,6 +38,9 @@ pub enum Input {
     Resolve {
         req: RequestId,
         approval: ApprovalId,
+        /// Only a request of this session (a client attached to one session answers only its
+        /// own): another session's is "not found".
+        session: Option<SessionId>,
         decision: Decision,
         by: String,
     },

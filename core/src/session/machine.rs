@@ -715,15 +715,25 @@ impl Session {
             resolved_at: None,
         };
         let settled = if self.record.status == Status::Stopping {
-            Some((false, "the session is stopping".to_string()))
+            Some((false, "the session is stopping".to_string(), "paddock"))
+        } else if self.pending.len() >= crate::approval::MAX_OPEN_REQUESTS {
+            Some((
+                false,
+                format!(
+                    "paddock: {} requests are already waiting for a human; ask again once they \
+                     are answered",
+                    self.pending.len()
+                ),
+                "paddock",
+            ))
         } else {
             match Policy::of(&self.record.config.provider_config).decide(a.kind, &a.tool) {
-                PolicyAnswer::Allow => Some((true, String::new())),
-                PolicyAnswer::Deny(reason) => Some((false, reason)),
+                PolicyAnswer::Allow => Some((true, String::new(), "policy")),
+                PolicyAnswer::Deny(reason) => Some((false, reason, "policy")),
                 PolicyAnswer::AskHuman => None,
             }
         };
-        if let Some((allowed, reason)) = settled {
+        if let Some((allowed, reason, by)) = settled {
             // Settled without a human: the agent is answered, nothing is kept.
             a.state = if allowed {
                 ApprovalState::Approved
@@ -732,12 +742,13 @@ impl Session {
             };
             a.allowed = allowed;
             a.answer = reason;
-            a.resolved_by = "policy".to_string();
+            a.resolved_by = by.to_string();
             a.resolved_at = Some(cx.now);
             cx.out.rest.push(Effect::Answer {
                 id: self.record.id.clone(),
                 run,
                 approval: a,
+                at_once: true,
             });
             return;
         }
@@ -801,6 +812,21 @@ impl Session {
             return reply(cx, Err(e));
         };
         let kind = self.pending[pos].kind;
+        let text_len = match &decision {
+            Decision::Approve => 0,
+            Decision::Deny { reason } => reason.len(),
+            Decision::Answer { text, .. } => text.len(),
+        };
+        if text_len > crate::approval::ANSWER_MAX {
+            let e = Error::new(
+                ErrorCode::WrongState,
+                format!(
+                    "the answer to {approval} is {text_len} bytes; at most {} are passed on",
+                    crate::approval::ANSWER_MAX
+                ),
+            );
+            return reply(cx, Err(e));
+        }
         let (state, allowed, answer, is_error) = match (kind, decision) {
             (AskKind::Permission, Decision::Answer { .. }) => {
                 let e = Error::new(
@@ -845,18 +871,22 @@ impl Session {
             .partition(|a| a.expires_at <= cx.now);
         self.pending = open;
         for mut a in due {
+            // The default decides a permission; nobody can make up a question's answer or a
+            // client tool's result, so those are told no answer came.
+            let allow = settings.default_allow && a.kind == AskKind::Permission;
             a.state = ApprovalState::Expired;
-            a.allowed = settings.default_allow;
-            a.is_error = !settings.default_allow;
-            a.answer = format!(
-                "nobody answered within {} s; the session's default applies: {}",
-                settings.timeout_ms / 1000,
-                if settings.default_allow {
-                    "allow"
-                } else {
-                    "deny"
+            a.allowed = allow;
+            a.is_error = !allow;
+            a.answer = match a.kind {
+                AskKind::Permission => format!(
+                    "nobody answered within {} s; the session's default applies: {}",
+                    settings.timeout_ms / 1000,
+                    if allow { "allow" } else { "deny" }
+                ),
+                AskKind::Question | AskKind::ClientTool => {
+                    format!("nobody answered within {} s", settings.timeout_ms / 1000)
                 }
-            );
+            };
             a.resolved_by = "expiry".to_string();
             self.finish_approval(a, true, cx);
         }
@@ -906,6 +936,7 @@ impl Session {
                         id: self.record.id.clone(),
                         run,
                         approval: a.clone(),
+                        at_once: false,
                     });
                 }
             }
@@ -1059,6 +1090,7 @@ impl Session {
                             id: self.record.id.clone(),
                             run,
                             approval: a.clone(),
+                            at_once: false,
                         });
                     }
                 }

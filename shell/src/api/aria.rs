@@ -348,10 +348,9 @@ impl pb::notification_service_server::NotificationService for Notifications {
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
                     ev = sessions.recv() => match ev {
-                        // Worth a client's attention: a session is up, blocked on a human,
-                        // or over. Turn-by-turn RUNNING ⇄ WORKING is not.
-                        Ok(ev) if matches!(ev.new, Status::Running | Status::Waiting | Status::Stopped | Status::Failed)
-                            && ev.previous != Some(Status::Working) =>
+                        // Worth a client's attention: a session is up, blocked on a human
+                        // (and unblocked), or over. Turn-by-turn RUNNING ⇄ WORKING is not.
+                        Ok(ev) if worth_notifying(ev.previous, ev.new) =>
                         {
                             (ev.at, EventPayload::SessionStatus(pb::SessionStatusNotification {
                                 session_id: ev.session.0.clone(),
@@ -382,6 +381,21 @@ impl pb::notification_service_server::NotificationService for Notifications {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Which session status changes the notification stream carries: a session coming up, one
+/// blocked on a human or unblocked, one ending; not every turn's RUNNING ⇄ WORKING.
+fn worth_notifying(previous: Option<Status>, new: Status) -> bool {
+    match (previous, new) {
+        (Some(Status::Running), Status::Working) | (Some(Status::Working), Status::Running) => {
+            false
+        }
+        (Some(Status::Waiting), _) => true,
+        (_, s) => matches!(
+            s,
+            Status::Running | Status::Waiting | Status::Stopped | Status::Failed
+        ),
     }
 }
 

@@ -144,14 +144,20 @@ pub fn status(e: &core::Error) -> tonic::Status {
     tonic::Status::new(code, e.to_string())
 }
 
+/// How much of a request's tool input a message carries (a 4 MiB file write would not fit a
+/// gRPC message next to anything else).
+pub const APPROVAL_INPUT_SHOWN: usize = 64 * 1024;
+
 /// A request for a human as the obey API shows it.
 pub fn approval(a: &core::Approval) -> pb::Approval {
+    let input = crate::text::prefix(&a.input, APPROVAL_INPUT_SHOWN);
     pb::Approval {
+        input_truncated: input.len() < a.input.len(),
         id: a.id.clone(),
         session_id: a.session.0.clone(),
         kind: a.kind.number(),
         tool_name: a.tool.clone(),
-        input_json: a.input.clone(),
+        input_json: input.to_string(),
         summary: a.summary.clone(),
         state: a.state.number(),
         created_at: Some(timestamp(a.created_at)),

@@ -549,23 +549,23 @@ impl LocalDaemonService for Obey {
             .call(move |s| {
                 s.engine
                     .sessions()
-                    .map(|x| &x.record)
-                    .filter(|rec| {
+                    .filter(|x| {
+                        let rec = &x.record;
                         campaign
                             .as_ref()
                             .is_none_or(|c| &rec.config.campaign_id == c)
                     })
-                    .filter(|rec| provider.is_none_or(|p| rec.config.provider == p))
-                    .filter(|rec| {
+                    .filter(|x| provider.is_none_or(|p| x.record.config.provider == p))
+                    .filter(|x| {
                         if !statuses.is_empty() {
-                            statuses.contains(&rec.status)
+                            statuses.contains(&x.record.status)
                         } else {
-                            include_terminated || !rec.status.is_terminal()
+                            include_terminated || !x.record.status.is_terminal()
                         }
                     })
-                    .map(|rec| {
-                        let n = s.unrecognized.get(&rec.id.0).copied().unwrap_or(0);
-                        convert::session_info_with(rec, n)
+                    .map(|x| {
+                        let n = s.unrecognized.get(&x.record.id.0).copied().unwrap_or(0);
+                        convert::session_info_full(&x.record, n, x.pending().len())
                     })
                     .collect::<Vec<_>>()
             })
@@ -925,6 +925,13 @@ impl LocalDaemonService for Obey {
         if id.is_empty() {
             return Err(invalid("approval_id is required"));
         }
+        if r.text.len() > paddock_core::approval::ANSWER_MAX {
+            return Err(invalid(format!(
+                "text is {} bytes; at most {} are passed on to the agent",
+                r.text.len(),
+                paddock_core::approval::ANSWER_MAX
+            )));
+        }
         let decision = pb::ApprovalDecision::try_from(r.decision)
             .map_err(|_| invalid(format!("unknown decision {}", r.decision)))
             .and_then(|d| convert::decision(d, r.text, r.is_error).map_err(invalid))?;
@@ -932,7 +939,11 @@ impl LocalDaemonService for Obey {
             "" => "obey".to_string(),
             b => crate::text::prefix(b, 64).to_string(),
         };
-        let a = self.handle.resolve(id, decision, &by).await.map_err(st)?;
+        let a = self
+            .handle
+            .resolve(id, None, decision, &by)
+            .await
+            .map_err(st)?;
         Ok(Response::new(convert::approval(&a)))
     }
 

@@ -975,24 +975,13 @@ impl Conn {
                 },
             ),
         };
-        let open = match self.handle().pending_approvals(Some(self.id.clone())).await {
-            Ok(open) => open,
-            Err(e) => return go(self.out.error(e.to_string(), false).await),
-        };
-        if !open.iter().any(|a| a.id == call_id) {
-            return go(self
-                .out
-                .error(
-                    format!(
-                        "no open approval request or client-side tool call has call_id \
-                         {call_id:?} in session {}",
-                        self.id
-                    ),
-                    false,
-                )
-                .await);
-        }
-        match self.handle().resolve(call_id, decision, RESOLVED_BY).await {
+        // The core scopes the answer to this session: another session's request is "not
+        // found" (OBEY-2040), a second answer "already resolved" (OBEY-2041).
+        match self
+            .handle()
+            .resolve(call_id, Some(self.id.clone()), decision, RESOLVED_BY)
+            .await
+        {
             Ok(_) => Flow::Go,
             Err(e) => go(self.out.error(e.to_string(), false).await),
         }

@@ -58,8 +58,13 @@ pub fn approval_json(a: &pb::Approval) -> Value {
     })
 }
 
-/// One line for a human: what is asked, and how to answer.
+/// One line for a human: what is asked, and how to answer (agent text made safe for the
+/// terminal).
 pub fn approval_line(a: &pb::Approval) -> String {
+    crate::text::for_terminal(&approval_line_raw(a)).into_owned()
+}
+
+fn approval_line_raw(a: &pb::Approval) -> String {
     match pb::ApprovalState::try_from(a.state) {
         Ok(pb::ApprovalState::Pending) => {
             let how = match pb::ApprovalKind::try_from(a.kind) {
@@ -133,7 +138,7 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> i32 {
                 a.session_id.clone(),
                 kind_name(a.kind).to_string(),
                 state_name(a.state).to_string(),
-                crate::text::truncate(&a.summary, 60).into_owned(),
+                crate::text::for_terminal(&crate::text::truncate(&a.summary, 60)).into_owned(),
                 age(&a.created_at, now),
             ]
         })

@@ -110,6 +110,10 @@ fn spawn_stdin(tx: mpsc::Sender<Typed>) {
 /// assistant, thinking, tool_call, tool_result, status, error). A `status` that names a
 /// request (`call_id`) is paddock's note that the agent waits for a human, shown as `[…]`.
 pub fn entry(role: &str, tool: &str, call_id: &str, success: bool, content: &str) -> String {
+    crate::text::for_terminal(&entry_raw(role, tool, call_id, success, content)).into_owned()
+}
+
+fn entry_raw(role: &str, tool: &str, call_id: &str, success: bool, content: &str) -> String {
     let text = content.trim_end();
     match role {
         "user" => format!("You: {text}"),
@@ -139,12 +143,16 @@ pub fn role_of(kind: ActivityKind) -> &'static str {
     }
 }
 
-/// Open requests attach keeps track of (the daemon bounds them per session too); past it a
-/// request is left to `paddock approvals`.
+/// Open requests attach keeps track of (the core allows 16 per session); past it a request
+/// is left to `paddock approvals`.
 pub const APPROVALS_MAX: usize = 64;
 
-/// How attach asks a human for one request.
+/// How attach asks a human for one request (agent text made safe for the terminal).
 pub fn approval_prompt(a: &pb::Approval) -> String {
+    crate::text::for_terminal(&approval_prompt_raw(a)).into_owned()
+}
+
+fn approval_prompt_raw(a: &pb::Approval) -> String {
     match pb::ApprovalKind::try_from(a.kind) {
         Ok(pb::ApprovalKind::Permission) => {
             format!("Allow {}? [y/n, or n and a reason]", a.summary)
@@ -235,6 +243,19 @@ impl Asks {
             }
         }
         if self.prompted.is_none() {
+            if let Some(first) = self.open.front() {
+                println!("{}", approval_prompt(first));
+                self.prompted = Some(first.id.clone());
+            }
+        }
+    }
+
+    /// After a reopened stream: forget what was settled while no stream was read (`open`: the
+    /// ids open now), so a line is never taken as the answer to a closed request.
+    fn keep_only(&mut self, open: &[String]) {
+        self.open.retain(|a| open.contains(&a.id));
+        if self.prompted.as_ref().is_some_and(|id| !open.contains(id)) {
+            self.prompted = None;
             if let Some(first) = self.open.front() {
                 println!("{}", approval_prompt(first));
                 self.prompted = Some(first.id.clone());
@@ -593,6 +614,19 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
                         return Err(format!("the approvals stream keeps failing: {}", e.message()));
                     }
                     approvals = watch_approvals(c, &id).await.map_err(msg)?;
+                    // What was settled in the gap is not in the new stream: forget it.
+                    let open = c
+                        .list_approvals(pb::ListApprovalsRequest {
+                            session_id: id.clone(),
+                            include_resolved: false,
+                            limit: APPROVALS_MAX as i32,
+                        })
+                        .await
+                        .map_err(|e| e.message().to_string())?
+                        .into_inner()
+                        .approvals;
+                    let ids: Vec<String> = open.into_iter().map(|a| a.id).collect();
+                    asks.keep_only(&ids);
                 }
                 None => q_open = false,
             },
@@ -897,6 +931,17 @@ mod tests {
         second.state = pb::ApprovalState::Cancelled as i32;
         asks.on_event(second);
         assert!(asks.asked().is_none() && asks.open.is_empty());
+
+        // A request settled while the stream was being reopened is forgotten, and the next
+        // open one is asked.
+        let mut asks = Asks::default();
+        let first = ask(pb::ApprovalKind::Permission, "Bash: ls");
+        let mut third = ask(pb::ApprovalKind::Question, "Which?");
+        third.id = "ap_3".into();
+        asks.on_event(first);
+        asks.on_event(third);
+        asks.keep_only(&["ap_3".to_string()]);
+        assert_eq!(asks.asked().map(|a| a.id.as_str()), Some("ap_3"));
     }
 
     #[test]

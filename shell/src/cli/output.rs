@@ -181,7 +181,7 @@ pub fn history_line(i: &pb::HistoryItem) -> String {
         (role, _) => format!("{role}:"),
     };
     let body = i.content.trim_end().replace('\n', "\n      ");
-    format!("[{}] {head} {body}", i.turn)
+    crate::text::for_terminal(&format!("[{}] {head} {body}", i.turn)).into_owned()
 }
 
 pub fn activity_line(a: &pb::SessionActivityEvent) -> String {
@@ -208,7 +208,7 @@ pub fn activity_line(a: &pb::SessionActivityEvent) -> String {
     } else {
         String::new()
     };
-    format!("{kind:<11} {tool}{ok}{body}{tokens}")
+    crate::text::for_terminal(&format!("{kind:<11} {tool}{ok}{body}{tokens}")).into_owned()
 }
 
 #[cfg(test)]

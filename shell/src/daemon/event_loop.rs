@@ -82,6 +82,8 @@ pub enum Command {
     /// Resolve a request for a human; `by` names the client.
     Resolve {
         approval: ApprovalId,
+        /// Only a request of this session.
+        session: Option<SessionId>,
         decision: Decision,
         by: String,
         reply: ApprovalReply,
@@ -344,6 +346,7 @@ impl State {
             }
             Command::Resolve {
                 approval,
+                session,
                 decision,
                 by,
                 reply,
@@ -354,6 +357,7 @@ impl State {
                 batch.inputs.push_back(Input::Resolve {
                     req,
                     approval,
+                    session,
                     decision,
                     by,
                 });
@@ -505,14 +509,31 @@ impl State {
                         h.signal(signal);
                     }
                 }
-                // An answer goes to the agent only once its resolution is stored: a crash in
+                // An answer nothing stores (the policy's) goes to the agent at once: a crash
+                // before the commit replays the ask, one after it must not lose the answer.
+                Effect::Answer {
+                    id,
+                    run,
+                    approval,
+                    at_once: true,
+                } => self.answer(&id, run, &approval),
+                // A stored resolution's answer goes only once it is committed: a crash in
                 // between loses nothing (the adopted agent is sent it again).
-                e @ (Effect::Answer { .. }
+                e @ (Effect::Answer { at_once: false, .. }
                 | Effect::EmitStatus(_)
                 | Effect::EmitActivity(_)
                 | Effect::EmitApproval(_)
                 | Effect::Reply { .. }
                 | Effect::ReplyApproval { .. }) => batch.deliver.push(e),
+            }
+        }
+    }
+
+    /// Writes a request's answer on the stdin of the run that asked.
+    fn answer(&self, id: &SessionId, run: RunId, approval: &Approval) {
+        if let Some(h) = self.runs.get(&(id.clone(), run)) {
+            if !h.write_line(crate::providers::answer_line(approval)) {
+                tracing::warn!(session = %id, run, approval = %approval.id, "could not deliver an answer to the provider");
             }
         }
     }
@@ -591,13 +612,9 @@ impl State {
                     }
                     let _ = self.hub.activity.send(ev);
                 }
-                Effect::Answer { id, run, approval } => {
-                    if let Some(h) = self.runs.get(&(id.clone(), run)) {
-                        if !h.write_line(crate::providers::answer_line(&approval)) {
-                            tracing::warn!(session = %id, run, approval = %approval.id, "could not deliver an answer to the provider");
-                        }
-                    }
-                }
+                Effect::Answer {
+                    id, run, approval, ..
+                } => self.answer(&id, run, &approval),
                 Effect::EmitApproval(a) => {
                     let _ = self.hub.approval.send(a);
                 }
@@ -779,6 +796,7 @@ impl Handle {
     pub async fn resolve(
         &self,
         approval: ApprovalId,
+        session: Option<SessionId>,
         decision: Decision,
         by: &str,
     ) -> Result<Approval, Error> {
@@ -786,6 +804,7 @@ impl Handle {
         self.tx
             .send(Command::Resolve {
                 approval,
+                session,
                 decision,
                 by: by.to_string(),
                 reply,

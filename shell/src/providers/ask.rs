@@ -81,6 +81,8 @@ pub fn summary(kind: AskKind, tool: &str, input: &Value) -> String {
         }
     };
     let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    // The summary is what a human approves: nothing in it may act on their terminal.
+    let one_line = crate::text::for_terminal(&one_line).into_owned();
     if one_line.len() <= SUMMARY_MAX {
         return one_line;
     }
@@ -153,7 +155,8 @@ pub fn answer_line(a: &Approval) -> String {
                     "behavior": if a.allowed { "allow" } else { "deny" },
                     "result": a.answer,
                     "is_error": a.is_error || !a.allowed,
-                    "message": a.answer,
+                    // (A refusal's reason, for agents that read only `message`.)
+                    "message": if a.allowed { "" } else { a.answer.as_str() },
                 }
             }
         })

@@ -32,10 +32,6 @@ CREATE INDEX approvals_by_session ON approvals (session_id, created_at);
 CREATE INDEX approvals_pending ON approvals (state) WHERE state = 1;
 "#;
 
-/// A request's tool input is kept up to this many bytes (a huge file write is summarised, not
-/// stored twice).
-pub const INPUT_KEPT: usize = 64 * 1024;
-
 /// How many resolved requests per session a restarted daemon remembers (for late answers).
 pub const RESOLVED_LOADED: i64 = paddock_core::session::machine::RESOLVED_KEPT as i64;
 
@@ -54,7 +50,9 @@ pub(super) fn upsert(conn: &Connection, a: &Approval) -> Result<()> {
         a.key,
         a.kind.number(),
         a.tool,
-        crate::text::prefix(&a.input, INPUT_KEPT),
+        // Whole: an answer after a restart is rebuilt from it (it is bounded by the agent's
+        // 4 MiB line).
+        a.input,
         a.summary,
         a.turn.map(int),
         int(a.created_at),
