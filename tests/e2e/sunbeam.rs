@@ -694,3 +694,43 @@ async fn sunbeam_approvals_client_tools_and_questions() {
         other => panic!("expected a Status INFO, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_has_one_campaign_for_every_client() {
+    let d = Daemon::start().await;
+    // `paddock session create --task` here asks the daemon for "the campaign of this directory"
+    // (AddCampaign without a name); a sunbeam client for the same project gets the same one.
+    let here = d
+        .client()
+        .await
+        .add_campaign(obey::AddCampaignRequest {
+            name: String::new(),
+            root_path: d.dirs.root.display().to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(here.name, "project");
+    let (_c, ready) = attach(&d, start(&d)).await;
+    assert_eq!(ready.room_id, here.id);
+    let again = d
+        .client()
+        .await
+        .add_campaign(obey::AddCampaignRequest {
+            name: String::new(),
+            root_path: format!("{}/./", d.dirs.root.display()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.id, here.id);
+    let all = d
+        .client()
+        .await
+        .list_campaigns(obey::ListCampaignsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .campaigns;
+    assert_eq!(all.len(), 1);
+}

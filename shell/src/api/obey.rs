@@ -748,8 +748,8 @@ impl LocalDaemonService for Obey {
     ) -> Result<Response<pb::Campaign>, GrpcStatus> {
         let r = request.into_inner();
         let name = r.name.trim().to_string();
-        if name.is_empty() || r.root_path.trim().is_empty() {
-            return Err(invalid("name and root_path are required"));
+        if r.root_path.trim().is_empty() {
+            return Err(invalid("root_path is required"));
         }
         let root = std::fs::canonicalize(r.root_path.trim()).map_err(|e| {
             invalid(format!(
@@ -765,6 +765,16 @@ impl LocalDaemonService for Obey {
         }
         let id = super::new_campaign_id();
         let root = root.display().to_string();
+        if name.is_empty() {
+            // The campaign of this directory: found, or registered under its name.
+            let (c, _) = self
+                .handle
+                .call(move |s| s.store.campaign_for_root(&root, &id, now_ms()))
+                .await
+                .map_err(st)?
+                .map_err(|e| GrpcStatus::internal(e.to_string()))?;
+            return Ok(Response::new(campaign_pb(&c)));
+        }
         let n = name.clone();
         let result = self
             .handle

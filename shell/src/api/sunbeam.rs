@@ -464,12 +464,6 @@ pub fn project_context(root: &str, s: &pb::StartSession) -> String {
 }
 
 /// A campaign name from a directory: its last component (or `project`).
-fn campaign_name(root: &std::path::Path) -> String {
-    root.file_name()
-        .map(|n| n.to_string_lossy().trim().to_string())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "project".into())
-}
 
 impl CodeAgent {
     /// StartSession: the project's campaign and session, found, restarted or made. An `Err`
@@ -495,7 +489,7 @@ impl CodeAgent {
         let lock = self.project_lock(&root_str);
         let _guard = lock.lock().await;
 
-        let campaign = self.campaign_for(&root, &root_str).await?;
+        let campaign = self.campaign_for(&root_str).await?;
         let found = self.find_session(&root_str).await?;
         let (record, resumed) = match found {
             Some(rec) if rec.status.is_terminal() => {
@@ -544,50 +538,23 @@ impl CodeAgent {
 
     /// The campaign whose root is `root` (the oldest, if several), or a new one named after the
     /// directory (`name`, `name-2`, … while taken), registered as AddCampaign does.
-    async fn campaign_for(
-        &self,
-        root: &std::path::Path,
-        root_str: &str,
-    ) -> Result<crate::store::Campaign, String> {
-        let base = campaign_name(root);
-        let root_str = root_str.to_string();
-        self.handle
+    /// The project's campaign: the one registered for its root, or a new one (the store's one
+    /// way, shared with `paddock session create`).
+    async fn campaign_for(&self, root_str: &str) -> Result<crate::store::Campaign, String> {
+        let root = root_str.to_string();
+        let (c, added) = self
+            .handle
             .call(move |st| {
-                let all = st.store.campaigns().map_err(|e| e.to_string())?;
-                if let Some(c) = all
-                    .into_iter()
-                    .filter(|c| c.root_path == root_str)
-                    .min_by_key(|c| (c.created_at, c.id.clone()))
-                {
-                    return Ok(c);
-                }
-                let names = (1..100)
-                    .map(|i| {
-                        if i == 1 {
-                            base.clone()
-                        } else {
-                            format!("{base}-{i}")
-                        }
-                    })
-                    .chain(std::iter::once(format!(
-                        "{base}-{}",
-                        super::new_campaign_id().to_ascii_lowercase()
-                    )));
-                for name in names {
-                    let id = super::new_campaign_id();
-                    match st.store.add_campaign(&id, &name, &root_str, now_ms()) {
-                        Ok(c) => {
-                            tracing::info!(campaign = %c.id, name = %c.name, root = %c.root_path, "sunbeam registered a campaign for a new project");
-                            return Ok(c);
-                        }
-                        Err(e) if crate::store::is_unique_violation(&e) => continue,
-                        Err(e) => return Err(e.to_string()),
-                    }
-                }
-                Err(format!("no free campaign name for {root_str}"))
+                st.store
+                    .campaign_for_root(&root, &super::new_campaign_id(), now_ms())
             })
             .await
             .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        if added {
+            tracing::info!(campaign = %c.id, name = %c.name, root = %c.root_path, "sunbeam registered a campaign for a new project");
+        }
+        Ok(c)
     }
 
     /// The newest session made through sunbeam for `root` that no EndSession ended.

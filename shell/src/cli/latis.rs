@@ -27,9 +27,6 @@ pub const WORKSPACE: &str = "/workspace";
 /// How long a TASK cell may be (in characters, the ellipsis included).
 pub const TASK_CELL_CHARS: usize = 40;
 
-/// How many ad-hoc campaign names (`dir`, `dir-2`, …) are tried before giving up.
-const CAMPAIGN_NAME_TRIES: u32 = 50;
-
 /// A `session.yaml` is read only up to this size: it is a handful of fields.
 const SESSION_FILE_MAX_BYTES: u64 = 1024 * 1024;
 
@@ -389,74 +386,33 @@ pub fn plan(
     })
 }
 
-/// A campaign name for `dir`: its last component, made of letters, digits, `-`, `_` and `.`.
-pub fn campaign_name_for(dir: &Path) -> String {
-    let base = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let clean: String = base
-        .chars()
-        .map(|c| {
-            if c.is_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let clean = clean.trim_matches('-').to_string();
-    if clean.is_empty() {
-        "root".into()
-    } else {
-        clean
-    }
-}
-
 /// The campaign id whose root is `dir`, registering one (named after the directory, with
 /// `-2`, `-3`, … when that name is taken) if none is. Says so on stderr when it registers.
 pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String, String> {
     let root = dir.display().to_string();
-    let base = campaign_name_for(dir);
-    for n in 1..=CAMPAIGN_NAME_TRIES {
-        let list = c
-            .list_campaigns(pb::ListCampaignsRequest {})
-            .await
-            .map_err(|e| e.message().to_string())?
-            .into_inner()
-            .campaigns;
-        if let Some(found) = list.iter().find(|k| k.root_path == root) {
-            return Ok(found.id.clone());
-        }
-        let name = if n == 1 {
-            base.clone()
-        } else {
-            format!("{base}-{n}")
-        };
-        if list.iter().any(|k| k.name == name) {
-            continue;
-        }
-        match c
-            .add_campaign(pb::AddCampaignRequest {
-                name: name.clone(),
-                root_path: root.clone(),
-            })
-            .await
-        {
-            Ok(r) => {
-                let k = r.into_inner();
-                eprintln!("paddock: registered {root} as campaign \"{}\"", k.name);
-                return Ok(k.id);
-            }
-            // Taken meanwhile (another create in the same moment): look again.
-            Err(e) if e.code() == tonic::Code::AlreadyExists => continue,
-            Err(e) => return Err(e.message().to_string()),
-        }
+    let known = c
+        .list_campaigns(pb::ListCampaignsRequest {})
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner()
+        .campaigns;
+    if let Some(found) = known.iter().find(|k| k.root_path == root) {
+        return Ok(found.id.clone());
     }
-    Err(format!(
-        "no free campaign name for {root} after {CAMPAIGN_NAME_TRIES} tries ({base}, {base}-2, \
-         …); register it with `paddock campaign add NAME {root}`"
-    ))
+    // AddCampaign without a name: the daemon finds or registers "the campaign of this
+    // directory" (one way for every client, sunbeam's included).
+    let k = c
+        .add_campaign(pb::AddCampaignRequest {
+            name: String::new(),
+            root_path: root.clone(),
+        })
+        .await
+        .map_err(|e| e.message().to_string())?
+        .into_inner();
+    if !known.iter().any(|x| x.id == k.id) {
+        eprintln!("paddock: registered {root} as campaign \"{}\"", k.name);
+    }
+    Ok(k.id)
 }
 
 /// The campaign id a plan's place comes to.
@@ -971,6 +927,7 @@ mod tests {
 
     #[test]
     fn campaign_names_come_from_the_directory() {
+        use crate::store::campaign_name_for;
         assert_eq!(campaign_name_for(Path::new("/home/me/my repo")), "my-repo");
         assert_eq!(campaign_name_for(Path::new("/srv/web.app_2")), "web.app_2");
         assert_eq!(campaign_name_for(Path::new("/")), "root");

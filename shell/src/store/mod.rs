@@ -399,6 +399,48 @@ impl Store {
         })
     }
 
+    /// The campaign of a project directory: the oldest one registered with that root, or a new
+    /// one (`new_id`) named after the directory (`name`, `name-2`, … `name-99`, then `name-<id>`).
+    /// One way for every client that starts work "here" (latis' `session create`, sunbeam's
+    /// `StartSession`), so a directory gets the same campaign whoever comes first.
+    pub fn campaign_for_root(
+        &mut self,
+        root_path: &str,
+        new_id: &str,
+        now: u64,
+    ) -> Result<(Campaign, bool)> {
+        if let Some(c) = self
+            .campaigns()?
+            .into_iter()
+            .filter(|c| c.root_path == root_path)
+            .min_by_key(|c| (c.created_at, c.id.clone()))
+        {
+            return Ok((c, false));
+        }
+        let base = campaign_name_for(Path::new(root_path));
+        let names = (1..100)
+            .map(|i| {
+                if i == 1 {
+                    base.clone()
+                } else {
+                    format!("{base}-{i}")
+                }
+            })
+            .chain(std::iter::once(format!(
+                "{base}-{}",
+                new_id.to_ascii_lowercase()
+            )));
+        let mut last = None;
+        for name in names {
+            match self.add_campaign(new_id, &name, root_path, now) {
+                Ok(c) => return Ok((c, true)),
+                Err(e) if is_unique_violation(&e) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.expect("at least one name was tried"))
+    }
+
     /// Every campaign, by name.
     pub fn campaigns(&self) -> Result<Vec<Campaign>> {
         let mut stmt = self.conn.prepare_cached(&format!(
@@ -551,6 +593,31 @@ impl Store {
 
 /// Deletes every row of a session (not `external_activities`: those are what other processes
 /// reported). Returns whether the session existed.
+/// A campaign name for a directory: its last component, with anything but letters, digits,
+/// `-`, `_` and `.` as `-` (`/home/me/my repo` → `my-repo`; `/` → `root`).
+pub fn campaign_name_for(dir: &Path) -> String {
+    let base = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let clean = clean.trim_matches('-').to_string();
+    if clean.is_empty() {
+        "root".into()
+    } else {
+        clean
+    }
+}
+
 fn delete_session_rows(conn: &Connection, id: &str) -> Result<bool> {
     let existed = conn.execute("DELETE FROM agent_sessions WHERE id = ?1", [id])? > 0;
     for table in [

@@ -709,3 +709,24 @@ fn store_errors_display_and_chain() {
         .to_string()
         .contains("x.y: bad"));
 }
+
+#[test]
+fn a_directory_has_one_campaign_whoever_asks_first() {
+    let mut store = Store::open_in_memory().unwrap();
+    // Its name is taken by a campaign of another directory: the next free one is used.
+    store
+        .add_campaign("c0", "my-repo", "/elsewhere/my-repo", 1)
+        .unwrap();
+    let (c, added) = store
+        .campaign_for_root("/home/me/my repo", "c1", 2)
+        .unwrap();
+    assert!(added);
+    assert_eq!((c.id.as_str(), c.name.as_str()), ("c1", "my-repo-2"));
+    // Asked again (by another client): the same campaign, nothing added.
+    let (again, added) = store
+        .campaign_for_root("/home/me/my repo", "c2", 3)
+        .unwrap();
+    assert!(!added);
+    assert_eq!(again, c);
+    assert_eq!(store.campaigns().unwrap().len(), 2);
+}
