@@ -463,8 +463,6 @@ pub fn project_context(root: &str, s: &pb::StartSession) -> String {
     out
 }
 
-/// A campaign name from a directory: its last component (or `project`).
-
 impl CodeAgent {
     /// StartSession: the project's campaign and session, found, restarted or made. An `Err`
     /// is the fatal error's message.
