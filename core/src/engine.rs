@@ -248,6 +248,7 @@ impl Engine {
                 session,
                 decision,
                 by,
+                stored,
             } => match self.sessions.values_mut().find(|s| {
                 s.approval(&approval).is_some()
                     && session.as_ref().is_none_or(|id| &s.record.id == id)
@@ -255,6 +256,20 @@ impl Engine {
                 Some(s) => {
                     s.handle_resolve(req, &approval, decision, &by, &mut cx);
                     s.flush(&mut cx);
+                }
+                // Resolved longer ago than the sessions remember (or before a restart): the
+                // store says so, and it is still a second answer.
+                None if stored.as_ref().is_some_and(|a| {
+                    !a.is_pending()
+                        && a.id == approval
+                        && session.as_ref().is_none_or(|id| &a.session == id)
+                }) =>
+                {
+                    let done = stored.expect("checked");
+                    cx.out.rest.push(Effect::ReplyApproval {
+                        req,
+                        result: Err(crate::session::machine::already_resolved(&done)),
+                    })
                 }
                 None => cx.out.rest.push(Effect::ReplyApproval {
                     req,

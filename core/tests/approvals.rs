@@ -100,6 +100,7 @@ impl Rig {
                 session: None,
                 decision,
                 by: "cli".into(),
+                stored: None,
             },
         );
         let result = fx
@@ -352,6 +353,7 @@ fn an_open_request_survives_a_daemon_restart_when_the_agent_does() {
             session: Some(sid()),
             decision: Decision::Approve,
             by: "cli".into(),
+            stored: None,
         },
     );
     assert!(fx
@@ -543,7 +545,41 @@ fn expiry_allows_only_permissions_and_open_requests_are_bounded() {
             session: Some(SessionId::from("other")),
             decision: Decision::Approve,
             by: "sunbeam".into(),
+            stored: None,
         },
     );
     assert!(fx.iter().any(|e| matches!(e, Effect::ReplyApproval { result: Err(e), .. } if e.code == ErrorCode::ApprovalNotFound)));
+}
+
+#[test]
+fn a_request_resolved_beyond_the_engines_memory_is_still_a_second_answer() {
+    let mut r = Rig::working("ask");
+    r.ask("old", AskKind::Permission, "Bash");
+    let (_, first) = r.resolve("old", Decision::Approve);
+    let old = first.unwrap();
+    // Push it out of the window of remembered requests.
+    for i in 0..paddock_core::session::machine::RESOLVED_KEPT {
+        r.ask(&format!("n{i}"), AskKind::Permission, "Bash");
+        r.resolve(&format!("n{i}"), Decision::Approve).1.unwrap();
+    }
+    let (_, forgotten) = r.resolve("old", Decision::Approve);
+    assert_eq!(forgotten.unwrap_err().code, ErrorCode::ApprovalNotFound);
+    // With the store's copy (as the shell passes it): OBEY-2041, saying how it ended.
+    let req = r.next_req();
+    let fx = r.at(
+        1,
+        Input::Resolve {
+            req,
+            approval: "old".into(),
+            session: None,
+            decision: Decision::Deny {
+                reason: "no".into(),
+            },
+            by: "cli".into(),
+            stored: Some(Box::new(old)),
+        },
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::ReplyApproval { result: Err(e), .. }
+        if e.code == ErrorCode::ApprovalResolved && e.message.contains("already approved (by cli)"))),
+        "{fx:?}");
 }

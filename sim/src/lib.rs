@@ -58,7 +58,7 @@
 //! Every output line (activity, session ref, ask) carries its cursor: 1, 2, 3, … per run, given
 //! when it is first delivered and kept when it is replayed. Start, spawn failure and exit have
 //! none. The stored requests for a human are loaded as the shell's store gives them (every
-//! open one, the newest 32 resolved of each session by creation), adopted or not.
+//! open one, the 32 most recently resolved of each session), adopted or not.
 //!
 //! # Approvals
 //!
@@ -139,10 +139,11 @@
 //! - a `Resolve` is answered at once, as the reference says from what clients saw when it was
 //!   made: the request (as stored and shown) for an open one and an answer of its kind;
 //!   OBEY-2011 for the wrong kind (a permission answered with text, a client tool approved);
-//!   OBEY-2041 for one resolved and still remembered (the newest 32 of its session in the
-//!   order they were resolved; after a restart those loaded, in the order they were made);
-//!   OBEY-2040 for anything else (unknown, forgotten, its session deleted); a refusal has no
-//!   other effect;
+//!   OBEY-2041 for one resolved and still remembered (the 32 most recently resolved of its
+//!   session, across restarts too); OBEY-2040 for anything else (unknown, forgotten, its
+//!   session deleted) — the sim's client does not pass the store's copy of a forgotten
+//!   request, which the shell does to get OBEY-2041 for it (a core test covers that); a
+//!   refusal has no other effect;
 //! - a `Delete` is answered at once: an ended session without a process is removed (its
 //!   `Record::Delete` alone in its transaction, the store's rows gone with it, the engine and
 //!   clients no longer know it); any other is refused (OBEY-2011; OBEY-2010 if unknown).

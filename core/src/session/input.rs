@@ -43,6 +43,10 @@ pub enum Input {
         session: Option<SessionId>,
         decision: Decision,
         by: String,
+        /// What the store holds under this id, read by the shell: a request resolved longer
+        /// ago than the engine remembers is still refused as resolved (OBEY-2041), not as
+        /// unknown.
+        stored: Option<Box<crate::approval::Approval>>,
     },
     /// DeleteSession (paddock extension): forget a terminal session and everything stored
     /// about it.

@@ -780,21 +780,7 @@ impl Session {
     ) {
         let reply = |cx: &mut Ctx, result| cx.out.rest.push(Effect::ReplyApproval { req, result });
         if let Some(done) = self.resolved.iter().find(|a| &a.id == approval) {
-            let e = Error::new(
-                ErrorCode::ApprovalResolved,
-                format!(
-                    "approval {} was already {} (by {}){}",
-                    done.id,
-                    done.state.name(),
-                    done.resolved_by,
-                    if done.answer.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", done.answer)
-                    }
-                ),
-            );
-            return reply(cx, Err(e));
+            return reply(cx, Err(already_resolved(done)));
         }
         match self.check(InputKind::Resolve, cx) {
             Ok(true) => {}
@@ -1330,6 +1316,24 @@ pub struct Step {
     pub status: Status,
     pub input: InputKind,
     pub rule: Rule,
+}
+
+/// OBEY-2041 for a second answer to `done`, saying how it ended.
+pub(crate) fn already_resolved(done: &Approval) -> Error {
+    Error::new(
+        ErrorCode::ApprovalResolved,
+        format!(
+            "approval {} was already {} (by {}){}",
+            done.id,
+            done.state.name(),
+            done.resolved_by,
+            if done.answer.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", done.answer)
+            }
+        ),
+    )
 }
 
 fn reply_err(cx: &mut Ctx, req: RequestId, e: Error) {

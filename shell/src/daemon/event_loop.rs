@@ -354,12 +354,21 @@ impl State {
                 let req = self.next_req;
                 self.next_req += 1;
                 self.approval_pending.insert(req, reply);
+                // What the store holds, for a request older than the engine remembers.
+                let stored = match self.store.approval(&approval) {
+                    Ok(a) => a.map(Box::new),
+                    Err(e) => {
+                        tracing::warn!(approval = %approval, "cannot read the approval: {e}");
+                        None
+                    }
+                };
                 batch.inputs.push_back(Input::Resolve {
                     req,
                     approval,
                     session,
                     decision,
                     by,
+                    stored,
                 });
             }
             Command::TaskRequest { mut input, reply } => {
