@@ -220,6 +220,20 @@ async fn openai_conversation_continues_across_turns_session_restarts_and_daemon_
     let info = w.get(&s.id).await;
     assert_eq!((info.tokens_input, info.tokens_output), (400, 40));
     w.stop(&s.id, true).await.expect("stop");
+
+    // Deleting the session deletes its saved conversation too.
+    let saved = w
+        .home
+        .join(format!(".local/state/paddock/openai-api/{conv}.json"));
+    assert!(saved.is_file());
+    w.client()
+        .await
+        .delete_session(pb::DeleteSessionRequest {
+            session_id: s.id.clone(),
+        })
+        .await
+        .expect("delete");
+    assert!(!saved.exists(), "the conversation outlived its session");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -222,6 +222,31 @@ impl Settings {
     }
 }
 
+/// The file an openai-api session's conversation is saved in, if it has one: where its bridge
+/// keeps it (its `state_dir`, or the state dir of its environment over the daemon's).
+pub fn conversation_file(
+    config: &paddock_core::SessionConfig,
+    conversation: Option<&str>,
+) -> Option<PathBuf> {
+    let id = conversation.filter(|id| store::valid_id(id))?;
+    if config.provider != paddock_core::Provider::OpenAiApi {
+        return None;
+    }
+    let configured = config
+        .provider_config
+        .get("state_dir")
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty());
+    let dir = store::state_dir_in(configured, Path::new(&config.working_dir), |k| {
+        config
+            .environment
+            .get(k)
+            .map(std::ffi::OsString::from)
+            .or_else(|| std::env::var_os(k))
+    });
+    Some(store::path(&dir, id))
+}
+
 /// Checks a session's `provider_config` at CreateSession, so that a bad value is refused
 /// there (OBEY-2004) rather than crashing the bridge at its start.
 pub fn check_config(config: &BTreeMap<String, String>) -> Result<(), String> {

@@ -25,14 +25,20 @@ const VERSION: u64 = 1;
 
 /// Where conversations are kept, from the configuration and the environment.
 pub fn state_dir(configured: Option<&str>, cwd: &Path) -> PathBuf {
+    state_dir_in(configured, cwd, |k| std::env::var_os(k))
+}
+
+/// [`state_dir`] for an environment given as a lookup (the daemon computes a session's from
+/// the session's environment over its own, as the bridge inherits them).
+pub fn state_dir_in(
+    configured: Option<&str>,
+    cwd: &Path,
+    lookup: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> PathBuf {
     if let Some(d) = configured {
         return PathBuf::from(d);
     }
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
+    let env = |k: &str| lookup(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     if let Some(x) = env("XDG_STATE_HOME") {
         return x.join("paddock/openai-api");
     }
