@@ -12,6 +12,13 @@ impl TokenBudget {
     pub fn exhausted(self, used: u64) -> bool {
         self.max > 0 && used >= self.max
     }
+
+    /// True when `used` went past the budget: a session whose usage gets here fails with
+    /// OBEY-2013, whenever its agent reports it (mid-turn, or with the turn's end: agents
+    /// that report usage per turn are held to the same rule as those that stream it).
+    pub fn exceeded(self, used: u64) -> bool {
+        self.max > 0 && used > self.max
+    }
 }
 
 /// The instant a session times out, if it has a timeout (`timeout_ms == 0` means none).
@@ -34,6 +41,14 @@ mod tests {
         assert!(!b.exhausted(99));
         assert!(b.exhausted(100));
         assert!(b.exhausted(101));
+    }
+
+    #[test]
+    fn exceeded_past_the_limit() {
+        let b = TokenBudget { max: 100 };
+        assert!(!b.exceeded(100));
+        assert!(b.exceeded(101));
+        assert!(!TokenBudget { max: 0 }.exceeded(u64::MAX));
     }
 
     #[test]

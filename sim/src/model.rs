@@ -170,6 +170,11 @@ impl SessionModel {
     fn exhausted(&self) -> bool {
         self.config.max_tokens > 0 && self.tokens() >= self.config.max_tokens
     }
+
+    /// Past the budget (not just at it).
+    fn exceeded(&self) -> bool {
+        self.config.max_tokens > 0 && self.tokens() > self.config.max_tokens
+    }
 }
 
 /// A request waiting for its reply, with what the client knew when it made it.
@@ -1263,7 +1268,7 @@ impl Model {
                 Cause::Restore => Some(ErrorCode::ConnectionLost),
                 c if c.ev(E::SpawnFailed) => Some(ErrorCode::CreationFailed),
                 c if c.ev(E::Exited) => Some(ErrorCode::ProviderCrashed),
-                c if c.ev(E::Activity) => Some(ErrorCode::BudgetExceeded),
+                c if c.ev(E::Activity) || c.ev(E::TurnEnd) => Some(ErrorCode::BudgetExceeded),
                 _ => None,
             };
             let got = store
@@ -2299,18 +2304,32 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
                     && !sm.config.initial_message.is_empty())
         }
         (Running, Failed) => cause.ev(E::Exited) || cause.tick() || lost,
-        (Working, Running) => cause.ev(E::TurnEnd),
+        // A turn's end within the budget; one whose report goes past it fails the session.
+        (Working, Running) => cause.ev(E::TurnEnd) && !sm.exceeded(),
         // Blocked on a human: an ask the policy does not settle.
         (Running | Working, Waiting) => cause.ev(E::Ask),
         // Unblocked: the last open request answered or expired (back to the turn, or idle),
         // or the turn ended (what was open is moot).
         (Waiting, Working) => cause.req(R::Resolve) || cause.tick(),
-        (Waiting, Running) => cause.req(R::Resolve) || cause.tick() || cause.ev(E::TurnEnd),
+        (Waiting, Running) => {
+            cause.req(R::Resolve) || cause.tick() || (cause.ev(E::TurnEnd) && !sm.exceeded())
+        }
         (Waiting, Stopping) => cause.stop() || cause.req(R::Restart),
-        (Waiting, Failed) => cause.ev(E::Activity) || cause.ev(E::Exited) || cause.tick() || lost,
+        (Waiting, Failed) => {
+            cause.ev(E::Activity)
+                || (cause.ev(E::TurnEnd) && sm.exceeded())
+                || cause.ev(E::Exited)
+                || cause.tick()
+                || lost
+        }
         (Working, Failed) => {
-            // The budget (an activity), a crash, the session timeout, a daemon restart.
-            cause.ev(E::Activity) || cause.ev(E::Exited) || cause.tick() || lost
+            // The budget (an activity, or a turn's end past it), a crash, the session
+            // timeout, a daemon restart.
+            cause.ev(E::Activity)
+                || (cause.ev(E::TurnEnd) && sm.exceeded())
+                || cause.ev(E::Exited)
+                || cause.tick()
+                || lost
         }
         (Stopping, Stopped) => {
             if sm.after_stop != Some(Then::Stop) {

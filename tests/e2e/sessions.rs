@@ -902,6 +902,34 @@ async fn a_turn_crossing_the_token_budget_fails_the_session_with_2013() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_answer_past_the_budget_is_delivered_then_the_session_fails_with_2013() {
+    // Agents that report usage once per turn (codex, gemini, ACP) cross the budget with the
+    // turn's end: the same end as a crossing mid-turn, after the answer.
+    let mut d = Daemon::start().await;
+    let mut req = d
+        .request(Some((
+            "past",
+            turns(json!([
+                {"thinking": "Counting", "tokens_in": 10, "tokens_out": 0},
+                {"result": "Past the budget", "tokens_in": 80, "tokens_out": 40}
+            ])),
+        )))
+        .await;
+    req.max_tokens = 100;
+    let s = d.create(req).await;
+    let acts = d.send(&s.id, "count").await;
+    assert_eq!(kinds(&acts), ["THINKING", "COMPLETION"]);
+    assert_eq!(acts[1].content, "Past the budget");
+    let info = d.wait_status(&s.id, pb::SessionStatus::Failed).await;
+    assert_eq!(info.error_code, "OBEY-2013");
+    assert!(
+        info.error_message.contains("120 of 100"),
+        "{}",
+        info.error_message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_reached_exactly_at_completion_refuses_the_next_message() {
     let mut d = Daemon::start().await;
     let mut req = d

@@ -273,24 +273,29 @@ async fn acp_token_budget_crossed_by_real_usage_fails_the_session() {
     let s = w.create(req).await;
     let acts = w.send(&s.id, "Write a.txt, then answer.").await;
     // ACP reports usage with the prompt's answer only, so the budget is crossed by the turn's
-    // end: the turn completes with its real counts, and the session takes no more work.
+    // end: the turn completes with its real counts, and then the session fails with
+    // OBEY-2013, as one whose agent streams its usage does mid-turn.
     assert_eq!(
         kinds(&acts),
         ["TOOL_CALL", "TOOL_RESULT", "COMPLETION"],
         "{acts:#?}"
     );
     assert_eq!(token_sums(&acts), (3100, 20));
+    let info = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(info.error_code, "OBEY-2013");
+    assert!(
+        info.error_message.contains("3120 of 2000"),
+        "{}",
+        info.error_message
+    );
+    assert_eq!((info.tokens_input, info.tokens_output), (3100, 20));
     let e = within(w.client().await.send_message(pb::SendMessageRequest {
         session_id: s.id.clone(),
         message: "More?".into(),
     }))
     .await
     .expect_err("the budget is spent");
-    assert!(e.message().starts_with("OBEY-2013"), "{}", e.message());
-    assert!(e.message().contains("3120 of 2000"), "{}", e.message());
-    let info = w.get(&s.id).await;
-    assert_eq!((info.tokens_input, info.tokens_output), (3100, 20));
-    w.stop(&s.id, true).await.expect("stop");
+    assert!(e.message().contains("OBEY-2013"), "{}", e.message());
     wait_gone(s.pid as u32).await;
     wait_no_process_in(&w.root, Duration::from_secs(10)).await;
 }

@@ -532,7 +532,21 @@ impl Session {
         }
         self.record_activity(activity, cx);
         if kind == InputKind::TurnEnd {
-            if matches!(self.record.status, Status::Working | Status::Waiting) {
+            if matches!(self.record.status, Status::Working | Status::Waiting)
+                && self.budget().exceeded(self.record.tokens_total())
+            {
+                // The turn's own report took it past the budget (agents that report usage
+                // once per turn): the same end as a crossing mid-turn, after the turn's answer.
+                let e = Error::new(
+                    ErrorCode::BudgetExceeded,
+                    format!(
+                        "token budget exceeded: {} of {} tokens used",
+                        self.record.tokens_total(),
+                        self.record.config.max_tokens
+                    ),
+                );
+                self.fail(e, cx);
+            } else if matches!(self.record.status, Status::Working | Status::Waiting) {
                 // Whatever the turn still asked is moot now.
                 self.cancel_pending("the turn ended before it was answered", false, cx);
                 self.set_status(Status::Running, "turn completed", cx);

@@ -50,10 +50,9 @@
 //! output = `total_tokens - input_tokens` (never less than `output_tokens`). No usage is known
 //! before the turn ends. The bridge prints the last assistant text (the answer) only when the
 //! `result` comes, with the turn's usage on it, and the `result` with the same totals (the
-//! reader counts only what the answer did not): like Claude Code's final message, the answer
-//! is the activity that crosses a token budget, which fails the session (OBEY-2013); a turn
-//! that ends without text puts its tokens on the `COMPLETION` (the budget then refuses the next
-//! message instead).
+//! reader counts only what the answer did not), as Claude Code's final message does. Where the
+//! tokens land changes nothing about the budget: the core fails a session its turn took past
+//! the budget (OBEY-2013) whether the answer or the `COMPLETION` carried them.
 //!
 //! # API errors
 //!
@@ -272,8 +271,7 @@ impl Turn {
                 }
                 let end = self.result(&v);
                 if success && !self.pending_text.trim().is_empty() {
-                    // The answer carries the turn's usage, as Claude Code's last message does:
-                    // a budget it crosses fails the session, not merely the next message.
+                    // The answer carries the turn's usage, as Claude Code's last message does.
                     let text = std::mem::take(&mut self.pending_text);
                     out.assistant(vec![super::wire::text_block(&text)], Some(end.usage));
                 }
