@@ -297,8 +297,7 @@ impl Client {
             req,
             approval,
             session: None,
-            // (The sim's client does not pass the store's copy: its model expects OBEY-2040
-            // beyond the engine's window; the shell always passes it.)
+            // (The driver puts the store's copy in, as the shell does.)
             stored: None,
             decision,
             by: by.to_string(),

@@ -652,7 +652,14 @@ impl Sim {
             self.jump(until);
         }
         match self.client.act(&self.model) {
-            Action::Request(input) => {
+            Action::Request(mut input) => {
+                // As the shell does: a Resolve carries the store's copy of its request.
+                if let Input::Resolve {
+                    approval, stored, ..
+                } = input.as_mut()
+                {
+                    *stored = self.store.approvals.get(approval).cloned().map(Box::new);
+                }
                 let cause = self.model.on_request(&input);
                 Next::Input(*input, cause)
             }
@@ -887,7 +894,7 @@ impl Sim {
         // The stored requests the new daemon loads: every open one, the newest resolved.
         let loaded = self.store.approvals_to_load();
         self.model
-            .on_restore(&adopt.keys().cloned().collect(), &self.store, &loaded)?;
+            .on_restore(&adopt.keys().cloned().collect(), &self.store)?;
         let records = self.store.records();
         // A runner that died took everything with it: a cold start, nothing to adopt. One
         // that survived is asked what it still runs, and the run ids it remembers are

@@ -139,11 +139,10 @@
 //! - a `Resolve` is answered at once, as the reference says from what clients saw when it was
 //!   made: the request (as stored and shown) for an open one and an answer of its kind;
 //!   OBEY-2011 for the wrong kind (a permission answered with text, a client tool approved);
-//!   OBEY-2041 for one resolved and still remembered (the 32 most recently resolved of its
-//!   session, across restarts too); OBEY-2040 for anything else (unknown, forgotten, its
-//!   session deleted) — the sim's client does not pass the store's copy of a forgotten
-//!   request, which the shell does to get OBEY-2041 for it (a core test covers that); a
-//!   refusal has no other effect;
+//!   OBEY-2041 for one resolved, however long ago (the engine remembers the 32 most recently
+//!   resolved of a session; beyond them the Resolve carries the store's copy, which the driver
+//!   puts in as the shell does); OBEY-2040 for anything else (unknown, its session deleted);
+//!   a refusal has no other effect;
 //! - a `Delete` is answered at once: an ended session without a process is removed (its
 //!   `Record::Delete` alone in its transaction, the store's rows gone with it, the engine and
 //!   clients no longer know it); any other is refused (OBEY-2011; OBEY-2010 if unknown).

@@ -7,9 +7,8 @@
 //! (previous, new) status pairs a cause may produce, which replies a request may get given the
 //! state it was made in, and how turns and tokens add up — not how the engine gets there.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
-use paddock_core::session::machine::RESOLVED_KEPT;
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Approval, ApprovalId, ApprovalSettings, ApprovalState,
     AskKind, Decision, Effect, Engine, Error, ErrorCode, Input, Limits, Millis, Record, RequestId,
@@ -156,10 +155,6 @@ pub struct SessionModel {
     terminating: bool,
     /// Its open requests for a human: id → when each expires.
     pub open: BTreeMap<ApprovalId, Millis>,
-    /// The resolved requests the engine remembers for late answers (OBEY-2041), oldest first:
-    /// the newest [`RESOLVED_KEPT`] in the order they were resolved; after a daemon restart,
-    /// those loaded, in the order they were made.
-    remembered: VecDeque<ApprovalId>,
 }
 
 impl SessionModel {
@@ -341,15 +336,9 @@ impl Model {
         };
         let session = Some(a.session.clone());
         if !a.is_pending() {
-            let remembered = sm.remembered.contains(approval);
-            return (
-                session,
-                Err(if remembered {
-                    ErrorCode::ApprovalResolved
-                } else {
-                    ErrorCode::ApprovalNotFound
-                }),
-            );
+            // A second answer, however old: the engine remembers the newest, and beyond them
+            // the Resolve carries the store's copy (the driver passes it, as the shell does).
+            return (session, Err(ErrorCode::ApprovalResolved));
         }
         let fits = !matches!(
             (a.kind, decision),
@@ -944,10 +933,6 @@ impl Model {
             ApprovalState::Pending => unreachable!("resolved"),
         }
         sm.open.remove(&a.id);
-        if sm.remembered.len() >= RESOLVED_KEPT {
-            sm.remembered.pop_front();
-        }
-        sm.remembered.push_back(a.id.clone());
         self.approvals.insert(a.id.clone(), a.clone());
         Ok(())
     }
@@ -1215,7 +1200,6 @@ impl Model {
                     proc_run: None,
                     terminating: false,
                     open: BTreeMap::new(),
-                    remembered: VecDeque::new(),
                 },
             );
             return Ok(());
@@ -2214,22 +2198,8 @@ impl Model {
         &mut self,
         adopted: &BTreeSet<SessionId>,
         store: &Store,
-        loaded: &[Approval],
     ) -> Result<(), String> {
         for (id, sm) in &mut self.sessions {
-            // The late answers the new daemon recognises: the resolved requests it loaded
-            // (the most recently resolved), in the order they were resolved.
-            let mut mine: Vec<&Approval> = loaded
-                .iter()
-                .filter(|a| &a.session == id && !a.is_pending())
-                .collect();
-            mine.sort_by(|a, b| {
-                (a.resolved_at, a.created_at, &a.id).cmp(&(b.resolved_at, b.created_at, &b.id))
-            });
-            sm.remembered = mine.iter().map(|a| a.id.clone()).collect();
-            while sm.remembered.len() > RESOLVED_KEPT {
-                sm.remembered.pop_front();
-            }
             sm.adopted = adopted.contains(id);
             if !sm.adopted {
                 // Its run is gone (a new daemon may reuse the number for another process).
