@@ -147,6 +147,15 @@ impl Approval {
     pub fn is_pending(&self) -> bool {
         self.state == ApprovalState::Pending
     }
+
+    /// `": <answer>"`, or nothing when there is none: how notes and refusals end.
+    pub fn answer_suffix(&self) -> String {
+        if self.answer.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", self.answer)
+        }
+    }
 }
 
 /// What a session may let its agent do without asking (`provider_config["permissions"]`).

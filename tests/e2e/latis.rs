@@ -203,21 +203,7 @@ async fn status_shows_the_latis_state_the_task_and_the_error() {
     );
     let root = &d.dirs.root;
 
-    let o = cli_in(
-        &d,
-        root,
-        &[
-            "session",
-            "create",
-            "--task",
-            "Add unit tests",
-            "--config",
-            &fixed,
-        ],
-    )
-    .await
-    .ok();
-    let ok = created_id(&o);
+    let ok = create_task(&d, "Add unit tests", &fixed).await;
     d.wait_status(&ok, pb::SessionStatus::Running).await;
     let o = cli(&d, &["session", "status", &ok]).await.ok();
     let lines: Vec<&str> = o.stdout.lines().collect();
@@ -656,21 +642,7 @@ async fn attach_in_a_terminal_talks_to_the_agent_and_detaches() {
             {"result": "You said: {message}"}
         ])),
     );
-    let o = cli_in(
-        &d,
-        &d.dirs.root,
-        &[
-            "session",
-            "create",
-            "--task",
-            "Fix the failing tests",
-            "--config",
-            &format!("script={script}"),
-        ],
-    )
-    .await
-    .ok();
-    let id = created_id(&o);
+    let id = create_task(&d, "Fix the failing tests", &format!("script={script}")).await;
     d.wait_status(&id, pb::SessionStatus::Running).await;
 
     tmux.spawn(&d, "a", &["session", "attach", &id]);
@@ -830,21 +802,7 @@ async fn attach_follows_a_session_to_its_end() {
         return;
     };
     let script = d.dirs.script("fixed", &fixed_turn());
-    let o = cli_in(
-        &d,
-        &d.dirs.root,
-        &[
-            "session",
-            "create",
-            "--task",
-            "Quick one",
-            "--config",
-            &format!("script={script}"),
-        ],
-    )
-    .await
-    .ok();
-    let id = created_id(&o);
+    let id = create_task(&d, "Quick one", &format!("script={script}")).await;
     d.wait_status(&id, pb::SessionStatus::Running).await;
     tmux.spawn(&d, "a", &["session", "attach", &id]);
     tmux.wait_for("a", "the hint", |s| s.contains("Ctrl-D detaches"))

@@ -916,11 +916,7 @@ impl Session {
                 a.id,
                 a.state.name(),
                 a.resolved_by,
-                if a.answer.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", a.answer)
-                }
+                a.answer_suffix()
             );
             let mut activity = Activity::new(ActivityKind::Status, note).with_tool(&a.tool, &a.id);
             activity.tool_success = a.allowed;
@@ -1341,11 +1337,7 @@ pub(crate) fn already_resolved(done: &Approval) -> Error {
             done.id,
             done.state.name(),
             done.resolved_by,
-            if done.answer.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", done.answer)
-            }
+            done.answer_suffix()
         ),
     )
 }

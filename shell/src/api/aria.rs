@@ -476,17 +476,10 @@ impl pb::session_service_server::SessionService for Sessions {
         let mut config = SessionConfig::new(&campaign.id, self.0.provider, &campaign.root_path);
         config.model = self.0.model.clone();
         config.agent_name = format!("aria-{short}");
-        crate::providers::validate(&config).map_err(|e| from_core(&e))?;
         let rec = self
             .0
             .handle
-            .request(
-                Req::Create {
-                    id,
-                    config: Box::new(config),
-                },
-                None,
-            )
+            .create_session(id, config)
             .await
             .map_err(|e| from_core(&e))?;
         Ok(Response::new(session_pb(&rec)))

@@ -487,22 +487,7 @@ impl LocalDaemonService for Obey {
             initial_message: r.initial_message,
             working_dir: campaign.root_path.clone(),
         };
-        crate::providers::validate(&config).map_err(st)?;
-        let shutting = self.handle.call(|s| s.shutting_down).await.map_err(st)?;
-        if shutting {
-            return Err(GrpcStatus::unavailable("the daemon is shutting down"));
-        }
-        let record = self
-            .handle
-            .request(
-                Req::Create {
-                    id,
-                    config: Box::new(config),
-                },
-                None,
-            )
-            .await
-            .map_err(st)?;
+        let record = self.handle.create_session(id, config).await.map_err(st)?;
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(convert::session_info(&record)),
         }))

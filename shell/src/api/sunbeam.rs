@@ -624,23 +624,8 @@ impl CodeAgent {
             initial_message: String::new(),
             working_dir: root.to_string(),
         };
-        providers::validate(&config).map_err(|e| e.to_string())?;
-        let shutting = self
-            .handle
-            .call(|s| s.shutting_down)
-            .await
-            .map_err(|e| e.to_string())?;
-        if shutting {
-            return Err("the daemon is shutting down".into());
-        }
         self.handle
-            .request(
-                Req::Create {
-                    id,
-                    config: Box::new(config),
-                },
-                None,
-            )
+            .create_session(id, config)
             .await
             .map_err(|e| e.to_string())
     }

@@ -801,6 +801,24 @@ impl Handle {
         rx.await.map_err(|_| unavailable())?
     }
 
+    /// CreateSession, for every protocol: the configuration checked (OBEY-2002/3/4), refused
+    /// while the daemon shuts down (OBEY-2030), then the core's answer.
+    pub async fn create_session(
+        &self,
+        id: SessionId,
+        config: paddock_core::SessionConfig,
+    ) -> Result<SessionRecord, Error> {
+        crate::providers::validate(&config)?;
+        if self.call(|s| s.shutting_down).await? {
+            return Err(Error::new(
+                ErrorCode::AdapterNotInitialized,
+                "the daemon is shutting down",
+            ));
+        }
+        let config = Box::new(config);
+        self.request(Request::Create { id, config }, None).await
+    }
+
     /// Resolves a request for a human (from client `by`) and waits for the core's answer.
     pub async fn resolve(
         &self,
