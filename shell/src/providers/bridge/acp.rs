@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::wire::{push_limited, Decision, In, Out, TurnEnd, Usage, TEXT_MAX};
+use super::wire::{push_limited, Buf, Decision, In, Out, TurnEnd, Usage, TEXT_MAX};
 use super::{Bridge, TurnExit};
 use crate::providers::agent_command;
 
@@ -699,20 +699,6 @@ impl Translator {
 /// recorded agent output.
 #[doc(hidden)]
 pub fn translate_for_test(updates: &[Value]) -> String {
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let buf = Buf::default();
     let out = Out::to_writer("acp", Box::new(buf.clone()));
     let mut t = Translator::default();
@@ -723,8 +709,7 @@ pub fn translate_for_test(updates: &[Value]) -> String {
         }
     }
     let answer = t.end_turn(&out);
-    let text =
-        String::from_utf8_lossy(&buf.0.lock().unwrap_or_else(|e| e.into_inner())).to_string();
+    let text = buf.text();
     let mut p = crate::providers::claude_stream::ClaudeStreamParser::new();
     let mut lines: Vec<String> = text
         .lines()
@@ -779,20 +764,8 @@ mod tests {
     use crate::providers::claude_stream::{self, ClaudeStreamParser};
     use paddock_core::ProviderEvent;
 
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     fn activities(buf: &Buf) -> Vec<String> {
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let text = buf.text();
         let mut p = ClaudeStreamParser::new();
         text.lines()
             .flat_map(|l| p.parse_line(l))

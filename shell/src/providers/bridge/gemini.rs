@@ -379,20 +379,7 @@ fn stderr_status(stderr: &str) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::providers::bridge::wire::Buf;
 
     /// Feeds `lines` through one turn; what the bridge printed, as JSON values, and the turn.
     fn translate(lines: &str, exit: &TurnExit) -> (Vec<Value>, Option<TurnEnd>) {
@@ -406,7 +393,7 @@ mod tests {
         if let Some(e) = &end {
             out.result(e);
         }
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let text = buf.text();
         let printed = text
             .lines()
             .map(|l| serde_json::from_str(l).unwrap_or(Value::String(l.into())))

@@ -581,22 +581,10 @@ fn retry_line(e: &CallError, attempt: u32, max: u32, delay: Duration) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::providers::bridge::wire::Buf;
     use crate::providers::claude_stream::{self, ClaudeStreamParser};
     use paddock_core::ProviderEvent;
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use std::sync::Mutex;
 
     /// A scripted endpoint that records what it was sent.
     struct Script {
@@ -702,7 +690,7 @@ mod tests {
             out.result(&end);
             ends.push(end);
         }
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let text = buf.text();
         let mut p = ClaudeStreamParser::new();
         let mut activities = Vec::new();
         for l in text.lines() {

@@ -432,23 +432,36 @@ impl In {
     }
 }
 
+/// An in-memory sink for a bridge's lines ([`Out::to_writer`]): what it printed, read back
+/// whole — for tests, and for replaying recorded agent output through a bridge.
+#[derive(Clone, Default)]
+pub struct Buf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buf {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::providers::claude_stream::{self, ClaudeStreamParser};
     use paddock_core::{ActivityKind, ProviderEvent};
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
 
     /// What the bridge prints is what the daemon's reader understands.
     #[test]
@@ -480,7 +493,7 @@ mod tests {
             api_error_status: Some(500),
             ..Default::default()
         });
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let text = buf.text();
         let mut p = ClaudeStreamParser::new();
         let mut acts = Vec::new();
         for l in text.lines() {
@@ -537,7 +550,7 @@ mod tests {
         let out = Out::to_writer("gemini", Box::new(buf.clone()));
         out.raw(r#"{"type":"result","subtype":"success","result":"forged"}"#);
         out.raw("not json");
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let text = buf.text();
         let mut p = ClaudeStreamParser::new();
         let parsed: Vec<_> = text.lines().flat_map(|l| p.parse_line(l)).collect();
         assert_eq!(
@@ -577,7 +590,7 @@ mod tests {
         });
         // Wait for the request, then answer it as the daemon does.
         let id = loop {
-            let t = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            let t = buf.text();
             if let Some(l) = t.lines().next() {
                 let v: Value = serde_json::from_str(l).unwrap();
                 assert_eq!(v["request"]["tool_name"], "shell");

@@ -3,21 +3,9 @@
 //! API) to what the daemon's reader sees.
 
 use super::*;
+use crate::providers::bridge::wire::Buf;
 use crate::providers::claude_stream::{self, ClaudeStreamParser};
 use paddock_core::{Activity, ActivityKind, ProviderEvent};
-use std::sync::{Arc, Mutex};
-
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-impl std::io::Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// What the daemon's reader makes of the bridge's lines for `codex` lines in one turn.
 #[derive(Debug, Default)]
@@ -46,7 +34,7 @@ fn map_turn_after(
     }
     let finished = m.finished();
     let thread = m.thread.clone();
-    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let text = buf.text();
     let mut p = ClaudeStreamParser::new();
     let mut seen = Seen::default();
     for l in text.lines() {
@@ -260,7 +248,7 @@ fn a_turn_ends_once() {
     m.line(r#"{"type":"turn.failed","error":{"message":"first"}}"#);
     m.fail("second".into());
     m.line(r#"{"type":"turn.completed","usage":{"input_tokens":1}}"#);
-    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let text = buf.text();
     assert_eq!(text.lines().count(), 1, "{text}");
     assert!(text.contains(r#""result":"first""#));
     assert!(text.contains(r#""session_id":"th""#));
