@@ -17,6 +17,7 @@ pub mod cli;
 pub mod contain;
 pub mod daemon;
 pub mod paths;
+pub mod proc;
 pub mod providers;
 pub mod runner;
 pub mod socket;

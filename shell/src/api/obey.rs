@@ -344,7 +344,7 @@ impl LocalDaemonService for Obey {
             let a = tokio::spawn(async move {
                 let mut lines = BufReader::new(out).lines();
                 while let Ok(Some(l)) = lines.next_line().await {
-                    let l = crate::daemon::supervisor::truncate(&l, EXECUTE_LINE_BYTES);
+                    let l = crate::proc::truncate(&l, EXECUTE_LINE_BYTES);
                     let msg = pb::ExecuteResponse {
                         output: Some(pb::execute_response::Output::Stdout(l + "\n")),
                     };
@@ -357,7 +357,7 @@ impl LocalDaemonService for Obey {
             let b = tokio::spawn(async move {
                 let mut lines = BufReader::new(err).lines();
                 while let Ok(Some(l)) = lines.next_line().await {
-                    let l = crate::daemon::supervisor::truncate(&l, EXECUTE_LINE_BYTES);
+                    let l = crate::proc::truncate(&l, EXECUTE_LINE_BYTES);
                     let msg = pb::ExecuteResponse {
                         output: Some(pb::execute_response::Output::Stderr(l + "\n")),
                     };

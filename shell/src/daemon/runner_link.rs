@@ -15,7 +15,7 @@
 //!   event at or before the stored cursor should one come again.
 //! - If the runner goes away, the run's exit is reported with the reason (OBEY-2031).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -26,8 +26,9 @@ use rpb::runner_client::RunnerClient;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use super::supervisor::{truncate, LaunchPlan, RunHandle, MAX_LINE_BYTES, STDERR_TAIL_LINES};
+use super::supervisor::{task_line, RunHandle, RunRef, TASK_LINE_BYTES_MAX};
 use super::Command;
+use crate::proc::{LaunchPlan, LineSplitter, StderrTail, LINE_BYTES_MAX};
 use crate::providers::{LineParser, Parsed};
 
 /// How long the daemon waits for a runner it started to answer.
@@ -76,33 +77,6 @@ fn exit_of(state: rpb::RunState, exit_code: i32) -> (Option<i32>, Option<i32>) {
 /// The runner's name for task `id`'s run.
 pub fn task_run_id(id: &str) -> String {
     format!("task:{id}")
-}
-
-/// A run of the runner, for signals.
-#[derive(Debug, Clone)]
-pub struct RunRef {
-    client: RunnerClient<Channel>,
-    pub run_id: String,
-}
-
-impl RunRef {
-    /// Signals the run's process group (through the runner; fire and forget: the exit is
-    /// what counts, and it is reported on the run's stream).
-    pub fn signal(&self, signal: Signal) {
-        let mut client = self.client.clone();
-        let req = rpb::SignalRequest {
-            run_id: self.run_id.clone(),
-            signal: match signal {
-                Signal::Term => rpb::ProcessSignal::Term as i32,
-                Signal::Kill => rpb::ProcessSignal::Kill as i32,
-            },
-        };
-        tokio::spawn(async move {
-            if let Err(e) = client.signal_session(req).await {
-                tracing::warn!("runner SignalSession failed: {e}");
-            }
-        });
-    }
 }
 
 /// The daemon's connection to its runner.
@@ -256,7 +230,7 @@ impl RunnerLink {
         spec: &paddock_core::task::TaskSpec,
         tx: mpsc::Sender<Command>,
     ) {
-        use paddock_core::task::{OutputKind, TaskInput};
+        use paddock_core::task::TaskInput;
         let run_id = task_run_id(id);
         let req = rpb::RunCommandRequest {
             run_id: run_id.clone(),
@@ -287,8 +261,9 @@ impl RunnerLink {
                 }
             };
             let mut started = false;
-            let mut out = String::new();
-            let mut err = String::new();
+            let mut out = LineSplitter::new(TASK_LINE_BYTES_MAX);
+            let mut err = LineSplitter::new(TASK_LINE_BYTES_MAX);
+            let mut lines = Vec::new();
             loop {
                 let ev = match stream.message().await {
                     Ok(Some(ev)) => ev,
@@ -313,12 +288,10 @@ impl RunnerLink {
                 match ev.payload {
                     Some(Payload::CommandOutput(o)) => {
                         let is_err = o.stream == rpb::StreamKind::Stderr as i32;
-                        let buf = if is_err { &mut err } else { &mut out };
-                        buf.push_str(&o.text);
-                        while let Some(i) = buf.find('\n') {
-                            let line: String = buf.drain(..=i).collect();
-                            let line = line.trim_end_matches(['\n', '\r']).to_string();
-                            let kind = super::supervisor::task_line(line, is_err);
+                        let split = if is_err { &mut err } else { &mut out };
+                        split.feed(o.text.as_bytes(), &mut lines);
+                        for line in lines.drain(..) {
+                            let kind = task_line(line.text(), is_err);
                             if !send(TaskInput::Output {
                                 id: id.clone(),
                                 kind,
@@ -327,20 +300,6 @@ impl RunnerLink {
                             {
                                 return;
                             }
-                        }
-                        // A line longer than this is cut into pieces rather than held whole.
-                        if buf.len() > 64 * 1024 {
-                            let piece = std::mem::take(buf);
-                            let kind = if is_err {
-                                OutputKind::Stderr(piece)
-                            } else {
-                                OutputKind::Stdout(piece)
-                            };
-                            send(TaskInput::Output {
-                                id: id.clone(),
-                                kind,
-                            })
-                            .await;
                         }
                     }
                     Some(Payload::Status(st)) => {
@@ -368,19 +327,15 @@ impl RunnerLink {
                             }
                             rpb::RunState::Finished | rpb::RunState::Failed => {
                                 // What is left without a final newline is a line too.
-                                for (is_err, rest) in [(false, &out), (true, &err)] {
-                                    if !rest.is_empty() {
-                                        let kind = if is_err {
-                                            OutputKind::Stderr(rest.clone())
-                                        } else {
-                                            OutputKind::Stdout(rest.clone())
-                                        };
-                                        send(TaskInput::Output {
-                                            id: id.clone(),
-                                            kind,
-                                        })
-                                        .await;
-                                    }
+                                out.finish(&mut lines);
+                                let last_out = lines.len();
+                                err.finish(&mut lines);
+                                for (i, line) in lines.drain(..).enumerate() {
+                                    send(TaskInput::Output {
+                                        id: id.clone(),
+                                        kind: task_line(line.text(), i >= last_out),
+                                    })
+                                    .await;
                                 }
                                 let input = if started {
                                     let (code, signal) = exit_of(state, st.exit_code);
@@ -568,9 +523,8 @@ struct Reader {
     started: bool,
     /// Skip output before this position (a reattach resumes after the last applied line).
     skip: Option<(u64, usize)>,
-    line: Vec<u8>,
-    stderr: VecDeque<String>,
-    stderr_partial: String,
+    stdout: LineSplitter,
+    stderr: StderrTail,
 }
 
 impl Reader {
@@ -591,9 +545,8 @@ impl Reader {
             client,
             started,
             skip,
-            line: Vec::new(),
-            stderr: VecDeque::new(),
-            stderr_partial: String::new(),
+            stdout: LineSplitter::new(LINE_BYTES_MAX),
+            stderr: StderrTail::default(),
         }
     }
 
@@ -624,7 +577,7 @@ impl Reader {
             match ev.payload {
                 Some(Payload::CommandOutput(out)) => {
                     if out.stream == rpb::StreamKind::Stderr as i32 {
-                        self.stderr_text(&out.text);
+                        self.stderr.feed(out.text.as_bytes());
                     } else if !self.stdout(ev.seq, out.text.as_bytes()).await {
                         return;
                     }
@@ -653,7 +606,7 @@ impl Reader {
                         "the runner no longer holds {} events of this run; output was lost",
                         t.dropped
                     );
-                    self.line.clear();
+                    self.stdout.reset();
                     self.skip = None;
                 }
                 Some(Payload::Exec(_)) | None => {}
@@ -688,28 +641,16 @@ impl Reader {
             }
             self.skip = None;
         }
-        let mut start = from;
-        while start < bytes.len() {
-            let end = match bytes[start..].iter().position(|&b| b == b'\n') {
-                Some(i) => start + i + 1,
-                None => bytes.len(),
-            };
-            let room = MAX_LINE_BYTES.saturating_sub(self.line.len());
-            self.line
-                .extend_from_slice(&bytes[start..end][..(end - start).min(room)]);
-            let complete = bytes[end - 1] == b'\n';
-            start = end;
-            if !complete {
-                break;
-            }
-            let text = String::from_utf8_lossy(&self.line).into_owned();
-            self.line.clear();
-            let text = text.trim_end_matches(['\n', '\r']);
+        let mut lines = Vec::new();
+        self.stdout.feed(&bytes[from..], &mut lines);
+        for line in lines {
+            let end = from + line.end;
+            let text = line.text();
             if text.is_empty() {
                 continue;
             }
             let mut inputs = Vec::new();
-            for parsed in self.parser.parse_line(text) {
+            for parsed in self.parser.parse_line(&text) {
                 match parsed {
                     Parsed::Event(event) => inputs.push(Input::Provider {
                         id: self.id.clone(),
@@ -750,24 +691,6 @@ impl Reader {
         true
     }
 
-    fn stderr_text(&mut self, text: &str) {
-        self.stderr_partial.push_str(text);
-        while let Some(i) = self.stderr_partial.find('\n') {
-            let line: String = self.stderr_partial.drain(..=i).collect();
-            if self.stderr.len() == STDERR_TAIL_LINES {
-                self.stderr.pop_front();
-            }
-            self.stderr.push_back(truncate(line.trim_end(), 512));
-        }
-        if self.stderr_partial.len() > 4096 {
-            self.stderr_partial.clear();
-        }
-    }
-
-    fn tail(&self) -> String {
-        self.stderr.iter().cloned().collect::<Vec<_>>().join("\n")
-    }
-
     async fn finish(mut self, state: rpb::RunState, exit_code: i32, message: &str) {
         let event = if !self.started && state == rpb::RunState::Failed {
             ProviderEvent::SpawnFailed {
@@ -778,7 +701,7 @@ impl Reader {
             ProviderEvent::Exited {
                 code,
                 signal,
-                stderr_tail: self.tail(),
+                stderr_tail: self.stderr.text(),
             }
         };
         self.send(None, event).await;
@@ -787,7 +710,7 @@ impl Reader {
     /// The run can no longer be followed: report it ended, with the reason.
     async fn lost(mut self, why: String) {
         tracing::warn!(session = %self.id, run = self.run, "{why}");
-        let mut tail = self.tail();
+        let mut tail = self.stderr.text();
         if !tail.is_empty() {
             tail.push('\n');
         }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use paddock_core::{Error, ErrorCode, Provider, ProviderEvent, SessionConfig, SpawnSpec};
 
-use crate::daemon::supervisor::LaunchPlan;
+use crate::proc::LaunchPlan;
 
 /// One parsed stdout line's consequences.
 #[derive(Debug, Clone, PartialEq)]

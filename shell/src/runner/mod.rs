@@ -64,8 +64,9 @@ use registry::{CreateError, Limits, Registry, Run, StdinMsg};
 
 /// Largest request accepted (a prompt, a stdin write).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
-/// Largest event sent. Events stay under 4 MiB by construction (lines ≤ 1 MiB, chunks ≤ 64
-/// KiB); this only guards against a mistake.
+/// Largest event sent. Events stay under it by construction (an `ExecEvent` carries its line,
+/// at most [`crate::proc::LINE_BYTES_MAX`], at most three times; chunks ≤ 64 KiB); this only
+/// guards against a mistake.
 pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 /// Longest prompt / command: Linux takes at most 128 KiB (NUL included) in one argv string.
 pub const MAX_ARG_BYTES: usize = 128 * 1024 - 1;

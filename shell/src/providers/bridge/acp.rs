@@ -32,14 +32,15 @@
 //! Requests the bridge does not serve (`fs/*`, `terminal/*`: not advertised) are answered with
 //! JSON-RPC's "method not found", so the agent never waits on us. When the agent exits, the
 //! bridge dies the same way ([`super::die_like`]) once what the agent printed was handled (at
-//! most [`super::DRAIN_AFTER_EXIT`] later, should something it left behind hold its stdout): an
-//! ACP agent lives as long as its session.
+//! most [`crate::proc::DRAIN_AFTER_EXIT`] later, should something it left behind hold its
+//! stdout): an ACP agent lives as long as its session. A line longer than
+//! [`crate::proc::LINE_BYTES_MAX`] is not parsed: what fits is passed on as unrecognized.
 //!
 //! `PADDOCK_BRIDGE_TRACE=<file>` appends every line exchanged with the agent to that file
 //! (`>` sent, `<` received): how a new agent's behaviour is recorded.
 
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
+use std::io::Write;
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -60,10 +61,6 @@ static OPEN_PROMPTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicU
 
 /// How long the agent may take to answer a set-up request (`initialize`, `session/new`, …).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// An agent's line longer than this is not parsed: what fits is passed on as an unrecognized
-/// line, the rest skipped.
-const MAX_LINE: usize = super::AGENT_LINE_MAX;
 
 /// A JSON-RPC error from the agent (or the bridge's own, code 0, when the agent is gone).
 #[derive(Debug, Clone, PartialEq)]
@@ -202,26 +199,18 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         let asker = bridge.input.clone();
         // The reader: every line in order; it ends at EOF (or when the agent's exit is known).
         let reader = std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut buf = Vec::new();
-            loop {
-                match super::read_line_bounded(&mut r, &mut buf, MAX_LINE) {
-                    Ok(None) | Err(_) => break,
-                    Ok(Some(cut)) => {
-                        let line = String::from_utf8_lossy(&buf);
-                        let line = line.trim_end_matches(['\n', '\r']);
-                        if cut {
-                            // Not a message we could parse whole: kept (cut), never acted on.
-                            out.raw(line);
-                            continue;
-                        }
-                        if line.trim().is_empty() {
-                            continue;
-                        }
-                        rpc.trace("<", line);
-                        on_agent_line(line, &rpc, &out, &tr, &replaying, &asker);
-                    }
+            for line in crate::proc::BlockingLines::new(stdout, crate::proc::LINE_BYTES_MAX) {
+                let text = line.text();
+                if line.cut_bytes > 0 {
+                    // Not a message we could parse whole: kept (cut), never acted on.
+                    out.raw(&text);
+                    continue;
                 }
+                if text.trim().is_empty() {
+                    continue;
+                }
+                rpc.trace("<", &text);
+                on_agent_line(&text, &rpc, &out, &tr, &replaying, &asker);
             }
         });
         // The waiter: the agent lives as long as its session, so its exit — noticed even if
@@ -229,7 +218,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         // reader has handled what the agent printed (at most DRAIN_AFTER_EXIT).
         std::thread::spawn(move || {
             let status = child.wait();
-            let deadline = std::time::Instant::now() + super::DRAIN_AFTER_EXIT;
+            let deadline = std::time::Instant::now() + crate::proc::DRAIN_AFTER_EXIT;
             while !reader.is_finished() && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -812,26 +801,6 @@ mod tests {
                 "TOOL_CALL edit /x",
                 "TOOL_RESULT edit denied",
                 "STATUS  Plan:\n[x] a\n[ ] b",
-            ]
-        );
-    }
-
-    #[test]
-    fn long_lines_are_cut_and_skipped() {
-        let data = format!("short\n{}\nnext\nlast", "x".repeat(100));
-        let mut r = std::io::BufReader::with_capacity(8, data.as_bytes());
-        let mut buf = Vec::new();
-        let mut got = Vec::new();
-        while let Some(cut) = super::super::read_line_bounded(&mut r, &mut buf, 10).unwrap() {
-            got.push((String::from_utf8_lossy(&buf).trim_end().to_string(), cut));
-        }
-        assert_eq!(
-            got,
-            [
-                ("short".to_string(), false),
-                ("x".repeat(10), true),
-                ("next".to_string(), false),
-                ("last".to_string(), false)
             ]
         );
     }

@@ -103,7 +103,7 @@
 //!   message, if any, and the exit status with codex's stderr tail (its backtrace cut off);
 //! - codex killed by a signal → the bridge dies by the same signal ([`super::die_like`]), so
 //!   the daemon sees the crash (codex's npm launcher killed leaves the codex binary holding
-//!   stdout: the bridge reads at most [`super::DRAIN_AFTER_EXIT`] past its child's exit);
+//!   stdout: the bridge reads at most [`crate::proc::DRAIN_AFTER_EXIT`] past its child's exit);
 //! - codex cannot be started → ERROR.
 //!
 //! The session goes on after an ERROR turn: the next message runs codex again (resuming the

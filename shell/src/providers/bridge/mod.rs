@@ -46,6 +46,8 @@ use std::time::{Duration, Instant};
 
 pub use wire::{Decision, In, Out, TurnEnd, Usage};
 
+use crate::proc;
+
 /// Which protocol the bridge speaks on the agent's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
@@ -184,13 +186,6 @@ impl TurnExit {
     }
 }
 
-/// An agent's output line longer than this is cut (and so not understood).
-pub const AGENT_LINE_MAX: usize = 4 * 1024 * 1024;
-
-/// How long a bridge keeps reading an agent's stdout after the agent exited: a process it left
-/// behind may hold the pipe open (codex's npm launcher killed leaves the codex binary running).
-pub const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
-
 /// How long an agent process may live on after its output said the turn is over, before it
 /// is killed (a CLI that hangs on its way out must not hold the next message).
 pub const EXIT_AFTER_TURN: Duration = Duration::from_secs(10);
@@ -199,7 +194,7 @@ pub const EXIT_AFTER_TURN: Duration = Duration::from_secs(10);
 /// stdin makes `codex exec` wait for a prompt forever), each stdout line to `on_line` (in
 /// order, on this thread; it answers whether the turn is over), stderr passed through to the
 /// bridge's own and its tail kept. Once the process has exited, its output is read for at most
-/// [`DRAIN_AFTER_EXIT`] more; once the turn is over, the process gets `exit_after_turn` to
+/// [`proc::DRAIN_AFTER_EXIT`] more; once the turn is over, the process gets `exit_after_turn` to
 /// exit, then is killed.
 ///
 /// What the process leaves running is not the bridge's business: it carries the session's
@@ -235,15 +230,10 @@ pub fn run_turn(
     // Bounded: the reader waits while this thread is busy handing lines on.
     let (tx, rx) = mpsc::sync_channel::<String>(256);
     std::thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        let mut buf = Vec::new();
         // Lines over the daemon's own limit could not be read whole there either: cut here
         // (and then not understood: passed on as unrecognized).
-        while let Ok(Some(_)) = read_line_bounded(&mut r, &mut buf, AGENT_LINE_MAX) {
-            let line = String::from_utf8_lossy(&buf)
-                .trim_end_matches('\n')
-                .to_string();
-            if tx.send(line).is_err() {
+        for line in proc::BlockingLines::new(stdout, proc::LINE_BYTES_MAX) {
+            if tx.send(line.text()).is_err() {
                 break;
             }
         }
@@ -264,7 +254,7 @@ pub fn run_turn(
         }
         // Checked whatever arrived: a leftover that keeps writing does not hold the turn.
         match exited_at {
-            Some(t) if t.elapsed() >= DRAIN_AFTER_EXIT => break,
+            Some(t) if t.elapsed() >= proc::DRAIN_AFTER_EXIT => break,
             Some(_) => {}
             None => {
                 if let Some(st) = child.try_wait()? {
@@ -294,41 +284,6 @@ pub fn run_turn(
         signal: status.signal(),
         stderr_tail,
     })
-}
-
-/// Reads one line into `buf` (cleared first), keeping at most `max` bytes of it and skipping
-/// the rest: `Some(true)` when it was cut, `None` at EOF. An agent cannot make the bridge hold
-/// more than `max` bytes of one line.
-pub fn read_line_bounded(
-    r: &mut impl BufRead,
-    buf: &mut Vec<u8>,
-    max: usize,
-) -> std::io::Result<Option<bool>> {
-    buf.clear();
-    let n = std::io::Read::take(&mut *r, max as u64).read_until(b'\n', buf)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if buf.last() == Some(&b'\n') || buf.len() < max {
-        return Ok(Some(false));
-    }
-    // Cut: skip to the end of the line.
-    loop {
-        let chunk = r.fill_buf()?;
-        if chunk.is_empty() {
-            return Ok(Some(true));
-        }
-        match chunk.iter().position(|b| *b == b'\n') {
-            Some(i) => {
-                r.consume(i + 1);
-                return Ok(Some(true));
-            }
-            None => {
-                let len = chunk.len();
-                r.consume(len);
-            }
-        }
-    }
 }
 
 /// Copies an agent's stderr to ours, keeping its last [`STDERR_TAIL`] bytes in `tail`.

@@ -36,9 +36,6 @@ pub const LIST_DIR: &str = "list_dir";
 
 /// A directory listing shows at most this many entries: enough to orient, bounded.
 const LIST_MAX: usize = 500;
-/// After a command exits, how long its output pipe may stay open (a background job holding
-/// it) before the result is returned without the rest.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
 /// The `tools` of a chat completions request: one JSON-schema function per tool.
 pub fn definitions() -> Value {
@@ -335,7 +332,7 @@ impl Tools {
             std::thread::sleep(Duration::from_millis(10));
         };
         // A background job of the command may hold the pipe open: wait a little, not for it.
-        let held_open = done.recv_timeout(DRAIN_AFTER_EXIT).is_err();
+        let held_open = done.recv_timeout(crate::proc::DRAIN_AFTER_EXIT).is_err();
         let (kept, total) = output.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut text = String::from_utf8_lossy(&kept).into_owned();
         if total > kept.len() {

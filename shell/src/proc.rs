@@ -1,0 +1,571 @@
+//! The one process library: every process paddock supervises is started, read, signalled and
+//! reaped here — agents in `--no-runner` mode and tasks (`daemon::supervisor`), the runner's
+//! runs (`runner::process`), and output rebuilt into lines wherever it arrives in chunks (the
+//! runner's stream in `daemon::runner_link`, a bridge's agent in `providers::bridge`).
+//!
+//! - [`spawn`]: in a process group of its own (TERM / KILL go to the whole group), with
+//!   `PR_SET_PDEATHSIG(SIGKILL)` (it dies with the thread that forked it, so with its parent),
+//!   and with a containment tag ([`crate::contain`]); [`Process::wait`] reports the exit only
+//!   after the tree the process leaves behind is killed.
+//! - [`Output`]: a pipe that ends at EOF or once it stayed silent for [`DRAIN_AFTER_EXIT`]
+//!   after the process exited (a grandchild holding it open), so every byte the process
+//!   printed is read before its exit is reported, and nothing waits forever.
+//! - [`LineSplitter`]: bytes in chunks → lines of at most [`LINE_BYTES_MAX`], the cut counted;
+//!   driven by [`Output::next_line`], by [`BlockingLines`] (plain threads) and by callers that
+//!   receive chunks themselves.
+//! - [`StderrTail`]: the last [`STDERR_TAIL_LINES`] lines of stderr, each at most
+//!   [`STDERR_LINE_BYTES_MAX`], for the reason of a failed exit.
+//!
+//! Architecture Invariant: nothing else in the shell calls `pre_exec`, `process_group` or
+//! `killpg` for a supervised process.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::sync::watch;
+
+/// Longest output line of a supervised process kept whole; the rest of a longer line is
+/// dropped and counted ([`Line::cut_bytes`]). Agents print large tool results on one line;
+/// 4 MiB bounds the memory one line can take (and keeps a runner `ExecEvent`, which carries
+/// its line at most three times, under the runner's 16 MiB event limit).
+pub const LINE_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// Lines of stderr kept for the reason of a failed exit.
+pub const STDERR_TAIL_LINES: usize = 20;
+/// Bytes kept of one such line.
+pub const STDERR_LINE_BYTES_MAX: usize = 512;
+/// After a process exited, how long its pipes may stay silent (a process it left behind
+/// holding them open) before they are taken as ended.
+pub const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+/// Bytes asked for in one read of a pipe.
+const READ_BYTES: usize = 64 * 1024;
+
+/// What to run: an agent's launch, as a provider plans it.
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+}
+
+impl LaunchPlan {
+    /// The command for this plan (program, arguments, environment, directory).
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .current_dir(&self.cwd)
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+}
+
+/// A signal for a process group.
+pub trait GroupSignal {
+    fn nix(self) -> nix::sys::signal::Signal;
+}
+
+impl GroupSignal for paddock_core::Signal {
+    fn nix(self) -> nix::sys::signal::Signal {
+        match self {
+            paddock_core::Signal::Term => nix::sys::signal::Signal::SIGTERM,
+            paddock_core::Signal::Kill => nix::sys::signal::Signal::SIGKILL,
+        }
+    }
+}
+
+impl GroupSignal for paddock_core::run::Signal {
+    fn nix(self) -> nix::sys::signal::Signal {
+        match self {
+            paddock_core::run::Signal::Hup => nix::sys::signal::Signal::SIGHUP,
+            paddock_core::run::Signal::Term => nix::sys::signal::Signal::SIGTERM,
+            paddock_core::run::Signal::Kill => nix::sys::signal::Signal::SIGKILL,
+        }
+    }
+}
+
+/// Signals the process group `pgid` leads (nothing for 0, which would be our own group).
+pub fn signal_group(pgid: u32, signal: impl GroupSignal) {
+    if pgid == 0 {
+        return;
+    }
+    let sig = signal.nix();
+    if let Err(e) = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), sig) {
+        tracing::debug!(pgid, ?sig, "killpg: {e}");
+    }
+}
+
+/// How a process ended: its exit code, or the signal that killed it (both `None` if it could
+/// not be waited for).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl From<&std::io::Result<std::process::ExitStatus>> for Exit {
+    fn from(status: &std::io::Result<std::process::ExitStatus>) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match status {
+            Ok(s) => Exit {
+                code: s.code(),
+                signal: s.signal(),
+            },
+            Err(_) => Exit::default(),
+        }
+    }
+}
+
+/// Starts `cmd` supervised: stdin piped when `stdin` (else `/dev/null`: an open stdin makes
+/// `codex exec` wait for a prompt forever), stdout and stderr piped, in a process group of its
+/// own, with the parent-death signal, and carrying `tag` ([`crate::contain::TAG_VAR`]).
+///
+/// The parent-death signal fires when the *thread* that forked exits: call this from a task on
+/// a runtime worker thread (which lives as long as the process), never from `spawn_blocking`.
+pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Process, Pipes)> {
+    cmd.env(crate::contain::TAG_VAR, &tag)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl and
+    // getppid, which are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            // The parent died between fork and prctl: the signal will never come.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other("the parent exited"));
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let pid = child.id().unwrap_or(0);
+    let (exited_tx, exited) = watch::channel(false);
+    let pipes = Pipes {
+        stdin: child.stdin.take(),
+        stdout: Output::new(
+            child.stdout.take().expect("stdout is piped"),
+            exited.clone(),
+        ),
+        stderr: Output::new(child.stderr.take().expect("stderr is piped"), exited),
+    };
+    let process = Process {
+        pid,
+        child,
+        tag,
+        exited: exited_tx,
+    };
+    Ok((process, pipes))
+}
+
+/// A supervised process, to wait for.
+#[derive(Debug)]
+pub struct Process {
+    /// Its pid, which is also its process group's id.
+    pub pid: u32,
+    child: tokio::process::Child,
+    tag: String,
+    exited: watch::Sender<bool>,
+}
+
+impl Process {
+    /// Waits for the process to exit, then kills what it left behind: its group and every
+    /// process carrying its tag (a process is its whole tree, as systemd's control-group kill
+    /// mode has it). From then on its pipes count down [`DRAIN_AFTER_EXIT`].
+    pub async fn wait(mut self) -> Exit {
+        let status = self.child.wait().await;
+        if let Err(e) = &status {
+            tracing::warn!(pid = self.pid, "wait: {e}");
+        }
+        let (pgid, tag) = (self.pid, self.tag);
+        let _ = tokio::task::spawn_blocking(move || crate::contain::kill_tree(pgid, &tag)).await;
+        let _ = self.exited.send(true);
+        Exit::from(&status)
+    }
+}
+
+/// A supervised process's pipes.
+#[derive(Debug)]
+pub struct Pipes {
+    /// `None` unless [`spawn`] was asked for a piped stdin.
+    pub stdin: Option<ChildStdin>,
+    pub stdout: Output<ChildStdout>,
+    pub stderr: Output<ChildStderr>,
+}
+
+/// One output pipe of a supervised process. It ends at EOF, or once it stayed silent for
+/// [`DRAIN_AFTER_EXIT`] after the process exited; data already in the pipe always wins.
+#[derive(Debug)]
+pub struct Output<R> {
+    pipe: R,
+    exited: watch::Receiver<bool>,
+    buf: Box<[u8]>,
+    split: LineSplitter,
+    lines: VecDeque<Line>,
+    ended: bool,
+}
+
+impl<R: AsyncRead + Unpin> Output<R> {
+    fn new(pipe: R, exited: watch::Receiver<bool>) -> Self {
+        Output {
+            pipe,
+            exited,
+            buf: vec![0; READ_BYTES].into_boxed_slice(),
+            split: LineSplitter::new(LINE_BYTES_MAX),
+            lines: VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    /// The next chunk of bytes (at most 64 KiB), or `None` at the end.
+    pub async fn next_chunk(&mut self) -> Option<&[u8]> {
+        let n = self.read().await;
+        (n > 0).then(|| &self.buf[..n])
+    }
+
+    /// Reads lines of at most `max` bytes instead of [`LINE_BYTES_MAX`] (before the first read).
+    pub fn with_line_limit(mut self, max: usize) -> Self {
+        self.split = LineSplitter::new(max);
+        self
+    }
+
+    /// The next line (a last one without `\n` included), or `None` at the end.
+    pub async fn next_line(&mut self) -> Option<Line> {
+        loop {
+            if let Some(line) = self.lines.pop_front() {
+                return Some(line);
+            }
+            if self.ended {
+                return None;
+            }
+            let mut lines = Vec::new();
+            match self.read().await {
+                0 => self.split.finish(&mut lines),
+                n => self.split.feed(&self.buf[..n], &mut lines),
+            }
+            self.lines.extend(lines);
+        }
+    }
+
+    /// One read into `buf`: its length, 0 at the end.
+    async fn read(&mut self) -> usize {
+        if self.ended {
+            return 0;
+        }
+        let exited = &mut self.exited;
+        let drained = async {
+            if exited.wait_for(|e| *e).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(DRAIN_AFTER_EXIT).await;
+        };
+        let n = tokio::select! {
+            biased;
+            n = self.pipe.read(&mut self.buf) => n.unwrap_or(0),
+            _ = drained => 0,
+        };
+        self.ended = n == 0;
+        n
+    }
+}
+
+/// One line of output, without its `\n` (nor a `\r` before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    /// At most the splitter's limit.
+    pub bytes: Vec<u8>,
+    /// Bytes of the line dropped beyond the limit.
+    pub cut_bytes: usize,
+    /// Where the line ended in the chunk that completed it: the offset just after its `\n`
+    /// (the chunk's length for a last line without one).
+    pub end: usize,
+}
+
+impl Line {
+    /// The line as text (invalid UTF-8 replaced), with the cut marked as [`truncate`] does.
+    pub fn text(&self) -> String {
+        let text = String::from_utf8_lossy(&self.bytes);
+        if self.cut_bytes == 0 {
+            text.into_owned()
+        } else {
+            format!("{text}{}", cut_marker(self.cut_bytes))
+        }
+    }
+}
+
+/// Splits a byte stream into lines, keeping at most `max` bytes of each (the count of bytes
+/// dropped comes with the line). Lines lose their `\n` (and a `\r` before it).
+#[derive(Debug)]
+pub struct LineSplitter {
+    max: usize,
+    line: Vec<u8>,
+    cut: usize,
+}
+
+impl LineSplitter {
+    pub fn new(max: usize) -> Self {
+        LineSplitter {
+            max,
+            line: Vec::new(),
+            cut: 0,
+        }
+    }
+
+    /// Feeds one chunk; the lines it completes go to `out`.
+    pub fn feed(&mut self, data: &[u8], out: &mut Vec<Line>) {
+        let mut start = 0;
+        while start < data.len() {
+            let (part, end, complete) = match data[start..].iter().position(|&b| b == b'\n') {
+                Some(i) => (&data[start..start + i], start + i + 1, true),
+                None => (&data[start..], data.len(), false),
+            };
+            let room = self.max.saturating_sub(self.line.len());
+            let keep = part.len().min(room);
+            self.line.extend_from_slice(&part[..keep]);
+            self.cut += part.len() - keep;
+            if complete {
+                self.emit(end, out);
+            }
+            start = end;
+        }
+    }
+
+    /// End of input: a last line without `\n`.
+    pub fn finish(&mut self, out: &mut Vec<Line>) {
+        if !self.line.is_empty() || self.cut > 0 {
+            let end = self.line.len();
+            self.emit(end, out);
+        }
+    }
+
+    /// Forgets a partial line (output before it was lost).
+    pub fn reset(&mut self) {
+        self.line.clear();
+        self.cut = 0;
+    }
+
+    fn emit(&mut self, end: usize, out: &mut Vec<Line>) {
+        let mut bytes = std::mem::take(&mut self.line);
+        if self.cut == 0 && bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+        out.push(Line {
+            bytes,
+            cut_bytes: std::mem::take(&mut self.cut),
+            end,
+        });
+    }
+}
+
+/// Lines of a blocking reader (for plain threads), at most `max` bytes each.
+pub struct BlockingLines<R> {
+    r: R,
+    split: LineSplitter,
+    buf: Box<[u8]>,
+    lines: VecDeque<Line>,
+    ended: bool,
+}
+
+impl<R: Read> BlockingLines<R> {
+    pub fn new(r: R, max: usize) -> Self {
+        BlockingLines {
+            r,
+            split: LineSplitter::new(max),
+            buf: vec![0; READ_BYTES].into_boxed_slice(),
+            lines: VecDeque::new(),
+            ended: false,
+        }
+    }
+}
+
+impl<R: Read> Iterator for BlockingLines<R> {
+    type Item = Line;
+
+    fn next(&mut self) -> Option<Line> {
+        loop {
+            if let Some(line) = self.lines.pop_front() {
+                return Some(line);
+            }
+            if self.ended {
+                return None;
+            }
+            let mut lines = Vec::new();
+            match self.r.read(&mut self.buf) {
+                Ok(0) | Err(_) => {
+                    self.ended = true;
+                    self.split.finish(&mut lines);
+                }
+                Ok(n) => self.split.feed(&self.buf[..n], &mut lines),
+            }
+            self.lines.extend(lines);
+        }
+    }
+}
+
+/// The last [`STDERR_TAIL_LINES`] lines of a stderr, each at most [`STDERR_LINE_BYTES_MAX`].
+#[derive(Debug)]
+pub struct StderrTail {
+    split: LineSplitter,
+    lines: VecDeque<String>,
+}
+
+impl Default for StderrTail {
+    fn default() -> Self {
+        StderrTail {
+            split: LineSplitter::new(STDERR_LINE_BYTES_MAX),
+            lines: VecDeque::new(),
+        }
+    }
+}
+
+impl StderrTail {
+    /// Reads `stderr` to its end; the tail.
+    pub async fn read<R: AsyncRead + Unpin>(mut stderr: Output<R>) -> String {
+        let mut tail = StderrTail::default();
+        while let Some(chunk) = stderr.next_chunk().await {
+            tail.feed(chunk);
+        }
+        tail.text()
+    }
+
+    /// Feeds one chunk of stderr.
+    pub fn feed(&mut self, data: &[u8]) {
+        let mut lines = Vec::new();
+        self.split.feed(data, &mut lines);
+        self.keep(lines);
+    }
+
+    /// The tail so far (a last line without `\n` included), lines joined by `\n`.
+    pub fn text(&mut self) -> String {
+        let mut lines = Vec::new();
+        self.split.finish(&mut lines);
+        self.keep(lines);
+        self.lines.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    fn keep(&mut self, lines: Vec<Line>) {
+        for line in lines {
+            if self.lines.len() == STDERR_TAIL_LINES {
+                self.lines.pop_front();
+            }
+            self.lines.push_back(line.text().trim_end().to_string());
+        }
+    }
+}
+
+/// `s` cut to at most `max` bytes (at a character boundary), the cut marked.
+pub fn truncate(s: &str, max: usize) -> String {
+    let head = crate::text::prefix(s, max);
+    if head.len() == s.len() {
+        return s.to_string();
+    }
+    format!("{head}{}", cut_marker(s.len() - head.len()))
+}
+
+/// How a cut is marked where text was dropped.
+pub fn cut_marker(cut_bytes: usize) -> String {
+    format!("… [{cut_bytes} bytes cut]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_respects_char_boundaries() {
+        assert_eq!(truncate("abc", 5), "abc");
+        let t = truncate("ééé", 3);
+        assert!(t.starts_with('é'));
+        assert!(t.contains("bytes cut"));
+    }
+
+    #[test]
+    fn lines_are_split_bounded_and_counted() {
+        let mut s = LineSplitter::new(5);
+        let mut out = Vec::new();
+        s.feed(b"ab", &mut out);
+        s.feed(b"c\r\nhello world\nx", &mut out);
+        s.finish(&mut out);
+        let got: Vec<_> = out
+            .iter()
+            .map(|l| (&l.bytes[..], l.cut_bytes, l.end))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (&b"abc"[..], 0, 3),
+                (&b"hello"[..], 6, 15),
+                (&b"x"[..], 0, 1)
+            ]
+        );
+        assert_eq!(out[1].text(), "hello… [6 bytes cut]");
+        let mut out = Vec::new();
+        s.finish(&mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn blocking_lines_are_bounded() {
+        let mut input = vec![b'x'; LINE_BYTES_MAX + 10];
+        input.extend_from_slice(b"\nnext\nlast");
+        let lines: Vec<_> = BlockingLines::new(&input[..], LINE_BYTES_MAX).collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0].bytes.len(), LINE_BYTES_MAX);
+        assert_eq!(lines[0].cut_bytes, 10);
+        assert_eq!(lines[1].text(), "next");
+        assert_eq!(lines[2].text(), "last");
+    }
+
+    #[test]
+    fn the_stderr_tail_keeps_the_last_lines_each_bounded() {
+        let mut tail = StderrTail::default();
+        for i in 0..STDERR_TAIL_LINES + 5 {
+            tail.feed(format!("line {i}\n").as_bytes());
+        }
+        tail.feed(&[b'y'; STDERR_LINE_BYTES_MAX + 1]);
+        let text = tail.text();
+        let lines: Vec<_> = text.lines().collect();
+        assert_eq!(lines.len(), STDERR_TAIL_LINES);
+        assert_eq!(lines[0], "line 6");
+        assert!(lines[STDERR_TAIL_LINES - 1].ends_with("… [1 bytes cut]"));
+    }
+
+    /// A process is reaped with its tree, its whole output read before its exit is known, and
+    /// a pipe a leftover holds open ends after the drain period.
+    #[tokio::test]
+    async fn spawn_reads_everything_and_ends_the_tree() {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "echo one; echo oops >&2; setsid sleep 600 & echo two; exit 3",
+        ]);
+        let tag = crate::contain::new_tag();
+        let (process, mut pipes) = spawn(cmd, false, tag.clone()).unwrap();
+        assert!(pipes.stdin.is_none());
+        let stderr = tokio::spawn(StderrTail::read(pipes.stderr));
+        let exit = process.wait().await;
+        assert_eq!(
+            exit,
+            Exit {
+                code: Some(3),
+                signal: None
+            }
+        );
+        let mut lines = Vec::new();
+        while let Some(l) = pipes.stdout.next_line().await {
+            lines.push(l.text());
+        }
+        assert_eq!(lines, ["one", "two"]);
+        assert_eq!(stderr.await.unwrap(), "oops");
+        assert!(crate::contain::tagged_processes(std::path::Path::new("/proc"), &tag).is_empty());
+    }
+}
