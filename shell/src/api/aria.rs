@@ -21,13 +21,13 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status as GrpcStatus};
-use tonic_types::{ErrorDetails, StatusExt};
 
 use super::convert;
 use crate::daemon::port::{
     Command, Handle, Query, Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER,
 };
 use crate::paths::now_ms;
+use crate::transport::error_status as status;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
@@ -36,20 +36,8 @@ const COMMAND_JSON_MAX: usize = 256 * 1024;
 /// The campaign Aria sessions run in.
 pub const ARIA_CAMPAIGN: &str = "aria";
 
-/// A standard status with a `google.rpc.Status` detail.
-pub fn status(code: Code, reason: &str, message: impl Into<String>) -> GrpcStatus {
-    let mut meta = HashMap::new();
-    meta.insert("service".to_string(), "paddock".to_string());
-    GrpcStatus::with_error_details(
-        code,
-        message.into(),
-        ErrorDetails::with_error_info(reason, "paddock", meta),
-    )
-}
-
 fn from_core(e: &Error) -> GrpcStatus {
-    let base = convert::status(e);
-    status(base.code(), &e.code.to_string(), e.to_string())
+    convert::status(e)
 }
 
 fn unavailable(e: Error) -> GrpcStatus {
