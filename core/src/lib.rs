@@ -12,6 +12,8 @@
 //! - [`approval`]: what an agent may do without asking, and requests that wait for a human.
 //! - [`error`]: the OBEY-NNNN registry; [`budget`]: the one place that says "over".
 
+#![forbid(unsafe_code)]
+
 pub mod approval;
 pub mod budget;
 pub mod engine;
