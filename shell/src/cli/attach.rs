@@ -14,13 +14,14 @@
 use std::collections::VecDeque;
 use std::io::BufRead;
 
-use paddock_core::{ActivityKind, Status};
+use paddock_core::{ActivityKind, ErrorCode, Status};
 use paddock_proto::obey::local::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
 use super::client::Client;
 use super::latis::{latis_state, one_line};
+use crate::transport::obey_code;
 
 /// History entries shown on attach.
 pub const HISTORY_ENTRIES: i32 = 20;
@@ -442,7 +443,7 @@ fn start_send(c: &Client, id: &str, line: Queued, tx: mpsc::Sender<Sent>) {
 }
 
 fn is_busy_refusal(e: &tonic::Status) -> bool {
-    e.code() == tonic::Code::FailedPrecondition && e.message().starts_with("OBEY-2011")
+    obey_code(e) == Some(ErrorCode::WrongState)
 }
 
 async fn get(c: &mut Client, id: &str) -> Result<pb::SessionInfo, tonic::Status> {

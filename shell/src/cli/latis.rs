@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use paddock_core::Status;
+use paddock_core::{ErrorCode, Status};
 use paddock_proto::obey::local::v1 as pb;
 use serde::Deserialize;
 
 use super::client::Client;
+use crate::transport::obey_code;
 
 /// The drivers paddock has. latis' podman, kubernetes, qemu and ssh drivers provision an
 /// isolated environment; paddock runs the agent as a supervised local process, so `local` is
@@ -556,7 +557,7 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> i32 {
         {
             Ok(_) => stopped = true,
             // It ended on its own meanwhile.
-            Err(e) if e.message().starts_with("OBEY-2020") => {}
+            Err(e) if obey_code(&e) == Some(ErrorCode::AlreadyStopped) => {}
             Err(e) => {
                 return super::fail(format!(
                     "cannot stop session {id} to delete it: {}",
@@ -624,7 +625,10 @@ pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -
             }
             // Restarted (or deleted) by someone else meanwhile: not ours to prune any more.
             Err(e)
-                if e.message().starts_with("OBEY-2011") || e.message().starts_with("OBEY-2010") =>
+                if matches!(
+                    obey_code(&e),
+                    Some(ErrorCode::WrongState | ErrorCode::SessionNotFound)
+                ) =>
             {
                 if !ctx.json {
                     println!("Skipped {}: {}", s.id, e.message());

@@ -7,15 +7,18 @@
 //! session gracefully before the process exits 0.
 
 pub mod event_loop;
+pub mod port;
 pub mod runner_link;
 pub mod supervisor;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use event_loop::{Command, Handle, Hub, State};
+pub use event_loop::State;
+use paddock_core::campaign::Campaigns;
 use paddock_core::task::{TaskLimits, Tasks};
 use paddock_core::{Engine, Limits};
+pub use port::{Command, Handle, Hub};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 
@@ -87,6 +90,14 @@ pub async fn run(opts: Options) -> Result<(), String> {
         .load_tasks()
         .map_err(|e| format!("cannot load tasks: {e}"))?;
     let (tasks, task_restore) = Tasks::restore(opts.task_limits.clone(), now_ms(), task_records);
+    let campaigns = Campaigns::new(
+        store
+            .campaigns()
+            .map_err(|e| format!("cannot load campaigns: {e}"))?,
+    );
+    let unrecognized = store
+        .unrecognized_counts()
+        .map_err(|e| format!("cannot load the unrecognized line counts: {e}"))?;
     let reconciled = restore
         .iter()
         .filter(|e| matches!(e, paddock_core::Effect::EmitStatus(_)))
@@ -112,9 +123,10 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let (tx, rx) = mpsc::channel(event_loop::COMMAND_QUEUE);
     let (done_tx, mut done_rx) = watch::channel(false);
     let hub = Hub::new();
-    let state = State::new(
+    let mut state = State::new(
         engine,
         tasks,
+        campaigns,
         store,
         hub.clone(),
         opts.socket.clone(),
@@ -123,13 +135,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
         tx.clone(),
         done_tx,
     );
-    let mut state = state;
-    state.unrecognized = state
-        .store
-        .unrecognized_counts()
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
+    state.unrecognized = unrecognized.into_iter().collect();
     state.runner = runner.clone();
     state.reattach_adopted();
     let loop_task = tokio::spawn(event_loop::run(state, rx, restore, task_restore));
@@ -154,7 +160,8 @@ pub async fn run(opts: Options) -> Result<(), String> {
             _ = term.recv() => {},
         }
         tracing::info!("signal received: stopping");
-        let _ = sig_handle.call(|s| s.begin_shutdown()).await;
+        // Sent, never dropped: the command waits for room in the queue.
+        let _ = sig_handle.shutdown(true).await;
     });
 
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);

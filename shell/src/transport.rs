@@ -1,0 +1,56 @@
+//! What the daemon's servers and its clients (the CLI, the daemon's runner link) share about the
+//! wire: how an OBEY code travels in a gRPC status.
+//!
+//! A refusal carries its code twice: in the message text (`OBEY-2011: …`, for people and for
+//! clients that only read text) and as a structured `google.rpc.ErrorInfo` detail (reason
+//! `OBEY-2011`, domain [`ERROR_DOMAIN`]), which is what programs match on.
+
+use std::collections::HashMap;
+
+use paddock_core::ErrorCode;
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// The `ErrorInfo.domain` of every status paddock attaches a reason to.
+pub const ERROR_DOMAIN: &str = "paddock";
+
+/// A status with an `ErrorInfo` detail whose reason names the failure (an OBEY code, or a
+/// protocol's own reason such as Aria's `DAEMON_UNAVAILABLE`).
+pub fn error_status(code: tonic::Code, reason: &str, message: impl Into<String>) -> tonic::Status {
+    let meta = HashMap::from([("service".to_string(), ERROR_DOMAIN.to_string())]);
+    tonic::Status::with_error_details(
+        code,
+        message.into(),
+        ErrorDetails::with_error_info(reason, ERROR_DOMAIN, meta),
+    )
+}
+
+/// The OBEY code a status carries in its `ErrorInfo`; `None` for a status paddock did not
+/// refuse with a registry code (a transport failure, a plain `InvalidArgument`, …).
+pub fn obey_code(s: &tonic::Status) -> Option<ErrorCode> {
+    let info = s.get_details_error_info()?;
+    if info.domain != ERROR_DOMAIN {
+        return None;
+    }
+    ErrorCode::ALL
+        .into_iter()
+        .find(|c| c.to_string() == info.reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_through_error_info() {
+        for code in ErrorCode::ALL {
+            let s = error_status(tonic::Code::FailedPrecondition, &code.to_string(), "x");
+            assert_eq!(obey_code(&s), Some(code));
+        }
+        let other = error_status(tonic::Code::Unavailable, "DAEMON_UNAVAILABLE", "x");
+        assert_eq!(obey_code(&other), None);
+        assert_eq!(
+            obey_code(&tonic::Status::internal("OBEY-2011: text only")),
+            None
+        );
+    }
+}
