@@ -10,10 +10,14 @@
 //!   the provider process from spawn to reap).
 //! - [`Engine`]: all sessions of a daemon; the next deadline ([`Engine::poll_timeout`]).
 //! - [`approval`]: what an agent may do without asking, and requests that wait for a human.
+//! - [`campaign`]: campaigns and the rules for adding and removing them.
 //! - [`error`]: the OBEY-NNNN registry; [`budget`]: the one place that says "over".
+
+#![forbid(unsafe_code)]
 
 pub mod approval;
 pub mod budget;
+pub mod campaign;
 pub mod engine;
 pub mod error;
 pub mod model;

@@ -10,6 +10,7 @@
 //! - [`store`]: SQLite: migrations, the batched writer, queries.
 //! - [`cli`]: the commands and their tables / JSON.
 //! - [`runner`]: `paddock runner`, the centaurx `runner.v1.Runner` service in its own process.
+//! - [`transport`]: what servers and clients share about the wire (OBEY codes in statuses).
 //! - [`socket`]: claiming a Unix socket (0700 dir, 0600 socket, stale ones replaced).
 
 pub mod api;
@@ -23,3 +24,4 @@ pub mod runner;
 pub mod socket;
 pub mod store;
 pub mod text;
+pub mod transport;

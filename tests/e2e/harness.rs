@@ -201,7 +201,7 @@ impl Daemon {
                     std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            if let Ok(ch) = paddock::cli::client::channel(&self.dirs.socket).await {
+            if let Ok(ch) = paddock::transport::channel(&self.dirs.socket).await {
                 let mut c = LocalDaemonServiceClient::new(ch);
                 if c.ping(pb::PingRequest {}).await.is_ok() {
                     return;
@@ -232,7 +232,7 @@ impl Daemon {
 
     /// A new client on the socket.
     pub async fn client(&self) -> Client {
-        let ch = paddock::cli::client::channel(&self.dirs.socket)
+        let ch = paddock::transport::channel(&self.dirs.socket)
             .await
             .expect("connect");
         LocalDaemonServiceClient::new(ch)
@@ -653,7 +653,8 @@ pub fn redact_pids(s: &str) -> String {
     out
 }
 
-/// Asserts a gRPC error's code and that its message starts with `prefix` (e.g. "OBEY-2010: ").
+/// Asserts a gRPC error's code and that its message starts with `prefix` (e.g. "OBEY-2010: "); an
+/// OBEY prefix must also be the reason of the status's `ErrorInfo` detail (domain `paddock`).
 #[track_caller]
 pub fn assert_status(e: &tonic::Status, code: tonic::Code, prefix: &str) {
     assert_eq!(
@@ -668,6 +669,18 @@ pub fn assert_status(e: &tonic::Status, code: tonic::Code, prefix: &str) {
         "message {:?} does not start with {prefix:?}",
         e.message()
     );
+    // A refusal with an OBEY code also carries it as a structured ErrorInfo, which is what
+    // clients match (never the message text).
+    if let Some(code) = prefix.strip_suffix(": ").filter(|c| c.starts_with("OBEY-")) {
+        use tonic_types::StatusExt;
+        let info = e
+            .get_details_error_info()
+            .unwrap_or_else(|| panic!("no ErrorInfo detail on {:?}", e.message()));
+        assert_eq!(
+            (info.reason.as_str(), info.domain.as_str()),
+            (code, "paddock")
+        );
+    }
 }
 
 /// The file mode bits of `p`.

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::pin::Pin;
 
+use paddock_core::campaign::NewCampaign;
 use paddock_core::task::{OutputKind, TaskInput, TaskRecord, TaskReply, TaskSpec};
 use paddock_core::{ActivityKind, Error, ErrorCode, Provider, SessionConfig, SessionId, Status};
 use paddock_proto::aria::v1 as pb;
@@ -20,12 +21,13 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status as GrpcStatus};
-use tonic_types::{ErrorDetails, StatusExt};
 
 use super::convert;
-use crate::daemon::event_loop::{Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER};
-use crate::daemon::Handle;
+use crate::daemon::port::{
+    Command, Handle, Query, Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER,
+};
 use crate::paths::now_ms;
+use crate::transport::error_status as status;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
@@ -34,25 +36,20 @@ const COMMAND_JSON_MAX: usize = 256 * 1024;
 /// The campaign Aria sessions run in.
 pub const ARIA_CAMPAIGN: &str = "aria";
 
-/// A standard status with a `google.rpc.Status` detail.
-pub fn status(code: Code, reason: &str, message: impl Into<String>) -> GrpcStatus {
-    let mut meta = HashMap::new();
-    meta.insert("service".to_string(), "paddock".to_string());
-    GrpcStatus::with_error_details(
-        code,
-        message.into(),
-        ErrorDetails::with_error_info(reason, "paddock", meta),
-    )
-}
-
 fn from_core(e: &Error) -> GrpcStatus {
-    let base = convert::status(e);
-    status(base.code(), &e.code.to_string(), e.to_string())
+    convert::status(e)
 }
 
 fn unavailable(e: Error) -> GrpcStatus {
     status(Code::Unavailable, "DAEMON_UNAVAILABLE", e.to_string())
 }
+
+fn store_failed(e: crate::store::StoreError) -> GrpcStatus {
+    status(Code::Internal, "STORE", e.to_string())
+}
+
+/// Stored task output read per page by WatchTaskOutput.
+const OUTPUT_PAGE: usize = 1000;
 
 /// Shared configuration of the Aria services.
 #[derive(Clone)]
@@ -116,7 +113,7 @@ impl Tasks {
         let key = id.to_string();
         self.0
             .handle
-            .call(move |s| s.tasks.get(&key).cloned())
+            .query(|reply| Query::Task(key, reply))
             .await
             .map_err(unavailable)?
             .ok_or_else(|| {
@@ -166,13 +163,10 @@ impl pb::task_service_server::TaskService for Tasks {
             let id = SessionId(r.session_id.clone());
             self.0
                 .handle
-                .call(move |s| {
-                    s.engine
-                        .session(&id)
-                        .map(|x| x.record.config.working_dir.clone())
-                })
+                .session(id)
                 .await
                 .map_err(unavailable)?
+                .map(|v| v.record.config.working_dir)
                 .ok_or_else(|| {
                     status(
                         Code::NotFound,
@@ -233,11 +227,25 @@ impl pb::task_service_server::TaskService for Tasks {
             let id = rec.id.clone();
             let mut last = 0u64;
             loop {
-                let key = id.clone();
+                let task = id.clone();
                 let page = handle
-                    .call(move |s| s.store.task_output(&key, last, 1000).unwrap_or_default())
-                    .await
-                    .unwrap_or_default();
+                    .query(|reply| Query::TaskOutput {
+                        task,
+                        after: last,
+                        limit: OUTPUT_PAGE,
+                        reply,
+                    })
+                    .await;
+                let page = match page
+                    .map_err(unavailable)
+                    .and_then(|r| r.map_err(store_failed))
+                {
+                    Ok(page) => page,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
                 if page.is_empty() {
                     break;
                 }
@@ -444,24 +452,19 @@ impl Sessions {
             )
         })?;
         let root = root.canonicalize().unwrap_or(root).display().to_string();
-        self.0
+        let (c, _) = self
+            .0
             .handle
-            .call(move |s| {
-                if let Some(c) = s
-                    .store
-                    .find_campaign(ARIA_CAMPAIGN)
-                    .map_err(|e| e.to_string())?
-                {
-                    return Ok(c);
-                }
-                let id = super::new_campaign_id();
-                s.store
-                    .add_campaign(&id, ARIA_CAMPAIGN, &root, now_ms())
-                    .map_err(|e| e.to_string())
+            .ask(|reply| Command::AddCampaign {
+                id: super::new_campaign_id(),
+                root,
+                how: NewCampaign::NamedOrExisting(ARIA_CAMPAIGN.into()),
+                reply,
             })
             .await
             .map_err(unavailable)?
-            .map_err(|e| status(Code::Internal, "STORE", e))
+            .map_err(|e| status(Code::Internal, "STORE", e.to_string()))?;
+        Ok(c)
     }
 }
 
@@ -494,9 +497,10 @@ impl pb::session_service_server::SessionService for Sessions {
         let rec = self
             .0
             .handle
-            .call(move |s| s.engine.session(&id).map(|x| x.record.clone()))
+            .session(id)
             .await
             .map_err(unavailable)?
+            .map(|v| v.record)
             .ok_or_else(|| {
                 status(
                     Code::NotFound,

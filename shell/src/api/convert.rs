@@ -130,7 +130,9 @@ pub fn session_summary(r: &core::SessionRecord) -> pb::SessionSummary {
     }
 }
 
-/// A core error as a gRPC status whose message starts with the code: `OBEY-2001: …`.
+/// A core error as a gRPC status, for every protocol: the message starts with the code
+/// (`OBEY-2001: …`) and an `ErrorInfo` detail carries it (reason `OBEY-2001`, domain
+/// `paddock`), which is what clients match ([`crate::transport::obey_code`]).
 pub fn status(e: &core::Error) -> tonic::Status {
     let code = match e.code.kind() {
         core::ErrorKind::NotFound => tonic::Code::NotFound,
@@ -141,7 +143,7 @@ pub fn status(e: &core::Error) -> tonic::Status {
         core::ErrorKind::Unavailable => tonic::Code::Unavailable,
         core::ErrorKind::Internal => tonic::Code::Internal,
     };
-    tonic::Status::new(code, e.to_string())
+    crate::transport::error_status(code, &e.code.to_string(), e.to_string())
 }
 
 /// How much of a request's tool input a message carries (a 4 MiB file write would not fit a
@@ -191,13 +193,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statuses_start_with_the_code() {
+    fn statuses_carry_the_code_in_text_and_error_info() {
         let s = status(&core::Error::new(
             core::ErrorCode::CampaignNotFound,
             "campaign \"x\" not found",
         ));
         assert_eq!(s.code(), tonic::Code::NotFound);
         assert_eq!(s.message(), "OBEY-2001: campaign \"x\" not found");
+        assert_eq!(
+            crate::transport::obey_code(&s),
+            Some(core::ErrorCode::CampaignNotFound)
+        );
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! `obey.local.v1.LocalDaemonService`: agent sessions bound to campaigns.
 //!
-//! Validation of the request's shape happens here; every rule about a session is the core's
-//! (reached through [`Handle::request`]); what only the shell knows (campaigns, stored
-//! activities, reported events) is read or written through [`Handle::call`].
+//! Validation of the request's shape happens here; every rule about a session or a campaign
+//! is the core's, reached through the daemon's port ([`Handle`]: typed commands and queries).
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::time::Duration;
 
+use paddock_core::campaign::NewCampaign;
 use paddock_core::{Error, ErrorCode, Provider, SessionConfig, SessionId, Status};
 use paddock_proto::obey::local::v1 as pb;
 use pb::local_daemon_service_server::LocalDaemonService;
@@ -17,10 +17,12 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::convert;
-use crate::daemon::event_loop::{Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER};
-use crate::daemon::Handle;
+use crate::daemon::port::{
+    Command, Handle, HistoryView, Query, Read, Request as Req, SessionView, TURN_STREAM_BUFFER,
+    WATCH_BUFFER,
+};
 use crate::paths::now_ms;
-use crate::store::ExternalActivity;
+use crate::store::{ExternalActivity, ReportedEvent};
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
@@ -32,6 +34,8 @@ const APPROVALS_DEFAULT: usize = 100;
 const HISTORY_DEFAULT: usize = 1000;
 /// Rows of pushed activity stored per transaction.
 const EXTERNAL_BATCH: usize = 256;
+/// Stored activities read per page by WatchActivity.
+const WATCH_PAGE: usize = 1000;
 /// Output kept of one Execute line.
 const EXECUTE_LINE_BYTES: usize = 64 * 1024;
 
@@ -49,6 +53,13 @@ fn st(e: Error) -> GrpcStatus {
     convert::status(&e)
 }
 
+/// A store read's answer: a failed read is INTERNAL.
+fn read<T>(answer: Result<Read<T>, Error>) -> Result<T, GrpcStatus> {
+    answer
+        .map_err(st)?
+        .map_err(|e| GrpcStatus::internal(e.to_string()))
+}
+
 fn invalid(msg: impl Into<String>) -> GrpcStatus {
     GrpcStatus::invalid_argument(msg.into())
 }
@@ -60,72 +71,26 @@ fn session_id(id: &str) -> Result<SessionId, GrpcStatus> {
     Ok(SessionId(id.trim().to_string()))
 }
 
-/// A campaign or festival event to store.
-struct ReportedEvent {
-    kind: &'static str,
-    campaign_id: String,
-    festival_id: String,
-    event_type: String,
-    payload_json: String,
-    timestamp: Option<prost_types::Timestamp>,
-}
-
 impl Obey {
     /// Stores a reported event; answers with its id.
-    async fn report(&self, e: ReportedEvent) -> Result<Response<pb::EventResponse>, GrpcStatus> {
-        let at = e
-            .timestamp
-            .as_ref()
-            .map(convert::timestamp_ms)
-            .unwrap_or_else(now_ms);
+    async fn report(
+        &self,
+        event: ReportedEvent,
+    ) -> Result<Response<pb::EventResponse>, GrpcStatus> {
         let id = self
             .handle
-            .call(move |s| {
-                s.store
-                    .report_event(
-                        e.kind,
-                        &e.campaign_id,
-                        &e.festival_id,
-                        &e.event_type,
-                        &e.payload_json,
-                        at,
-                        now_ms(),
-                    )
-                    .map_err(|e| e.to_string())
-            })
+            .ask(|reply| Command::Report { event, reply })
             .await
-            .map_err(st)?
-            .map_err(GrpcStatus::internal)?;
+            .map_err(st)?;
         Ok(Response::new(pb::EventResponse {
             accepted: true,
             event_id: id.to_string(),
         }))
     }
 
-    /// A session's info with the shell's count of its unrecognized provider lines and the
-    /// engine's of its open requests.
-    async fn info(&self, rec: &paddock_core::SessionRecord) -> pb::SessionInfo {
-        let id = rec.id.clone();
-        let (n, pending) = self
-            .handle
-            .call(move |s| {
-                (
-                    s.unrecognized.get(&id.0).copied().unwrap_or(0),
-                    s.engine.session(&id).map_or(0, |x| x.pending().len()),
-                )
-            })
-            .await
-            .unwrap_or((0, 0));
-        convert::session_info_full(rec, n, pending)
-    }
-
-    async fn record(&self, id: SessionId) -> Result<paddock_core::SessionRecord, GrpcStatus> {
-        let found = self
-            .handle
-            .call(move |s| s.engine.session(&id).map(|x| x.record.clone()).ok_or(id))
-            .await
-            .map_err(st)?;
-        found.map_err(|id| {
+    async fn session(&self, id: SessionId) -> Result<SessionView, GrpcStatus> {
+        let found = self.handle.session(id.clone()).await.map_err(st)?;
+        found.ok_or_else(|| {
             st(Error::new(
                 ErrorCode::SessionNotFound,
                 format!("session \"{id}\" not found"),
@@ -133,14 +98,27 @@ impl Obey {
         })
     }
 
+    async fn record(&self, id: SessionId) -> Result<paddock_core::SessionRecord, GrpcStatus> {
+        Ok(self.session(id).await?.record)
+    }
+
+    /// A session's info, with the counts the loop keeps (as of now) and `rec` as answered.
+    async fn info(&self, rec: &paddock_core::SessionRecord) -> Result<pb::SessionInfo, GrpcStatus> {
+        let now = self.session(rec.id.clone()).await?;
+        Ok(convert::session_info_full(
+            rec,
+            now.unrecognized,
+            now.pending,
+        ))
+    }
+
     async fn campaign(&self, key: String) -> Result<crate::store::Campaign, GrpcStatus> {
         let k = key.clone();
         let found = self
             .handle
-            .call(move |s| s.store.find_campaign(&k).map_err(|e| e.to_string()))
+            .query(|reply| Query::Campaign(k, reply))
             .await
-            .map_err(st)?
-            .map_err(GrpcStatus::internal)?;
+            .map_err(st)?;
         found.ok_or_else(|| {
             st(Error::new(
                 ErrorCode::CampaignNotFound,
@@ -167,7 +145,11 @@ impl LocalDaemonService for Obey {
             festival_id: String::new(),
             event_type: r.event_type,
             payload_json: r.payload_json,
-            timestamp: r.timestamp,
+            at: r
+                .timestamp
+                .as_ref()
+                .map_or_else(now_ms, convert::timestamp_ms),
+            received_at: now_ms(),
         };
         self.report(event).await
     }
@@ -191,7 +173,11 @@ impl LocalDaemonService for Obey {
             festival_id: r.festival_id,
             event_type: r.event_type,
             payload_json: r.payload_json,
-            timestamp: r.timestamp,
+            at: r
+                .timestamp
+                .as_ref()
+                .map_or_else(now_ms, convert::timestamp_ms),
+            received_at: now_ms(),
         };
         self.report(event).await
     }
@@ -230,17 +216,12 @@ impl LocalDaemonService for Obey {
                 None => true,
             };
             if rows.len() >= EXTERNAL_BATCH || (done && !rows.is_empty()) {
-                let batch = std::mem::take(&mut rows);
+                let rows = std::mem::take(&mut rows);
                 let n = self
                     .handle
-                    .call(move |s| {
-                        s.store
-                            .insert_external_activities(&batch)
-                            .map_err(|e| e.to_string())
-                    })
+                    .ask(|reply| Command::External { rows, reply })
                     .await
-                    .map_err(st)?
-                    .map_err(GrpcStatus::internal)?;
+                    .map_err(st)?;
                 received += n as i64;
             }
             if done {
@@ -254,10 +235,10 @@ impl LocalDaemonService for Obey {
         &self,
         _request: Request<pb::PingRequest>,
     ) -> Result<Response<pb::PingResponse>, GrpcStatus> {
-        let started = self.handle.call(|s| s.started_at).await.map_err(st)?;
+        let d = self.handle.query(Query::Daemon).await.map_err(st)?;
         Ok(Response::new(pb::PingResponse {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            uptime: Some(convert::duration(now_ms().saturating_sub(started))),
+            uptime: Some(convert::duration(now_ms().saturating_sub(d.started_at))),
         }))
     }
 
@@ -265,27 +246,16 @@ impl LocalDaemonService for Obey {
         &self,
         _request: Request<pb::StateRequest>,
     ) -> Result<Response<pb::StateResponse>, GrpcStatus> {
-        let resp = self
-            .handle
-            .call(|s| {
-                let (campaigns, _) = s.store.counts().unwrap_or((0, 0));
-                pb::StateResponse {
-                    version: env!("CARGO_PKG_VERSION").to_string(),
-                    started_at: Some(convert::timestamp(s.started_at)),
-                    campaign_count: campaigns as i32,
-                    session_count: s.engine.sessions().count() as i32,
-                    socket_path: s.socket.display().to_string(),
-                    data_dir: s.data_dir.display().to_string(),
-                    active_sessions: s
-                        .engine
-                        .sessions()
-                        .filter(|x| !x.status().is_terminal())
-                        .map(|x| convert::session_summary(&x.record))
-                        .collect(),
-                }
-            })
-            .await
-            .map_err(st)?;
+        let d = self.handle.query(Query::Daemon).await.map_err(st)?;
+        let resp = pb::StateResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at: Some(convert::timestamp(d.started_at)),
+            campaign_count: d.campaigns as i32,
+            session_count: d.sessions as i32,
+            socket_path: d.socket.display().to_string(),
+            data_dir: d.data_dir.display().to_string(),
+            active_sessions: d.live.iter().map(convert::session_summary).collect(),
+        };
         Ok(Response::new(resp))
     }
 
@@ -422,11 +392,7 @@ impl LocalDaemonService for Obey {
         request: Request<pb::ShutdownRequest>,
     ) -> Result<Response<pb::ShutdownResponse>, GrpcStatus> {
         let force = request.into_inner().force;
-        let n = self
-            .handle
-            .call(move |s| s.begin_shutdown_with(!force))
-            .await
-            .map_err(st)?;
+        let n = self.handle.shutdown(!force).await.map_err(st)?;
         Ok(Response::new(pb::ShutdownResponse {
             accepted: true,
             active_sessions: n as i32,
@@ -498,8 +464,12 @@ impl LocalDaemonService for Obey {
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, GrpcStatus> {
         let id = session_id(&request.into_inner().session_id)?;
-        let rec = self.record(id).await?;
-        Ok(Response::new(self.info(&rec).await))
+        let v = self.session(id).await?;
+        Ok(Response::new(convert::session_info_full(
+            &v.record,
+            v.unrecognized,
+            v.pending,
+        )))
     }
 
     async fn list_sessions(
@@ -529,33 +499,24 @@ impl LocalDaemonService for Obey {
             })?),
         };
         let include_terminated = r.include_terminated;
-        let sessions = self
-            .handle
-            .call(move |s| {
-                s.engine
-                    .sessions()
-                    .filter(|x| {
-                        let rec = &x.record;
-                        campaign
-                            .as_ref()
-                            .is_none_or(|c| &rec.config.campaign_id == c)
-                    })
-                    .filter(|x| provider.is_none_or(|p| x.record.config.provider == p))
-                    .filter(|x| {
-                        if !statuses.is_empty() {
-                            statuses.contains(&x.record.status)
-                        } else {
-                            include_terminated || !x.record.status.is_terminal()
-                        }
-                    })
-                    .map(|x| {
-                        let n = s.unrecognized.get(&x.record.id.0).copied().unwrap_or(0);
-                        convert::session_info_full(&x.record, n, x.pending().len())
-                    })
-                    .collect::<Vec<_>>()
+        let all = self.handle.query(Query::Sessions).await.map_err(st)?;
+        let sessions = all
+            .iter()
+            .filter(|v| {
+                campaign
+                    .as_ref()
+                    .is_none_or(|c| &v.record.config.campaign_id == c)
             })
-            .await
-            .map_err(st)?;
+            .filter(|v| provider.is_none_or(|p| v.record.config.provider == p))
+            .filter(|v| {
+                if !statuses.is_empty() {
+                    statuses.contains(&v.record.status)
+                } else {
+                    include_terminated || !v.record.status.is_terminal()
+                }
+            })
+            .map(|v| convert::session_info_full(&v.record, v.unrecognized, v.pending))
+            .collect();
         Ok(Response::new(pb::ListSessionsResponse { sessions }))
     }
 
@@ -606,7 +567,7 @@ impl LocalDaemonService for Obey {
             .await
             .map_err(st)?;
         Ok(Response::new(pb::StopSessionResponse {
-            session: Some(self.info(&rec).await),
+            session: Some(self.info(&rec).await?),
         }))
     }
 
@@ -616,15 +577,12 @@ impl LocalDaemonService for Obey {
     ) -> Result<Response<pb::CreateSessionResponse>, GrpcStatus> {
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
-        let provider_config = if r.provider_config.is_empty() {
-            None
-        } else {
-            let pc: BTreeMap<String, String> = r.provider_config.into_iter().collect();
-            let mut probe = self.record(id.clone()).await?.config;
-            probe.provider_config = pc.clone();
-            crate::providers::validate(&probe).map_err(st)?;
-            Some(pc)
-        };
+        // Checked against the session's configuration by the loop, in the restart's step.
+        let provider_config = (!r.provider_config.is_empty()).then(|| {
+            r.provider_config
+                .into_iter()
+                .collect::<BTreeMap<String, String>>()
+        });
         let rec = self
             .handle
             .request(
@@ -696,16 +654,14 @@ impl LocalDaemonService for Obey {
                         if let Some(c) = &campaign {
                             if !campaigns.contains_key(&ev.session) {
                                 let id = ev.session.clone();
-                                let found = handle
-                                    .call(move |s| {
-                                        s.engine
-                                            .session(&id)
-                                            .map(|x| x.record.config.campaign_id.clone())
-                                    })
-                                    .await
-                                    .ok()
-                                    .flatten()
-                                    .unwrap_or_default();
+                                let found = match handle.session(id).await {
+                                    Ok(v) => v.map(|v| v.record.config.campaign_id),
+                                    Err(e) => {
+                                        let _ = tx.send(Err(st(e))).await;
+                                        return;
+                                    }
+                                };
+                                let found = found.unwrap_or_default();
                                 campaigns.insert(ev.session.clone(), found);
                             }
                             if campaigns.get(&ev.session) != Some(c) {
@@ -749,46 +705,34 @@ impl LocalDaemonService for Obey {
             )));
         }
         let id = super::new_campaign_id();
-        let root = root.display().to_string();
-        if name.is_empty() {
+        let how = if name.is_empty() {
             // The campaign of this directory: found, or registered under its name.
-            let (c, _) = self
-                .handle
-                .call(move |s| s.store.campaign_for_root(&root, &id, now_ms()))
-                .await
-                .map_err(st)?
-                .map_err(|e| GrpcStatus::internal(e.to_string()))?;
-            return Ok(Response::new(campaign_pb(&c)));
-        }
-        let n = name.clone();
-        let result = self
+            NewCampaign::ForRoot {
+                base: crate::store::campaign_name_for(&root),
+            }
+        } else {
+            NewCampaign::Named(name)
+        };
+        let root = root.display().to_string();
+        let (c, _) = self
             .handle
-            .call(
-                move |s| match s.store.add_campaign(&id, &n, &root, now_ms()) {
-                    Ok(c) => Ok(c),
-                    Err(e) if crate::store::is_unique_violation(&e) => {
-                        Err(GrpcStatus::already_exists(format!(
-                            "a campaign named \"{n}\" already exists"
-                        )))
-                    }
-                    Err(e) => Err(GrpcStatus::internal(e.to_string())),
-                },
-            )
+            .ask(|reply| Command::AddCampaign {
+                id,
+                root,
+                how,
+                reply,
+            })
             .await
-            .map_err(st)??;
-        Ok(Response::new(campaign_pb(&result)))
+            .map_err(st)?
+            .map_err(|e| GrpcStatus::already_exists(e.to_string()))?;
+        Ok(Response::new(campaign_pb(&c)))
     }
 
     async fn list_campaigns(
         &self,
         _request: Request<pb::ListCampaignsRequest>,
     ) -> Result<Response<pb::ListCampaignsResponse>, GrpcStatus> {
-        let list = self
-            .handle
-            .call(|s| s.store.campaigns().map_err(|e| e.to_string()))
-            .await
-            .map_err(st)?
-            .map_err(GrpcStatus::internal)?;
+        let list = self.handle.query(Query::Campaigns).await.map_err(st)?;
         Ok(Response::new(pb::ListCampaignsResponse {
             campaigns: list.iter().map(campaign_pb).collect(),
         }))
@@ -800,26 +744,12 @@ impl LocalDaemonService for Obey {
     ) -> Result<Response<pb::RemoveCampaignResponse>, GrpcStatus> {
         let key = request.into_inner().campaign;
         let c = self.campaign(key).await?;
-        let id = c.id.clone();
         let result = self
             .handle
-            .call(move |s| {
-                let live = s
-                    .engine
-                    .sessions()
-                    .filter(|x| x.record.config.campaign_id == id && !x.status().is_terminal())
-                    .count();
-                if live > 0 {
-                    return Err(GrpcStatus::failed_precondition(format!(
-                        "campaign has {live} live session(s); stop them first"
-                    )));
-                }
-                s.store
-                    .remove_campaign(&id)
-                    .map_err(|e| GrpcStatus::internal(e.to_string()))
-            })
+            .ask(|reply| Command::RemoveCampaign { key: c.id, reply })
             .await
-            .map_err(st)??;
+            .map_err(st)?
+            .map_err(|e| GrpcStatus::failed_precondition(e.to_string()))?;
         Ok(Response::new(pb::RemoveCampaignResponse {
             removed: result,
         }))
@@ -837,16 +767,16 @@ impl LocalDaemonService for Obey {
             n => (n as usize).min(LIST_ACTIVITIES_MAX),
         };
         let after = r.after_seq.max(0) as u64;
-        let list = self
-            .handle
-            .call(move |s| {
-                s.store
-                    .activities(&id.0, after, limit)
-                    .map_err(|e| e.to_string())
-            })
-            .await
-            .map_err(st)?
-            .map_err(GrpcStatus::internal)?;
+        let list = read(
+            self.handle
+                .query(|reply| Query::Activities {
+                    session: id,
+                    after,
+                    limit,
+                    reply,
+                })
+                .await,
+        )?;
         Ok(Response::new(pb::ListActivitiesResponse {
             activities: list.iter().map(convert::activity_event).collect(),
         }))
@@ -863,16 +793,20 @@ impl LocalDaemonService for Obey {
             n if n <= 0 => HISTORY_DEFAULT,
             n => (n as usize).min(LIST_ACTIVITIES_MAX),
         };
-        let (messages, (activities, truncated)) = self
-            .handle
-            .call(move |s| {
-                let m = s.store.user_messages(&id.0)?;
-                let a = s.store.last_activities(&id.0, limit)?;
-                Ok::<_, crate::store::StoreError>((m, a))
-            })
-            .await
-            .map_err(st)?
-            .map_err(|e| GrpcStatus::internal(e.to_string()))?;
+        let HistoryView {
+            messages,
+            activities,
+            truncated,
+            ..
+        } = read(
+            self.handle
+                .query(|reply| Query::History {
+                    session: id,
+                    limit,
+                    reply,
+                })
+                .await,
+        )?;
         let last_seq = activities.last().map(|a| a.seq as i64).unwrap_or(0);
         let mut items = crate::api::history::merge(&messages, &activities, truncated);
         // The window is of activities; user messages (one per turn) may add a few more.
@@ -890,22 +824,23 @@ impl LocalDaemonService for Obey {
         request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, GrpcStatus> {
         let r = request.into_inner();
-        let session = (!r.session_id.trim().is_empty()).then(|| r.session_id.trim().to_string());
+        let session =
+            (!r.session_id.trim().is_empty()).then(|| SessionId(r.session_id.trim().to_string()));
         let limit = match r.limit {
             n if n <= 0 => APPROVALS_DEFAULT,
             n => (n as usize).min(LIST_ACTIVITIES_MAX),
         };
         let all = r.include_resolved;
-        let list = self
-            .handle
-            .call(move |s| {
-                s.store
-                    .approvals(session.as_deref(), all, limit)
-                    .map_err(|e| e.to_string())
-            })
-            .await
-            .map_err(st)?
-            .map_err(GrpcStatus::internal)?;
+        let list = read(
+            self.handle
+                .query(|reply| Query::Approvals {
+                    session,
+                    all,
+                    limit,
+                    reply,
+                })
+                .await,
+        )?;
         Ok(Response::new(pb::ListApprovalsResponse {
             approvals: list.iter().map(convert::approval).collect(),
         }))
@@ -952,9 +887,10 @@ impl LocalDaemonService for Obey {
         let only = (!r.session_id.trim().is_empty()).then(|| SessionId(r.session_id.trim().into()));
         // Subscribe before reading what is open, so nothing falls between the two.
         let mut sub = self.handle.hub.approval.subscribe();
+        let only_ = only.clone();
         let open = self
             .handle
-            .pending_approvals(only.clone())
+            .query(|reply| Query::PendingApprovals(only_, reply))
             .await
             .map_err(st)?;
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
@@ -1044,11 +980,22 @@ impl LocalDaemonService for Obey {
         tokio::spawn(async move {
             // Stored history first, in pages.
             loop {
-                let sid = id.0.clone();
+                let session = id.clone();
                 let page = handle
-                    .call(move |s| s.store.activities(&sid, last, 1000).unwrap_or_default())
-                    .await
-                    .unwrap_or_default();
+                    .query(|reply| Query::Activities {
+                        session,
+                        after: last,
+                        limit: WATCH_PAGE,
+                        reply,
+                    })
+                    .await;
+                let page = match read(page) {
+                    Ok(page) => page,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
                 if page.is_empty() {
                     break;
                 }

@@ -36,6 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
+use paddock_core::campaign::NewCampaign;
 use paddock_core::{
     ActivityEvent, ActivityKind, Approval, ApprovalId, AskKind, Decision, Error, ErrorCode,
     Provider, SessionConfig, SessionId, SessionRecord, Status, StatusEvent, UserMessage,
@@ -49,10 +50,10 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::history::{self, Role};
-use crate::daemon::event_loop::Request as Req;
-use crate::daemon::Handle;
+use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req};
 use crate::paths::now_ms;
 use crate::providers;
+use crate::store::ReportedEvent;
 use crate::text::truncate;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
@@ -91,6 +92,8 @@ const PATH_MAX: usize = 512;
 const BRANCH_MAX: usize = 256;
 /// EndSession marks read per campaign when looking for a project's session.
 const ENDED_MARKS_MAX: usize = 10_000;
+/// Newest activities searched for SessionEnd's last answer.
+const SUMMARY_ACTIVITIES: usize = 200;
 /// Activities read from the store per page when a stream catches up.
 const CATCH_UP_PAGE: usize = 256;
 /// A client tool's result (`ToolResult.result`) handed to the agent, at most.
@@ -492,11 +495,9 @@ impl CodeAgent {
         let (record, resumed) = match found {
             Some(rec) if rec.status.is_terminal() => {
                 // Restarted with the context of this attach (the files may have changed).
+                // Validated against the session's configuration by the loop, in the restart's step.
                 let mut pc = rec.config.provider_config.clone();
                 pc.insert(providers::SYSTEM_PROMPT_KEY.into(), context);
-                let mut probe = rec.config.clone();
-                probe.provider_config = pc.clone();
-                providers::validate(&probe).map_err(|e| e.to_string())?;
                 let rec = self
                     .handle
                     .request(
@@ -540,11 +541,14 @@ impl CodeAgent {
     /// way, shared with `paddock session create`).
     async fn campaign_for(&self, root_str: &str) -> Result<crate::store::Campaign, String> {
         let root = root_str.to_string();
+        let base = crate::store::campaign_name_for(std::path::Path::new(root_str));
         let (c, added) = self
             .handle
-            .call(move |st| {
-                st.store
-                    .campaign_for_root(&root, &super::new_campaign_id(), now_ms())
+            .ask(|reply| Command::AddCampaign {
+                id: super::new_campaign_id(),
+                root,
+                how: NewCampaign::ForRoot { base },
+                reply,
             })
             .await
             .map_err(|e| e.to_string())?
@@ -557,41 +561,53 @@ impl CodeAgent {
 
     /// The newest session made through sunbeam for `root` that no EndSession ended.
     async fn find_session(&self, root: &str) -> Result<Option<SessionRecord>, String> {
-        let root = root.to_string();
-        self.handle
-            .call(move |st| {
-                let mut candidates: Vec<SessionRecord> = st
-                    .engine
-                    .sessions()
-                    .filter(|x| x.record.config.provider_config.get(PROJECT_KEY) == Some(&root))
-                    .map(|x| x.record.clone())
-                    .collect();
-                let campaigns: BTreeSet<String> = candidates
-                    .iter()
-                    .map(|r| r.config.campaign_id.clone())
-                    .collect();
-                let mut ended = BTreeSet::new();
-                for c in &campaigns {
-                    for p in st
-                        .store
-                        .reported_payloads(c, ENDED_EVENT, ENDED_MARKS_MAX)
-                        .map_err(|e| e.to_string())?
-                    {
-                        if let Some(id) = serde_json::from_str::<serde_json::Value>(&p)
-                            .ok()
-                            .and_then(|v| v["session_id"].as_str().map(String::from))
-                        {
-                            ended.insert(id);
-                        }
-                    }
-                }
-                candidates.retain(|r| !ended.contains(&r.id.0));
-                Ok(candidates
-                    .into_iter()
-                    .max_by_key(|r| (r.created_at, r.id.clone())))
-            })
+        let all = self
+            .handle
+            .query(Query::Sessions)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let mut candidates: Vec<SessionRecord> = all
+            .into_iter()
+            .filter(|v| {
+                v.record
+                    .config
+                    .provider_config
+                    .get(PROJECT_KEY)
+                    .map(String::as_str)
+                    == Some(root)
+            })
+            .map(|v| v.record)
+            .collect();
+        let campaigns: BTreeSet<String> = candidates
+            .iter()
+            .map(|r| r.config.campaign_id.clone())
+            .collect();
+        let mut ended = BTreeSet::new();
+        for campaign in campaigns {
+            let marks = self
+                .handle
+                .query(|reply| Query::ReportedPayloads {
+                    campaign,
+                    event_type: ENDED_EVENT.into(),
+                    limit: ENDED_MARKS_MAX,
+                    reply,
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            for p in marks {
+                if let Some(id) = serde_json::from_str::<serde_json::Value>(&p)
+                    .ok()
+                    .and_then(|v| v["session_id"].as_str().map(String::from))
+                {
+                    ended.insert(id);
+                }
+            }
+        }
+        candidates.retain(|r| !ended.contains(&r.id.0));
+        Ok(candidates
+            .into_iter()
+            .max_by_key(|r| (r.created_at, r.id.clone())))
     }
 
     async fn create(
@@ -633,14 +649,18 @@ impl CodeAgent {
     /// The session's conversation for SessionReady, and the activity the client's feed starts
     /// after: a turn still running is left out of the history and replayed from its start.
     async fn history(&self, rec: &SessionRecord) -> Result<(Vec<pb::HistoryEntry>, u64), String> {
-        let id = rec.id.clone();
-        let (messages, (activities, truncated), now) = self
+        let session = rec.id.clone();
+        let HistoryView {
+            messages,
+            activities,
+            truncated,
+            record: now,
+        } = self
             .handle
-            .call(move |s| {
-                let m = s.store.user_messages(&id.0)?;
-                let a = s.store.last_activities(&id.0, HISTORY_ACTIVITIES)?;
-                let now = s.engine.session(&id).map(|x| x.record.clone());
-                Ok::<_, crate::store::StoreError>((m, a, now))
+            .query(|reply| Query::History {
+                session,
+                limit: HISTORY_ACTIVITIES,
+                reply,
             })
             .await
             .map_err(|e| e.to_string())?
@@ -869,13 +889,10 @@ impl Conn {
         if text.trim().is_empty() {
             return go(self.out.error("UserInput.text is empty", false).await);
         }
-        let id = self.id.clone();
-        let rec = self
-            .handle()
-            .call(move |s| s.engine.session(&id).map(|x| x.record.clone()))
-            .await
-            .ok()
-            .flatten();
+        let rec = match self.handle().session(self.id.clone()).await {
+            Ok(v) => v.map(|v| v.record),
+            Err(e) => return go(self.out.error(e.to_string(), false).await),
+        };
         let mut message = text;
         if let Some(rec) = rec {
             // Agents without a system prompt get the project context with the first message.
@@ -939,11 +956,15 @@ impl Conn {
 
     /// The session's open requests, asked of a client that just attached.
     async fn show_open_approvals(&mut self) -> Flow {
-        let open = self
+        let only = Some(self.id.clone());
+        let open = match self
             .handle()
-            .pending_approvals(Some(self.id.clone()))
+            .query(|reply| Query::PendingApprovals(only, reply))
             .await
-            .unwrap_or_default();
+        {
+            Ok(open) => open,
+            Err(e) => return go(self.out.error(e.to_string(), false).await),
+        };
         // Requests settled while this stream was not looking are forgotten.
         self.shown.retain(|id| open.iter().any(|a| &a.id == id));
         for a in open {
@@ -1046,16 +1067,8 @@ impl Conn {
     }
 
     async fn project(&self) -> Option<String> {
-        let id = self.id.clone();
-        self.handle()
-            .call(move |s| {
-                s.engine
-                    .session(&id)
-                    .and_then(|x| x.record.config.provider_config.get(PROJECT_KEY).cloned())
-            })
-            .await
-            .ok()
-            .flatten()
+        let v = self.handle().session(self.id.clone()).await.ok()??;
+        v.record.config.provider_config.get(PROJECT_KEY).cloned()
     }
 
     async fn on_outcome(&mut self, outcome: Outcome) -> Flow {
@@ -1118,21 +1131,16 @@ impl Conn {
 
     /// After missing status events: the session's status now.
     async fn recheck_status(&mut self) -> Flow {
-        let id = self.id.clone();
-        let now = self
-            .handle()
-            .call(move |s| {
-                s.engine.session(&id).map(|x| {
-                    let r = &x.record;
-                    (
-                        r.status,
-                        r.error.as_ref().map(|e| e.to_string()).unwrap_or_default(),
-                    )
-                })
-            })
-            .await
-            .ok()
-            .flatten();
+        let now = match self.handle().session(self.id.clone()).await {
+            Ok(v) => v.map(|v| {
+                let r = v.record;
+                (
+                    r.status,
+                    r.error.as_ref().map(|e| e.to_string()).unwrap_or_default(),
+                )
+            }),
+            Err(_) => return Flow::Stop, // the daemon is gone
+        };
         match now {
             Some((status, message)) => self.on_status(status, &message).await,
             None => {
@@ -1146,11 +1154,16 @@ impl Conn {
     /// the stream ends (so that nothing the session did is missing).
     async fn catch_up(&mut self) -> Flow {
         loop {
-            let id = self.id.0.clone();
+            let session = self.id.clone();
             let after = self.last_seq;
             let page = match self
                 .handle()
-                .call(move |s| s.store.activities(&id, after, CATCH_UP_PAGE))
+                .query(|reply| Query::Activities {
+                    session,
+                    after,
+                    limit: CATCH_UP_PAGE,
+                    reply,
+                })
                 .await
             {
                 Ok(Ok(page)) => page,
@@ -1251,14 +1264,23 @@ impl Conn {
                 {
                     return Flow::Stop;
                 }
-                let id = self.id.0.clone();
-                let (tokens_in, tokens_out) = self
+                let session = self.id.clone();
+                let tokens = self
                     .handle()
-                    .call(move |s| s.store.turn_tokens(&id, turn))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or((a.tokens_input, a.tokens_output));
+                    .query(|reply| Query::TurnTokens {
+                        session,
+                        turn,
+                        reply,
+                    })
+                    .await;
+                let (tokens_in, tokens_out) = match tokens {
+                    Ok(Ok(t)) => t,
+                    Ok(Err(e)) => {
+                        let m = format!("cannot read the turn's tokens: {e}");
+                        return go(self.out.error(m, false).await);
+                    }
+                    Err(_) => return Flow::Stop, // the daemon is gone
+                };
                 go(self
                     .out
                     .send(OutMsg::Done(pb::TextDone {
@@ -1270,14 +1292,13 @@ impl Conn {
             }
             ActivityKind::Error => {
                 self.turn = None;
-                let id = self.id.clone();
                 let failed = self
                     .handle()
-                    .call(move |s| s.engine.session(&id).map(|x| x.status()))
+                    .session(self.id.clone())
                     .await
                     .ok()
                     .flatten()
-                    .is_none_or(|s| s == Status::Failed);
+                    .is_none_or(|v| v.record.status == Status::Failed);
                 let sent = self.out.error(&a.content, failed).await;
                 if failed {
                     Flow::Stop
@@ -1290,26 +1311,26 @@ impl Conn {
 
     /// SessionEnd's summary: turns, tokens, and the first line of the last answer.
     async fn summary(&self) -> String {
-        let id = self.id.clone();
+        let session = self.id.clone();
         let found = self
             .handle()
-            .call(move |s| {
-                let rec = s.engine.session(&id).map(|x| x.record.clone())?;
-                let last = s
-                    .store
-                    .last_activities(&id.0, 200)
-                    .ok()
-                    .and_then(|(list, _)| {
-                        list.into_iter()
-                            .rev()
-                            .find(|a| a.activity.kind() == ActivityKind::Completion)
-                            .map(|a| a.activity.content)
-                    });
-                Some((rec, last))
+            .query(|reply| Query::History {
+                session,
+                limit: SUMMARY_ACTIVITIES,
+                reply,
             })
             .await
             .ok()
-            .flatten();
+            .and_then(Result::ok)
+            .and_then(|h| {
+                let last = h
+                    .activities
+                    .into_iter()
+                    .rev()
+                    .find(|a| a.activity.kind() == ActivityKind::Completion)
+                    .map(|a| a.activity.content);
+                Some((h.record?, last))
+            });
         let Some((rec, last)) = found else {
             return format!("session {} ended", self.id);
         };
@@ -1336,29 +1357,24 @@ enum Answer_ {
 
 /// Records that EndSession ended a session (a campaign event), so it is never resumed.
 async fn mark_ended(handle: &Handle, id: &SessionId) -> Result<(), Error> {
-    let id = id.clone();
-    handle
-        .call(move |s| {
-            let campaign = s
-                .engine
-                .session(&id)
-                .map(|x| x.record.config.campaign_id.clone())
-                .unwrap_or_default();
-            let payload = serde_json::json!({ "session_id": id.0 }).to_string();
-            s.store
-                .report_event(
-                    "campaign",
-                    &campaign,
-                    "",
-                    ENDED_EVENT,
-                    &payload,
-                    now_ms(),
-                    now_ms(),
-                )
-                .map(|_| ())
-                .map_err(|e| Error::new(ErrorCode::Generic, format!("cannot record the end: {e}")))
-        })
+    let campaign = handle
+        .session(id.clone())
         .await?
+        .map(|v| v.record.config.campaign_id)
+        .unwrap_or_default();
+    let event = ReportedEvent {
+        kind: "campaign",
+        campaign_id: campaign,
+        festival_id: String::new(),
+        event_type: ENDED_EVENT.into(),
+        payload_json: serde_json::json!({ "session_id": id.0 }).to_string(),
+        at: now_ms(),
+        received_at: now_ms(),
+    };
+    handle
+        .ask(|reply| Command::Report { event, reply })
+        .await
+        .map(drop)
 }
 
 /// `StartSession.client_tools` as `provider_config["client_tools"]` (none: `None`).

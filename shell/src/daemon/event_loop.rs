@@ -10,173 +10,89 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use paddock_core::task::{TaskEffect, TaskInput, TaskOutput, TaskReply, TaskStatusEvent, Tasks};
+use paddock_core::campaign::{Campaign, CampaignError, Campaigns};
+use paddock_core::task::{TaskEffect, TaskInput, TaskReply, Tasks};
 use paddock_core::{
-    ActivityEvent, Approval, ApprovalId, Decision, Effect, Engine, Error, ErrorCode, Input,
-    ProviderEvent, Record, RequestId, RunId, SessionId, SessionRecord, StatusEvent,
+    Approval, Effect, Engine, Error, Input, ProviderEvent, Record, RequestId, RunId, SessionId,
+    SessionRecord,
 };
-use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
+use super::port::{shutting_down, DaemonView, HistoryView, Query, Reply, SessionView, TurnStream};
+pub use super::port::{Command, Hub, Request};
 use super::supervisor::{self, RunHandle};
 use crate::paths::now_ms;
 use crate::store::tasks::TaskRow;
-use crate::store::{Store, UnrecognizedLine};
+use crate::store::{Row, Store, UnrecognizedLine};
 
 /// Commands drained per iteration (and so per commit) at most.
 pub const MAX_BATCH: usize = 512;
 /// The command queue's bound: provider readers wait (and so slow their agent down) when the
 /// loop is behind, instead of buffering without limit.
 pub const COMMAND_QUEUE: usize = 4096;
-/// Activities buffered for one SendMessage client; a client that falls this far behind loses
-/// its stream (everything is still in the store: ListActivities / WatchActivity).
-pub const TURN_STREAM_BUFFER: usize = 4096;
-/// Events buffered per watcher before it is told it fell behind.
-pub const WATCH_BUFFER: usize = 4096;
 
-pub type Reply = oneshot::Sender<Result<SessionRecord, Error>>;
-pub type ApprovalReply = oneshot::Sender<Result<Approval, Error>>;
-pub type TaskReplyTx = oneshot::Sender<Result<TaskReply, Error>>;
-pub type TurnStream = mpsc::Sender<Result<ActivityEvent, Error>>;
-
-/// A request for the core; the loop gives it its request id.
-#[derive(Debug)]
-pub enum Request {
-    Create {
-        id: SessionId,
-        config: Box<paddock_core::SessionConfig>,
-    },
-    Send {
-        id: SessionId,
-        text: String,
-    },
-    Stop {
-        id: SessionId,
-        graceful: bool,
-    },
-    Restart {
-        id: SessionId,
-        provider_config: Option<BTreeMap<String, String>>,
-    },
-    /// DeleteSession: forget a terminal session and everything stored about it.
-    Delete {
-        id: SessionId,
-    },
-}
-
-/// A closure run on the loop's state.
-pub type Call = Box<dyn FnOnce(&mut State) + Send>;
-
-/// Something for the loop to do.
-pub enum Command {
-    /// A provider's event (from a child's reader or waiter).
-    Provider(Input),
-    /// The events of one line of a provider's output: handled in one batch, so they are
-    /// committed together (a line is applied whole or not at all).
-    ProviderLine(Vec<Input>),
-    /// A session request; `turn` receives the activities of the turn a Send starts.
-    Request {
-        request: Request,
-        reply: Reply,
-        turn: Option<TurnStream>,
-    },
-    /// Resolve a request for a human; `by` names the client.
-    Resolve {
-        approval: ApprovalId,
-        /// Only a request of this session.
-        session: Option<SessionId>,
-        decision: Decision,
-        by: String,
-        reply: ApprovalReply,
-    },
-    /// A task request (launch, cancel); the loop gives it its request id.
-    TaskRequest {
-        input: TaskInput,
-        reply: TaskReplyTx,
-    },
-    /// A task process's output or exit.
-    TaskEvent(TaskInput),
-    /// Read or change shell state, run after the current batch committed.
-    Call(Call),
-    /// A provider line its adapter did not understand: stored raw and counted.
-    Unrecognized {
-        id: SessionId,
-        run: RunId,
-        line: String,
-    },
-}
-
-/// Where status events and activities are published for watchers.
-#[derive(Clone)]
-pub struct Hub {
-    pub status: broadcast::Sender<StatusEvent>,
-    pub activity: broadcast::Sender<ActivityEvent>,
-    pub task_status: broadcast::Sender<TaskStatusEvent>,
-    pub task_output: broadcast::Sender<TaskOutput>,
-    /// Requests for a human, as they are opened and resolved.
-    pub approval: broadcast::Sender<Approval>,
-}
-
-impl Default for Hub {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Hub {
-    pub fn new() -> Self {
-        Hub {
-            status: broadcast::channel(WATCH_BUFFER).0,
-            activity: broadcast::channel(WATCH_BUFFER).0,
-            task_status: broadcast::channel(WATCH_BUFFER).0,
-            task_output: broadcast::channel(WATCH_BUFFER).0,
-            approval: broadcast::channel(WATCH_BUFFER).0,
-        }
-    }
-}
+type SessionReply = Reply<Result<SessionRecord, Error>>;
 
 struct Pending {
-    reply: Reply,
+    reply: SessionReply,
     turn: Option<TurnStream>,
+}
+
+/// A command's answer, given once its batch has committed.
+enum Ack {
+    Count(Reply<usize>, usize),
+    Campaign(
+        Reply<Result<(Campaign, bool), CampaignError>>,
+        Result<(Campaign, bool), CampaignError>,
+    ),
+    Removed(
+        Reply<Result<bool, CampaignError>>,
+        Result<bool, CampaignError>,
+    ),
+    /// Answered with the id the store gave the batch's next reported event.
+    Event(Reply<i64>),
 }
 
 /// The loop's state.
 pub struct State {
-    pub engine: Engine,
-    pub tasks: Tasks,
-    pub store: Store,
-    pub hub: Hub,
-    pub started_at: u64,
-    pub socket: PathBuf,
-    pub data_dir: PathBuf,
+    engine: Engine,
+    tasks: Tasks,
+    campaigns: Campaigns,
+    store: Store,
+    hub: Hub,
+    started_at: u64,
+    socket: PathBuf,
+    data_dir: PathBuf,
     /// Set by Shutdown / SIGTERM: no new sessions, every session is being stopped.
-    pub shutting_down: bool,
+    shutting_down: bool,
     /// The runner agents run in (`None`: they are the daemon's own children).
-    pub runner: Option<super::runner_link::RunnerLink>,
+    pub(super) runner: Option<super::runner_link::RunnerLink>,
     exe: PathBuf,
     tx: mpsc::Sender<Command>,
     runs: BTreeMap<(SessionId, RunId), RunHandle>,
     task_runs: BTreeMap<String, u32>,
     pending: BTreeMap<RequestId, Pending>,
-    task_pending: BTreeMap<RequestId, TaskReplyTx>,
-    approval_pending: BTreeMap<RequestId, ApprovalReply>,
+    task_pending: BTreeMap<RequestId, Reply<Result<TaskReply, Error>>>,
+    approval_pending: BTreeMap<RequestId, Reply<Result<Approval, Error>>>,
     turn_streams: BTreeMap<(SessionId, u64), TurnStream>,
     next_req: RequestId,
     /// Told `true` when the loop has finished (after a shutdown).
     done: watch::Sender<bool>,
     /// Unrecognized provider lines per session, as committed.
-    pub unrecognized: BTreeMap<String, u64>,
+    pub(super) unrecognized: BTreeMap<String, u64>,
 }
 
 #[derive(Default)]
 struct Batch {
     records: Vec<Record>,
-    unrecognized: Vec<UnrecognizedLine>,
+    rows: Vec<Row>,
     deliver: Vec<Effect>,
     inputs: VecDeque<Input>,
     task_rows: Vec<TaskRow>,
     task_deliver: Vec<TaskEffect>,
     task_inputs: VecDeque<TaskInput>,
-    calls: Vec<Call>,
+    acks: Vec<Ack>,
+    queries: Vec<Query>,
 }
 
 impl State {
@@ -184,6 +100,7 @@ impl State {
     pub fn new(
         engine: Engine,
         tasks: Tasks,
+        campaigns: Campaigns,
         store: Store,
         hub: Hub,
         socket: PathBuf,
@@ -195,6 +112,7 @@ impl State {
         State {
             engine,
             tasks,
+            campaigns,
             store,
             hub,
             started_at: now_ms(),
@@ -216,14 +134,14 @@ impl State {
         }
     }
 
-    /// Begins a graceful shutdown: every live session is stopped gracefully; the loop ends
-    /// when all are terminal and every child was reaped.
-    pub fn begin_shutdown(&mut self) -> usize {
-        self.begin_shutdown_with(true)
-    }
-
-    /// As [`State::begin_shutdown`]; `graceful = false` interrupts running turns at once.
-    pub fn begin_shutdown_with(&mut self, graceful: bool) -> usize {
+    /// Begins a shutdown: every live session is stopped (`graceful`: running turns may
+    /// finish) and every task cancelled, in this batch; the loop ends when all are terminal
+    /// and every child was reaped. Returns the number of live sessions.
+    fn begin_shutdown(&mut self, graceful: bool, batch: &mut Batch) -> usize {
+        // What is queued before the shutdown happens before it (a session created earlier in
+        // this batch is stopped too).
+        self.run_inputs(batch);
+        self.run_task_inputs(batch);
         if self.shutting_down {
             return self.engine.live_sessions();
         }
@@ -234,27 +152,20 @@ impl State {
             .filter(|s| !s.status().is_terminal())
             .map(|s| s.record.id.clone())
             .collect();
-        let n = live.len();
-        tracing::info!("shutting down: stopping {n} live session(s)");
-        let running: Vec<String> = self
-            .tasks
-            .all()
-            .filter(|t| !t.status.is_terminal())
-            .map(|t| t.id.clone())
-            .collect();
-        for id in running {
-            let (reply, _) = oneshot::channel();
-            let _ = self.tx.try_send(Command::TaskRequest {
-                input: TaskInput::Cancel { req: 0, id },
-                reply,
-            });
+        tracing::info!("shutting down: stopping {} live session(s)", live.len());
+        // Request id 0 is never pending: nobody waits for these answers.
+        for t in self.tasks.all().filter(|t| !t.status.is_terminal()) {
+            let id = t.id.clone();
+            batch
+                .task_inputs
+                .push_back(TaskInput::Cancel { req: 0, id });
         }
+        let n = live.len();
         for id in live {
-            let (reply, _) = oneshot::channel();
-            let _ = self.tx.try_send(Command::Request {
-                request: Request::Stop { id, graceful },
-                reply,
-                turn: None,
+            batch.inputs.push_back(Input::Stop {
+                req: 0,
+                id,
+                graceful,
             });
         }
         n
@@ -312,6 +223,13 @@ impl State {
             && self.task_runs.is_empty()
     }
 
+    fn next_req(&mut self) -> RequestId {
+        let req = self.next_req;
+        self.next_req += 1;
+        req
+    }
+
+    /// The one `match` on the port's commands.
     fn command(&mut self, cmd: Command, batch: &mut Batch) {
         match cmd {
             Command::Provider(input) => batch.inputs.push_back(input),
@@ -321,8 +239,11 @@ impl State {
                 reply,
                 turn,
             } => {
-                let req = self.next_req;
-                self.next_req += 1;
+                if let Err(e) = self.admit(&request, batch) {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                let req = self.next_req();
                 self.pending.insert(req, Pending { reply, turn });
                 let input = match request {
                     Request::Create { id, config } => Input::Create {
@@ -351,17 +272,16 @@ impl State {
                 by,
                 reply,
             } => {
-                let req = self.next_req;
-                self.next_req += 1;
-                self.approval_pending.insert(req, reply);
                 // What the store holds, for a request older than the engine remembers.
                 let stored = match self.store.approval(&approval) {
                     Ok(a) => a.map(Box::new),
                     Err(e) => {
-                        tracing::warn!(approval = %approval, "cannot read the approval: {e}");
-                        None
+                        let _ = reply.send(Err(read_failed("the approval", e)));
+                        return;
                     }
                 };
+                let req = self.next_req();
+                self.approval_pending.insert(req, reply);
                 batch.inputs.push_back(Input::Resolve {
                     req,
                     approval,
@@ -372,8 +292,7 @@ impl State {
                 });
             }
             Command::TaskRequest { mut input, reply } => {
-                let req = self.next_req;
-                self.next_req += 1;
+                let req = self.next_req();
                 match &mut input {
                     TaskInput::Launch { req: r, .. } | TaskInput::Cancel { req: r, .. } => *r = req,
                     _ => {}
@@ -382,15 +301,184 @@ impl State {
                 batch.task_inputs.push_back(input);
             }
             Command::TaskEvent(input) => batch.task_inputs.push_back(input),
-            Command::Call(f) => batch.calls.push(f),
             Command::Unrecognized { id, run, line } => {
                 tracing::debug!(session = %id, run, "unrecognised provider line: {}", line.chars().take(200).collect::<String>());
-                batch.unrecognized.push(UnrecognizedLine {
+                batch.rows.push(Row::Unrecognized(UnrecognizedLine {
                     session_id: id.0,
                     run,
                     at_ms: now_ms() as i64,
                     line,
+                }));
+            }
+            Command::Shutdown { graceful, reply } => {
+                let n = self.begin_shutdown(graceful, batch);
+                batch.acks.push(Ack::Count(reply, n));
+            }
+            Command::AddCampaign {
+                id,
+                root,
+                how,
+                reply,
+            } => {
+                let added = self.campaigns.handle_add(&id, &root, how, now_ms());
+                if let Ok((c, true)) = &added {
+                    batch.rows.push(Row::Campaign(c.clone()));
+                }
+                batch.acks.push(Ack::Campaign(reply, added));
+            }
+            Command::RemoveCampaign { key, reply } => {
+                // Sessions created earlier in this batch count as live.
+                self.run_inputs(batch);
+                let removed = self.campaigns.handle_remove(&key, &self.engine);
+                if let Ok(Some(c)) = &removed {
+                    batch.rows.push(Row::RemoveCampaign(c.id.clone()));
+                }
+                batch
+                    .acks
+                    .push(Ack::Removed(reply, removed.map(|c| c.is_some())));
+            }
+            Command::Report { event, reply } => {
+                batch.rows.push(Row::Event(event));
+                batch.acks.push(Ack::Event(reply));
+            }
+            Command::External { rows, reply } => {
+                let n = rows.len();
+                batch.rows.push(Row::External(rows));
+                batch.acks.push(Ack::Count(reply, n));
+            }
+            Command::Query(q) => batch.queries.push(q),
+        }
+    }
+
+    /// What the loop checks before a session request goes to the core, in the same step: no
+    /// new session while shutting down; a restart's new `provider_config` must be valid for
+    /// the session's configuration.
+    fn admit(&mut self, request: &Request, batch: &mut Batch) -> Result<(), Error> {
+        match request {
+            Request::Create { .. } if self.shutting_down => Err(shutting_down()),
+            Request::Restart {
+                id,
+                provider_config: Some(pc),
+            } => {
+                // An earlier restart in this batch may have changed the configuration.
+                self.run_inputs(batch);
+                match self.engine.session(id) {
+                    Some(s) => {
+                        let mut probe = s.record.config.clone();
+                        probe.provider_config = pc.clone();
+                        crate::providers::validate(&probe)
+                    }
+                    None => Ok(()), // the core answers "not found"
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Answers a query from what is committed.
+    fn answer_query(&self, q: Query) {
+        let view = |s: &paddock_core::Session| SessionView {
+            record: s.record.clone(),
+            unrecognized: self.unrecognized.get(&s.record.id.0).copied().unwrap_or(0),
+            pending: s.pending().len(),
+        };
+        // A reply nobody waits for any more (the client went) is dropped.
+        match q {
+            Query::Daemon(reply) => {
+                let _ = reply.send(DaemonView {
+                    started_at: self.started_at,
+                    socket: self.socket.clone(),
+                    data_dir: self.data_dir.clone(),
+                    campaigns: self.campaigns.len(),
+                    sessions: self.engine.sessions().count(),
+                    live: self
+                        .engine
+                        .sessions()
+                        .filter(|s| !s.status().is_terminal())
+                        .map(|s| s.record.clone())
+                        .collect(),
                 });
+            }
+            Query::Session(id, reply) => {
+                let _ = reply.send(self.engine.session(&id).map(view));
+            }
+            Query::Sessions(reply) => {
+                let _ = reply.send(self.engine.sessions().map(view).collect());
+            }
+            Query::Campaign(key, reply) => {
+                let _ = reply.send(self.campaigns.get(&key).cloned());
+            }
+            Query::Campaigns(reply) => {
+                let _ = reply.send(self.campaigns.all());
+            }
+            Query::Activities {
+                session,
+                after,
+                limit,
+                reply,
+            } => {
+                let _ = reply.send(self.store.activities(&session.0, after, limit));
+            }
+            Query::History {
+                session,
+                limit,
+                reply,
+            } => {
+                let read = || {
+                    let messages = self.store.user_messages(&session.0)?;
+                    let (activities, truncated) = self.store.last_activities(&session.0, limit)?;
+                    Ok(HistoryView {
+                        messages,
+                        activities,
+                        truncated,
+                        record: self.engine.session(&session).map(|s| s.record.clone()),
+                    })
+                };
+                let _ = reply.send(read());
+            }
+            Query::TurnTokens {
+                session,
+                turn,
+                reply,
+            } => {
+                let _ = reply.send(self.store.turn_tokens(&session.0, turn));
+            }
+            Query::ReportedPayloads {
+                campaign,
+                event_type,
+                limit,
+                reply,
+            } => {
+                let _ = reply.send(self.store.reported_payloads(&campaign, &event_type, limit));
+            }
+            Query::Approvals {
+                session,
+                all,
+                limit,
+                reply,
+            } => {
+                let session = session.as_ref().map(|s| s.0.as_str());
+                let _ = reply.send(self.store.approvals(session, all, limit));
+            }
+            Query::PendingApprovals(session, reply) => {
+                let _ = reply.send(
+                    self.engine
+                        .pending_approvals()
+                        .filter(|a| session.as_ref().is_none_or(|id| &a.session == id))
+                        .cloned()
+                        .collect(),
+                );
+            }
+            Query::Task(id, reply) => {
+                let _ = reply.send(self.tasks.get(&id).cloned());
+            }
+            Query::TaskOutput {
+                task,
+                after,
+                limit,
+                reply,
+            } => {
+                let _ = reply.send(self.store.task_output(&task, after, limit));
             }
         }
     }
@@ -549,17 +637,18 @@ impl State {
 
     /// Commits the batch, then delivers what it acknowledged.
     fn commit(&mut self, batch: &mut Batch) {
-        if !batch.records.is_empty()
-            || !batch.task_rows.is_empty()
-            || !batch.unrecognized.is_empty()
-        {
+        let mut events = Vec::new();
+        if !batch.records.is_empty() || !batch.task_rows.is_empty() || !batch.rows.is_empty() {
             let mut attempt = 0;
             loop {
                 match self
                     .store
-                    .apply_all(&batch.records, &batch.task_rows, &batch.unrecognized)
+                    .apply_all(&batch.records, &batch.task_rows, &batch.rows)
                 {
-                    Ok(()) => break,
+                    Ok(ids) => {
+                        events = ids;
+                        break;
+                    }
                     Err(e) if attempt < 3 => {
                         attempt += 1;
                         tracing::warn!("store commit failed (attempt {attempt}): {e}");
@@ -575,8 +664,29 @@ impl State {
             }
             batch.records.clear();
             batch.task_rows.clear();
-            for l in batch.unrecognized.drain(..) {
-                *self.unrecognized.entry(l.session_id).or_default() += 1;
+            for row in batch.rows.drain(..) {
+                if let Row::Unrecognized(l) = row {
+                    *self.unrecognized.entry(l.session_id).or_default() += 1;
+                }
+            }
+        }
+        let mut events = events.into_iter();
+        for ack in batch.acks.drain(..) {
+            // A reply nobody waits for any more (the client went) is dropped.
+            match ack {
+                Ack::Count(reply, n) => {
+                    let _ = reply.send(n);
+                }
+                Ack::Campaign(reply, r) => {
+                    let _ = reply.send(r);
+                }
+                Ack::Removed(reply, r) => {
+                    let _ = reply.send(r);
+                }
+                Ack::Event(reply) => {
+                    let id = events.next().expect("the store gives every event an id");
+                    let _ = reply.send(id);
+                }
             }
         }
         for effect in batch.task_deliver.drain(..) {
@@ -658,16 +768,25 @@ impl State {
         tokio::spawn(async move {
             let mut after = after_seq;
             loop {
-                let (rtx, rrx) = oneshot::channel();
-                let sid = session.0.clone();
-                let read = Box::new(move |s: &mut State| {
-                    let _ = rtx.send(s.store.activities(&sid, after, PAGE));
-                });
-                if tx.send(Command::Call(read)).await.is_err() {
+                let (reply, rrx) = tokio::sync::oneshot::channel();
+                let read = Query::Activities {
+                    session: session.clone(),
+                    after,
+                    limit: PAGE,
+                    reply,
+                };
+                if tx.send(Command::Query(read)).await.is_err() {
                     return; // the loop is gone
                 }
-                let Ok(Ok(page)) = rrx.await else {
-                    return;
+                let page = match rrx.await {
+                    Ok(Ok(page)) => page,
+                    Ok(Err(e)) => {
+                        let _ = stream
+                            .send(Err(read_failed("the turn's activities", e)))
+                            .await;
+                        return;
+                    }
+                    Err(_) => return, // the loop is gone
                 };
                 let full = page.len() == PAGE;
                 for ev in page {
@@ -732,9 +851,8 @@ pub async fn run(
         state.run_inputs(&mut batch);
         state.run_task_inputs(&mut batch);
         state.commit(&mut batch);
-        for call in std::mem::take(&mut batch.calls) {
-            call(&mut state);
-            // A call may have queued requests (shutdown); they run next iteration.
+        for q in std::mem::take(&mut batch.queries) {
+            state.answer_query(q);
         }
         if state.finished() {
             break;
@@ -742,16 +860,10 @@ pub async fn run(
     }
     // Refuse whatever is still queued.
     for (_, tx) in std::mem::take(&mut state.task_pending) {
-        let _ = tx.send(Err(Error::new(
-            ErrorCode::AdapterNotInitialized,
-            "the daemon is shutting down",
-        )));
+        let _ = tx.send(Err(shutting_down()));
     }
     for (_, p) in std::mem::take(&mut state.pending) {
-        let _ = p.reply.send(Err(Error::new(
-            ErrorCode::AdapterNotInitialized,
-            "the daemon is shutting down",
-        )));
+        let _ = p.reply.send(Err(shutting_down()));
     }
     let _ = state.done.send(true);
 }
@@ -766,125 +878,10 @@ async fn sleep_until(deadline: Option<u64>) {
     }
 }
 
-/// The loop's handle, for the API layer.
-#[derive(Clone)]
-pub struct Handle {
-    pub tx: mpsc::Sender<Command>,
-    pub hub: Hub,
-    /// Becomes `true` when the loop has finished: every long-lived stream ends then.
-    pub done: watch::Receiver<bool>,
-}
-
-impl Handle {
-    /// Resolves when the daemon is done (after a shutdown stopped every session): streams
-    /// select on it so that no open stream keeps the daemon alive.
-    pub async fn closed(&self) {
-        let mut done = self.done.clone();
-        let _ = done.wait_for(|d| *d).await;
-    }
-
-    /// Sends a session request and waits for the core's answer.
-    pub async fn request(
-        &self,
-        request: Request,
-        turn: Option<TurnStream>,
-    ) -> Result<SessionRecord, Error> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Command::Request {
-                request,
-                reply,
-                turn,
-            })
-            .await
-            .map_err(|_| unavailable())?;
-        rx.await.map_err(|_| unavailable())?
-    }
-
-    /// CreateSession, for every protocol: the configuration checked (OBEY-2002/3/4), refused
-    /// while the daemon shuts down (OBEY-2030), then the core's answer.
-    pub async fn create_session(
-        &self,
-        id: SessionId,
-        config: paddock_core::SessionConfig,
-    ) -> Result<SessionRecord, Error> {
-        crate::providers::validate(&config)?;
-        if self.call(|s| s.shutting_down).await? {
-            return Err(Error::new(
-                ErrorCode::AdapterNotInitialized,
-                "the daemon is shutting down",
-            ));
-        }
-        let config = Box::new(config);
-        self.request(Request::Create { id, config }, None).await
-    }
-
-    /// Resolves a request for a human (from client `by`) and waits for the core's answer.
-    pub async fn resolve(
-        &self,
-        approval: ApprovalId,
-        session: Option<SessionId>,
-        decision: Decision,
-        by: &str,
-    ) -> Result<Approval, Error> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Command::Resolve {
-                approval,
-                session,
-                decision,
-                by: by.to_string(),
-                reply,
-            })
-            .await
-            .map_err(|_| unavailable())?;
-        rx.await.map_err(|_| unavailable())?
-    }
-
-    /// The open requests of one session (or all), oldest first, as the engine has them.
-    pub async fn pending_approvals(
-        &self,
-        session: Option<SessionId>,
-    ) -> Result<Vec<Approval>, Error> {
-        self.call(move |s| {
-            s.engine
-                .pending_approvals()
-                .filter(|a| session.as_ref().is_none_or(|id| &a.session == id))
-                .cloned()
-                .collect()
-        })
-        .await
-    }
-
-    /// Sends a task request (launch, cancel) and waits for the task machine's answer.
-    pub async fn task(&self, input: TaskInput) -> Result<TaskReply, Error> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Command::TaskRequest { input, reply })
-            .await
-            .map_err(|_| unavailable())?;
-        rx.await.map_err(|_| unavailable())?
-    }
-
-    /// Runs `f` on the loop's state (after the current batch committed) and returns its result.
-    pub async fn call<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut State) -> T + Send + 'static,
-    ) -> Result<T, Error> {
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Command::Call(Box::new(move |s| {
-                let _ = tx.send(f(s));
-            })))
-            .await
-            .map_err(|_| unavailable())?;
-        rx.await.map_err(|_| unavailable())
-    }
-}
-
-fn unavailable() -> Error {
+/// A store read that failed, as the client's error.
+fn read_failed(what: &str, e: crate::store::StoreError) -> Error {
     Error::new(
-        ErrorCode::AdapterNotInitialized,
-        "the daemon's session engine is not running (shutting down?)",
+        paddock_core::ErrorCode::Generic,
+        format!("cannot read {what}: {e}"),
     )
 }

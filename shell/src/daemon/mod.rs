@@ -7,15 +7,18 @@
 //! session gracefully before the process exits 0.
 
 pub mod event_loop;
+pub mod port;
 pub mod runner_link;
 pub mod supervisor;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use event_loop::{Command, Handle, Hub, State};
+pub use event_loop::State;
+use paddock_core::campaign::Campaigns;
 use paddock_core::task::{TaskLimits, Tasks};
 use paddock_core::{Engine, Limits};
+pub use port::{Command, Handle, Hub};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 
@@ -24,9 +27,6 @@ use crate::store::Store;
 
 /// How long open calls may take to finish after the event loop is done.
 const SERVE_DRAIN: Duration = Duration::from_secs(2);
-
-/// Largest gRPC message accepted or sent (a message to an agent, a batch of activities).
-pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -87,6 +87,14 @@ pub async fn run(opts: Options) -> Result<(), String> {
         .load_tasks()
         .map_err(|e| format!("cannot load tasks: {e}"))?;
     let (tasks, task_restore) = Tasks::restore(opts.task_limits.clone(), now_ms(), task_records);
+    let campaigns = Campaigns::new(
+        store
+            .campaigns()
+            .map_err(|e| format!("cannot load campaigns: {e}"))?,
+    );
+    let unrecognized = store
+        .unrecognized_counts()
+        .map_err(|e| format!("cannot load the unrecognized line counts: {e}"))?;
     let reconciled = restore
         .iter()
         .filter(|e| matches!(e, paddock_core::Effect::EmitStatus(_)))
@@ -112,9 +120,10 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let (tx, rx) = mpsc::channel(event_loop::COMMAND_QUEUE);
     let (done_tx, mut done_rx) = watch::channel(false);
     let hub = Hub::new();
-    let state = State::new(
+    let mut state = State::new(
         engine,
         tasks,
+        campaigns,
         store,
         hub.clone(),
         opts.socket.clone(),
@@ -123,13 +132,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
         tx.clone(),
         done_tx,
     );
-    let mut state = state;
-    state.unrecognized = state
-        .store
-        .unrecognized_counts()
-        .unwrap_or_default()
-        .into_iter()
-        .collect();
+    state.unrecognized = unrecognized.into_iter().collect();
     state.runner = runner.clone();
     state.reattach_adopted();
     let loop_task = tokio::spawn(event_loop::run(state, rx, restore, task_restore));
@@ -154,7 +157,8 @@ pub async fn run(opts: Options) -> Result<(), String> {
             _ = term.recv() => {},
         }
         tracing::info!("signal received: stopping");
-        let _ = sig_handle.call(|s| s.begin_shutdown()).await;
+        // Sent, never dropped: the command waits for room in the queue.
+        let _ = sig_handle.shutdown(true).await;
     });
 
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);

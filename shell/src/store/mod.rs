@@ -32,13 +32,31 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Prepared statements kept per connection (the `apply` path uses four; the readers a dozen).
 const STATEMENT_CACHE: usize = 64;
 
-/// A campaign: a named root directory sessions run in.
+pub use paddock_core::campaign::Campaign;
+
+/// A campaign or festival event an external process reported (obey `Report*Event`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Campaign {
-    pub id: String,
-    pub name: String,
-    pub root_path: String,
-    pub created_at: u64,
+pub struct ReportedEvent {
+    /// `"campaign"` or `"festival"` (a CHECK constraint refuses anything else).
+    pub kind: &'static str,
+    pub campaign_id: String,
+    pub festival_id: String,
+    pub event_type: String,
+    pub payload_json: String,
+    pub at: u64,
+    pub received_at: u64,
+}
+
+/// A row the shell (not the core) writes: committed in the same transaction as the batch's
+/// core records ([`Store::apply_all`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Row {
+    Campaign(Campaign),
+    /// Removes the campaign with this id (its sessions are kept).
+    RemoveCampaign(String),
+    Event(ReportedEvent),
+    External(Vec<ExternalActivity>),
+    Unrecognized(UnrecognizedLine),
 }
 
 /// One activity pushed by an external process (obey `StreamAgentActivity`), kept verbatim:
@@ -101,8 +119,6 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
-/// True when `err` is a UNIQUE or PRIMARY KEY constraint violation (e.g. a campaign name
-/// that is already taken).
 /// A provider output line its adapter did not understand: kept raw, so a format change in a
 /// new CLI version can be seen and handled, never fatal to the session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,15 +150,6 @@ fn insert_unrecognized(tx: &rusqlite::Transaction<'_>, l: &UnrecognizedLine) -> 
         rusqlite::params![l.session_id, seq - UNRECOGNIZED_KEPT],
     )?;
     Ok(())
-}
-
-pub fn is_unique_violation(err: &StoreError) -> bool {
-    matches!(
-        err,
-        StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
-            if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
-                || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
-    )
 }
 
 /// The session upsert, built from [`SESSION_COLUMNS`] so that it sets every column.
@@ -235,19 +242,19 @@ impl Store {
     /// Writes a batch of core records in ONE transaction (the daemon's batched commit): all
     /// of them or, on any error, none.
     pub fn apply(&mut self, records: &[Record]) -> Result<()> {
-        self.apply_all(records, &[], &[])
+        self.apply_all(records, &[], &[]).map(drop)
     }
 
-    /// Writes a batch of session records, task rows and unrecognized provider lines in ONE
-    /// transaction.
+    /// Writes a batch of session records, task rows and shell rows in ONE transaction.
+    /// Returns the ids of the batch's reported events ([`Row::Event`]), in order.
     pub fn apply_all(
         &mut self,
         records: &[Record],
         tasks: &[tasks::TaskRow],
-        unrecognized: &[UnrecognizedLine],
-    ) -> Result<()> {
-        if records.is_empty() && tasks.is_empty() && unrecognized.is_empty() {
-            return Ok(());
+        rows: &[Row],
+    ) -> Result<Vec<i64>> {
+        if records.is_empty() && tasks.is_empty() && rows.is_empty() {
+            return Ok(Vec::new());
         }
         let tx = self
             .conn
@@ -267,11 +274,20 @@ impl Store {
         for row in tasks {
             tasks::write(&tx, row)?;
         }
-        for line in unrecognized {
-            insert_unrecognized(&tx, line)?;
+        let mut events = Vec::new();
+        for row in rows {
+            match row {
+                Row::Campaign(c) => insert_campaign(&tx, c)?,
+                Row::RemoveCampaign(id) => {
+                    tx.execute("DELETE FROM campaigns WHERE id = ?1", [id])?;
+                }
+                Row::Event(e) => events.push(insert_event(&tx, e)?),
+                Row::External(list) => insert_external(&tx, list)?,
+                Row::Unrecognized(line) => insert_unrecognized(&tx, line)?,
+            }
         }
         tx.commit()?;
-        Ok(())
+        Ok(events)
     }
 
     /// How many unrecognized provider lines each session has had (sessions with none are
@@ -377,70 +393,6 @@ impl Store {
         collect(rows, |row| codec::user_message_from_row(session_id, row))
     }
 
-    /// Adds a campaign. A taken name (or id) fails with a constraint error: see
-    /// [`is_unique_violation`].
-    pub fn add_campaign(
-        &mut self,
-        id: &str,
-        name: &str,
-        root_path: &str,
-        now: u64,
-    ) -> Result<Campaign> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO campaigns (id, name, root_path, created_at) VALUES (?1, ?2, ?3, ?4)",
-            )?
-            .execute(params![id, name, root_path, int(now)])?;
-        Ok(Campaign {
-            id: id.to_string(),
-            name: name.to_string(),
-            root_path: root_path.to_string(),
-            created_at: now,
-        })
-    }
-
-    /// The campaign of a project directory: the oldest one registered with that root, or a new
-    /// one (`new_id`) named after the directory (`name`, `name-2`, … `name-99`, then `name-<id>`).
-    /// One way for every client that starts work "here" (latis' `session create`, sunbeam's
-    /// `StartSession`), so a directory gets the same campaign whoever comes first.
-    pub fn campaign_for_root(
-        &mut self,
-        root_path: &str,
-        new_id: &str,
-        now: u64,
-    ) -> Result<(Campaign, bool)> {
-        if let Some(c) = self
-            .campaigns()?
-            .into_iter()
-            .filter(|c| c.root_path == root_path)
-            .min_by_key(|c| (c.created_at, c.id.clone()))
-        {
-            return Ok((c, false));
-        }
-        let base = campaign_name_for(Path::new(root_path));
-        let names = (1..100)
-            .map(|i| {
-                if i == 1 {
-                    base.clone()
-                } else {
-                    format!("{base}-{i}")
-                }
-            })
-            .chain(std::iter::once(format!(
-                "{base}-{}",
-                new_id.to_ascii_lowercase()
-            )));
-        let mut last = None;
-        for name in names {
-            match self.add_campaign(new_id, &name, root_path, now) {
-                Ok(c) => return Ok((c, true)),
-                Err(e) if is_unique_violation(&e) => last = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.expect("at least one name was tried"))
-    }
-
     /// Every campaign, by name.
     pub fn campaigns(&self) -> Result<Vec<Campaign>> {
         let mut stmt = self.conn.prepare_cached(&format!(
@@ -448,63 +400,6 @@ impl Store {
         ))?;
         let rows = stmt.query([])?;
         collect(rows, codec::campaign_from_row)
-    }
-
-    /// The campaign with this id or, failing that, this name.
-    pub fn find_campaign(&self, id_or_name: &str) -> Result<Option<Campaign>> {
-        for column in ["id", "name"] {
-            let mut stmt = self.conn.prepare_cached(&format!(
-                "SELECT {CAMPAIGN_COLUMNS} FROM campaigns WHERE {column} = ?1"
-            ))?;
-            let mut rows = stmt.query([id_or_name])?;
-            if let Some(row) = rows.next()? {
-                return codec::campaign_from_row(row).map(Some);
-            }
-        }
-        Ok(None)
-    }
-
-    /// Removes the campaign with this id or, failing that, this name; false if there is none.
-    /// Its sessions are kept.
-    pub fn remove_campaign(&mut self, id_or_name: &str) -> Result<bool> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut removed = tx.execute("DELETE FROM campaigns WHERE id = ?1", [id_or_name])?;
-        if removed == 0 {
-            removed = tx.execute("DELETE FROM campaigns WHERE name = ?1", [id_or_name])?;
-        }
-        tx.commit()?;
-        Ok(removed > 0)
-    }
-
-    /// Records a campaign or festival event an external process reported; returns its id.
-    /// `kind` must be `"campaign"` or `"festival"` (a CHECK constraint refuses anything else).
-    #[allow(clippy::too_many_arguments)]
-    pub fn report_event(
-        &mut self,
-        kind: &str,
-        campaign_id: &str,
-        festival_id: &str,
-        event_type: &str,
-        payload_json: &str,
-        at: u64,
-        received_at: u64,
-    ) -> Result<i64> {
-        let mut stmt = self.conn.prepare_cached(
-            "INSERT INTO reported_events \
-             (kind, campaign_id, festival_id, event_type, payload_json, at, received_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?;
-        Ok(stmt.insert(params![
-            kind,
-            campaign_id,
-            festival_id,
-            event_type,
-            payload_json,
-            int(at),
-            int(received_at)
-        ])?)
     }
 
     /// The payloads of a campaign's newest `limit` reported events of one type, newest first.
@@ -520,42 +415,6 @@ impl Store {
         )?;
         let rows = stmt.query(params![campaign_id, event_type, codec::limit(limit)])?;
         collect(rows, |row| Ok(row.get(0)?))
-    }
-
-    /// Appends activity pushed by external processes, in one transaction; returns how many
-    /// rows were written.
-    pub fn insert_external_activities(&mut self, rows: &[ExternalActivity]) -> Result<usize> {
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        {
-            let mut stmt = tx.prepare_cached(
-                "INSERT INTO external_activities \
-                 (session_id, campaign_id, agent_name, type, content, tool_name, tool_call_id, \
-                  tool_success, tokens_input, tokens_output, at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            )?;
-            for a in rows {
-                stmt.execute(params![
-                    a.session_id,
-                    a.campaign_id,
-                    a.agent_name,
-                    a.kind,
-                    a.content,
-                    a.tool_name,
-                    a.tool_call_id,
-                    a.tool_success,
-                    a.tokens_input,
-                    a.tokens_output,
-                    int(a.at)
-                ])?;
-            }
-        }
-        tx.commit()?;
-        Ok(rows.len())
     }
 
     /// Deletes a session with all its activities, status events and messages, in one
@@ -582,6 +441,7 @@ impl Store {
     }
 
     /// (number of campaigns, number of sessions).
+    #[cfg(test)]
     pub fn counts(&self) -> Result<(i64, i64)> {
         Ok(self.conn.query_row(
             "SELECT (SELECT COUNT(*) FROM campaigns), (SELECT COUNT(*) FROM agent_sessions)",
@@ -616,6 +476,58 @@ pub fn campaign_name_for(dir: &Path) -> String {
     } else {
         clean
     }
+}
+
+fn insert_campaign(conn: &Connection, c: &Campaign) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO campaigns (id, name, root_path, created_at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![c.id, c.name, c.root_path, int(c.created_at)])?;
+    Ok(())
+}
+
+/// Inserts a reported event; returns its id.
+fn insert_event(conn: &Connection, e: &ReportedEvent) -> Result<i64> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO reported_events \
+         (kind, campaign_id, festival_id, event_type, payload_json, at, received_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    Ok(stmt.insert(params![
+        e.kind,
+        e.campaign_id,
+        e.festival_id,
+        e.event_type,
+        e.payload_json,
+        int(e.at),
+        int(e.received_at)
+    ])?)
+}
+
+/// Appends activity pushed by external processes.
+fn insert_external(conn: &Connection, rows: &[ExternalActivity]) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO external_activities \
+         (session_id, campaign_id, agent_name, type, content, tool_name, tool_call_id, \
+          tool_success, tokens_input, tokens_output, at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?;
+    for a in rows {
+        stmt.execute(params![
+            a.session_id,
+            a.campaign_id,
+            a.agent_name,
+            a.kind,
+            a.content,
+            a.tool_name,
+            a.tool_call_id,
+            a.tool_success,
+            a.tokens_input,
+            a.tokens_output,
+            int(a.at)
+        ])?;
+    }
+    Ok(())
 }
 
 fn delete_session_rows(conn: &Connection, id: &str) -> Result<bool> {

@@ -317,6 +317,7 @@ fn a_batch_is_atomic() {
         ])
         .unwrap_err();
     assert!(is_unique_violation(&err), "{err}");
+    assert!(!is_unique_violation(&StoreError::Corrupt("x".into())));
     assert_eq!(store.session("s").unwrap(), None);
     assert!(store.activities("s", 0, 100).unwrap().is_empty());
     assert!(store.status_events("s", 0, 100).unwrap().is_empty());
@@ -331,7 +332,7 @@ fn a_batch_is_atomic() {
 fn an_empty_batch_is_a_no_op() {
     let mut store = Store::open_in_memory().unwrap();
     store.apply(&[]).unwrap();
-    assert_eq!(store.insert_external_activities(&[]).unwrap(), 0);
+    assert_eq!(store.apply_all(&[], &[], &[]).unwrap(), Vec::<i64>::new());
 }
 
 #[test]
@@ -420,46 +421,56 @@ fn a_database_from_a_newer_binary_is_refused() {
     assert!(err.to_string().contains("newer than this paddock supports"));
 }
 
+/// A UNIQUE or PRIMARY KEY constraint violation.
+fn is_unique_violation(err: &StoreError) -> bool {
+    matches!(
+        err,
+        StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
+            if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+    )
+}
+
+fn campaign(id: &str, name: &str, root: &str, at: u64) -> Campaign {
+    Campaign {
+        id: id.into(),
+        name: name.into(),
+        root_path: root.into(),
+        created_at: at,
+    }
+}
+
+fn write(store: &mut Store, rows: Vec<Row>) -> Result<Vec<i64>> {
+    store.apply_all(&[], &[], &rows)
+}
+
 #[test]
-fn campaigns_by_id_or_name_with_unique_names() {
+fn campaigns_are_listed_by_name_and_names_stay_unique() {
     let mut store = Store::open_in_memory().unwrap();
-    let b = store.add_campaign("c-2", "bravo", "/srv/b", 20).unwrap();
-    let a = store.add_campaign("c-1", "alpha", "/srv/a", 10).unwrap();
-    assert_eq!(
-        a,
-        Campaign {
-            id: "c-1".into(),
-            name: "alpha".into(),
-            root_path: "/srv/a".into(),
-            created_at: 10
-        }
-    );
+    let b = campaign("c-2", "bravo", "/srv/b", 20);
+    let a = campaign("c-1", "alpha", "/srv/a", 10);
+    write(
+        &mut store,
+        vec![Row::Campaign(b.clone()), Row::Campaign(a.clone())],
+    )
+    .unwrap();
     assert_eq!(store.campaigns().unwrap(), vec![a.clone(), b.clone()]);
-    assert_eq!(store.find_campaign("c-1").unwrap(), Some(a.clone()));
-    assert_eq!(store.find_campaign("bravo").unwrap(), Some(b.clone()));
-    assert_eq!(store.find_campaign("charlie").unwrap(), None);
 
-    let dup = store
-        .add_campaign("c-3", "alpha", "/srv/x", 30)
-        .unwrap_err();
-    assert!(is_unique_violation(&dup), "{dup}");
-    let dup_id = store
-        .add_campaign("c-1", "other", "/srv/x", 30)
-        .unwrap_err();
-    assert!(is_unique_violation(&dup_id), "{dup_id}");
-    assert!(!is_unique_violation(&StoreError::Corrupt("x".into())));
+    // The daemon decides uniqueness in memory; the schema still refuses a duplicate.
+    let dup = write(
+        &mut store,
+        vec![Row::Campaign(campaign("c-3", "alpha", "/x", 30))],
+    );
+    assert!(is_unique_violation(&dup.unwrap_err()));
+    let dup_id = write(
+        &mut store,
+        vec![Row::Campaign(campaign("c-1", "other", "/x", 30))],
+    );
+    assert!(is_unique_violation(&dup_id.unwrap_err()));
+    assert_eq!(store.counts().unwrap(), (2, 0));
 
-    // An id wins over another campaign's name.
-    let tricky = store.add_campaign("alpha", "delta", "/srv/d", 40).unwrap();
-    assert_eq!(store.find_campaign("alpha").unwrap(), Some(tricky));
-    assert_eq!(store.counts().unwrap(), (3, 0));
-
-    assert!(store.remove_campaign("alpha").unwrap()); // by id: "delta" goes
-    assert_eq!(store.find_campaign("alpha").unwrap(), Some(a));
-    assert!(store.remove_campaign("alpha").unwrap()); // now by name: c-1 goes
-    assert!(store.remove_campaign("c-2").unwrap());
-    assert!(!store.remove_campaign("c-2").unwrap());
-    assert!(store.campaigns().unwrap().is_empty());
+    write(&mut store, vec![Row::RemoveCampaign("c-1".into())]).unwrap();
+    assert_eq!(store.campaigns().unwrap(), vec![b]);
 }
 
 #[test]
@@ -491,16 +502,28 @@ fn delete_session_removes_everything_of_that_session_only() {
 #[test]
 fn reported_events_and_external_activities_are_appended() {
     let mut store = Store::open_in_memory().unwrap();
-    let first = store
-        .report_event("campaign", "c", "", "started", "{\"a\":1}", 5, 6)
-        .unwrap();
-    let second = store
-        .report_event("festival", "c", "f", "phase", "{}", 7, 8)
-        .unwrap();
-    assert!(second > first);
-    assert!(store
-        .report_event("bogus", "c", "f", "x", "{}", 1, 1)
-        .is_err());
+    let event = |kind, event_type: &str, at| {
+        Row::Event(ReportedEvent {
+            kind,
+            campaign_id: "c".into(),
+            festival_id: String::new(),
+            event_type: event_type.into(),
+            payload_json: "{}".into(),
+            at,
+            received_at: at + 1,
+        })
+    };
+    let ids = write(
+        &mut store,
+        vec![
+            event("campaign", "started", 5),
+            event("festival", "phase", 7),
+        ],
+    )
+    .unwrap();
+    assert!(ids[1] > ids[0], "{ids:?}");
+    assert!(write(&mut store, vec![event("bogus", "x", 1)]).is_err());
+    assert_eq!(store.reported_payloads("c", "phase", 10).unwrap(), ["{}"]);
 
     let rows: Vec<ExternalActivity> = (0..3)
         .map(|i| ExternalActivity {
@@ -515,7 +538,7 @@ fn reported_events_and_external_activities_are_appended() {
             ..ExternalActivity::default()
         })
         .collect();
-    assert_eq!(store.insert_external_activities(&rows).unwrap(), 3);
+    write(&mut store, vec![Row::External(rows)]).unwrap();
     assert_eq!(count(&store, "external_activities"), 3);
     let (kind, tokens, at): (i32, i64, i64) = store
         .conn
@@ -605,7 +628,11 @@ fn committed_rows_survive_a_crash() {
     if let Some(dir) = std::env::var_os(CRASH_CHILD) {
         let db = Path::new(&dir).join("paddock.db");
         let mut store = Store::open(&db).unwrap();
-        store.add_campaign("c", "camp", "/srv", 1).unwrap();
+        write(
+            &mut store,
+            vec![Row::Campaign(campaign("c", "camp", "/srv", 1))],
+        )
+        .unwrap();
         for seq in 1..=50 {
             store
                 .apply(&[
@@ -708,25 +735,4 @@ fn store_errors_display_and_chain() {
     assert!(StoreError::Corrupt("x.y: bad".into())
         .to_string()
         .contains("x.y: bad"));
-}
-
-#[test]
-fn a_directory_has_one_campaign_whoever_asks_first() {
-    let mut store = Store::open_in_memory().unwrap();
-    // Its name is taken by a campaign of another directory: the next free one is used.
-    store
-        .add_campaign("c0", "my-repo", "/elsewhere/my-repo", 1)
-        .unwrap();
-    let (c, added) = store
-        .campaign_for_root("/home/me/my repo", "c1", 2)
-        .unwrap();
-    assert!(added);
-    assert_eq!((c.id.as_str(), c.name.as_str()), ("c1", "my-repo-2"));
-    // Asked again (by another client): the same campaign, nothing added.
-    let (again, added) = store
-        .campaign_for_root("/home/me/my repo", "c2", 3)
-        .unwrap();
-    assert!(!added);
-    assert_eq!(again, c);
-    assert_eq!(store.campaigns().unwrap().len(), 2);
 }

@@ -1,0 +1,269 @@
+//! Campaigns: named root directories sessions run in, and the rules for adding and removing
+//! them.
+//!
+//! The daemon keeps every campaign in memory (there are few) and decides here, in one step,
+//! whether a write is allowed; the accepted write then goes to the store with the batch like
+//! every other record. Deciding against memory (which already holds the batch's uncommitted
+//! adds and removals) is what makes "is the name free?" and "add it" one step: two clients
+//! adding the same name in one batch cannot both be told yes.
+
+use std::collections::BTreeMap;
+
+use crate::Engine;
+
+/// A campaign: a named root directory sessions run in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Campaign {
+    pub id: String,
+    pub name: String,
+    pub root_path: String,
+    pub created_at: u64,
+}
+
+/// A campaign write the rules refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CampaignError {
+    /// Another campaign has this name (or this id).
+    NameTaken(String),
+    /// The campaign still has this many live sessions.
+    LiveSessions(usize),
+}
+
+impl std::fmt::Display for CampaignError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CampaignError::NameTaken(name) => {
+                write!(f, "a campaign named \"{name}\" already exists")
+            }
+            CampaignError::LiveSessions(n) => {
+                write!(f, "campaign has {n} live session(s); stop them first")
+            }
+        }
+    }
+}
+
+/// How a new campaign is named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NewCampaign {
+    /// This name; refused if it is taken.
+    Named(String),
+    /// The campaign of this name if there is one, else a new one of this name.
+    NamedOrExisting(String),
+    /// The oldest campaign of the root directory if there is one, else a new one named after
+    /// the directory (`base`, `base-2`, … `base-99`, then `base-<id>`): one way for every
+    /// client that starts work "here", so a directory gets the same campaign whoever comes
+    /// first.
+    ForRoot { base: String },
+}
+
+/// Names tried for a directory's campaign before `base-<id>`.
+pub const ROOT_NAMES_MAX: usize = 99;
+
+/// Every campaign, by id.
+#[derive(Debug, Default)]
+pub struct Campaigns {
+    by_id: BTreeMap<String, Campaign>,
+}
+
+impl Campaigns {
+    pub fn new(list: impl IntoIterator<Item = Campaign>) -> Self {
+        Campaigns {
+            by_id: list.into_iter().map(|c| (c.id.clone(), c)).collect(),
+        }
+    }
+
+    /// The campaign with this id or, failing that, this name.
+    pub fn get(&self, id_or_name: &str) -> Option<&Campaign> {
+        self.by_id
+            .get(id_or_name)
+            .or_else(|| self.by_id.values().find(|c| c.name == id_or_name))
+    }
+
+    /// Every campaign, by name.
+    pub fn all(&self) -> Vec<Campaign> {
+        let mut list: Vec<Campaign> = self.by_id.values().cloned().collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    fn taken(&self, name: &str) -> bool {
+        self.by_id.values().any(|c| c.name == name)
+    }
+
+    /// Adds a campaign (`id`, rooted at `root_path`) named as `how` says. Returns it and
+    /// whether it is new (a new one must be persisted).
+    pub fn handle_add(
+        &mut self,
+        id: &str,
+        root_path: &str,
+        how: NewCampaign,
+        now: u64,
+    ) -> Result<(Campaign, bool), CampaignError> {
+        let name = match how {
+            NewCampaign::Named(name) if self.taken(&name) => {
+                return Err(CampaignError::NameTaken(name))
+            }
+            NewCampaign::Named(name) => name,
+            NewCampaign::NamedOrExisting(name) => {
+                match self.by_id.values().find(|c| c.name == name) {
+                    Some(c) => return Ok((c.clone(), false)),
+                    None => name,
+                }
+            }
+            NewCampaign::ForRoot { base } => {
+                let oldest = self
+                    .by_id
+                    .values()
+                    .filter(|c| c.root_path == root_path)
+                    .min_by_key(|c| (c.created_at, c.id.clone()));
+                if let Some(c) = oldest {
+                    return Ok((c.clone(), false));
+                }
+                let mut names = (1..=ROOT_NAMES_MAX)
+                    .map(|i| match i {
+                        1 => base.clone(),
+                        i => format!("{base}-{i}"),
+                    })
+                    .chain(std::iter::once(format!(
+                        "{base}-{}",
+                        id.to_ascii_lowercase()
+                    )));
+                names
+                    .find(|n| !self.taken(n))
+                    .ok_or(CampaignError::NameTaken(base))?
+            }
+        };
+        if self.by_id.contains_key(id) {
+            return Err(CampaignError::NameTaken(id.to_string()));
+        }
+        let c = Campaign {
+            id: id.to_string(),
+            name,
+            root_path: root_path.to_string(),
+            created_at: now,
+        };
+        self.by_id.insert(c.id.clone(), c.clone());
+        Ok((c, true))
+    }
+
+    /// Removes the campaign with this id or name: refused while it has live sessions. Returns
+    /// the removed campaign (`None`: there was none).
+    pub fn handle_remove(
+        &mut self,
+        id_or_name: &str,
+        engine: &Engine,
+    ) -> Result<Option<Campaign>, CampaignError> {
+        let Some(id) = self.get(id_or_name).map(|c| c.id.clone()) else {
+            return Ok(None);
+        };
+        let live = engine
+            .sessions()
+            .filter(|s| s.record.config.campaign_id == id && !s.status().is_terminal())
+            .count();
+        if live > 0 {
+            return Err(CampaignError::LiveSessions(live));
+        }
+        Ok(self.by_id.remove(&id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Limits;
+
+    fn camp(id: &str, name: &str, root: &str, at: u64) -> Campaign {
+        Campaign {
+            id: id.into(),
+            name: name.into(),
+            root_path: root.into(),
+            created_at: at,
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_looked_up_by_id_first() {
+        let mut c = Campaigns::new([camp("c-1", "alpha", "/a", 1)]);
+        let taken = c.handle_add("c-2", "/x", NewCampaign::Named("alpha".into()), 2);
+        assert_eq!(taken, Err(CampaignError::NameTaken("alpha".into())));
+        let (d, new) = c
+            .handle_add("alpha", "/d", NewCampaign::Named("delta".into()), 3)
+            .unwrap();
+        assert!(new);
+        assert_eq!(c.get("alpha"), Some(&d), "an id wins over a name");
+        let (same, new) = c
+            .handle_add("c-9", "/z", NewCampaign::NamedOrExisting("delta".into()), 4)
+            .unwrap();
+        assert!(!new);
+        assert_eq!(same, d);
+        assert_eq!(
+            c.all().iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+            ["alpha", "delta"]
+        );
+    }
+
+    #[test]
+    fn a_directory_has_one_campaign_whoever_asks_first() {
+        let mut c = Campaigns::new([camp("c0", "my-repo", "/elsewhere/my-repo", 1)]);
+        let root = "/home/me/my repo";
+        let base = || NewCampaign::ForRoot {
+            base: "my-repo".into(),
+        };
+        let (first, added) = c.handle_add("c1", root, base(), 2).unwrap();
+        assert!(added);
+        assert_eq!(
+            (first.id.as_str(), first.name.as_str()),
+            ("c1", "my-repo-2")
+        );
+        let (again, added) = c.handle_add("c2", root, base(), 3).unwrap();
+        assert!(!added);
+        assert_eq!(again, first);
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn every_numbered_name_taken_falls_back_to_the_id() {
+        let mut c = Campaigns::new((1..=ROOT_NAMES_MAX).map(|i| {
+            let name = if i == 1 {
+                "p".to_string()
+            } else {
+                format!("p-{i}")
+            };
+            camp(&format!("c{i}"), &name, "/other", 1)
+        }));
+        let (n, _) = c
+            .handle_add("ID", "/p", NewCampaign::ForRoot { base: "p".into() }, 2)
+            .unwrap();
+        assert_eq!(n.name, "p-id");
+    }
+
+    #[test]
+    fn removal_is_refused_while_sessions_live() {
+        let mut c = Campaigns::new([camp("c-1", "alpha", "/a", 1)]);
+        let mut engine = Engine::new(Limits::default());
+        let config = crate::SessionConfig::new("c-1", crate::Provider::ClaudeCode, "/a");
+        engine.handle(
+            0,
+            crate::Input::Create {
+                req: 1,
+                id: crate::SessionId("s".into()),
+                config,
+            },
+        );
+        assert_eq!(
+            c.handle_remove("alpha", &engine),
+            Err(CampaignError::LiveSessions(1))
+        );
+        let empty = Engine::new(Limits::default());
+        assert_eq!(c.handle_remove("alpha", &empty).unwrap().unwrap().id, "c-1");
+        assert_eq!(c.handle_remove("alpha", &empty), Ok(None));
+    }
+}

@@ -1,0 +1,354 @@
+//! The daemon's port: the one way into the event loop. The protocol modules (`api/*`), the
+//! signal handler and the process readers send a typed [`Command`]; the loop answers each
+//! with one `match` (`event_loop::State::command`).
+//!
+//! Two kinds of answers, one rule: a command that changes something is acknowledged only
+//! after the batch it joined has committed (a batch that cannot be committed ends the daemon:
+//! a write is never answered with a failure it might not have had), and a [`Query`] is
+//! answered after the current batch has committed, so no reply shows what a crash could still
+//! lose. A store read that fails is an error in the reply, never an empty result.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use paddock_core::campaign::{Campaign, CampaignError, NewCampaign};
+use paddock_core::task::{TaskInput, TaskOutput, TaskRecord, TaskReply, TaskStatusEvent};
+use paddock_core::{
+    ActivityEvent, Approval, ApprovalId, Decision, Error, ErrorCode, Input, RunId, SessionConfig,
+    SessionId, SessionRecord, StatusEvent, UserMessage,
+};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+
+use crate::store::{ExternalActivity, ReportedEvent, StoreError};
+
+/// Events buffered per watcher before it is told it fell behind.
+pub const WATCH_BUFFER: usize = 4096;
+/// Activities buffered for one SendMessage client; a client that falls this far behind loses
+/// its stream (everything is still in the store: ListActivities / WatchActivity).
+pub const TURN_STREAM_BUFFER: usize = 4096;
+
+/// Where an answer goes.
+pub type Reply<T> = oneshot::Sender<T>;
+/// A turn's activities, for the client whose Send started it.
+pub type TurnStream = mpsc::Sender<Result<ActivityEvent, Error>>;
+/// A store read's answer.
+pub type Read<T> = Result<T, StoreError>;
+
+/// A session request for the core; the loop gives it its request id.
+#[derive(Debug)]
+pub enum Request {
+    /// Refused while the daemon shuts down (checked by the loop, in the same step as the
+    /// create).
+    Create {
+        id: SessionId,
+        config: Box<SessionConfig>,
+    },
+    Send {
+        id: SessionId,
+        text: String,
+    },
+    Stop {
+        id: SessionId,
+        graceful: bool,
+    },
+    /// A new `provider_config` is validated against the session's configuration by the loop,
+    /// in the same step as the restart.
+    Restart {
+        id: SessionId,
+        provider_config: Option<BTreeMap<String, String>>,
+    },
+    /// DeleteSession: forget a terminal session and everything stored about it.
+    Delete {
+        id: SessionId,
+    },
+}
+
+/// Something for the loop to do.
+pub enum Command {
+    /// A provider's event (from a child's reader or waiter).
+    Provider(Input),
+    /// The events of one line of a provider's output: handled in one batch, so they are
+    /// committed together (a line is applied whole or not at all).
+    ProviderLine(Vec<Input>),
+    /// A provider line its adapter did not understand: stored raw and counted.
+    Unrecognized {
+        id: SessionId,
+        run: RunId,
+        line: String,
+    },
+    /// A session request; `turn` receives the activities of the turn a Send starts.
+    Request {
+        request: Request,
+        reply: Reply<Result<SessionRecord, Error>>,
+        turn: Option<TurnStream>,
+    },
+    /// Resolve a request for a human; `by` names the client.
+    Resolve {
+        approval: ApprovalId,
+        /// Only a request of this session.
+        session: Option<SessionId>,
+        decision: Decision,
+        by: String,
+        reply: Reply<Result<Approval, Error>>,
+    },
+    /// A task request (launch, cancel); the loop gives it its request id.
+    TaskRequest {
+        input: TaskInput,
+        reply: Reply<Result<TaskReply, Error>>,
+    },
+    /// A task process's output or exit.
+    TaskEvent(TaskInput),
+    /// Stop every live session (`graceful`: let running turns finish) and cancel every task;
+    /// the loop ends when all are done. Answered with the number of live sessions.
+    Shutdown {
+        graceful: bool,
+        reply: Reply<usize>,
+    },
+    /// Adds a campaign (`id`, rooted at `root`) named as `how` says; answered with it and
+    /// whether it is new.
+    AddCampaign {
+        id: String,
+        root: String,
+        how: NewCampaign,
+        reply: Reply<Result<(Campaign, bool), CampaignError>>,
+    },
+    /// Removes a campaign by id or name; answered with whether there was one.
+    RemoveCampaign {
+        key: String,
+        reply: Reply<Result<bool, CampaignError>>,
+    },
+    /// Stores a campaign or festival event; answered with its id.
+    Report {
+        event: ReportedEvent,
+        reply: Reply<i64>,
+    },
+    /// Stores activity pushed by an external process; answered with how many rows.
+    External {
+        rows: Vec<ExternalActivity>,
+        reply: Reply<usize>,
+    },
+    Query(Query),
+}
+
+/// A session as the loop knows it.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub record: SessionRecord,
+    /// Provider lines its adapter did not understand.
+    pub unrecognized: u64,
+    /// Its open requests for a human.
+    pub pending: usize,
+}
+
+/// The daemon as a whole (obey `GetState`, `Ping`).
+#[derive(Debug, Clone)]
+pub struct DaemonView {
+    pub started_at: u64,
+    pub socket: PathBuf,
+    pub data_dir: PathBuf,
+    pub campaigns: usize,
+    pub sessions: usize,
+    /// The sessions not terminal.
+    pub live: Vec<SessionRecord>,
+}
+
+/// A session's conversation as stored: its user messages, its newest activities (and whether
+/// older ones were left out), and its record now.
+#[derive(Debug, Clone)]
+pub struct HistoryView {
+    pub messages: Vec<UserMessage>,
+    pub activities: Vec<ActivityEvent>,
+    pub truncated: bool,
+    pub record: Option<SessionRecord>,
+}
+
+/// A read, answered after the current batch committed.
+pub enum Query {
+    Daemon(Reply<DaemonView>),
+    Session(SessionId, Reply<Option<SessionView>>),
+    /// Every session, by id.
+    Sessions(Reply<Vec<SessionView>>),
+    /// The campaign with this id or, failing that, this name.
+    Campaign(String, Reply<Option<Campaign>>),
+    /// Every campaign, by name.
+    Campaigns(Reply<Vec<Campaign>>),
+    /// A session's activities after `after` (a seq), at most `limit`.
+    Activities {
+        session: SessionId,
+        after: u64,
+        limit: usize,
+        reply: Reply<Read<Vec<ActivityEvent>>>,
+    },
+    /// A session's conversation, with its newest `limit` activities.
+    History {
+        session: SessionId,
+        limit: usize,
+        reply: Reply<Read<HistoryView>>,
+    },
+    /// The tokens (input, output) counted so far for one turn of a session.
+    TurnTokens {
+        session: SessionId,
+        turn: u64,
+        reply: Reply<Read<(u64, u64)>>,
+    },
+    /// The payloads of a campaign's newest `limit` reported events of one type, newest first.
+    ReportedPayloads {
+        campaign: String,
+        event_type: String,
+        limit: usize,
+        reply: Reply<Read<Vec<String>>>,
+    },
+    /// Stored requests for a human: of one session (or all), resolved ones too if `all`.
+    Approvals {
+        session: Option<SessionId>,
+        all: bool,
+        limit: usize,
+        reply: Reply<Read<Vec<Approval>>>,
+    },
+    /// The open requests of one session (or all), oldest first, as the engine has them.
+    PendingApprovals(Option<SessionId>, Reply<Vec<Approval>>),
+    Task(String, Reply<Option<TaskRecord>>),
+    /// A task's output after `after` (a seq), at most `limit`.
+    TaskOutput {
+        task: String,
+        after: u64,
+        limit: usize,
+        reply: Reply<Read<Vec<TaskOutput>>>,
+    },
+}
+
+/// Where status events and activities are published for watchers.
+#[derive(Clone)]
+pub struct Hub {
+    pub status: broadcast::Sender<StatusEvent>,
+    pub activity: broadcast::Sender<ActivityEvent>,
+    pub task_status: broadcast::Sender<TaskStatusEvent>,
+    pub task_output: broadcast::Sender<TaskOutput>,
+    /// Requests for a human, as they are opened and resolved.
+    pub approval: broadcast::Sender<Approval>,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Hub {
+    pub fn new() -> Self {
+        Hub {
+            status: broadcast::channel(WATCH_BUFFER).0,
+            activity: broadcast::channel(WATCH_BUFFER).0,
+            task_status: broadcast::channel(WATCH_BUFFER).0,
+            task_output: broadcast::channel(WATCH_BUFFER).0,
+            approval: broadcast::channel(WATCH_BUFFER).0,
+        }
+    }
+}
+
+/// The loop's handle, for the API layer.
+#[derive(Clone)]
+pub struct Handle {
+    pub tx: mpsc::Sender<Command>,
+    pub hub: Hub,
+    /// Becomes `true` when the loop has finished: every long-lived stream ends then.
+    pub done: watch::Receiver<bool>,
+}
+
+impl Handle {
+    /// Resolves when the daemon is done (after a shutdown stopped every session): streams
+    /// select on it so that no open stream keeps the daemon alive.
+    pub async fn closed(&self) {
+        let mut done = self.done.clone();
+        let _ = done.wait_for(|d| *d).await;
+    }
+
+    /// Sends the command `make` builds around a reply channel, and waits for the answer.
+    pub async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(make(reply)).await.map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())
+    }
+
+    /// Asks the query `make` builds around a reply channel.
+    pub async fn query<T>(&self, make: impl FnOnce(Reply<T>) -> Query) -> Result<T, Error> {
+        self.ask(|reply| Command::Query(make(reply))).await
+    }
+
+    /// Sends a session request and waits for the core's answer.
+    pub async fn request(
+        &self,
+        request: Request,
+        turn: Option<TurnStream>,
+    ) -> Result<SessionRecord, Error> {
+        self.ask(|reply| Command::Request {
+            request,
+            reply,
+            turn,
+        })
+        .await?
+    }
+
+    /// CreateSession, for every protocol: the configuration checked (OBEY-2002/3/4), then the
+    /// loop's answer (refused while the daemon shuts down, OBEY-2030).
+    pub async fn create_session(
+        &self,
+        id: SessionId,
+        config: SessionConfig,
+    ) -> Result<SessionRecord, Error> {
+        crate::providers::validate(&config)?;
+        let config = Box::new(config);
+        self.request(Request::Create { id, config }, None).await
+    }
+
+    /// Resolves a request for a human (from client `by`) and waits for the core's answer.
+    pub async fn resolve(
+        &self,
+        approval: ApprovalId,
+        session: Option<SessionId>,
+        decision: Decision,
+        by: &str,
+    ) -> Result<Approval, Error> {
+        self.ask(|reply| Command::Resolve {
+            approval,
+            session,
+            decision,
+            by: by.to_string(),
+            reply,
+        })
+        .await?
+    }
+
+    /// Sends a task request (launch, cancel) and waits for the task machine's answer.
+    pub async fn task(&self, input: TaskInput) -> Result<TaskReply, Error> {
+        self.ask(|reply| Command::TaskRequest { input, reply })
+            .await?
+    }
+
+    /// The session as the loop knows it (`None`: there is none).
+    pub async fn session(&self, id: SessionId) -> Result<Option<SessionView>, Error> {
+        self.query(|reply| Query::Session(id, reply)).await
+    }
+
+    /// Begins a shutdown; answers the number of live sessions it stops.
+    pub async fn shutdown(&self, graceful: bool) -> Result<usize, Error> {
+        self.ask(|reply| Command::Shutdown { graceful, reply })
+            .await
+    }
+}
+
+/// The loop is gone (or going).
+pub fn unavailable() -> Error {
+    Error::new(
+        ErrorCode::AdapterNotInitialized,
+        "the daemon's session engine is not running (shutting down?)",
+    )
+}
+
+/// The refusal of anything new while the daemon shuts down.
+pub fn shutting_down() -> Error {
+    Error::new(
+        ErrorCode::AdapterNotInitialized,
+        "the daemon is shutting down",
+    )
+}
