@@ -209,8 +209,7 @@ pub struct Output<R> {
     pipe: R,
     exited: watch::Receiver<bool>,
     buf: Box<[u8]>,
-    split: LineSplitter,
-    lines: VecDeque<Line>,
+    lines: LineQueue,
     ended: bool,
 }
 
@@ -220,8 +219,7 @@ impl<R: AsyncRead + Unpin> Output<R> {
             pipe,
             exited,
             buf: vec![0; READ_BYTES].into_boxed_slice(),
-            split: LineSplitter::new(LINE_BYTES_MAX),
-            lines: VecDeque::new(),
+            lines: LineQueue::new(LINE_BYTES_MAX),
             ended: false,
         }
     }
@@ -234,25 +232,18 @@ impl<R: AsyncRead + Unpin> Output<R> {
 
     /// Reads lines of at most `max` bytes instead of [`LINE_BYTES_MAX`] (before the first read).
     pub fn with_line_limit(mut self, max: usize) -> Self {
-        self.split = LineSplitter::new(max);
+        self.lines = LineQueue::new(max);
         self
     }
 
     /// The next line (a last one without `\n` included), or `None` at the end.
     pub async fn next_line(&mut self) -> Option<Line> {
         loop {
-            if let Some(line) = self.lines.pop_front() {
-                return Some(line);
+            if let Some(line) = self.lines.ready() {
+                return line;
             }
-            if self.ended {
-                return None;
-            }
-            let mut lines = Vec::new();
-            match self.read().await {
-                0 => self.split.finish(&mut lines),
-                n => self.split.feed(&self.buf[..n], &mut lines),
-            }
-            self.lines.extend(lines);
+            let n = self.read().await;
+            self.lines.push(&self.buf[..n]);
         }
     }
 
@@ -366,23 +357,58 @@ impl LineSplitter {
     }
 }
 
-/// Lines of a blocking reader (for plain threads), at most `max` bytes each.
-pub struct BlockingLines<R> {
-    r: R,
+/// Lines split from chunks as they come, waiting to be taken.
+#[derive(Debug)]
+struct LineQueue {
     split: LineSplitter,
-    buf: Box<[u8]>,
     lines: VecDeque<Line>,
     ended: bool,
+}
+
+impl LineQueue {
+    fn new(max: usize) -> Self {
+        LineQueue {
+            split: LineSplitter::new(max),
+            lines: VecDeque::new(),
+            ended: false,
+        }
+    }
+
+    /// A line, or `Some(None)` when none will come any more; `None` when it needs a chunk.
+    fn ready(&mut self) -> Option<Option<Line>> {
+        match self.lines.pop_front() {
+            Some(line) => Some(Some(line)),
+            None => self.ended.then_some(None),
+        }
+    }
+
+    /// Feeds one chunk; an empty one is the end of input.
+    fn push(&mut self, chunk: &[u8]) {
+        let mut lines = Vec::new();
+        if chunk.is_empty() {
+            self.ended = true;
+            self.split.finish(&mut lines);
+        } else {
+            self.split.feed(chunk, &mut lines);
+        }
+        self.lines.extend(lines);
+    }
+}
+
+/// Lines of a blocking reader (for plain threads), at most `max` bytes each; a read error
+/// ends them.
+pub struct BlockingLines<R> {
+    r: R,
+    buf: Box<[u8]>,
+    lines: LineQueue,
 }
 
 impl<R: Read> BlockingLines<R> {
     pub fn new(r: R, max: usize) -> Self {
         BlockingLines {
             r,
-            split: LineSplitter::new(max),
             buf: vec![0; READ_BYTES].into_boxed_slice(),
-            lines: VecDeque::new(),
-            ended: false,
+            lines: LineQueue::new(max),
         }
     }
 }
@@ -392,21 +418,11 @@ impl<R: Read> Iterator for BlockingLines<R> {
 
     fn next(&mut self) -> Option<Line> {
         loop {
-            if let Some(line) = self.lines.pop_front() {
-                return Some(line);
+            if let Some(line) = self.lines.ready() {
+                return line;
             }
-            if self.ended {
-                return None;
-            }
-            let mut lines = Vec::new();
-            match self.r.read(&mut self.buf) {
-                Ok(0) | Err(_) => {
-                    self.ended = true;
-                    self.split.finish(&mut lines);
-                }
-                Ok(n) => self.split.feed(&self.buf[..n], &mut lines),
-            }
-            self.lines.extend(lines);
+            let n = self.r.read(&mut self.buf).unwrap_or(0);
+            self.lines.push(&self.buf[..n]);
         }
     }
 }
