@@ -148,11 +148,11 @@ pub fn status(e: &core::Error) -> tonic::Status {
 
 /// How much of a request's tool input a message carries (a 4 MiB file write would not fit a
 /// gRPC message next to anything else).
-pub const APPROVAL_INPUT_SHOWN: usize = 64 * 1024;
+pub const APPROVAL_INPUT_MAX_BYTES: usize = 64 * 1024;
 
 /// A request for a human as the obey API shows it.
 pub fn approval(a: &core::Approval) -> pb::Approval {
-    let input = crate::text::prefix(&a.input, APPROVAL_INPUT_SHOWN);
+    let input = crate::text::prefix(&a.input, APPROVAL_INPUT_MAX_BYTES);
     pb::Approval {
         input_truncated: input.len() < a.input.len(),
         id: a.id.clone(),
@@ -172,19 +172,19 @@ pub fn approval(a: &core::Approval) -> pb::Approval {
     }
 }
 
-/// A ResolveApproval request as the core's decision.
+/// A ResolveApproval request as the core's decision; an unspecified one is `InvalidArgument`.
 pub fn decision(
     d: pb::ApprovalDecision,
     text: String,
     is_error: bool,
-) -> Result<core::Decision, String> {
+) -> Result<core::Decision, tonic::Status> {
     match d {
         pb::ApprovalDecision::Approve => Ok(core::Decision::Approve),
         pb::ApprovalDecision::Deny => Ok(core::Decision::Deny { reason: text }),
         pb::ApprovalDecision::Answer => Ok(core::Decision::Answer { text, is_error }),
-        pb::ApprovalDecision::Unspecified => {
-            Err("decision is required: APPROVE, DENY or ANSWER".to_string())
-        }
+        pb::ApprovalDecision::Unspecified => Err(tonic::Status::invalid_argument(
+            "decision is required: APPROVE, DENY or ANSWER",
+        )),
     }
 }
 

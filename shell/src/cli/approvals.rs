@@ -4,7 +4,7 @@
 use paddock_proto::obey::local::v1 as pb;
 use serde_json::{json, Value};
 
-use super::output::{age, table};
+use super::view::{age, table};
 use super::{client, print_json, Ctx, Result};
 
 /// What `paddock approvals` shows.
@@ -37,8 +37,7 @@ pub fn state_name(n: i32) -> &'static str {
 
 pub fn approval_json(a: &pb::Approval) -> Value {
     let ts = |t: &Option<prost_types::Timestamp>| {
-        t.as_ref()
-            .map(|t| super::output::rfc3339(t.seconds, t.nanos))
+        t.as_ref().map(|t| super::view::rfc3339(t.seconds, t.nanos))
     };
     json!({
         "id": a.id,
@@ -91,6 +90,9 @@ fn approval_line_raw(a: &pb::Approval) -> String {
     }
 }
 
+/// A request's summary in the approvals table (the full one is in `--json`).
+const SUMMARY_MAX_BYTES: usize = 60;
+
 pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
     let mut c = client::connect(ctx).await?;
     let session_id = match args.session {
@@ -130,7 +132,8 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
                 a.session_id.clone(),
                 kind_name(a.kind).to_string(),
                 state_name(a.state).to_string(),
-                crate::text::for_terminal(&crate::text::truncate(&a.summary, 60)).into_owned(),
+                crate::text::for_terminal(&crate::text::truncate(&a.summary, SUMMARY_MAX_BYTES))
+                    .into_owned(),
                 age(&a.created_at, now),
             ]
         })
