@@ -23,7 +23,7 @@ pub use super::port::{Command, Hub, Request};
 use super::supervisor::{self, RunHandle};
 use crate::paths::now_ms;
 use crate::store::tasks::TaskRow;
-use crate::store::{Row, Store, UnrecognizedLine};
+use crate::store::{Row, Store, StoreError, UnrecognizedLine};
 
 /// Commands drained per iteration (and so per commit) at most.
 pub const MAX_BATCH: usize = 512;
@@ -635,33 +635,15 @@ impl State {
         }
     }
 
-    /// Commits the batch, then delivers what it acknowledged.
-    fn commit(&mut self, batch: &mut Batch) {
+    /// Commits the batch, then delivers what it acknowledged. A failed commit acknowledges
+    /// nothing of the batch and is the caller's to decide (SQLite already waited up to its busy
+    /// timeout for a lock).
+    fn commit(&mut self, batch: &mut Batch) -> Result<(), StoreError> {
         let mut events = Vec::new();
         if !batch.records.is_empty() || !batch.task_rows.is_empty() || !batch.rows.is_empty() {
-            let mut attempt = 0;
-            loop {
-                match self
-                    .store
-                    .apply_all(&batch.records, &batch.task_rows, &batch.rows)
-                {
-                    Ok(ids) => {
-                        events = ids;
-                        break;
-                    }
-                    Err(e) if attempt < 3 => {
-                        attempt += 1;
-                        tracing::warn!("store commit failed (attempt {attempt}): {e}");
-                        std::thread::sleep(Duration::from_millis(50 * attempt));
-                    }
-                    Err(e) => {
-                        // Nothing of this batch may be acknowledged. Crash-only: exit, and the
-                        // next start reconciles from what the store has.
-                        tracing::error!("store commit failed, exiting: {e}");
-                        std::process::exit(70);
-                    }
-                }
-            }
+            events = self
+                .store
+                .apply_all(&batch.records, &batch.task_rows, &batch.rows)?;
             batch.records.clear();
             batch.task_rows.clear();
             for row in batch.rows.drain(..) {
@@ -754,6 +736,7 @@ impl State {
                 _ => {}
             }
         }
+        Ok(())
     }
 }
 
@@ -810,17 +793,19 @@ impl State {
     }
 }
 
-/// Runs the loop until a shutdown has stopped every session.
+/// Runs the loop until a shutdown has stopped every session, or until a batch cannot be
+/// committed (returned: nothing of that batch was acknowledged; what it means for the daemon
+/// is the composition root's decision).
 pub async fn run(
     mut state: State,
     mut rx: mpsc::Receiver<Command>,
     restore: Vec<Effect>,
     task_restore: Vec<TaskEffect>,
-) {
+) -> Result<(), StoreError> {
     let mut batch = Batch::default();
     state.execute(restore, &mut batch);
     state.execute_tasks(task_restore, &mut batch);
-    state.commit(&mut batch);
+    state.commit(&mut batch)?;
     loop {
         let deadline = [
             state.engine.poll_timeout().map(|(at, _, _)| at),
@@ -850,7 +835,7 @@ pub async fn run(
         batch.task_inputs.push_back(TaskInput::Tick);
         state.run_inputs(&mut batch);
         state.run_task_inputs(&mut batch);
-        state.commit(&mut batch);
+        state.commit(&mut batch)?;
         for q in std::mem::take(&mut batch.queries) {
             state.answer_query(q);
         }
@@ -866,6 +851,7 @@ pub async fn run(
         let _ = p.reply.send(Err(shutting_down()));
     }
     let _ = state.done.send(true);
+    Ok(())
 }
 
 async fn sleep_until(deadline: Option<u64>) {
@@ -879,7 +865,7 @@ async fn sleep_until(deadline: Option<u64>) {
 }
 
 /// A store read that failed, as the client's error.
-fn read_failed(what: &str, e: crate::store::StoreError) -> Error {
+fn read_failed(what: &str, e: StoreError) -> Error {
     Error::new(
         paddock_core::ErrorCode::Generic,
         format!("cannot read {what}: {e}"),
