@@ -63,8 +63,6 @@ pub struct State {
     started_at: u64,
     socket: PathBuf,
     data_dir: PathBuf,
-    /// Set by Shutdown / SIGTERM: no new sessions, every session is being stopped.
-    shutting_down: bool,
     /// The runner agents run in (`None`: they are the daemon's own children).
     pub(super) runner: Option<super::runner_link::RunnerLink>,
     exe: PathBuf,
@@ -118,7 +116,6 @@ impl State {
             started_at: now_ms(),
             socket,
             data_dir,
-            shutting_down: false,
             runner: None,
             exe,
             tx,
@@ -134,40 +131,20 @@ impl State {
         }
     }
 
-    /// Begins a shutdown: every live session is stopped (`graceful`: running turns may
-    /// finish) and every task cancelled, in this batch; the loop ends when all are terminal
-    /// and every child was reaped. Returns the number of live sessions.
+    /// Begins a shutdown, which the core carries out (every live session stopped, every task
+    /// cancelled, no Create from now on); the loop ends when all are terminal and every child
+    /// was reaped. Returns the number of live sessions.
     fn begin_shutdown(&mut self, graceful: bool, batch: &mut Batch) -> usize {
         // What is queued before the shutdown happens before it (a session created earlier in
-        // this batch is stopped too).
+        // this batch is counted and stopped too).
         self.run_inputs(batch);
         self.run_task_inputs(batch);
-        if self.shutting_down {
-            return self.engine.live_sessions();
+        let n = self.engine.live_sessions();
+        if !self.engine.is_shutting_down() {
+            tracing::info!("shutting down: stopping {n} live session(s)");
         }
-        self.shutting_down = true;
-        let live: Vec<SessionId> = self
-            .engine
-            .sessions()
-            .filter(|s| !s.status().is_terminal())
-            .map(|s| s.record.id.clone())
-            .collect();
-        tracing::info!("shutting down: stopping {} live session(s)", live.len());
-        // Request id 0 is never pending: nobody waits for these answers.
-        for t in self.tasks.all().filter(|t| !t.status.is_terminal()) {
-            let id = t.id.clone();
-            batch
-                .task_inputs
-                .push_back(TaskInput::Cancel { req: 0, id });
-        }
-        let n = live.len();
-        for id in live {
-            batch.inputs.push_back(Input::Stop {
-                req: 0,
-                id,
-                graceful,
-            });
-        }
+        batch.inputs.push_back(Input::Shutdown { graceful });
+        batch.task_inputs.push_back(TaskInput::Shutdown);
         n
     }
 
@@ -217,7 +194,7 @@ impl State {
     }
 
     fn finished(&self) -> bool {
-        self.shutting_down
+        self.engine.is_shutting_down()
             && self.engine.live_sessions() == 0
             && self.runs.is_empty()
             && self.task_runs.is_empty()
@@ -350,12 +327,10 @@ impl State {
         }
     }
 
-    /// What the loop checks before a session request goes to the core, in the same step: no
-    /// new session while shutting down; a restart's new `provider_config` must be valid for
-    /// the session's configuration.
+    /// What the loop checks before a session request goes to the core, in the same step: a
+    /// restart's new `provider_config` must be valid for the session's configuration.
     fn admit(&mut self, request: &Request, batch: &mut Batch) -> Result<(), Error> {
         match request {
-            Request::Create { .. } if self.shutting_down => Err(shutting_down()),
             Request::Restart {
                 id,
                 provider_config: Some(pc),
