@@ -407,7 +407,11 @@ impl Model {
             ),
             Input::Restart { req, id, .. } => (*req, id, ReqKind::Restart),
             Input::Delete { req, id } => (*req, id, ReqKind::Delete),
-            Input::Resolve { .. } | Input::Provider { .. } | Input::Tick => {
+            // The driver never sends Shutdown (the sweep does not cover shutdown yet).
+            Input::Resolve { .. }
+            | Input::Provider { .. }
+            | Input::Shutdown { .. }
+            | Input::Tick => {
                 unreachable!("not a session request")
             }
         };
