@@ -13,6 +13,8 @@
 //! - [`campaign`]: campaigns and the rules for adding and removing them.
 //! - [`error`]: the OBEY-NNNN registry; [`budget`]: the one place that says "over".
 
+#![forbid(unsafe_code)]
+
 pub mod approval;
 pub mod budget;
 pub mod campaign;

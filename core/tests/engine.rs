@@ -636,8 +636,7 @@ fn time_never_goes_backwards() {
 
 #[test]
 fn architecture_md_shows_the_current_transition_table() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../ARCHITECTURE.md"))
-        .expect("ARCHITECTURE.md");
+    let doc = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../ARCHITECTURE.md"));
     let table = paddock_core::session::table::render();
     assert!(
         doc.contains(&table),

@@ -34,6 +34,9 @@ pub struct Options {
     pub log: LogMode,
     /// Steps of the chaos phase; by default the seed picks (80..=260).
     pub chaos_steps: Option<u64>,
+    /// How many of the event log's last entries a failure keeps (`PADDOCK_SIM_TAIL` in the
+    /// sweep; the library reads no environment).
+    pub log_tail_entries: usize,
 }
 
 impl Default for Options {
@@ -41,6 +44,7 @@ impl Default for Options {
         Options {
             log: LogMode::Off,
             chaos_steps: None,
+            log_tail_entries: 80,
         }
     }
 }
@@ -321,12 +325,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> Result<Outcome, Box<Failure>> {
             invariant,
             faults: sim.faults,
             limits: sim.limits.clone(),
-            log_tail: sim.log.tail(
-                std::env::var("PADDOCK_SIM_TAIL")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(80),
-            ),
+            log_tail: sim.log.tail(opts.log_tail_entries),
         })),
     }
 }

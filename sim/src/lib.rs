@@ -210,6 +210,8 @@
 //! session's record was written and on every 16th step: a config only changes with a
 //! persisted restart, and a divergence never heals, so it is still caught.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 mod driver;
 pub mod log;

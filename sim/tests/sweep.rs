@@ -7,7 +7,6 @@
 //! - `PADDOCK_SIM_SEED_START=S`: start at seed S (default 0).
 
 use std::sync::mpsc;
-use std::time::Instant;
 
 use sim::{run_seed, Coverage, Failure, LogMode, Options, Outcome};
 
@@ -16,6 +15,10 @@ const CI_SEEDS: u64 = 10_000;
 /// The CI set must simulate at least this many steps in total.
 const CI_MIN_STEPS: u64 = 1_000_000;
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the sweep's seeds and tail length come from the environment; the runs do not"
+)]
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
     match v.trim().parse() {
@@ -25,6 +28,11 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 #[test]
+#[allow(
+    clippy::disallowed_methods,
+    clippy::disallowed_types,
+    reason = "the sweep spreads seeds over threads and times itself; each seed runs on one thread"
+)]
 fn sweep() {
     if let Some(seed) = env_u64("PADDOCK_SIM_SEED") {
         return replay(seed);
@@ -34,7 +42,7 @@ fn sweep() {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8) as u64;
-    let t0 = Instant::now();
+    let t0 = std::time::Instant::now();
 
     let (tx, rx) = mpsc::channel::<Result<Outcome, Box<Failure>>>();
     std::thread::scope(|scope| {
@@ -194,6 +202,7 @@ fn sweep() {
 fn replay(seed: u64) {
     let opts = Options {
         log: LogMode::Text,
+        log_tail_entries: env_u64("PADDOCK_SIM_TAIL").map_or(80, |n| n as usize),
         ..Options::default()
     };
     match run_seed(seed, &opts) {
