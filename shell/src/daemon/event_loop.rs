@@ -16,7 +16,7 @@ use paddock_core::{
     Approval, Effect, Engine, Error, Input, ProviderEvent, Record, RequestId, RunId, SessionId,
     SessionRecord,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 
 use super::port::{shutting_down, DaemonView, HistoryView, Query, Reply, SessionView, TurnStream};
 pub use super::port::{Command, Hub, Request};
@@ -723,6 +723,9 @@ impl State {
     fn catch_up(&self, stream: TurnStream, session: SessionId, turn: u64, after_seq: u64) {
         const PAGE: usize = 256;
         let tx = self.tx.clone();
+        // Woken by every committed activity (subscribed before the first read, so none falls
+        // in between): a short page waits for the next commit, not for a timer.
+        let mut committed = self.hub.activity.subscribe();
         tokio::spawn(async move {
             let mut after = after_seq;
             loop {
@@ -758,10 +761,16 @@ impl State {
                     }
                 }
                 if !full {
-                    if stream.is_closed() {
-                        return;
+                    tokio::select! {
+                        biased;
+                        _ = stream.closed() => return,
+                        // Fell behind the hub too: the store has it all, read on.
+                        woke = committed.recv() => {
+                            if let Err(broadcast::error::RecvError::Closed) = woke {
+                                return;
+                            }
+                        }
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
         });
