@@ -108,7 +108,7 @@ async fn through_daemon(dir: &Path, script_rel: &str, n: usize) -> Duration {
         data: data.clone(),
     };
     let ch = loop {
-        if let Ok(ch) = paddock::cli::client::channel(&socket).await {
+        if let Ok(ch) = paddock::transport::channel(&socket).await {
             if LocalDaemonServiceClient::new(ch.clone())
                 .ping(pb::PingRequest {})
                 .await

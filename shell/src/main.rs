@@ -217,7 +217,7 @@ fn main() {
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            rt.block_on(async move {
+            cli::exit_code(rt.block_on(async move {
                 match command {
                     Command::Demo { message } => cli::demo::run(&ctx, &message).await,
                     Command::Campaign(c) => cli::campaign(&ctx, c).await,
@@ -255,7 +255,7 @@ fn main() {
                     | Command::Bridge(_)
                     | Command::Runner { .. } => unreachable!(),
                 }
-            })
+            }))
         }
     };
     std::process::exit(code);

@@ -1,14 +1,47 @@
 //! What the daemon's servers and its clients (the CLI, the daemon's runner link) share about the
-//! wire: how an OBEY code travels in a gRPC status.
+//! wire: the Unix-socket connector, the largest message, and how an OBEY code travels in a gRPC
+//! status. Both `daemon` and `cli` depend on this module and it on neither.
 //!
 //! A refusal carries its code twice: in the message text (`OBEY-2011: …`, for people and for
 //! clients that only read text) and as a structured `google.rpc.ErrorInfo` detail (reason
 //! `OBEY-2011`, domain [`ERROR_DOMAIN`]), which is what programs match on.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
+use hyper_util::rt::TokioIo;
 use paddock_core::ErrorCode;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
 use tonic_types::{ErrorDetails, StatusExt};
+
+/// Largest gRPC message accepted or sent (a message to an agent, a batch of activities), by the
+/// daemon's servers and by its clients alike.
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Nothing answers on a Unix socket.
+#[derive(Debug, thiserror::Error)]
+#[error("nothing answers on {}: {source}", path.display())]
+pub struct ConnectError {
+    pub path: PathBuf,
+    #[source]
+    pub source: tonic::transport::Error,
+}
+
+/// A channel over the socket at `path` (the URI is a placeholder; the connector decides).
+pub async fn channel(path: &Path) -> Result<Channel, ConnectError> {
+    let p = path.to_path_buf();
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = p.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
+        }))
+        .await
+        .map_err(|source| ConnectError {
+            path: path.to_path_buf(),
+            source,
+        })
+}
 
 /// The `ErrorInfo.domain` of every status paddock attaches a reason to.
 pub const ERROR_DOMAIN: &str = "paddock";

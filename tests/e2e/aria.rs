@@ -18,7 +18,7 @@ pub(crate) async fn aria_channel(d: &Daemon) -> Channel {
     let path = d.dirs.home.join(".aria").join("runtime.sock");
     within(async {
         loop {
-            if let Ok(ch) = paddock::cli::client::channel(&path).await {
+            if let Ok(ch) = paddock::transport::channel(&path).await {
                 return ch;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

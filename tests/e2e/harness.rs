@@ -201,7 +201,7 @@ impl Daemon {
                     std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            if let Ok(ch) = paddock::cli::client::channel(&self.dirs.socket).await {
+            if let Ok(ch) = paddock::transport::channel(&self.dirs.socket).await {
                 let mut c = LocalDaemonServiceClient::new(ch);
                 if c.ping(pb::PingRequest {}).await.is_ok() {
                     return;
@@ -232,7 +232,7 @@ impl Daemon {
 
     /// A new client on the socket.
     pub async fn client(&self) -> Client {
-        let ch = paddock::cli::client::channel(&self.dirs.socket)
+        let ch = paddock::transport::channel(&self.dirs.socket)
             .await
             .expect("connect");
         LocalDaemonServiceClient::new(ch)

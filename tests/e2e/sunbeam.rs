@@ -21,7 +21,7 @@ struct Client {
 
 impl Client {
     async fn open(d: &Daemon) -> Client {
-        let ch = paddock::cli::client::channel(&d.dirs.socket)
+        let ch = paddock::transport::channel(&d.dirs.socket)
             .await
             .expect("connect");
         let mut c = sb::code_agent_client::CodeAgentClient::new(ch);

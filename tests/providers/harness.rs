@@ -133,7 +133,7 @@ impl World {
                     std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            if let Ok(ch) = paddock::cli::client::channel(&self.socket).await {
+            if let Ok(ch) = paddock::transport::channel(&self.socket).await {
                 if LocalDaemonServiceClient::new(ch)
                     .ping(pb::PingRequest {})
                     .await
@@ -161,7 +161,7 @@ impl World {
 
     pub async fn client(&self) -> Client {
         LocalDaemonServiceClient::new(
-            paddock::cli::client::channel(&self.socket)
+            paddock::transport::channel(&self.socket)
                 .await
                 .expect("connect"),
         )

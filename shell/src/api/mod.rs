@@ -9,7 +9,7 @@ pub mod sunbeam;
 use paddock_proto::aria::v1 as aria_pb;
 use paddock_proto::obey::local::v1::local_daemon_service_server::LocalDaemonServiceServer;
 
-use crate::daemon::MAX_MESSAGE_BYTES;
+use crate::transport::MAX_MESSAGE_BYTES;
 
 /// A new session id (`sess_<ULID>`) and its short form (the last 6 characters, lower case),
 /// for default agent names such as `<provider>-<short id>` (the obey seed's convention).

@@ -5,7 +5,7 @@ use paddock_proto::obey::local::v1 as pb;
 use serde_json::{json, Value};
 
 use super::output::{age, table};
-use super::{client, fail, print_json, Ctx};
+use super::{client, print_json, Ctx, Result};
 
 /// What `paddock approvals` shows.
 pub struct ListArgs {
@@ -91,32 +91,24 @@ fn approval_line_raw(a: &pb::Approval) -> String {
     }
 }
 
-pub async fn list(ctx: &Ctx, args: ListArgs) -> i32 {
-    let mut c = match client::connect(ctx).await {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
+pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
+    let mut c = client::connect(ctx).await?;
     let session_id = match args.session {
-        Some(s) => match super::resolve(&mut c, &s).await {
-            Ok(id) => id,
-            Err(e) => return fail(e),
-        },
+        Some(s) => super::resolve(&mut c, &s).await?,
         None => String::new(),
     };
-    let list = match c
+    let list = c
         .list_approvals(pb::ListApprovalsRequest {
             session_id,
             include_resolved: args.all,
             limit: args.limit,
         })
-        .await
-    {
-        Ok(r) => r.into_inner().approvals,
-        Err(e) => return fail(e.message()),
-    };
+        .await?
+        .into_inner()
+        .approvals;
     if ctx.json {
         print_json(&json!(list.iter().map(approval_json).collect::<Vec<_>>()));
-        return 0;
+        return Ok(());
     }
     if list.is_empty() {
         println!(
@@ -127,7 +119,7 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> i32 {
                 "nothing is waiting for you"
             }
         );
-        return 0;
+        return Ok(());
     }
     let now = crate::paths::now_ms();
     let rows: Vec<Vec<String>> = list
@@ -147,16 +139,18 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> i32 {
         "{}",
         table(&["ID", "SESSION", "KIND", "STATE", "WHAT", "AGE"], &rows)
     );
-    0
+    Ok(())
 }
 
 /// `approve`, `deny`, `answer`.
-pub async fn resolve(ctx: &Ctx, id: String, decision: pb::ApprovalDecision, text: String) -> i32 {
-    let mut c = match client::connect(ctx).await {
-        Ok(c) => c,
-        Err(e) => return fail(e),
-    };
-    let a = match c
+pub async fn resolve(
+    ctx: &Ctx,
+    id: String,
+    decision: pb::ApprovalDecision,
+    text: String,
+) -> Result<()> {
+    let mut c = client::connect(ctx).await?;
+    let a = c
         .resolve_approval(pb::ResolveApprovalRequest {
             approval_id: id,
             decision: decision as i32,
@@ -164,15 +158,12 @@ pub async fn resolve(ctx: &Ctx, id: String, decision: pb::ApprovalDecision, text
             is_error: false,
             resolved_by: "cli".into(),
         })
-        .await
-    {
-        Ok(r) => r.into_inner(),
-        Err(e) => return fail(e.message()),
-    };
+        .await?
+        .into_inner();
     if ctx.json {
         print_json(&approval_json(&a));
     } else {
         println!("{}", approval_line(&a));
     }
-    0
+    Ok(())
 }

@@ -21,6 +21,7 @@ use tokio_stream::StreamExt;
 
 use super::client::Client;
 use super::latis::{latis_state, one_line};
+use super::Error;
 use crate::transport::obey_code;
 
 /// History entries shown on attach.
@@ -467,37 +468,31 @@ async fn watch_activity(
     .map(|r| r.into_inner())
 }
 
-/// Runs an attach until the user detaches or the session ends; the exit code.
-pub async fn run(c: &mut Client, id: String) -> i32 {
-    match attach(c, id).await {
-        Ok(code) => code,
-        Err(e) => super::fail(e),
-    }
-}
-
 const BUSY_NOTE: &str = "(the agent is busy; your message is sent when this turn ends)";
 
-async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
-    let msg = |e: tonic::Status| e.message().to_string();
+/// Runs an attach until the user detaches or the session ends.
+pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
     // Subscribe to status changes first, then read: no change falls between the two.
     let mut statuses = c
         .watch_session(pb::WatchSessionRequest {
             session_id: id.clone(),
         })
-        .await
-        .map_err(msg)?
+        .await?
         .into_inner();
-    let info = get(c, &id).await.map_err(msg)?;
+    let info = get(c, &id).await?;
     let history = c
         .get_history(pb::GetHistoryRequest {
             session_id: id.clone(),
             limit: HISTORY_ENTRIES,
         })
-        .await
-        .map_err(msg)?
+        .await?
         .into_inner();
-    let status = Status::from_number(info.status)
-        .ok_or_else(|| format!("the daemon reports an unknown status {}", info.status))?;
+    let status = Status::from_number(info.status).ok_or_else(|| {
+        Error::Protocol(format!(
+            "the daemon reports an unknown status {}",
+            info.status
+        ))
+    })?;
     let mut s = Session {
         id: id.clone(),
         status,
@@ -534,12 +529,12 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
             "The session is {}; `paddock session restart {}` starts it again.",
             s.label, s.id
         );
-        return Ok(0);
+        return Ok(());
     }
     println!("(type a message and press Enter; Ctrl-D detaches, the agent keeps working)");
     let mut last_seq = history.last_seq;
-    let mut acts = watch_activity(c, &id, last_seq).await.map_err(msg)?;
-    let mut approvals = watch_approvals(c, &id).await.map_err(msg)?;
+    let mut acts = watch_activity(c, &id, last_seq).await?;
+    let mut approvals = watch_approvals(c, &id).await?;
     let mut asks = Asks::default();
     let mut reopened = 0u32;
 
@@ -555,7 +550,10 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
         let deferred = s.deferred;
         tokio::select! {
             biased;
-            _ = &mut ctrl_c => return Ok(detach(&s)),
+            _ = &mut ctrl_c => {
+                detach(&s);
+                return Ok(());
+            }
             t = typed.recv(), if t_open => match t {
                 Some(Typed::Line(line)) => match asks.asked().cloned() {
                     // A request waits for a human: the line is its answer.
@@ -569,7 +567,10 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
                     println!("(cannot read the terminal any more: {e}; still watching, Ctrl-C detaches)");
                     t_open = false;
                 }
-                Some(Typed::Eof) | None => return Ok(detach(&s)),
+                Some(Typed::Eof) | None => {
+                    detach(&s);
+                    return Ok(());
+                }
             },
             r = sent.recv() => match r {
                 Some(Sent::Accepted) => {
@@ -585,7 +586,7 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
                         line.noted = true;
                     }
                     s.queue.push_front(line);
-                    let now = get(c, &id).await.map_err(msg)?;
+                    let now = get(c, &id).await?;
                     match Status::from_number(now.status) {
                         Some(Status::Running) if s.busy_retries < BUSY_RETRIES => {
                             s.busy_retries += 1;
@@ -612,9 +613,9 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
                     // Fell behind: reopen; the open requests come again (known ones once).
                     reopened += 1;
                     if reopened > REOPEN_MAX {
-                        return Err(format!("the approvals stream keeps failing: {}", e.message()));
+                        return Err(Error::Step { step: "the approvals stream keeps failing".into(), source: e });
                     }
-                    approvals = watch_approvals(c, &id).await.map_err(msg)?;
+                    approvals = watch_approvals(c, &id).await?;
                     // What was settled in the gap is not in the new stream: forget it.
                     let open = c
                         .list_approvals(pb::ListApprovalsRequest {
@@ -622,8 +623,7 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
                             include_resolved: false,
                             limit: APPROVALS_MAX as i32,
                         })
-                        .await
-                        .map_err(|e| e.message().to_string())?
+                        .await?
                         .into_inner()
                         .approvals;
                     let ids: Vec<String> = open.into_iter().map(|a| a.id).collect();
@@ -643,7 +643,7 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
                         _ => {}
                     }
                 }
-                Some(Err(e)) => return Err(e.message().to_string()),
+                Some(Err(e)) => return Err(e.into()),
                 None => s_open = false,
             },
             ev = acts.next(), if a_open => match ev {
@@ -658,9 +658,9 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
                     // Fell behind (or the stream broke): go on from the last one shown.
                     reopened += 1;
                     if reopened > REOPEN_MAX {
-                        return Err(format!("the activity stream keeps failing: {}", e.message()));
+                        return Err(Error::Step { step: "the activity stream keeps failing".into(), source: e });
                     }
-                    acts = watch_activity(c, &id, last_seq).await.map_err(msg)?;
+                    acts = watch_activity(c, &id, last_seq).await?;
                 }
                 None => a_open = false,
             },
@@ -671,26 +671,27 @@ async fn attach(c: &mut Client, id: String) -> Result<i32, String> {
         }
     }
     // Both streams ended: the session is over, or the daemon went away.
-    let end = get(c, &id)
-        .await
-        .map_err(|e| format!("lost the daemon: {}", e.message()))?;
+    let end = get(c, &id).await.map_err(|source| Error::Step {
+        step: "lost the daemon".into(),
+        source,
+    })?;
     let status = Status::from_number(end.status).unwrap_or(s.status);
     s.turns = end.turns_completed;
     s.error = end.error_message.clone();
     s.status = status;
     s.announce();
     if !status.is_terminal() {
-        return Err(format!(
+        return Err(Error::Protocol(format!(
             "the daemon ended the session's streams while it is {} (is it shutting down?)",
             s.label
-        ));
+        )));
     }
     drop_queue(&mut s);
     match status {
         Status::Failed => println!("Session {} failed.", s.id),
         _ => println!("Session {} is {}.", s.id, s.label),
     }
-    Ok(0)
+    Ok(())
 }
 
 fn on_line(c: &Client, s: &mut Session, text: String, tx: &mpsc::Sender<Sent>) {
@@ -741,7 +742,7 @@ fn drop_queue(s: &mut Session) {
     }
 }
 
-fn detach(s: &Session) -> i32 {
+fn detach(s: &Session) {
     for line in &s.queue {
         println!(
             "(not sent, the agent was still busy: {})",
@@ -749,7 +750,6 @@ fn detach(s: &Session) -> i32 {
         );
     }
     println!("Detached; the agent keeps working.");
-    0
 }
 
 #[cfg(test)]

@@ -5,32 +5,16 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use paddock_proto::obey::local::v1::local_daemon_service_client::LocalDaemonServiceClient;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
-use super::Ctx;
-use crate::daemon::MAX_MESSAGE_BYTES;
+use super::{Ctx, Error, Result};
+use crate::transport::{channel, MAX_MESSAGE_BYTES};
 
 pub type Client = LocalDaemonServiceClient<Channel>;
 
 /// How long a CLI waits for an autostarted daemon to answer.
 const AUTOSTART_WAIT: Duration = Duration::from_secs(15);
-
-/// A channel over the socket at `path` (the URI is a placeholder; the connector decides).
-pub async fn channel(path: &Path) -> Result<Channel, String> {
-    let path = path.to_path_buf();
-    let p = path.clone();
-    Endpoint::try_from("http://localhost")
-        .expect("static uri")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let p = p.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
-        }))
-        .await
-        .map_err(|e| format!("no paddock daemon answers on {}: {e}", path.display()))
-}
 
 fn client_of(ch: Channel) -> Client {
     LocalDaemonServiceClient::new(ch)
@@ -39,22 +23,27 @@ fn client_of(ch: Channel) -> Client {
 }
 
 /// Connects, autostarting a daemon in the background when allowed.
-pub async fn connect(ctx: &Ctx) -> Result<Client, String> {
+pub async fn connect(ctx: &Ctx) -> Result<Client> {
+    connect_channel(ctx).await.map(client_of)
+}
+
+/// [`connect`]'s channel, for the other services on the same socket (Aria's tasks).
+pub async fn connect_channel(ctx: &Ctx) -> Result<Channel> {
     match channel(&ctx.socket).await {
-        Ok(ch) => Ok(client_of(ch)),
-        Err(e) if !ctx.autostart => Err(format!("{e} (and --no-autostart is set)")),
+        Ok(ch) => Ok(ch),
+        Err(e) if !ctx.autostart => Err(Error::NoAutostart(e)),
         Err(_) => {
             start_daemon(&ctx.socket, &ctx.data_dir)?;
             let deadline = tokio::time::Instant::now() + AUTOSTART_WAIT;
             loop {
                 match channel(&ctx.socket).await {
-                    Ok(ch) => return Ok(client_of(ch)),
-                    Err(e) if tokio::time::Instant::now() >= deadline => {
-                        return Err(format!(
-                            "started a daemon but it did not answer within {}s: {e} (see {})",
-                            AUTOSTART_WAIT.as_secs(),
-                            ctx.data_dir.join("daemon.log").display()
-                        ))
+                    Ok(ch) => return Ok(ch),
+                    Err(source) if tokio::time::Instant::now() >= deadline => {
+                        return Err(Error::Autostart {
+                            wait_s: AUTOSTART_WAIT.as_secs(),
+                            log: ctx.data_dir.join("daemon.log"),
+                            source,
+                        })
                     }
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
@@ -64,16 +53,16 @@ pub async fn connect(ctx: &Ctx) -> Result<Client, String> {
 }
 
 /// Starts `paddock daemon` detached (own process group, output to `daemon.log`).
-pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32, String> {
+pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32> {
     std::fs::create_dir_all(data_dir)
-        .map_err(|e| format!("cannot create {}: {e}", data_dir.display()))?;
+        .map_err(Error::io(format!("cannot create {}", data_dir.display())))?;
     let log_path = data_dir.join("daemon.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log_path)
-        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        .map_err(Error::io(format!("cannot open {}", log_path.display())))?;
+    let exe = std::env::current_exe().map_err(Error::io("this program's path"))?;
     let child = std::process::Command::new(exe)
         .arg("daemon")
         .arg("--socket")
@@ -81,11 +70,14 @@ pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32, String> {
         .arg("--data-dir")
         .arg(data_dir)
         .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stdout(
+            log.try_clone()
+                .map_err(Error::io(format!("cannot open {}", log_path.display())))?,
+        )
         .stderr(log)
         .process_group(0)
         .spawn()
-        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+        .map_err(Error::io("cannot start the daemon"))?;
     eprintln!(
         "paddock: started a daemon (pid {}) on {}",
         child.id(),

@@ -13,16 +13,11 @@ use paddock_proto::obey::local::v1 as pb;
 use tokio_stream::StreamExt;
 
 use super::output::*;
-use super::{client, Ctx};
+use super::{Ctx, Error, Result};
+use crate::transport::channel;
 
-pub async fn run(_ctx: &Ctx, message: &str) -> i32 {
-    match demo(message).await {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("demo failed: {e}");
-            1
-        }
-    }
+pub async fn run(_ctx: &Ctx, message: &str) -> Result<()> {
+    demo(message).await
 }
 
 fn sample_project(root: &Path) -> std::io::Result<()> {
@@ -42,15 +37,18 @@ fn sample_project(root: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn demo(message: &str) -> Result<(), String> {
+async fn demo(message: &str) -> Result<()> {
     let base = std::env::temp_dir().join(format!("paddock-demo-{}", std::process::id()));
     let socket = base.join("daemon.sock");
     let data = base.join("data");
     let project = base.join("sample-project");
-    sample_project(&project).map_err(|e| e.to_string())?;
+    sample_project(&project).map_err(Error::io(format!(
+        "cannot write the sample project in {}",
+        project.display()
+    )))?;
 
     println!("▶ starting a paddock daemon on {}", socket.display());
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(Error::io("this program's path"))?;
     let mut daemon = tokio::process::Command::new(exe)
         .args(["daemon", "--socket"])
         .arg(&socket)
@@ -59,10 +57,10 @@ async fn demo(message: &str) -> Result<(), String> {
         .env("PADDOCK_LOG", "warn")
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+        .map_err(Error::io("cannot start the daemon"))?;
     let result = session(&socket, &project, message).await;
     // Shut the daemon down whatever happened, and wait for it.
-    if let Ok(ch) = client::channel(&socket).await {
+    if let Ok(ch) = channel(&socket).await {
         let mut c = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
         let _ = c.shutdown(pb::ShutdownRequest { force: false }).await;
     }
@@ -79,12 +77,12 @@ async fn demo(message: &str) -> Result<(), String> {
     result
 }
 
-async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), String> {
+async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
     let mut waited = 0;
     let ch = loop {
-        match client::channel(socket).await {
+        match channel(socket).await {
             Ok(ch) => break ch,
-            Err(e) if waited > 200 => return Err(e),
+            Err(e) if waited > 200 => return Err(Error::NoDaemon(e)),
             Err(_) => {
                 waited += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -97,16 +95,14 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), Str
             name: "demo".into(),
             root_path: project.display().to_string(),
         })
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner();
     println!("▶ campaign \"{}\" → {}", camp.name, camp.root_path);
 
     // Watch every status change of every session, in the background.
     let mut watch = c
         .watch_all_sessions(pb::WatchAllSessionsRequest::default())
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner();
     // Status changes and activity come on two streams; a turn's end (WORKING → …) is printed
     // once the turn's own stream has ended, so the output reads in the order things happened.
@@ -135,8 +131,7 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), Str
             max_tokens: 100_000,
             ..Default::default()
         })
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner()
         .session
         .unwrap_or_default();
@@ -151,15 +146,14 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), Str
             session_id: s.id.clone(),
             message: message.to_string(),
         })
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner();
     let mut held = Vec::new();
     loop {
         tokio::select! {
             item = stream.next() => match item {
                 Some(item) => {
-                    let a = item.map_err(|e| e.message().to_string())?;
+                    let a = item?;
                     println!("  agent   {}", activity_line(&a));
                 }
                 None => break,
@@ -189,8 +183,7 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<(), Str
             session_id: s.id.clone(),
             graceful: true,
         })
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner()
         .session
         .unwrap_or_default();

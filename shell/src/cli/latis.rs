@@ -15,6 +15,7 @@ use paddock_proto::obey::local::v1 as pb;
 use serde::Deserialize;
 
 use super::client::Client;
+use super::{Error, Result};
 use crate::transport::obey_code;
 
 /// The drivers paddock has. latis' podman, kubernetes, qemu and ssh drivers provision an
@@ -95,7 +96,7 @@ pub const LIST_HEADERS: [&str; 8] = [
 ];
 
 /// Checks a `--driver` / `driver:`; the error names the drivers there are.
-pub fn check_driver(name: &str) -> Result<&'static str, String> {
+pub fn check_driver(name: &str) -> Result<&'static str> {
     let n = name.trim().to_ascii_lowercase();
     if let Some(d) = DRIVERS.iter().find(|d| **d == n) {
         return Ok(d);
@@ -107,45 +108,47 @@ pub fn check_driver(name: &str) -> Result<&'static str, String> {
         ),
         _ => format!("unknown driver \"{name}\""),
     };
-    Err(format!(
+    Err(Error::Usage(format!(
         "{why}; the drivers are: {} (the agent runs as a supervised local process, without \
          isolation)",
         DRIVERS.join(", ")
-    ))
+    )))
 }
 
 /// What a `--mount SRC:DST` means under the local driver: the agent is not isolated, so
 /// nothing is mounted; SRC becomes the session's working directory (its campaign root) and DST
 /// must be the workspace (`/workspace` or `.`). Relative SRCs are taken from `base`. Returns
 /// SRC, canonical.
-pub fn parse_mount(spec: &str, base: &Path) -> Result<PathBuf, String> {
+pub fn parse_mount(spec: &str, base: &Path) -> Result<PathBuf> {
     let explain = "the local driver does not isolate the filesystem: the agent sees the host \
                    as it is, and a mount only names its working directory, as SRC:/workspace";
     let Some((src, dst)) = spec.split_once(':') else {
-        return Err(format!("mount \"{spec}\": expected SRC:DST ({explain})"));
+        return Err(Error::Usage(format!(
+            "mount \"{spec}\": expected SRC:DST ({explain})"
+        )));
     };
     if dst.contains(':') {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "mount \"{spec}\": mount options are not supported ({explain})"
-        ));
+        )));
     }
     let dst_ok = matches!(dst.trim_end_matches('/'), "/workspace" | ".");
     if !dst_ok {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "mount \"{spec}\": destination \"{dst}\" is not {WORKSPACE} ({explain})"
-        ));
+        )));
     }
     if src.is_empty() {
-        return Err(format!("mount \"{spec}\": SRC is empty"));
+        return Err(Error::Usage(format!("mount \"{spec}\": SRC is empty")));
     }
     let path = base.join(src);
     let canon = std::fs::canonicalize(&path)
-        .map_err(|e| format!("mount \"{spec}\": {}: {e}", path.display()))?;
+        .map_err(Error::io(format!("mount \"{spec}\": {}", path.display())))?;
     if !canon.is_dir() {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "mount \"{spec}\": {} is not a directory",
             canon.display()
-        ));
+        )));
     }
     Ok(canon)
 }
@@ -238,25 +241,25 @@ pub struct SessionFile {
 }
 
 impl SessionFile {
-    pub fn parse(text: &str, origin: &str) -> Result<SessionFile, String> {
+    pub fn parse(text: &str, origin: &str) -> Result<SessionFile> {
         if text.trim().is_empty() {
             return Ok(SessionFile::default());
         }
-        serde_norway::from_str(text).map_err(|e| format!("{origin}: {e}"))
+        serde_norway::from_str(text).map_err(|e| Error::Usage(format!("{origin}: {e}")))
     }
 
-    pub fn read(path: &Path) -> Result<SessionFile, String> {
+    pub fn read(path: &Path) -> Result<SessionFile> {
         use std::io::Read;
-        let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let f = std::fs::File::open(path).map_err(Error::io(path.display()))?;
         let mut text = String::new();
         f.take(SESSION_FILE_MAX_BYTES + 1)
             .read_to_string(&mut text)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(Error::io(path.display()))?;
         if text.len() as u64 > SESSION_FILE_MAX_BYTES {
-            return Err(format!(
+            return Err(Error::Usage(format!(
                 "{}: larger than {SESSION_FILE_MAX_BYTES} bytes",
                 path.display()
-            ));
+            )));
         }
         SessionFile::parse(&text, &path.display().to_string())
     }
@@ -284,11 +287,7 @@ pub struct Plan {
 
 /// Merges the flags over the file (`file_dir`: the file's directory, for its relative
 /// mounts; `cwd`: for the flags' relative mounts and the default place).
-pub fn plan(
-    args: CreateArgs,
-    file: Option<(SessionFile, PathBuf)>,
-    cwd: &Path,
-) -> Result<Plan, String> {
+pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) -> Result<Plan> {
     let from_file = file.is_some();
     let (f, file_dir) = file.unwrap_or_else(|| (SessionFile::default(), cwd.to_path_buf()));
     let driver = check_driver(
@@ -301,21 +300,21 @@ pub fn plan(
         args.mounts
             .iter()
             .map(|m| parse_mount(m, cwd))
-            .collect::<Result<_, _>>()?
+            .collect::<Result<_>>()?
     } else {
         f.mounts
             .unwrap_or_default()
             .iter()
             .map(|m| parse_mount(m, &file_dir))
-            .collect::<Result<_, _>>()?
+            .collect::<Result<_>>()?
     };
     if mounts.len() > 1 {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "{} mounts given: the local driver runs the agent in one working directory \
              (SRC:{WORKSPACE}); it does not isolate the filesystem, so there is nothing else \
              to mount",
             mounts.len()
-        ));
+        )));
     }
     let task = args.task.or(f.task).unwrap_or_default();
     let campaign = args
@@ -326,16 +325,18 @@ pub fn plan(
         (Some(c), Some(dir)) => Place::Both(c, dir),
         (Some(c), None) => Place::Campaign(c),
         (None, Some(dir)) => Place::Dir(dir),
-        (None, None) if from_file || !task.trim().is_empty() => Place::Dir(
-            std::fs::canonicalize(cwd)
-                .map_err(|e| format!("the current directory {}: {e}", cwd.display()))?,
-        ),
+        (None, None) if from_file || !task.trim().is_empty() => {
+            Place::Dir(std::fs::canonicalize(cwd).map_err(Error::io(format!(
+                "the current directory {}",
+                cwd.display()
+            )))?)
+        }
         (None, None) => {
-            return Err(
+            return Err(Error::Usage(
                 "--campaign is required, unless --task, --mount or -c is given (then \
                  the session runs in the current directory)"
                     .into(),
-            )
+            ))
         }
     };
     let provider_name = args
@@ -343,18 +344,17 @@ pub fn plan(
         .or(f.provider)
         .unwrap_or_else(|| "scripted".into());
     let Some(provider) = paddock_core::Provider::from_name(&provider_name) else {
-        return Err(format!(
-            "OBEY-2002: unknown provider \"{provider_name}\" (scripted, claude-code, codex, \
-             openclaw, openai-api, gemini, acp)"
-        ));
+        return Err(Error::unknown_provider(&provider_name));
     };
     let max_tokens = args.max_tokens.or(f.max_tokens).unwrap_or(0);
     if max_tokens < 0 {
-        return Err(format!("max_tokens must be 0 or more, not {max_tokens}"));
+        return Err(Error::Usage(format!(
+            "max_tokens must be 0 or more, not {max_tokens}"
+        )));
     }
     let timeout = args.timeout.or(f.timeout).unwrap_or(0);
-    let timeout_secs =
-        i64::try_from(timeout).map_err(|_| format!("timeout {timeout} is too large"))?;
+    let timeout_secs = i64::try_from(timeout)
+        .map_err(|_| Error::Usage(format!("timeout {timeout} is too large")))?;
     let merge = |file: Option<BTreeMap<String, Scalar>>, flags: Vec<(String, String)>| {
         let mut m: std::collections::HashMap<String, String> = file
             .unwrap_or_default()
@@ -389,12 +389,11 @@ pub fn plan(
 
 /// The campaign id whose root is `dir`, registering one (named after the directory, with
 /// `-2`, `-3`, … when that name is taken) if none is. Says so on stderr when it registers.
-pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String, String> {
+pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String> {
     let root = dir.display().to_string();
     let known = c
         .list_campaigns(pb::ListCampaignsRequest {})
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner()
         .campaigns;
     if let Some(found) = known.iter().find(|k| k.root_path == root) {
@@ -407,8 +406,7 @@ pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String, Stri
             name: String::new(),
             root_path: root.clone(),
         })
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner();
     if !known.iter().any(|x| x.id == k.id) {
         eprintln!("paddock: registered {root} as campaign \"{}\"", k.name);
@@ -417,29 +415,30 @@ pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String, Stri
 }
 
 /// The campaign id a plan's place comes to.
-pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String, String> {
+pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String> {
     match place {
         Place::Campaign(name) => Ok(name.clone()),
         Place::Dir(dir) => campaign_for_dir(c, dir).await,
         Place::Both(name, dir) => {
             let list = c
                 .list_campaigns(pb::ListCampaignsRequest {})
-                .await
-                .map_err(|e| e.message().to_string())?
+                .await?
                 .into_inner()
                 .campaigns;
             let Some(k) = list.iter().find(|k| k.id == *name || k.name == *name) else {
-                return Err(format!("OBEY-2001: campaign \"{name}\" not found"));
+                return Err(Error::Usage(format!(
+                    "OBEY-2001: campaign \"{name}\" not found"
+                )));
             };
             if Path::new(&k.root_path) != dir {
-                return Err(format!(
+                return Err(Error::Usage(format!(
                     "the mount's SRC {} is not campaign \"{}\"'s root {}: under the local \
                      driver a mount names the working directory, and a campaign has one; give \
                      one of the two",
                     dir.display(),
                     k.name,
                     k.root_path
-                ));
+                )));
             }
             Ok(k.id.clone())
         }
@@ -536,16 +535,13 @@ pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
 
 /// `session delete`: a live session is force-stopped first (its agent's whole process group
 /// goes), then DeleteSession removes it and every row stored about it.
-pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> i32 {
-    let info = match c
+pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> Result<()> {
+    let info = c
         .get_session(pb::GetSessionRequest {
             session_id: id.to_string(),
         })
-        .await
-    {
-        Ok(r) => r.into_inner(),
-        Err(e) => return super::fail(e.message()),
-    };
+        .await?
+        .into_inner();
     let mut stopped = false;
     if !Status::from_number(info.status).is_some_and(Status::is_terminal) {
         match c
@@ -558,22 +554,18 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> i32 {
             Ok(_) => stopped = true,
             // It ended on its own meanwhile.
             Err(e) if obey_code(&e) == Some(ErrorCode::AlreadyStopped) => {}
-            Err(e) => {
-                return super::fail(format!(
-                    "cannot stop session {id} to delete it: {}",
-                    e.message()
-                ))
+            Err(source) => {
+                return Err(Error::Step {
+                    step: format!("cannot stop session {id} to delete it"),
+                    source,
+                })
             }
         }
     }
-    if let Err(e) = c
-        .delete_session(pb::DeleteSessionRequest {
-            session_id: id.to_string(),
-        })
-        .await
-    {
-        return super::fail(e.message());
-    }
+    c.delete_session(pb::DeleteSessionRequest {
+        session_id: id.to_string(),
+    })
+    .await?;
     if ctx.json {
         super::print_json(&serde_json::json!({ "id": id, "deleted": true, "stopped": stopped }));
     } else {
@@ -582,24 +574,22 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> i32 {
         }
         println!("Session {id} deleted.");
     }
-    0
+    Ok(())
 }
 
 /// `session prune`: deletes every STOPPED and FAILED session (of one campaign, if given) and
 /// says which. A session restarted between the list and its delete is skipped, and said so.
-pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -> i32 {
-    let list = match c
+pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -> Result<()> {
+    let list = c
         .list_sessions(pb::ListSessionsRequest {
             campaign_id: campaign.unwrap_or_default(),
             statuses: vec![Status::Stopped.number(), Status::Failed.number()],
             provider: 0,
             include_terminated: true,
         })
-        .await
-    {
-        Ok(r) => r.into_inner().sessions,
-        Err(e) => return super::fail(e.message()),
-    };
+        .await?
+        .into_inner()
+        .sessions;
     let (mut deleted, mut skipped, mut failed) = (Vec::new(), Vec::new(), 0);
     for s in &list {
         match c
@@ -648,7 +638,11 @@ pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -
     } else {
         println!("Pruned {} session(s).", deleted.len());
     }
-    i32::from(failed > 0)
+    // Each failed delete has been said on stderr.
+    if failed > 0 {
+        return Err(Error::Reported);
+    }
+    Ok(())
 }
 
 /// Renders [`status_lines`] under a `Session <id> - <state>` header.
@@ -713,17 +707,17 @@ mod tests {
 
     #[test]
     fn drivers_other_than_local_are_clear_errors() {
-        assert_eq!(check_driver("local"), Ok("local"));
-        assert_eq!(check_driver("LOCAL"), Ok("local"));
+        assert_eq!(check_driver("local").unwrap(), "local");
+        assert_eq!(check_driver("LOCAL").unwrap(), "local");
         for d in ["podman", "kubernetes", "qemu", "ssh"] {
-            let e = check_driver(d).unwrap_err();
+            let e = check_driver(d).unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!("driver \"{d}\" is not available")),
                 "{e}"
             );
             assert!(e.contains("the drivers are: local"), "{e}");
         }
-        let e = check_driver("banana").unwrap_err();
+        let e = check_driver("banana").unwrap_err().to_string();
         assert!(
             e.starts_with("unknown driver \"banana\"; the drivers are: local"),
             "{e}"
@@ -738,32 +732,41 @@ mod tests {
         std::fs::write(base.join("file"), "x").unwrap();
         for dst in ["/workspace", "/workspace/", ".", "./"] {
             assert_eq!(
-                parse_mount(&format!("repo:{dst}"), &base),
-                Ok(base.join("repo")),
+                parse_mount(&format!("repo:{dst}"), &base).unwrap(),
+                base.join("repo"),
                 "{dst}"
             );
         }
         let abs = format!("{}:/workspace", base.join("repo").display());
-        assert_eq!(parse_mount(&abs, Path::new("/")), Ok(base.join("repo")));
-        let e = parse_mount("repo:/src", &base).unwrap_err();
+        assert_eq!(
+            parse_mount(&abs, Path::new("/")).unwrap(),
+            base.join("repo")
+        );
+        let e = parse_mount("repo:/src", &base).unwrap_err().to_string();
         assert!(
             e.contains("destination \"/src\" is not /workspace")
                 && e.contains("does not isolate the filesystem"),
             "{e}"
         );
-        let e = parse_mount("repo:/workspace:Z", &base).unwrap_err();
+        let e = parse_mount("repo:/workspace:Z", &base)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("mount options are not supported"), "{e}");
         assert!(parse_mount("repo", &base)
             .unwrap_err()
+            .to_string()
             .contains("expected SRC:DST"));
         assert!(parse_mount(":/workspace", &base)
             .unwrap_err()
+            .to_string()
             .contains("SRC is empty"));
         assert!(parse_mount("nope:/workspace", &base)
             .unwrap_err()
+            .to_string()
             .contains("nope"));
         assert!(parse_mount("file:/workspace", &base)
             .unwrap_err()
+            .to_string()
             .contains("is not a directory"));
     }
 
@@ -784,13 +787,20 @@ mod tests {
         assert_eq!(cfg["rounds"].text(), "5");
         assert_eq!(cfg["verbose"].text(), "true");
         assert_eq!(cfg["script"].text(), "s.json");
-        assert_eq!(SessionFile::parse("\n", "x"), Ok(SessionFile::default()));
-        let e = SessionFile::parse("task: x\nimage: fedora\n", "session.yaml").unwrap_err();
+        assert_eq!(
+            SessionFile::parse("\n", "x").unwrap(),
+            SessionFile::default()
+        );
+        let e = SessionFile::parse("task: x\nimage: fedora\n", "session.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("session.yaml: unknown field `image`") && e.contains("expected one of"),
             "{e}"
         );
-        let e = SessionFile::parse("timeout: soon\n", "s.yaml").unwrap_err();
+        let e = SessionFile::parse("timeout: soon\n", "s.yaml")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("s.yaml: timeout: invalid type"), "{e}");
     }
 
@@ -806,7 +816,7 @@ mod tests {
         std::fs::create_dir_all(cwd.join("other")).unwrap();
 
         // Nothing says where: an error; a task alone: the current directory.
-        let e = plan(args(), None, &cwd).unwrap_err();
+        let e = plan(args(), None, &cwd).unwrap_err().to_string();
         assert!(e.starts_with("--campaign is required"), "{e}");
         let p = plan(
             CreateArgs {
@@ -887,10 +897,13 @@ mod tests {
             None,
             &cwd,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.starts_with("2 mounts given"), "{e}");
         let file = SessionFile::parse("driver: podman\ntask: t\n", "s.yaml").unwrap();
-        let e = plan(args(), Some((file, cwd.clone())), &cwd).unwrap_err();
+        let e = plan(args(), Some((file, cwd.clone())), &cwd)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("driver \"podman\" is not available"), "{e}");
         let file = SessionFile::parse("driver: podman\ntask: t\n", "s.yaml").unwrap();
         let p = plan(
@@ -911,7 +924,8 @@ mod tests {
             None,
             &cwd,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("max_tokens must be 0 or more"), "{e}");
         let e = plan(
             CreateArgs {
@@ -922,7 +936,8 @@ mod tests {
             None,
             &cwd,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("OBEY-2002: unknown provider \"banana\""),
             "{e}"

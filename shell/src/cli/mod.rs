@@ -1,11 +1,13 @@
 //! The CLI: `paddock campaign …`, `paddock session …`, and the daemon's housekeeping
-//! commands. Every command is a gRPC call on the daemon's socket; errors print the daemon's
-//! message (`OBEY-2010: session "x" not found`) and exit 1.
+//! commands. Every command is a gRPC call on the daemon's socket and returns its one error type
+//! ([`Error`]); a failure prints the daemon's message (`OBEY-2010: session "x" not found`) and
+//! exits 1.
 
 pub mod approvals;
 pub mod attach;
 pub mod client;
 pub mod demo;
+mod error;
 pub mod latis;
 pub mod output;
 pub mod task;
@@ -19,6 +21,7 @@ use serde_json::json;
 use tokio_stream::StreamExt;
 
 use client::Client;
+pub use error::{Error, Result};
 use output::*;
 
 /// What every command needs.
@@ -106,38 +109,25 @@ pub enum SessionCmd {
     },
 }
 
-pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
+/// A clap value parser (clap shows the string as the usage error).
+pub(crate) fn parse_kv(s: &str) -> std::result::Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.trim().to_string(), v.to_string()))
         .filter(|(k, _)| !k.is_empty())
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
-pub(crate) fn fail(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("error: {msg}");
-    1
-}
-
-fn grpc_fail(s: tonic::Status) -> i32 {
-    fail(s.message())
-}
-
-macro_rules! tryc {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) => return fail(e),
+/// A command's end as the process's exit code: 0, or its error printed and
+/// [`Error::EXIT_CODE`].
+pub fn exit_code(r: Result<()>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(Error::Reported) => Error::EXIT_CODE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            Error::EXIT_CODE
         }
-    };
-}
-
-macro_rules! tryg {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v.into_inner(),
-            Err(e) => return grpc_fail(e),
-        }
-    };
+    }
 }
 
 pub(crate) fn print_json(v: &serde_json::Value) {
@@ -148,17 +138,17 @@ fn now_ms() -> u64 {
     crate::paths::now_ms()
 }
 
-pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> i32 {
-    let mut c = tryc!(client::connect(ctx).await);
+pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> Result<()> {
+    let mut c = client::connect(ctx).await?;
     match cmd {
         CampaignCmd::Add { name, path } => {
-            let camp = tryg!(
-                c.add_campaign(pb::AddCampaignRequest {
+            let camp = c
+                .add_campaign(pb::AddCampaignRequest {
                     name,
                     root_path: path.display().to_string(),
                 })
-                .await
-            );
+                .await?
+                .into_inner();
             if ctx.json {
                 print_json(&campaign_json(&camp));
             } else {
@@ -166,7 +156,11 @@ pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> i32 {
             }
         }
         CampaignCmd::List => {
-            let list = tryg!(c.list_campaigns(pb::ListCampaignsRequest {}).await).campaigns;
+            let list = c
+                .list_campaigns(pb::ListCampaignsRequest {})
+                .await?
+                .into_inner()
+                .campaigns;
             if ctx.json {
                 print_json(&json!(list.iter().map(campaign_json).collect::<Vec<_>>()));
             } else {
@@ -178,12 +172,12 @@ pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> i32 {
             }
         }
         CampaignCmd::Remove { campaign } => {
-            let r = tryg!(
-                c.remove_campaign(pb::RemoveCampaignRequest {
-                    campaign: campaign.clone()
+            let r = c
+                .remove_campaign(pb::RemoveCampaignRequest {
+                    campaign: campaign.clone(),
                 })
-                .await
-            );
+                .await?
+                .into_inner();
             if ctx.json {
                 print_json(&json!({ "removed": r.removed }));
             } else {
@@ -191,11 +185,11 @@ pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> i32 {
             }
         }
     }
-    0
+    Ok(())
 }
 
 /// Accepts a full session id or a unique prefix of one (or of its part after `sess_`).
-pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String, String> {
+pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String> {
     if c.get_session(pb::GetSessionRequest {
         session_id: id.to_string(),
     })
@@ -209,8 +203,7 @@ pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String, String> 
             include_terminated: true,
             ..Default::default()
         })
-        .await
-        .map_err(|e| e.message().to_string())?
+        .await?
         .into_inner()
         .sessions;
     let needle = id.to_ascii_lowercase();
@@ -226,10 +219,10 @@ pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String, String> 
     match hits.as_slice() {
         [one] => Ok(one.id.clone()),
         [] => Ok(id.to_string()), // let the daemon say OBEY-2010
-        many => Err(format!(
+        many => Err(Error::Usage(format!(
             "\"{id}\" matches {} sessions; give more of the id",
             many.len()
-        )),
+        ))),
     }
 }
 
@@ -254,8 +247,8 @@ fn print_session(ctx: &Ctx, s: &pb::SessionInfo) {
     println!("{}", table(&["FIELD", "VALUE"], &rows));
 }
 
-pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
-    let mut c = tryc!(client::connect(ctx).await);
+pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
+    let mut c = client::connect(ctx).await?;
     match cmd {
         SessionCmd::Create(args) => return create(ctx, &mut c, *args).await,
         SessionCmd::List {
@@ -269,26 +262,26 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
                 let up = s.to_ascii_uppercase();
                 match Status::ALL.iter().find(|x| x.name() == up) {
                     Some(x) => st.push(x.number()),
-                    None => return fail(format!("unknown status \"{s}\"")),
+                    None => return Err(Error::Usage(format!("unknown status \"{s}\""))),
                 }
             }
             let provider = match provider {
                 Some(p) => match Provider::from_name(&p) {
                     Some(p) => p.number(),
-                    None => return fail(format!("OBEY-2002: unknown provider \"{p}\"")),
+                    None => return Err(Error::unknown_provider(&p)),
                 },
                 None => 0,
             };
-            let list = tryg!(
-                c.list_sessions(pb::ListSessionsRequest {
+            let list = c
+                .list_sessions(pb::ListSessionsRequest {
                     campaign_id: campaign.unwrap_or_default(),
                     statuses: st,
                     provider,
                     include_terminated: all,
                 })
-                .await
-            )
-            .sessions;
+                .await?
+                .into_inner()
+                .sessions;
             if ctx.json {
                 print_json(&json!(list.iter().map(session_json).collect::<Vec<_>>()));
             } else {
@@ -298,19 +291,19 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
             }
         }
         SessionCmd::Info { id } => {
-            let id = tryc!(resolve(&mut c, &id).await);
-            let s = tryg!(
-                c.get_session(pb::GetSessionRequest { session_id: id })
-                    .await
-            );
+            let id = resolve(&mut c, &id).await?;
+            let s = c
+                .get_session(pb::GetSessionRequest { session_id: id })
+                .await?
+                .into_inner();
             print_session(ctx, &s);
         }
         SessionCmd::Status { id } => {
-            let id = tryc!(resolve(&mut c, &id).await);
-            let s = tryg!(
-                c.get_session(pb::GetSessionRequest { session_id: id })
-                    .await
-            );
+            let id = resolve(&mut c, &id).await?;
+            let s = c
+                .get_session(pb::GetSessionRequest { session_id: id })
+                .await?
+                .into_inner();
             if ctx.json {
                 print_json(&session_json(&s));
             } else {
@@ -319,66 +312,64 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
         }
         SessionCmd::Attach { id } => {
             if ctx.json {
-                return fail("attach is interactive and has no --json (`paddock --json session watch ID` streams JSON)");
+                return Err(Error::Usage("attach is interactive and has no --json (`paddock --json session watch ID` streams JSON)".into()));
             }
-            let id = tryc!(resolve(&mut c, &id).await);
+            let id = resolve(&mut c, &id).await?;
             return attach::run(&mut c, id).await;
         }
         SessionCmd::Delete { id } => {
-            let id = tryc!(resolve(&mut c, &id).await);
+            let id = resolve(&mut c, &id).await?;
             return latis::delete(ctx, &mut c, &id).await;
         }
         SessionCmd::Prune { campaign } => return latis::prune(ctx, &mut c, campaign).await,
         SessionCmd::Send { id, message } => {
-            let id = tryc!(resolve(&mut c, &id).await);
-            let mut stream = tryg!(
-                c.send_message(pb::SendMessageRequest {
+            let id = resolve(&mut c, &id).await?;
+            let mut stream = c
+                .send_message(pb::SendMessageRequest {
                     session_id: id,
                     message,
                 })
-                .await
-            );
-            let mut code = 1;
-            let mut ended = false;
+                .await?
+                .into_inner();
+            // The turn's last activity: COMPLETION (exit 0) or ERROR (already shown, exit 1).
+            let mut end = None;
             while let Some(item) = stream.next().await {
-                let a = match item {
-                    Ok(a) => a,
-                    Err(e) => return grpc_fail(e),
-                };
+                let a = item?;
                 if ctx.json {
                     println!("{}", activity_json(&a));
                 } else {
                     println!("{}", activity_line(&a));
                 }
-                match ActivityKind::from_number(a.r#type) {
-                    Some(ActivityKind::Completion) => {
-                        code = 0;
-                        ended = true;
-                    }
-                    Some(ActivityKind::Error) => ended = true,
-                    _ => {}
+                if let Some(k @ (ActivityKind::Completion | ActivityKind::Error)) =
+                    ActivityKind::from_number(a.r#type)
+                {
+                    end = Some(k);
                 }
             }
-            if !ended {
-                eprintln!("error: the activity stream ended before the turn did (see `paddock session logs`)");
-            }
-            return code;
+            return match end {
+                Some(ActivityKind::Completion) => Ok(()),
+                Some(_) => Err(Error::Reported),
+                None => Err(Error::Protocol(
+                    "the activity stream ended before the turn did (see `paddock session logs`)"
+                        .into(),
+                )),
+            };
         }
         SessionCmd::Watch { id } => {
-            let id = tryc!(resolve(&mut c, &id).await);
+            let id = resolve(&mut c, &id).await?;
             return watch(ctx, &mut c, id).await;
         }
         SessionCmd::Stop { id, force } => {
-            let id = tryc!(resolve(&mut c, &id).await);
-            let s = tryg!(
-                c.stop_session(pb::StopSessionRequest {
+            let id = resolve(&mut c, &id).await?;
+            let s = c
+                .stop_session(pb::StopSessionRequest {
                     session_id: id,
                     graceful: !force,
                 })
-                .await
-            )
-            .session
-            .unwrap_or_default();
+                .await?
+                .into_inner()
+                .session
+                .unwrap_or_default();
             if ctx.json {
                 print_json(&session_json(&s));
             } else {
@@ -386,16 +377,16 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
             }
         }
         SessionCmd::Restart { id, config } => {
-            let id = tryc!(resolve(&mut c, &id).await);
-            let s = tryg!(
-                c.restart_session(pb::RestartSessionRequest {
+            let id = resolve(&mut c, &id).await?;
+            let s = c
+                .restart_session(pb::RestartSessionRequest {
                     session_id: id,
                     provider_config: config.into_iter().collect(),
                 })
-                .await
-            )
-            .session
-            .unwrap_or_default();
+                .await?
+                .into_inner()
+                .session
+                .unwrap_or_default();
             if ctx.json {
                 print_json(&session_json(&s));
             } else {
@@ -408,14 +399,14 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
             }
         }
         SessionCmd::History { id, limit } => {
-            let id = tryc!(resolve(&mut c, &id).await);
-            let h = tryg!(
-                c.get_history(pb::GetHistoryRequest {
+            let id = resolve(&mut c, &id).await?;
+            let h = c
+                .get_history(pb::GetHistoryRequest {
                     session_id: id,
                     limit,
                 })
-                .await
-            );
+                .await?
+                .into_inner();
             if h.truncated && !ctx.json {
                 println!("(older entries left out; --limit shows more)");
             }
@@ -428,16 +419,16 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
             }
         }
         SessionCmd::Logs { id, after } => {
-            let id = tryc!(resolve(&mut c, &id).await);
-            let list = tryg!(
-                c.list_activities(pb::ListActivitiesRequest {
+            let id = resolve(&mut c, &id).await?;
+            let list = c
+                .list_activities(pb::ListActivitiesRequest {
                     session_id: id,
                     after_seq: after,
                     limit: 0,
                 })
-                .await
-            )
-            .activities;
+                .await?
+                .into_inner()
+                .activities;
             for a in &list {
                 if ctx.json {
                     println!("{}", activity_json(a));
@@ -447,16 +438,16 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> i32 {
             }
         }
     }
-    0
+    Ok(())
 }
 
 /// `session create`: the flags over `-c session.yaml`, the place resolved to a campaign (the
 /// current directory registered as one if needed), then CreateSession.
-async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> i32 {
-    let cwd = tryc!(std::env::current_dir().map_err(|e| format!("the current directory: {e}")));
+async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()> {
+    let cwd = std::env::current_dir().map_err(Error::io("the current directory"))?;
     let file = match &args.file {
         Some(path) => {
-            let f = tryc!(latis::SessionFile::read(path));
+            let f = latis::SessionFile::read(path)?;
             let dir = path
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
@@ -466,10 +457,13 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> i32 {
         }
         None => None,
     };
-    let plan = tryc!(latis::plan(args, file, &cwd));
+    let plan = latis::plan(args, file, &cwd)?;
     let mut req = plan.request;
-    req.campaign_id = tryc!(latis::resolve_place(c, &plan.place).await);
-    let s = tryg!(c.create_session(req).await)
+    req.campaign_id = latis::resolve_place(c, &plan.place).await?;
+    let s = c
+        .create_session(req)
+        .await?
+        .into_inner()
         .session
         .unwrap_or_default();
     if ctx.json {
@@ -485,17 +479,17 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> i32 {
             s.working_dir
         );
     }
-    0
+    Ok(())
 }
 
 /// Follows a session's status changes and activity until it ends (or Ctrl-C).
-async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> i32 {
-    let info = tryg!(
-        c.get_session(pb::GetSessionRequest {
-            session_id: id.clone()
+async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> Result<()> {
+    let info = c
+        .get_session(pb::GetSessionRequest {
+            session_id: id.clone(),
         })
-        .await
-    );
+        .await?
+        .into_inner();
     if !ctx.json {
         println!(
             "watching {} ({}): {}",
@@ -504,31 +498,31 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> i32 {
             status_name(info.status)
         );
     }
-    let mut statuses = tryg!(
-        c.watch_session(pb::WatchSessionRequest {
-            session_id: id.clone()
+    let mut statuses = c
+        .watch_session(pb::WatchSessionRequest {
+            session_id: id.clone(),
         })
-        .await
-    );
-    let last = tryg!(
-        c.list_activities(pb::ListActivitiesRequest {
+        .await?
+        .into_inner();
+    let last = c
+        .list_activities(pb::ListActivitiesRequest {
             session_id: id.clone(),
             after_seq: 0,
             limit: 0,
         })
-        .await
-    )
-    .activities
-    .last()
-    .map(|a| a.seq)
-    .unwrap_or(0);
-    let mut acts = tryg!(
-        c.watch_activity(pb::WatchActivityRequest {
+        .await?
+        .into_inner()
+        .activities
+        .last()
+        .map(|a| a.seq)
+        .unwrap_or(0);
+    let mut acts = c
+        .watch_activity(pb::WatchActivityRequest {
             session_id: id.clone(),
             after_seq: last,
         })
-        .await
-    );
+        .await?
+        .into_inner();
     let (mut s_open, mut a_open) = (true, true);
     while s_open || a_open {
         tokio::select! {
@@ -540,7 +534,7 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> i32 {
                         println!("STATUS      {} → {}  {}", status_name(e.previous_status), status_name(e.new_status), e.message);
                     }
                 }
-                Some(Err(e)) => return grpc_fail(e),
+                Some(Err(e)) => return Err(e.into()),
                 None => s_open = false,
             },
             ev = acts.next(), if a_open => match ev {
@@ -551,29 +545,29 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> i32 {
                         println!("{}", activity_line(&a));
                     }
                 }
-                Some(Err(e)) => return grpc_fail(e),
+                Some(Err(e)) => return Err(e.into()),
                 None => a_open = false,
             },
         }
     }
-    0
+    Ok(())
 }
 
-pub async fn ping(ctx: &Ctx) -> i32 {
-    let mut c = tryc!(client::connect(ctx).await);
-    let p = tryg!(c.ping(pb::PingRequest {}).await);
+pub async fn ping(ctx: &Ctx) -> Result<()> {
+    let mut c = client::connect(ctx).await?;
+    let p = c.ping(pb::PingRequest {}).await?.into_inner();
     let up = p.uptime.map(|d| d.seconds).unwrap_or(0);
     if ctx.json {
         print_json(&json!({ "version": p.version, "uptime_seconds": up }));
     } else {
         println!("paddock {} up {}s", p.version, up);
     }
-    0
+    Ok(())
 }
 
-pub async fn state(ctx: &Ctx) -> i32 {
-    let mut c = tryc!(client::connect(ctx).await);
-    let s = tryg!(c.get_state(pb::StateRequest {}).await);
+pub async fn state(ctx: &Ctx) -> Result<()> {
+    let mut c = client::connect(ctx).await?;
+    let s = c.get_state(pb::StateRequest {}).await?.into_inner();
     if ctx.json {
         print_json(&json!({
             "version": s.version,
@@ -612,18 +606,21 @@ pub async fn state(ctx: &Ctx) -> i32 {
             println!("{}", table(&["ID", "NAME", "PROVIDER", "STATUS"], &rows));
         }
     }
-    0
+    Ok(())
 }
 
-pub async fn shutdown(ctx: &Ctx, force: bool) -> i32 {
+pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
     let ctx_no_start = Ctx {
         socket: ctx.socket.clone(),
         data_dir: ctx.data_dir.clone(),
         json: ctx.json,
         autostart: false,
     };
-    let mut c = tryc!(client::connect(&ctx_no_start).await);
-    let r = tryg!(c.shutdown(pb::ShutdownRequest { force }).await);
+    let mut c = client::connect(&ctx_no_start).await?;
+    let r = c
+        .shutdown(pb::ShutdownRequest { force })
+        .await?
+        .into_inner();
     if ctx.json {
         print_json(&json!({ "accepted": r.accepted, "active_sessions": r.active_sessions }));
     } else {
@@ -632,5 +629,5 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> i32 {
             r.active_sessions
         );
     }
-    0
+    Ok(())
 }

@@ -6,10 +6,9 @@ use paddock_proto::aria::v1 as pb;
 use pb::task_service_client::TaskServiceClient;
 use serde_json::json;
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 use super::output::{rfc3339, table};
-use super::{client, Ctx};
+use super::{client, Ctx, Result};
 
 #[derive(Subcommand, Debug)]
 pub enum TaskCmd {
@@ -60,16 +59,9 @@ fn task_json(t: &pb::Task) -> serde_json::Value {
     })
 }
 
-pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> i32 {
+pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
     // Connect through the same autostart path as every other command.
-    if let Err(e) = client::connect(ctx).await {
-        return super::fail(e);
-    }
-    let ch: Channel = match client::channel(&ctx.socket).await {
-        Ok(c) => c,
-        Err(e) => return super::fail(e),
-    };
-    let mut c = TaskServiceClient::new(ch);
+    let mut c = TaskServiceClient::new(client::connect_channel(ctx).await?);
     match cmd {
         TaskCmd::Launch {
             session,
@@ -85,88 +77,73 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> i32 {
                 environment: env.into_iter().collect(),
                 timeout_seconds: timeout,
             };
-            match c.launch_task(req).await {
-                Ok(r) => {
-                    let id = r.into_inner().task_id;
-                    if ctx.json {
-                        println!("{}", json!({ "task_id": id }));
-                    } else {
-                        println!("{id}");
-                    }
-                    0
-                }
-                Err(e) => super::fail(e.message()),
+            let id = c.launch_task(req).await?.into_inner().task_id;
+            if ctx.json {
+                println!("{}", json!({ "task_id": id }));
+            } else {
+                println!("{id}");
             }
         }
-        TaskCmd::Get { id } => match c.get_task(pb::GetTaskRequest { task_id: id }).await {
-            Ok(t) => {
-                let t = t.into_inner();
-                let v = task_json(&t);
-                if ctx.json {
-                    println!("{}", serde_json::to_string_pretty(&v).expect("json"));
-                } else {
-                    let rows: Vec<Vec<String>> = v
-                        .as_object()
-                        .expect("object")
-                        .iter()
-                        .filter(|(_, v)| !v.is_null())
-                        .map(|(k, v)| {
-                            vec![
-                                k.clone(),
-                                v.as_str()
-                                    .map(str::to_string)
-                                    .unwrap_or_else(|| v.to_string()),
-                            ]
-                        })
-                        .collect();
-                    println!("{}", table(&["FIELD", "VALUE"], &rows));
-                }
-                0
+        TaskCmd::Get { id } => {
+            let t = c
+                .get_task(pb::GetTaskRequest { task_id: id })
+                .await?
+                .into_inner();
+            let v = task_json(&t);
+            if ctx.json {
+                println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+            } else {
+                let rows: Vec<Vec<String>> = v
+                    .as_object()
+                    .expect("object")
+                    .iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| {
+                        vec![
+                            k.clone(),
+                            v.as_str()
+                                .map(str::to_string)
+                                .unwrap_or_else(|| v.to_string()),
+                        ]
+                    })
+                    .collect();
+                println!("{}", table(&["FIELD", "VALUE"], &rows));
             }
-            Err(e) => super::fail(e.message()),
-        },
+        }
         TaskCmd::Logs { id, follow } => {
-            let mut stream = match c
+            let mut stream = c
                 .stream_task_output(pb::StreamTaskOutputRequest {
                     task_id: id,
                     follow,
                 })
-                .await
-            {
-                Ok(s) => s.into_inner(),
-                Err(e) => return super::fail(e.message()),
-            };
+                .await?
+                .into_inner();
             use pb::task_output::Output;
             while let Some(item) = stream.next().await {
-                match item {
-                    Ok(o) => match o.output {
-                        Some(Output::StdoutLine(l)) => println!("{l}"),
-                        Some(Output::StderrLine(l)) => eprintln!("{l}"),
-                        Some(Output::Progress(p)) => {
-                            eprintln!("[{:>5.1}%] {}", p.percent_complete, p.operation_description)
-                        }
-                        None => {}
-                    },
-                    Err(e) => return super::fail(e.message()),
+                match item?.output {
+                    Some(Output::StdoutLine(l)) => println!("{l}"),
+                    Some(Output::StderrLine(l)) => eprintln!("{l}"),
+                    Some(Output::Progress(p)) => {
+                        eprintln!("[{:>5.1}%] {}", p.percent_complete, p.operation_description)
+                    }
+                    None => {}
                 }
             }
-            0
         }
         TaskCmd::Cancel { id } => {
-            match c.cancel_task(pb::CancelTaskRequest { task_id: id }).await {
-                Ok(r) => {
-                    let initiated = r.into_inner().cancellation_initiated;
-                    if ctx.json {
-                        println!("{}", json!({ "cancellation_initiated": initiated }));
-                    } else if initiated {
-                        println!("cancelling");
-                    } else {
-                        println!("the task had already ended");
-                    }
-                    0
-                }
-                Err(e) => super::fail(e.message()),
+            let initiated = c
+                .cancel_task(pb::CancelTaskRequest { task_id: id })
+                .await?
+                .into_inner()
+                .cancellation_initiated;
+            if ctx.json {
+                println!("{}", json!({ "cancellation_initiated": initiated }));
+            } else if initiated {
+                println!("cancelling");
+            } else {
+                println!("the task had already ended");
             }
         }
     }
+    Ok(())
 }

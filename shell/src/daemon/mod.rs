@@ -28,9 +28,6 @@ use crate::store::Store;
 /// How long open calls may take to finish after the event loop is done.
 const SERVE_DRAIN: Duration = Duration::from_secs(2);
 
-/// Largest gRPC message accepted or sent (a message to an agent, a batch of activities).
-pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
-
 #[derive(Debug, Clone)]
 pub struct Options {
     pub socket: PathBuf,

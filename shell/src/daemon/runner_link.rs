@@ -184,7 +184,7 @@ impl RunnerLink {
     }
 
     async fn connect(socket: &Path) -> Option<RunnerClient<Channel>> {
-        let ch = crate::cli::client::channel(socket).await.ok()?;
+        let ch = crate::transport::channel(socket).await.ok()?;
         let mut client = RunnerClient::new(ch);
         client.list_runs(rpb::ListRunsRequest {}).await.ok()?;
         Some(client)
