@@ -306,6 +306,7 @@ impl Engine {
                         let record = s.record.clone();
                         self.sessions.remove(&id);
                         cx.out.persist.push(Effect::Persist(Record::Delete(id)));
+                        cx.out.rest.push(Effect::Forget(Box::new(record.clone())));
                         cx.out.rest.push(Effect::Reply {
                             req,
                             result: Ok(record),

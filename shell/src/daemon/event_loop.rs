@@ -595,6 +595,7 @@ impl State {
                 | Effect::EmitStatus(_)
                 | Effect::EmitActivity(_)
                 | Effect::EmitApproval(_)
+                | Effect::Forget(_)
                 | Effect::Reply { .. }
                 | Effect::ReplyApproval { .. }) => batch.deliver.push(e),
             }
@@ -694,6 +695,7 @@ impl State {
                 Effect::EmitApproval(a) => {
                     let _ = self.hub.approval.send(a);
                 }
+                Effect::Forget(rec) => forget(&rec),
                 Effect::ReplyApproval { req, result } => {
                     if let Some(tx) = self.approval_pending.remove(&req) {
                         let _ = tx.send(result);
@@ -845,6 +847,27 @@ async fn sleep_until(deadline: Option<u64>) {
             tokio::time::sleep(Duration::from_millis(at.saturating_sub(now))).await
         }
         None => std::future::pending().await,
+    }
+}
+
+/// Removes what a deleted session's agent kept outside the store: the openai-api loop's saved
+/// conversation (Claude Code, codex and gemini keep theirs in their own homes).
+fn forget(rec: &SessionRecord) {
+    let file = crate::providers::bridge::openai::conversation_file(
+        &rec.config,
+        rec.provider_session.as_deref(),
+    );
+    let Some(f) = file else {
+        return;
+    };
+    match std::fs::remove_file(&f) {
+        Ok(()) => {
+            tracing::info!(session = %rec.id, file = %f.display(), "removed the deleted session's saved conversation")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(session = %rec.id, file = %f.display(), "cannot remove the deleted session's saved conversation: {e}")
+        }
     }
 }
 
