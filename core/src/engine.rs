@@ -169,7 +169,9 @@ impl Engine {
     /// remember runs (even finished ones) that no stored record names any more, and refuses
     /// to start a run under an id it knows.
     pub fn reserve_runs_through(&mut self, floor: RunId) {
+        let before = self.next_run;
         self.next_run = self.next_run.max(floor.saturating_add(1));
+        assert!(self.next_run >= before, "run ids only increase");
     }
 
     /// Turns on recording of every table lookup (for coverage in the simulator).
@@ -186,6 +188,7 @@ impl Engine {
 
     /// Feeds one input at time `now`; returns its effects (persists first: the drain rule).
     pub fn handle(&mut self, now: Millis, input: Input) -> Vec<Effect> {
+        // Time never goes backwards inside the engine: an earlier `now` is read as the latest.
         self.now = self.now.max(now);
         let now = self.now;
         let mut cx = Ctx {

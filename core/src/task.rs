@@ -411,6 +411,9 @@ impl Tasks {
                 }
             }
         }
+        for t in self.tasks.values() {
+            t.assert_invariants(&self.limits);
+        }
         out.persist.append(&mut out.rest);
         out.persist
     }
@@ -550,7 +553,11 @@ fn output(t: &mut Task, kind: OutputKind, max: u64, now: Millis, out: &mut Out) 
         t.record.output_bytes += len;
         kind
     };
-    t.record.last_output_seq += 1;
+    t.record.last_output_seq = t
+        .record
+        .last_output_seq
+        .checked_add(1)
+        .expect("output sequence numbers never run out");
     let o = TaskOutput {
         task: t.record.id.clone(),
         seq: t.record.last_output_seq,
@@ -563,6 +570,35 @@ fn output(t: &mut Task, kind: OutputKind, max: u64, now: Millis, out: &mut Out) 
 }
 
 impl Task {
+    /// What holds for every task after every step (the pair of the changes in `handle`).
+    fn assert_invariants(&self, limits: &TaskLimits) {
+        let r = &self.record;
+        if r.status.is_terminal() {
+            assert!(
+                !self.alive && r.pid.is_none() && self.kill_at.is_none(),
+                "a finished task {} has no live process",
+                r.id
+            );
+            assert!(r.completed_at.is_some(), "a finished task has its end time");
+        }
+        assert_eq!(
+            self.alive,
+            r.pid.is_some(),
+            "task {}: a pid is known exactly while its process lives",
+            r.id
+        );
+        assert!(
+            !self.alive || r.status == TaskStatus::Running,
+            "task {}: only a RUNNING task has a process",
+            r.id
+        );
+        assert!(
+            r.output_bytes <= limits.max_output_bytes,
+            "task {}: output is bounded",
+            r.id
+        );
+    }
+
     fn truncated_at(&self, max: u64, len: u64) -> bool {
         self.record.truncated || self.record.output_bytes + len > max
     }

@@ -104,9 +104,61 @@ pub(crate) struct Out {
 }
 
 impl Out {
+    /// The step's effects in drain order: every persist before anything else. The pair of
+    /// this assertion is [`check_drain`], which checks the order of what comes out.
     pub fn into_effects(mut self) -> Vec<Effect> {
+        debug_assert!(
+            self.rest.iter().all(|e| !matches!(e, Effect::Persist(_))),
+            "a persist was queued behind the step's other effects"
+        );
         self.persist.append(&mut self.rest);
+        check_drain(&self.persist);
         self.persist
+    }
+}
+
+/// The drain rule and the sequence rule, checked on one step's effects: every persist comes
+/// before every other effect; per session, status and activity sequence numbers strictly
+/// increase, and every emitted event was persisted first in the same step.
+fn check_drain(effects: &[Effect]) {
+    let first_other = effects
+        .iter()
+        .position(|e| !matches!(e, Effect::Persist(_)))
+        .unwrap_or(effects.len());
+    assert!(
+        effects[first_other..]
+            .iter()
+            .all(|e| !matches!(e, Effect::Persist(_))),
+        "the drain rule: persists come first"
+    );
+    if cfg!(debug_assertions) {
+        // (session, is_activity) -> the last sequence number persisted in this step.
+        let mut last: BTreeMap<(&crate::model::SessionId, bool), u64> = BTreeMap::new();
+        for e in &effects[..first_other] {
+            let key_seq = match e {
+                Effect::Persist(Record::Status(ev)) => Some(((&ev.session, false), ev.seq)),
+                Effect::Persist(Record::Activity(ev)) => Some(((&ev.session, true), ev.seq)),
+                _ => None,
+            };
+            if let Some((key, seq)) = key_seq {
+                let before = last.insert(key, seq);
+                assert!(
+                    before.is_none_or(|b| b < seq),
+                    "sequence numbers strictly increase: {key:?} went from {before:?} to {seq}"
+                );
+            }
+        }
+        for e in &effects[first_other..] {
+            let (key, seq) = match e {
+                Effect::EmitStatus(ev) => ((&ev.session, false), ev.seq),
+                Effect::EmitActivity(ev) => ((&ev.session, true), ev.seq),
+                _ => continue,
+            };
+            assert!(
+                last.get(&key).is_some_and(|&p| p >= seq),
+                "event {key:?} #{seq} emitted without being persisted first"
+            );
+        }
     }
 }
 
@@ -121,9 +173,12 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// A fresh run id: run ids only increase, across daemon lifetimes too (the engine starts
+    /// past every stored one), so an id never names two processes.
     fn take_run(&mut self) -> RunId {
         let r = *self.next_run;
-        *self.next_run += 1;
+        assert!(r > 0, "run ids start at 1");
+        *self.next_run = r.checked_add(1).expect("run ids never run out");
         r
     }
 }
@@ -687,6 +742,7 @@ impl Session {
             }
             Timer::Kill => {
                 if let Run::Terminating { run, pid, .. } = self.run {
+                    self.assert_current(run);
                     cx.out.rest.push(Effect::Signal {
                         id: self.record.id.clone(),
                         run,
@@ -758,6 +814,7 @@ impl Session {
             a.answer = reason;
             a.resolved_by = by.to_string();
             a.resolved_at = Some(cx.now);
+            self.assert_current(run);
             cx.out.rest.push(Effect::Answer {
                 id: self.record.id.clone(),
                 run,
@@ -928,6 +985,7 @@ impl Session {
         if tell_agent {
             if let Run::Alive { run, .. } = self.run {
                 if run == a.run {
+                    self.assert_current(run);
                     cx.out.rest.push(Effect::Answer {
                         id: self.record.id.clone(),
                         run,
@@ -978,6 +1036,11 @@ impl Session {
             format!("{why}; {msg}")
         };
         self.set_status(new, &msg, cx);
+        assert_eq!(
+            self.record.status == Status::Waiting,
+            !self.pending.is_empty(),
+            "settled: WAITING if and only if a request is open"
+        );
     }
 
     /// DeleteSession: may this session be forgotten now?
@@ -1027,6 +1090,7 @@ impl Session {
 
     /// Appends the record's persist if anything durable changed in this step.
     pub(crate) fn flush(&mut self, cx: &mut Ctx) {
+        self.assert_invariants(cx);
         if std::mem::take(&mut self.dirty) {
             cx.out
                 .persist
@@ -1034,6 +1098,58 @@ impl Session {
                     self.record.clone(),
                 ))));
         }
+    }
+
+    /// What holds after every step of this session (each is established where the state
+    /// changes; this is the other half of the pair).
+    fn assert_invariants(&self, cx: &Ctx) {
+        let status = self.record.status;
+        assert_eq!(
+            status == Status::Waiting,
+            !self.pending.is_empty(),
+            "WAITING if and only if a request is open (session {}, {status})",
+            self.record.id
+        );
+        assert_eq!(
+            self.record.run,
+            self.run.id(),
+            "the record names the session's current run"
+        );
+        assert_eq!(
+            self.turn.is_some(),
+            self.record.turn_open,
+            "the record's open turn is the session's (session {}, {status})",
+            self.record.id
+        );
+        if status.is_terminal() {
+            assert!(
+                self.turn.is_none() && self.stop.is_none(),
+                "an ended session has no turn and no stop in progress"
+            );
+        }
+        if let Some(run) = self.run.id() {
+            assert!(
+                run < *cx.next_run,
+                "a run id is handed out before it is used"
+            );
+        }
+        debug_assert!(
+            self.pending.len() <= crate::approval::MAX_OPEN_REQUESTS
+                && self.resolved.len() <= RESOLVED_KEPT,
+            "the request lists are bounded"
+        );
+    }
+
+    /// The run an effect is addressed to must be the session's current one: a signal, a
+    /// message or an answer to any other process would reach a stranger (or nobody).
+    fn assert_current(&self, run: RunId) {
+        assert_eq!(
+            self.run.id(),
+            Some(run),
+            "effect for run {run} of session {}, whose run is {:?}",
+            self.record.id,
+            self.run
+        );
     }
 
     // ── the steps the handlers are made of ─────────────────────────────────
@@ -1082,6 +1198,7 @@ impl Session {
                 // an answer to a request it no longer waits for). At least once, never lost.
                 for a in &self.resolved {
                     if a.run == run && a.state != ApprovalState::Cancelled {
+                        self.assert_current(run);
                         cx.out.rest.push(Effect::Answer {
                             id: self.record.id.clone(),
                             run,
@@ -1170,6 +1287,7 @@ impl Session {
             })));
         self.set_status(Status::Working, "working on a message", cx);
         if let Some(run) = self.run.id() {
+            self.assert_current(run);
             cx.out.rest.push(Effect::Write {
                 id: self.record.id.clone(),
                 run,
@@ -1180,7 +1298,10 @@ impl Session {
 
     fn record_activity(&mut self, activity: Activity, cx: &mut Ctx) {
         let rec = &mut self.record;
-        rec.last_activity_seq += 1;
+        rec.last_activity_seq = rec
+            .last_activity_seq
+            .checked_add(1)
+            .expect("activity sequence numbers never run out");
         rec.tokens_input = rec.tokens_input.saturating_add(activity.tokens_input);
         rec.tokens_output = rec.tokens_output.saturating_add(activity.tokens_output);
         rec.last_activity_at = Some(cx.now);
@@ -1219,6 +1340,7 @@ impl Session {
                 pid,
                 kill_at: Some(cx.now.saturating_add(cx.lim.kill_grace_ms)),
             };
+            self.assert_current(run);
             cx.out.rest.push(Effect::Signal {
                 id: self.record.id.clone(),
                 run,
@@ -1294,7 +1416,11 @@ impl Session {
     }
 
     fn status_event(&mut self, previous: Option<Status>, new: Status, msg: &str, cx: &mut Ctx) {
-        self.record.last_status_seq += 1;
+        self.record.last_status_seq = self
+            .record
+            .last_status_seq
+            .checked_add(1)
+            .expect("status sequence numbers never run out");
         let ev = StatusEvent {
             session: self.record.id.clone(),
             seq: self.record.last_status_seq,
