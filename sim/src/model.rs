@@ -623,6 +623,7 @@ impl Model {
                 Effect::Reply { req, result } => self.on_reply(cause, *req, result, store)?,
                 Effect::Spawn { id, run, spec } => self.on_spawn(cause, id, *run, spec, store)?,
                 Effect::Write { id, .. } => same_session(cause, id)?,
+                Effect::Forget(rec) => same_session(cause, &rec.id)?,
                 Effect::Signal {
                     id, run, signal, ..
                 } => {
