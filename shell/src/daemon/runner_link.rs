@@ -93,6 +93,7 @@ impl RunRef {
         let req = rpb::SignalRequest {
             run_id: self.run_id.clone(),
             signal: match signal {
+                Signal::Hup => rpb::ProcessSignal::Hup as i32,
                 Signal::Term => rpb::ProcessSignal::Term as i32,
                 Signal::Kill => rpb::ProcessSignal::Kill as i32,
             },
@@ -239,13 +240,13 @@ impl RunnerLink {
         }
     }
 
-    /// Signals a task's run (TERM, or KILL when `kill`).
-    pub fn signal_task(&self, id: &str, kill: bool) {
+    /// Signals a task's run.
+    pub fn signal_task(&self, id: &str, signal: Signal) {
         RunRef {
             client: self.client.clone(),
             run_id: task_run_id(id),
         }
-        .signal(if kill { Signal::Kill } else { Signal::Term });
+        .signal(signal);
     }
 
     /// Starts a task's command as a run of the runner; its output, start and exit come back as

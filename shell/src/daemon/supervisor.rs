@@ -81,16 +81,7 @@ impl RunHandle {
     /// Signals the child's whole process group.
     pub fn signal(&self, signal: Signal) {
         match &self.signaller {
-            Signaller::Group(pid) => {
-                let sig = match signal {
-                    Signal::Term => nix::sys::signal::Signal::SIGTERM,
-                    Signal::Kill => nix::sys::signal::Signal::SIGKILL,
-                };
-                let pgid = nix::unistd::Pid::from_raw(*pid as i32);
-                if let Err(e) = nix::sys::signal::killpg(pgid, sig) {
-                    tracing::debug!(pid, ?sig, "killpg: {e}");
-                }
-            }
+            Signaller::Group(pid) => signal_group(*pid, signal),
             Signaller::Runner(run) => run.signal(signal),
         }
     }
@@ -287,17 +278,9 @@ pub fn truncate(s: &str, max: usize) -> String {
 /// Longest task output line kept whole.
 const TASK_LINE_BYTES: usize = 64 * 1024;
 
-/// Signals a process group: TERM, or KILL when `kill`.
-pub fn signal_group(pid: u32, kill: bool) {
-    let sig = if kill {
-        nix::sys::signal::Signal::SIGKILL
-    } else {
-        nix::sys::signal::Signal::SIGTERM
-    };
-    if let Err(e) = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), sig) {
-        tracing::debug!(pid, ?sig, "killpg: {e}");
-    }
-}
+/// Signals a process group: the runner's, now that the daemon and the runner share the
+/// core's one `Signal` (it also refuses pid 0, which would signal the daemon's own group).
+pub use crate::runner::process::signal_group;
 
 /// Parses the progress convention: a stdout line `::progress <percent> [description]`
 /// (percent 0–100, decimals allowed) reports progress instead of being output.
