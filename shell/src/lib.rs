@@ -17,6 +17,8 @@ pub mod api;
 pub mod cli;
 pub mod contain;
 pub mod daemon;
+#[cfg(test)]
+mod layout;
 pub mod paths;
 pub mod providers;
 pub mod runner;

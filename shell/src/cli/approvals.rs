@@ -4,7 +4,7 @@
 use paddock_proto::obey::local::v1 as pb;
 use serde_json::{json, Value};
 
-use super::output::{age, table};
+use super::view::{age, table};
 use super::{client, print_json, Ctx, Result};
 
 /// What `paddock approvals` shows.
@@ -37,8 +37,7 @@ pub fn state_name(n: i32) -> &'static str {
 
 pub fn approval_json(a: &pb::Approval) -> Value {
     let ts = |t: &Option<prost_types::Timestamp>| {
-        t.as_ref()
-            .map(|t| super::output::rfc3339(t.seconds, t.nanos))
+        t.as_ref().map(|t| super::view::rfc3339(t.seconds, t.nanos))
     };
     json!({
         "id": a.id,

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
 use super::client::Client;
-use super::latis::{latis_state, one_line};
+use super::view::{latis_state, one_line};
 use super::Error;
 use crate::transport::obey_code;
 

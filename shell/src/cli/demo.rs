@@ -13,6 +13,7 @@ use paddock_proto::obey::local::v1 as pb;
 use tokio_stream::StreamExt;
 
 use super::output::*;
+use super::view::*;
 use super::{Ctx, Error, Result};
 use crate::transport::channel;
 

@@ -3,7 +3,7 @@
 //! `session delete` and `session prune`. `attach` is in `attach.rs`.
 //!
 //! latis speaks of a session's *state* (creating, starting, working, waiting, complete,
-//! stopped); paddock's core has statuses. [`latis_state`] is the one place that maps one onto
+//! stopped); paddock's core has statuses. [`latis_state`](super::view::latis_state) is the one place that maps one onto
 //! the other.
 
 use std::collections::BTreeMap;
@@ -15,13 +15,9 @@ use paddock_proto::obey::local::v1 as pb;
 use serde::Deserialize;
 
 use super::client::Client;
+use super::view::{age, one_line, provider_name, state_of, DRIVERS};
 use super::{Error, Result};
 use crate::transport::obey_code;
-
-/// The drivers paddock has. latis' podman, kubernetes, qemu and ssh drivers provision an
-/// isolated environment; paddock runs the agent as a supervised local process, so `local` is
-/// the one there is.
-pub const DRIVERS: &[&str] = &["local"];
 
 /// The one workspace path a `--mount` may name as its destination under the local driver.
 pub const WORKSPACE: &str = "/workspace";
@@ -31,47 +27,6 @@ pub const TASK_CELL_CHARS: usize = 40;
 
 /// A `session.yaml` is read only up to this size: it is a handful of fields.
 const SESSION_FILE_MAX_BYTES: u64 = 1024 * 1024;
-
-/// latis' name for a session's state: `creating`, `starting`, `working`, `waiting`, `ready`,
-/// `complete`, `stopping`, `stopped` or `failed`.
-///
-/// `RUNNING` (idle) is `complete` once the session has finished a turn (its task, or a later
-/// message), else `ready` (created without a task, nothing asked yet). `FAILED` is latis'
-/// "complete, unsuccessfully": its own word here, with the error shown by `session status`.
-pub fn latis_state(status: Status, turns_completed: i64) -> &'static str {
-    match status {
-        Status::Created => "creating",
-        Status::Starting => "starting",
-        Status::Working => "working",
-        Status::Waiting => "waiting",
-        Status::Running if turns_completed > 0 => "complete",
-        Status::Running => "ready",
-        Status::Stopping => "stopping",
-        Status::Stopped => "stopped",
-        Status::Failed => "failed",
-    }
-}
-
-/// [`latis_state`] of a session as the daemon reports it (`unknown` for a status this CLI
-/// does not know, from a newer daemon).
-pub fn state_of(s: &pb::SessionInfo) -> &'static str {
-    match Status::from_number(s.status) {
-        Some(st) => latis_state(st, s.turns_completed),
-        None => "unknown",
-    }
-}
-
-/// `text` on one line, at most `max` characters, the cut marked with `…`.
-pub fn one_line(text: &str, max: usize) -> String {
-    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
-        return flat;
-    }
-    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
-    cut.truncate(cut.trim_end().len());
-    cut.push('…');
-    cut
-}
 
 /// The latis list's row: ID, DRIVER, STATUS, TASK, AGE, then paddock's NAME, PROVIDER, TOKENS.
 pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<String> {
@@ -84,9 +39,9 @@ pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<String> {
         } else {
             one_line(&s.initial_message, TASK_CELL_CHARS)
         },
-        super::output::age(&s.created_at, now_ms),
+        age(&s.created_at, now_ms),
         s.agent_name.clone(),
-        super::output::provider_name(s.provider).to_string(),
+        provider_name(s.provider).to_string(),
         format!("{}", s.tokens_input + s.tokens_output),
     ]
 }
@@ -447,7 +402,7 @@ pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String> {
 
 /// `session status`: the session's details, latis state first, as `key: value` lines.
 pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
-    use super::output::{age, provider_name, rfc3339, status_name};
+    use super::view::{rfc3339, status_name};
     let at = |t: &Option<prost_types::Timestamp>| match t {
         Some(t) => format!(
             "{} ({} ago)",
@@ -662,6 +617,7 @@ mod tests {
 
     #[test]
     fn every_status_has_its_latis_state() {
+        use crate::cli::view::latis_state;
         let cases = [
             (Status::Created, 0, "creating"),
             (Status::Starting, 0, "starting"),

@@ -11,6 +11,7 @@ mod error;
 pub mod latis;
 pub mod output;
 pub mod task;
+pub mod view;
 
 use std::path::PathBuf;
 
@@ -23,6 +24,7 @@ use tokio_stream::StreamExt;
 use client::Client;
 pub use error::{Error, Result};
 use output::*;
+use view::*;
 
 /// What every command needs.
 pub struct Ctx {
@@ -475,7 +477,7 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
             s.agent_name,
             provider_name(s.provider),
             plan.driver,
-            latis::state_of(&s),
+            state_of(&s),
             s.working_dir
         );
     }

@@ -1,56 +1,17 @@
-//! Tables and JSON for the CLI.
+//! The CLI's JSON and one-line renderings of sessions, activities, history and campaigns
+//! (names, times and tables come from [`super::view`]).
 
-use paddock_core::{ActivityKind, Provider, Status};
+use paddock_core::ActivityKind;
 use paddock_proto::obey::local::v1 as pb;
 use serde_json::{json, Value};
 
-pub fn status_name(n: i32) -> &'static str {
-    Status::from_number(n)
-        .map(|s| s.name())
-        .unwrap_or("UNSPECIFIED")
-}
-
-pub fn provider_name(n: i32) -> &'static str {
-    Provider::from_number(n)
-        .map(|p| p.name())
-        .unwrap_or("unspecified")
-}
-
-pub fn activity_name(n: i32) -> &'static str {
-    ActivityKind::from_number(n)
-        .map(|k| k.name())
-        .unwrap_or("UNSPECIFIED")
-}
+use super::view::{activity_name, provider_name, rfc3339, state_of, status_name, DRIVERS};
 
 fn ts(t: &Option<prost_types::Timestamp>) -> Value {
     match t {
         Some(t) => Value::String(rfc3339(t.seconds, t.nanos)),
         None => Value::Null,
     }
-}
-
-/// RFC 3339 in UTC, millisecond precision, without a date crate.
-pub fn rfc3339(seconds: i64, nanos: i32) -> String {
-    let days = seconds.div_euclid(86_400);
-    let secs = seconds.rem_euclid(86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        secs / 3600,
-        (secs / 60) % 60,
-        secs % 60,
-        nanos / 1_000_000
-    )
 }
 
 pub fn session_json(s: &pb::SessionInfo) -> Value {
@@ -80,8 +41,8 @@ pub fn session_json(s: &pb::SessionInfo) -> Value {
         "pending_approvals": s.pending_approvals,
         "initial_message": s.initial_message,
         "turns_completed": s.turns_completed,
-        "driver": super::latis::DRIVERS[0],
-        "state": super::latis::state_of(s),
+        "driver": DRIVERS[0],
+        "state": state_of(s),
     })
 }
 
@@ -113,46 +74,6 @@ pub fn status_event_json(e: &pb::SessionStatusEvent) -> Value {
 
 pub fn campaign_json(c: &pb::Campaign) -> Value {
     json!({ "id": c.id, "name": c.name, "root_path": c.root_path, "created_at": ts(&c.created_at) })
-}
-
-/// Renders rows as an aligned table.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
-            }
-        }
-        s.trim_end().to_string()
-    };
-    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
-    for r in rows {
-        out.push('\n');
-        out.push_str(&line(r.clone()));
-    }
-    out
-}
-
-/// "3s", "5m", "2h", "4d": how long ago `t` was.
-pub fn age(t: &Option<prost_types::Timestamp>, now_ms: u64) -> String {
-    let Some(t) = t else { return "-".into() };
-    let then = (t.seconds.max(0) as u64) * 1000;
-    let s = now_ms.saturating_sub(then) / 1000;
-    match s {
-        s if s < 60 => format!("{s}s"),
-        s if s < 3600 => format!("{}m", s / 60),
-        s if s < 86_400 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
 }
 
 /// One activity as a line for a terminal.
@@ -209,24 +130,4 @@ pub fn activity_line(a: &pb::SessionActivityEvent) -> String {
         String::new()
     };
     crate::text::for_terminal(&format!("{kind:<11} {tool}{ok}{body}{tokens}")).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dates_render() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(
-            rfc3339(1_771_425_000, 5_000_000),
-            "2026-02-18T14:30:00.005Z"
-        );
-    }
-
-    #[test]
-    fn tables_align() {
-        let t = table(&["ID", "STATUS"], &[vec!["a".into(), "RUNNING".into()]]);
-        assert_eq!(t, "ID  STATUS\na   RUNNING");
-    }
 }

@@ -7,7 +7,7 @@ use pb::task_service_client::TaskServiceClient;
 use serde_json::json;
 use tokio_stream::StreamExt;
 
-use super::output::{rfc3339, table};
+use super::view::{rfc3339, table};
 use super::{client, Ctx, Result};
 
 #[derive(Subcommand, Debug)]

@@ -1,0 +1,155 @@
+//! How the CLI names and lays out what the daemon reports: status, provider and activity names,
+//! latis' session states, times, ages, one-line cells and the one table renderer every command
+//! prints with. A leaf: `output` (JSON and lines), `latis`, `attach` and the commands use it,
+//! and it uses none of them.
+
+use paddock_core::{ActivityKind, Provider, Status};
+use paddock_proto::obey::local::v1 as pb;
+
+pub fn status_name(n: i32) -> &'static str {
+    Status::from_number(n)
+        .map(|s| s.name())
+        .unwrap_or("UNSPECIFIED")
+}
+
+pub fn provider_name(n: i32) -> &'static str {
+    Provider::from_number(n)
+        .map(|p| p.name())
+        .unwrap_or("unspecified")
+}
+
+pub fn activity_name(n: i32) -> &'static str {
+    ActivityKind::from_number(n)
+        .map(|k| k.name())
+        .unwrap_or("UNSPECIFIED")
+}
+
+/// RFC 3339 in UTC, millisecond precision, without a date crate.
+pub fn rfc3339(seconds: i64, nanos: i32) -> String {
+    let days = seconds.div_euclid(86_400);
+    let secs = seconds.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60,
+        nanos / 1_000_000
+    )
+}
+
+/// Renders rows as an aligned table.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        out.push('\n');
+        out.push_str(&line(r.clone()));
+    }
+    out
+}
+
+/// "3s", "5m", "2h", "4d": how long ago `t` was.
+pub fn age(t: &Option<prost_types::Timestamp>, now_ms: u64) -> String {
+    let Some(t) = t else { return "-".into() };
+    let then = (t.seconds.max(0) as u64) * 1000;
+    let s = now_ms.saturating_sub(then) / 1000;
+    match s {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// The drivers paddock has. latis' podman, kubernetes, qemu and ssh drivers provision an
+/// isolated environment; paddock runs the agent as a supervised local process, so `local` is
+/// the one there is.
+pub const DRIVERS: &[&str] = &["local"];
+
+/// latis' name for a session's state: `creating`, `starting`, `working`, `waiting`, `ready`,
+/// `complete`, `stopping`, `stopped` or `failed`.
+///
+/// `RUNNING` (idle) is `complete` once the session has finished a turn (its task, or a later
+/// message), else `ready` (created without a task, nothing asked yet). `FAILED` is latis'
+/// "complete, unsuccessfully": its own word here, with the error shown by `session status`.
+pub fn latis_state(status: Status, turns_completed: i64) -> &'static str {
+    match status {
+        Status::Created => "creating",
+        Status::Starting => "starting",
+        Status::Working => "working",
+        Status::Waiting => "waiting",
+        Status::Running if turns_completed > 0 => "complete",
+        Status::Running => "ready",
+        Status::Stopping => "stopping",
+        Status::Stopped => "stopped",
+        Status::Failed => "failed",
+    }
+}
+
+/// [`latis_state`] of a session as the daemon reports it (`unknown` for a status this CLI
+/// does not know, from a newer daemon).
+pub fn state_of(s: &pb::SessionInfo) -> &'static str {
+    match Status::from_number(s.status) {
+        Some(st) => latis_state(st, s.turns_completed),
+        None => "unknown",
+    }
+}
+
+/// `text` on one line, at most `max` characters, the cut marked with `…`.
+pub fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= max {
+        return flat;
+    }
+    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
+    cut.truncate(cut.trim_end().len());
+    cut.push('…');
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_render() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339(1_771_425_000, 5_000_000),
+            "2026-02-18T14:30:00.005Z"
+        );
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(&["ID", "STATUS"], &[vec!["a".into(), "RUNNING".into()]]);
+        assert_eq!(t, "ID  STATUS\na   RUNNING");
+    }
+}
