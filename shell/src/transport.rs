@@ -17,7 +17,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 /// Largest gRPC message accepted or sent (a message to an agent, a batch of activities), by the
 /// daemon's servers and by its clients alike.
-pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+pub const MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// Nothing answers on a Unix socket.
 #[derive(Debug, thiserror::Error)]

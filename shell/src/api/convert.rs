@@ -148,11 +148,11 @@ pub fn status(e: &core::Error) -> tonic::Status {
 
 /// How much of a request's tool input a message carries (a 4 MiB file write would not fit a
 /// gRPC message next to anything else).
-pub const APPROVAL_INPUT_SHOWN: usize = 64 * 1024;
+pub const APPROVAL_INPUT_MAX_BYTES: usize = 64 * 1024;
 
 /// A request for a human as the obey API shows it.
 pub fn approval(a: &core::Approval) -> pb::Approval {
-    let input = crate::text::prefix(&a.input, APPROVAL_INPUT_SHOWN);
+    let input = crate::text::prefix(&a.input, APPROVAL_INPUT_MAX_BYTES);
     pb::Approval {
         input_truncated: input.len() < a.input.len(),
         id: a.id.clone(),

@@ -9,7 +9,7 @@ pub mod sunbeam;
 use paddock_proto::aria::v1 as aria_pb;
 use paddock_proto::obey::local::v1::local_daemon_service_server::LocalDaemonServiceServer;
 
-use crate::transport::MAX_MESSAGE_BYTES;
+use crate::transport::MESSAGE_MAX_BYTES;
 
 /// A new session id (`sess_<ULID>`) and its short form (the last 6 characters, lower case),
 /// for default agent names such as `<provider>-<short id>` (the obey seed's convention).
@@ -38,8 +38,8 @@ pub fn router(
         .expect("the descriptor set compiled by build.rs is valid");
     macro_rules! limited {
         ($svc:expr) => {
-            $svc.max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            $svc.max_decoding_message_size(MESSAGE_MAX_BYTES)
+                .max_encoding_message_size(MESSAGE_MAX_BYTES)
         };
     }
     tonic::transport::Server::builder()

@@ -90,6 +90,9 @@ fn approval_line_raw(a: &pb::Approval) -> String {
     }
 }
 
+/// A request's summary in the approvals table (the full one is in `--json`).
+const SUMMARY_MAX_BYTES: usize = 60;
+
 pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
     let mut c = client::connect(ctx).await?;
     let session_id = match args.session {
@@ -129,7 +132,8 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
                 a.session_id.clone(),
                 kind_name(a.kind).to_string(),
                 state_name(a.state).to_string(),
-                crate::text::for_terminal(&crate::text::truncate(&a.summary, 60)).into_owned(),
+                crate::text::for_terminal(&crate::text::truncate(&a.summary, SUMMARY_MAX_BYTES))
+                    .into_owned(),
                 age(&a.created_at, now),
             ]
         })

@@ -25,18 +25,18 @@ use super::Error;
 use crate::transport::obey_code;
 
 /// History entries shown on attach.
-pub const HISTORY_ENTRIES: i32 = 20;
+pub const HISTORY_MAX_ENTRIES: i32 = 20;
 /// Lines that may wait for the agent's turn to end; past it a line is refused, loudly.
-pub const QUEUE_MAX: usize = 16;
+pub const QUEUE_MAX_LINES: usize = 16;
 /// A typed line is at most this long (a message is text a person types).
 pub const LINE_MAX_BYTES: usize = 64 * 1024;
 /// Tool calls, tool results and thinking are shown cut to this many characters.
-const DETAIL_CHARS: usize = 160;
+const DETAIL_MAX_CHARS: usize = 160;
 /// How often the live activity stream is reopened (after it fell behind) before giving up.
 const REOPEN_MAX: u32 = 8;
 /// How often a line refused as "busy" is retried at once when the session says it is idle
 /// again (another client's turn ended in between) before waiting for the next turn's end.
-const BUSY_RETRIES: u32 = 3;
+const BUSY_RETRIES_MAX: u32 = 3;
 
 /// What the stdin thread reads.
 #[derive(Debug, PartialEq, Eq)]
@@ -119,14 +119,14 @@ fn entry_raw(role: &str, tool: &str, call_id: &str, success: bool, content: &str
     let text = content.trim_end();
     match role {
         "user" => format!("You: {text}"),
-        "status" if !call_id.is_empty() => format!("[{}]", one_line(text, DETAIL_CHARS * 2)),
+        "status" if !call_id.is_empty() => format!("[{}]", one_line(text, DETAIL_MAX_CHARS * 2)),
         "assistant" | "status" => format!("Agent: {text}"),
-        "thinking" => format!("Agent (thinking): {}", one_line(text, DETAIL_CHARS)),
-        "tool_call" => format!("  [{tool}] {}", one_line(text, DETAIL_CHARS)),
+        "thinking" => format!("Agent (thinking): {}", one_line(text, DETAIL_MAX_CHARS)),
+        "tool_call" => format!("  [{tool}] {}", one_line(text, DETAIL_MAX_CHARS)),
         "tool_result" => format!(
             "  [{tool} {}] {}",
             if success { "ok" } else { "FAILED" },
-            one_line(text, DETAIL_CHARS)
+            one_line(text, DETAIL_MAX_CHARS)
         ),
         "error" => format!("Error: {text}"),
         other => format!("{other}: {text}"),
@@ -209,7 +209,7 @@ pub fn resolution_line(a: &pb::Approval) -> Option<String> {
             format!(
                 "[{} cancelled: {}]",
                 a.id,
-                one_line(&a.answer, DETAIL_CHARS)
+                one_line(&a.answer, DETAIL_MAX_CHARS)
             )
         }
     })
@@ -483,7 +483,7 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
     let history = c
         .get_history(pb::GetHistoryRequest {
             session_id: id.clone(),
-            limit: HISTORY_ENTRIES,
+            limit: HISTORY_MAX_ENTRIES,
         })
         .await?
         .into_inner();
@@ -588,7 +588,7 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
                     s.queue.push_front(line);
                     let now = get(c, &id).await?;
                     match Status::from_number(now.status) {
-                        Some(Status::Running) if s.busy_retries < BUSY_RETRIES => {
+                        Some(Status::Running) if s.busy_retries < BUSY_RETRIES_MAX => {
                             s.busy_retries += 1;
                             s.status = Status::Running;
                             send_next(c, &mut s, &sent_tx);
@@ -602,7 +602,7 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
                 }
                 Some(Sent::Refused(line, e)) => {
                     s.sending = false;
-                    println!("error: {} (not sent: {})", e.message(), one_line(&line.text, DETAIL_CHARS));
+                    println!("error: {} (not sent: {})", e.message(), one_line(&line.text, DETAIL_MAX_CHARS));
                     send_next(c, &mut s, &sent_tx);
                 }
                 None => {}
@@ -705,8 +705,10 @@ fn on_line(c: &Client, s: &mut Session, text: String, tx: &mpsc::Sender<Sent>) {
         println!("(the session is {}; not sent)", s.label);
         return;
     }
-    if s.queue.len() >= QUEUE_MAX {
-        println!("({QUEUE_MAX} messages are already waiting for the agent; this one was not sent)");
+    if s.queue.len() >= QUEUE_MAX_LINES {
+        println!(
+            "({QUEUE_MAX_LINES} messages are already waiting for the agent; this one was not sent)"
+        );
         return;
     }
     let idle = s.status == Status::Running && !s.sending && s.queue.is_empty();
@@ -737,7 +739,7 @@ fn drop_queue(s: &mut Session) {
         println!(
             "(not sent, the session is {}: {})",
             state_label(s.status, s.turns),
-            one_line(&line.text, DETAIL_CHARS)
+            one_line(&line.text, DETAIL_MAX_CHARS)
         );
     }
 }
@@ -746,7 +748,7 @@ fn detach(s: &Session) {
     for line in &s.queue {
         println!(
             "(not sent, the agent was still busy: {})",
-            one_line(&line.text, DETAIL_CHARS)
+            one_line(&line.text, DETAIL_MAX_CHARS)
         );
     }
     println!("Detached; the agent keeps working.");
@@ -826,7 +828,7 @@ mod tests {
             entry("tool_call", "Read", "t2", false, &long)
                 .chars()
                 .count(),
-            "  [Read] ".len() + DETAIL_CHARS
+            "  [Read] ".len() + DETAIL_MAX_CHARS
         );
         for k in ActivityKind::ALL {
             assert!(!entry(role_of(k), "T", "", true, "c").starts_with(role_of(k)));

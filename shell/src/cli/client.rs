@@ -9,7 +9,7 @@ use paddock_proto::obey::local::v1::local_daemon_service_client::LocalDaemonServ
 use tonic::transport::Channel;
 
 use super::{Ctx, Error, Result};
-use crate::transport::{channel, MAX_MESSAGE_BYTES};
+use crate::transport::{channel, MESSAGE_MAX_BYTES};
 
 pub type Client = LocalDaemonServiceClient<Channel>;
 
@@ -18,8 +18,8 @@ const AUTOSTART_WAIT: Duration = Duration::from_secs(15);
 
 fn client_of(ch: Channel) -> Client {
     LocalDaemonServiceClient::new(ch)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(MESSAGE_MAX_BYTES)
+        .max_encoding_message_size(MESSAGE_MAX_BYTES)
 }
 
 /// Connects, autostarting a daemon in the background when allowed.

@@ -23,7 +23,7 @@ use crate::transport::obey_code;
 pub const WORKSPACE: &str = "/workspace";
 
 /// How long a TASK cell may be (in characters, the ellipsis included).
-pub const TASK_CELL_CHARS: usize = 40;
+pub const TASK_CELL_MAX_CHARS: usize = 40;
 
 /// A `session.yaml` is read only up to this size: it is a handful of fields.
 const SESSION_FILE_MAX_BYTES: u64 = 1024 * 1024;
@@ -37,7 +37,7 @@ pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<String> {
         if s.initial_message.trim().is_empty() {
             "-".to_string()
         } else {
-            one_line(&s.initial_message, TASK_CELL_CHARS)
+            one_line(&s.initial_message, TASK_CELL_MAX_CHARS)
         },
         age(&s.created_at, now_ms),
         s.agent_name.clone(),
@@ -562,7 +562,7 @@ pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -
                         if s.initial_message.trim().is_empty() {
                             "no task".to_string()
                         } else {
-                            one_line(&s.initial_message, TASK_CELL_CHARS)
+                            one_line(&s.initial_message, TASK_CELL_MAX_CHARS)
                         }
                     );
                 }
