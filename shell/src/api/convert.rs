@@ -172,19 +172,19 @@ pub fn approval(a: &core::Approval) -> pb::Approval {
     }
 }
 
-/// A ResolveApproval request as the core's decision.
+/// A ResolveApproval request as the core's decision; an unspecified one is `InvalidArgument`.
 pub fn decision(
     d: pb::ApprovalDecision,
     text: String,
     is_error: bool,
-) -> Result<core::Decision, String> {
+) -> Result<core::Decision, tonic::Status> {
     match d {
         pb::ApprovalDecision::Approve => Ok(core::Decision::Approve),
         pb::ApprovalDecision::Deny => Ok(core::Decision::Deny { reason: text }),
         pb::ApprovalDecision::Answer => Ok(core::Decision::Answer { text, is_error }),
-        pb::ApprovalDecision::Unspecified => {
-            Err("decision is required: APPROVE, DENY or ANSWER".to_string())
-        }
+        pb::ApprovalDecision::Unspecified => Err(tonic::Status::invalid_argument(
+            "decision is required: APPROVE, DENY or ANSWER",
+        )),
     }
 }
 

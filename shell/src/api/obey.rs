@@ -864,7 +864,7 @@ impl LocalDaemonService for Obey {
         }
         let decision = pb::ApprovalDecision::try_from(r.decision)
             .map_err(|_| invalid(format!("unknown decision {}", r.decision)))
-            .and_then(|d| convert::decision(d, r.text, r.is_error).map_err(invalid))?;
+            .and_then(|d| convert::decision(d, r.text, r.is_error))?;
         let by = match r.resolved_by.trim() {
             "" => "obey".to_string(),
             b => crate::text::prefix(b, 64).to_string(),
