@@ -46,6 +46,8 @@ pub struct Engine {
     /// The latest time seen: time never goes backwards inside the engine.
     now: Millis,
     trace: Option<Vec<Step>>,
+    /// Set by [`Input::Shutdown`]: no new session from then on.
+    shutting_down: bool,
 }
 
 impl Engine {
@@ -56,6 +58,7 @@ impl Engine {
             next_run: 1,
             now: 0,
             trace: None,
+            shutting_down: false,
         }
     }
 
@@ -121,6 +124,11 @@ impl Engine {
     }
 
     // ── getters ────────────────────────────────────────────────────────────
+
+    /// Whether an [`Input::Shutdown`] was handled.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down
+    }
 
     pub fn session(&self, id: &SessionId) -> Option<&Session> {
         self.sessions.get(id)
@@ -190,21 +198,29 @@ impl Engine {
         match input {
             Input::Create { req, id, config } => {
                 let live = live_sessions(&self.sessions);
-                let refuse = if self.sessions.contains_key(&id) {
-                    Some(format!("a session with id {id} already exists"))
+                let refuse = if self.shutting_down {
+                    Some(Error::new(
+                        ErrorCode::AdapterNotInitialized,
+                        "the daemon is shutting down",
+                    ))
+                } else if self.sessions.contains_key(&id) {
+                    Some(Error::new(
+                        ErrorCode::CreationFailed,
+                        format!("a session with id {id} already exists"),
+                    ))
                 } else if live >= cx.lim.max_live_sessions {
-                    Some(format!(
-                        "limit of {} live sessions reached; stop one first",
-                        cx.lim.max_live_sessions
+                    Some(Error::new(
+                        ErrorCode::CreationFailed,
+                        format!(
+                            "limit of {} live sessions reached; stop one first",
+                            cx.lim.max_live_sessions
+                        ),
                     ))
                 } else {
                     None
                 };
-                if let Some(msg) = refuse {
-                    cx.out.rest.push(Effect::Reply {
-                        req,
-                        result: Err(Error::new(ErrorCode::CreationFailed, msg)),
-                    });
+                if let Some(e) = refuse {
+                    cx.out.rest.push(Effect::Reply { req, result: Err(e) });
                 } else {
                     let record = new_record(id.clone(), config, now);
                     let mut s = Session::from_record(record);
@@ -286,6 +302,7 @@ impl Engine {
                         let record = s.record.clone();
                         self.sessions.remove(&id);
                         cx.out.persist.push(Effect::Persist(Record::Delete(id)));
+                        cx.out.rest.push(Effect::Forget(Box::new(record.clone())));
                         cx.out.rest.push(Effect::Reply {
                             req,
                             result: Ok(record),
@@ -307,6 +324,15 @@ impl Engine {
                 if let Some(s) = self.sessions.get_mut(&id) {
                     s.handle_provider(run, cursor, event, &mut cx);
                     s.flush(&mut cx);
+                }
+            }
+            Input::Shutdown { graceful } => {
+                self.shutting_down = true;
+                for s in self.sessions.values_mut() {
+                    if !s.status().is_terminal() {
+                        s.handle_stop(crate::NO_REPLY, graceful, &mut cx);
+                        s.flush(&mut cx);
+                    }
                 }
             }
             Input::Tick => {

@@ -11,6 +11,10 @@ pub type Millis = u64;
 /// Identifies one request whose answer the shell is waiting for.
 pub type RequestId = u64;
 
+/// The request id of an act nobody waits for (the stops and cancels of a shutdown): never a
+/// client's, so its answers go nowhere.
+pub const NO_REPLY: RequestId = 0;
+
 /// Identifies one provider process of one session (its "generation"): input from an older
 /// process is recognised and ignored.
 pub type RunId = u64;

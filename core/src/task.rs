@@ -156,6 +156,9 @@ pub enum TaskInput {
         code: Option<i32>,
         signal: Option<i32>,
     },
+    /// The daemon is shutting down: cancel every task not yet terminal (answered to nobody,
+    /// [`crate::NO_REPLY`]).
+    Shutdown,
     Tick,
 }
 
@@ -338,6 +341,16 @@ impl Tasks {
         match input {
             TaskInput::Launch { req, id, spec } => self.launch(now, req, id, spec, &mut out),
             TaskInput::Cancel { req, id } => self.cancel(now, req, &id, &mut out),
+            TaskInput::Shutdown => {
+                let live: Vec<String> = self
+                    .all()
+                    .filter(|t| !t.status.is_terminal())
+                    .map(|t| t.id.clone())
+                    .collect();
+                for id in live {
+                    self.cancel(now, crate::NO_REPLY, &id, &mut out);
+                }
+            }
             TaskInput::Started { id, pid } => {
                 if let Some(t) = self.tasks.get_mut(&id) {
                     if t.record.status == TaskStatus::Pending {
@@ -733,6 +746,39 @@ mod tests {
             .as_ref()
             .unwrap()
             .contains("nope"));
+    }
+
+    #[test]
+    fn a_shutdown_cancels_every_live_task() {
+        let mut t = Tasks::new(limits());
+        launch(&mut t, "a");
+        launch(&mut t, "b");
+        t.handle(
+            1,
+            TaskInput::Started {
+                id: "a".into(),
+                pid: 5,
+            },
+        );
+        let fx = t.handle(2, TaskInput::Shutdown);
+        assert!(fx.contains(&TaskEffect::Signal {
+            id: "a".into(),
+            pid: 5,
+            signal: Signal::Term
+        }));
+        // Still being spawned: ended as soon as it has started.
+        let fx = t.handle(
+            3,
+            TaskInput::Started {
+                id: "b".into(),
+                pid: 6,
+            },
+        );
+        assert!(fx.contains(&TaskEffect::Signal {
+            id: "b".into(),
+            pid: 6,
+            signal: Signal::Term
+        }));
     }
 
     #[test]

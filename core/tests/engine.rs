@@ -643,3 +643,28 @@ fn architecture_md_shows_the_current_transition_table() {
         "ARCHITECTURE.md must contain the transition table exactly as table::render() prints it:\n{table}"
     );
 }
+
+#[test]
+fn a_shutdown_stops_every_live_session_and_refuses_creates() {
+    let mut r = Rig::running(config());
+    assert!(!r.engine.is_shutting_down());
+    let fx = r.at(1, Input::Shutdown { graceful: false });
+    assert_drain_rule(&fx);
+    assert!(r.engine.is_shutting_down());
+    assert_eq!(
+        statuses(&fx),
+        vec![(Some(Status::Running), Status::Stopping)]
+    );
+    assert!(signals(&fx).contains(&Signal::Term), "{fx:?}");
+    let req = r.req();
+    let fx = r.at(
+        1,
+        Input::Create {
+            req,
+            id: SessionId::from("sess_2"),
+            config: config(),
+        },
+    );
+    assert_eq!(err_code(&fx, req), ErrorCode::AdapterNotInitialized);
+    assert!(r.engine.session(&SessionId::from("sess_2")).is_none());
+}

@@ -407,7 +407,11 @@ impl Model {
             ),
             Input::Restart { req, id, .. } => (*req, id, ReqKind::Restart),
             Input::Delete { req, id } => (*req, id, ReqKind::Delete),
-            Input::Resolve { .. } | Input::Provider { .. } | Input::Tick => {
+            // The driver never sends Shutdown (the sweep does not cover shutdown yet).
+            Input::Resolve { .. }
+            | Input::Provider { .. }
+            | Input::Shutdown { .. }
+            | Input::Tick => {
                 unreachable!("not a session request")
             }
         };
@@ -619,6 +623,7 @@ impl Model {
                 Effect::Reply { req, result } => self.on_reply(cause, *req, result, store)?,
                 Effect::Spawn { id, run, spec } => self.on_spawn(cause, id, *run, spec, store)?,
                 Effect::Write { id, .. } => same_session(cause, id)?,
+                Effect::Forget(rec) => same_session(cause, &rec.id)?,
                 Effect::Signal {
                     id, run, signal, ..
                 } => {

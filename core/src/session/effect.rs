@@ -81,6 +81,9 @@ pub enum Effect {
     EmitActivity(ActivityEvent),
     /// Tell watchers about a request for a human that was opened or resolved.
     EmitApproval(Approval),
+    /// Remove what the deleted session's agent kept outside the store (its provider's saved
+    /// conversation), once the deletion is committed.
+    Forget(Box<SessionRecord>),
     /// Answer request `req`.
     Reply {
         req: RequestId,

@@ -60,6 +60,12 @@ pub enum Input {
         cursor: Option<u64>,
         event: ProviderEvent,
     },
+    /// The daemon is shutting down: stop every live session (`graceful`: running turns may
+    /// finish; a forced shutdown after a graceful one cuts the grace short) and refuse every
+    /// Create from now on (OBEY-2030). The stops are answered to nobody ([`NO_REPLY`]).
+    ///
+    /// [`NO_REPLY`]: crate::NO_REPLY
+    Shutdown { graceful: bool },
     /// Time passed: fire every deadline at or before `now`.
     Tick,
 }

@@ -937,28 +937,10 @@ impl LocalDaemonService for Obey {
         request: Request<pb::DeleteSessionRequest>,
     ) -> Result<Response<pb::DeleteSessionResponse>, GrpcStatus> {
         let id = session_id(&request.into_inner().session_id)?;
-        let rec = self
-            .handle
+        self.handle
             .request(Req::Delete { id }, None)
             .await
             .map_err(st)?;
-        // What the agent kept outside the store goes too: the openai-api loop's saved
-        // conversation (Claude Code, codex and gemini keep theirs in their own homes).
-        let file = crate::providers::bridge::openai::conversation_file(
-            &rec.config,
-            rec.provider_session.as_deref(),
-        );
-        if let Some(f) = file {
-            match std::fs::remove_file(&f) {
-                Ok(()) => {
-                    tracing::info!(session = %rec.id, file = %f.display(), "removed the deleted session's saved conversation")
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    tracing::warn!(session = %rec.id, file = %f.display(), "cannot remove the deleted session's saved conversation: {e}")
-                }
-            }
-        }
         Ok(Response::new(pb::DeleteSessionResponse { deleted: true }))
     }
 

@@ -16,14 +16,14 @@ use paddock_core::{
     Approval, Effect, Engine, Error, Input, ProviderEvent, Record, RequestId, RunId, SessionId,
     SessionRecord,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch};
 
 use super::port::{shutting_down, DaemonView, HistoryView, Query, Reply, SessionView, TurnStream};
 pub use super::port::{Command, Hub, Request};
 use super::supervisor::{self, RunHandle};
 use crate::paths::now_ms;
 use crate::store::tasks::TaskRow;
-use crate::store::{Row, Store, UnrecognizedLine};
+use crate::store::{Row, Store, StoreError, UnrecognizedLine};
 
 /// Commands drained per iteration (and so per commit) at most.
 pub const MAX_BATCH: usize = 512;
@@ -63,8 +63,6 @@ pub struct State {
     started_at: u64,
     socket: PathBuf,
     data_dir: PathBuf,
-    /// Set by Shutdown / SIGTERM: no new sessions, every session is being stopped.
-    shutting_down: bool,
     /// The runner agents run in (`None`: they are the daemon's own children).
     pub(super) runner: Option<super::runner_link::RunnerLink>,
     exe: PathBuf,
@@ -118,7 +116,6 @@ impl State {
             started_at: now_ms(),
             socket,
             data_dir,
-            shutting_down: false,
             runner: None,
             exe,
             tx,
@@ -134,40 +131,20 @@ impl State {
         }
     }
 
-    /// Begins a shutdown: every live session is stopped (`graceful`: running turns may
-    /// finish) and every task cancelled, in this batch; the loop ends when all are terminal
-    /// and every child was reaped. Returns the number of live sessions.
+    /// Begins a shutdown, which the core carries out (every live session stopped, every task
+    /// cancelled, no Create from now on); the loop ends when all are terminal and every child
+    /// was reaped. Returns the number of live sessions.
     fn begin_shutdown(&mut self, graceful: bool, batch: &mut Batch) -> usize {
         // What is queued before the shutdown happens before it (a session created earlier in
-        // this batch is stopped too).
+        // this batch is counted and stopped too).
         self.run_inputs(batch);
         self.run_task_inputs(batch);
-        if self.shutting_down {
-            return self.engine.live_sessions();
+        let n = self.engine.live_sessions();
+        if !self.engine.is_shutting_down() {
+            tracing::info!("shutting down: stopping {n} live session(s)");
         }
-        self.shutting_down = true;
-        let live: Vec<SessionId> = self
-            .engine
-            .sessions()
-            .filter(|s| !s.status().is_terminal())
-            .map(|s| s.record.id.clone())
-            .collect();
-        tracing::info!("shutting down: stopping {} live session(s)", live.len());
-        // Request id 0 is never pending: nobody waits for these answers.
-        for t in self.tasks.all().filter(|t| !t.status.is_terminal()) {
-            let id = t.id.clone();
-            batch
-                .task_inputs
-                .push_back(TaskInput::Cancel { req: 0, id });
-        }
-        let n = live.len();
-        for id in live {
-            batch.inputs.push_back(Input::Stop {
-                req: 0,
-                id,
-                graceful,
-            });
-        }
+        batch.inputs.push_back(Input::Shutdown { graceful });
+        batch.task_inputs.push_back(TaskInput::Shutdown);
         n
     }
 
@@ -217,7 +194,7 @@ impl State {
     }
 
     fn finished(&self) -> bool {
-        self.shutting_down
+        self.engine.is_shutting_down()
             && self.engine.live_sessions() == 0
             && self.runs.is_empty()
             && self.task_runs.is_empty()
@@ -350,12 +327,10 @@ impl State {
         }
     }
 
-    /// What the loop checks before a session request goes to the core, in the same step: no
-    /// new session while shutting down; a restart's new `provider_config` must be valid for
-    /// the session's configuration.
+    /// What the loop checks before a session request goes to the core, in the same step: a
+    /// restart's new `provider_config` must be valid for the session's configuration.
     fn admit(&mut self, request: &Request, batch: &mut Batch) -> Result<(), Error> {
         match request {
-            Request::Create { .. } if self.shutting_down => Err(shutting_down()),
             Request::Restart {
                 id,
                 provider_config: Some(pc),
@@ -620,6 +595,7 @@ impl State {
                 | Effect::EmitStatus(_)
                 | Effect::EmitActivity(_)
                 | Effect::EmitApproval(_)
+                | Effect::Forget(_)
                 | Effect::Reply { .. }
                 | Effect::ReplyApproval { .. }) => batch.deliver.push(e),
             }
@@ -635,33 +611,15 @@ impl State {
         }
     }
 
-    /// Commits the batch, then delivers what it acknowledged.
-    fn commit(&mut self, batch: &mut Batch) {
+    /// Commits the batch, then delivers what it acknowledged. A failed commit acknowledges
+    /// nothing of the batch and is the caller's to decide (SQLite already waited up to its busy
+    /// timeout for a lock).
+    fn commit(&mut self, batch: &mut Batch) -> Result<(), StoreError> {
         let mut events = Vec::new();
         if !batch.records.is_empty() || !batch.task_rows.is_empty() || !batch.rows.is_empty() {
-            let mut attempt = 0;
-            loop {
-                match self
-                    .store
-                    .apply_all(&batch.records, &batch.task_rows, &batch.rows)
-                {
-                    Ok(ids) => {
-                        events = ids;
-                        break;
-                    }
-                    Err(e) if attempt < 3 => {
-                        attempt += 1;
-                        tracing::warn!("store commit failed (attempt {attempt}): {e}");
-                        std::thread::sleep(Duration::from_millis(50 * attempt));
-                    }
-                    Err(e) => {
-                        // Nothing of this batch may be acknowledged. Crash-only: exit, and the
-                        // next start reconciles from what the store has.
-                        tracing::error!("store commit failed, exiting: {e}");
-                        std::process::exit(70);
-                    }
-                }
-            }
+            events = self
+                .store
+                .apply_all(&batch.records, &batch.task_rows, &batch.rows)?;
             batch.records.clear();
             batch.task_rows.clear();
             for row in batch.rows.drain(..) {
@@ -737,6 +695,7 @@ impl State {
                 Effect::EmitApproval(a) => {
                     let _ = self.hub.approval.send(a);
                 }
+                Effect::Forget(rec) => forget(&rec),
                 Effect::ReplyApproval { req, result } => {
                     if let Some(tx) = self.approval_pending.remove(&req) {
                         let _ = tx.send(result);
@@ -754,6 +713,7 @@ impl State {
                 _ => {}
             }
         }
+        Ok(())
     }
 }
 
@@ -765,6 +725,9 @@ impl State {
     fn catch_up(&self, stream: TurnStream, session: SessionId, turn: u64, after_seq: u64) {
         const PAGE: usize = 256;
         let tx = self.tx.clone();
+        // Woken by every committed activity (subscribed before the first read, so none falls
+        // in between): a short page waits for the next commit, not for a timer.
+        let mut committed = self.hub.activity.subscribe();
         tokio::spawn(async move {
             let mut after = after_seq;
             loop {
@@ -800,27 +763,35 @@ impl State {
                     }
                 }
                 if !full {
-                    if stream.is_closed() {
-                        return;
+                    tokio::select! {
+                        biased;
+                        _ = stream.closed() => return,
+                        // Fell behind the hub too: the store has it all, read on.
+                        woke = committed.recv() => {
+                            if let Err(broadcast::error::RecvError::Closed) = woke {
+                                return;
+                            }
+                        }
                     }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             }
         });
     }
 }
 
-/// Runs the loop until a shutdown has stopped every session.
+/// Runs the loop until a shutdown has stopped every session, or until a batch cannot be
+/// committed (returned: nothing of that batch was acknowledged; what it means for the daemon
+/// is the composition root's decision).
 pub async fn run(
     mut state: State,
     mut rx: mpsc::Receiver<Command>,
     restore: Vec<Effect>,
     task_restore: Vec<TaskEffect>,
-) {
+) -> Result<(), StoreError> {
     let mut batch = Batch::default();
     state.execute(restore, &mut batch);
     state.execute_tasks(task_restore, &mut batch);
-    state.commit(&mut batch);
+    state.commit(&mut batch)?;
     loop {
         let deadline = [
             state.engine.poll_timeout().map(|(at, _, _)| at),
@@ -850,7 +821,7 @@ pub async fn run(
         batch.task_inputs.push_back(TaskInput::Tick);
         state.run_inputs(&mut batch);
         state.run_task_inputs(&mut batch);
-        state.commit(&mut batch);
+        state.commit(&mut batch)?;
         for q in std::mem::take(&mut batch.queries) {
             state.answer_query(q);
         }
@@ -866,6 +837,7 @@ pub async fn run(
         let _ = p.reply.send(Err(shutting_down()));
     }
     let _ = state.done.send(true);
+    Ok(())
 }
 
 async fn sleep_until(deadline: Option<u64>) {
@@ -878,8 +850,29 @@ async fn sleep_until(deadline: Option<u64>) {
     }
 }
 
+/// Removes what a deleted session's agent kept outside the store: the openai-api loop's saved
+/// conversation (Claude Code, codex and gemini keep theirs in their own homes).
+fn forget(rec: &SessionRecord) {
+    let file = crate::providers::bridge::openai::conversation_file(
+        &rec.config,
+        rec.provider_session.as_deref(),
+    );
+    let Some(f) = file else {
+        return;
+    };
+    match std::fs::remove_file(&f) {
+        Ok(()) => {
+            tracing::info!(session = %rec.id, file = %f.display(), "removed the deleted session's saved conversation")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(session = %rec.id, file = %f.display(), "cannot remove the deleted session's saved conversation: {e}")
+        }
+    }
+}
+
 /// A store read that failed, as the client's error.
-fn read_failed(what: &str, e: crate::store::StoreError) -> Error {
+fn read_failed(what: &str, e: StoreError) -> Error {
     Error::new(
         paddock_core::ErrorCode::Generic,
         format!("cannot read {what}: {e}"),

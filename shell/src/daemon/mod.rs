@@ -135,7 +135,14 @@ pub async fn run(opts: Options) -> Result<(), String> {
     state.unrecognized = unrecognized.into_iter().collect();
     state.runner = runner.clone();
     state.reattach_adopted();
-    let loop_task = tokio::spawn(event_loop::run(state, rx, restore, task_restore));
+    let loop_task = tokio::spawn(async move {
+        if let Err(e) = event_loop::run(state, rx, restore, task_restore).await {
+            // Crash-only, decided here: nothing of the failed batch was acknowledged, and the
+            // next start reconciles from what the store has.
+            tracing::error!("store commit failed, exiting: {e}");
+            std::process::exit(70);
+        }
+    });
     let handle = Handle {
         tx: tx.clone(),
         hub,

@@ -37,8 +37,7 @@ pub type Read<T> = Result<T, StoreError>;
 /// A session request for the core; the loop gives it its request id.
 #[derive(Debug)]
 pub enum Request {
-    /// Refused while the daemon shuts down (checked by the loop, in the same step as the
-    /// create).
+    /// Refused by the core once the daemon shuts down.
     Create {
         id: SessionId,
         config: Box<SessionConfig>,
