@@ -1,5 +1,7 @@
 //! Tokens and time: the one place that says "over".
 
+use crate::error::{Error, ErrorCode};
+
 /// A token budget; `max == 0` means unlimited (the obey seed's convention).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBudget {
@@ -18,6 +20,15 @@ impl TokenBudget {
     /// that report usage per turn are held to the same rule as those that stream it).
     pub fn exceeded(self, used: u64) -> bool {
         self.max > 0 && used > self.max
+    }
+
+    /// OBEY-2013, the one wording for every way a session meets its budget: `what` is
+    /// "exhausted" (a message refused) or "exceeded" (a turn or session ended).
+    pub fn error(self, what: &str, used: u64) -> Error {
+        Error::new(
+            ErrorCode::BudgetExceeded,
+            format!("token budget {what}: {used} of {} tokens used", self.max),
+        )
     }
 }
 

@@ -17,7 +17,7 @@ use crate::session::machine::{Ctx, Out, Session, Step, Timer};
 pub struct Limits {
     /// How long a graceful stop waits for the current turn before force-stopping (OBEY-2021).
     pub stop_grace_ms: u64,
-    /// TERM → KILL: how long a terminated process gets to exit (the centaurx runner's 10 s).
+    /// TERM → KILL: how long a terminated process gets to exit ([`crate::process`]'s rule).
     pub kill_grace_ms: u64,
     /// How long a provider may take to report it started.
     pub startup_timeout_ms: u64,
@@ -30,7 +30,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             stop_grace_ms: 30_000,
-            kill_grace_ms: 10_000,
+            kill_grace_ms: crate::process::KILL_GRACE_MS,
             startup_timeout_ms: 30_000,
             max_live_sessions: 64,
         }
@@ -145,10 +145,7 @@ impl Engine {
     }
 
     pub fn live_sessions(&self) -> usize {
-        self.sessions
-            .values()
-            .filter(|s| !s.status().is_terminal())
-            .count()
+        live_sessions(&self.sessions)
     }
 
     /// The earliest deadline of any session: when, for which session, and why. The shell
@@ -200,11 +197,7 @@ impl Engine {
         };
         match input {
             Input::Create { req, id, config } => {
-                let live = self
-                    .sessions
-                    .values()
-                    .filter(|s| !s.status().is_terminal())
-                    .count();
+                let live = live_sessions(&self.sessions);
                 let refuse = if self.shutting_down {
                     Some(Error::new(
                         ErrorCode::AdapterNotInitialized,
@@ -359,6 +352,14 @@ impl Engine {
         }
         cx.out.into_effects()
     }
+}
+
+/// Sessions that are not terminal: each owns a process, so their number is bounded.
+fn live_sessions(sessions: &BTreeMap<SessionId, Session>) -> usize {
+    sessions
+        .values()
+        .filter(|s| !s.status().is_terminal())
+        .count()
 }
 
 fn not_found(cx: &mut Ctx, req: u64, id: &SessionId) {

@@ -11,6 +11,8 @@
 //! - [`Engine`]: all sessions of a daemon; the next deadline ([`Engine::poll_timeout`]).
 //! - [`approval`]: what an agent may do without asking, and requests that wait for a human.
 //! - [`campaign`]: campaigns and the rules for adding and removing them.
+//! - [`grid`]: the one Markdown renderer of the transition tables.
+//! - [`process`]: the one signal type, TERM → KILL grace and exit-status wording.
 //! - [`error`]: the OBEY-NNNN registry; [`budget`]: the one place that says "over".
 
 #![forbid(unsafe_code)]
@@ -20,7 +22,9 @@ pub mod budget;
 pub mod campaign;
 pub mod engine;
 pub mod error;
+pub mod grid;
 pub mod model;
+pub mod process;
 pub mod run;
 pub mod session;
 pub mod task;
@@ -32,6 +36,6 @@ pub use engine::{Engine, Limits};
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;
 pub use session::effect::{Effect, Record, Signal, SpawnSpec};
-pub use session::input::{Input, ProviderEvent};
+pub use session::input::{Ask, Input, ProviderEvent};
 pub use session::machine::{Run, Session, Step, Timer};
 pub use session::table::{InputKind, Rule};

@@ -21,36 +21,7 @@
 
 use crate::model::Millis;
 
-/// The TERM → KILL grace period when a stop names none (the centaurx server's `/z`: "send
-/// SIGTERM, wait 10s, if still running send SIGKILL").
-pub const DEFAULT_KILL_GRACE_MS: u64 = 10_000;
-
-/// A signal for the child's whole process group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Signal {
-    Hup,
-    Term,
-    Kill,
-}
-
-impl Signal {
-    /// The POSIX signal number (the same on every Unix for these three).
-    pub fn number(self) -> i32 {
-        match self {
-            Signal::Hup => 1,
-            Signal::Term => 15,
-            Signal::Kill => 9,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Signal::Hup => "SIGHUP",
-            Signal::Term => "SIGTERM",
-            Signal::Kill => "SIGKILL",
-        }
-    }
-}
+pub use crate::process::{signal_name, Signal, KILL_GRACE_MS as DEFAULT_KILL_GRACE_MS};
 
 /// How a run's status line reads: the seed's `RunState` without `UNSPECIFIED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -242,28 +213,18 @@ pub fn rule(phase: Phase, input: InputKind) -> Rule {
 
 /// The table as Markdown: one row per phase, one column per input.
 pub fn render() -> String {
-    let mut out = String::from("| phase |");
-    for i in InputKind::ALL {
-        out.push_str(&format!(" {} |", i.name()));
-    }
-    out.push_str("\n|---|");
-    for _ in InputKind::ALL {
-        out.push_str("---|");
-    }
-    out.push('\n');
-    for p in Phase::ALL {
-        out.push_str(&format!("| {} |", p.name()));
-        for i in InputKind::ALL {
-            let cell = match rule(p, i) {
-                Rule::Legal => "legal".to_string(),
-                Rule::Refuse(r) => format!("refuse: {r}"),
-                Rule::Ignore => "·".to_string(),
-            };
-            out.push_str(&format!(" {cell} |"));
-        }
-        out.push('\n');
-    }
-    out
+    crate::grid::render(
+        "phase",
+        &Phase::ALL,
+        &InputKind::ALL,
+        Phase::name,
+        InputKind::name,
+        |p, i| match rule(p, i) {
+            Rule::Legal => "legal".to_string(),
+            Rule::Refuse(r) => format!("refuse: {r}"),
+            Rule::Ignore => "·".to_string(),
+        },
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -477,8 +438,8 @@ impl RunMachine {
             msg
         };
         match (code, signal) {
-            (_, Some(sig)) => {
-                let mut msg = format!("killed by signal {sig} ({})", signal_name(sig));
+            (_, Some(_)) => {
+                let mut msg = crate::process::describe_exit(code, signal);
                 if self.escalated {
                     let grace = match self.state {
                         State::Terminating { grace_ms, .. } => grace_ms,
@@ -493,7 +454,7 @@ impl RunMachine {
                 let msg = if self.stopped { msg } else { with_detail(msg) };
                 Status {
                     kind: StatusKind::Failed,
-                    exit_code: 128 + sig,
+                    exit_code: crate::process::exit_code(code, signal).unwrap_or(-1),
                     message: msg,
                 }
             }
@@ -501,9 +462,9 @@ impl RunMachine {
                 let msg = if self.stopped {
                     format!("exited with code {c} after SIGTERM (stopped)")
                 } else if c == 0 {
-                    "exit code 0".to_string()
+                    crate::process::describe_exit(code, signal)
                 } else {
-                    with_detail(format!("exit code {c}"))
+                    with_detail(crate::process::describe_exit(code, signal))
                 };
                 Status {
                     kind: StatusKind::Finished,
@@ -514,28 +475,9 @@ impl RunMachine {
             (None, None) => Status {
                 kind: StatusKind::Failed,
                 exit_code: -1,
-                message: with_detail("exit status unknown".to_string()),
+                message: with_detail(crate::process::describe_exit(code, signal)),
             },
         }
-    }
-}
-
-/// The usual name of a signal number (Linux numbering beyond the POSIX-fixed ones).
-pub fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        _ => "signal",
     }
 }
 

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, ErrorCode};
 use crate::model::{Millis, RequestId};
+use crate::process::Signal;
 
 /// An Aria task status; the numbering is the `aria.v1.TaskStatus` wire enum's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -170,10 +171,11 @@ pub enum TaskEffect {
         id: String,
         spec: TaskSpec,
     },
+    /// TERM (then, after the grace, KILL) to the task's process group.
     Signal {
         id: String,
         pid: u32,
-        kill: bool,
+        signal: Signal,
     },
     EmitStatus(TaskStatusEvent),
     EmitOutput(TaskOutput),
@@ -205,7 +207,7 @@ impl Default for TaskLimits {
     fn default() -> Self {
         TaskLimits {
             max_output_bytes: 4 * 1024 * 1024,
-            kill_grace_ms: 10_000,
+            kill_grace_ms: crate::process::KILL_GRACE_MS,
             max_live_tasks: 64,
         }
     }
@@ -404,7 +406,7 @@ impl Tasks {
                             out.rest.push(TaskEffect::Signal {
                                 id: t.record.id.clone(),
                                 pid,
-                                kill: true,
+                                signal: Signal::Kill,
                             });
                         }
                     }
@@ -522,11 +524,11 @@ fn set_status(t: &mut Task, status: TaskStatus, message: &str, now: Millis, out:
 fn terminate(t: &mut Task, now: Millis, grace: u64, out: &mut Out) {
     if let (true, Some(pid)) = (t.alive, t.record.pid) {
         if t.kill_at.is_none() {
-            t.kill_at = Some(now.saturating_add(grace));
+            t.kill_at = Some(crate::process::kill_deadline(now, grace));
             out.rest.push(TaskEffect::Signal {
                 id: t.record.id.clone(),
                 pid,
-                kill: false,
+                signal: Signal::Term,
             });
         }
     }
@@ -613,7 +615,7 @@ fn exited(t: &mut Task, code: Option<i32>, signal: Option<i32>, now: Millis, out
     t.timeout_at = None;
     t.record.pid = None;
     t.record.completed_at = Some(now);
-    t.record.exit_code = code.or(signal.map(|s| 128 + s));
+    t.record.exit_code = crate::process::exit_code(code, signal);
     let (status, message) = match (t.ending, code) {
         (Ending::Cancel, _) => (TaskStatus::Cancelled, "cancelled".to_string()),
         (Ending::Timeout, _) => (
@@ -627,7 +629,7 @@ fn exited(t: &mut Task, code: Option<i32>, signal: Option<i32>, now: Millis, out
         (Ending::None, Some(c)) => (TaskStatus::Failed, format!("exited with code {c}")),
         (Ending::None, None) => (
             TaskStatus::Failed,
-            format!("killed by signal {}", signal.unwrap_or(0)),
+            crate::process::describe_exit(code, signal),
         ),
     };
     if status != TaskStatus::Completed {
@@ -762,7 +764,7 @@ mod tests {
         assert!(fx.contains(&TaskEffect::Signal {
             id: "a".into(),
             pid: 5,
-            kill: false
+            signal: Signal::Term
         }));
         // Still being spawned: ended as soon as it has started.
         let fx = t.handle(
@@ -775,7 +777,7 @@ mod tests {
         assert!(fx.contains(&TaskEffect::Signal {
             id: "b".into(),
             pid: 6,
-            kill: false
+            signal: Signal::Term
         }));
     }
 
@@ -796,7 +798,7 @@ mod tests {
         assert!(fx.contains(&TaskEffect::Signal {
             id: "a".into(),
             pid: 5,
-            kill: false
+            signal: Signal::Term
         }));
         let (at, _, why) = t.poll_timeout().unwrap();
         assert_eq!(why, TaskTimer::Kill);
@@ -804,7 +806,7 @@ mod tests {
         assert!(fx.contains(&TaskEffect::Signal {
             id: "a".into(),
             pid: 5,
-            kill: true
+            signal: Signal::Kill
         }));
         t.handle(
             at + 1,

@@ -80,14 +80,14 @@ impl Rig {
     }
 
     fn ask(&mut self, id: &str, kind: AskKind, tool: &str) -> Vec<Effect> {
-        self.provider(ProviderEvent::Ask {
+        self.provider(ProviderEvent::Ask(paddock_core::Ask {
             approval: id.into(),
             key: format!("key-{id}"),
             kind,
             tool: tool.into(),
             input: r#"{"command":"rm -rf build"}"#.into(),
             summary: format!("{tool}: rm -rf build"),
-        })
+        }))
     }
 
     fn resolve(&mut self, id: &str, decision: Decision) -> (Vec<Effect>, Result<Approval, Error>) {

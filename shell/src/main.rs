@@ -37,7 +37,7 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         stop_grace_secs: u64,
         /// How long a TERMed agent gets before KILL, in seconds
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = paddock_core::process::KILL_GRACE_MS / 1000)]
         kill_grace_secs: u64,
         /// Live sessions at most
         #[arg(long, default_value_t = 64)]

@@ -64,36 +64,16 @@ impl LaunchPlan {
     }
 }
 
-/// A signal for a process group.
-pub trait GroupSignal {
-    fn nix(self) -> nix::sys::signal::Signal;
-}
-
-impl GroupSignal for paddock_core::Signal {
-    fn nix(self) -> nix::sys::signal::Signal {
-        match self {
-            paddock_core::Signal::Term => nix::sys::signal::Signal::SIGTERM,
-            paddock_core::Signal::Kill => nix::sys::signal::Signal::SIGKILL,
-        }
-    }
-}
-
-impl GroupSignal for paddock_core::run::Signal {
-    fn nix(self) -> nix::sys::signal::Signal {
-        match self {
-            paddock_core::run::Signal::Hup => nix::sys::signal::Signal::SIGHUP,
-            paddock_core::run::Signal::Term => nix::sys::signal::Signal::SIGTERM,
-            paddock_core::run::Signal::Kill => nix::sys::signal::Signal::SIGKILL,
-        }
-    }
-}
-
 /// Signals the process group `pgid` leads (nothing for 0, which would be our own group).
-pub fn signal_group(pgid: u32, signal: impl GroupSignal) {
+pub fn signal_group(pgid: u32, signal: paddock_core::Signal) {
     if pgid == 0 {
         return;
     }
-    let sig = signal.nix();
+    let sig = match signal {
+        paddock_core::Signal::Hup => nix::sys::signal::Signal::SIGHUP,
+        paddock_core::Signal::Term => nix::sys::signal::Signal::SIGTERM,
+        paddock_core::Signal::Kill => nix::sys::signal::Signal::SIGKILL,
+    };
     if let Err(e) = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid as i32), sig) {
         tracing::debug!(pgid, ?sig, "killpg: {e}");
     }

@@ -184,34 +184,24 @@ impl Coverage {
 
     /// The transition table as Markdown with, in every legal cell, how often it was reached.
     pub fn render(&self) -> String {
-        let mut out = String::from("| status |");
-        for i in InputKind::ALL {
-            out.push_str(&format!(" {} |", i.name()));
-        }
-        out.push_str("\n|---|");
-        for _ in InputKind::ALL {
-            out.push_str("---|");
-        }
-        out.push('\n');
-        for s in Status::ALL {
-            out.push_str(&format!("| {} |", s.name()));
-            for i in InputKind::ALL {
-                let cell = match paddock_core::session::table::rule(s, i) {
-                    Rule::Legal => match self.hits(s, i) {
-                        0 => "**never**".to_string(),
-                        n => n.to_string(),
-                    },
-                    Rule::Refuse(code) => format!("{code} ({})", self.hits(s, i)),
-                    Rule::Ignore => match self.hits(s, i) {
-                        0 => "·".to_string(),
-                        n => format!("· ({n})"),
-                    },
-                };
-                out.push_str(&format!(" {cell} |"));
-            }
-            out.push('\n');
-        }
-        out
+        paddock_core::grid::render(
+            "status",
+            &Status::ALL,
+            &InputKind::ALL,
+            Status::name,
+            InputKind::name,
+            |s, i| match paddock_core::session::table::rule(s, i) {
+                Rule::Legal => match self.hits(s, i) {
+                    0 => "**never**".to_string(),
+                    n => n.to_string(),
+                },
+                Rule::Refuse(code) => format!("{code} ({})", self.hits(s, i)),
+                Rule::Ignore => match self.hits(s, i) {
+                    0 => "·".to_string(),
+                    n => format!("· ({n})"),
+                },
+            },
+        )
     }
 
     /// The legal pairs of the transition table never reached.
@@ -588,13 +578,13 @@ impl Sim {
         }
         let d = self.world.pop_due(self.now, &mut self.rng)?;
         let ask = match &d.event {
-            ProviderEvent::Ask {
+            ProviderEvent::Ask(paddock_core::Ask {
                 approval,
                 key,
                 kind,
                 tool,
                 ..
-            } => Some(Box::new(AskSeen {
+            }) => Some(Box::new(AskSeen {
                 approval: approval.clone(),
                 key: key.clone(),
                 kind: *kind,
@@ -604,7 +594,7 @@ impl Sim {
         };
         let (event, activity) = match &d.event {
             ProviderEvent::Started { .. } => (EventKind::Started, None),
-            ProviderEvent::Ask { .. } => (EventKind::Ask, None),
+            ProviderEvent::Ask(_) => (EventKind::Ask, None),
             ProviderEvent::SpawnFailed { .. } => (EventKind::SpawnFailed, None),
             ProviderEvent::Activity(a) if a.kind().ends_turn() => {
                 (EventKind::TurnEnd, Some(a.clone()))

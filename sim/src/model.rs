@@ -1086,6 +1086,11 @@ impl Model {
                 }
                 sm.kill_at = None;
             }
+            Signal::Hup => {
+                return Err(format!(
+                    "{id}: HUP to run {run}: a session's process is only ever TERMed and KILLed"
+                ));
+            }
         }
         Ok(())
     }

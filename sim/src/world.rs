@@ -440,7 +440,7 @@ impl Script {
         matches!(
             self,
             Script::Line {
-                event: ProviderEvent::Ask { .. },
+                event: ProviderEvent::Ask(_),
                 ..
             }
         )
@@ -655,9 +655,7 @@ impl World {
         let output = |e: &ProviderEvent| {
             matches!(
                 e,
-                ProviderEvent::Activity(_)
-                    | ProviderEvent::SessionRef(_)
-                    | ProviderEvent::Ask { .. }
+                ProviderEvent::Activity(_) | ProviderEvent::SessionRef(_) | ProviderEvent::Ask(_)
             )
         };
         let queued = p
@@ -775,9 +773,7 @@ impl World {
                 p.queue.push_front(line.clone());
                 self.gone = Some((run, p));
             }
-            ProviderEvent::Activity(_)
-            | ProviderEvent::SessionRef(_)
-            | ProviderEvent::Ask { .. } => {
+            ProviderEvent::Activity(_) | ProviderEvent::SessionRef(_) | ProviderEvent::Ask(_) => {
                 if line.cursor.is_none() {
                     p.cursor += 1;
                     line.cursor = Some(p.cursor);
@@ -786,7 +782,7 @@ impl World {
                         p.delivered.pop_front();
                     }
                 }
-                if let ProviderEvent::Ask { key, .. } = &line.event {
+                if let ProviderEvent::Ask(paddock_core::Ask { key, .. }) = &line.event {
                     p.asked.insert(key.clone());
                     if line.blocks && !p.answers.contains_key(key) {
                         let c = line.cursor.expect("an output line has its cursor");
@@ -1247,6 +1243,11 @@ impl World {
             (Signal::Kill, Some(t)) if now >= t + self.kill_grace_ms && !p.killed => {
                 p.killed = true;
             }
+            (Signal::Hup, _) => {
+                return Err(format!(
+                    "HUP to run {run} of {id}: a session's process is only ever TERMed and KILLed"
+                ));
+            }
             (Signal::Kill, t) => {
                 return Err(format!(
                     "KILL to run {run} of {id} at {now}: TERM was sent at {t:?}, the kill grace \
@@ -1257,8 +1258,9 @@ impl World {
         }
         let (delay, sig) = match signal {
             Signal::Term if p.ignore_term && !healed => return Ok(()),
-            Signal::Term => (self.rng.range(1, 2_000), 15),
-            Signal::Kill => (self.rng.range(0, 50), 9),
+            Signal::Term => (self.rng.range(1, 2_000), signal.number()),
+            // (HUP was refused above.)
+            Signal::Kill | Signal::Hup => (self.rng.range(0, 50), signal.number()),
         };
         let at = now + delay;
         if p.exiting && p.exit_at <= at {
@@ -1380,14 +1382,14 @@ fn ask_event(n: u64, weights: &[u32; 3], rng: &mut Rng) -> ProviderEvent {
         AskKind::Question => "AskUserQuestion",
         AskKind::ClientTool => "client.open_file",
     };
-    ProviderEvent::Ask {
+    ProviderEvent::Ask(paddock_core::Ask {
         approval: format!("ap{n:05}"),
         key: format!("k{n}"),
         kind,
         tool: tool.to_string(),
         input: "{\"command\":\"cargo test\"}".to_string(),
         summary: format!("{tool}: cargo test"),
-    }
+    })
 }
 
 fn ends_turn(e: &ProviderEvent) -> bool {

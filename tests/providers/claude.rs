@@ -644,14 +644,14 @@ async fn real_stream_json_through_the_adapter() {
                     }
                     // A permission prompt goes to the core; answered here as the core does
                     // for the default policy (allow-all).
-                    Parsed::Event(ProviderEvent::Ask {
+                    Parsed::Event(ProviderEvent::Ask(paddock_core::Ask {
                         key,
                         kind,
                         tool,
                         input,
                         summary,
                         ..
-                    }) => {
+                    })) => {
                         let input: Value = serde_json::from_str(&input).unwrap();
                         let r = paddock::providers::claude_stream::control_response_allow(
                             &key, &input,

@@ -695,12 +695,12 @@ fn openai_recorded_bridge_output_through_the_adapter() {
                     o
                 }
                 // A permission prompt goes to the core (the daemon answers it by the policy).
-                Parsed::Event(ProviderEvent::Ask {
+                Parsed::Event(ProviderEvent::Ask(paddock_core::Ask {
                     kind,
                     tool,
                     summary,
                     ..
-                }) => json!({ "ask": tool, "kind": kind.name(), "summary": summary }),
+                })) => json!({ "ask": tool, "kind": kind.name(), "summary": summary }),
                 Parsed::Event(other) => json!({ "event": format!("{other:?}") }),
                 Parsed::Reply(r) => {
                     let answer: Value = serde_json::from_str(&r).unwrap();
@@ -784,13 +784,13 @@ async fn openai_bridge_output_matches_the_recording() {
             };
             for p in parser.parse_line(&l) {
                 // Answered as the daemon's core does: by the session's policy.
-                if let Parsed::Event(paddock_core::ProviderEvent::Ask {
+                if let Parsed::Event(paddock_core::ProviderEvent::Ask(paddock_core::Ask {
                     key,
                     kind,
                     tool,
                     input,
                     ..
-                }) = p
+                })) = p
                 {
                     let input: Value = serde_json::from_str(&input).unwrap();
                     let answer = match policy.decide(kind, &tool) {

@@ -30,12 +30,7 @@ pub enum Record {
     Delete(SessionId),
 }
 
-/// A signal for the provider's process group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    Term,
-    Kill,
-}
+pub use crate::process::Signal;
 
 /// How to start a provider process.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -70,6 +70,20 @@ pub enum Input {
     Tick,
 }
 
+/// What an agent asks. `approval` is the id the request gets if a human must answer it;
+/// `key` is the agent's own id for it, which the answer carries back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    pub approval: ApprovalId,
+    pub key: String,
+    pub kind: AskKind,
+    pub tool: String,
+    /// The tool's input as JSON text.
+    pub input: String,
+    /// One human-readable line.
+    pub summary: String,
+}
+
 /// What a provider adapter (or the process supervisor) reports about one run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderEvent {
@@ -80,18 +94,8 @@ pub enum ProviderEvent {
     /// One activity (COMPLETION / ERROR end the turn).
     Activity(Activity),
     /// The agent asks something and waits for the answer (a permission prompt, a question, a
-    /// client-side tool). `approval` is the id the request gets if a human must answer it;
-    /// `key` is the agent's own id for it, which the answer carries back.
-    Ask {
-        approval: ApprovalId,
-        key: String,
-        kind: AskKind,
-        tool: String,
-        /// The tool's input as JSON text.
-        input: String,
-        /// One human-readable line.
-        summary: String,
-    },
+    /// client-side tool).
+    Ask(Ask),
     /// The provider's own conversation id, for resuming after a restart.
     SessionRef(String),
     /// The process exited. Sent only after all of its output was read and reported, so that

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::effect::{Effect, Record, Signal, SpawnSpec};
-use super::input::ProviderEvent;
+use super::input::{Ask, ProviderEvent};
 use super::table::{rule, InputKind, Rule};
 use crate::approval::{
     Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
@@ -331,14 +331,7 @@ impl Session {
             Err(e) => return reply_err(cx, req, e),
         }
         if self.budget().exhausted(self.record.tokens_total()) {
-            let e = Error::new(
-                ErrorCode::BudgetExceeded,
-                format!(
-                    "token budget exhausted: {} of {} tokens used",
-                    self.record.tokens_total(),
-                    self.record.config.max_tokens
-                ),
-            );
+            let e = self.budget().error("exhausted", self.record.tokens_total());
             return reply_err(cx, req, e);
         }
         self.begin_turn(text, cx);
@@ -479,24 +472,7 @@ impl Session {
             ProviderEvent::Started { pid } => self.on_started(run, pid, cx),
             ProviderEvent::SpawnFailed { reason } => self.on_spawn_failed(reason, cx),
             ProviderEvent::Activity(activity) => self.on_activity(activity, cx),
-            ProviderEvent::Ask {
-                approval,
-                key,
-                kind,
-                tool,
-                input,
-                summary,
-            } => self.on_ask(
-                Ask {
-                    approval,
-                    key,
-                    kind,
-                    tool,
-                    input,
-                    summary,
-                },
-                cx,
-            ),
+            ProviderEvent::Ask(ask) => self.on_ask(ask, cx),
             ProviderEvent::SessionRef(r) => {
                 if !self.record.status.is_terminal()
                     && self.record.provider_session.as_deref() != Some(r.as_str())
@@ -592,14 +568,7 @@ impl Session {
             {
                 // The turn's own report took it past the budget (agents that report usage
                 // once per turn): the same end as a crossing mid-turn, after the turn's answer.
-                let e = Error::new(
-                    ErrorCode::BudgetExceeded,
-                    format!(
-                        "token budget exceeded: {} of {} tokens used",
-                        self.record.tokens_total(),
-                        self.record.config.max_tokens
-                    ),
-                );
+                let e = self.budget().error("exceeded", self.record.tokens_total());
                 self.fail(e, cx);
             } else if matches!(self.record.status, Status::Working | Status::Waiting) {
                 // Whatever the turn still asked is moot now.
@@ -612,14 +581,7 @@ impl Session {
                 }
             }
         } else if self.turn.is_some() && self.budget().exhausted(self.record.tokens_total()) {
-            let e = Error::new(
-                ErrorCode::BudgetExceeded,
-                format!(
-                    "token budget exceeded: {} of {} tokens used",
-                    self.record.tokens_total(),
-                    self.record.config.max_tokens
-                ),
-            );
+            let e = self.budget().error("exceeded", self.record.tokens_total());
             if self.record.status == Status::Stopping {
                 // A graceful stop was waiting for this turn: it is cut short, the stop goes on.
                 if let Some(plan) = self.stop.as_mut() {
@@ -641,11 +603,7 @@ impl Session {
         self.set_run(Run::Idle);
         self.record.pid = None;
         self.dirty = true;
-        let how = match (code, signal) {
-            (_, Some(s)) => format!("killed by signal {s}"),
-            (Some(c), None) => format!("exit code {c}"),
-            (None, None) => "exit status unknown".to_string(),
-        };
+        let how = crate::process::describe_exit(code, signal);
         let tail = stderr.trim();
         let detail = if tail.is_empty() {
             how
@@ -1338,7 +1296,7 @@ impl Session {
             self.run = Run::Terminating {
                 run,
                 pid,
-                kill_at: Some(cx.now.saturating_add(cx.lim.kill_grace_ms)),
+                kill_at: Some(crate::process::kill_deadline(cx.now, cx.lim.kill_grace_ms)),
             };
             self.assert_current(run);
             cx.out.rest.push(Effect::Signal {
@@ -1434,16 +1392,6 @@ impl Session {
             .push(Effect::Persist(Record::Status(ev.clone())));
         cx.out.rest.push(Effect::EmitStatus(ev));
     }
-}
-
-/// What `ProviderEvent::Ask` carries.
-struct Ask {
-    approval: ApprovalId,
-    key: String,
-    kind: AskKind,
-    tool: String,
-    input: String,
-    summary: String,
 }
 
 /// One table lookup, recorded when tracing is on (the simulator's coverage).

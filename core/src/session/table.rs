@@ -187,28 +187,18 @@ pub fn legal_pairs() -> Vec<(Status, InputKind)> {
 
 /// The table as Markdown: one row per status, one column per input.
 pub fn render() -> String {
-    let mut out = String::from("| status |");
-    for i in InputKind::ALL {
-        out.push_str(&format!(" {} |", i.name()));
-    }
-    out.push_str("\n|---|");
-    for _ in InputKind::ALL {
-        out.push_str("---|");
-    }
-    out.push('\n');
-    for s in Status::ALL {
-        out.push_str(&format!("| {} |", s.name()));
-        for i in InputKind::ALL {
-            let cell = match rule(s, i) {
-                Rule::Legal => "legal".to_string(),
-                Rule::Refuse(code) => code.to_string(),
-                Rule::Ignore => "·".to_string(),
-            };
-            out.push_str(&format!(" {cell} |"));
-        }
-        out.push('\n');
-    }
-    out
+    crate::grid::render(
+        "status",
+        &Status::ALL,
+        &InputKind::ALL,
+        Status::name,
+        InputKind::name,
+        |s, i| match rule(s, i) {
+            Rule::Legal => "legal".to_string(),
+            Rule::Refuse(code) => code.to_string(),
+            Rule::Ignore => "·".to_string(),
+        },
+    )
 }
 
 #[cfg(test)]

@@ -492,11 +492,11 @@ impl State {
                         };
                         batch.task_inputs.push_back(event);
                     }
-                    TaskEffect::Signal { id, pid, kill } => {
+                    TaskEffect::Signal { id, pid, signal } => {
                         if self.task_runs.contains_key(&id) {
                             match &self.runner {
-                                Some(link) => link.signal_task(&id, kill),
-                                None => supervisor::signal_group(pid, kill),
+                                Some(link) => link.signal_task(&id, signal),
+                                None => supervisor::signal_group(pid, signal),
                             }
                         }
                     }

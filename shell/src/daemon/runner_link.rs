@@ -213,13 +213,13 @@ impl RunnerLink {
         }
     }
 
-    /// Signals a task's run (TERM, or KILL when `kill`).
-    pub fn signal_task(&self, id: &str, kill: bool) {
+    /// Signals a task's run.
+    pub fn signal_task(&self, id: &str, signal: Signal) {
         RunRef {
             client: self.client.clone(),
             run_id: task_run_id(id),
         }
-        .signal(if kill { Signal::Kill } else { Signal::Term });
+        .signal(signal);
     }
 
     /// Starts a task's command as a run of the runner; its output, start and exit come back as

@@ -58,6 +58,7 @@ impl RunRef {
         let req = rpb::SignalRequest {
             run_id: self.run_id.clone(),
             signal: match signal {
+                Signal::Hup => rpb::ProcessSignal::Hup as i32,
                 Signal::Term => rpb::ProcessSignal::Term as i32,
                 Signal::Kill => rpb::ProcessSignal::Kill as i32,
             },
@@ -187,10 +188,8 @@ pub fn spawn(
     })
 }
 
-/// Signals a task's process group: TERM, or KILL when `kill`.
-pub fn signal_group(pid: u32, kill: bool) {
-    proc::signal_group(pid, if kill { Signal::Kill } else { Signal::Term });
-}
+/// Signals a process group (nothing for pid 0, which would be the daemon's own group).
+pub use crate::proc::signal_group;
 
 /// Parses the progress convention: a stdout line `::progress <percent> [description]`
 /// (percent 0–100, decimals allowed) reports progress instead of being output.

@@ -36,14 +36,14 @@ pub fn ask_event(
         _ => return None,
     };
     let summary = summary(kind, &tool_name, input);
-    Some(ProviderEvent::Ask {
+    Some(ProviderEvent::Ask(paddock_core::Ask {
         approval,
         key: request_id,
         kind,
         tool: tool_name,
         input: input.to_string(),
         summary,
-    })
+    }))
 }
 
 /// One line saying what is asked: the command a shell tool runs, the file an edit touches,
@@ -204,16 +204,16 @@ mod tests {
             "Bash".into(),
             &json!({"command": "rm -rf\nbuild", "description": "clean"}),
         );
-        let Some(ProviderEvent::Ask {
+        let Some(ProviderEvent::Ask(paddock_core::Ask {
             kind, summary, key, ..
-        }) = e
+        })) = e
         else {
             panic!("{e:?}")
         };
         assert_eq!((kind, key.as_str()), (AskKind::Permission, "req_1"));
         assert_eq!(summary, "Bash: rm -rf build");
         let q = json!({"questions":[{"question":"Which DB?","header":"DB","options":[{"label":"PG 14"},{"label":"PG 15"}],"multiSelect":false}]});
-        let Some(ProviderEvent::Ask { kind, summary, .. }) = ask_event(
+        let Some(ProviderEvent::Ask(paddock_core::Ask { kind, summary, .. })) = ask_event(
             "q".into(),
             "r".into(),
             "can_use_tool",

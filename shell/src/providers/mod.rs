@@ -555,14 +555,14 @@ mod tests {
         );
         // The core decides (by the session's policy, or a human): the parser only asks.
         match &out[..] {
-            [Parsed::Event(ProviderEvent::Ask {
+            [Parsed::Event(ProviderEvent::Ask(paddock_core::Ask {
                 approval,
                 key,
                 kind,
                 tool,
                 summary,
                 ..
-            })] => {
+            }))] => {
                 assert_eq!(approval.len(), 26, "a ULID");
                 assert_eq!(
                     (key.as_str(), *kind, tool.as_str(), summary.as_str()),
