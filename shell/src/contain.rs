@@ -124,8 +124,19 @@ mod tests {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        // Count only the long-lived members (the `sleep 600`s): a short `sleep 0.01` seen here
+        // may be gone by the time kill_tree looks, so counting it made the test flaky under load.
+        let sleepers = || {
+            tagged_processes(Path::new("/proc"), &tag)
+                .into_iter()
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"600"))
+                })
+                .count()
+        };
         let deadline = Instant::now() + Duration::from_secs(5);
-        while tagged_processes(Path::new("/proc"), &tag).len() < 5 {
+        while sleepers() < 5 {
             assert!(Instant::now() < deadline, "the tree never grew");
             std::thread::sleep(Duration::from_millis(10));
         }
