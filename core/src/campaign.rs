@@ -9,8 +9,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::Engine;
-
 /// A campaign: a named root directory sessions run in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Campaign {
@@ -60,7 +58,7 @@ pub enum NewCampaign {
 pub const ROOT_NAMES_MAX: usize = 99;
 
 /// Every campaign, by id.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Campaigns {
     by_id: BTreeMap<String, Campaign>,
 }
@@ -154,20 +152,18 @@ impl Campaigns {
         Ok((c, true))
     }
 
-    /// Removes the campaign with this id or name: refused while it has live sessions. Returns
-    /// the removed campaign (`None`: there was none).
+    /// Removes the campaign with this id or name: refused while it has live sessions
+    /// (`live_in(campaign id)` counts them). Returns the removed campaign (`None`: there was
+    /// none).
     pub fn handle_remove(
         &mut self,
         id_or_name: &str,
-        engine: &Engine,
+        live_in: impl FnOnce(&str) -> usize,
     ) -> Result<Option<Campaign>, CampaignError> {
         let Some(id) = self.get(id_or_name).map(|c| c.id.clone()) else {
             return Ok(None);
         };
-        let live = engine
-            .sessions()
-            .filter(|s| s.record.config.campaign_id == id && !s.status().is_terminal())
-            .count();
+        let live = live_in(&id);
         if live > 0 {
             return Err(CampaignError::LiveSessions(live));
         }
@@ -178,7 +174,6 @@ impl Campaigns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Limits;
 
     fn camp(id: &str, name: &str, root: &str, at: u64) -> Campaign {
         Campaign {
@@ -247,23 +242,65 @@ mod tests {
 
     #[test]
     fn removal_is_refused_while_sessions_live() {
-        let mut c = Campaigns::new([camp("c-1", "alpha", "/a", 1)]);
-        let mut engine = Engine::new(Limits::default());
+        use crate::{Effect, Engine, Input, Limits, Record, Stored};
+        let stored = Stored {
+            campaigns: vec![camp("c-1", "alpha", "/a", 1)],
+            ..Stored::default()
+        };
+        let (mut engine, _) = Engine::restore(Limits::default(), 0, stored, &Default::default());
         let config = crate::SessionConfig::new("c-1", crate::Provider::ClaudeCode, "/a");
         engine.handle(
             0,
-            crate::Input::Create {
+            Input::Create {
                 req: 1,
                 id: crate::SessionId("s".into()),
                 config,
             },
         );
+        let remove = |req| Input::RemoveCampaign {
+            req,
+            key: "alpha".into(),
+        };
+        let fx = engine.handle(1, remove(2));
         assert_eq!(
-            c.handle_remove("alpha", &engine),
-            Err(CampaignError::LiveSessions(1))
+            fx,
+            vec![Effect::ReplyRemoveCampaign {
+                req: 2,
+                result: Err(CampaignError::LiveSessions(1))
+            }]
         );
-        let empty = Engine::new(Limits::default());
-        assert_eq!(c.handle_remove("alpha", &empty).unwrap().unwrap().id, "c-1");
-        assert_eq!(c.handle_remove("alpha", &empty), Ok(None));
+        // The session's process never started: FAILED, not live any more.
+        engine.handle(
+            2,
+            Input::Provider {
+                id: crate::SessionId("s".into()),
+                run: 1,
+                cursor: None,
+                event: crate::ProviderEvent::SpawnFailed {
+                    reason: "no such file".into(),
+                },
+            },
+        );
+        assert_eq!(engine.live_sessions(), 0);
+        let fx = engine.handle(3, remove(4));
+        assert_eq!(
+            fx,
+            vec![
+                Effect::Persist(Record::RemoveCampaign("c-1".into())),
+                Effect::ReplyRemoveCampaign {
+                    req: 4,
+                    result: Ok(true)
+                }
+            ]
+        );
+        assert!(engine.campaigns().is_empty());
+        let fx = engine.handle(4, remove(5));
+        assert_eq!(
+            fx,
+            vec![Effect::ReplyRemoveCampaign {
+                req: 5,
+                result: Ok(false)
+            }]
+        );
     }
 }

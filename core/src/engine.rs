@@ -1,16 +1,23 @@
-//! The engine: every session of a daemon, fed one [`Input`] at a time.
+//! The daemon's engine: every session, every Aria task and every campaign of a daemon, fed
+//! one [`Input`] at a time.
 //!
-//! `handle(now, input) -> Vec<Effect>` is the only way state changes. Getters take `&self`;
-//! [`Engine::poll_timeout`] says when the shell must next call `handle(now, Input::Tick)`.
+//! `handle(now, input) -> Vec<Effect>` is the only way state changes: one input enum, one
+//! effect enum, for the whole daemon. The engine is composed of the session machines
+//! ([`Session`]), the task machine ([`Tasks`]) and the campaign rules ([`Campaigns`]); it
+//! routes each input to its part and the shutdown and the ticks to all. Getters take `&self`;
+//! [`Engine::poll_timeout`] names the earliest deadline of any part (and why), when the shell
+//! must next call `handle(now, Input::Tick)`.
 
 use std::collections::BTreeMap;
 
 use crate::approval::Approval;
+use crate::campaign::{Campaign, Campaigns};
 use crate::error::{Error, ErrorCode};
 use crate::model::{Millis, RunId, SessionId, SessionRecord, Status};
 use crate::session::effect::{Effect, Record};
 use crate::session::input::Input;
 use crate::session::machine::{Ctx, Out, Session, Step, Timer};
+use crate::task::{TaskLimits, TaskRecord, TaskTimer, Tasks};
 
 /// Every bound the engine enforces. Durations in milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +31,8 @@ pub struct Limits {
     /// Sessions that are not terminal at once; a create beyond it is refused (OBEY-2004),
     /// because every live session owns a process.
     pub max_live_sessions: usize,
+    /// The Aria tasks' bounds.
+    pub tasks: TaskLimits,
 }
 
 impl Default for Limits {
@@ -33,14 +42,46 @@ impl Default for Limits {
             kill_grace_ms: crate::process::KILL_GRACE_MS,
             startup_timeout_ms: 30_000,
             max_live_sessions: 64,
+            tasks: TaskLimits::default(),
         }
     }
 }
 
-/// All sessions of one daemon.
+/// Why the engine next needs a tick: the deadline's owner and its timer.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Deadline {
+    /// A session's timer (start-up, session timeout, graceful-stop grace, TERM → KILL,
+    /// a request's expiry).
+    Session(SessionId, Timer),
+    /// A task's timeout or its TERM → KILL.
+    Task(String, TaskTimer),
+}
+
+/// What the store holds, loaded at daemon start-up.
+#[derive(Debug, Clone, Default)]
+pub struct Stored {
+    pub sessions: Vec<SessionRecord>,
+    /// Every open request for a human, and the newest resolved ones of each session.
+    pub approvals: Vec<Approval>,
+    pub tasks: Vec<TaskRecord>,
+    pub campaigns: Vec<Campaign>,
+}
+
+/// The processes that outlived the previous daemon (in the runner), found at start-up.
+#[derive(Debug, Clone, Default)]
+pub struct Surviving {
+    /// Session → its run and pid, as the runner lists them (live or finished with output).
+    pub agents: BTreeMap<SessionId, (RunId, Option<u32>)>,
+    /// Task id → pid: the task runs still running.
+    pub tasks: BTreeMap<String, Option<u32>>,
+}
+
+/// The daemon's engine: sessions, tasks, campaigns.
 #[derive(Debug, Clone)]
 pub struct Engine {
     sessions: BTreeMap<SessionId, Session>,
+    tasks: Tasks,
+    campaigns: Campaigns,
     limits: Limits,
     next_run: RunId,
     /// The latest time seen: time never goes backwards inside the engine.
@@ -54,6 +95,8 @@ impl Engine {
     pub fn new(limits: Limits) -> Self {
         Engine {
             sessions: BTreeMap::new(),
+            tasks: Tasks::new(limits.tasks.clone()),
+            campaigns: Campaigns::default(),
             limits,
             next_run: 1,
             now: 0,
@@ -62,36 +105,46 @@ impl Engine {
         }
     }
 
-    /// Rebuilds the engine from the store at daemon start-up, adopting the provider processes
-    /// that outlived the previous daemon (`surviving`: session → its run and pid, as the runner lists them). An adopted
-    /// session carries on where it was (a turn in progress stays in progress, a request for a
-    /// human stays open; a stop in progress is finished); one whose process is gone is FAILED
-    /// with OBEY-2032 and its open requests are cancelled. `approvals` are the stored requests
-    /// (every open one, and the newest resolved ones of each session).
-    pub fn restore_with(
+    /// Rebuilds the engine from the store at daemon start-up and decides what becomes of the
+    /// processes that outlived the previous daemon (`surviving`). An agent whose run the
+    /// session's record names is adopted: the session carries on where it was (a turn in
+    /// progress stays in progress, a request for a human stays open; a stop in progress is
+    /// finished); a session whose process is gone is FAILED with OBEY-2032 and its open
+    /// requests are cancelled. Tasks are never adopted ([`Tasks::restore`]): what ran is
+    /// FAILED and every surviving task process is killed. The effects are the shell's to
+    /// carry out before the socket accepts a call.
+    pub fn restore(
         limits: Limits,
         now: Millis,
-        records: impl IntoIterator<Item = SessionRecord>,
-        approvals: impl IntoIterator<Item = Approval>,
-        surviving: &BTreeMap<SessionId, (RunId, Option<u32>)>,
+        stored: Stored,
+        surviving: &Surviving,
     ) -> (Self, Vec<Effect>) {
         let mut engine = Engine::new(limits);
         engine.now = now;
         let mut out = Out::default();
+        engine.tasks = Tasks::restore(
+            engine.limits.tasks.clone(),
+            now,
+            stored.tasks,
+            &surviving.tasks,
+            &mut out,
+        );
+        engine.campaigns = Campaigns::new(stored.campaigns);
         let mut by_session: BTreeMap<SessionId, Vec<Approval>> = BTreeMap::new();
-        for a in approvals {
+        for a in stored.approvals {
             // A request names the run that asked; that run id must never name another process
             // (its answer may be sent again to the run that asked it).
             engine.next_run = engine.next_run.max(a.run + 1);
             by_session.entry(a.session.clone()).or_default().push(a);
         }
-        for record in records {
+        for record in stored.sessions {
             let id = record.id.clone();
             // Run ids stay unique across daemon lifetimes: the runner may still know old ones.
             if let Some(r) = record.run {
                 engine.next_run = engine.next_run.max(r + 1);
             }
             let survivor = surviving
+                .agents
                 .get(&id)
                 .copied()
                 .filter(|(run, _)| record.run == Some(*run));
@@ -148,9 +201,31 @@ impl Engine {
         live_sessions(&self.sessions)
     }
 
-    /// The earliest deadline of any session: when, for which session, and why. The shell
-    /// sleeps until then (or the next input) and calls `handle(now, Input::Tick)`.
-    pub fn poll_timeout(&self) -> Option<(Millis, SessionId, Timer)> {
+    /// The task with this id.
+    pub fn task(&self, id: &str) -> Option<&TaskRecord> {
+        self.tasks.get(id)
+    }
+
+    /// Every task, in id order.
+    pub fn tasks(&self) -> impl Iterator<Item = &TaskRecord> {
+        self.tasks.all()
+    }
+
+    /// Tasks not yet terminal, or whose process still runs.
+    pub fn live_tasks(&self) -> usize {
+        self.tasks.live()
+    }
+
+    /// Every campaign.
+    pub fn campaigns(&self) -> &Campaigns {
+        &self.campaigns
+    }
+
+    /// The earliest deadline of anything the daemon schedules — every session's timers,
+    /// every task's timeout and TERM → KILL: when, and why. The shell sleeps until then (or
+    /// the next input) and calls `handle(now, Input::Tick)`. Ties go to sessions, then to the
+    /// smaller id.
+    pub fn poll_timeout(&self) -> Option<(Millis, Deadline)> {
         let mut best: Option<(Millis, &SessionId, Timer)> = None;
         for (id, s) in &self.sessions {
             if let Some((at, t)) = s.next_deadline() {
@@ -159,7 +234,16 @@ impl Engine {
                 }
             }
         }
-        best.map(|(at, id, t)| (at, id.clone(), t))
+        let session = best.map(|(at, id, t)| (at, Deadline::Session(id.clone(), t)));
+        let task = self
+            .tasks
+            .poll_timeout()
+            .map(|(at, id, t)| (at, Deadline::Task(id.clone(), t)));
+        match (session, task) {
+            (Some(s), Some(t)) if t.0 < s.0 => Some(t),
+            (Some(s), _) => Some(s),
+            (None, t) => t,
+        }
     }
 
     /// Makes every run id this engine hands out greater than `floor`: the runner may still
@@ -326,7 +410,36 @@ impl Engine {
                     s.flush(&mut cx);
                 }
             }
-            Input::Shutdown { graceful } => {
+            Input::Task(input) => self.tasks.handle(now, input, &mut cx.out),
+            Input::AddCampaign { req, id, root, how } => {
+                let result = self.campaigns.handle_add(&id, &root, how, now);
+                if let Ok((c, true)) = &result {
+                    cx.out.persist.push(Effect::Persist(Record::Campaign(c.clone())));
+                }
+                cx.out.rest.push(Effect::ReplyAddCampaign { req, result });
+            }
+            Input::RemoveCampaign { req, key } => {
+                let sessions = &self.sessions;
+                let result = self.campaigns.handle_remove(&key, |campaign| {
+                    sessions
+                        .values()
+                        .filter(|s| {
+                            s.record.config.campaign_id == campaign && !s.status().is_terminal()
+                        })
+                        .count()
+                });
+                if let Ok(Some(c)) = &result {
+                    cx.out
+                        .persist
+                        .push(Effect::Persist(Record::RemoveCampaign(c.id.clone())));
+                }
+                cx.out.rest.push(Effect::ReplyRemoveCampaign {
+                    req,
+                    result: result.map(|c| c.is_some()),
+                });
+            }
+            Input::Shutdown { req, graceful } => {
+                let live = live_sessions(&self.sessions);
                 self.shutting_down = true;
                 for s in self.sessions.values_mut() {
                     if !s.status().is_terminal() {
@@ -334,6 +447,8 @@ impl Engine {
                         s.flush(&mut cx);
                     }
                 }
+                self.tasks.handle_shutdown(now, &mut cx.out);
+                cx.out.rest.push(Effect::ReplyShutdown { req, live });
             }
             Input::Tick => {
                 // Fire every due deadline, earliest first; a fired timer may set new ones
@@ -348,6 +463,7 @@ impl Engine {
                     }
                     s.flush(&mut cx);
                 }
+                self.tasks.handle_tick(now, &mut cx.out);
             }
         }
         cx.out.into_effects()

@@ -8,7 +8,10 @@
 //! - [`session::table`]: which (status, input) pairs are legal — the transition table.
 //! - [`session::machine`]: one session's machine (turns, stops, restarts, budget, timeouts,
 //!   the provider process from spawn to reap).
-//! - [`Engine`]: all sessions of a daemon; the next deadline ([`Engine::poll_timeout`]).
+//! - [`Engine`]: the daemon's one engine — its sessions, Aria tasks and campaigns, one
+//!   [`Input`] enum in, one [`Effect`] enum out; the next deadline and why
+//!   ([`Engine::poll_timeout`]).
+//! - [`task`]: Aria tasks, a part of the engine.
 //! - [`approval`]: what an agent may do without asking, and requests that wait for a human.
 //! - [`campaign`]: campaigns and the rules for adding and removing them.
 //! - [`grid`]: the one Markdown renderer of the transition tables.
@@ -32,7 +35,7 @@ pub mod task;
 pub use approval::{
     Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
 };
-pub use engine::{Engine, Limits};
+pub use engine::{Deadline, Engine, Limits, Stored, Surviving};
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;
 pub use session::effect::{Effect, Record, Signal, SpawnSpec};

@@ -1,16 +1,20 @@
 //! Aria tasks: a command run to completion, PENDING → RUNNING → COMPLETED / FAILED /
 //! CANCELLED / TIMEOUT.
 //!
-//! The same shape as the session machine: [`Tasks::handle`] takes the time and one
-//! [`TaskInput`], returns [`TaskEffect`]s with every `Persist*` first (the drain rule), and
-//! [`Tasks::poll_timeout`] names the next deadline (a task's timeout, or the TERM → KILL
+//! One part of the daemon's engine ([`crate::Engine`] owns the [`Tasks`] and feeds them
+//! [`Input::Task`](crate::Input::Task), the shutdown and the ticks): its effects are the
+//! engine's one [`Effect`] enum (`Persist(Record::Task…)` first: the drain rule), and
+//! [`Tasks::poll_timeout`] names its next deadline (a task's timeout, or the TERM → KILL
 //! escalation of a cancel). Output kept per task is bounded here, once, with a marker line.
+//! What happens to tasks found running at start-up is decided here too ([`Tasks::restore`]).
 
 use std::collections::BTreeMap;
 
 use crate::error::{Error, ErrorCode};
 use crate::model::{Millis, RequestId};
 use crate::process::Signal;
+use crate::session::effect::{Effect, Record};
+use crate::session::machine::Out;
 
 /// An Aria task status; the numbering is the `aria.v1.TaskStatus` wire enum's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -126,7 +130,7 @@ pub struct TaskStatusEvent {
     pub at: Millis,
 }
 
-/// Inputs.
+/// What a client asks of the tasks, or what a task's process did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaskInput {
     Launch {
@@ -155,34 +159,6 @@ pub enum TaskInput {
         id: String,
         code: Option<i32>,
         signal: Option<i32>,
-    },
-    /// The daemon is shutting down: cancel every task not yet terminal (answered to nobody,
-    /// [`crate::NO_REPLY`]).
-    Shutdown,
-    Tick,
-}
-
-/// Effects; `Persist*` come first in every batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskEffect {
-    Persist(TaskRecord),
-    PersistOutput(TaskOutput),
-    Spawn {
-        id: String,
-        spec: TaskSpec,
-    },
-    /// TERM (then, after the grace, KILL) to the task's process group.
-    Signal {
-        id: String,
-        pid: u32,
-        signal: Signal,
-    },
-    EmitStatus(TaskStatusEvent),
-    EmitOutput(TaskOutput),
-    /// Answer to Launch (the record) or Cancel (whether a cancellation was initiated).
-    Reply {
-        req: RequestId,
-        result: Result<TaskReply, Error>,
     },
 }
 
@@ -230,7 +206,7 @@ struct Task {
 }
 
 /// Which deadline is next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TaskTimer {
     Timeout,
     Kill,
@@ -241,13 +217,6 @@ pub enum TaskTimer {
 pub struct Tasks {
     tasks: BTreeMap<String, Task>,
     limits: TaskLimits,
-    now: Millis,
-}
-
-#[derive(Default)]
-struct Out {
-    persist: Vec<TaskEffect>,
-    rest: Vec<TaskEffect>,
 }
 
 impl Tasks {
@@ -255,32 +224,40 @@ impl Tasks {
         Tasks {
             tasks: BTreeMap::new(),
             limits,
-            now: 0,
         }
     }
 
-    /// Rebuilds from the store. A task that was PENDING or RUNNING when the daemon died lost
-    /// its process with it: FAILED.
-    pub fn restore(
+    /// Rebuilds from the store at daemon start-up, and decides what becomes of the task
+    /// processes the previous daemon left running (`surviving`: task id → pid, as the runner
+    /// lists its live task runs). A task's output is not kept across a daemon's death (there is
+    /// no cursor for it), so no task is adopted: one that was PENDING or RUNNING is FAILED,
+    /// and every surviving task process — its task's or one no record names as running — is
+    /// killed rather than left running unowned.
+    pub(crate) fn restore(
         limits: TaskLimits,
         now: Millis,
         records: impl IntoIterator<Item = TaskRecord>,
-    ) -> (Self, Vec<TaskEffect>) {
+        surviving: &BTreeMap<String, Option<u32>>,
+        out: &mut Out,
+    ) -> Self {
         let mut t = Tasks::new(limits);
-        t.now = now;
-        let mut out = Out::default();
         for mut record in records {
             if !record.status.is_terminal() {
+                let why = if surviving.contains_key(&record.id) {
+                    "the daemon restarted while the task ran; its process was killed"
+                } else {
+                    "the daemon restarted while the task ran; its process was lost"
+                };
                 record.status = TaskStatus::Failed;
                 record.completed_at = Some(now);
                 record.pid = None;
-                record.error_message =
-                    Some("the daemon restarted while the task ran; its process was lost".into());
-                out.persist.push(TaskEffect::Persist(record.clone()));
-                out.rest.push(TaskEffect::EmitStatus(TaskStatusEvent {
+                record.error_message = Some(why.into());
+                out.persist
+                    .push(Effect::Persist(Record::Task(Box::new(record.clone()))));
+                out.rest.push(Effect::EmitTaskStatus(TaskStatusEvent {
                     task: record.id.clone(),
                     status: record.status,
-                    message: record.error_message.clone().unwrap_or_default(),
+                    message: why.into(),
                     exit_code: None,
                     at: now,
                 }));
@@ -297,8 +274,17 @@ impl Tasks {
                 },
             );
         }
-        out.persist.append(&mut out.rest);
-        (t, out.persist)
+        for (id, pid) in surviving {
+            out.rest.push(Effect::SignalTask {
+                id: id.clone(),
+                pid: *pid,
+                signal: Signal::Kill,
+            });
+        }
+        for task in t.tasks.values() {
+            task.assert_invariants(&t.limits);
+        }
+        t
     }
 
     pub fn get(&self, id: &str) -> Option<&TaskRecord> {
@@ -317,7 +303,7 @@ impl Tasks {
     }
 
     /// The earliest deadline: when, which task, why.
-    pub fn poll_timeout(&self) -> Option<(Millis, String, TaskTimer)> {
+    pub fn poll_timeout(&self) -> Option<(Millis, &String, TaskTimer)> {
         let mut best: Option<(Millis, &String, TaskTimer)> = None;
         for (id, t) in &self.tasks {
             for (at, why) in [
@@ -331,26 +317,14 @@ impl Tasks {
                 }
             }
         }
-        best.map(|(at, id, why)| (at, id.clone(), why))
+        best
     }
 
-    pub fn handle(&mut self, now: Millis, input: TaskInput) -> Vec<TaskEffect> {
-        self.now = self.now.max(now);
-        let now = self.now;
-        let mut out = Out::default();
+    /// One task input at `now` (the engine's time, which never goes backwards).
+    pub(crate) fn handle(&mut self, now: Millis, input: TaskInput, out: &mut Out) {
         match input {
-            TaskInput::Launch { req, id, spec } => self.launch(now, req, id, spec, &mut out),
-            TaskInput::Cancel { req, id } => self.cancel(now, req, &id, &mut out),
-            TaskInput::Shutdown => {
-                let live: Vec<String> = self
-                    .all()
-                    .filter(|t| !t.status.is_terminal())
-                    .map(|t| t.id.clone())
-                    .collect();
-                for id in live {
-                    self.cancel(now, crate::NO_REPLY, &id, &mut out);
-                }
-            }
+            TaskInput::Launch { req, id, spec } => self.launch(now, req, id, spec, out),
+            TaskInput::Cancel { req, id } => self.cancel(now, req, &id, out),
             TaskInput::Started { id, pid } => {
                 if let Some(t) = self.tasks.get_mut(&id) {
                     if t.record.status == TaskStatus::Pending {
@@ -359,10 +333,10 @@ impl Tasks {
                         t.record.started_at = Some(now);
                         t.timeout_at = (t.record.spec.timeout_ms > 0)
                             .then(|| now.saturating_add(t.record.spec.timeout_ms));
-                        set_status(t, TaskStatus::Running, "running", now, &mut out);
+                        set_status(t, TaskStatus::Running, "running", now, out);
                         if t.ending != Ending::None {
                             // Cancelled while it was being spawned.
-                            terminate(t, now, self.limits.kill_grace_ms, &mut out);
+                            terminate(t, now, self.limits.kill_grace_ms, out);
                         }
                     }
                 }
@@ -373,7 +347,7 @@ impl Tasks {
                         t.record.error_message = Some(format!("could not start: {reason}"));
                         t.record.completed_at = Some(now);
                         let msg = t.record.error_message.clone().unwrap_or_default();
-                        set_status(t, TaskStatus::Failed, &msg, now, &mut out);
+                        set_status(t, TaskStatus::Failed, &msg, now, out);
                     }
                 }
             }
@@ -381,43 +355,62 @@ impl Tasks {
                 let max = self.limits.max_output_bytes;
                 if let Some(t) = self.tasks.get_mut(&id) {
                     if t.record.status == TaskStatus::Running {
-                        output(t, kind, max, now, &mut out);
+                        output(t, kind, max, now, out);
                     }
                 }
             }
             TaskInput::Exited { id, code, signal } => {
                 if let Some(t) = self.tasks.get_mut(&id) {
-                    exited(t, code, signal, now, &mut out);
-                }
-            }
-            TaskInput::Tick => {
-                let grace = self.limits.kill_grace_ms;
-                for t in self.tasks.values_mut() {
-                    if t.timeout_at.is_some_and(|at| at <= now) {
-                        t.timeout_at = None;
-                        if t.record.status == TaskStatus::Running && t.ending == Ending::None {
-                            t.ending = Ending::Timeout;
-                            terminate(t, now, grace, &mut out);
-                        }
-                    }
-                    if t.kill_at.is_some_and(|at| at <= now) {
-                        t.kill_at = None;
-                        if let (true, Some(pid)) = (t.alive, t.record.pid) {
-                            out.rest.push(TaskEffect::Signal {
-                                id: t.record.id.clone(),
-                                pid,
-                                signal: Signal::Kill,
-                            });
-                        }
-                    }
+                    exited(t, code, signal, now, out);
                 }
             }
         }
+        self.assert_invariants();
+    }
+
+    /// The daemon is shutting down: cancel every task not yet terminal (answered to nobody,
+    /// [`crate::NO_REPLY`]).
+    pub(crate) fn handle_shutdown(&mut self, now: Millis, out: &mut Out) {
+        let live: Vec<String> = self
+            .all()
+            .filter(|t| !t.status.is_terminal())
+            .map(|t| t.id.clone())
+            .collect();
+        for id in live {
+            self.cancel(now, crate::NO_REPLY, &id, out);
+        }
+        self.assert_invariants();
+    }
+
+    /// Time passed: fire every task deadline at or before `now`.
+    pub(crate) fn handle_tick(&mut self, now: Millis, out: &mut Out) {
+        let grace = self.limits.kill_grace_ms;
+        for t in self.tasks.values_mut() {
+            if t.timeout_at.is_some_and(|at| at <= now) {
+                t.timeout_at = None;
+                if t.record.status == TaskStatus::Running && t.ending == Ending::None {
+                    t.ending = Ending::Timeout;
+                    terminate(t, now, grace, out);
+                }
+            }
+            if t.kill_at.is_some_and(|at| at <= now) {
+                t.kill_at = None;
+                if let (true, Some(pid)) = (t.alive, t.record.pid) {
+                    out.rest.push(Effect::SignalTask {
+                        id: t.record.id.clone(),
+                        pid: Some(pid),
+                        signal: Signal::Kill,
+                    });
+                }
+            }
+        }
+        self.assert_invariants();
+    }
+
+    fn assert_invariants(&self) {
         for t in self.tasks.values() {
             t.assert_invariants(&self.limits);
         }
-        out.persist.append(&mut out.rest);
-        out.persist
     }
 
     fn launch(&mut self, now: Millis, req: RequestId, id: String, spec: TaskSpec, out: &mut Out) {
@@ -434,7 +427,7 @@ impl Tasks {
             None
         };
         if let Some(msg) = refuse {
-            out.rest.push(TaskEffect::Reply {
+            out.rest.push(Effect::ReplyTask {
                 req,
                 result: Err(Error::new(ErrorCode::Generic, msg)),
             });
@@ -456,19 +449,20 @@ impl Tasks {
             last_output_seq: 0,
             truncated: false,
         };
-        out.persist.push(TaskEffect::Persist(record.clone()));
-        out.rest.push(TaskEffect::EmitStatus(TaskStatusEvent {
+        out.persist
+            .push(Effect::Persist(Record::Task(Box::new(record.clone()))));
+        out.rest.push(Effect::EmitTaskStatus(TaskStatusEvent {
             task: id.clone(),
             status: TaskStatus::Pending,
             message: "launched".into(),
             exit_code: None,
             at: now,
         }));
-        out.rest.push(TaskEffect::Spawn {
+        out.rest.push(Effect::SpawnTask {
             id: id.clone(),
             spec,
         });
-        out.rest.push(TaskEffect::Reply {
+        out.rest.push(Effect::ReplyTask {
             req,
             result: Ok(TaskReply::Launched(id.clone())),
         });
@@ -487,7 +481,7 @@ impl Tasks {
     fn cancel(&mut self, now: Millis, req: RequestId, id: &str, out: &mut Out) {
         let grace = self.limits.kill_grace_ms;
         let Some(t) = self.tasks.get_mut(id) else {
-            out.rest.push(TaskEffect::Reply {
+            out.rest.push(Effect::ReplyTask {
                 req,
                 result: Err(Error::new(
                     ErrorCode::Generic,
@@ -502,7 +496,7 @@ impl Tasks {
             t.timeout_at = None;
             terminate(t, now, grace, out);
         }
-        out.rest.push(TaskEffect::Reply {
+        out.rest.push(Effect::ReplyTask {
             req,
             result: Ok(TaskReply::Cancel { initiated }),
         });
@@ -511,8 +505,9 @@ impl Tasks {
 
 fn set_status(t: &mut Task, status: TaskStatus, message: &str, now: Millis, out: &mut Out) {
     t.record.status = status;
-    out.persist.push(TaskEffect::Persist(t.record.clone()));
-    out.rest.push(TaskEffect::EmitStatus(TaskStatusEvent {
+    out.persist
+        .push(Effect::Persist(Record::Task(Box::new(t.record.clone()))));
+    out.rest.push(Effect::EmitTaskStatus(TaskStatusEvent {
         task: t.record.id.clone(),
         status,
         message: message.to_string(),
@@ -525,9 +520,9 @@ fn terminate(t: &mut Task, now: Millis, grace: u64, out: &mut Out) {
     if let (true, Some(pid)) = (t.alive, t.record.pid) {
         if t.kill_at.is_none() {
             t.kill_at = Some(crate::process::kill_deadline(now, grace));
-            out.rest.push(TaskEffect::Signal {
+            out.rest.push(Effect::SignalTask {
                 id: t.record.id.clone(),
-                pid,
+                pid: Some(pid),
                 signal: Signal::Term,
             });
         }
@@ -566,9 +561,11 @@ fn output(t: &mut Task, kind: OutputKind, max: u64, now: Millis, out: &mut Out) 
         kind,
         at: now,
     };
-    out.persist.push(TaskEffect::PersistOutput(o.clone()));
-    out.persist.push(TaskEffect::Persist(t.record.clone()));
-    out.rest.push(TaskEffect::EmitOutput(o));
+    out.persist
+        .push(Effect::Persist(Record::TaskOutput(o.clone())));
+    out.persist
+        .push(Effect::Persist(Record::Task(Box::new(t.record.clone()))));
+    out.rest.push(Effect::EmitTaskOutput(o));
 }
 
 impl Task {
@@ -641,6 +638,7 @@ fn exited(t: &mut Task, code: Option<i32>, signal: Option<i32>, now: Millis, out
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Deadline, Engine, Input, Limits, Stored, Surviving};
 
     fn spec() -> TaskSpec {
         TaskSpec {
@@ -650,59 +648,81 @@ mod tests {
         }
     }
 
-    fn limits() -> TaskLimits {
-        TaskLimits {
-            max_output_bytes: 10,
-            kill_grace_ms: 1_000,
-            max_live_tasks: 2,
+    fn limits() -> Limits {
+        Limits {
+            tasks: TaskLimits {
+                max_output_bytes: 10,
+                kill_grace_ms: 1_000,
+                max_live_tasks: 2,
+            },
+            ..Limits::default()
         }
     }
 
-    fn launch(t: &mut Tasks, id: &str) -> Vec<TaskEffect> {
-        t.handle(
-            0,
-            TaskInput::Launch {
-                req: 1,
-                id: id.into(),
-                spec: spec(),
-            },
-        )
+    /// The engine, fed task inputs only.
+    struct T(Engine);
+
+    impl T {
+        fn new() -> Self {
+            T(Engine::new(limits()))
+        }
+        fn at(&mut self, now: Millis, input: TaskInput) -> Vec<Effect> {
+            self.0.handle(now, Input::Task(input))
+        }
+        fn started(&mut self, now: Millis, id: &str, pid: u32) -> Vec<Effect> {
+            self.at(now, TaskInput::Started { id: id.into(), pid })
+        }
+        fn exited(&mut self, now: Millis, id: &str, code: Option<i32>, signal: Option<i32>) {
+            self.at(
+                now,
+                TaskInput::Exited {
+                    id: id.into(),
+                    code,
+                    signal,
+                },
+            );
+        }
+        fn launch(&mut self, id: &str) -> Vec<Effect> {
+            self.at(
+                0,
+                TaskInput::Launch {
+                    req: 1,
+                    id: id.into(),
+                    spec: spec(),
+                },
+            )
+        }
+        fn status(&self, id: &str) -> TaskStatus {
+            self.0.task(id).unwrap().status
+        }
     }
 
-    fn status(t: &Tasks, id: &str) -> TaskStatus {
-        t.get(id).unwrap().status
+    fn signal(id: &str, pid: u32, signal: Signal) -> Effect {
+        Effect::SignalTask {
+            id: id.into(),
+            pid: Some(pid),
+            signal,
+        }
     }
 
     #[test]
     fn a_task_runs_to_completion() {
-        let mut t = Tasks::new(limits());
-        let fx = launch(&mut t, "a");
-        assert!(matches!(fx[0], TaskEffect::Persist(_)));
-        assert!(fx.iter().any(|e| matches!(e, TaskEffect::Spawn { .. })));
-        t.handle(
-            1,
-            TaskInput::Started {
-                id: "a".into(),
-                pid: 5,
-            },
-        );
-        assert_eq!(status(&t, "a"), TaskStatus::Running);
-        t.handle(
+        let mut t = T::new();
+        let fx = t.launch("a");
+        assert!(matches!(fx[0], Effect::Persist(Record::Task(_))));
+        assert!(fx.iter().any(|e| matches!(e, Effect::SpawnTask { .. })));
+        t.started(1, "a", 5);
+        assert_eq!(t.status("a"), TaskStatus::Running);
+        let fx = t.at(
             2,
             TaskInput::Output {
                 id: "a".into(),
                 kind: OutputKind::Stdout("hi".into()),
             },
         );
-        t.handle(
-            3,
-            TaskInput::Exited {
-                id: "a".into(),
-                code: Some(0),
-                signal: None,
-            },
-        );
-        let r = t.get("a").unwrap();
+        assert!(matches!(fx[0], Effect::Persist(Record::TaskOutput(_))));
+        t.exited(3, "a", Some(0), None);
+        let r = t.0.task("a").unwrap();
         assert_eq!(
             (r.status, r.exit_code, r.completed_at),
             (TaskStatus::Completed, Some(0), Some(3))
@@ -712,35 +732,23 @@ mod tests {
 
     #[test]
     fn non_zero_exit_fails_and_spawn_failure_fails() {
-        let mut t = Tasks::new(limits());
-        launch(&mut t, "a");
-        t.handle(
-            1,
-            TaskInput::Started {
-                id: "a".into(),
-                pid: 5,
-            },
-        );
-        t.handle(
-            2,
-            TaskInput::Exited {
-                id: "a".into(),
-                code: Some(3),
-                signal: None,
-            },
-        );
-        assert_eq!(status(&t, "a"), TaskStatus::Failed);
-        launch(&mut t, "b");
-        t.handle(
+        let mut t = T::new();
+        t.launch("a");
+        t.started(1, "a", 5);
+        t.exited(2, "a", Some(3), None);
+        assert_eq!(t.status("a"), TaskStatus::Failed);
+        t.launch("b");
+        t.at(
             1,
             TaskInput::SpawnFailed {
                 id: "b".into(),
                 reason: "nope".into(),
             },
         );
-        assert_eq!(status(&t, "b"), TaskStatus::Failed);
+        assert_eq!(t.status("b"), TaskStatus::Failed);
         assert!(t
-            .get("b")
+            .0
+            .task("b")
             .unwrap()
             .error_message
             .as_ref()
@@ -750,141 +758,86 @@ mod tests {
 
     #[test]
     fn a_shutdown_cancels_every_live_task() {
-        let mut t = Tasks::new(limits());
-        launch(&mut t, "a");
-        launch(&mut t, "b");
-        t.handle(
-            1,
-            TaskInput::Started {
-                id: "a".into(),
-                pid: 5,
+        let mut t = T::new();
+        t.launch("a");
+        t.launch("b");
+        t.started(1, "a", 5);
+        let fx = t.0.handle(
+            2,
+            Input::Shutdown {
+                req: 7,
+                graceful: true,
             },
         );
-        let fx = t.handle(2, TaskInput::Shutdown);
-        assert!(fx.contains(&TaskEffect::Signal {
-            id: "a".into(),
-            pid: 5,
-            signal: Signal::Term
-        }));
+        assert!(fx.contains(&signal("a", 5, Signal::Term)));
+        assert!(fx.contains(&Effect::ReplyShutdown { req: 7, live: 0 }));
         // Still being spawned: ended as soon as it has started.
-        let fx = t.handle(
-            3,
-            TaskInput::Started {
-                id: "b".into(),
-                pid: 6,
-            },
-        );
-        assert!(fx.contains(&TaskEffect::Signal {
-            id: "b".into(),
-            pid: 6,
-            signal: Signal::Term
-        }));
+        let fx = t.started(3, "b", 6);
+        assert!(fx.contains(&signal("b", 6, Signal::Term)));
     }
 
     #[test]
     fn timeout_terminates_then_kills() {
-        let mut t = Tasks::new(limits());
-        launch(&mut t, "a");
-        t.handle(
-            1,
-            TaskInput::Started {
-                id: "a".into(),
-                pid: 5,
-            },
+        let mut t = T::new();
+        t.launch("a");
+        t.started(1, "a", 5);
+        let (at, why) = t.0.poll_timeout().unwrap();
+        assert_eq!(
+            (at, why),
+            (5_001, Deadline::Task("a".into(), TaskTimer::Timeout))
         );
-        let (at, _, why) = t.poll_timeout().unwrap();
-        assert_eq!((at, why), (5_001, TaskTimer::Timeout));
-        let fx = t.handle(at, TaskInput::Tick);
-        assert!(fx.contains(&TaskEffect::Signal {
-            id: "a".into(),
-            pid: 5,
-            signal: Signal::Term
-        }));
-        let (at, _, why) = t.poll_timeout().unwrap();
-        assert_eq!(why, TaskTimer::Kill);
-        let fx = t.handle(at, TaskInput::Tick);
-        assert!(fx.contains(&TaskEffect::Signal {
-            id: "a".into(),
-            pid: 5,
-            signal: Signal::Kill
-        }));
-        t.handle(
-            at + 1,
-            TaskInput::Exited {
-                id: "a".into(),
-                code: None,
-                signal: Some(9),
-            },
+        let fx = t.0.handle(at, Input::Tick);
+        assert!(fx.contains(&signal("a", 5, Signal::Term)));
+        let (at, why) = t.0.poll_timeout().unwrap();
+        assert_eq!(
+            (at, why),
+            (6_001, Deadline::Task("a".into(), TaskTimer::Kill))
         );
-        assert_eq!(status(&t, "a"), TaskStatus::Timeout);
-        assert!(t.poll_timeout().is_none());
+        let fx = t.0.handle(at, Input::Tick);
+        assert!(fx.contains(&signal("a", 5, Signal::Kill)));
+        t.exited(at + 1, "a", None, Some(9));
+        assert_eq!(t.status("a"), TaskStatus::Timeout);
+        assert!(t.0.poll_timeout().is_none());
     }
 
     #[test]
     fn cancel_once_then_not_again() {
-        let mut t = Tasks::new(limits());
-        launch(&mut t, "a");
-        t.handle(
-            1,
-            TaskInput::Started {
-                id: "a".into(),
-                pid: 5,
-            },
-        );
-        let fx = t.handle(
-            2,
-            TaskInput::Cancel {
-                req: 9,
-                id: "a".into(),
-            },
-        );
-        assert!(fx.contains(&TaskEffect::Reply {
+        let mut t = T::new();
+        t.launch("a");
+        t.started(1, "a", 5);
+        let cancel = |req| TaskInput::Cancel {
+            req,
+            id: "a".into(),
+        };
+        let fx = t.at(2, cancel(9));
+        assert!(fx.contains(&Effect::ReplyTask {
             req: 9,
             result: Ok(TaskReply::Cancel { initiated: true })
         }));
-        let fx = t.handle(
-            2,
-            TaskInput::Cancel {
-                req: 10,
-                id: "a".into(),
-            },
-        );
-        assert!(fx.contains(&TaskEffect::Reply {
+        let fx = t.at(2, cancel(10));
+        assert!(fx.contains(&Effect::ReplyTask {
             req: 10,
             result: Ok(TaskReply::Cancel { initiated: false })
         }));
-        t.handle(
-            3,
-            TaskInput::Exited {
-                id: "a".into(),
-                code: None,
-                signal: Some(15),
-            },
-        );
-        assert_eq!(status(&t, "a"), TaskStatus::Cancelled);
+        t.exited(3, "a", None, Some(15));
+        assert_eq!(t.status("a"), TaskStatus::Cancelled);
     }
 
     #[test]
     fn output_is_bounded_with_one_marker() {
-        let mut t = Tasks::new(limits());
-        launch(&mut t, "a");
-        t.handle(
-            1,
-            TaskInput::Started {
-                id: "a".into(),
-                pid: 5,
-            },
-        );
+        let mut t = T::new();
+        t.launch("a");
+        t.started(1, "a", 5);
         let mut kept = Vec::new();
         for line in ["12345", "1234", "x", "y"] {
-            for e in t.handle(
+            for e in t.at(
                 2,
                 TaskInput::Output {
                     id: "a".into(),
                     kind: OutputKind::Stdout(line.into()),
                 },
             ) {
-                if let TaskEffect::EmitOutput(o) = e {
+                if let Effect::EmitTaskOutput(o) = e {
                     kept.push(o.kind);
                 }
             }
@@ -892,16 +845,89 @@ mod tests {
         // "12345\n" fits in 10 bytes; "1234\n" would not: one marker, then nothing.
         assert_eq!(kept.len(), 2);
         assert!(matches!(&kept[1], OutputKind::Stderr(m) if m.contains("truncated")));
-        assert!(t.get("a").unwrap().truncated);
+        assert!(t.0.task("a").unwrap().truncated);
     }
 
+    /// Start-up: what ran is FAILED (its process lost, or killed if the runner still has
+    /// it), and every task process the runner still runs is killed, its task's or not.
     #[test]
-    fn restore_fails_what_was_running() {
-        let mut t = Tasks::new(limits());
-        launch(&mut t, "a");
-        let rec = t.get("a").unwrap().clone();
-        let (t2, fx) = Tasks::restore(limits(), 10, vec![rec]);
-        assert_eq!(t2.get("a").unwrap().status, TaskStatus::Failed);
-        assert!(matches!(fx[0], TaskEffect::Persist(_)));
+    fn restore_fails_what_ran_and_kills_what_survived() {
+        let mut t = T::new();
+        t.launch("lost");
+        t.launch("kept");
+        let done = {
+            let mut d = t.0.task("lost").unwrap().clone();
+            d.id = "done".into();
+            d.status = TaskStatus::Completed;
+            d.completed_at = Some(0);
+            d
+        };
+        let stored = Stored {
+            tasks: vec![
+                t.0.task("lost").unwrap().clone(),
+                t.0.task("kept").unwrap().clone(),
+                done,
+            ],
+            ..Stored::default()
+        };
+        let surviving = Surviving {
+            tasks: [("kept".to_string(), Some(41)), ("done".to_string(), None)]
+                .into_iter()
+                .collect(),
+            ..Surviving::default()
+        };
+        let (e, fx) = Engine::restore(limits(), 10, stored, &surviving);
+        for id in ["lost", "kept"] {
+            let r = e.task(id).unwrap();
+            assert_eq!(
+                (r.status, r.completed_at, r.pid),
+                (TaskStatus::Failed, Some(10), None)
+            );
+        }
+        assert!(e
+            .task("kept")
+            .unwrap()
+            .error_message
+            .as_ref()
+            .unwrap()
+            .contains("killed"));
+        assert!(e
+            .task("lost")
+            .unwrap()
+            .error_message
+            .as_ref()
+            .unwrap()
+            .contains("lost"));
+        assert_eq!(e.task("done").unwrap().status, TaskStatus::Completed);
+        assert_eq!(e.live_tasks(), 0);
+        let persisted: Vec<&str> = fx
+            .iter()
+            .filter_map(|x| match x {
+                Effect::Persist(Record::Task(r)) => Some(r.id.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(persisted, ["lost", "kept"]);
+        let kills: Vec<&Effect> = fx
+            .iter()
+            .filter(|x| matches!(x, Effect::SignalTask { .. }))
+            .collect();
+        assert_eq!(
+            kills,
+            [
+                &Effect::SignalTask {
+                    id: "done".into(),
+                    pid: None,
+                    signal: Signal::Kill
+                },
+                &signal("kept", 41, Signal::Kill)
+            ]
+        );
+        let statuses = fx
+            .iter()
+            .filter(|x| matches!(x, Effect::EmitTaskStatus(_)))
+            .count();
+        assert_eq!(statuses, 2);
+        assert!(fx[..2].iter().all(Effect::is_persist));
     }
 }

@@ -8,6 +8,26 @@ use paddock_core::*;
 
 const T0: Millis = 1_000_000;
 
+/// The engine rebuilt from these stored sessions and requests, with these agents surviving.
+fn restore_with(
+    limits: Limits,
+    now: Millis,
+    sessions: impl IntoIterator<Item = SessionRecord>,
+    approvals: impl IntoIterator<Item = Approval>,
+    agents: &std::collections::BTreeMap<SessionId, (RunId, Option<u32>)>,
+) -> (Engine, Vec<Effect>) {
+    let stored = Stored {
+        sessions: sessions.into_iter().collect(),
+        approvals: approvals.into_iter().collect(),
+        ..Stored::default()
+    };
+    let surviving = Surviving {
+        agents: agents.clone(),
+        ..Surviving::default()
+    };
+    Engine::restore(limits, now, stored, &surviving)
+}
+
 fn sid() -> SessionId {
     SessionId::from("sess_1")
 }
@@ -258,7 +278,9 @@ fn a_permission_cannot_be_answered_with_text() {
 fn an_unanswered_request_expires_with_the_sessions_default() {
     let mut r = Rig::working("ask");
     r.ask("a1", AskKind::Permission, "Bash");
-    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+        panic!("a session deadline")
+    };
     assert_eq!(timer, Timer::ApprovalExpiry);
     r.now = at;
     let fx = r.engine.handle(at, Input::Tick);
@@ -337,7 +359,7 @@ fn an_open_request_survives_a_daemon_restart_when_the_agent_does() {
     // Adopted: still waiting, still answerable, and the answer goes to the same run.
     let mut surviving = BTreeMap::new();
     surviving.insert(sid(), (1, Some(42)));
-    let (mut engine, _) = Engine::restore_with(
+    let (mut engine, _) = restore_with(
         Limits::default(),
         r.now + 5,
         [record.clone()],
@@ -362,7 +384,7 @@ fn an_open_request_survives_a_daemon_restart_when_the_agent_does() {
     assert_eq!(engine.session(&sid()).unwrap().status(), Status::Working);
 
     // Not adopted (the agent is gone): FAILED, the request cancelled.
-    let (engine, fx) = Engine::restore_with(
+    let (engine, fx) = restore_with(
         Limits::default(),
         r.now + 5,
         [record],
@@ -424,7 +446,7 @@ fn an_adopted_agent_is_sent_its_answers_again_and_run_ids_stay_unique() {
     let record = r.engine.session(&sid()).unwrap().record.clone();
     let mut surviving = BTreeMap::new();
     surviving.insert(sid(), (1, Some(42)));
-    let (engine, fx) = Engine::restore_with(
+    let (engine, fx) = restore_with(
         Limits::default(),
         r.now + 5,
         [record.clone()],
@@ -441,7 +463,7 @@ fn an_adopted_agent_is_sent_its_answers_again_and_run_ids_stay_unique() {
     // A request's run id is never handed to another process, even when no record names it.
     let mut old = resolved;
     old.run = 40;
-    let (mut engine, _) = Engine::restore_with(
+    let (mut engine, _) = restore_with(
         Limits::default(),
         r.now + 5,
         [record],
@@ -502,7 +524,7 @@ fn expiry_allows_only_permissions_and_open_requests_are_bounded() {
     r.ask("p", AskKind::Permission, "Bash");
     r.ask("q", AskKind::Question, "AskUserQuestion");
     r.ask("c", AskKind::ClientTool, "run_tests");
-    let (at, _, _) = r.engine.poll_timeout().unwrap();
+    let (at, _) = r.engine.poll_timeout().unwrap();
     let fx = r.engine.handle(at + 10, Input::Tick);
     let told = answers(&fx);
     assert_eq!(told.len(), 3);

@@ -6,6 +6,26 @@ use paddock_core::*;
 
 const T0: Millis = 1_000_000;
 
+/// The engine rebuilt from these stored sessions and requests, with these agents surviving.
+fn restore_with(
+    limits: Limits,
+    now: Millis,
+    sessions: impl IntoIterator<Item = SessionRecord>,
+    approvals: impl IntoIterator<Item = Approval>,
+    agents: &std::collections::BTreeMap<SessionId, (RunId, Option<u32>)>,
+) -> (Engine, Vec<Effect>) {
+    let stored = Stored {
+        sessions: sessions.into_iter().collect(),
+        approvals: approvals.into_iter().collect(),
+        ..Stored::default()
+    };
+    let surviving = Surviving {
+        agents: agents.clone(),
+        ..Surviving::default()
+    };
+    Engine::restore(limits, now, stored, &surviving)
+}
+
 struct Rig {
     engine: Engine,
     now: Millis,
@@ -18,6 +38,7 @@ fn limits() -> Limits {
         kill_grace_ms: 1_000,
         startup_timeout_ms: 3_000,
         max_live_sessions: 2,
+        ..Limits::default()
     }
 }
 
@@ -287,7 +308,9 @@ fn the_session_timeout_fails_it_with_2014() {
     c.timeout_ms = 10_000;
     let mut r = Rig::running(c);
     r.send("hi");
-    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+        panic!("a session deadline")
+    };
     assert_eq!(timer, Timer::SessionTimeout);
     assert_eq!(at, T0 + 1 + 10_000);
     let fx = r.at(at - r.now, Input::Tick);
@@ -318,7 +341,9 @@ fn a_graceful_stop_that_waits_too_long_forces_and_answers_2021() {
     let mut r = Rig::running(config());
     r.send("hi");
     let (req, _) = r.stop(true);
-    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+        panic!("a session deadline")
+    };
     assert_eq!(timer, Timer::StopGrace);
     let fx = r.at(at - r.now, Input::Tick);
     let a = activities(&fx);
@@ -338,7 +363,9 @@ fn a_forced_stop_interrupts_and_escalates_to_kill() {
     assert_eq!(a[0].activity.kind(), ActivityKind::Error);
     assert!(a[0].ends_turn);
     assert_eq!(signals(&fx), vec![Signal::Term]);
-    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+        panic!("a session deadline")
+    };
     assert_eq!(timer, Timer::Kill);
     let fx = r.at(at - r.now, Input::Tick);
     assert_eq!(signals(&fx), vec![Signal::Kill]);
@@ -396,7 +423,9 @@ fn a_spawn_failure_is_2004() {
 fn a_provider_that_never_starts_times_out() {
     let mut r = Rig::new();
     let (req, _) = r.create(config());
-    let (at, _, timer) = r.engine.poll_timeout().unwrap();
+    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+        panic!("a session deadline")
+    };
     assert_eq!(timer, Timer::Startup);
     let fx = r.at(at - r.now, Input::Tick);
     assert_eq!(err_code(&fx, req), ErrorCode::CreationFailed);
@@ -492,8 +521,7 @@ fn restore_fails_what_was_active_with_2032() {
     let mut r = Rig::running(config());
     r.send("hi");
     let rec = r.record();
-    let (engine, fx) =
-        Engine::restore_with(limits(), T0 + 100, vec![rec], vec![], &Default::default());
+    let (engine, fx) = restore_with(limits(), T0 + 100, vec![rec], vec![], &Default::default());
     assert_drain_rule(&fx);
     let s = engine.session(&sid()).unwrap();
     assert_eq!(s.status(), Status::Failed);
@@ -519,7 +547,7 @@ fn restore_adopts_a_process_that_outlived_the_daemon() {
     assert_eq!((rec.run, rec.turn_open), (Some(1), true));
     let mut surviving = std::collections::BTreeMap::new();
     surviving.insert(sid(), (1, Some(42)));
-    let (mut engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
+    let (mut engine, fx) = restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
     assert!(
         statuses(&fx).is_empty(),
         "nothing changes for an adopted session"
@@ -582,7 +610,7 @@ fn restore_adopting_a_first_start_sends_the_initial_message() {
     assert_eq!((rec.status, rec.run), (Status::Starting, Some(1)));
     let mut surviving = std::collections::BTreeMap::new();
     surviving.insert(sid(), (1, Some(42)));
-    let (engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
+    let (engine, fx) = restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
     assert_eq!(
         statuses(&fx),
         vec![
@@ -609,7 +637,7 @@ fn restore_finishes_a_stop_the_old_daemon_began() {
     assert_eq!(rec.status, Status::Stopping);
     let mut surviving = std::collections::BTreeMap::new();
     surviving.insert(sid(), (1, Some(42)));
-    let (mut engine, fx) = Engine::restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
+    let (mut engine, fx) = restore_with(limits(), T0 + 100, vec![rec], vec![], &surviving);
     assert_eq!(signals(&fx), vec![Signal::Term]);
     assert!(activities(&fx)[0].ends_turn);
     engine.handle(
@@ -648,9 +676,20 @@ fn architecture_md_shows_the_current_transition_table() {
 fn a_shutdown_stops_every_live_session_and_refuses_creates() {
     let mut r = Rig::running(config());
     assert!(!r.engine.is_shutting_down());
-    let fx = r.at(1, Input::Shutdown { graceful: false });
+    let fx = r.at(
+        1,
+        Input::Shutdown {
+            req: 77,
+            graceful: false,
+        },
+    );
     assert_drain_rule(&fx);
     assert!(r.engine.is_shutting_down());
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::ReplyShutdown { req: 77, live: 1 }),
+        "answered with the number of sessions it stops"
+    );
     assert_eq!(
         statuses(&fx),
         vec![(Some(Status::Running), Status::Stopping)]

@@ -169,12 +169,12 @@ fn main() {
                 stop_grace_ms: stop_grace_secs * 1000,
                 kill_grace_ms: kill_grace_secs * 1000,
                 max_live_sessions: max_sessions,
+                tasks: paddock_core::task::TaskLimits {
+                    kill_grace_ms: kill_grace_secs * 1000,
+                    max_output_bytes: task_output_max_bytes,
+                    ..paddock_core::task::TaskLimits::default()
+                },
                 ..paddock_core::Limits::default()
-            };
-            let task_limits = paddock_core::task::TaskLimits {
-                kill_grace_ms: kill_grace_secs * 1000,
-                max_output_bytes: task_output_max_bytes,
-                ..paddock_core::task::TaskLimits::default()
             };
             let Some(aria_provider) = paddock_core::Provider::from_name(&aria_provider) else {
                 eprintln!("paddock daemon: unknown --aria-provider {aria_provider}");
@@ -187,7 +187,6 @@ fn main() {
                 socket,
                 data_dir,
                 limits,
-                task_limits,
                 aria_socket,
                 aria_workspace,
                 aria_provider,

@@ -17,7 +17,7 @@ use paddock_core::budget::timeout_deadline;
 use paddock_core::session::table::{InputKind, Rule};
 use paddock_core::{
     Approval, ApprovalId, Effect, Engine, ErrorCode, Input, Limits, Millis, ProviderEvent, Run,
-    RunId, SessionId, SessionRecord, Signal, Status, Step, Timer,
+    RunId, SessionId, SessionRecord, Signal, Status, Step, Stored, Surviving, Timer,
 };
 
 use crate::client::{Action, Client};
@@ -537,7 +537,7 @@ impl Sim {
         if let Some(n) = self.due() {
             return n;
         }
-        let deadline = self.engine.poll_timeout().map(|(at, _, _)| at);
+        let deadline = self.engine.poll_timeout().map(|(at, _)| at);
         let next = match (self.world.next_at(), deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -558,7 +558,7 @@ impl Sim {
         let tick_due = self
             .engine
             .poll_timeout()
-            .is_some_and(|(at, _, _)| at <= self.now);
+            .is_some_and(|(at, _)| at <= self.now);
         let line_due = self.world.next_at().is_some_and(|at| at <= self.now);
         let tick = match (tick_due, line_due) {
             (false, false) => {
@@ -635,7 +635,7 @@ impl Sim {
             if let Some(at) = self.world.next_at() {
                 until = until.min(at.max(self.now));
             }
-            if let Some((at, _, _)) = self.engine.poll_timeout() {
+            if let Some((at, _)) = self.engine.poll_timeout() {
                 until = until.min(at.max(self.now));
             }
             self.jump(until);
@@ -678,7 +678,7 @@ impl Sim {
         let due_before = self
             .engine
             .poll_timeout()
-            .is_some_and(|(at, _, _)| at <= self.now);
+            .is_some_and(|(at, _)| at <= self.now);
         let effects = self.engine.handle(self.now, input);
         let trace = self.take_trace();
         if tick && !due_before && !effects.is_empty() {
@@ -690,12 +690,11 @@ impl Sim {
         self.apply(&cause, &effects, tick)?;
         if tick {
             self.world.check_kills(self.now)?;
-            if let Some((at, id, t)) = self.engine.poll_timeout() {
+            if let Some((at, why)) = self.engine.poll_timeout() {
                 if at <= self.now {
                     return Err(format!(
-                        "a Tick at t+{} left a due deadline unfired: {} of {id} at t+{}",
+                        "a Tick at t+{} left a due deadline unfired: {why:?} at t+{}",
                         self.now - T0,
-                        t.reason(),
                         at - T0
                     ));
                 }
@@ -887,17 +886,24 @@ impl Sim {
         let records = self.store.records();
         // A runner that died took everything with it: a cold start, nothing to adopt. One
         // that survived is asked what it still runs, and the run ids it remembers are
-        // reserved. The engine avoids the ids the records name by itself (`restore_with`); the
+        // reserved. The engine avoids the ids the records name by itself (`restore`); the
         // floor reserves the others (runs no record names any more), so each guarantee is
         // tested on its own. (Either way the stored requests are loaded: those of sessions
         // whose process is gone are cancelled.)
+        let stored = || Stored {
+            sessions: records.clone(),
+            approvals: loaded.clone(),
+            ..Stored::default()
+        };
         let (mut engine, effects) = if survives {
-            let (mut engine, effects) = Engine::restore_with(
+            let (mut engine, effects) = Engine::restore(
                 self.limits.clone(),
                 self.now,
-                records.clone(),
-                loaded.clone(),
-                &surviving,
+                stored(),
+                &Surviving {
+                    agents: surviving,
+                    ..Surviving::default()
+                },
             );
             let named: BTreeSet<RunId> = records.iter().filter_map(|r| r.run).collect();
             if let Some(floor) = self.world.max_known_run_except(&named) {
@@ -905,12 +911,11 @@ impl Sim {
             }
             (engine, effects)
         } else {
-            Engine::restore_with(
+            Engine::restore(
                 self.limits.clone(),
                 self.now,
-                records.clone(),
-                loaded.clone(),
-                &BTreeMap::new(),
+                stored(),
+                &Surviving::default(),
             )
         };
         engine.set_trace(true);
@@ -1272,10 +1277,8 @@ impl Sim {
         if !self.world.is_empty() {
             return Err("drain: provider processes are still running".to_string());
         }
-        if let Some((_, id, t)) = self.engine.poll_timeout() {
-            return Err(format!(
-                "drain: a deadline outlived everything: {t:?} of {id}"
-            ));
+        if let Some((_, why)) = self.engine.poll_timeout() {
+            return Err(format!("drain: a deadline outlived everything: {why:?}"));
         }
         Ok(())
     }

@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Approval, ApprovalId, ApprovalSettings, ApprovalState,
-    AskKind, Decision, Effect, Engine, Error, ErrorCode, Input, Limits, Millis, Record, RequestId,
-    Run, RunId, SessionConfig, SessionId, SessionRecord, Signal, SpawnSpec, Status, StatusEvent,
-    Timer,
+    AskKind, Deadline, Decision, Effect, Engine, Error, ErrorCode, Input, Limits, Millis, Record,
+    RequestId, Run, RunId, SessionConfig, SessionId, SessionRecord, Signal, SpawnSpec, Status,
+    StatusEvent, Timer,
 };
 
 use crate::world::Store;
@@ -407,9 +407,13 @@ impl Model {
             ),
             Input::Restart { req, id, .. } => (*req, id, ReqKind::Restart),
             Input::Delete { req, id } => (*req, id, ReqKind::Delete),
-            // The driver never sends Shutdown (the sweep does not cover shutdown yet).
+            // The driver never sends Shutdown, tasks or campaigns (the sweep does not cover
+            // them yet).
             Input::Resolve { .. }
             | Input::Provider { .. }
+            | Input::Task(_)
+            | Input::AddCampaign { .. }
+            | Input::RemoveCampaign { .. }
             | Input::Shutdown { .. }
             | Input::Tick => {
                 unreachable!("not a session request")
@@ -659,6 +663,17 @@ impl Model {
                     self.on_reply_approval(cause, *req, result)?;
                 }
                 Effect::Persist(_) => unreachable!("persists come first"),
+                // The driver sends no task, campaign or shutdown input.
+                Effect::SpawnTask { .. }
+                | Effect::SignalTask { .. }
+                | Effect::EmitTaskStatus(_)
+                | Effect::EmitTaskOutput(_)
+                | Effect::ReplyTask { .. }
+                | Effect::ReplyAddCampaign { .. }
+                | Effect::ReplyRemoveCampaign { .. }
+                | Effect::ReplyShutdown { .. } => {
+                    return Err(format!("{cause:?} had an effect of no session: {e:?}"))
+                }
             }
         }
         if refused_resolve && effects.len() != 1 {
@@ -2005,7 +2020,7 @@ impl Model {
         let got = engine.poll_timeout();
         let ok = match (&got, earliest) {
             (None, None) => true,
-            (Some((at, id, t)), Some((want, _, _))) => {
+            (Some((at, Deadline::Session(id, t))), Some((want, _, _))) => {
                 *at == want
                     && self.sessions.get(id).and_then(|sm| self.deadline(sm)) == Some((*at, *t))
             }

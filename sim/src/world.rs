@@ -164,6 +164,7 @@ pub fn pick_limits(rng: &mut Rng) -> Limits {
         kill_grace_ms,
         startup_timeout_ms,
         max_live_sessions,
+        ..Limits::default()
     }
 }
 
@@ -272,6 +273,13 @@ impl Store {
                     self.sessions.remove(id);
                     self.rows.remove(id);
                     self.approvals.retain(|_, a| &a.session != id);
+                }
+                // The driver sends no task or campaign input.
+                Record::Task(_)
+                | Record::TaskOutput(_)
+                | Record::Campaign(_)
+                | Record::RemoveCampaign(_) => {
+                    return Err(format!("store: a row of no session: {r:?}"))
                 }
             }
         }

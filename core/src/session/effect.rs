@@ -1,4 +1,5 @@
-//! What comes out of the engine.
+//! What comes out of the engine: the one [`Effect`] enum of the whole daemon (sessions, Aria
+//! tasks, campaigns, shutdown), executed by the shell's one `match`.
 //!
 //! The drain rule: every `handle` call returns its effects with all `Persist` effects first,
 //! in order, then the actions, emits and replies in the order they happened. The shell writes
@@ -7,11 +8,13 @@
 //! that a crash could still lose.
 
 use crate::approval::Approval;
+use crate::campaign::{Campaign, CampaignError};
 use crate::error::Error;
 use crate::model::{
     ActivityEvent, RequestId, RunId, SessionConfig, SessionId, SessionRecord, StatusEvent,
     UserMessage,
 };
+use crate::task::{TaskOutput, TaskRecord, TaskReply, TaskSpec, TaskStatusEvent};
 
 /// A row to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +31,14 @@ pub enum Record {
     Approval(Approval),
     /// Remove the session and everything stored about it.
     Delete(SessionId),
+    /// Upsert an Aria task's record.
+    Task(Box<TaskRecord>),
+    /// Append one line (or progress report) of a task's output.
+    TaskOutput(TaskOutput),
+    /// Insert a new campaign.
+    Campaign(Campaign),
+    /// Remove the campaign with this id.
+    RemoveCampaign(String),
 }
 
 pub use crate::process::Signal;
@@ -93,6 +104,41 @@ pub enum Effect {
     ReplyApproval {
         req: RequestId,
         result: Result<Approval, Error>,
+    },
+    /// Start task `id`'s command; answer with `TaskEvent::Started` or `SpawnFailed`.
+    SpawnTask {
+        id: String,
+        spec: TaskSpec,
+    },
+    /// Signal the process group of task `id` (TERM, then KILL after the grace).
+    SignalTask {
+        id: String,
+        pid: Option<u32>,
+        signal: Signal,
+    },
+    /// Tell watchers about a task's status change.
+    EmitTaskStatus(TaskStatusEvent),
+    /// Tell watchers about a task's output.
+    EmitTaskOutput(TaskOutput),
+    /// Answer a task request (Launch: the id; Cancel: whether a cancellation was initiated).
+    ReplyTask {
+        req: RequestId,
+        result: Result<TaskReply, Error>,
+    },
+    /// Answer `AddCampaign`: the campaign and whether it is new.
+    ReplyAddCampaign {
+        req: RequestId,
+        result: Result<(Campaign, bool), CampaignError>,
+    },
+    /// Answer `RemoveCampaign`: whether there was one.
+    ReplyRemoveCampaign {
+        req: RequestId,
+        result: Result<bool, CampaignError>,
+    },
+    /// Answer `Shutdown`: how many live sessions it stops.
+    ReplyShutdown {
+        req: RequestId,
+        live: usize,
     },
 }
 

@@ -1,9 +1,11 @@
-//! What goes into the engine.
+//! What goes into the engine: the one [`Input`] enum of the whole daemon.
 
 use std::collections::BTreeMap;
 
 use crate::approval::{ApprovalId, AskKind, Decision};
+use crate::campaign::NewCampaign;
 use crate::model::{Activity, RequestId, RunId, SessionConfig, SessionId};
+use crate::task::TaskInput;
 
 /// One input to the [`Engine`](crate::Engine). Requests carry the `req` their
 /// [`Effect::Reply`](crate::Effect::Reply) will answer.
@@ -60,12 +62,24 @@ pub enum Input {
         cursor: Option<u64>,
         event: ProviderEvent,
     },
+    /// An Aria task request (launch, cancel) or what its process did.
+    Task(TaskInput),
+    /// Add a campaign (`id`, rooted at `root`) named as `how` says.
+    AddCampaign {
+        req: RequestId,
+        id: String,
+        root: String,
+        how: NewCampaign,
+    },
+    /// Remove the campaign with this id or name: refused while it has live sessions.
+    RemoveCampaign { req: RequestId, key: String },
     /// The daemon is shutting down: stop every live session (`graceful`: running turns may
-    /// finish; a forced shutdown after a graceful one cuts the grace short) and refuse every
-    /// Create from now on (OBEY-2030). The stops are answered to nobody ([`NO_REPLY`]).
+    /// finish; a forced shutdown after a graceful one cuts the grace short), cancel every live
+    /// task, and refuse every Create from now on (OBEY-2030). Answered with the number of live
+    /// sessions; the stops and cancels are answered to nobody ([`NO_REPLY`]).
     ///
     /// [`NO_REPLY`]: crate::NO_REPLY
-    Shutdown { graceful: bool },
+    Shutdown { req: RequestId, graceful: bool },
     /// Time passed: fire every deadline at or before `now`.
     Tick,
 }

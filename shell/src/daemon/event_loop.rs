@@ -1,17 +1,18 @@
 //! The event loop: the one task that owns the engine, the store and the children.
 //!
 //! Each iteration waits for a command or the engine's next deadline, drains what else is
-//! queued (up to [`MAX_BATCH`]), feeds every input to the core, executes the effects — one
-//! `match` on `Effect` — and commits the batch's records in one transaction. Only then are
-//! status events, activities and replies delivered: a client never sees what a crash could
+//! queued (up to [`MAX_BATCH`]), feeds every input to the core — one engine, one `Input`
+//! enum —, executes the effects — one `match` on the one `Effect` enum — and commits the
+//! batch's records in one transaction. Only then are status events, activities and replies
+//! delivered (one map of who waits for which request): a client never sees what a crash could
 //! still lose, and a fast agent costs one commit per batch, not one per event.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use paddock_core::campaign::{Campaign, CampaignError, Campaigns};
-use paddock_core::task::{TaskEffect, TaskInput, TaskReply, Tasks};
+use paddock_core::campaign::{Campaign, CampaignError};
+use paddock_core::task::{TaskInput, TaskReply};
 use paddock_core::{
     Approval, Effect, Engine, Error, Input, ProviderEvent, Record, RequestId, RunId, SessionId,
     SessionRecord,
@@ -22,7 +23,6 @@ use super::port::{shutting_down, DaemonView, HistoryView, Query, Reply, SessionV
 pub use super::port::{Command, Hub, Request};
 use super::supervisor::{self, RunHandle};
 use crate::paths::now_ms;
-use crate::store::tasks::TaskRow;
 use crate::store::{Row, Store, StoreError, UnrecognizedLine};
 
 /// Commands drained per iteration (and so per commit) at most.
@@ -31,24 +31,39 @@ pub const MAX_BATCH: usize = 512;
 /// loop is behind, instead of buffering without limit.
 pub const COMMAND_QUEUE: usize = 4096;
 
-type SessionReply = Reply<Result<SessionRecord, Error>>;
-
-struct Pending {
-    reply: SessionReply,
-    turn: Option<TurnStream>,
+/// Who waits for the core's answer to a request: one map, keyed by the request id the loop
+/// gave it, answered by the `Reply*` effects once their batch committed.
+enum Waiting {
+    /// A session request; `turn` receives the activities of the turn a Send starts.
+    Session {
+        reply: Reply<Result<SessionRecord, Error>>,
+        turn: Option<TurnStream>,
+    },
+    Approval(Reply<Result<Approval, Error>>),
+    Task(Reply<Result<TaskReply, Error>>),
+    AddCampaign(Reply<Result<(Campaign, bool), CampaignError>>),
+    RemoveCampaign(Reply<Result<bool, CampaignError>>),
+    Shutdown(Reply<usize>),
 }
 
-/// A command's answer, given once its batch has committed.
+impl Waiting {
+    /// The loop is done: whoever still waits is told the daemon is shutting down.
+    fn refuse(self) {
+        // A refusal nobody waits for any more is dropped.
+        match self {
+            Waiting::Session { reply, .. } => drop(reply.send(Err(shutting_down()))),
+            Waiting::Approval(reply) => drop(reply.send(Err(shutting_down()))),
+            Waiting::Task(reply) => drop(reply.send(Err(shutting_down()))),
+            // Dropped unanswered: the caller sees the loop gone (`port::unavailable`).
+            Waiting::AddCampaign(_) | Waiting::RemoveCampaign(_) | Waiting::Shutdown(_) => {}
+        }
+    }
+}
+
+/// The answer to a command the shell itself carries out (a row only the shell writes),
+/// given once its batch has committed.
 enum Ack {
     Count(Reply<usize>, usize),
-    Campaign(
-        Reply<Result<(Campaign, bool), CampaignError>>,
-        Result<(Campaign, bool), CampaignError>,
-    ),
-    Removed(
-        Reply<Result<bool, CampaignError>>,
-        Result<bool, CampaignError>,
-    ),
     /// Answered with the id the store gave the batch's next reported event.
     Event(Reply<i64>),
 }
@@ -56,8 +71,6 @@ enum Ack {
 /// The loop's state.
 pub struct State {
     engine: Engine,
-    tasks: Tasks,
-    campaigns: Campaigns,
     store: Store,
     hub: Hub,
     started_at: u64,
@@ -69,9 +82,8 @@ pub struct State {
     tx: mpsc::Sender<Command>,
     runs: BTreeMap<(SessionId, RunId), RunHandle>,
     task_runs: BTreeMap<String, u32>,
-    pending: BTreeMap<RequestId, Pending>,
-    task_pending: BTreeMap<RequestId, Reply<Result<TaskReply, Error>>>,
-    approval_pending: BTreeMap<RequestId, Reply<Result<Approval, Error>>>,
+    /// Who waits for which request's answer.
+    pending: BTreeMap<RequestId, Waiting>,
     turn_streams: BTreeMap<(SessionId, u64), TurnStream>,
     next_req: RequestId,
     /// Told `true` when the loop has finished (after a shutdown).
@@ -86,9 +98,6 @@ struct Batch {
     rows: Vec<Row>,
     deliver: Vec<Effect>,
     inputs: VecDeque<Input>,
-    task_rows: Vec<TaskRow>,
-    task_deliver: Vec<TaskEffect>,
-    task_inputs: VecDeque<TaskInput>,
     acks: Vec<Ack>,
     queries: Vec<Query>,
 }
@@ -97,8 +106,6 @@ impl State {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         engine: Engine,
-        tasks: Tasks,
-        campaigns: Campaigns,
         store: Store,
         hub: Hub,
         socket: PathBuf,
@@ -109,8 +116,6 @@ impl State {
     ) -> Self {
         State {
             engine,
-            tasks,
-            campaigns,
             store,
             hub,
             started_at: now_ms(),
@@ -122,30 +127,11 @@ impl State {
             runs: BTreeMap::new(),
             task_runs: BTreeMap::new(),
             pending: BTreeMap::new(),
-            task_pending: BTreeMap::new(),
-            approval_pending: BTreeMap::new(),
             turn_streams: BTreeMap::new(),
             next_req: 1,
             done,
             unrecognized: BTreeMap::new(),
         }
-    }
-
-    /// Begins a shutdown, which the core carries out (every live session stopped, every task
-    /// cancelled, no Create from now on); the loop ends when all are terminal and every child
-    /// was reaped. Returns the number of live sessions.
-    fn begin_shutdown(&mut self, graceful: bool, batch: &mut Batch) -> usize {
-        // What is queued before the shutdown happens before it (a session created earlier in
-        // this batch is counted and stopped too).
-        self.run_inputs(batch);
-        self.run_task_inputs(batch);
-        let n = self.engine.live_sessions();
-        if !self.engine.is_shutting_down() {
-            tracing::info!("shutting down: stopping {n} live session(s)");
-        }
-        batch.inputs.push_back(Input::Shutdown { graceful });
-        batch.task_inputs.push_back(TaskInput::Shutdown);
-        n
     }
 
     /// Takes back the agent runs the engine adopted at start-up (they outlived the previous
@@ -200,10 +186,17 @@ impl State {
             && self.task_runs.is_empty()
     }
 
-    fn next_req(&mut self) -> RequestId {
+    /// Queues a request for the core under a fresh request id; `waiting` gets its answer.
+    fn request(
+        &mut self,
+        waiting: Waiting,
+        input: impl FnOnce(RequestId) -> Input,
+        batch: &mut Batch,
+    ) {
         let req = self.next_req;
         self.next_req += 1;
-        req
+        self.pending.insert(req, waiting);
+        batch.inputs.push_back(input(req));
     }
 
     /// The one `match` on the port's commands.
@@ -220,9 +213,7 @@ impl State {
                     let _ = reply.send(Err(e));
                     return;
                 }
-                let req = self.next_req();
-                self.pending.insert(req, Pending { reply, turn });
-                let input = match request {
+                let input = |req| match request {
                     Request::Create { id, config } => Input::Create {
                         req,
                         id,
@@ -240,7 +231,7 @@ impl State {
                     },
                     Request::Delete { id } => Input::Delete { req, id },
                 };
-                batch.inputs.push_back(input);
+                self.request(Waiting::Session { reply, turn }, input, batch);
             }
             Command::Resolve {
                 approval,
@@ -257,27 +248,29 @@ impl State {
                         return;
                     }
                 };
-                let req = self.next_req();
-                self.approval_pending.insert(req, reply);
-                batch.inputs.push_back(Input::Resolve {
+                let input = |req| Input::Resolve {
                     req,
                     approval,
                     session,
                     decision,
                     by,
                     stored,
-                });
+                };
+                self.request(Waiting::Approval(reply), input, batch);
             }
             Command::TaskRequest { mut input, reply } => {
-                let req = self.next_req();
-                match &mut input {
-                    TaskInput::Launch { req: r, .. } | TaskInput::Cancel { req: r, .. } => *r = req,
-                    _ => {}
-                }
-                self.task_pending.insert(req, reply);
-                batch.task_inputs.push_back(input);
+                let input = |req| {
+                    match &mut input {
+                        TaskInput::Launch { req: r, .. } | TaskInput::Cancel { req: r, .. } => {
+                            *r = req
+                        }
+                        _ => {}
+                    }
+                    Input::Task(input)
+                };
+                self.request(Waiting::Task(reply), input, batch);
             }
-            Command::TaskEvent(input) => batch.task_inputs.push_back(input),
+            Command::TaskEvent(input) => batch.inputs.push_back(Input::Task(input)),
             Command::Unrecognized { id, run, line } => {
                 tracing::debug!(session = %id, run, "unrecognised provider line: {}", line.chars().take(200).collect::<String>());
                 batch.rows.push(Row::Unrecognized(UnrecognizedLine {
@@ -287,9 +280,11 @@ impl State {
                     line,
                 }));
             }
+            // In the batch's order with everything else: what was queued before the shutdown
+            // (a session created earlier in this batch) is counted and stopped too.
             Command::Shutdown { graceful, reply } => {
-                let n = self.begin_shutdown(graceful, batch);
-                batch.acks.push(Ack::Count(reply, n));
+                let input = |req| Input::Shutdown { req, graceful };
+                self.request(Waiting::Shutdown(reply), input, batch);
             }
             Command::AddCampaign {
                 id,
@@ -297,22 +292,12 @@ impl State {
                 how,
                 reply,
             } => {
-                let added = self.campaigns.handle_add(&id, &root, how, now_ms());
-                if let Ok((c, true)) = &added {
-                    batch.rows.push(Row::Campaign(c.clone()));
-                }
-                batch.acks.push(Ack::Campaign(reply, added));
+                let input = |req| Input::AddCampaign { req, id, root, how };
+                self.request(Waiting::AddCampaign(reply), input, batch);
             }
             Command::RemoveCampaign { key, reply } => {
-                // Sessions created earlier in this batch count as live.
-                self.run_inputs(batch);
-                let removed = self.campaigns.handle_remove(&key, &self.engine);
-                if let Ok(Some(c)) = &removed {
-                    batch.rows.push(Row::RemoveCampaign(c.id.clone()));
-                }
-                batch
-                    .acks
-                    .push(Ack::Removed(reply, removed.map(|c| c.is_some())));
+                let input = |req| Input::RemoveCampaign { req, key };
+                self.request(Waiting::RemoveCampaign(reply), input, batch);
             }
             Command::Report { event, reply } => {
                 batch.rows.push(Row::Event(event));
@@ -364,7 +349,7 @@ impl State {
                     started_at: self.started_at,
                     socket: self.socket.clone(),
                     data_dir: self.data_dir.clone(),
-                    campaigns: self.campaigns.len(),
+                    campaigns: self.engine.campaigns().len(),
                     sessions: self.engine.sessions().count(),
                     live: self
                         .engine
@@ -381,10 +366,10 @@ impl State {
                 let _ = reply.send(self.engine.sessions().map(view).collect());
             }
             Query::Campaign(key, reply) => {
-                let _ = reply.send(self.campaigns.get(&key).cloned());
+                let _ = reply.send(self.engine.campaigns().get(&key).cloned());
             }
             Query::Campaigns(reply) => {
-                let _ = reply.send(self.campaigns.all());
+                let _ = reply.send(self.engine.campaigns().all());
             }
             Query::Activities {
                 session,
@@ -445,7 +430,7 @@ impl State {
                 );
             }
             Query::Task(id, reply) => {
-                let _ = reply.send(self.tasks.get(&id).cloned());
+                let _ = reply.send(self.engine.task(&id).cloned());
             }
             Query::TaskOutput {
                 task,
@@ -458,77 +443,32 @@ impl State {
         }
     }
 
-    /// Feeds every queued task input to the task machine.
-    fn run_task_inputs(&mut self, batch: &mut Batch) {
-        while let Some(input) = batch.task_inputs.pop_front() {
-            if let TaskInput::Exited { id, .. } = &input {
-                self.task_runs.remove(id);
-            }
-            let effects = self.tasks.handle(now_ms(), input);
-            self.execute_tasks(effects, batch);
-        }
-    }
-
-    /// The task effect executor: one match.
-    fn execute_tasks(&mut self, effects: Vec<TaskEffect>, batch: &mut Batch) {
-        {
-            for effect in effects {
-                match effect {
-                    TaskEffect::Persist(r) => batch.task_rows.push(TaskRow::Task(Box::new(r))),
-                    TaskEffect::PersistOutput(o) => batch.task_rows.push(TaskRow::Output(o)),
-                    TaskEffect::Spawn { id, spec } => {
-                        if let Some(link) = &self.runner {
-                            // Started / SpawnFailed come back from the runner as task inputs.
-                            link.spawn_task(&id, &spec, self.tx.clone());
-                            self.task_runs.insert(id, 0);
-                            continue;
-                        }
-                        let event = match supervisor::spawn_task(&id, &spec, self.tx.clone()) {
-                            Ok(pid) => {
-                                self.task_runs.insert(id.clone(), pid);
-                                TaskInput::Started { id, pid }
-                            }
-                            Err(reason) => TaskInput::SpawnFailed { id, reason },
-                        };
-                        batch.task_inputs.push_back(event);
-                    }
-                    TaskEffect::Signal { id, pid, signal } => {
-                        if self.task_runs.contains_key(&id) {
-                            match &self.runner {
-                                Some(link) => link.signal_task(&id, signal),
-                                None => supervisor::signal_group(pid, signal),
-                            }
-                        }
-                    }
-                    e @ (TaskEffect::EmitStatus(_)
-                    | TaskEffect::EmitOutput(_)
-                    | TaskEffect::Reply { .. }) => batch.task_deliver.push(e),
-                }
-            }
-        }
-    }
-
     /// Feeds every queued input to the core, executing effects as they come.
     fn run_inputs(&mut self, batch: &mut Batch) {
         while let Some(input) = batch.inputs.pop_front() {
-            let exited = match &input {
+            // A process's exit ends its handle (its output was read to the end).
+            match &input {
                 Input::Provider {
                     id,
                     run,
                     event: ProviderEvent::Exited { .. },
                     ..
-                } => Some((id.clone(), *run)),
-                _ => None,
-            };
-            let effects = self.engine.handle(now_ms(), input);
-            if let Some(key) = exited {
-                self.runs.remove(&key);
+                } => {
+                    self.runs.remove(&(id.clone(), *run));
+                }
+                Input::Task(TaskInput::Exited { id, .. }) => {
+                    self.task_runs.remove(id);
+                }
+                _ => {}
             }
+            let effects = self.engine.handle(now_ms(), input);
             self.execute(effects, batch);
         }
     }
 
-    /// The effect executor: one match.
+    /// The effect executor: one match on the one `Effect` enum. Records join the batch's
+    /// transaction; spawns, writes and signals happen at once (a spawn's outcome comes back as
+    /// an input of this same batch); what clients see waits for the commit.
     fn execute(&mut self, effects: Vec<Effect>, batch: &mut Batch) {
         for effect in effects {
             match effect {
@@ -538,6 +478,33 @@ impl State {
                     }
                     batch.records.push(record)
                 }
+                Effect::SpawnTask { id, spec } => {
+                    if let Some(link) = &self.runner {
+                        // Started / SpawnFailed come back from the runner as task inputs.
+                        link.spawn_task(&id, &spec, self.tx.clone());
+                        self.task_runs.insert(id, 0);
+                        continue;
+                    }
+                    let event = match supervisor::spawn_task(&id, &spec, self.tx.clone()) {
+                        Ok(pid) => {
+                            self.task_runs.insert(id.clone(), pid);
+                            TaskInput::Started { id, pid }
+                        }
+                        Err(reason) => TaskInput::SpawnFailed { id, reason },
+                    };
+                    batch.inputs.push_back(Input::Task(event));
+                }
+                // A run of the runner is addressed by its task's id, which names one process
+                // ever (task ids are never reused): a late signal, or one to a task process
+                // the previous daemon left (start-up), reaches nothing else. A child of ours
+                // is addressed by pid: only while the daemon knows it lives.
+                Effect::SignalTask { id, pid, signal } => match (&self.runner, pid) {
+                    (Some(link), _) => link.signal_task(&id, signal),
+                    (None, Some(pid)) if self.task_runs.contains_key(&id) => {
+                        supervisor::signal_group(pid, signal)
+                    }
+                    (None, _) => {}
+                },
                 Effect::Spawn { id, run, spec } => {
                     let event = match (crate::providers::plan(&spec, &self.exe), &self.runner) {
                         (Ok((plan, parser)), Some(link)) => {
@@ -595,9 +562,15 @@ impl State {
                 | Effect::EmitStatus(_)
                 | Effect::EmitActivity(_)
                 | Effect::EmitApproval(_)
+                | Effect::EmitTaskStatus(_)
+                | Effect::EmitTaskOutput(_)
                 | Effect::Forget(_)
                 | Effect::Reply { .. }
-                | Effect::ReplyApproval { .. }) => batch.deliver.push(e),
+                | Effect::ReplyApproval { .. }
+                | Effect::ReplyTask { .. }
+                | Effect::ReplyAddCampaign { .. }
+                | Effect::ReplyRemoveCampaign { .. }
+                | Effect::ReplyShutdown { .. }) => batch.deliver.push(e),
             }
         }
     }
@@ -616,12 +589,9 @@ impl State {
     /// timeout for a lock).
     fn commit(&mut self, batch: &mut Batch) -> Result<(), StoreError> {
         let mut events = Vec::new();
-        if !batch.records.is_empty() || !batch.task_rows.is_empty() || !batch.rows.is_empty() {
-            events = self
-                .store
-                .apply_all(&batch.records, &batch.task_rows, &batch.rows)?;
+        if !batch.records.is_empty() || !batch.rows.is_empty() {
+            events = self.store.apply_all(&batch.records, &batch.rows)?;
             batch.records.clear();
-            batch.task_rows.clear();
             for row in batch.rows.drain(..) {
                 if let Row::Unrecognized(l) = row {
                     *self.unrecognized.entry(l.session_id).or_default() += 1;
@@ -635,32 +605,10 @@ impl State {
                 Ack::Count(reply, n) => {
                     let _ = reply.send(n);
                 }
-                Ack::Campaign(reply, r) => {
-                    let _ = reply.send(r);
-                }
-                Ack::Removed(reply, r) => {
-                    let _ = reply.send(r);
-                }
                 Ack::Event(reply) => {
                     let id = events.next().expect("the store gives every event an id");
                     let _ = reply.send(id);
                 }
-            }
-        }
-        for effect in batch.task_deliver.drain(..) {
-            match effect {
-                TaskEffect::EmitStatus(ev) => {
-                    let _ = self.hub.task_status.send(ev);
-                }
-                TaskEffect::EmitOutput(o) => {
-                    let _ = self.hub.task_output.send(o);
-                }
-                TaskEffect::Reply { req, result } => {
-                    if let Some(tx) = self.task_pending.remove(&req) {
-                        let _ = tx.send(result);
-                    }
-                }
-                _ => {}
             }
         }
         for effect in batch.deliver.drain(..) {
@@ -695,25 +643,70 @@ impl State {
                 Effect::EmitApproval(a) => {
                     let _ = self.hub.approval.send(a);
                 }
-                Effect::Forget(rec) => forget(&rec),
-                Effect::ReplyApproval { req, result } => {
-                    if let Some(tx) = self.approval_pending.remove(&req) {
-                        let _ = tx.send(result);
-                    }
+                Effect::EmitTaskStatus(ev) => {
+                    let _ = self.hub.task_status.send(ev);
                 }
+                Effect::EmitTaskOutput(o) => {
+                    let _ = self.hub.task_output.send(o);
+                }
+                Effect::Forget(rec) => forget(&rec),
                 Effect::Reply { req, result } => {
-                    if let Some(p) = self.pending.remove(&req) {
-                        if let (Ok(record), Some(stream)) = (&result, p.turn) {
+                    if let Some(Waiting::Session { reply, turn }) = self.waiting(req) {
+                        if let (Ok(record), Some(stream)) = (&result, turn) {
                             self.turn_streams
                                 .insert((record.id.clone(), record.turns), stream);
                         }
-                        let _ = p.reply.send(result);
+                        let _ = reply.send(result);
                     }
                 }
-                _ => {}
+                Effect::ReplyApproval { req, result } => {
+                    if let Some(Waiting::Approval(reply)) = self.waiting(req) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Effect::ReplyTask { req, result } => {
+                    if let Some(Waiting::Task(reply)) = self.waiting(req) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Effect::ReplyAddCampaign { req, result } => {
+                    if let Some(Waiting::AddCampaign(reply)) = self.waiting(req) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Effect::ReplyRemoveCampaign { req, result } => {
+                    if let Some(Waiting::RemoveCampaign(reply)) = self.waiting(req) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Effect::ReplyShutdown { req, live } => {
+                    if let Some(Waiting::Shutdown(reply)) = self.waiting(req) {
+                        tracing::info!("shutting down: stopping {live} live session(s)");
+                        let _ = reply.send(live);
+                    }
+                }
+                Effect::Persist(_)
+                | Effect::Spawn { .. }
+                | Effect::Write { .. }
+                | Effect::Signal { .. }
+                | Effect::SpawnTask { .. }
+                | Effect::SignalTask { .. } => {
+                    unreachable!("executed at once, never delivered: {effect:?}")
+                }
             }
         }
         Ok(())
+    }
+
+    /// Who waits for request `req` (taken: a request is answered once). A reply nobody waits
+    /// for any more (the client went, or it is the core's own, `NO_REPLY`) is dropped.
+    fn waiting(&mut self, req: RequestId) -> Option<Waiting> {
+        let w = self.pending.remove(&req);
+        debug_assert!(
+            w.is_some() || req == paddock_core::NO_REPLY,
+            "request {req} answered twice, or never asked"
+        );
+        w
     }
 }
 
@@ -786,20 +779,13 @@ pub async fn run(
     mut state: State,
     mut rx: mpsc::Receiver<Command>,
     restore: Vec<Effect>,
-    task_restore: Vec<TaskEffect>,
 ) -> Result<(), StoreError> {
     let mut batch = Batch::default();
     state.execute(restore, &mut batch);
-    state.execute_tasks(task_restore, &mut batch);
+    state.run_inputs(&mut batch);
     state.commit(&mut batch)?;
     loop {
-        let deadline = [
-            state.engine.poll_timeout().map(|(at, _, _)| at),
-            state.tasks.poll_timeout().map(|(at, _, _)| at),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        let deadline = state.engine.poll_timeout().map(|(at, _)| at);
         let first = tokio::select! {
             biased;
             cmd = rx.recv() => match cmd {
@@ -818,9 +804,7 @@ pub async fn run(
             }
         }
         batch.inputs.push_back(Input::Tick);
-        batch.task_inputs.push_back(TaskInput::Tick);
         state.run_inputs(&mut batch);
-        state.run_task_inputs(&mut batch);
         state.commit(&mut batch)?;
         for q in std::mem::take(&mut batch.queries) {
             state.answer_query(q);
@@ -830,11 +814,8 @@ pub async fn run(
         }
     }
     // Refuse whatever is still queued.
-    for (_, tx) in std::mem::take(&mut state.task_pending) {
-        let _ = tx.send(Err(shutting_down()));
-    }
-    for (_, p) in std::mem::take(&mut state.pending) {
-        let _ = p.reply.send(Err(shutting_down()));
+    for (_, w) in std::mem::take(&mut state.pending) {
+        w.refuse();
     }
     let _ = state.done.send(true);
     Ok(())

@@ -15,9 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use event_loop::State;
-use paddock_core::campaign::Campaigns;
-use paddock_core::task::{TaskLimits, Tasks};
-use paddock_core::{Engine, Limits};
+use paddock_core::{Engine, Limits, Stored, Surviving};
 pub use port::{Command, Handle, Hub};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
@@ -32,8 +30,8 @@ const SERVE_DRAIN: Duration = Duration::from_secs(2);
 pub struct Options {
     pub socket: PathBuf,
     pub data_dir: PathBuf,
+    /// The engine's bounds (sessions and tasks).
     pub limits: Limits,
-    pub task_limits: TaskLimits,
     /// The Aria runtime socket (`~/.aria/runtime.sock` / `$ARIA_RUNTIME_SOCK`), if served.
     pub aria_socket: Option<PathBuf>,
     /// Where Aria sessions and unbound Aria tasks run.
@@ -65,33 +63,26 @@ pub async fn run(opts: Options) -> Result<(), String> {
     } else {
         None
     };
+    // What outlived the previous daemon in the runner (with `--no-runner`, nothing: our
+    // children died with it). The core decides what becomes of it.
     let (surviving, run_floor) = match &runner {
-        Some(link) => {
-            link.kill_orphaned_tasks().await;
-            link.agent_runs().await?
-        }
-        None => Default::default(),
+        Some(link) => link.surviving_runs().await?,
+        None => (Surviving::default(), 0),
     };
-    let approvals = store
-        .load_approvals()
-        .map_err(|e| format!("cannot load approvals: {e}"))?;
-    let (mut engine, restore) = Engine::restore_with(
-        opts.limits.clone(),
-        now_ms(),
-        records,
-        approvals,
-        &surviving,
-    );
-    engine.reserve_runs_through(run_floor);
-    let task_records = store
-        .load_tasks()
-        .map_err(|e| format!("cannot load tasks: {e}"))?;
-    let (tasks, task_restore) = Tasks::restore(opts.task_limits.clone(), now_ms(), task_records);
-    let campaigns = Campaigns::new(
-        store
+    let stored = Stored {
+        sessions: records,
+        approvals: store
+            .load_approvals()
+            .map_err(|e| format!("cannot load approvals: {e}"))?,
+        tasks: store
+            .load_tasks()
+            .map_err(|e| format!("cannot load tasks: {e}"))?,
+        campaigns: store
             .campaigns()
             .map_err(|e| format!("cannot load campaigns: {e}"))?,
-    );
+    };
+    let (mut engine, restore) = Engine::restore(opts.limits.clone(), now_ms(), stored, &surviving);
+    engine.reserve_runs_through(run_floor);
     let unrecognized = store
         .unrecognized_counts()
         .map_err(|e| format!("cannot load the unrecognized line counts: {e}"))?;
@@ -122,8 +113,6 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let hub = Hub::new();
     let mut state = State::new(
         engine,
-        tasks,
-        campaigns,
         store,
         hub.clone(),
         opts.socket.clone(),
@@ -136,7 +125,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     state.runner = runner.clone();
     state.reattach_adopted();
     let loop_task = tokio::spawn(async move {
-        if let Err(e) = event_loop::run(state, rx, restore, task_restore).await {
+        if let Err(e) = event_loop::run(state, rx, restore).await {
             // Crash-only, decided here: nothing of the failed batch was acknowledged, and the
             // next start reconciles from what the store has.
             tracing::error!("store commit failed, exiting: {e}");

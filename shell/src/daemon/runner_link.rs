@@ -15,12 +15,11 @@
 //!   event at or before the stored cursor should one come again.
 //! - If the runner goes away, the run's exit is reported with the reason (OBEY-2031).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use paddock_core::{Input, ProviderEvent, RunId, SessionId, Signal};
+use paddock_core::{Input, ProviderEvent, RunId, SessionId, Signal, Surviving};
 use paddock_proto::runner::v1 as rpb;
 use rpb::runner_client::RunnerClient;
 use tokio::sync::mpsc;
@@ -77,6 +76,11 @@ fn exit_of(state: rpb::RunState, exit_code: i32) -> (Option<i32>, Option<i32>) {
 /// The runner's name for task `id`'s run.
 pub fn task_run_id(id: &str) -> String {
     format!("task:{id}")
+}
+
+/// The task id of a runner run id made by [`task_run_id`].
+pub fn parse_task_run_id(s: &str) -> Option<&str> {
+    s.strip_prefix("task:")
 }
 
 /// The daemon's connection to its runner.
@@ -164,13 +168,13 @@ impl RunnerLink {
         Some(client)
     }
 
-    /// The agent runs the runner knows — live, or finished with output the previous daemon may
-    /// not have read — as session → (run, pid), and the highest agent run id it knows (new run
-    /// ids must be above it: the runner refuses an id it remembers). The engine adopts only the
-    /// runs a stored record names as the session's current run.
-    pub async fn agent_runs(
-        &self,
-    ) -> Result<(BTreeMap<SessionId, (RunId, Option<u32>)>, RunId), String> {
+    /// What the runner still has at start-up, for the core to decide on: the agent runs —
+    /// live, or finished with output the previous daemon may not have read — as session →
+    /// (run, pid), the task runs still running (task id → pid), and the highest agent run id
+    /// it knows (new run ids must be above it: the runner refuses an id it remembers). The
+    /// engine adopts only the agent runs a stored record names as the session's current run,
+    /// and kills every task run.
+    pub async fn surviving_runs(&self) -> Result<(Surviving, RunId), String> {
         let runs = self
             .client
             .clone()
@@ -180,37 +184,24 @@ impl RunnerLink {
             .into_inner()
             .runs;
         let mut max_run = 0;
-        let mut out = BTreeMap::new();
+        let mut out = Surviving::default();
         for r in runs {
+            let pid = (r.pid > 0).then_some(r.pid);
+            if let Some(task) = parse_task_run_id(&r.run_id) {
+                if r.state == rpb::RunState::Started as i32 {
+                    tracing::warn!(run = %r.run_id, "a task run left by the previous daemon is still running");
+                    out.tasks.insert(task.to_string(), pid);
+                }
+                continue;
+            }
             let Some((id, run)) = parse_run_id(&r.run_id) else {
                 continue;
             };
             max_run = max_run.max(run);
             // Oldest first: a session's later run replaces an earlier one.
-            out.insert(id, (run, (r.pid > 0).then_some(r.pid)));
+            out.agents.insert(id, (run, pid));
         }
         Ok((out, max_run))
-    }
-
-    /// Task runs still alive in the runner: their tasks were lost with the previous daemon
-    /// (they are FAILED at start-up), so their processes are killed rather than left unowned.
-    pub async fn kill_orphaned_tasks(&self) {
-        let Ok(r) = self.client.clone().list_runs(rpb::ListRunsRequest {}).await else {
-            return;
-        };
-        for run in r.into_inner().runs {
-            if run.state == rpb::RunState::Started as i32 && run.run_id.starts_with("task:") {
-                tracing::warn!(run = %run.run_id, "killing a task run left by the previous daemon");
-                let _ = self
-                    .client
-                    .clone()
-                    .signal_session(rpb::SignalRequest {
-                        run_id: run.run_id,
-                        signal: rpb::ProcessSignal::Kill as i32,
-                    })
-                    .await;
-            }
-        }
     }
 
     /// Signals a task's run.
@@ -748,5 +739,7 @@ mod tests {
         assert_eq!(parse_run_id(&run_id(&id, 42)), Some((id, 42)));
         assert_eq!(parse_run_id("task:x:1"), None);
         assert_eq!(parse_run_id("agent:x:y"), None);
+        assert_eq!(parse_task_run_id(&task_run_id("t:1")), Some("t:1"));
+        assert_eq!(parse_task_run_id("agent:x:1"), None);
     }
 }

@@ -51,9 +51,6 @@ pub struct ReportedEvent {
 /// core records ([`Store::apply_all`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Row {
-    Campaign(Campaign),
-    /// Removes the campaign with this id (its sessions are kept).
-    RemoveCampaign(String),
     Event(ReportedEvent),
     External(Vec<ExternalActivity>),
     Unrecognized(UnrecognizedLine),
@@ -242,18 +239,13 @@ impl Store {
     /// Writes a batch of core records in ONE transaction (the daemon's batched commit): all
     /// of them or, on any error, none.
     pub fn apply(&mut self, records: &[Record]) -> Result<()> {
-        self.apply_all(records, &[], &[]).map(drop)
+        self.apply_all(records, &[]).map(drop)
     }
 
     /// Writes a batch of session records, task rows and shell rows in ONE transaction.
     /// Returns the ids of the batch's reported events ([`Row::Event`]), in order.
-    pub fn apply_all(
-        &mut self,
-        records: &[Record],
-        tasks: &[tasks::TaskRow],
-        rows: &[Row],
-    ) -> Result<Vec<i64>> {
-        if records.is_empty() && tasks.is_empty() && rows.is_empty() {
+    pub fn apply_all(&mut self, records: &[Record], rows: &[Row]) -> Result<Vec<i64>> {
+        if records.is_empty() && rows.is_empty() {
             return Ok(Vec::new());
         }
         let tx = self
@@ -269,18 +261,18 @@ impl Store {
                 Record::Delete(id) => {
                     delete_session_rows(&tx, &id.0)?;
                 }
+                Record::Task(t) => tasks::upsert(&tx, t)?,
+                Record::TaskOutput(o) => tasks::insert_output(&tx, o)?,
+                Record::Campaign(c) => insert_campaign(&tx, c)?,
+                Record::RemoveCampaign(id) => {
+                    // Its sessions are kept.
+                    tx.execute("DELETE FROM campaigns WHERE id = ?1", [id])?;
+                }
             }
-        }
-        for row in tasks {
-            tasks::write(&tx, row)?;
         }
         let mut events = Vec::new();
         for row in rows {
             match row {
-                Row::Campaign(c) => insert_campaign(&tx, c)?,
-                Row::RemoveCampaign(id) => {
-                    tx.execute("DELETE FROM campaigns WHERE id = ?1", [id])?;
-                }
                 Row::Event(e) => events.push(insert_event(&tx, e)?),
                 Row::External(list) => insert_external(&tx, list)?,
                 Row::Unrecognized(line) => insert_unrecognized(&tx, line)?,

@@ -41,13 +41,6 @@ CREATE TABLE task_output (
 ) STRICT;
 "#;
 
-/// A task row or an output row, written with the daemon's batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskRow {
-    Task(Box<TaskRecord>),
-    Output(TaskOutput),
-}
-
 const TASK_COLUMNS: &str = "id, session_id, type, command_json, environment, timeout_ms, \
      working_dir, status, created_at, started_at, completed_at, exit_code, error_message, \
      progress_centi, current_operation, pid, output_bytes, last_output_seq, truncated";
@@ -56,9 +49,10 @@ fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-pub(super) fn write(conn: &Connection, row: &TaskRow) -> Result<()> {
-    match row {
-        TaskRow::Task(t) => {
+/// Upserts a task's record.
+pub(super) fn upsert(conn: &Connection, t: &TaskRecord) -> Result<()> {
+    {
+        {
             let sql = format!(
                 "INSERT INTO tasks ({TASK_COLUMNS}) VALUES \
                  (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19) \
@@ -92,7 +86,14 @@ pub(super) fn write(conn: &Connection, row: &TaskRow) -> Result<()> {
                 t.truncated,
             ])?;
         }
-        TaskRow::Output(o) => {
+    }
+    Ok(())
+}
+
+/// Appends one output row.
+pub(super) fn insert_output(conn: &Connection, o: &TaskOutput) -> Result<()> {
+    {
+        {
             let (stream, text, progress) = match &o.kind {
                 OutputKind::Stdout(s) => ("stdout", s.as_str(), None),
                 OutputKind::Stderr(s) => ("stderr", s.as_str(), None),
@@ -206,6 +207,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use paddock_core::Record;
 
     #[test]
     fn tasks_and_output_round_trip() {
@@ -250,11 +252,10 @@ mod tests {
         };
         store
             .apply_all(
-                &[],
                 &[
-                    TaskRow::Task(Box::new(rec.clone())),
-                    TaskRow::Output(out1.clone()),
-                    TaskRow::Output(out2.clone()),
+                    Record::Task(Box::new(rec.clone())),
+                    Record::TaskOutput(out1.clone()),
+                    Record::TaskOutput(out2.clone()),
                 ],
                 &[],
             )

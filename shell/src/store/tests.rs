@@ -332,7 +332,7 @@ fn a_batch_is_atomic() {
 fn an_empty_batch_is_a_no_op() {
     let mut store = Store::open_in_memory().unwrap();
     store.apply(&[]).unwrap();
-    assert_eq!(store.apply_all(&[], &[], &[]).unwrap(), Vec::<i64>::new());
+    assert_eq!(store.apply_all(&[], &[]).unwrap(), Vec::<i64>::new());
 }
 
 #[test]
@@ -440,8 +440,8 @@ fn campaign(id: &str, name: &str, root: &str, at: u64) -> Campaign {
     }
 }
 
-fn write(store: &mut Store, rows: Vec<Row>) -> Result<Vec<i64>> {
-    store.apply_all(&[], &[], &rows)
+fn write(store: &mut Store, records: Vec<Record>) -> Result<Vec<i64>> {
+    store.apply_all(&records, &[])
 }
 
 #[test]
@@ -451,7 +451,7 @@ fn campaigns_are_listed_by_name_and_names_stay_unique() {
     let a = campaign("c-1", "alpha", "/srv/a", 10);
     write(
         &mut store,
-        vec![Row::Campaign(b.clone()), Row::Campaign(a.clone())],
+        vec![Record::Campaign(b.clone()), Record::Campaign(a.clone())],
     )
     .unwrap();
     assert_eq!(store.campaigns().unwrap(), vec![a.clone(), b.clone()]);
@@ -459,17 +459,17 @@ fn campaigns_are_listed_by_name_and_names_stay_unique() {
     // The daemon decides uniqueness in memory; the schema still refuses a duplicate.
     let dup = write(
         &mut store,
-        vec![Row::Campaign(campaign("c-3", "alpha", "/x", 30))],
+        vec![Record::Campaign(campaign("c-3", "alpha", "/x", 30))],
     );
     assert!(is_unique_violation(&dup.unwrap_err()));
     let dup_id = write(
         &mut store,
-        vec![Row::Campaign(campaign("c-1", "other", "/x", 30))],
+        vec![Record::Campaign(campaign("c-1", "other", "/x", 30))],
     );
     assert!(is_unique_violation(&dup_id.unwrap_err()));
     assert_eq!(store.counts().unwrap(), (2, 0));
 
-    write(&mut store, vec![Row::RemoveCampaign("c-1".into())]).unwrap();
+    write(&mut store, vec![Record::RemoveCampaign("c-1".into())]).unwrap();
     assert_eq!(store.campaigns().unwrap(), vec![b]);
 }
 
@@ -513,16 +513,17 @@ fn reported_events_and_external_activities_are_appended() {
             received_at: at + 1,
         })
     };
-    let ids = write(
-        &mut store,
-        vec![
-            event("campaign", "started", 5),
-            event("festival", "phase", 7),
-        ],
-    )
-    .unwrap();
+    let ids = store
+        .apply_all(
+            &[],
+            &[
+                event("campaign", "started", 5),
+                event("festival", "phase", 7),
+            ],
+        )
+        .unwrap();
     assert!(ids[1] > ids[0], "{ids:?}");
-    assert!(write(&mut store, vec![event("bogus", "x", 1)]).is_err());
+    assert!(store.apply_all(&[], &[event("bogus", "x", 1)]).is_err());
     assert_eq!(store.reported_payloads("c", "phase", 10).unwrap(), ["{}"]);
 
     let rows: Vec<ExternalActivity> = (0..3)
@@ -538,7 +539,7 @@ fn reported_events_and_external_activities_are_appended() {
             ..ExternalActivity::default()
         })
         .collect();
-    write(&mut store, vec![Row::External(rows)]).unwrap();
+    store.apply_all(&[], &[Row::External(rows)]).unwrap();
     assert_eq!(count(&store, "external_activities"), 3);
     let (kind, tokens, at): (i32, i64, i64) = store
         .conn
@@ -630,7 +631,7 @@ fn committed_rows_survive_a_crash() {
         let mut store = Store::open(&db).unwrap();
         write(
             &mut store,
-            vec![Row::Campaign(campaign("c", "camp", "/srv", 1))],
+            vec![Record::Campaign(campaign("c", "camp", "/srv", 1))],
         )
         .unwrap();
         for seq in 1..=50 {
