@@ -238,10 +238,10 @@ import socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.settimeout(10)
 s.connect(sys.argv[1])
-s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
 try:
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
     data = s.recv(64)
-except OSError:
+except OSError:  # refused: closed before or after the preface
     data = b""
 sys.stdout.buffer.write(data)
 "#;
