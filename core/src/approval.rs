@@ -9,7 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{Millis, RunId, SessionId};
+use crate::model::{RunId, SessionId};
+use crate::time::Timestamp;
 
 /// Identifies one request for a human (a ULID made by the shell).
 pub type ApprovalId = String;
@@ -128,8 +129,8 @@ pub struct Approval {
     pub summary: String,
     /// The turn it was asked in.
     pub turn: Option<u64>,
-    pub created_at: Millis,
-    pub expires_at: Millis,
+    pub created_at: Timestamp,
+    pub expires_at: Timestamp,
     pub state: ApprovalState,
     /// The deny reason, the answer text, the tool result, or why it expired / was cancelled.
     pub answer: String,
@@ -140,7 +141,7 @@ pub struct Approval {
     pub allowed: bool,
     /// Who resolved it ("cli", "sunbeam", "obey", "policy", "expiry", …).
     pub resolved_by: String,
-    pub resolved_at: Option<Millis>,
+    pub resolved_at: Option<Timestamp>,
 }
 
 impl Approval {

@@ -1,6 +1,7 @@
 //! Tokens and time: the one place that says "over".
 
 use crate::error::{Error, ErrorCode};
+use crate::time::{Duration, Instant};
 
 /// A token budget; `max == 0` means unlimited (the obey seed's convention).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,8 +34,8 @@ impl TokenBudget {
 }
 
 /// The instant a session times out, if it has a timeout (`timeout_ms == 0` means none).
-pub fn timeout_deadline(started_at_ms: u64, timeout_ms: u64) -> Option<u64> {
-    (timeout_ms > 0).then(|| started_at_ms.saturating_add(timeout_ms))
+pub fn timeout_deadline(started: Instant, timeout_ms: u64) -> Option<Instant> {
+    (timeout_ms > 0).then(|| started + Duration::from_millis(timeout_ms))
 }
 
 #[cfg(test)]
@@ -64,8 +65,9 @@ mod tests {
 
     #[test]
     fn deadlines() {
-        assert_eq!(timeout_deadline(10, 0), None);
-        assert_eq!(timeout_deadline(10, 5), Some(15));
-        assert_eq!(timeout_deadline(u64::MAX, 5), Some(u64::MAX));
+        let at = Instant::from_millis;
+        assert_eq!(timeout_deadline(at(10), 0), None);
+        assert_eq!(timeout_deadline(at(10), 5), Some(at(15)));
+        assert_eq!(timeout_deadline(Instant::MAX, 5), Some(Instant::MAX));
     }
 }

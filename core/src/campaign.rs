@@ -9,13 +9,15 @@
 
 use std::collections::BTreeMap;
 
+use crate::time::Timestamp;
+
 /// A campaign: a named root directory sessions run in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Campaign {
     pub id: String,
     pub name: String,
     pub root_path: String,
-    pub created_at: u64,
+    pub created_at: Timestamp,
 }
 
 /// A campaign write the rules refused.
@@ -103,7 +105,7 @@ impl Campaigns {
         id: &str,
         root_path: &str,
         how: NewCampaign,
-        now: u64,
+        now: Timestamp,
     ) -> Result<(Campaign, bool), CampaignError> {
         let name = match how {
             NewCampaign::Named(name) if self.taken(&name) => {
@@ -180,22 +182,35 @@ mod tests {
             id: id.into(),
             name: name.into(),
             root_path: root.into(),
-            created_at: at,
+            created_at: Timestamp::from_millis(at),
         }
+    }
+
+    fn at(ms: u64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    fn now(ms: u64) -> crate::Now {
+        crate::Now::new(crate::Instant::from_millis(ms), at(ms))
     }
 
     #[test]
     fn names_are_unique_and_looked_up_by_id_first() {
         let mut c = Campaigns::new([camp("c-1", "alpha", "/a", 1)]);
-        let taken = c.handle_add("c-2", "/x", NewCampaign::Named("alpha".into()), 2);
+        let taken = c.handle_add("c-2", "/x", NewCampaign::Named("alpha".into()), at(2));
         assert_eq!(taken, Err(CampaignError::NameTaken("alpha".into())));
         let (d, new) = c
-            .handle_add("alpha", "/d", NewCampaign::Named("delta".into()), 3)
+            .handle_add("alpha", "/d", NewCampaign::Named("delta".into()), at(3))
             .unwrap();
         assert!(new);
         assert_eq!(c.get("alpha"), Some(&d), "an id wins over a name");
         let (same, new) = c
-            .handle_add("c-9", "/z", NewCampaign::NamedOrExisting("delta".into()), 4)
+            .handle_add(
+                "c-9",
+                "/z",
+                NewCampaign::NamedOrExisting("delta".into()),
+                at(4),
+            )
             .unwrap();
         assert!(!new);
         assert_eq!(same, d);
@@ -212,13 +227,13 @@ mod tests {
         let base = || NewCampaign::ForRoot {
             base: "my-repo".into(),
         };
-        let (first, added) = c.handle_add("c1", root, base(), 2).unwrap();
+        let (first, added) = c.handle_add("c1", root, base(), at(2)).unwrap();
         assert!(added);
         assert_eq!(
             (first.id.as_str(), first.name.as_str()),
             ("c1", "my-repo-2")
         );
-        let (again, added) = c.handle_add("c2", root, base(), 3).unwrap();
+        let (again, added) = c.handle_add("c2", root, base(), at(3)).unwrap();
         assert!(!added);
         assert_eq!(again, first);
         assert_eq!(c.len(), 2);
@@ -235,7 +250,7 @@ mod tests {
             camp(&format!("c{i}"), &name, "/other", 1)
         }));
         let (n, _) = c
-            .handle_add("ID", "/p", NewCampaign::ForRoot { base: "p".into() }, 2)
+            .handle_add("ID", "/p", NewCampaign::ForRoot { base: "p".into() }, at(2))
             .unwrap();
         assert_eq!(n.name, "p-id");
     }
@@ -247,10 +262,11 @@ mod tests {
             campaigns: vec![camp("c-1", "alpha", "/a", 1)],
             ..Stored::default()
         };
-        let (mut engine, _) = Engine::restore(Limits::default(), 0, stored, &Default::default());
+        let (mut engine, _) =
+            Engine::restore(Limits::default(), now(0), stored, &Default::default());
         let config = crate::SessionConfig::new("c-1", crate::Provider::ClaudeCode, "/a");
         engine.handle(
-            0,
+            now(0),
             Input::Create {
                 req: 1,
                 id: crate::SessionId("s".into()),
@@ -261,7 +277,7 @@ mod tests {
             req,
             key: "alpha".into(),
         };
-        let fx = engine.handle(1, remove(2));
+        let fx = engine.handle(now(1), remove(2));
         assert_eq!(
             fx,
             vec![Effect::ReplyRemoveCampaign {
@@ -271,7 +287,7 @@ mod tests {
         );
         // The session's process never started: FAILED, not live any more.
         engine.handle(
-            2,
+            now(2),
             Input::Provider {
                 id: crate::SessionId("s".into()),
                 run: 1,
@@ -282,7 +298,7 @@ mod tests {
             },
         );
         assert_eq!(engine.live_sessions(), 0);
-        let fx = engine.handle(3, remove(4));
+        let fx = engine.handle(now(3), remove(4));
         assert_eq!(
             fx,
             vec![
@@ -294,7 +310,7 @@ mod tests {
             ]
         );
         assert!(engine.campaigns().is_empty());
-        let fx = engine.handle(4, remove(5));
+        let fx = engine.handle(now(4), remove(5));
         assert_eq!(
             fx,
             vec![Effect::ReplyRemoveCampaign {

@@ -13,21 +13,22 @@ use std::collections::BTreeMap;
 use crate::approval::Approval;
 use crate::campaign::{Campaign, Campaigns};
 use crate::error::{Error, ErrorCode};
-use crate::model::{Millis, RunId, SessionId, SessionRecord, Status};
+use crate::model::{RunId, SessionId, SessionRecord, Status};
 use crate::session::effect::{Effect, Record};
 use crate::session::input::Input;
 use crate::session::machine::{Ctx, Out, Session, Step, Timer};
 use crate::task::{TaskLimits, TaskRecord, TaskTimer, Tasks};
+use crate::time::{Duration, Instant, Now};
 
-/// Every bound the engine enforces. Durations in milliseconds.
+/// Every bound the engine enforces.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// How long a graceful stop waits for the current turn before force-stopping (OBEY-2021).
-    pub stop_grace_ms: u64,
+    pub stop_grace: Duration,
     /// TERM → KILL: how long a terminated process gets to exit ([`crate::process`]'s rule).
-    pub kill_grace_ms: u64,
+    pub kill_grace: Duration,
     /// How long a provider may take to report it started.
-    pub startup_timeout_ms: u64,
+    pub startup_timeout: Duration,
     /// Sessions that are not terminal at once; a create beyond it is refused (OBEY-2004),
     /// because every live session owns a process.
     pub max_live_sessions: usize,
@@ -38,9 +39,9 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            stop_grace_ms: 30_000,
-            kill_grace_ms: crate::process::KILL_GRACE_MS,
-            startup_timeout_ms: 30_000,
+            stop_grace: Duration::from_secs(30),
+            kill_grace: crate::process::KILL_GRACE,
+            startup_timeout: Duration::from_secs(30),
             max_live_sessions: 64,
             tasks: TaskLimits::default(),
         }
@@ -84,8 +85,8 @@ pub struct Engine {
     campaigns: Campaigns,
     limits: Limits,
     next_run: RunId,
-    /// The latest time seen: time never goes backwards inside the engine.
-    now: Millis,
+    /// The latest time seen, clock by clock: time never goes backwards inside the engine.
+    now: Now,
     trace: Option<Vec<Step>>,
     /// Set by [`Input::Shutdown`]: no new session from then on.
     shutting_down: bool,
@@ -99,7 +100,7 @@ impl Engine {
             campaigns: Campaigns::default(),
             limits,
             next_run: 1,
-            now: 0,
+            now: Now::default(),
             trace: None,
             shutting_down: false,
         }
@@ -113,9 +114,13 @@ impl Engine {
     /// requests are cancelled. Tasks are never adopted ([`Tasks::restore`]): what ran is
     /// FAILED and every surviving task process is killed. The effects are the shell's to
     /// carry out before the socket accepts a call.
+    ///
+    /// Deadlines the previous daemon stored as wall-clock times (a request's expiry, a session
+    /// timeout counted from its start) are brought onto this daemon's monotonic clock here
+    /// ([`Now::instant_of`]).
     pub fn restore(
         limits: Limits,
-        now: Millis,
+        now: Now,
         stored: Stored,
         surviving: &Surviving,
     ) -> (Self, Vec<Effect>) {
@@ -156,7 +161,7 @@ impl Engine {
                 (a.resolved_at, a.created_at, &a.id).cmp(&(b.resolved_at, b.created_at, &b.id))
             });
             for a in mine {
-                s.restore_approval(a);
+                s.restore_approval(a, now);
             }
             let mut cx = Ctx {
                 now,
@@ -225,8 +230,8 @@ impl Engine {
     /// every task's timeout and TERM → KILL: when, and why. The shell sleeps until then (or
     /// the next input) and calls `handle(now, Input::Tick)`. Ties go to sessions, then to the
     /// smaller id.
-    pub fn poll_timeout(&self) -> Option<(Millis, Deadline)> {
-        let mut best: Option<(Millis, &SessionId, Timer)> = None;
+    pub fn poll_timeout(&self) -> Option<(Instant, Deadline)> {
+        let mut best: Option<(Instant, &SessionId, Timer)> = None;
         for (id, s) in &self.sessions {
             if let Some((at, t)) = s.next_deadline() {
                 if best.is_none_or(|(b, _, _)| at < b) {
@@ -268,7 +273,7 @@ impl Engine {
     // ── input ──────────────────────────────────────────────────────────────
 
     /// Feeds one input at time `now`; returns its effects (persists first: the drain rule).
-    pub fn handle(&mut self, now: Millis, input: Input) -> Vec<Effect> {
+    pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
         // Time never goes backwards inside the engine: an earlier `now` is read as the latest.
         self.now = self.now.max(now);
         let now = self.now;
@@ -412,7 +417,7 @@ impl Engine {
             }
             Input::Task(input) => self.tasks.handle(now, input, &mut cx.out),
             Input::AddCampaign { req, id, root, how } => {
-                let result = self.campaigns.handle_add(&id, &root, how, now);
+                let result = self.campaigns.handle_add(&id, &root, how, now.wall);
                 if let Ok((c, true)) = &result {
                     cx.out.persist.push(Effect::Persist(Record::Campaign(c.clone())));
                 }
@@ -457,7 +462,7 @@ impl Engine {
                 for s in self.sessions.values_mut() {
                     for _ in 0..8 {
                         match s.next_deadline() {
-                            Some((at, t)) if at <= now => s.handle_timer(t, &mut cx),
+                            Some((at, t)) if at <= now.at => s.handle_timer(t, &mut cx),
                             _ => break,
                         }
                     }
@@ -488,7 +493,7 @@ fn not_found(cx: &mut Ctx, req: u64, id: &SessionId) {
     });
 }
 
-fn new_record(id: SessionId, config: crate::SessionConfig, now: Millis) -> SessionRecord {
+fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionRecord {
     SessionRecord {
         id,
         config,
@@ -497,7 +502,7 @@ fn new_record(id: SessionId, config: crate::SessionConfig, now: Millis) -> Sessi
         tokens_output: 0,
         pid: None,
         restart_count: 0,
-        created_at: now,
+        created_at: now.wall,
         started_at: None,
         last_activity_at: None,
         ended_at: None,

@@ -16,6 +16,7 @@
 //! - [`campaign`]: campaigns and the rules for adding and removing them.
 //! - [`grid`]: the one Markdown renderer of the transition tables.
 //! - [`process`]: the one signal type, TERM → KILL grace and exit-status wording.
+//! - [`time`]: monotonic [`Instant`]s for deadlines, [`Duration`]s, recorded [`Timestamp`]s.
 //! - [`error`]: the OBEY-NNNN registry; [`budget`]: the one place that says "over".
 
 #![forbid(unsafe_code)]
@@ -31,6 +32,7 @@ pub mod process;
 pub mod run;
 pub mod session;
 pub mod task;
+pub mod time;
 
 pub use approval::{
     Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
@@ -42,3 +44,4 @@ pub use session::effect::{Effect, Record, Signal, SpawnSpec};
 pub use session::input::{Ask, Input, ProviderEvent};
 pub use session::machine::{Run, Session, Step, Timer};
 pub use session::table::{InputKind, Rule};
+pub use time::{Duration, Instant, Now, Timestamp};

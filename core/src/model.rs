@@ -1,12 +1,12 @@
 //! The vocabulary every machine and every protocol shares: statuses, providers, activities,
 //! a session's configuration and its durable record.
 //!
-//! Times are `Millis`: milliseconds since the Unix epoch, always supplied by the caller.
+//! Times in records and events are [`Timestamp`]s (wall clock, recorded only), supplied by
+//! the caller; deadlines are [`crate::time::Instant`]s and never stored.
 
 use std::collections::BTreeMap;
 
-/// Milliseconds since the Unix epoch, supplied by the shell (or the simulator's clock).
-pub type Millis = u64;
+pub use crate::time::Timestamp;
 
 /// Identifies one request whose answer the shell is waiting for.
 pub type RequestId = u64;
@@ -292,10 +292,10 @@ pub struct SessionRecord {
     /// The provider's process id while one runs.
     pub pid: Option<u32>,
     pub restart_count: u32,
-    pub created_at: Millis,
-    pub started_at: Option<Millis>,
-    pub last_activity_at: Option<Millis>,
-    pub ended_at: Option<Millis>,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub last_activity_at: Option<Timestamp>,
+    pub ended_at: Option<Timestamp>,
     /// Set when FAILED: the code and message that ended the session.
     pub error: Option<crate::Error>,
     /// The provider's own conversation id (claude `session_id`, codex `thread_id`, …), kept so
@@ -334,7 +334,7 @@ pub struct ActivityEvent {
     /// True on the one COMPLETION or ERROR that ends its turn's stream.
     pub ends_turn: bool,
     pub activity: Activity,
-    pub at: Millis,
+    pub at: Timestamp,
 }
 
 /// A status change, as stored and as sent to watchers.
@@ -346,7 +346,7 @@ pub struct StatusEvent {
     pub previous: Option<Status>,
     pub new: Status,
     pub message: String,
-    pub at: Millis,
+    pub at: Timestamp,
 }
 
 /// A user message, stored in order with the turn it started.
@@ -355,5 +355,5 @@ pub struct UserMessage {
     pub session: SessionId,
     pub turn: u64,
     pub text: String,
-    pub at: Millis,
+    pub at: Timestamp,
 }

@@ -3,12 +3,14 @@
 //!
 //! The session machine (a provider's process), the task machine (an Aria task's command) and
 //! the run machine (the runner's child) all end a process the same way: TERM to its group now,
-//! KILL once [`KILL_GRACE_MS`] (or the configured grace) has passed without an exit.
+//! KILL once [`KILL_GRACE`] (or the configured grace) has passed without an exit.
+
+use crate::time::{Duration, Instant};
 
 /// TERM → KILL: how long a terminated process group gets to exit before KILL (the centaurx
 /// server's `/z`: "send SIGTERM, wait 10s, if still running send SIGKILL"). The default of
 /// every machine's grace and of the daemon's `--kill-grace-secs`.
-pub const KILL_GRACE_MS: u64 = 10_000;
+pub const KILL_GRACE: Duration = Duration::from_secs(10);
 
 /// A signal for a child's whole process group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -71,8 +73,8 @@ pub fn describe_exit(code: Option<i32>, signal: Option<i32>) -> String {
 }
 
 /// The deadline of the KILL that follows a TERM sent at `now`.
-pub fn kill_deadline(now: u64, grace_ms: u64) -> u64 {
-    now.saturating_add(grace_ms)
+pub fn kill_deadline(now: Instant, grace: Duration) -> Instant {
+    now + grace
 }
 
 #[cfg(test)]
@@ -88,6 +90,13 @@ mod tests {
         assert_eq!(exit_code(Some(2), None), Some(2));
         assert_eq!(exit_code(None, None), None);
         assert_eq!(Signal::Term.name(), "SIGTERM");
-        assert_eq!(kill_deadline(u64::MAX - 1, KILL_GRACE_MS), u64::MAX);
+        assert_eq!(
+            kill_deadline(Instant::from_millis(u64::MAX - 1), KILL_GRACE),
+            Instant::MAX
+        );
+        assert_eq!(
+            kill_deadline(Instant::from_millis(5), KILL_GRACE),
+            Instant::from_millis(10_005)
+        );
     }
 }

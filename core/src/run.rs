@@ -19,9 +19,9 @@
 //!
 //! Which (phase, input) pairs are legal is [`rule`], printable with [`render`].
 
-use crate::model::Millis;
+use crate::time::{Duration, Instant};
 
-pub use crate::process::{signal_name, Signal, KILL_GRACE_MS as DEFAULT_KILL_GRACE_MS};
+pub use crate::process::{signal_name, Signal, KILL_GRACE as DEFAULT_KILL_GRACE};
 
 /// How a run's status line reads: the seed's `RunState` without `UNSPECIFIED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -90,10 +90,10 @@ pub enum Input {
     },
     /// A client asked for `signal` to be sent once (SignalSession): no escalation.
     Signal { signal: Signal },
-    /// Stop: TERM now, KILL at `now + grace_ms` if the process is still there.
-    Stop { now: Millis, grace_ms: u64 },
+    /// Stop: TERM now, KILL at `now + grace` if the process is still there.
+    Stop { now: Instant, grace: Duration },
     /// Time passed.
-    Tick { now: Millis },
+    Tick { now: Instant },
 }
 
 /// The class of an input, for the table.
@@ -236,8 +236,8 @@ enum State {
     Terminating {
         pid: u32,
         /// `None` once KILL was sent.
-        kill_at: Option<Millis>,
-        grace_ms: u64,
+        kill_at: Option<Instant>,
+        grace: Duration,
     },
     Exited {
         status: Status,
@@ -249,7 +249,7 @@ enum State {
 pub struct RunMachine {
     state: State,
     /// The latest time seen (time never goes backwards here).
-    now: Millis,
+    now: Instant,
     output_events: u64,
     output_bytes: u64,
     /// A stop was asked for (so a TERM death is expected, not a crash).
@@ -268,7 +268,7 @@ impl RunMachine {
     pub fn new() -> Self {
         RunMachine {
             state: State::Starting,
-            now: 0,
+            now: Instant::ORIGIN,
             output_events: 0,
             output_bytes: 0,
             stopped: false,
@@ -320,7 +320,7 @@ impl RunMachine {
     }
 
     /// The next deadline and what it is for: when the shell must feed `Tick`.
-    pub fn poll_timeout(&self) -> Option<(Millis, &'static str)> {
+    pub fn poll_timeout(&self) -> Option<(Instant, &'static str)> {
         match self.state {
             State::Terminating {
                 kill_at: Some(at), ..
@@ -384,27 +384,27 @@ impl RunMachine {
                 }
                 out.push(Effect::Signal(signal));
             }
-            Input::Stop { now, grace_ms } => {
+            Input::Stop { now, grace } => {
                 let now = self.advance(now);
-                let deadline = now.saturating_add(grace_ms);
+                let deadline = crate::process::kill_deadline(now, grace);
                 self.stopped = true;
                 match &mut self.state {
                     State::Running { pid } => {
                         self.state = State::Terminating {
                             pid: *pid,
                             kill_at: Some(deadline),
-                            grace_ms,
+                            grace,
                         };
                         out.push(Effect::Signal(Signal::Term));
                     }
                     // A second stop joins the first; a shorter grace cuts the wait short.
                     State::Terminating {
                         kill_at: Some(at),
-                        grace_ms: g,
+                        grace: g,
                         ..
                     } if deadline < *at => {
                         *at = deadline;
-                        *g = grace_ms;
+                        *g = grace;
                     }
                     _ => {}
                 }
@@ -423,7 +423,7 @@ impl RunMachine {
         Ok(out)
     }
 
-    fn advance(&mut self, now: Millis) -> Millis {
+    fn advance(&mut self, now: Instant) -> Instant {
         self.now = self.now.max(now);
         self.now
     }
@@ -442,7 +442,7 @@ impl RunMachine {
                 let mut msg = crate::process::describe_exit(code, signal);
                 if self.escalated {
                     let grace = match self.state {
-                        State::Terminating { grace_ms, .. } => grace_ms,
+                        State::Terminating { grace, .. } => grace.millis(),
                         _ => 0,
                     };
                     msg.push_str(&format!(
@@ -538,8 +538,8 @@ mod tests {
         assert!(s.message.contains("No such file"));
         assert_eq!(
             m.handle(Input::Stop {
-                now: 0,
-                grace_ms: 1
+                now: Instant::from_millis(0),
+                grace: Duration::from_millis(1)
             }),
             Err(Refusal::AlreadyExited)
         );
@@ -550,19 +550,36 @@ mod tests {
         let mut m = running(7);
         let fx = m
             .handle(Input::Stop {
-                now: 1_000,
-                grace_ms: DEFAULT_KILL_GRACE_MS,
+                now: Instant::from_millis(1_000),
+                grace: DEFAULT_KILL_GRACE,
             })
             .unwrap();
         assert_eq!(fx, vec![Effect::Signal(Signal::Term)]);
         assert_eq!(m.phase(), Phase::Terminating);
-        assert_eq!(m.poll_timeout(), Some((11_000, "TERM to KILL escalation")));
+        assert_eq!(
+            m.poll_timeout(),
+            Some((Instant::from_millis(11_000), "TERM to KILL escalation"))
+        );
         // Too early: nothing.
-        assert!(m.handle(Input::Tick { now: 10_999 }).unwrap().is_empty());
-        let fx = m.handle(Input::Tick { now: 11_000 }).unwrap();
+        assert!(m
+            .handle(Input::Tick {
+                now: Instant::from_millis(10_999)
+            })
+            .unwrap()
+            .is_empty());
+        let fx = m
+            .handle(Input::Tick {
+                now: Instant::from_millis(11_000),
+            })
+            .unwrap();
         assert_eq!(fx, vec![Effect::Signal(Signal::Kill)]);
         assert_eq!(m.poll_timeout(), None, "KILL is sent once");
-        assert!(m.handle(Input::Tick { now: 20_000 }).unwrap().is_empty());
+        assert!(m
+            .handle(Input::Tick {
+                now: Instant::from_millis(20_000)
+            })
+            .unwrap()
+            .is_empty());
         let fx = m.handle(exited(None, Some(9))).unwrap();
         let s = emitted(&fx);
         assert_eq!((s.kind, s.exit_code), (StatusKind::Failed, 137));
@@ -574,8 +591,8 @@ mod tests {
     fn a_process_that_honours_term_is_not_killed() {
         let mut m = running(7);
         m.handle(Input::Stop {
-            now: 0,
-            grace_ms: 500,
+            now: Instant::from_millis(0),
+            grace: Duration::from_millis(500),
         })
         .unwrap();
         let fx = m.handle(exited(None, Some(15))).unwrap();
@@ -583,15 +600,20 @@ mod tests {
         assert_eq!((s.kind, s.exit_code), (StatusKind::Failed, 143));
         assert!(s.message.contains("(stopped)"), "{}", s.message);
         assert_eq!(m.poll_timeout(), None);
-        assert!(m.handle(Input::Tick { now: 1_000 }).unwrap().is_empty());
+        assert!(m
+            .handle(Input::Tick {
+                now: Instant::from_millis(1_000)
+            })
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
     fn a_clean_exit_after_term_is_finished() {
         let mut m = running(7);
         m.handle(Input::Stop {
-            now: 0,
-            grace_ms: 500,
+            now: Instant::from_millis(0),
+            grace: Duration::from_millis(500),
         })
         .unwrap();
         let s = emitted(&m.handle(exited(Some(0), None)).unwrap()).clone();
@@ -602,29 +624,32 @@ mod tests {
     fn a_second_stop_joins_and_may_shorten_the_wait() {
         let mut m = running(1);
         m.handle(Input::Stop {
-            now: 0,
-            grace_ms: 10_000,
+            now: Instant::from_millis(0),
+            grace: Duration::from_millis(10_000),
         })
         .unwrap();
         // No second TERM; a longer grace does not postpone the KILL.
         assert!(m
             .handle(Input::Stop {
-                now: 100,
-                grace_ms: 60_000
+                now: Instant::from_millis(100),
+                grace: Duration::from_millis(60_000)
             })
             .unwrap()
             .is_empty());
-        assert_eq!(m.poll_timeout().map(|t| t.0), Some(10_000));
+        assert_eq!(m.poll_timeout().map(|t| t.0.millis()), Some(10_000));
         assert!(m
             .handle(Input::Stop {
-                now: 200,
-                grace_ms: 0
+                now: Instant::from_millis(200),
+                grace: Duration::from_millis(0)
             })
             .unwrap()
             .is_empty());
-        assert_eq!(m.poll_timeout().map(|t| t.0), Some(200));
+        assert_eq!(m.poll_timeout().map(|t| t.0.millis()), Some(200));
         assert_eq!(
-            m.handle(Input::Tick { now: 200 }).unwrap(),
+            m.handle(Input::Tick {
+                now: Instant::from_millis(200)
+            })
+            .unwrap(),
             vec![Effect::Signal(Signal::Kill)]
         );
     }
@@ -633,19 +658,24 @@ mod tests {
     fn time_never_goes_backwards() {
         let mut m = running(1);
         m.handle(Input::Stop {
-            now: 5_000,
-            grace_ms: 1_000,
+            now: Instant::from_millis(5_000),
+            grace: Duration::from_millis(1_000),
         })
         .unwrap();
         // A clock that jumped back cannot fire the deadline early...
-        assert!(m.handle(Input::Tick { now: 10 }).unwrap().is_empty());
+        assert!(m
+            .handle(Input::Tick {
+                now: Instant::from_millis(10)
+            })
+            .unwrap()
+            .is_empty());
         // ...and a stop at an earlier time counts from the latest time seen.
         m.handle(Input::Stop {
-            now: 0,
-            grace_ms: 0,
+            now: Instant::from_millis(0),
+            grace: Duration::from_millis(0),
         })
         .unwrap();
-        assert_eq!(m.poll_timeout().map(|t| t.0), Some(5_000));
+        assert_eq!(m.poll_timeout().map(|t| t.0.millis()), Some(5_000));
     }
 
     #[test]
@@ -664,8 +694,8 @@ mod tests {
             "a raw signal does not start a stop"
         );
         m.handle(Input::Stop {
-            now: 0,
-            grace_ms: 1_000,
+            now: Instant::from_millis(0),
+            grace: Duration::from_millis(1_000),
         })
         .unwrap();
         m.handle(Input::Signal {
@@ -697,8 +727,8 @@ mod tests {
         );
         assert_eq!(
             m.handle(Input::Stop {
-                now: 0,
-                grace_ms: 0
+                now: Instant::from_millis(0),
+                grace: Duration::from_millis(0)
             }),
             Err(Refusal::NotStarted)
         );
@@ -714,7 +744,9 @@ mod tests {
             Input::Output { bytes: 5 },
             Input::Started { pid: 9 },
             exited(Some(1), None),
-            Input::Tick { now: 99 },
+            Input::Tick {
+                now: Instant::from_millis(99),
+            },
         ] {
             assert!(m.handle(input).unwrap().is_empty());
         }

@@ -11,10 +11,11 @@
 use std::collections::BTreeMap;
 
 use crate::error::{Error, ErrorCode};
-use crate::model::{Millis, RequestId};
+use crate::model::RequestId;
 use crate::process::Signal;
 use crate::session::effect::{Effect, Record};
 use crate::session::machine::Out;
+use crate::time::{Duration, Instant, Now, Timestamp};
 
 /// An Aria task status; the numbering is the `aria.v1.TaskStatus` wire enum's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -82,9 +83,9 @@ pub struct TaskRecord {
     pub id: String,
     pub spec: TaskSpec,
     pub status: TaskStatus,
-    pub created_at: Millis,
-    pub started_at: Option<Millis>,
-    pub completed_at: Option<Millis>,
+    pub created_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub completed_at: Option<Timestamp>,
     pub exit_code: Option<i32>,
     pub error_message: Option<String>,
     /// Progress in hundredths of a percent (0..=10000), so the record stays `Eq`.
@@ -117,7 +118,7 @@ pub struct TaskOutput {
     pub task: String,
     pub seq: u64,
     pub kind: OutputKind,
-    pub at: Millis,
+    pub at: Timestamp,
 }
 
 /// A task status change, for the notification stream.
@@ -127,7 +128,7 @@ pub struct TaskStatusEvent {
     pub status: TaskStatus,
     pub message: String,
     pub exit_code: Option<i32>,
-    pub at: Millis,
+    pub at: Timestamp,
 }
 
 /// What a client asks of the tasks, or what a task's process did.
@@ -174,7 +175,7 @@ pub struct TaskLimits {
     /// Output bytes kept per task; past it one marker line is kept and the rest dropped.
     pub max_output_bytes: u64,
     /// TERM → KILL on cancel or timeout.
-    pub kill_grace_ms: u64,
+    pub kill_grace: Duration,
     /// Tasks not yet terminal at once.
     pub max_live_tasks: usize,
 }
@@ -183,7 +184,7 @@ impl Default for TaskLimits {
     fn default() -> Self {
         TaskLimits {
             max_output_bytes: 4 * 1024 * 1024,
-            kill_grace_ms: crate::process::KILL_GRACE_MS,
+            kill_grace: crate::process::KILL_GRACE,
             max_live_tasks: 64,
         }
     }
@@ -200,8 +201,8 @@ enum Ending {
 struct Task {
     record: TaskRecord,
     ending: Ending,
-    timeout_at: Option<Millis>,
-    kill_at: Option<Millis>,
+    timeout_at: Option<Instant>,
+    kill_at: Option<Instant>,
     alive: bool,
 }
 
@@ -235,7 +236,7 @@ impl Tasks {
     /// killed rather than left running unowned.
     pub(crate) fn restore(
         limits: TaskLimits,
-        now: Millis,
+        now: Now,
         records: impl IntoIterator<Item = TaskRecord>,
         surviving: &BTreeMap<String, Option<u32>>,
         out: &mut Out,
@@ -249,7 +250,7 @@ impl Tasks {
                     "the daemon restarted while the task ran; its process was lost"
                 };
                 record.status = TaskStatus::Failed;
-                record.completed_at = Some(now);
+                record.completed_at = Some(now.wall);
                 record.pid = None;
                 record.error_message = Some(why.into());
                 out.persist
@@ -259,7 +260,7 @@ impl Tasks {
                     status: record.status,
                     message: why.into(),
                     exit_code: None,
-                    at: now,
+                    at: now.wall,
                 }));
             }
             let id = record.id.clone();
@@ -303,8 +304,8 @@ impl Tasks {
     }
 
     /// The earliest deadline: when, which task, why.
-    pub fn poll_timeout(&self) -> Option<(Millis, &String, TaskTimer)> {
-        let mut best: Option<(Millis, &String, TaskTimer)> = None;
+    pub fn poll_timeout(&self) -> Option<(Instant, &String, TaskTimer)> {
+        let mut best: Option<(Instant, &String, TaskTimer)> = None;
         for (id, t) in &self.tasks {
             for (at, why) in [
                 (t.timeout_at, TaskTimer::Timeout),
@@ -321,7 +322,7 @@ impl Tasks {
     }
 
     /// One task input at `now` (the engine's time, which never goes backwards).
-    pub(crate) fn handle(&mut self, now: Millis, input: TaskInput, out: &mut Out) {
+    pub(crate) fn handle(&mut self, now: Now, input: TaskInput, out: &mut Out) {
         match input {
             TaskInput::Launch { req, id, spec } => self.launch(now, req, id, spec, out),
             TaskInput::Cancel { req, id } => self.cancel(now, req, &id, out),
@@ -330,13 +331,13 @@ impl Tasks {
                     if t.record.status == TaskStatus::Pending {
                         t.alive = true;
                         t.record.pid = Some(pid);
-                        t.record.started_at = Some(now);
+                        t.record.started_at = Some(now.wall);
                         t.timeout_at = (t.record.spec.timeout_ms > 0)
-                            .then(|| now.saturating_add(t.record.spec.timeout_ms));
+                            .then(|| now.after(Duration::from_millis(t.record.spec.timeout_ms)));
                         set_status(t, TaskStatus::Running, "running", now, out);
                         if t.ending != Ending::None {
                             // Cancelled while it was being spawned.
-                            terminate(t, now, self.limits.kill_grace_ms, out);
+                            terminate(t, now, self.limits.kill_grace, out);
                         }
                     }
                 }
@@ -345,7 +346,7 @@ impl Tasks {
                 if let Some(t) = self.tasks.get_mut(&id) {
                     if t.record.status == TaskStatus::Pending {
                         t.record.error_message = Some(format!("could not start: {reason}"));
-                        t.record.completed_at = Some(now);
+                        t.record.completed_at = Some(now.wall);
                         let msg = t.record.error_message.clone().unwrap_or_default();
                         set_status(t, TaskStatus::Failed, &msg, now, out);
                     }
@@ -370,7 +371,7 @@ impl Tasks {
 
     /// The daemon is shutting down: cancel every task not yet terminal (answered to nobody,
     /// [`crate::NO_REPLY`]).
-    pub(crate) fn handle_shutdown(&mut self, now: Millis, out: &mut Out) {
+    pub(crate) fn handle_shutdown(&mut self, now: Now, out: &mut Out) {
         let live: Vec<String> = self
             .all()
             .filter(|t| !t.status.is_terminal())
@@ -383,17 +384,17 @@ impl Tasks {
     }
 
     /// Time passed: fire every task deadline at or before `now`.
-    pub(crate) fn handle_tick(&mut self, now: Millis, out: &mut Out) {
-        let grace = self.limits.kill_grace_ms;
+    pub(crate) fn handle_tick(&mut self, now: Now, out: &mut Out) {
+        let grace = self.limits.kill_grace;
         for t in self.tasks.values_mut() {
-            if t.timeout_at.is_some_and(|at| at <= now) {
+            if t.timeout_at.is_some_and(|at| at <= now.at) {
                 t.timeout_at = None;
                 if t.record.status == TaskStatus::Running && t.ending == Ending::None {
                     t.ending = Ending::Timeout;
                     terminate(t, now, grace, out);
                 }
             }
-            if t.kill_at.is_some_and(|at| at <= now) {
+            if t.kill_at.is_some_and(|at| at <= now.at) {
                 t.kill_at = None;
                 if let (true, Some(pid)) = (t.alive, t.record.pid) {
                     out.rest.push(Effect::SignalTask {
@@ -413,7 +414,7 @@ impl Tasks {
         }
     }
 
-    fn launch(&mut self, now: Millis, req: RequestId, id: String, spec: TaskSpec, out: &mut Out) {
+    fn launch(&mut self, now: Now, req: RequestId, id: String, spec: TaskSpec, out: &mut Out) {
         let refuse = if self.tasks.contains_key(&id) {
             Some(format!("a task with id {id} already exists"))
         } else if spec.command.is_empty() || spec.command[0].is_empty() {
@@ -437,7 +438,7 @@ impl Tasks {
             id: id.clone(),
             spec: spec.clone(),
             status: TaskStatus::Pending,
-            created_at: now,
+            created_at: now.wall,
             started_at: None,
             completed_at: None,
             exit_code: None,
@@ -456,7 +457,7 @@ impl Tasks {
             status: TaskStatus::Pending,
             message: "launched".into(),
             exit_code: None,
-            at: now,
+            at: now.wall,
         }));
         out.rest.push(Effect::SpawnTask {
             id: id.clone(),
@@ -478,8 +479,8 @@ impl Tasks {
         );
     }
 
-    fn cancel(&mut self, now: Millis, req: RequestId, id: &str, out: &mut Out) {
-        let grace = self.limits.kill_grace_ms;
+    fn cancel(&mut self, now: Now, req: RequestId, id: &str, out: &mut Out) {
+        let grace = self.limits.kill_grace;
         let Some(t) = self.tasks.get_mut(id) else {
             out.rest.push(Effect::ReplyTask {
                 req,
@@ -503,7 +504,7 @@ impl Tasks {
     }
 }
 
-fn set_status(t: &mut Task, status: TaskStatus, message: &str, now: Millis, out: &mut Out) {
+fn set_status(t: &mut Task, status: TaskStatus, message: &str, now: Now, out: &mut Out) {
     t.record.status = status;
     out.persist
         .push(Effect::Persist(Record::Task(Box::new(t.record.clone()))));
@@ -512,14 +513,14 @@ fn set_status(t: &mut Task, status: TaskStatus, message: &str, now: Millis, out:
         status,
         message: message.to_string(),
         exit_code: t.record.exit_code,
-        at: now,
+        at: now.wall,
     }));
 }
 
-fn terminate(t: &mut Task, now: Millis, grace: u64, out: &mut Out) {
+fn terminate(t: &mut Task, now: Now, grace: Duration, out: &mut Out) {
     if let (true, Some(pid)) = (t.alive, t.record.pid) {
         if t.kill_at.is_none() {
-            t.kill_at = Some(crate::process::kill_deadline(now, grace));
+            t.kill_at = Some(crate::process::kill_deadline(now.at, grace));
             out.rest.push(Effect::SignalTask {
                 id: t.record.id.clone(),
                 pid: Some(pid),
@@ -529,7 +530,7 @@ fn terminate(t: &mut Task, now: Millis, grace: u64, out: &mut Out) {
     }
 }
 
-fn output(t: &mut Task, kind: OutputKind, max: u64, now: Millis, out: &mut Out) {
+fn output(t: &mut Task, kind: OutputKind, max: u64, now: Now, out: &mut Out) {
     let len = match &kind {
         OutputKind::Stdout(s) | OutputKind::Stderr(s) => s.len() as u64 + 1,
         OutputKind::Progress { .. } => 0,
@@ -559,7 +560,7 @@ fn output(t: &mut Task, kind: OutputKind, max: u64, now: Millis, out: &mut Out) 
         task: t.record.id.clone(),
         seq: t.record.last_output_seq,
         kind,
-        at: now,
+        at: now.wall,
     };
     out.persist
         .push(Effect::Persist(Record::TaskOutput(o.clone())));
@@ -603,7 +604,7 @@ impl Task {
     }
 }
 
-fn exited(t: &mut Task, code: Option<i32>, signal: Option<i32>, now: Millis, out: &mut Out) {
+fn exited(t: &mut Task, code: Option<i32>, signal: Option<i32>, now: Now, out: &mut Out) {
     if !t.alive {
         return;
     }
@@ -611,7 +612,7 @@ fn exited(t: &mut Task, code: Option<i32>, signal: Option<i32>, now: Millis, out
     t.kill_at = None;
     t.timeout_at = None;
     t.record.pid = None;
-    t.record.completed_at = Some(now);
+    t.record.completed_at = Some(now.wall);
     t.record.exit_code = crate::process::exit_code(code, signal);
     let (status, message) = match (t.ending, code) {
         (Ending::Cancel, _) => (TaskStatus::Cancelled, "cancelled".to_string()),
@@ -640,6 +641,11 @@ mod tests {
     use super::*;
     use crate::{Deadline, Engine, Input, Limits, Stored, Surviving};
 
+    /// The same reading on both clocks, `ms` after their origins.
+    fn now(ms: u64) -> Now {
+        Now::new(Instant::from_millis(ms), Timestamp::from_millis(ms))
+    }
+
     fn spec() -> TaskSpec {
         TaskSpec {
             command: vec!["echo".into(), "hi".into()],
@@ -652,7 +658,7 @@ mod tests {
         Limits {
             tasks: TaskLimits {
                 max_output_bytes: 10,
-                kill_grace_ms: 1_000,
+                kill_grace: Duration::from_secs(1),
                 max_live_tasks: 2,
             },
             ..Limits::default()
@@ -666,15 +672,15 @@ mod tests {
         fn new() -> Self {
             T(Engine::new(limits()))
         }
-        fn at(&mut self, now: Millis, input: TaskInput) -> Vec<Effect> {
-            self.0.handle(now, Input::Task(input))
+        fn at(&mut self, ms: u64, input: TaskInput) -> Vec<Effect> {
+            self.0.handle(now(ms), Input::Task(input))
         }
-        fn started(&mut self, now: Millis, id: &str, pid: u32) -> Vec<Effect> {
-            self.at(now, TaskInput::Started { id: id.into(), pid })
+        fn started(&mut self, ms: u64, id: &str, pid: u32) -> Vec<Effect> {
+            self.at(ms, TaskInput::Started { id: id.into(), pid })
         }
-        fn exited(&mut self, now: Millis, id: &str, code: Option<i32>, signal: Option<i32>) {
+        fn exited(&mut self, ms: u64, id: &str, code: Option<i32>, signal: Option<i32>) {
             self.at(
-                now,
+                ms,
                 TaskInput::Exited {
                     id: id.into(),
                     code,
@@ -725,7 +731,11 @@ mod tests {
         let r = t.0.task("a").unwrap();
         assert_eq!(
             (r.status, r.exit_code, r.completed_at),
-            (TaskStatus::Completed, Some(0), Some(3))
+            (
+                TaskStatus::Completed,
+                Some(0),
+                Some(Timestamp::from_millis(3))
+            )
         );
         assert_eq!(r.error_message, None);
     }
@@ -763,7 +773,7 @@ mod tests {
         t.launch("b");
         t.started(1, "a", 5);
         let fx = t.0.handle(
-            2,
+            now(2),
             Input::Shutdown {
                 req: 7,
                 graceful: true,
@@ -781,21 +791,14 @@ mod tests {
         let mut t = T::new();
         t.launch("a");
         t.started(1, "a", 5);
-        let (at, why) = t.0.poll_timeout().unwrap();
-        assert_eq!(
-            (at, why),
-            (5_001, Deadline::Task("a".into(), TaskTimer::Timeout))
-        );
-        let fx = t.0.handle(at, Input::Tick);
+        let due = |ms, timer| (Instant::from_millis(ms), Deadline::Task("a".into(), timer));
+        assert_eq!(t.0.poll_timeout(), Some(due(5_001, TaskTimer::Timeout)));
+        let fx = t.0.handle(now(5_001), Input::Tick);
         assert!(fx.contains(&signal("a", 5, Signal::Term)));
-        let (at, why) = t.0.poll_timeout().unwrap();
-        assert_eq!(
-            (at, why),
-            (6_001, Deadline::Task("a".into(), TaskTimer::Kill))
-        );
-        let fx = t.0.handle(at, Input::Tick);
+        assert_eq!(t.0.poll_timeout(), Some(due(6_001, TaskTimer::Kill)));
+        let fx = t.0.handle(now(6_001), Input::Tick);
         assert!(fx.contains(&signal("a", 5, Signal::Kill)));
-        t.exited(at + 1, "a", None, Some(9));
+        t.exited(6_002, "a", None, Some(9));
         assert_eq!(t.status("a"), TaskStatus::Timeout);
         assert!(t.0.poll_timeout().is_none());
     }
@@ -859,7 +862,7 @@ mod tests {
             let mut d = t.0.task("lost").unwrap().clone();
             d.id = "done".into();
             d.status = TaskStatus::Completed;
-            d.completed_at = Some(0);
+            d.completed_at = Some(Timestamp::from_millis(0));
             d
         };
         let stored = Stored {
@@ -876,12 +879,12 @@ mod tests {
                 .collect(),
             ..Surviving::default()
         };
-        let (e, fx) = Engine::restore(limits(), 10, stored, &surviving);
+        let (e, fx) = Engine::restore(limits(), now(10), stored, &surviving);
         for id in ["lost", "kept"] {
             let r = e.task(id).unwrap();
             assert_eq!(
                 (r.status, r.completed_at, r.pid),
-                (TaskStatus::Failed, Some(10), None)
+                (TaskStatus::Failed, Some(Timestamp::from_millis(10)), None)
             );
         }
         assert!(e

@@ -6,12 +6,24 @@ use std::collections::BTreeMap;
 
 use paddock_core::*;
 
+/// Milliseconds on the tests' one clock (both readings of [`Now`] move together here).
+type Millis = u64;
+
 const T0: Millis = 1_000_000;
+
+/// The same reading on both clocks, `ms` after their origins.
+fn now(ms: Millis) -> Now {
+    Now::new(Instant::from_millis(ms), Timestamp::from_millis(ms))
+}
+
+fn ts(ms: Millis) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
 
 /// The engine rebuilt from these stored sessions and requests, with these agents surviving.
 fn restore_with(
     limits: Limits,
-    now: Millis,
+    at: Millis,
     sessions: impl IntoIterator<Item = SessionRecord>,
     approvals: impl IntoIterator<Item = Approval>,
     agents: &std::collections::BTreeMap<SessionId, (RunId, Option<u32>)>,
@@ -25,7 +37,7 @@ fn restore_with(
         agents: agents.clone(),
         ..Surviving::default()
     };
-    Engine::restore(limits, now, stored, &surviving)
+    Engine::restore(limits, now(at), stored, &surviving)
 }
 
 fn sid() -> SessionId {
@@ -84,7 +96,7 @@ impl Rig {
 
     fn at(&mut self, dt: Millis, input: Input) -> Vec<Effect> {
         self.now += dt;
-        self.engine.handle(self.now, input)
+        self.engine.handle(now(self.now), input)
     }
 
     fn provider(&mut self, event: ProviderEvent) -> Vec<Effect> {
@@ -278,12 +290,17 @@ fn a_permission_cannot_be_answered_with_text() {
 fn an_unanswered_request_expires_with_the_sessions_default() {
     let mut r = Rig::working("ask");
     r.ask("a1", AskKind::Permission, "Bash");
-    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+    let (at, Deadline::Session(_, timer)) = r
+        .engine
+        .poll_timeout()
+        .map(|(at, d)| (at.millis(), d))
+        .unwrap()
+    else {
         panic!("a session deadline")
     };
     assert_eq!(timer, Timer::ApprovalExpiry);
     r.now = at;
-    let fx = r.engine.handle(at, Input::Tick);
+    let fx = r.engine.handle(now(at), Input::Tick);
     let a = answers(&fx);
     assert_eq!(a.len(), 1);
     assert!(
@@ -294,6 +311,84 @@ fn an_unanswered_request_expires_with_the_sessions_default() {
     assert_eq!(r.status(), Status::Working);
     let (_, result) = r.resolve("a1", Decision::Approve);
     assert!(result.unwrap_err().message.contains("already expired"));
+}
+
+/// Deadlines run on the monotonic clock; the wall clock is only recorded. A wall clock set an
+/// hour back (or forward) neither delays nor hastens an expiry, and a restarted daemon, whose
+/// monotonic clock starts again, brings the stored expiry (wall clock) onto its own clock.
+#[test]
+fn expiry_runs_on_the_monotonic_clock_and_a_restart_converts_it() {
+    let mut r = Rig::working("ask");
+    let fx = r.ask("a1", AskKind::Permission, "Bash");
+    let Some(Effect::Persist(Record::Approval(pending))) = fx
+        .iter()
+        .find(|e| matches!(e, Effect::Persist(Record::Approval(_))))
+        .cloned()
+    else {
+        unreachable!()
+    };
+    let asked = r.now;
+    assert_eq!(
+        (pending.created_at, pending.expires_at),
+        (ts(asked), ts(asked + 60_000)),
+        "recorded on the wall clock"
+    );
+    let due = Instant::from_millis(asked + 60_000);
+    assert_eq!(
+        r.engine.poll_timeout(),
+        Some((due, Deadline::Session(sid(), Timer::ApprovalExpiry)))
+    );
+    // 59 s later on the monotonic clock, the wall clock an hour ahead: not due.
+    let hour = 3_600_000;
+    let skewed = |mono: Millis, wall: Millis| Now::new(Instant::from_millis(mono), ts(wall));
+    let fx = r
+        .engine
+        .handle(skewed(asked + 59_000, asked + 59_000 + hour), Input::Tick);
+    assert!(fx.is_empty(), "{fx:?}");
+    assert_eq!(r.status(), Status::Waiting);
+    // At the deadline, the wall clock set back below where it was: due all the same, and
+    // the record keeps the latest wall-clock time seen (time never goes back in the core).
+    let fx = r.engine.handle(skewed(asked + 60_000, asked), Input::Tick);
+    let expired = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Persist(Record::Approval(a)) if a.state == ApprovalState::Expired => {
+                Some(a.clone())
+            }
+            _ => None,
+        })
+        .expect("expired at its monotonic deadline");
+    assert_eq!(expired.resolved_at, Some(ts(asked + 59_000 + hour)));
+
+    // A new daemon: its monotonic clock starts at 0, the wall clock is 20 s past the ask.
+    let record = r.engine.session(&sid()).unwrap().record.clone();
+    let waiting = SessionRecord {
+        status: Status::Waiting,
+        ..record
+    };
+    let stored = Stored {
+        sessions: vec![waiting],
+        approvals: vec![pending],
+        ..Stored::default()
+    };
+    let surviving = Surviving {
+        agents: [(sid(), (1, Some(42)))].into_iter().collect(),
+        ..Surviving::default()
+    };
+    let (engine, _) = Engine::restore(
+        Limits::default(),
+        Now::new(Instant::ORIGIN, ts(asked + 20_000)),
+        stored,
+        &surviving,
+    );
+    assert_eq!(
+        engine.poll_timeout(),
+        Some((
+            Instant::from_millis(40_000),
+            Deadline::Session(sid(), Timer::ApprovalExpiry)
+        )),
+        "40 s left, on the new clock"
+    );
 }
 
 #[test]
@@ -368,7 +463,7 @@ fn an_open_request_survives_a_daemon_restart_when_the_agent_does() {
     );
     assert_eq!(engine.session(&sid()).unwrap().status(), Status::Waiting);
     let fx = engine.handle(
-        r.now + 10,
+        now(r.now + 10),
         Input::Resolve {
             req: 99,
             approval: "a1".into(),
@@ -471,7 +566,7 @@ fn an_adopted_agent_is_sent_its_answers_again_and_run_ids_stay_unique() {
         &BTreeMap::new(),
     );
     let fx = engine.handle(
-        r.now + 10,
+        now(r.now + 10),
         Input::Restart {
             req: 1,
             id: sid(),
@@ -524,8 +619,12 @@ fn expiry_allows_only_permissions_and_open_requests_are_bounded() {
     r.ask("p", AskKind::Permission, "Bash");
     r.ask("q", AskKind::Question, "AskUserQuestion");
     r.ask("c", AskKind::ClientTool, "run_tests");
-    let (at, _) = r.engine.poll_timeout().unwrap();
-    let fx = r.engine.handle(at + 10, Input::Tick);
+    let (at, _) = r
+        .engine
+        .poll_timeout()
+        .map(|(at, d)| (at.millis(), d))
+        .unwrap();
+    let fx = r.engine.handle(now(at + 10), Input::Tick);
     let told = answers(&fx);
     assert_eq!(told.len(), 3);
     assert!(told[0].1, "the permission is allowed by the default");

@@ -4,12 +4,24 @@
 
 use paddock_core::*;
 
+/// Milliseconds on the tests' one clock (both readings of [`Now`] move together here).
+type Millis = u64;
+
 const T0: Millis = 1_000_000;
+
+/// The same reading on both clocks, `ms` after their origins.
+fn now(ms: Millis) -> Now {
+    Now::new(Instant::from_millis(ms), Timestamp::from_millis(ms))
+}
+
+fn ts(ms: Millis) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
 
 /// The engine rebuilt from these stored sessions and requests, with these agents surviving.
 fn restore_with(
     limits: Limits,
-    now: Millis,
+    at: Millis,
     sessions: impl IntoIterator<Item = SessionRecord>,
     approvals: impl IntoIterator<Item = Approval>,
     agents: &std::collections::BTreeMap<SessionId, (RunId, Option<u32>)>,
@@ -23,7 +35,7 @@ fn restore_with(
         agents: agents.clone(),
         ..Surviving::default()
     };
-    Engine::restore(limits, now, stored, &surviving)
+    Engine::restore(limits, now(at), stored, &surviving)
 }
 
 struct Rig {
@@ -34,9 +46,9 @@ struct Rig {
 
 fn limits() -> Limits {
     Limits {
-        stop_grace_ms: 5_000,
-        kill_grace_ms: 1_000,
-        startup_timeout_ms: 3_000,
+        stop_grace: Duration::from_millis(5_000),
+        kill_grace: Duration::from_millis(1_000),
+        startup_timeout: Duration::from_millis(3_000),
         max_live_sessions: 2,
         ..Limits::default()
     }
@@ -62,7 +74,7 @@ impl Rig {
 
     fn at(&mut self, dt: Millis, input: Input) -> Vec<Effect> {
         self.now += dt;
-        self.engine.handle(self.now, input)
+        self.engine.handle(now(self.now), input)
     }
 
     fn create(&mut self, config: SessionConfig) -> (RequestId, Vec<Effect>) {
@@ -221,7 +233,7 @@ fn create_spawns_and_answers_once_started() {
     let rec = reply(&fx, req).unwrap().unwrap();
     assert_eq!(rec.status, Status::Running);
     assert_eq!(rec.pid, Some(42));
-    assert_eq!(rec.started_at, Some(T0 + 1));
+    assert_eq!(rec.started_at, Some(ts(T0 + 1)));
 }
 
 #[test]
@@ -308,7 +320,12 @@ fn the_session_timeout_fails_it_with_2014() {
     c.timeout_ms = 10_000;
     let mut r = Rig::running(c);
     r.send("hi");
-    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+    let (at, Deadline::Session(_, timer)) = r
+        .engine
+        .poll_timeout()
+        .map(|(at, d)| (at.millis(), d))
+        .unwrap()
+    else {
         panic!("a session deadline")
     };
     assert_eq!(timer, Timer::SessionTimeout);
@@ -317,7 +334,7 @@ fn the_session_timeout_fails_it_with_2014() {
     let a = activities(&fx);
     assert!(a[0].activity.content.starts_with("OBEY-2014"));
     assert_eq!(r.status(), Status::Failed);
-    assert_eq!(r.record().ended_at, Some(at));
+    assert_eq!(r.record().ended_at, Some(ts(at)));
 }
 
 #[test]
@@ -341,7 +358,12 @@ fn a_graceful_stop_that_waits_too_long_forces_and_answers_2021() {
     let mut r = Rig::running(config());
     r.send("hi");
     let (req, _) = r.stop(true);
-    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+    let (at, Deadline::Session(_, timer)) = r
+        .engine
+        .poll_timeout()
+        .map(|(at, d)| (at.millis(), d))
+        .unwrap()
+    else {
         panic!("a session deadline")
     };
     assert_eq!(timer, Timer::StopGrace);
@@ -363,7 +385,12 @@ fn a_forced_stop_interrupts_and_escalates_to_kill() {
     assert_eq!(a[0].activity.kind(), ActivityKind::Error);
     assert!(a[0].ends_turn);
     assert_eq!(signals(&fx), vec![Signal::Term]);
-    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+    let (at, Deadline::Session(_, timer)) = r
+        .engine
+        .poll_timeout()
+        .map(|(at, d)| (at.millis(), d))
+        .unwrap()
+    else {
         panic!("a session deadline")
     };
     assert_eq!(timer, Timer::Kill);
@@ -423,7 +450,12 @@ fn a_spawn_failure_is_2004() {
 fn a_provider_that_never_starts_times_out() {
     let mut r = Rig::new();
     let (req, _) = r.create(config());
-    let (at, Deadline::Session(_, timer)) = r.engine.poll_timeout().unwrap() else {
+    let (at, Deadline::Session(_, timer)) = r
+        .engine
+        .poll_timeout()
+        .map(|(at, d)| (at.millis(), d))
+        .unwrap()
+    else {
         panic!("a session deadline")
     };
     assert_eq!(timer, Timer::Startup);
@@ -556,7 +588,7 @@ fn restore_adopts_a_process_that_outlived_the_daemon() {
     assert_eq!((s.status(), s.turn()), (Status::Working, Some(1)));
     // The turn goes on and ends normally; new runs get fresh ids.
     let fx = engine.handle(
-        T0 + 200,
+        now(T0 + 200),
         Input::Provider {
             id: sid(),
             run: 1,
@@ -568,7 +600,7 @@ fn restore_adopts_a_process_that_outlived_the_daemon() {
     assert_eq!(engine.session(&sid()).unwrap().status(), Status::Running);
     // Output at or before the applied cursor is recognised as already applied.
     let fx = engine.handle(
-        T0 + 300,
+        now(T0 + 300),
         Input::Provider {
             id: sid(),
             run: 1,
@@ -578,7 +610,7 @@ fn restore_adopts_a_process_that_outlived_the_daemon() {
     );
     assert!(fx.is_empty());
     let fx = engine.handle(
-        T0 + 300,
+        now(T0 + 300),
         Input::Restart {
             req: 99,
             id: sid(),
@@ -587,7 +619,7 @@ fn restore_adopts_a_process_that_outlived_the_daemon() {
     );
     assert_eq!(signals(&fx), vec![Signal::Term]);
     let fx = engine.handle(
-        T0 + 400,
+        now(T0 + 400),
         Input::Provider {
             id: sid(),
             run: 1,
@@ -641,7 +673,7 @@ fn restore_finishes_a_stop_the_old_daemon_began() {
     assert_eq!(signals(&fx), vec![Signal::Term]);
     assert!(activities(&fx)[0].ends_turn);
     engine.handle(
-        T0 + 200,
+        now(T0 + 200),
         Input::Provider {
             id: sid(),
             run: 1,
@@ -656,10 +688,10 @@ fn restore_finishes_a_stop_the_old_daemon_began() {
 fn time_never_goes_backwards() {
     let mut r = Rig::running(config());
     let late = r.now;
-    r.engine.handle(late - 500, Input::Tick);
+    r.engine.handle(now(late - 500), Input::Tick);
     let (req, fx) = r.send("hi");
     assert!(reply(&fx, req).unwrap().is_ok());
-    assert!(r.record().last_activity_at.unwrap() >= late);
+    assert!(r.record().last_activity_at.unwrap() >= ts(late));
 }
 
 #[test]

@@ -37,7 +37,7 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         stop_grace_secs: u64,
         /// How long a TERMed agent gets before KILL, in seconds
-        #[arg(long, default_value_t = paddock_core::process::KILL_GRACE_MS / 1000)]
+        #[arg(long, default_value_t = paddock_core::process::KILL_GRACE.millis() / 1000)]
         kill_grace_secs: u64,
         /// Live sessions at most
         #[arg(long, default_value_t = 64)]
@@ -190,11 +190,11 @@ fn main() {
                 }
             };
             let limits = paddock_core::Limits {
-                stop_grace_ms: stop_grace_secs * 1000,
-                kill_grace_ms: kill_grace_secs * 1000,
+                stop_grace: paddock_core::Duration::from_secs(stop_grace_secs),
+                kill_grace: paddock_core::Duration::from_secs(kill_grace_secs),
                 max_live_sessions: max_sessions,
                 tasks: paddock_core::task::TaskLimits {
-                    kill_grace_ms: kill_grace_secs * 1000,
+                    kill_grace: paddock_core::Duration::from_secs(kill_grace_secs),
                     max_output_bytes: task_output_max_bytes,
                     ..paddock_core::task::TaskLimits::default()
                 },

@@ -40,10 +40,48 @@ pub fn database(data_dir: &std::path::Path) -> PathBuf {
     data_dir.join("paddock.db")
 }
 
-/// Milliseconds since the Unix epoch: the only clock the shell reads for the core.
+/// Milliseconds since the Unix epoch: the wall clock, for records.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// The wall clock as the core records it.
+pub fn wall_clock() -> paddock_core::Timestamp {
+    paddock_core::Timestamp::from_millis(now_ms())
+}
+
+/// The clocks the shell reads for the core: the monotonic one (for deadlines), counted from
+/// the clock's start (the daemon's, the runner's), and the wall clock (for records).
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    origin: std::time::Instant,
+}
+
+impl Clock {
+    pub fn start() -> Clock {
+        Clock {
+            origin: std::time::Instant::now(),
+        }
+    }
+
+    /// The core's instant now.
+    pub fn instant(&self) -> paddock_core::Instant {
+        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        paddock_core::Instant::from_millis(ms)
+    }
+
+    /// Both readings, for one input.
+    pub fn now(&self) -> paddock_core::Now {
+        paddock_core::Now::new(self.instant(), wall_clock())
+    }
+
+    /// When the core's instant `at` is, on the process's monotonic clock (`None`: never, as
+    /// far as this process can tell).
+    pub fn deadline(&self, at: paddock_core::Instant) -> Option<std::time::Instant> {
+        self.origin
+            .checked_add(std::time::Duration::from_millis(at.millis()))
+    }
 }

@@ -16,8 +16,9 @@ use std::fmt;
 use paddock_core::budget::timeout_deadline;
 use paddock_core::session::table::{InputKind, Rule};
 use paddock_core::{
-    Approval, ApprovalId, Effect, Engine, ErrorCode, Input, Limits, Millis, ProviderEvent, Run,
-    RunId, SessionId, SessionRecord, Signal, Status, Step, Stored, Surviving, Timer,
+    Approval, ApprovalId, Deadline, Effect, Engine, ErrorCode, Input, Instant, Limits,
+    ProviderEvent, Run, RunId, SessionId, SessionRecord, Signal, Status, Step, Stored, Surviving,
+    Timer,
 };
 
 use crate::client::{Action, Client};
@@ -25,6 +26,7 @@ use crate::log::{EventLog, LogMode};
 use crate::log_entry;
 use crate::model::{diff, AskSeen, Cause, EventKind, Model, ModelStats};
 use crate::rng::Rng;
+use crate::world::{at, now, ts, Millis};
 use crate::world::{pick_limits, Faults, Store, World, T0};
 use paddock_core::Record;
 
@@ -286,9 +288,9 @@ impl fmt::Display for Failure {
             self.phase,
             self.invariant.replace('\n', " "),
             self.faults,
-            l.stop_grace_ms,
-            l.kill_grace_ms,
-            l.startup_timeout_ms,
+            l.stop_grace.millis(),
+            l.kill_grace.millis(),
+            l.startup_timeout.millis(),
             l.max_live_sessions,
             self.seed
         )
@@ -537,7 +539,7 @@ impl Sim {
         if let Some(n) = self.due() {
             return n;
         }
-        let deadline = self.engine.poll_timeout().map(|(at, _)| at);
+        let deadline = self.engine_deadline().map(|(at, _)| at);
         let next = match (self.world.next_at(), deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -555,10 +557,7 @@ impl Sim {
 
     /// A due provider line or deadline, if any.
     fn due(&mut self) -> Option<Next> {
-        let tick_due = self
-            .engine
-            .poll_timeout()
-            .is_some_and(|(at, _)| at <= self.now);
+        let tick_due = self.engine_deadline().is_some_and(|(at, _)| at <= self.now);
         let line_due = self.world.next_at().is_some_and(|at| at <= self.now);
         let tick = match (tick_due, line_due) {
             (false, false) => {
@@ -635,7 +634,7 @@ impl Sim {
             if let Some(at) = self.world.next_at() {
                 until = until.min(at.max(self.now));
             }
-            if let Some((at, _)) = self.engine.poll_timeout() {
+            if let Some((at, _)) = self.engine_deadline() {
                 until = until.min(at.max(self.now));
             }
             self.jump(until);
@@ -675,11 +674,8 @@ impl Sim {
             input
         );
         let tick = matches!(input, Input::Tick);
-        let due_before = self
-            .engine
-            .poll_timeout()
-            .is_some_and(|(at, _)| at <= self.now);
-        let effects = self.engine.handle(self.now, input);
+        let due_before = self.engine_deadline().is_some_and(|(at, _)| at <= self.now);
+        let effects = self.engine.handle(now(self.now), input);
         let trace = self.take_trace();
         if tick && !due_before && !effects.is_empty() {
             return Err(format!(
@@ -690,7 +686,7 @@ impl Sim {
         self.apply(&cause, &effects, tick)?;
         if tick {
             self.world.check_kills(self.now)?;
-            if let Some((at, why)) = self.engine.poll_timeout() {
+            if let Some((at, why)) = self.engine_deadline() {
                 if at <= self.now {
                     return Err(format!(
                         "a Tick at t+{} left a due deadline unfired: {why:?} at t+{}",
@@ -759,6 +755,13 @@ impl Sim {
         Ok(())
     }
 
+    /// The engine's next deadline, on the simulator's one clock.
+    fn engine_deadline(&self) -> Option<(Millis, Deadline)> {
+        self.engine
+            .poll_timeout()
+            .map(|(at, why)| (at.millis(), why))
+    }
+
     fn take_trace(&mut self) -> Vec<Step> {
         let trace = self.engine.take_trace();
         for step in &trace {
@@ -798,7 +801,7 @@ impl Sim {
                     ..
                 }
             );
-            let _lost = self.engine.handle(self.now, input);
+            let _lost = self.engine.handle(now(self.now), input);
             let _ = self.take_trace();
         } else {
             log_entry!(
@@ -898,7 +901,7 @@ impl Sim {
         let (mut engine, effects) = if survives {
             let (mut engine, effects) = Engine::restore(
                 self.limits.clone(),
-                self.now,
+                now(self.now),
                 stored(),
                 &Surviving {
                     agents: surviving,
@@ -913,7 +916,7 @@ impl Sim {
         } else {
             Engine::restore(
                 self.limits.clone(),
-                self.now,
+                now(self.now),
                 stored(),
                 &Surviving::default(),
             )
@@ -1019,7 +1022,7 @@ impl Sim {
                 .collect();
             let mut want = rec.clone();
             let want_run: Run;
-            let mut want_deadline: Option<(Millis, Timer)> = None;
+            let mut want_deadline: Option<(Instant, Timer)> = None;
             match adopt.get(id) {
                 Some(&(run, pid)) => {
                     want.pid = Some(pid);
@@ -1030,12 +1033,12 @@ impl Sim {
                     let terminating = Run::Terminating {
                         run,
                         pid: Some(pid),
-                        kill_at: Some(now.saturating_add(self.limits.kill_grace_ms)),
+                        kill_at: Some(at(now) + self.limits.kill_grace),
                     };
                     match rec.status {
                         Status::Created | Status::Starting => {
                             want.status = Status::Running;
-                            want.started_at = Some(now);
+                            want.started_at = Some(ts(now));
                             want.last_status_seq += 1;
                             if rec.restart_count == 0
                                 && rec.turns == 0
@@ -1046,10 +1049,10 @@ impl Sim {
                                 want.last_status_seq += 1;
                                 want.turns += 1;
                                 want.turn_open = true;
-                                want.last_activity_at = Some(now);
+                                want.last_activity_at = Some(ts(now));
                             }
                             want_run = alive;
-                            want_deadline = timeout_deadline(now, rec.config.timeout_ms)
+                            want_deadline = timeout_deadline(at(now), rec.config.timeout_ms)
                                 .map(|at| (at, Timer::SessionTimeout));
                         }
                         Status::Running | Status::Working | Status::Waiting => {
@@ -1062,11 +1065,13 @@ impl Sim {
                                 .iter()
                                 .filter_map(|a| self.store.approvals.get(a))
                                 .filter(|a| &a.session == id)
-                                .map(|a| (a.expires_at, Timer::ApprovalExpiry))
+                                .map(|a| (at(a.expires_at.millis()), Timer::ApprovalExpiry))
                                 .min();
                             want_deadline = rec
                                 .started_at
-                                .and_then(|t| timeout_deadline(t, rec.config.timeout_ms))
+                                .and_then(|t| {
+                                    timeout_deadline(at(t.millis()), rec.config.timeout_ms)
+                                })
                                 .map(|at| (at, Timer::SessionTimeout))
                                 .into_iter()
                                 .chain(expiry)
@@ -1077,11 +1082,10 @@ impl Sim {
                                 // The stop's wait for the turn is over: it is interrupted.
                                 want.turn_open = false;
                                 want.last_activity_seq += 1;
-                                want.last_activity_at = Some(now);
+                                want.last_activity_at = Some(ts(now));
                             }
                             want_run = terminating;
-                            want_deadline =
-                                Some((now.saturating_add(self.limits.kill_grace_ms), Timer::Kill));
+                            want_deadline = Some((at(now) + self.limits.kill_grace, Timer::Kill));
                         }
                     }
                     let want_terms = if matches!(want_run, Run::Terminating { .. }) {
@@ -1105,13 +1109,13 @@ impl Sim {
                     want_run = Run::Idle;
                     if !rec.status.is_terminal() {
                         want.status = Status::Failed;
-                        want.ended_at = Some(now);
+                        want.ended_at = Some(ts(now));
                         want.last_status_seq += 1;
                         if rec.turn_open {
                             // The turn the old daemon left open ends here.
                             want.turn_open = false;
                             want.last_activity_seq += 1;
-                            want.last_activity_at = Some(now);
+                            want.last_activity_at = Some(ts(now));
                         }
                         match &s.record.error {
                             Some(e) if e.code == ErrorCode::ConnectionLost => {
@@ -1277,7 +1281,7 @@ impl Sim {
         if !self.world.is_empty() {
             return Err("drain: provider processes are still running".to_string());
         }
-        if let Some((_, why)) = self.engine.poll_timeout() {
+        if let Some((_, why)) = self.engine_deadline() {
             return Err(format!("drain: a deadline outlived everything: {why:?}"));
         }
         Ok(())

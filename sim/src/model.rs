@@ -11,12 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Approval, ApprovalId, ApprovalSettings, ApprovalState,
-    AskKind, Deadline, Decision, Effect, Engine, Error, ErrorCode, Input, Limits, Millis, Record,
+    AskKind, Deadline, Decision, Effect, Engine, Error, ErrorCode, Input, Limits, Record,
     RequestId, Run, RunId, SessionConfig, SessionId, SessionRecord, Signal, SpawnSpec, Status,
     StatusEvent, Timer,
 };
 
-use crate::world::Store;
+use crate::world::{at, ts, Millis, Store};
 
 /// The kind of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -852,20 +852,20 @@ impl Model {
                 ));
             }
             let expires = now.saturating_add(approval_timeout_ms(&sm.config));
-            if a.created_at != now || a.expires_at != expires || a.turn != sm.open_turn {
+            if a.created_at != ts(now) || a.expires_at != ts(expires) || a.turn != sm.open_turn {
                 return Err(format!(
                     "request {} opened at {} expiring at {} in turn {:?}; the reference says \
                      {now}, {expires} (approval_timeout {:?}), turn {:?}",
                     a.id,
-                    a.created_at,
-                    a.expires_at,
+                    a.created_at.millis(),
+                    a.expires_at.millis(),
                     a.turn,
                     sm.config.provider_config.get("approval_timeout"),
                     sm.open_turn
                 ));
             }
             self.stats.approvals_opened += 1;
-            sm.open.insert(a.id.clone(), a.expires_at);
+            sm.open.insert(a.id.clone(), a.expires_at.millis());
             self.approvals.insert(a.id.clone(), a.clone());
             return Ok(());
         }
@@ -892,7 +892,7 @@ impl Model {
             && old.created_at == a.created_at
             && old.expires_at == a.expires_at
             && old.turn == a.turn;
-        if !same || a.resolved_at != Some(now) {
+        if !same || a.resolved_at != Some(ts(now)) {
             return Err(format!(
                 "request {} resolved as another one, or not now: {old:?} -> {a:?}",
                 a.id
@@ -928,11 +928,13 @@ impl Model {
                 self.stats.approvals_resolved += 1;
             }
             ApprovalState::Expired => {
-                if !cause.tick() || a.expires_at > now || a.allowed != default_allow {
+                if !cause.tick() || a.expires_at > ts(now) || a.allowed != default_allow {
                     return Err(format!(
                         "request {} expired on {cause:?} at {now} (due {}), allowed={} (the \
                          session's default is allow={default_allow})",
-                        a.id, a.expires_at, a.allowed
+                        a.id,
+                        a.expires_at.millis(),
+                        a.allowed
                     ));
                 }
                 self.stats.approvals_expired += 1;
@@ -1090,7 +1092,10 @@ impl Model {
                     ));
                 }
                 sm.terminating = true;
-                sm.kill_at = Some((run, self.now.saturating_add(self.limits.kill_grace_ms)));
+                sm.kill_at = Some((
+                    run,
+                    self.now.saturating_add(self.limits.kill_grace.millis()),
+                ));
             }
             Signal::Kill => {
                 if sm.kill_at.is_none_or(|(r, at)| r != run || at > self.now) {
@@ -1177,10 +1182,11 @@ impl Model {
     ) -> Result<(), String> {
         same_session(cause, &ev.session)?;
         let id = &ev.session;
-        if ev.at != self.now {
+        if ev.at != ts(self.now) {
             return Err(format!(
                 "status event at {} while the time is {}: {ev:?}",
-                ev.at, self.now
+                ev.at.millis(),
+                self.now
             ));
         }
         let Some(prev) = ev.previous else {
@@ -1214,7 +1220,7 @@ impl Model {
                     turns: 0,
                     turns_ended: 0,
                     open_turn: None,
-                    since: ev.at,
+                    since: ev.at.millis(),
                     started_at: None,
                     restart_asked: false,
                     after_stop: None,
@@ -1253,7 +1259,7 @@ impl Model {
         if cause.tick() && ev.new == Status::Failed {
             // A deadline fired: not before it was due.
             let due = match prev {
-                Status::Starting => Some(sm.since + self.limits.startup_timeout_ms),
+                Status::Starting => Some(sm.since + self.limits.startup_timeout.millis()),
                 // No timeout configured (0): no session deadline exists at all.
                 _ => sm
                     .started_at
@@ -1292,11 +1298,11 @@ impl Model {
             }
         }
         if prev == Status::Starting && ev.new == Status::Running {
-            sm.started_at = Some(ev.at);
+            sm.started_at = Some(ev.at.millis());
         }
         sm.status = ev.new;
         sm.status_seq = ev.seq;
-        sm.since = ev.at;
+        sm.since = ev.at.millis();
         match ev.new {
             Status::Starting => {
                 sm.starts += 1;
@@ -1352,10 +1358,11 @@ impl Model {
             ));
         }
         sm.activity_seq = ev.seq;
-        if ev.at != self.now {
+        if ev.at != ts(self.now) {
             return Err(format!(
                 "activity at {} while the time is {}: {ev:?}",
-                ev.at, self.now
+                ev.at.millis(),
+                self.now
             ));
         }
         // The engine's own notes about requests for a human (opened, answered, expired): a
@@ -1372,7 +1379,7 @@ impl Model {
         if cause.tick() && !note {
             // A deadline interrupted the turn: the stop's grace period, or the session timeout.
             let due = match sm.status {
-                Status::Stopping => Some(sm.since + self.limits.stop_grace_ms),
+                Status::Stopping => Some(sm.since + self.limits.stop_grace.millis()),
                 // No timeout configured (0): no session deadline exists at all.
                 _ => sm
                     .started_at
@@ -1874,7 +1881,7 @@ impl Model {
                     format!("{:?}", sm.config),
                 );
             }
-            if rec.started_at != sm.started_at {
+            if rec.started_at != sm.started_at.map(ts) {
                 return mismatch(
                     "started_at",
                     format!("{:?}", rec.started_at),
@@ -1885,7 +1892,7 @@ impl Model {
                 self.check_deadlines(id, sm)?;
             }
             let want = self.deadline(sm);
-            if s.next_deadline() != want {
+            if s.next_deadline() != want.map(|(due, t)| (at(due), t)) {
                 return Err(format!(
                     "{id} ({}, process {:?}): the engine's next deadline is {:?}, the reference \
                      one {want:?} (one next deadline, with its reason; a later one fires late)",
@@ -2020,9 +2027,10 @@ impl Model {
         let got = engine.poll_timeout();
         let ok = match (&got, earliest) {
             (None, None) => true,
-            (Some((at, Deadline::Session(id, t))), Some((want, _, _))) => {
-                *at == want
-                    && self.sessions.get(id).and_then(|sm| self.deadline(sm)) == Some((*at, *t))
+            (Some((due, Deadline::Session(id, t))), Some((want, _, _))) => {
+                due.millis() == want
+                    && self.sessions.get(id).and_then(|sm| self.deadline(sm))
+                        == Some((due.millis(), *t))
             }
             _ => false,
         };
@@ -2041,7 +2049,8 @@ impl Model {
         let mut all = Vec::new();
         match sm.status {
             Status::Starting => all.push((
-                sm.since.saturating_add(self.limits.startup_timeout_ms),
+                sm.since
+                    .saturating_add(self.limits.startup_timeout.millis()),
                 Timer::Startup,
             )),
             Status::Running | Status::Working | Status::Waiting if sm.config.timeout_ms > 0 => {
@@ -2053,7 +2062,7 @@ impl Model {
                 }
             }
             Status::Stopping if sm.open_turn.is_some() => all.push((
-                sm.since.saturating_add(self.limits.stop_grace_ms),
+                sm.since.saturating_add(self.limits.stop_grace.millis()),
                 Timer::StopGrace,
             )),
             _ => {}
@@ -2078,7 +2087,7 @@ impl Model {
         };
         match sm.status {
             Status::Starting => {
-                let due = sm.since + self.limits.startup_timeout_ms;
+                let due = sm.since + self.limits.startup_timeout.millis();
                 if now >= due {
                     return late("start-up timeout", due);
                 }
@@ -2091,7 +2100,7 @@ impl Model {
                 }
             }
             Status::Stopping if sm.open_turn.is_some() => {
-                let due = sm.since + self.limits.stop_grace_ms;
+                let due = sm.since + self.limits.stop_grace.millis();
                 if now >= due {
                     return late("graceful stop's grace period (the turn is still open)", due);
                 }
@@ -2209,7 +2218,7 @@ impl Model {
             sm.adopted = false;
             sm.after_stop = None;
             sm.restart_asked = false;
-            sm.started_at = rec.started_at;
+            sm.started_at = rec.started_at.map(|t| t.millis());
             // A restart's override was only kept if its step committed.
             sm.config = rec.config.clone();
         }

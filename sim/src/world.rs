@@ -9,14 +9,33 @@ use std::fmt;
 
 use paddock_core::session::machine::RESOLVED_KEPT;
 use paddock_core::{
-    Activity, ActivityKind, Approval, ApprovalId, AskKind, Effect, Limits, Millis, ProviderEvent,
-    Record, RunId, SessionId, SessionRecord, Signal, SpawnSpec,
+    Activity, ActivityKind, Approval, ApprovalId, AskKind, Duration, Effect, Instant, Limits, Now,
+    ProviderEvent, Record, RunId, SessionId, SessionRecord, Signal, SpawnSpec, Timestamp,
 };
 
 use crate::rng::Rng;
 
 /// Where simulated time starts (an arbitrary Unix time); logs print offsets from it.
+/// The simulator's one clock, in milliseconds: it feeds the engine both readings of [`Now`]
+/// (the monotonic instant and the wall clock) from it, equal in number.
+pub type Millis = u64;
+
 pub const T0: Millis = 1_700_000_000_000;
+
+/// The engine's reading of the fake clock at `ms`.
+pub fn now(ms: Millis) -> Now {
+    Now::new(at(ms), ts(ms))
+}
+
+/// The fake clock at `ms`, as a deadline.
+pub fn at(ms: Millis) -> Instant {
+    Instant::from_millis(ms)
+}
+
+/// The fake clock at `ms`, as a record says it.
+pub fn ts(ms: Millis) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
 
 // ── faults ────────────────────────────────────────────────────────────────
 
@@ -160,9 +179,9 @@ pub fn pick_limits(rng: &mut Rng) -> Limits {
         rng.range(1, 6) as usize
     };
     Limits {
-        stop_grace_ms,
-        kill_grace_ms,
-        startup_timeout_ms,
+        stop_grace: Duration::from_millis(stop_grace_ms),
+        kill_grace: Duration::from_millis(kill_grace_ms),
+        startup_timeout: Duration::from_millis(startup_timeout_ms),
         max_live_sessions,
         ..Limits::default()
     }
@@ -567,8 +586,8 @@ impl World {
             next_pid: 4000,
             next_conversation: 1,
             next_ask: 0,
-            startup_timeout_ms: limits.startup_timeout_ms,
-            kill_grace_ms: limits.kill_grace_ms,
+            startup_timeout_ms: limits.startup_timeout.millis(),
+            kill_grace_ms: limits.kill_grace.millis(),
             spawns: 0,
             turns_scripted: 0,
             exits_revived: 0,

@@ -210,8 +210,22 @@ async fn output_is_bounded_and_survives_a_daemon_restart() {
     .await;
     let t = wait_task(&mut c, &id).await;
     assert_eq!(t.status, aria::TaskStatus::Completed as i32);
-    let running = launch(&mut c, &["sleep", "30"], 0).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A task still running when the daemon dies (it says its pid, then becomes `sleep`).
+    let pid_file = d.dirs.base.join("task.pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+    let running = launch(&mut c, &["sh", "-c", &script], 0).await;
+    let pid: u32 = within(async {
+        loop {
+            if let Some(pid) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+            {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
 
     d.kill9();
     d.launch().await;
@@ -239,10 +253,22 @@ async fn output_is_bounded_and_survives_a_daemon_restart() {
         "last line: {:?}",
         got.last()
     );
-    // The task that was running when the daemon died lost its process with it.
+    // The task that was running when the daemon died is FAILED, and its process, which
+    // outlived the daemon in the runner, was killed at start-up (the core's decision).
     let t = wait_task(&mut c, &running).await;
     assert_eq!(t.status, aria::TaskStatus::Failed as i32);
-    assert!(t.error_message.unwrap().contains("daemon restarted"));
+    let why = t.error_message.unwrap();
+    assert!(why.contains("daemon restarted"), "{why}");
+    within(async {
+        while pid_running(pid) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        why.contains("its process was killed"),
+        "the runner still ran it: {why}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,9 +12,10 @@ use crate::approval::{
 use crate::budget::{timeout_deadline, TokenBudget};
 use crate::error::{Error, ErrorCode};
 use crate::model::{
-    Activity, ActivityEvent, ActivityKind, Millis, RequestId, RunId, SessionRecord, Status,
-    StatusEvent, UserMessage,
+    Activity, ActivityEvent, ActivityKind, RequestId, RunId, SessionRecord, Status, StatusEvent,
+    UserMessage,
 };
+use crate::time::{Duration, Instant, Now};
 use crate::Limits;
 
 /// The provider process of a session, as the core knows it.
@@ -31,7 +32,7 @@ pub enum Run {
     Terminating {
         run: RunId,
         pid: Option<u32>,
-        kill_at: Option<Millis>,
+        kill_at: Option<Instant>,
     },
 }
 
@@ -56,7 +57,7 @@ enum AfterStop {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct StopPlan {
     /// Graceful stop waiting for the current turn until then.
-    grace_deadline: Option<Millis>,
+    grace_deadline: Option<Instant>,
     /// The grace period ran out and the turn was interrupted: replies carry OBEY-2021.
     timed_out: bool,
     replies: Vec<RequestId>,
@@ -165,7 +166,7 @@ fn check_drain(effects: &[Effect]) {
 /// What one step of a session needs from the engine: the time, the limits, the run-id
 /// counter, the coverage trace and the effects being collected.
 pub(crate) struct Ctx<'a> {
-    pub now: Millis,
+    pub now: Now,
     pub lim: &'a Limits,
     pub next_run: &'a mut RunId,
     pub trace: &'a mut Option<Vec<Step>>,
@@ -194,10 +195,13 @@ pub struct Session {
     start_replies: Vec<RequestId>,
     /// A restart asked for while the old process was still going away.
     restart_pending: bool,
-    startup_deadline: Option<Millis>,
-    timeout_deadline: Option<Millis>,
+    startup_deadline: Option<Instant>,
+    timeout_deadline: Option<Instant>,
     /// Requests waiting for a human, oldest first. Not empty ⇔ the session is `WAITING`.
     pending: Vec<Approval>,
+    /// When each open request expires, on the monotonic clock (its record says when on the
+    /// wall clock, for people): exactly the ids of `pending`.
+    expiry: BTreeMap<ApprovalId, Instant>,
     /// The newest resolved requests (at most [`RESOLVED_KEPT`]), so that a second answer is
     /// told it came too late (OBEY-2041) rather than that the request does not exist.
     resolved: VecDeque<Approval>,
@@ -220,6 +224,7 @@ impl Session {
             startup_deadline: None,
             timeout_deadline: None,
             pending: Vec::new(),
+            expiry: BTreeMap::new(),
             resolved: VecDeque::new(),
             dirty: false,
         }
@@ -227,8 +232,11 @@ impl Session {
 
     /// Daemon start-up: a stored request of this session (pending ones are open again;
     /// resolved ones are remembered for late answers).
-    pub(crate) fn restore_approval(&mut self, a: Approval) {
+    /// Its stored expiry (wall clock) is brought onto this daemon's monotonic clock.
+    pub(crate) fn restore_approval(&mut self, a: Approval, now: Now) {
         if a.is_pending() {
+            self.expiry
+                .insert(a.id.clone(), now.instant_of(a.expires_at));
             self.pending.push(a);
         } else {
             self.remember(a);
@@ -270,9 +278,9 @@ impl Session {
     }
 
     /// The earliest pending deadline and what it is for.
-    pub fn next_deadline(&self) -> Option<(Millis, Timer)> {
-        let mut best: Option<(Millis, Timer)> = None;
-        let mut consider = |at: Option<Millis>, t: Timer| {
+    pub fn next_deadline(&self) -> Option<(Instant, Timer)> {
+        let mut best: Option<(Instant, Timer)> = None;
+        let mut consider = |at: Option<Instant>, t: Timer| {
             if let Some(at) = at {
                 if best.is_none_or(|(b, _)| at < b) {
                     best = Some((at, t));
@@ -288,10 +296,7 @@ impl Session {
         if let Run::Terminating { kill_at, .. } = self.run {
             consider(kill_at, Timer::Kill);
         }
-        consider(
-            self.pending.iter().map(|a| a.expires_at).min(),
-            Timer::ApprovalExpiry,
-        );
+        consider(self.expiry.values().min().copied(), Timer::ApprovalExpiry);
         best
     }
 
@@ -381,7 +386,7 @@ impl Session {
         }
         let waiting_for_turn = graceful && self.turn.is_some();
         self.stop = Some(StopPlan {
-            grace_deadline: waiting_for_turn.then(|| cx.now.saturating_add(cx.lim.stop_grace_ms)),
+            grace_deadline: waiting_for_turn.then(|| cx.now.after(cx.lim.stop_grace)),
             timed_out: false,
             replies: vec![req],
             then: AfterStop::Stopped,
@@ -504,8 +509,8 @@ impl Session {
             // Stopping or failed while it was being spawned: it goes at once.
             return self.terminate(cx);
         }
-        self.record.started_at = Some(cx.now);
-        self.timeout_deadline = timeout_deadline(cx.now, self.record.config.timeout_ms);
+        self.record.started_at = Some(cx.now.wall);
+        self.timeout_deadline = timeout_deadline(cx.now.at, self.record.config.timeout_ms);
         let msg = match pid {
             Some(p) => format!("provider started (pid {p})"),
             None => "provider started".to_string(),
@@ -670,7 +675,7 @@ impl Session {
                     ErrorCode::CreationFailed,
                     format!(
                         "the provider did not start within {} ms",
-                        cx.lim.startup_timeout_ms
+                        cx.lim.startup_timeout.millis()
                     ),
                 );
                 self.fail(e, cx);
@@ -692,7 +697,7 @@ impl Session {
                 let text = format!(
                     "{}: the turn did not finish within {} ms; session force-stopped",
                     ErrorCode::GracefulStopTimedOut,
-                    cx.lim.stop_grace_ms
+                    cx.lim.stop_grace.millis()
                 );
                 self.interrupt_turn(&text, cx);
                 self.terminate(cx);
@@ -733,8 +738,8 @@ impl Session {
             input: ask.input,
             summary: ask.summary,
             turn: self.turn,
-            created_at: cx.now,
-            expires_at: cx.now.saturating_add(settings.timeout_ms),
+            created_at: cx.now.wall,
+            expires_at: cx.now.wall + Duration::from_millis(settings.timeout_ms),
             state: ApprovalState::Pending,
             answer: String::new(),
             is_error: false,
@@ -771,7 +776,7 @@ impl Session {
             a.allowed = allowed;
             a.answer = reason;
             a.resolved_by = by.to_string();
-            a.resolved_at = Some(cx.now);
+            a.resolved_at = Some(cx.now.wall);
             self.assert_current(run);
             cx.out.rest.push(Effect::Answer {
                 id: self.record.id.clone(),
@@ -794,6 +799,10 @@ impl Session {
             .persist
             .push(Effect::Persist(Record::Approval(a.clone())));
         cx.out.rest.push(Effect::EmitApproval(a.clone()));
+        self.expiry.insert(
+            a.id.clone(),
+            cx.now.after(Duration::from_millis(settings.timeout_ms)),
+        );
         self.pending.push(a);
         self.settle_status("", cx);
     }
@@ -867,12 +876,13 @@ impl Session {
             }
         };
         let mut a = self.pending.remove(pos);
+        self.expiry.remove(&a.id);
         a.state = state;
         a.allowed = allowed;
         a.answer = answer;
         a.is_error = is_error;
         a.resolved_by = by.to_string();
-        a.resolved_at = Some(cx.now);
+        a.resolved_at = Some(cx.now.wall);
         self.finish_approval(a.clone(), true, cx);
         self.settle_status("", cx);
         reply(cx, Ok(a))
@@ -881,10 +891,14 @@ impl Session {
     /// Every open request whose time is up gets the session's default answer.
     fn expire_approvals(&mut self, cx: &mut Ctx) {
         let settings = ApprovalSettings::of(&self.record.config.provider_config);
+        let expiry = &self.expiry;
         let (due, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
             .into_iter()
-            .partition(|a| a.expires_at <= cx.now);
+            .partition(|a| expiry.get(&a.id).is_some_and(|at| *at <= cx.now.at));
         self.pending = open;
+        for a in &due {
+            self.expiry.remove(&a.id);
+        }
         for mut a in due {
             // The default decides a permission; nobody can make up a question's answer or a
             // client tool's result, so those are told no answer came.
@@ -911,6 +925,7 @@ impl Session {
     /// Closes every open request (the turn, the process or the session is ending); the agent
     /// is told no if `tell_agent` (it may still be listening).
     fn cancel_pending(&mut self, reason: &str, tell_agent: bool, cx: &mut Ctx) {
+        self.expiry.clear();
         for mut a in std::mem::take(&mut self.pending) {
             a.state = ApprovalState::Cancelled;
             a.allowed = false;
@@ -924,7 +939,7 @@ impl Session {
     /// Stores a resolved request, tells the agent (if `tell_agent` and the process that asked
     /// is still the session's), and tells watchers.
     fn finish_approval(&mut self, mut a: Approval, tell_agent: bool, cx: &mut Ctx) {
-        a.resolved_at = Some(cx.now);
+        a.resolved_at = Some(cx.now.wall);
         if tell_agent && a.state != ApprovalState::Cancelled {
             let note = format!(
                 "{} {} ({}){}",
@@ -1041,7 +1056,7 @@ impl Session {
         self.interrupt_turn(&e.to_string(), cx);
         self.set_run(Run::Idle);
         self.record.error = Some(e.clone());
-        self.record.ended_at = Some(cx.now);
+        self.record.ended_at = Some(cx.now.wall);
         self.dirty = true;
         self.set_status(Status::Failed, &e.to_string(), cx);
     }
@@ -1066,6 +1081,12 @@ impl Session {
             status == Status::Waiting,
             !self.pending.is_empty(),
             "WAITING if and only if a request is open (session {}, {status})",
+            self.record.id
+        );
+        assert!(
+            self.pending.len() == self.expiry.len()
+                && self.pending.iter().all(|a| self.expiry.contains_key(&a.id)),
+            "every open request, and only those, has its expiry (session {})",
             self.record.id
         );
         assert_eq!(
@@ -1134,8 +1155,8 @@ impl Session {
         self.dirty = true;
         match self.record.status {
             Status::Created | Status::Starting => {
-                self.record.started_at = Some(cx.now);
-                self.timeout_deadline = timeout_deadline(cx.now, self.record.config.timeout_ms);
+                self.record.started_at = Some(cx.now.wall);
+                self.timeout_deadline = timeout_deadline(cx.now.at, self.record.config.timeout_ms);
                 self.set_status(
                     Status::Running,
                     "provider adopted after a daemon restart",
@@ -1145,7 +1166,11 @@ impl Session {
                 self.send_initial_message(cx);
             }
             Status::Running | Status::Working | Status::Waiting => {
-                let since = self.record.started_at.unwrap_or(cx.now);
+                // Counted from the start the record has, brought onto this daemon's clock.
+                let since = self
+                    .record
+                    .started_at
+                    .map_or(cx.now.at, |t| cx.now.instant_of(t));
                 self.timeout_deadline = timeout_deadline(since, self.record.config.timeout_ms);
                 self.turn = self.record.turn_open.then_some(self.record.turns);
                 // Open requests are still open: the agent still waits for their answers (and
@@ -1195,7 +1220,7 @@ impl Session {
 
     fn spawn(&mut self, run: RunId, msg: &str, cx: &mut Ctx) {
         self.set_run(Run::Spawning { run });
-        self.startup_deadline = Some(cx.now.saturating_add(cx.lim.startup_timeout_ms));
+        self.startup_deadline = Some(cx.now.after(cx.lim.startup_timeout));
         self.set_status(Status::Starting, msg, cx);
         cx.out.rest.push(Effect::Spawn {
             id: self.record.id.clone(),
@@ -1233,7 +1258,7 @@ impl Session {
         let turn = self.record.turns;
         self.turn = Some(turn);
         self.record.turn_open = true;
-        self.record.last_activity_at = Some(cx.now);
+        self.record.last_activity_at = Some(cx.now.wall);
         self.dirty = true;
         cx.out
             .persist
@@ -1241,7 +1266,7 @@ impl Session {
                 session: self.record.id.clone(),
                 turn,
                 text: text.clone(),
-                at: cx.now,
+                at: cx.now.wall,
             })));
         self.set_status(Status::Working, "working on a message", cx);
         if let Some(run) = self.run.id() {
@@ -1262,7 +1287,7 @@ impl Session {
             .expect("activity sequence numbers never run out");
         rec.tokens_input = rec.tokens_input.saturating_add(activity.tokens_input);
         rec.tokens_output = rec.tokens_output.saturating_add(activity.tokens_output);
-        rec.last_activity_at = Some(cx.now);
+        rec.last_activity_at = Some(cx.now.wall);
         self.dirty = true;
         let ends_turn = self.turn.is_some() && activity.kind().ends_turn();
         let ev = ActivityEvent {
@@ -1271,7 +1296,7 @@ impl Session {
             turn: self.turn,
             ends_turn,
             activity,
-            at: cx.now,
+            at: cx.now.wall,
         };
         if ends_turn {
             self.turn = None;
@@ -1296,7 +1321,7 @@ impl Session {
             self.run = Run::Terminating {
                 run,
                 pid,
-                kill_at: Some(crate::process::kill_deadline(cx.now, cx.lim.kill_grace_ms)),
+                kill_at: Some(crate::process::kill_deadline(cx.now.at, cx.lim.kill_grace)),
             };
             self.assert_current(run);
             cx.out.rest.push(Effect::Signal {
@@ -1318,7 +1343,7 @@ impl Session {
         self.timeout_deadline = None;
         self.stop = None;
         self.record.error = Some(error.clone());
-        self.record.ended_at = Some(cx.now);
+        self.record.ended_at = Some(cx.now.wall);
         self.dirty = true;
         self.set_status(Status::Failed, &error.to_string(), cx);
         for req in std::mem::take(&mut self.start_replies) {
@@ -1339,7 +1364,7 @@ impl Session {
         if plan.then == AfterStop::Restart {
             return self.respawn(cx);
         }
-        self.record.ended_at = Some(cx.now);
+        self.record.ended_at = Some(cx.now.wall);
         self.dirty = true;
         let msg = if plan.timed_out {
             "stopped (graceful stop timed out; force-stopped)"
@@ -1353,7 +1378,7 @@ impl Session {
                     ErrorCode::GracefulStopTimedOut,
                     format!(
                         "the current turn did not finish within {} ms; session {} was force-stopped",
-                        cx.lim.stop_grace_ms, self.record.id
+                        cx.lim.stop_grace.millis(), self.record.id
                     ),
                 ))
             } else {
@@ -1385,7 +1410,7 @@ impl Session {
             previous,
             new,
             message: msg.to_string(),
-            at: cx.now,
+            at: cx.now.wall,
         };
         cx.out
             .persist

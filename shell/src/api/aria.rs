@@ -26,7 +26,6 @@ use super::convert;
 use crate::daemon::port::{
     Command, Handle, Query, Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER,
 };
-use crate::paths::now_ms;
 use crate::transport::error_status as status;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
@@ -548,7 +547,7 @@ impl pb::session_service_server::SessionService for Sessions {
                     id: format!("{session}:{turn}:user"),
                     role: pb::MessageRole::User as i32,
                     content: r.input,
-                    created_at: Some(convert::timestamp(now_ms())),
+                    created_at: Some(convert::timestamp(crate::paths::wall_clock())),
                 })),
             };
             if tx.send(Ok(first)).await.is_err() {

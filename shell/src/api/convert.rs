@@ -3,15 +3,17 @@
 use paddock_core as core;
 use paddock_proto::obey::local::v1 as pb;
 
-pub fn timestamp(ms: u64) -> prost_types::Timestamp {
+/// A recorded wall-clock time on the wire.
+pub fn timestamp(t: core::Timestamp) -> prost_types::Timestamp {
+    let ms = t.millis();
     prost_types::Timestamp {
         seconds: (ms / 1000) as i64,
         nanos: ((ms % 1000) * 1_000_000) as i32,
     }
 }
 
-pub fn opt_timestamp(ms: Option<u64>) -> Option<prost_types::Timestamp> {
-    ms.map(timestamp)
+pub fn opt_timestamp(t: Option<core::Timestamp>) -> Option<prost_types::Timestamp> {
+    t.map(timestamp)
 }
 
 pub fn timestamp_ms(ts: &prost_types::Timestamp) -> u64 {
@@ -209,7 +211,10 @@ mod tests {
     #[test]
     fn timestamps_round_trip() {
         let ms = 1_771_425_000_123;
-        assert_eq!(timestamp_ms(&timestamp(ms)), ms);
+        assert_eq!(
+            timestamp_ms(&timestamp(core::Timestamp::from_millis(ms))),
+            ms
+        );
         assert_eq!(duration_ms(&duration(1500)), 1500);
     }
 }

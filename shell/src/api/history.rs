@@ -5,7 +5,7 @@
 //! its last words as the turn's answer (a `STATUS` then a `COMPLETION` with the same text):
 //! the history shows them once.
 
-use paddock_core::{ActivityEvent, ActivityKind, Millis, UserMessage};
+use paddock_core::{ActivityEvent, ActivityKind, Timestamp, UserMessage};
 
 /// Who or what an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pub struct Item {
     pub tool_name: String,
     pub tool_call_id: String,
     pub tool_success: bool,
-    pub at: Millis,
+    pub at: Timestamp,
 }
 
 /// Merges a session's user messages (in turn order) and a window of its activities (in seq
@@ -124,7 +124,7 @@ mod tests {
             session: SessionId::from("s"),
             turn,
             text: text.into(),
-            at: turn * 10,
+            at: Timestamp::from_millis(turn * 10),
         }
     }
 
@@ -135,7 +135,7 @@ mod tests {
             turn,
             ends_turn: kind.ends_turn(),
             activity: Activity::new(kind, text),
-            at: seq,
+            at: Timestamp::from_millis(seq),
         }
     }
 

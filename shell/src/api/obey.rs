@@ -249,7 +249,9 @@ impl LocalDaemonService for Obey {
         let d = self.handle.query(Query::Daemon).await.map_err(st)?;
         let resp = pb::StateResponse {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            started_at: Some(convert::timestamp(d.started_at)),
+            started_at: Some(convert::timestamp(paddock_core::Timestamp::from_millis(
+                d.started_at,
+            ))),
             campaign_count: d.campaigns as i32,
             session_count: d.sessions as i32,
             socket_path: d.socket.display().to_string(),

@@ -1556,7 +1556,7 @@ mod tests {
             turn: Some(turn),
             ends_turn: kind.ends_turn(),
             activity: Activity::new(kind, text),
-            at: seq,
+            at: paddock_core::Timestamp::from_millis(seq),
         }
     }
 
@@ -1567,7 +1567,7 @@ mod tests {
             session: SessionId::from("s"),
             turn,
             text: text.into(),
-            at: turn,
+            at: paddock_core::Timestamp::from_millis(turn),
         };
         let messages = [
             msg(1, &format!("{CONTEXT_OPEN}ctx{CONTEXT_CLOSE}hello")),

@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use paddock_core::campaign::{Campaign, CampaignError};
 use paddock_core::task::{TaskInput, TaskReply};
@@ -22,7 +21,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use super::port::{shutting_down, DaemonView, HistoryView, Query, Reply, SessionView, TurnStream};
 pub use super::port::{Command, Hub, Request};
 use super::supervisor::{self, RunHandle};
-use crate::paths::now_ms;
+use crate::paths::{now_ms, Clock};
 use crate::store::{Row, Store, StoreError, UnrecognizedLine};
 
 /// Commands drained per iteration (and so per commit) at most.
@@ -74,6 +73,8 @@ pub struct State {
     store: Store,
     hub: Hub,
     started_at: u64,
+    /// The core's clocks: monotonic since the daemon started (deadlines), and the wall clock.
+    clock: Clock,
     socket: PathBuf,
     data_dir: PathBuf,
     /// The runner agents run in (`None`: they are the daemon's own children).
@@ -113,12 +114,14 @@ impl State {
         exe: PathBuf,
         tx: mpsc::Sender<Command>,
         done: watch::Sender<bool>,
+        clock: Clock,
     ) -> Self {
         State {
             engine,
             store,
             hub,
             started_at: now_ms(),
+            clock,
             socket,
             data_dir,
             runner: None,
@@ -461,7 +464,7 @@ impl State {
                 }
                 _ => {}
             }
-            let effects = self.engine.handle(now_ms(), input);
+            let effects = self.engine.handle(self.clock.now(), input);
             self.execute(effects, batch);
         }
     }
@@ -785,7 +788,10 @@ pub async fn run(
     state.run_inputs(&mut batch);
     state.commit(&mut batch)?;
     loop {
-        let deadline = state.engine.poll_timeout().map(|(at, _)| at);
+        let deadline = state
+            .engine
+            .poll_timeout()
+            .and_then(|(at, _)| state.clock.deadline(at));
         let first = tokio::select! {
             biased;
             cmd = rx.recv() => match cmd {
@@ -821,12 +827,10 @@ pub async fn run(
     Ok(())
 }
 
-async fn sleep_until(deadline: Option<u64>) {
+/// Sleeps until `deadline` on the monotonic clock (forever if there is none).
+async fn sleep_until(deadline: Option<std::time::Instant>) {
     match deadline {
-        Some(at) => {
-            let now = now_ms();
-            tokio::time::sleep(Duration::from_millis(at.saturating_sub(now))).await
-        }
+        Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
     }
 }

@@ -21,7 +21,7 @@ pub use port::{Command, Handle, Hub};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 
-use crate::paths::now_ms;
+use crate::paths::Clock;
 use crate::store::Store;
 
 /// How long open calls may take to finish after the event loop is done.
@@ -92,7 +92,11 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
             .campaigns()
             .map_err(StartError::store("load campaigns"))?,
     };
-    let (mut engine, restore) = Engine::restore(opts.limits.clone(), now_ms(), stored, &surviving);
+    // The monotonic clock starts here: deadlines stored as wall-clock times are converted
+    // against this first reading.
+    let clock = Clock::start();
+    let (mut engine, restore) =
+        Engine::restore(opts.limits.clone(), clock.now(), stored, &surviving);
     engine.reserve_runs_through(run_floor);
     let unrecognized = store
         .unrecognized_counts()
@@ -131,6 +135,7 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         exe,
         tx.clone(),
         done_tx,
+        clock,
     );
     state.unrecognized = unrecognized.into_iter().collect();
     state.runner = runner.clone();

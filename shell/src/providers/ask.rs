@@ -180,8 +180,8 @@ mod tests {
             input: input.to_string(),
             summary: String::new(),
             turn: Some(1),
-            created_at: 0,
-            expires_at: 1,
+            created_at: paddock_core::Timestamp::from_millis(0),
+            expires_at: paddock_core::Timestamp::from_millis(1),
             state: if allowed {
                 ApprovalState::Approved
             } else {
@@ -191,7 +191,7 @@ mod tests {
             is_error: false,
             allowed,
             resolved_by: "cli".into(),
-            resolved_at: Some(1),
+            resolved_at: Some(paddock_core::Timestamp::from_millis(1)),
         }
     }
 

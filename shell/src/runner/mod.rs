@@ -47,9 +47,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use paddock_core::run::{Input, Signal, DEFAULT_KILL_GRACE_MS};
+use paddock_core::run::{Input, Signal, DEFAULT_KILL_GRACE};
+use paddock_core::Duration as CoreDuration;
 use paddock_proto::runner::v1::runner_server::{Runner, RunnerServer};
 use paddock_proto::runner::v1::{
     AttachRunRequest, ExecRequest, ExecResumeRequest, ListRunsRequest, ListRunsResponse,
@@ -61,6 +62,8 @@ use tonic::{Request, Response, Status};
 
 use process::{Launch, OutputMode};
 use registry::{CreateError, Limits, Registry, Run, StdinMsg};
+
+use crate::paths::Clock;
 
 /// Largest request accepted (a prompt, a stdin write).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -75,7 +78,7 @@ pub const MAX_RUN_ID_BYTES: usize = 256;
 /// Longest StopRun grace period.
 pub const MAX_GRACE_MS: u32 = 3_600_000;
 /// How long the runner waits for its runs to end when it is told to stop.
-const SHUTDOWN_WAIT: Duration = Duration::from_millis(DEFAULT_KILL_GRACE_MS + 2_000);
+const SHUTDOWN_WAIT: Duration = Duration::from_millis(DEFAULT_KILL_GRACE.millis() + 2_000);
 
 /// The program `Exec` runs.
 pub fn codex_program() -> OsString {
@@ -92,20 +95,6 @@ pub struct RunnerService {
     clock: Clock,
 }
 
-/// Milliseconds since the runner started: the monotonic time the run machines get.
-#[derive(Clone, Copy)]
-struct Clock(Instant);
-
-impl Clock {
-    fn now(self) -> u64 {
-        self.0.elapsed().as_millis() as u64
-    }
-
-    fn instant(self, ms: u64) -> tokio::time::Instant {
-        (self.0 + Duration::from_millis(ms)).into()
-    }
-}
-
 type EventStream = Pin<Box<dyn tokio_stream::Stream<Item = Result<RunnerEvent, Status>> + Send>>;
 
 impl RunnerService {
@@ -113,7 +102,7 @@ impl RunnerService {
         RunnerService {
             reg,
             codex,
-            clock: Clock(Instant::now()),
+            clock: Clock::start(),
         }
     }
 
@@ -163,12 +152,12 @@ impl RunnerService {
     /// harmless: an early tick does nothing, and the later one is armed by the input that
     /// moved it.
     fn arm_timer(&self, run: &Arc<Run>) {
-        if let Some(at) = run.poll_timeout() {
+        if let Some(at) = run.poll_timeout().and_then(|at| self.clock.deadline(at)) {
             let this = self.clone();
             let run = run.clone();
             tokio::spawn(async move {
-                tokio::time::sleep_until(this.clock.instant(at)).await;
-                let now = this.clock.now();
+                tokio::time::sleep_until(at.into()).await;
+                let now = this.clock.instant();
                 if run.apply(Input::Tick { now }).is_ok() {
                     this.arm_timer(&run);
                 }
@@ -182,8 +171,8 @@ impl RunnerService {
             let _ = self.apply(
                 &run,
                 Input::Stop {
-                    now: self.clock.now(),
-                    grace_ms: DEFAULT_KILL_GRACE_MS,
+                    now: self.clock.instant(),
+                    grace: DEFAULT_KILL_GRACE,
                 },
             );
         }
@@ -468,22 +457,25 @@ impl Runner for RunnerService {
                 r.grace_ms
             )));
         }
-        let grace_ms = match r.grace_ms {
-            0 => DEFAULT_KILL_GRACE_MS,
-            g => u64::from(g),
+        let grace = match r.grace_ms {
+            0 => DEFAULT_KILL_GRACE,
+            g => CoreDuration::from_millis(u64::from(g)),
         };
         let reply = |ok: bool, message: String| Ok(Response::new(StopRunResponse { ok, message }));
         let Some(run) = self.reg.get(&r.run_id) else {
             return reply(false, "not found".into());
         };
         let input = Input::Stop {
-            now: self.clock.now(),
-            grace_ms,
+            now: self.clock.instant(),
+            grace,
         };
         match self.apply(&run, input) {
             Ok(()) => reply(
                 true,
-                format!("sent SIGTERM; SIGKILL follows in {grace_ms} ms if it is still running"),
+                format!(
+                    "sent SIGTERM; SIGKILL follows in {} ms if it is still running",
+                    grace.millis()
+                ),
             ),
             Err(refusal) => reply(false, refusal.message().into()),
         }

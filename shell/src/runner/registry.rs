@@ -345,7 +345,7 @@ impl Run {
     }
 
     /// The next deadline of the run's machine.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<paddock_core::Instant> {
         self.lock().machine.poll_timeout().map(|(at, _)| at)
     }
 

@@ -1,10 +1,10 @@
 //! Requests for a human (approvals, questions, client-side tools): one row per request,
 //! upserted as it is opened and resolved.
 
-use paddock_core::{Approval, ApprovalState, AskKind, SessionId};
+use paddock_core::{Approval, ApprovalState, AskKind, SessionId, Timestamp};
 use rusqlite::{params, Connection, Row};
 
-use super::codec::int;
+use super::codec::{int, time};
 use super::{Result, Store, StoreError};
 
 /// Version 5: requests for a human.
@@ -55,14 +55,14 @@ pub(super) fn upsert(conn: &Connection, a: &Approval) -> Result<()> {
         a.input,
         a.summary,
         a.turn.map(int),
-        int(a.created_at),
-        int(a.expires_at),
+        time(a.created_at),
+        time(a.expires_at),
         a.state.number(),
         a.answer,
         a.is_error,
         a.allowed,
         a.resolved_by,
-        a.resolved_at.map(int),
+        a.resolved_at.map(time),
     ])?;
     Ok(())
 }
@@ -88,14 +88,14 @@ fn from_row(row: &Row) -> Result<Approval> {
         input: row.get(6)?,
         summary: row.get(7)?,
         turn: opt(8, "turn")?,
-        created_at: u(9, "created_at")?,
-        expires_at: u(10, "expires_at")?,
+        created_at: Timestamp::from_millis(u(9, "created_at")?),
+        expires_at: Timestamp::from_millis(u(10, "expires_at")?),
         state: ApprovalState::from_number(row.get(11)?).ok_or_else(|| corrupt("state"))?,
         answer: row.get(12)?,
         is_error: row.get(13)?,
         allowed: row.get(14)?,
         resolved_by: row.get(15)?,
-        resolved_at: opt(16, "resolved_at")?,
+        resolved_at: opt(16, "resolved_at")?.map(Timestamp::from_millis),
     })
 }
 

@@ -59,6 +59,11 @@ pub(super) fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+/// A recorded time as an SQLite integer (ms since the epoch, saturating).
+pub(super) fn time(t: paddock_core::Timestamp) -> i64 {
+    int(t.millis())
+}
+
 /// A `usize` (a `LIMIT`) as an SQLite integer (saturating).
 pub(super) fn limit(v: usize) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -77,6 +82,19 @@ fn opt_uint(row: &Row, table: &str, col: &str) -> Result<Option<u64>> {
     let v: Option<i64> = row.get(col)?;
     v.map(|v| u64::try_from(v).map_err(|_| corrupt(table, col, format!("negative value {v}"))))
         .transpose()
+}
+
+/// A recorded time (ms since the epoch).
+pub(super) fn stamp(row: &Row, table: &str, col: &str) -> Result<paddock_core::Timestamp> {
+    uint(row, table, col).map(paddock_core::Timestamp::from_millis)
+}
+
+pub(super) fn opt_stamp(
+    row: &Row,
+    table: &str,
+    col: &str,
+) -> Result<Option<paddock_core::Timestamp>> {
+    Ok(opt_uint(row, table, col)?.map(paddock_core::Timestamp::from_millis))
 }
 
 fn u32_col(row: &Row, table: &str, col: &str) -> Result<u32> {
@@ -173,10 +191,10 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
         tokens_output: uint(row, T, "tokens_output")?,
         pid,
         restart_count: u32_col(row, T, "restart_count")?,
-        created_at: uint(row, T, "created_at")?,
-        started_at: opt_uint(row, T, "started_at")?,
-        last_activity_at: opt_uint(row, T, "last_activity_at")?,
-        ended_at: opt_uint(row, T, "ended_at")?,
+        created_at: stamp(row, T, "created_at")?,
+        started_at: opt_stamp(row, T, "started_at")?,
+        last_activity_at: opt_stamp(row, T, "last_activity_at")?,
+        ended_at: opt_stamp(row, T, "ended_at")?,
         error,
         provider_session: row.get("provider_session")?,
         last_activity_seq: uint(row, T, "last_activity_seq")?,
@@ -205,7 +223,7 @@ pub(super) fn activity_from_row(session: &str, row: &Row) -> Result<ActivityEven
             tokens_input: uint(row, T, "tokens_input")?,
             tokens_output: uint(row, T, "tokens_output")?,
         },
-        at: uint(row, T, "at")?,
+        at: stamp(row, T, "at")?,
     })
 }
 
@@ -218,7 +236,7 @@ pub(super) fn status_event_from_row(session: &str, row: &Row) -> Result<StatusEv
         previous: opt_status(row, T, "previous_status")?,
         new: status(row, T, "new_status")?,
         message: row.get("message")?,
-        at: uint(row, T, "at")?,
+        at: stamp(row, T, "at")?,
     })
 }
 
@@ -229,7 +247,7 @@ pub(super) fn user_message_from_row(session: &str, row: &Row) -> Result<UserMess
         session: SessionId(session.to_string()),
         turn: uint(row, T, "turn")?,
         text: row.get("content")?,
-        at: uint(row, T, "at")?,
+        at: stamp(row, T, "at")?,
     })
 }
 
@@ -239,6 +257,6 @@ pub(super) fn campaign_from_row(row: &Row) -> Result<Campaign> {
         id: row.get("id")?,
         name: row.get("name")?,
         root_path: row.get("root_path")?,
-        created_at: uint(row, "campaigns", "created_at")?,
+        created_at: stamp(row, "campaigns", "created_at")?,
     })
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use paddock_core::{ActivityEvent, Record, SessionRecord, StatusEvent, UserMessage};
 use rusqlite::{named_params, params, Connection, Rows, TransactionBehavior};
 
-use codec::{int, map_to_json, SESSION_COLUMNS};
+use codec::{int, map_to_json, time, SESSION_COLUMNS};
 
 /// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -474,7 +474,7 @@ fn insert_campaign(conn: &Connection, c: &Campaign) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO campaigns (id, name, root_path, created_at) VALUES (?1, ?2, ?3, ?4)",
     )?
-    .execute(params![c.id, c.name, c.root_path, int(c.created_at)])?;
+    .execute(params![c.id, c.name, c.root_path, time(c.created_at)])?;
     Ok(())
 }
 
@@ -557,10 +557,10 @@ fn upsert_session(conn: &Connection, rec: &SessionRecord) -> Result<()> {
         ":max_tokens": int(c.max_tokens),
         ":pid": rec.pid,
         ":restart_count": rec.restart_count,
-        ":created_at": int(rec.created_at),
-        ":started_at": rec.started_at.map(int),
-        ":last_activity_at": rec.last_activity_at.map(int),
-        ":ended_at": rec.ended_at.map(int),
+        ":created_at": time(rec.created_at),
+        ":started_at": rec.started_at.map(time),
+        ":last_activity_at": rec.last_activity_at.map(time),
+        ":ended_at": rec.ended_at.map(time),
         ":error_code": error_code,
         ":error_message": error_message,
         ":working_dir": c.working_dir,
@@ -593,7 +593,7 @@ fn insert_activity(conn: &Connection, ev: &ActivityEvent) -> Result<()> {
         a.tool_success,
         int(a.tokens_input),
         int(a.tokens_output),
-        int(ev.at)
+        time(ev.at)
     ])?;
     Ok(())
 }
@@ -605,7 +605,7 @@ fn insert_status(conn: &Connection, ev: &StatusEvent) -> Result<()> {
         ev.previous.map(|s| s.number()),
         ev.new.number(),
         ev.message,
-        int(ev.at)
+        time(ev.at)
     ])?;
     Ok(())
 }
@@ -616,7 +616,7 @@ fn insert_message(conn: &Connection, m: &UserMessage) -> Result<()> {
         int(m.turn),
         codec::ROLE_USER,
         m.text,
-        int(m.at)
+        time(m.at)
     ])?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Aria tasks and their output.
 
 use paddock_core::task::{OutputKind, TaskOutput, TaskRecord, TaskSpec, TaskStatus};
+use paddock_core::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use super::{Result, Store, StoreError};
@@ -73,9 +74,9 @@ pub(super) fn upsert(conn: &Connection, t: &TaskRecord) -> Result<()> {
                 i(t.spec.timeout_ms),
                 t.spec.working_dir,
                 t.status.number(),
-                i(t.created_at),
-                t.started_at.map(i),
-                t.completed_at.map(i),
+                i(t.created_at.millis()),
+                t.started_at.map(|t| i(t.millis())),
+                t.completed_at.map(|t| i(t.millis())),
                 t.exit_code,
                 t.error_message,
                 t.progress_centi,
@@ -105,7 +106,14 @@ pub(super) fn insert_output(conn: &Connection, o: &TaskOutput) -> Result<()> {
                 "INSERT INTO task_output (task_id, seq, stream, text, progress, at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![o.task, i(o.seq), stream, text, progress, i(o.at)])?;
+            .execute(params![
+                o.task,
+                i(o.seq),
+                stream,
+                text,
+                progress,
+                i(o.at.millis())
+            ])?;
         }
     }
     Ok(())
@@ -134,9 +142,13 @@ fn task_from_row(row: &Row) -> Result<TaskRecord> {
         },
         status: TaskStatus::from_number(status)
             .ok_or_else(|| StoreError::Corrupt(format!("tasks.status: unknown {status}")))?,
-        created_at: u(row, 8, "created_at")?,
-        started_at: row.get::<_, Option<i64>>(9)?.map(|v| v.max(0) as u64),
-        completed_at: row.get::<_, Option<i64>>(10)?.map(|v| v.max(0) as u64),
+        created_at: Timestamp::from_millis(u(row, 8, "created_at")?),
+        started_at: row
+            .get::<_, Option<i64>>(9)?
+            .map(|v| Timestamp::from_millis(v.max(0) as u64)),
+        completed_at: row
+            .get::<_, Option<i64>>(10)?
+            .map(|v| Timestamp::from_millis(v.max(0) as u64)),
         exit_code: row.get(11)?,
         error_message: row.get(12)?,
         progress_centi: row.get(13)?,
@@ -197,7 +209,7 @@ impl Store {
                 task: id.to_string(),
                 seq: u(r, 0, "seq")?,
                 kind,
-                at: u(r, 4, "at")?,
+                at: Timestamp::from_millis(u(r, 4, "at")?),
             });
         }
         Ok(out)
@@ -223,8 +235,8 @@ mod tests {
                 working_dir: "/tmp".into(),
             },
             status: TaskStatus::Running,
-            created_at: 1,
-            started_at: Some(2),
+            created_at: paddock_core::Timestamp::from_millis(1),
+            started_at: Some(paddock_core::Timestamp::from_millis(2)),
             completed_at: None,
             exit_code: None,
             error_message: None,
@@ -239,7 +251,7 @@ mod tests {
             task: "task_1".into(),
             seq: 1,
             kind: OutputKind::Stdout("hi".into()),
-            at: 3,
+            at: paddock_core::Timestamp::from_millis(3),
         };
         let out2 = TaskOutput {
             task: "task_1".into(),
@@ -248,7 +260,7 @@ mod tests {
                 centi: 4250,
                 operation: "building".into(),
             },
-            at: 4,
+            at: paddock_core::Timestamp::from_millis(4),
         };
         store
             .apply_all(

@@ -64,10 +64,10 @@ fn full_record(id: &str) -> SessionRecord {
         tokens_output: 678,
         pid: Some(u32::MAX),
         restart_count: 2,
-        created_at: 1_700_000_000_000,
-        started_at: Some(1_700_000_000_500),
-        last_activity_at: Some(1_700_000_100_000),
-        ended_at: Some(1_700_000_200_000),
+        created_at: paddock_core::Timestamp::from_millis(1_700_000_000_000),
+        started_at: Some(paddock_core::Timestamp::from_millis(1_700_000_000_500)),
+        last_activity_at: Some(paddock_core::Timestamp::from_millis(1_700_000_100_000)),
+        ended_at: Some(paddock_core::Timestamp::from_millis(1_700_000_200_000)),
         error: Some(Error::new(
             ErrorCode::BudgetExceeded,
             "token budget exceeded: 100001 > 100000",
@@ -91,7 +91,7 @@ fn bare_record(id: &str) -> SessionRecord {
         tokens_output: 0,
         pid: None,
         restart_count: 0,
-        created_at: 0,
+        created_at: paddock_core::Timestamp::from_millis(0),
         started_at: None,
         last_activity_at: None,
         ended_at: None,
@@ -122,7 +122,7 @@ fn activity(session: &str, seq: u64) -> ActivityEvent {
         },
         ends_turn: kind.ends_turn(),
         activity: a,
-        at: 1_700_000_000_000 + seq,
+        at: paddock_core::Timestamp::from_millis(1_700_000_000_000 + seq),
     }
 }
 
@@ -137,7 +137,7 @@ fn status_event(session: &str, seq: u64) -> StatusEvent {
         },
         new: Status::ALL[(seq as usize + 1) % Status::ALL.len()],
         message: format!("status {seq}"),
-        at: 1_700_000_000_000 + seq,
+        at: paddock_core::Timestamp::from_millis(1_700_000_000_000 + seq),
     }
 }
 
@@ -146,7 +146,7 @@ fn user_message(session: &str, turn: u64) -> UserMessage {
         session: SessionId(session.to_string()),
         turn,
         text: format!("message {turn}"),
-        at: 1_700_000_000_000 + turn,
+        at: paddock_core::Timestamp::from_millis(1_700_000_000_000 + turn),
     }
 }
 
@@ -436,7 +436,7 @@ fn campaign(id: &str, name: &str, root: &str, at: u64) -> Campaign {
         id: id.into(),
         name: name.into(),
         root_path: root.into(),
-        created_at: at,
+        created_at: paddock_core::Timestamp::from_millis(at),
     }
 }
 
