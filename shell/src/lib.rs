@@ -23,6 +23,7 @@ pub mod paths;
 pub mod proc;
 pub mod providers;
 pub mod runner;
+pub mod secret;
 pub mod socket;
 pub mod store;
 pub mod text;

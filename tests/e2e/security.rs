@@ -283,3 +283,105 @@ async fn the_runner_serves_its_owner_only() {
     let other = h2_answer_as(uid, &runner).unwrap();
     assert!(other.is_empty(), "another user got {other:?}");
 }
+
+/// Reads every file of the data dir whose name starts with `paddock.db` (the database and its
+/// journal files) as bytes.
+fn database_bytes(data: &Path) -> Vec<u8> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(data).unwrap().flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("paddock.db")
+        {
+            all.extend(std::fs::read(entry.path()).unwrap());
+        }
+    }
+    all
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_never_shown_and_not_stored_in_the_clear() {
+    use paddock_proto::obey::local::v1 as pb;
+    const CFG: &str = "sk-secret-CFG-5678";
+    const ENV: &str = "sk-secret-ENV-1234";
+    let mut d = Daemon::start().await;
+    let mut req = d.request(None).await;
+    req.provider_config.insert("api_key".into(), CFG.into());
+    req.environment
+        .insert("ANTHROPIC_API_KEY".into(), ENV.into());
+    req.environment.insert("PLAIN".into(), "visible".into());
+    let info = d.create(req).await;
+    let id = info.id.clone();
+
+    // Every reply shows the key and the mask, never the value.
+    assert_eq!(info.provider_config["api_key"], paddock::secret::MASK);
+    let got = d.get(&id).await;
+    assert_eq!(got.provider_config["api_key"], paddock::secret::MASK);
+    let list = d
+        .client()
+        .await
+        .list_sessions(pb::ListSessionsRequest {
+            include_terminated: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!format!("{list:?}").contains(CFG));
+    for args in [
+        vec!["--json", "session", "info", id.as_str()],
+        vec!["--json", "session", "list", "--all"],
+        vec!["session", "info", id.as_str()],
+    ] {
+        let out = d.dirs.cli(false).args(&args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !text.contains(CFG) && !text.contains(ENV),
+            "{args:?}: {text}"
+        );
+    }
+
+    // Sent back as shown, the mask keeps the stored credential.
+    d.stop(&id, false).await.unwrap();
+    d.wait_status(&id, pb::SessionStatus::Stopped).await;
+    let restarted = d
+        .client()
+        .await
+        .restart_session(pb::RestartSessionRequest {
+            session_id: id.clone(),
+            provider_config: got.provider_config.clone(),
+        })
+        .await
+        .expect("a restart with the masked settings")
+        .into_inner();
+    assert_eq!(
+        restarted.session.unwrap().provider_config["api_key"],
+        paddock::secret::MASK
+    );
+
+    // On disk: neither value in the database or its WAL; both open with the key file.
+    let bytes = database_bytes(&d.dirs.data);
+    assert!(!bytes.is_empty());
+    assert!(!contains(&bytes, CFG) && !contains(&bytes, ENV));
+    assert!(
+        contains(&bytes, "visible"),
+        "what is not a secret stays readable"
+    );
+    let data = d.dirs.data.clone();
+    d.kill9();
+    let store = paddock::store::Store::open(&data.join("paddock.db")).unwrap();
+    let rec = store.session(&id).unwrap().unwrap();
+    assert_eq!(rec.config.provider_config["api_key"], CFG);
+    assert_eq!(rec.config.environment["ANTHROPIC_API_KEY"], ENV);
+    assert_eq!(mode(&data.join(paddock::store::SECRET_KEY_FILE)), 0o600);
+}

@@ -74,7 +74,7 @@ fn task_pb(t: &TaskRecord) -> pb::Task {
         parent_task_id: None,
         r#type: t.spec.kind.clone(),
         command_json: serde_json::to_string(&t.spec.command).unwrap_or_default(),
-        environment: t.spec.environment.clone().into_iter().collect(),
+        environment: crate::secret::redact(&t.spec.environment).collect(),
         timeout_seconds: (t.spec.timeout_ms / 1000) as i32,
         status: t.status.number(),
         created_at: Some(convert::timestamp(t.created_at)),

@@ -76,7 +76,8 @@ pub fn session_info_full(
             .as_ref()
             .map(|e| e.code.to_string())
             .unwrap_or_default(),
-        provider_config: c.provider_config.clone().into_iter().collect(),
+        // Credentials never leave the daemon: their keys show, their values read as the mask.
+        provider_config: crate::secret::redact(&c.provider_config).collect(),
         timeout: (c.timeout_ms > 0).then(|| duration(c.timeout_ms)),
         initial_message: c.initial_message.clone(),
         turns_completed: r.turns.saturating_sub(u64::from(r.turn_open)) as i64,

@@ -22,6 +22,7 @@ use crate::daemon::port::{
     WATCH_BUFFER,
 };
 use crate::paths::now_ms;
+use crate::secret;
 use crate::store::{ExternalActivity, ReportedEvent};
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
@@ -579,12 +580,17 @@ impl LocalDaemonService for Obey {
     ) -> Result<Response<pb::CreateSessionResponse>, GrpcStatus> {
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
-        // Checked against the session's configuration by the loop, in the restart's step.
-        let provider_config = (!r.provider_config.is_empty()).then(|| {
+        // Checked against the session's configuration by the loop, in the restart's step. A
+        // credential sent back as the mask it was shown as keeps its stored value.
+        let mut provider_config = (!r.provider_config.is_empty()).then(|| {
             r.provider_config
                 .into_iter()
                 .collect::<BTreeMap<String, String>>()
         });
+        if let Some(pc) = provider_config.take_if(|pc| pc.values().any(|v| v == secret::MASK)) {
+            let stored = self.record(id.clone()).await?.config.provider_config;
+            provider_config = Some(secret::unmask(pc, &stored).map_err(invalid)?);
+        }
         let rec = self
             .handle
             .request(

@@ -12,6 +12,7 @@
 pub mod approvals;
 mod codec;
 mod migrations;
+pub mod seal;
 pub mod tasks;
 #[cfg(test)]
 mod tests;
@@ -196,21 +197,25 @@ const CAMPAIGN_COLUMNS: &str = "id, name, root_path, created_at";
 #[derive(Debug)]
 pub struct Store {
     conn: Connection,
+    /// Seals credentials before they are written and opens them when read ([`seal`]).
+    sealer: seal::Sealer,
 }
 
 impl Store {
     /// Opens (creating if needed) the database file at `path` and migrates it. The parent
     /// directory must exist.
     pub fn open(path: &Path) -> Result<Store> {
-        Store::init(Connection::open(path)?)
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let sealer = seal::Sealer::load_or_create(&dir.join(SECRET_KEY_FILE))?;
+        Store::init(Connection::open(path)?, sealer)
     }
 
     /// A private in-memory database (for tests).
     pub fn open_in_memory() -> Result<Store> {
-        Store::init(Connection::open_in_memory()?)
+        Store::init(Connection::open_in_memory()?, seal::Sealer::ephemeral()?)
     }
 
-    fn init(mut conn: Connection) -> Result<Store> {
+    fn init(mut conn: Connection, sealer: seal::Sealer) -> Result<Store> {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.execute_batch("PRAGMA foreign_keys = ON")?;
         // WAL: readers never block the writer, and a commit is one append to the log.
@@ -233,7 +238,8 @@ impl Store {
         conn.execute_batch(&format!("PRAGMA synchronous = {sync}"))?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         migrations::migrate(&mut conn, migrations::MIGRATIONS, now_ms())?;
-        Ok(Store { conn })
+        seal_stored_credentials(&mut conn, &sealer)?;
+        Ok(Store { conn, sealer })
     }
 
     /// Writes a batch of core records in ONE transaction (the daemon's batched commit): all
@@ -248,12 +254,13 @@ impl Store {
         if records.is_empty() && rows.is_empty() {
             return Ok(Vec::new());
         }
+        let sealer = &self.sealer;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         for record in records {
             match record {
-                Record::Session(rec) => upsert_session(&tx, rec)?,
+                Record::Session(rec) => upsert_session(&tx, sealer, rec)?,
                 Record::Activity(ev) => insert_activity(&tx, ev)?,
                 Record::Status(ev) => insert_status(&tx, ev)?,
                 Record::UserMessage(m) => insert_message(&tx, m)?,
@@ -261,7 +268,7 @@ impl Store {
                 Record::Delete(id) => {
                     delete_session_rows(&tx, &id.0)?;
                 }
-                Record::Task(t) => tasks::upsert(&tx, t)?,
+                Record::Task(t) => tasks::upsert(&tx, sealer, t)?,
                 Record::TaskOutput(o) => tasks::insert_output(&tx, o)?,
                 Record::Campaign(c) => insert_campaign(&tx, c)?,
                 Record::RemoveCampaign(id) => {
@@ -314,14 +321,23 @@ impl Store {
     pub fn load_sessions(&self) -> Result<Vec<SessionRecord>> {
         let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS)?;
         let rows = stmt.query([])?;
-        collect(rows, codec::session_from_row)
+        collect(rows, |r| self.session_from_row(r))
     }
 
     /// One session.
     pub fn session(&self, id: &str) -> Result<Option<SessionRecord>> {
         let mut stmt = self.conn.prepare_cached(&SELECT_SESSION)?;
         let mut rows = stmt.query([id])?;
-        rows.next()?.map(codec::session_from_row).transpose()
+        rows.next()?.map(|r| self.session_from_row(r)).transpose()
+    }
+
+    /// A session row with its credentials opened.
+    fn session_from_row(&self, row: &rusqlite::Row) -> Result<SessionRecord> {
+        let mut rec = codec::session_from_row(row)?;
+        let c = &mut rec.config;
+        c.provider_config = self.sealer.open(std::mem::take(&mut c.provider_config));
+        c.environment = self.sealer.open(std::mem::take(&mut c.environment));
+        Ok(rec)
     }
 
     /// Up to `limit` activities of a session with `seq > after_seq`, in seq order.
@@ -536,10 +552,10 @@ fn delete_session_rows(conn: &Connection, id: &str) -> Result<bool> {
     Ok(existed)
 }
 
-fn upsert_session(conn: &Connection, rec: &SessionRecord) -> Result<()> {
+fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord) -> Result<()> {
     let c = &rec.config;
-    let provider_config = map_to_json(&c.provider_config)?;
-    let environment = map_to_json(&c.environment)?;
+    let provider_config = map_to_json(&sealer.seal(&c.provider_config)?)?;
+    let environment = map_to_json(&sealer.seal(&c.environment)?)?;
     let error_code = rec.error.as_ref().map(|e| e.code.to_string());
     let error_message = rec.error.as_ref().map(|e| e.message.as_str());
     let mut stmt = conn.prepare_cached(&UPSERT_SESSION)?;
@@ -622,6 +638,62 @@ fn insert_message(conn: &Connection, m: &UserMessage) -> Result<()> {
 }
 
 /// Decodes every row with `f`.
+/// The file beside the database that holds the key credentials are sealed with.
+pub const SECRET_KEY_FILE: &str = "secret.key";
+
+/// `PRAGMA user_version` bit: every credential stored is sealed (the one-time sweep of an older
+/// install's rows ran). The schema's own version is the `schema_version` table.
+const SEALED_FLAG: i64 = 1;
+
+/// Seals the credentials an older install stored in the clear, once, in one transaction.
+fn seal_stored_credentials(conn: &mut Connection, sealer: &seal::Sealer) -> Result<()> {
+    let flags: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if flags & SEALED_FLAG != 0 {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let parse = |text: &str, what: &str| {
+        serde_json::from_str::<std::collections::BTreeMap<String, String>>(text)
+            .map_err(|e| StoreError::Corrupt(format!("{what}: bad JSON object: {e}")))
+    };
+    let sessions: Vec<(String, String, String)> = tx
+        .prepare("SELECT id, provider_config, environment FROM agent_sessions")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (id, pc, env) in sessions {
+        let (pc, env) = (
+            parse(&pc, "agent_sessions.provider_config")?,
+            parse(&env, "agent_sessions.environment")?,
+        );
+        if seal::Sealer::needs_sealing(&pc) || seal::Sealer::needs_sealing(&env) {
+            tx.execute(
+                "UPDATE agent_sessions SET provider_config = ?2, environment = ?3 WHERE id = ?1",
+                params![
+                    id,
+                    map_to_json(&sealer.seal(&pc)?)?,
+                    map_to_json(&sealer.seal(&env)?)?
+                ],
+            )?;
+        }
+    }
+    let tasks: Vec<(String, String)> = tx
+        .prepare("SELECT id, environment FROM tasks")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (id, env) in tasks {
+        let env = parse(&env, "tasks.environment")?;
+        if seal::Sealer::needs_sealing(&env) {
+            tx.execute(
+                "UPDATE tasks SET environment = ?2 WHERE id = ?1",
+                params![id, map_to_json(&sealer.seal(&env)?)?],
+            )?;
+        }
+    }
+    tx.execute_batch(&format!("PRAGMA user_version = {}", flags | SEALED_FLAG))?;
+    tx.commit()?;
+    Ok(())
+}
+
 fn collect<T>(
     mut rows: Rows<'_>,
     mut f: impl FnMut(&rusqlite::Row) -> Result<T>,

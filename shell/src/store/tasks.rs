@@ -51,7 +51,11 @@ fn i(v: u64) -> i64 {
 }
 
 /// Upserts a task's record.
-pub(super) fn upsert(conn: &Connection, t: &TaskRecord) -> Result<()> {
+pub(super) fn upsert(
+    conn: &Connection,
+    sealer: &super::seal::Sealer,
+    t: &TaskRecord,
+) -> Result<()> {
     {
         {
             let sql = format!(
@@ -70,7 +74,7 @@ pub(super) fn upsert(conn: &Connection, t: &TaskRecord) -> Result<()> {
                 t.spec.session_id,
                 t.spec.kind,
                 serde_json::to_string(&t.spec.command).expect("json"),
-                serde_json::to_string(&t.spec.environment).expect("json"),
+                serde_json::to_string(&sealer.seal(&t.spec.environment)?).expect("json"),
                 i(t.spec.timeout_ms),
                 t.spec.working_dir,
                 t.status.number(),
@@ -124,7 +128,7 @@ fn u(row: &Row, idx: usize, col: &str) -> Result<u64> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("tasks.{col}: negative value {v}")))
 }
 
-fn task_from_row(row: &Row) -> Result<TaskRecord> {
+fn task_from_row(sealer: &super::seal::Sealer, row: &Row) -> Result<TaskRecord> {
     let status: i32 = row.get(7)?;
     let command: String = row.get(3)?;
     let env: String = row.get(4)?;
@@ -135,8 +139,10 @@ fn task_from_row(row: &Row) -> Result<TaskRecord> {
             kind: row.get(2)?,
             command: serde_json::from_str(&command)
                 .map_err(|e| StoreError::Corrupt(format!("tasks.command_json: {e}")))?,
-            environment: serde_json::from_str(&env)
-                .map_err(|e| StoreError::Corrupt(format!("tasks.environment: {e}")))?,
+            environment: sealer.open(
+                serde_json::from_str(&env)
+                    .map_err(|e| StoreError::Corrupt(format!("tasks.environment: {e}")))?,
+            ),
             timeout_ms: u(row, 5, "timeout_ms")?,
             working_dir: row.get(6)?,
         },
@@ -169,7 +175,7 @@ impl Store {
         let mut rows = stmt.query([])?;
         let mut out = Vec::new();
         while let Some(r) = rows.next()? {
-            out.push(task_from_row(r)?);
+            out.push(task_from_row(&self.sealer, r)?);
         }
         Ok(out)
     }
@@ -178,7 +184,9 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare_cached(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1"))?;
-        let row = stmt.query_row([id], |r| Ok(task_from_row(r))).optional()?;
+        let row = stmt
+            .query_row([id], |r| Ok(task_from_row(&self.sealer, r)))
+            .optional()?;
         row.transpose()
     }
 

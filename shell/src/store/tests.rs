@@ -737,3 +737,47 @@ fn store_errors_display_and_chain() {
         .to_string()
         .contains("x.y: bad"));
 }
+
+#[test]
+fn credentials_an_older_install_stored_in_the_clear_are_sealed_once_at_open() {
+    let dir = TempDir::new("seal");
+    let mut rec = full_record("s1");
+    rec.config
+        .environment
+        .insert("GITHUB_TOKEN".into(), "ghp-old".into());
+    {
+        let mut store = Store::open(&dir.db()).unwrap();
+        store.apply(&[Record::Session(Box::new(rec.clone()))]).unwrap();
+    }
+    // What an older binary wrote: the credential in the clear, and no sealed flag.
+    let conn = Connection::open(dir.db()).unwrap();
+    conn.execute_batch(
+        "UPDATE agent_sessions SET environment = '{\"GITHUB_TOKEN\":\"ghp-old\",\"FOO\":\"bar=baz\"}';
+         PRAGMA user_version = 0;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = Store::open(&dir.db()).unwrap();
+    assert_eq!(
+        store.session("s1").unwrap().unwrap(),
+        rec,
+        "opens to the same value"
+    );
+    let raw: String = store
+        .conn
+        .query_row("SELECT environment FROM agent_sessions", [], |r| r.get(0))
+        .unwrap();
+    assert!(
+        !raw.contains("ghp-old") && raw.contains("sealed:v1:"),
+        "{raw}"
+    );
+    assert!(
+        raw.contains("bar=baz"),
+        "only credentials are sealed: {raw}"
+    );
+    let flags: i64 = store
+        .conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(flags & SEALED_FLAG, SEALED_FLAG);
+}
