@@ -65,6 +65,21 @@ enum Command {
         /// taken back when the daemon restarts
         #[arg(long)]
         no_runner: bool,
+        /// Users (names or uids) besides the daemon's own who may use its sockets; checked on
+        /// every connection (SO_PEERCRED)
+        #[arg(
+            long = "allow-user",
+            env = "PADDOCK_ALLOW_USERS",
+            value_delimiter = ','
+        )]
+        allow_users: Vec<String>,
+        /// Groups (names or gids) whose members may use the daemon's sockets
+        #[arg(
+            long = "allow-group",
+            env = "PADDOCK_ALLOW_GROUPS",
+            value_delimiter = ','
+        )]
+        allow_groups: Vec<String>,
     },
     /// Watch a whole session of the built-in scripted agent, start to finish (no API key)
     Demo {
@@ -163,8 +178,17 @@ fn main() {
             aria_provider,
             aria_model,
             no_runner,
+            allow_users,
+            allow_groups,
         } => {
             init_tracing();
+            let peers = match paddock::socket::Peers::parse(&allow_users, &allow_groups) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("paddock daemon: {e}");
+                    std::process::exit(2);
+                }
+            };
             let limits = paddock_core::Limits {
                 stop_grace: paddock_core::Duration::from_secs(stop_grace_secs),
                 kill_grace: paddock_core::Duration::from_secs(kill_grace_secs),
@@ -192,6 +216,7 @@ fn main() {
                 aria_provider,
                 aria_model,
                 use_runner: !no_runner,
+                peers,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

@@ -1,7 +1,8 @@
 //! Where the socket and the data live.
 //!
 //! Socket: `--socket`, else `$PADDOCK_SOCKET`, else `$XDG_RUNTIME_DIR/paddock/daemon.sock`, else
-//! `/tmp/paddock-<uid>/daemon.sock`. Data: `--data-dir`, else `$PADDOCK_DATA_DIR`, else
+//! `daemon.sock` in the default data dir (never a shared `/tmp` path another user could create
+//! first). Data: `--data-dir`, else `$PADDOCK_DATA_DIR`, else
 //! `$XDG_DATA_HOME/paddock`, else `~/.local/share/paddock`. (clap reads the `PADDOCK_*`
 //! variables; this module supplies the defaults.)
 
@@ -10,9 +11,7 @@ use std::path::PathBuf;
 pub fn default_socket() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir).join("paddock").join("daemon.sock"),
-        None => {
-            PathBuf::from(format!("/tmp/paddock-{}", nix::unistd::getuid())).join("daemon.sock")
-        }
+        None => default_data_dir().join("daemon.sock"),
     }
 }
 

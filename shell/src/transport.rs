@@ -34,13 +34,35 @@ pub async fn channel(path: &Path) -> Result<Channel, ConnectError> {
     Endpoint::from_static("http://localhost")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = p.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(p).await?)) }
+            async move {
+                let stream = UnixStream::connect(&p).await?;
+                server_is_trusted(&stream, &p)?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
         }))
         .await
         .map_err(|source| ConnectError {
             path: path.to_path_buf(),
             source,
         })
+}
+
+/// A client talks only to a server run by itself or by root: a socket another user put in the
+/// daemon's place (see [`crate::socket`]) never receives a request, nor the secrets in it.
+fn server_is_trusted(stream: &UnixStream, path: &Path) -> std::io::Result<()> {
+    let uid = stream.peer_cred()?.uid();
+    let me = nix::unistd::geteuid().as_raw();
+    if uid == me || uid == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "refusing to talk to {}: its server runs as uid {uid}, not as you (uid {me})",
+                path.display()
+            ),
+        ))
+    }
 }
 
 /// The `ErrorInfo.domain` of every status paddock attaches a reason to.

@@ -26,5 +26,6 @@ mod latis;
 mod lifecycle;
 mod rpcs;
 mod runner_mode;
+mod security;
 mod sessions;
 mod sunbeam;

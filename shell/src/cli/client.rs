@@ -1,5 +1,6 @@
 //! Connecting to the daemon over its Unix socket, starting one if none answers.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
@@ -29,6 +30,8 @@ pub async fn connect(ctx: &Ctx) -> Result<Client> {
 
 /// [`connect`]'s channel, for the other services on the same socket (Aria's tasks).
 pub async fn connect_channel(ctx: &Ctx) -> Result<Channel> {
+    // Said at once, not after an autostart that could not work either.
+    crate::socket::check_owner(&ctx.socket).map_err(Error::Untrusted)?;
     match channel(&ctx.socket).await {
         Ok(ch) => Ok(ch),
         Err(e) if !ctx.autostart => Err(Error::NoAutostart(e)),
@@ -60,6 +63,7 @@ pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&log_path)
         .map_err(Error::io(format!("cannot open {}", log_path.display())))?;
     let exe = std::env::current_exe().map_err(Error::io("this program's path"))?;

@@ -25,6 +25,9 @@ pub enum Error {
     /// No daemon answers on the socket, and `--no-autostart` forbids starting one.
     #[error("no paddock daemon answers on {}: {} (and --no-autostart is set)", .0.path.display(), .0.source)]
     NoAutostart(ConnectError),
+    /// The socket belongs to another user: nothing is sent to it.
+    #[error("{0}")]
+    Untrusted(String),
     /// A daemon was started but did not answer in time.
     #[error(
         "started a daemon but it did not answer within {wait_s}s: no paddock daemon answers on {}: {} (see {})",

@@ -11,6 +11,7 @@ pub mod port;
 pub mod runner_link;
 pub mod supervisor;
 
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -41,45 +42,55 @@ pub struct Options {
     pub aria_model: String,
     /// Run agents in the runner (`paddock runner`), so that they outlive the daemon.
     pub use_runner: bool,
+    /// Who besides the daemon's own user may connect to its sockets.
+    pub peers: crate::socket::Peers,
 }
 
 /// Runs the daemon in the foreground until it is told to stop.
-pub async fn run(opts: Options) -> Result<(), String> {
-    std::fs::create_dir_all(&opts.data_dir)
-        .map_err(|e| format!("cannot create data dir {}: {e}", opts.data_dir.display()))?;
+pub async fn run(opts: Options) -> Result<(), StartError> {
+    private_data_dir(&opts.data_dir)?;
     let _lock = lock_data_dir(&opts.data_dir)?;
     let db = crate::paths::database(&opts.data_dir);
-    let store = Store::open(&db).map_err(|e| format!("cannot open {}: {e}", db.display()))?;
+    // SQLite gives its -wal and -shm files the database file's mode: make that 0600 first.
+    private_files(&opts.data_dir, &db)?;
+    let store = Store::open(&db).map_err(StartError::store("open the database"))?;
     let records = store
         .load_sessions()
-        .map_err(|e| format!("cannot load sessions: {e}"))?;
+        .map_err(StartError::store("load sessions"))?;
     // Claim the socket before anything is started: a daemon that must refuse (another one
     // answers there) leaves nothing behind.
-    let listener = bind_socket(&opts.socket)?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
+    let listener = crate::socket::bind(&opts.socket, "paddock daemon")?;
+    let exe = std::env::current_exe().map_err(|source| StartError::Io {
+        what: "find this program's binary".into(),
+        source,
+    })?;
     // With the runner, agents that outlived a previous daemon are adopted, not failed.
     let runner = if opts.use_runner {
-        Some(runner_link::RunnerLink::connect_or_start(&opts.data_dir, &exe).await?)
+        Some(
+            runner_link::RunnerLink::connect_or_start(&opts.data_dir, &exe)
+                .await
+                .map_err(StartError::Runner)?,
+        )
     } else {
         None
     };
     // What outlived the previous daemon in the runner (with `--no-runner`, nothing: our
     // children died with it). The core decides what becomes of it.
     let (surviving, run_floor) = match &runner {
-        Some(link) => link.surviving_runs().await?,
+        Some(link) => link.surviving_runs().await.map_err(StartError::Runner)?,
         None => (Surviving::default(), 0),
     };
     let stored = Stored {
         sessions: records,
         approvals: store
             .load_approvals()
-            .map_err(|e| format!("cannot load approvals: {e}"))?,
+            .map_err(StartError::store("load approvals"))?,
         tasks: store
             .load_tasks()
-            .map_err(|e| format!("cannot load tasks: {e}"))?,
+            .map_err(StartError::store("load tasks"))?,
         campaigns: store
             .campaigns()
-            .map_err(|e| format!("cannot load campaigns: {e}"))?,
+            .map_err(StartError::store("load campaigns"))?,
     };
     // The monotonic clock starts here: deadlines stored as wall-clock times are converted
     // against this first reading.
@@ -89,7 +100,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     engine.reserve_runs_through(run_floor);
     let unrecognized = store
         .unrecognized_counts()
-        .map_err(|e| format!("cannot load the unrecognized line counts: {e}"))?;
+        .map_err(StartError::store("load the unrecognized line counts"))?;
     let reconciled = restore
         .iter()
         .filter(|e| matches!(e, paddock_core::Effect::EmitStatus(_)))
@@ -103,7 +114,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     // The Aria socket is a second door to the same services. Another daemon holding it is not
     // fatal: paddock's own socket still works.
     let aria_listener: Option<UnixListener> = match &opts.aria_socket {
-        Some(path) => match bind_socket(path) {
+        Some(path) => match crate::socket::bind(path, "paddock daemon (Aria socket)") {
             Ok(l) => Some(l),
             Err(e) => {
                 tracing::warn!("not serving the Aria socket: {e}");
@@ -162,7 +173,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
         let _ = sig_handle.shutdown(true).await;
     });
 
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let incoming = crate::socket::incoming(listener, opts.peers.clone(), "paddock daemon");
     let shutdown = {
         let mut rx = done_rx.clone();
         async move {
@@ -180,9 +191,10 @@ pub async fn run(opts: Options) -> Result<(), String> {
     if let (Some(l), Some(path)) = (aria_listener, opts.aria_socket.clone()) {
         let mut done = done_rx.clone();
         let router = crate::api::router(aria.clone(), None);
+        let peers = opts.peers.clone();
         tracing::info!(socket = %path.display(), "serving the Aria runtime API");
         tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(l);
+            let incoming = crate::socket::incoming(l, peers, "Aria socket");
             let stop = async move {
                 let _ = done.wait_for(|d| *d).await;
             };
@@ -221,29 +233,96 @@ pub async fn run(opts: Options) -> Result<(), String> {
         // A clean shutdown stopped every session: the runner has nothing left to keep.
         link.stop_runner();
     }
-    result.map_err(|e| format!("server error: {e}"))
+    result.map_err(StartError::Serve)
+}
+
+/// Why the daemon could not start (or stopped serving): `main` prints it and exits 1.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another paddock daemon is already using the data dir {}", .0.display())]
+    Locked(PathBuf),
+    #[error("cannot {what}: {source}")]
+    Store {
+        what: &'static str,
+        #[source]
+        source: crate::store::StoreError,
+    },
+    #[error(transparent)]
+    Socket(#[from] crate::socket::BindError),
+    #[error("the runner: {0}")]
+    Runner(String),
+    #[error("server error: {0}")]
+    Serve(#[source] tonic::transport::Error),
+}
+
+impl StartError {
+    fn store(what: &'static str) -> impl FnOnce(crate::store::StoreError) -> StartError {
+        move |source| StartError::Store { what, source }
+    }
+}
+
+/// The data dir holds the database, with every session's environment: it is the user's alone
+/// (0700), created so or fixed at start when an older install left it open.
+fn private_data_dir(dir: &Path) -> Result<(), StartError> {
+    let io = |source| StartError::Io {
+        what: format!("create the data dir {}", dir.display()),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)
+}
+
+/// The database and its journal files, and the logs, are 0600 (older installs made them 0644).
+/// A new database file is created empty with mode 0600 (an empty file is an empty database).
+fn private_files(dir: &Path, db: &Path) -> Result<(), StartError> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(db)
+        .map_err(|source| StartError::Io {
+            what: format!("create {}", db.display()),
+            source,
+        })?;
+    let entries = std::fs::read_dir(dir).map_err(|source| StartError::Io {
+        what: format!("read the data dir {}", dir.display()),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let private = name.starts_with("paddock.db") || name.ends_with(".log");
+        if private && entry.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
+                |source| StartError::Io {
+                    what: format!("make {} private", path.display()),
+                    source,
+                },
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// One daemon per data dir: an exclusive `flock` held for the daemon's life.
-fn lock_data_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+fn lock_data_dir(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StartError> {
     let path = dir.join("daemon.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
-        format!(
-            "another paddock daemon is already using the data dir {}",
-            dir.display()
-        )
-    })
-}
-
-/// Creates the socket's directory (0700) and binds the socket (0600). A socket a live daemon
-/// answers on is refused; a stale one is replaced. (The one way every paddock server claims
-/// its socket: [`crate::socket::bind`].)
-fn bind_socket(path: &Path) -> Result<UnixListener, String> {
-    crate::socket::bind(path, "paddock daemon")
+        .map_err(|source| StartError::Io {
+            what: format!("open {}", path.display()),
+            source,
+        })?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|_| StartError::Locked(dir.to_path_buf()))
 }

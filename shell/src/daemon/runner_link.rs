@@ -15,6 +15,7 @@
 //!   event at or before the stored cursor should one come again.
 //! - If the runner goes away, the run's exit is reported with the reason (OBEY-2031).
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -124,6 +125,7 @@ impl RunnerLink {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(&log_path)
             .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
         let mut child = std::process::Command::new(exe);

@@ -499,7 +499,18 @@ pub fn pid_file(socket: &Path) -> std::path::PathBuf {
     std::path::PathBuf::from(name)
 }
 
-pub async fn serve(socket: &Path) -> Result<(), String> {
+/// Why the runner could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Socket(#[from] crate::socket::BindError),
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("server error: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+pub async fn serve(socket: &Path) -> Result<(), ServeError> {
     let listener = crate::socket::bind(socket, "paddock runner")?;
     // Who owns the socket, for a daemon that needs to stop its runner (or a test that must
     // clean up): `<socket>.pid`, removed on a clean exit.
@@ -509,8 +520,7 @@ pub async fn serve(socket: &Path) -> Result<(), String> {
     let (svc, server) = service(reg.clone());
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| format!("reflection: {e}"))?;
+        .build_v1()?;
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -535,7 +545,12 @@ pub async fn serve(socket: &Path) -> Result<(), String> {
     });
 
     tracing::info!(socket = %socket.display(), codex = ?codex_program(), "paddock runner listening");
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    // The runner is the daemon's private helper: only its own user may talk to it.
+    let incoming = crate::socket::incoming(
+        listener,
+        crate::socket::Peers::owner_only(),
+        "paddock runner",
+    );
     let shutdown = {
         let mut rx = stop_rx.clone();
         async move {
@@ -549,7 +564,7 @@ pub async fn serve(socket: &Path) -> Result<(), String> {
     tokio::pin!(server);
     // Once told to stop, give open streams a moment to finish, then go.
     let result = tokio::select! {
-        r = &mut server => r.map_err(|e| format!("server error: {e}")),
+        r = &mut server => r.map_err(ServeError::from),
         _ = async {
             let _ = stop_rx.wait_for(|s| *s).await;
             tokio::time::sleep(Duration::from_secs(2)).await;

@@ -1,0 +1,285 @@
+//! Who may use the daemon (reliability review D2, D3): the peer-credential check on every socket,
+//! a socket directory another user could write to, a client that meets another user's socket,
+//! and the modes of the data dir and the database.
+//!
+//! The tests that need a second user create one (`pdk-peer`, with `useradd`) and run the CLI as
+//! that user with `setpriv`; where that cannot be done (not root, no `useradd`, the binary not
+//! reachable by another user) they print why and return.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::harness::{Daemon, Dirs, BIN};
+
+const PEER: &str = "pdk-peer";
+
+/// The second user's uid, created once per test binary; `None` (with the reason printed) where
+/// this machine cannot give us one.
+fn peer_uid() -> Option<u32> {
+    static UID: OnceLock<Result<u32, String>> = OnceLock::new();
+    let uid = UID.get_or_init(|| {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("not root: cannot create a second user".into());
+        }
+        if nix::unistd::User::from_name(PEER).ok().flatten().is_none() {
+            let out = Command::new("useradd")
+                .args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    PEER,
+                ])
+                .output()
+                .map_err(|e| format!("useradd: {e}"))?;
+            if !out.status.success() && nix::unistd::User::from_name(PEER).ok().flatten().is_none()
+            {
+                return Err(format!(
+                    "useradd failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+        }
+        let user = nix::unistd::User::from_name(PEER)
+            .ok()
+            .flatten()
+            .ok_or("the user useradd made is not found")?;
+        // The binary must be reachable by that user (a checkout under a 0700 home is not).
+        let probe = as_user(user.uid.as_raw()).arg("--version").output();
+        match probe {
+            Ok(o) if o.status.success() => Ok(user.uid.as_raw()),
+            Ok(o) => Err(format!(
+                "{BIN} cannot run as {PEER}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            )),
+            Err(e) => Err(format!("setpriv: {e}")),
+        }
+    });
+    match uid {
+        Ok(u) => Some(*u),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+/// `paddock` run as `uid` (its own group, no supplementary groups).
+fn as_user(uid: u32) -> Command {
+    let mut c = Command::new("setpriv");
+    c.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg(BIN)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    c
+}
+
+/// Opens the test's tempdir to everyone, as a careless install might, so that only the peer
+/// check stands between the other user and the daemon.
+fn open_up(dirs: &Dirs) {
+    let mut p = dirs.socket.clone();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+    while p.pop() && p.starts_with(&dirs.base) {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+fn ping_as(uid: u32, dirs: &Dirs) -> std::process::Output {
+    as_user(uid)
+        .arg("--socket")
+        .arg(&dirs.socket)
+        .arg("--no-autostart")
+        .arg("ping")
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_user_is_refused_even_on_a_world_writable_socket() {
+    let Some(uid) = peer_uid() else { return };
+    let d = Daemon::start().await;
+    open_up(&d.dirs);
+    let out = ping_as(uid, &d.dirs);
+    assert!(
+        !out.status.success(),
+        "the other user got an answer: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The daemon says whom it turned away, and still serves its owner.
+    let deadline = std::time::Instant::now() + crate::harness::WAIT;
+    while !d
+        .stderr()
+        .contains("refused a connection from a user not allowed")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refusal logged: {}",
+            d.stderr()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(d.stderr().contains(&uid.to_string()), "{}", d.stderr());
+    let mut own = d.client().await;
+    own.ping(paddock_proto::obey::local::v1::PingRequest {})
+        .await
+        .expect("the owner is served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_user_is_served() {
+    let Some(uid) = peer_uid() else { return };
+    let d = Daemon::start_with(Dirs::new(), &["--allow-user", PEER]).await;
+    open_up(&d.dirs);
+    let out = ping_as(uid, &d.dirs);
+    assert!(
+        out.status.success(),
+        "the allowed user was refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_socket_directory_another_user_owns_is_refused() {
+    let Some(uid) = peer_uid() else { return };
+    let dirs = Dirs::new();
+    let dir = dirs.socket.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    nix::unistd::chown(dir, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+    let out = Daemon::daemon_command(
+        &dirs,
+        &dirs.socket,
+        &dirs.data,
+        std::process::Stdio::piped(),
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("owned by uid {uid}")) && err.contains("could replace the socket"),
+        "{err}"
+    );
+    assert!(!dirs.socket.exists(), "nothing was bound there");
+}
+
+#[test]
+fn a_world_writable_socket_directory_is_refused() {
+    let dirs = Dirs::new();
+    let dir = dirs.socket.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Daemon::daemon_command(
+        &dirs,
+        &dirs.socket,
+        &dirs.data,
+        std::process::Stdio::piped(),
+    )
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("others may write to it (mode 0777)"), "{err}");
+}
+
+#[test]
+fn the_cli_sends_nothing_to_another_users_socket() {
+    let Some(uid) = peer_uid() else { return };
+    let dirs = Dirs::new();
+    let dir = dirs.socket.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&dirs.socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    nix::unistd::chown(&dirs.socket, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+    let out = dirs.cli(false).arg("ping").output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing to talk to") && err.contains(&format!("uid {uid}")),
+        "{err}"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the CLI connected to the impostor"
+    );
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().mode() & 0o777
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_dir_and_database_are_private_and_old_installs_are_fixed() {
+    let dirs = Dirs::new();
+    // An older install: a 0755 data dir and a 0644 database.
+    std::fs::create_dir_all(&dirs.data).unwrap();
+    std::fs::set_permissions(&dirs.data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let db = dirs.data.join("paddock.db");
+    std::fs::write(&db, "").unwrap();
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let d = Daemon::start_in(dirs).await;
+    assert_eq!(mode(&d.dirs.data), 0o700);
+    for entry in std::fs::read_dir(&d.dirs.data).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("paddock.db") {
+            assert_eq!(mode(&entry.path()), 0o600, "{name}");
+        }
+    }
+}
+
+/// What a server sends back to an HTTP/2 client preface, read by `/usr/bin/python3` run as
+/// `uid` (empty: the connection was closed unanswered). `None` where no such Python exists.
+fn h2_answer_as(uid: u32, socket: &Path) -> Option<Vec<u8>> {
+    const PROBE: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+try:
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+    data = s.recv(64)
+except OSError:  # refused: closed before or after the preface
+    data = b""
+sys.stdout.buffer.write(data)
+"#;
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("skipped: no /usr/bin/python3 to probe the socket with");
+        return None;
+    }
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg(python)
+        .args(["-c", PROBE])
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(out.stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_serves_its_owner_only() {
+    let Some(uid) = peer_uid() else { return };
+    let d = Daemon::start().await;
+    let runner = d.dirs.data.join("runner.sock");
+    assert!(runner.exists(), "the daemon runs a runner by default");
+    std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::set_permissions(&d.dirs.data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&d.dirs.base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let Some(owner) = h2_answer_as(nix::unistd::geteuid().as_raw(), &runner) else {
+        return;
+    };
+    assert!(!owner.is_empty(), "the owner gets the server's SETTINGS");
+    let other = h2_answer_as(uid, &runner).unwrap();
+    assert!(other.is_empty(), "another user got {other:?}");
+}
