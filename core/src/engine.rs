@@ -17,7 +17,7 @@ use crate::model::{RunId, SessionId, SessionRecord, Status};
 use crate::session::effect::{Effect, Record};
 use crate::session::input::Input;
 use crate::session::machine::{Ctx, Out, Session, Step, Timer};
-use crate::task::{TaskLimits, TaskRecord, TaskTimer, Tasks};
+use crate::task::{TaskInput, TaskLimits, TaskRecord, TaskTimer, Tasks};
 use crate::time::{Duration, Instant, Now};
 
 /// Every bound the engine enforces.
@@ -414,6 +414,16 @@ impl Engine {
                     s.handle_provider(run, cursor, event, &mut cx);
                     s.flush(&mut cx);
                 }
+            }
+            // Nothing new once the daemon shuts down: a task launched then would outlive it.
+            Input::Task(TaskInput::Launch { req, .. }) if self.shutting_down => {
+                cx.out.rest.push(Effect::ReplyTask {
+                    req,
+                    result: Err(Error::new(
+                        ErrorCode::AdapterNotInitialized,
+                        "the daemon is shutting down",
+                    )),
+                })
             }
             Input::Task(input) => self.tasks.handle(now, input, &mut cx.out),
             Input::AddCampaign { req, id, root, how } => {

@@ -204,6 +204,9 @@ struct Task {
     timeout_at: Option<Instant>,
     kill_at: Option<Instant>,
     alive: bool,
+    /// TERM was sent to its process: never twice (a cancel after a timeout's KILL must not
+    /// start the escalation again).
+    terminated: bool,
 }
 
 /// Which deadline is next.
@@ -272,6 +275,7 @@ impl Tasks {
                     timeout_at: None,
                     kill_at: None,
                     alive: false,
+                    terminated: false,
                 },
             );
         }
@@ -475,6 +479,7 @@ impl Tasks {
                 timeout_at: None,
                 kill_at: None,
                 alive: false,
+                terminated: false,
             },
         );
     }
@@ -519,7 +524,8 @@ fn set_status(t: &mut Task, status: TaskStatus, message: &str, now: Now, out: &m
 
 fn terminate(t: &mut Task, now: Now, grace: Duration, out: &mut Out) {
     if let (true, Some(pid)) = (t.alive, t.record.pid) {
-        if t.kill_at.is_none() {
+        if !t.terminated {
+            t.terminated = true;
             t.kill_at = Some(crate::process::kill_deadline(now.at, grace));
             out.rest.push(Effect::SignalTask {
                 id: t.record.id.clone(),
@@ -581,6 +587,11 @@ impl Task {
             );
             assert!(r.completed_at.is_some(), "a finished task has its end time");
         }
+        assert!(
+            self.kill_at.is_none() || self.terminated,
+            "task {}: a KILL is due only after a TERM",
+            r.id
+        );
         assert_eq!(
             self.alive,
             r.pid.is_some(),
@@ -784,6 +795,14 @@ mod tests {
         // Still being spawned: ended as soon as it has started.
         let fx = t.started(3, "b", 6);
         assert!(fx.contains(&signal("b", 6, Signal::Term)));
+        // And nothing new is launched.
+        let fx = t.launch("c");
+        assert!(
+            matches!(&fx[..], [Effect::ReplyTask { req: 1, result: Err(e) }]
+                if e.code == crate::ErrorCode::AdapterNotInitialized),
+            "{fx:?}"
+        );
+        assert!(t.0.task("c").is_none());
     }
 
     #[test]
@@ -824,6 +843,31 @@ mod tests {
         }));
         t.exited(3, "a", None, Some(15));
         assert_eq!(t.status("a"), TaskStatus::Cancelled);
+    }
+
+    /// A process is TERMed once: a cancel after a timeout's KILL (the process not reaped yet)
+    /// starts no second escalation.
+    #[test]
+    fn one_term_per_process() {
+        let mut t = T::new();
+        t.launch("a");
+        t.started(1, "a", 5);
+        let fx = t.0.handle(now(5_001), Input::Tick);
+        assert!(fx.contains(&signal("a", 5, Signal::Term)));
+        let fx = t.0.handle(now(6_001), Input::Tick);
+        assert!(fx.contains(&signal("a", 5, Signal::Kill)));
+        let fx = t.at(
+            6_002,
+            TaskInput::Cancel {
+                req: 3,
+                id: "a".into(),
+            },
+        );
+        assert!(
+            !fx.iter().any(|e| matches!(e, Effect::SignalTask { .. })),
+            "{fx:?}"
+        );
+        assert_eq!(t.0.poll_timeout(), None);
     }
 
     #[test]

@@ -5,11 +5,20 @@
 //! # Running it
 //!
 //! ```text
-//! cargo test -p sim --release                      # the sweep: 10,000 seeds, then coverage
+//! cargo test -p sim --release                      # the sweep: 10,000 seeds, then coverage;
+//!                                                  # the daemon sweep (tasks, campaigns,
+//!                                                  # crashes, shutdown): 2,000 seeds
 //! PADDOCK_SIM_SEEDS=100000 cargo test -p sim --release --test sweep   # explore more seeds
 //! PADDOCK_SIM_SEED_START=500000 cargo test -p sim --release --test sweep  # ... other seeds
 //! PADDOCK_SIM_SEED=1234 cargo test -p sim --test sweep -- --nocapture     # replay one seed
+//! PADDOCK_SIM_SEED=22 cargo test -p sim --test daemon -- --nocapture      # ... of the daemon sweep
 //! ```
+//!
+//! The session sweep (`driver`, `model`, `world`) drives sessions; the daemon sweep
+//! ([`daemon`]) drives the same engine's Aria tasks (output, cancel, timeout, TERM → KILL
+//! escalation, processes that ignore TERM, spawn failures), campaigns, daemon crashes with task
+//! processes the runner still runs (each killed at start-up, its task FAILED), and the
+//! shutdown (every task ended, every process reaped, no launch accepted, no deadline left).
 //!
 //! # Reading a failure
 //!
@@ -213,6 +222,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod daemon;
 mod driver;
 pub mod log;
 pub mod model;
