@@ -58,6 +58,16 @@ pub enum Deadline {
     Task(String, TaskTimer),
 }
 
+impl Deadline {
+    /// Why, in words (for logs).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Deadline::Session(_, t) => t.reason(),
+            Deadline::Task(_, t) => t.reason(),
+        }
+    }
+}
+
 /// What the store holds, loaded at daemon start-up.
 #[derive(Debug, Clone, Default)]
 pub struct Stored {

@@ -216,6 +216,15 @@ pub enum TaskTimer {
     Kill,
 }
 
+impl TaskTimer {
+    pub fn reason(self) -> &'static str {
+        match self {
+            TaskTimer::Timeout => "task timeout",
+            TaskTimer::Kill => "task TERM to KILL escalation",
+        }
+    }
+}
+
 /// Every task of a daemon.
 #[derive(Debug, Clone, Default)]
 pub struct Tasks {

@@ -788,10 +788,14 @@ pub async fn run(
     state.run_inputs(&mut batch);
     state.commit(&mut batch)?;
     loop {
-        let deadline = state
-            .engine
-            .poll_timeout()
-            .and_then(|(at, _)| state.clock.deadline(at));
+        let deadline = state.engine.poll_timeout().and_then(|(at, why)| {
+            tracing::trace!(
+                at = at.millis(),
+                "next deadline: {} ({why:?})",
+                why.reason()
+            );
+            state.clock.deadline(at)
+        });
         let first = tokio::select! {
             biased;
             cmd = rx.recv() => match cmd {
