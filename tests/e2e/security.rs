@@ -385,3 +385,58 @@ async fn credentials_are_never_shown_and_not_stored_in_the_clear() {
     assert_eq!(rec.config.environment["ANTHROPIC_API_KEY"], ENV);
     assert_eq!(mode(&data.join(paddock::store::SECRET_KEY_FILE)), 0o600);
 }
+
+/// Review D1: a `script` that is a FIFO nobody writes to, or `/dev/zero`, once froze the daemon
+/// or filled memory. Now each is refused at once (OBEY-2004), at create and at restart, and the
+/// daemon keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_that_is_a_fifo_or_a_device_is_refused_at_once() {
+    use paddock_proto::obey::local::v1 as pb;
+    let mut d = Daemon::start().await;
+    nix::unistd::mkfifo(
+        &d.dirs.root.join("scripts/f.json"),
+        nix::sys::stat::Mode::S_IRWXU,
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/dev/zero", d.dirs.root.join("scripts/zero.json")).unwrap();
+    let base = d.request(None).await;
+    for (script, says) in [
+        ("scripts/f.json", "is not a regular file"),
+        ("/dev/zero", "relative to the campaign root"),
+        ("scripts/zero.json", "outside the campaign root"),
+        ("../../etc/passwd", "relative to the campaign root"),
+    ] {
+        let mut req = base.clone();
+        req.provider_config.insert("script".into(), script.into());
+        let started = std::time::Instant::now();
+        let err = crate::harness::within(d.client().await.create_session(req))
+            .await
+            .expect_err(script);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{script}"
+        );
+        crate::harness::assert_status(&err, tonic::Code::FailedPrecondition, "OBEY-2004: ");
+        assert!(err.message().contains(says), "{script}: {}", err.message());
+    }
+    // The same at restart, where the check runs in the daemon's loop: still answered at once.
+    let s = d.session(None).await;
+    d.stop(&s.id, false).await.unwrap();
+    d.wait_status(&s.id, pb::SessionStatus::Stopped).await;
+    let err = crate::harness::within(d.client().await.restart_session(pb::RestartSessionRequest {
+        session_id: s.id.clone(),
+        provider_config: [("script".to_string(), "scripts/f.json".to_string())].into(),
+    }))
+    .await
+    .expect_err("a FIFO script at restart");
+    assert!(
+        err.message().contains("is not a regular file"),
+        "{}",
+        err.message()
+    );
+    d.client()
+        .await
+        .ping(pb::PingRequest {})
+        .await
+        .expect("the daemon still answers");
+}

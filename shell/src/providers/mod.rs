@@ -121,13 +121,21 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
         Provider::Scripted => {
             check_model(config)?;
             if let Some(script) = config.provider_config.get("script") {
-                let path = Path::new(&config.working_dir).join(script);
-                scripted::Script::load(&path).map_err(|e| {
+                // A request names this file: only a regular file inside the campaign root, of
+                // bounded size (a FIFO or /dev/zero must not stall or fill the daemon).
+                let bad = |e: String| {
                     Error::new(
                         ErrorCode::CreationFailed,
-                        format!("bad script {}: {e}", path.display()),
+                        format!("bad script {script}: {e}"),
                     )
-                })?;
+                };
+                let text = crate::confined::read(
+                    Path::new(&config.working_dir),
+                    script,
+                    scripted::SCRIPT_BYTES_MAX,
+                )
+                .map_err(|e| bad(e.to_string()))?;
+                scripted::parse_script(&text).map_err(bad)?;
             }
             Ok(())
         }

@@ -327,10 +327,22 @@ const KINDS: &[&str] = &[
     "builtin",
 ];
 
+/// The largest script read (the daemon checks it at CreateSession; the agent reads no more).
+pub const SCRIPT_BYTES_MAX: u64 = 8 * 1024 * 1024;
+
 impl Script {
     /// Reads and parses a script file (see the module docs).
     pub fn load(path: &Path) -> Result<Script, String> {
-        let text = fs::read_to_string(path).map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        fs::File::open(path)
+            .and_then(|f| {
+                let mut bounded = io::Read::take(f, SCRIPT_BYTES_MAX + 1);
+                io::Read::read_to_string(&mut bounded, &mut text)
+            })
+            .map_err(|e| e.to_string())?;
+        if text.len() as u64 > SCRIPT_BYTES_MAX {
+            return Err(format!("longer than {SCRIPT_BYTES_MAX} bytes"));
+        }
         parse_script(&text)
     }
 }

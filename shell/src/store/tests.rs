@@ -747,7 +747,9 @@ fn credentials_an_older_install_stored_in_the_clear_are_sealed_once_at_open() {
         .insert("GITHUB_TOKEN".into(), "ghp-old".into());
     {
         let mut store = Store::open(&dir.db()).unwrap();
-        store.apply(&[Record::Session(Box::new(rec.clone()))]).unwrap();
+        store
+            .apply(&[Record::Session(Box::new(rec.clone()))])
+            .unwrap();
     }
     // What an older binary wrote: the credential in the clear, and no sealed flag.
     let conn = Connection::open(dir.db()).unwrap();
