@@ -8,6 +8,13 @@
 //! [`kill_tree`] kills its group and every process that still carries its tag. Nothing it
 //! started is left running unsupervised.
 //!
+//! The tag dies with its supervisor's memory: when the runner (or, with `--no-runner`, the
+//! daemon) is SIGKILLed, the agents die with it (PDEATHSIG) but what they started lives on with
+//! no one to sweep it. So every supervised process also carries its owner ([`OWNER_VAR`]: the
+//! canonical data dir), and a runner, or a `--no-runner` daemon, that starts where none is
+//! running ends every process still marked with its data dir ([`reap_orphans`]): they are what
+//! a previous incarnation left.
+//!
 //! A process that scrubs its own environment escapes the tag (a cgroup would not let it;
 //! paddock runs without privileges, so it does not rely on one). `/proc/<pid>/environ` is the
 //! environment a process was started with, readable for our own processes.
@@ -19,6 +26,40 @@ use nix::unistd::Pid;
 
 /// The environment variable that marks a supervised process tree.
 pub const TAG_VAR: &str = "PADDOCK_RUN_TAG";
+
+/// The environment variable that names the data dir whose daemon/runner started a process.
+pub const OWNER_VAR: &str = "PADDOCK_OWNER";
+
+static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Marks every process this program supervises from now on as owned by `data_dir` (once, at
+/// start; a later call is ignored).
+pub fn set_owner(data_dir: &Path) {
+    let dir = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let _ = OWNER.set(dir.to_string_lossy().into_owned());
+}
+
+/// The owner mark [`set_owner`] set, for [`crate::proc::spawn`] to pass on.
+pub fn owner() -> Option<&'static str> {
+    OWNER.get().map(String::as_str)
+}
+
+/// Ends every process marked with this program's owner ([`set_owner`]): call it at start, before
+/// anything is spawned, where no other live supervisor of the same data dir can exist. Returns
+/// how many were ended. Reads /proc.
+pub fn reap_orphans() -> usize {
+    let Some(owner) = owner() else { return 0 };
+    let n = stop_and_kill(&format!("{OWNER_VAR}={owner}"));
+    if n > 0 {
+        tracing::warn!(
+            count = n,
+            "ended processes a previous paddock left running for this data dir"
+        );
+    }
+    n
+}
 
 /// A tag no other tree carries.
 pub fn new_tag() -> String {
@@ -39,9 +80,19 @@ pub fn kill_tree(pgid: u32, tag: &str) -> usize {
     if pgid != 0 {
         let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
     }
+    let n = stop_and_kill(&format!("{TAG_VAR}={tag}"));
+    if n > 0 {
+        tracing::info!(tag, count = n, "killed what was left of a process tree");
+    }
+    n
+}
+
+/// Stops (SIGSTOP) every process whose environment holds `var` (`NAME=value`), pass after pass
+/// until a pass finds none it had not stopped yet, then kills them all; how many.
+fn stop_and_kill(var: &str) -> usize {
     let mut stopped = std::collections::BTreeSet::new();
     for _ in 0..MAX_PASSES {
-        let new: Vec<u32> = tagged_processes(Path::new("/proc"), tag)
+        let new: Vec<u32> = processes_with(Path::new("/proc"), var)
             .into_iter()
             .filter(|p| !stopped.contains(p))
             .collect();
@@ -56,19 +107,16 @@ pub fn kill_tree(pgid: u32, tag: &str) -> usize {
     for pid in &stopped {
         let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
     }
-    if !stopped.is_empty() {
-        tracing::info!(
-            tag,
-            count = stopped.len(),
-            "killed what was left of a process tree"
-        );
-    }
     stopped.len()
 }
 
 /// The processes under `proc_root` whose environment holds `TAG_VAR=tag` (never this one).
 pub fn tagged_processes(proc_root: &Path, tag: &str) -> Vec<u32> {
-    let needle = format!("{TAG_VAR}={tag}");
+    processes_with(proc_root, &format!("{TAG_VAR}={tag}"))
+}
+
+/// The processes under `proc_root` whose environment holds `needle` (never this one).
+fn processes_with(proc_root: &Path, needle: &str) -> Vec<u32> {
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir(proc_root) else {
         return Vec::new();

@@ -107,6 +107,9 @@ impl From<&std::io::Result<std::process::ExitStatus>> for Exit {
 /// The parent-death signal fires when the *thread* that forked exits: call this from a task on
 /// a runtime worker thread (which lives as long as the process), never from `spawn_blocking`.
 pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Process, Pipes)> {
+    if let Some(owner) = crate::contain::owner() {
+        cmd.env(crate::contain::OWNER_VAR, owner);
+    }
     cmd.env(crate::contain::TAG_VAR, &tag)
         .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())

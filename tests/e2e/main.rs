@@ -24,6 +24,7 @@ mod errors;
 mod harness;
 mod latis;
 mod lifecycle;
+mod orphans;
 mod rpcs;
 mod runner_mode;
 mod security;

@@ -64,6 +64,25 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         what: "find this program's binary".into(),
         source,
     })?;
+    // Every process started from here on carries this data dir as its owner. Without the
+    // runner, what a previous daemon's agents left behind (their children died with it; their
+    // descendants did not) is ended now, unless a runner of this data dir is alive (its
+    // agents are not orphans). With the runner, the runner does this when it starts.
+    crate::contain::set_owner(&opts.data_dir);
+    if !opts.use_runner {
+        let runner_pid_file = crate::runner::pid_file(&opts.data_dir.join("runner.sock"));
+        let runner_alive = std::fs::read_to_string(&runner_pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+            .is_some_and(|pid| {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+            });
+        if runner_alive {
+            tracing::warn!("a runner of this data dir is alive: not sweeping for orphans");
+        } else {
+            let _ = tokio::task::spawn_blocking(crate::contain::reap_orphans).await;
+        }
+    }
     // With the runner, agents that outlived a previous daemon are adopted, not failed.
     let runner = if opts.use_runner {
         Some(

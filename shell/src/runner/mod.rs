@@ -512,6 +512,11 @@ pub enum ServeError {
 
 pub async fn serve(socket: &Path) -> Result<(), ServeError> {
     let listener = crate::socket::bind(socket, "paddock runner")?;
+    // A runner starts only where none runs (the socket was free): whatever a previous runner
+    // of this data dir left running (the descendants of its agents, after a SIGKILL) is ended
+    // before anything new starts.
+    crate::contain::set_owner(socket.parent().unwrap_or(Path::new(".")));
+    let _ = tokio::task::spawn_blocking(crate::contain::reap_orphans).await;
     // Who owns the socket, for a daemon that needs to stop its runner (or a test that must
     // clean up): `<socket>.pid`, removed on a clean exit.
     let pid_file = pid_file(socket);
