@@ -10,19 +10,14 @@ use crate::harness::*;
 
 /// An agent (a shell in place of Claude Code) that leaves a `setsid` grandchild, marked by the
 /// sleep's unusual length, then waits.
-fn leaving_agent(
-    d: &mut Daemon,
-    mark: u32,
-) -> impl std::future::Future<Output = pb::SessionInfo> + '_ {
-    async move {
-        let mut req = d.request(None).await;
-        req.provider = pb::SessionProvider::ClaudeCode as i32;
-        req.provider_config.insert(
-            "command".into(),
-            format!("sh -c 'setsid sleep {mark} </dev/null >/dev/null 2>&1 & exec sleep {mark}'"),
-        );
-        d.create(req).await
-    }
+async fn leaving_agent(d: &mut Daemon, mark: u32) -> pb::SessionInfo {
+    let mut req = d.request(None).await;
+    req.provider = pb::SessionProvider::ClaudeCode as i32;
+    req.provider_config.insert(
+        "command".into(),
+        format!("sh -c 'setsid sleep {mark} </dev/null >/dev/null 2>&1 & exec sleep {mark}'"),
+    );
+    d.create(req).await
 }
 
 /// The processes whose command line is `sleep <mark>`.
