@@ -51,7 +51,8 @@ fn peer_uid() -> Option<u32> {
         match probe {
             Ok(o) if o.status.success() => Ok(user.uid.as_raw()),
             Ok(o) => Err(format!(
-                "{BIN} cannot run as {PEER}: {}",
+                "{} cannot run as {PEER}: {}",
+                shared_binary().display(),
                 String::from_utf8_lossy(&o.stderr)
             )),
             Err(e) => Err(format!("setpriv: {e}")),
@@ -70,13 +71,40 @@ fn peer_uid() -> Option<u32> {
     }
 }
 
+/// A copy of the binary under test that any user can run: the checkout may sit under a home
+/// directory others cannot enter (CI's clone is wherever CI puts it).
+fn shared_binary() -> &'static Path {
+    static COPY: OnceLock<std::path::PathBuf> = OnceLock::new();
+    COPY.get_or_init(|| {
+        // Copies left by earlier test runs (their process is gone) are removed.
+        for e in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("pdk-e2e-bin-") {
+                if pid
+                    .parse()
+                    .is_ok_and(|p: u32| !crate::harness::pid_running(p))
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("pdk-e2e-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = dir.join("paddock");
+        std::fs::copy(BIN, &copy).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        copy
+    })
+}
+
 /// `paddock` run as `uid` (its own group, no supplementary groups).
 fn as_user(uid: u32) -> Command {
     let mut c = Command::new("setpriv");
     c.arg(format!("--reuid={uid}"))
         .arg(format!("--regid={uid}"))
         .arg("--clear-groups")
-        .arg(BIN)
+        .arg(shared_binary())
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default());
     c
