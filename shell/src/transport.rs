@@ -68,13 +68,26 @@ fn server_is_trusted(stream: &UnixStream, path: &Path) -> std::io::Result<()> {
 /// The `ErrorInfo.domain` of every status paddock attaches a reason to.
 pub const ERROR_DOMAIN: &str = "paddock";
 
+/// The longest message a status carries: it travels in an HTTP/2 header (clients refuse
+/// headers past 16 KiB), and an error must never echo megabytes of a request back.
+pub const STATUS_MESSAGE_BYTES_MAX: usize = 2048;
+
+/// A status message cut to [`STATUS_MESSAGE_BYTES_MAX`] (with the marker saying how much).
+pub fn status_message(message: impl Into<String>) -> String {
+    let m = message.into();
+    match crate::text::truncate(&m, STATUS_MESSAGE_BYTES_MAX) {
+        std::borrow::Cow::Borrowed(_) => m,
+        std::borrow::Cow::Owned(cut) => cut,
+    }
+}
+
 /// A status with an `ErrorInfo` detail whose reason names the failure (an OBEY code, or a
 /// protocol's own reason such as Aria's `DAEMON_UNAVAILABLE`).
 pub fn error_status(code: tonic::Code, reason: &str, message: impl Into<String>) -> tonic::Status {
     let meta = HashMap::from([("service".to_string(), ERROR_DOMAIN.to_string())]);
     tonic::Status::with_error_details(
         code,
-        message.into(),
+        status_message(message),
         ErrorDetails::with_error_info(reason, ERROR_DOMAIN, meta),
     )
 }
@@ -94,6 +107,19 @@ pub fn obey_code(s: &tonic::Status) -> Option<ErrorCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_are_bounded() {
+        let huge = "x".repeat(3_500_000);
+        let s = error_status(
+            tonic::Code::NotFound,
+            "OBEY-2010",
+            format!("session {huge}"),
+        );
+        assert!(s.message().len() < STATUS_MESSAGE_BYTES_MAX + 64);
+        assert!(s.message().contains("[truncated"));
+        assert_eq!(status_message("short"), "short");
+    }
 
     #[test]
     fn codes_round_trip_through_error_info() {

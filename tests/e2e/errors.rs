@@ -361,3 +361,19 @@ async fn the_live_session_limit_is_2004() {
     d.stop(&a.id, false).await.unwrap();
     assert_eq!(status_name(d.create(req).await.status), "RUNNING");
 }
+
+/// Review D12: an error never echoes megabytes of a request back (the client would see
+/// RESOURCE_EXHAUSTED for the oversized header instead of the real answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_id_gets_a_short_not_found() {
+    let d = Daemon::start().await;
+    let huge = "x".repeat(3_500_000);
+    let err = d
+        .client()
+        .await
+        .get_session(pb::GetSessionRequest { session_id: huge })
+        .await
+        .unwrap_err();
+    assert_status(&err, tonic::Code::NotFound, "OBEY-2010: ");
+    assert!(err.message().len() <= 4096, "{} bytes", err.message().len());
+}

@@ -62,7 +62,7 @@ fn read<T>(answer: Result<Read<T>, Error>) -> Result<T, GrpcStatus> {
 }
 
 fn invalid(msg: impl Into<String>) -> GrpcStatus {
-    GrpcStatus::invalid_argument(msg.into())
+    GrpcStatus::invalid_argument(crate::transport::status_message(msg))
 }
 
 fn session_id(id: &str) -> Result<SessionId, GrpcStatus> {

@@ -48,29 +48,50 @@ pub fn rfc3339(seconds: i64, nanos: i32) -> String {
     )
 }
 
+/// The most characters a table cell shows; a longer value (the daemon accepts names of any
+/// length) is cut with `…` (`--json` has it whole).
+pub const CELL_CHARS_MAX: usize = 200;
+
+/// A cell's text as a table shows it: at most [`CELL_CHARS_MAX`] characters.
+fn cell(c: &str) -> std::borrow::Cow<'_, str> {
+    match c.char_indices().nth(CELL_CHARS_MAX) {
+        None => c.into(),
+        Some((end, _)) => {
+            let keep = c[..end].char_indices().last().map_or(0, |(i, _)| i);
+            format!("{}…", &c[..keep]).into()
+        }
+    }
+}
+
 /// Renders rows as an aligned table.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| cell(c)).collect())
+        .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
+    for r in &rows {
         for (i, c) in r.iter().enumerate() {
             widths[i] = widths[i].max(c.chars().count());
         }
     }
-    let line = |cells: Vec<String>| {
+    // Padded by hand: `format!`'s width is a u16 and panics past 65,535.
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
         let mut s = String::new();
+        let cells: Vec<&str> = cells.collect();
         for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            s.push_str(c);
+            if i + 1 < cells.len() {
+                let pad = widths[i] - c.chars().count() + 2;
+                s.extend(std::iter::repeat_n(' ', pad));
             }
         }
         s.trim_end().to_string()
     };
-    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
-    for r in rows {
+    let mut out = line(&mut headers.iter().copied());
+    for r in &rows {
         out.push('\n');
-        out.push_str(&line(r.clone()));
+        out.push_str(&line(&mut r.iter().map(|c| c.as_ref())));
     }
     out
 }
@@ -145,6 +166,16 @@ mod tests {
             rfc3339(1_771_425_000, 5_000_000),
             "2026-02-18T14:30:00.005Z"
         );
+    }
+
+    #[test]
+    fn cells_past_any_width_are_cut_and_never_panic() {
+        let long = "n".repeat(70_000);
+        let t = table(&["NAME", "STATUS"], &[vec![long, "RUNNING".into()]]);
+        let row = t.lines().nth(1).unwrap();
+        assert!(row.starts_with(&format!("{}…", "n".repeat(CELL_CHARS_MAX - 1))));
+        assert!(row.ends_with("RUNNING"));
+        assert_eq!(cell("héllo"), "héllo");
     }
 
     #[test]
