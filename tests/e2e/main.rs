@@ -25,6 +25,7 @@ mod harness;
 mod latis;
 mod lifecycle;
 mod orphans;
+mod paging;
 mod rpcs;
 mod runner_mode;
 mod security;

@@ -219,3 +219,62 @@ mod tests {
         assert_eq!(duration_ms(&duration(1500)), 1500);
     }
 }
+
+/// The most bytes of items one list reply carries, well under the largest message
+/// ([`crate::transport::MESSAGE_MAX_BYTES`]) so that the envelope always fits: lists page by
+/// size, not only by count, and one large item never makes a list fail for good.
+pub const REPLY_ITEMS_BYTES_MAX: usize = 3 * 1024 * 1024;
+
+/// The leading items of `items` that fit in [`REPLY_ITEMS_BYTES_MAX`] (always at least one,
+/// cut to fit when it alone is larger), and whether any were left out.
+pub fn page_by_size<M: prost::Message + Fitted>(
+    items: impl IntoIterator<Item = M>,
+) -> (Vec<M>, bool) {
+    let mut out = Vec::new();
+    let mut bytes = 0;
+    for mut item in items {
+        let len = item.encoded_len() + 8; // the field's tag and length
+        if !out.is_empty() && bytes + len > REPLY_ITEMS_BYTES_MAX {
+            return (out, true);
+        }
+        if len > REPLY_ITEMS_BYTES_MAX {
+            item.fit(REPLY_ITEMS_BYTES_MAX / 2);
+        }
+        bytes += len;
+        out.push(item);
+    }
+    (out, false)
+}
+
+/// An item whose largest text can be cut so that it fits in one reply.
+pub trait Fitted {
+    fn fit(&mut self, max_bytes: usize);
+}
+
+fn cut(s: &mut String, max_bytes: usize) {
+    if s.len() > max_bytes {
+        *s = crate::text::truncate(s, max_bytes).into_owned();
+    }
+}
+
+impl Fitted for pb::SessionActivityEvent {
+    fn fit(&mut self, max_bytes: usize) {
+        cut(&mut self.content, max_bytes);
+    }
+}
+
+impl Fitted for pb::HistoryItem {
+    fn fit(&mut self, max_bytes: usize) {
+        cut(&mut self.content, max_bytes);
+    }
+}
+
+impl Fitted for pb::SessionInfo {
+    fn fit(&mut self, max_bytes: usize) {
+        let each = max_bytes / 4;
+        cut(&mut self.initial_message, each);
+        cut(&mut self.agent_name, each);
+        cut(&mut self.error_message, each);
+        cut(&mut self.working_dir, each);
+    }
+}

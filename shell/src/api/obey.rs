@@ -502,9 +502,11 @@ impl LocalDaemonService for Obey {
             })?),
         };
         let include_terminated = r.include_terminated;
+        let after = r.page_token.trim().to_string();
         let all = self.handle.query(Query::Sessions).await.map_err(st)?;
-        let sessions = all
+        let matching = all
             .iter()
+            .filter(|v| after.is_empty() || v.record.id.0 > after)
             .filter(|v| {
                 campaign
                     .as_ref()
@@ -518,9 +520,17 @@ impl LocalDaemonService for Obey {
                     include_terminated || !v.record.status.is_terminal()
                 }
             })
-            .map(|v| convert::session_info_full(&v.record, v.unrecognized, v.pending))
-            .collect();
-        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+            .map(|v| convert::session_info_full(&v.record, v.unrecognized, v.pending));
+        let (sessions, more) = convert::page_by_size(matching);
+        let next_page_token = if more {
+            sessions.last().map(|s| s.id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListSessionsResponse {
+            sessions,
+            next_page_token,
+        }))
     }
 
     type SendMessageStream = Stream_<pb::SessionActivityEvent>;
@@ -785,9 +795,9 @@ impl LocalDaemonService for Obey {
                 })
                 .await,
         )?;
-        Ok(Response::new(pb::ListActivitiesResponse {
-            activities: list.iter().map(convert::activity_event).collect(),
-        }))
+        // Paged by size too: the client goes on from the last seq it got.
+        let (activities, _more) = convert::page_by_size(list.iter().map(convert::activity_event));
+        Ok(Response::new(pb::ListActivitiesResponse { activities }))
     }
 
     async fn get_history(
@@ -820,9 +830,13 @@ impl LocalDaemonService for Obey {
         // The window is of activities; user messages (one per turn) may add a few more.
         let over = items.len().saturating_sub(limit);
         items.drain(..over);
+        // The newest entries that fit in one reply (the oldest go first, as with `limit`).
+        let (mut newest, cut) =
+            convert::page_by_size(items.iter().rev().map(convert::history_item));
+        newest.reverse();
         Ok(Response::new(pb::GetHistoryResponse {
-            items: items.iter().map(convert::history_item).collect(),
-            truncated: truncated || over > 0,
+            items: newest,
+            truncated: truncated || over > 0 || cut,
             last_seq,
         }))
     }

@@ -535,16 +535,17 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> Result<()> {
 /// `session prune`: deletes every STOPPED and FAILED session (of one campaign, if given) and
 /// says which. A session restarted between the list and its delete is skipped, and said so.
 pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -> Result<()> {
-    let list = c
-        .list_sessions(pb::ListSessionsRequest {
+    let list = super::list_sessions(
+        c,
+        pb::ListSessionsRequest {
             campaign_id: campaign.unwrap_or_default(),
             statuses: vec![Status::Stopped.number(), Status::Failed.number()],
             provider: 0,
             include_terminated: true,
-        })
-        .await?
-        .into_inner()
-        .sessions;
+            page_token: String::new(),
+        },
+    )
+    .await?;
     let (mut deleted, mut skipped, mut failed) = (Vec::new(), Vec::new(), 0);
     for s in &list {
         match c

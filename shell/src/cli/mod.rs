@@ -200,14 +200,14 @@ pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String> {
     {
         return Ok(id.to_string());
     }
-    let all = c
-        .list_sessions(pb::ListSessionsRequest {
+    let all = list_sessions(
+        c,
+        pb::ListSessionsRequest {
             include_terminated: true,
             ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .sessions;
+        },
+    )
+    .await?;
     let needle = id.to_ascii_lowercase();
     let hits: Vec<&pb::SessionInfo> = all
         .iter()
@@ -274,16 +274,17 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 },
                 None => 0,
             };
-            let list = c
-                .list_sessions(pb::ListSessionsRequest {
+            let list = list_sessions(
+                &mut c,
+                pb::ListSessionsRequest {
                     campaign_id: campaign.unwrap_or_default(),
                     statuses: st,
                     provider,
                     include_terminated: all,
-                })
-                .await?
-                .into_inner()
-                .sessions;
+                    page_token: String::new(),
+                },
+            )
+            .await?;
             if ctx.json {
                 print_json(&json!(list.iter().map(session_json).collect::<Vec<_>>()));
             } else {
@@ -422,20 +423,26 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
         }
         SessionCmd::Logs { id, after } => {
             let id = resolve(&mut c, &id).await?;
-            let list = c
-                .list_activities(pb::ListActivitiesRequest {
-                    session_id: id,
-                    after_seq: after,
-                    limit: 0,
-                })
-                .await?
-                .into_inner()
-                .activities;
-            for a in &list {
-                if ctx.json {
-                    println!("{}", activity_json(a));
-                } else {
-                    println!("{:>5}  {}", a.seq, activity_line(a));
+            // Page after page (the daemon pages by count and by size) until none is left.
+            let mut after = after;
+            loop {
+                let list = c
+                    .list_activities(pb::ListActivitiesRequest {
+                        session_id: id.clone(),
+                        after_seq: after,
+                        limit: 0,
+                    })
+                    .await?
+                    .into_inner()
+                    .activities;
+                let Some(last) = list.last() else { break };
+                after = last.seq;
+                for a in &list {
+                    if ctx.json {
+                        println!("{}", activity_json(a));
+                    } else {
+                        println!("{:>5}  {}", a.seq, activity_line(a));
+                    }
                 }
             }
         }
@@ -506,18 +513,15 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> Result<()> {
         })
         .await?
         .into_inner();
+    // The newest activity's seq: where the watch starts.
     let last = c
-        .list_activities(pb::ListActivitiesRequest {
+        .get_history(pb::GetHistoryRequest {
             session_id: id.clone(),
-            after_seq: 0,
-            limit: 0,
+            limit: 1,
         })
         .await?
         .into_inner()
-        .activities
-        .last()
-        .map(|a| a.seq)
-        .unwrap_or(0);
+        .last_seq;
     let mut acts = c
         .watch_activity(pb::WatchActivityRequest {
             session_id: id.clone(),
@@ -632,4 +636,21 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Every session a ListSessions request matches, page after page (the daemon pages its replies
+/// by size).
+pub async fn list_sessions(
+    c: &mut Client,
+    mut req: pb::ListSessionsRequest,
+) -> Result<Vec<pb::SessionInfo>> {
+    let mut all = Vec::new();
+    loop {
+        let page = c.list_sessions(req.clone()).await?.into_inner();
+        all.extend(page.sessions);
+        if page.next_page_token.is_empty() {
+            return Ok(all);
+        }
+        req.page_token = page.next_page_token;
+    }
 }

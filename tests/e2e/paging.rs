@@ -1,0 +1,109 @@
+//! Replies are bounded by bytes, not only by count (reliability review D4): large sessions or
+//! multi-MiB activities never make a list fail for good; clients follow the pages.
+
+use paddock_proto::obey::local::v1 as pb;
+use serde_json::json;
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_of_sessions_larger_than_a_message_comes_in_pages() {
+    let mut d = Daemon::start_with(Dirs::new(), &["--max-sessions", "64"]).await;
+    let task = "t".repeat(120_000);
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let mut req = d.request(None).await;
+        req.initial_message = task.clone();
+        ids.push(d.create(req).await.id);
+    }
+    // 40 × 120 kB: more than the 4 MiB a message may be, so more than one page.
+    let mut c = d.client().await;
+    let mut seen = Vec::new();
+    let mut req = pb::ListSessionsRequest::default();
+    let mut pages = 0;
+    loop {
+        let page = c.list_sessions(req.clone()).await.unwrap().into_inner();
+        pages += 1;
+        seen.extend(page.sessions.iter().map(|s| s.id.clone()));
+        assert!(page.sessions.iter().all(|s| s.initial_message == task));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        req.page_token = page.next_page_token;
+    }
+    assert!(pages >= 2, "{pages} page(s)");
+    ids.sort();
+    assert_eq!(seen, ids, "every session once, in id order");
+    // The CLI follows the pages.
+    let out = d
+        .dirs
+        .cli(false)
+        .args(["session", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert_eq!(listed, 41, "a header and every session");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn activities_of_several_mib_are_listed_page_by_page() {
+    let mut d = Daemon::start().await;
+    let big = "b".repeat(3 * 1024 * 1024);
+    let s = d
+        .session(Some((
+            "big",
+            turns(json!([
+                {"thinking": big},
+                {"thinking": big},
+                {"result": "done"}
+            ])),
+        )))
+        .await;
+    let acts = d.send(&s.id, "go").await;
+    assert_eq!(acts.len(), 3, "{}", acts.len());
+    let mut c = d.client().await;
+    let first = c
+        .list_activities(pb::ListActivitiesRequest {
+            session_id: s.id.clone(),
+            after_seq: 0,
+            limit: 0,
+        })
+        .await
+        .expect("a page, not OUT_OF_RANGE")
+        .into_inner()
+        .activities;
+    assert!(
+        !first.is_empty() && first.len() < 3,
+        "{} on the first page",
+        first.len()
+    );
+    let history = c
+        .get_history(pb::GetHistoryRequest {
+            session_id: s.id.clone(),
+            limit: 0,
+        })
+        .await
+        .expect("the newest history that fits")
+        .into_inner();
+    assert!(history.truncated);
+    assert_eq!(history.items.last().unwrap().content, "done");
+    // `session logs` follows the pages to the end.
+    let out = d
+        .dirs
+        .cli(false)
+        .args(["--json", "session", "logs", s.id.as_str()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert!(lines >= 3, "{lines} activities printed");
+}
