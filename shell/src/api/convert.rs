@@ -191,35 +191,6 @@ pub fn decision(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statuses_carry_the_code_in_text_and_error_info() {
-        let s = status(&core::Error::new(
-            core::ErrorCode::CampaignNotFound,
-            "campaign \"x\" not found",
-        ));
-        assert_eq!(s.code(), tonic::Code::NotFound);
-        assert_eq!(s.message(), "OBEY-2001: campaign \"x\" not found");
-        assert_eq!(
-            crate::transport::obey_code(&s),
-            Some(core::ErrorCode::CampaignNotFound)
-        );
-    }
-
-    #[test]
-    fn timestamps_round_trip() {
-        let ms = 1_771_425_000_123;
-        assert_eq!(
-            timestamp_ms(&timestamp(core::Timestamp::from_millis(ms))),
-            ms
-        );
-        assert_eq!(duration_ms(&duration(1500)), 1500);
-    }
-}
-
 /// The most bytes of items one list reply carries, well under the largest message
 /// ([`crate::transport::MESSAGE_MAX_BYTES`]) so that the envelope always fits: lists page by
 /// size, not only by count, and one large item never makes a list fail for good.
@@ -276,5 +247,34 @@ impl Fitted for pb::SessionInfo {
         cut(&mut self.agent_name, each);
         cut(&mut self.error_message, each);
         cut(&mut self.working_dir, each);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_carry_the_code_in_text_and_error_info() {
+        let s = status(&core::Error::new(
+            core::ErrorCode::CampaignNotFound,
+            "campaign \"x\" not found",
+        ));
+        assert_eq!(s.code(), tonic::Code::NotFound);
+        assert_eq!(s.message(), "OBEY-2001: campaign \"x\" not found");
+        assert_eq!(
+            crate::transport::obey_code(&s),
+            Some(core::ErrorCode::CampaignNotFound)
+        );
+    }
+
+    #[test]
+    fn timestamps_round_trip() {
+        let ms = 1_771_425_000_123;
+        assert_eq!(
+            timestamp_ms(&timestamp(core::Timestamp::from_millis(ms))),
+            ms
+        );
+        assert_eq!(duration_ms(&duration(1500)), 1500);
     }
 }
