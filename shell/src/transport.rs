@@ -30,8 +30,24 @@ pub struct ConnectError {
 
 /// A channel over the socket at `path` (the URI is a placeholder; the connector decides).
 pub async fn channel(path: &Path) -> Result<Channel, ConnectError> {
+    connect(Endpoint::from_static("http://localhost"), path).await
+}
+
+/// [`channel`] for a client that must never wait forever (the CLI): connecting, and each call
+/// until its answer (a stream's first message for a streaming call), take at most `limit`.
+pub async fn channel_within(
+    path: &Path,
+    limit: std::time::Duration,
+) -> Result<Channel, ConnectError> {
+    let endpoint = Endpoint::from_static("http://localhost")
+        .connect_timeout(limit)
+        .timeout(limit);
+    connect(endpoint, path).await
+}
+
+async fn connect(endpoint: Endpoint, path: &Path) -> Result<Channel, ConnectError> {
     let p = path.to_path_buf();
-    Endpoint::from_static("http://localhost")
+    endpoint
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = p.clone();
             async move {

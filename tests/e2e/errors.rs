@@ -377,3 +377,25 @@ async fn a_huge_id_gets_a_short_not_found() {
     assert_status(&err, tonic::Code::NotFound, "OBEY-2010: ");
     assert!(err.message().len() <= 4096, "{} bytes", err.message().len());
 }
+
+/// Review D1: a daemon that does not answer never hangs the CLI: `ping` gives up within its
+/// 10 s, every other command within the call timeout (`PADDOCK_TIMEOUT_SECS`).
+#[test]
+fn the_cli_gives_up_on_a_daemon_that_does_not_answer() {
+    let dirs = Dirs::new();
+    std::fs::create_dir_all(dirs.socket.parent().unwrap()).unwrap();
+    // Something listens there and never says a word.
+    let _silent = std::os::unix::net::UnixListener::bind(&dirs.socket).unwrap();
+    for (args, limit) in [(vec!["ping"], 15), (vec!["session", "list"], 6)] {
+        let started = std::time::Instant::now();
+        let out = dirs
+            .cli(false)
+            .env("PADDOCK_TIMEOUT_SECS", "2")
+            .args(&args)
+            .output()
+            .unwrap();
+        let took = started.elapsed().as_secs();
+        assert!(!out.status.success(), "{args:?}");
+        assert!(took < limit, "{args:?} took {took}s");
+    }
+}

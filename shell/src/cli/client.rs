@@ -10,12 +10,31 @@ use paddock_proto::obey::local::v1::local_daemon_service_client::LocalDaemonServ
 use tonic::transport::Channel;
 
 use super::{Ctx, Error, Result};
-use crate::transport::{channel, MESSAGE_MAX_BYTES};
+use crate::transport::MESSAGE_MAX_BYTES;
+
+/// A channel that never waits longer than [`call_timeout`].
+async fn channel(socket: &Path) -> std::result::Result<Channel, crate::transport::ConnectError> {
+    crate::transport::channel_within(socket, call_timeout()).await
+}
 
 pub type Client = LocalDaemonServiceClient<Channel>;
 
 /// How long a CLI waits for an autostarted daemon to answer.
 const AUTOSTART_WAIT: Duration = Duration::from_secs(15);
+
+/// How long the CLI waits for a connection, and for each call's answer (a stream's start),
+/// before it gives up: a daemon that does not answer never hangs a command.
+/// `$PADDOCK_TIMEOUT_SECS` overrides it; a graceful stop may take its grace and more.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// [`CALL_TIMEOUT`], or `$PADDOCK_TIMEOUT_SECS`.
+pub fn call_timeout() -> Duration {
+    std::env::var("PADDOCK_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map_or(CALL_TIMEOUT, Duration::from_secs)
+}
 
 fn client_of(ch: Channel) -> Client {
     LocalDaemonServiceClient::new(ch)

@@ -559,9 +559,26 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> Result<()> {
     Ok(())
 }
 
+/// How long `ping` waits at most, whatever the call timeout: it answers "is it alive?".
+const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub async fn ping(ctx: &Ctx) -> Result<()> {
-    let mut c = client::connect(ctx).await?;
-    let p = c.ping(pb::PingRequest {}).await?.into_inner();
+    let wait = PING_TIMEOUT.min(client::call_timeout());
+    let answer = tokio::time::timeout(wait, async {
+        let mut c = client::connect(ctx).await?;
+        Ok::<_, Error>(c.ping(pb::PingRequest {}).await?.into_inner())
+    })
+    .await;
+    let p = match answer {
+        Ok(p) => p?,
+        Err(_) => {
+            return Err(Error::Protocol(format!(
+                "the daemon on {} did not answer within {}s",
+                ctx.socket.display(),
+                wait.as_secs()
+            )))
+        }
+    };
     let up = p.uptime.map(|d| d.seconds).unwrap_or(0);
     if ctx.json {
         print_json(&json!({ "version": p.version, "uptime_seconds": up }));
