@@ -27,6 +27,38 @@ pub enum CampaignError {
     NameTaken(String),
     /// The campaign still has this many live sessions.
     LiveSessions(usize),
+    /// The name or the root is not one a campaign may have (says why).
+    Invalid(String),
+}
+
+/// The longest campaign name, in bytes.
+pub const NAME_BYTES_MAX: usize = 128;
+
+/// A campaign name is short printable text without `/` (it is shown in tables and used in
+/// paths and sunbeam project keys).
+pub fn check_name(name: &str) -> Result<(), CampaignError> {
+    let why = if name.trim().is_empty() {
+        Some("a campaign name must not be empty".to_string())
+    } else if name.len() > NAME_BYTES_MAX {
+        Some(format!("a campaign name is at most {NAME_BYTES_MAX} bytes"))
+    } else if name.chars().any(|c| c.is_control() || c == '/') {
+        Some("a campaign name may not contain '/' or control characters".to_string())
+    } else {
+        None
+    };
+    why.map_or(Ok(()), |w| Err(CampaignError::Invalid(w)))
+}
+
+/// A campaign root (already canonical) is a project directory: not the file system's root and
+/// not inside a kernel file system (agents run with their campaign root as working directory).
+pub fn check_root(root: &str) -> Result<(), CampaignError> {
+    let under = |top: &str| root == top || root.starts_with(&format!("{top}/"));
+    if root == "/" || ["/proc", "/sys", "/dev"].into_iter().any(under) {
+        return Err(CampaignError::Invalid(format!(
+            "{root} cannot be a campaign root: choose a project directory"
+        )));
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for CampaignError {
@@ -38,6 +70,7 @@ impl std::fmt::Display for CampaignError {
             CampaignError::LiveSessions(n) => {
                 write!(f, "campaign has {n} live session(s); stop them first")
             }
+            CampaignError::Invalid(why) => f.write_str(why),
         }
     }
 }
@@ -107,6 +140,10 @@ impl Campaigns {
         how: NewCampaign,
         now: Timestamp,
     ) -> Result<(Campaign, bool), CampaignError> {
+        check_root(root_path)?;
+        if let NewCampaign::Named(name) | NewCampaign::NamedOrExisting(name) = &how {
+            check_name(name)?;
+        }
         let name = match how {
             NewCampaign::Named(name) if self.taken(&name) => {
                 return Err(CampaignError::NameTaken(name))
@@ -175,6 +212,24 @@ impl Campaigns {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn names_and_roots_are_checked() {
+        let mut c = Campaigns::new([]);
+        let now = Timestamp::from_millis(1);
+        for bad in ["", "  ", "a/b", "nul\0", &"n".repeat(NAME_BYTES_MAX + 1)] {
+            let r = c.handle_add("c1", "/srv/p", NewCampaign::Named(bad.to_string()), now);
+            assert!(matches!(r, Err(CampaignError::Invalid(_))), "{bad:?}");
+        }
+        for root in ["/", "/proc", "/proc/self", "/sys/fs", "/dev"] {
+            let r = c.handle_add("c1", root, NewCampaign::Named("ok".into()), now);
+            assert!(matches!(r, Err(CampaignError::Invalid(_))), "{root}");
+        }
+        assert!(c
+            .handle_add("c1", "/srv/process", NewCampaign::Named("ok".into()), now)
+            .is_ok());
+        assert!(!c.is_empty());
+    }
+
     use super::*;
 
     fn camp(id: &str, name: &str, root: &str, at: u64) -> Campaign {

@@ -399,3 +399,68 @@ fn the_cli_gives_up_on_a_daemon_that_does_not_answer() {
         assert!(took < limit, "{args:?} took {took}s");
     }
 }
+
+/// Review D10, D12 (issue 15 point 7): values that cannot be what they claim are refused with
+/// INVALID_ARGUMENT, never clamped, wrapped or stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_values_are_refused_not_wrapped() {
+    let mut d = Daemon::start().await;
+    let mut c = d.client().await;
+    // Campaigns: a kernel file system or / as a root, a name with '/' or NUL.
+    for (name, root) in [
+        ("root", "/"),
+        ("proc", "/proc/self"),
+        ("a/b", d.dirs.root.to_str().unwrap()),
+        ("nul\0", d.dirs.root.to_str().unwrap()),
+    ] {
+        let err = c
+            .add_campaign(pb::AddCampaignRequest {
+                name: name.into(),
+                root_path: root.into(),
+            })
+            .await
+            .expect_err(name);
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{name}: {}",
+            err.message()
+        );
+    }
+    // Durations: one that overflows ms in a u64 (it once wrapped to 384 ms), nanos past 1e9.
+    for (seconds, nanos) in [(18_446_744_073_709_552, 0), (1, 2_000_000_000), (-1, 0)] {
+        let mut req = d.request(None).await;
+        req.timeout = Some(prost_types::Duration { seconds, nanos });
+        let err = c.create_session(req).await.expect_err("a bad timeout");
+        assert_eq!(err.code(), Code::InvalidArgument, "{seconds}/{nanos}");
+        assert!(err.message().contains("timeout"), "{}", err.message());
+    }
+    let listed = c
+        .list_sessions(pb::ListSessionsRequest {
+            include_terminated: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert!(listed.is_empty(), "a refused create stored nothing");
+    // Pushed activity: an unknown type, negative tokens.
+    for ev in [
+        pb::AgentActivityEvent {
+            r#type: 99,
+            ..Default::default()
+        },
+        pb::AgentActivityEvent {
+            r#type: pb::ActivityType::Thinking as i32,
+            tokens_input: i64::MIN,
+            ..Default::default()
+        },
+    ] {
+        let err = c
+            .stream_agent_activity(tokio_stream::iter(vec![ev]))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    }
+}

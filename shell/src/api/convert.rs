@@ -16,12 +16,36 @@ pub fn opt_timestamp(t: Option<core::Timestamp>) -> Option<prost_types::Timestam
     t.map(timestamp)
 }
 
-pub fn timestamp_ms(ts: &prost_types::Timestamp) -> u64 {
-    (ts.seconds.max(0) as u64) * 1000 + (ts.nanos.max(0) as u64) / 1_000_000
+/// A timestamp in ms since the epoch, or why it is not one paddock can keep: before the
+/// epoch, `nanos` outside `0..1e9` (the well-known type's own rule), or past what ms in a u64
+/// can hold. Nothing is clamped or wrapped silently.
+pub fn timestamp_ms(ts: &prost_types::Timestamp) -> Result<u64, String> {
+    checked_ms(ts.seconds, ts.nanos).ok_or_else(|| {
+        format!(
+            "timestamp {{seconds: {}, nanos: {}}} is not a valid time after the epoch",
+            ts.seconds, ts.nanos
+        )
+    })
 }
 
-pub fn duration_ms(d: &prost_types::Duration) -> u64 {
-    (d.seconds.max(0) as u64) * 1000 + (d.nanos.max(0) as u64) / 1_000_000
+/// A duration in ms, or why it is not one: negative, `nanos` outside `0..1e9`, or too long.
+pub fn duration_ms(d: &prost_types::Duration) -> Result<u64, String> {
+    checked_ms(d.seconds, d.nanos).ok_or_else(|| {
+        format!(
+            "duration {{seconds: {}, nanos: {}}} must be non-negative, with nanos below 1e9, \
+             and fit in 2^64 ms",
+            d.seconds, d.nanos
+        )
+    })
+}
+
+fn checked_ms(seconds: i64, nanos: i32) -> Option<u64> {
+    if seconds < 0 || !(0..1_000_000_000).contains(&nanos) {
+        return None;
+    }
+    (seconds as u64)
+        .checked_mul(1000)?
+        .checked_add(nanos as u64 / 1_000_000)
 }
 
 pub fn duration(ms: u64) -> prost_types::Duration {
@@ -272,9 +296,21 @@ mod tests {
     fn timestamps_round_trip() {
         let ms = 1_771_425_000_123;
         assert_eq!(
-            timestamp_ms(&timestamp(core::Timestamp::from_millis(ms))),
+            timestamp_ms(&timestamp(core::Timestamp::from_millis(ms))).unwrap(),
             ms
         );
-        assert_eq!(duration_ms(&duration(1500)), 1500);
+        assert_eq!(duration_ms(&duration(1500)), Ok(1500));
+        let d = |seconds, nanos| prost_types::Duration { seconds, nanos };
+        assert!(
+            duration_ms(&d(18_446_744_073_709_552, 0)).is_err(),
+            "overflow"
+        );
+        assert!(duration_ms(&d(1, 2_000_000_000)).is_err(), "nanos past 1e9");
+        assert!(duration_ms(&d(-1, 0)).is_err());
+        assert!(duration_ms(&d(1, -1)).is_err());
+        assert_eq!(
+            duration_ms(&d(i64::MAX / 1000, 999_999_999)).ok(),
+            Some((i64::MAX / 1000) as u64 * 1000 + 999)
+        );
     }
 }

@@ -24,6 +24,7 @@ use crate::daemon::port::{
 use crate::paths::now_ms;
 use crate::secret;
 use crate::store::{ExternalActivity, ReportedEvent};
+use paddock_core::campaign::CampaignError;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
@@ -63,6 +64,33 @@ fn read<T>(answer: Result<Read<T>, Error>) -> Result<T, GrpcStatus> {
 
 fn invalid(msg: impl Into<String>) -> GrpcStatus {
     GrpcStatus::invalid_argument(crate::transport::status_message(msg))
+}
+
+/// A pushed activity as a row to store, or why it is refused.
+fn external_row(ev: pb::AgentActivityEvent) -> Result<ExternalActivity, GrpcStatus> {
+    let at = match &ev.timestamp {
+        Some(t) => convert::timestamp_ms(t).map_err(invalid)?,
+        None => now_ms(),
+    };
+    if paddock_core::ActivityKind::from_number(ev.r#type).is_none() {
+        return Err(invalid(format!("unknown activity type {}", ev.r#type)));
+    }
+    if ev.tokens_input < 0 || ev.tokens_output < 0 {
+        return Err(invalid("token counts must not be negative"));
+    }
+    Ok(ExternalActivity {
+        session_id: ev.session_id,
+        campaign_id: ev.campaign_id,
+        agent_name: ev.agent_name,
+        kind: ev.r#type,
+        content: ev.content,
+        tool_name: ev.tool_name,
+        tool_call_id: ev.tool_call_id,
+        tool_success: ev.tool_success,
+        tokens_input: ev.tokens_input,
+        tokens_output: ev.tokens_output,
+        at,
+    })
 }
 
 fn session_id(id: &str) -> Result<SessionId, GrpcStatus> {
@@ -146,10 +174,10 @@ impl LocalDaemonService for Obey {
             festival_id: String::new(),
             event_type: r.event_type,
             payload_json: r.payload_json,
-            at: r
-                .timestamp
-                .as_ref()
-                .map_or_else(now_ms, convert::timestamp_ms),
+            at: match &r.timestamp {
+                Some(t) => convert::timestamp_ms(t).map_err(invalid)?,
+                None => now_ms(),
+            },
             received_at: now_ms(),
         };
         self.report(event).await
@@ -174,10 +202,10 @@ impl LocalDaemonService for Obey {
             festival_id: r.festival_id,
             event_type: r.event_type,
             payload_json: r.payload_json,
-            at: r
-                .timestamp
-                .as_ref()
-                .map_or_else(now_ms, convert::timestamp_ms),
+            at: match &r.timestamp {
+                Some(t) => convert::timestamp_ms(t).map_err(invalid)?,
+                None => now_ms(),
+            },
             received_at: now_ms(),
         };
         self.report(event).await
@@ -191,30 +219,18 @@ impl LocalDaemonService for Obey {
         let mut received = 0i64;
         let mut rows = Vec::with_capacity(EXTERNAL_BATCH);
         loop {
-            let next = stream.next().await;
-            let done = match next {
-                Some(Ok(ev)) => {
-                    rows.push(ExternalActivity {
-                        session_id: ev.session_id,
-                        campaign_id: ev.campaign_id,
-                        agent_name: ev.agent_name,
-                        kind: ev.r#type,
-                        content: ev.content,
-                        tool_name: ev.tool_name,
-                        tool_call_id: ev.tool_call_id,
-                        tool_success: ev.tool_success,
-                        tokens_input: ev.tokens_input,
-                        tokens_output: ev.tokens_output,
-                        at: ev
-                            .timestamp
-                            .as_ref()
-                            .map(convert::timestamp_ms)
-                            .unwrap_or_else(now_ms),
-                    });
-                    false
-                }
-                Some(Err(e)) => return Err(e),
-                None => true,
+            // An event with an unknown type, negative token counts or an impossible time
+            // ends the stream with INVALID_ARGUMENT; the events before it are stored.
+            let (done, refused) = match stream.next().await {
+                Some(Ok(ev)) => match external_row(ev) {
+                    Ok(row) => {
+                        rows.push(row);
+                        (false, None)
+                    }
+                    Err(e) => (true, Some(e)),
+                },
+                Some(Err(e)) => (true, Some(e)),
+                None => (true, None),
             };
             if rows.len() >= EXTERNAL_BATCH || (done && !rows.is_empty()) {
                 let rows = std::mem::take(&mut rows);
@@ -224,6 +240,9 @@ impl LocalDaemonService for Obey {
                     .await
                     .map_err(st)?;
                 received += n as i64;
+            }
+            if let Some(e) = refused {
+                return Err(e);
             }
             if done {
                 break;
@@ -420,10 +439,7 @@ impl LocalDaemonService for Obey {
             return Err(invalid("max_tokens must not be negative"));
         }
         let timeout_ms = match &r.timeout {
-            Some(d) if d.seconds < 0 || d.nanos < 0 => {
-                return Err(invalid("timeout must not be negative"))
-            }
-            Some(d) => convert::duration_ms(d),
+            Some(d) => convert::duration_ms(d).map_err(|e| invalid(format!("timeout: {e}")))?,
             None => 0,
         };
         let campaign = self.campaign(r.campaign_id.trim().to_string()).await?;
@@ -742,7 +758,10 @@ impl LocalDaemonService for Obey {
             })
             .await
             .map_err(st)?
-            .map_err(|e| GrpcStatus::already_exists(e.to_string()))?;
+            .map_err(|e| match e {
+                CampaignError::Invalid(why) => invalid(why),
+                e => GrpcStatus::already_exists(e.to_string()),
+            })?;
         Ok(Response::new(campaign_pb(&c)))
     }
 
