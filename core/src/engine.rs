@@ -423,6 +423,13 @@ impl Engine {
                 if let Some(s) = self.sessions.get_mut(&id) {
                     s.handle_provider(run, cursor, event, &mut cx);
                     s.flush(&mut cx);
+                    if s.is_discarded() {
+                        // Everything this input would have stored is this session's: the
+                        // delete replaces it (a delete is its own transaction).
+                        self.sessions.remove(&id);
+                        cx.out.persist.clear();
+                        cx.out.persist.push(Effect::Persist(Record::Delete(id)));
+                    }
                 }
             }
             // Nothing new once the daemon shuts down: a task launched then would outlive it.

@@ -239,6 +239,50 @@ impl Activity {
     }
 }
 
+/// Bytes of one environment variable (name and value) passed to an agent or a task.
+pub const ENV_ENTRY_BYTES_MAX: usize = 128 * 1024;
+
+/// An environment passed to a process is one `execve` can take: every name non-empty, without
+/// `=` or NUL; every value without NUL; each entry within [`ENV_ENTRY_BYTES_MAX`]. Checked when
+/// a session or a task is asked for, so that a bad variable is refused before anything is
+/// stored instead of failing the spawn later.
+pub fn check_environment<'a>(
+    env: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<(), String> {
+    for (key, value) in env {
+        let shown = || {
+            let mut k: String = key.chars().take(64).collect();
+            if k.len() < key.len() {
+                k.push('…');
+            }
+            k.escape_debug().to_string()
+        };
+        if key.is_empty() {
+            return Err("an environment variable name must not be empty".into());
+        }
+        if key.contains('=') || key.contains('\0') {
+            return Err(format!(
+                "environment variable name \"{}\" contains '=' or NUL",
+                shown()
+            ));
+        }
+        if value.contains('\0') {
+            return Err(format!(
+                "the value of environment variable {} contains NUL",
+                shown()
+            ));
+        }
+        if key.len() + value.len() + 1 > ENV_ENTRY_BYTES_MAX {
+            return Err(format!(
+                "environment variable {} is {} bytes; at most {ENV_ENTRY_BYTES_MAX}",
+                shown(),
+                key.len() + value.len() + 1
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Everything a session is created with; restart re-uses it (with an optional
 /// `provider_config` override).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -356,4 +400,28 @@ pub struct UserMessage {
     pub turn: u64,
     pub text: String,
     pub at: Timestamp,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_names_and_values_are_ones_execve_takes() {
+        let check = |k: &str, v: &str| {
+            let env = BTreeMap::from([(k.to_string(), v.to_string())]);
+            check_environment(&env)
+        };
+        assert_eq!(check("PATH", "/bin:/usr/bin"), Ok(()));
+        assert_eq!(check("EMPTY", ""), Ok(()));
+        assert!(check("", "x").unwrap_err().contains("must not be empty"));
+        assert!(check("A=B", "x").unwrap_err().contains("'='"));
+        assert!(check("A\0B", "x").unwrap_err().contains("NUL"));
+        assert!(check("A", "x\0y").unwrap_err().contains("NUL"));
+        let big = "v".repeat(ENV_ENTRY_BYTES_MAX);
+        assert!(check("A", &big).unwrap_err().contains("at most"));
+        // A long name is shown cut, never echoed whole.
+        let long = format!("{}=", "K".repeat(100_000));
+        assert!(check(&long, "x").unwrap_err().len() < 200);
+    }
 }

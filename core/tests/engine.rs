@@ -443,6 +443,42 @@ fn a_spawn_failure_is_2004() {
         },
     );
     assert_eq!(err_code(&fx, req), ErrorCode::CreationFailed);
+    // Refused means nothing written: the caller never got an id, so nothing of it stays.
+    assert!(r.engine.session(&sid()).is_none());
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Persist(Record::Delete(id)) if *id == sid())));
+}
+
+#[test]
+fn a_restart_whose_spawn_fails_is_failed_and_kept() {
+    let mut r = Rig::running(config());
+    let (_, _) = r.stop(false);
+    r.provider(
+        1,
+        ProviderEvent::Exited {
+            code: None,
+            signal: Some(9),
+            stderr_tail: String::new(),
+        },
+    );
+    assert_eq!(r.status(), Status::Stopped);
+    let req = r.req();
+    r.at(
+        2,
+        Input::Restart {
+            req,
+            id: sid(),
+            provider_config: None,
+        },
+    );
+    let fx = r.provider(
+        2,
+        ProviderEvent::SpawnFailed {
+            reason: "no such file".into(),
+        },
+    );
+    assert_eq!(err_code(&fx, req), ErrorCode::CreationFailed);
     assert_eq!(r.status(), Status::Failed);
 }
 

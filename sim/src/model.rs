@@ -234,6 +234,8 @@ pub struct ModelStats {
     pub answers: u64,
     /// Answers sent again to an agent adopted after a restart.
     pub answers_repeated: u64,
+    /// Creates refused because their provider could not be started (nothing of them stays).
+    pub creates_discarded: u64,
     /// Sessions deleted, and deletes refused (the session was live or still had a process).
     pub deleted: u64,
     pub deletes_refused: u64,
@@ -1598,6 +1600,18 @@ impl Model {
                         if !matches!(now_status, Some(Status::Stopping | Status::Stopped)) {
                             return bad("superseded by a stop, but no stop is under way");
                         }
+                    }
+                    // Refused means nothing written: a create whose provider could not be
+                    // started at all leaves no session.
+                    Err(e)
+                        if p.kind == ReqKind::Create
+                            && e.code == ErrorCode::CreationFailed
+                            && cause.ev(EventKind::SpawnFailed)
+                            && !store.sessions.contains_key(&p.id) =>
+                    {
+                        self.sessions.remove(&p.id);
+                        self.approvals.retain(|_, a| a.session != p.id);
+                        self.stats.creates_discarded += 1;
                     }
                     Err(e) => {
                         let stored = store.sessions.get(&p.id).and_then(|r| r.error.as_ref());

@@ -273,6 +273,12 @@ impl Store {
                     }
                     match self.sessions.get(id) {
                         Some(rec) if rec.status.is_terminal() && rec.run.is_none() => {}
+                        // A create whose provider could not be started: refused, so nothing
+                        // of it stays.
+                        Some(rec)
+                            if rec.status == paddock_core::Status::Starting
+                                && rec.restart_count == 0
+                                && rec.started_at.is_none() => {}
                         Some(rec) => {
                             return Err(format!(
                                 "store: {id} deleted while {} with run {:?} (only an ended \

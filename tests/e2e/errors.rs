@@ -189,6 +189,48 @@ async fn malformed_requests_are_invalid_argument() {
     assert_eq!(e.code(), Code::InvalidArgument);
 }
 
+/// Review D7/D12: environment variables `execve` cannot take are refused before anything is
+/// stored, and a create whose agent cannot be executed at all (the file exists and is
+/// executable, but its interpreter does not) is refused with OBEY-2004 and leaves no row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_creates_write_nothing() {
+    let mut d = Daemon::start().await;
+    let base = d.request(None).await;
+    for (k, v) in [("", "x"), ("A=B", "x"), ("A\0B", "x"), ("OK", "x\0y")] {
+        let mut r = base.clone();
+        r.environment = HashMap::from([(k.to_string(), v.to_string())]);
+        let e = create_err(&d, r).await;
+        assert_eq!(e.code(), Code::InvalidArgument, "{k:?}={v:?}: {e:?}");
+    }
+    let agent = d.dirs.base.join("broken-agent");
+    std::fs::write(&agent, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut r = base.clone();
+    r.provider = P::ClaudeCode as i32;
+    r.provider_config = HashMap::from([("command".to_string(), agent.display().to_string())]);
+    let e = create_err(&d, r).await;
+    assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+    assert!(
+        e.message().contains("could not start the provider"),
+        "refused at the spawn, not before: {}",
+        e.message()
+    );
+    let all = d
+        .client()
+        .await
+        .list_sessions(pb::ListSessionsRequest {
+            include_terminated: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert!(all.is_empty(), "a refused create left {all:?}");
+    // And the daemon still creates sessions.
+    d.session(None).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_sessions_are_2010_on_every_session_rpc() {
     let d = Daemon::start().await;

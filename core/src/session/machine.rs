@@ -206,6 +206,9 @@ pub struct Session {
     /// told it came too late (OBEY-2041) rather than that the request does not exist.
     resolved: VecDeque<Approval>,
     dirty: bool,
+    /// A create whose provider could not be started at all: the request was refused, so the
+    /// session must not remain (the engine removes it and its rows once this input is done).
+    discarded: bool,
 }
 
 /// How many resolved requests a session remembers for late answers.
@@ -227,6 +230,7 @@ impl Session {
             expiry: BTreeMap::new(),
             resolved: VecDeque::new(),
             dirty: false,
+            discarded: false,
         }
     }
 
@@ -244,6 +248,12 @@ impl Session {
     }
 
     // ── getters ────────────────────────────────────────────────────────────
+
+    /// The session was a create refused after all (its provider could not be started): the
+    /// engine forgets it and deletes what was stored of it.
+    pub fn is_discarded(&self) -> bool {
+        self.discarded
+    }
 
     pub fn status(&self) -> Status {
         self.record.status
@@ -532,14 +542,26 @@ impl Session {
         self.set_run(Run::Idle);
         self.record.pid = None;
         self.dirty = true;
+        let e = || {
+            Error::new(
+                ErrorCode::CreationFailed,
+                format!("could not start the provider: {reason}"),
+            )
+        };
         match self.record.status {
-            Status::Starting => {
-                let e = Error::new(
-                    ErrorCode::CreationFailed,
-                    format!("could not start the provider: {reason}"),
-                );
-                self.fail(e, cx);
+            // The first start of a create: the caller is refused and never learns the id, so
+            // nothing of it stays (refused means nothing written).
+            Status::Starting
+                if self.record.restart_count == 0 && !self.start_replies.is_empty() =>
+            {
+                debug_assert!(self.turn.is_none() && self.pending.is_empty());
+                for req in std::mem::take(&mut self.start_replies) {
+                    reply_err(cx, req, e());
+                }
+                self.startup_deadline = None;
+                self.discarded = true;
             }
+            Status::Starting => self.fail(e(), cx),
             // Failed before its spawn was answered (start-up timeout): a restart asked for
             // meanwhile was waiting for this process to be gone.
             Status::Failed => {

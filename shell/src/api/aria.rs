@@ -174,6 +174,8 @@ impl pb::task_service_server::TaskService for Tasks {
                     )
                 })?
         };
+        paddock_core::check_environment(&r.environment)
+            .map_err(|e| status(Code::InvalidArgument, "INVALID_ARGUMENT", e))?;
         let id = format!("task_{}", ulid::Ulid::new());
         let spec = TaskSpec {
             session_id: r.session_id,

@@ -291,6 +291,7 @@ impl LocalDaemonService for Obey {
         if r.command.trim().is_empty() {
             return Err(invalid("command is required"));
         }
+        paddock_core::check_environment(&r.environment).map_err(invalid)?;
         let c = self.campaign(r.campaign_id.clone()).await?;
         let mut cmd = if r.use_shell {
             let mut line = r.command.clone();
@@ -438,6 +439,7 @@ impl LocalDaemonService for Obey {
         if r.max_tokens < 0 {
             return Err(invalid("max_tokens must not be negative"));
         }
+        paddock_core::check_environment(&r.environment).map_err(invalid)?;
         let timeout_ms = match &r.timeout {
             Some(d) => convert::duration_ms(d).map_err(|e| invalid(format!("timeout: {e}")))?,
             None => 0,

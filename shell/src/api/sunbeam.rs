@@ -413,11 +413,13 @@ pub fn parse_config(text: &str) -> Result<Settings, String> {
         }
         provider_config.insert("permissions".into(), p);
     }
+    let environment = strings("env", false)?;
+    paddock_core::check_environment(&environment).map_err(|e| format!("config_toml: env: {e}"))?;
     Ok(Settings {
         provider,
         max_tokens: count("max_tokens")?,
         timeout_ms: count("timeout")?.saturating_mul(1000),
-        environment: strings("env", false)?,
+        environment,
         provider_config,
     })
 }
