@@ -381,6 +381,16 @@ pub struct ActivityEvent {
     pub at: Timestamp,
 }
 
+/// Something about a session worth a human's attention that is not a status change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub session: SessionId,
+    /// The session's status when it happened.
+    pub status: Status,
+    pub message: String,
+    pub at: Timestamp,
+}
+
 /// A status change, as stored and as sent to watchers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusEvent {

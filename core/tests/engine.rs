@@ -775,3 +775,31 @@ fn a_shutdown_stops_every_live_session_and_refuses_creates() {
     assert_eq!(err_code(&fx, req), ErrorCode::AdapterNotInitialized);
     assert!(r.engine.session(&SessionId::from("sess_2")).is_none());
 }
+
+#[test]
+fn lost_output_is_recorded_and_noticed_never_silent() {
+    let mut r = Rig::running(config());
+    let fx = r.provider(
+        1,
+        ProviderEvent::OutputLost {
+            dropped: 35_405,
+            first: 3,
+            next: 35_408,
+        },
+    );
+    let recorded = fx.iter().find_map(|e| match e {
+        Effect::Persist(Record::Activity(a)) => Some(a.clone()),
+        _ => None,
+    });
+    let a = recorded.expect("the gap is stored as an activity");
+    assert_eq!(a.activity.kind(), ActivityKind::Status);
+    assert!(a.activity.content.contains("35405 chunk(s)"), "{a:?}");
+    assert!(
+        a.activity.content.contains("runner events 3..35407"),
+        "{a:?}"
+    );
+    assert!(fx.iter().any(|e| matches!(e,
+        Effect::Notice(n) if n.session == sid() && n.status == Status::Running)));
+    assert_eq!(r.status(), Status::Running, "a loss is not a failure");
+    assert_eq!(r.record().last_activity_seq, 1);
+}

@@ -48,6 +48,13 @@ enum Command {
         /// The Aria runtime socket [default: ~/.aria/runtime.sock]
         #[arg(long, env = "ARIA_RUNTIME_SOCK")]
         aria_socket: Option<PathBuf>,
+        /// Events of each agent's output the runner keeps while the daemon is away (a crash
+        /// or restart); past it the oldest are dropped and the session records the loss
+        #[arg(long, default_value_t = paddock::runner::Limits::default().events_per_run)]
+        runner_buffer_events: usize,
+        /// Bytes of each agent's output the runner keeps while the daemon is away
+        #[arg(long, default_value_t = paddock::runner::Limits::default().bytes_per_run)]
+        runner_buffer_bytes: usize,
         /// Do not serve the Aria runtime socket
         #[arg(long)]
         no_aria_socket: bool,
@@ -134,6 +141,17 @@ enum Command {
         /// The Unix socket to serve on (its directory is created 0700, the socket is 0600)
         #[arg(long)]
         socket: PathBuf,
+        /// Runs (agents and commands) live at once; more are refused (the daemon starts its
+        /// runner with its own session plus task limits)
+        #[arg(long, default_value_t = paddock::runner::registry::DEFAULT_LIVE_RUNS)]
+        max_runs: usize,
+        /// Events of a run kept for a client that is away (a daemon restarting); older ones
+        /// are dropped, and the client is told how many
+        #[arg(long, default_value_t = paddock::runner::Limits::default().events_per_run)]
+        buffer_events: usize,
+        /// Bytes of a run's events kept for a client that is away
+        #[arg(long, default_value_t = paddock::runner::Limits::default().bytes_per_run)]
+        buffer_bytes: usize,
     },
     /// The built-in scripted agent (started by the daemon; speaks Claude Code's stream-json)
     #[command(name = "__scripted-agent", hide = true)]
@@ -166,12 +184,27 @@ fn main() {
             }
         },
         Command::Bridge(args) => providers::bridge::run(args),
-        Command::Runner { socket } => paddock::runner::run(socket),
+        Command::Runner {
+            socket,
+            max_runs,
+            buffer_events,
+            buffer_bytes,
+        } => paddock::runner::run(
+            socket,
+            paddock::runner::Limits {
+                live_runs: max_runs.max(1),
+                events_per_run: buffer_events.max(1),
+                bytes_per_run: buffer_bytes.max(64 * 1024),
+                ..paddock::runner::Limits::default()
+            },
+        ),
         Command::Daemon {
             stop_grace_secs,
             kill_grace_secs,
             max_sessions,
             task_output_max_bytes,
+            runner_buffer_events,
+            runner_buffer_bytes,
             aria_socket,
             no_aria_socket,
             aria_workspace,
@@ -207,6 +240,8 @@ fn main() {
             let aria_socket =
                 (!no_aria_socket).then(|| aria_socket.unwrap_or_else(paths::default_aria_socket));
             let aria_workspace = aria_workspace.unwrap_or_else(|| data_dir.join("aria-workspace"));
+            // The runner never refuses what the daemon accepted.
+            let live_runs = limits.max_live_sessions.max(1) + limits.tasks.max_live_tasks.max(1);
             let opts = daemon::Options {
                 socket,
                 data_dir,
@@ -216,6 +251,12 @@ fn main() {
                 aria_provider,
                 aria_model,
                 use_runner: !no_runner,
+                runner_limits: paddock::runner::Limits {
+                    live_runs,
+                    events_per_run: runner_buffer_events.max(1),
+                    bytes_per_run: runner_buffer_bytes.max(64 * 1024),
+                    ..paddock::runner::Limits::default()
+                },
                 peers,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()

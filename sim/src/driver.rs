@@ -601,6 +601,7 @@ impl Sim {
             ProviderEvent::Activity(a) => (EventKind::Activity, Some(a.clone())),
             ProviderEvent::SessionRef(_) => (EventKind::SessionRef, None),
             ProviderEvent::Exited { .. } => (EventKind::Exited, None),
+            ProviderEvent::OutputLost { .. } => (EventKind::OutputLost, None),
         };
         let session_ref = match &d.event {
             ProviderEvent::SessionRef(r) => Some(r.clone()),

@@ -42,6 +42,7 @@ pub enum EventKind {
     SessionRef,
     Exited,
     Ask,
+    OutputLost,
 }
 
 /// What an `Ask` asked.
@@ -630,6 +631,7 @@ impl Model {
                 Effect::Spawn { id, run, spec } => self.on_spawn(cause, id, *run, spec, store)?,
                 Effect::Write { id, .. } => same_session(cause, id)?,
                 Effect::Forget(rec) => same_session(cause, &rec.id)?,
+                Effect::Notice(n) => same_session(cause, &n.session)?,
                 Effect::Signal {
                     id, run, signal, ..
                 } => {

@@ -806,7 +806,10 @@ impl World {
                 p.queue.push_front(line.clone());
                 self.gone = Some((run, p));
             }
-            ProviderEvent::Activity(_) | ProviderEvent::SessionRef(_) | ProviderEvent::Ask(_) => {
+            ProviderEvent::Activity(_)
+            | ProviderEvent::SessionRef(_)
+            | ProviderEvent::Ask(_)
+            | ProviderEvent::OutputLost { .. } => {
                 if line.cursor.is_none() {
                     p.cursor += 1;
                     line.cursor = Some(p.cursor);

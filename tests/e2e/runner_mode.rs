@@ -238,3 +238,89 @@ async fn a_turn_that_ends_while_the_daemon_is_down_is_read_to_its_end() {
     assert_eq!(r.restart_count, 1);
     assert_ne!(r.pid, s.pid);
 }
+
+/// Review D5: output the runner could not keep while the daemon was away is not lost
+/// silently. With a 20-event buffer, a turn of 150 steps written while the daemon is down
+/// loses most of them; the session records the gap as a STATUS activity, the turn still ends
+/// with its result, and nothing is recorded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_lost_while_the_daemon_was_away_is_recorded() {
+    let mut d = Daemon::start_with(Dirs::new(), &["--runner-buffer-events", "20"]).await;
+    let steps: Vec<serde_json::Value> = (0..150)
+        .map(|i| json!({"thinking": format!("step {i}"), "delay_ms": 10}))
+        .chain([json!({"result": "done"})])
+        .collect();
+    let s = d.session(Some(("long", turns(json!(steps))))).await;
+    let mut stream = d
+        .client()
+        .await
+        .send_message(pb::SendMessageRequest {
+            session_id: s.id.clone(),
+            message: "go".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    next(&mut stream).await.unwrap().unwrap();
+    d.kill9();
+    // The turn (1.5 s) ends while no daemon reads it.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    d.launch().await;
+    d.wait_status(&s.id, pb::SessionStatus::Running).await;
+    let stored = d
+        .client()
+        .await
+        .list_activities(pb::ListActivitiesRequest {
+            session_id: s.id.clone(),
+            after_seq: 0,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .activities;
+    let lost: Vec<&pb::SessionActivityEvent> = stored
+        .iter()
+        .filter(|a| a.content.starts_with("output lost: "))
+        .collect();
+    assert_eq!(lost.len(), 1, "one record of the gap: {stored:#?}");
+    assert_eq!(lost[0].r#type, pb::ActivityType::Status as i32, "{lost:?}");
+    assert!(
+        lost[0].content.contains("--runner-buffer-events"),
+        "it says how to keep more: {}",
+        lost[0].content
+    );
+    let thinking = stored
+        .iter()
+        .filter(|a| a.content.starts_with("step "))
+        .count();
+    assert!(
+        thinking < 150,
+        "a 20-event buffer cannot have kept 150 steps"
+    );
+    assert_eq!(stored.last().unwrap().content, "done", "the turn ended");
+    let seqs: Vec<i64> = stored.iter().map(|a| a.seq).collect();
+    let want: Vec<i64> = (1..=stored.len() as i64).collect();
+    assert_eq!(seqs, want, "gapless, nothing twice");
+}
+
+/// Review D7: the runner honours the daemon's --max-sessions (no hidden cap of 128).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_takes_as_many_agents_as_the_daemon_allows() {
+    let mut d = Daemon::start_with(Dirs::new(), &["--max-sessions", "140"]).await;
+    let mut ids = Vec::new();
+    for _ in 0..130 {
+        let s = d.session(None).await;
+        assert_eq!(status_name(s.status), "RUNNING");
+        ids.push(s.id);
+    }
+    let live = d
+        .client()
+        .await
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert_eq!(live.len(), 130);
+}

@@ -11,7 +11,7 @@ use crate::approval::Approval;
 use crate::campaign::{Campaign, CampaignError};
 use crate::error::Error;
 use crate::model::{
-    ActivityEvent, RequestId, RunId, SessionConfig, SessionId, SessionRecord, StatusEvent,
+    ActivityEvent, Notice, RequestId, RunId, SessionConfig, SessionId, SessionRecord, StatusEvent,
     UserMessage,
 };
 use crate::task::{TaskOutput, TaskRecord, TaskReply, TaskSpec, TaskStatusEvent};
@@ -135,6 +135,9 @@ pub enum Effect {
         req: RequestId,
         result: Result<bool, CampaignError>,
     },
+    /// Tell watchers that want a human's attention about something that is not a status
+    /// change (output the agent wrote was lost). Delivered after the commit, like `Emit*`.
+    Notice(Notice),
     /// Answer `Shutdown`: how many live sessions it stops.
     ReplyShutdown {
         req: RequestId,

@@ -113,6 +113,10 @@ pub enum ProviderEvent {
     Ask(Ask),
     /// The provider's own conversation id, for resuming after a restart.
     SessionRef(String),
+    /// Output the provider wrote was lost before the daemon read it: `dropped` events of the
+    /// run, numbered from `first` (the oldest still held is `next`), were dropped from the
+    /// bounded buffer that kept them while the daemon was away (the runner's).
+    OutputLost { dropped: u64, first: u64, next: u64 },
     /// The process exited. Sent only after all of its output was read and reported, so that
     /// nothing it said is lost.
     Exited {

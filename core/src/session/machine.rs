@@ -501,6 +501,11 @@ impl Session {
                 signal,
                 stderr_tail,
             } => self.on_exited(code, signal, &stderr_tail, cx),
+            ProviderEvent::OutputLost {
+                dropped,
+                first,
+                next,
+            } => self.on_output_lost(dropped, first, next, cx),
         }
     }
 
@@ -621,6 +626,28 @@ impl Session {
                 self.fail(e, cx);
             }
         }
+    }
+
+    /// No loss is silent: the gap is recorded where the user reads the session (a STATUS
+    /// activity, which does not end a turn) and told to those watching for attention.
+    fn on_output_lost(&mut self, dropped: u64, first: u64, next: u64, cx: &mut Ctx) {
+        if self.record.status.is_terminal() || dropped == 0 {
+            return;
+        }
+        let message = format!(
+            "output lost: {dropped} chunk(s) of the agent's output (runner events {first}..{}) \
+             were dropped from the runner's buffer while the daemon was away; what the agent \
+             said in them is not recorded (raise `paddock daemon --runner-buffer-events` / \
+             `--runner-buffer-bytes` to keep more)",
+            next.saturating_sub(1).max(first)
+        );
+        self.record_activity(Activity::new(ActivityKind::Status, message.clone()), cx);
+        cx.out.rest.push(Effect::Notice(crate::model::Notice {
+            session: self.record.id.clone(),
+            status: self.record.status,
+            message,
+            at: cx.now.wall,
+        }));
     }
 
     fn on_exited(&mut self, code: Option<i32>, signal: Option<i32>, stderr: &str, cx: &mut Ctx) {

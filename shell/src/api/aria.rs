@@ -335,6 +335,7 @@ impl pb::notification_service_server::NotificationService for Notifications {
         use pb::notification::EventPayload;
         let mut tasks = self.0.handle.hub.task_status.subscribe();
         let mut sessions = self.0.handle.hub.status.subscribe();
+        let mut notices = self.0.handle.hub.notice.subscribe();
         let handle = self.0.handle.clone();
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         tokio::spawn(async move {
@@ -369,6 +370,23 @@ impl pb::notification_service_server::NotificationService for Notifications {
                             }))
                         }
                         Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
+                                format!("fell {n} notifications behind; resubscribe")))).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    // Not a status change but as worth attention (output lost while the
+                    // daemon was away): the same payload, the status unchanged, the message
+                    // saying what happened.
+                    ev = notices.recv() => match ev {
+                        Ok(n) => (n.at, EventPayload::SessionStatus(pb::SessionStatusNotification {
+                            session_id: n.session.0.clone(),
+                            previous_status: n.status.name().to_string(),
+                            new_status: n.status.name().to_string(),
+                            message: n.message.clone(),
+                        })),
                         Err(broadcast::error::RecvError::Lagged(n)) => {
                             let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
                                 format!("fell {n} notifications behind; resubscribe")))).await;

@@ -565,6 +565,7 @@ impl State {
                 | Effect::EmitStatus(_)
                 | Effect::EmitActivity(_)
                 | Effect::EmitApproval(_)
+                | Effect::Notice(_)
                 | Effect::EmitTaskStatus(_)
                 | Effect::EmitTaskOutput(_)
                 | Effect::Forget(_)
@@ -645,6 +646,9 @@ impl State {
                 } => self.answer(&id, run, &approval),
                 Effect::EmitApproval(a) => {
                     let _ = self.hub.approval.send(a);
+                }
+                Effect::Notice(n) => {
+                    let _ = self.hub.notice.send(n);
                 }
                 Effect::EmitTaskStatus(ev) => {
                     let _ = self.hub.task_status.send(ev);

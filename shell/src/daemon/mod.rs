@@ -42,6 +42,8 @@ pub struct Options {
     pub aria_model: String,
     /// Run agents in the runner (`paddock runner`), so that they outlive the daemon.
     pub use_runner: bool,
+    /// The bounds a runner this daemon starts is given (one already running keeps its own).
+    pub runner_limits: crate::runner::Limits,
     /// Who besides the daemon's own user may connect to its sockets.
     pub peers: crate::socket::Peers,
 }
@@ -86,7 +88,7 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
     // With the runner, agents that outlived a previous daemon are adopted, not failed.
     let runner = if opts.use_runner {
         Some(
-            runner_link::RunnerLink::connect_or_start(&opts.data_dir, &exe)
+            runner_link::RunnerLink::connect_or_start(&opts.data_dir, &exe, &opts.runner_limits)
                 .await
                 .map_err(StartError::Runner)?,
         )

@@ -225,6 +225,8 @@ pub struct Hub {
     pub task_output: broadcast::Sender<TaskOutput>,
     /// Requests for a human, as they are opened and resolved.
     pub approval: broadcast::Sender<Approval>,
+    /// Things worth a human's attention that are not status changes (lost output).
+    pub notice: broadcast::Sender<paddock_core::Notice>,
 }
 
 impl Default for Hub {
@@ -241,6 +243,7 @@ impl Hub {
             task_status: broadcast::channel(WATCH_BUFFER).0,
             task_output: broadcast::channel(WATCH_BUFFER).0,
             approval: broadcast::channel(WATCH_BUFFER).0,
+            notice: broadcast::channel(WATCH_BUFFER).0,
         }
     }
 }

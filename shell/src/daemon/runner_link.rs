@@ -91,11 +91,16 @@ pub struct RunnerLink {
     pub socket: PathBuf,
     data_dir: PathBuf,
     exe: PathBuf,
+    limits: crate::runner::Limits,
 }
 
 impl RunnerLink {
     /// Connects to the runner of `data_dir`, starting one if none answers.
-    pub async fn connect_or_start(data_dir: &Path, exe: &Path) -> Result<Self, String> {
+    pub async fn connect_or_start(
+        data_dir: &Path,
+        exe: &Path,
+        limits: &crate::runner::Limits,
+    ) -> Result<Self, String> {
         let socket = data_dir.join("runner.sock");
         if let Some(client) = Self::connect(&socket).await {
             tracing::info!(socket = %socket.display(), "using the running runner");
@@ -104,14 +109,16 @@ impl RunnerLink {
                 socket,
                 data_dir: data_dir.to_path_buf(),
                 exe: exe.to_path_buf(),
+                limits: limits.clone(),
             });
         }
-        let client = Self::start(data_dir, exe, &socket).await?;
+        let client = Self::start(data_dir, exe, &socket, limits).await?;
         Ok(RunnerLink {
             client,
             socket,
             data_dir: data_dir.to_path_buf(),
             exe: exe.to_path_buf(),
+            limits: limits.clone(),
         })
     }
 
@@ -120,6 +127,7 @@ impl RunnerLink {
         data_dir: &Path,
         exe: &Path,
         socket: &Path,
+        limits: &crate::runner::Limits,
     ) -> Result<RunnerClient<Channel>, String> {
         let log_path = data_dir.join("runner.log");
         let log = std::fs::OpenOptions::new()
@@ -133,6 +141,9 @@ impl RunnerLink {
             .arg("runner")
             .arg("--socket")
             .arg(socket)
+            .arg(format!("--max-runs={}", limits.live_runs))
+            .arg(format!("--buffer-events={}", limits.events_per_run))
+            .arg(format!("--buffer-bytes={}", limits.bytes_per_run))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -403,7 +414,9 @@ impl RunnerLink {
             if matches!(&result, Err(e) if e.code() == tonic::Code::Unavailable) {
                 // The runner is gone (its runs died with it): start a new one and try once more.
                 tracing::warn!("the runner does not answer; starting a new one");
-                if let Ok(fresh) = Self::start(&link.data_dir, &link.exe, &link.socket).await {
+                if let Ok(fresh) =
+                    Self::start(&link.data_dir, &link.exe, &link.socket, &link.limits).await
+                {
                     client = fresh;
                     result = client.run_command(req).await;
                 }
@@ -601,6 +614,16 @@ impl Reader {
                     );
                     self.stdout.reset();
                     self.skip = None;
+                    // Recorded in the session, at the position where the kept output resumes:
+                    // a later reattach from there does not record it twice.
+                    let lost = ProviderEvent::OutputLost {
+                        dropped: t.dropped,
+                        first: t.first_dropped_seq,
+                        next: t.next_seq,
+                    };
+                    if !self.send(Some(cursor(t.next_seq, 0)), lost).await {
+                        return;
+                    }
                 }
                 Some(Payload::Exec(_)) | None => {}
             }

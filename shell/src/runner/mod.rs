@@ -61,7 +61,8 @@ use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
 use process::{Launch, OutputMode};
-use registry::{CreateError, Limits, Registry, Run, StdinMsg};
+pub use registry::Limits;
+use registry::{CreateError, Registry, Run, StdinMsg};
 
 use crate::paths::Clock;
 
@@ -510,7 +511,7 @@ pub enum ServeError {
     Serve(#[from] tonic::transport::Error),
 }
 
-pub async fn serve(socket: &Path) -> Result<(), ServeError> {
+pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
     let listener = crate::socket::bind(socket, "paddock runner")?;
     // A runner starts only where none runs (the socket was free): whatever a previous runner
     // of this data dir left running (the descendants of its agents, after a SIGKILL) is ended
@@ -521,7 +522,13 @@ pub async fn serve(socket: &Path) -> Result<(), ServeError> {
     // clean up): `<socket>.pid`, removed on a clean exit.
     let pid_file = pid_file(socket);
     let _ = std::fs::write(&pid_file, std::process::id().to_string());
-    let reg = Arc::new(Registry::new(Limits::default()));
+    tracing::info!(
+        max_runs = limits.live_runs,
+        buffer_events = limits.events_per_run,
+        buffer_bytes = limits.bytes_per_run,
+        "runner limits"
+    );
+    let reg = Arc::new(Registry::new(limits));
     let (svc, server) = service(reg.clone());
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
@@ -581,7 +588,7 @@ pub async fn serve(socket: &Path) -> Result<(), ServeError> {
 }
 
 /// `paddock runner --socket PATH`: the runner in the foreground; the process exit code.
-pub fn run(socket: PathBuf) -> i32 {
+pub fn run(socket: PathBuf, limits: Limits) -> i32 {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
@@ -598,7 +605,7 @@ pub fn run(socket: PathBuf) -> i32 {
             return 1;
         }
     };
-    match rt.block_on(serve(&socket)) {
+    match rt.block_on(serve(&socket, limits)) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("paddock runner: {e}");

@@ -24,7 +24,10 @@
 //! [`Limits::finished_runs`] (1,000); beyond that the oldest is forgotten. Their buffered
 //! events count against [`Limits::finished_bytes`] (64 MiB over all finished runs): past it the
 //! oldest finished runs' events are dropped (their metadata stays). At most
-//! [`Limits::live_runs`] (128) runs run at once.
+//! [`Limits::live_runs`] runs run at once (`paddock runner --max-runs`; the daemon starts its
+//! runner with its own session and task limits, so the runner never refuses what the daemon
+//! accepted). The per-run bounds are `--buffer-events` / `--buffer-bytes` (the daemon's
+//! `--runner-buffer-events` / `--runner-buffer-bytes`).
 //!
 //! Each run's process life is the core's [`RunMachine`]: the log's producer feeds it, and the
 //! statuses it emits are the run's `RunStatus` events.
@@ -62,10 +65,13 @@ impl Default for Limits {
             bytes_per_run: 8 * 1024 * 1024,
             finished_runs: 1_000,
             finished_bytes: 64 * 1024 * 1024,
-            live_runs: 128,
+            live_runs: DEFAULT_LIVE_RUNS,
         }
     }
 }
+
+/// Live runs at most when nothing else is said (a runner started by hand).
+pub const DEFAULT_LIVE_RUNS: usize = 1024;
 
 /// Bytes a reader takes from the log in one go (at least one event).
 pub const READ_BATCH_BYTES: usize = 1024 * 1024;
