@@ -120,6 +120,49 @@ pub fn obey_code(s: &tonic::Status) -> Option<ErrorCode> {
         .find(|c| c.to_string() == info.reason)
 }
 
+/// A request the server could not decode (garbage bytes, invalid UTF-8 in a string field) is
+/// the client's fault: `INVALID_ARGUMENT`, not tonic's `INTERNAL` (which reads as a bug in the
+/// daemon). A response map for every server's `layer`: tonic answers such a request with a
+/// trailers-only response, so its status is in the headers.
+pub fn undecodable_is_invalid_argument<B>(
+    mut response: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    // The start of prost's DecodeError text as tonic percent-encodes it in `grpc-message`.
+    const DECODE_ERROR: &str = "failed%20to%20decode%20Protobuf%20message";
+    let headers = response.headers_mut();
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == b"13");
+    let undecodable = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|m| m.starts_with(DECODE_ERROR));
+    if internal && undecodable {
+        headers.insert(
+            "grpc-status",
+            tonic::codegen::http::HeaderValue::from_static("3"),
+        );
+    }
+    response
+}
+
+/// The layer every server of ours is built with: [`undecodable_is_invalid_argument`].
+pub type ServerLayer = tower::layer::util::Stack<
+    tower::util::MapResponseLayer<
+        fn(
+            tonic::codegen::http::Response<tonic::body::Body>,
+        ) -> tonic::codegen::http::Response<tonic::body::Body>,
+    >,
+    tower::layer::util::Identity,
+>;
+
+/// A server builder with [`ServerLayer`].
+pub fn server() -> tonic::transport::Server<ServerLayer> {
+    tonic::transport::Server::builder().layer(tower::util::MapResponseLayer::new(
+        undecodable_is_invalid_argument as fn(_) -> _,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

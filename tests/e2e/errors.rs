@@ -506,3 +506,37 @@ async fn impossible_values_are_refused_not_wrapped() {
         assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
     }
 }
+
+/// Review D12: a request the daemon cannot decode is the client's fault (INVALID_ARGUMENT),
+/// not a daemon bug (tonic's INTERNAL). The bytes sent are a valid protobuf frame whose field 1
+/// (GetSessionRequest.session_id, a string) is not UTF-8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_invalid_argument() {
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct NotUtf8 {
+        #[prost(bytes = "vec", tag = "1")]
+        session_id: Vec<u8>,
+    }
+    let d = Daemon::start().await;
+    let ch = paddock::transport::channel(&d.dirs.socket).await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/obey.local.v1.LocalDaemonService/GetSession",
+    );
+    let e = grpc
+        .unary::<_, pb::SessionInfo, _>(
+            tonic::Request::new(NotUtf8 {
+                session_id: vec![0xff, 0xfe, 0xfd],
+            }),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("failed to decode"), "{e:?}");
+    // The daemon goes on.
+    let mut c = d.client().await;
+    c.ping(pb::PingRequest {}).await.unwrap();
+}

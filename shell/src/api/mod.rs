@@ -30,7 +30,7 @@ pub fn new_campaign_id() -> String {
 pub fn router(
     aria: aria::AriaConfig,
     sunbeam: Option<sunbeam::CodeAgent>,
-) -> tonic::transport::server::Router {
+) -> tonic::transport::server::Router<crate::transport::ServerLayer> {
     let handle = aria.handle.clone();
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
@@ -42,7 +42,7 @@ pub fn router(
                 .max_encoding_message_size(MESSAGE_MAX_BYTES)
         };
     }
-    tonic::transport::Server::builder()
+    crate::transport::server()
         .add_service(reflection)
         .add_service(limited!(LocalDaemonServiceServer::new(obey::Obey::new(
             handle

@@ -569,7 +569,7 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let server = tonic::transport::Server::builder()
+    let server = crate::transport::server()
         .add_service(reflection)
         .add_service(server)
         .serve_with_incoming_shutdown(incoming, shutdown);
