@@ -46,6 +46,9 @@ pub enum ErrorCode {
     ApprovalNotFound,
     /// OBEY-2041 Approval already resolved (paddock extension).
     ApprovalResolved,
+    /// OBEY-2050 The daemon cannot store anything now (disk full); nothing new is taken until
+    /// space is back (paddock extension).
+    StorageFull,
 }
 
 /// The class of a failure; the shell maps it one-to-one onto a gRPC status code.
@@ -62,7 +65,7 @@ pub enum ErrorKind {
 
 impl ErrorCode {
     /// Every code, in registry order.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::Generic,
         ErrorCode::CampaignNotFound,
         ErrorCode::ProviderNotSupported,
@@ -81,6 +84,7 @@ impl ErrorCode {
         ErrorCode::ConnectionLost,
         ErrorCode::ApprovalNotFound,
         ErrorCode::ApprovalResolved,
+        ErrorCode::StorageFull,
     ];
 
     /// The registry number, e.g. `2013`.
@@ -104,6 +108,7 @@ impl ErrorCode {
             ErrorCode::ConnectionLost => 2032,
             ErrorCode::ApprovalNotFound => 2040,
             ErrorCode::ApprovalResolved => 2041,
+            ErrorCode::StorageFull => 2050,
         }
     }
 
@@ -135,6 +140,7 @@ impl ErrorCode {
             ErrorCode::ConnectionLost => "provider connection lost",
             ErrorCode::ApprovalNotFound => "approval not found",
             ErrorCode::ApprovalResolved => "approval already resolved",
+            ErrorCode::StorageFull => "daemon storage full",
         }
     }
 
@@ -151,7 +157,7 @@ impl ErrorCode {
             | ErrorCode::WrongState
             | ErrorCode::AlreadyStopped
             | ErrorCode::ApprovalResolved => ErrorKind::FailedPrecondition,
-            ErrorCode::BudgetExceeded => ErrorKind::ResourceExhausted,
+            ErrorCode::BudgetExceeded | ErrorCode::StorageFull => ErrorKind::ResourceExhausted,
             ErrorCode::Timeout | ErrorCode::GracefulStopTimedOut => ErrorKind::DeadlineExceeded,
             ErrorCode::DeliveryFailed
             | ErrorCode::AdapterNotInitialized

@@ -20,6 +20,7 @@
 mod approvals;
 mod aria;
 mod cli;
+mod diskfull;
 mod errors;
 mod harness;
 mod latis;

@@ -790,7 +790,7 @@ pub async fn run(
     let mut batch = Batch::default();
     state.execute(restore, &mut batch);
     state.run_inputs(&mut batch);
-    state.commit(&mut batch)?;
+    commit_or_wait(&mut state, &mut batch, &mut rx).await?;
     loop {
         let deadline = state.engine.poll_timeout().and_then(|(at, why)| {
             tracing::trace!(
@@ -819,7 +819,7 @@ pub async fn run(
         }
         batch.inputs.push_back(Input::Tick);
         state.run_inputs(&mut batch);
-        state.commit(&mut batch)?;
+        commit_or_wait(&mut state, &mut batch, &mut rx).await?;
         for q in std::mem::take(&mut batch.queries) {
             state.answer_query(q);
         }
@@ -833,6 +833,104 @@ pub async fn run(
     }
     let _ = state.done.send(true);
     Ok(())
+}
+
+/// Commands held at most while the disk is full (past it, the queue itself holds the rest and
+/// the agents' readers wait, which stops the agents at their next write).
+const HELD_MAX: usize = COMMAND_QUEUE;
+/// How often a commit is tried again while the disk is full, at most.
+const FULL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Commits the batch; when the disk is full, degrades instead of dying: see [`wait_for_space`].
+/// Any other store failure is returned (crash-only: nothing of the batch was acknowledged).
+async fn commit_or_wait(
+    state: &mut State,
+    batch: &mut Batch,
+    rx: &mut mpsc::Receiver<Command>,
+) -> Result<(), StoreError> {
+    loop {
+        match state.commit(batch) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_out_of_space() => {
+                let held = wait_for_space(state, batch, rx, &e).await?;
+                if held.is_empty() {
+                    return Ok(());
+                }
+                // What waited goes in, in the order it came, and is committed in its turn.
+                for c in held {
+                    state.command(c, batch);
+                }
+                state.run_inputs(batch);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The disk is full: the batch that failed (rolled back, nothing of it acknowledged) is tried
+/// again with backoff until it commits. Meanwhile the process and the agents live on, and
+/// nothing is lost: a request that would write is refused with `OBEY-2050` (RESOURCE_EXHAUSTED,
+/// "disk full"); reads are answered (what they show may include the one batch still waiting to
+/// be stored); agents' output, task events, a shutdown and the other writes wait, in order,
+/// up to [`HELD_MAX`], then in the bounded queue, which stops the agents at their next write.
+/// Deadlines wait too. Returns what waited once the batch is stored.
+async fn wait_for_space(
+    state: &mut State,
+    batch: &mut Batch,
+    rx: &mut mpsc::Receiver<Command>,
+    first: &StoreError,
+) -> Result<VecDeque<Command>, StoreError> {
+    tracing::error!(
+        "disk full: cannot store ({first}); refusing new work until space is freed in {}",
+        state.data_dir.display()
+    );
+    let dir = state.data_dir.display().to_string();
+    let refusal = || {
+        Error::new(
+            paddock_core::ErrorCode::StorageFull,
+            format!(
+                "disk full: the daemon cannot store anything in {dir} until space is freed; \
+                 running agents are kept and nothing stored is lost"
+            ),
+        )
+    };
+    let mut held = VecDeque::new();
+    let mut delay = std::time::Duration::from_millis(200);
+    let mut retry = Box::pin(tokio::time::sleep(delay));
+    loop {
+        tokio::select! {
+            _ = &mut retry => {
+                match state.commit(batch) {
+                    Ok(()) => {
+                        tracing::warn!(waiting = held.len(), "space is back: storing again");
+                        return Ok(held);
+                    }
+                    Err(e) if e.is_out_of_space() => {
+                        delay = (delay * 2).min(FULL_RETRY_MAX);
+                        retry = Box::pin(tokio::time::sleep(delay));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            cmd = rx.recv(), if held.len() < HELD_MAX => match cmd {
+                Some(Command::Query(q)) => state.answer_query(q),
+                Some(Command::Request { reply, .. }) => {
+                    let _ = reply.send(Err(refusal()));
+                }
+                Some(Command::Resolve { reply, .. }) => {
+                    let _ = reply.send(Err(refusal()));
+                }
+                Some(Command::TaskRequest { reply, .. }) => {
+                    let _ = reply.send(Err(refusal()));
+                }
+                Some(c) => held.push_back(c),
+                // Every sender is gone: what waits can only be stored once there is space.
+                None => {
+                    retry.as_mut().await;
+                }
+            },
+        }
+    }
 }
 
 /// Sleeps until `deadline` on the monotonic clock (forever if there is none).

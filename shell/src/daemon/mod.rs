@@ -268,7 +268,11 @@ pub enum StartError {
     },
     #[error("another paddock daemon is already using the data dir {}", .0.display())]
     Locked(PathBuf),
-    #[error("cannot {what}: {source}")]
+    #[error("cannot {what}: {source}{}", if source.is_out_of_space() {
+        " (is the disk full? free space in the data dir and start again)"
+    } else {
+        ""
+    })]
     Store {
         what: &'static str,
         #[source]

@@ -87,6 +87,21 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+impl StoreError {
+    /// The disk is full (or failing to write): the same write can succeed once space is back,
+    /// and nothing of the failed transaction was stored.
+    pub fn is_out_of_space(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure
+                )
+        )
+    }
+}
+
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
