@@ -77,6 +77,18 @@ pub struct TaskSpec {
     pub working_dir: String,
 }
 
+/// The `kind` of the task an obey `Execute` runs: its output streams to the caller as it
+/// comes, with no `::progress` convention.
+pub const EXECUTE_KIND: &str = "obey:execute";
+
+impl TaskSpec {
+    /// Whether stdout lines following the `::progress` convention report progress (Aria
+    /// tasks) rather than being output (an obey `Execute`).
+    pub fn reports_progress(&self) -> bool {
+        self.kind != EXECUTE_KIND
+    }
+}
+
 /// The durable record of a task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskRecord {

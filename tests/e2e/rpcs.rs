@@ -387,3 +387,69 @@ async fn campaigns_are_added_listed_and_removed() {
     // The stopped session of the removed campaign is still there to read.
     assert_eq!(status_name(d.get(&s.id).await.status), "STOPPED");
 }
+
+/// Review D8: Execute runs as a task, so its output is bounded like a task's: a 100 MB line
+/// reaches the client cut to 64 KiB pieces, the stored output stops at the task's bound, and
+/// the daemon's peak memory stays far below the output's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execute_output_is_bounded_and_a_client_that_leaves_cancels_it() {
+    let mut d = Daemon::start().await;
+    d.campaign().await;
+    let (out, _, code, e) = execute(
+        &d,
+        pb::ExecuteRequest {
+            campaign_id: CAMPAIGN.into(),
+            command: "head -c 100000000 /dev/zero | tr '\\0' x".into(),
+            use_shell: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(e.is_none(), "{e:?}");
+    assert_eq!(code, Some(0));
+    assert!(
+        out.len() < 5 * 1024 * 1024,
+        "the stored bound (4 MiB), not 100 MB: {} bytes",
+        out.len()
+    );
+    assert!(out.lines().all(|l| l.len() <= 64 * 1024 + 64));
+    let pid = d.pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let peak_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    assert!(
+        peak_kb < 64 * 1024,
+        "the daemon's peak RSS is {peak_kb} kB for a 100 MB line"
+    );
+
+    // A client that goes away cancels its command (TERM to its process group).
+    let mut s = d
+        .client()
+        .await
+        .execute(pb::ExecuteRequest {
+            campaign_id: CAMPAIGN.into(),
+            command: "echo $$; exec sleep 30".into(),
+            use_shell: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = next(&mut s).await.unwrap().unwrap();
+    let Some(Output::Stdout(pid)) = first.output else {
+        panic!("the shell's pid first: {first:?}")
+    };
+    let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+    drop(s);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command outlived its client"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

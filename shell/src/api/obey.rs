@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::time::Duration;
 
 use paddock_core::campaign::NewCampaign;
 use paddock_core::{Error, ErrorCode, Provider, SessionConfig, SessionId, Status};
@@ -38,8 +37,6 @@ const HISTORY_DEFAULT: usize = 1000;
 const EXTERNAL_BATCH: usize = 256;
 /// Stored activities read per page by WatchActivity.
 const WATCH_PAGE: usize = 1000;
-/// Output kept of one Execute line.
-const EXECUTE_LINE_BYTES: usize = 64 * 1024;
 
 pub struct Obey {
     handle: Handle,
@@ -283,129 +280,216 @@ impl LocalDaemonService for Obey {
 
     type ExecuteStream = Stream_<pb::ExecuteResponse>;
 
+    /// A command in the campaign's root, run as a task of the engine (kind
+    /// [`EXECUTE_KIND`](paddock_core::task::EXECUTE_KIND)): contained, limited and stopped like
+    /// every task (TERM, then KILL after the grace; the live-task limit; cancelled by a
+    /// shutdown), its output stored with the task's bound and streamed line by line (each line
+    /// at most 64 KiB) as it is stored. The call answers once the command runs, or with
+    /// FAILED_PRECONDITION when it cannot be started; a client that goes away cancels it.
     async fn execute(
         &self,
         request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<Self::ExecuteStream>, GrpcStatus> {
+        use paddock_core::task::{TaskInput, TaskReply, TaskSpec, TaskStatus, EXECUTE_KIND};
         let r = request.into_inner();
         if r.command.trim().is_empty() {
             return Err(invalid("command is required"));
         }
+        if r.timeout_seconds < 0 {
+            return Err(invalid("timeout_seconds must not be negative"));
+        }
         paddock_core::check_environment(&r.environment).map_err(invalid)?;
         let c = self.campaign(r.campaign_id.clone()).await?;
-        let mut cmd = if r.use_shell {
+        let command = if r.use_shell {
             let mut line = r.command.clone();
             for a in &r.args {
                 line.push(' ');
                 line.push_str(a);
             }
-            let mut c = tokio::process::Command::new("sh");
-            c.arg("-c").arg(line);
-            c
+            vec!["sh".to_string(), "-c".to_string(), line]
         } else {
-            let mut c = tokio::process::Command::new(&r.command);
-            c.args(&r.args);
-            c
+            std::iter::once(r.command.clone()).chain(r.args).collect()
         };
-        cmd.current_dir(&c.root_path)
-            .envs(r.environment.iter())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        // SAFETY: only prctl runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)
-            });
+        let id = format!("exec_{}", ulid::Ulid::new());
+        let spec = TaskSpec {
+            session_id: String::new(),
+            kind: EXECUTE_KIND.to_string(),
+            command,
+            environment: r.environment.into_iter().collect(),
+            timeout_ms: r.timeout_seconds as u64 * 1000,
+            working_dir: c.root_path,
+        };
+        // Subscribed before the launch: nothing the task says falls in between.
+        let mut outputs = self.handle.hub.task_output.subscribe();
+        let mut statuses = self.handle.hub.task_status.subscribe();
+        let launch = TaskInput::Launch {
+            req: 0,
+            id: id.clone(),
+            spec,
+        };
+        match self.handle.task(launch).await.map_err(st)? {
+            TaskReply::Launched(_) => {}
+            other => return Err(GrpcStatus::internal(format!("unexpected reply {other:?}"))),
         }
-        let mut child = cmd.spawn().map_err(|e| {
-            GrpcStatus::failed_precondition(format!("cannot run {}: {e}", r.command))
-        })?;
-        let pid = child.id().unwrap_or(0) as i32;
-        let (tx, rx) = mpsc::channel(256);
-        let out = child.stdout.take().expect("piped");
-        let err = child.stderr.take().expect("piped");
-        let timeout =
-            (r.timeout_seconds > 0).then(|| Duration::from_secs(r.timeout_seconds as u64));
+        // Answer once it runs (or could not be started).
+        let handle = self.handle.clone();
+        let record = move |id: String| {
+            let handle = handle.clone();
+            async move {
+                handle
+                    .query(|reply| Query::Task(id, reply))
+                    .await
+                    .map_err(st)?
+                    .ok_or_else(|| GrpcStatus::internal("the command's task vanished"))
+            }
+        };
+        loop {
+            let status = match statuses.recv().await {
+                Ok(ev) if ev.task == id => ev.status,
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(_)) => record(id.clone()).await?.status,
+                Err(broadcast::error::RecvError::Closed) => {
+                    return Err(GrpcStatus::unavailable("the daemon is shutting down"))
+                }
+            };
+            match status {
+                TaskStatus::Pending => continue,
+                TaskStatus::Failed if record(id.clone()).await?.started_at.is_none() => {
+                    let why = record(id.clone()).await?.error_message.unwrap_or_default();
+                    return Err(GrpcStatus::failed_precondition(
+                        crate::transport::status_message(format!(
+                            "cannot run {}: {why}",
+                            r.command
+                        )),
+                    ));
+                }
+                _ => break,
+            }
+        }
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let handle = self.handle.clone();
         tokio::spawn(async move {
-            use tokio::io::{AsyncBufReadExt, BufReader};
-            let t1 = tx.clone();
-            let a = tokio::spawn(async move {
-                let mut lines = BufReader::new(out).lines();
-                while let Ok(Some(l)) = lines.next_line().await {
-                    let l = crate::proc::truncate(&l, EXECUTE_LINE_BYTES);
-                    let msg = pb::ExecuteResponse {
-                        output: Some(pb::execute_response::Output::Stdout(l + "\n")),
-                    };
-                    if t1.send(Ok(msg)).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            let t2 = tx.clone();
-            let b = tokio::spawn(async move {
-                let mut lines = BufReader::new(err).lines();
-                while let Ok(Some(l)) = lines.next_line().await {
-                    let l = crate::proc::truncate(&l, EXECUTE_LINE_BYTES);
-                    let msg = pb::ExecuteResponse {
-                        output: Some(pb::execute_response::Output::Stderr(l + "\n")),
-                    };
-                    if t2.send(Ok(msg)).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            let limit = async move {
-                match timeout {
-                    Some(t) => tokio::time::sleep(t).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let kill = || {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            };
-            let status = tokio::select! {
-                s = child.wait() => s.ok(),
-                _ = limit => {
-                    kill();
-                    let _ = tx
-                        .send(Err(GrpcStatus::deadline_exceeded(format!(
-                            "command timed out after {} s and was killed",
-                            r.timeout_seconds
-                        ))))
-                        .await;
-                    return;
-                }
-                _ = handle.closed() => {
-                    kill();
-                    let _ = tx
-                        .send(Err(GrpcStatus::unavailable(
-                            "the daemon shut down; the command was killed",
-                        )))
-                        .await;
-                    return;
-                }
-            };
-            let _ = a.await;
-            let _ = b.await;
-            let code = status
-                .map(|s| {
-                    use std::os::unix::process::ExitStatusExt;
-                    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+            let line = |o: &paddock_core::task::TaskOutput| {
+                use paddock_core::task::OutputKind;
+                use pb::execute_response::Output;
+                let output = match &o.kind {
+                    OutputKind::Stdout(t) => Output::Stdout(format!("{t}\n")),
+                    OutputKind::Stderr(t) => Output::Stderr(format!("{t}\n")),
+                    // Not parsed for an Execute (`reports_progress`); kept whole if it were.
+                    OutputKind::Progress { centi, operation } => Output::Stdout(format!(
+                        "::progress {}.{:02} {operation}\n",
+                        centi / 100,
+                        centi % 100
+                    )),
+                };
+                Ok(pb::ExecuteResponse {
+                    output: Some(output),
                 })
-                .unwrap_or(-1);
-            let _ = tx
-                .send(Ok(pb::ExecuteResponse {
-                    output: Some(pb::execute_response::Output::ExitCode(code)),
-                }))
-                .await;
+            };
+            // Everything stored after `last`, in order.
+            let catch_up = |last: u64| {
+                let handle = handle.clone();
+                let task = id.clone();
+                async move {
+                    handle
+                        .query(|reply| Query::TaskOutput {
+                            task,
+                            after: last,
+                            limit: 1000,
+                            reply,
+                        })
+                        .await
+                }
+            };
+            let mut last = 0u64;
+            let end = loop {
+                tokio::select! {
+                    biased;
+                    _ = tx.closed() => {
+                        // Nobody reads any more: the command goes (TERM, then KILL).
+                        let cancel = TaskInput::Cancel { req: 0, id: id.clone() };
+                        let _ = handle.task(cancel).await;
+                        return;
+                    }
+                    o = outputs.recv() => match o {
+                        Ok(o) if o.task == id && o.seq > last => {
+                            last = o.seq;
+                            if tx.send(line(&o)).await.is_err() {
+                                continue; // cancelled above, on the next turn
+                            }
+                        }
+                        Ok(_) => {}
+                        // Fell behind the hub: the store has every line.
+                        Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => {
+                            break Err(GrpcStatus::unavailable("the daemon shut down"));
+                        }
+                    },
+                    ev = statuses.recv() => match ev {
+                        Ok(ev) if ev.task == id && ev.status.is_terminal() => break Ok(ev),
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            match record(id.clone()).await {
+                                Ok(t) if t.status.is_terminal() => {
+                                    break Ok(paddock_core::task::TaskStatusEvent {
+                                        task: t.id.clone(),
+                                        status: t.status,
+                                        message: t.error_message.clone().unwrap_or_default(),
+                                        exit_code: t.exit_code,
+                                        at: t.completed_at.unwrap_or(t.created_at),
+                                    })
+                                }
+                                Ok(_) => {}
+                                Err(e) => break Err(e),
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Closed) => {
+                            break Err(GrpcStatus::unavailable("the daemon shut down"));
+                        }
+                    },
+                }
+            };
+            // The output before the end is stored by now: send what the hub did not.
+            loop {
+                let page = match catch_up(last).await {
+                    Ok(Ok(page)) => page,
+                    Ok(Err(e)) => {
+                        let _ = tx.send(Err(GrpcStatus::internal(e.to_string()))).await;
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(st(e))).await;
+                        return;
+                    }
+                };
+                if page.is_empty() {
+                    break;
+                }
+                for o in &page {
+                    last = o.seq;
+                    if tx.send(line(o)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            let last_word = match end {
+                Ok(ev) => match ev.status {
+                    TaskStatus::Timeout => Err(GrpcStatus::deadline_exceeded(format!(
+                        "command {}",
+                        ev.message
+                    ))),
+                    TaskStatus::Cancelled => Err(GrpcStatus::unavailable(
+                        "the command was cancelled (the daemon is shutting down)",
+                    )),
+                    _ => Ok(pb::ExecuteResponse {
+                        output: Some(pb::execute_response::Output::ExitCode(
+                            ev.exit_code.unwrap_or(-1),
+                        )),
+                    }),
+                },
+                Err(e) => Err(e),
+            };
+            let _ = tx.send(last_word).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

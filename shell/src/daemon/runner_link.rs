@@ -248,6 +248,7 @@ impl RunnerLink {
         };
         let mut client = self.client.clone();
         let id = id.to_string();
+        let progress = spec.reports_progress();
         tokio::spawn(async move {
             let send = |input: TaskInput| {
                 let tx = tx.clone();
@@ -295,7 +296,7 @@ impl RunnerLink {
                         let split = if is_err { &mut err } else { &mut out };
                         split.feed(o.text.as_bytes(), &mut lines);
                         for line in lines.drain(..) {
-                            let kind = task_line(line.text(), is_err);
+                            let kind = task_line(line.text(), is_err, progress);
                             if !send(TaskInput::Output {
                                 id: id.clone(),
                                 kind,
@@ -337,7 +338,7 @@ impl RunnerLink {
                                 for (i, line) in lines.drain(..).enumerate() {
                                     send(TaskInput::Output {
                                         id: id.clone(),
-                                        kind: task_line(line.text(), i >= last_out),
+                                        kind: task_line(line.text(), i >= last_out, progress),
                                     })
                                     .await;
                                 }

@@ -204,10 +204,15 @@ pub fn parse_progress(line: &str) -> Option<(u32, String)> {
 }
 
 /// One line of a task's output: stdout lines following the `::progress` convention are
-/// progress, other stdout lines output, stderr lines stderr.
-pub fn task_line(line: String, is_stderr: bool) -> paddock_core::task::OutputKind {
+/// progress (when the task `reports_progress`), other stdout lines output, stderr lines stderr.
+pub fn task_line(line: String, is_stderr: bool, progress: bool) -> paddock_core::task::OutputKind {
     use paddock_core::task::OutputKind;
-    match (is_stderr, parse_progress(&line)) {
+    let progress = if progress && !is_stderr {
+        parse_progress(&line)
+    } else {
+        None
+    };
+    match (is_stderr, progress) {
         (false, Some((centi, operation))) => OutputKind::Progress { centi, operation },
         (false, None) => OutputKind::Stdout(line),
         (true, _) => OutputKind::Stderr(line),
@@ -234,12 +239,14 @@ pub fn spawn_task(
     let out_task = tokio::spawn(read_task_lines(
         pipes.stdout.with_line_limit(TASK_LINE_BYTES_MAX),
         false,
+        spec.reports_progress(),
         id.to_string(),
         tx.clone(),
     ));
     let err_task = tokio::spawn(read_task_lines(
         pipes.stderr.with_line_limit(TASK_LINE_BYTES_MAX),
         true,
+        false,
         id.to_string(),
         tx.clone(),
     ));
@@ -263,6 +270,7 @@ pub fn spawn_task(
 async fn read_task_lines<R: tokio::io::AsyncRead + Unpin>(
     mut out: proc::Output<R>,
     is_stderr: bool,
+    progress: bool,
     id: String,
     tx: mpsc::Sender<super::Command>,
 ) {
@@ -270,7 +278,7 @@ async fn read_task_lines<R: tokio::io::AsyncRead + Unpin>(
     while let Some(line) = out.next_line().await {
         let input = TaskInput::Output {
             id: id.clone(),
-            kind: task_line(line.text(), is_stderr),
+            kind: task_line(line.text(), is_stderr, progress),
         };
         if tx.send(super::Command::TaskEvent(input)).await.is_err() {
             break;
