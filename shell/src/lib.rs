@@ -29,3 +29,6 @@ pub mod socket;
 pub mod store;
 pub mod text;
 pub mod transport;
+
+#[cfg(test)]
+mod fuzz;

@@ -32,3 +32,4 @@ mod runner_mode;
 mod security;
 mod sessions;
 mod sunbeam;
+mod torture;

@@ -284,14 +284,15 @@ impl ClaudeStreamParser {
             match msg.get("id").and_then(Value::as_str) {
                 Some(id) => {
                     let prev = self.seen_usage.get(id).copied().unwrap_or((0, 0));
-                    self.pending.0 += inp.saturating_sub(prev.0);
-                    self.pending.1 += out.saturating_sub(prev.1);
+                    // Numbers an agent reports are never trusted to stay in range.
+                    self.pending.0 = self.pending.0.saturating_add(inp.saturating_sub(prev.0));
+                    self.pending.1 = self.pending.1.saturating_add(out.saturating_sub(prev.1));
                     self.seen_usage
                         .insert(id.to_string(), (prev.0.max(inp), prev.1.max(out)));
                 }
                 None => {
-                    self.pending.0 += inp;
-                    self.pending.1 += out;
+                    self.pending.0 = self.pending.0.saturating_add(inp);
+                    self.pending.1 = self.pending.1.saturating_add(out);
                 }
             }
         }
@@ -458,8 +459,8 @@ impl ClaudeStreamParser {
                 if i == 0 {
                     a.tokens_input = self.pending.0;
                     a.tokens_output = self.pending.1;
-                    self.attributed.0 += self.pending.0;
-                    self.attributed.1 += self.pending.1;
+                    self.attributed.0 = self.attributed.0.saturating_add(self.pending.0);
+                    self.attributed.1 = self.attributed.1.saturating_add(self.pending.1);
                     self.pending = (0, 0);
                 }
                 Parsed::Event(ProviderEvent::Activity(a))

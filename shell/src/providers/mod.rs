@@ -42,6 +42,13 @@ pub trait LineParser: Send {
 /// the core's policy (the core applies it; bridges map it onto their agents' own flags).
 pub use paddock_core::Policy as PermissionPolicy;
 
+/// A new stream-json reader (Claude Code, the scripted agent, every bridge).
+pub(crate) fn stream_json() -> Box<dyn LineParser> {
+    Box::new(StreamJson {
+        parser: claude_stream::ClaudeStreamParser::new(),
+    })
+}
+
 /// The stream-json reader shared by Claude Code, the scripted agent and every bridge. A
 /// permission prompt, question or client-tool call becomes a core `Ask` (the core answers it
 /// by the session's policy or from a human); any other control request is refused at once.
@@ -319,9 +326,7 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let parser = Box::new(StreamJson {
-        parser: claude_stream::ClaudeStreamParser::new(),
-    });
+    let parser = stream_json();
     let plan = match config.provider {
         Provider::Scripted => {
             let mut args = vec!["__scripted-agent".to_string()];

@@ -190,7 +190,7 @@ fn permission_args(policy: &PermissionPolicy) -> Vec<String> {
 
 /// One turn's reading of gemini's stdout.
 #[derive(Debug, Default)]
-struct Turn {
+pub(crate) struct Turn {
     /// The conversation id: the one resumed, or a new one once the turn succeeded.
     session_id: Option<String>,
     /// The id `init` reported, if it is not `session_id`.
@@ -204,7 +204,7 @@ struct Turn {
 }
 
 impl Turn {
-    fn new(session_id: Option<String>) -> Turn {
+    pub(crate) fn new(session_id: Option<String>) -> Turn {
         Turn {
             session_id,
             ..Turn::default()
@@ -212,7 +212,7 @@ impl Turn {
     }
 
     /// Translates one stdout line.
-    fn line(&mut self, line: &str, out: &Out) {
+    pub(crate) fn line(&mut self, line: &str, out: &Out) {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             out.raw(line);
             return;
