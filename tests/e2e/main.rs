@@ -19,6 +19,7 @@
 
 mod approvals;
 mod aria;
+mod badinput;
 mod cli;
 mod diskfull;
 mod errors;
