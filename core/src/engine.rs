@@ -8,7 +8,7 @@
 //! [`Engine::poll_timeout`] names the earliest deadline of any part (and why), when the shell
 //! must next call `handle(now, Input::Tick)`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::approval::Approval;
 use crate::campaign::{Campaign, Campaigns};
@@ -91,6 +91,13 @@ pub struct Surviving {
 #[derive(Debug, Clone)]
 pub struct Engine {
     sessions: BTreeMap<SessionId, Session>,
+    /// The sessions that are not terminal: what a create is counted against and what a
+    /// shutdown stops, without visiting every session ever stored.
+    live: BTreeSet<SessionId>,
+    /// Each session's earliest deadline, and the same ordered by time: `poll_timeout` and a
+    /// tick touch only what is due (a daemon may keep thousands of ended sessions).
+    deadline_of: BTreeMap<SessionId, Instant>,
+    due: BTreeSet<(Instant, SessionId)>,
     tasks: Tasks,
     campaigns: Campaigns,
     limits: Limits,
@@ -106,6 +113,9 @@ impl Engine {
     pub fn new(limits: Limits) -> Self {
         Engine {
             sessions: BTreeMap::new(),
+            live: BTreeSet::new(),
+            deadline_of: BTreeMap::new(),
+            due: BTreeSet::new(),
             tasks: Tasks::new(limits.tasks.clone()),
             campaigns: Campaigns::default(),
             limits,
@@ -186,8 +196,10 @@ impl Engine {
             }
             s.flush(&mut cx);
             out = cx.out;
-            engine.sessions.insert(id, s);
+            engine.sessions.insert(id.clone(), s);
+            engine.reindex(&id);
         }
+        engine.check_index();
         (engine, out.into_effects())
     }
 
@@ -213,7 +225,7 @@ impl Engine {
     }
 
     pub fn live_sessions(&self) -> usize {
-        live_sessions(&self.sessions)
+        self.live.len()
     }
 
     /// The task with this id.
@@ -241,15 +253,12 @@ impl Engine {
     /// the next input) and calls `handle(now, Input::Tick)`. Ties go to sessions, then to the
     /// smaller id.
     pub fn poll_timeout(&self) -> Option<(Instant, Deadline)> {
-        let mut best: Option<(Instant, &SessionId, Timer)> = None;
-        for (id, s) in &self.sessions {
-            if let Some((at, t)) = s.next_deadline() {
-                if best.is_none_or(|(b, _, _)| at < b) {
-                    best = Some((at, id, t));
-                }
-            }
-        }
-        let session = best.map(|(at, id, t)| (at, Deadline::Session(id.clone(), t)));
+        let session = self.due.first().map(|(at, id)| {
+            let (_, t) = self.sessions[id]
+                .next_deadline()
+                .expect("an indexed session has a deadline");
+            (*at, Deadline::Session(id.clone(), t))
+        });
         let task = self
             .tasks
             .poll_timeout()
@@ -287,6 +296,31 @@ impl Engine {
         // Time never goes backwards inside the engine: an earlier `now` is read as the latest.
         self.now = self.now.max(now);
         let now = self.now;
+        // The sessions this input may change: their index entries are brought up to date
+        // once it is handled.
+        let mut touched: Vec<SessionId> = match &input {
+            Input::Create { id, .. }
+            | Input::Send { id, .. }
+            | Input::Stop { id, .. }
+            | Input::Restart { id, .. }
+            | Input::Delete { id, .. }
+            | Input::Provider { id, .. } => vec![id.clone()],
+            Input::Shutdown { .. } => self.live.iter().cloned().collect(),
+            // Due now, in id order (as every tick has visited them).
+            Input::Tick => {
+                let due: BTreeSet<SessionId> = self
+                    .due
+                    .iter()
+                    .take_while(|(at, _)| *at <= now.at)
+                    .map(|(_, id)| id.clone())
+                    .collect();
+                due.into_iter().collect()
+            }
+            Input::Resolve { .. }
+            | Input::Task(_)
+            | Input::AddCampaign { .. }
+            | Input::RemoveCampaign { .. } => Vec::new(),
+        };
         let mut cx = Ctx {
             now,
             lim: &self.limits,
@@ -296,7 +330,7 @@ impl Engine {
         };
         match input {
             Input::Create { req, id, config } => {
-                let live = live_sessions(&self.sessions);
+                let live = self.live.len();
                 let refuse = if self.shutting_down {
                     Some(Error::new(
                         ErrorCode::AdapterNotInitialized,
@@ -365,6 +399,7 @@ impl Engine {
                     && session.as_ref().is_none_or(|id| &s.record.id == id)
             }) {
                 Some(s) => {
+                    touched.push(s.record.id.clone());
                     s.handle_resolve(req, &approval, decision, &by, &mut cx);
                     s.flush(&mut cx);
                 }
@@ -471,13 +506,13 @@ impl Engine {
                 });
             }
             Input::Shutdown { req, graceful } => {
-                let live = live_sessions(&self.sessions);
+                let live = touched.len();
                 self.shutting_down = true;
-                for s in self.sessions.values_mut() {
-                    if !s.status().is_terminal() {
-                        s.handle_stop(crate::NO_REPLY, graceful, &mut cx);
-                        s.flush(&mut cx);
-                    }
+                for id in &touched {
+                    let s = self.sessions.get_mut(id).expect("a live session exists");
+                    debug_assert!(!s.status().is_terminal());
+                    s.handle_stop(crate::NO_REPLY, graceful, &mut cx);
+                    s.flush(&mut cx);
                 }
                 self.tasks.handle_shutdown(now, &mut cx.out);
                 cx.out.rest.push(Effect::ReplyShutdown { req, live });
@@ -486,7 +521,8 @@ impl Engine {
                 // Fire every due deadline, earliest first; a fired timer may set new ones
                 // (a KILL after a TERM), which are due later than `now` unless a limit is 0, so
                 // the loop is bounded by the number of timers a session can have.
-                for s in self.sessions.values_mut() {
+                for id in &touched {
+                    let s = self.sessions.get_mut(id).expect("an indexed session exists");
                     for _ in 0..8 {
                         match s.next_deadline() {
                             Some((at, t)) if at <= now.at => s.handle_timer(t, &mut cx),
@@ -498,16 +534,65 @@ impl Engine {
                 self.tasks.handle_tick(now, &mut cx.out);
             }
         }
-        cx.out.into_effects()
+        let effects = cx.out.into_effects();
+        for id in &touched {
+            self.reindex(id);
+        }
+        self.check_index();
+        effects
     }
-}
 
-/// Sessions that are not terminal: each owns a process, so their number is bounded.
-fn live_sessions(sessions: &BTreeMap<SessionId, Session>) -> usize {
-    sessions
-        .values()
-        .filter(|s| !s.status().is_terminal())
-        .count()
+    /// Brings session `id`'s entries in the live set and the deadline index up to date (it
+    /// may be gone: deleted, or a refused create).
+    fn reindex(&mut self, id: &SessionId) {
+        let (live, at) = match self.sessions.get(id) {
+            Some(s) => (
+                !s.status().is_terminal(),
+                s.next_deadline().map(|(at, _)| at),
+            ),
+            None => (false, None),
+        };
+        if live != self.live.contains(id) {
+            if live {
+                self.live.insert(id.clone());
+            } else {
+                self.live.remove(id);
+            }
+        }
+        let old = self.deadline_of.get(id).copied();
+        if at != old {
+            if let Some(old) = old {
+                self.due.remove(&(old, id.clone()));
+                self.deadline_of.remove(id);
+            }
+            if let Some(at) = at {
+                self.deadline_of.insert(id.clone(), at);
+                self.due.insert((at, id.clone()));
+            }
+        }
+    }
+
+    /// Debug builds (the tests, the simulator) check after every input that the index is what
+    /// a scan of every session gives: no session changed without being reindexed.
+    fn check_index(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let live: BTreeSet<&SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.status().is_terminal())
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(live, self.live.iter().collect(), "the live set drifted");
+        let due: BTreeSet<(Instant, SessionId)> = self
+            .sessions
+            .iter()
+            .filter_map(|(id, s)| s.next_deadline().map(|(at, _)| (at, id.clone())))
+            .collect();
+        assert_eq!(due, self.due, "the deadline index drifted");
+        assert_eq!(self.due.len(), self.deadline_of.len());
+    }
 }
 
 fn not_found(cx: &mut Ctx, req: u64, id: &SessionId) {
