@@ -447,7 +447,8 @@ impl ClaudeStreamParser {
         // The turn is over: reset its accounting.
         self.pending = (0, 0);
         self.attributed = (0, 0);
-        self.seen_usage.clear();
+        // A new map, not `clear()`: a long turn's capacity is not kept (review B6).
+        self.seen_usage = HashMap::new();
         out
     }
 

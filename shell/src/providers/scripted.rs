@@ -762,6 +762,7 @@ impl Agent {
             tool_seq: 0,
             last_tool: None,
             usages: Vec::new(),
+            usage_at: std::collections::HashMap::new(),
             delay_total: 0,
         };
         if !self.init_sent {
@@ -950,6 +951,8 @@ struct TurnCx<'a> {
     last_tool: Option<String>,
     /// Per assistant message id (in order of appearance): its largest usage so far.
     usages: Vec<(String, Usage)>,
+    /// Where each message id is in `usages` (a turn of N lines is O(N), not O(N²)).
+    usage_at: std::collections::HashMap<String, usize>,
     delay_total: u64,
 }
 
@@ -1008,9 +1011,16 @@ impl TurnCx<'_> {
     }
 
     fn assistant(&mut self, message_id: &str, block: Block<'_>, usage: Usage) {
-        match self.usages.iter_mut().find(|(id, _)| id == message_id) {
-            Some((_, u)) => *u = u.max(usage),
-            None => self.usages.push((message_id.to_string(), usage)),
+        match self.usage_at.get(message_id) {
+            Some(&i) => {
+                let u = &mut self.usages[i].1;
+                *u = u.max(usage);
+            }
+            None => {
+                self.usage_at
+                    .insert(message_id.to_string(), self.usages.len());
+                self.usages.push((message_id.to_string(), usage));
+            }
         }
         let line = json_line(&AssistantLine {
             ty: "assistant",
@@ -1094,6 +1104,7 @@ impl TurnCx<'_> {
         self.out.push(Action::Line(line));
         // A later result in the same turn counts from here.
         self.usages.clear();
+        self.usage_at.clear();
     }
 
     /// The built-in answer (module docs).
