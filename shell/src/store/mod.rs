@@ -270,10 +270,33 @@ impl Store {
             return Ok(Vec::new());
         }
         let sealer = &self.sealer;
+        // A batch of a fast agent's N events carries N versions of its session's record (and a
+        // busy task's of its task's): only the last one is written, in the place of the first
+        // (performance review B2). Nothing in between reads the row back.
+        let mut last: std::collections::HashMap<(bool, &str), usize> =
+            std::collections::HashMap::new();
+        for (i, record) in records.iter().enumerate() {
+            match record {
+                Record::Session(rec) => last.insert((true, rec.id.0.as_str()), i),
+                Record::Task(t) => last.insert((false, t.id.as_str()), i),
+                _ => None,
+            };
+        }
+        let mut written: std::collections::HashSet<(bool, &str)> = std::collections::HashSet::new();
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         for record in records {
+            let key = match record {
+                Record::Session(rec) => Some((true, rec.id.0.as_str())),
+                Record::Task(t) => Some((false, t.id.as_str())),
+                _ => None,
+            };
+            let record = match key {
+                Some(k) if !written.insert(k) => continue,
+                Some(k) => &records[last[&k]],
+                None => record,
+            };
             match record {
                 Record::Session(rec) => upsert_session(&tx, sealer, rec)?,
                 Record::Activity(ev) => insert_activity(&tx, ev)?,

@@ -329,6 +329,37 @@ fn a_batch_is_atomic() {
 }
 
 #[test]
+fn a_batch_stores_the_last_version_of_each_session_once() {
+    let mut store = Store::open_in_memory().unwrap();
+    let mut v1 = bare_record("01ONE");
+    v1.last_activity_seq = 1;
+    let mut v2 = v1.clone();
+    v2.last_activity_seq = 2;
+    v2.tokens_input = 7;
+    let other = bare_record("01TWO");
+    store
+        .apply(&[
+            Record::Session(Box::new(v1)),
+            Record::Activity(activity("01ONE", 1)),
+            Record::Session(Box::new(other.clone())),
+            Record::Activity(activity("01ONE", 2)),
+            Record::Session(Box::new(v2.clone())),
+        ])
+        .unwrap();
+    assert_eq!(store.session("01ONE").unwrap(), Some(v2));
+    assert_eq!(store.session("01TWO").unwrap(), Some(other));
+    assert_eq!(count(&store, "agent_activities"), 2);
+    // A delete later in the batch still wins over the upsert written in the first's place.
+    store
+        .apply(&[
+            Record::Session(Box::new(bare_record("01TWO"))),
+            Record::Delete(SessionId::from("01TWO")),
+        ])
+        .unwrap();
+    assert_eq!(store.session("01TWO").unwrap(), None);
+}
+
+#[test]
 fn an_empty_batch_is_a_no_op() {
     let mut store = Store::open_in_memory().unwrap();
     store.apply(&[]).unwrap();
