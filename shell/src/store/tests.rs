@@ -329,6 +329,31 @@ fn a_batch_is_atomic() {
 }
 
 #[test]
+fn the_checkpointer_thread_moves_the_wal_into_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("paddock.db");
+    let mut store = Store::open(&db).unwrap();
+    let size = || std::fs::metadata(&db).unwrap().len();
+    let before = size();
+    let records: Vec<Record> = (1..=2000)
+        .map(|seq| Record::Activity(activity("01CKPT", seq)))
+        .collect();
+    store.apply(&records).unwrap();
+    // Nothing checkpoints on commit any more: the pages wait in the WAL ...
+    assert_eq!(size(), before, "no checkpoint on the writer's thread");
+    // ... until the checkpointer's next round copies them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while size() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint within 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(count(&store, "agent_activities"), 2000);
+}
+
+#[test]
 fn a_batch_stores_the_last_version_of_each_session_once() {
     let mut store = Store::open_in_memory().unwrap();
     let mut v1 = bare_record("01ONE");
