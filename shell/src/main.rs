@@ -10,7 +10,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "paddock",
     version,
-    about = "Supervise AI coding agents: one daemon, every agent, every event stored"
+    about = "Supervise AI coding agents: one daemon, every agent, every event stored",
+    after_help = cli::EXIT_CODES_HELP
 )]
 pub struct Cli {
     /// The daemon's Unix socket [default: $XDG_RUNTIME_DIR/paddock/daemon.sock]
@@ -272,55 +273,59 @@ fn main() {
             }
         }
         command => {
+            let json = cli.json;
             let ctx = cli::Ctx {
                 socket,
                 data_dir,
-                json: cli.json,
+                json,
                 autostart: !cli.no_autostart,
             };
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            cli::exit_code(rt.block_on(async move {
-                match command {
-                    Command::Demo { message } => cli::demo::run(&ctx, &message).await,
-                    Command::Campaign(c) => cli::campaign(&ctx, c).await,
-                    Command::Approvals {
-                        session,
-                        all,
-                        limit,
-                    } => {
-                        let args = cli::approvals::ListArgs {
+            cli::exit_code(
+                rt.block_on(async move {
+                    match command {
+                        Command::Demo { message } => cli::demo::run(&ctx, &message).await,
+                        Command::Campaign(c) => cli::campaign(&ctx, c).await,
+                        Command::Approvals {
                             session,
                             all,
                             limit,
-                        };
-                        cli::approvals::list(&ctx, args).await
+                        } => {
+                            let args = cli::approvals::ListArgs {
+                                session,
+                                all,
+                                limit,
+                            };
+                            cli::approvals::list(&ctx, args).await
+                        }
+                        Command::Approve { id } => {
+                            let d = paddock_proto::obey::local::v1::ApprovalDecision::Approve;
+                            cli::approvals::resolve(&ctx, id, d, String::new()).await
+                        }
+                        Command::Deny { id, reason } => {
+                            let d = paddock_proto::obey::local::v1::ApprovalDecision::Deny;
+                            cli::approvals::resolve(&ctx, id, d, reason).await
+                        }
+                        Command::Answer { id, text } => {
+                            let d = paddock_proto::obey::local::v1::ApprovalDecision::Answer;
+                            cli::approvals::resolve(&ctx, id, d, text).await
+                        }
+                        Command::Session(c) => cli::session(&ctx, c).await,
+                        Command::Task(c) => cli::task::run(&ctx, c).await,
+                        Command::Ping => cli::ping(&ctx).await,
+                        Command::State => cli::state(&ctx).await,
+                        Command::Shutdown { force } => cli::shutdown(&ctx, force).await,
+                        Command::Daemon { .. }
+                        | Command::ScriptedAgent { .. }
+                        | Command::Bridge(_)
+                        | Command::Runner { .. } => unreachable!(),
                     }
-                    Command::Approve { id } => {
-                        let d = paddock_proto::obey::local::v1::ApprovalDecision::Approve;
-                        cli::approvals::resolve(&ctx, id, d, String::new()).await
-                    }
-                    Command::Deny { id, reason } => {
-                        let d = paddock_proto::obey::local::v1::ApprovalDecision::Deny;
-                        cli::approvals::resolve(&ctx, id, d, reason).await
-                    }
-                    Command::Answer { id, text } => {
-                        let d = paddock_proto::obey::local::v1::ApprovalDecision::Answer;
-                        cli::approvals::resolve(&ctx, id, d, text).await
-                    }
-                    Command::Session(c) => cli::session(&ctx, c).await,
-                    Command::Task(c) => cli::task::run(&ctx, c).await,
-                    Command::Ping => cli::ping(&ctx).await,
-                    Command::State => cli::state(&ctx).await,
-                    Command::Shutdown { force } => cli::shutdown(&ctx, force).await,
-                    Command::Daemon { .. }
-                    | Command::ScriptedAgent { .. }
-                    | Command::Bridge(_)
-                    | Command::Runner { .. } => unreachable!(),
-                }
-            }))
+                }),
+                json,
+            )
         }
     };
     std::process::exit(code);

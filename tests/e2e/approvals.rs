@@ -451,7 +451,7 @@ async fn the_cli_lists_approves_denies_and_answers() {
     assert_eq!(code, Some(0));
     assert!(out.contains("approved by cli"), "{out}");
     let (code, _, err) = cli(&["approve", &a.id]);
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(4), "refused: exit 4");
     assert!(err.contains("OBEY-2041"), "{err}");
 
     let q = loop {

@@ -1,6 +1,6 @@
 //! The `paddock` command line against a real daemon: campaign and session commands, table and
-//! `--json` output, errors (exit 1 with the daemon's OBEY message), `--no-autostart`, and
-//! autostart.
+//! `--json` output, errors (the exit code by kind, the daemon's OBEY message, JSON with
+//! `--json`), `--no-autostart`, and autostart.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -43,10 +43,10 @@ impl Out {
         self
     }
 
-    /// Exit 1 and `error: <prefix>…` on stderr.
+    /// A failure exit and `error: <prefix>…` on stderr.
     #[track_caller]
     pub fn fails_with(self, prefix: &str) -> Out {
-        assert_eq!(self.code, 1, "{self:?}");
+        assert!(self.code != 0, "{self:?}");
         assert!(
             self.stderr.starts_with(&format!("error: {prefix}")),
             "{self:?}"
@@ -77,7 +77,7 @@ async fn no_autostart_without_a_daemon_fails_clearly() {
     let dirs = Dirs::new();
     for args in [&["ping"][..], &["session", "list"], &["campaign", "list"]] {
         let o = run(dirs.cli(false), args).await;
-        assert_eq!(o.code, 1, "{o:?}");
+        assert_eq!(o.code, 5, "daemon unreachable: {o:?}");
         assert!(
             o.stderr.contains(&format!(
                 "no paddock daemon answers on {}",
@@ -89,7 +89,16 @@ async fn no_autostart_without_a_daemon_fails_clearly() {
     assert!(!dirs.socket.exists(), "no daemon was started");
     // `shutdown` never starts a daemon, even without --no-autostart.
     let o = run(dirs.cli(true), &["shutdown"]).await;
-    assert_eq!(o.code, 1, "{o:?}");
+    assert_eq!(o.code, 5, "{o:?}");
+    // With --json the error is a JSON object on stderr.
+    let o = run(dirs.cli(false), &["--json", "ping"]).await;
+    assert_eq!(o.code, 5, "{o:?}");
+    let e: Value = serde_json::from_str(o.stderr.trim()).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(e["exit_code"], 5);
+    assert!(e["error"]
+        .as_str()
+        .unwrap()
+        .contains("no paddock daemon answers"));
     assert!(!dirs.socket.exists(), "no daemon was started");
 }
 
@@ -352,14 +361,34 @@ async fn session_commands_as_tables_and_json() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cli_errors_exit_1_with_the_obey_message() {
+async fn cli_errors_exit_by_kind_with_the_obey_message() {
     let d = Daemon::start().await;
     let root = d.dirs.root.display().to_string();
     cli(&d, &["campaign", "add", CAMPAIGN, &root]).await.ok();
 
-    cli(&d, &["session", "info", "sess_nope"])
+    let o = cli(&d, &["session", "info", "sess_nope"])
         .await
         .fails_with("OBEY-2010: session \"sess_nope\" not found");
+    assert_eq!(o.code, 3, "not found");
+    let o = cli(&d, &["--json", "session", "info", "sess_nope"]).await;
+    assert_eq!(o.code, 3, "{o:?}");
+    let e: Value = serde_json::from_str(o.stderr.trim()).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(e["obey_code"], "OBEY-2010");
+    assert_eq!(e["grpc_code"], "NotFound");
+    assert_eq!(e["exit_code"], 3);
+    let o = cli(
+        &d,
+        &[
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--env",
+            "NOEQUALS",
+        ],
+    )
+    .await;
+    assert_eq!(o.code, 2, "usage: {o:?}");
     cli(&d, &["session", "create", "--campaign", "nope"])
         .await
         .fails_with("OBEY-2001: ");
@@ -418,7 +447,7 @@ async fn cli_errors_exit_1_with_the_obey_message() {
     .await
     .fails_with("OBEY-2004: ");
 
-    // A turn that ends in ERROR: the activity is printed, the exit code is 1.
+    // A turn that ends in ERROR: the activity is printed, the exit code is 6 (the agent failed).
     let crash = d.dirs.script(
         "crash",
         &turns(serde_json::json!([{"thinking": "hmm"}, {"stderr": "kaboom"}, {"crash": 9}])),
@@ -439,7 +468,7 @@ async fn cli_errors_exit_1_with_the_obey_message() {
     .ok();
     let id = o.json()["id"].as_str().unwrap().to_string();
     let o = cli(&d, &["session", "send", &id, "go"]).await;
-    assert_eq!(o.code, 1, "{o:?}");
+    assert_eq!(o.code, 6, "{o:?}");
     let last = o.stdout.lines().last().unwrap_or_default();
     assert!(
         last.starts_with("ERROR") && last.contains("OBEY-2031") && last.contains("kaboom"),
@@ -448,10 +477,14 @@ async fn cli_errors_exit_1_with_the_obey_message() {
     let o = cli(&d, &["--json", "session", "info", &id]).await.ok();
     assert_eq!(o.json()["status"], "FAILED");
     assert_eq!(o.json()["error_code"], "OBEY-2031");
-    cli(&d, &["session", "send", &id, "again"])
+    let o = cli(&d, &["session", "send", &id, "again"])
         .await
         .fails_with("OBEY-2011: ");
+    assert_eq!(o.code, 4, "refused");
     cli(&d, &["session", "stop", &id])
         .await
         .fails_with("OBEY-2020: ");
+    // The codes are documented.
+    let o = cli(&d, &["--help"]).await.ok();
+    assert!(o.stdout.contains("Exit codes: 0 success"), "{o:?}");
 }

@@ -1,5 +1,5 @@
 //! The CLI's one error type: why a command failed. [`super::exit_code`] prints it as
-//! `error: …` and exits with [`Error::EXIT_CODE`].
+//! `error: …` (a JSON object with `--json`) and exits with its [`Exit`] code.
 
 use std::path::PathBuf;
 
@@ -53,16 +53,94 @@ pub enum Error {
     /// unknown status number).
     #[error("{0}")]
     Protocol(String),
-    /// The command ran and has already said what failed (a turn that ended in an error, a prune
-    /// whose deletes failed); nothing more to print.
+    /// The command ran and has already said what failed (a prune whose deletes failed);
+    /// nothing more to print.
     #[error("the command failed")]
     Reported,
+    /// The agent's turn ended in an error, already shown with the turn's activity.
+    #[error("the agent's turn ended in an error")]
+    AgentFailed,
 }
 
+/// What a failed command exits with, by kind of failure (`paddock --help` lists them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Anything else (a local file, a protocol surprise, a failure already reported).
+    Failed = 1,
+    /// The command line or its input is wrong (clap's own errors exit 2 as well).
+    Usage = 2,
+    /// What the command names does not exist (a session, campaign, approval, task).
+    NotFound = 3,
+    /// The daemon refused: wrong state, a limit, already exists, not allowed.
+    Refused = 4,
+    /// No daemon answers (or it went away, or a call timed out).
+    Unreachable = 5,
+    /// The agent failed: its turn ended in an error, it crashed, ran out of budget or time.
+    AgentFailed = 6,
+}
+
+/// The exit codes, for `--help`.
+pub const EXIT_CODES_HELP: &str = "Exit codes: 0 success · 1 other failure · 2 usage (bad \
+arguments or input) · 3 not found · 4 refused by the daemon (wrong state, a limit, not allowed) · \
+5 daemon unreachable · 6 the agent failed (its turn ended in an error, it crashed, ran out of \
+budget or time)";
+
 impl Error {
-    /// Every failure exits 1 (scripts and the e2e suite rely on it; clap's own usage errors
-    /// exit 2 before a command runs).
-    pub const EXIT_CODE: i32 = 1;
+    /// The kind of failure, for the exit code.
+    pub fn exit(&self) -> Exit {
+        use paddock_core::ErrorCode as C;
+        use tonic::Code;
+        let status = match self {
+            Error::Daemon(s) | Error::Step { source: s, .. } => s,
+            Error::NoDaemon(_) | Error::NoAutostart(_) | Error::Autostart { .. } => {
+                return Exit::Unreachable
+            }
+            Error::Untrusted(_) => return Exit::Refused,
+            Error::Usage(_) => return Exit::Usage,
+            Error::AgentFailed => return Exit::AgentFailed,
+            Error::Io { .. } | Error::Protocol(_) | Error::Reported => return Exit::Failed,
+        };
+        match crate::transport::obey_code(status) {
+            Some(
+                C::ProviderCrashed
+                | C::ConnectionLost
+                | C::BudgetExceeded
+                | C::Timeout
+                | C::GracefulStopTimedOut,
+            ) => return Exit::AgentFailed,
+            Some(C::StorageFull) => return Exit::Refused,
+            _ => {}
+        }
+        match status.code() {
+            Code::NotFound => Exit::NotFound,
+            Code::InvalidArgument => Exit::Usage,
+            Code::FailedPrecondition
+            | Code::AlreadyExists
+            | Code::ResourceExhausted
+            | Code::PermissionDenied
+            | Code::OutOfRange
+            | Code::Aborted
+            | Code::Unimplemented => Exit::Refused,
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => Exit::Unreachable,
+            _ => Exit::Failed,
+        }
+    }
+
+    /// The error as JSON (`--json`): its text, the exit code, and the daemon's code and
+    /// status when it came from the daemon.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({
+            "error": self.to_string(),
+            "exit_code": self.exit() as i32,
+        });
+        if let Error::Daemon(s) | Error::Step { source: s, .. } = self {
+            v["grpc_code"] = format!("{:?}", s.code()).into();
+            if let Some(c) = crate::transport::obey_code(s) {
+                v["obey_code"] = c.to_string().into();
+            }
+        }
+        v
+    }
 
     /// An I/O failure on `what` (a path, "the current directory", …).
     pub fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {

@@ -22,7 +22,7 @@ use serde_json::json;
 use tokio_stream::StreamExt;
 
 use client::Client;
-pub use error::{Error, Result};
+pub use error::{Error, Exit, Result, EXIT_CODES_HELP};
 use output::*;
 use view::*;
 
@@ -119,15 +119,19 @@ pub(crate) fn parse_kv(s: &str) -> std::result::Result<(String, String), String>
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
-/// A command's end as the process's exit code: 0, or its error printed and
-/// [`Error::EXIT_CODE`].
-pub fn exit_code(r: Result<()>) -> i32 {
+/// A command's end as the process's exit code: 0, or its error printed (as JSON with
+/// `--json`) and its [`Exit`] code.
+pub fn exit_code(r: Result<()>, json: bool) -> i32 {
     match r {
         Ok(()) => 0,
-        Err(Error::Reported) => Error::EXIT_CODE,
+        Err(e @ (Error::Reported | Error::AgentFailed)) => e.exit() as i32,
         Err(e) => {
-            eprintln!("error: {e}");
-            Error::EXIT_CODE
+            if json {
+                eprintln!("{}", e.to_json());
+            } else {
+                eprintln!("error: {e}");
+            }
+            e.exit() as i32
         }
     }
 }
@@ -351,7 +355,7 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             }
             return match end {
                 Some(ActivityKind::Completion) => Ok(()),
-                Some(_) => Err(Error::Reported),
+                Some(_) => Err(Error::AgentFailed),
                 None => Err(Error::Protocol(
                     "the activity stream ended before the turn did (see `paddock session logs`)"
                         .into(),
