@@ -85,3 +85,19 @@ impl Clock {
             .checked_add(std::time::Duration::from_millis(at.millis()))
     }
 }
+
+/// Logging for the daemon and the runner, on stderr: the level from `PADDOCK_LOG`, else
+/// `RUST_LOG`, else `info`; colours only when stderr is a terminal (a log file never gets ANSI
+/// codes).
+pub fn init_tracing() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -126,6 +126,10 @@ async fn a_command_with_no_daemon_autostarts_one_and_shutdown_stops_it() {
 
     let o = run(dirs.cli(true), &["shutdown"]).await.ok();
     assert!(o.stdout.contains("daemon stopping (0 active"), "{o:?}");
+    // It returns once the daemon has gone: nothing answers on the socket any more.
+    assert!(o.stdout.contains("daemon stopped"), "{o:?}");
+    let o = run(dirs.cli(false), &["ping"]).await;
+    assert_eq!(o.code, 5, "{o:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while pid_running(pid) {
         assert!(Instant::now() < deadline, "the daemon {pid} did not exit");
@@ -487,4 +491,59 @@ async fn cli_errors_exit_by_kind_with_the_obey_message() {
     // The codes are documented.
     let o = cli(&d, &["--help"]).await.ok();
     assert!(o.stdout.contains("Exit codes: 0 success"), "{o:?}");
+}
+
+/// `session send <id> -` reads the message from standard input, whole (newlines kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_reads_the_message_from_stdin() {
+    let mut d = Daemon::start().await;
+    let id = d.session(None).await.id;
+    let mut cmd = d.dirs.cli(false);
+    cmd.args(["session", "send", &id, "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        b"from stdin\nsecond line\n",
+    )
+    .unwrap();
+    let piped = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(piped.status.success(), "{piped:?}");
+    let history = d
+        .client()
+        .await
+        .get_history(paddock_proto::obey::local::v1::GetHistoryRequest {
+            session_id: id.clone(),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert!(
+        history
+            .iter()
+            .any(|h| h.role == "user" && h.content == "from stdin\nsecond line\n"),
+        "{history:?}"
+    );
+}
+
+/// `RUST_LOG` sets the daemon's log level when `PADDOCK_LOG` does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_log_sets_the_daemon_log_level() {
+    let dirs = Dirs::new();
+    let mut cmd = dirs.cli(true);
+    cmd.env("RUST_LOG", "debug").env_remove("PADDOCK_LOG");
+    run(cmd, &["ping"]).await.ok();
+    run(dirs.cli(false), &["shutdown"]).await.ok();
+    let log = std::fs::read_to_string(dirs.data.join("daemon.log")).unwrap();
+    assert!(log.contains("DEBUG"), "{log}");
+    assert!(
+        !log.contains('\x1b'),
+        "no ANSI codes in the log file: {log:?}"
+    );
 }

@@ -78,7 +78,11 @@ pub enum SessionCmd {
         campaign: Option<String>,
     },
     /// Send a message and stream the agent's activity until the turn ends
-    Send { id: String, message: String },
+    Send {
+        id: String,
+        /// The message; `-` reads it from standard input (to its end)
+        message: String,
+    },
     /// Follow a session: its status changes and activity, until it ends
     Watch { id: String },
     /// Stop a session (gracefully: the current turn may finish first)
@@ -330,6 +334,14 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
         }
         SessionCmd::Prune { campaign } => return latis::prune(ctx, &mut c, campaign).await,
         SessionCmd::Send { id, message } => {
+            let message = if message == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                    .map_err(Error::io("standard input"))?;
+                text
+            } else {
+                message
+            };
             let id = resolve(&mut c, &id).await?;
             let mut stream = c
                 .send_message(pb::SendMessageRequest {
@@ -338,7 +350,7 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 })
                 .await?
                 .into_inner();
-            // The turn's last activity: COMPLETION (exit 0) or ERROR (already shown, exit 1).
+            // The turn's last activity: COMPLETION (exit 0) or ERROR (already shown, exit 6).
             let mut end = None;
             while let Some(item) = stream.next().await {
                 let a = item?;
@@ -648,13 +660,48 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
         .shutdown(pb::ShutdownRequest { force })
         .await?
         .into_inner();
-    if ctx.json {
-        print_json(&json!({ "accepted": r.accepted, "active_sessions": r.active_sessions }));
-    } else {
+    if !ctx.json {
         println!(
             "daemon stopping ({} active session(s) being stopped)",
             r.active_sessions
         );
+    }
+    // Returns once the daemon has exited (its socket no longer answers), so that a script can
+    // start another right after; bounded like every call.
+    drop(c);
+    let deadline = std::time::Instant::now() + client::call_timeout();
+    loop {
+        let answers = match crate::transport::channel(&ctx.socket).await {
+            Err(_) => false,
+            Ok(ch) => {
+                let mut probe = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
+                let ping = probe.ping(pb::PingRequest {});
+                matches!(
+                    tokio::time::timeout(std::time::Duration::from_secs(1), ping).await,
+                    Ok(Ok(_))
+                )
+            }
+        };
+        if !answers {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Protocol(format!(
+                "the daemon accepted the shutdown but still answers after {} s (its sessions \
+                 may still be stopping; see `paddock state`)",
+                client::call_timeout().as_secs()
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    if ctx.json {
+        print_json(&json!({
+            "accepted": r.accepted,
+            "active_sessions": r.active_sessions,
+            "exited": true,
+        }));
+    } else {
+        println!("daemon stopped");
     }
     Ok(())
 }

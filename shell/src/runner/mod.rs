@@ -589,12 +589,7 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
 
 /// `paddock runner --socket PATH`: the runner in the foreground; the process exit code.
 pub fn run(socket: PathBuf, limits: Limits) -> i32 {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::paths::init_tracing();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
