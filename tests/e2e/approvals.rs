@@ -465,8 +465,16 @@ async fn the_cli_lists_approves_denies_and_answers() {
     let listed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed[0]["kind"], "question");
     assert_eq!(listed[0]["summary"], "Ship it? [yes / no]");
-    let (code, _, _) = cli(&["answer", &q.id, "yes"]);
-    assert_eq!(code, Some(0));
+    // approve refuses a question, and says how to answer it.
+    let (code, _, err) = cli(&["approve", &q.id]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("is a question") && err.contains("paddock answer"),
+        "{err}"
+    );
+    // A unique prefix of the id is enough.
+    let (code, _, err) = cli(&["answer", &q.id[..q.id.len() - 6], "yes"]);
+    assert_eq!(code, Some(0), "{err}");
 
     let p = loop {
         let p = wait_pending(&d, &s.id).await;

@@ -153,6 +153,42 @@ pub async fn resolve(
     text: String,
 ) -> Result<()> {
     let mut c = client::connect(ctx).await?;
+    // The id, or a unique prefix of an open request's id (what the table shows can be cut).
+    let open = c
+        .list_approvals(pb::ListApprovalsRequest {
+            session_id: String::new(),
+            include_resolved: false,
+            limit: 1000,
+        })
+        .await?
+        .into_inner()
+        .approvals;
+    let target = match open.iter().find(|a| a.id == id) {
+        Some(a) => Some(a),
+        None => {
+            let matching: Vec<&pb::Approval> =
+                open.iter().filter(|a| a.id.starts_with(&id)).collect();
+            if matching.len() > 1 {
+                let ids: Vec<&str> = matching.iter().map(|a| a.id.as_str()).collect();
+                return Err(super::Error::Usage(format!(
+                    "\"{id}\" matches {} open requests: {}; give more of the id",
+                    matching.len(),
+                    ids.join(", ")
+                )));
+            }
+            matching.first().copied()
+        }
+    };
+    if decision == pb::ApprovalDecision::Approve
+        && target.is_some_and(|a| a.kind == pb::ApprovalKind::Question as i32)
+    {
+        let qid = target.map_or(id.as_str(), |a| a.id.as_str());
+        return Err(super::Error::Usage(format!(
+            "{qid} is a question, not a permission: answer it with `paddock answer {qid} <text>`"
+        )));
+    }
+    // Unknown (or already resolved): the daemon says which (OBEY-2040 / 2041).
+    let id = target.map_or(id.clone(), |a| a.id.clone());
     let a = c
         .resolve_approval(pb::ResolveApprovalRequest {
             approval_id: id,
