@@ -1109,3 +1109,50 @@ async fn attach_asks_the_human_and_answers_on_the_same_line() {
     assert_eq!(by.len(), 3, "{o:?}");
     assert!(by.iter().all(|(_, who)| who == "attach"), "{by:?}");
 }
+
+/// On a terminal, `session delete` and `prune` ask first; "n" keeps everything, "y" deletes,
+/// `--yes` does not ask (and without a terminal nothing asks, as the other tests show).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_and_prune_ask_on_a_terminal() {
+    let mut d = Daemon::start().await;
+    let Some(t) = Tmux::start(&d) else { return };
+    let a = d.session(None).await.id;
+    let b = d.session(None).await.id;
+    d.stop(&b, false).await.unwrap();
+    t.spawn(&d, "del-no", &["session", "delete", &a]);
+    t.wait_for("del-no", "the question", |s| s.contains("[y/N]"))
+        .await;
+    t.type_line("del-no", "n");
+    t.wait_for("del-no", "the refusal", |s| {
+        s.contains("Nothing deleted.") && s.contains("[exit 0]")
+    })
+    .await;
+    assert_eq!(status_name(d.get(&a).await.status), "RUNNING", "kept");
+    t.spawn(&d, "prune-yes", &["session", "prune"]);
+    t.wait_for("prune-yes", "the question", |s| {
+        s.contains("Delete 1 stopped or failed session(s)")
+    })
+    .await;
+    t.type_line("prune-yes", "y");
+    t.wait_for("prune-yes", "the prune", |s| {
+        s.contains("Pruned 1 session(s).") && s.contains("[exit 0]")
+    })
+    .await;
+    t.spawn(&d, "del-yes", &["session", "delete", "--yes", &a]);
+    let s = t
+        .wait_for("del-yes", "the delete", |s| s.contains("[exit 0]"))
+        .await;
+    assert!(!s.contains("[y/N]"), "--yes does not ask: {s}");
+    let left = d
+        .client()
+        .await
+        .list_sessions(pb::ListSessionsRequest {
+            include_terminated: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert!(left.is_empty(), "{left:?}");
+}

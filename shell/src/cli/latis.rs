@@ -490,13 +490,45 @@ pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
 
 /// `session delete`: a live session is force-stopped first (its agent's whole process group
 /// goes), then DeleteSession removes it and every row stored about it.
-pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> Result<()> {
+/// On a terminal (and without `--yes`), asks `question` and reads y/yes; anywhere else (a
+/// script, a pipe) the answer is yes, as before.
+pub fn confirm(question: &str, yes: bool) -> Result<bool> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if yes || !std::io::stdin().is_terminal() {
+        return Ok(true);
+    }
+    // On stderr: stdout stays the command's output (JSON with --json).
+    eprint!("{question} [y/N] ");
+    std::io::stderr()
+        .flush()
+        .map_err(Error::io("standard error"))?;
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(Error::io("standard input"))?;
+    Ok(matches!(
+        line.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Result<()> {
     let info = c
         .get_session(pb::GetSessionRequest {
             session_id: id.to_string(),
         })
         .await?
         .into_inner();
+    let what = format!(
+        "Delete session {id} ({}, {}) and everything stored about it?",
+        state_of(&info),
+        info.agent_name
+    );
+    if !confirm(&what, yes)? {
+        println!("Nothing deleted.");
+        return Ok(());
+    }
     let mut stopped = false;
     if !Status::from_number(info.status).is_some_and(Status::is_terminal) {
         match c
@@ -534,7 +566,12 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str) -> Result<()> {
 
 /// `session prune`: deletes every STOPPED and FAILED session (of one campaign, if given) and
 /// says which. A session restarted between the list and its delete is skipped, and said so.
-pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -> Result<()> {
+pub async fn prune(
+    ctx: &super::Ctx,
+    c: &mut Client,
+    campaign: Option<String>,
+    yes: bool,
+) -> Result<()> {
     let list = super::list_sessions(
         c,
         pb::ListSessionsRequest {
@@ -546,6 +583,18 @@ pub async fn prune(ctx: &super::Ctx, c: &mut Client, campaign: Option<String>) -
         },
     )
     .await?;
+    if !list.is_empty()
+        && !confirm(
+            &format!(
+                "Delete {} stopped or failed session(s) and everything stored about them?",
+                list.len()
+            ),
+            yes,
+        )?
+    {
+        println!("Nothing deleted.");
+        return Ok(());
+    }
     let (mut deleted, mut skipped, mut failed) = (Vec::new(), Vec::new(), 0);
     for s in &list {
         match c

@@ -70,12 +70,20 @@ pub enum SessionCmd {
     /// a message. Ctrl-D (or Ctrl-C) detaches and the agent keeps working
     Attach { id: String },
     /// Delete a session and everything stored about it (a live one is force-stopped first)
-    Delete { id: String },
+    Delete {
+        id: String,
+        /// Do not ask first (on a terminal, delete asks)
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
     /// Delete every stopped and failed session and everything stored about them
     Prune {
         /// Only this campaign's (id or name)
         #[arg(long)]
         campaign: Option<String>,
+        /// Do not ask first (on a terminal, prune asks)
+        #[arg(long, short = 'y')]
+        yes: bool,
     },
     /// Send a message and stream the agent's activity until the turn ends
     Send {
@@ -328,11 +336,13 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             let id = resolve(&mut c, &id).await?;
             return attach::run(&mut c, id).await;
         }
-        SessionCmd::Delete { id } => {
+        SessionCmd::Delete { id, yes } => {
             let id = resolve(&mut c, &id).await?;
-            return latis::delete(ctx, &mut c, &id).await;
+            return latis::delete(ctx, &mut c, &id, yes).await;
         }
-        SessionCmd::Prune { campaign } => return latis::prune(ctx, &mut c, campaign).await,
+        SessionCmd::Prune { campaign, yes } => {
+            return latis::prune(ctx, &mut c, campaign, yes).await
+        }
         SessionCmd::Send { id, message } => {
             let message = if message == "-" {
                 let mut text = String::new();
