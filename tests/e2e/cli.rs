@@ -547,3 +547,40 @@ async fn rust_log_sets_the_daemon_log_level() {
         "no ANSI codes in the log file: {log:?}"
     );
 }
+
+/// One status vocabulary: what `session list` shows is what `--status` takes (latis' states),
+/// and paddock's statuses are accepted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_filters_by_the_states_it_shows() {
+    let mut d = Daemon::start().await;
+    let done = d.session(None).await.id;
+    d.send(&done, "hi").await;
+    let fresh = d.session(None).await.id;
+    let ids = |o: Out| -> Vec<String> {
+        o.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let o = cli(&d, &["--json", "session", "list", "--status", "complete"])
+        .await
+        .ok();
+    assert_eq!(ids(o), std::slice::from_ref(&done));
+    let o = cli(&d, &["--json", "session", "list", "--status", "ready"])
+        .await
+        .ok();
+    assert_eq!(ids(o), std::slice::from_ref(&fresh));
+    let o = cli(&d, &["--json", "session", "list", "--status", "RUNNING"])
+        .await
+        .ok();
+    let mut both = ids(o);
+    both.sort();
+    let mut want = vec![done.clone(), fresh.clone()];
+    want.sort();
+    assert_eq!(both, want);
+    let o = cli(&d, &["session", "list", "--status", "bogus"]).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.contains("ready, complete"), "{o:?}");
+}

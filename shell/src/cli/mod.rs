@@ -55,7 +55,8 @@ pub enum SessionCmd {
         /// Include stopped and failed sessions
         #[arg(long)]
         all: bool,
-        /// Only these statuses (e.g. running, failed); repeatable
+        /// Only these states as the list shows them (ready, complete, working, failed, …) or
+        /// paddock statuses (RUNNING, …); repeatable
         #[arg(long = "status")]
         statuses: Vec<String>,
         #[arg(long)]
@@ -275,12 +276,33 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             statuses,
             provider,
         } => {
-            let mut st = Vec::new();
+            // One vocabulary: what the list shows (latis' states) is accepted as well as
+            // paddock's statuses; a state asks the daemon for its statuses, then is matched.
+            let (mut by_status, mut states) = (Vec::new(), Vec::new());
             for s in statuses {
                 let up = s.to_ascii_uppercase();
-                match Status::ALL.iter().find(|x| x.name() == up) {
-                    Some(x) => st.push(x.number()),
-                    None => return Err(Error::Usage(format!("unknown status \"{s}\""))),
+                if let Some(x) = Status::ALL.iter().find(|x| x.name() == up) {
+                    by_status.push(x.number());
+                } else if Status::ALL.iter().any(|x| {
+                    [0, 1]
+                        .iter()
+                        .any(|t| view::latis_state(*x, *t) == s.to_ascii_lowercase())
+                }) {
+                    states.push(s.to_ascii_lowercase());
+                } else {
+                    return Err(Error::Usage(format!(
+                        "unknown status \"{s}\" (one of: ready, complete, creating, starting, \
+                         working, waiting, stopping, stopped, failed, or paddock's RUNNING, …)"
+                    )));
+                }
+            }
+            let mut st = by_status.clone();
+            for x in Status::ALL {
+                if states
+                    .iter()
+                    .any(|w| [0, 1].iter().any(|t| view::latis_state(x, *t) == w))
+                {
+                    st.push(x.number());
                 }
             }
             let provider = match provider {
@@ -301,6 +323,14 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 },
             )
             .await?;
+            let list: Vec<pb::SessionInfo> = list
+                .into_iter()
+                .filter(|s| {
+                    (by_status.is_empty() && states.is_empty())
+                        || by_status.contains(&s.status)
+                        || states.iter().any(|w| w == view::state_of(s))
+                })
+                .collect();
             if ctx.json {
                 print_json(&json!(list.iter().map(session_json).collect::<Vec<_>>()));
             } else {
