@@ -126,6 +126,11 @@ enum Command {
     /// Aria tasks: commands run to completion, their output stored
     #[command(subcommand)]
     Task(cli::task::TaskCmd),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell), e.g.
+    /// `paddock completions bash > ~/.local/share/bash-completion/completions/paddock`
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff), e.g. `paddock man | man -l -`
+    Man,
     /// Check that the daemon answers
     Ping,
     /// The daemon's state and its active sessions
@@ -185,6 +190,25 @@ fn main() {
             }
         },
         Command::Bridge(args) => providers::bridge::run(args),
+        // Generated into memory, then written: a reader that stops early (`| head`) ends the
+        // output quietly.
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "paddock", &mut out);
+            print_quietly(&out)
+        }
+        Command::Man => {
+            use clap::CommandFactory;
+            let mut out = Vec::new();
+            match clap_mangen::Man::new(Cli::command()).render(&mut out) {
+                Ok(()) => print_quietly(&out),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    1
+                }
+            }
+        }
         Command::Runner {
             socket,
             max_runs,
@@ -321,6 +345,8 @@ fn main() {
                         Command::Daemon { .. }
                         | Command::ScriptedAgent { .. }
                         | Command::Bridge(_)
+                        | Command::Completions { .. }
+                        | Command::Man
                         | Command::Runner { .. } => unreachable!(),
                     }
                 }),
@@ -333,4 +359,17 @@ fn main() {
 
 fn init_tracing() {
     paddock::paths::init_tracing();
+}
+
+/// Writes `bytes` to stdout; a closed pipe is not an error.
+fn print_quietly(bytes: &[u8]) -> i32 {
+    use std::io::Write;
+    match std::io::stdout().write_all(bytes) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
 }

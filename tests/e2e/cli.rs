@@ -584,3 +584,37 @@ async fn list_filters_by_the_states_it_shows() {
     assert_eq!(o.code, 2, "{o:?}");
     assert!(o.stderr.contains("ready, complete"), "{o:?}");
 }
+
+/// Shell completions and the man page come from the same clap definition; the bash script
+/// parses in bash, the man page is roff for section 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_the_man_page() {
+    let dirs = Dirs::new();
+    let bash = run(dirs.cli(false), &["completions", "bash"]).await.ok();
+    assert!(
+        bash.stdout.contains("_paddock()") && bash.stdout.contains("session"),
+        "{bash:?}"
+    );
+    let script = dirs.base.join("paddock.bash");
+    std::fs::write(&script, &bash.stdout).unwrap();
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let fish = run(dirs.cli(false), &["completions", "fish"]).await.ok();
+    assert!(fish.stdout.contains("complete -c paddock"), "{fish:?}");
+    let zsh = run(dirs.cli(false), &["completions", "zsh"]).await.ok();
+    assert!(zsh.stdout.starts_with("#compdef paddock"), "{zsh:?}");
+    let man = run(dirs.cli(false), &["man"]).await.ok();
+    assert!(man.stdout.contains(".TH paddock 1"), "{man:?}");
+    assert!(
+        man.stdout.contains("Exit codes"),
+        "the exit codes are in the man page too"
+    );
+}
