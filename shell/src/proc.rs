@@ -5,7 +5,8 @@
 //!
 //! - [`spawn`]: in a process group of its own (TERM / KILL go to the whole group), with
 //!   `PR_SET_PDEATHSIG(SIGKILL)` (it dies with the thread that forked it, so with its parent),
-//!   and with a containment tag ([`crate::contain`]); [`Process::wait`] reports the exit only
+//!   in a control group of its own where one can be made, and with a containment tag
+//!   ([`crate::contain`]); [`Process::wait`] reports the exit only
 //!   after the tree the process leaves behind is killed.
 //! - [`Output`]: a pipe that ends at EOF or once it stayed silent for [`DRAIN_AFTER_EXIT`]
 //!   after the process exited (a grandchild holding it open), so every byte the process
@@ -117,10 +118,16 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
         .process_group(0)
         .kill_on_drop(false);
     let parent = nix::unistd::getpid();
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl and
-    // getppid, which are async-signal-safe.
+    let cgroup = crate::contain::tree_cgroup(&tag);
+    // SAFETY: the closure runs in the forked child before exec and only calls write, prctl
+    // and getppid, which are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
+            // Into the tree's control group before anything else runs: whatever it starts is
+            // born there. A failed move leaves the tree its tag.
+            if let Some(procs) = &cgroup {
+                let _ = crate::contain::cgroup::enter(procs);
+            }
             nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
                 .map_err(std::io::Error::from)?;
             // The parent died between fork and prctl: the signal will never come.
@@ -130,7 +137,13 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
             Ok(())
         });
     }
-    let mut child = cmd.spawn()?;
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            crate::contain::forget_tree(&tag);
+            return Err(e);
+        }
+    };
     let pid = child.id().unwrap_or(0);
     let (exited_tx, exited) = watch::channel(false);
     let pipes = Pipes {

@@ -387,6 +387,8 @@ impl Drop for Daemon {
             }
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
+        // What a SIGKILLed daemon or runner left in the machine's cgroup tree.
+        paddock::contain::remove_groups(&self.dirs.data);
     }
 }
 

@@ -177,6 +177,9 @@ impl Drop for Runner {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if let Some(data_dir) = self.socket.parent() {
+            paddock::contain::remove_groups(data_dir);
+        }
     }
 }
 

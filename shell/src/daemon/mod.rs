@@ -66,11 +66,12 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         what: "find this program's binary".into(),
         source,
     })?;
-    // Every process started from here on carries this data dir as its owner. Without the
-    // runner, what a previous daemon's agents left behind (their children died with it; their
-    // descendants did not) is ended now, unless a runner of this data dir is alive (its
-    // agents are not orphans). With the runner, the runner does this when it starts.
-    crate::contain::set_owner(&opts.data_dir);
+    // Every process started from here on carries this data dir as its owner. What a previous
+    // daemon's tasks and agents left behind (their children died with it; their descendants
+    // did not) is ended now: no other daemon of this data dir lives (we hold its lock). What
+    // a previous runner's agents left is the next runner's to end, or ours without the runner
+    // when none is alive (a live runner's agents are not orphans).
+    let mut roles = vec![crate::contain::Role::Daemon];
     if !opts.use_runner {
         let runner_pid_file = crate::runner::pid_file(&opts.data_dir.join("runner.sock"));
         let runner_alive = std::fs::read_to_string(&runner_pid_file)
@@ -80,11 +81,17 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
             });
         if runner_alive {
-            tracing::warn!("a runner of this data dir is alive: not sweeping for orphans");
+            tracing::warn!("a runner of this data dir is alive: not sweeping for its orphans");
         } else {
-            let _ = tokio::task::spawn_blocking(crate::contain::reap_orphans).await;
+            roles.push(crate::contain::Role::Runner);
         }
     }
+    let data_dir = opts.data_dir.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        crate::contain::set_owner(&data_dir, crate::contain::Role::Daemon);
+        crate::contain::reap_orphans(&roles)
+    })
+    .await;
     // With the runner, agents that outlived a previous daemon are adopted, not failed.
     let runner = if opts.use_runner {
         Some(
@@ -250,6 +257,7 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
     let _ = done_rx.wait_for(|d| *d).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), loop_task).await;
     let _ = std::fs::remove_file(&opts.socket);
+    crate::contain::release();
     if let Some(link) = &runner {
         // A clean shutdown stopped every session: the runner has nothing left to keep.
         link.stop_runner();

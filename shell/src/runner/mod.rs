@@ -516,8 +516,12 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
     // A runner starts only where none runs (the socket was free): whatever a previous runner
     // of this data dir left running (the descendants of its agents, after a SIGKILL) is ended
     // before anything new starts.
-    crate::contain::set_owner(socket.parent().unwrap_or(Path::new(".")));
-    let _ = tokio::task::spawn_blocking(crate::contain::reap_orphans).await;
+    let data_dir = socket.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || {
+        crate::contain::set_owner(&data_dir, crate::contain::Role::Runner);
+        crate::contain::reap_orphans(&[crate::contain::Role::Runner])
+    })
+    .await;
     // Who owns the socket, for a daemon that needs to stop its runner (or a test that must
     // clean up): `<socket>.pid`, removed on a clean exit.
     let pid_file = pid_file(socket);
@@ -584,6 +588,7 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
     };
     let _ = std::fs::remove_file(socket);
     let _ = std::fs::remove_file(&pid_file);
+    crate::contain::release();
     result
 }
 

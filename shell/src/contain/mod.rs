@@ -10,48 +10,126 @@
 //!
 //! The tag dies with its supervisor's memory: when the runner (or, with `--no-runner`, the
 //! daemon) is SIGKILLed, the agents die with it (PDEATHSIG) but what they started lives on with
-//! no one to sweep it. So every supervised process also carries its owner ([`OWNER_VAR`]: the
-//! canonical data dir), and a runner, or a `--no-runner` daemon, that starts where none is
+//! no one to sweep it. So every supervised process also carries its owner ([`OWNER_VAR`]: its role
+//! and the canonical data dir), and a runner, or a `--no-runner` daemon, that starts where none is
 //! running ends every process still marked with its data dir ([`reap_orphans`]): they are what
 //! a previous incarnation left.
 //!
-//! A process that scrubs its own environment escapes the tag (a cgroup would not let it;
-//! paddock runs without privileges, so it does not rely on one). `/proc/<pid>/environ` is the
-//! environment a process was started with, readable for our own processes.
+//! The tag and the owner mark live in the environment, which a process may scrub (`env -i`).
+//! Where the machine lets paddock make control groups, every tree is also put in a cgroup of
+//! its own ([`cgroup`]), which no process leaves by `setsid`, double-forking or scrubbing its
+//! environment: a tree's end kills its group, and a start kills the groups an earlier
+//! incarnation left. The tag and the owner mark stay as the fallback where no cgroup can be made
+//! (an unprivileged user outside a delegated cgroup2 subtree).
+//!
+//! The daemon and the runner of one data dir own their trees separately ([`Role`]): a runner
+//! that starts ends only what an earlier runner left, never the daemon's live tasks.
+//! `/proc/<pid>/environ` is the environment a process was started with, readable for our own
+//! processes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
+pub mod cgroup;
+
 /// The environment variable that marks a supervised process tree.
 pub const TAG_VAR: &str = "PADDOCK_RUN_TAG";
 
-/// The environment variable that names the data dir whose daemon/runner started a process.
+/// The environment variable that names who started a process: `<role>@<canonical data dir>`.
 pub const OWNER_VAR: &str = "PADDOCK_OWNER";
 
-static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// Which program of a data dir supervises a tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The daemon: its tasks, and its agents with `--no-runner`.
+    Daemon,
+    /// The runner: the agents that outlive the daemon.
+    Runner,
+}
 
-/// Marks every process this program supervises from now on as owned by `data_dir` (once, at
-/// start; a later call is ignored).
-pub fn set_owner(data_dir: &Path) {
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Daemon => "daemon",
+            Role::Runner => "runner",
+        }
+    }
+}
+
+struct Owner {
+    data_dir: PathBuf,
+    /// The canonical data dir, as text.
+    dir: String,
+    /// `<role>@<dir>`: the value of [`OWNER_VAR`] this program gives.
+    mark: String,
+    /// Where this program's trees get their cgroups, if it can make them.
+    cgroups: Option<PathBuf>,
+}
+
+static OWNER: std::sync::OnceLock<Owner> = std::sync::OnceLock::new();
+
+/// Marks every process this program supervises from now on as owned by `role` of `data_dir`,
+/// and prepares its control groups where it can (once, at start; a later call is ignored).
+/// Blocking (a few small file operations).
+pub fn set_owner(data_dir: &Path, role: Role) {
     let dir = data_dir
         .canonicalize()
         .unwrap_or_else(|_| data_dir.to_path_buf());
-    let _ = OWNER.set(dir.to_string_lossy().into_owned());
+    let dir = dir.to_string_lossy().into_owned();
+    let cgroups = cgroup::prepare(data_dir, &dir, role.name());
+    let _ = OWNER.set(Owner {
+        data_dir: data_dir.to_path_buf(),
+        mark: format!("{}@{dir}", role.name()),
+        dir,
+        cgroups,
+    });
 }
 
 /// The owner mark [`set_owner`] set, for [`crate::proc::spawn`] to pass on.
 pub fn owner() -> Option<&'static str> {
-    OWNER.get().map(String::as_str)
+    OWNER.get().map(|o| o.mark.as_str())
 }
 
-/// Ends every process marked with this program's owner ([`set_owner`]): call it at start, before
-/// anything is spawned, where no other live supervisor of the same data dir can exist. Returns
-/// how many were ended. Reads /proc.
-pub fn reap_orphans() -> usize {
-    let Some(owner) = owner() else { return 0 };
-    let n = stop_and_kill(&format!("{OWNER_VAR}={owner}"));
+/// Whether this program puts each tree in a control group of its own.
+pub fn has_cgroups() -> bool {
+    OWNER.get().is_some_and(|o| o.cgroups.is_some())
+}
+
+/// For [`crate::proc::spawn`]: the `cgroup.procs` of a new group for the tree `tag`, which the
+/// child writes itself into before exec ([`cgroup::enter`]); `None` without cgroups.
+pub fn tree_cgroup(tag: &str) -> Option<std::fs::File> {
+    cgroup::create(OWNER.get()?.cgroups.as_ref()?, tag)
+}
+
+/// Removes the control group made for a tree that never started (its spawn failed).
+pub fn forget_tree(tag: &str) {
+    if let Some(base) = OWNER.get().and_then(|o| o.cgroups.as_ref()) {
+        cgroup::kill(base, tag);
+    }
+}
+
+/// Ends every process `roles` of this program's data dir left ([`set_owner`]): the trees in
+/// their control groups, and every process marked with their owner mark. Call it at start,
+/// before anything is spawned, where no other live supervisor of those roles of the same data
+/// dir can exist. Returns how many were ended. Reads /proc.
+pub fn reap_orphans(roles: &[Role]) -> usize {
+    let Some(owner) = OWNER.get() else { return 0 };
+    let mut n = 0;
+    for role in roles {
+        let mut bases: Vec<PathBuf> = cgroup::recorded(&owner.data_dir, role.name())
+            .into_iter()
+            .collect();
+        if let Some(own) = &owner.cgroups {
+            // Only this program's role has prepared its base; the other role's is recorded.
+            if owner.mark.starts_with(role.name()) && !bases.contains(own) {
+                bases.push(own.clone());
+            }
+        }
+        n += bases.iter().map(|b| cgroup::reap(b)).sum::<usize>();
+        n += stop_and_kill(&format!("{OWNER_VAR}={}@{}", role.name(), owner.dir));
+    }
     if n > 0 {
         tracing::warn!(
             count = n,
@@ -59,6 +137,28 @@ pub fn reap_orphans() -> usize {
         );
     }
     n
+}
+
+/// Ends every tree in the control groups any paddock of `data_dir` recorded, and removes the
+/// groups: for a test that SIGKILLed its daemon or runner and will not start another, so that
+/// nothing is left in the machine's cgroup tree. How many processes were ended.
+pub fn remove_groups(data_dir: &Path) -> usize {
+    [Role::Daemon, Role::Runner]
+        .iter()
+        .filter_map(|role| cgroup::recorded(data_dir, role.name()))
+        .map(|base| {
+            let n = cgroup::reap(&base);
+            cgroup::release(&base);
+            n
+        })
+        .sum()
+}
+
+/// At a clean exit: removes this program's cgroup base if no tree is left in it.
+pub fn release() {
+    if let Some(base) = OWNER.get().and_then(|o| o.cgroups.as_ref()) {
+        cgroup::release(base);
+    }
 }
 
 /// A tag no other tree carries.
@@ -69,18 +169,26 @@ pub fn new_tag() -> String {
 /// How many times [`kill_tree`] looks again for tagged processes forked while it looked.
 const MAX_PASSES: usize = 8;
 
-/// Kills process group `pgid` and every process tagged `tag`; how many tagged processes were
-/// found. For a tree whose leader has exited (or is about to be killed anyway).
+/// Kills the tree `tag`: its control group, process group `pgid` and every process tagged
+/// `tag`; how many processes of the tree were found (its leader, already reaped, not
+/// counted). For a tree whose leader has exited (or is about to be killed anyway).
 ///
 /// Tagged processes are first stopped (SIGSTOP), pass after pass until a pass finds none it
 /// had not stopped yet, so that one forking while it is looked for (a shell loop, `make -j`, a
 /// restarter) cannot leave a child behind; then all are killed. Reads /proc: call it off an
 /// async runtime's threads.
 pub fn kill_tree(pgid: u32, tag: &str) -> usize {
+    // The group first: one write ends the whole tree, forks in flight included.
+    let in_cgroup = OWNER
+        .get()
+        .and_then(|o| o.cgroups.as_ref())
+        .map_or(0, |base| cgroup::kill(base, tag));
     if pgid != 0 {
         let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
     }
-    let n = stop_and_kill(&format!("{TAG_VAR}={tag}"));
+    // What the group did not hold (no cgroups here) is found by its tag. A process the group
+    // held is gone by now: a zombie's environment reads empty, so none is counted twice.
+    let n = in_cgroup + stop_and_kill(&format!("{TAG_VAR}={tag}"));
     if n > 0 {
         tracing::info!(tag, count = n, "killed what was left of a process tree");
     }
