@@ -692,8 +692,8 @@ impl LocalDaemonService for Obey {
     ) -> Result<Response<pb::CreateSessionResponse>, GrpcStatus> {
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
-        // Checked against the session's configuration by the loop, in the restart's step. A
-        // credential sent back as the mask it was shown as keeps its stored value.
+        // Checked against the session's configuration by the port. A credential sent back as
+        // the mask it was shown as keeps its stored value.
         let mut provider_config = (!r.provider_config.is_empty()).then(|| {
             r.provider_config
                 .into_iter()
@@ -705,13 +705,7 @@ impl LocalDaemonService for Obey {
         }
         let rec = self
             .handle
-            .request(
-                Req::Restart {
-                    id,
-                    provider_config,
-                },
-                None,
-            )
+            .restart_session(id, provider_config)
             .await
             .map_err(st)?;
         Ok(Response::new(pb::CreateSessionResponse {

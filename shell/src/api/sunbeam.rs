@@ -497,18 +497,12 @@ impl CodeAgent {
         let (record, resumed) = match found {
             Some(rec) if rec.status.is_terminal() => {
                 // Restarted with the context of this attach (the files may have changed).
-                // Validated against the session's configuration by the loop, in the restart's step.
+                // Validated against the session's configuration by the port.
                 let mut pc = rec.config.provider_config.clone();
                 pc.insert(providers::SYSTEM_PROMPT_KEY.into(), context);
                 let rec = self
                     .handle
-                    .request(
-                        Req::Restart {
-                            id: rec.id.clone(),
-                            provider_config: Some(pc),
-                        },
-                        None,
-                    )
+                    .restart_session(rec.id.clone(), Some(pc))
                     .await
                     .map_err(|e| format!("cannot restart session {}: {e}", rec.id))?;
                 (rec, true)

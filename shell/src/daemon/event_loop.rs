@@ -212,10 +212,6 @@ impl State {
                 reply,
                 turn,
             } => {
-                if let Err(e) = self.admit(&request, batch) {
-                    let _ = reply.send(Err(e));
-                    return;
-                }
                 let input = |req| match request {
                     Request::Create { id, config } => Input::Create {
                         req,
@@ -312,29 +308,6 @@ impl State {
                 batch.acks.push(Ack::Count(reply, n));
             }
             Command::Query(q) => batch.queries.push(q),
-        }
-    }
-
-    /// What the loop checks before a session request goes to the core, in the same step: a
-    /// restart's new `provider_config` must be valid for the session's configuration.
-    fn admit(&mut self, request: &Request, batch: &mut Batch) -> Result<(), Error> {
-        match request {
-            Request::Restart {
-                id,
-                provider_config: Some(pc),
-            } => {
-                // An earlier restart in this batch may have changed the configuration.
-                self.run_inputs(batch);
-                match self.engine.session(id) {
-                    Some(s) => {
-                        let mut probe = s.record.config.clone();
-                        probe.provider_config = pc.clone();
-                        crate::providers::validate(&probe)
-                    }
-                    None => Ok(()), // the core answers "not found"
-                }
-            }
-            _ => Ok(()),
         }
     }
 

@@ -50,8 +50,7 @@ pub enum Request {
         id: SessionId,
         graceful: bool,
     },
-    /// A new `provider_config` is validated against the session's configuration by the loop,
-    /// in the same step as the restart.
+    /// A new `provider_config`, if any, was validated by [`Handle::restart_session`].
     Restart {
         id: SessionId,
         provider_config: Option<BTreeMap<String, String>>,
@@ -298,9 +297,34 @@ impl Handle {
         id: SessionId,
         config: SessionConfig,
     ) -> Result<SessionRecord, Error> {
-        crate::providers::validate(&config)?;
+        let config = validate(config).await?;
         let config = Box::new(config);
         self.request(Request::Create { id, config }, None).await
+    }
+
+    /// RestartSession, for every protocol: a new `provider_config` is checked against the
+    /// session's configuration (OBEY-2002/3/4) here, off the loop (it may read a script), then
+    /// the loop's answer. Checking before the restart's step is exact: only `provider_config`
+    /// changes after a create (`handle_restart` is the one place the core writes a config), and
+    /// the check replaces it whole.
+    pub async fn restart_session(
+        &self,
+        id: SessionId,
+        provider_config: Option<BTreeMap<String, String>>,
+    ) -> Result<SessionRecord, Error> {
+        if let Some(pc) = &provider_config {
+            // An unknown session is the core's to refuse (OBEY-1001), in the restart's step.
+            if let Some(view) = self.session(id.clone()).await? {
+                let mut probe = view.record.config;
+                probe.provider_config = pc.clone();
+                validate(probe).await?;
+            }
+        }
+        let request = Request::Restart {
+            id,
+            provider_config,
+        };
+        self.request(request, None).await
     }
 
     /// Resolves a request for a human (from client `by`) and waits for the core's answer.
@@ -337,6 +361,14 @@ impl Handle {
         self.ask(|reply| Command::Shutdown { graceful, reply })
             .await
     }
+}
+
+/// Checks a session configuration off the async runtime's threads (a scripted agent's script
+/// is read from disk, bounded by `confined::read`); the configuration back when it is valid.
+async fn validate(config: SessionConfig) -> Result<SessionConfig, Error> {
+    tokio::task::spawn_blocking(move || crate::providers::validate(&config).map(|()| config))
+        .await
+        .unwrap_or_else(|e| Err(Error::new(ErrorCode::Generic, format!("validate: {e}"))))
 }
 
 /// The loop is gone (or going).
