@@ -239,12 +239,9 @@ async fn a_turn_that_ends_while_the_daemon_is_down_is_read_to_its_end() {
     assert_ne!(r.pid, s.pid);
 }
 
-/// Review D5: output the runner could not keep while the daemon was away is not lost
-/// silently. With a 20-event buffer, a turn of 150 steps written while the daemon is down
-/// loses most of them; the session records the gap as a STATUS activity, the turn still ends
-/// with its result, and nothing is recorded twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn output_lost_while_the_daemon_was_away_is_recorded() {
+/// A daemon whose runner keeps 20 events per run, killed (SIGKILL) while a turn of 150 steps
+/// runs and started again once the turn (1.5 s) has ended with no daemon reading it.
+async fn a_turn_written_while_the_daemon_was_away() -> (Daemon, pb::SessionInfo) {
     let mut d = Daemon::start_with(Dirs::new(), &["--runner-buffer-events", "20"]).await;
     let steps: Vec<serde_json::Value> = (0..150)
         .map(|i| json!({"thinking": format!("step {i}"), "delay_ms": 10}))
@@ -263,9 +260,18 @@ async fn output_lost_while_the_daemon_was_away_is_recorded() {
         .into_inner();
     next(&mut stream).await.unwrap().unwrap();
     d.kill9();
-    // The turn (1.5 s) ends while no daemon reads it.
     tokio::time::sleep(Duration::from_millis(3000)).await;
     d.launch().await;
+    (d, s)
+}
+
+/// Review D5: output the runner could not keep while the daemon was away is not lost
+/// silently. With a 20-event buffer, a turn of 150 steps written while the daemon is down
+/// loses most of them; the session records the gap as a STATUS activity, the turn still ends
+/// with its result, and nothing is recorded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_lost_while_the_daemon_was_away_is_recorded() {
+    let (d, s) = a_turn_written_while_the_daemon_was_away().await;
     d.wait_status(&s.id, pb::SessionStatus::Running).await;
     let stored = d
         .client()
@@ -323,4 +329,41 @@ async fn the_runner_takes_as_many_agents_as_the_daemon_allows() {
         .into_inner()
         .sessions;
     assert_eq!(live.len(), 130);
+}
+
+/// Review D5, for Aria clients: output lost while the daemon was away is found by the
+/// restart, before any client could resubscribe; a StreamNotifications subscriber that comes
+/// after the restart is still told (a session notification, status unchanged, the message
+/// saying what was lost), and a second subscriber gets the same notice under the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_lost_while_the_daemon_was_away_is_an_aria_notification() {
+    use paddock_proto::aria::v1 as aria;
+    let (d, s) = a_turn_written_while_the_daemon_was_away().await;
+    let lost_notice = || async {
+        let mut notes = aria::notification_service_client::NotificationServiceClient::new(
+            crate::aria::aria_channel(&d).await,
+        )
+        .stream_notifications(aria::StreamNotificationsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+        within(async {
+            loop {
+                let n = next(&mut notes).await.expect("the stream ended").unwrap();
+                if let Some(aria::notification::EventPayload::SessionStatus(st)) = &n.event_payload
+                {
+                    if st.message.starts_with("output lost: ") {
+                        return (n.id.clone(), st.clone());
+                    }
+                }
+            }
+        })
+        .await
+    };
+    let (id, lost) = lost_notice().await;
+    assert_eq!(lost.session_id, s.id);
+    assert_eq!(lost.previous_status, lost.new_status, "{lost:?}");
+    assert!(lost.message.contains("--runner-buffer-events"), "{lost:?}");
+    let (again, _) = lost_notice().await;
+    assert_eq!(again, id, "one notice, one id");
 }

@@ -336,9 +336,23 @@ impl pb::notification_service_server::NotificationService for Notifications {
         let mut tasks = self.0.handle.hub.task_status.subscribe();
         let mut sessions = self.0.handle.hub.status.subscribe();
         let mut notices = self.0.handle.hub.notice.subscribe();
+        // Notices of the last NOTICE_REPLAY first (subscribed before they are read, so none
+        // falls between): a client that resubscribes after a daemon restart learns what the
+        // restart found, which was raised before it could have resubscribed.
+        let since = paddock_core::Timestamp::from_millis(
+            crate::paths::now_ms().saturating_sub(NOTICE_REPLAY.as_millis() as u64),
+        );
+        let replay = self.0.handle.hub.recent_notices(since);
         let handle = self.0.handle.clone();
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         tokio::spawn(async move {
+            let replayed: std::collections::BTreeSet<String> =
+                replay.iter().map(|n| n.id.clone()).collect();
+            for n in replay {
+                if tx.send(Ok(notice_notification(&n))).await.is_err() {
+                    return;
+                }
+            }
             loop {
                 let (at, payload) = tokio::select! {
                     biased;
@@ -381,12 +395,13 @@ impl pb::notification_service_server::NotificationService for Notifications {
                     // daemon was away): the same payload, the status unchanged, the message
                     // saying what happened.
                     ev = notices.recv() => match ev {
-                        Ok(n) => (n.at, EventPayload::SessionStatus(pb::SessionStatusNotification {
-                            session_id: n.session.0.clone(),
-                            previous_status: n.status.name().to_string(),
-                            new_status: n.status.name().to_string(),
-                            message: n.message.clone(),
-                        })),
+                        Ok(n) if replayed.contains(&n.id) => continue,
+                        Ok(n) => {
+                            if tx.send(Ok(notice_notification(&n))).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
                         Err(broadcast::error::RecvError::Lagged(n)) => {
                             let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
                                 format!("fell {n} notifications behind; resubscribe")))).await;
@@ -408,6 +423,26 @@ impl pb::notification_service_server::NotificationService for Notifications {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// How far back a new notification subscriber is told of notices (`Hub::recent_notices`).
+pub const NOTICE_REPLAY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A notice as an Aria notification: a session notification whose status is unchanged and whose
+/// message says what happened, with the notice's own id (the same in a replay).
+fn notice_notification(n: &crate::daemon::port::IssuedNotice) -> pb::Notification {
+    use pb::notification::EventPayload;
+    let notice = &n.notice;
+    pb::Notification {
+        id: n.id.clone(),
+        timestamp: Some(convert::timestamp(notice.at)),
+        event_payload: Some(EventPayload::SessionStatus(pb::SessionStatusNotification {
+            session_id: notice.session.0.clone(),
+            previous_status: notice.status.name().to_string(),
+            new_status: notice.status.name().to_string(),
+            message: notice.message.clone(),
+        })),
     }
 }
 

@@ -620,9 +620,7 @@ impl State {
                 Effect::EmitApproval(a) => {
                     let _ = self.hub.approval.send(a);
                 }
-                Effect::Notice(n) => {
-                    let _ = self.hub.notice.send(n);
-                }
+                Effect::Notice(n) => self.hub.raise_notice(n),
                 Effect::EmitTaskStatus(ev) => {
                     let _ = self.hub.task_status.send(ev);
                 }

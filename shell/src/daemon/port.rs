@@ -224,8 +224,20 @@ pub struct Hub {
     pub task_output: broadcast::Sender<TaskOutput>,
     /// Requests for a human, as they are opened and resolved.
     pub approval: broadcast::Sender<Approval>,
-    /// Things worth a human's attention that are not status changes (lost output).
-    pub notice: broadcast::Sender<paddock_core::Notice>,
+    /// Things worth a human's attention that are not status changes (lost output); raised
+    /// with [`Hub::raise_notice`], which also keeps the newest for [`Hub::recent_notices`].
+    pub notice: broadcast::Sender<IssuedNotice>,
+    recent: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<IssuedNotice>>>,
+}
+
+/// Notices kept for subscribers that come later ([`Hub::recent_notices`]).
+pub const NOTICE_BACKLOG: usize = 64;
+
+/// A notice with the id it is known by wherever it is delivered.
+#[derive(Debug, Clone)]
+pub struct IssuedNotice {
+    pub id: String,
+    pub notice: paddock_core::Notice,
 }
 
 impl Default for Hub {
@@ -243,7 +255,36 @@ impl Hub {
             task_output: broadcast::channel(WATCH_BUFFER).0,
             approval: broadcast::channel(WATCH_BUFFER).0,
             notice: broadcast::channel(WATCH_BUFFER).0,
+            recent: Default::default(),
         }
+    }
+
+    /// Publishes a notice to its subscribers and keeps it (the newest [`NOTICE_BACKLOG`]) for
+    /// those that subscribe later: what a restart finds (output lost while the daemon was
+    /// away) is raised before any client could have resubscribed.
+    pub fn raise_notice(&self, notice: paddock_core::Notice) {
+        let issued = IssuedNotice {
+            id: format!("ntf_{}", ulid::Ulid::new()),
+            notice,
+        };
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            if recent.len() == NOTICE_BACKLOG {
+                recent.pop_front();
+            }
+            recent.push_back(issued.clone());
+        }
+        let _ = self.notice.send(issued);
+    }
+
+    /// The kept notices raised at or after `since`, oldest first.
+    pub fn recent_notices(&self, since: paddock_core::Timestamp) -> Vec<IssuedNotice> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent
+            .iter()
+            .filter(|n| n.notice.at >= since)
+            .cloned()
+            .collect()
     }
 }
 
