@@ -131,6 +131,9 @@ enum Command {
     Completions { shell: clap_complete::Shell },
     /// Print the man page (roff), e.g. `paddock man | man -l -`
     Man,
+    /// A live dashboard of every session, those waiting for you first: approve, deny, answer,
+    /// attach, stop, restart and delete from it (needs a terminal)
+    Top,
     /// Check that the daemon answers
     Ping,
     /// The daemon's state and its active sessions
@@ -339,6 +342,7 @@ fn main() {
                         }
                         Command::Session(c) => cli::session(&ctx, c).await,
                         Command::Task(c) => cli::task::run(&ctx, c).await,
+                        Command::Top => cli::top::run(&ctx).await,
                         Command::Ping => cli::ping(&ctx).await,
                         Command::State => cli::state(&ctx).await,
                         Command::Shutdown { force } => cli::shutdown(&ctx, force).await,

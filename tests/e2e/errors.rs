@@ -215,17 +215,7 @@ async fn refused_creates_write_nothing() {
         "refused at the spawn, not before: {}",
         e.message()
     );
-    let all = d
-        .client()
-        .await
-        .list_sessions(pb::ListSessionsRequest {
-            include_terminated: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .sessions;
+    let all = d.all_sessions().await;
     assert!(all.is_empty(), "a refused create left {all:?}");
     // And the daemon still creates sessions.
     d.session(None).await;

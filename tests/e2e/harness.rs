@@ -320,6 +320,20 @@ impl Daemon {
         self.create(req).await
     }
 
+    /// Every session the daemon has, stopped and failed ones included.
+    pub async fn all_sessions(&self) -> Vec<pb::SessionInfo> {
+        self.client()
+            .await
+            .list_sessions(pb::ListSessionsRequest {
+                include_terminated: true,
+                ..Default::default()
+            })
+            .await
+            .expect("list sessions")
+            .into_inner()
+            .sessions
+    }
+
     pub async fn get(&self, id: &str) -> pb::SessionInfo {
         self.client()
             .await

@@ -3,15 +3,14 @@
 //! `delete` and `prune`; and `session attach` used the way a person uses it: in a terminal
 //! (tmux), typing, reading the screen, Ctrl-D.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use paddock_proto::obey::local::v1 as pb;
 use serde_json::json;
 
 use crate::cli::{cli, run, Out};
 use crate::harness::*;
+use crate::terminal::Tmux;
 
 /// `paddock --no-autostart <args>` run in `dir` (the CLI's current directory).
 async fn cli_in(d: &Daemon, dir: &Path, args: &[&str]) -> Out {
@@ -488,138 +487,6 @@ async fn drivers_and_mounts_under_the_local_driver() {
 }
 
 // ── attach, in a terminal ──────────────────────────────────────────────────────────────────
-
-/// A tmux server of the test's own (its socket in the test's tempdir), killed on drop, pass or
-/// fail.
-struct Tmux {
-    socket: PathBuf,
-}
-
-impl Tmux {
-    /// None (and a note on stderr) when tmux is not installed.
-    fn start(d: &Daemon) -> Option<Tmux> {
-        let found = Command::new("tmux").arg("-V").output();
-        if !matches!(&found, Ok(o) if o.status.success()) {
-            // CI (.ci/run) installs tmux and sets this: there, a missing tmux is a failure,
-            // not a pass that tested nothing.
-            assert!(
-                std::env::var_os("PADDOCK_REQUIRE_TMUX").is_none(),
-                "tmux is not installed, and PADDOCK_REQUIRE_TMUX says the attach tests must run"
-            );
-            eprintln!("SKIPPED: tmux is not installed; the attach test needs a terminal (apt-get install tmux)");
-            return None;
-        }
-        let t = Tmux {
-            socket: d.dirs.base.join("tmux.sock"),
-        };
-        // A server with one idle window, so that it lives while panes come and go.
-        t.run(&[
-            "-f",
-            "/dev/null",
-            "new-session",
-            "-d",
-            "-s",
-            "idle",
-            "-x",
-            "160",
-            "-y",
-            "50",
-            "sleep 600",
-        ]);
-        Some(t)
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let o = Command::new("tmux")
-            .arg("-S")
-            .arg(&self.socket)
-            .args(args)
-            .env("TERM", "xterm-256color")
-            .output()
-            .expect("run tmux");
-        assert!(
-            o.status.success(),
-            "tmux {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    /// Starts `paddock <args>` in a new tmux session `name`, in the test's environment; the
-    /// pane stays after it exits and shows its exit code.
-    fn spawn(&self, d: &Daemon, name: &str, args: &[&str]) {
-        let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
-        let mut cmd = vec![
-            "env".to_string(),
-            "-i".into(),
-            format!("PATH={}", quote(&std::env::var("PATH").unwrap_or_default())),
-            format!("HOME={}", quote(&d.dirs.home.display().to_string())),
-            "TERM=xterm-256color".into(),
-            "PADDOCK_LOG=warn".into(),
-            quote(BIN),
-            "--no-autostart".into(),
-            "--socket".into(),
-            quote(&d.dirs.socket.display().to_string()),
-            "--data-dir".into(),
-            quote(&d.dirs.data.display().to_string()),
-        ];
-        cmd.extend(args.iter().map(|a| quote(a)));
-        let line = format!("{}; echo \"[exit $?]\"; sleep 600", cmd.join(" "));
-        self.run(&[
-            "new-session",
-            "-d",
-            "-s",
-            name,
-            "-x",
-            "160",
-            "-y",
-            "50",
-            &line,
-        ]);
-    }
-
-    fn screen(&self, name: &str) -> String {
-        self.run(&["capture-pane", "-p", "-J", "-S", "-200", "-t", name])
-    }
-
-    fn keys(&self, name: &str, keys: &[&str]) {
-        let mut args = vec!["send-keys", "-t", name];
-        args.extend_from_slice(keys);
-        self.run(&args);
-    }
-
-    /// Types `text` literally, then Enter.
-    fn type_line(&self, name: &str, text: &str) {
-        self.run(&["send-keys", "-t", name, "-l", text]);
-        self.keys(name, &["Enter"]);
-    }
-
-    /// Polls the pane until `pred` holds; the screen.
-    async fn wait_for(&self, name: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let s = self.screen(name);
-            if pred(&s) {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pane {name} never showed {what}; it shows:\n{s}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .arg("-S")
-            .arg(&self.socket)
-            .arg("kill-server")
-            .output();
-    }
-}
 
 /// The lines of a pane from its `[Session` header on (the shell around it left out).
 fn from_header(screen: &str) -> String {
@@ -1143,16 +1010,6 @@ async fn delete_and_prune_ask_on_a_terminal() {
         .wait_for("del-yes", "the delete", |s| s.contains("[exit 0]"))
         .await;
     assert!(!s.contains("[y/N]"), "--yes does not ask: {s}");
-    let left = d
-        .client()
-        .await
-        .list_sessions(pb::ListSessionsRequest {
-            include_terminated: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .sessions;
+    let left = d.all_sessions().await;
     assert!(left.is_empty(), "{left:?}");
 }

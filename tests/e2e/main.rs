@@ -33,4 +33,6 @@ mod runner_mode;
 mod security;
 mod sessions;
 mod sunbeam;
+mod terminal;
+mod top;
 mod torture;

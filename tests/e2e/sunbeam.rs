@@ -440,17 +440,7 @@ async fn sunbeam_refusals() {
     .await;
     assert!(fatal_error(c.next().await).starts_with("OBEY-2003"));
     // Nothing was created by the refused starts.
-    let sessions = d
-        .client()
-        .await
-        .list_sessions(obey::ListSessionsRequest {
-            include_terminated: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .sessions;
+    let sessions = d.all_sessions().await;
     assert!(sessions.is_empty(), "{sessions:?}");
 
     // Once attached: answers to nothing pending, a second StartSession, an empty input.

@@ -1079,7 +1079,12 @@ impl LocalDaemonService for Obey {
         let rec = self.record(id.clone()).await?;
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let handle = self.handle.clone();
-        let mut last = r.after_seq.max(0) as u64;
+        // A negative after_seq asks for the newest -after_seq stored events (a dashboard's
+        // "what is it doing now"), not the whole history.
+        let mut last = match r.after_seq {
+            n if n < 0 => rec.last_activity_seq.saturating_sub(n.unsigned_abs()),
+            n => n as u64,
+        };
         tokio::spawn(async move {
             // Stored history first, in pages.
             loop {

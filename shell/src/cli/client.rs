@@ -36,7 +36,7 @@ pub fn call_timeout() -> Duration {
         .map_or(CALL_TIMEOUT, Duration::from_secs)
 }
 
-fn client_of(ch: Channel) -> Client {
+pub fn client_of(ch: Channel) -> Client {
     LocalDaemonServiceClient::new(ch)
         .max_decoding_message_size(MESSAGE_MAX_BYTES)
         .max_encoding_message_size(MESSAGE_MAX_BYTES)

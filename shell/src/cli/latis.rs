@@ -513,22 +513,9 @@ pub fn confirm(question: &str, yes: bool) -> Result<bool> {
     ))
 }
 
-pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Result<()> {
-    let info = c
-        .get_session(pb::GetSessionRequest {
-            session_id: id.to_string(),
-        })
-        .await?
-        .into_inner();
-    let what = format!(
-        "Delete session {id} ({}, {}) and everything stored about it?",
-        state_of(&info),
-        info.agent_name
-    );
-    if !confirm(&what, yes)? {
-        println!("Nothing deleted.");
-        return Ok(());
-    }
+/// Deletes a session, stopping it first (at once) if it is live; whether it had to be stopped.
+pub async fn stop_and_delete(c: &mut Client, info: &pb::SessionInfo) -> Result<bool> {
+    let id = &info.id;
     let mut stopped = false;
     if !Status::from_number(info.status).is_some_and(Status::is_terminal) {
         match c
@@ -553,6 +540,26 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Re
         session_id: id.to_string(),
     })
     .await?;
+    Ok(stopped)
+}
+
+pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Result<()> {
+    let info = c
+        .get_session(pb::GetSessionRequest {
+            session_id: id.to_string(),
+        })
+        .await?
+        .into_inner();
+    let what = format!(
+        "Delete session {id} ({}, {}) and everything stored about it?",
+        state_of(&info),
+        info.agent_name
+    );
+    if !confirm(&what, yes)? {
+        println!("Nothing deleted.");
+        return Ok(());
+    }
+    let stopped = stop_and_delete(c, &info).await?;
     if ctx.json {
         super::print_json(&serde_json::json!({ "id": id, "deleted": true, "stopped": stopped }));
     } else {

@@ -11,6 +11,7 @@ mod error;
 pub mod latis;
 pub mod output;
 pub mod task;
+pub mod top;
 pub mod view;
 
 use std::path::PathBuf;
