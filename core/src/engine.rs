@@ -626,5 +626,6 @@ fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionR
         turn_open: false,
         run: None,
         provider_cursor: 0,
+        last_turn_failed: false,
     }
 }

@@ -353,6 +353,9 @@ pub struct SessionRecord {
     pub turns: u64,
     /// True while turn number `turns` is in progress (its stream has not ended).
     pub turn_open: bool,
+    /// Whether the last turn that ended, ended with an ERROR (not a COMPLETION): a session
+    /// whose task failed is not "complete", though it lives on.
+    pub last_turn_failed: bool,
     /// The provider run (process) the session has, if any: kept so that a daemon that
     /// restarts can adopt a process that outlived it (in the runner).
     pub run: Option<RunId>,

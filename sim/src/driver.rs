@@ -1082,6 +1082,7 @@ impl Sim {
                             if rec.turn_open {
                                 // The stop's wait for the turn is over: it is interrupted.
                                 want.turn_open = false;
+                                want.last_turn_failed = true;
                                 want.last_activity_seq += 1;
                                 want.last_activity_at = Some(ts(now));
                             }
@@ -1113,8 +1114,9 @@ impl Sim {
                         want.ended_at = Some(ts(now));
                         want.last_status_seq += 1;
                         if rec.turn_open {
-                            // The turn the old daemon left open ends here.
+                            // The turn the old daemon left open ends here, failed.
                             want.turn_open = false;
+                            want.last_turn_failed = true;
                             want.last_activity_seq += 1;
                             want.last_activity_at = Some(ts(now));
                         }

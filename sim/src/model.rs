@@ -2478,6 +2478,7 @@ fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
         turn_open,
         run,
         provider_cursor,
+        last_turn_failed,
     } = a;
     *id == b.id
         && *status == b.status
@@ -2497,6 +2498,7 @@ fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
         && *turn_open == b.turn_open
         && *run == b.run
         && *provider_cursor == b.provider_cursor
+        && *last_turn_failed == b.last_turn_failed
         && (!config || *a_config == b.config)
 }
 

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::harness::*;
 
@@ -583,6 +583,60 @@ async fn list_filters_by_the_states_it_shows() {
     let o = cli(&d, &["session", "list", "--status", "bogus"]).await;
     assert_eq!(o.code, 2, "{o:?}");
     assert!(o.stderr.contains("ready, complete"), "{o:?}");
+}
+
+/// UX review B2: a session whose turn failed (a provider not logged in, a refused key) is
+/// `failed`, not `complete`, though it lives on; `--status failed` finds it with the sessions
+/// that ended FAILED; a later turn that completes makes it `complete` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_turn_is_never_shown_as_complete() {
+    let mut d = Daemon::start().await;
+    let s = d
+        .session(Some((
+            "login",
+            json!({"turns": [
+                {"steps": [{"result": "Not logged in · Please run /login", "is_error": true}]},
+                {"steps": [{"result": "Done."}]}
+            ], "repeat_last": false}),
+        )))
+        .await;
+    let acts = d.send(&s.id, "hi").await;
+    assert_eq!(kind(acts.last().unwrap()), "ERROR", "{acts:?}");
+    let info = d.get(&s.id).await;
+    assert_eq!(status_name(info.status), "RUNNING");
+    assert!(info.last_turn_failed, "{info:?}");
+
+    let list = cli(&d, &["session", "list"]).await.ok();
+    let row = list
+        .stdout
+        .lines()
+        .find(|l| l.contains(&s.id[s.id.len() - 6..]))
+        .unwrap_or_else(|| panic!("{list:?}"));
+    assert!(row.contains("failed") && !row.contains("complete"), "{row}");
+    let status = cli(&d, &["session", "status", &s.id]).await.ok();
+    assert!(
+        status
+            .stdout
+            .contains("failed (status RUNNING, 1 turn(s) completed, the last one failed"),
+        "{status:?}"
+    );
+    let o = cli(&d, &["--json", "session", "list", "--status", "failed"])
+        .await
+        .ok();
+    assert!(o.stdout.contains(&s.id), "{o:?}");
+    let o = cli(&d, &["--json", "session", "list", "--status", "complete"])
+        .await
+        .ok();
+    assert!(!o.stdout.contains(&s.id), "{o:?}");
+
+    // The next turn completes: the session is complete again.
+    let acts = d.send(&s.id, "again").await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:?}");
+    assert!(!d.get(&s.id).await.last_turn_failed);
+    let o = cli(&d, &["--json", "session", "list", "--status", "complete"])
+        .await
+        .ok();
+    assert!(o.stdout.contains(&s.id), "{o:?}");
 }
 
 /// Shell completions and the man page come from the same clap definition; the bash script

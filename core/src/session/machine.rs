@@ -1350,6 +1350,7 @@ impl Session {
         if ends_turn {
             self.turn = None;
             self.record.turn_open = false;
+            self.record.last_turn_failed = ev.activity.kind() == ActivityKind::Error;
         }
         cx.out
             .persist

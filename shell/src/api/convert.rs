@@ -105,6 +105,7 @@ pub fn session_info_full(
         timeout: (c.timeout_ms > 0).then(|| duration(c.timeout_ms)),
         initial_message: c.initial_message.clone(),
         turns_completed: r.turns.saturating_sub(u64::from(r.turn_open)) as i64,
+        last_turn_failed: r.last_turn_failed,
     }
 }
 

@@ -305,8 +305,8 @@ async fn watch_approvals(
 }
 
 /// How attach names a state in its header and its `[…]` lines.
-pub fn state_label(status: Status, turns_completed: i64) -> &'static str {
-    match latis_state(status, turns_completed) {
+pub fn state_label(status: Status, turns_completed: i64, last_turn_failed: bool) -> &'static str {
+    match latis_state(status, turns_completed, last_turn_failed) {
         "waiting" => "waiting for input",
         other => other,
     }
@@ -359,6 +359,8 @@ struct Session {
     id: String,
     status: Status,
     turns: i64,
+    /// Whether the last turn that ended failed (the session is then `failed`, not `complete`).
+    last_failed: bool,
     /// The state last printed.
     label: &'static str,
     error: String,
@@ -381,7 +383,7 @@ impl Session {
     /// Prints `[state]` when the latis state changed.
     fn announce(&mut self) {
         self.deferred = None;
-        let label = state_label(self.status, self.turns);
+        let label = state_label(self.status, self.turns, self.last_failed);
         if label != self.label {
             self.label = label;
             match self.status {
@@ -395,6 +397,7 @@ impl Session {
     fn on_status(&mut self, new: Status, info: Option<&pb::SessionInfo>) {
         if let Some(i) = info {
             self.turns = i.turns_completed;
+            self.last_failed = i.last_turn_failed;
             self.error = i.error_message.clone();
         }
         self.status = new;
@@ -497,7 +500,8 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
         id: id.clone(),
         status,
         turns: info.turns_completed,
-        label: state_label(status, info.turns_completed),
+        last_failed: info.last_turn_failed,
+        label: state_label(status, info.turns_completed, info.last_turn_failed),
         error: info.error_message.clone(),
         queue: VecDeque::new(),
         sending: false,
@@ -677,6 +681,7 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
     })?;
     let status = Status::from_number(end.status).unwrap_or(s.status);
     s.turns = end.turns_completed;
+    s.last_failed = end.last_turn_failed;
     s.error = end.error_message.clone();
     s.status = status;
     s.announce();
@@ -738,7 +743,7 @@ fn drop_queue(s: &mut Session) {
     for line in s.queue.drain(..) {
         println!(
             "(not sent, the session is {}: {})",
-            state_label(s.status, s.turns),
+            state_label(s.status, s.turns, s.last_failed),
             one_line(&line.text, DETAIL_MAX_CHARS)
         );
     }
@@ -949,8 +954,9 @@ mod tests {
 
     #[test]
     fn waiting_reads_as_waiting_for_input() {
-        assert_eq!(state_label(Status::Waiting, 0), "waiting for input");
-        assert_eq!(state_label(Status::Running, 1), "complete");
-        assert_eq!(state_label(Status::Running, 0), "ready");
+        assert_eq!(state_label(Status::Waiting, 0, false), "waiting for input");
+        assert_eq!(state_label(Status::Running, 1, false), "complete");
+        assert_eq!(state_label(Status::Running, 1, true), "failed");
+        assert_eq!(state_label(Status::Running, 0, false), "ready");
     }
 }

@@ -415,10 +415,17 @@ pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
         (
             "state".to_string(),
             format!(
-                "{} (status {}, {} turn(s) completed)",
+                "{} (status {}, {} turn(s) completed{})",
                 state_of(s),
                 status_name(s.status),
-                s.turns_completed
+                s.turns_completed,
+                if s.last_turn_failed
+                    && Status::from_number(s.status).is_none_or(|x| x != Status::Failed)
+                {
+                    ", the last one failed: `session logs` shows why"
+                } else {
+                    ""
+                }
             ),
         ),
         (
@@ -676,26 +683,32 @@ mod tests {
     fn every_status_has_its_latis_state() {
         use crate::cli::view::latis_state;
         let cases = [
-            (Status::Created, 0, "creating"),
-            (Status::Starting, 0, "starting"),
-            (Status::Working, 0, "working"),
-            (Status::Working, 3, "working"),
-            (Status::Waiting, 1, "waiting"),
-            (Status::Running, 0, "ready"),
-            (Status::Running, 1, "complete"),
-            (Status::Running, 7, "complete"),
-            (Status::Stopping, 2, "stopping"),
-            (Status::Stopped, 0, "stopped"),
-            (Status::Stopped, 5, "stopped"),
-            (Status::Failed, 0, "failed"),
-            (Status::Failed, 2, "failed"),
+            (Status::Created, 0, false, "creating"),
+            (Status::Starting, 0, false, "starting"),
+            (Status::Working, 0, false, "working"),
+            (Status::Working, 3, true, "working"),
+            (Status::Waiting, 1, false, "waiting"),
+            (Status::Running, 0, false, "ready"),
+            (Status::Running, 1, false, "complete"),
+            (Status::Running, 7, false, "complete"),
+            // A live session whose task failed is not complete (UX review B2).
+            (Status::Running, 1, true, "failed"),
+            (Status::Stopping, 2, false, "stopping"),
+            (Status::Stopped, 0, false, "stopped"),
+            (Status::Stopped, 5, true, "stopped"),
+            (Status::Failed, 0, false, "failed"),
+            (Status::Failed, 2, false, "failed"),
         ];
-        for (status, turns, want) in cases {
-            assert_eq!(latis_state(status, turns), want, "{status:?} after {turns}");
+        for (status, turns, failed, want) in cases {
+            assert_eq!(
+                latis_state(status, turns, failed),
+                want,
+                "{status:?} after {turns} (last failed: {failed})"
+            );
         }
         // Every status is covered above.
         for st in Status::ALL {
-            assert!(cases.iter().any(|(s, _, _)| *s == st), "{st:?}");
+            assert!(cases.iter().any(|(s, _, _, _)| *s == st), "{st:?}");
         }
         let info = pb::SessionInfo {
             status: 99,

@@ -280,15 +280,18 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             // One vocabulary: what the list shows (latis' states) is accepted as well as
             // paddock's statuses; a state asks the daemon for its statuses, then is matched.
             let (mut by_status, mut states) = (Vec::new(), Vec::new());
+            // A state is written as the list shows it (`failed`: every session shown failed,
+            // a live one whose last turn failed too); a status in capitals (`FAILED`).
             for s in statuses {
                 let up = s.to_ascii_uppercase();
-                if let Some(x) = Status::ALL.iter().find(|x| x.name() == up) {
+                let is_state = Status::ALL
+                    .iter()
+                    .any(|x| latis_states_of(*x).contains(&s.to_ascii_lowercase().as_str()));
+                if is_state && s != up {
+                    states.push(s.to_ascii_lowercase());
+                } else if let Some(x) = Status::ALL.iter().find(|x| x.name() == up) {
                     by_status.push(x.number());
-                } else if Status::ALL.iter().any(|x| {
-                    [0, 1]
-                        .iter()
-                        .any(|t| view::latis_state(*x, *t) == s.to_ascii_lowercase())
-                }) {
+                } else if is_state {
                     states.push(s.to_ascii_lowercase());
                 } else {
                     return Err(Error::Usage(format!(
@@ -301,7 +304,7 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             for x in Status::ALL {
                 if states
                     .iter()
-                    .any(|w| [0, 1].iter().any(|t| view::latis_state(x, *t) == w))
+                    .any(|w| latis_states_of(x).contains(&w.as_str()))
                 {
                     st.push(x.number());
                 }
@@ -745,6 +748,15 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
         println!("daemon stopped");
     }
     Ok(())
+}
+
+/// The latis states a session of `status` can show (before and after a turn, the last one
+/// completed or failed).
+fn latis_states_of(status: Status) -> Vec<&'static str> {
+    [(0, false), (1, false), (1, true)]
+        .iter()
+        .map(|(turns, failed)| view::latis_state(status, *turns, *failed))
+        .collect()
 }
 
 /// Every session a ListSessions request matches, page after page (the daemon pages its replies

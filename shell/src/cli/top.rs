@@ -387,7 +387,7 @@ impl Dashboard {
             };
             let style = if wait {
                 Style::new().fg(Color::Yellow).add_modifier(Modifier::BOLD)
-            } else if i.status == Status::Failed.number() {
+            } else if state_of(i) == "failed" {
                 Style::new().fg(Color::Red)
             } else if Status::from_number(i.status).is_some_and(|s| s.is_terminal()) {
                 Style::new().fg(Color::DarkGray)

@@ -119,9 +119,12 @@ pub const DRIVERS: &[&str] = &["local"];
 ///
 /// `RUNNING` (idle) is `complete` once the session has finished a turn (its task, or a later
 /// message), else `ready` (created without a task, nothing asked yet). `FAILED` is latis'
-/// "complete, unsuccessfully": its own word here, with the error shown by `session status`.
-pub fn latis_state(status: Status, turns_completed: i64) -> &'static str {
+/// "complete, unsuccessfully": its own word here, with the error shown by `session status`; a
+/// live session whose last turn ended in an ERROR (a provider not logged in, a refused key, an
+/// interrupted turn) is `failed` too, never `complete`.
+pub fn latis_state(status: Status, turns_completed: i64, last_turn_failed: bool) -> &'static str {
     match status {
+        Status::Running if turns_completed > 0 && last_turn_failed => "failed",
         Status::Created => "creating",
         Status::Starting => "starting",
         Status::Working => "working",
@@ -138,7 +141,7 @@ pub fn latis_state(status: Status, turns_completed: i64) -> &'static str {
 /// does not know, from a newer daemon).
 pub fn state_of(s: &pb::SessionInfo) -> &'static str {
     match Status::from_number(s.status) {
-        Some(st) => latis_state(st, s.turns_completed),
+        Some(st) => latis_state(st, s.turns_completed, s.last_turn_failed),
         None => "unknown",
     }
 }

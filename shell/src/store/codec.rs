@@ -17,7 +17,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 31] = [
+pub(super) const SESSION_COLUMNS: [&str; 32] = [
     "id",
     "campaign_id",
     "provider",
@@ -49,6 +49,7 @@ pub(super) const SESSION_COLUMNS: [&str; 31] = [
     "turn_open",
     "run_id",
     "provider_cursor",
+    "last_turn_failed",
 ];
 
 /// The `role` of a user message in `session_messages`.
@@ -203,6 +204,7 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
         turn_open: row.get("turn_open")?,
         run: opt_uint(row, T, "run_id")?,
         provider_cursor: uint(row, T, "provider_cursor")?,
+        last_turn_failed: row.get("last_turn_failed")?,
     })
 }
 

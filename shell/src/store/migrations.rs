@@ -10,7 +10,13 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use super::{Result, StoreError};
 
 /// Every migration this binary knows, oldest first.
-pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2, V3, V4, super::approvals::V5];
+pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2, V3, V4, super::approvals::V5, V6];
+
+/// Version 6: whether a session's last turn failed (so that a live session whose task failed
+/// is not shown as complete).
+const V6: &str = r#"
+ALTER TABLE agent_sessions ADD COLUMN last_turn_failed INTEGER NOT NULL DEFAULT 0;
+"#;
 
 /// Version 4: provider output lines the adapter did not understand, kept raw (the newest
 /// [`super::UNRECOGNIZED_KEPT`] per session; `seq` counts them all).

@@ -695,6 +695,7 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":turn_open": rec.turn_open,
         ":run_id": rec.run.map(int),
         ":provider_cursor": int(rec.provider_cursor),
+        ":last_turn_failed": rec.last_turn_failed,
         ":last_activity_seq": int(rec.last_activity_seq),
         ":last_status_seq": int(rec.last_status_seq),
         ":turns": int(rec.turns),

@@ -79,6 +79,7 @@ fn full_record(id: &str) -> SessionRecord {
         turn_open: true,
         run: Some(7),
         provider_cursor: 12345,
+        last_turn_failed: false,
     }
 }
 
@@ -103,6 +104,7 @@ fn bare_record(id: &str) -> SessionRecord {
         turn_open: false,
         run: None,
         provider_cursor: 0,
+        last_turn_failed: false,
     }
 }
 
