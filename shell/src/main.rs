@@ -100,9 +100,13 @@ enum Command {
     Campaign(cli::CampaignCmd),
     /// Requests waiting for a human: permission prompts, questions, client-side tool calls
     Approvals {
-        /// Only this session's (id or unique prefix)
+        /// Only this session's (its name, id or a unique part of the id)
         #[arg(long)]
         session: Option<String>,
+        /// Keep going: print each request as it is opened and resolved (the bell rings for a
+        /// new one on a terminal) until Ctrl-C
+        #[arg(long, short)]
+        watch: bool,
         /// Resolved ones too
         #[arg(long)]
         all: bool,
@@ -318,11 +322,13 @@ fn main() {
                         Command::Campaign(c) => cli::campaign(&ctx, c).await,
                         Command::Approvals {
                             session,
+                            watch,
                             all,
                             limit,
                         } => {
                             let args = cli::approvals::ListArgs {
                                 session,
+                                watch,
                                 all,
                                 limit,
                             };

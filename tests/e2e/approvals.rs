@@ -499,6 +499,72 @@ async fn the_cli_lists_approves_denies_and_answers() {
     assert_eq!(states, ["denied", "answered", "approved"]);
 }
 
+/// The next line a watch printed, as JSON.
+async fn json_line(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Value {
+    let line = within(lines.recv()).await.expect("the watch ended");
+    serde_json::from_str(&line).expect("a JSON line")
+}
+
+/// `approvals --watch` prints each request as it is opened and as it is resolved, until
+/// Ctrl-C (exit 0); `--session` takes the session's name, as every command taking an id does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_watch_follows_requests_and_names_stand_for_ids() {
+    use std::io::BufRead;
+    let mut d = Daemon::start().await;
+    let mut req = d.request(Some(("asking", asking_turn()))).await;
+    req.provider_config
+        .insert("permissions".into(), "ask".into());
+    req.agent_name = "builder".into();
+    let s = d.create(req).await;
+    let mut watch = d
+        .dirs
+        .cli(false)
+        .args(["--json", "approvals", "--watch", "--session", "builder"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _guard = PidGuard(watch.id());
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let out = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let turn = start_turn(&d, &s.id, "go").await;
+    let opened = json_line(&mut lines).await;
+    assert_eq!(opened["state"], "pending", "{opened}");
+    assert_eq!(opened["session_id"], s.id.as_str(), "{opened}");
+    let id = opened["id"].as_str().unwrap().to_string();
+    // The name works for the other commands too.
+    let info = d
+        .dirs
+        .cli(false)
+        .args(["--json", "session", "info", "builder"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&info.stdout).contains(&s.id),
+        "{info:?}"
+    );
+    let ok = d.dirs.cli(false).args(["approve", &id]).output().unwrap();
+    assert!(ok.status.success(), "{ok:?}");
+    let resolved = json_line(&mut lines).await;
+    assert_eq!(
+        (resolved["id"].as_str(), resolved["state"].as_str()),
+        (Some(id.as_str()), Some("approved"))
+    );
+    collect_ok(turn).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(watch.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let st = watch.wait().unwrap();
+    assert_eq!(st.code(), Some(0), "Ctrl-C ends the watch quietly");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_aria_notification_stream_says_when_an_agent_waits_and_when_it_goes_on() {
     use paddock_proto::aria::v1 as aria;

@@ -10,6 +10,7 @@ use super::{client, print_json, Ctx, Result};
 /// What `paddock approvals` shows.
 pub struct ListArgs {
     pub session: Option<String>,
+    pub watch: bool,
     pub all: bool,
     pub limit: i32,
 }
@@ -99,6 +100,9 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
         Some(s) => super::resolve(&mut c, &s).await?,
         None => String::new(),
     };
+    if args.watch {
+        return watch(ctx, &mut c, session_id).await;
+    }
     let list = c
         .list_approvals(pb::ListApprovalsRequest {
             session_id,
@@ -143,6 +147,43 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
         table(&["ID", "SESSION", "KIND", "STATE", "WHAT", "AGE"], &rows)
     );
     Ok(())
+}
+
+/// `approvals --watch`: the open requests, then each request as it is opened or resolved, a
+/// line each (JSON lines with `--json`), until Ctrl-C or the daemon goes. On a terminal the
+/// bell rings once for each new request.
+async fn watch(ctx: &Ctx, c: &mut super::Client, session_id: String) -> Result<()> {
+    use std::io::{IsTerminal, Write};
+    let mut stream = c
+        .watch_approvals(pb::WatchApprovalsRequest { session_id })
+        .await?
+        .into_inner();
+    let bell = std::io::stdout().is_terminal();
+    let mut seen = std::collections::BTreeSet::new();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    if !ctx.json {
+        println!("waiting for requests (Ctrl-C ends)…");
+    }
+    loop {
+        let a = tokio::select! {
+            a = stream.message() => match a? {
+                Some(a) => a,
+                None => return Err(super::Error::Protocol("the daemon ended the stream (is it shutting down?)".into())),
+            },
+            _ = &mut ctrl_c => return Ok(()),
+        };
+        let new = a.state == pb::ApprovalState::Pending as i32 && seen.insert(a.id.clone());
+        if ctx.json {
+            println!("{}", approval_json(&a));
+        } else {
+            println!("{}", approval_line(&a));
+        }
+        if new && bell && !ctx.json {
+            let mut out = std::io::stdout();
+            let _ = out.write_all(b"\x07").and_then(|()| out.flush());
+        }
+    }
 }
 
 /// `approve`, `deny`, `answer`.

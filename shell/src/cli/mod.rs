@@ -226,6 +226,20 @@ pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String> {
         },
     )
     .await?;
+    // A name (`session create --name`) is as good as an id, when one session has it.
+    let named: Vec<&pb::SessionInfo> = all.iter().filter(|s| s.agent_name == id).collect();
+    match named.as_slice() {
+        [one] => return Ok(one.id.clone()),
+        [] => {}
+        many => {
+            let ids: Vec<&str> = many.iter().map(|s| s.id.as_str()).collect();
+            return Err(Error::Usage(format!(
+                "{} sessions are named \"{id}\": {}; use the id",
+                many.len(),
+                ids.join(", ")
+            )));
+        }
+    }
     let needle = id.to_ascii_lowercase();
     let hits: Vec<&pb::SessionInfo> = all
         .iter()
