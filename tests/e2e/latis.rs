@@ -1013,3 +1013,70 @@ async fn delete_and_prune_ask_on_a_terminal() {
     let left = d.all_sessions().await;
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Ctrl-C during `send` in a terminal asks whether to interrupt the turn: `y` restarts the
+/// agent (the turn ends, the session goes on); the command exits 130.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_send_asks_and_y_interrupts_the_turn() {
+    let mut d = Daemon::start().await;
+    let Some(tmux) = Tmux::start(&d) else {
+        return;
+    };
+    let s = d.session(Some(("hang", hanging_turn()))).await;
+    tmux.spawn(&d, "send", &["session", "send", &s.id, "go"]);
+    tmux.wait_for("send", "the turn", |s| s.contains("This will take a while"))
+        .await;
+    tmux.keys("send", &["C-c"]);
+    tmux.wait_for("send", "the question", |s| {
+        s.contains("Interrupt the turn?")
+    })
+    .await;
+    tmux.type_line("send", "y");
+    let screen = tmux
+        .wait_for("send", "the exit", |s| s.contains("[exit "))
+        .await;
+    assert!(screen.contains("[exit 130]"), "{screen}");
+    assert!(screen.contains("Turn interrupted"), "{screen}");
+    let info = d.wait_status(&s.id, pb::SessionStatus::Running).await;
+    assert_eq!(info.restart_count, 1, "the agent was restarted");
+    assert!(
+        info.last_turn_failed,
+        "the turn ended interrupted: {info:?}"
+    );
+}
+
+/// Without a terminal, Ctrl-C (SIGINT) during `send` leaves the turn running and says how to
+/// follow it; the command exits 130.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_send_without_a_terminal_leaves_the_turn_running() {
+    use std::io::BufRead;
+    let mut d = Daemon::start().await;
+    let s = d.session(Some(("slow", slow_turn(1500)))).await;
+    let mut send = d
+        .dirs
+        .cli(false)
+        .args(["session", "send", &s.id, "go"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _guard = PidGuard(send.id());
+    let mut out = std::io::BufReader::new(send.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.contains("Working slowly"), "{first}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(send.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = send.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("The turn goes on without you"), "{err}");
+    // Nothing was interrupted: the turn completes on its own.
+    let info = d.wait_status(&s.id, pb::SessionStatus::Running).await;
+    assert_eq!(info.restart_count, 0);
+    assert!(!info.last_turn_failed, "{info:?}");
+    assert_eq!(info.turns_completed, 1);
+}

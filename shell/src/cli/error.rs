@@ -60,6 +60,9 @@ pub enum Error {
     /// The agent's turn ended in an error, already shown with the turn's activity.
     #[error("the agent's turn ended in an error")]
     AgentFailed,
+    /// Ctrl-C; what became of the turn is already said.
+    #[error("interrupted")]
+    Interrupted,
 }
 
 /// What a failed command exits with, by kind of failure (`paddock --help` lists them).
@@ -77,13 +80,15 @@ pub enum Exit {
     Unreachable = 5,
     /// The agent failed: its turn ended in an error, it crashed, ran out of budget or time.
     AgentFailed = 6,
+    /// Ctrl-C (128 + SIGINT, as shells report it).
+    Interrupted = 130,
 }
 
 /// The exit codes, for `--help`.
 pub const EXIT_CODES_HELP: &str = "Exit codes: 0 success · 1 other failure · 2 usage (bad \
 arguments or input) · 3 not found · 4 refused by the daemon (wrong state, a limit, not allowed) · \
 5 daemon unreachable · 6 the agent failed (its turn ended in an error, it crashed, ran out of \
-budget or time)";
+budget or time) · 130 interrupted (Ctrl-C)";
 
 impl Error {
     /// The kind of failure, for the exit code.
@@ -98,6 +103,7 @@ impl Error {
             Error::Untrusted(_) => return Exit::Refused,
             Error::Usage(_) => return Exit::Usage,
             Error::AgentFailed => return Exit::AgentFailed,
+            Error::Interrupted => return Exit::Interrupted,
             Error::Io { .. } | Error::Protocol(_) | Error::Reported => return Exit::Failed,
         };
         match crate::transport::obey_code(status) {

@@ -138,7 +138,7 @@ pub(crate) fn parse_kv(s: &str) -> std::result::Result<(String, String), String>
 pub fn exit_code(r: Result<()>, json: bool) -> i32 {
     match r {
         Ok(()) => 0,
-        Err(e @ (Error::Reported | Error::AgentFailed)) => e.exit() as i32,
+        Err(e @ (Error::Reported | Error::AgentFailed | Error::Interrupted)) => e.exit() as i32,
         Err(e) => {
             if json {
                 eprintln!("{}", e.to_json());
@@ -403,14 +403,23 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             let id = resolve(&mut c, &id).await?;
             let mut stream = c
                 .send_message(pb::SendMessageRequest {
-                    session_id: id,
+                    session_id: id.clone(),
                     message,
                 })
                 .await?
                 .into_inner();
             // The turn's last activity: COMPLETION (exit 0) or ERROR (already shown, exit 6).
             let mut end = None;
-            while let Some(item) = stream.next().await {
+            let ctrl_c = tokio::signal::ctrl_c();
+            tokio::pin!(ctrl_c);
+            loop {
+                let item = tokio::select! {
+                    item = stream.next() => match item {
+                        Some(item) => item,
+                        None => break,
+                    },
+                    _ = &mut ctrl_c => return interrupt_send(&mut c, &id).await,
+                };
                 let a = item?;
                 if ctx.json {
                     println!("{}", activity_json(&a));
@@ -762,6 +771,48 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
         println!("daemon stopped");
     }
     Ok(())
+}
+
+/// Ctrl-C during `send`: on a terminal, asks whether to interrupt the turn (the agent is
+/// restarted, which ends the turn and keeps the session and its conversation) or to leave it
+/// running; elsewhere it is left running. Either way the command ends (exit 130).
+async fn interrupt_send(c: &mut Client, id: &str) -> Result<()> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+    let interrupt = interactive && {
+        eprint!("\nInterrupt the turn? The agent is restarted; the session goes on. [y/N] ");
+        let _ = std::io::stderr().flush();
+        let answer = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line).map(|_| line)
+        });
+        // A second Ctrl-C while asked: the turn is left alone.
+        tokio::select! {
+            line = answer => matches!(
+                line.ok().and_then(|l| l.ok()).map(|l| l.trim().to_ascii_lowercase()).as_deref(),
+                Some("y" | "yes")
+            ),
+            _ = tokio::signal::ctrl_c() => false,
+        }
+    };
+    if interrupt {
+        c.restart_session(pb::RestartSessionRequest {
+            session_id: id.to_string(),
+            provider_config: Default::default(),
+        })
+        .await
+        .map_err(|source| Error::Step {
+            step: format!("cannot interrupt session {id}'s turn"),
+            source,
+        })?;
+        eprintln!("Turn interrupted: the agent was restarted and the session goes on.");
+    } else {
+        eprintln!(
+            "The turn goes on without you: `paddock session watch {id}` follows it, \
+             `paddock session logs {id}` shows it."
+        );
+    }
+    Err(Error::Interrupted)
 }
 
 /// The latis states a session of `status` can show (before and after a turn, the last one
