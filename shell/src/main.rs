@@ -88,6 +88,8 @@ enum Command {
             value_delimiter = ','
         )]
         allow_groups: Vec<String>,
+        #[command(flatten)]
+        log: paths::LogArgs,
     },
     /// Watch a whole session of the built-in scripted agent, start to finish (no API key)
     Demo {
@@ -165,6 +167,8 @@ enum Command {
         /// Bytes of a run's events kept for a client that is away
         #[arg(long, default_value_t = paddock::runner::Limits::default().bytes_per_run)]
         buffer_bytes: usize,
+        #[command(flatten)]
+        log: paths::LogArgs,
     },
     /// The built-in scripted agent (started by the daemon; speaks Claude Code's stream-json)
     #[command(name = "__scripted-agent", hide = true)]
@@ -221,8 +225,10 @@ fn main() {
             max_runs,
             buffer_events,
             buffer_bytes,
+            log,
         } => paddock::runner::run(
             socket,
+            &log,
             paddock::runner::Limits {
                 live_runs: max_runs.max(1),
                 events_per_run: buffer_events.max(1),
@@ -245,8 +251,9 @@ fn main() {
             no_runner,
             allow_users,
             allow_groups,
+            log,
         } => {
-            init_tracing();
+            log.init();
             let peers = match paddock::socket::Peers::parse(&allow_users, &allow_groups) {
                 Ok(p) => p,
                 Err(e) => {
@@ -365,10 +372,6 @@ fn main() {
         }
     };
     std::process::exit(code);
-}
-
-fn init_tracing() {
-    paddock::paths::init_tracing();
 }
 
 /// Writes `bytes` to stdout; a closed pipe is not an error.

@@ -6,7 +6,7 @@
 //! `$XDG_DATA_HOME/paddock`, else `~/.local/share/paddock`. (clap reads the `PADDOCK_*`
 //! variables; this module supplies the defaults.)
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn default_socket() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
@@ -86,14 +86,68 @@ impl Clock {
     }
 }
 
+/// A log file's size past which it is rotated ([`init_tracing_to`]).
+pub const LOG_MAX_BYTES: usize = 10 * 1024 * 1024;
+/// Rotated log files kept (`daemon.log.1` … `.3`); older ones are deleted.
+pub const LOG_FILES_KEPT: usize = 3;
+
+/// Where the daemon or the runner logs (`paddock daemon` / `paddock runner`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Write the log to this file instead of stderr, rotated by size (FILE.1 is the newest old
+    /// one; 3 are kept). An autostarted daemon logs to <data dir>/daemon.log, its runner to
+    /// runner.log
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+    /// The size at which the log file is rotated
+    #[arg(long, default_value_t = LOG_MAX_BYTES, value_name = "BYTES")]
+    pub log_max_bytes: usize,
+}
+
+impl LogArgs {
+    /// Starts logging as these arguments say.
+    pub fn init(&self) {
+        init_tracing_to(self.log_file.as_deref(), self.log_max_bytes);
+    }
+}
+
+/// Logging for the daemon and the runner into `file`, rotated once it passes `max_bytes`
+/// (`file.1` the newest old one, [`LOG_FILES_KEPT`] kept), never with ANSI codes; the level as
+/// for [`init_tracing`]. Without a file, [`init_tracing`].
+pub fn init_tracing_to(file: Option<&Path>, max_bytes: usize) {
+    use file_rotate::{compression::Compression, suffix::AppendCount, ContentLimit, FileRotate};
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(path) = file else {
+        return init_tracing();
+    };
+    let mut open = std::fs::OpenOptions::new();
+    open.create(true).append(true).mode(0o600);
+    let writer = FileRotate::new(
+        path,
+        AppendCount::new(LOG_FILES_KEPT),
+        ContentLimit::BytesSurpassed(max_bytes.max(1)),
+        Compression::None,
+        Some(open),
+    );
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(log_filter())
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(writer))
+        .try_init();
+}
+
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+}
+
 /// Logging for the daemon and the runner, on stderr: the level from `PADDOCK_LOG`, else
 /// `RUST_LOG`, else `info`; colours only when stderr is a terminal (a log file never gets ANSI
 /// codes).
 pub fn init_tracing() {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("PADDOCK_LOG")
-        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = log_filter();
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -132,6 +132,8 @@ pub struct Daemon {
     campaign_id: Option<String>,
     /// More `daemon` arguments (e.g. `--max-sessions 2`), for every launch.
     pub extra_args: Vec<String>,
+    /// More environment for the daemon (e.g. `PADDOCK_LOG=debug`), for every launch.
+    pub extra_env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -146,12 +148,21 @@ impl Daemon {
 
     /// As [`Daemon::start_in`], with more `daemon` arguments.
     pub async fn start_with(dirs: Dirs, extra_args: &[&str]) -> Daemon {
+        Daemon::start_with_env(dirs, extra_args, &[]).await
+    }
+
+    /// [`Daemon::start_with`], with more environment for the daemon.
+    pub async fn start_with_env(dirs: Dirs, extra_args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut d = Daemon {
             dirs,
             child: None,
             starts: 0,
             campaign_id: None,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            extra_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         d.launch().await;
         d
@@ -189,6 +200,7 @@ impl Daemon {
             Stdio::from(f),
         )
         .args(&self.extra_args)
+        .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
         .spawn()
         .expect("spawn daemon");
         self.child = Some(child);

@@ -357,3 +357,52 @@ async fn an_open_execute_stream_does_not_keep_the_daemon_alive() {
     let st = d.wait_exit(Duration::from_secs(10)).await;
     assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
 }
+
+/// The daemon's log (`--log-file`, as an autostarted daemon gets) rotates by size and never
+/// holds terminal escape codes; so does its runner's (`runner.log`, rotated at its default size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_log_rotates_by_size_and_has_no_colour_codes() {
+    let dirs = Dirs::new();
+    let log = dirs.base.join("daemon.log");
+    let log_arg = log.display().to_string();
+    let mut d = Daemon::start_with_env(
+        dirs,
+        &["--log-file", &log_arg, "--log-max-bytes", "600"],
+        &[("PADDOCK_LOG", "debug")],
+    )
+    .await;
+    for _ in 0..6 {
+        let s = d.session(None).await;
+        d.send(&s.id, "hello").await;
+        d.stop(&s.id, false).await.unwrap();
+    }
+    let rotated = log.with_extension("log.1");
+    assert!(
+        rotated.exists(),
+        "daemon.log.1 after more than 600 bytes of log"
+    );
+    assert!(
+        !log.with_extension("log.4").exists(),
+        "at most 3 old files are kept"
+    );
+    let mut all = String::new();
+    for f in [&log, &rotated] {
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(
+            !text.contains('\u{1b}'),
+            "no ANSI codes in {}: {text}",
+            f.display()
+        );
+        all.push_str(&text);
+    }
+    assert!(all.contains(" DEBUG ") || all.contains(" INFO "), "log lines: {all}");
+    // Rotated once past the limit: an old file holds the limit and at most one more line.
+    let old = std::fs::metadata(&rotated).unwrap().len();
+    assert!((600..600 + 8192).contains(&old), "daemon.log.1 has {old} bytes");
+    let runner_log = std::fs::read_to_string(d.dirs.data.join("runner.log")).unwrap();
+    assert!(
+        runner_log.contains("paddock runner listening"),
+        "{runner_log}"
+    );
+    assert!(!runner_log.contains('\u{1b}'), "{runner_log}");
+}

@@ -74,7 +74,8 @@ pub async fn connect_channel(ctx: &Ctx) -> Result<Channel> {
     }
 }
 
-/// Starts `paddock daemon` detached (own process group, output to `daemon.log`).
+/// Starts `paddock daemon` detached (own process group), logging to `daemon.log` (rotated by
+/// the daemon; what it prints outside its log, such as a panic, is appended there too).
 pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32> {
     std::fs::create_dir_all(data_dir)
         .map_err(Error::io(format!("cannot create {}", data_dir.display())))?;
@@ -92,6 +93,8 @@ pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32> {
         .arg(socket)
         .arg("--data-dir")
         .arg(data_dir)
+        .arg("--log-file")
+        .arg(&log_path)
         .stdin(Stdio::null())
         .stdout(
             log.try_clone()

@@ -144,6 +144,8 @@ impl RunnerLink {
             .arg(format!("--max-runs={}", limits.live_runs))
             .arg(format!("--buffer-events={}", limits.events_per_run))
             .arg(format!("--buffer-bytes={}", limits.bytes_per_run))
+            .arg("--log-file")
+            .arg(&log_path)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

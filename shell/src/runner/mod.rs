@@ -593,8 +593,8 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
 }
 
 /// `paddock runner --socket PATH`: the runner in the foreground; the process exit code.
-pub fn run(socket: PathBuf, limits: Limits) -> i32 {
-    crate::paths::init_tracing();
+pub fn run(socket: PathBuf, log: &crate::paths::LogArgs, limits: Limits) -> i32 {
+    log.init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
