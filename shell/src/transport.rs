@@ -156,6 +156,42 @@ pub type ServerLayer = tower::layer::util::Stack<
     tower::layer::util::Identity,
 >;
 
+/// A server that says what it serves: [`server`] with server reflection (v1, and v1alpha for
+/// older clients such as grpcio-reflection) and `grpc.health.v1.Health`, both naming exactly
+/// `services` (the socket's own; reflection and health are listed too), every one SERVING.
+pub async fn introspected_server(
+    services: &[&'static str],
+) -> tonic::transport::server::Router<ServerLayer> {
+    use tonic_reflection::server::Builder;
+    let names = || services.iter().copied().chain(["grpc.health.v1.Health"]);
+    let builder = || {
+        names().fold(
+            Builder::configure()
+                .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET),
+            |b, name| b.with_service_name(name),
+        )
+    };
+    let v1 = builder()
+        .with_service_name("grpc.reflection.v1.ServerReflection")
+        .build_v1()
+        .expect("the descriptor sets compiled by build.rs and tonic-health are valid");
+    let v1alpha = builder()
+        .with_service_name("grpc.reflection.v1alpha.ServerReflection")
+        .build_v1alpha()
+        .expect("the descriptor sets compiled by build.rs and tonic-health are valid");
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for name in services {
+        reporter
+            .set_service_status(*name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    server()
+        .add_service(v1)
+        .add_service(v1alpha)
+        .add_service(health)
+}
+
 /// A server builder with [`ServerLayer`].
 pub fn server() -> tonic::transport::Server<ServerLayer> {
     tonic::transport::Server::builder().layer(tower::util::MapResponseLayer::new(

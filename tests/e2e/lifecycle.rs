@@ -395,10 +395,16 @@ async fn the_daemon_log_rotates_by_size_and_has_no_colour_codes() {
         );
         all.push_str(&text);
     }
-    assert!(all.contains(" DEBUG ") || all.contains(" INFO "), "log lines: {all}");
+    assert!(
+        all.contains(" DEBUG ") || all.contains(" INFO "),
+        "log lines: {all}"
+    );
     // Rotated once past the limit: an old file holds the limit and at most one more line.
     let old = std::fs::metadata(&rotated).unwrap().len();
-    assert!((600..600 + 8192).contains(&old), "daemon.log.1 has {old} bytes");
+    assert!(
+        (600..600 + 8192).contains(&old),
+        "daemon.log.1 has {old} bytes"
+    );
     let runner_log = std::fs::read_to_string(d.dirs.data.join("runner.log")).unwrap();
     assert!(
         runner_log.contains("paddock runner listening"),

@@ -453,3 +453,177 @@ async fn execute_output_is_bounded_and_a_client_that_leaves_cancels_it() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// The services a socket answers for, by server reflection v1 or v1alpha (grpcurl speaks v1,
+/// grpcio-reflection and older tools v1alpha).
+pub(crate) async fn reflected_services(ch: tonic::transport::Channel, alpha: bool) -> Vec<String> {
+    macro_rules! list {
+        ($pb:path) => {{
+            use $pb as r;
+            let req = r::ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(r::server_reflection_request::MessageRequest::ListServices(
+                    String::new(),
+                )),
+            };
+            let mut replies = r::server_reflection_client::ServerReflectionClient::new(ch)
+                .server_reflection_info(tokio_stream::iter([req]))
+                .await
+                .expect("reflection answers")
+                .into_inner();
+            match replies.message().await.unwrap().unwrap().message_response {
+                Some(r::server_reflection_response::MessageResponse::ListServicesResponse(l)) => {
+                    let mut names: Vec<String> = l.service.into_iter().map(|s| s.name).collect();
+                    names.sort();
+                    names
+                }
+                other => panic!("not a service list: {other:?}"),
+            }
+        }};
+    }
+    if alpha {
+        list!(tonic_reflection::pb::v1alpha)
+    } else {
+        list!(tonic_reflection::pb::v1)
+    }
+}
+
+/// Every socket lists, by reflection v1 and v1alpha, exactly the services it serves, and
+/// answers the standard health check for each (SERVING), NOT_FOUND for any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_socket_reflects_and_reports_health_for_exactly_its_services() {
+    use tonic_health::pb::{
+        health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+    };
+    let d = Daemon::start().await;
+    let main = paddock::transport::channel(&d.dirs.socket).await.unwrap();
+    let aria = crate::aria::aria_channel(&d).await;
+    let common = [
+        "aria.v1.ContainerService",
+        "aria.v1.NotificationService",
+        "aria.v1.SessionService",
+        "aria.v1.TaskService",
+        "grpc.health.v1.Health",
+        "obey.local.v1.LocalDaemonService",
+    ];
+    let mut want_main: Vec<&str> = common
+        .iter()
+        .copied()
+        .chain([
+            "grpc.reflection.v1.ServerReflection",
+            "sunbeam.code.v1.CodeAgent",
+        ])
+        .collect();
+    want_main.sort();
+    assert_eq!(reflected_services(main.clone(), false).await, want_main);
+    let mut want_alpha: Vec<&str> = common
+        .iter()
+        .copied()
+        .chain([
+            "grpc.reflection.v1alpha.ServerReflection",
+            "sunbeam.code.v1.CodeAgent",
+        ])
+        .collect();
+    want_alpha.sort();
+    assert_eq!(reflected_services(main.clone(), true).await, want_alpha);
+    // The Aria socket serves no sunbeam.
+    let aria_list = reflected_services(aria.clone(), false).await;
+    assert!(
+        !aria_list.iter().any(|s| s.starts_with("sunbeam")),
+        "{aria_list:?}"
+    );
+    assert!(
+        aria_list.iter().any(|s| s == "aria.v1.TaskService"),
+        "{aria_list:?}"
+    );
+
+    let mut health = HealthClient::new(main);
+    for service in [
+        "",
+        "obey.local.v1.LocalDaemonService",
+        "sunbeam.code.v1.CodeAgent",
+    ] {
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    let e = health
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let r = HealthClient::new(aria)
+        .check(HealthCheckRequest {
+            service: "aria.v1.TaskService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, ServingStatus::Serving as i32);
+
+    // The runner's socket: the runner contract only.
+    let runner = paddock::transport::channel(&d.dirs.data.join("runner.sock"))
+        .await
+        .unwrap();
+    assert_eq!(
+        reflected_services(runner.clone(), false).await,
+        [
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "runner.v1.Runner"
+        ]
+    );
+    let r = HealthClient::new(runner)
+        .check(HealthCheckRequest {
+            service: "runner.v1.Runner".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, ServingStatus::Serving as i32);
+}
+
+/// Python's grpcio-reflection (server reflection v1alpha, a client nobody on the team wrote)
+/// lists the daemon's services and resolves a method's types by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_grpcio_reflection_lists_and_describes_the_services() {
+    let have = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_reflection"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have {
+        assert!(
+            std::env::var_os("PADDOCK_REQUIRE_GRPCIO").is_none(),
+            "PADDOCK_REQUIRE_GRPCIO is set but grpcio-reflection is missing"
+        );
+        eprintln!(
+            "SKIPPED python_grpcio_reflection_lists_and_describes_the_services: python3 with \
+             grpcio and grpcio-reflection is not installed (pip install grpcio grpcio-reflection)"
+        );
+        return;
+    }
+    let d = Daemon::start().await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = tokio::process::Command::new("python3")
+        .arg(root.join("tests/e2e/grpcio_reflection.py"))
+        .arg("--socket")
+        .arg(&d.dirs.socket)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("grpcio reflection client: all checks passed"),
+        "{stdout}"
+    );
+}

@@ -24,26 +24,38 @@ pub fn new_campaign_id() -> String {
     format!("camp_{}", ulid::Ulid::new())
 }
 
-/// Every service paddock serves on a socket, plus server reflection. The same router serves
-/// paddock's own socket and the Aria socket; sunbeam's `CodeAgent` is served where `sunbeam`
-/// is given (paddock's own socket).
-pub fn router(
+/// Every service paddock serves on a socket, with server reflection and health naming them. The
+/// same router serves paddock's own socket and the Aria socket; sunbeam's `CodeAgent` is served
+/// where `sunbeam` is given (paddock's own socket).
+pub async fn router(
     aria: aria::AriaConfig,
     sunbeam: Option<sunbeam::CodeAgent>,
 ) -> tonic::transport::server::Router<crate::transport::ServerLayer> {
+    use tonic::server::NamedService;
     let handle = aria.handle.clone();
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .expect("the descriptor set compiled by build.rs is valid");
+    type Obey = LocalDaemonServiceServer<obey::Obey>;
+    let mut names = vec![
+        <Obey as NamedService>::NAME,
+        <aria_pb::task_service_server::TaskServiceServer<aria::Tasks> as NamedService>::NAME,
+        <aria_pb::notification_service_server::NotificationServiceServer<aria::Notifications> as NamedService>::NAME,
+        <aria_pb::session_service_server::SessionServiceServer<aria::Sessions> as NamedService>::NAME,
+        <aria_pb::container_service_server::ContainerServiceServer<aria::Containers> as NamedService>::NAME,
+    ];
+    if sunbeam.is_some() {
+        names.push(
+            <paddock_proto::sunbeam::code::v1::code_agent_server::CodeAgentServer<
+                sunbeam::CodeAgent,
+            > as NamedService>::NAME,
+        );
+    }
     macro_rules! limited {
         ($svc:expr) => {
             $svc.max_decoding_message_size(MESSAGE_MAX_BYTES)
                 .max_encoding_message_size(MESSAGE_MAX_BYTES)
         };
     }
-    crate::transport::server()
-        .add_service(reflection)
+    crate::transport::introspected_server(&names)
+        .await
         .add_service(limited!(LocalDaemonServiceServer::new(obey::Obey::new(
             handle
         ))))

@@ -218,7 +218,7 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
     };
     if let (Some(l), Some(path)) = (aria_listener, opts.aria_socket.clone()) {
         let mut done = done_rx.clone();
-        let router = crate::api::router(aria.clone(), None);
+        let router = crate::api::router(aria.clone(), None).await;
         let peers = opts.peers.clone();
         tracing::info!(socket = %path.display(), "serving the Aria runtime API");
         tokio::spawn(async move {
@@ -233,8 +233,9 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         });
     }
     let sunbeam = crate::api::sunbeam::CodeAgent::new(handle.clone());
-    let serve =
-        crate::api::router(aria, Some(sunbeam)).serve_with_incoming_shutdown(incoming, shutdown);
+    let serve = crate::api::router(aria, Some(sunbeam))
+        .await
+        .serve_with_incoming_shutdown(incoming, shutdown);
     // Once the loop is done, in-flight calls get a short while to finish; a client that keeps
     // a call open (a stream it never reads) does not keep the daemon alive.
     let mut done_late = done_rx.clone();

@@ -505,8 +505,6 @@ pub fn pid_file(socket: &Path) -> std::path::PathBuf {
 pub enum ServeError {
     #[error(transparent)]
     Socket(#[from] crate::socket::BindError),
-    #[error("reflection: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
     #[error("server error: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -534,9 +532,6 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
     );
     let reg = Arc::new(Registry::new(limits));
     let (svc, server) = service(reg.clone());
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(paddock_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -573,8 +568,9 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let server = crate::transport::server()
-        .add_service(reflection)
+    let name = <RunnerServer<RunnerService> as tonic::server::NamedService>::NAME;
+    let server = crate::transport::introspected_server(&[name])
+        .await
         .add_service(server)
         .serve_with_incoming_shutdown(incoming, shutdown);
     tokio::pin!(server);
