@@ -140,6 +140,9 @@ enum Command {
     /// A live dashboard of every session, those waiting for you first: approve, deny, answer,
     /// attach, stop, restart and delete from it (needs a terminal)
     Top,
+    /// Can each agent run here? Its CLI, version and credentials, the openai-api endpoint,
+    /// the daemon and the drivers, with what to do about each problem
+    Doctor,
     /// Check that the daemon answers
     Ping,
     /// The daemon's state and its active sessions
@@ -356,6 +359,7 @@ fn main() {
                         Command::Session(c) => cli::session(&ctx, c).await,
                         Command::Task(c) => cli::task::run(&ctx, c).await,
                         Command::Top => cli::top::run(&ctx).await,
+                        Command::Doctor => cli::doctor::run(&ctx).await,
                         Command::Ping => cli::ping(&ctx).await,
                         Command::State => cli::state(&ctx).await,
                         Command::Shutdown { force } => cli::shutdown(&ctx, force).await,

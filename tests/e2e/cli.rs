@@ -639,6 +639,91 @@ async fn a_failed_turn_is_never_shown_as_complete() {
     assert!(o.stdout.contains(&s.id), "{o:?}");
 }
 
+/// `paddock doctor` says, per agent, whether its CLI is there, its version and its credentials,
+/// and what to do when not: a working CLI with a login file is ok; a missing one says how to
+/// install it; one whose `--version` fails is reported with its error; a dead openai-api
+/// endpoint is a warning. It needs no daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_says_which_agents_can_run_and_what_to_do() {
+    use std::os::unix::fs::PermissionsExt;
+    let dirs = Dirs::new();
+    let bin = dirs.base.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let fake = |name: &str, body: &str| {
+        let p = bin.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    fake("claude", "echo '2.1.330 (Claude Code)'");
+    fake("gemini", "echo 'node is too old' >&2; exit 1");
+    std::fs::create_dir_all(dirs.home.join(".claude")).unwrap();
+    std::fs::write(dirs.home.join(".claude/.credentials.json"), "{}").unwrap();
+    let mut cmd = dirs.cli(false);
+    cmd.env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("OPENAI_BASE_URL", "http://127.0.0.1:9/v1");
+    let o = run(cmd, &["--json", "doctor"]).await.ok();
+    let v = o.json();
+    let check = |name: &str| -> Value {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"].as_str().unwrap().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} check: {v}"))
+            .clone()
+    };
+    let claude = check("claude-code");
+    assert_eq!(claude["status"], "ok", "{claude}");
+    assert!(
+        claude["detail"].as_str().unwrap().contains("2.1.330"),
+        "{claude}"
+    );
+    assert!(
+        claude["detail"].as_str().unwrap().contains("logged in"),
+        "{claude}"
+    );
+    let codex = check("codex");
+    assert_eq!(codex["status"], "missing", "{codex}");
+    assert!(
+        codex["fix"]
+            .as_str()
+            .unwrap()
+            .contains("npm install -g @openai/codex"),
+        "{codex}"
+    );
+    let gemini = check("gemini");
+    assert_eq!(gemini["status"], "missing", "{gemini}");
+    assert!(
+        gemini["detail"]
+            .as_str()
+            .unwrap()
+            .contains("node is too old"),
+        "{gemini}"
+    );
+    let openai = check("openai-api");
+    assert_eq!(openai["status"], "warn", "{openai}");
+    assert!(
+        openai["detail"]
+            .as_str()
+            .unwrap()
+            .contains("does not answer"),
+        "{openai}"
+    );
+    assert_eq!(check("daemon")["status"], "warn", "no daemon runs here");
+    assert_eq!(v["ready_agents"], json!(["claude-code"]));
+    // The table says the same, with the fixes under it.
+    let mut cmd = dirs.cli(false);
+    cmd.env("PATH", format!("{}:/usr/bin:/bin", bin.display()));
+    let o = run(cmd, &["doctor"]).await.ok();
+    assert!(o.stdout.starts_with("CHECK"), "{o:?}");
+    assert!(
+        o.stdout
+            .contains("codex (codex): npm install -g @openai/codex"),
+        "{o:?}"
+    );
+    assert!(o.stdout.contains("Ready: claude-code."), "{o:?}");
+}
+
 /// Shell completions and the man page come from the same clap definition; the bash script
 /// parses in bash, the man page is roff for section 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ pub mod approvals;
 pub mod attach;
 pub mod client;
 pub mod demo;
+pub mod doctor;
 mod error;
 pub mod latis;
 pub mod output;
