@@ -724,6 +724,47 @@ async fn doctor_says_which_agents_can_run_and_what_to_do() {
     assert!(o.stdout.contains("Ready: claude-code."), "{o:?}");
 }
 
+/// `session create` with no provider and no $PADDOCK_PROVIDER picks the first agent CLI on
+/// the user's PATH and says so, even though the daemon's PATH does not have it (the agent runs
+/// with the user's PATH); with none there it refuses (exit 2) and names the scripted agent,
+/// never choosing it silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_without_a_provider_uses_the_first_agent_on_the_users_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start().await;
+    let bin = d.dirs.base.join("user-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let claude = bin.join("claude");
+    std::fs::write(&claude, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&claude, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let project = d.dirs.base.join("project");
+    let create = |path: String| {
+        let mut c = d.dirs.cli(false);
+        c.env_remove("PADDOCK_PROVIDER").env("PATH", path);
+        c.args(["session", "create", "--mount"])
+            .arg(format!("{}:/workspace", project.display()));
+        c
+    };
+    // Only /usr/bin:/bin: no agent CLI anywhere.
+    let o = run(create("/usr/bin:/bin".into()), &[]).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.contains("--provider scripted"), "{o:?}");
+    // The fake claude on the user's PATH only.
+    let o = run(create(format!("{}:/usr/bin:/bin", bin.display())), &[])
+        .await
+        .ok();
+    assert!(
+        o.stderr.contains("No --provider given: using claude-code"),
+        "{o:?}"
+    );
+    let all = d.all_sessions().await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(
+        all[0].provider,
+        paddock_proto::obey::local::v1::SessionProvider::ClaudeCode as i32
+    );
+}
+
 /// Shell completions and the man page come from the same clap definition; the bash script
 /// parses in bash, the man page is roff for section 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -112,6 +112,8 @@ impl Dirs {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("HOME", &self.home)
             .env("PADDOCK_LOG", "warn")
+            // `session create` without --provider: the scripted agent, not whatever is found.
+            .env("PADDOCK_PROVIDER", "scripted")
             .arg("--socket")
             .arg(&self.socket)
             .arg("--data-dir")

@@ -79,6 +79,7 @@ impl Tmux {
             format!("HOME={}", quote(&d.dirs.home.display().to_string())),
             "TERM=xterm-256color".into(),
             "PADDOCK_LOG=warn".into(),
+            "PADDOCK_PROVIDER=scripted".into(),
             quote(BIN),
             "--no-autostart".into(),
             "--socket".into(),

@@ -129,7 +129,8 @@ pub struct CreateArgs {
     /// timeout, config, env, campaign
     #[arg(short = 'c', long = "file", value_name = "session.yaml")]
     pub file: Option<PathBuf>,
-    /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp [default: scripted]
+    /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp [default:
+    /// $PADDOCK_PROVIDER, else the first of claude, codex, gemini found on PATH]
     #[arg(long)]
     pub provider: Option<String>,
     #[arg(long)]
@@ -240,6 +241,81 @@ pub struct Plan {
     pub request: pb::CreateSessionRequest,
 }
 
+/// What `session create` may look at on this machine to pick an agent.
+pub struct Host {
+    /// `$PADDOCK_PROVIDER`: the provider to use when none is given.
+    pub default_provider: Option<String>,
+    /// `$PATH` of the CLI (the user's shell).
+    pub path: Option<std::ffi::OsString>,
+}
+
+impl Host {
+    pub fn current() -> Host {
+        Host {
+            default_provider: std::env::var("PADDOCK_PROVIDER")
+                .ok()
+                .filter(|p| !p.trim().is_empty()),
+            path: std::env::var_os("PATH"),
+        }
+    }
+
+    fn find(&self, program: &str) -> Option<PathBuf> {
+        std::env::split_paths(self.path.as_ref()?)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    }
+}
+
+/// The agent CLIs `session create` looks for when no provider is given, in this order.
+const FIRST_FOUND: [(&str, paddock_core::Provider); 3] = [
+    ("claude", paddock_core::Provider::ClaudeCode),
+    ("codex", paddock_core::Provider::Codex),
+    ("gemini", paddock_core::Provider::Gemini),
+];
+
+/// Completes a planned request on this machine: with no provider given, `$PADDOCK_PROVIDER`,
+/// else the first agent CLI found on the user's PATH (claude, codex, gemini), said on the
+/// returned line; never the scripted agent silently. An agent CLI runs with the user's PATH
+/// (unless the request sets one), so a CLI the user's shell finds is found by the daemon too,
+/// whatever PATH the daemon was started with.
+pub fn choose_provider(req: &mut pb::CreateSessionRequest, host: &Host) -> Result<Option<String>> {
+    use paddock_core::Provider;
+    let mut said = None;
+    if req.provider == 0 {
+        if let Some(name) = &host.default_provider {
+            req.provider = Provider::from_name(name)
+                .ok_or_else(|| Error::unknown_provider(name))?
+                .number();
+        } else {
+            let Some((program, provider, path)) = FIRST_FOUND
+                .iter()
+                .find_map(|(prog, p)| host.find(prog).map(|path| (prog, p, path)))
+            else {
+                return Err(Error::Usage(
+                    "no --provider given and no agent CLI (claude, codex, gemini) is on PATH: \
+                     give --provider (`--provider scripted` runs the built-in scripted agent, no \
+                     key needed), install one, or see `paddock doctor`"
+                        .into(),
+                ));
+            };
+            req.provider = provider.number();
+            said = Some(format!(
+                "No --provider given: using {} ({program} found at {}; --provider chooses another).",
+                provider.name(),
+                path.display()
+            ));
+        }
+    }
+    let runs_a_cli = Provider::from_number(req.provider)
+        .is_some_and(|p| !matches!(p, Provider::Scripted | Provider::OpenAiApi));
+    if runs_a_cli && !req.environment.contains_key("PATH") {
+        if let Some(path) = host.path.as_ref().and_then(|p| p.to_str()) {
+            req.environment.insert("PATH".into(), path.to_string());
+        }
+    }
+    Ok(said)
+}
+
 /// Merges the flags over the file (`file_dir`: the file's directory, for its relative
 /// mounts; `cwd`: for the flags' relative mounts and the default place).
 pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) -> Result<Plan> {
@@ -294,12 +370,13 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
             ))
         }
     };
-    let provider_name = args
-        .provider
-        .or(f.provider)
-        .unwrap_or_else(|| "scripted".into());
-    let Some(provider) = paddock_core::Provider::from_name(&provider_name) else {
-        return Err(Error::unknown_provider(&provider_name));
+    // None given: chosen by [`choose_provider`] from what this machine has (0 until then).
+    let provider = match args.provider.or(f.provider) {
+        Some(name) => match paddock_core::Provider::from_name(&name) {
+            Some(p) => p.number(),
+            None => return Err(Error::unknown_provider(&name)),
+        },
+        None => 0,
     };
     let max_tokens = args.max_tokens.or(f.max_tokens).unwrap_or(0);
     if max_tokens < 0 {
@@ -321,7 +398,7 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
     };
     let request = pb::CreateSessionRequest {
         campaign_id: String::new(),
-        provider: provider.number(),
+        provider,
         model: args.model.or(f.model).unwrap_or_default(),
         agent_name: args.name.or(f.name).unwrap_or_default(),
         festival_id: args.festival.unwrap_or_default(),
@@ -855,10 +932,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.place, Place::Dir(cwd.clone()));
         assert_eq!(p.request.initial_message, "Fix it");
-        assert_eq!(
-            p.request.provider,
-            paddock_core::Provider::Scripted.number()
-        );
+        assert_eq!(p.request.provider, 0, "chosen by choose_provider");
         assert_eq!(p.driver, "local");
 
         // The file's mounts are relative to the file; its maps merge under the flags'.
@@ -1008,5 +1082,49 @@ mod tests {
                 "12"
             ]
         );
+    }
+
+    #[test]
+    fn with_no_provider_the_first_agent_found_is_used_and_said() {
+        use paddock_core::Provider;
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let host = |default: Option<&str>| Host {
+            default_provider: default.map(String::from),
+            path: Some(bin.clone().into_os_string()),
+        };
+        // Nothing found, nothing set: refused, never the scripted agent silently.
+        let mut req = pb::CreateSessionRequest::default();
+        let e = choose_provider(&mut req, &host(None))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--provider scripted"), "{e}");
+        // codex and gemini found: codex (claude comes first, but is not there).
+        std::fs::write(bin.join("gemini"), "").unwrap();
+        std::fs::write(bin.join("codex"), "").unwrap();
+        let said = choose_provider(&mut req, &host(None)).unwrap().unwrap();
+        assert_eq!(req.provider, Provider::Codex.number());
+        assert!(said.contains("using codex"), "{said}");
+        // The agent runs with the user's PATH, unless the request sets one.
+        assert_eq!(req.environment["PATH"], bin.to_str().unwrap());
+        // $PADDOCK_PROVIDER decides before anything is looked for; a given one is kept.
+        let mut req = pb::CreateSessionRequest::default();
+        assert_eq!(
+            choose_provider(&mut req, &host(Some("scripted"))).unwrap(),
+            None
+        );
+        assert_eq!(req.provider, Provider::Scripted.number());
+        assert!(
+            !req.environment.contains_key("PATH"),
+            "the scripted agent needs none"
+        );
+        let mut req = pb::CreateSessionRequest {
+            provider: Provider::Gemini.number(),
+            environment: [("PATH".to_string(), "/mine".to_string())].into(),
+            ..Default::default()
+        };
+        assert_eq!(choose_provider(&mut req, &host(None)).unwrap(), None);
+        assert_eq!(req.environment["PATH"], "/mine");
     }
 }

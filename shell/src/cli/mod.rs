@@ -552,6 +552,9 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
     };
     let plan = latis::plan(args, file, &cwd)?;
     let mut req = plan.request;
+    if let Some(line) = latis::choose_provider(&mut req, &latis::Host::current())? {
+        eprintln!("{line}");
+    }
     req.campaign_id = latis::resolve_place(c, &plan.place).await?;
     let s = c
         .create_session(req)
