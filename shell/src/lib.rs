@@ -15,6 +15,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod config;
 pub mod confined;
 pub mod contain;
 pub mod daemon;

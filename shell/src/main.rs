@@ -100,6 +100,9 @@ enum Command {
     /// Campaigns: named project roots that sessions run in
     #[command(subcommand)]
     Campaign(cli::CampaignCmd),
+    /// The configuration file ($PADDOCK_CONFIG, else $XDG_CONFIG_HOME/paddock/config.toml)
+    #[command(subcommand)]
+    Config(cli::ConfigCmd),
     /// Requests waiting for a human: permission prompts, questions, client-side tool calls
     Approvals {
         /// Only this session's (its name, id or a unique part of the id)
@@ -189,7 +192,17 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Whether a `daemon` flag was given (on the command line or by its variable): the
+    // configuration file's value applies only where it was not.
+    let daemon_flag = |id: &str| {
+        matches
+            .subcommand_matches("daemon")
+            .and_then(|m| m.value_source(id))
+            .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue)
+    };
     let socket = cli.socket.clone().unwrap_or_else(paths::default_socket);
     let data_dir = cli.data_dir.clone().unwrap_or_else(paths::default_data_dir);
     let code = match cli.command {
@@ -257,6 +270,32 @@ fn main() {
             log,
         } => {
             log.init();
+            let config = match paddock::config::load() {
+                Ok(c) => c.map(|l| l.config).unwrap_or_default(),
+                Err(e) => {
+                    eprintln!("paddock daemon: {e}");
+                    std::process::exit(2);
+                }
+            };
+            let d = &config.daemon;
+            let pick = |flag: &str, given: u64, file: Option<&toml::Spanned<u64>>| match file {
+                Some(v) if !daemon_flag(flag) => *v.get_ref(),
+                _ => given,
+            };
+            let stop_grace_secs = pick(
+                "stop_grace_secs",
+                stop_grace_secs,
+                d.stop_grace_secs.as_ref(),
+            );
+            let kill_grace_secs = pick(
+                "kill_grace_secs",
+                kill_grace_secs,
+                d.kill_grace_secs.as_ref(),
+            );
+            let max_sessions = match &d.max_sessions {
+                Some(v) if !daemon_flag("max_sessions") => *v.get_ref(),
+                _ => max_sessions,
+            };
             let peers = match paddock::socket::Peers::parse(&allow_users, &allow_groups) {
                 Ok(p) => p,
                 Err(e) => {
@@ -300,6 +339,7 @@ fn main() {
                     ..paddock::runner::Limits::default()
                 },
                 peers,
+                notify: daemon::notify::Notifier::from_config(&config.notify),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -360,6 +400,7 @@ fn main() {
                         Command::Task(c) => cli::task::run(&ctx, c).await,
                         Command::Top => cli::top::run(&ctx).await,
                         Command::Doctor => cli::doctor::run(&ctx).await,
+                        Command::Config(cli::ConfigCmd::Show) => cli::settings::show(&ctx),
                         Command::Ping => cli::ping(&ctx).await,
                         Command::State => cli::state(&ctx).await,
                         Command::Shutdown { force } => cli::shutdown(&ctx, force).await,

@@ -499,6 +499,93 @@ async fn the_cli_lists_approves_denies_and_answers() {
     assert_eq!(states, ["denied", "answered", "approved"]);
 }
 
+/// The configuration file reaches an autostarted-or-not daemon: `[daemon] max_sessions` caps
+/// sessions unless the flag says otherwise, and `[notify]` runs its command and POSTs to its
+/// webhook when an agent asks for approval and when a turn ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_file_sets_daemon_limits_and_notifications() {
+    use std::io::{BufRead, Read};
+    let dirs = Dirs::new();
+    let hook_out = dirs.base.join("notes.txt");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (posted_tx, mut posted) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut r = std::io::BufReader::new(conn);
+            let mut len = 0usize;
+            let mut line = String::new();
+            while r.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                line.clear();
+            }
+            let mut body = vec![0; len];
+            let _ = r.read_exact(&mut body);
+            let mut conn = r.into_inner();
+            let _ = std::io::Write::write_all(
+                &mut conn,
+                b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n",
+            );
+            let _ = posted_tx.send(String::from_utf8_lossy(&body).into_owned());
+        }
+    });
+    let config = dirs.base.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[daemon]\nmax_sessions = 1\n\n[notify]\non = [\"approval\", \"turn_done\"]\n\
+             command = \"echo $PADDOCK_EVENT $PADDOCK_APPROVAL >> {}\"\n\
+             webhook = \"http://127.0.0.1:{port}/hook\"\n",
+            hook_out.display()
+        ),
+    )
+    .unwrap();
+    let cfg = config.display().to_string();
+    let mut d = Daemon::start_with_env(dirs, &[], &[("PADDOCK_CONFIG", &cfg)]).await;
+    let s = asking_session(&mut d, asking_turn(), &[]).await;
+    // [daemon] max_sessions = 1: a second live session is refused.
+    let mut req = d.request(None).await;
+    req.agent_name = "second".into();
+    let e = d.client().await.create_session(req).await.unwrap_err();
+    assert!(e.message().contains("OBEY-"), "{e:?}");
+
+    let turn = start_turn(&d, &s.id, "go").await;
+    let a = wait_pending(&d, &s.id).await;
+    let first: Value = serde_json::from_str(&within(posted.recv()).await.unwrap()).unwrap();
+    assert_eq!(first["event"], "approval", "{first}");
+    assert_eq!(first["approval"], a.id.as_str(), "{first}");
+    assert_eq!(first["session"], s.id.as_str(), "{first}");
+    resolve(&d, &a.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap();
+    collect_ok(turn).await;
+    let done: Value = serde_json::from_str(&within(posted.recv()).await.unwrap()).unwrap();
+    assert_eq!(done["event"], "turn_done", "{done}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&hook_out).unwrap_or_default();
+        if text.contains("turn_done") {
+            assert!(text.starts_with(&format!("approval {}", a.id)), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the hook never ran: {text:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(d);
+
+    // A flag wins over the file.
+    let dirs = Dirs::new();
+    let mut d =
+        Daemon::start_with_env(dirs, &["--max-sessions", "2"], &[("PADDOCK_CONFIG", &cfg)]).await;
+    d.session(None).await;
+    d.session(None).await;
+}
+
 /// The next line a watch printed, as JSON.
 async fn json_line(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Value {
     let line = within(lines.recv()).await.expect("the watch ended");

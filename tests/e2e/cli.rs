@@ -765,6 +765,101 @@ async fn create_without_a_provider_uses_the_first_agent_on_the_users_path() {
     );
 }
 
+/// The configuration file gives `session create` its defaults (under the flags), and `config
+/// show` says where every value came from; a key it does not know is an error naming the line
+/// and column, for `session create` as for `config show`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_file_gives_defaults_and_says_where_each_came_from() {
+    let d = Daemon::start().await;
+    let config = d.dirs.base.join("config.toml");
+    std::fs::write(
+        &config,
+        "[session]\nprovider = \"scripted\"\nmodel = \"scripted\"\npermissions = \"deny\"\n\
+         max_tokens = 500\n\n[env]\nFOO = \"bar\"\nAPI_TOKEN = \"s3cret\"\n",
+    )
+    .unwrap();
+    let project = d.dirs.base.join("project");
+    let with_config = |args: &[&str]| {
+        let mut c = d.dirs.cli(false);
+        c.env_remove("PADDOCK_PROVIDER")
+            .env("PADDOCK_CONFIG", &config);
+        c.args(args);
+        c
+    };
+    let mount = format!("{}:/workspace", project.display());
+    // Flags win over the file.
+    let flags = [
+        "--json",
+        "session",
+        "create",
+        "--mount",
+        &mount,
+        "--max-tokens",
+        "900",
+        "--config",
+        "permissions=allow-all",
+    ];
+    let o = run(with_config(&flags), &[]).await.ok();
+    let info = d.get(o.json()["id"].as_str().unwrap()).await;
+    assert_eq!(info.max_tokens, 900);
+    assert_eq!(info.provider_config["permissions"], "allow-all");
+    // The file fills what the flags leave unset.
+    let o = run(
+        with_config(&["--json", "session", "create", "--mount", &mount]),
+        &[],
+    )
+    .await
+    .ok();
+    let info = d.get(o.json()["id"].as_str().unwrap()).await;
+    assert_eq!(
+        info.provider,
+        paddock_proto::obey::local::v1::SessionProvider::Scripted as i32
+    );
+    assert_eq!(info.model, "scripted");
+    assert_eq!(info.max_tokens, 500);
+    assert_eq!(info.provider_config["permissions"], "deny");
+
+    let o = run(with_config(&["--json", "config", "show"]), &[])
+        .await
+        .ok();
+    let v = o.json();
+    let value = |key: &str| {
+        v["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["key"] == key)
+            .unwrap_or_else(|| panic!("no {key}: {v}"))
+            .clone()
+    };
+    assert_eq!(value("session.max_tokens")["value"], "500");
+    let source = value("session.max_tokens")["source"].clone();
+    assert!(
+        source.as_str().unwrap().ends_with("config.toml:5"),
+        "{source}"
+    );
+    assert_eq!(value("env.FOO")["value"], "bar");
+    assert_eq!(
+        value("env.API_TOKEN")["value"],
+        "•••",
+        "a credential is never shown"
+    );
+    assert_eq!(value("daemon.max_sessions")["source"], "default");
+
+    std::fs::write(&config, "[session]\nmodle = \"x\"\n").unwrap();
+    for args in [
+        &["config", "show"][..],
+        &["session", "create", "--mount", &mount],
+    ] {
+        let o = run(with_config(args), &[]).await;
+        assert_eq!(o.code, 2, "{o:?}");
+        assert!(
+            o.stderr.contains("line 2, column 1") && o.stderr.contains("modle"),
+            "{o:?}"
+        );
+    }
+}
+
 /// Shell completions and the man page come from the same clap definition; the bash script
 /// parses in bash, the man page is roff for section 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -245,6 +245,8 @@ pub struct Plan {
 pub struct Host {
     /// `$PADDOCK_PROVIDER`: the provider to use when none is given.
     pub default_provider: Option<String>,
+    /// `[session] provider` of the configuration file (after `$PADDOCK_PROVIDER`).
+    pub config_provider: Option<String>,
     /// `$PATH` of the CLI (the user's shell).
     pub path: Option<std::ffi::OsString>,
 }
@@ -255,6 +257,7 @@ impl Host {
             default_provider: std::env::var("PADDOCK_PROVIDER")
                 .ok()
                 .filter(|p| !p.trim().is_empty()),
+            config_provider: None,
             path: std::env::var_os("PATH"),
         }
     }
@@ -282,7 +285,11 @@ pub fn choose_provider(req: &mut pb::CreateSessionRequest, host: &Host) -> Resul
     use paddock_core::Provider;
     let mut said = None;
     if req.provider == 0 {
-        if let Some(name) = &host.default_provider {
+        if let Some(name) = host
+            .default_provider
+            .as_ref()
+            .or(host.config_provider.as_ref())
+        {
             req.provider = Provider::from_name(name)
                 .ok_or_else(|| Error::unknown_provider(name))?
                 .number();
@@ -314,6 +321,57 @@ pub fn choose_provider(req: &mut pb::CreateSessionRequest, host: &Host) -> Resul
         }
     }
     Ok(said)
+}
+
+/// Fills what the flags and the session file left unset from the configuration file's
+/// `[session]`, `[agents]` and `[env]` (the provider is [`choose_provider`]'s, via
+/// [`Host::config_provider`]).
+pub fn apply_config(req: &mut pb::CreateSessionRequest, c: &crate::config::Config) -> Result<()> {
+    let s = &c.session;
+    if let Some(d) = &s.driver {
+        check_driver(d.get_ref())?;
+    }
+    if req.model.is_empty() {
+        if let Some(m) = &s.model {
+            req.model = m.get_ref().clone();
+        }
+    }
+    if req.max_tokens == 0 {
+        if let Some(n) = &s.max_tokens {
+            req.max_tokens = i64::try_from(*n.get_ref()).unwrap_or(i64::MAX);
+        }
+    }
+    if req.timeout.is_none() {
+        if let Some(t) = s.timeout_secs.as_ref().filter(|t| *t.get_ref() > 0) {
+            req.timeout = Some(prost_types::Duration {
+                seconds: i64::try_from(*t.get_ref()).unwrap_or(i64::MAX),
+                nanos: 0,
+            });
+        }
+    }
+    if let Some(p) = &s.permissions {
+        req.provider_config
+            .entry("permissions".into())
+            .or_insert_with(|| p.get_ref().clone());
+    }
+    for (k, v) in &c.env {
+        req.environment
+            .entry(k.clone())
+            .or_insert_with(|| v.get_ref().clone());
+    }
+    Ok(())
+}
+
+/// `[agents]`' command for the request's provider, unless the request names one.
+pub fn apply_agent_command(req: &mut pb::CreateSessionRequest, c: &crate::config::Config) {
+    let Some(p) = paddock_core::Provider::from_number(req.provider) else {
+        return;
+    };
+    if let Some(cmd) = c.agents.get(p.name()) {
+        req.provider_config
+            .entry("command".into())
+            .or_insert_with(|| cmd.get_ref().clone());
+    }
 }
 
 /// Merges the flags over the file (`file_dir`: the file's directory, for its relative
@@ -1092,6 +1150,7 @@ mod tests {
         std::fs::create_dir_all(&bin).unwrap();
         let host = |default: Option<&str>| Host {
             default_provider: default.map(String::from),
+            config_provider: None,
             path: Some(bin.clone().into_os_string()),
         };
         // Nothing found, nothing set: refused, never the scripted agent silently.

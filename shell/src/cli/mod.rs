@@ -11,6 +11,7 @@ pub mod doctor;
 mod error;
 pub mod latis;
 pub mod output;
+pub mod settings;
 pub mod task;
 pub mod top;
 pub mod view;
@@ -34,6 +35,13 @@ pub struct Ctx {
     pub data_dir: PathBuf,
     pub json: bool,
     pub autostart: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCmd {
+    /// The effective configuration: each value and where it came from (the file and line, an
+    /// environment variable, or the default)
+    Show,
 }
 
 #[derive(Subcommand, Debug)]
@@ -552,9 +560,23 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
     };
     let plan = latis::plan(args, file, &cwd)?;
     let mut req = plan.request;
-    if let Some(line) = latis::choose_provider(&mut req, &latis::Host::current())? {
+    let config = crate::config::load()
+        .map_err(|e| Error::Usage(e.to_string()))?
+        .map(|l| l.config)
+        .unwrap_or_default();
+    latis::apply_config(&mut req, &config)?;
+    let host = latis::Host {
+        config_provider: config
+            .session
+            .provider
+            .as_ref()
+            .map(|p| p.get_ref().clone()),
+        ..latis::Host::current()
+    };
+    if let Some(line) = latis::choose_provider(&mut req, &host)? {
         eprintln!("{line}");
     }
+    latis::apply_agent_command(&mut req, &config);
     req.campaign_id = latis::resolve_place(c, &plan.place).await?;
     let s = c
         .create_session(req)

@@ -7,6 +7,7 @@
 //! session gracefully before the process exits 0.
 
 pub mod event_loop;
+pub mod notify;
 pub mod port;
 pub mod runner_link;
 pub mod supervisor;
@@ -46,6 +47,8 @@ pub struct Options {
     pub runner_limits: crate::runner::Limits,
     /// Who besides the daemon's own user may connect to its sockets.
     pub peers: crate::socket::Peers,
+    /// Who is told when an agent needs a human (the configuration's `[notify]`).
+    pub notify: notify::Notifier,
 }
 
 /// Runs the daemon in the foreground until it is told to stop.
@@ -181,6 +184,7 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         hub,
         done: done_rx.clone(),
     };
+    opts.notify.clone().start(&handle.hub);
 
     // SIGINT / SIGTERM: stop every session gracefully, then exit.
     let sig_handle = handle.clone();
