@@ -172,6 +172,18 @@ impl Daemon {
 
     /// The `daemon` command for these dirs (short grace periods), not started.
     pub fn daemon_command(dirs: &Dirs, socket: &Path, data: &Path, stderr: Stdio) -> Command {
+        Daemon::daemon_command_with(dirs, socket, data, stderr, &[])
+    }
+
+    /// [`Daemon::daemon_command`] with more arguments; a grace period among them replaces the
+    /// short default one.
+    pub fn daemon_command_with(
+        dirs: &Dirs,
+        socket: &Path,
+        data: &Path,
+        stderr: Stdio,
+        extra: &[String],
+    ) -> Command {
         let mut c = Command::new(BIN);
         c.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -182,10 +194,15 @@ impl Daemon {
             .arg(socket)
             .arg("--data-dir")
             .arg(data)
-            .args(["--stop-grace-secs", "2", "--kill-grace-secs", "1"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
+        for (flag, short) in [("--stop-grace-secs", "2"), ("--kill-grace-secs", "1")] {
+            if !extra.iter().any(|a| a == flag) {
+                c.args([flag, short]);
+            }
+        }
+        c.args(extra);
         c
     }
 
@@ -195,13 +212,13 @@ impl Daemon {
         self.starts += 1;
         let log = self.stderr_path();
         let f = std::fs::File::create(&log).unwrap();
-        let child = Daemon::daemon_command(
+        let child = Daemon::daemon_command_with(
             &self.dirs,
             &self.dirs.socket,
             &self.dirs.data,
             Stdio::from(f),
+            &self.extra_args,
         )
-        .args(&self.extra_args)
         .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
         .spawn()
         .expect("spawn daemon");
@@ -332,6 +349,23 @@ impl Daemon {
     pub async fn session(&mut self, script: Option<(&str, Value)>) -> pb::SessionInfo {
         let req = self.request(script).await;
         self.create(req).await
+    }
+
+    /// Sends `text` to session `id`; the turn's activity stream, unread.
+    pub async fn start_turn(
+        &self,
+        id: &str,
+        text: &str,
+    ) -> tonic::Streaming<pb::SessionActivityEvent> {
+        self.client()
+            .await
+            .send_message(pb::SendMessageRequest {
+                session_id: id.into(),
+                message: text.into(),
+            })
+            .await
+            .expect("send a message")
+            .into_inner()
     }
 
     /// Every session the daemon has, stopped and failed ones included.

@@ -1080,3 +1080,35 @@ async fn ctrl_c_during_send_without_a_terminal_leaves_the_turn_running() {
     assert!(!info.last_turn_failed, "{info:?}");
     assert_eq!(info.turns_completed, 1);
 }
+
+/// A graceful stop that waits for a turn says, on a terminal, what it waits for and how long;
+/// the line is gone once the stop is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_stop_shows_what_it_waits_for() {
+    let mut d = Daemon::start_with(Dirs::new(), &["--stop-grace-secs", "20"]).await;
+    let Some(tmux) = Tmux::start(&d) else {
+        return;
+    };
+    let s = d.session(Some(("slow", slow_turn(3000)))).await;
+    let turn = d.start_turn(&s.id, "go").await;
+    tmux.spawn(&d, "stop", &["session", "stop", &s.id]);
+    tmux.wait_for("stop", "the progress line", |s| {
+        s.contains("waiting for the current turn to end, then stopping")
+    })
+    .await;
+    let screen = tmux
+        .wait_for("stop", "the exit", |s| s.contains("[exit "))
+        .await;
+    assert!(screen.contains("[exit 0]"), "{screen}");
+    assert!(screen.contains("is STOPPED"), "{screen}");
+    assert!(
+        !screen.contains("waiting for the current turn"),
+        "erased: {screen}"
+    );
+    let acts = collect_ok(turn).await;
+    assert_eq!(
+        kind(acts.last().unwrap()),
+        "COMPLETION",
+        "the turn was let finish"
+    );
+}

@@ -248,16 +248,7 @@ async fn a_turn_written_while_the_daemon_was_away() -> (Daemon, pb::SessionInfo)
         .chain([json!({"result": "done"})])
         .collect();
     let s = d.session(Some(("long", turns(json!(steps))))).await;
-    let mut stream = d
-        .client()
-        .await
-        .send_message(pb::SendMessageRequest {
-            session_id: s.id.clone(),
-            message: "go".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = d.start_turn(&s.id, "go").await;
     next(&mut stream).await.unwrap().unwrap();
     d.kill9();
     tokio::time::sleep(Duration::from_millis(3000)).await;

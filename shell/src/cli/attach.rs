@@ -223,6 +223,15 @@ struct Asks {
     prompted: Option<String>,
 }
 
+/// The terminal bell, once per request put to the user (on a terminal only).
+fn bell() {
+    use std::io::{IsTerminal, Write};
+    let mut out = std::io::stdout();
+    if out.is_terminal() {
+        let _ = out.write_all(b"\x07").and_then(|()| out.flush());
+    }
+}
+
 impl Asks {
     fn on_event(&mut self, a: pb::Approval) {
         if a.state == pb::ApprovalState::Pending as i32 {
@@ -248,6 +257,7 @@ impl Asks {
             if let Some(first) = self.open.front() {
                 println!("{}", approval_prompt(first));
                 self.prompted = Some(first.id.clone());
+                bell();
             }
         }
     }

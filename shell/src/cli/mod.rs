@@ -456,15 +456,22 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
         }
         SessionCmd::Stop { id, force } => {
             let id = resolve(&mut c, &id).await?;
-            let s = c
-                .stop_session(pb::StopSessionRequest {
+            let what = if force {
+                "stopping the agent"
+            } else {
+                "waiting for the current turn to end, then stopping (--force interrupts it)"
+            };
+            let s = with_progress(
+                what,
+                c.stop_session(pb::StopSessionRequest {
                     session_id: id,
                     graceful: !force,
-                })
-                .await?
-                .into_inner()
-                .session
-                .unwrap_or_default();
+                }),
+            )
+            .await?
+            .into_inner()
+            .session
+            .unwrap_or_default();
             if ctx.json {
                 print_json(&session_json(&s));
             } else {
@@ -473,15 +480,17 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
         }
         SessionCmd::Restart { id, config } => {
             let id = resolve(&mut c, &id).await?;
-            let s = c
-                .restart_session(pb::RestartSessionRequest {
+            let s = with_progress(
+                "restarting the agent",
+                c.restart_session(pb::RestartSessionRequest {
                     session_id: id,
                     provider_config: config.into_iter().collect(),
-                })
-                .await?
-                .into_inner()
-                .session
-                .unwrap_or_default();
+                }),
+            )
+            .await?
+            .into_inner()
+            .session
+            .unwrap_or_default();
             if ctx.json {
                 print_json(&session_json(&s));
             } else {
@@ -578,8 +587,7 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
     }
     latis::apply_agent_command(&mut req, &config);
     req.campaign_id = latis::resolve_place(c, &plan.place).await?;
-    let s = c
-        .create_session(req)
+    let s = with_progress("starting the agent", c.create_session(req))
         .await?
         .into_inner()
         .session

@@ -131,3 +131,33 @@ pub fn activity_line(a: &pb::SessionActivityEvent) -> String {
     };
     crate::text::for_terminal(&format!("{kind:<11} {tool}{ok}{body}{tokens}")).into_owned()
 }
+
+/// Awaits `fut`; on a terminal, once it has taken a second, says on stderr what is being
+/// waited for and for how long (updated each second, erased at the end). Nothing otherwise.
+pub async fn with_progress<F: std::future::Future>(what: &str, fut: F) -> F::Output {
+    use std::io::{IsTerminal, Write};
+    if !std::io::stderr().is_terminal() {
+        return fut.await;
+    }
+    tokio::pin!(fut);
+    let start = tokio::time::Instant::now();
+    let second = std::time::Duration::from_secs(1);
+    let mut tick = tokio::time::interval_at(start + second, second);
+    let mut shown = false;
+    loop {
+        tokio::select! {
+            out = &mut fut => {
+                if shown {
+                    eprint!("\r\x1b[2K");
+                    let _ = std::io::stderr().flush();
+                }
+                return out;
+            }
+            _ = tick.tick() => {
+                shown = true;
+                eprint!("\r{what}… {}s", start.elapsed().as_secs());
+                let _ = std::io::stderr().flush();
+            }
+        }
+    }
+}

@@ -431,11 +431,20 @@ impl ClaudeStreamParser {
                 .get("paddock_agent")
                 .and_then(Value::as_str)
                 .unwrap_or("claude");
-            let content = if detail.is_empty() {
+            let mut content = if detail.is_empty() {
                 format!("{agent}: {}", head.join(", "))
             } else {
                 format!("{agent}: {}: {}", head.join(", "), detail.join("; "))
             };
+            // Claude Code's own advice is a slash command of its TUI, which nobody can type
+            // here: say what a paddock user can do.
+            if agent == "claude" && text.contains("Not logged in") {
+                content.push_str(
+                    " — Claude Code is not logged in on this machine: run `claude` once and \
+                     /login, or give the session a key (--env ANTHROPIC_API_KEY=…); \
+                     `paddock doctor` checks",
+                );
+            }
             Activity::new(ActivityKind::Error, content)
         } else {
             Activity::new(ActivityKind::Completion, text)
@@ -1184,6 +1193,16 @@ mod tests {
         assert!(!l.contains('\n'));
         // The parser (replay) ignores it.
         assert!(ClaudeStreamParser::new().parse_line(&l).is_empty());
+    }
+
+    #[test]
+    fn not_logged_in_says_what_a_paddock_user_can_do() {
+        let mut p = ClaudeStreamParser::new();
+        let line = r#"{"type":"result","subtype":"success","is_error":true,"result":"Not logged in · Please run /login","session_id":"s","usage":{"input_tokens":0,"output_tokens":0}}"#;
+        let events = p.parse_line(line);
+        let text = format!("{events:?}");
+        assert!(text.contains("Not logged in · Please run /login"), "{text}");
+        assert!(text.contains("--env ANTHROPIC_API_KEY"), "{text}");
     }
 
     #[test]

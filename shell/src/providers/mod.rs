@@ -177,9 +177,49 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
                 ));
             }
             bridge::openai::check_config(&config.provider_config)
-                .map_err(|e| Error::new(ErrorCode::CreationFailed, e))
+                .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+            openai_key_for_openai(config)
         }
     }
+}
+
+/// OpenAI's own endpoint answers nothing without a key: a session for it without one is
+/// refused at create (with what to do), not left to fail its first turn. Another endpoint (a
+/// local server) may need none.
+fn openai_key_for_openai(config: &SessionConfig) -> Result<(), Error> {
+    let setting = |config_key: &str, env_key: &str| {
+        config
+            .provider_config
+            .get(config_key)
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .or_else(|| {
+                config
+                    .environment
+                    .get(env_key)
+                    .filter(|v| !v.is_empty())
+                    .cloned()
+            })
+            .or_else(|| std::env::var(env_key).ok().filter(|v| !v.is_empty()))
+    };
+    let base = setting("base_url", "OPENAI_BASE_URL")
+        .unwrap_or_else(|| "https://api.openai.com/v1".into());
+    let openai = base
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.split(['/', ':']).next())
+        .is_some_and(|host| host == "api.openai.com");
+    if openai && setting("api_key", "OPENAI_API_KEY").is_none() {
+        return Err(Error::new(
+            ErrorCode::CreationFailed,
+            format!(
+                "the openai-api provider has no key for {base}: pass --env OPENAI_API_KEY=… \
+                 (or set it in the daemon's environment, or --config api_key=…), or point \
+                 --config base_url= at a server that needs none (e.g. http://localhost:11434/v1)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// OBEY-2003 for a model the provider's own service cannot serve, caught at CreateSession
@@ -610,6 +650,29 @@ mod tests {
             .unwrap_err()
             .message
             .contains("approval_timeout"));
+    }
+
+    #[test]
+    fn openai_without_a_key_is_refused_at_create_with_what_to_do() {
+        // The daemon's own environment may hold a key; this test must not depend on it.
+        if std::env::var_os("OPENAI_API_KEY").is_some() {
+            return;
+        }
+        let mut c = SessionConfig::new("c", Provider::OpenAiApi, "/tmp");
+        c.model = "gpt-4.1".into();
+        let e = validate(&c).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CreationFailed);
+        assert!(
+            e.message.contains("OPENAI_API_KEY") && e.message.contains("base_url"),
+            "{e}"
+        );
+        c.environment
+            .insert("OPENAI_API_KEY".into(), "sk-test".into());
+        assert!(validate(&c).is_ok());
+        c.environment.clear();
+        c.provider_config
+            .insert("base_url".into(), "http://localhost:11434/v1".into());
+        assert!(validate(&c).is_ok(), "a local server may need no key");
     }
 
     #[test]
