@@ -54,6 +54,26 @@ pub enum BindError {
 /// Creates the socket's directory (0700, when it does not exist; checked when it does) and binds
 /// the socket (0600). A socket something still answers on is refused ("another `who` is already
 /// listening"); a stale one (nothing answers) is replaced.
+/// The listening socket a service manager passed this process (systemd socket activation:
+/// `LISTEN_PID` names us, `LISTEN_FDS` ≥ 1, the first one taken), if any; the variables are
+/// removed so that nothing this process starts takes it for its own. An fd that is not a Unix
+/// stream socket is an error.
+pub fn activated() -> Result<Option<UnixListener>, BindError> {
+    let io = |source| BindError::Io {
+        path: PathBuf::from("LISTEN_FDS"),
+        source,
+    };
+    let mut fds = listenfd::ListenFd::from_env();
+    if fds.len() == 0 {
+        return Ok(None);
+    }
+    let Some(std_listener) = fds.take_unix_listener(0).map_err(io)? else {
+        return Ok(None);
+    };
+    std_listener.set_nonblocking(true).map_err(io)?;
+    UnixListener::from_std(std_listener).map(Some).map_err(io)
+}
+
 pub fn bind(path: &Path, who: &str) -> Result<UnixListener, BindError> {
     let dir = path
         .parent()

@@ -33,6 +33,7 @@ mod runner_mode;
 mod security;
 mod sessions;
 mod sunbeam;
+mod systemd;
 mod terminal;
 mod top;
 mod torture;

@@ -64,7 +64,16 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         .map_err(StartError::store("load sessions"))?;
     // Claim the socket before anything is started: a daemon that must refuse (another one
     // answers there) leaves nothing behind.
-    let listener = crate::socket::bind(&opts.socket, "paddock daemon")?;
+    // Socket activation (systemd's paddock.socket) hands the socket over; else it is bound here.
+    let activated = crate::socket::activated()?;
+    let socket_activated = activated.is_some();
+    let listener = match activated {
+        Some(l) => {
+            tracing::info!("using the socket the service manager passed (socket activation)");
+            l
+        }
+        None => crate::socket::bind(&opts.socket, "paddock daemon")?,
+    };
     let exe = std::env::current_exe().map_err(|source| StartError::Io {
         what: "find this program's binary".into(),
         source,
@@ -261,7 +270,10 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
     }
     let _ = done_rx.wait_for(|d| *d).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), loop_task).await;
-    let _ = std::fs::remove_file(&opts.socket);
+    // An activated socket belongs to the service manager, which starts us again on it.
+    if !socket_activated {
+        let _ = std::fs::remove_file(&opts.socket);
+    }
     crate::contain::release();
     if let Some(link) = &runner {
         // A clean shutdown stopped every session: the runner has nothing left to keep.
