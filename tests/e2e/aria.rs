@@ -473,3 +473,50 @@ async fn a_python_grpcio_client_uses_the_task_service() {
         "{stdout}"
     );
 }
+
+/// `paddock task`: launch a command bound to a session given by its name, follow its output,
+/// read its record, and cancel one that runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_commands_launch_follow_show_and_cancel() {
+    let mut d = Daemon::start().await;
+    let mut req = d.request(None).await;
+    req.agent_name = "builder".into();
+    let s = d.create(req).await;
+    let cli = |args: &[&str]| {
+        let out = d.dirs.cli(false).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let id = cli(&[
+        "task",
+        "launch",
+        "--session",
+        "builder",
+        "--",
+        "sh",
+        "-c",
+        "echo hi; pwd",
+    ]);
+    assert!(!id.is_empty());
+    let logs = cli(&["task", "logs", "--follow", &id]);
+    assert!(logs.starts_with("hi\n"), "{logs}");
+    assert!(
+        logs.ends_with(&s.working_dir),
+        "it ran in the session's directory: {logs}"
+    );
+    let t: serde_json::Value = serde_json::from_str(&cli(&["--json", "task", "get", &id])).unwrap();
+    assert_eq!(t["status"], "COMPLETED", "{t}");
+    assert_eq!(t["session_id"], s.id.as_str(), "{t}");
+    let slow = cli(&["task", "launch", "--", "sleep", "600"]);
+    assert_eq!(cli(&["task", "cancel", &slow]), "cancelling");
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let t: serde_json::Value =
+            serde_json::from_str(&cli(&["--json", "task", "get", &slow])).unwrap();
+        if t["status"] == "CANCELLED" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{t}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

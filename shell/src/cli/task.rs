@@ -14,7 +14,8 @@ use super::{client, Ctx, Result};
 pub enum TaskCmd {
     /// Launch a command as a task: `paddock task launch [--session ID] -- make test`
     Launch {
-        /// Bind the task to a session (it runs in the session's working dir)
+        /// Bind the task to a session (its name, id or a unique part of the id); it runs in the
+        /// session's working dir
         #[arg(long)]
         session: Option<String>,
         /// Seconds before the task is killed (0 = none)
@@ -61,7 +62,8 @@ fn task_json(t: &pb::Task) -> serde_json::Value {
 
 pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
     // Connect through the same autostart path as every other command.
-    let mut c = TaskServiceClient::new(client::connect_channel(ctx).await?);
+    let channel = client::connect_channel(ctx).await?;
+    let mut c = TaskServiceClient::new(channel.clone());
     match cmd {
         TaskCmd::Launch {
             session,
@@ -70,8 +72,13 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
             kind,
             command,
         } => {
+            // A session's name or a unique part of its id, as everywhere.
+            let session_id = match session {
+                Some(s) => super::resolve(&mut client::client_of(channel), &s).await?,
+                None => String::new(),
+            };
             let req = pb::LaunchTaskRequest {
-                session_id: session.unwrap_or_default(),
+                session_id,
                 r#type: kind,
                 command_json: serde_json::to_string(&command).expect("json"),
                 environment: env.into_iter().collect(),
