@@ -24,28 +24,15 @@ pub fn activity_name(n: i32) -> &'static str {
         .unwrap_or("UNSPECIFIED")
 }
 
-/// RFC 3339 in UTC, millisecond precision, without a date crate.
+/// RFC 3339 in UTC, millisecond precision: prost-types' own formatting of a protobuf
+/// `Timestamp` (already a dependency), cut to milliseconds.
 pub fn rfc3339(seconds: i64, nanos: i32) -> String {
-    let days = seconds.div_euclid(86_400);
-    let secs = seconds.rem_euclid(86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        secs / 3600,
-        (secs / 60) % 60,
-        secs % 60,
-        nanos / 1_000_000
-    )
+    let ms = nanos.clamp(0, 999_999_999) / 1_000_000 * 1_000_000;
+    prost_types::Timestamp {
+        seconds,
+        nanos: ms,
+    }
+    .to_string()
 }
 
 /// The most characters a table cell shows; a longer value (the daemon accepts names of any
@@ -69,10 +56,11 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         .iter()
         .map(|r| r.iter().map(|c| cell(c)).collect())
         .collect();
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    use unicode_width::UnicodeWidthStr;
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.width()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
+            widths[i] = widths[i].max(c.width());
         }
     }
     // Padded by hand: `format!`'s width is a u16 and panics past 65,535.
@@ -82,7 +70,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
         for (i, c) in cells.iter().enumerate() {
             s.push_str(c);
             if i + 1 < cells.len() {
-                let pad = widths[i] - c.chars().count() + 2;
+                let pad = widths[i] - c.width() + 2;
                 s.extend(std::iter::repeat_n(' ', pad));
             }
         }
@@ -164,7 +152,7 @@ mod tests {
 
     #[test]
     fn dates_render() {
-        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00Z");
         assert_eq!(
             rfc3339(1_771_425_000, 5_000_000),
             "2026-02-18T14:30:00.005Z"
@@ -179,6 +167,19 @@ mod tests {
         assert!(row.starts_with(&format!("{}…", "n".repeat(CELL_CHARS_MAX - 1))));
         assert!(row.ends_with("RUNNING"));
         assert_eq!(cell("héllo"), "héllo");
+    }
+
+    #[test]
+    fn wide_characters_keep_columns_aligned() {
+        let t = table(
+            &["NAME", "STATUS"],
+            &[
+                vec!["修正".into(), "RUNNING".into()],
+                vec!["ab".into(), "FAILED".into()],
+            ],
+        );
+        // 修正 takes four cells on a terminal, as "NAME" does.
+        assert_eq!(t, "NAME  STATUS\n修正  RUNNING\nab    FAILED");
     }
 
     #[test]
