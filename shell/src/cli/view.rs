@@ -28,11 +28,7 @@ pub fn activity_name(n: i32) -> &'static str {
 /// `Timestamp` (already a dependency), cut to milliseconds.
 pub fn rfc3339(seconds: i64, nanos: i32) -> String {
     let ms = nanos.clamp(0, 999_999_999) / 1_000_000 * 1_000_000;
-    prost_types::Timestamp {
-        seconds,
-        nanos: ms,
-    }
-    .to_string()
+    prost_types::Timestamp { seconds, nanos: ms }.to_string()
 }
 
 /// The most characters a table cell shows; a longer value (the daemon accepts names of any
