@@ -163,6 +163,19 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
     Ok((process, pipes))
 }
 
+/// For code on plain threads (the openai-api bridge's tool commands): starts `cmd` in a process
+/// group of its own, carrying a new containment tag, which it returns: on a timeout
+/// [`crate::contain::kill_tree`] with the child's pid and that tag ends the command and
+/// everything it started, `setsid`ed children included.
+pub fn spawn_sync(
+    mut cmd: std::process::Command,
+) -> std::io::Result<(std::process::Child, String)> {
+    use std::os::unix::process::CommandExt;
+    let tag = crate::contain::new_tag();
+    cmd.env(crate::contain::TAG_VAR, &tag).process_group(0);
+    Ok((cmd.spawn()?, tag))
+}
+
 /// A supervised process, to wait for.
 #[derive(Debug)]
 pub struct Process {

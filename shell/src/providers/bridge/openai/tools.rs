@@ -282,7 +282,7 @@ impl Tools {
 
     fn spawn_shell(&self, command: &str) -> std::io::Result<Outcome> {
         let (mut reader, writer) = std::io::pipe()?;
-        let mut child = {
+        let (mut child, tag) = {
             // The Command holds our copies of the pipe's write end: dropped right after the
             // spawn, so the reader sees the end of the output when the command's side closes.
             let mut cmd = Command::new("/bin/sh");
@@ -293,7 +293,7 @@ impl Tools {
                 .stdin(Stdio::null())
                 .stdout(writer.try_clone()?)
                 .stderr(writer);
-            cmd.spawn()?
+            crate::proc::spawn_sync(cmd)?
         };
         let max = self.output_max;
         // (kept bytes, total bytes seen), shared so that what came is there even if the pipe
@@ -326,7 +326,8 @@ impl Tools {
             }
             if Instant::now() >= deadline {
                 timed_out = true;
-                kill_tree(child.id());
+                // Its group and everything carrying its tag: a pipeline, a `make`, a `setsid`.
+                crate::contain::kill_tree(child.id(), &tag);
                 break child.wait()?;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -383,53 +384,6 @@ fn cap(mut s: String, max: usize) -> String {
     s.truncate(cut);
     s.push_str(&format!("\n[truncated {dropped} bytes]"));
     s
-}
-
-/// SIGKILLs `pid` and every descendant of it (found through /proc): a timed-out command's
-/// own children (a pipeline, a `make`) must not outlive it.
-fn kill_tree(pid: u32) {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
-    let mut tree = vec![pid];
-    let children = children_by_parent();
-    let mut i = 0;
-    while i < tree.len() {
-        if let Some(c) = children.get(&tree[i]) {
-            tree.extend(c);
-        }
-        i += 1;
-    }
-    // Stop the whole tree first so no one forks in between, then kill.
-    for p in &tree {
-        let _ = kill(Pid::from_raw(*p as i32), Signal::SIGSTOP);
-    }
-    for p in &tree {
-        let _ = kill(Pid::from_raw(*p as i32), Signal::SIGKILL);
-    }
-}
-
-fn children_by_parent() -> std::collections::BTreeMap<u32, Vec<u32>> {
-    let mut map: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return map;
-    };
-    for e in dir.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid …`: comm may hold spaces and parentheses; split after the last `)`.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if let Some(ppid) = ppid {
-            map.entry(ppid).or_default().push(pid);
-        }
-    }
-    map
 }
 
 #[cfg(test)]
@@ -579,7 +533,7 @@ mod tests {
         let t0 = Instant::now();
         let o = t.run(
             SHELL,
-            &json!({"command": format!("echo start; {marker} | cat; echo never")}),
+            &json!({"command": format!("echo start; setsid {marker} & {marker} | cat; echo never")}),
         );
         assert!(
             o.is_error && o.text.starts_with("start\n[timed out after 0.3 s"),
@@ -587,9 +541,10 @@ mod tests {
         );
         assert!(t0.elapsed() < Duration::from_secs(5));
         std::thread::sleep(Duration::from_millis(100));
-        let left = children_by_parent()
-            .values()
+        let left = fs::read_dir("/proc")
+            .unwrap()
             .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
             .filter(|p| {
                 fs::read(format!("/proc/{p}/cmdline"))
                     .map(|c| {
