@@ -154,9 +154,12 @@ pub fn remove_groups(data_dir: &Path) -> usize {
         .sum()
 }
 
-/// At a clean exit: removes this program's cgroup base if no tree is left in it.
+/// At a clean exit, when every tree this program supervised was stopped: ends what is left in
+/// its control groups (a group whose removal was still under way, a straggler) and removes
+/// them and the base, so nothing stays in the machine's cgroup tree.
 pub fn release() {
     if let Some(base) = OWNER.get().and_then(|o| o.cgroups.as_ref()) {
+        cgroup::reap(base);
         cgroup::release(base);
     }
 }
