@@ -158,7 +158,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
                 bridge::codex::validate_config(&config.provider_config)
                     .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
             }
-            find_on_path(&argv[0], config).map(|_| ()).ok_or_else(|| {
+            find_on_path(&argv[0], config).ok_or_else(|| {
                 Error::new(
                     ErrorCode::CreationFailed,
                     format!(
@@ -167,7 +167,11 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
                         argv[0]
                     ),
                 )
-            })
+            })?;
+            if config.provider == Provider::Codex {
+                codex_has_credentials(config)?;
+            }
+            Ok(())
         }
         Provider::OpenAiApi => {
             if config.model.trim().is_empty() {
@@ -181,6 +185,43 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
             openai_key_for_openai(config)
         }
     }
+}
+
+/// Codex without credentials does not fail: it waits for the network forever ("Reconnecting…
+/// waiting for network"), so a session that could never work is refused at create. Credentials
+/// are a key in the session's or the daemon's environment, `codex login`'s `auth.json` under
+/// `$CODEX_HOME` (default `~/.codex`), or a custom `model_provider` (whose key codex reads from
+/// a variable the configuration names: not judged here).
+fn codex_has_credentials(config: &SessionConfig) -> Result<(), Error> {
+    let env = |k: &str| {
+        config
+            .environment
+            .get(k)
+            .filter(|v| !v.is_empty())
+            .cloned()
+            .or_else(|| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    };
+    if env("OPENAI_API_KEY").is_some()
+        || env("CODEX_API_KEY").is_some()
+        || config
+            .provider_config
+            .values()
+            .any(|v| v.contains("model_provider"))
+    {
+        return Ok(());
+    }
+    let home = env("CODEX_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".codex")));
+    if home.is_some_and(|h| h.join("auth.json").is_file()) {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorCode::CreationFailed,
+        "codex has no credentials here (no $OPENAI_API_KEY or $CODEX_API_KEY, no auth.json from \
+         `codex login`), and without them it waits for the network forever: run `codex login`, \
+         or pass --env OPENAI_API_KEY=…; `paddock doctor` checks",
+    ))
 }
 
 /// OpenAI's own endpoint answers nothing without a key: a session for it without one is
@@ -650,6 +691,35 @@ mod tests {
             .unwrap_err()
             .message
             .contains("approval_timeout"));
+    }
+
+    #[test]
+    fn codex_without_credentials_is_refused_at_create() {
+        if ["OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME"]
+            .iter()
+            .any(|k| std::env::var_os(k).is_some())
+        {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("codex");
+        std::fs::write(&bin, "").unwrap();
+        let home = tmp.path().join("home");
+        std::fs::create_dir_all(home.join(".codex")).unwrap();
+        let mut c = SessionConfig::new("c", Provider::Codex, "/tmp");
+        c.provider_config
+            .insert("command".into(), bin.display().to_string());
+        c.environment
+            .insert("HOME".into(), home.display().to_string());
+        let e = validate(&c).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CreationFailed);
+        assert!(e.message.contains("codex login"), "{e}");
+        // A login, a key, or a custom model provider is enough.
+        std::fs::write(home.join(".codex/auth.json"), "{}").unwrap();
+        assert!(validate(&c).is_ok());
+        std::fs::remove_file(home.join(".codex/auth.json")).unwrap();
+        c.environment.insert("OPENAI_API_KEY".into(), "sk-x".into());
+        assert!(validate(&c).is_ok());
     }
 
     #[test]

@@ -427,6 +427,8 @@ fn codex_config_lines() {
     // At CreateSession: OBEY-2004 (creation failed).
     let mut c = paddock_core::SessionConfig::new("c", Provider::Codex, "/tmp");
     c.provider_config.insert("command".into(), "/bin/sh".into());
+    c.environment
+        .insert("OPENAI_API_KEY".into(), "sk-test".into());
     assert!(crate::providers::validate(&c).is_ok());
     c.provider_config
         .insert("codex_config".into(), "no equals sign".into());
