@@ -338,16 +338,15 @@ impl Drop for World {
                 // (The daemon under test may take its time to close its servers; its agents
                 // die with it either way, through PDEATHSIG.)
                 let deadline = Instant::now() + Duration::from_secs(5);
-                while Instant::now() < deadline {
-                    if let Ok(Some(_)) = c.try_wait() {
-                        return;
-                    }
+                while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
                     std::thread::sleep(Duration::from_millis(25));
                 }
                 let _ = c.kill();
             }
             let _ = c.wait();
         }
+        // What a daemon or runner killed before its clean exit left in the cgroup tree.
+        paddock::contain::remove_groups(&self.data);
     }
 }
 
