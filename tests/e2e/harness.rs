@@ -502,6 +502,14 @@ pub fn stop_child(child: &mut Child) {
 /// runs.
 pub struct PidGuard(pub u32);
 
+impl Drop for Dirs {
+    /// What a daemon or runner of these dirs that was not stopped cleanly (an autostarted one,
+    /// one a test SIGKILLed) left in the machine's cgroup tree.
+    fn drop(&mut self) {
+        paddock::contain::remove_groups(&self.data);
+    }
+}
+
 impl Drop for PidGuard {
     fn drop(&mut self) {
         if pid_running(self.0) {
