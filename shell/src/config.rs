@@ -108,12 +108,16 @@ pub struct Loaded {
 impl Loaded {
     /// `config.toml:LINE` for a value read at `span`.
     pub fn source(&self, span: std::ops::Range<usize>) -> String {
-        let line = self.text[..span.start.min(self.text.len())]
+        format!("{}:{}", self.path.display(), self.line(span))
+    }
+
+    /// The line (from 1) a value read at `span` is on.
+    fn line(&self, span: std::ops::Range<usize>) -> usize {
+        self.text[..span.start.min(self.text.len())]
             .bytes()
             .filter(|b| *b == b'\n')
             .count()
-            + 1;
-        format!("{}:{line}", self.path.display())
+            + 1
     }
 }
 
@@ -185,14 +189,13 @@ pub fn parse(path: &Path, text: String) -> Result<Loaded, ConfigError> {
         text,
         config,
     };
-    let at = |span: std::ops::Range<usize>| loaded.source(span);
     let c = &loaded.config;
     if let Some(p) = &c.session.provider {
         if paddock_core::Provider::from_name(p.get_ref()).is_none() {
             return Err(invalid(format!(
                 "line {}: unknown provider {:?} in [session] (scripted, claude-code, codex, \
                  gemini, openclaw, openai-api, acp)",
-                line_of(&at(p.span())),
+                loaded.line(p.span()),
                 p.get_ref()
             )));
         }
@@ -212,7 +215,7 @@ pub fn parse(path: &Path, text: String) -> Result<Loaded, ConfigError> {
         {
             return Err(invalid(format!(
                 "line {}: unknown event {bad:?} in [notify] on (one of: {})",
-                line_of(&at(on.span())),
+                loaded.line(on.span()),
                 NOTIFY_EVENTS.join(", ")
             )));
         }
@@ -222,16 +225,11 @@ pub fn parse(path: &Path, text: String) -> Result<Loaded, ConfigError> {
         if !(u.starts_with("http://") || u.starts_with("https://")) {
             return Err(invalid(format!(
                 "line {}: [notify] webhook must be an http(s) URL, not {u:?}",
-                line_of(&at(url.span()))
+                loaded.line(url.span())
             )));
         }
     }
     Ok(loaded)
-}
-
-/// The line number in a `path:LINE` source.
-fn line_of(source: &str) -> &str {
-    source.rsplit(':').next().unwrap_or("?")
 }
 
 #[cfg(test)]

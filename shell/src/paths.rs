@@ -26,6 +26,23 @@ pub fn default_data_dir() -> PathBuf {
     home.join(".local").join("share").join("paddock")
 }
 
+/// `program` found the way a shell finds it on the search path `path` (a `PATH` value; a name
+/// with a slash is taken as a path). The one lookup the daemon, the CLI and doctor share.
+pub fn find_program(program: &str, path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return p.is_file().then_some(p);
+    }
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// [`find_program`] on this process's own `PATH`.
+pub fn find_on_own_path(program: &str) -> Option<PathBuf> {
+    find_program(program, std::env::var_os("PATH").as_deref())
+}
+
 /// The Aria runtime socket: `~/.aria/runtime.sock` (`$ARIA_RUNTIME_SOCK` is read by clap).
 pub fn default_aria_socket() -> PathBuf {
     let home = std::env::var_os("HOME")

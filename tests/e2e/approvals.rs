@@ -70,23 +70,6 @@ async fn resolve(
         .map(|r| r.into_inner())
 }
 
-/// Starts a turn; returns its activity stream.
-async fn start_turn(
-    d: &Daemon,
-    id: &str,
-    text: &str,
-) -> tonic::Streaming<pb::SessionActivityEvent> {
-    d.client()
-        .await
-        .send_message(pb::SendMessageRequest {
-            session_id: id.into(),
-            message: text.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 fn last_text(acts: &[pb::SessionActivityEvent]) -> String {
     acts.last().map(|a| a.content.clone()).unwrap_or_default()
 }
@@ -95,7 +78,7 @@ fn last_text(acts: &[pb::SessionActivityEvent]) -> String {
 async fn an_approved_tool_runs_and_a_second_answer_is_refused() {
     let mut d = Daemon::start().await;
     let s = asking_session(&mut d, asking_turn(), &[]).await;
-    let turn = start_turn(&d, &s.id, "clean up").await;
+    let turn = d.start_turn(&s.id, "clean up").await;
     let a = wait_pending(&d, &s.id).await;
     assert_eq!(a.kind, pb::ApprovalKind::Permission as i32);
     assert_eq!(a.tool_name, "Bash");
@@ -203,7 +186,7 @@ async fn an_approved_tool_runs_and_a_second_answer_is_refused() {
 async fn a_denied_tool_tells_the_agent_why() {
     let mut d = Daemon::start().await;
     let s = asking_session(&mut d, asking_turn(), &[]).await;
-    let turn = start_turn(&d, &s.id, "clean up").await;
+    let turn = d.start_turn(&s.id, "clean up").await;
     let a = wait_pending(&d, &s.id).await;
     let done = resolve(&d, &a.id, pb::ApprovalDecision::Deny, "keep the build")
         .await
@@ -225,7 +208,7 @@ async fn questions_are_answered_with_text_and_client_tools_with_their_result() {
         {"result": "Final: {answer}"}
     ]}]});
     let s = asking_session(&mut d, script, &[]).await;
-    let turn = start_turn(&d, &s.id, "fix the tests").await;
+    let turn = d.start_turn(&s.id, "fix the tests").await;
     let q = wait_pending(&d, &s.id).await;
     assert_eq!(q.kind, pb::ApprovalKind::Question as i32);
     assert_eq!(
@@ -280,7 +263,7 @@ async fn questions_are_answered_with_text_and_client_tools_with_their_result() {
 async fn an_unanswered_request_expires_with_the_default_and_the_session_carries_on() {
     let mut d = Daemon::start().await;
     let s = asking_session(&mut d, asking_turn(), &[("approval_timeout", "500ms")]).await;
-    let turn = start_turn(&d, &s.id, "clean up").await;
+    let turn = d.start_turn(&s.id, "clean up").await;
     let a = wait_pending(&d, &s.id).await;
     let acts = collect_ok(turn).await;
     assert!(
@@ -357,7 +340,7 @@ async fn policy_settles_what_it_allows_without_asking() {
 async fn a_pending_request_survives_a_daemon_kill_and_its_answer_reaches_the_agent() {
     let mut d = Daemon::start().await;
     let s = asking_session(&mut d, asking_turn(), &[]).await;
-    let _turn = start_turn(&d, &s.id, "clean up").await;
+    let _turn = d.start_turn(&s.id, "clean up").await;
     let a = wait_pending(&d, &s.id).await;
     d.kill9();
     assert!(
@@ -400,7 +383,7 @@ async fn a_stop_while_waiting_cancels_the_request_and_a_watcher_sees_it_all() {
         .unwrap()
         .into_inner();
     let s = asking_session(&mut d, asking_turn(), &[]).await;
-    let turn = start_turn(&d, &s.id, "clean up").await;
+    let turn = d.start_turn(&s.id, "clean up").await;
     let opened = next(&mut watch).await.unwrap().unwrap();
     assert_eq!(opened.state, pb::ApprovalState::Pending as i32);
     assert_eq!(opened.session_id, s.id);
@@ -429,7 +412,7 @@ async fn the_cli_lists_approves_denies_and_answers() {
         {"result": "{answer}"}
     ]}]});
     let s = asking_session(&mut d, script, &[]).await;
-    let turn = start_turn(&d, &s.id, "go").await;
+    let turn = d.start_turn(&s.id, "go").await;
     let cli = |args: &[&str]| {
         let out = d.dirs.cli(false).args(args).output().unwrap();
         (
@@ -554,7 +537,7 @@ async fn the_config_file_sets_daemon_limits_and_notifications() {
     let e = d.client().await.create_session(req).await.unwrap_err();
     assert!(e.message().contains("OBEY-"), "{e:?}");
 
-    let turn = start_turn(&d, &s.id, "go").await;
+    let turn = d.start_turn(&s.id, "go").await;
     let a = wait_pending(&d, &s.id).await;
     let first: Value = serde_json::from_str(&within(posted.recv()).await.unwrap()).unwrap();
     assert_eq!(first["event"], "approval", "{first}");
@@ -619,7 +602,7 @@ async fn approvals_watch_follows_requests_and_names_stand_for_ids() {
             let _ = tx.send(line);
         }
     });
-    let turn = start_turn(&d, &s.id, "go").await;
+    let turn = d.start_turn(&s.id, "go").await;
     let opened = json_line(&mut lines).await;
     assert_eq!(opened["state"], "pending", "{opened}");
     assert_eq!(opened["session_id"], s.id.as_str(), "{opened}");
@@ -665,7 +648,7 @@ async fn the_aria_notification_stream_says_when_an_agent_waits_and_when_it_goes_
     .unwrap()
     .into_inner();
     let s = asking_session(&mut d, asking_turn(), &[]).await;
-    let turn = start_turn(&d, &s.id, "clean up").await;
+    let turn = d.start_turn(&s.id, "clean up").await;
     let is = |x: &aria::Notification, prev: &str, new: &str| {
         matches!(&x.event_payload, Some(EventPayload::SessionStatus(e))
             if e.session_id == s.id && e.previous_status == prev && e.new_status == new)

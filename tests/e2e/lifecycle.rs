@@ -13,22 +13,6 @@ use pb::SessionStatus as S;
 
 use crate::harness::*;
 
-async fn open_send(
-    d: &Daemon,
-    id: &str,
-    message: &str,
-) -> tonic::Streaming<pb::SessionActivityEvent> {
-    d.client()
-        .await
-        .send_message(pb::SendMessageRequest {
-            session_id: id.into(),
-            message: message.into(),
-        })
-        .await
-        .expect("send message")
-        .into_inner()
-}
-
 fn kinds(list: &[pb::SessionActivityEvent]) -> Vec<&'static str> {
     list.iter().map(kind).collect()
 }
@@ -38,7 +22,7 @@ async fn shutdown_stops_every_session_gracefully_and_the_daemon_exits_0() {
     let mut d = Daemon::start().await;
     let idle = d.session(None).await;
     let busy = d.session(Some(("slow", slow_turn(800)))).await;
-    let mut stream = open_send(&d, &busy.id, "finish me").await;
+    let mut stream = d.start_turn(&busy.id, "finish me").await;
     assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
 
     let r = d
@@ -75,7 +59,7 @@ async fn shutdown_stops_every_session_gracefully_and_the_daemon_exits_0() {
 async fn forced_shutdown_interrupts_turns_and_exits_0() {
     let mut d = Daemon::start().await;
     let busy = d.session(Some(("hang", hanging_turn()))).await;
-    let mut stream = open_send(&d, &busy.id, "never finish").await;
+    let mut stream = d.start_turn(&busy.id, "never finish").await;
     assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
     let t0 = Instant::now();
     let r = d
@@ -145,7 +129,7 @@ async fn after_kill_9_a_restarted_daemon_fails_live_sessions_with_2032() {
     let busy = d.session(Some(("hang", hanging_turn()))).await;
     let done = d.session(None).await;
     d.stop(&done.id, true).await.unwrap();
-    let mut stream = open_send(&d, &busy.id, "never finish").await;
+    let mut stream = d.start_turn(&busy.id, "never finish").await;
     assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
     assert!(agent_running(idle.pid as u32) && agent_running(busy.pid as u32));
 

@@ -88,22 +88,6 @@ async fn list_activities(
         .activities
 }
 
-async fn open_send(
-    d: &Daemon,
-    id: &str,
-    message: &str,
-) -> tonic::Streaming<pb::SessionActivityEvent> {
-    d.client()
-        .await
-        .send_message(pb::SendMessageRequest {
-            session_id: id.into(),
-            message: message.into(),
-        })
-        .await
-        .expect("send message")
-        .into_inner()
-}
-
 /// A StopSession running in the background.
 async fn stop_in_background(
     d: &Daemon,
@@ -521,7 +505,7 @@ async fn graceful_stop_during_a_turn_lets_the_turn_finish() {
     let mut d = Daemon::start().await;
     let s = d.session(Some(("slow", slow_turn(1000)))).await;
     let w = watch(&d, &s.id).await;
-    let mut stream = open_send(&d, &s.id, "take your time").await;
+    let mut stream = d.start_turn(&s.id, "take your time").await;
     let first = next(&mut stream).await.unwrap().unwrap();
     assert_eq!(kind(&first), "THINKING");
     let stopper = stop_in_background(&d, &s.id, true).await;
@@ -557,7 +541,7 @@ async fn graceful_stop_that_outlasts_the_grace_period_is_2021_and_force_stops() 
     let mut d = Daemon::start().await;
     let s = d.session(Some(("hang", hanging_turn()))).await;
     let w = watch(&d, &s.id).await;
-    let mut stream = open_send(&d, &s.id, "never finish").await;
+    let mut stream = d.start_turn(&s.id, "never finish").await;
     let first = next(&mut stream).await.unwrap().unwrap();
     assert_eq!(kind(&first), "THINKING");
     let t0 = Instant::now();
@@ -611,7 +595,7 @@ async fn forced_stop_during_a_turn_ends_the_stream_at_once() {
     let mut d = Daemon::start().await;
     let s = d.session(Some(("hang", hanging_turn()))).await;
     let w = watch(&d, &s.id).await;
-    let mut stream = open_send(&d, &s.id, "never finish").await;
+    let mut stream = d.start_turn(&s.id, "never finish").await;
     let first = next(&mut stream).await.unwrap().unwrap();
     assert_eq!(kind(&first), "THINKING");
     let t0 = Instant::now();
@@ -641,7 +625,7 @@ async fn an_agent_that_ignores_sigterm_is_killed_after_the_kill_grace() {
     let mut script = hanging_turn();
     script["ignore_sigterm"] = json!(true);
     let s = d.session(Some(("stubborn", script))).await;
-    let mut stream = open_send(&d, &s.id, "ignore them").await;
+    let mut stream = d.start_turn(&s.id, "ignore them").await;
     assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
     let t0 = Instant::now();
     let stopper = stop_in_background(&d, &s.id, false).await;
@@ -667,7 +651,7 @@ async fn an_agent_that_ignores_sigterm_is_killed_after_the_kill_grace() {
 async fn a_forced_stop_cuts_a_waiting_graceful_stop_short() {
     let mut d = Daemon::start().await;
     let s = d.session(Some(("hang", hanging_turn()))).await;
-    let mut stream = open_send(&d, &s.id, "never finish").await;
+    let mut stream = d.start_turn(&s.id, "never finish").await;
     assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
     let t0 = Instant::now();
     let graceful = stop_in_background(&d, &s.id, true).await;
@@ -695,7 +679,7 @@ async fn a_forced_stop_cuts_a_waiting_graceful_stop_short() {
 async fn restart_during_a_turn_interrupts_it() {
     let mut d = Daemon::start().await;
     let s = d.session(Some(("hang", hanging_turn()))).await;
-    let mut stream = open_send(&d, &s.id, "never finish").await;
+    let mut stream = d.start_turn(&s.id, "never finish").await;
     assert_eq!(kind(&next(&mut stream).await.unwrap().unwrap()), "THINKING");
     let r = d
         .client()

@@ -94,14 +94,6 @@ const AGENTS: &[AgentCli] = &[
     },
 ];
 
-/// `program` on `PATH`, as a shell would find it.
-fn on_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-}
-
 /// The first line `program --version` prints, or why there is none.
 async fn version(program: &Path) -> std::result::Result<String, String> {
     let run = tokio::process::Command::new(program)
@@ -153,7 +145,7 @@ fn credentials(a: &AgentCli, home: Option<&Path>) -> Option<String> {
 
 async fn agent(a: &AgentCli, home: Option<&Path>) -> Check {
     let what = format!("{} ({})", a.provider, a.program);
-    let Some(program) = on_path(a.program) else {
+    let Some(program) = crate::paths::find_on_own_path(a.program) else {
         return Check {
             what,
             level: Level::Missing,

@@ -263,9 +263,7 @@ impl Host {
     }
 
     fn find(&self, program: &str) -> Option<PathBuf> {
-        std::env::split_paths(self.path.as_ref()?)
-            .map(|d| d.join(program))
-            .find(|p| p.is_file())
+        crate::paths::find_program(program, self.path.as_deref())
     }
 }
 

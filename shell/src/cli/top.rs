@@ -780,37 +780,31 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
 
 /// Carries out an RPC action; what to show.
 async fn act(mut c: Client, action: Action) -> Result<String> {
-    let resolve = |approval_id: String, decision: pb::ApprovalDecision, text: String| {
-        pb::ResolveApprovalRequest {
-            approval_id,
-            decision: decision as i32,
-            text,
-            is_error: false,
-            resolved_by: "top".into(),
-        }
-    };
-    Ok(match action {
-        Action::Approve(id) => {
-            let a = c
-                .resolve_approval(resolve(id, pb::ApprovalDecision::Approve, String::new()))
-                .await?
-                .into_inner();
-            format!("approved {}", a.id)
-        }
+    use pb::ApprovalDecision as D;
+    let decided = match &action {
+        Action::Approve(id) => Some((id.clone(), D::Approve, String::new(), "approved")),
         Action::Deny { approval, reason } => {
-            let a = c
-                .resolve_approval(resolve(approval, pb::ApprovalDecision::Deny, reason))
-                .await?
-                .into_inner();
-            format!("denied {}", a.id)
+            Some((approval.clone(), D::Deny, reason.clone(), "denied"))
         }
         Action::Answer { approval, text } => {
-            let a = c
-                .resolve_approval(resolve(approval, pb::ApprovalDecision::Answer, text))
-                .await?
-                .into_inner();
-            format!("answered {}", a.id)
+            Some((approval.clone(), D::Answer, text.clone(), "answered"))
         }
+        _ => None,
+    };
+    if let Some((approval_id, decision, text, verb)) = decided {
+        let a = c
+            .resolve_approval(pb::ResolveApprovalRequest {
+                approval_id,
+                decision: decision as i32,
+                text,
+                is_error: false,
+                resolved_by: "top".into(),
+            })
+            .await?
+            .into_inner();
+        return Ok(format!("{verb} {}", a.id));
+    }
+    Ok(match action {
         Action::Stop(id) => {
             c.stop_session(pb::StopSessionRequest {
                 session_id: id.clone(),
@@ -837,7 +831,12 @@ async fn act(mut c: Client, action: Action) -> Result<String> {
             super::latis::stop_and_delete(&mut c, &info).await?;
             format!("deleted {}", short_id(&id))
         }
-        Action::None | Action::Quit | Action::Attach(_) => String::new(),
+        Action::None
+        | Action::Quit
+        | Action::Attach(_)
+        | Action::Approve(_)
+        | Action::Deny { .. }
+        | Action::Answer { .. } => String::new(),
     })
 }
 

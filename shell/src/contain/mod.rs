@@ -62,6 +62,7 @@ struct Owner {
     data_dir: PathBuf,
     /// The canonical data dir, as text.
     dir: String,
+    role: Role,
     /// `<role>@<dir>`: the value of [`OWNER_VAR`] this program gives.
     mark: String,
     /// Where this program's trees get their cgroups, if it can make them.
@@ -81,6 +82,7 @@ pub fn set_owner(data_dir: &Path, role: Role) {
     let cgroups = cgroup::prepare(data_dir, &dir, role.name());
     let _ = OWNER.set(Owner {
         data_dir: data_dir.to_path_buf(),
+        role,
         mark: format!("{}@{dir}", role.name()),
         dir,
         cgroups,
@@ -123,7 +125,7 @@ pub fn reap_orphans(roles: &[Role]) -> usize {
             .collect();
         if let Some(own) = &owner.cgroups {
             // Only this program's role has prepared its base; the other role's is recorded.
-            if owner.mark.starts_with(role.name()) && !bases.contains(own) {
+            if owner.role == *role && !bases.contains(own) {
                 bases.push(own.clone());
             }
         }

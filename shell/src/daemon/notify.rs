@@ -53,7 +53,7 @@ impl Notifier {
         };
         let desktop = c.desktop.as_ref().is_none_or(|d| *d.get_ref())
             && std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some()
-            && on_path("notify-send");
+            && crate::paths::find_on_own_path("notify-send").is_some();
         Notifier {
             on,
             command: c.command.as_ref().map(|c| c.get_ref().clone()),
@@ -80,11 +80,6 @@ impl Notifier {
         ));
         tokio::spawn(deliver(self, rx));
     }
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 
 /// What a status change is worth telling, if anything.

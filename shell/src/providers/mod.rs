@@ -360,17 +360,10 @@ pub fn agent_command(
 /// on the session's own `PATH` if its environment sets one (the agent runs with it), else the
 /// daemon's.
 pub fn find_on_path(program: &str, config: &SessionConfig) -> Option<PathBuf> {
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return p.is_file().then_some(p);
+    match config.environment.get("PATH") {
+        Some(p) => crate::paths::find_program(program, Some(std::ffi::OsStr::new(p))),
+        None => crate::paths::find_on_own_path(program),
     }
-    let path = match config.environment.get("PATH") {
-        Some(p) => std::ffi::OsString::from(p),
-        None => std::env::var_os("PATH")?,
-    };
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file())
 }
 
 /// `provider_config["system_prompt"]`: text for the agent's system prompt (sunbeam's project
