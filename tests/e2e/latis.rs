@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::cli::{cli, run, Out};
 use crate::harness::*;
-use crate::terminal::Tmux;
+use crate::terminal::{above_prompt, Tmux};
 
 /// `paddock --no-autostart <args>` run in `dir` (the CLI's current directory).
 async fn cli_in(d: &Daemon, dir: &Path, args: &[&str]) -> Out {
@@ -525,7 +525,7 @@ async fn attach_in_a_terminal_talks_to_the_agent_and_detaches() {
     let s = tmux
         .wait_for("a", "the answer and the turn's end", |s| {
             s.contains("Agent: You said: please run the tests")
-                && s.trim_end().ends_with("[complete]")
+                && above_prompt(s).ends_with("[complete]")
         })
         .await;
     let after: Vec<&str> = s
@@ -534,7 +534,7 @@ async fn attach_in_a_terminal_talks_to_the_agent_and_detaches() {
         .unwrap()
         .lines()
         .map(str::trim_end)
-        .filter(|l| !l.is_empty())
+        .filter(|l| !l.is_empty() && *l != ">")
         .collect();
     // The turn's activity in order, the state line last (it waits for the answer); `[working]`
     // comes from another stream than the activity, so only its presence is certain.
@@ -546,7 +546,7 @@ async fn attach_in_a_terminal_talks_to_the_agent_and_detaches() {
     assert_eq!(
         activity,
         [
-            "please run the tests",
+            "> please run the tests",
             "Agent (thinking): Reading: please run the tests",
             "  [Bash] make test",
             "  [Bash ok] 3 passed",
@@ -573,6 +573,68 @@ async fn attach_in_a_terminal_talks_to_the_agent_and_detaches() {
     let info = d.get(&id).await;
     assert_eq!(status_name(info.status), "RUNNING");
     assert_eq!(info.turns_completed, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_edits_lines_keeps_history_and_prints_above_the_line_being_typed() {
+    let d = Daemon::start().await;
+    let Some(tmux) = Tmux::start(&d) else {
+        return;
+    };
+    let script = d
+        .dirs
+        .script("echo", &turns(json!([{"result": "You said: {message}"}])));
+    let id = create_task(&d, "hello", &format!("script={script}")).await;
+    d.wait_status(&id, pb::SessionStatus::Running).await;
+    tmux.spawn(&d, "a", &["session", "attach", &id]);
+    tmux.wait_for("a", "the hint", |s| s.contains("Ctrl-D detaches"))
+        .await;
+
+    // Editing: a typo mended with the arrow keys before Enter.
+    tmux.run(&["send-keys", "-t", "a", "-l", "fist line"]);
+    tmux.keys("a", &["Home", "Right", "Right"]);
+    tmux.run(&["send-keys", "-t", "a", "-l", "r"]);
+    tmux.keys("a", &["Enter"]);
+    tmux.wait_for("a", "the answer", |s| {
+        s.contains("Agent: You said: first line") && above_prompt(s).ends_with("[complete]")
+    })
+    .await;
+
+    // Output from elsewhere (another client's turn) lands above a half-typed line, which
+    // stays on the last row as it was.
+    tmux.run(&["send-keys", "-t", "a", "-l", "half typed"]);
+    tmux.wait_for("a", "the draft", |s| s.trim_end().ends_with("> half typed"))
+        .await;
+    d.send(&id, "from elsewhere").await;
+    let s = tmux
+        .wait_for("a", "the other turn", |s| {
+            s.contains("Agent: You said: from elsewhere")
+                && s.trim_end().ends_with("[complete]\n> half typed")
+        })
+        .await;
+    assert!(
+        s.contains("You: from elsewhere") || s.contains("Agent: You said: from elsewhere"),
+        "{s}"
+    );
+
+    // History: Ctrl-U clears the draft, Up brings back the last line sent, which is edited
+    // and sent again.
+    tmux.keys("a", &["C-u", "Up"]);
+    tmux.wait_for("a", "the recalled line", |s| {
+        s.trim_end().ends_with("> first line")
+    })
+    .await;
+    tmux.type_line("a", " again");
+    tmux.wait_for("a", "the answer", |s| {
+        s.contains("Agent: You said: first line again")
+    })
+    .await;
+    tmux.keys("a", &["C-d"]);
+    tmux.wait_for("a", "the exit", |s| {
+        s.contains("Detached; the agent keeps working.\n[exit 0]")
+    })
+    .await;
+    assert_eq!(d.get(&id).await.turns_completed, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -683,6 +745,11 @@ async fn attach_follows_a_session_to_its_end() {
         s.contains(&format!("[stopped]\nSession {id} is stopped.\n[exit 0]")),
         "{s}"
     );
+    // The line editor was still reading: the terminal is back in its usual mode.
+    let modes = tmux.modes("a");
+    for m in ["icanon", "echo", "isig"] {
+        assert!(modes.iter().any(|x| x == m), "{m} not restored: {modes:?}");
+    }
     // Attaching to a stopped session shows its history and says how to go on.
     tmux.spawn(&d, "b", &["session", "attach", &id]);
     let s = tmux
@@ -911,7 +978,7 @@ async fn attach_asks_the_human_and_answers_on_the_same_line() {
     };
     assert!(at("[waiting for input]") < at(" approved (attach)]"), "{s}");
     assert!(
-        at("Allow Bash: rm -rf build? [y/n, or n and a reason]") < at("sure"),
+        at("Allow Bash: rm -rf build? [y/n, or n and a reason]") < at("> sure"),
         "{s}"
     );
     assert!(
@@ -919,7 +986,7 @@ async fn attach_asks_the_human_and_answers_on_the_same_line() {
         "{s}"
     );
     tmux.wait_for("a", "the turn's end", |s| {
-        s.trim_end().ends_with("[complete]")
+        above_prompt(s).ends_with("[complete]")
     })
     .await;
 
@@ -937,7 +1004,7 @@ async fn attach_asks_the_human_and_answers_on_the_same_line() {
     })
     .await;
     tmux.wait_for("a", "the turn's end", |s| {
-        s.trim_end().ends_with("[complete]")
+        above_prompt(s).ends_with("[complete]")
     })
     .await;
 

@@ -102,14 +102,30 @@ impl Tmux {
         ]);
     }
 
+    /// What pane `name` shows, each line without its trailing blanks (a line editor clears
+    /// a row by writing spaces over it).
     pub fn screen(&self, name: &str) -> String {
-        self.run(&["capture-pane", "-p", "-J", "-S", "-200", "-t", name])
+        let s = self.run(&["capture-pane", "-p", "-J", "-S", "-200", "-t", name]);
+        s.lines().map(str::trim_end).collect::<Vec<_>>().join("\n") + "\n"
     }
 
     pub fn keys(&self, name: &str, keys: &[&str]) {
         let mut args = vec!["send-keys", "-t", name];
         args.extend_from_slice(keys);
         self.run(&args);
+    }
+
+    /// The terminal modes of pane `name` as `stty -a` names them (`icanon`, `-echo`, …).
+    pub fn modes(&self, name: &str) -> Vec<String> {
+        let tty = self.run(&["display-message", "-p", "-t", name, "#{pane_tty}"]);
+        let o = Command::new("stty")
+            .args(["-a", "-F", tty.trim()])
+            .output()
+            .expect("stty");
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
     }
 
     /// Types `text` literally, then Enter.
@@ -132,6 +148,15 @@ impl Tmux {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// A screen without the line editor's empty prompt at its end: what was printed above it.
+pub fn above_prompt(s: &str) -> &str {
+    let s = s.trim_end();
+    match s.rsplit_once('\n') {
+        Some((above, ">")) => above.trim_end(),
+        _ => s,
     }
 }
 

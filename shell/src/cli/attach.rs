@@ -7,12 +7,11 @@
 //! in order, when its turn ends. EOF on stdin (Ctrl-D) or Ctrl-C detaches: the session goes
 //! on.
 //!
-//! stdin is read on a thread of its own (a blocking read never holds the async runtime), which
-//! hands lines over a bounded channel. A SendMessage stream is drained by a task of its own: its
+//! Lines are read by [`super::line_input`] (a line editor on a terminal, the output printed
+//! above the line being typed), on a thread of its own. A SendMessage stream is drained by a task of its own: its
 //! activities are printed from the WatchActivity stream, which every attached client shares.
 
 use std::collections::VecDeque;
-use std::io::BufRead;
 
 use paddock_core::{ActivityKind, ErrorCode, Status};
 use paddock_proto::obey::local::v1 as pb;
@@ -20,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
 use super::client::Client;
+use super::line_input::{Screen, Typed, LINE_MAX_BYTES};
 use super::view::{latis_state, one_line};
 use super::Error;
 use crate::transport::obey_code;
@@ -28,8 +28,6 @@ use crate::transport::obey_code;
 pub const HISTORY_MAX_ENTRIES: i32 = 20;
 /// Lines that may wait for the agent's turn to end; past it a line is refused, loudly.
 pub const QUEUE_MAX_LINES: usize = 16;
-/// A typed line is at most this long (a message is text a person types).
-pub const LINE_MAX_BYTES: usize = 64 * 1024;
 /// Tool calls, tool results and thinking are shown cut to this many characters.
 const DETAIL_MAX_CHARS: usize = 160;
 /// How often the live activity stream is reopened (after it fell behind) before giving up.
@@ -37,75 +35,6 @@ const REOPEN_MAX: u32 = 8;
 /// How often a line refused as "busy" is retried at once when the session says it is idle
 /// again (another client's turn ended in between) before waiting for the next turn's end.
 const BUSY_RETRIES_MAX: u32 = 3;
-
-/// What the stdin thread reads.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Typed {
-    Line(String),
-    TooLong(usize),
-    Eof,
-    Failed(String),
-}
-
-/// Reads one line of at most `max` bytes (without its `\n` / `\r\n`); a longer one is read to
-/// its end and reported as [`Typed::TooLong`].
-pub fn read_line<R: BufRead>(r: &mut R, max: usize) -> Typed {
-    let mut buf: Vec<u8> = Vec::new();
-    let mut len = 0usize;
-    loop {
-        let chunk = match r.fill_buf() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Typed::Failed(e.to_string()),
-        };
-        if chunk.is_empty() {
-            if len == 0 {
-                return Typed::Eof;
-            }
-            break;
-        }
-        let (part, done) = match chunk.iter().position(|b| *b == b'\n') {
-            Some(i) => (&chunk[..i], Some(i + 1)),
-            None => (chunk, None),
-        };
-        len += part.len();
-        if len <= max {
-            buf.extend_from_slice(part);
-        }
-        let used = done.unwrap_or(part.len());
-        r.consume(used);
-        if done.is_some() {
-            break;
-        }
-    }
-    if len > max {
-        return Typed::TooLong(len);
-    }
-    if buf.last() == Some(&b'\r') {
-        buf.pop();
-    }
-    Typed::Line(String::from_utf8_lossy(&buf).into_owned())
-}
-
-fn spawn_stdin(tx: mpsc::Sender<Typed>) {
-    let spawned = std::thread::Builder::new()
-        .name("attach-stdin".into())
-        .spawn(move || {
-            let stdin = std::io::stdin();
-            let mut lock = stdin.lock();
-            loop {
-                let t = read_line(&mut lock, LINE_MAX_BYTES);
-                let last = matches!(t, Typed::Eof | Typed::Failed(_));
-                if tx.blocking_send(t).is_err() || last {
-                    return;
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        // Without a reader the attach is read-only; say why (the loop still runs).
-        eprintln!("error: cannot read the terminal: {e}");
-    }
-}
 
 /// One conversation entry as attach prints it: `You: …`, `Agent: …`, `Agent (thinking): …`,
 /// `  [Bash] cargo test`, `  [Bash ok] …`, `Error: …`. `role` is a history role (user,
@@ -218,18 +147,10 @@ pub fn resolution_line(a: &pb::Approval) -> Option<String> {
 /// The requests of the session that wait for a human, the first one asked.
 #[derive(Default)]
 struct Asks {
+    screen: Screen,
     open: VecDeque<pb::Approval>,
     /// The id of the request whose prompt was printed.
     prompted: Option<String>,
-}
-
-/// The terminal bell, once per request put to the user (on a terminal only).
-fn bell() {
-    use std::io::{IsTerminal, Write};
-    let mut out = std::io::stdout();
-    if out.is_terminal() {
-        let _ = out.write_all(b"\x07").and_then(|()| out.flush());
-    }
 }
 
 impl Asks {
@@ -239,15 +160,15 @@ impl Asks {
                 if self.open.len() < APPROVALS_MAX {
                     self.open.push_back(a);
                 } else {
-                    println!(
+                    self.screen.say(format!(
                         "(more than {APPROVALS_MAX} requests are open; `paddock approvals` lists them all)"
-                    );
+                    ));
                 }
             }
         } else if let Some(i) = self.open.iter().position(|x| x.id == a.id) {
             self.open.remove(i);
             if let Some(line) = resolution_line(&a) {
-                println!("{line}");
+                self.screen.say(line);
             }
             if self.prompted.as_deref() == Some(a.id.as_str()) {
                 self.prompted = None;
@@ -255,9 +176,9 @@ impl Asks {
         }
         if self.prompted.is_none() {
             if let Some(first) = self.open.front() {
-                println!("{}", approval_prompt(first));
+                self.screen.say(approval_prompt(first));
                 self.prompted = Some(first.id.clone());
-                bell();
+                self.screen.bell();
             }
         }
     }
@@ -269,7 +190,7 @@ impl Asks {
         if self.prompted.as_ref().is_some_and(|id| !open.contains(id)) {
             self.prompted = None;
             if let Some(first) = self.open.front() {
-                println!("{}", approval_prompt(first));
+                self.screen.say(approval_prompt(first));
                 self.prompted = Some(first.id.clone());
             }
         }
@@ -283,9 +204,9 @@ impl Asks {
 }
 
 /// Answers the asked request with a typed line (the approvals stream then says how it ended).
-async fn answer(c: &mut Client, a: &pb::Approval, line: &str) {
+async fn answer(c: &mut Client, screen: &Screen, a: &pb::Approval, line: &str) {
     match answer_of(a, line) {
-        Err(hint) => println!("{hint}"),
+        Err(hint) => screen.say(hint),
         Ok((decision, text)) => {
             let r = c
                 .resolve_approval(pb::ResolveApprovalRequest {
@@ -297,7 +218,7 @@ async fn answer(c: &mut Client, a: &pb::Approval, line: &str) {
                 })
                 .await;
             if let Err(e) = r {
-                println!("error: {}", e.message());
+                screen.say(format!("error: {}", e.message()));
             }
         }
     }
@@ -323,8 +244,8 @@ pub fn state_label(status: Status, turns_completed: i64, last_turn_failed: bool)
 }
 
 /// Prints live activities, the answer repeated after the agent's last words once.
-#[derive(Default)]
 struct Printer {
+    screen: Screen,
     last_status: Option<String>,
 }
 
@@ -339,16 +260,13 @@ impl Printer {
             ActivityKind::Status => self.last_status = Some(a.content.clone()),
             _ => {}
         }
-        println!(
-            "{}",
-            entry(
-                role_of(kind),
-                &a.tool_name,
-                &a.tool_call_id,
-                a.tool_success,
-                &a.content
-            )
-        );
+        self.screen.say(entry(
+            role_of(kind),
+            &a.tool_name,
+            &a.tool_call_id,
+            a.tool_success,
+            &a.content,
+        ));
     }
 }
 
@@ -366,6 +284,7 @@ enum Sent {
 
 /// What attach knows of the session.
 struct Session {
+    screen: Screen,
     id: String,
     status: Status,
     turns: i64,
@@ -397,8 +316,10 @@ impl Session {
         if label != self.label {
             self.label = label;
             match self.status {
-                Status::Failed if !self.error.is_empty() => println!("[failed: {}]", self.error),
-                _ => println!("[{label}]"),
+                Status::Failed if !self.error.is_empty() => {
+                    self.screen.say(format!("[failed: {}]", self.error))
+                }
+                _ => self.screen.say(format!("[{label}]")),
             }
         }
     }
@@ -486,7 +407,7 @@ const BUSY_NOTE: &str = "(the agent is busy; your message is sent when this turn
 /// Runs an attach until the user detaches or the session ends.
 pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
     // Subscribe to status changes first, then read: no change falls between the two.
-    let mut statuses = c
+    let statuses = c
         .watch_session(pb::WatchSessionRequest {
             session_id: id.clone(),
         })
@@ -507,6 +428,7 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
         ))
     })?;
     let mut s = Session {
+        screen: Screen::default(),
         id: id.clone(),
         status,
         turns: info.turns_completed,
@@ -546,16 +468,55 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
         return Ok(());
     }
     println!("(type a message and press Enter; Ctrl-D detaches, the agent keeps working)");
-    let mut last_seq = history.last_seq;
-    let mut acts = watch_activity(c, &id, last_seq).await?;
-    let mut approvals = watch_approvals(c, &id).await?;
-    let mut asks = Asks::default();
-    let mut reopened = 0u32;
-
+    let acts = watch_activity(c, &id, history.last_seq).await?;
+    let approvals = watch_approvals(c, &id).await?;
     let (typed_tx, mut typed) = mpsc::channel::<Typed>(4);
-    spawn_stdin(typed_tx);
+    s.screen = Screen::start(typed_tx);
+    let live = Live {
+        statuses,
+        last_seq: history.last_seq,
+        acts,
+        approvals,
+    };
+    let r = converse(c, &mut s, &mut typed, live).await;
+    // Whatever ended the conversation, the terminal is left as it was found.
+    s.screen.close();
+    r
+}
+
+/// The streams a live conversation reads.
+struct Live {
+    statuses: tonic::Streaming<pb::SessionStatusEvent>,
+    last_seq: i64,
+    acts: tonic::Streaming<pb::SessionActivityEvent>,
+    approvals: tonic::Streaming<pb::Approval>,
+}
+
+/// The live part of attach: typed lines, the agent's activity, requests and state changes,
+/// until the session ends or the user detaches.
+async fn converse(
+    c: &mut Client,
+    s: &mut Session,
+    typed: &mut mpsc::Receiver<Typed>,
+    live: Live,
+) -> super::Result<()> {
+    let Live {
+        mut statuses,
+        mut last_seq,
+        mut acts,
+        mut approvals,
+    } = live;
+    let id = s.id.clone();
+    let mut asks = Asks {
+        screen: s.screen.clone(),
+        ..Asks::default()
+    };
+    let mut reopened = 0u32;
     let (sent_tx, mut sent) = mpsc::channel::<Sent>(4);
-    let mut printer = Printer::default();
+    let mut printer = Printer {
+        screen: s.screen.clone(),
+        last_status: None,
+    };
     let (mut s_open, mut a_open, mut t_open, mut q_open) = (true, true, true, true);
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -565,24 +526,24 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
         tokio::select! {
             biased;
             _ = &mut ctrl_c => {
-                detach(&s);
+                detach(s);
                 return Ok(());
             }
             t = typed.recv(), if t_open => match t {
                 Some(Typed::Line(line)) => match asks.asked().cloned() {
                     // A request waits for a human: the line is its answer.
-                    Some(a) => answer(c, &a, &line).await,
-                    None => on_line(c, &mut s, line, &sent_tx),
+                    Some(a) => answer(c, &s.screen, &a, &line).await,
+                    None => on_line(c, s, line, &sent_tx),
                 },
-                Some(Typed::TooLong(n)) => println!(
+                Some(Typed::TooLong(n)) => s.screen.say(format!(
                     "(that line is {n} bytes, over the {LINE_MAX_BYTES}-byte limit; not sent)"
-                ),
+                )),
                 Some(Typed::Failed(e)) => {
-                    println!("(cannot read the terminal any more: {e}; still watching, Ctrl-C detaches)");
+                    s.screen.say(format!("(cannot read the terminal any more: {e}; still watching, Ctrl-C detaches)"));
                     t_open = false;
                 }
                 Some(Typed::Eof) | None => {
-                    detach(&s);
+                    detach(s);
                     return Ok(());
                 }
             },
@@ -590,13 +551,13 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
                 Some(Sent::Accepted) => {
                     s.sending = false;
                     s.busy_retries = 0;
-                    send_next(c, &mut s, &sent_tx);
+                    send_next(c, s, &sent_tx);
                 }
                 Some(Sent::Refused(mut line, e)) if is_busy_refusal(&e) => {
                     // Another client's turn (or ours, not yet reported) holds the agent.
                     s.sending = false;
                     if !line.noted {
-                        println!("{BUSY_NOTE}");
+                        s.screen.say(BUSY_NOTE);
                         line.noted = true;
                     }
                     s.queue.push_front(line);
@@ -605,19 +566,19 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
                         Some(Status::Running) if s.busy_retries < BUSY_RETRIES_MAX => {
                             s.busy_retries += 1;
                             s.status = Status::Running;
-                            send_next(c, &mut s, &sent_tx);
+                            send_next(c, s, &sent_tx);
                         }
                         Some(st) if st.is_terminal() || st == Status::Stopping => {
                             s.on_status(st, Some(&now));
-                            drop_queue(&mut s);
+                            drop_queue(s);
                         }
                         _ => s.busy_retries = 0,
                     }
                 }
                 Some(Sent::Refused(line, e)) => {
                     s.sending = false;
-                    println!("error: {} (not sent: {})", e.message(), one_line(&line.text, DETAIL_MAX_CHARS));
-                    send_next(c, &mut s, &sent_tx);
+                    s.screen.say(format!("error: {} (not sent: {})", e.message(), one_line(&line.text, DETAIL_MAX_CHARS)));
+                    send_next(c, s, &sent_tx);
                 }
                 None => {}
             },
@@ -652,8 +613,8 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
                     let now = get(c, &id).await.ok();
                     s.on_status(new, now.as_ref());
                     match new {
-                        Status::Running => send_next(c, &mut s, &sent_tx),
-                        Status::Stopping | Status::Stopped | Status::Failed => drop_queue(&mut s),
+                        Status::Running => send_next(c, s, &sent_tx),
+                        Status::Stopping | Status::Stopped | Status::Failed => drop_queue(s),
                         _ => {}
                     }
                 }
@@ -701,10 +662,10 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
             s.label
         )));
     }
-    drop_queue(&mut s);
+    drop_queue(s);
     match status {
-        Status::Failed => println!("Session {} failed.", s.id),
-        _ => println!("Session {} is {}.", s.id, s.label),
+        Status::Failed => s.screen.say(format!("Session {} failed.", s.id)),
+        _ => s.screen.say(format!("Session {} is {}.", s.id, s.label)),
     }
     Ok(())
 }
@@ -717,22 +678,23 @@ fn on_line(c: &Client, s: &mut Session, text: String, tx: &mpsc::Sender<Sent>) {
         s.status,
         Status::Stopping | Status::Stopped | Status::Failed
     ) {
-        println!("(the session is {}; not sent)", s.label);
+        s.screen
+            .say(format!("(the session is {}; not sent)", s.label));
         return;
     }
     if s.queue.len() >= QUEUE_MAX_LINES {
-        println!(
+        s.screen.say(format!(
             "({QUEUE_MAX_LINES} messages are already waiting for the agent; this one was not sent)"
-        );
+        ));
         return;
     }
     let idle = s.status == Status::Running && !s.sending && s.queue.is_empty();
     if !idle {
         match s.status {
-            Status::Created | Status::Starting => {
-                println!("(the agent is starting; your message is sent once it is up)")
-            }
-            _ => println!("{BUSY_NOTE}"),
+            Status::Created | Status::Starting => s
+                .screen
+                .say("(the agent is starting; your message is sent once it is up)"),
+            _ => s.screen.say(BUSY_NOTE),
         }
     }
     s.queue.push_back(Queued { text, noted: !idle });
@@ -751,51 +713,27 @@ fn send_next(c: &Client, s: &mut Session, tx: &mpsc::Sender<Sent>) {
 
 fn drop_queue(s: &mut Session) {
     for line in s.queue.drain(..) {
-        println!(
+        s.screen.say(format!(
             "(not sent, the session is {}: {})",
             state_label(s.status, s.turns, s.last_failed),
             one_line(&line.text, DETAIL_MAX_CHARS)
-        );
+        ));
     }
 }
 
 fn detach(s: &Session) {
     for line in &s.queue {
-        println!(
+        s.screen.say(format!(
             "(not sent, the agent was still busy: {})",
             one_line(&line.text, DETAIL_MAX_CHARS)
-        );
+        ));
     }
-    println!("Detached; the agent keeps working.");
+    s.screen.say("Detached; the agent keeps working.");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lines_are_read_bounded() {
-        let mut r = std::io::Cursor::new(b"hello\r\nworld\nlast".to_vec());
-        assert_eq!(read_line(&mut r, 10), Typed::Line("hello".into()));
-        assert_eq!(read_line(&mut r, 10), Typed::Line("world".into()));
-        assert_eq!(read_line(&mut r, 10), Typed::Line("last".into()));
-        assert_eq!(read_line(&mut r, 10), Typed::Eof);
-
-        // A long line is read to its end and refused; the next one is whole.
-        let mut r = std::io::BufReader::with_capacity(
-            4,
-            std::io::Cursor::new(b"0123456789abc\nok\n\n".to_vec()),
-        );
-        assert_eq!(read_line(&mut r, 10), Typed::TooLong(13));
-        assert_eq!(read_line(&mut r, 10), Typed::Line("ok".into()));
-        assert_eq!(read_line(&mut r, 10), Typed::Line(String::new()));
-        assert_eq!(read_line(&mut r, 10), Typed::Eof);
-        let mut r = std::io::Cursor::new(b"\xff\xfeab\n".to_vec());
-        assert_eq!(
-            read_line(&mut r, 10),
-            Typed::Line("\u{fffd}\u{fffd}ab".into())
-        );
-    }
 
     #[test]
     fn entries_read_like_a_conversation() {

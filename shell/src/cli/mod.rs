@@ -10,6 +10,7 @@ pub mod demo;
 pub mod doctor;
 mod error;
 pub mod latis;
+pub mod line_input;
 pub mod output;
 pub mod settings;
 pub mod task;
