@@ -530,3 +530,41 @@ async fn undecodable_requests_are_invalid_argument() {
     let mut c = d.client().await;
     c.ping(pb::PingRequest {}).await.unwrap();
 }
+
+/// Claude Code that is not logged in is refused at create with what to do (instead of a
+/// session whose every turn fails "Not logged in"); a key given to the session is enough.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_without_a_login_is_refused_at_create_with_what_to_do() {
+    let d = Daemon::start().await;
+    std::fs::remove_file(d.dirs.home.join(".claude/.credentials.json")).unwrap();
+    let claude = crate::sessions::fake_claude(&d);
+    let root = d.dirs.root.display().to_string();
+    let command = format!("command={claude}");
+    let args = [
+        "session",
+        "create",
+        "--mount",
+        &format!("{root}:/workspace"),
+        "--provider",
+        "claude-code",
+        "--config",
+        &command,
+    ];
+    let o = crate::cli::cli(&d, &args).await;
+    assert_eq!(o.code, 4, "refused: {o:?}");
+    assert!(
+        o.stderr
+            .contains("error: OBEY-2004: claude-code is not logged in here")
+            && o.stderr.contains("/login"),
+        "{o:?}"
+    );
+    assert!(d.all_sessions().await.is_empty());
+
+    let mut with_key = args.to_vec();
+    with_key.extend(["--env", "ANTHROPIC_API_KEY=sk-ant-e2e"]);
+    let o = crate::cli::cli(&d, &with_key).await.ok();
+    assert!(o.stdout.contains("created"), "{o:?}");
+    let all = d.all_sessions().await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0].provider, P::ClaudeCode as i32);
+}

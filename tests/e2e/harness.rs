@@ -76,7 +76,10 @@ impl Dirs {
         let home = base.join("home");
         let data = base.join("data");
         let root = base.join("project");
-        std::fs::create_dir_all(&home).unwrap();
+        // The test user has logged in to Claude Code (claude-code sessions here run stand-in
+        // agents; a create is refused without a login, see `errors.rs`).
+        std::fs::create_dir_all(home.join(".claude")).unwrap();
+        std::fs::write(home.join(".claude/.credentials.json"), "{}").unwrap();
         std::fs::create_dir_all(root.join("src")).unwrap();
         std::fs::create_dir_all(root.join("scripts")).unwrap();
         std::fs::write(root.join("README.md"), "# project\nAn e2e test campaign.\n").unwrap();

@@ -5,13 +5,14 @@
 //! built-in agents: the openai-api loop's key and whether its endpoint answers. Then the daemon
 //! (answers on its socket?) and the drivers. Every line that is not `ok` says what to do.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::view::table;
 use super::{print_json, Ctx, Result};
+use crate::providers::credentials;
 
 /// How long a CLI's `--version` may take.
 const VERSION_WAIT: Duration = Duration::from_secs(10);
@@ -53,8 +54,6 @@ struct AgentCli {
     program: &'static str,
     install: &'static str,
     keys: &'static [&'static str],
-    /// Files under HOME whose presence means the CLI has logged in.
-    logins: &'static [&'static str],
     login_hint: &'static str,
 }
 
@@ -63,8 +62,7 @@ const AGENTS: &[AgentCli] = &[
         provider: "claude-code",
         program: "claude",
         install: "npm install -g @anthropic-ai/claude-code",
-        keys: &["ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN"],
-        logins: &[".claude/.credentials.json"],
+        keys: credentials::CLAUDE_KEYS,
         login_hint: "run `claude` once and /login, or set ANTHROPIC_API_KEY \
                      (sessions get it with --env ANTHROPIC_API_KEY=…)",
     },
@@ -72,16 +70,14 @@ const AGENTS: &[AgentCli] = &[
         provider: "codex",
         program: "codex",
         install: "npm install -g @openai/codex",
-        keys: &["OPENAI_API_KEY", "CODEX_API_KEY"],
-        logins: &[".codex/auth.json"],
+        keys: credentials::CODEX_KEYS,
         login_hint: "run `codex login`, or set OPENAI_API_KEY",
     },
     AgentCli {
         provider: "gemini",
         program: "gemini",
         install: "npm install -g @google/gemini-cli",
-        keys: &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
-        logins: &[".gemini/oauth_creds.json"],
+        keys: credentials::GEMINI_KEYS,
         login_hint: "run `gemini` once to sign in, or set GEMINI_API_KEY",
     },
     AgentCli {
@@ -89,7 +85,6 @@ const AGENTS: &[AgentCli] = &[
         program: "openclaw",
         install: "npm install -g openclaw (then: --provider openclaw)",
         keys: &[],
-        logins: &[],
         login_hint: "",
     },
 ];
@@ -126,24 +121,19 @@ async fn version(program: &Path) -> std::result::Result<String, String> {
     }
 }
 
-/// Where the agent's credentials are, if anywhere: a key's name or a login file.
-fn credentials(a: &AgentCli, home: Option<&Path>) -> Option<String> {
-    if let Some(k) = a
-        .keys
-        .iter()
-        .find(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
-    {
-        return Some(format!("${k} is set"));
+/// Where the agent's credentials are, if anywhere (the rule `session create` applies).
+fn credentials_of(a: &AgentCli) -> Option<String> {
+    let env = credentials::own_env;
+    let cwd = std::env::current_dir().unwrap_or_default();
+    match a.provider {
+        "claude-code" => credentials::claude(&env, &cwd),
+        "codex" => credentials::codex(&env, &Default::default()),
+        "gemini" => credentials::gemini(&env),
+        _ => None,
     }
-    let home = home?;
-    a.logins
-        .iter()
-        .map(|f| home.join(f))
-        .find(|p| p.is_file())
-        .map(|p| format!("logged in ({})", p.display()))
 }
 
-async fn agent(a: &AgentCli, home: Option<&Path>) -> Check {
+async fn agent(a: &AgentCli) -> Check {
     let what = format!("{} ({})", a.provider, a.program);
     let Some(program) = crate::paths::find_on_own_path(a.program) else {
         return Check {
@@ -167,7 +157,7 @@ async fn agent(a: &AgentCli, home: Option<&Path>) -> Check {
             }
         }
     };
-    let creds = credentials(a, home);
+    let creds = credentials_of(a);
     match (creds, a.keys.is_empty()) {
         (Some(c), _) => Check {
             what,
@@ -293,10 +283,9 @@ async fn daemon(ctx: &Ctx) -> Check {
 
 /// `paddock doctor`.
 pub async fn run(ctx: &Ctx) -> Result<()> {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
     let mut checks = Vec::new();
     for a in AGENTS {
-        checks.push(agent(a, home.as_deref()).await);
+        checks.push(agent(a).await);
     }
     checks.push(openai_api().await);
     checks.push(Check {

@@ -8,6 +8,7 @@
 pub mod ask;
 pub mod bridge;
 pub mod claude_stream;
+pub mod credentials;
 pub mod scripted;
 
 use std::path::{Path, PathBuf};
@@ -168,10 +169,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
                     ),
                 )
             })?;
-            if config.provider == Provider::Codex {
-                codex_has_credentials(config)?;
-            }
-            Ok(())
+            can_sign_in(config)
         }
         Provider::OpenAiApi => {
             if config.model.trim().is_empty() {
@@ -187,41 +185,44 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
     }
 }
 
-/// Codex without credentials does not fail: it waits for the network forever ("Reconnecting…
-/// waiting for network"), so a session that could never work is refused at create. Credentials
-/// are a key in the session's or the daemon's environment, `codex login`'s `auth.json` under
-/// `$CODEX_HOME` (default `~/.codex`), or a custom `model_provider` (whose key codex reads from
-/// a variable the configuration names: not judged here).
-fn codex_has_credentials(config: &SessionConfig) -> Result<(), Error> {
-    let env = |k: &str| {
+/// The agent's environment as it will see it: the session's variables over the daemon's.
+fn agent_env(config: &SessionConfig) -> impl Fn(&str) -> Option<String> + '_ {
+    |k: &str| {
         config
             .environment
             .get(k)
             .filter(|v| !v.is_empty())
             .cloned()
-            .or_else(|| std::env::var(k).ok().filter(|v| !v.is_empty()))
+            .or_else(|| credentials::own_env(k))
+    }
+}
+
+/// Agents that cannot sign in are refused at create, with what to do, instead of a session
+/// that looks ready: Claude Code would fail every turn ("Not logged in · Please run /login"),
+/// and codex does not fail at all — it waits for the network forever ("Reconnecting… waiting
+/// for network"). What counts as signed in is [`credentials`]' (doctor's too).
+fn can_sign_in(config: &SessionConfig) -> Result<(), Error> {
+    let env = agent_env(config);
+    let (found, advice) = match config.provider {
+        Provider::ClaudeCode => (
+            credentials::claude(&env, Path::new(&config.working_dir)),
+            "claude-code is not logged in here (no $ANTHROPIC_API_KEY, $ANTHROPIC_AUTH_TOKEN or \
+             $CLAUDE_CODE_OAUTH_TOKEN, no ~/.claude/.credentials.json from /login, no apiKeyHelper), \
+             so every turn would fail with \"Not logged in\": run `claude` once and /login, or pass \
+             --env ANTHROPIC_API_KEY=…; `paddock doctor` checks",
+        ),
+        Provider::Codex => (
+            credentials::codex(&env, &config.provider_config),
+            "codex has no credentials here (no $OPENAI_API_KEY or $CODEX_API_KEY, no auth.json from \
+             `codex login`), and without them it waits for the network forever: run `codex login`, \
+             or pass --env OPENAI_API_KEY=…; `paddock doctor` checks",
+        ),
+        _ => return Ok(()),
     };
-    if env("OPENAI_API_KEY").is_some()
-        || env("CODEX_API_KEY").is_some()
-        || config
-            .provider_config
-            .values()
-            .any(|v| v.contains("model_provider"))
-    {
-        return Ok(());
+    match found {
+        Some(_) => Ok(()),
+        None => Err(Error::new(ErrorCode::CreationFailed, advice)),
     }
-    let home = env("CODEX_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| env("HOME").map(|h| Path::new(&h).join(".codex")));
-    if home.is_some_and(|h| h.join("auth.json").is_file()) {
-        return Ok(());
-    }
-    Err(Error::new(
-        ErrorCode::CreationFailed,
-        "codex has no credentials here (no $OPENAI_API_KEY or $CODEX_API_KEY, no auth.json from \
-         `codex login`), and without them it waits for the network forever: run `codex login`, \
-         or pass --env OPENAI_API_KEY=…; `paddock doctor` checks",
-    ))
 }
 
 /// OpenAI's own endpoint answers nothing without a key: a session for it without one is
@@ -686,6 +687,26 @@ mod tests {
             .contains("approval_timeout"));
     }
 
+    /// A session of `provider` whose CLI (`program`, an empty file) exists, in a temporary
+    /// HOME with an empty `config_dir`: signed in nowhere.
+    fn signed_out(
+        provider: Provider,
+        program: &str,
+        config_dir: &str,
+    ) -> (tempfile::TempDir, SessionConfig) {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join(program);
+        std::fs::write(&bin, "").unwrap();
+        let home = tmp.path().join("home");
+        std::fs::create_dir_all(home.join(config_dir)).unwrap();
+        let mut c = SessionConfig::new("c", provider, &tmp.path().display().to_string());
+        c.provider_config
+            .insert("command".into(), bin.display().to_string());
+        c.environment
+            .insert("HOME".into(), home.display().to_string());
+        (tmp, c)
+    }
+
     #[test]
     fn codex_without_credentials_is_refused_at_create() {
         if ["OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME"]
@@ -694,16 +715,8 @@ mod tests {
         {
             return;
         }
-        let tmp = tempfile::tempdir().unwrap();
-        let bin = tmp.path().join("codex");
-        std::fs::write(&bin, "").unwrap();
+        let (tmp, mut c) = signed_out(Provider::Codex, "codex", ".codex");
         let home = tmp.path().join("home");
-        std::fs::create_dir_all(home.join(".codex")).unwrap();
-        let mut c = SessionConfig::new("c", Provider::Codex, "/tmp");
-        c.provider_config
-            .insert("command".into(), bin.display().to_string());
-        c.environment
-            .insert("HOME".into(), home.display().to_string());
         let e = validate(&c).unwrap_err();
         assert_eq!(e.code, ErrorCode::CreationFailed);
         assert!(e.message.contains("codex login"), "{e}");
@@ -712,6 +725,37 @@ mod tests {
         assert!(validate(&c).is_ok());
         std::fs::remove_file(home.join(".codex/auth.json")).unwrap();
         c.environment.insert("OPENAI_API_KEY".into(), "sk-x".into());
+        assert!(validate(&c).is_ok());
+    }
+
+    #[test]
+    fn claude_code_that_is_not_logged_in_is_refused_at_create() {
+        if credentials::CLAUDE_KEYS
+            .iter()
+            .chain(&[
+                "CLAUDE_CONFIG_DIR",
+                "CLAUDE_CODE_USE_BEDROCK",
+                "CLAUDE_CODE_USE_VERTEX",
+            ])
+            .any(|k| std::env::var_os(k).is_some())
+            || Path::new("/etc/claude-code/managed-settings.json").exists()
+        {
+            return;
+        }
+        let (tmp, mut c) = signed_out(Provider::ClaudeCode, "claude", ".claude");
+        let home = tmp.path().join("home");
+        let e = validate(&c).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CreationFailed);
+        assert!(
+            e.message.contains("/login") && e.message.contains("--env ANTHROPIC_API_KEY"),
+            "{e}"
+        );
+        // A login, or a key given to the session, is enough.
+        std::fs::write(home.join(".claude/.credentials.json"), "{}").unwrap();
+        assert!(validate(&c).is_ok());
+        std::fs::remove_file(home.join(".claude/.credentials.json")).unwrap();
+        c.environment
+            .insert("ANTHROPIC_API_KEY".into(), "sk-ant-x".into());
         assert!(validate(&c).is_ok());
     }
 
