@@ -10,7 +10,8 @@
 //! RPCs, a few enum values and fields, and campaign / activity-history RPCs) and
 //! in `runner.v1` (`proto/runner/v1/runner.proto`: `RunnerEvent.seq`, an
 //! `EventsTruncated` payload, `RunCommandRequest.keep_stdin`, and the
-//! `ListRuns` / `AttachRun` / `WriteStdin` / `StopRun` RPCs).
+//! `ListRuns` / `AttachRun` / `WriteStdin` / `StopRun` RPCs) and in `aria.v1`
+//! (a session-status notification payload, and `TaskService.ListTasks`).
 //!
 //! | module | proto package | services |
 //! |---|---|---|

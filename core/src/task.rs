@@ -317,7 +317,7 @@ impl Tasks {
         self.tasks.get(id).map(|t| &t.record)
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &TaskRecord> {
+    pub fn all(&self) -> impl DoubleEndedIterator<Item = &TaskRecord> {
         self.tasks.values().map(|t| &t.record)
     }
 

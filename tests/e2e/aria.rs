@@ -508,15 +508,67 @@ async fn the_task_commands_launch_follow_show_and_cancel() {
     assert_eq!(t["status"], "COMPLETED", "{t}");
     assert_eq!(t["session_id"], s.id.as_str(), "{t}");
     let slow = cli(&["task", "launch", "--", "sleep", "600"]);
-    assert_eq!(cli(&["task", "cancel", &slow]), "cancelling");
+    // `task list`: newest first, with the session, state and command line.
+    let list = cli(&["task", "list"]);
+    let rows: Vec<Vec<&str>> = list
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["ID", "SESSION", "STATUS", "EXIT", "AGE", "COMMAND"],
+        "{list}"
+    );
+    assert_eq!(rows[1][0], slow, "{list}");
+    assert_eq!(&rows[1][1..4], ["-", "RUNNING", "-"], "{list}");
+    assert!(
+        list.lines().nth(1).unwrap().ends_with("sleep 600"),
+        "{list}"
+    );
+    assert_eq!(rows[2][0], id, "{list}");
+    assert_eq!(&rows[2][1..4], [s.id.as_str(), "COMPLETED", "0"], "{list}");
+    assert!(
+        list.lines()
+            .nth(2)
+            .unwrap()
+            .ends_with("sh -c 'echo hi; pwd'"),
+        "{list}"
+    );
+    let mine: serde_json::Value =
+        serde_json::from_str(&cli(&["--json", "task", "list", "--session", "builder"])).unwrap();
+    assert_eq!(mine["tasks"].as_array().unwrap().len(), 1, "{mine}");
+    assert_eq!(mine["tasks"][0]["id"], id.as_str(), "{mine}");
+
+    // A unique part of an id names the task (its end, as a narrow table shows it).
+    assert_eq!(
+        cli(&["task", "cancel", &slow[slow.len() - 8..]]),
+        "cancelling"
+    );
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let t: serde_json::Value =
-            serde_json::from_str(&cli(&["--json", "task", "get", &slow])).unwrap();
+        let t: serde_json::Value = serde_json::from_str(&cli(&[
+            "--json",
+            "task",
+            "get",
+            &slow["task_".len()..][..12],
+        ]))
+        .unwrap();
         if t["status"] == "CANCELLED" {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{t}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A part both ids share is refused, naming the problem.
+    let out = d
+        .dirs
+        .cli(false)
+        .args(["task", "get", "task_"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("matches 2 tasks"),
+        "{out:?}"
+    );
 }

@@ -318,7 +318,37 @@ impl pb::task_service_server::TaskService for Tasks {
             Err(e) => Err(status(Code::NotFound, "TASK_NOT_FOUND", e.message)),
         }
     }
+
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, GrpcStatus> {
+        let r = request.into_inner();
+        let session = Some(r.session_id.trim().to_string()).filter(|s| !s.is_empty());
+        let limit = match r.limit {
+            n if n <= 0 => LIST_TASKS_DEFAULT,
+            n => (n as usize).min(LIST_TASKS_MAX),
+        };
+        let (tasks, truncated) = self
+            .0
+            .handle
+            .query(|reply| Query::Tasks {
+                session,
+                limit,
+                reply,
+            })
+            .await
+            .map_err(unavailable)?;
+        Ok(Response::new(pb::ListTasksResponse {
+            tasks: tasks.iter().map(task_pb).collect(),
+            truncated,
+        }))
+    }
 }
+
+/// ListTasks' answers when the request names no limit, and at most.
+const LIST_TASKS_DEFAULT: usize = 100;
+const LIST_TASKS_MAX: usize = 1000;
 
 // ── NotificationService ───────────────────────────────────────────────────
 

@@ -7,7 +7,7 @@ use pb::task_service_client::TaskServiceClient;
 use serde_json::json;
 use tokio_stream::StreamExt;
 
-use super::view::{rfc3339, table};
+use super::view::{age, one_line, rfc3339, table};
 use super::{client, Ctx, Result};
 
 #[derive(Subcommand, Debug)]
@@ -31,15 +31,24 @@ pub enum TaskCmd {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
-    /// Show a task
+    /// List tasks, newest first
+    List {
+        /// Only this session's tasks (its name, id or a unique part of the id)
+        #[arg(long)]
+        session: Option<String>,
+        /// At most this many (the daemon answers at most 1000)
+        #[arg(long, default_value_t = 100)]
+        limit: i32,
+    },
+    /// Show a task (its id, or a unique part of it)
     Get { id: String },
-    /// Print a task's output (with -f: then follow it until it ends)
+    /// Print a task's output (with -f: then follow it until it ends); the id or a unique part
     Logs {
         id: String,
         #[arg(short, long)]
         follow: bool,
     },
-    /// Cancel a pending or running task
+    /// Cancel a pending or running task (its id, or a unique part of it)
     Cancel { id: String },
 }
 
@@ -58,6 +67,50 @@ fn task_json(t: &pb::Task) -> serde_json::Value {
         "current_operation": t.current_operation, "created_at": ts(&t.created_at),
         "started_at": ts(&t.started_at), "completed_at": ts(&t.completed_at),
     })
+}
+
+/// A task's command line as a shell would show it.
+fn command_line(command_json: &str) -> String {
+    match serde_json::from_str::<Vec<String>>(command_json) {
+        Ok(argv) => {
+            shlex::try_join(argv.iter().map(String::as_str)).unwrap_or_else(|_| argv.join(" "))
+        }
+        Err(_) => command_json.to_string(),
+    }
+}
+
+/// Accepts a task's full id or a unique part of it (its start, its start after `task_`, or
+/// its end: what a narrow table shows).
+async fn resolve(c: &mut TaskServiceClient<tonic::transport::Channel>, id: &str) -> Result<String> {
+    let tasks = c
+        .list_tasks(pb::ListTasksRequest {
+            session_id: String::new(),
+            limit: 1000,
+        })
+        .await?
+        .into_inner()
+        .tasks;
+    if tasks.iter().any(|t| t.id == id) {
+        return Ok(id.to_string());
+    }
+    let needle = id.to_ascii_lowercase();
+    let hits: Vec<&pb::Task> = tasks
+        .iter()
+        .filter(|t| {
+            let full = t.id.to_ascii_lowercase();
+            full.starts_with(&needle)
+                || full.trim_start_matches("task_").starts_with(&needle)
+                || full.ends_with(&needle)
+        })
+        .collect();
+    match hits.as_slice() {
+        [one] => Ok(one.id.clone()),
+        [] => Ok(id.to_string()), // the daemon says it is not found
+        many => Err(super::Error::Usage(format!(
+            "\"{id}\" matches {} tasks; give more of the id",
+            many.len()
+        ))),
+    }
 }
 
 pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
@@ -91,7 +144,52 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                 println!("{id}");
             }
         }
+        TaskCmd::List { session, limit } => {
+            let session_id = match session {
+                Some(s) => super::resolve(&mut client::client_of(channel), &s).await?,
+                None => String::new(),
+            };
+            let r = c
+                .list_tasks(pb::ListTasksRequest { session_id, limit })
+                .await?
+                .into_inner();
+            if ctx.json {
+                let tasks: Vec<serde_json::Value> = r.tasks.iter().map(task_json).collect();
+                println!("{}", json!({ "tasks": tasks, "truncated": r.truncated }));
+                return Ok(());
+            }
+            let now = crate::paths::now_ms();
+            let rows: Vec<Vec<String>> = r
+                .tasks
+                .iter()
+                .map(|t| {
+                    vec![
+                        t.id.clone(),
+                        if t.session_id.is_empty() {
+                            "-".into()
+                        } else {
+                            t.session_id.clone()
+                        },
+                        status_name(t.status).to_string(),
+                        t.exit_code.map_or("-".into(), |c| c.to_string()),
+                        age(&t.created_at, now),
+                        one_line(&command_line(&t.command_json), 60),
+                    ]
+                })
+                .collect();
+            println!(
+                "{}",
+                table(
+                    &["ID", "SESSION", "STATUS", "EXIT", "AGE", "COMMAND"],
+                    &rows
+                )
+            );
+            if r.truncated {
+                eprintln!("(more tasks: --limit)");
+            }
+        }
         TaskCmd::Get { id } => {
+            let id = resolve(&mut c, &id).await?;
             let t = c
                 .get_task(pb::GetTaskRequest { task_id: id })
                 .await?
@@ -118,6 +216,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
             }
         }
         TaskCmd::Logs { id, follow } => {
+            let id = resolve(&mut c, &id).await?;
             let mut stream = c
                 .stream_task_output(pb::StreamTaskOutputRequest {
                     task_id: id,
@@ -138,6 +237,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
             }
         }
         TaskCmd::Cancel { id } => {
+            let id = resolve(&mut c, &id).await?;
             let initiated = c
                 .cancel_task(pb::CancelTaskRequest { task_id: id })
                 .await?

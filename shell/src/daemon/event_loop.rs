@@ -408,6 +408,19 @@ impl State {
             Query::Task(id, reply) => {
                 let _ = reply.send(self.engine.task(&id).cloned());
             }
+            Query::Tasks {
+                session,
+                limit,
+                reply,
+            } => {
+                let mut matching = self
+                    .engine
+                    .tasks()
+                    .rev()
+                    .filter(|t| session.as_ref().is_none_or(|s| &t.spec.session_id == s));
+                let page: Vec<_> = matching.by_ref().take(limit).cloned().collect();
+                let _ = reply.send((page, matching.next().is_some()));
+            }
             Query::TaskOutput {
                 task,
                 after,

@@ -206,6 +206,13 @@ pub enum Query {
     /// The open requests of one session (or all), oldest first, as the engine has them.
     PendingApprovals(Option<SessionId>, Reply<Vec<Approval>>),
     Task(String, Reply<Option<TaskRecord>>),
+    /// The newest `limit` tasks (of one session, or all), newest first, and whether more
+    /// matched.
+    Tasks {
+        session: Option<String>,
+        limit: usize,
+        reply: Reply<(Vec<TaskRecord>, bool)>,
+    },
     /// A task's output after `after` (a seq), at most `limit`.
     TaskOutput {
         task: String,
