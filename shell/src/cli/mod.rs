@@ -250,21 +250,37 @@ pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String> {
             )));
         }
     }
-    let needle = id.to_ascii_lowercase();
-    let hits: Vec<&pb::SessionInfo> = all
+    match by_part(&all, |s| &s.id, id, "sess_", "sessions")? {
+        Some(one) => Ok(one.id.clone()),
+        None => Ok(id.to_string()), // let the daemon say OBEY-2010
+    }
+}
+
+/// The one item whose id `part` names — the id's start, its start after `prefix` (`sess_`,
+/// `task_`), or its end (what a narrow table shows), in any case — if one does; several are a
+/// usage error naming how many `what` it matches.
+pub(crate) fn by_part<'a, T>(
+    items: &'a [T],
+    id: impl Fn(&T) -> &str,
+    part: &str,
+    prefix: &str,
+    what: &str,
+) -> Result<Option<&'a T>> {
+    let needle = part.to_ascii_lowercase();
+    let hits: Vec<&T> = items
         .iter()
-        .filter(|s| {
-            let full = s.id.to_ascii_lowercase();
+        .filter(|t| {
+            let full = id(t).to_ascii_lowercase();
             full.starts_with(&needle)
-                || full.trim_start_matches("sess_").starts_with(&needle)
+                || full.trim_start_matches(prefix).starts_with(&needle)
                 || full.ends_with(&needle)
         })
         .collect();
     match hits.as_slice() {
-        [one] => Ok(one.id.clone()),
-        [] => Ok(id.to_string()), // let the daemon say OBEY-2010
+        [] => Ok(None),
+        [one] => Ok(Some(one)),
         many => Err(Error::Usage(format!(
-            "\"{id}\" matches {} sessions; give more of the id",
+            "\"{part}\" matches {} {what}; give more of the id",
             many.len()
         ))),
     }

@@ -93,23 +93,9 @@ async fn resolve(c: &mut TaskServiceClient<tonic::transport::Channel>, id: &str)
     if tasks.iter().any(|t| t.id == id) {
         return Ok(id.to_string());
     }
-    let needle = id.to_ascii_lowercase();
-    let hits: Vec<&pb::Task> = tasks
-        .iter()
-        .filter(|t| {
-            let full = t.id.to_ascii_lowercase();
-            full.starts_with(&needle)
-                || full.trim_start_matches("task_").starts_with(&needle)
-                || full.ends_with(&needle)
-        })
-        .collect();
-    match hits.as_slice() {
-        [one] => Ok(one.id.clone()),
-        [] => Ok(id.to_string()), // the daemon says it is not found
-        many => Err(super::Error::Usage(format!(
-            "\"{id}\" matches {} tasks; give more of the id",
-            many.len()
-        ))),
+    match super::by_part(&tasks, |t| &t.id, id, "task_", "tasks")? {
+        Some(one) => Ok(one.id.clone()),
+        None => Ok(id.to_string()), // the daemon says it is not found
     }
 }
 
