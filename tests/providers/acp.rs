@@ -191,6 +191,43 @@ async fn acp_conversation_continues_across_turns_and_restarts() {
     w.stop(&s.id, true).await.expect("stop");
 }
 
+/// The session's model reaches the agent through its `model` session config option (what the
+/// Claude adapter offers; it has no `models` list): the model API is asked for it. A model the
+/// agent does not offer is refused, with the agent's own list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_session_model_is_the_agents_model_option() {
+    let w = World::start(vec![Reply::text("Hi from sonnet.")]).await;
+    let mut req = acp_request(&w);
+    req.model = "sonnet".into();
+    let s = w.create(req.clone()).await;
+    let acts = w.send(&s.id, "hello").await;
+    assert_eq!(kinds(&acts), ["COMPLETION"], "{acts:#?}");
+    assert!(
+        trace(&w).contains("session/set_config_option"),
+        "{}",
+        trace(&w)
+    );
+    let asked = w.fake.message_requests();
+    assert!(!asked.is_empty());
+    for r in &asked {
+        let model = r.body["model"].as_str().unwrap_or("");
+        assert!(model.contains("sonnet"), "asked for {model:?}");
+    }
+    w.stop(&s.id, true).await.expect("stop");
+
+    // The agent's answer to session/new comes after CreateSession's (which answers once the
+    // agent process runs): the session fails with the reason.
+    req.model = "gpt-9".into();
+    let s = w.create(req).await;
+    let failed = w.wait_status(&s.id, S::Failed).await;
+    let e = &failed.error_message;
+    assert!(
+        e.contains("does not offer model \"gpt-9\"") && e.contains("sonnet"),
+        "{failed:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn acp_model_api_errors_end_the_turn_with_an_error() {

@@ -10,8 +10,9 @@
 //! 2. `session/new` (`cwd` = the campaign root) — or, given `--resume <id>`, `session/resume`
 //!    when the agent offers it, else `session/load` (whose replay of the old conversation is
 //!    not reported again); the session id goes to the daemon as `system/init`;
-//! 3. `provider_config.mode` → `session/set_mode`, the session's model → `session/set_model`
-//!    (refused with the agent's own list of models when it does not offer it);
+//! 3. `provider_config.mode` → `session/set_mode`; the session's model → the agent's `model`
+//!    session config option (`session/set_config_option`), or `session/set_model` for agents
+//!    that still list `models` (refused with the agent's own list when it does not offer it);
 //! 4. per user message, `session/prompt`, translating `session/update` notifications until its
 //!    response ends the turn.
 //!
@@ -38,6 +39,16 @@
 //!
 //! `PADDOCK_BRIDGE_TRACE=<file>` appends every line exchanged with the agent to that file
 //! (`>` sent, `<` received): how a new agent's behaviour is recorded.
+//!
+//! Why not the official `agent-client-protocol` SDK (reviewed at 5.2 with its schema crate
+//! 1.17): its connection layer is an async framework of its own (roles, proxies, MCP-over-ACP;
+//! its API was rewritten between 0.10 and 5.x) where this client needs three blocking threads;
+//! it reads lines without a bound, drops lines that are not JSON-RPC (kept here as raw output)
+//! and has no trace; and its typed v1 schema lacks what agents send today (the Claude adapter's
+//! `_meta.claudeCode.toolName`, the `models` list / `session/set_model` that older agents still
+//! use, end-of-turn `usage` only behind an unstable feature), so a typed client would need the
+//! same `Value` escape hatches. The JSON-RPC part here is ~100 lines: requests by id with a
+//! timeout, answers routed back, unknown requests answered "method not found".
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -319,12 +330,45 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     Ok(())
 }
 
-/// Chooses the session's model, by the agent's `session/set_model` when it lists models.
-fn set_model(rpc: &Rpc, session_id: &str, model: &str, setup: &Value) -> Result<(), String> {
-    let offered: Vec<&str> = setup["models"]["availableModels"]
+/// The values a `select` session config option offers (its options, grouped or not).
+fn select_values(option: &Value) -> Vec<&str> {
+    option["options"]
         .as_array()
-        .map(|a| a.iter().filter_map(|m| m["modelId"].as_str()).collect())
-        .unwrap_or_default();
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+        .iter()
+        .flat_map(|o| match o["options"].as_array() {
+            Some(group) => group.iter().collect::<Vec<_>>(),
+            None => vec![o],
+        })
+        .filter_map(|o| o["value"].as_str())
+        .collect()
+}
+
+/// Chooses the session's model the way the agent offers it: ACP's session config option of
+/// category `model` (`session/set_config_option`, what current agents do), else the older
+/// `models` list (`session/set_model`). A model the agent does not offer is refused with the
+/// agent's own list.
+fn set_model(rpc: &Rpc, session_id: &str, model: &str, setup: &Value) -> Result<(), String> {
+    let option = setup["configOptions"].as_array().and_then(|opts| {
+        opts.iter()
+            .find(|o| o["type"] == "select" && (o["category"] == "model" || o["id"] == "model"))
+    });
+    let (offered, method, params) = match option {
+        Some(o) => (
+            select_values(o),
+            "session/set_config_option",
+            json!({"sessionId": session_id, "configId": o["id"], "value": model}),
+        ),
+        None => (
+            setup["models"]["availableModels"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|m| m["modelId"].as_str()).collect())
+                .unwrap_or_default(),
+            "session/set_model",
+            json!({"sessionId": session_id, "modelId": model}),
+        ),
+    };
     if offered.is_empty() {
         // The agent lists no models: nothing to choose with.
         eprintln!("paddock bridge: the ACP agent lists no models; model {model:?} is not applied");
@@ -336,13 +380,9 @@ fn set_model(rpc: &Rpc, session_id: &str, model: &str, setup: &Value) -> Result<
             offered.join(", ")
         ));
     }
-    rpc.call(
-        "session/set_model",
-        json!({"sessionId": session_id, "modelId": model}),
-        SETUP_TIMEOUT,
-    )
-    .map(|_| ())
-    .map_err(|e| format!("session/set_model {model:?}: {e}"))
+    rpc.call(method, params, SETUP_TIMEOUT)
+        .map(|_| ())
+        .map_err(|e| format!("{method} {model:?}: {e}"))
 }
 
 /// How a `session/prompt` answer ends the turn.
