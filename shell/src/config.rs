@@ -141,16 +141,10 @@ pub fn path() -> PathBuf {
     if let Some(p) = std::env::var_os("PADDOCK_CONFIG").filter(|v| !v.is_empty()) {
         return PathBuf::from(p);
     }
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("/tmp"))
-                .join(".config")
-        });
-    base.join("paddock").join("config.toml")
+    dirs::config_dir()
+        .unwrap_or_else(|| crate::paths::home().join(".config"))
+        .join("paddock")
+        .join("config.toml")
 }
 
 /// Reads the configuration at [`path`]; `None` when there is no file.

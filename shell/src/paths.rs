@@ -4,26 +4,35 @@
 //! `daemon.sock` in the default data dir (never a shared `/tmp` path another user could create
 //! first). Data: `--data-dir`, else `$PADDOCK_DATA_DIR`, else
 //! `$XDG_DATA_HOME/paddock`, else `~/.local/share/paddock`. (clap reads the `PADDOCK_*`
-//! variables; this module supplies the defaults.)
+//! variables; this module supplies the defaults, with the XDG rules of the `dirs` crate: an
+//! `$XDG_*` value counts only when absolute, and HOME comes from the user database when
+//! `$HOME` is unset.)
 
 use std::path::{Path, PathBuf};
 
 pub fn default_socket() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir).join("paddock").join("daemon.sock"),
+    match dirs::runtime_dir() {
+        Some(dir) => dir.join("paddock").join("daemon.sock"),
         None => default_data_dir().join("daemon.sock"),
     }
 }
 
 pub fn default_data_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(dir).join("paddock");
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    home.join(".local").join("share").join("paddock")
+    dirs::data_dir()
+        .map(|d| d.join("paddock"))
+        .unwrap_or_else(|| no_home().join("data"))
+}
+
+/// Where paddock keeps what would be under HOME when there is no home at all (no `$HOME`, no
+/// entry in the user database): a directory of this user's under the system's temporary
+/// directory. The daemon refuses to use it if another user made it first.
+pub fn no_home() -> PathBuf {
+    std::env::temp_dir().join(format!("paddock-{}", nix::unistd::geteuid()))
+}
+
+/// The user's home directory: `$HOME`, else the user database's (never a shared directory).
+pub fn home() -> PathBuf {
+    dirs::home_dir().unwrap_or_else(no_home)
 }
 
 /// `program` found the way a shell finds it on the search path `path` (a `PATH` value; a name
@@ -45,11 +54,7 @@ pub fn find_on_own_path(program: &str) -> Option<PathBuf> {
 
 /// The Aria runtime socket: `~/.aria/runtime.sock` (`$ARIA_RUNTIME_SOCK` is read by clap).
 pub fn default_aria_socket() -> PathBuf {
-    let home = std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    home.join(".aria").join("runtime.sock")
+    home().join(".aria").join("runtime.sock")
 }
 
 /// The database file inside a data dir.
