@@ -228,7 +228,7 @@ async fn session_commands_as_tables_and_json() {
             "--max-tokens",
             "1000",
             "--timeout",
-            "600",
+            "10m",
             "--festival",
             "fest-7",
         ],
@@ -240,6 +240,8 @@ async fn session_commands_as_tables_and_json() {
     assert_eq!(j["agent_name"], "json-agent");
     assert_eq!(j["provider"], "scripted");
     assert_eq!(j["max_tokens"], 1000);
+    let info = d.get(j["id"].as_str().unwrap()).await;
+    assert_eq!(info.timeout.map(|t| t.seconds), Some(600), "--timeout 10m");
     assert_eq!(j["festival_id"], "fest-7");
     assert_eq!(j["working_dir"], root.as_str());
     let id2 = j["id"].as_str().unwrap().to_string();

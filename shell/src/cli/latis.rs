@@ -141,8 +141,8 @@ pub struct CreateArgs {
     /// Token budget (0 = unlimited)
     #[arg(long)]
     pub max_tokens: Option<i64>,
-    /// Session timeout in seconds (0 = none)
-    #[arg(long)]
+    /// Session timeout: 90s, 30m, 2h, 1d, or seconds (0 = none)
+    #[arg(long, value_parser = super::parse_secs)]
     pub timeout: Option<u64>,
     /// Provider configuration, KEY=VALUE (repeatable)
     #[arg(long = "config", value_parser = super::parse_kv)]

@@ -143,6 +143,16 @@ pub(crate) fn parse_kv(s: &str) -> std::result::Result<(String, String), String>
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
+/// A duration flag: `90s`, `15m`, `2h`, `1d`, or a bare number of seconds (the grammar of
+/// `approval_timeout`), in whole seconds.
+pub(crate) fn parse_secs(s: &str) -> std::result::Result<u64, String> {
+    paddock_core::approval::parse_duration_ms(s)
+        .map(|ms| ms.div_ceil(1000))
+        .ok_or_else(|| {
+            format!("expected a duration like 90s, 15m, 2h or 1d (or seconds), got {s:?}")
+        })
+}
+
 /// A command's end as the process's exit code: 0, or its error printed (as JSON with
 /// `--json`) and its [`Exit`] code.
 pub fn exit_code(r: Result<()>, json: bool) -> i32 {
@@ -889,5 +899,23 @@ pub async fn list_sessions(
             return Ok(all);
         }
         req.page_token = page.next_page_token;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duration_flags_take_units_or_seconds() {
+        assert_eq!(parse_secs("90s"), Ok(90));
+        assert_eq!(parse_secs("15m"), Ok(900));
+        assert_eq!(parse_secs("2h"), Ok(7200));
+        assert_eq!(parse_secs("1d"), Ok(86_400));
+        assert_eq!(parse_secs("3600"), Ok(3600));
+        assert_eq!(parse_secs("0"), Ok(0));
+        // Never shorter than asked.
+        assert_eq!(parse_secs("250ms"), Ok(1));
+        assert!(parse_secs("soon").unwrap_err().contains("90s"));
     }
 }

@@ -18,9 +18,9 @@ pub enum TaskCmd {
         /// session's working dir
         #[arg(long)]
         session: Option<String>,
-        /// Seconds before the task is killed (0 = none)
-        #[arg(long, default_value_t = 0)]
-        timeout: i32,
+        /// How long before the task is killed: 90s, 30m, 2h, or seconds (0 = none)
+        #[arg(long, default_value = "0", value_parser = super::parse_secs)]
+        timeout: u64,
         /// Environment, KEY=VALUE (repeatable)
         #[arg(long = "env", value_parser = super::parse_kv)]
         env: Vec<(String, String)>,
@@ -121,7 +121,9 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                 r#type: kind,
                 command_json: serde_json::to_string(&command).expect("json"),
                 environment: env.into_iter().collect(),
-                timeout_seconds: timeout,
+                timeout_seconds: i32::try_from(timeout).map_err(|_| {
+                    super::Error::Usage(format!("a timeout of {timeout} s is too long"))
+                })?,
             };
             let id = c.launch_task(req).await?.into_inner().task_id;
             if ctx.json {
