@@ -105,12 +105,13 @@ pub fn history_line(i: &pb::HistoryItem) -> String {
     crate::text::for_terminal(&format!("[{}] {head} {body}", i.turn)).into_owned()
 }
 
+/// The most columns an activity's text takes in `send` / `watch` output.
+const ACTIVITY_WIDTH_MAX: usize = 160;
+
 pub fn activity_line(a: &pb::SessionActivityEvent) -> String {
     let kind = activity_name(a.r#type);
-    let mut body = a.content.replace('\n', " ⏎ ");
-    if body.chars().count() > 160 {
-        body = body.chars().take(157).collect::<String>() + "...";
-    }
+    let body = a.content.replace('\n', " ⏎ ");
+    let body = super::view::fit(&body, ACTIVITY_WIDTH_MAX);
     let tool = if a.tool_name.is_empty() {
         String::new()
     } else {

@@ -31,19 +31,25 @@ pub fn rfc3339(seconds: i64, nanos: i32) -> String {
     prost_types::Timestamp { seconds, nanos: ms }.to_string()
 }
 
-/// The most characters a table cell shows; a longer value (the daemon accepts names of any
+/// The most columns a table cell takes; a longer value (the daemon accepts names of any
 /// length) is cut with `…` (`--json` has it whole).
-pub const CELL_CHARS_MAX: usize = 200;
+pub const CELL_WIDTH_MAX: usize = 200;
 
-/// A cell's text as a table shows it: at most [`CELL_CHARS_MAX`] characters.
-fn cell(c: &str) -> std::borrow::Cow<'_, str> {
-    match c.char_indices().nth(CELL_CHARS_MAX) {
-        None => c.into(),
-        Some((end, _)) => {
-            let keep = c[..end].char_indices().last().map_or(0, |(i, _)| i);
-            format!("{}…", &c[..keep]).into()
-        }
+/// `text` cut to `width` terminal columns (display width: a CJK character or an emoji takes
+/// two), the cut marked with `…`.
+pub fn fit(text: &str, width: usize) -> std::borrow::Cow<'_, str> {
+    use unicode_truncate::UnicodeTruncateStr;
+    use unicode_width::UnicodeWidthStr;
+    if text.width() <= width {
+        return text.into();
     }
+    let (kept, _) = text.unicode_truncate(width.saturating_sub(1));
+    format!("{}…", kept.trim_end()).into()
+}
+
+/// A cell's text as a table shows it: at most [`CELL_WIDTH_MAX`] columns.
+fn cell(c: &str) -> std::borrow::Cow<'_, str> {
+    fit(c, CELL_WIDTH_MAX)
 }
 
 /// Renders rows as an aligned table.
@@ -130,16 +136,10 @@ pub fn state_of(s: &pb::SessionInfo) -> &'static str {
     }
 }
 
-/// `text` on one line, at most `max` characters, the cut marked with `…`.
+/// `text` on one line, at most `max` columns wide, the cut marked with `…`.
 pub fn one_line(text: &str, max: usize) -> String {
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
-        return flat;
-    }
-    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
-    cut.truncate(cut.trim_end().len());
-    cut.push('…');
-    cut
+    fit(&flat, max).into_owned()
 }
 
 #[cfg(test)]
@@ -160,7 +160,7 @@ mod tests {
         let long = "n".repeat(70_000);
         let t = table(&["NAME", "STATUS"], &[vec![long, "RUNNING".into()]]);
         let row = t.lines().nth(1).unwrap();
-        assert!(row.starts_with(&format!("{}…", "n".repeat(CELL_CHARS_MAX - 1))));
+        assert!(row.starts_with(&format!("{}…", "n".repeat(CELL_WIDTH_MAX - 1))));
         assert!(row.ends_with("RUNNING"));
         assert_eq!(cell("héllo"), "héllo");
     }
@@ -176,6 +176,19 @@ mod tests {
         );
         // 修正 takes four cells on a terminal, as "NAME" does.
         assert_eq!(t, "NAME  STATUS\n修正  RUNNING\nab    FAILED");
+    }
+
+    #[test]
+    fn cuts_count_columns_not_characters() {
+        use unicode_width::UnicodeWidthStr;
+        // Ten CJK characters are twenty columns: cut to eight, the mark included.
+        let cut = one_line("修正修正修正修正修正", 8);
+        assert_eq!(cut, "修正修…");
+        assert!(cut.width() <= 8);
+        // An emoji is never split, and what fits is whole.
+        assert_eq!(one_line("ok 🦀🦀🦀", 6), "ok 🦀…");
+        assert_eq!(one_line("a  b\nc", 10), "a b c");
+        assert_eq!(fit("short", 10), "short");
     }
 
     #[test]
