@@ -333,7 +333,7 @@ impl Engine {
                 let live = self.live.len();
                 let refuse = if self.shutting_down {
                     Some(Error::new(
-                        ErrorCode::AdapterNotInitialized,
+                        ErrorCode::ShuttingDown,
                         "the daemon is shutting down",
                     ))
                 } else if self.sessions.contains_key(&id) {
@@ -472,7 +472,7 @@ impl Engine {
                 cx.out.rest.push(Effect::ReplyTask {
                     req,
                     result: Err(Error::new(
-                        ErrorCode::AdapterNotInitialized,
+                        ErrorCode::ShuttingDown,
                         "the daemon is shutting down",
                     )),
                 })

@@ -49,6 +49,9 @@ pub enum ErrorCode {
     /// OBEY-2050 The daemon cannot store anything now (disk full); nothing new is taken until
     /// space is back (paddock extension).
     StorageFull,
+    /// OBEY-2051 The daemon is shutting down: nothing new is taken (paddock extension; the
+    /// seed has no code for it, and 2030 "provider adapter not initialized" misled clients).
+    ShuttingDown,
 }
 
 /// The class of a failure; the shell maps it one-to-one onto a gRPC status code.
@@ -65,7 +68,7 @@ pub enum ErrorKind {
 
 impl ErrorCode {
     /// Every code, in registry order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::Generic,
         ErrorCode::CampaignNotFound,
         ErrorCode::ProviderNotSupported,
@@ -85,6 +88,7 @@ impl ErrorCode {
         ErrorCode::ApprovalNotFound,
         ErrorCode::ApprovalResolved,
         ErrorCode::StorageFull,
+        ErrorCode::ShuttingDown,
     ];
 
     /// The registry number, e.g. `2013`.
@@ -109,6 +113,7 @@ impl ErrorCode {
             ErrorCode::ApprovalNotFound => 2040,
             ErrorCode::ApprovalResolved => 2041,
             ErrorCode::StorageFull => 2050,
+            ErrorCode::ShuttingDown => 2051,
         }
     }
 
@@ -141,6 +146,7 @@ impl ErrorCode {
             ErrorCode::ApprovalNotFound => "approval not found",
             ErrorCode::ApprovalResolved => "approval already resolved",
             ErrorCode::StorageFull => "daemon storage full",
+            ErrorCode::ShuttingDown => "daemon shutting down",
         }
     }
 
@@ -162,7 +168,8 @@ impl ErrorCode {
             ErrorCode::DeliveryFailed
             | ErrorCode::AdapterNotInitialized
             | ErrorCode::ProviderCrashed
-            | ErrorCode::ConnectionLost => ErrorKind::Unavailable,
+            | ErrorCode::ConnectionLost
+            | ErrorCode::ShuttingDown => ErrorKind::Unavailable,
             ErrorCode::Generic | ErrorCode::SandboxInitFailed => ErrorKind::Internal,
         }
     }

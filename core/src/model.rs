@@ -69,6 +69,20 @@ impl Status {
         matches!(self, Status::Stopped | Status::Failed)
     }
 
+    /// "Active" as obey's ListSessions means it by default: CREATED, STARTING, RUNNING and
+    /// WORKING, plus WAITING (paddock's, a working session waiting for a human). A STOPPING
+    /// session is on its way out: listed when asked for by status or with terminated ones.
+    pub fn is_active(self) -> bool {
+        matches!(
+            self,
+            Status::Created
+                | Status::Starting
+                | Status::Running
+                | Status::Working
+                | Status::Waiting
+        )
+    }
+
     /// The wire value (`SessionStatus` in obey.local.v1).
     pub fn number(self) -> i32 {
         self as i32

@@ -820,7 +820,7 @@ mod tests {
         let fx = t.launch("c");
         assert!(
             matches!(&fx[..], [Effect::ReplyTask { req: 1, result: Err(e) }]
-                if e.code == crate::ErrorCode::AdapterNotInitialized),
+                if e.code == crate::ErrorCode::ShuttingDown),
             "{fx:?}"
         );
         assert!(t.0.task("c").is_none());

@@ -772,7 +772,7 @@ fn a_shutdown_stops_every_live_session_and_refuses_creates() {
             config: config(),
         },
     );
-    assert_eq!(err_code(&fx, req), ErrorCode::AdapterNotInitialized);
+    assert_eq!(err_code(&fx, req), ErrorCode::ShuttingDown);
     assert!(r.engine.session(&SessionId::from("sess_2")).is_none());
 }
 

@@ -685,7 +685,7 @@ impl Run {
                 }
                 (Some(Waiting::Launch { ok: false, .. }), Err(e)) => {
                     let want = if self.shutting_down {
-                        ErrorCode::AdapterNotInitialized
+                        ErrorCode::ShuttingDown
                     } else {
                         ErrorCode::Generic
                     };

@@ -34,6 +34,16 @@ async fn shutdown_stops_every_session_gracefully_and_the_daemon_exits_0() {
         .into_inner();
     assert!(r.accepted);
     assert_eq!(r.active_sessions, 2);
+    // Nothing new is taken meanwhile, with a code of its own (UNAVAILABLE).
+    let req = d.request(None).await;
+    let e = d
+        .client()
+        .await
+        .create_session(req)
+        .await
+        .expect_err("a create during shutdown");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().starts_with("OBEY-2051: "), "{e:?}");
     // Graceful: the running turn is allowed to finish.
     let rest = collect_ok(stream).await;
     assert_eq!(kinds(&rest), ["STATUS", "COMPLETION"]);

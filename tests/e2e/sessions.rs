@@ -565,6 +565,26 @@ async fn graceful_stop_that_outlasts_the_grace_period_is_2021_and_force_stops() 
         .await
         .unwrap_err();
     assert_status(&e, tonic::Code::FailedPrecondition, "OBEY-2011: ");
+    // ListSessions' default is the seed's active set (and WAITING): a stopping session is
+    // listed when asked for by status.
+    let listed = |statuses: Vec<i32>| {
+        let mut c = c.clone();
+        async move {
+            c.list_sessions(pb::ListSessionsRequest {
+                statuses,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .sessions
+            .into_iter()
+            .map(|s| s.id)
+            .collect::<Vec<_>>()
+        }
+    };
+    assert!(!listed(vec![]).await.contains(&s.id));
+    assert_eq!(listed(vec![S::Stopping as i32]).await, std::slice::from_ref(&s.id));
 
     let mut acts = vec![first];
     acts.extend(collect_ok(stream).await);

@@ -75,7 +75,7 @@ pub enum Input {
     RemoveCampaign { req: RequestId, key: String },
     /// The daemon is shutting down: stop every live session (`graceful`: running turns may
     /// finish; a forced shutdown after a graceful one cuts the grace short), cancel every live
-    /// task, and refuse every Create and task launch from now on (OBEY-2030). Answered with
+    /// task, and refuse every Create and task launch from now on (OBEY-2051). Answered with
     /// the number of live sessions; the stops and cancels are answered to nobody
     /// ([`NO_REPLY`]).
     ///

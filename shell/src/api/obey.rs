@@ -619,7 +619,7 @@ impl LocalDaemonService for Obey {
                 if !statuses.is_empty() {
                     statuses.contains(&v.record.status)
                 } else {
-                    include_terminated || !v.record.status.is_terminal()
+                    include_terminated || v.record.status.is_active()
                 }
             })
             .map(|v| convert::session_info_full(&v.record, v.unrecognized, v.pending));

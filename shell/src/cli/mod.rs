@@ -359,6 +359,15 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                     st.push(x.number());
                 }
             }
+            if st.is_empty() && !all {
+                // Every live session, a stopping one too (the daemon's default is the seed's
+                // "active" set, which leaves STOPPING out).
+                st = Status::ALL
+                    .into_iter()
+                    .filter(|x| !x.is_terminal())
+                    .map(Status::number)
+                    .collect();
+            }
             let provider = match provider {
                 Some(p) => match Provider::from_name(&p) {
                     Some(p) => p.number(),

@@ -339,7 +339,7 @@ impl Handle {
     }
 
     /// CreateSession, for every protocol: the configuration checked (OBEY-2002/3/4), then the
-    /// loop's answer (refused while the daemon shuts down, OBEY-2030).
+    /// loop's answer (refused while the daemon shuts down, OBEY-2051).
     pub async fn create_session(
         &self,
         id: SessionId,
@@ -422,15 +422,12 @@ async fn validate(config: SessionConfig) -> Result<SessionConfig, Error> {
 /// The loop is gone (or going).
 pub fn unavailable() -> Error {
     Error::new(
-        ErrorCode::AdapterNotInitialized,
+        ErrorCode::ShuttingDown,
         "the daemon's session engine is not running (shutting down?)",
     )
 }
 
 /// The refusal of anything new while the daemon shuts down.
 pub fn shutting_down() -> Error {
-    Error::new(
-        ErrorCode::AdapterNotInitialized,
-        "the daemon is shutting down",
-    )
+    Error::new(ErrorCode::ShuttingDown, "the daemon is shutting down")
 }
