@@ -59,6 +59,13 @@ enum Command {
         /// Do not serve the Aria runtime socket
         #[arg(long)]
         no_aria_socket: bool,
+        /// Also serve the daemon's API on obey's socket [default: $XDG_RUNTIME_DIR/obey/daemon.sock
+        /// when the daemon runs on its default socket]
+        #[arg(long)]
+        obey_socket: Option<PathBuf>,
+        /// Do not serve obey's socket
+        #[arg(long)]
+        no_obey_socket: bool,
         /// Where Aria sessions run [default: <data dir>/aria-workspace]
         #[arg(long)]
         aria_workspace: Option<PathBuf>,
@@ -193,7 +200,16 @@ enum Command {
 
 fn main() {
     use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().get_matches();
+    // The binary answers to the name it was invoked by: as `obey` (a link), `obey --version`
+    // and every usage line say obey, as that system's CLI did.
+    let as_obey = std::env::args_os()
+        .next()
+        .is_some_and(|a| std::path::Path::new(&a).file_name() == Some("obey".as_ref()));
+    let mut command = Cli::command();
+    if as_obey {
+        command = command.name("obey");
+    }
+    let matches = command.get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Whether a `daemon` flag was given (on the command line or by its variable): the
     // configuration file's value applies only where it was not.
@@ -203,6 +219,7 @@ fn main() {
             .and_then(|m| m.value_source(id))
             .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue)
     };
+    let explicit_socket = cli.socket.is_some();
     let socket = cli.socket.clone().unwrap_or_else(paths::default_socket);
     let data_dir = cli.data_dir.clone().unwrap_or_else(paths::default_data_dir);
     let code = match cli.command {
@@ -261,6 +278,8 @@ fn main() {
             runner_buffer_bytes,
             aria_socket,
             no_aria_socket,
+            obey_socket,
+            no_obey_socket,
             aria_workspace,
             aria_provider,
             aria_model,
@@ -320,6 +339,14 @@ fn main() {
             };
             let aria_socket =
                 (!no_aria_socket).then(|| aria_socket.unwrap_or_else(paths::default_aria_socket));
+            // obey's clients find the daemon at obey's path: served beside the default socket
+            // (a daemon given a socket of its own, a test's, does not take obey's).
+            let obey_socket = match (no_obey_socket, obey_socket) {
+                (true, _) => None,
+                (false, Some(path)) => Some(path),
+                (false, None) if explicit_socket => None,
+                (false, None) => paths::default_obey_socket(),
+            };
             let aria_workspace = aria_workspace.unwrap_or_else(|| data_dir.join("aria-workspace"));
             // The runner never refuses what the daemon accepted.
             let live_runs = limits.max_live_sessions.max(1) + limits.tasks.max_live_tasks.max(1);
@@ -328,6 +355,7 @@ fn main() {
                 data_dir,
                 limits,
                 aria_socket,
+                obey_socket,
                 aria_workspace,
                 aria_provider,
                 aria_model,

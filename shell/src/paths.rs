@@ -17,6 +17,12 @@ pub fn default_socket() -> PathBuf {
     }
 }
 
+/// obey's own socket, `$XDG_RUNTIME_DIR/obey/daemon.sock` (the seed's path), when there is a
+/// runtime directory.
+pub fn default_obey_socket() -> Option<PathBuf> {
+    dirs::runtime_dir().map(|dir| dir.join("obey").join("daemon.sock"))
+}
+
 pub fn default_data_dir() -> PathBuf {
     dirs::data_dir()
         .map(|d| d.join("paddock"))

@@ -895,3 +895,88 @@ async fn completions_and_the_man_page() {
         "the exit codes are in the man page too"
     );
 }
+
+/// obey's clients find the daemon where obey's was: a daemon on its default socket also serves
+/// `$XDG_RUNTIME_DIR/obey/daemon.sock`, and the binary invoked as `obey` (a link) is obey's
+/// CLI by name. Both sockets are the same daemon; both go when it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_also_answers_on_obeys_socket_and_to_the_name_obey() {
+    let dirs = Dirs::new();
+    let run = dirs.base.join("run");
+    let obey_sock = run.join("obey/daemon.sock");
+    let mut daemon = std::process::Command::new(BIN);
+    daemon
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &dirs.home)
+        .env("XDG_RUNTIME_DIR", &run)
+        .env("PADDOCK_LOG", "warn")
+        .args(["daemon", "--no-aria-socket", "--data-dir"])
+        .arg(&dirs.data)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = tokio::process::Command::from(daemon)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // The default socket is the one the harness's clients use.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !(dirs.socket.exists() && obey_sock.exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sockets under {run:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let obey = dirs.base.join("obey");
+    std::os::unix::fs::symlink(BIN, &obey).unwrap();
+    let obey_cli = |args: &[&str]| {
+        let mut c = std::process::Command::new(&obey);
+        c.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &dirs.home)
+            .env("PADDOCK_PROVIDER", "scripted")
+            .arg("--socket")
+            .arg(&obey_sock)
+            .arg("--no-autostart")
+            .args(args);
+        c.output().unwrap()
+    };
+    let v = obey_cli(&["--version"]);
+    assert!(
+        String::from_utf8_lossy(&v.stdout).starts_with("obey "),
+        "{v:?}"
+    );
+    let root = dirs.root.display().to_string();
+    let made = obey_cli(&[
+        "session",
+        "create",
+        "--mount",
+        &format!("{root}:/workspace"),
+        "--name",
+        "via-obey",
+    ]);
+    assert!(made.status.success(), "{made:?}");
+    // The same daemon behind both doors.
+    let listed = dirs
+        .cli(false)
+        .args(["--json", "session", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("via-obey"),
+        "{listed:?}"
+    );
+    let bye = obey_cli(&["shutdown"]);
+    assert!(bye.status.success(), "{bye:?}");
+    let st = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(st.success(), "{st:?}");
+    assert!(
+        !obey_sock.exists() && !dirs.socket.exists(),
+        "both sockets removed"
+    );
+}

@@ -584,7 +584,10 @@ async fn graceful_stop_that_outlasts_the_grace_period_is_2021_and_force_stops() 
         }
     };
     assert!(!listed(vec![]).await.contains(&s.id));
-    assert_eq!(listed(vec![S::Stopping as i32]).await, std::slice::from_ref(&s.id));
+    assert_eq!(
+        listed(vec![S::Stopping as i32]).await,
+        std::slice::from_ref(&s.id)
+    );
 
     let mut acts = vec![first];
     acts.extend(collect_ok(stream).await);

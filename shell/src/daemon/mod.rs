@@ -36,6 +36,9 @@ pub struct Options {
     pub limits: Limits,
     /// The Aria runtime socket (`~/.aria/runtime.sock` / `$ARIA_RUNTIME_SOCK`), if served.
     pub aria_socket: Option<PathBuf>,
+    /// obey's socket (`$XDG_RUNTIME_DIR/obey/daemon.sock`), if served: the same services as
+    /// the daemon's own socket.
+    pub obey_socket: Option<PathBuf>,
     /// Where Aria sessions and unbound Aria tasks run.
     pub aria_workspace: PathBuf,
     /// The provider an Aria session runs (the scripted agent unless configured).
@@ -151,18 +154,19 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         );
     }
 
-    // The Aria socket is a second door to the same services. Another daemon holding it is not
-    // fatal: paddock's own socket still works.
-    let aria_listener: Option<UnixListener> = match &opts.aria_socket {
-        Some(path) => match crate::socket::bind(path, "paddock daemon (Aria socket)") {
+    // The Aria socket and obey's are more doors to the same services. Another daemon holding
+    // one is not fatal: paddock's own socket still works.
+    let extra = |path: &Option<PathBuf>, what: &str| -> Option<UnixListener> {
+        match crate::socket::bind(path.as_ref()?, &format!("paddock daemon ({what})")) {
             Ok(l) => Some(l),
             Err(e) => {
-                tracing::warn!("not serving the Aria socket: {e}");
+                tracing::warn!("not serving {what}: {e}");
                 None
             }
-        },
-        None => None,
+        }
     };
+    let aria_listener = extra(&opts.aria_socket, "the Aria socket");
+    let obey_listener = extra(&opts.obey_socket, "obey's socket");
     let (tx, rx) = mpsc::channel(event_loop::COMMAND_QUEUE);
     let (done_tx, mut done_rx) = watch::channel(false);
     let hub = Hub::new();
@@ -222,28 +226,48 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         }
     };
     tracing::info!(socket = %opts.socket.display(), data = %opts.data_dir.display(), "paddock daemon listening");
-    let aria_bound = aria_listener.is_some();
     let aria = crate::api::aria::AriaConfig {
         handle: handle.clone(),
         workspace: opts.aria_workspace.clone(),
         provider: opts.aria_provider,
         model: opts.aria_model.clone(),
     };
-    if let (Some(l), Some(path)) = (aria_listener, opts.aria_socket.clone()) {
+    let serve_extra = |l: UnixListener,
+                       path: PathBuf,
+                       router: tonic::transport::server::Router<crate::transport::ServerLayer>,
+                       what: &'static str| {
         let mut done = done_rx.clone();
-        let router = crate::api::router(aria.clone(), None).await;
         let peers = opts.peers.clone();
-        tracing::info!(socket = %path.display(), "serving the Aria runtime API");
+        tracing::info!(socket = %path.display(), "serving {what}");
         tokio::spawn(async move {
-            let incoming = crate::socket::incoming(l, peers, "Aria socket");
+            let incoming = crate::socket::incoming(l, peers, what);
             let stop = async move {
                 let _ = done.wait_for(|d| *d).await;
             };
             if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
-                tracing::warn!("Aria socket server: {e}");
+                tracing::warn!("{what} server: {e}");
             }
             let _ = std::fs::remove_file(&path);
         });
+    };
+    let aria_bound = aria_listener.is_some();
+    if let (Some(l), Some(path)) = (aria_listener, opts.aria_socket.clone()) {
+        serve_extra(
+            l,
+            path,
+            crate::api::router(aria.clone(), None).await,
+            "the Aria runtime API",
+        );
+    }
+    let obey_bound = obey_listener.is_some();
+    if let (Some(l), Some(path)) = (obey_listener, opts.obey_socket.clone()) {
+        let sunbeam = crate::api::sunbeam::CodeAgent::new(handle.clone());
+        serve_extra(
+            l,
+            path,
+            crate::api::router(aria.clone(), Some(sunbeam)).await,
+            "obey's socket",
+        );
     }
     let sunbeam = crate::api::sunbeam::CodeAgent::new(handle.clone());
     let serve = crate::api::router(aria, Some(sunbeam))
@@ -262,9 +286,12 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
             Ok(())
         }
     };
-    if let Some(path) = &opts.aria_socket {
-        // Only our own socket: a live Aria socket of another daemon was never bound here.
-        if aria_bound {
+    // Only our own sockets: a live socket of another daemon was never bound here.
+    for (path, bound) in [
+        (&opts.aria_socket, aria_bound),
+        (&opts.obey_socket, obey_bound),
+    ] {
+        if let (Some(path), true) = (path, bound) {
             let _ = std::fs::remove_file(path);
         }
     }
