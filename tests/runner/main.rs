@@ -149,12 +149,18 @@ async fn run_command_streams_both_outputs_and_the_exit_code() {
     );
     assert_eq!(output(&events, pb::StreamKind::Stderr), "err\n");
 
-    // use_shell = false: split on whitespace, no shell.
-    let mut req = command("cmd-2", &r.work, "echo  a   $HOME");
+    // use_shell = false (what a seed client that leaves it unset sends): still the shell.
+    let mut req = command("cmd-2", &r.work, "echo  a   $((1 + 2))");
     req.use_shell = false;
     let events = collect(c.run_command(req).await.unwrap().into_inner()).await;
     lifecycle(&events);
-    assert_eq!(output(&events, pb::StreamKind::Stdout), "a $HOME\n");
+    assert_eq!(output(&events, pb::StreamKind::Stdout), "a 3\n");
+    // No shell: the exact argv (paddock's extension).
+    let mut req = command("cmd-3", &r.work, "label");
+    req.argv = vec!["echo".into(), " a ".into(), "$((1 + 2))".into()];
+    let events = collect(c.run_command(req).await.unwrap().into_inner()).await;
+    lifecycle(&events);
+    assert_eq!(output(&events, pb::StreamKind::Stdout), " a  $((1 + 2))\n");
 }
 
 #[tokio::test]
@@ -163,14 +169,14 @@ async fn launch_failures_and_validation_errors() {
     let mut c = r.client().await;
     // Not found / not executable: FAILED with the shell's codes, no STARTED.
     let mut req = command("nf", &r.work, "/nonexistent/prog arg");
-    req.use_shell = false;
+    req.argv = vec!["/nonexistent/prog".into(), "arg".into()];
     let events = collect(c.run_command(req).await.unwrap().into_inner()).await;
     assert_eq!(events.len(), 1);
     assert_eq!(status(&events[0]).unwrap().exit_code, 127);
     let plain = r.work.join("plain.txt");
     std::fs::write(&plain, "x").unwrap();
     let mut req = command("nx", &r.work, plain.to_str().unwrap());
-    req.use_shell = false;
+    req.argv = vec![plain.to_str().unwrap().into()];
     let events = collect(c.run_command(req).await.unwrap().into_inner()).await;
     let s = status(&events[0]).unwrap();
     assert_eq!((s.state(), s.exit_code), (pb::RunState::Failed, 126));
@@ -798,7 +804,7 @@ async fn children_die_with_the_runner() {
     let mut r = Runner::start();
     let mut c = r.client().await;
     let mut req = command("orphan", &r.work, "sleep 60");
-    req.use_shell = false;
+    req.argv = vec!["sleep".into(), "60".into()];
     let mut s = c.run_command(req).await.unwrap().into_inner();
     next(&mut s).await;
     let runs = c

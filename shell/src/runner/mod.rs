@@ -11,10 +11,10 @@
 //!   stdin /dev/null, `SSH_AUTH_SOCK` set when given. (Flags go before `resume`, where every
 //!   codex version accepts them; `--` keeps a prompt that starts with `-` a prompt.) Each
 //!   stdout line becomes an `ExecEvent` ([`codex`]).
-//! - `RunCommand`: `sh -lc <command>` when `use_shell`. proto3 cannot tell an unset bool from
-//!   `false`, so `use_shell = false` means: run `command` split on whitespace, without a shell
-//!   (no quoting rules; a client that needs them uses the shell). stdout / stderr become
-//!   `CommandOutput` chunks of at most 64 KiB.
+//! - `RunCommand`: `sh -lc <command>`. The seed's `use_shell` is "default true", and proto3
+//!   cannot tell an unset bool from `false` (a seed client that never sets it sends `false`),
+//!   so `command` always runs through the shell; paddock's `argv` extension runs an exact argv
+//!   with no shell. stdout / stderr become `CommandOutput` chunks of at most 64 KiB.
 //! - Every run's stream: `RunStatus{STARTED}`, its events, then `RunStatus{FINISHED,
 //!   exit_code}` — or `FAILED` (exit code 128 + signal) when a signal ended it — and the stream
 //!   closes. A process that cannot be started gives only `RunStatus{FAILED}` with the reason
@@ -334,15 +334,14 @@ impl Runner for RunnerService {
                 OsString::from(program),
                 rest.iter().map(OsString::from).collect(),
             )
-        } else if r.use_shell {
+        } else {
+            // The seed's `use_shell` is "default true"; proto3 cannot tell an unset bool from
+            // false, so `command` always runs as `sh -lc <command>` (a client that wants no
+            // shell gives `argv`).
             (
                 OsString::from("sh"),
                 vec![OsString::from("-lc"), OsString::from(&r.command)],
             )
-        } else {
-            let mut words = r.command.split_whitespace().map(OsString::from);
-            let program = words.next().ok_or_else(|| invalid("command is required"))?;
-            (program, words.collect())
         };
         let launch = Launch {
             program,
