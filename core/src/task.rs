@@ -75,6 +75,34 @@ pub struct TaskSpec {
     /// 0 = no timeout.
     pub timeout_ms: u64,
     pub working_dir: String,
+    /// Who asked for it: the user of the client that launched it ("" when not known).
+    pub user: String,
+}
+
+/// The task `type` paddock runs: a command as a local process (Aria's `type` left empty means
+/// it too).
+pub const COMMAND_KIND: &str = "command";
+
+/// What an Aria task `type` means here: the kind paddock runs it as, or why it does not run
+/// it. The seed's `container:exec` needs a container and `bundle:build` a bundle pipeline,
+/// which paddock does not have; an unknown type is refused rather than run as something else.
+pub fn kind_of(requested: &str) -> Result<&'static str, String> {
+    match requested.trim() {
+        "" | COMMAND_KIND => Ok(COMMAND_KIND),
+        "container:exec" => Err(
+            "task type \"container:exec\" needs a container, and paddock runs none yet \
+             (ContainerService is unimplemented); launch type \"command\" to run it here"
+                .into(),
+        ),
+        "bundle:build" => Err(
+            "task type \"bundle:build\" (an .aria bundle build) is not something paddock runs"
+                .into(),
+        ),
+        other => Err(format!(
+            "task type {other:?} is not one paddock runs; type \"command\" runs command_json \
+             as a local process"
+        )),
+    }
 }
 
 /// The `kind` of the task an obey `Execute` runs: its output streams to the caller as it
@@ -676,6 +704,15 @@ mod tests {
     /// The same reading on both clocks, `ms` after their origins.
     fn now(ms: u64) -> Now {
         Now::new(Instant::from_millis(ms), Timestamp::from_millis(ms))
+    }
+
+    #[test]
+    fn task_types_run_only_as_what_they_say() {
+        assert_eq!(kind_of(""), Ok(COMMAND_KIND));
+        assert_eq!(kind_of("command"), Ok(COMMAND_KIND));
+        assert!(kind_of("container:exec").unwrap_err().contains("container"));
+        assert!(kind_of("bundle:build").is_err());
+        assert!(kind_of("make").unwrap_err().contains("\"command\""));
     }
 
     fn spec() -> TaskSpec {

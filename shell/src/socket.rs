@@ -245,6 +245,23 @@ pub fn incoming(
     })
 }
 
+/// The user a request came from, by its connection's credentials (the name, else the uid); ""
+/// when the transport has none (not a Unix socket).
+pub fn peer_user<T>(request: &tonic::Request<T>) -> String {
+    let uid = request
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|info| info.peer_cred)
+        .map(|cred| cred.uid());
+    match uid {
+        Some(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map_or_else(|| uid.to_string(), |u| u.name),
+        None => String::new(),
+    }
+}
+
 /// A client's check before it sends anything: the socket must belong to us or to root, so a
 /// socket another user put in our place never receives a request (and the secrets in it).
 pub fn check_owner(path: &Path) -> Result<(), String> {

@@ -39,7 +39,7 @@ async fn launch(
     c.launch_task(aria::LaunchTaskRequest {
         command_json: serde_json::to_string(command).unwrap(),
         timeout_seconds,
-        r#type: "test".into(),
+        r#type: "command".into(),
         ..Default::default()
     })
     .await

@@ -50,8 +50,15 @@ def main():
     import time
     time.sleep(0.5)
 
+    # A type paddock does not run is refused (never run as a local command anyway).
+    try:
+        tasks.LaunchTask(t.LaunchTaskRequest(type="container:exec", command_json='["true"]'))
+        raise AssertionError("container:exec was launched")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNIMPLEMENTED, e
+
     launched = tasks.LaunchTask(t.LaunchTaskRequest(
-        type="python-client",
+        type="command",
         command_json=json.dumps(["sh", "-c", "echo from python; echo '::progress 100 done'"]),
         timeout_seconds=30,
     ))
@@ -67,6 +74,10 @@ def main():
 
     task = tasks.GetTask(t.GetTaskRequest(task_id=task_id))
     assert task.status == aria_pb2.COMPLETED, task
+    # The task is the caller's: its user, from the socket's credentials.
+    import pwd
+    assert task.user_id == pwd.getpwuid(os.getuid()).pw_name, task.user_id
+    assert task.type == "command", task.type
     assert task.exit_code == 0 and task.progress_percent == 100.0, task
 
     seen = []

@@ -172,6 +172,25 @@ async fn an_allowed_user_is_served() {
         "the allowed user was refused: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A task the other user launches is that user's (Aria's user_id, from the connection's
+    // credentials), not the daemon's.
+    let out = as_user(uid)
+        .arg("--socket")
+        .arg(&d.dirs.socket)
+        .args(["--no-autostart", "task", "launch", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut tasks = paddock_proto::aria::v1::task_service_client::TaskServiceClient::new(
+        paddock::transport::channel(&d.dirs.socket).await.unwrap(),
+    );
+    let t = tasks
+        .get_task(paddock_proto::aria::v1::GetTaskRequest { task_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(t.user_id, PEER, "{t:?}");
 }
 
 #[test]

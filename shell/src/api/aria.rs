@@ -68,7 +68,11 @@ pub struct Tasks(pub AriaConfig);
 fn task_pb(t: &TaskRecord) -> pb::Task {
     pb::Task {
         id: t.id.clone(),
-        user_id: user(),
+        user_id: if t.spec.user.is_empty() {
+            user()
+        } else {
+            t.spec.user.clone()
+        },
         session_id: t.spec.session_id.clone(),
         container_id: String::new(),
         parent_task_id: None,
@@ -87,6 +91,8 @@ fn task_pb(t: &TaskRecord) -> pb::Task {
     }
 }
 
+/// The daemon's own user: who a task launched before paddock recorded launchers, and an Aria
+/// session, belong to.
 fn user() -> String {
     std::env::var("USER").unwrap_or_else(|_| nix::unistd::getuid().to_string())
 }
@@ -131,8 +137,12 @@ impl pb::task_service_server::TaskService for Tasks {
         &self,
         request: Request<pb::LaunchTaskRequest>,
     ) -> Result<Response<pb::LaunchTaskResponse>, GrpcStatus> {
+        let user = crate::socket::peer_user(&request);
         let r = request.into_inner();
         let bad = |m: String| status(Code::InvalidArgument, "INVALID_TASK", m);
+        // A type paddock does not run is refused, never run as a local command anyway.
+        let kind = paddock_core::task::kind_of(&r.r#type)
+            .map_err(|m| status(Code::Unimplemented, "TASK_TYPE_UNSUPPORTED", m))?;
         if r.command_json.len() > COMMAND_JSON_MAX {
             return Err(bad(format!(
                 "command_json is larger than {COMMAND_JSON_MAX} bytes"
@@ -179,11 +189,12 @@ impl pb::task_service_server::TaskService for Tasks {
         let id = format!("task_{}", ulid::Ulid::new());
         let spec = TaskSpec {
             session_id: r.session_id,
-            kind: r.r#type,
+            kind: kind.to_string(),
             command,
             environment: r.environment.into_iter().collect(),
             timeout_ms: r.timeout_seconds as u64 * 1000,
             working_dir,
+            user,
         };
         match self
             .0

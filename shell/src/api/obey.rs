@@ -291,6 +291,7 @@ impl LocalDaemonService for Obey {
         request: Request<pb::ExecuteRequest>,
     ) -> Result<Response<Self::ExecuteStream>, GrpcStatus> {
         use paddock_core::task::{TaskInput, TaskReply, TaskSpec, TaskStatus, EXECUTE_KIND};
+        let user = crate::socket::peer_user(&request);
         let r = request.into_inner();
         if r.command.trim().is_empty() {
             return Err(invalid("command is required"));
@@ -318,6 +319,7 @@ impl LocalDaemonService for Obey {
             environment: r.environment.into_iter().collect(),
             timeout_ms: r.timeout_seconds as u64 * 1000,
             working_dir: c.root_path,
+            user,
         };
         // Subscribed before the launch: nothing the task says falls in between.
         let mut outputs = self.handle.hub.task_output.subscribe();

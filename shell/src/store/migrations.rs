@@ -10,7 +10,15 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use super::{Result, StoreError};
 
 /// Every migration this binary knows, oldest first.
-pub(super) const MIGRATIONS: &[&str] = &[V1, super::tasks::V2, V3, V4, super::approvals::V5, V6];
+pub(super) const MIGRATIONS: &[&str] = &[
+    V1,
+    super::tasks::V2,
+    V3,
+    V4,
+    super::approvals::V5,
+    V6,
+    super::tasks::V7,
+];
 
 /// Version 6: whether a session's last turn failed (so that a live session whose task failed
 /// is not shown as complete).

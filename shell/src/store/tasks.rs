@@ -42,9 +42,14 @@ CREATE TABLE task_output (
 ) STRICT;
 "#;
 
+/// Version 7: who launched a task (Aria's `Task.user_id`: the client's user, not the daemon's).
+pub(super) const V7: &str = r#"
+ALTER TABLE tasks ADD COLUMN user_id TEXT NOT NULL DEFAULT '';
+"#;
+
 const TASK_COLUMNS: &str = "id, session_id, type, command_json, environment, timeout_ms, \
      working_dir, status, created_at, started_at, completed_at, exit_code, error_message, \
-     progress_centi, current_operation, pid, output_bytes, last_output_seq, truncated";
+     progress_centi, current_operation, pid, output_bytes, last_output_seq, truncated, user_id";
 
 fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -60,7 +65,7 @@ pub(super) fn upsert(
         {
             let sql = format!(
                 "INSERT INTO tasks ({TASK_COLUMNS}) VALUES \
-                 (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19) \
+                 (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20) \
                  ON CONFLICT(id) DO UPDATE SET status=excluded.status, \
                  started_at=excluded.started_at, completed_at=excluded.completed_at, \
                  exit_code=excluded.exit_code, error_message=excluded.error_message, \
@@ -89,6 +94,7 @@ pub(super) fn upsert(
                 i(t.output_bytes),
                 i(t.last_output_seq),
                 t.truncated,
+                t.spec.user,
             ])?;
         }
     }
@@ -145,6 +151,7 @@ fn task_from_row(sealer: &super::seal::Sealer, row: &Row) -> Result<TaskRecord> 
             ),
             timeout_ms: u(row, 5, "timeout_ms")?,
             working_dir: row.get(6)?,
+            user: row.get(19)?,
         },
         status: TaskStatus::from_number(status)
             .ok_or_else(|| StoreError::Corrupt(format!("tasks.status: unknown {status}")))?,
@@ -236,11 +243,12 @@ mod tests {
             id: "task_1".into(),
             spec: TaskSpec {
                 session_id: "s".into(),
-                kind: "container:exec".into(),
+                kind: "command".into(),
                 command: vec!["echo".into(), "hi".into()],
                 environment: [("A".to_string(), "1".to_string())].into_iter().collect(),
                 timeout_ms: 5000,
                 working_dir: "/tmp".into(),
+                user: "alice".into(),
             },
             status: TaskStatus::Running,
             created_at: paddock_core::Timestamp::from_millis(1),
