@@ -847,7 +847,8 @@ async fn delete_stops_a_live_session_and_forgets_it_and_prune_removes_the_ended_
         .await
         .fails_with("OBEY-2010: ");
 
-    // prune: every stopped and failed session (unrecognized lines and all), not the live one.
+    // prune: every finished session — stopped, failed (unrecognized lines and all), and
+    // complete (its task done; its agent stopped first) — not one that has nothing done yet.
     let done = create_task(&d, "Done and stopped", &fixed).await;
     d.wait_status(&done, pb::SessionStatus::Running).await;
     cli(&d, &["session", "stop", &done]).await.ok();
@@ -858,24 +859,47 @@ async fn delete_stops_a_live_session_and_forgets_it_and_prune_removes_the_ended_
         "{:?}",
         stored_rows(&d, &failed)
     );
-    let keep = create_task(&d, "Still going", &fixed).await;
+    let complete = create_task(&d, "Done, still up", &fixed).await;
+    let agent = d
+        .wait_status(&complete, pb::SessionStatus::Running)
+        .await
+        .pid;
+    let keep = {
+        let o = cli(
+            &d,
+            &[
+                "session",
+                "create",
+                "--mount",
+                &format!("{}:/workspace", d.dirs.root.display()),
+            ],
+        )
+        .await
+        .ok();
+        created_id(&o)
+    };
     d.wait_status(&keep, pb::SessionStatus::Running).await;
     let o = cli(&d, &["session", "prune"]).await.ok();
     let mut lines: Vec<&str> = o.stdout.lines().collect();
-    assert_eq!(lines.pop(), Some("Pruned 2 session(s)."), "{o:?}");
+    assert_eq!(lines.pop(), Some("Pruned 3 session(s)."), "{o:?}");
     lines.sort();
     let mut want = vec![
         format!("Deleted {done} (stopped, Done and stopped)"),
         format!("Deleted {failed} (failed, Crashes)"),
+        format!("Deleted {complete} (complete, Done, still up)"),
     ];
     want.sort();
     assert_eq!(lines, want, "{o:?}");
-    for id in [&done, &failed] {
+    for id in [&done, &failed, &complete] {
         assert!(nothing_stored(&stored_rows(&d, id)), "{id}");
     }
-    assert!(!nothing_stored(&stored_rows(&d, &keep)));
+    assert_agent_gone(agent).await;
+    assert!(
+        !nothing_stored(&stored_rows(&d, &keep)),
+        "a ready session is kept"
+    );
     let o = cli(&d, &["session", "prune"]).await.ok();
-    assert_eq!(o.stdout, "No stopped or failed sessions to prune.\n");
+    assert_eq!(o.stdout, "No finished sessions to prune.\n");
     let o = cli(&d, &["--json", "session", "list", "--all"]).await.ok();
     let ids: Vec<&str> = o
         .json()
@@ -1064,7 +1088,7 @@ async fn delete_and_prune_ask_on_a_terminal() {
     assert_eq!(status_name(d.get(&a).await.status), "RUNNING", "kept");
     t.spawn(&d, "prune-yes", &["session", "prune"]);
     t.wait_for("prune-yes", "the question", |s| {
-        s.contains("Delete 1 stopped or failed session(s)")
+        s.contains("Delete 1 finished session(s)")
     })
     .await;
     t.type_line("prune-yes", "y");

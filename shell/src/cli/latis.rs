@@ -711,45 +711,66 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Re
     Ok(())
 }
 
-/// `session prune`: deletes every STOPPED and FAILED session (of one campaign, if given) and
-/// says which. A session restarted between the list and its delete is skipped, and said so.
+/// Whether `session prune` takes a session in latis state `state`: latis prunes "completed"
+/// sessions — `complete` (its task finished, successfully or not: `failed`) and `stopped` —
+/// and leaves those not done (`ready`, `working`, `waiting`, …).
+pub fn prunable(state: &str) -> bool {
+    matches!(state, "complete" | "failed" | "stopped")
+}
+
+/// `session prune`: deletes every finished session (complete, failed or stopped; of one
+/// campaign, if given), a live one stopped first, and says which. A session restarted (or
+/// deleted) by someone else between the list and its delete is skipped, and said so.
 pub async fn prune(
     ctx: &super::Ctx,
     c: &mut Client,
     campaign: Option<String>,
     yes: bool,
 ) -> Result<()> {
-    let list = super::list_sessions(
+    let list: Vec<pb::SessionInfo> = super::list_sessions(
         c,
         pb::ListSessionsRequest {
             campaign_id: campaign.unwrap_or_default(),
-            statuses: vec![Status::Stopped.number(), Status::Failed.number()],
-            provider: 0,
             include_terminated: true,
-            page_token: String::new(),
+            ..Default::default()
         },
     )
-    .await?;
-    if !list.is_empty()
-        && !confirm(
-            &format!(
-                "Delete {} stopped or failed session(s) and everything stored about them?",
-                list.len()
-            ),
-            yes,
-        )?
-    {
+    .await?
+    .into_iter()
+    .filter(|s| prunable(state_of(s)))
+    .collect();
+    let live = list
+        .iter()
+        .filter(|s| !Status::from_number(s.status).is_some_and(Status::is_terminal))
+        .count();
+    let question = match live {
+        0 => format!(
+            "Delete {} finished session(s) and everything stored about them?",
+            list.len()
+        ),
+        n => format!(
+            "Delete {} finished session(s) ({n} still running: stopped first) and everything \
+             stored about them?",
+            list.len()
+        ),
+    };
+    if !list.is_empty() && !confirm(&question, yes)? {
         println!("Nothing deleted.");
         return Ok(());
     }
     let (mut deleted, mut skipped, mut failed) = (Vec::new(), Vec::new(), 0);
     for s in &list {
-        match c
-            .delete_session(pb::DeleteSessionRequest {
-                session_id: s.id.clone(),
-            })
-            .await
-        {
+        let gone = match stop_and_delete(c, s).await {
+            Ok(_) => Ok(()),
+            Err(Error::Daemon(e)) => Err(e),
+            Err(Error::Step { source, .. }) => Err(source),
+            Err(e) => {
+                eprintln!("error: session {}: {e}", s.id);
+                failed += 1;
+                continue;
+            }
+        };
+        match gone {
             Ok(_) => {
                 if !ctx.json {
                     println!(
@@ -786,7 +807,7 @@ pub async fn prune(
     if ctx.json {
         super::print_json(&serde_json::json!({ "deleted": deleted, "skipped": skipped }));
     } else if deleted.is_empty() && skipped.is_empty() && failed == 0 {
-        println!("No stopped or failed sessions to prune.");
+        println!("No finished sessions to prune.");
     } else {
         println!("Pruned {} session(s).", deleted.len());
     }
