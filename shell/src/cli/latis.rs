@@ -194,9 +194,52 @@ pub struct SessionFile {
     pub config: Option<BTreeMap<String, Scalar>>,
     pub env: Option<BTreeMap<String, Scalar>>,
     pub campaign: Option<String>,
+    /// The seed's per-driver blocks: `local: {workdir}`; the others are read (so a latis file
+    /// parses) and refused with their driver.
+    pub local: Option<LocalBlock>,
+    pub podman: Option<serde_norway::Value>,
+    pub kubernetes: Option<serde_norway::Value>,
+    pub qemu: Option<serde_norway::Value>,
+    pub ssh: Option<serde_norway::Value>,
+}
+
+/// latis' `local:` block: where the agent works (created when missing; relative to the file).
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LocalBlock {
+    pub workdir: Option<String>,
 }
 
 impl SessionFile {
+    /// The drivers whose block the file has.
+    fn driver_blocks(&self) -> Vec<&'static str> {
+        [
+            ("local", self.local.is_some()),
+            ("podman", self.podman.is_some()),
+            ("kubernetes", self.kubernetes.is_some()),
+            ("qemu", self.qemu.is_some()),
+            ("ssh", self.ssh.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+    }
+
+    /// `local.workdir` as a directory (made when missing), taken from `file_dir` when relative.
+    fn workdir(&self, file_dir: &Path) -> Result<Option<PathBuf>> {
+        let Some(dir) = self.local.as_ref().and_then(|l| l.workdir.as_deref()) else {
+            return Ok(None);
+        };
+        let path = match dir.strip_prefix("~/") {
+            Some(rest) => crate::paths::home().join(rest),
+            None => file_dir.join(dir),
+        };
+        std::fs::create_dir_all(&path)
+            .and_then(|()| std::fs::canonicalize(&path))
+            .map(Some)
+            .map_err(Error::io(format!("local.workdir {}", path.display())))
+    }
+
     pub fn parse(text: &str, origin: &str) -> Result<SessionFile> {
         if text.trim().is_empty() {
             return Ok(SessionFile::default());
@@ -383,15 +426,29 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
             .or(f.driver.as_deref())
             .unwrap_or(DRIVERS[0]),
     )?;
+    // A block for another driver than the one chosen is a mistake, not a setting to drop.
+    if let Some(other) = f.driver_blocks().into_iter().find(|b| *b != driver) {
+        return Err(Error::Usage(format!(
+            "the session file has a `{other}:` block, but the session's driver is {driver}"
+        )));
+    }
+    let workdir = f.workdir(&file_dir)?;
+    if workdir.is_some() && (f.mounts.is_some() || !args.mounts.is_empty()) {
+        return Err(Error::Usage(
+            "local.workdir and mounts both name the working directory: give one".into(),
+        ));
+    }
     let mounts: Vec<PathBuf> = if !args.mounts.is_empty() {
         args.mounts
             .iter()
             .map(|m| parse_mount(m, cwd))
             .collect::<Result<_>>()?
+    } else if let Some(dir) = workdir {
+        vec![dir]
     } else {
         f.mounts
-            .unwrap_or_default()
             .iter()
+            .flatten()
             .map(|m| parse_mount(m, &file_dir))
             .collect::<Result<_>>()?
     };
@@ -986,6 +1043,52 @@ mod tests {
 
     fn args() -> CreateArgs {
         CreateArgs::default()
+    }
+
+    #[test]
+    fn the_seeds_per_driver_blocks_are_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cwd = std::fs::canonicalize(tmp.path()).unwrap();
+        // latis' local block: the working directory, made when missing, relative to the file.
+        let f = SessionFile::parse(
+            "task: Fix it\ndriver: local\nlocal:\n  workdir: ./ws\n",
+            "session.yaml",
+        )
+        .unwrap();
+        let p = plan(args(), Some((f, cwd.clone())), &cwd).unwrap();
+        assert_eq!(p.place, Place::Dir(cwd.join("ws")));
+        assert!(cwd.join("ws").is_dir());
+        // The seed's podman file parses; its driver is what is refused.
+        let podman = "driver: podman\npodman:\n  image: ghcr.io/x/ws:latest\n  mounts:\n    - \
+                      ./repo:/workspace:Z\n  ports:\n    - \"4433\"\n  flags:\n    - \
+                      \"--userns=keep-id\"\n  env:\n    A: b\n";
+        let f = SessionFile::parse(podman, "session.yaml").unwrap();
+        let e = plan(args(), Some((f, cwd.clone())), &cwd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("driver \"podman\" is not available"), "{e}");
+        // A block for another driver, or two ways to say where: refused.
+        let f = SessionFile::parse("driver: local\nssh:\n  host: h\n", "s.yaml").unwrap();
+        let e = plan(args(), Some((f, cwd.clone())), &cwd)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`ssh:` block") && e.contains("driver is local"),
+            "{e}"
+        );
+        let f = SessionFile::parse(
+            "local:\n  workdir: ws\nmounts: [\"ws:/workspace\"]\n",
+            "s.yaml",
+        )
+        .unwrap();
+        let e = plan(args(), Some((f, cwd.clone())), &cwd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("give one"), "{e}");
+        let e = SessionFile::parse("local:\n  image: x\n", "s.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `image`"), "{e}");
     }
 
     #[test]
