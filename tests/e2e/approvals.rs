@@ -643,7 +643,7 @@ async fn the_aria_notification_stream_says_when_an_agent_waits_and_when_it_goes_
     let mut n = aria::notification_service_client::NotificationServiceClient::new(
         crate::aria::aria_channel(&d).await,
     )
-    .stream_notifications(aria::StreamNotificationsRequest {})
+    .stream_notifications(aware(aria::StreamNotificationsRequest {}))
     .await
     .unwrap()
     .into_inner();
@@ -676,4 +676,100 @@ async fn the_aria_notification_stream_says_when_an_agent_waits_and_when_it_goes_
     })
     .await;
     assert!(!got.iter().any(|x| is(x, "WORKING", "RUNNING")), "{got:?}");
+}
+
+/// WAITING is paddock's (SessionStatus 8): a client generated from the obey seed, which does
+/// not say it understands it (`paddock-extensions`), sees WORKING instead — in GetSession,
+/// ListSessions (asking for WORKING finds it), GetState and its status streams, where the
+/// WORKING ⇄ WAITING changes are not sent at all. paddock's own clients see WAITING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_client_sees_working_where_paddock_says_waiting() {
+    let mut d = Daemon::start().await;
+    let s = asking_session(&mut d, asking_turn(), &[]).await;
+    let ch = paddock::transport::channel(&d.dirs.socket).await.unwrap();
+    let mut seed = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
+    let watch = |mut c: pb::local_daemon_service_client::LocalDaemonServiceClient<_>| {
+        let id = s.id.clone();
+        async move {
+            c.watch_session(pb::WatchSessionRequest { session_id: id })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let seed_events = watch(seed.clone()).await;
+    let aware_events = {
+        let mut c = d.client().await;
+        c.watch_session(pb::WatchSessionRequest {
+            session_id: s.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+    };
+    let turn = d.start_turn(&s.id, "clean up").await;
+    let a = wait_pending(&d, &s.id).await;
+
+    let waiting = pb::SessionStatus::Waiting as i32;
+    let working = pb::SessionStatus::Working as i32;
+    assert_eq!(d.get(&s.id).await.status, waiting);
+    let get = seed
+        .get_session(pb::GetSessionRequest {
+            session_id: s.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(get.status, working);
+    let listed = seed
+        .list_sessions(pb::ListSessionsRequest {
+            statuses: vec![working],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert_eq!(
+        listed
+            .iter()
+            .map(|x| (x.id.as_str(), x.status))
+            .collect::<Vec<_>>(),
+        [(s.id.as_str(), working)]
+    );
+    let state = seed
+        .get_state(pb::StateRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        state.active_sessions.iter().all(|x| x.status != waiting),
+        "{state:?}"
+    );
+
+    resolve(&d, &a.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap();
+    collect_ok(turn).await;
+    d.stop(&s.id, false).await.unwrap();
+    let pairs = |evs: Vec<pb::SessionStatusEvent>| -> Vec<(i32, i32)> {
+        evs.iter()
+            .map(|e| (e.previous_status, e.new_status))
+            .collect()
+    };
+    let seed_seen = pairs(collect_ok(seed_events).await);
+    let aware_seen = pairs(collect_ok(aware_events).await);
+    assert!(aware_seen.contains(&(working, waiting)), "{aware_seen:?}");
+    assert!(aware_seen.contains(&(waiting, working)), "{aware_seen:?}");
+    assert!(
+        seed_seen
+            .iter()
+            .all(|(p, n)| *p != waiting && *n != waiting && p != n),
+        "{seed_seen:?}"
+    );
+    assert_eq!(
+        seed_seen.len() + 2,
+        aware_seen.len(),
+        "{seed_seen:?} {aware_seen:?}"
+    );
 }

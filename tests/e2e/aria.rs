@@ -276,6 +276,13 @@ async fn notifications_carry_task_and_session_status() {
     let mut d = Daemon::start().await;
     let mut n =
         aria::notification_service_client::NotificationServiceClient::new(aria_channel(&d).await)
+            .stream_notifications(aware(aria::StreamNotificationsRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+    // A seed client's stream: the seed's payloads only.
+    let mut seed =
+        aria::notification_service_client::NotificationServiceClient::new(aria_channel(&d).await)
             .stream_notifications(aria::StreamNotificationsRequest {})
             .await
             .unwrap()
@@ -313,6 +320,18 @@ async fn notifications_carry_task_and_session_status() {
         Some(EventPayload::SessionStatus(x)) => assert_eq!(x.session_id, s.id),
         other => panic!("{other:?}"),
     }
+    // The seed client saw the task's three and nothing of the session.
+    let last = launch(&mut c, &["true"], 0).await;
+    let got = collect_until(&mut seed, |x| {
+        matches!(&x.event_payload, Some(EventPayload::TaskStatus(t)) if t.task_id == last && t.new_status == aria::TaskStatus::Completed as i32)
+    })
+    .await;
+    assert!(
+        got.iter()
+            .all(|x| matches!(x.event_payload, Some(EventPayload::TaskStatus(_)))),
+        "{got:?}"
+    );
+    assert_eq!(got.len(), 6, "{got:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

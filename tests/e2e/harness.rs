@@ -38,9 +38,19 @@ use nix::unistd::Pid;
 use paddock_proto::obey::local::v1 as pb;
 use pb::local_daemon_service_client::LocalDaemonServiceClient;
 use serde_json::{json, Value};
-use tonic::transport::Channel;
 
-pub type Client = LocalDaemonServiceClient<Channel>;
+/// paddock's own client (it understands what paddock adds to the seeds: WAITING, Aria's session
+/// notifications); a test of what a seed client sees builds a plain one.
+pub type Client = paddock::cli::client::Client;
+
+/// `message` as paddock's own clients send it: saying it understands what paddock adds to the
+/// seeds (`paddock-extensions: all`).
+pub fn aware<T>(message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut()
+        .insert(paddock::api::extensions::KEY, "all".parse().unwrap());
+    r
+}
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_paddock");
@@ -269,7 +279,7 @@ impl Daemon {
         let ch = paddock::transport::channel(&self.dirs.socket)
             .await
             .expect("connect");
-        LocalDaemonServiceClient::new(ch)
+        paddock::cli::client::client_of(ch)
     }
 
     /// SIGKILLs the daemon and reaps it (its children get PDEATHSIG).

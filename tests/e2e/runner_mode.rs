@@ -334,7 +334,7 @@ async fn output_lost_while_the_daemon_was_away_is_an_aria_notification() {
         let mut notes = aria::notification_service_client::NotificationServiceClient::new(
             crate::aria::aria_channel(&d).await,
         )
-        .stream_notifications(aria::StreamNotificationsRequest {})
+        .stream_notifications(aware(aria::StreamNotificationsRequest {}))
         .await
         .unwrap()
         .into_inner();

@@ -23,11 +23,12 @@ use nix::unistd::Pid;
 use paddock_proto::obey::local::v1 as pb;
 use pb::local_daemon_service_client::LocalDaemonServiceClient;
 use serde_json::{json, Value};
-use tonic::transport::Channel;
 
 use crate::fake_anthropic::{FakeAnthropic, Reply};
 
-pub type Client = LocalDaemonServiceClient<Channel>;
+/// paddock's own client (it understands what paddock adds to the seeds: WAITING, Aria's session
+/// notifications); a test of what a seed client sees builds a plain one.
+pub type Client = paddock::cli::client::Client;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_paddock");
 
@@ -160,7 +161,7 @@ impl World {
     }
 
     pub async fn client(&self) -> Client {
-        LocalDaemonServiceClient::new(
+        paddock::cli::client::client_of(
             paddock::transport::channel(&self.socket)
                 .await
                 .expect("connect"),

@@ -371,9 +371,12 @@ impl pb::notification_service_server::NotificationService for Notifications {
 
     async fn stream_notifications(
         &self,
-        _request: Request<pb::StreamNotificationsRequest>,
+        request: Request<pb::StreamNotificationsRequest>,
     ) -> Result<Response<Self::StreamNotificationsStream>, GrpcStatus> {
         use pb::notification::EventPayload;
+        // Session notifications are paddock's payload (100): only for a client that says it
+        // understands them; a seed client gets the seed's payloads only.
+        let sessions_too = super::extensions::Understood::of(&request).session_notifications;
         let mut tasks = self.0.handle.hub.task_status.subscribe();
         let mut sessions = self.0.handle.hub.status.subscribe();
         let mut notices = self.0.handle.hub.notice.subscribe();
@@ -383,7 +386,11 @@ impl pb::notification_service_server::NotificationService for Notifications {
         let since = paddock_core::Timestamp::from_millis(
             crate::paths::now_ms().saturating_sub(NOTICE_REPLAY.as_millis() as u64),
         );
-        let replay = self.0.handle.hub.recent_notices(since);
+        let replay = if sessions_too {
+            self.0.handle.hub.recent_notices(since)
+        } else {
+            Vec::new()
+        };
         let handle = self.0.handle.clone();
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         tokio::spawn(async move {
@@ -412,7 +419,7 @@ impl pb::notification_service_server::NotificationService for Notifications {
                         }
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
-                    ev = sessions.recv() => match ev {
+                    ev = sessions.recv(), if sessions_too => match ev {
                         // Worth a client's attention: a session is up, blocked on a human
                         // (and unblocked), or over. Turn-by-turn RUNNING ⇄ WORKING is not.
                         Ok(ev) if worth_notifying(ev.previous, ev.new) =>
@@ -435,7 +442,7 @@ impl pb::notification_service_server::NotificationService for Notifications {
                     // Not a status change but as worth attention (output lost while the
                     // daemon was away): the same payload, the status unchanged, the message
                     // saying what happened.
-                    ev = notices.recv() => match ev {
+                    ev = notices.recv(), if sessions_too => match ev {
                         Ok(n) if replayed.contains(&n.id) => continue,
                         Ok(n) => {
                             if tx.send(Ok(notice_notification(&n))).await.is_err() {

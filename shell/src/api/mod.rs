@@ -2,6 +2,7 @@
 
 pub mod aria;
 pub mod convert;
+pub mod extensions;
 pub mod history;
 pub mod obey;
 pub mod sunbeam;

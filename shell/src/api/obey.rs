@@ -16,6 +16,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::convert;
+use super::extensions::Understood;
 use crate::daemon::port::{
     Command, Handle, HistoryView, Query, Read, Request as Req, SessionView, TURN_STREAM_BUFFER,
     WATCH_BUFFER,
@@ -261,8 +262,9 @@ impl LocalDaemonService for Obey {
 
     async fn get_state(
         &self,
-        _request: Request<pb::StateRequest>,
+        request: Request<pb::StateRequest>,
     ) -> Result<Response<pb::StateResponse>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let d = self.handle.query(Query::Daemon).await.map_err(st)?;
         let resp = pb::StateResponse {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -273,7 +275,11 @@ impl LocalDaemonService for Obey {
             session_count: d.sessions as i32,
             socket_path: d.socket.display().to_string(),
             data_dir: d.data_dir.display().to_string(),
-            active_sessions: d.live.iter().map(convert::session_summary).collect(),
+            active_sessions: d
+                .live
+                .iter()
+                .map(|r| understood.summary(convert::session_summary(r)))
+                .collect(),
         };
         Ok(Response::new(resp))
     }
@@ -512,6 +518,7 @@ impl LocalDaemonService for Obey {
         &self,
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let r = request.into_inner();
         if r.campaign_id.trim().is_empty() {
             return Err(invalid("campaign_id is required"));
@@ -562,7 +569,7 @@ impl LocalDaemonService for Obey {
         };
         let record = self.handle.create_session(id, config).await.map_err(st)?;
         Ok(Response::new(pb::CreateSessionResponse {
-            session: Some(convert::session_info(&record)),
+            session: Some(understood.info(convert::session_info(&record))),
         }))
     }
 
@@ -570,19 +577,21 @@ impl LocalDaemonService for Obey {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let id = session_id(&request.into_inner().session_id)?;
         let v = self.session(id).await?;
-        Ok(Response::new(convert::session_info_full(
+        Ok(Response::new(understood.info(convert::session_info_full(
             &v.record,
             v.unrecognized,
             v.pending,
-        )))
+        ))))
     }
 
     async fn list_sessions(
         &self,
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let r = request.into_inner();
         let campaign = if r.campaign_id.trim().is_empty() {
             None
@@ -590,7 +599,7 @@ impl LocalDaemonService for Obey {
             Some(self.campaign(r.campaign_id.trim().to_string()).await?.id)
         };
         let mut statuses = Vec::new();
-        for n in &r.statuses {
+        for n in &understood.statuses(r.statuses) {
             statuses.push(
                 Status::from_number(*n)
                     .ok_or_else(|| invalid(format!("unknown session status {n}")))?,
@@ -624,7 +633,13 @@ impl LocalDaemonService for Obey {
                     include_terminated || v.record.status.is_active()
                 }
             })
-            .map(|v| convert::session_info_full(&v.record, v.unrecognized, v.pending));
+            .map(|v| {
+                understood.info(convert::session_info_full(
+                    &v.record,
+                    v.unrecognized,
+                    v.pending,
+                ))
+            });
         let (sessions, more) = convert::page_by_size(matching);
         let next_page_token = if more {
             sessions.last().map(|s| s.id.clone()).unwrap_or_default()
@@ -692,6 +707,7 @@ impl LocalDaemonService for Obey {
         &self,
         request: Request<pb::RestartSessionRequest>,
     ) -> Result<Response<pb::CreateSessionResponse>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
         // Checked against the session's configuration by the port. A credential sent back as
@@ -711,7 +727,7 @@ impl LocalDaemonService for Obey {
             .await
             .map_err(st)?;
         Ok(Response::new(pb::CreateSessionResponse {
-            session: Some(convert::session_info(&rec)),
+            session: Some(understood.info(convert::session_info(&rec))),
         }))
     }
 
@@ -721,6 +737,7 @@ impl LocalDaemonService for Obey {
         &self,
         request: Request<pb::WatchSessionRequest>,
     ) -> Result<Response<Self::WatchSessionStream>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let id = session_id(&request.into_inner().session_id)?;
         // Subscribe first, then look: no event can fall between the two.
         let sub = self.handle.hub.status.subscribe();
@@ -733,6 +750,7 @@ impl LocalDaemonService for Obey {
                 tx,
                 move |ev| ev.session == id,
                 true,
+                understood,
             ));
         }
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -744,6 +762,7 @@ impl LocalDaemonService for Obey {
         &self,
         request: Request<pb::WatchAllSessionsRequest>,
     ) -> Result<Response<Self::WatchAllSessionsStream>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let r = request.into_inner();
         let sub = self.handle.hub.status.subscribe();
         let campaign = if r.campaign_id.trim().is_empty() {
@@ -784,7 +803,10 @@ impl LocalDaemonService for Obey {
                                 continue;
                             }
                         }
-                        if tx.send(Ok(convert::status_event(&ev))).await.is_err() {
+                        let Some(ev) = understood.event(convert::status_event(&ev)) else {
+                            continue;
+                        };
+                        if tx.send(Ok(ev)).await.is_err() {
                             return;
                         }
                     }
@@ -1184,6 +1206,7 @@ async fn forward_status(
     tx: mpsc::Sender<Result<pb::SessionStatusEvent, GrpcStatus>>,
     keep: impl Fn(&paddock_core::StatusEvent) -> bool,
     end_on_terminal: bool,
+    understood: Understood,
 ) {
     loop {
         let ev = tokio::select! {
@@ -1195,8 +1218,11 @@ async fn forward_status(
         };
         match ev {
             Ok(ev) if keep(&ev) => {
-                if tx.send(Ok(convert::status_event(&ev))).await.is_err() {
-                    return;
+                let seen = understood.event(convert::status_event(&ev));
+                if let Some(seen) = seen {
+                    if tx.send(Ok(seen)).await.is_err() {
+                        return;
+                    }
                 }
                 if end_on_terminal && ev.new.is_terminal() {
                     return;

@@ -17,7 +17,11 @@ async fn channel(socket: &Path) -> std::result::Result<Channel, crate::transport
     crate::transport::channel_within(socket, call_timeout()).await
 }
 
-pub type Client = LocalDaemonServiceClient<Channel>;
+/// paddock's own client: it understands everything paddock adds to the seeds (WAITING, …; see
+/// [`crate::api::extensions`]).
+pub type Client = LocalDaemonServiceClient<
+    tonic::service::interceptor::InterceptedService<Channel, crate::api::extensions::UnderstandAll>,
+>;
 
 /// How long a CLI waits for an autostarted daemon to answer.
 const AUTOSTART_WAIT: Duration = Duration::from_secs(15);
@@ -37,7 +41,7 @@ pub fn call_timeout() -> Duration {
 }
 
 pub fn client_of(ch: Channel) -> Client {
-    LocalDaemonServiceClient::new(ch)
+    LocalDaemonServiceClient::with_interceptor(ch, crate::api::extensions::UnderstandAll)
         .max_decoding_message_size(MESSAGE_MAX_BYTES)
         .max_encoding_message_size(MESSAGE_MAX_BYTES)
 }

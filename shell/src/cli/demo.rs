@@ -62,7 +62,7 @@ async fn demo(message: &str) -> Result<()> {
     let result = session(&socket, &project, message).await;
     // Shut the daemon down whatever happened, and wait for it.
     if let Ok(ch) = channel(&socket).await {
-        let mut c = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
+        let mut c = super::client::client_of(ch);
         let _ = c.shutdown(pb::ShutdownRequest { force: false }).await;
     }
     match tokio::time::timeout(Duration::from_secs(20), daemon.wait()).await {
@@ -90,7 +90,7 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
             }
         }
     };
-    let mut c = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
+    let mut c = super::client::client_of(ch);
     let camp = c
         .add_campaign(pb::AddCampaignRequest {
             name: "demo".into(),

@@ -811,7 +811,7 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
         let answers = match crate::transport::channel(&ctx.socket).await {
             Err(_) => false,
             Ok(ch) => {
-                let mut probe = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
+                let mut probe = client::client_of(ch);
                 let ping = probe.ping(pb::PingRequest {});
                 matches!(
                     tokio::time::timeout(std::time::Duration::from_secs(1), ping).await,
