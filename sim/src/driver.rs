@@ -602,6 +602,7 @@ impl Sim {
             ProviderEvent::SessionRef(_) => (EventKind::SessionRef, None),
             ProviderEvent::Exited { .. } => (EventKind::Exited, None),
             ProviderEvent::OutputLost { .. } => (EventKind::OutputLost, None),
+            ProviderEvent::DeliveryFailed { .. } => (EventKind::DeliveryFailed, None),
         };
         let session_ref = match &d.event {
             ProviderEvent::SessionRef(r) => Some(r.clone()),

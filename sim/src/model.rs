@@ -43,6 +43,8 @@ pub enum EventKind {
     Exited,
     Ask,
     OutputLost,
+    /// A message could not be written to the provider.
+    DeliveryFailed,
 }
 
 /// What an `Ask` asked.
@@ -1287,6 +1289,7 @@ impl Model {
                 Cause::Restore => Some(ErrorCode::ConnectionLost),
                 c if c.ev(E::SpawnFailed) => Some(ErrorCode::CreationFailed),
                 c if c.ev(E::Exited) => Some(ErrorCode::ProviderCrashed),
+                c if c.ev(E::DeliveryFailed) => Some(ErrorCode::DeliveryFailed),
                 c if c.ev(E::Activity) || c.ev(E::TurnEnd) => Some(ErrorCode::BudgetExceeded),
                 _ => None,
             };
@@ -1447,6 +1450,7 @@ impl Model {
                 || cause.tick()
                 || cause.ev(EventKind::Exited)
                 || cause.ev(EventKind::Activity)
+                || cause.ev(EventKind::DeliveryFailed)
                 || cause.restore())
         {
             return Err(format!(
@@ -2339,15 +2343,17 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
             cause.ev(E::Activity)
                 || (cause.ev(E::TurnEnd) && sm.exceeded())
                 || cause.ev(E::Exited)
+                || cause.ev(E::DeliveryFailed)
                 || cause.tick()
                 || lost
         }
         (Working, Failed) => {
-            // The budget (an activity, or a turn's end past it), a crash, the session
-            // timeout, a daemon restart.
+            // The budget (an activity, or a turn's end past it), a crash, a message that
+            // could not be delivered, the session timeout, a daemon restart.
             cause.ev(E::Activity)
                 || (cause.ev(E::TurnEnd) && sm.exceeded())
                 || cause.ev(E::Exited)
+                || cause.ev(E::DeliveryFailed)
                 || cause.tick()
                 || lost
         }

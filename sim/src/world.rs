@@ -84,6 +84,9 @@ pub struct Faults {
     pub abandon_ask: u32,
     /// Turns (per mille) followed by an ask outside any turn (a stray permission prompt).
     pub stray_ask: u32,
+    /// Messages (per mille) that cannot be written: the agent closed its stdin (it goes on
+    /// running and never answers).
+    pub stdin_closed: u32,
 }
 
 impl Faults {
@@ -114,6 +117,7 @@ impl Faults {
             ask: 0,
             abandon_ask: f(20, 300),
             stray_ask: f(50, 500),
+            stdin_closed: f(10, 200),
         };
         // Most seeds ask: approvals are much of what a session does.
         if rng.chance(3, 4) {
@@ -138,7 +142,7 @@ impl fmt::Display for Faults {
             "spawn_fail={} exit_at_startup={} slow_start={} crash_mid_turn={} hang={} \
              garbage={} slow_output={} usage_jump={} provider_error={} ignore_term={} \
              stray_output={} (per mille) daemon_crash={}/10k steps crash_mid_step={} \
-             runner_survives={} ask={} abandon_ask={} stray_ask={}",
+             runner_survives={} ask={} abandon_ask={} stray_ask={} stdin_closed={}",
             self.spawn_fail,
             self.exit_at_startup,
             self.slow_start,
@@ -155,7 +159,8 @@ impl fmt::Display for Faults {
             self.runner_survives,
             self.ask,
             self.abandon_ask,
-            self.stray_ask
+            self.stray_ask,
+            self.stdin_closed
         )
     }
 }
@@ -800,6 +805,8 @@ impl World {
         let id = p.session.clone();
         match line.event {
             ProviderEvent::Started { .. } => p.started = true,
+            // Not output (the daemon's write failed): no cursor, nothing to redeliver.
+            ProviderEvent::DeliveryFailed { .. } => {}
             ProviderEvent::Exited { .. } | ProviderEvent::SpawnFailed { .. } => {
                 debug_assert!(p.queue.is_empty(), "a process's last word is its last");
                 let mut p = self.procs.remove(&run).expect("due process");
@@ -1036,6 +1043,15 @@ impl World {
         }
         if p.exiting {
             return Ok(()); // it is dying; the message is lost with it
+        }
+        if self.rng.per_mille(f.stdin_closed) {
+            // The write fails at once; the agent never sees the message.
+            p.turn_open = true;
+            let ev = ProviderEvent::DeliveryFailed {
+                reason: "Broken pipe (os error 32)".into(),
+            };
+            queue_script(p, now, vec![Script::line(ev, false)], healed, &mut self.rng);
+            return Ok(());
         }
         self.turns_scripted += 1;
         let rng = &mut self.rng;

@@ -568,3 +568,39 @@ async fn claude_code_without_a_login_is_refused_at_create_with_what_to_do() {
     assert_eq!(all.len(), 1, "{all:?}");
     assert_eq!(all[0].provider, P::ClaudeCode as i32);
 }
+
+/// An agent that cannot be written to (it closed its stdin and goes on running) does not
+/// leave the turn open until it exits: the message's turn ends with OBEY-2012 at once, the
+/// session fails with that code, and the agent is stopped — with the runner and without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_the_agent_cannot_receive_is_2012() {
+    for args in [&[][..], &["--no-runner"][..]] {
+        let mut d = Daemon::start_with(Dirs::new(), args).await;
+        let mut req = d.request(None).await;
+        req.provider = P::ClaudeCode as i32;
+        req.provider_config = HashMap::from([(
+            "command".to_string(),
+            "sh -c 'exec 0<&-; exec sleep 600'".to_string(),
+        )]);
+        let s = d.create(req).await;
+        assert_eq!(s.status, S::Running as i32, "{args:?}: {s:?}");
+        let t0 = std::time::Instant::now();
+        let acts = within(d.send(&s.id, "are you there?")).await;
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "{args:?}: the turn waited {:?}",
+            t0.elapsed()
+        );
+        let last = acts.last().expect("the turn's end");
+        assert_eq!(kind(last), "ERROR", "{args:?}: {acts:?}");
+        assert!(
+            last.content
+                .starts_with("OBEY-2012: message delivery failed: "),
+            "{args:?}: {}",
+            last.content
+        );
+        let info = d.wait_status(&s.id, S::Failed).await;
+        assert_eq!(info.error_code, "OBEY-2012", "{args:?}: {info:?}");
+        assert_agent_gone(s.pid).await;
+    }
+}

@@ -117,6 +117,9 @@ pub enum ProviderEvent {
     /// run, numbered from `first` (the oldest still held is `next`), were dropped from the
     /// bounded buffer that kept them while the daemon was away (the runner's).
     OutputLost { dropped: u64, first: u64, next: u64 },
+    /// A message could not be written to the process (its stdin is closed or broken): the
+    /// turn it began never reached the agent.
+    DeliveryFailed { reason: String },
     /// The process exited. Sent only after all of its output was read and reported, so that
     /// nothing it said is lost.
     Exited {

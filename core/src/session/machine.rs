@@ -506,7 +506,22 @@ impl Session {
                 first,
                 next,
             } => self.on_output_lost(dropped, first, next, cx),
+            ProviderEvent::DeliveryFailed { reason } => self.on_delivery_failed(reason, cx),
         }
+    }
+
+    /// The turn's message never reached the agent: an agent that cannot be written to takes
+    /// no message again, so the turn ends now (its stream is not left open until the process
+    /// exits) and the session fails with OBEY-2012; its process is stopped.
+    fn on_delivery_failed(&mut self, reason: String, cx: &mut Ctx) {
+        if !matches!(self.check(InputKind::DeliveryFailed, cx), Ok(true)) {
+            return;
+        }
+        let e = Error::new(
+            ErrorCode::DeliveryFailed,
+            format!("message delivery failed: {reason}"),
+        );
+        self.fail(e, cx);
     }
 
     fn on_started(&mut self, run: RunId, pid: Option<u32>, cx: &mut Ctx) {

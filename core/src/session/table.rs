@@ -35,6 +35,8 @@ pub enum InputKind {
     TurnEnd,
     /// The provider process exited (and its output was fully read).
     Exited,
+    /// A message could not be written to the provider (its stdin is closed).
+    DeliveryFailed,
     /// The provider did not report it started in time.
     StartupTimeout,
     /// The session's `timeout` elapsed.
@@ -54,7 +56,7 @@ pub enum InputKind {
 }
 
 impl InputKind {
-    pub const ALL: [InputKind; 17] = [
+    pub const ALL: [InputKind; 18] = [
         InputKind::Send,
         InputKind::StopGraceful,
         InputKind::StopForced,
@@ -64,6 +66,7 @@ impl InputKind {
         InputKind::Activity,
         InputKind::TurnEnd,
         InputKind::Exited,
+        InputKind::DeliveryFailed,
         InputKind::StartupTimeout,
         InputKind::SessionTimeout,
         InputKind::StopGraceTimeout,
@@ -85,6 +88,7 @@ impl InputKind {
             InputKind::Activity => "Activity",
             InputKind::TurnEnd => "TurnEnd",
             InputKind::Exited => "Exited",
+            InputKind::DeliveryFailed => "DeliveryFailed",
             InputKind::StartupTimeout => "StartupTimeout",
             InputKind::SessionTimeout => "SessionTimeout",
             InputKind::StopGraceTimeout => "StopGraceTimeout",
@@ -141,6 +145,8 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
         (S::Working, I::Send) => wrong_state,
         (S::Working, I::StopGraceful | I::StopForced | I::Restart) => Legal,
         (S::Working, I::Activity | I::TurnEnd | I::Exited | I::SessionTimeout | I::Ask) => Legal,
+        // The turn's message never reached the agent: the turn, and the session, fail (2012).
+        (S::Working | S::Waiting, I::DeliveryFailed) => Legal,
         (S::Working, _) => Ignore,
 
         // Blocked on a human: a message waits for the answer; a stop, restart, the turn's end,

@@ -397,7 +397,7 @@ impl RunnerLink {
         tx: mpsc::Sender<Command>,
     ) -> RunHandle {
         let rref = self.run_ref(&id, run);
-        let stdin = self.stdin_forwarder(&rref);
+        let stdin = self.stdin_forwarder(&rref, &id, run, &tx);
         let mut argv = vec![plan.program.display().to_string()];
         argv.extend(plan.args.iter().cloned());
         let req = rpb::RunCommandRequest {
@@ -458,7 +458,7 @@ impl RunnerLink {
         tx: mpsc::Sender<Command>,
     ) -> RunHandle {
         let rref = self.run_ref(&id, run);
-        let stdin = self.stdin_forwarder(&rref);
+        let stdin = self.stdin_forwarder(&rref, &id, run, &tx);
         let (seq, offset) = if cursor == 0 {
             (0, 0)
         } else {
@@ -491,9 +491,17 @@ impl RunnerLink {
         RunHandle::in_runner(stdin, rref)
     }
 
-    /// A queue whose lines are written to the run's stdin, in order.
-    fn stdin_forwarder(&self, rref: &RunRef) -> mpsc::Sender<String> {
+    /// A queue whose lines are written to the run's stdin, in order; a write the runner
+    /// refuses is the session's `DeliveryFailed`, sent on `loop_tx`.
+    fn stdin_forwarder(
+        &self,
+        rref: &RunRef,
+        id: &SessionId,
+        run: RunId,
+        loop_tx: &mpsc::Sender<Command>,
+    ) -> mpsc::Sender<String> {
         let (tx, mut rx) = mpsc::channel::<String>(STDIN_QUEUE);
+        let (id, loop_tx) = (id.clone(), loop_tx.clone());
         let mut client = self.client.clone();
         let run_id = rref.run_id.clone();
         tokio::spawn(async move {
@@ -505,17 +513,21 @@ impl RunnerLink {
                     data,
                     close: false,
                 };
-                match client.write_stdin(req).await {
-                    Ok(r) if r.get_ref().ok => {}
-                    Ok(r) => {
-                        tracing::warn!(run = %run_id, "stdin: {}", r.get_ref().message);
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(run = %run_id, "stdin: {}", e.message());
-                        break;
-                    }
-                }
+                let failed = match client.write_stdin(req).await {
+                    Ok(r) if r.get_ref().ok => continue,
+                    Ok(r) => r.into_inner().message,
+                    Err(e) => e.message().to_string(),
+                };
+                tracing::warn!(run = %run_id, "stdin: {failed}");
+                // What was sent never reached the agent: the core ends the turn (OBEY-2012).
+                let input = Input::Provider {
+                    id: id.clone(),
+                    run,
+                    cursor: None,
+                    event: ProviderEvent::DeliveryFailed { reason: failed },
+                };
+                let _ = loop_tx.send(Command::Provider(input)).await;
+                break;
             }
         });
         tx

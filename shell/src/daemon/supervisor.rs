@@ -109,12 +109,28 @@ pub fn spawn(
     let pid = process.pid;
     let mut stdin = pipes.stdin.expect("stdin is piped");
     let (stdin_tx, mut stdin_rx) = mpsc::channel::<String>(STDIN_QUEUE);
+    let (write_id, write_tx) = (id.clone(), tx.clone());
     tokio::spawn(async move {
         while let Some(line) = stdin_rx.recv().await {
             let mut bytes = line.into_bytes();
             bytes.push(b'\n');
-            if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
-                break; // the child closed stdin; its exit is reported by the waiter
+            let written = match stdin.write_all(&bytes).await {
+                Ok(()) => stdin.flush().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                // The agent cannot be written to: what was sent never reached it. The core
+                // ends the turn (OBEY-2012) instead of waiting for an exit that may not come.
+                let input = Input::Provider {
+                    id: write_id,
+                    run,
+                    cursor: None,
+                    event: ProviderEvent::DeliveryFailed {
+                        reason: e.to_string(),
+                    },
+                };
+                let _ = write_tx.send(super::Command::Provider(input)).await;
+                break;
             }
         }
     });
