@@ -632,6 +632,18 @@ async fn sunbeam_approvals_client_tools_and_questions() {
     has(json!({"status": ["INFO", format!("{} approved (sunbeam)", ap.call_id)]}));
     has(json!({"status": ["INFO", format!("{} answered (sunbeam): 3 passed", tc.call_id)]}));
     has(json!({"status": ["INFO", format!("waiting for approval ({}): Bash: make", ap.call_id)]}));
+    // The server-side call the policy leaves to a human says it waits for approval.
+    let bash: Vec<&sb::ToolCall> = all
+        .iter()
+        .filter_map(|m| match m {
+            Out::ToolCall(t) if t.name == "Bash" => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !bash.is_empty() && bash.iter().all(|t| t.needs_approval && !t.is_local),
+        "{bash:?}"
+    );
     // The client tool's call shows once: as the request to run it.
     let run_tests_calls = all
         .iter()

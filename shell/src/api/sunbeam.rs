@@ -254,6 +254,7 @@ impl CodeAgent {
             ending: false,
             inbound_open: true,
             client_tools: client_tool_names(&attached.record.config.provider_config),
+            policy: paddock_core::approval::Policy::of(&attached.record.config.provider_config),
             shown: BTreeSet::new(),
         };
         if !conn.out.send(OutMsg::Ready(attached.ready)).await {
@@ -795,6 +796,8 @@ struct Conn {
     inbound_open: bool,
     /// The client tools of the session: their calls show once, as the request to run them.
     client_tools: BTreeSet<String>,
+    /// The session's permission policy: whether a tool's call waits for a human's approval.
+    policy: paddock_core::approval::Policy,
     /// Open requests this client was shown (as many as the session has open).
     shown: BTreeSet<ApprovalId>,
 }
@@ -1210,12 +1213,16 @@ impl Conn {
             // A call of a client tool shows as its request (on_approval), with the id to answer.
             ActivityKind::ToolCall if self.client_tools.contains(&a.tool_name) => Flow::Go,
             ActivityKind::ToolCall => {
+                // The policy's rule, the core's: a call it leaves to a human waits for approval
+                // (an ApprovalNeeded follows when the agent asks).
+                let needs_approval = self.policy.decide(AskKind::Permission, &a.tool_name)
+                    == paddock_core::approval::PolicyAnswer::AskHuman;
                 let call = OutMsg::ToolCall(pb::ToolCall {
                     call_id: a.tool_call_id.clone(),
                     name: a.tool_name.clone(),
                     args_json: args_json(&a.content),
                     is_local: false,
-                    needs_approval: false,
+                    needs_approval,
                 });
                 let running = status(pb::StatusKind::ToolRunning, a.tool_name.clone());
                 go(self.out.send(call).await && self.out.send(running).await)
