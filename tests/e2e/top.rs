@@ -103,6 +103,19 @@ async fn top_shows_who_waits_first_and_its_keys_act() {
     })
     .await;
 
+    // Attached again, the session is stopped from elsewhere: attach says so, its line editor
+    // lets go of the terminal, and the dashboard is back and takes keys.
+    tmux.keys("top", &["Enter"]);
+    tmux.wait_for("top", "the attach screen", |s| {
+        s.contains("Ctrl-D detaches")
+    })
+    .await;
+    d.stop(&all[0].id, false).await.unwrap();
+    tmux.wait_for("top", "the dashboard after the session ended", |s| {
+        s.contains("paddock top") && s.contains("idle-one") && s.contains("stopped")
+    })
+    .await;
+
     // q quits, and the terminal is given back.
     tmux.keys("top", &["q"]);
     tmux.wait_for("top", "the exit", |s| s.contains("[exit 0]"))
