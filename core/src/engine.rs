@@ -27,6 +27,9 @@ pub struct Limits {
     pub stop_grace: Duration,
     /// TERM → KILL: how long a terminated process gets to exit ([`crate::process`]'s rule).
     pub kill_grace: Duration,
+    /// A graceful end's first step: how long an agent whose input was closed (asked to end
+    /// its own way) gets before TERM. Zero: TERM at once.
+    pub end_grace: Duration,
     /// How long a provider may take to report it started.
     pub startup_timeout: Duration,
     /// Sessions that are not terminal at once; a create beyond it is refused (OBEY-2004),
@@ -41,6 +44,7 @@ impl Default for Limits {
         Limits {
             stop_grace: Duration::from_secs(30),
             kill_grace: crate::process::KILL_GRACE,
+            end_grace: crate::process::END_GRACE,
             startup_timeout: Duration::from_secs(30),
             max_live_sessions: 64,
             tasks: TaskLimits::default(),

@@ -12,6 +12,12 @@ use crate::time::{Duration, Instant};
 /// every machine's grace and of the daemon's `--kill-grace-secs`.
 pub const KILL_GRACE: Duration = Duration::from_secs(10);
 
+/// EOF → TERM: how long an agent asked to end its own way (its input closed, as an interactive
+/// agent's `/exit` would) gets before TERM, in a graceful stop. Agents that read their input
+/// to its end (Claude Code's stream-json, paddock's bridges, the scripted agent) exit within
+/// a second.
+pub const END_GRACE: Duration = Duration::from_secs(3);
+
 /// A signal for a child's whole process group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Signal {

@@ -59,6 +59,14 @@ fn sid() -> SessionId {
 }
 
 impl Rig {
+    /// The engine's next deadline, a session's: when (ms) and which timer.
+    fn next_deadline(&self) -> (u64, Timer) {
+        match self.engine.poll_timeout() {
+            Some((at, Deadline::Session(_, timer))) => (at.millis(), timer),
+            other => panic!("a session deadline, not {other:?}"),
+        }
+    }
+
     fn new() -> Self {
         Rig {
             engine: Engine::new(limits()),
@@ -320,14 +328,7 @@ fn the_session_timeout_fails_it_with_2014() {
     c.timeout_ms = 10_000;
     let mut r = Rig::running(c);
     r.send("hi");
-    let (at, Deadline::Session(_, timer)) = r
-        .engine
-        .poll_timeout()
-        .map(|(at, d)| (at.millis(), d))
-        .unwrap()
-    else {
-        panic!("a session deadline")
-    };
+    let (at, timer) = r.next_deadline();
     assert_eq!(timer, Timer::SessionTimeout);
     assert_eq!(at, T0 + 1 + 10_000);
     let fx = r.at(at - r.now, Input::Tick);
@@ -345,7 +346,13 @@ fn a_graceful_stop_waits_for_the_turn() {
     assert!(signals(&fx).is_empty(), "the turn may finish first");
     assert_eq!(r.status(), Status::Stopping);
     let fx = r.provider(1, act(ActivityKind::Completion, 1, 1));
-    assert_eq!(signals(&fx), vec![Signal::Term]);
+    // The turn is done: the agent is asked to end its own way (its input closed), no signal.
+    assert!(signals(&fx).is_empty(), "{fx:?}");
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::CloseInput { run: 1, .. })),
+        "{fx:?}"
+    );
     let fx = r.provider(1, exited());
     let rec = reply(&fx, req).unwrap().unwrap();
     assert_eq!(rec.status, Status::Stopped);
@@ -354,18 +361,39 @@ fn a_graceful_stop_waits_for_the_turn() {
 }
 
 #[test]
+fn an_agent_that_does_not_end_its_own_way_is_termed_then_killed() {
+    let mut r = Rig::running(config());
+    let (req, fx) = r.stop(true);
+    assert!(
+        signals(&fx).is_empty(),
+        "idle: its input is closed first: {fx:?}"
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::CloseInput { .. })));
+    let (at, timer) = r.next_deadline();
+    assert_eq!(timer, Timer::Kill);
+    assert_eq!(at - r.now, Limits::default().end_grace.millis());
+    let fx = r.at(at - r.now, Input::Tick);
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    let (at, _) = r.next_deadline();
+    assert_eq!(at - r.now, limits().kill_grace.millis());
+    let fx = r.at(at - r.now, Input::Tick);
+    assert_eq!(signals(&fx), vec![Signal::Kill]);
+    let fx = r.provider(1, exited());
+    assert_eq!(reply(&fx, req).unwrap().unwrap().status, Status::Stopped);
+
+    // A forced stop while it ends its own way does not wait: TERM at once.
+    let mut r = Rig::running(config());
+    r.stop(true);
+    let (_, fx) = r.stop(false);
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+}
+
+#[test]
 fn a_graceful_stop_that_waits_too_long_forces_and_answers_2021() {
     let mut r = Rig::running(config());
     r.send("hi");
     let (req, _) = r.stop(true);
-    let (at, Deadline::Session(_, timer)) = r
-        .engine
-        .poll_timeout()
-        .map(|(at, d)| (at.millis(), d))
-        .unwrap()
-    else {
-        panic!("a session deadline")
-    };
+    let (at, timer) = r.next_deadline();
     assert_eq!(timer, Timer::StopGrace);
     let fx = r.at(at - r.now, Input::Tick);
     let a = activities(&fx);
@@ -385,14 +413,7 @@ fn a_forced_stop_interrupts_and_escalates_to_kill() {
     assert_eq!(a[0].activity.kind(), ActivityKind::Error);
     assert!(a[0].ends_turn);
     assert_eq!(signals(&fx), vec![Signal::Term]);
-    let (at, Deadline::Session(_, timer)) = r
-        .engine
-        .poll_timeout()
-        .map(|(at, d)| (at.millis(), d))
-        .unwrap()
-    else {
-        panic!("a session deadline")
-    };
+    let (at, timer) = r.next_deadline();
     assert_eq!(timer, Timer::Kill);
     let fx = r.at(at - r.now, Input::Tick);
     assert_eq!(signals(&fx), vec![Signal::Kill]);
@@ -486,14 +507,7 @@ fn a_restart_whose_spawn_fails_is_failed_and_kept() {
 fn a_provider_that_never_starts_times_out() {
     let mut r = Rig::new();
     let (req, _) = r.create(config());
-    let (at, Deadline::Session(_, timer)) = r
-        .engine
-        .poll_timeout()
-        .map(|(at, d)| (at.millis(), d))
-        .unwrap()
-    else {
-        panic!("a session deadline")
-    };
+    let (at, timer) = r.next_deadline();
     assert_eq!(timer, Timer::Startup);
     let fx = r.at(at - r.now, Input::Tick);
     assert_eq!(err_code(&fx, req), ErrorCode::CreationFailed);

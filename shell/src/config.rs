@@ -23,6 +23,7 @@
 //! max_sessions = 64
 //! stop_grace_secs = 30
 //! kill_grace_secs = 10
+//! end_grace_secs = 3
 //!
 //! [notify]                  # when an agent needs you (see daemon/notify.rs)
 //! on = ["approval", "question", "failure", "budget", "turn_done"]
@@ -59,6 +60,7 @@ pub struct DaemonDefaults {
     pub max_sessions: Option<Spanned<usize>>,
     pub stop_grace_secs: Option<Spanned<u64>>,
     pub kill_grace_secs: Option<Spanned<u64>>,
+    pub end_grace_secs: Option<Spanned<u64>>,
 }
 
 /// What the daemon tells a human about, and how.

@@ -40,6 +40,10 @@ enum Command {
         /// How long a TERMed agent gets before KILL, in seconds
         #[arg(long, default_value_t = paddock_core::process::KILL_GRACE.millis() / 1000)]
         kill_grace_secs: u64,
+        /// How long a gracefully stopped agent gets to end its own way (its input closed)
+        /// before TERM, in seconds (0: TERM at once)
+        #[arg(long, default_value_t = paddock_core::process::END_GRACE.millis() / 1000)]
+        end_grace_secs: u64,
         /// Live sessions at most
         #[arg(long, default_value_t = 64)]
         max_sessions: usize,
@@ -272,6 +276,7 @@ fn main() {
         Command::Daemon {
             stop_grace_secs,
             kill_grace_secs,
+            end_grace_secs,
             max_sessions,
             task_output_max_bytes,
             runner_buffer_events,
@@ -311,6 +316,7 @@ fn main() {
                 kill_grace_secs,
                 d.kill_grace_secs.as_ref(),
             );
+            let end_grace_secs = pick("end_grace_secs", end_grace_secs, d.end_grace_secs.as_ref());
             let max_sessions = match &d.max_sessions {
                 Some(v) if !daemon_flag("max_sessions") => *v.get_ref(),
                 _ => max_sessions,
@@ -325,6 +331,7 @@ fn main() {
             let limits = paddock_core::Limits {
                 stop_grace: paddock_core::Duration::from_secs(stop_grace_secs),
                 kill_grace: paddock_core::Duration::from_secs(kill_grace_secs),
+                end_grace: paddock_core::Duration::from_secs(end_grace_secs),
                 max_live_sessions: max_sessions,
                 tasks: paddock_core::task::TaskLimits {
                     kill_grace: paddock_core::Duration::from_secs(kill_grace_secs),

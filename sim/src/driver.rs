@@ -715,6 +715,7 @@ impl Sim {
             match e {
                 Effect::Spawn { id, run, spec } => self.world.spawn(self.now, id, *run, spec)?,
                 Effect::Write { id, run, .. } => self.world.write(self.now, id, *run)?,
+                Effect::CloseInput { id, run } => self.world.close_input(self.now, id, *run)?,
                 Effect::Signal {
                     id,
                     run,
@@ -1233,9 +1234,12 @@ impl Sim {
             let ok = match (s.run(), procs.as_slice()) {
                 (Run::Idle, []) => true,
                 (Run::Spawning { run }, [(r, _, false)]) => *r == run,
-                (Run::Alive { run, pid } | Run::Terminating { run, pid, .. }, [(r, p, true)]) => {
-                    *r == run && pid == Some(*p)
-                }
+                (
+                    Run::Alive { run, pid }
+                    | Run::Ending { run, pid, .. }
+                    | Run::Terminating { run, pid, .. },
+                    [(r, p, true)],
+                ) => *r == run && pid == Some(*p),
                 _ => false,
             };
             if !ok {

@@ -156,6 +156,8 @@ pub struct SessionModel {
     /// whether it was TERMed.
     proc_run: Option<RunId>,
     terminating: bool,
+    /// Its input was closed (a graceful end's first step), not yet TERMed: when TERM is due.
+    ending: Option<Millis>,
     /// Its open requests for a human: id → when each expires.
     pub open: BTreeMap<ApprovalId, Millis>,
 }
@@ -602,7 +604,13 @@ impl Model {
         let before = cause
             .session()
             .and_then(|id| self.sessions.get(id))
-            .map(|sm| (sm.status, sm.terminating, sm.config.clone()));
+            .map(|sm| {
+                (
+                    sm.status,
+                    sm.terminating || sm.ending.is_some(),
+                    sm.config.clone(),
+                )
+            });
         if let Cause::Provider {
             id,
             run,
@@ -618,6 +626,7 @@ impl Model {
                 if sm.proc_run == Some(*run) {
                     sm.proc_run = None;
                     sm.terminating = false;
+                    sm.ending = None;
                 }
             }
         }
@@ -632,6 +641,10 @@ impl Model {
                 Effect::Reply { req, result } => self.on_reply(cause, *req, result, store)?,
                 Effect::Spawn { id, run, spec } => self.on_spawn(cause, id, *run, spec, store)?,
                 Effect::Write { id, .. } => same_session(cause, id)?,
+                Effect::CloseInput { id, run } => {
+                    same_session(cause, id)?;
+                    self.on_close_input(id, *run)?;
+                }
                 Effect::Forget(rec) => same_session(cause, &rec.id)?,
                 Effect::Notice(n) => same_session(cause, &n.session)?,
                 Effect::Signal {
@@ -1080,6 +1093,34 @@ impl Model {
     }
 
     /// TERM starts the kill grace period of a process; KILL ends it.
+    /// A graceful end's first step: only for the session's own process, not yet ending or
+    /// TERMed, and only while it stops.
+    fn on_close_input(&mut self, id: &SessionId, run: RunId) -> Result<(), String> {
+        let Some(sm) = self.sessions.get_mut(id) else {
+            return Err(format!("CloseInput for a session never created: {id}"));
+        };
+        if sm.proc_run != Some(run) || sm.terminating || sm.ending.is_some() {
+            return Err(format!(
+                "{id}: CloseInput to run {run}, but its process is {:?}{}{}",
+                sm.proc_run,
+                if sm.terminating { " (TERMed)" } else { "" },
+                if sm.ending.is_some() {
+                    " (closed already)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if sm.after_stop != Some(Then::Stop) {
+            return Err(format!(
+                "{id}: CloseInput to run {run} without a stop under way ({:?})",
+                sm.after_stop
+            ));
+        }
+        sm.ending = Some(self.now.saturating_add(self.limits.end_grace.millis()));
+        Ok(())
+    }
+
     fn on_signal(&mut self, id: &SessionId, run: RunId, signal: Signal) -> Result<(), String> {
         let Some(sm) = self.sessions.get_mut(id) else {
             return Err(format!("a signal for a session never created: {id}"));
@@ -1098,6 +1139,7 @@ impl Model {
                     ));
                 }
                 sm.terminating = true;
+                sm.ending = None;
                 sm.kill_at = Some((
                     run,
                     self.now.saturating_add(self.limits.kill_grace.millis()),
@@ -1236,6 +1278,7 @@ impl Model {
                     kill_at: None,
                     proc_run: None,
                     terminating: false,
+                    ending: None,
                     open: BTreeMap::new(),
                 },
             );
@@ -2020,6 +2063,7 @@ impl Model {
             }
             let run_pid = match s.run() {
                 paddock_core::Run::Alive { pid, .. }
+                | paddock_core::Run::Ending { pid, .. }
                 | paddock_core::Run::Terminating { pid, .. } => pid,
                 paddock_core::Run::Idle | paddock_core::Run::Spawning { .. } => None,
             };
@@ -2090,6 +2134,9 @@ impl Model {
         if let Some((_, at)) = sm.kill_at {
             all.push((at, Timer::Kill));
         }
+        if let Some(at) = sm.ending {
+            all.push((at, Timer::Kill));
+        }
         if let Some(at) = sm.open.values().min() {
             all.push((*at, Timer::ApprovalExpiry));
         }
@@ -2126,6 +2173,14 @@ impl Model {
                 }
             }
             _ => {}
+        }
+        if let Some(due) = sm.ending {
+            if now >= due {
+                return late(
+                    "TERM after its closed input (the agent did not end its own way)",
+                    due,
+                );
+            }
         }
         if let Some(due) = sm.open.values().min() {
             if now >= *due {
@@ -2183,12 +2238,18 @@ impl Model {
         }
         let run = s.run().id();
         let terminating = matches!(s.run(), Run::Terminating { .. });
-        if sm.proc_run != run || sm.terminating != terminating {
+        let ending = matches!(s.run(), Run::Ending { .. });
+        if sm.proc_run != run || sm.terminating != terminating || sm.ending.is_some() != ending {
             return Err(format!(
-                "{id}: the engine's process is {:?}; the reference, from spawns, TERMs and \
-                 exits: run {:?}{}",
+                "{id}: the engine's process is {:?}; the reference, from spawns, closed inputs, \
+                 TERMs and exits: run {:?}{}{}",
                 s.run(),
                 sm.proc_run,
+                if sm.ending.is_some() {
+                    ", input closed"
+                } else {
+                    ""
+                },
                 if sm.terminating { ", TERMed" } else { "" }
             ));
         }
@@ -2235,6 +2296,7 @@ impl Model {
             // The new daemon TERMs afresh what it must.
             sm.kill_at = None;
             sm.terminating = false;
+            sm.ending = None;
             sm.adopted = false;
             sm.after_stop = None;
             sm.restart_asked = false;

@@ -183,9 +183,15 @@ pub fn pick_limits(rng: &mut Rng) -> Limits {
     } else {
         rng.range(1, 6) as usize
     };
+    let end_grace_ms = if rng.per_mille(100) {
+        0
+    } else {
+        rng.range(50, 10_000)
+    };
     Limits {
         stop_grace: Duration::from_millis(stop_grace_ms),
         kill_grace: Duration::from_millis(kill_grace_ms),
+        end_grace: Duration::from_millis(end_grace_ms),
         startup_timeout: Duration::from_millis(startup_timeout_ms),
         max_live_sessions,
         ..Limits::default()
@@ -1333,6 +1339,36 @@ impl World {
 }
 
 impl World {
+    /// `Effect::CloseInput`: the end of the agent's input. Most agents read it and exit, at
+    /// once or after what they still had to say; one that ignores TERM ignores this too.
+    pub fn close_input(&mut self, now: Millis, id: &SessionId, run: RunId) -> Result<(), String> {
+        let healed = self.healed;
+        let Some(p) = self.procs.get_mut(&run) else {
+            return Err(format!(
+                "CloseInput to run {run} of {id}, which has exited, failed to spawn or never \
+                 existed"
+            ));
+        };
+        if &p.session != id || !p.started {
+            return Err(format!(
+                "CloseInput for {id} addressed run {run} of {} (started: {})",
+                p.session, p.started
+            ));
+        }
+        if p.term_at.is_some() {
+            return Err(format!("CloseInput to run {run} of {id} after its TERM"));
+        }
+        if p.exiting || (p.ignore_term && !healed) || p.turn_open {
+            return Ok(()); // gone soon anyway, or it does not listen (TERM will come)
+        }
+        let at = now + self.rng.range(0, 1_500);
+        p.exiting = true;
+        p.exit_at = p.queue.back().map_or(at, |l| l.at.max(at));
+        let exit_at = p.exit_at;
+        push(p, exit_at, exited(Some(0), None, ""), false);
+        Ok(())
+    }
+
     /// After a Tick: every process TERMed a kill grace period ago and not yet reaped was KILLed.
     pub fn check_kills(&self, now: Millis) -> Result<(), String> {
         for (run, p) in &self.procs {

@@ -210,7 +210,11 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
-        for (flag, short) in [("--stop-grace-secs", "2"), ("--kill-grace-secs", "1")] {
+        for (flag, short) in [
+            ("--stop-grace-secs", "2"),
+            ("--kill-grace-secs", "1"),
+            ("--end-grace-secs", "1"),
+        ] {
             if !extra.iter().any(|a| a == flag) {
                 c.args([flag, short]);
             }

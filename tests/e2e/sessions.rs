@@ -1226,3 +1226,60 @@ async fn a_slow_client_gets_its_whole_turn() {
     assert_eq!(kind(&last), "COMPLETION");
     assert_eq!(last.content, "all done");
 }
+
+/// A claude-code session whose agent is the shell command `cmd`.
+async fn stand_in(d: &mut Daemon, cmd: String) -> pb::SessionInfo {
+    let mut req = d.request(None).await;
+    req.provider = P::ClaudeCode as i32;
+    req.provider_config.clear();
+    req.provider_config.insert("command".into(), cmd);
+    d.create(req).await
+}
+
+/// A graceful stop first asks the agent to end its own way — its input is closed, as an
+/// interactive agent's `/exit` would — and TERMs it only when it has not ended within the end
+/// grace (1 s here); a forced stop TERMs at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_closes_the_agents_input_before_any_signal() {
+    for args in [&[][..], &["--no-runner"][..]] {
+        graceful_stop_closes_input(args).await;
+    }
+}
+
+async fn graceful_stop_closes_input(args: &[&str]) {
+    let mut d = Daemon::start_with(Dirs::new(), args).await;
+    let base = d.dirs.base.clone();
+    let agent = |m: &std::path::Path, body: &str| {
+        format!(
+            "sh -c 'trap \"echo TERM > {m}; exit 143\" TERM; {body}; echo EOF > {m}'",
+            m = m.display()
+        )
+    };
+    // It reads its input to the end, then ends: no signal at all.
+    let reads = base.join("reads");
+    let s = stand_in(&mut d, agent(&reads, "cat > /dev/null")).await;
+    let t0 = Instant::now();
+    d.stop(&s.id, true).await.expect("stop");
+    assert_eq!(std::fs::read_to_string(&reads).unwrap(), "EOF\n");
+    assert!(
+        t0.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        t0.elapsed()
+    );
+    // It does not listen: TERM after the end grace.
+    let deaf = base.join("deaf");
+    let s = stand_in(&mut d, agent(&deaf, "while :; do sleep 0.1; done")).await;
+    let t0 = Instant::now();
+    d.stop(&s.id, true).await.expect("stop");
+    assert_eq!(std::fs::read_to_string(&deaf).unwrap(), "TERM\n");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t0.elapsed()
+    );
+    // A forced stop does not ask.
+    let forced = base.join("forced");
+    let s = stand_in(&mut d, agent(&forced, "cat > /dev/null")).await;
+    d.stop(&s.id, false).await.expect("stop");
+    assert_eq!(std::fs::read_to_string(&forced).unwrap(), "TERM\n");
+}

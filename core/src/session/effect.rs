@@ -79,6 +79,12 @@ pub enum Effect {
         approval: Approval,
         at_once: bool,
     },
+    /// Close the input of run `run`'s provider: the agent is asked to end its own way (a
+    /// graceful stop's first step).
+    CloseInput {
+        id: SessionId,
+        run: RunId,
+    },
     /// Signal the process group of run `run`.
     Signal {
         id: SessionId,

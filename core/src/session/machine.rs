@@ -27,6 +27,13 @@ pub enum Run {
     Spawning { run: RunId },
     /// Running.
     Alive { run: RunId, pid: Option<u32> },
+    /// Its input was closed (a graceful stop asks it to end its own way); TERM follows at
+    /// `term_at` unless it exits first.
+    Ending {
+        run: RunId,
+        pid: Option<u32>,
+        term_at: Instant,
+    },
     /// TERM was sent; KILL follows at `kill_at` unless it exits first (`None` once KILL was
     /// sent).
     Terminating {
@@ -40,9 +47,10 @@ impl Run {
     pub fn id(self) -> Option<RunId> {
         match self {
             Run::Idle => None,
-            Run::Spawning { run } | Run::Alive { run, .. } | Run::Terminating { run, .. } => {
-                Some(run)
-            }
+            Run::Spawning { run }
+            | Run::Alive { run, .. }
+            | Run::Ending { run, .. }
+            | Run::Terminating { run, .. } => Some(run),
         }
     }
 }
@@ -303,8 +311,10 @@ impl Session {
             self.stop.as_ref().and_then(|s| s.grace_deadline),
             Timer::StopGrace,
         );
-        if let Run::Terminating { kill_at, .. } = self.run {
-            consider(kill_at, Timer::Kill);
+        match self.run {
+            Run::Ending { term_at, .. } => consider(Some(term_at), Timer::Kill),
+            Run::Terminating { kill_at, .. } => consider(kill_at, Timer::Kill),
+            _ => {}
         }
         consider(self.expiry.values().min().copied(), Timer::ApprovalExpiry);
         best
@@ -391,6 +401,9 @@ impl Session {
             if cut_short {
                 self.interrupt_turn("turn interrupted: session force-stopped", cx);
                 self.terminate(cx);
+            } else if !graceful && matches!(self.run, Run::Ending { .. }) {
+                // A forced stop does not wait for the agent to end its own way.
+                self.terminate(cx);
             }
             return self.maybe_finish_stop(cx);
         }
@@ -421,7 +434,11 @@ impl Session {
         }
         if !waiting_for_turn {
             self.interrupt_turn("turn interrupted: session force-stopped", cx);
-            self.terminate(cx);
+            if graceful {
+                self.end_gracefully(cx);
+            } else {
+                self.terminate(cx);
+            }
         }
         self.maybe_finish_stop(cx);
     }
@@ -623,8 +640,9 @@ impl Session {
                 self.set_status(Status::Running, "turn completed", cx);
             } else if let Some(plan) = self.stop.as_mut() {
                 if plan.grace_deadline.take().is_some() {
-                    // The graceful stop's wait is over: now the process goes.
-                    self.terminate(cx);
+                    // The graceful stop's wait is over: now the process goes, its own way
+                    // first.
+                    self.end_gracefully(cx);
                 }
             }
         } else if self.turn.is_some() && self.budget().exhausted(self.record.tokens_total()) {
@@ -767,8 +785,10 @@ impl Session {
                 self.terminate(cx);
                 self.maybe_finish_stop(cx);
             }
-            Timer::Kill => {
-                if let Run::Terminating { run, pid, .. } = self.run {
+            Timer::Kill => match self.run {
+                // Asked to end its own way, it has not: TERM now (KILL after its grace).
+                Run::Ending { .. } => self.terminate(cx),
+                Run::Terminating { run, pid, .. } => {
                     self.assert_current(run);
                     cx.out.rest.push(Effect::Signal {
                         id: self.record.id.clone(),
@@ -777,7 +797,8 @@ impl Session {
                         signal: Signal::Kill,
                     });
                 }
-            }
+                _ => {}
+            },
             Timer::ApprovalExpiry => self.expire_approvals(cx),
         }
     }
@@ -1382,7 +1403,7 @@ impl Session {
 
     /// TERM the process group now, KILL after the grace period.
     fn terminate(&mut self, cx: &mut Ctx) {
-        if let Run::Alive { run, pid } = self.run {
+        if let Run::Alive { run, pid } | Run::Ending { run, pid, .. } = self.run {
             self.run = Run::Terminating {
                 run,
                 pid,
@@ -1395,6 +1416,27 @@ impl Session {
                 pid,
                 signal: Signal::Term,
             });
+        }
+    }
+
+    /// A graceful stop's end of the process: first the agent is asked to end its own way (its
+    /// input closed), and TERM follows only if it has not after [`Limits::end_grace`]
+    /// (`crate::Limits`); then KILL, as for every process.
+    fn end_gracefully(&mut self, cx: &mut Ctx) {
+        match self.run {
+            Run::Alive { run, pid } if cx.lim.end_grace.millis() > 0 => {
+                self.assert_current(run);
+                self.run = Run::Ending {
+                    run,
+                    pid,
+                    term_at: cx.now.after(cx.lim.end_grace),
+                };
+                cx.out.rest.push(Effect::CloseInput {
+                    id: self.record.id.clone(),
+                    run,
+                });
+            }
+            _ => self.terminate(cx),
         }
     }
 

@@ -136,6 +136,13 @@ fn entries(loaded: Option<&Loaded>) -> Vec<Entry> {
         (paddock_core::process::KILL_GRACE.millis() / 1000).to_string(),
         "default",
     ));
+    out.push(entry(
+        loaded,
+        "daemon.end_grace_secs",
+        d.end_grace_secs.as_ref(),
+        (paddock_core::process::END_GRACE.millis() / 1000).to_string(),
+        "default",
+    ));
     let n = &c.notify;
     out.push(match (loaded, &n.on) {
         (Some(l), Some(on)) => Entry {

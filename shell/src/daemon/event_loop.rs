@@ -530,6 +530,11 @@ impl State {
                         }
                     }
                 }
+                Effect::CloseInput { id, run } => {
+                    if let Some(h) = self.runs.get(&(id, run)) {
+                        h.close_input();
+                    }
+                }
                 Effect::Signal {
                     id, run, signal, ..
                 } => {
@@ -679,6 +684,7 @@ impl State {
                 Effect::Persist(_)
                 | Effect::Spawn { .. }
                 | Effect::Write { .. }
+                | Effect::CloseInput { .. }
                 | Effect::Signal { .. }
                 | Effect::SpawnTask { .. }
                 | Effect::SignalTask { .. } => {

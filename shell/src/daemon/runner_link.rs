@@ -26,7 +26,7 @@ use rpb::runner_client::RunnerClient;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use super::supervisor::{task_line, RunHandle, RunRef, TASK_LINE_BYTES_MAX};
+use super::supervisor::{task_line, RunHandle, RunRef, ToStdin, TASK_LINE_BYTES_MAX};
 use super::Command;
 use crate::proc::{LaunchPlan, LineSplitter, StderrTail, LINE_BYTES_MAX};
 use crate::providers::{LineParser, Parsed};
@@ -499,19 +499,33 @@ impl RunnerLink {
         id: &SessionId,
         run: RunId,
         loop_tx: &mpsc::Sender<Command>,
-    ) -> mpsc::Sender<String> {
-        let (tx, mut rx) = mpsc::channel::<String>(STDIN_QUEUE);
+    ) -> mpsc::Sender<ToStdin> {
+        let (tx, mut rx) = mpsc::channel::<ToStdin>(STDIN_QUEUE);
         let (id, loop_tx) = (id.clone(), loop_tx.clone());
         let mut client = self.client.clone();
         let run_id = rref.run_id.clone();
         tokio::spawn(async move {
-            while let Some(line) = rx.recv().await {
-                let mut data = line.into_bytes();
-                data.push(b'\n');
-                let req = rpb::WriteStdinRequest {
-                    run_id: run_id.clone(),
-                    data,
-                    close: false,
+            while let Some(msg) = rx.recv().await {
+                let req = match msg {
+                    ToStdin::Line(line) => {
+                        let mut data = line.into_bytes();
+                        data.push(b'\n');
+                        rpb::WriteStdinRequest {
+                            run_id: run_id.clone(),
+                            data,
+                            close: false,
+                        }
+                    }
+                    ToStdin::Close => {
+                        // End of input; whether the agent then ends is its exit's to say.
+                        let req = rpb::WriteStdinRequest {
+                            run_id: run_id.clone(),
+                            data: Vec::new(),
+                            close: true,
+                        };
+                        let _ = client.write_stdin(req).await;
+                        break;
+                    }
                 };
                 let failed = match client.write_stdin(req).await {
                     Ok(r) if r.get_ref().ok => continue,

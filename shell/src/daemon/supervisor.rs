@@ -31,8 +31,16 @@ pub const TASK_LINE_BYTES_MAX: usize = 64 * 1024;
 pub struct RunHandle {
     /// The pid of a child of the daemon (runner-owned runs report theirs as an input).
     pub pid: u32,
-    stdin: mpsc::Sender<String>,
+    stdin: mpsc::Sender<ToStdin>,
     signaller: Signaller,
+}
+
+/// What goes to a child's stdin, in order.
+#[derive(Debug)]
+pub enum ToStdin {
+    Line(String),
+    /// End of input: the agent is asked to end its own way.
+    Close,
 }
 
 #[derive(Debug)]
@@ -73,7 +81,7 @@ impl RunRef {
 
 impl RunHandle {
     /// A run owned by the runner.
-    pub fn in_runner(stdin: mpsc::Sender<String>, run: RunRef) -> Self {
+    pub fn in_runner(stdin: mpsc::Sender<ToStdin>, run: RunRef) -> Self {
         RunHandle {
             pid: 0,
             stdin,
@@ -84,7 +92,13 @@ impl RunHandle {
     /// Queues one line for the child's stdin. False if the queue is full or the child's stdin is
     /// gone (its exit will follow and be reported).
     pub fn write_line(&self, line: String) -> bool {
-        self.stdin.try_send(line).is_ok()
+        self.stdin.try_send(ToStdin::Line(line)).is_ok()
+    }
+
+    /// Closes the child's stdin after what is queued (a graceful end's first step; TERM
+    /// follows if the agent does not end).
+    pub fn close_input(&self) {
+        let _ = self.stdin.try_send(ToStdin::Close);
     }
 
     /// Signals the child's whole process group.
@@ -108,10 +122,13 @@ pub fn spawn(
         .map_err(|e| format!("{}: {e}", plan.program.display()))?;
     let pid = process.pid;
     let mut stdin = pipes.stdin.expect("stdin is piped");
-    let (stdin_tx, mut stdin_rx) = mpsc::channel::<String>(STDIN_QUEUE);
+    let (stdin_tx, mut stdin_rx) = mpsc::channel::<ToStdin>(STDIN_QUEUE);
     let (write_id, write_tx) = (id.clone(), tx.clone());
     tokio::spawn(async move {
-        while let Some(line) = stdin_rx.recv().await {
+        while let Some(msg) = stdin_rx.recv().await {
+            let ToStdin::Line(line) = msg else {
+                break; // Close: dropping the pipe is the end of input
+            };
             let mut bytes = line.into_bytes();
             bytes.push(b'\n');
             let written = match stdin.write_all(&bytes).await {
@@ -160,7 +177,7 @@ pub fn spawn(
                         }
                     }
                     Parsed::Reply(line) => {
-                        let _ = stdin_for_control.send(line).await;
+                        let _ = stdin_for_control.send(ToStdin::Line(line)).await;
                     }
                     Parsed::Unrecognized(line) => {
                         let cmd = super::Command::Unrecognized {
