@@ -308,6 +308,7 @@ impl Engine {
             | Input::Stop { id, .. }
             | Input::Restart { id, .. }
             | Input::Delete { id, .. }
+            | Input::Report { id, .. }
             | Input::Provider { id, .. } => vec![id.clone()],
             Input::Shutdown { .. } => self.live.iter().cloned().collect(),
             // Due now, in id order (as every tick has visited them).
@@ -453,6 +454,12 @@ impl Engine {
                 },
                 None => not_found(&mut cx, req, &id),
             },
+            Input::Report { id, activity } => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.handle_report(activity, &mut cx);
+                    s.flush(&mut cx);
+                }
+            }
             Input::Provider {
                 id,
                 run,

@@ -414,10 +414,11 @@ impl Model {
             ),
             Input::Restart { req, id, .. } => (*req, id, ReqKind::Restart),
             Input::Delete { req, id } => (*req, id, ReqKind::Delete),
-            // The driver never sends Shutdown, tasks or campaigns (the sweep does not cover
-            // them yet).
+            // The driver never sends Shutdown, tasks, campaigns or agents' own reports (the
+            // sweep does not cover them yet).
             Input::Resolve { .. }
             | Input::Provider { .. }
+            | Input::Report { .. }
             | Input::Task(_)
             | Input::AddCampaign { .. }
             | Input::RemoveCampaign { .. }

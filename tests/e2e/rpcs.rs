@@ -177,6 +177,83 @@ async fn stream_agent_activity_acknowledges_every_event() {
     assert_eq!(ack.received, 0);
 }
 
+/// Reports for a session the daemon has are that session's activity: numbered after its own,
+/// stored in its activity table (ListActivities), shown to its watchers (WatchActivity), their
+/// tokens counted; they end no turn. Reports for other ids stay apart (above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_activity_of_a_known_session_is_that_sessions_activity() {
+    let mut d = Daemon::start().await;
+    let s = d.session(None).await;
+    let own = d.send(&s.id, "hello").await;
+    let last_own = own.last().unwrap().seq;
+    let mut c = d.client().await;
+    let mut watch = c
+        .watch_activity(pb::WatchActivityRequest {
+            session_id: s.id.clone(),
+            after_seq: last_own,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let report = |kind: pb::ActivityType, content: &str| pb::AgentActivityEvent {
+        session_id: s.id.clone(),
+        agent_name: "sidecar".into(),
+        r#type: kind as i32,
+        content: content.into(),
+        tool_name: "lint".into(),
+        tokens_input: 7,
+        tokens_output: 3,
+        ..Default::default()
+    };
+    let before = d.get(&s.id).await;
+    let ack = within(c.stream_agent_activity(tokio_stream::iter(vec![
+        report(pb::ActivityType::ToolCall, "cargo clippy"),
+        report(pb::ActivityType::Completion, "clippy is clean"),
+    ])))
+    .await
+    .unwrap()
+    .into_inner();
+    assert_eq!(ack.received, 2);
+    // Shown to the session's watchers, numbered right after its own activity.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        seen.push(next(&mut watch).await.expect("an event").unwrap());
+    }
+    assert_eq!(
+        seen.iter()
+            .map(|a| (a.seq, a.content.as_str(), a.tool_name.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            (last_own + 1, "cargo clippy", "lint"),
+            (last_own + 2, "clippy is clean", "lint")
+        ]
+    );
+    // Stored with it, its tokens counted; no turn was opened or ended, and none kept apart.
+    let listed = c
+        .list_activities(pb::ListActivitiesRequest {
+            session_id: s.id.clone(),
+            after_seq: last_own,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .activities;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let after = d.get(&s.id).await;
+    assert_eq!(
+        (after.tokens_input, after.tokens_output),
+        (before.tokens_input + 14, before.tokens_output + 6)
+    );
+    assert_eq!(after.turns_completed, before.turns_completed);
+    assert_eq!(status_name(after.status), "RUNNING");
+    let id_filter = format!("session_id = '{}'", s.id);
+    assert_eq!(count_rows(&d, "external_activities", &id_filter), 0);
+    // The session's conversation goes on as before.
+    let more = d.send(&s.id, "again").await;
+    assert_eq!(more.first().unwrap().seq, last_own + 3);
+}
+
 async fn execute(
     d: &Daemon,
     req: pb::ExecuteRequest,

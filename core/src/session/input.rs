@@ -53,6 +53,10 @@ pub enum Input {
     /// DeleteSession (paddock extension): forget a terminal session and everything stored
     /// about it.
     Delete { req: RequestId, id: SessionId },
+    /// An activity an agent reported for session `id` itself (obey's StreamAgentActivity): the
+    /// session's like its own agent's — numbered, stored, shown to its watchers, its tokens
+    /// counted — but it never ends a turn.
+    Report { id: SessionId, activity: Activity },
     /// Something the provider process of run `run` did. `cursor` is the position in the run's
     /// output just after what produced this event (see `SessionRecord::provider_cursor`);
     /// `None` for events with no position (start, spawn failure, exit).

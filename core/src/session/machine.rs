@@ -1364,7 +1364,20 @@ impl Session {
         }
     }
 
+    /// An activity the agent reported itself (StreamAgentActivity): recorded with the turn it
+    /// came during, if any, and its tokens, but it ends nothing — the turn's end is its agent's
+    /// to report.
+    pub(crate) fn handle_report(&mut self, activity: Activity, cx: &mut Ctx) {
+        self.record_activity_as(activity, false, cx);
+    }
+
     fn record_activity(&mut self, activity: Activity, cx: &mut Ctx) {
+        self.record_activity_as(activity, true, cx);
+    }
+
+    /// Numbers, stores and emits one activity; `may_end_turn`: a COMPLETION or ERROR ends the
+    /// open turn.
+    fn record_activity_as(&mut self, activity: Activity, may_end_turn: bool, cx: &mut Ctx) {
         let rec = &mut self.record;
         rec.last_activity_seq = rec
             .last_activity_seq
@@ -1374,7 +1387,7 @@ impl Session {
         rec.tokens_output = rec.tokens_output.saturating_add(activity.tokens_output);
         rec.last_activity_at = Some(cx.now.wall);
         self.dirty = true;
-        let ends_turn = self.turn.is_some() && activity.kind().ends_turn();
+        let ends_turn = may_end_turn && self.turn.is_some() && activity.kind().ends_turn();
         let ev = ActivityEvent {
             session: rec.id.clone(),
             seq: rec.last_activity_seq,

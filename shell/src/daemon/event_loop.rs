@@ -303,8 +303,33 @@ impl State {
                 batch.acks.push(Ack::Event(reply));
             }
             Command::External { rows, reply } => {
+                // A report for a session the engine has is that session's activity (numbered,
+                // stored and shown with its own); one for another id is kept apart, as
+                // received (the seed lets agents report for sessions obey did not start).
                 let n = rows.len();
-                batch.rows.push(Row::External(rows));
+                let (known, apart): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| {
+                    self.engine
+                        .session(&paddock_core::SessionId(r.session_id.clone()))
+                        .is_some()
+                });
+                for r in known {
+                    let Some(kind) = paddock_core::ActivityKind::from_number(r.kind) else {
+                        continue; // checked by the API
+                    };
+                    let mut activity = paddock_core::Activity::new(kind, r.content)
+                        .with_tokens(r.tokens_input.max(0) as u64, r.tokens_output.max(0) as u64);
+                    if !r.tool_name.is_empty() || !r.tool_call_id.is_empty() {
+                        activity = activity.with_tool(r.tool_name, r.tool_call_id);
+                    }
+                    activity.tool_success = r.tool_success;
+                    batch.inputs.push_back(Input::Report {
+                        id: paddock_core::SessionId(r.session_id),
+                        activity,
+                    });
+                }
+                if !apart.is_empty() {
+                    batch.rows.push(Row::External(apart));
+                }
                 batch.acks.push(Ack::Count(reply, n));
             }
             Command::Query(q) => batch.queries.push(q),
