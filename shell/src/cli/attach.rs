@@ -480,7 +480,9 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
     };
     let r = converse(c, &mut s, &mut typed, live).await;
     // Whatever ended the conversation, the terminal is left as it was found.
-    s.screen.close();
+    // (It may wait for the editor a moment: not on the runtime's threads.)
+    let screen = s.screen.clone();
+    let _ = tokio::task::spawn_blocking(move || screen.close()).await;
     r
 }
 
