@@ -85,7 +85,13 @@ impl Notifier {
 /// What a status change is worth telling, if anything.
 pub fn status_note(previous: Option<Status>, new: Status, message: &str) -> Option<&'static str> {
     match (previous, new) {
-        (_, Status::Failed) if message.starts_with("OBEY-2013") => Some("budget"),
+        // A FAILED status's message is its error as the core renders it (`OBEY-NNNN: …`).
+        (_, Status::Failed)
+            if paddock_core::ErrorCode::parse(message)
+                == Some(paddock_core::ErrorCode::BudgetExceeded) =>
+        {
+            Some("budget")
+        }
         (_, Status::Failed) => Some("failure"),
         (Some(Status::Working), Status::Running) => Some("turn_done"),
         _ => None,
