@@ -237,8 +237,8 @@ impl Engine {
         self.tasks.get(id)
     }
 
-    /// Every task, in id order (ids grow with time: oldest first).
-    pub fn tasks(&self) -> impl DoubleEndedIterator<Item = &TaskRecord> {
+    /// Every task, in id order.
+    pub fn tasks(&self) -> impl Iterator<Item = &TaskRecord> {
         self.tasks.all()
     }
 

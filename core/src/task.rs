@@ -345,7 +345,7 @@ impl Tasks {
         self.tasks.get(id).map(|t| &t.record)
     }
 
-    pub fn all(&self) -> impl DoubleEndedIterator<Item = &TaskRecord> {
+    pub fn all(&self) -> impl Iterator<Item = &TaskRecord> {
         self.tasks.values().map(|t| &t.record)
     }
 

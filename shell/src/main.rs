@@ -223,8 +223,10 @@ fn main() {
             .and_then(|m| m.value_source(id))
             .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue)
     };
-    let explicit_socket = cli.socket.is_some();
     let socket = cli.socket.clone().unwrap_or_else(paths::default_socket);
+    // A daemon on another socket than the default one (a test's, a second daemon) leaves
+    // obey's socket alone; an autostarted daemon is given the default path explicitly.
+    let explicit_socket = socket != paths::default_socket();
     let data_dir = cli.data_dir.clone().unwrap_or_else(paths::default_data_dir);
     let code = match cli.command {
         Command::ScriptedAgent {

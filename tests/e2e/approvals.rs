@@ -89,18 +89,17 @@ async fn an_approved_tool_runs_and_a_second_answer_is_refused() {
     let info = d.get(&s.id).await;
     assert_eq!(status_name(info.status), "WAITING");
     assert_eq!(info.pending_approvals, 1);
-    // Aria's clients see it too: "waiting", not "active".
+    // Aria's clients that understand it see "waiting"; a seed client sees the seed's "active".
     let mut aria = paddock_proto::aria::v1::session_service_client::SessionServiceClient::new(
         crate::aria::aria_channel(&d).await,
     );
-    let seen = aria
-        .get_session(paddock_proto::aria::v1::GetSessionRequest {
-            session_id: s.id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let get = || paddock_proto::aria::v1::GetSessionRequest {
+        session_id: s.id.clone(),
+    };
+    let seen = aria.get_session(aware(get())).await.unwrap().into_inner();
     assert_eq!(seen.status, "waiting");
+    let seen = aria.get_session(get()).await.unwrap().into_inner();
+    assert_eq!(seen.status, "active");
     // A message now is refused: the agent waits for a human.
     let busy = d
         .client()
@@ -742,8 +741,14 @@ async fn a_seed_client_sees_working_where_paddock_says_waiting() {
         .await
         .unwrap()
         .into_inner();
-    assert!(
-        state.active_sessions.iter().all(|x| x.status != waiting),
+    assert_eq!(
+        state
+            .active_sessions
+            .iter()
+            .filter(|x| x.id == s.id)
+            .map(|x| x.status)
+            .collect::<Vec<_>>(),
+        [working],
         "{state:?}"
     );
 

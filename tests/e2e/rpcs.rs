@@ -228,7 +228,8 @@ async fn reported_activity_of_a_known_session_is_that_sessions_activity() {
             (last_own + 2, "clippy is clean", "lint")
         ]
     );
-    // Stored with it, its tokens counted; no turn was opened or ended, and none kept apart.
+    // Stored with it, its tokens shown but not counted (the budget is the agent's own usage);
+    // no turn was opened or ended, and none kept apart.
     let listed = c
         .list_activities(pb::ListActivitiesRequest {
             session_id: s.id.clone(),
@@ -241,9 +242,10 @@ async fn reported_activity_of_a_known_session_is_that_sessions_activity() {
         .activities;
     assert_eq!(listed.len(), 2, "{listed:?}");
     let after = d.get(&s.id).await;
+    assert_eq!(listed[0].tokens_input, 7);
     assert_eq!(
         (after.tokens_input, after.tokens_output),
-        (before.tokens_input + 14, before.tokens_output + 6)
+        (before.tokens_input, before.tokens_output)
     );
     assert_eq!(after.turns_completed, before.turns_completed);
     assert_eq!(status_name(after.status), "RUNNING");
@@ -252,6 +254,25 @@ async fn reported_activity_of_a_known_session_is_that_sessions_activity() {
     // The session's conversation goes on as before.
     let more = d.send(&s.id, "again").await;
     assert_eq!(more.first().unwrap().seq, last_own + 3);
+
+    // Mid-turn, a reported COMPLETION shows on the turn's stream but does not end it: the
+    // agent's own does.
+    let slow = d.session(Some(("slow", slow_turn(800)))).await;
+    let mut turn = d.start_turn(&slow.id, "take your time").await;
+    let first = next(&mut turn).await.unwrap().unwrap();
+    let mut r = report(pb::ActivityType::Completion, "a sidecar says: done");
+    r.session_id = slow.id.clone();
+    within(c.stream_agent_activity(tokio_stream::iter(vec![r])))
+        .await
+        .unwrap();
+    let mut rest = vec![first];
+    rest.extend(collect_ok(turn).await);
+    let contents: Vec<&str> = rest.iter().map(|a| a.content.as_str()).collect();
+    assert!(contents.contains(&"a sidecar says: done"), "{contents:?}");
+    let last = rest.last().unwrap();
+    assert_eq!(kind(last), "COMPLETION");
+    assert_ne!(last.content, "a sidecar says: done", "{contents:?}");
+    assert_eq!(d.get(&slow.id).await.turns_completed, 1);
 }
 
 async fn execute(

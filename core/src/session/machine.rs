@@ -1364,9 +1364,10 @@ impl Session {
         }
     }
 
-    /// An activity the agent reported itself (StreamAgentActivity): recorded with the turn it
-    /// came during, if any, and its tokens, but it ends nothing — the turn's end is its agent's
-    /// to report.
+    /// An activity an agent reported itself (StreamAgentActivity): recorded with the turn it
+    /// came during, if any, but it changes nothing of the session — it ends no turn, and its
+    /// tokens are shown on it, not counted (the budget is the supervised agent's own usage, so
+    /// a report can never fail a session or swallow its agent's turn end).
     pub(crate) fn handle_report(&mut self, activity: Activity, cx: &mut Ctx) {
         self.record_activity_as(activity, false, cx);
     }
@@ -1375,19 +1376,21 @@ impl Session {
         self.record_activity_as(activity, true, cx);
     }
 
-    /// Numbers, stores and emits one activity; `may_end_turn`: a COMPLETION or ERROR ends the
-    /// open turn.
-    fn record_activity_as(&mut self, activity: Activity, may_end_turn: bool, cx: &mut Ctx) {
+    /// Numbers, stores and emits one activity. `own`: the session's agent said it (its tokens
+    /// count, a COMPLETION or ERROR ends the open turn); else a report (neither).
+    fn record_activity_as(&mut self, activity: Activity, own: bool, cx: &mut Ctx) {
         let rec = &mut self.record;
         rec.last_activity_seq = rec
             .last_activity_seq
             .checked_add(1)
             .expect("activity sequence numbers never run out");
-        rec.tokens_input = rec.tokens_input.saturating_add(activity.tokens_input);
-        rec.tokens_output = rec.tokens_output.saturating_add(activity.tokens_output);
+        if own {
+            rec.tokens_input = rec.tokens_input.saturating_add(activity.tokens_input);
+            rec.tokens_output = rec.tokens_output.saturating_add(activity.tokens_output);
+        }
         rec.last_activity_at = Some(cx.now.wall);
         self.dirty = true;
-        let ends_turn = may_end_turn && self.turn.is_some() && activity.kind().ends_turn();
+        let ends_turn = own && self.turn.is_some() && activity.kind().ends_turn();
         let ev = ActivityEvent {
             session: rec.id.clone(),
             seq: rec.last_activity_seq,

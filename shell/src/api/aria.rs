@@ -513,13 +513,17 @@ fn worth_notifying(previous: Option<Status>, new: Status) -> bool {
 
 pub struct Sessions(pub AriaConfig);
 
-fn session_pb(r: &paddock_core::SessionRecord) -> pb::Session {
+/// An Aria session as `understood` may see it: the seed's statuses are "active", "completed"
+/// and "failed"; "waiting" (blocked on a human, its requests listed by obey's ListApprovals)
+/// only for a client that says it understands WAITING (`paddock-extensions`).
+fn session_pb(
+    r: &paddock_core::SessionRecord,
+    understood: super::extensions::Understood,
+) -> pb::Session {
     let status = match r.status {
         Status::Stopped => "completed",
         Status::Failed => "failed",
-        // Blocked on a human: distinct from working and idle (its open requests are listed by
-        // obey's ListApprovals).
-        Status::Waiting => "waiting",
+        Status::Waiting if understood.waiting => "waiting",
         _ => "active",
     };
     let mut ctx = HashMap::new();
@@ -574,8 +578,9 @@ impl Sessions {
 impl pb::session_service_server::SessionService for Sessions {
     async fn create_session(
         &self,
-        _request: Request<pb::CreateSessionRequest>,
+        request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, GrpcStatus> {
+        let understood = super::extensions::Understood::of(&request);
         let campaign = self.campaign().await?;
         let (id, short) = super::new_session_id();
         let mut config = SessionConfig::new(&campaign.id, self.0.provider, &campaign.root_path);
@@ -587,13 +592,14 @@ impl pb::session_service_server::SessionService for Sessions {
             .create_session(id, config)
             .await
             .map_err(|e| from_core(&e))?;
-        Ok(Response::new(session_pb(&rec)))
+        Ok(Response::new(session_pb(&rec, understood)))
     }
 
     async fn get_session(
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::Session>, GrpcStatus> {
+        let understood = super::extensions::Understood::of(&request);
         let id = SessionId(request.into_inner().session_id);
         let shown = id.0.clone();
         let rec = self
@@ -610,7 +616,7 @@ impl pb::session_service_server::SessionService for Sessions {
                     format!("session \"{shown}\" not found"),
                 )
             })?;
-        Ok(Response::new(session_pb(&rec)))
+        Ok(Response::new(session_pb(&rec, understood)))
     }
 
     type ExecuteTurnStream = Stream_<pb::TurnOutput>;

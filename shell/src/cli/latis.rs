@@ -817,6 +817,26 @@ pub async fn prune(
     }
     let (mut deleted, mut skipped, mut failed) = (Vec::new(), Vec::new(), 0);
     for s in &list {
+        // Looked at again just before: one that started working meanwhile is not finished.
+        let now = c
+            .get_session(pb::GetSessionRequest {
+                session_id: s.id.clone(),
+            })
+            .await
+            .map(|r| r.into_inner());
+        let s = match now {
+            Ok(now) if prunable(state_of(&now)) => now,
+            Ok(now) => {
+                let reason = format!("it is {} now", state_of(&now));
+                if !ctx.json {
+                    println!("Skipped {}: {reason}", s.id);
+                }
+                skipped.push(serde_json::json!({ "id": s.id, "reason": reason }));
+                continue;
+            }
+            Err(_) => s.clone(), // gone or unreadable: the delete below says which
+        };
+        let s = &s;
         let gone = match stop_and_delete(c, s).await {
             Ok(_) => Ok(()),
             Err(Error::Daemon(e)) => Err(e),

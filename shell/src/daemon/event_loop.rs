@@ -438,13 +438,17 @@ impl State {
                 limit,
                 reply,
             } => {
-                let mut matching = self
+                // Newest first by creation (Aria's `task_…` and Execute's `exec_…` ids do not
+                // sort together), ties by id.
+                let mut matching: Vec<&paddock_core::task::TaskRecord> = self
                     .engine
                     .tasks()
-                    .rev()
-                    .filter(|t| session.as_ref().is_none_or(|s| &t.spec.session_id == s));
-                let page: Vec<_> = matching.by_ref().take(limit).cloned().collect();
-                let _ = reply.send((page, matching.next().is_some()));
+                    .filter(|t| session.as_ref().is_none_or(|s| &t.spec.session_id == s))
+                    .collect();
+                matching.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+                let more = matching.len() > limit;
+                let page = matching.into_iter().take(limit).cloned().collect();
+                let _ = reply.send((page, more));
             }
             Query::TaskOutput {
                 task,
@@ -551,7 +555,9 @@ impl State {
                 Effect::Write { id, run, text } => {
                     if let Some(h) = self.runs.get(&(id.clone(), run)) {
                         if !h.write_line(crate::providers::user_message_line(&text)) {
-                            tracing::warn!(session = %id, run, "could not deliver a message to the provider");
+                            // Its input queue is full or its writer gone: the message never
+                            // reaches it, which the core rules on (OBEY-2012).
+                            batch.inputs.push_back(undelivered(id, run, "a message"));
                         }
                     }
                 }
@@ -599,7 +605,12 @@ impl State {
     fn answer(&self, id: &SessionId, run: RunId, approval: &Approval) {
         if let Some(h) = self.runs.get(&(id.clone(), run)) {
             if !h.write_line(crate::providers::answer_line(approval)) {
-                tracing::warn!(session = %id, run, approval = %approval.id, "could not deliver an answer to the provider");
+                // Undeliverable: the core rules on it like any failed write (an answer goes
+                // out at once or after a commit, so it comes back as a command of its own).
+                let input = undelivered(id.clone(), run, "an answer");
+                if self.tx.try_send(Command::Provider(input)).is_err() {
+                    tracing::warn!(session = %id, run, approval = %approval.id, "could not deliver an answer to the provider");
+                }
             }
         }
     }
@@ -983,4 +994,17 @@ fn read_failed(what: &str, e: StoreError) -> Error {
         paddock_core::ErrorCode::Generic,
         format!("cannot read {what}: {e}"),
     )
+}
+
+/// A write the agent's input queue did not take (full, or its writer gone after an earlier
+/// failure): the session's `DeliveryFailed`.
+fn undelivered(id: SessionId, run: RunId, what: &str) -> Input {
+    Input::Provider {
+        id,
+        run,
+        cursor: None,
+        event: ProviderEvent::DeliveryFailed {
+            reason: format!("{what} could not be queued for the agent's input (full, or closed)"),
+        },
+    }
 }

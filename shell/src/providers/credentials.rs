@@ -50,9 +50,19 @@ fn home(env: Env) -> Option<PathBuf> {
     env("HOME").map(PathBuf::from)
 }
 
-/// The start of a small file, if it is one.
+/// The start of a small file, if it is a regular one. Never blocks: a FIFO (or anything else)
+/// put in a settings file's place is not opened for reading, and the open itself does not wait
+/// (`O_NONBLOCK`), should one be swapped in between.
 fn small_file(path: &Path) -> Option<String> {
-    let f = std::fs::File::open(path).ok()?;
+    use std::os::unix::fs::OpenOptionsExt;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+        .ok()?;
     if !f.metadata().ok()?.is_file() {
         return None;
     }
@@ -205,6 +215,14 @@ mod tests {
             .unwrap()
             .contains("settings.json"));
         std::fs::remove_file(home.join(".claude/settings.json")).unwrap();
+
+        // A FIFO where a settings file would be is not waited on.
+        nix::unistd::mkfifo(
+            &cwd.join(".claude/settings.local.json"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert_eq!(claude(&env_of(&bare), &cwd), None);
 
         // The login flow's API key, then its OAuth login file; CLAUDE_CONFIG_DIR moves both.
         std::fs::write(
