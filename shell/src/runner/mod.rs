@@ -337,7 +337,14 @@ impl Runner for RunnerService {
         } else {
             // The seed's `use_shell` is "default true"; proto3 cannot tell an unset bool from
             // false, so `command` always runs as `sh -lc <command>` (a client that wants no
-            // shell gives `argv`).
+            // shell gives `argv`). Said once per run, for a client that meant "no shell".
+            if !r.use_shell {
+                tracing::warn!(
+                    run = %r.run_id,
+                    "RunCommand without argv runs `command` through sh -lc (use_shell=false cannot \
+                     be told from unset); send argv to run without a shell"
+                );
+            }
             (
                 OsString::from("sh"),
                 vec![OsString::from("-lc"), OsString::from(&r.command)],
