@@ -432,12 +432,14 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
             "the session file has a `{other}:` block, but the session's driver is {driver}"
         )));
     }
-    let workdir = f.workdir(&file_dir)?;
-    if workdir.is_some() && (f.mounts.is_some() || !args.mounts.is_empty()) {
+    let names_workdir = f.local.as_ref().is_some_and(|l| l.workdir.is_some());
+    if names_workdir && (f.mounts.is_some() || !args.mounts.is_empty()) {
         return Err(Error::Usage(
             "local.workdir and mounts both name the working directory: give one".into(),
         ));
     }
+    // Made only once the file is known to be consistent.
+    let workdir = f.workdir(&file_dir)?;
     let mounts: Vec<PathBuf> = if !args.mounts.is_empty() {
         args.mounts
             .iter()
@@ -1105,6 +1107,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("give one"), "{e}");
+        let f = SessionFile::parse(
+            "local:\n  workdir: not-made\nmounts: [\"ws:/workspace\"]\n",
+            "s.yaml",
+        )
+        .unwrap();
+        assert!(plan(args(), Some((f, cwd.clone())), &cwd).is_err());
+        assert!(
+            !cwd.join("not-made").exists(),
+            "nothing made for a refused file"
+        );
         let e = SessionFile::parse("local:\n  image: x\n", "s.yaml")
             .unwrap_err()
             .to_string();
