@@ -336,10 +336,7 @@ impl pb::task_service_server::TaskService for Tasks {
     ) -> Result<Response<pb::ListTasksResponse>, GrpcStatus> {
         let r = request.into_inner();
         let session = Some(r.session_id.trim().to_string()).filter(|s| !s.is_empty());
-        let limit = match r.limit {
-            n if n <= 0 => LIST_TASKS_DEFAULT,
-            n => (n as usize).min(LIST_TASKS_MAX),
-        };
+        let limit = convert::page_limit(r.limit, LIST_TASKS_DEFAULT, LIST_TASKS_MAX);
         let (tasks, truncated) = self
             .0
             .handle

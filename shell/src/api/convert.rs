@@ -275,6 +275,14 @@ impl Fitted for pb::SessionInfo {
     }
 }
 
+/// A request's `limit` as a page size: its own when positive (at most `max`), else `default`.
+pub fn page_limit(asked: i32, default: usize, max: usize) -> usize {
+    match asked {
+        n if n <= 0 => default,
+        n => (n as usize).min(max),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -903,10 +903,7 @@ impl LocalDaemonService for Obey {
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
         self.record(id.clone()).await?;
-        let limit = match r.limit {
-            n if n <= 0 => LIST_ACTIVITIES_MAX,
-            n => (n as usize).min(LIST_ACTIVITIES_MAX),
-        };
+        let limit = convert::page_limit(r.limit, LIST_ACTIVITIES_MAX, LIST_ACTIVITIES_MAX);
         let after = r.after_seq.max(0) as u64;
         let list = read(
             self.handle
@@ -930,10 +927,7 @@ impl LocalDaemonService for Obey {
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
         self.record(id.clone()).await?;
-        let limit = match r.limit {
-            n if n <= 0 => HISTORY_DEFAULT,
-            n => (n as usize).min(LIST_ACTIVITIES_MAX),
-        };
+        let limit = convert::page_limit(r.limit, HISTORY_DEFAULT, LIST_ACTIVITIES_MAX);
         let HistoryView {
             messages,
             activities,
@@ -971,10 +965,7 @@ impl LocalDaemonService for Obey {
         let r = request.into_inner();
         let session =
             (!r.session_id.trim().is_empty()).then(|| SessionId(r.session_id.trim().to_string()));
-        let limit = match r.limit {
-            n if n <= 0 => APPROVALS_DEFAULT,
-            n => (n as usize).min(LIST_ACTIVITIES_MAX),
-        };
+        let limit = convert::page_limit(r.limit, APPROVALS_DEFAULT, LIST_ACTIVITIES_MAX);
         let all = r.include_resolved;
         let list = read(
             self.handle

@@ -153,7 +153,7 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
 /// line each (JSON lines with `--json`), until Ctrl-C or the daemon goes. On a terminal the
 /// bell rings once for each new request.
 async fn watch(ctx: &Ctx, c: &mut super::Client, session_id: String) -> Result<()> {
-    use std::io::{IsTerminal, Write};
+    use std::io::IsTerminal;
     let mut stream = c
         .watch_approvals(pb::WatchApprovalsRequest { session_id })
         .await?
@@ -180,8 +180,7 @@ async fn watch(ctx: &Ctx, c: &mut super::Client, session_id: String) -> Result<(
             println!("{}", approval_line(&a));
         }
         if new && bell && !ctx.json {
-            let mut out = std::io::stdout();
-            let _ = out.write_all(b"\x07").and_then(|()| out.flush());
+            super::output::bell();
         }
     }
 }

@@ -172,12 +172,9 @@ impl Screen {
         println!("{text}");
     }
 
-    /// The terminal bell (on a terminal only).
+    /// The terminal bell (on a terminal only; the editor passes it through like any output).
     pub fn bell(&self) {
-        let mut out = std::io::stdout();
-        if out.is_terminal() {
-            let _ = out.write_all(b"\x07").and_then(|()| out.flush());
-        }
+        super::output::bell();
     }
 
     /// The conversation is over: when the editor still reads, what it was given is printed,

@@ -14,6 +14,15 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Value {
     }
 }
 
+/// The terminal bell: for a person who should look (nothing when stdout is not a terminal).
+pub fn bell() {
+    use std::io::{IsTerminal, Write};
+    let mut out = std::io::stdout();
+    if out.is_terminal() {
+        let _ = out.write_all(b"\x07").and_then(|()| out.flush());
+    }
+}
+
 pub fn session_json(s: &pb::SessionInfo) -> Value {
     json!({
         "id": s.id,

@@ -122,27 +122,26 @@ fn entries(loaded: Option<&Loaded>) -> Vec<Entry> {
         "64".into(),
         "default",
     ));
-    out.push(entry(
-        loaded,
-        "daemon.stop_grace_secs",
-        d.stop_grace_secs.as_ref(),
-        "30".into(),
-        "default",
-    ));
-    out.push(entry(
-        loaded,
-        "daemon.kill_grace_secs",
-        d.kill_grace_secs.as_ref(),
-        (paddock_core::process::KILL_GRACE.millis() / 1000).to_string(),
-        "default",
-    ));
-    out.push(entry(
-        loaded,
-        "daemon.end_grace_secs",
-        d.end_grace_secs.as_ref(),
-        (paddock_core::process::END_GRACE.millis() / 1000).to_string(),
-        "default",
-    ));
+    let secs = |d: paddock_core::Duration| (d.millis() / 1000).to_string();
+    for (key, value, default) in [
+        (
+            "daemon.stop_grace_secs",
+            &d.stop_grace_secs,
+            "30".to_string(),
+        ),
+        (
+            "daemon.kill_grace_secs",
+            &d.kill_grace_secs,
+            secs(paddock_core::process::KILL_GRACE),
+        ),
+        (
+            "daemon.end_grace_secs",
+            &d.end_grace_secs,
+            secs(paddock_core::process::END_GRACE),
+        ),
+    ] {
+        out.push(entry(loaded, key, value.as_ref(), default, "default"));
+    }
     let n = &c.notify;
     out.push(match (loaded, &n.on) {
         (Some(l), Some(on)) => Entry {

@@ -8,7 +8,7 @@
 //! restart, delete as RPCs; attach by leaving the screen for `session attach` and coming back).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -728,8 +728,7 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
             break Err(Error::io("the terminal")(e));
         }
         if dash.take_bell() {
-            let mut out = std::io::stdout();
-            let _ = out.write_all(b"\x07").and_then(|()| out.flush());
+            super::output::bell();
         }
         let update = tokio::select! {
             u = rx.recv() => match u {

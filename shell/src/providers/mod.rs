@@ -229,20 +229,14 @@ fn can_sign_in(config: &SessionConfig) -> Result<(), Error> {
 /// refused at create (with what to do), not left to fail its first turn. Another endpoint (a
 /// local server) may need none.
 fn openai_key_for_openai(config: &SessionConfig) -> Result<(), Error> {
+    let env = agent_env(config);
     let setting = |config_key: &str, env_key: &str| {
         config
             .provider_config
             .get(config_key)
             .filter(|v| !v.is_empty())
             .cloned()
-            .or_else(|| {
-                config
-                    .environment
-                    .get(env_key)
-                    .filter(|v| !v.is_empty())
-                    .cloned()
-            })
-            .or_else(|| std::env::var(env_key).ok().filter(|v| !v.is_empty()))
+            .or_else(|| env(env_key))
     };
     let base = setting("base_url", "OPENAI_BASE_URL")
         .unwrap_or_else(|| "https://api.openai.com/v1".into());
