@@ -271,7 +271,7 @@ fn main() {
             paddock::runner::Limits {
                 live_runs: max_runs.max(1),
                 events_per_run: buffer_events.max(1),
-                bytes_per_run: buffer_bytes.max(64 * 1024),
+                bytes_per_run: buffer_bytes.max(paddock::runner::registry::MIN_BUFFER_BYTES),
                 ..paddock::runner::Limits::default()
             },
         ),
@@ -372,7 +372,8 @@ fn main() {
                 runner_limits: paddock::runner::Limits {
                     live_runs,
                     events_per_run: runner_buffer_events.max(1),
-                    bytes_per_run: runner_buffer_bytes.max(64 * 1024),
+                    bytes_per_run: runner_buffer_bytes
+                        .max(paddock::runner::registry::MIN_BUFFER_BYTES),
                     ..paddock::runner::Limits::default()
                 },
                 peers,

@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use paddock_proto::obey::local::v1 as pb;
+use paddock_proto::runner::v1 as rpb;
+use rpb::runner_client::RunnerClient;
 use serde_json::json;
 
 use crate::harness::*;
@@ -320,6 +322,79 @@ async fn the_runner_takes_as_many_agents_as_the_daemon_allows() {
         .into_inner()
         .sessions;
     assert_eq!(live.len(), 130);
+}
+
+/// The daemon's runner, as a client of its own (the runner contract).
+async fn runner_client(d: &Daemon) -> RunnerClient<tonic::transport::Channel> {
+    let ch = paddock::transport::channel(&d.dirs.data.join("runner.sock"))
+        .await
+        .expect("connect to the runner");
+    RunnerClient::new(ch)
+}
+
+/// Issue 16: the runner keeps only what the daemon has not stored (`AckRun` after each
+/// commit): after a turn of 3,000 events the run holds at most the event the session's cursor
+/// is in, not its whole buffer; and a daemon started again with other limits sets them on the
+/// runner it finds (`SetLimits`), so its --max-sessions reaches a runner it did not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_keeps_only_what_the_daemon_has_not_stored() {
+    let mut d = Daemon::start_with(Dirs::new(), &["--max-sessions", "2"]).await;
+    let steps: Vec<serde_json::Value> = (0..3000)
+        .map(|i| json!({"thinking": format!("step {i}")}))
+        .chain([json!({"result": "done"})])
+        .collect();
+    let s = d.session(Some(("long", turns(json!(steps))))).await;
+    let acts = d.send(&s.id, "go").await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION");
+    assert_eq!(acts.len(), 3001);
+    let mut runner = runner_client(&d).await;
+    let run = |runs: Vec<rpb::RunInfo>| {
+        runs.into_iter()
+            .find(|r| r.run_id.starts_with(&format!("agent:{}:", s.id)))
+            .expect("the session's run")
+    };
+    let held = within(async {
+        loop {
+            let r = run(runner
+                .list_runs(rpb::ListRunsRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .runs);
+            let held = if r.first_seq == 0 {
+                0
+            } else {
+                r.last_seq + 1 - r.first_seq
+            };
+            if held <= 1 {
+                return (held, r.last_seq);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(held.1 > 10, "the turn went through the runner: {held:?}");
+
+    // A daemon killed mid-turn still finds every unstored event after its cursor (the other
+    // runner_mode tests), and the next one sets its own limits on the same runner.
+    let pid = d.runner_pid();
+    d.kill9();
+    d.extra_args = vec!["--max-sessions".into(), "80".into()];
+    d.launch().await;
+    assert_eq!(d.runner_pid(), pid, "the same runner");
+    let limits = runner
+        .set_limits(rpb::SetLimitsRequest::default())
+        .await
+        .expect("SetLimits with nothing to change reads them")
+        .into_inner();
+    assert_eq!(
+        limits.max_runs,
+        80 + 64,
+        "sessions + tasks of the new daemon"
+    );
+    // The session is back and works; what it says is stored once.
+    let acts = d.send(&s.id, "again").await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION");
 }
 
 /// Review D5, for Aria clients: output lost while the daemon was away is found by the

@@ -622,6 +622,10 @@ impl State {
         let mut events = Vec::new();
         if !batch.records.is_empty() || !batch.rows.is_empty() {
             events = self.store.apply_all(&batch.records, &batch.rows)?;
+            if let Some(link) = &self.runner {
+                // Stored now: the runner need not keep it for us any more.
+                link.committed(&batch.records);
+            }
             batch.records.clear();
             for row in batch.rows.drain(..) {
                 if let Row::Unrecognized(l) = row {

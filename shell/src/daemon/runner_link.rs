@@ -13,17 +13,30 @@
 //!   the batch. After a restart the daemon attaches right after that line: nothing is lost,
 //!   nothing applied twice (as long as the runner still buffers it), and the core ignores any
 //!   event at or before the stored cursor should one come again.
+//! - Acknowledgement: the cursor is the daemon's own statement of what it has stored, so once a
+//!   batch committed, each session record in it tells the runner (`AckRun`, coalesced per run
+//!   over [`ACK_WINDOW`]) that the run's events before the cursor's event are stored: the
+//!   runner drops them, and holds per run only what the daemon has not stored. Nothing is
+//!   acknowledged before its commit, so a crash at any point still finds everything after the
+//!   stored cursor in the runner. A run the session no longer has (it exited, the session was
+//!   restarted or deleted) is acknowledged whole: no daemon will read it again. Task runs are
+//!   never read again either (a restarted daemon kills them), so their events are acknowledged
+//!   as they are read.
+//! - Limits: a runner this daemon starts gets its run and buffer limits as flags; one a previous
+//!   daemon started gets them with `SetLimits`, so `--max-sessions` always reaches the runner.
 //! - If the runner goes away, the run's exit is reported with the reason (OBEY-2031).
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use paddock_core::{Input, ProviderEvent, RunId, SessionId, Signal, Surviving};
+use paddock_core::{Input, ProviderEvent, Record, RunId, SessionId, Signal, Surviving};
 use paddock_proto::runner::v1 as rpb;
 use rpb::runner_client::RunnerClient;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tonic::transport::Channel;
 
 use super::supervisor::{task_line, RunHandle, RunRef, ToStdin, TASK_LINE_BYTES_MAX};
@@ -37,6 +50,11 @@ const RUNNER_START_WAIT: Duration = Duration::from_secs(10);
 const STDIN_QUEUE: usize = 64;
 /// Bits of the cursor for the byte offset within a runner event (chunks are at most 64 KiB).
 const OFFSET_BITS: u32 = 17;
+/// How long acknowledgements gather before they are sent: a busy run commits a batch every
+/// few milliseconds, and one `AckRun` per run per window is plenty.
+pub const ACK_WINDOW: Duration = Duration::from_millis(20);
+/// A task run's events are acknowledged every this many (and at its end).
+const TASK_ACK_EVERY: u64 = 256;
 
 /// The cursor of the position `offset` bytes into runner event `seq` (the end of a line).
 /// Cursors grow with the position in the output.
@@ -84,6 +102,13 @@ pub fn parse_task_run_id(s: &str) -> Option<&str> {
     s.strip_prefix("task:")
 }
 
+/// The highest runner event of a run the daemon has stored everything up to, given the
+/// session's committed cursor: the events before the cursor's own (the line that ends there
+/// may be followed, in the same event, by output not applied yet, so that event is kept).
+pub fn stored_through(cursor: u64) -> u64 {
+    position(cursor).0.saturating_sub(1)
+}
+
 /// The daemon's connection to its runner.
 #[derive(Debug, Clone)]
 pub struct RunnerLink {
@@ -92,6 +117,49 @@ pub struct RunnerLink {
     data_dir: PathBuf,
     exe: PathBuf,
     limits: crate::runner::Limits,
+    acks: Arc<Acks>,
+}
+
+/// Acknowledgements on their way to the runner (see the module's "Acknowledgement").
+#[derive(Debug, Default)]
+struct Acks {
+    st: Mutex<AckState>,
+    /// Wakes the sender (one task per link).
+    wake: Notify,
+}
+
+#[derive(Debug, Default)]
+struct AckState {
+    /// Per session, the run its last committed record names and what was acknowledged of it.
+    sessions: BTreeMap<SessionId, (RunId, u64)>,
+    /// Not sent yet: runner run id → the seq stored through (`u64::MAX`: all of it).
+    pending: BTreeMap<String, u64>,
+}
+
+impl AckState {
+    /// `seq` of `run_id` is stored; never moves an acknowledgement back.
+    fn push(&mut self, run_id: String, seq: u64) {
+        let e = self.pending.entry(run_id).or_default();
+        *e = (*e).max(seq);
+    }
+
+    /// What a committed session record says: the events it stored of its run, and that a run
+    /// it no longer names will not be read again.
+    fn session(&mut self, id: &SessionId, now: Option<(RunId, u64)>) {
+        let before = self.sessions.remove(id);
+        if let Some((old, _)) = before {
+            if now.map(|(run, _)| run) != Some(old) {
+                self.push(run_id(id, old), u64::MAX);
+            }
+        }
+        if let Some((run, seq)) = now {
+            let acked = before.filter(|(r, _)| *r == run).map_or(0, |(_, s)| s);
+            if seq > acked {
+                self.push(run_id(id, run), seq);
+            }
+            self.sessions.insert(id.clone(), (run, seq.max(acked)));
+        }
+    }
 }
 
 impl RunnerLink {
@@ -102,24 +170,70 @@ impl RunnerLink {
         limits: &crate::runner::Limits,
     ) -> Result<Self, String> {
         let socket = data_dir.join("runner.sock");
-        if let Some(client) = Self::connect(&socket).await {
-            tracing::info!(socket = %socket.display(), "using the running runner");
-            return Ok(RunnerLink {
-                client,
-                socket,
-                data_dir: data_dir.to_path_buf(),
-                exe: exe.to_path_buf(),
-                limits: limits.clone(),
-            });
-        }
-        let client = Self::start(data_dir, exe, &socket, limits).await?;
+        let client = match Self::connect(&socket).await {
+            Some(mut client) => {
+                tracing::info!(socket = %socket.display(), "using the running runner");
+                // A previous daemon started it, perhaps with other limits: ours hold now.
+                let req = rpb::SetLimitsRequest {
+                    max_runs: u32::try_from(limits.live_runs).unwrap_or(u32::MAX),
+                    buffer_events: u32::try_from(limits.events_per_run).unwrap_or(u32::MAX),
+                    buffer_bytes: limits.bytes_per_run as u64,
+                };
+                if let Err(e) = client.set_limits(req).await {
+                    tracing::warn!(
+                        "the running runner keeps its own limits (SetLimits: {}); restart it to \
+                         apply --max-sessions and the buffer bounds",
+                        e.message()
+                    );
+                }
+                client
+            }
+            None => Self::start(data_dir, exe, &socket, limits).await?,
+        };
+        let acks = Arc::new(Acks::default());
+        tokio::spawn(send_acks(client.clone(), acks.clone()));
         Ok(RunnerLink {
             client,
             socket,
             data_dir: data_dir.to_path_buf(),
             exe: exe.to_path_buf(),
             limits: limits.clone(),
+            acks,
         })
+    }
+
+    /// A batch committed with these records: the runner may forget what they stored. Called on
+    /// the event loop, after the commit and before anything is delivered: it only notes the
+    /// acknowledgements (a lock and a map), a task of its own sends them.
+    pub fn committed(&self, records: &[Record]) {
+        let mut st = self.acks.st.lock().unwrap_or_else(|p| p.into_inner());
+        for r in records {
+            match r {
+                Record::Session(rec) => {
+                    let now = rec
+                        .run
+                        .map(|run| (run, stored_through(rec.provider_cursor)));
+                    st.session(&rec.id, now);
+                }
+                Record::Delete(id) => st.session(id, None),
+                _ => {}
+            }
+        }
+        let woke = !st.pending.is_empty();
+        drop(st);
+        if woke {
+            self.acks.wake.notify_one();
+        }
+    }
+
+    /// Acknowledges `seq` of runner run `run_id` (coalesced like [`Self::committed`]'s).
+    fn ack_later(&self, run_id: &str, seq: u64) {
+        self.acks
+            .st
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(run_id.to_string(), seq);
+        self.acks.wake.notify_one();
     }
 
     /// Starts a runner on `socket` and waits until it answers.
@@ -251,6 +365,7 @@ impl RunnerLink {
         let mut client = self.client.clone();
         let id = id.to_string();
         let progress = spec.reports_progress();
+        let link = self.clone();
         tokio::spawn(async move {
             let send = |input: TaskInput| {
                 let tx = tx.clone();
@@ -291,6 +406,11 @@ impl RunnerLink {
                         return;
                     }
                 };
+                // A task's output is never read again (a restarted daemon kills its tasks), so
+                // what was read need not be kept.
+                if ev.seq % TASK_ACK_EVERY == 0 {
+                    link.ack_later(&run_id, ev.seq);
+                }
                 use rpb::runner_event::Payload;
                 match ev.payload {
                     Some(Payload::CommandOutput(o)) => {
@@ -333,6 +453,7 @@ impl RunnerLink {
                                 .await;
                             }
                             rpb::RunState::Finished | rpb::RunState::Failed => {
+                                link.ack_later(&run_id, u64::MAX);
                                 // What is left without a final newline is a line too.
                                 out.finish(&mut lines);
                                 let last_out = lines.len();
@@ -468,6 +589,10 @@ impl RunnerLink {
             run_id: rref.run_id.clone(),
             after_seq: seq.saturating_sub(1),
         };
+        // The cursor was read from the store: what is before it need not be kept.
+        if cursor > 0 {
+            self.ack_later(&rref.run_id, stored_through(cursor));
+        }
         let mut client = self.client.clone();
         tokio::spawn(async move {
             let reader = Reader::new(
@@ -545,6 +670,23 @@ impl RunnerLink {
             }
         });
         tx
+    }
+}
+
+/// Sends the link's acknowledgements, one `AckRun` per run per [`ACK_WINDOW`]. One that fails
+/// (the runner is restarting) is not repeated: the next commit of that run acknowledges at
+/// least as much, and an unacknowledged event only costs the runner memory within its bounds.
+async fn send_acks(mut client: RunnerClient<Channel>, acks: Arc<Acks>) {
+    loop {
+        acks.wake.notified().await;
+        tokio::time::sleep(ACK_WINDOW).await;
+        let pending =
+            std::mem::take(&mut acks.st.lock().unwrap_or_else(|p| p.into_inner()).pending);
+        for (run_id, seq) in pending {
+            if let Err(e) = client.ack_run(rpb::AckRunRequest { run_id, seq }).await {
+                tracing::debug!("AckRun: {}", e.message());
+            }
+        }
     }
 }
 
@@ -785,6 +927,32 @@ mod tests {
         assert!(a < b && b < c);
         assert_eq!(position(b), (3, 11));
         assert_eq!(position(cursor(1 << 40, 65_536)), (1 << 40, 65_536));
+    }
+
+    #[test]
+    fn acknowledgements_follow_the_committed_cursor_and_release_a_run_left_behind() {
+        let a = SessionId("a".into());
+        let mut st = AckState::default();
+        st.session(&a, Some((1, stored_through(0))));
+        assert!(st.pending.is_empty(), "nothing applied: nothing stored");
+        // A line ending in event 7 is stored: 1..=6 are; 7 may hold the next line's start.
+        st.session(&a, Some((1, stored_through(cursor(7, 120)))));
+        assert_eq!(st.pending.get(&run_id(&a, 1)), Some(&6));
+        // Coalesced, and never back.
+        st.session(&a, Some((1, stored_through(cursor(9, 3)))));
+        st.session(&a, Some((1, stored_through(cursor(5, 3)))));
+        assert_eq!(st.pending.get(&run_id(&a, 1)), Some(&8));
+        assert_eq!(st.sessions.get(&a), Some(&(1, 8)));
+        st.pending.clear();
+        // A new run: the old one is read no more, whole; the new one starts from nothing.
+        st.session(&a, Some((2, 0)));
+        assert_eq!(st.pending.get(&run_id(&a, 1)), Some(&u64::MAX));
+        assert_eq!(st.pending.get(&run_id(&a, 2)), None);
+        st.pending.clear();
+        // Exited (no run), or deleted: released whole.
+        st.session(&a, None);
+        assert_eq!(st.pending.get(&run_id(&a, 2)), Some(&u64::MAX));
+        assert!(st.sessions.is_empty());
     }
 
     #[test]

@@ -20,15 +20,17 @@
 //!   closes. A process that cannot be started gives only `RunStatus{FAILED}` with the reason
 //!   (exit code 127 not found, 126 not executable, -1 otherwise).
 //! - Validation errors are `INVALID_ARGUMENT`; a `run_id` this runner still knows (live or
-//!   among the last 1,000 finished) is `ALREADY_EXISTS`; more than 128 live runs is
-//!   `RESOURCE_EXHAUSTED`.
+//!   among the last 1,000 finished) is `ALREADY_EXISTS`; more live runs than `--max-runs`
+//!   (or the client's `SetLimits`) allow is `RESOURCE_EXHAUSTED`.
 //! - `SignalSession`: the signal goes to the run's whole process group; `ok = false` with
 //!   "not found" / "already exited" / "not started yet".
 //!
 //! paddock's extensions (marked `// paddock extension:` in the proto): `RunnerEvent.seq`,
-//! `EventsTruncated`, `ListRuns`, `AttachRun`, `WriteStdin` (+ `RunCommandRequest.keep_stdin`)
-//! and `StopRun` (TERM, then KILL after `grace_ms`, default 10 s: the core's
-//! [`paddock_core::run`] machine decides). The buffer behind them: [`registry`].
+//! `EventsTruncated`, `ListRuns`, `AttachRun`, `WriteStdin` (+ `RunCommandRequest.keep_stdin`),
+//! `StopRun` (TERM, then KILL after `grace_ms`, default 10 s: the core's
+//! [`paddock_core::run`] machine decides), `AckRun` (the client stored a run's events up to a
+//! seq: the runner stops keeping them) and `SetLimits` (a client's limits reach a runner it
+//! did not start). The buffer behind them: [`registry`].
 //!
 //! On SIGTERM / SIGINT the runner stops every run (TERM, KILL after 10 s), waits for them,
 //! and exits 0.
@@ -53,9 +55,10 @@ use paddock_core::run::{Input, Signal, DEFAULT_KILL_GRACE};
 use paddock_core::Duration as CoreDuration;
 use paddock_proto::runner::v1::runner_server::{Runner, RunnerServer};
 use paddock_proto::runner::v1::{
-    AttachRunRequest, ExecRequest, ExecResumeRequest, ListRunsRequest, ListRunsResponse,
-    ProcessSignal, RunCommandRequest, RunKind, RunnerEvent, SignalRequest, SignalResponse,
-    StopRunRequest, StopRunResponse, WriteStdinRequest, WriteStdinResponse,
+    AckRunRequest, AckRunResponse, AttachRunRequest, ExecRequest, ExecResumeRequest,
+    ListRunsRequest, ListRunsResponse, ProcessSignal, RunCommandRequest, RunKind, RunnerEvent,
+    SetLimitsRequest, SetLimitsResponse, SignalRequest, SignalResponse, StopRunRequest,
+    StopRunResponse, WriteStdinRequest, WriteStdinResponse,
 };
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
@@ -487,6 +490,56 @@ impl Runner for RunnerService {
             Err(refusal) => reply(false, refusal.message().into()),
         }
     }
+
+    async fn ack_run(
+        &self,
+        req: Request<AckRunRequest>,
+    ) -> Result<Response<AckRunResponse>, Status> {
+        let r = req.into_inner();
+        check_run_id(&r.run_id)?;
+        let Some(run) = self.reg.get(&r.run_id) else {
+            return Ok(Response::new(AckRunResponse {
+                ok: false,
+                message: "not found".into(),
+                first_seq: 0,
+            }));
+        };
+        let first_seq = run.ack(r.seq);
+        Ok(Response::new(AckRunResponse {
+            ok: true,
+            message: String::new(),
+            first_seq,
+        }))
+    }
+
+    async fn set_limits(
+        &self,
+        req: Request<SetLimitsRequest>,
+    ) -> Result<Response<SetLimitsResponse>, Status> {
+        let r = req.into_inner();
+        let now = self.reg.set_limits(
+            limit(r.max_runs.into()),
+            limit(r.buffer_events.into()),
+            limit(r.buffer_bytes),
+        );
+        tracing::info!(
+            max_runs = now.live_runs,
+            buffer_events = now.events_per_run,
+            buffer_bytes = now.bytes_per_run,
+            "runner limits set by the client"
+        );
+        let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Ok(Response::new(SetLimitsResponse {
+            max_runs: clamp(now.live_runs),
+            buffer_events: clamp(now.events_per_run),
+            buffer_bytes: now.bytes_per_run as u64,
+        }))
+    }
+}
+
+/// `Some(n)` for a limit a `SetLimits` request sets (0 keeps it).
+fn limit(n: u64) -> Option<usize> {
+    (n > 0).then(|| usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 /// The service with its limits, ready to add to a tonic server.

@@ -7,10 +7,12 @@
 //!
 //! # The buffer and its limits
 //!
-//! Events are numbered 1, 2, 3, … per run (`RunnerEvent.seq`). A run's log holds its newest
-//! events: at most [`Limits::events_per_run`] (10,000) and [`Limits::bytes_per_run`] (8 MiB,
-//! counted as encoded protobuf), whichever is reached first; older events are dropped from the
-//! front. Dropping is held back while a connected reader still has to read the oldest event:
+//! Events are numbered 1, 2, 3, … per run (`RunnerEvent.seq`). A run's log holds the events
+//! its client has not acknowledged (`AckRun`: "stored up to seq"; see [`Run::ack`]): what the
+//! client has stored is dropped, so a run whose client keeps up holds next to nothing. Whatever
+//! is unacknowledged is bounded too: at most [`Limits::events_per_run`] (10,000) and
+//! [`Limits::bytes_per_run`] (8 MiB, counted as encoded protobuf), whichever is reached first;
+//! older events are dropped from the front. Dropping is held back while a connected reader still has to read the oldest event:
 //! then the producer (the task reading the child's output) waits, which stops reading the
 //! child's pipe, which blocks the child's writes. So a connected client never loses an event
 //! and a slow one slows the child down (as a pipe would), while memory stays bounded. A reader
@@ -25,8 +27,9 @@
 //! events count against [`Limits::finished_bytes`] (64 MiB over all finished runs): past it the
 //! oldest finished runs' events are dropped (their metadata stays). At most
 //! [`Limits::live_runs`] runs run at once (`paddock runner --max-runs`; the daemon starts its
-//! runner with its own session and task limits, so the runner never refuses what the daemon
-//! accepted). The per-run bounds are `--buffer-events` / `--buffer-bytes` (the daemon's
+//! runner with its own session and task limits, and sets them again with `SetLimits` on a
+//! runner a previous daemon started, so the runner never refuses what the daemon accepted).
+//! The per-run bounds are `--buffer-events` / `--buffer-bytes` (the daemon's
 //! `--runner-buffer-events` / `--runner-buffer-bytes`).
 //!
 //! Each run's process life is the core's [`RunMachine`]: the log's producer feeds it, and the
@@ -72,6 +75,8 @@ impl Default for Limits {
 
 /// Live runs at most when nothing else is said (a runner started by hand).
 pub const DEFAULT_LIVE_RUNS: usize = 1024;
+/// The smallest per-run byte bound: one largest chunk (64 KiB) must always fit.
+pub const MIN_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Bytes a reader takes from the log in one go (at least one event).
 pub const READ_BATCH_BYTES: usize = 1024 * 1024;
@@ -95,12 +100,12 @@ pub enum CreateError {
 
 /// Every run this runner knows.
 pub struct Registry {
-    limits: Limits,
     inner: Mutex<Inner>,
 }
 
-#[derive(Default)]
 struct Inner {
+    /// Changed by `SetLimits` while runs run: read under the same lock as the counts.
+    limits: Limits,
     runs: HashMap<String, Arc<Run>>,
     /// Finished runs, oldest first.
     finished: VecDeque<Arc<Run>>,
@@ -111,13 +116,40 @@ struct Inner {
 impl Registry {
     pub fn new(limits: Limits) -> Self {
         Registry {
-            limits,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                limits,
+                runs: HashMap::new(),
+                finished: VecDeque::new(),
+                live: 0,
+                next_order: 0,
+            }),
         }
     }
 
-    pub fn limits(&self) -> &Limits {
-        &self.limits
+    pub fn limits(&self) -> Limits {
+        self.lock().limits.clone()
+    }
+
+    /// Replaces the run limit and the per-run buffer bounds (`SetLimits`): the run limit holds
+    /// from the next `create` (runs already live are never refused after the fact), the buffer
+    /// bounds for runs created from now on. The limits in force are returned.
+    pub fn set_limits(
+        &self,
+        live_runs: Option<usize>,
+        events_per_run: Option<usize>,
+        bytes_per_run: Option<usize>,
+    ) -> Limits {
+        let mut inner = self.lock();
+        if let Some(n) = live_runs {
+            inner.limits.live_runs = n.max(1);
+        }
+        if let Some(n) = events_per_run {
+            inner.limits.events_per_run = n.max(1);
+        }
+        if let Some(n) = bytes_per_run {
+            inner.limits.bytes_per_run = n.max(MIN_BUFFER_BYTES);
+        }
+        inner.limits.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -135,8 +167,8 @@ impl Registry {
         if inner.runs.contains_key(id) {
             return Err(CreateError::AlreadyExists);
         }
-        if inner.live >= self.limits.live_runs {
-            return Err(CreateError::TooManyRuns(self.limits.live_runs));
+        if inner.live >= inner.limits.live_runs {
+            return Err(CreateError::TooManyRuns(inner.limits.live_runs));
         }
         inner.next_order += 1;
         let run = Arc::new(Run::new(
@@ -144,8 +176,8 @@ impl Registry {
             kind,
             working_dir.to_string(),
             inner.next_order,
-            self.limits.events_per_run,
-            self.limits.bytes_per_run,
+            inner.limits.events_per_run,
+            inner.limits.bytes_per_run,
         ));
         inner.runs.insert(id.to_string(), run.clone());
         inner.live += 1;
@@ -186,7 +218,7 @@ impl Registry {
         let mut inner = self.lock();
         inner.live = inner.live.saturating_sub(1);
         inner.finished.push_back(run.clone());
-        while inner.finished.len() > self.limits.finished_runs {
+        while inner.finished.len() > inner.limits.finished_runs {
             if let Some(old) = inner.finished.pop_front() {
                 if inner
                     .runs
@@ -199,7 +231,7 @@ impl Registry {
         }
         let mut total: usize = inner.finished.iter().map(|r| r.buffered_bytes()).sum();
         for old in inner.finished.iter() {
-            if total <= self.limits.finished_bytes {
+            if total <= inner.limits.finished_bytes {
                 break;
             }
             total -= old.drop_events_if_unread();
@@ -234,6 +266,8 @@ struct RunSt {
     events: VecDeque<Stored>,
     bytes: usize,
     last_seq: u64,
+    /// The client has stored every event up to this one (`AckRun`): they are not kept.
+    acked: u64,
     /// The final status is in the log: nothing more comes.
     closed: bool,
     /// Reader id → the last seq handed to it.
@@ -247,6 +281,28 @@ struct RunSt {
 impl RunSt {
     fn first_seq(&self) -> u64 {
         self.events.front().map_or(self.last_seq + 1, |e| e.seq)
+    }
+
+    /// Drops the acknowledged events every connected reader has read (a second reader that
+    /// is behind still gets them: the client's acknowledgement speaks for what it stored, not
+    /// for another stream). Returns whether anything was dropped.
+    fn drop_acked(&mut self) -> bool {
+        let min_read = self.cursors.values().copied().min().unwrap_or(u64::MAX);
+        let upto = self.acked.min(min_read);
+        let mut dropped = false;
+        while self.events.front().is_some_and(|e| e.seq <= upto) {
+            if let Some(old) = self.events.pop_front() {
+                self.bytes -= old.size;
+                dropped = true;
+            }
+        }
+        // A busy turn grows the deque to thousands of slots; once its client caught up, an
+        // idle run should not keep them (the capacity is what costs memory per idle run).
+        let cap = self.events.capacity();
+        if dropped && cap > 64 && self.events.len() <= cap / 8 {
+            self.events.shrink_to((self.events.len() * 2).max(8));
+        }
+        dropped
     }
 
     /// How many of the oldest events must go to make room for `size` more bytes; `None` if
@@ -297,6 +353,7 @@ impl Run {
                 events: VecDeque::new(),
                 bytes: 0,
                 last_seq: 0,
+                acked: 0,
                 closed: false,
                 cursors: BTreeMap::new(),
                 next_cursor: 0,
@@ -478,6 +535,21 @@ impl Run {
         }
     }
 
+    /// The client has stored every event up to `seq` (clamped to the newest): they are dropped
+    /// once no connected reader still has to read them. Acknowledgements only move forward.
+    /// Returns the oldest seq still held (0: none).
+    pub fn ack(&self, seq: u64) -> u64 {
+        let mut st = self.lock();
+        let seq = seq.min(st.last_seq);
+        if seq > st.acked {
+            st.acked = seq;
+            // Only events every reader has read go, so no waiting producer is concerned:
+            // it waits for unread ones, and reading them wakes it.
+            st.drop_acked();
+        }
+        st.events.front().map_or(0, |e| e.seq)
+    }
+
     /// Drops every buffered event if no reader is connected; the bytes freed.
     fn drop_events_if_unread(&self) -> usize {
         let mut st = self.lock();
@@ -538,6 +610,8 @@ impl Run {
             read = stored.seq;
         }
         st.cursors.insert(cursor, read);
+        // Acknowledged events another reader held back may go now that it has read them.
+        st.drop_acked();
         let done = st.closed && read >= st.last_seq;
         drop(st);
         if !events.is_empty() {
@@ -547,7 +621,10 @@ impl Run {
     }
 
     fn detach(&self, cursor: u64) {
-        self.lock().cursors.remove(&cursor);
+        let mut st = self.lock();
+        st.cursors.remove(&cursor);
+        st.drop_acked();
+        drop(st);
         self.space.send_modify(|v| *v = v.wrapping_add(1));
     }
 }
@@ -782,6 +859,90 @@ mod tests {
         assert!(reg.get("a").is_none());
         drop(a);
         assert!(reg.create("a", RunKind::Exec, "/").is_ok());
+    }
+
+    #[tokio::test]
+    async fn acknowledged_events_are_dropped_once_every_reader_has_read_them() {
+        let reg = Registry::new(Limits {
+            events_per_run: 10_000,
+            ..small()
+        });
+        let run = started(&reg, "r").await;
+        for i in 0..2_000 {
+            run.push_output(out(&i.to_string()), 1).await;
+        }
+        let daemon = run.attach(0);
+        let other = run.attach(0);
+        let mut read = 0;
+        while read < 2_001 {
+            read += daemon.next().0.len();
+        }
+        // The client stored up to 1,500; the second reader has read nothing: all is kept.
+        assert_eq!(run.ack(1_500), 1);
+        assert_eq!(run.info().first_seq, 1);
+        // It reads up to 1,000: those go; 1,001..=1,500 wait for it.
+        let mut got = 0;
+        while got < 1_000 {
+            let (events, _) = other.next();
+            got = events.last().map_or(got, |e| e.seq);
+            if got >= 1_000 {
+                break;
+            }
+        }
+        assert!(run.info().first_seq > 1);
+        drop(other);
+        assert_eq!(
+            run.info().first_seq,
+            1_501,
+            "the rest of the acknowledged ones went"
+        );
+        // Acknowledgements never go back, and are clamped to what exists.
+        assert_eq!(run.ack(10), 1_501);
+        assert_eq!(run.ack(u64::MAX), 0, "everything stored: nothing held");
+        assert_eq!(run.info().last_seq, 2_001);
+        {
+            let st = run.lock();
+            assert!(
+                st.events.capacity() <= 64,
+                "the deque shrank: {}",
+                st.events.capacity()
+            );
+            assert_eq!(st.bytes, 0);
+        }
+        // New events are held until acknowledged; a reader from before the acknowledgement is
+        // told what it cannot have.
+        run.push_output(out("new"), 1).await;
+        let late = run.attach(5);
+        let (events, _) = late.next();
+        match &events[0].payload {
+            Some(Payload::Truncated(t)) => assert_eq!((t.next_seq, t.dropped), (2_002, 1_996)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(seqs(&events[1..]), vec![2_002]);
+    }
+
+    #[test]
+    fn limits_can_be_raised_for_the_next_runs() {
+        let reg = Registry::new(small());
+        for id in ["a", "b", "c"] {
+            reg.create(id, RunKind::Command, "/").unwrap();
+        }
+        assert_eq!(
+            reg.create("d", RunKind::Command, "/").err(),
+            Some(CreateError::TooManyRuns(3))
+        );
+        let now = reg.set_limits(Some(5), None, Some(1));
+        assert_eq!(now.live_runs, 5);
+        assert_eq!(now.events_per_run, 4, "unchanged");
+        assert_eq!(now.bytes_per_run, MIN_BUFFER_BYTES, "never below one chunk");
+        assert!(reg.create("d", RunKind::Command, "/").is_ok());
+        // Lowered below what runs: nothing is refused after the fact, new runs are.
+        reg.set_limits(Some(1), None, None);
+        assert_eq!(reg.live_count(), 4);
+        assert_eq!(
+            reg.create("e", RunKind::Command, "/").err(),
+            Some(CreateError::TooManyRuns(1))
+        );
     }
 
     #[tokio::test]
