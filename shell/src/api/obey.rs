@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::pin::Pin;
 
 use paddock_core::campaign::NewCampaign;
-use paddock_core::{Error, ErrorCode, Provider, SessionConfig, SessionId, Status};
+use paddock_core::{Error, ErrorCode, Provider, SessionConfig, SessionId, SessionRecord, Status};
 use paddock_proto::obey::local::v1 as pb;
 use pb::local_daemon_service_server::LocalDaemonService;
 use tokio::sync::{broadcast, mpsc};
@@ -616,30 +616,31 @@ impl LocalDaemonService for Obey {
         };
         let include_terminated = r.include_terminated;
         let after = r.page_token.trim().to_string();
-        let all = self.handle.query(Query::Sessions).await.map_err(st)?;
-        let matching = all
-            .iter()
-            .filter(|v| after.is_empty() || v.record.id.0 > after)
-            .filter(|v| {
-                campaign
+        // Filtered on the loop, where the sessions are: only what matches is copied.
+        let pick = Box::new(move |rec: &SessionRecord| {
+            (after.is_empty() || rec.id.0 > after)
+                && campaign
                     .as_ref()
-                    .is_none_or(|c| &v.record.config.campaign_id == c)
-            })
-            .filter(|v| provider.is_none_or(|p| v.record.config.provider == p))
-            .filter(|v| {
-                if !statuses.is_empty() {
-                    statuses.contains(&v.record.status)
+                    .is_none_or(|c| &rec.config.campaign_id == c)
+                && provider.is_none_or(|p| rec.config.provider == p)
+                && if statuses.is_empty() {
+                    include_terminated || rec.status.is_active()
                 } else {
-                    include_terminated || v.record.status.is_active()
+                    statuses.contains(&rec.status)
                 }
-            })
-            .map(|v| {
-                understood.info(convert::session_info_full(
-                    &v.record,
-                    v.unrecognized,
-                    v.pending,
-                ))
-            });
+        });
+        let matching = self
+            .handle
+            .query(|reply| Query::Sessions(pick, reply))
+            .await
+            .map_err(st)?;
+        let matching = matching.iter().map(|v| {
+            understood.info(convert::session_info_full(
+                &v.record,
+                v.unrecognized,
+                v.pending,
+            ))
+        });
         let (sessions, more) = convert::page_by_size(matching);
         let next_page_token = if more {
             sessions.last().map(|s| s.id.clone()).unwrap_or_default()

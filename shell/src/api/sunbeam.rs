@@ -558,21 +558,16 @@ impl CodeAgent {
 
     /// The newest session made through sunbeam for `root` that no EndSession ended.
     async fn find_session(&self, root: &str) -> Result<Option<SessionRecord>, String> {
-        let all = self
+        let project = root.to_string();
+        let pick = Box::new(move |r: &SessionRecord| {
+            r.config.provider_config.get(PROJECT_KEY) == Some(&project)
+        });
+        let mut candidates: Vec<SessionRecord> = self
             .handle
-            .query(Query::Sessions)
+            .query(|reply| Query::Sessions(pick, reply))
             .await
-            .map_err(|e| e.to_string())?;
-        let mut candidates: Vec<SessionRecord> = all
+            .map_err(|e| e.to_string())?
             .into_iter()
-            .filter(|v| {
-                v.record
-                    .config
-                    .provider_config
-                    .get(PROJECT_KEY)
-                    .map(String::as_str)
-                    == Some(root)
-            })
             .map(|v| v.record)
             .collect();
         let campaigns: BTreeSet<String> = candidates

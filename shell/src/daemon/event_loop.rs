@@ -363,8 +363,9 @@ impl State {
             Query::Session(id, reply) => {
                 let _ = reply.send(self.engine.session(&id).map(view));
             }
-            Query::Sessions(reply) => {
-                let _ = reply.send(self.engine.sessions().map(view).collect());
+            Query::Sessions(pick, reply) => {
+                let picked = self.engine.sessions().filter(|s| pick(&s.record));
+                let _ = reply.send(picked.map(view).collect());
             }
             Query::Campaign(key, reply) => {
                 let _ = reply.send(self.engine.campaigns().get(&key).cloned());

@@ -160,12 +160,16 @@ pub struct HistoryView {
     pub record: Option<SessionRecord>,
 }
 
+/// Which sessions a list wants, decided on the loop before anything is copied: listing the few
+/// live sessions among 10,000 stored ones copies the few, not the 10,000.
+pub type SessionPick = Box<dyn Fn(&SessionRecord) -> bool + Send>;
+
 /// A read, answered after the current batch committed.
 pub enum Query {
     Daemon(Reply<DaemonView>),
     Session(SessionId, Reply<Option<SessionView>>),
-    /// Every session, by id.
-    Sessions(Reply<Vec<SessionView>>),
+    /// The sessions the pick keeps, by id.
+    Sessions(SessionPick, Reply<Vec<SessionView>>),
     /// The campaign with this id or, failing that, this name.
     Campaign(String, Reply<Option<Campaign>>),
     /// Every campaign, by name.

@@ -74,62 +74,126 @@ fn corrupt(table: &str, col: &str, what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{table}.{col}: {what}"))
 }
 
-fn uint(row: &Row, table: &str, col: &str) -> Result<u64> {
-    let v: i64 = row.get(col)?;
-    u64::try_from(v).map_err(|_| corrupt(table, col, format!("negative value {v}")))
+/// A column of a selected row, for the decoders: by name, or by its position in the SELECT.
+/// rusqlite finds a named column by comparing it with every column's name, for every field of
+/// every row; for 10,000 stored sessions of 32 columns that lookup was most of the daemon's
+/// start-up. A [`Col`] carries the position (and its name, for errors).
+pub(super) trait Column: Copy {
+    fn get<T: rusqlite::types::FromSql>(self, row: &Row) -> rusqlite::Result<T>;
+    fn name(self) -> &'static str;
 }
 
-fn opt_uint(row: &Row, table: &str, col: &str) -> Result<Option<u64>> {
-    let v: Option<i64> = row.get(col)?;
-    v.map(|v| u64::try_from(v).map_err(|_| corrupt(table, col, format!("negative value {v}"))))
-        .transpose()
+impl Column for &'static str {
+    fn get<T: rusqlite::types::FromSql>(self, row: &Row) -> rusqlite::Result<T> {
+        row.get(self)
+    }
+    fn name(self) -> &'static str {
+        self
+    }
+}
+
+/// A column by position.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Col {
+    at: usize,
+    name: &'static str,
+}
+
+impl Column for Col {
+    fn get<T: rusqlite::types::FromSql>(self, row: &Row) -> rusqlite::Result<T> {
+        row.get(self.at)
+    }
+    fn name(self) -> &'static str {
+        self.name
+    }
+}
+
+/// Column `name` of a row selected with [`SESSION_COLUMNS`]; evaluated at compile time (`sc!`),
+/// so a name that is not in the list does not build.
+const fn session_col(name: &'static str) -> Col {
+    let mut i = 0;
+    while i < SESSION_COLUMNS.len() {
+        let (a, b) = (SESSION_COLUMNS[i].as_bytes(), name.as_bytes());
+        if a.len() == b.len() {
+            let mut j = 0;
+            while j < a.len() && a[j] == b[j] {
+                j += 1;
+            }
+            if j == a.len() {
+                return Col { at: i, name };
+            }
+        }
+        i += 1;
+    }
+    panic!("not a column of SESSION_COLUMNS")
+}
+
+/// [`session_col`] as a constant.
+macro_rules! sc {
+    ($name:literal) => {
+        const { session_col($name) }
+    };
+}
+
+fn uint(row: &Row, table: &str, col: impl Column) -> Result<u64> {
+    let v: i64 = col.get(row)?;
+    u64::try_from(v).map_err(|_| corrupt(table, col.name(), format!("negative value {v}")))
+}
+
+fn opt_uint(row: &Row, table: &str, col: impl Column) -> Result<Option<u64>> {
+    let v: Option<i64> = col.get(row)?;
+    v.map(|v| {
+        u64::try_from(v).map_err(|_| corrupt(table, col.name(), format!("negative value {v}")))
+    })
+    .transpose()
 }
 
 /// A recorded time (ms since the epoch).
-pub(super) fn stamp(row: &Row, table: &str, col: &str) -> Result<paddock_core::Timestamp> {
+pub(super) fn stamp(row: &Row, table: &str, col: impl Column) -> Result<paddock_core::Timestamp> {
     uint(row, table, col).map(paddock_core::Timestamp::from_millis)
 }
 
 pub(super) fn opt_stamp(
     row: &Row,
     table: &str,
-    col: &str,
+    col: impl Column,
 ) -> Result<Option<paddock_core::Timestamp>> {
     Ok(opt_uint(row, table, col)?.map(paddock_core::Timestamp::from_millis))
 }
 
-fn u32_col(row: &Row, table: &str, col: &str) -> Result<u32> {
-    let v: i64 = row.get(col)?;
-    u32::try_from(v).map_err(|_| corrupt(table, col, format!("value {v} out of range")))
+fn u32_col(row: &Row, table: &str, col: impl Column) -> Result<u32> {
+    let v: i64 = col.get(row)?;
+    u32::try_from(v).map_err(|_| corrupt(table, col.name(), format!("value {v} out of range")))
 }
 
-fn i32_col(row: &Row, table: &str, col: &str) -> Result<i32> {
-    let v: i64 = row.get(col)?;
-    i32::try_from(v).map_err(|_| corrupt(table, col, format!("value {v} out of range")))
+fn i32_col(row: &Row, table: &str, col: impl Column) -> Result<i32> {
+    let v: i64 = col.get(row)?;
+    i32::try_from(v).map_err(|_| corrupt(table, col.name(), format!("value {v} out of range")))
 }
 
-fn status(row: &Row, table: &str, col: &str) -> Result<Status> {
+fn status(row: &Row, table: &str, col: impl Column) -> Result<Status> {
     let n = i32_col(row, table, col)?;
-    Status::from_number(n).ok_or_else(|| corrupt(table, col, format!("unknown status {n}")))
+    Status::from_number(n).ok_or_else(|| corrupt(table, col.name(), format!("unknown status {n}")))
 }
 
-fn opt_status(row: &Row, table: &str, col: &str) -> Result<Option<Status>> {
-    let v: Option<i64> = row.get(col)?;
+fn opt_status(row: &Row, table: &str, col: impl Column) -> Result<Option<Status>> {
+    let v: Option<i64> = col.get(row)?;
     match v {
         None => Ok(None),
         Some(_) => status(row, table, col).map(Some),
     }
 }
 
-fn provider(row: &Row, table: &str, col: &str) -> Result<Provider> {
+fn provider(row: &Row, table: &str, col: impl Column) -> Result<Provider> {
     let n = i32_col(row, table, col)?;
-    Provider::from_number(n).ok_or_else(|| corrupt(table, col, format!("unknown provider {n}")))
+    Provider::from_number(n)
+        .ok_or_else(|| corrupt(table, col.name(), format!("unknown provider {n}")))
 }
 
-fn activity_kind(row: &Row, table: &str, col: &str) -> Result<ActivityKind> {
+fn activity_kind(row: &Row, table: &str, col: impl Column) -> Result<ActivityKind> {
     let n = i32_col(row, table, col)?;
     ActivityKind::from_number(n)
-        .ok_or_else(|| corrupt(table, col, format!("unknown activity type {n}")))
+        .ok_or_else(|| corrupt(table, col.name(), format!("unknown activity type {n}")))
 }
 
 /// A string map as the JSON object stored in `provider_config` / `environment`.
@@ -137,14 +201,15 @@ pub(super) fn map_to_json(map: &BTreeMap<String, String>) -> Result<String> {
     serde_json::to_string(map).map_err(|e| StoreError::Corrupt(format!("encoding a map: {e}")))
 }
 
-fn map_from_json(row: &Row, table: &str, col: &str) -> Result<BTreeMap<String, String>> {
-    let text: String = row.get(col)?;
-    serde_json::from_str(&text).map_err(|e| corrupt(table, col, format!("bad JSON object: {e}")))
+fn map_from_json(row: &Row, table: &str, col: impl Column) -> Result<BTreeMap<String, String>> {
+    let text: String = col.get(row)?;
+    serde_json::from_str(&text)
+        .map_err(|e| corrupt(table, col.name(), format!("bad JSON object: {e}")))
 }
 
 /// Decodes one row selected with [`SESSION_COLUMNS`].
 pub(super) fn session_from_row(row: &Row) -> Result<SessionRecord> {
-    let id: String = row.get("id")?;
+    let id: String = sc!("id").get(row)?;
     // Name the session in every decoding error: one bad row must be findable.
     decode_session(row, &id).map_err(|e| match e {
         StoreError::Corrupt(m) => StoreError::Corrupt(format!("{m} (session {id})")),
@@ -155,56 +220,62 @@ pub(super) fn session_from_row(row: &Row) -> Result<SessionRecord> {
 fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
     const T: &str = "agent_sessions";
     let config = SessionConfig {
-        campaign_id: row.get("campaign_id")?,
-        provider: provider(row, T, "provider")?,
-        model: row.get("model")?,
-        agent_name: row.get("agent_name")?,
-        festival_id: row.get("festival_id")?,
-        task_id: row.get("task_id")?,
-        provider_config: map_from_json(row, T, "provider_config")?,
-        environment: map_from_json(row, T, "environment")?,
-        max_tokens: uint(row, T, "max_tokens")?,
-        timeout_ms: uint(row, T, "timeout_ms")?,
-        initial_message: row.get("initial_message")?,
-        working_dir: row.get("working_dir")?,
+        campaign_id: sc!("campaign_id").get(row)?,
+        provider: provider(row, T, sc!("provider"))?,
+        model: sc!("model").get(row)?,
+        agent_name: sc!("agent_name").get(row)?,
+        festival_id: sc!("festival_id").get(row)?,
+        task_id: sc!("task_id").get(row)?,
+        provider_config: map_from_json(row, T, sc!("provider_config"))?,
+        environment: map_from_json(row, T, sc!("environment"))?,
+        max_tokens: uint(row, T, sc!("max_tokens"))?,
+        timeout_ms: uint(row, T, sc!("timeout_ms"))?,
+        initial_message: sc!("initial_message").get(row)?,
+        working_dir: sc!("working_dir").get(row)?,
     };
-    let pid = match row.get::<_, Option<i64>>("pid")? {
+    let pid = match sc!("pid").get::<Option<i64>>(row)? {
         None => None,
         Some(p) => Some(
-            u32::try_from(p).map_err(|_| corrupt(T, "pid", format!("value {p} out of range")))?,
+            u32::try_from(p)
+                .map_err(|_| corrupt(T, sc!("pid").name(), format!("value {p} out of range")))?,
         ),
     };
     // The code decides whether there is an error; a missing message reads as empty.
-    let error = match row.get::<_, Option<String>>("error_code")? {
+    let error = match sc!("error_code").get::<Option<String>>(row)? {
         None => None,
         Some(code) => {
-            let parsed = ErrorCode::parse(&code)
-                .ok_or_else(|| corrupt(T, "error_code", format!("unknown code {code:?}")))?;
-            let message: Option<String> = row.get("error_message")?;
+            let parsed = ErrorCode::parse(&code).ok_or_else(|| {
+                corrupt(
+                    T,
+                    sc!("error_code").name(),
+                    format!("unknown code {code:?}"),
+                )
+            })?;
+            let message: Option<String> = sc!("error_message").get(row)?;
             Some(Error::new(parsed, message.unwrap_or_default()))
         }
     };
     Ok(SessionRecord {
         id: SessionId(id.to_string()),
         config,
-        status: status(row, T, "status")?,
-        tokens_input: uint(row, T, "tokens_input")?,
-        tokens_output: uint(row, T, "tokens_output")?,
+        status: status(row, T, sc!("status"))?,
+        tokens_input: uint(row, T, sc!("tokens_input"))?,
+        tokens_output: uint(row, T, sc!("tokens_output"))?,
         pid,
-        restart_count: u32_col(row, T, "restart_count")?,
-        created_at: stamp(row, T, "created_at")?,
-        started_at: opt_stamp(row, T, "started_at")?,
-        last_activity_at: opt_stamp(row, T, "last_activity_at")?,
-        ended_at: opt_stamp(row, T, "ended_at")?,
+        restart_count: u32_col(row, T, sc!("restart_count"))?,
+        created_at: stamp(row, T, sc!("created_at"))?,
+        started_at: opt_stamp(row, T, sc!("started_at"))?,
+        last_activity_at: opt_stamp(row, T, sc!("last_activity_at"))?,
+        ended_at: opt_stamp(row, T, sc!("ended_at"))?,
         error,
-        provider_session: row.get("provider_session")?,
-        last_activity_seq: uint(row, T, "last_activity_seq")?,
-        last_status_seq: uint(row, T, "last_status_seq")?,
-        turns: uint(row, T, "turns")?,
-        turn_open: row.get("turn_open")?,
-        run: opt_uint(row, T, "run_id")?,
-        provider_cursor: uint(row, T, "provider_cursor")?,
-        last_turn_failed: row.get("last_turn_failed")?,
+        provider_session: sc!("provider_session").get(row)?,
+        last_activity_seq: uint(row, T, sc!("last_activity_seq"))?,
+        last_status_seq: uint(row, T, sc!("last_status_seq"))?,
+        turns: uint(row, T, sc!("turns"))?,
+        turn_open: sc!("turn_open").get(row)?,
+        run: opt_uint(row, T, sc!("run_id"))?,
+        provider_cursor: uint(row, T, sc!("provider_cursor"))?,
+        last_turn_failed: sc!("last_turn_failed").get(row)?,
     })
 }
 
