@@ -1171,6 +1171,7 @@ fn p4(d: &Daemon, s: &Settings) -> Vec<Row> {
     let mut rows = Vec::new();
     for (name, args) in [
         ("session list", vec!["session", "list", "--no-autostart"]),
+        // The first page: what a terminal shows (the first 100, `--limit`).
         (
             "session list --all",
             vec!["session", "list", "--all", "--no-autostart"],

@@ -50,6 +50,70 @@ async fn a_list_of_sessions_larger_than_a_message_comes_in_pages() {
     assert_eq!(listed, 41, "a header and every session");
 }
 
+/// Issue 16: a list costs what it shows. ListSessions' page_size (extension) gives a first page
+/// of that many, in id order, with the token to go on; `session list` shows the first 100 in a
+/// table (--limit N, --limit 0 for all) and says when there are more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_size_gives_a_first_page_and_the_cli_shows_one() {
+    let mut d = Daemon::start_with(Dirs::new(), &["--max-sessions", "16"]).await;
+    let mut ids = Vec::new();
+    for _ in 0..7 {
+        ids.push(d.session(None).await.id);
+    }
+    ids.sort();
+    let mut c = d.client().await;
+    let mut req = pb::ListSessionsRequest {
+        page_size: 3,
+        ..Default::default()
+    };
+    let mut pages = Vec::new();
+    loop {
+        let page = c.list_sessions(req.clone()).await.unwrap().into_inner();
+        pages.push(
+            page.sessions
+                .iter()
+                .map(|s| s.id.clone())
+                .collect::<Vec<_>>(),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        req.page_token = page.next_page_token;
+    }
+    let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [3, 3, 1]);
+    assert_eq!(pages.concat(), ids, "every session once, in id order");
+    let refused = c
+        .list_sessions(pb::ListSessionsRequest {
+            page_size: -1,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+
+    let list = |args: &[&str]| {
+        let out = d.dirs.cli(false).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).lines().count(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (lines, note) = list(&["session", "list", "--limit", "5"]);
+    assert_eq!(lines, 6, "a header and the first 5");
+    assert!(note.contains("the first 5"), "{note}");
+    let (lines, note) = list(&["session", "list"]);
+    assert_eq!(lines, 8, "under the default 100: all");
+    assert!(note.is_empty(), "{note}");
+    let (lines, _) = list(&["session", "list", "--limit", "0"]);
+    assert_eq!(lines, 8);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn activities_of_several_mib_are_listed_page_by_page() {
     let mut d = Daemon::start().await;

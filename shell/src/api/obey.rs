@@ -616,6 +616,8 @@ impl LocalDaemonService for Obey {
         };
         let include_terminated = r.include_terminated;
         let after = r.page_token.trim().to_string();
+        let page_size = usize::try_from(r.page_size)
+            .map_err(|_| invalid(format!("page_size {} is negative", r.page_size)))?;
         // Filtered on the loop, where the sessions are: only what matches is copied.
         let pick = Box::new(move |rec: &SessionRecord| {
             (after.is_empty() || rec.id.0 > after)
@@ -629,11 +631,20 @@ impl LocalDaemonService for Obey {
                     statuses.contains(&rec.status)
                 }
         });
-        let matching = self
+        // One more than the page, to know whether more follow.
+        let limit = match page_size {
+            0 => usize::MAX,
+            n => n.saturating_add(1),
+        };
+        let mut matching = self
             .handle
-            .query(|reply| Query::Sessions(pick, reply))
+            .query(|reply| Query::Sessions { pick, limit, reply })
             .await
             .map_err(st)?;
+        let more_than_page = page_size > 0 && matching.len() > page_size;
+        if more_than_page {
+            matching.truncate(page_size);
+        }
         let matching = matching.iter().map(|v| {
             understood.info(convert::session_info_full(
                 &v.record,
@@ -642,7 +653,7 @@ impl LocalDaemonService for Obey {
             ))
         });
         let (sessions, more) = convert::page_by_size(matching);
-        let next_page_token = if more {
+        let next_page_token = if more || more_than_page {
             sessions.last().map(|s| s.id.clone()).unwrap_or_default()
         } else {
             String::new()

@@ -564,7 +564,11 @@ impl CodeAgent {
         });
         let mut candidates: Vec<SessionRecord> = self
             .handle
-            .query(|reply| Query::Sessions(pick, reply))
+            .query(|reply| Query::Sessions {
+                pick,
+                limit: usize::MAX,
+                reply,
+            })
             .await
             .map_err(|e| e.to_string())?
             .into_iter()

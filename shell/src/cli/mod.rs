@@ -72,6 +72,10 @@ pub enum SessionCmd {
         statuses: Vec<String>,
         #[arg(long)]
         provider: Option<String>,
+        /// Show at most this many sessions, oldest first (0: all); by default 100 in a table
+        /// and all with --json
+        #[arg(long)]
+        limit: Option<usize>,
     },
     /// Show one session (every field)
     Info { id: String },
@@ -326,6 +330,7 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             all,
             statuses,
             provider,
+            limit,
         } => {
             // One vocabulary: what the list shows (latis' states) is accepted as well as
             // paddock's statuses; a state asks the daemon for its statuses, then is matched.
@@ -375,31 +380,47 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 },
                 None => 0,
             };
-            let list = list_sessions(
-                &mut c,
-                pb::ListSessionsRequest {
-                    campaign_id: campaign.unwrap_or_default(),
-                    statuses: st,
-                    provider,
-                    include_terminated: all,
-                    page_token: String::new(),
-                },
-            )
-            .await?;
-            let list: Vec<pb::SessionInfo> = list
-                .into_iter()
-                .filter(|s| {
-                    (by_status.is_empty() && states.is_empty())
-                        || by_status.contains(&s.status)
-                        || states.iter().any(|w| w == view::state_of(s))
-                })
-                .collect();
+            // A table shows a first page: listing 10,000 stored sessions costs what 100 cost
+            // (the daemon copies and sends only the page); --json gives every one unless told.
+            let limit = limit.unwrap_or(if ctx.json { 0 } else { LIST_LIMIT });
+            let keep = |s: &pb::SessionInfo| {
+                (by_status.is_empty() && states.is_empty())
+                    || by_status.contains(&s.status)
+                    || states.iter().any(|w| w == view::state_of(s))
+            };
+            let mut req = pb::ListSessionsRequest {
+                campaign_id: campaign.unwrap_or_default(),
+                statuses: st,
+                provider,
+                include_terminated: all,
+                page_token: String::new(),
+                page_size: i32::try_from(limit).unwrap_or(i32::MAX),
+            };
+            let mut list = Vec::new();
+            let mut more = loop {
+                let page = c.list_sessions(req.clone()).await?.into_inner();
+                list.extend(page.sessions.into_iter().filter(keep));
+                if page.next_page_token.is_empty() {
+                    break false;
+                }
+                if limit > 0 && list.len() >= limit {
+                    break true;
+                }
+                req.page_token = page.next_page_token;
+            };
+            if limit > 0 && list.len() > limit {
+                list.truncate(limit);
+                more = true;
+            }
             if ctx.json {
                 print_json(&json!(list.iter().map(session_json).collect::<Vec<_>>()));
             } else {
                 let now = now_ms();
                 let rows: Vec<Vec<String>> = list.iter().map(|s| latis::list_row(s, now)).collect();
                 println!("{}", table(&latis::LIST_HEADERS, &rows));
+            }
+            if more {
+                eprintln!("(the first {limit}; more with --limit N, all with --limit 0)");
             }
         }
         SessionCmd::Info { id } => {
@@ -893,6 +914,9 @@ fn latis_states_of(status: Status) -> Vec<&'static str> {
         .map(|(turns, failed)| view::latis_state(status, *turns, *failed))
         .collect()
 }
+
+/// Sessions `session list` shows in a table when no --limit is given.
+pub const LIST_LIMIT: usize = 100;
 
 /// Every session a ListSessions request matches, page after page (the daemon pages its replies
 /// by size).

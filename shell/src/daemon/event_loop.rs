@@ -363,9 +363,9 @@ impl State {
             Query::Session(id, reply) => {
                 let _ = reply.send(self.engine.session(&id).map(view));
             }
-            Query::Sessions(pick, reply) => {
+            Query::Sessions { pick, limit, reply } => {
                 let picked = self.engine.sessions().filter(|s| pick(&s.record));
-                let _ = reply.send(picked.map(view).collect());
+                let _ = reply.send(picked.take(limit).map(view).collect());
             }
             Query::Campaign(key, reply) => {
                 let _ = reply.send(self.engine.campaigns().get(&key).cloned());

@@ -168,8 +168,12 @@ pub type SessionPick = Box<dyn Fn(&SessionRecord) -> bool + Send>;
 pub enum Query {
     Daemon(Reply<DaemonView>),
     Session(SessionId, Reply<Option<SessionView>>),
-    /// The sessions the pick keeps, by id.
-    Sessions(SessionPick, Reply<Vec<SessionView>>),
+    /// The first `limit` sessions the pick keeps, by id.
+    Sessions {
+        pick: SessionPick,
+        limit: usize,
+        reply: Reply<Vec<SessionView>>,
+    },
     /// The campaign with this id or, failing that, this name.
     Campaign(String, Reply<Option<Campaign>>),
     /// Every campaign, by name.
