@@ -2,8 +2,8 @@
 //! as one table: measure, baseline, paddock, ratio, target, met.
 //!
 //! ```text
-//! cargo bench -p paddock --bench targets                        # the full set (≈3–4 min)
-//! PADDOCK_BENCH_SHORT=1 cargo bench -p paddock --bench targets  # CI's short form (< 1 min)
+//! cargo bench -p paddock --bench targets                        # the full set (≈2–3 min)
+//! PADDOCK_BENCH_SHORT=1 cargo bench -p paddock --bench targets  # CI's short form (≈25 s)
 //! ```
 //!
 //! | #  | paddock | baseline | target |
@@ -11,19 +11,21 @@
 //! | P1 | a real Claude Code turn through the daemon | the same CLI run directly | ≤ 1.02× |
 //! | P2 | N events agent → runner → parser → core → SQLite → gRPC client | the same agent's bytes through the daemon's parser in a bare loop | ≥ 0.5× |
 //! | P3 | S sessions in the default mode: daemon + runner RSS; agent write → WatchActivity receive p99 under S × 21 events / 2 s of load | the same probe agents read from a pipe (for scale) | ≤ 100 MiB; ≤ 5 ms |
-//! | P4 | `session list` / `session list --all` on a 10,000-session store | `paddock --version` | ≤ 1.5× |
+//! | P4 | `session list` / `session list --all` (the table's first page) on a 10,000-session store | `paddock --version` | ≤ 1.5× |
 //! | P5 | daemon start → first Ping on the 10,000 / 1M store | the same on an empty store | ≤ 1.3× (time, RSS) |
 //! | P6 | daemon CPU per event at a low rate, 10,000 stopped sessions stored | the same with none | ≤ 1.2× |
 //!
 //! Knobs: `PADDOCK_BENCH_SHORT=1` (fewer events, sessions and repetitions: P2 100,000 events,
 //! P3 100 sessions), `PADDOCK_BENCH_P2_EVENTS`, `PADDOCK_BENCH_P3_SESSIONS`,
-//! `PADDOCK_BENCH_REPS` (repetitions of the interleaved pairs). P1 runs only when
+//! `PADDOCK_BENCH_REPS` (P2's turns, at least 3, and P6's runs), `PADDOCK_BENCH_ONLY=P3,P5`
+//! (only those rows). P1 runs only when
 //! `tests/npm/node_modules/.bin/claude` exists (`cd tests/npm && npm ci`), otherwise its row
 //! says why it was skipped.
 //!
-//! Exit status: 1 when a ratio is more than 2× off its target (≥ 0.5× measured below 0.25×,
-//! ≤ 1.5× measured above 3×), so noise never fails CI but a regression of that size does; a
-//! missed target within 2× is printed as "no" and is not a failure.
+//! Exit status: 1 when a figure is more than 2× off its target (≥ 0.5× measured below 0.25×,
+//! ≤ 1.5× measured above 3×, ≤ 5 ms above 10 ms): a missed target within 2× is printed as "no"
+//! and is not a failure, so the noise of a shared machine does not fail CI where a figure is
+//! well inside that margin; a figure that sits near it (see README's table) can.
 //!
 //! The agents are this bench binary itself (`--bench-agent <mode>`, given to the daemon as a
 //! claude-code session's `command`): it speaks Claude Code's stream-json, so the daemon reads it
@@ -556,6 +558,8 @@ fn print_table(rows: &[Row]) {
 
 struct Settings {
     short: bool,
+    /// `PADDOCK_BENCH_ONLY=P3,P5`: only these rows (for working on one target).
+    only: Option<Vec<String>>,
     p2_events: u64,
     p3_sessions: usize,
     reps: usize,
@@ -566,10 +570,20 @@ fn env_num(k: &str) -> Option<u64> {
 }
 
 impl Settings {
+    fn runs(&self, id: &str) -> bool {
+        self.only.as_ref().is_none_or(|o| o.iter().any(|p| p == id))
+    }
+
     fn read() -> Settings {
         let short = std::env::var("PADDOCK_BENCH_SHORT").is_ok_and(|v| !v.is_empty() && v != "0");
         Settings {
             short,
+            only: std::env::var("PADDOCK_BENCH_ONLY").ok().map(|v| {
+                v.split(',')
+                    .map(|p| p.trim().to_ascii_uppercase())
+                    .filter(|p| !p.is_empty())
+                    .collect()
+            }),
             p2_events: env_num("PADDOCK_BENCH_P2_EVENTS").unwrap_or(if short {
                 100_000
             } else {
@@ -1068,9 +1082,10 @@ async fn p3(s: &Settings) -> Vec<Row> {
                 .await,
         );
     }
-    let idle_rss = rss_mib(d.pid()) + rss_mib(runner);
+    let (daemon_rss, runner_rss) = (rss_mib(d.pid()), rss_mib(runner));
+    let idle_rss = daemon_rss + runner_rss;
     eprintln!(
-        "P3: {n} sessions created in {:.1} s; daemon + runner {idle_rss:.1} MiB idle",
+        "P3: {n} sessions created in {:.1} s; idle: daemon {daemon_rss:.1} MiB + runner {runner_rss:.1} MiB",
         created_in.as_secs_f64()
     );
     // Load on, then the probes, every probe watched.
@@ -1167,7 +1182,7 @@ fn time_cli(args: &[&str], socket: &Path, dir: &Path) -> f64 {
 }
 
 fn p4(d: &Daemon, s: &Settings) -> Vec<Row> {
-    let pairs = if s.short { 10 } else { 30 };
+    let pairs = if s.short { 20 } else { 30 };
     let mut rows = Vec::new();
     for (name, args) in [
         ("session list", vec!["session", "list", "--no-autostart"]),
@@ -1206,7 +1221,9 @@ fn p4(d: &Daemon, s: &Settings) -> Vec<Row> {
 // ── P5 ─────────────────────────────────────────────────────────────────────────────────────
 
 async fn p5(store: &Path, s: &Settings) -> Vec<Row> {
-    let pairs = if s.short { 3 } else { 7 };
+    // A start takes ~0.1 s: enough pairs even in the short form for the median to hold
+    // under a loaded machine's noise.
+    let pairs = if s.short { 7 } else { 11 };
     let empty = tempdir("p5empty");
     // The empty store's schema exists already, as the big one's does.
     Daemon::start(empty.path(), &[]).await.stop().await;
@@ -1332,26 +1349,41 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let t0 = Instant::now();
     let stage = |name: &str| eprintln!("[{:>5.1} s] {name}", t0.elapsed().as_secs_f64());
-    stage("P1");
-    let mut rows = vec![rt.block_on(p1(&s))];
-    stage("P2");
-    rows.push(rt.block_on(p2(&s)));
-    stage("P3");
-    rows.extend(rt.block_on(p3(&s)));
-    stage("the 10,000-session store");
+    let mut rows = Vec::new();
+    if s.runs("P1") {
+        stage("P1");
+        rows.push(rt.block_on(p1(&s)));
+    }
+    if s.runs("P2") {
+        stage("P2");
+        rows.push(rt.block_on(p2(&s)));
+    }
+    if s.runs("P3") {
+        stage("P3");
+        rows.extend(rt.block_on(p3(&s)));
+    }
     let store = tempdir("store");
-    rt.block_on(build_store(store.path()));
-    stage("P4");
-    rows.extend(rt.block_on(async {
-        let d = Daemon::start(store.path(), &[]).await;
-        let rows = p4(&d, &s);
-        d.stop().await;
-        rows
-    }));
-    stage("P5");
-    rows.extend(rt.block_on(p5(store.path(), &s)));
-    stage("P6");
-    rows.push(rt.block_on(p6(store.path(), &s)));
+    if s.runs("P4") || s.runs("P5") || s.runs("P6") {
+        stage("the 10,000-session store");
+        rt.block_on(build_store(store.path()));
+    }
+    if s.runs("P4") {
+        stage("P4");
+        rows.extend(rt.block_on(async {
+            let d = Daemon::start(store.path(), &[]).await;
+            let rows = p4(&d, &s);
+            d.stop().await;
+            rows
+        }));
+    }
+    if s.runs("P5") {
+        stage("P5");
+        rows.extend(rt.block_on(p5(store.path(), &s)));
+    }
+    if s.runs("P6") {
+        stage("P6");
+        rows.push(rt.block_on(p6(store.path(), &s)));
+    }
     println!();
     print_table(&rows);
     println!();

@@ -217,7 +217,10 @@ pub struct Pipes {
 pub struct Output<R> {
     pipe: R,
     exited: watch::Receiver<bool>,
-    buf: Box<[u8]>,
+    /// Read into its spare capacity, never zeroed: a pipe that only ever carries a few lines
+    /// keeps a page or two resident, not 64 KiB (two pipes per process, a thousand processes
+    /// per runner).
+    buf: Vec<u8>,
     lines: LineQueue,
     ended: bool,
 }
@@ -227,7 +230,7 @@ impl<R: AsyncRead + Unpin> Output<R> {
         Output {
             pipe,
             exited,
-            buf: vec![0; READ_BYTES].into_boxed_slice(),
+            buf: Vec::with_capacity(READ_BYTES),
             lines: LineQueue::new(LINE_BYTES_MAX),
             ended: false,
         }
@@ -268,9 +271,11 @@ impl<R: AsyncRead + Unpin> Output<R> {
             }
             tokio::time::sleep(DRAIN_AFTER_EXIT).await;
         };
+        self.buf.clear();
         let n = tokio::select! {
             biased;
-            n = self.pipe.read(&mut self.buf) => n.unwrap_or(0),
+            // At most the capacity: `read_buf` grows a full Vec, and this one is empty.
+            n = self.pipe.read_buf(&mut self.buf) => n.unwrap_or(0),
             _ = drained => 0,
         };
         self.ended = n == 0;
