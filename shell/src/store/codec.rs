@@ -52,6 +52,22 @@ pub(super) const SESSION_COLUMNS: [&str; 32] = [
     "last_turn_failed",
 ];
 
+/// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
+/// catch-up or a history decodes thousands of rows, by position.
+pub(super) const ACTIVITY_COLUMNS: [&str; 11] = [
+    "seq",
+    "turn",
+    "ends_turn",
+    "type",
+    "content",
+    "tool_name",
+    "tool_call_id",
+    "tool_success",
+    "tokens_input",
+    "tokens_output",
+    "at",
+];
+
 /// The `role` of a user message in `session_messages`.
 pub(super) const ROLE_USER: &str = "user";
 
@@ -108,12 +124,12 @@ impl Column for Col {
     }
 }
 
-/// Column `name` of a row selected with [`SESSION_COLUMNS`]; evaluated at compile time (`sc!`),
+/// Column `name` of a row selected with `columns`; evaluated at compile time (`sc!`, `ac!`),
 /// so a name that is not in the list does not build.
-const fn session_col(name: &'static str) -> Col {
+const fn col_in(columns: &[&str], name: &'static str) -> Col {
     let mut i = 0;
-    while i < SESSION_COLUMNS.len() {
-        let (a, b) = (SESSION_COLUMNS[i].as_bytes(), name.as_bytes());
+    while i < columns.len() {
+        let (a, b) = (columns[i].as_bytes(), name.as_bytes());
         if a.len() == b.len() {
             let mut j = 0;
             while j < a.len() && a[j] == b[j] {
@@ -125,13 +141,20 @@ const fn session_col(name: &'static str) -> Col {
         }
         i += 1;
     }
-    panic!("not a column of SESSION_COLUMNS")
+    panic!("not a selected column")
 }
 
-/// [`session_col`] as a constant.
+/// A column of a row selected with [`SESSION_COLUMNS`], by position.
 macro_rules! sc {
     ($name:literal) => {
-        const { session_col($name) }
+        const { col_in(&SESSION_COLUMNS, $name) }
+    };
+}
+
+/// A column of a row selected with [`ACTIVITY_COLUMNS`], by position.
+macro_rules! ac {
+    ($name:literal) => {
+        const { col_in(&ACTIVITY_COLUMNS, $name) }
     };
 }
 
@@ -279,24 +302,24 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
     })
 }
 
-/// Decodes one `agent_activities` row (selected with every column but `session_id`).
+/// Decodes one `agent_activities` row (selected with [`ACTIVITY_COLUMNS`]).
 pub(super) fn activity_from_row(session: &str, row: &Row) -> Result<ActivityEvent> {
     const T: &str = "agent_activities";
     Ok(ActivityEvent {
         session: SessionId(session.to_string()),
-        seq: uint(row, T, "seq")?,
-        turn: opt_uint(row, T, "turn")?,
-        ends_turn: row.get("ends_turn")?,
+        seq: uint(row, T, ac!("seq"))?,
+        turn: opt_uint(row, T, ac!("turn"))?,
+        ends_turn: ac!("ends_turn").get(row)?,
         activity: Activity {
-            kind: Some(activity_kind(row, T, "type")?),
-            content: row.get("content")?,
-            tool_name: row.get("tool_name")?,
-            tool_call_id: row.get("tool_call_id")?,
-            tool_success: row.get("tool_success")?,
-            tokens_input: uint(row, T, "tokens_input")?,
-            tokens_output: uint(row, T, "tokens_output")?,
+            kind: Some(activity_kind(row, T, ac!("type"))?),
+            content: ac!("content").get(row)?,
+            tool_name: ac!("tool_name").get(row)?,
+            tool_call_id: ac!("tool_call_id").get(row)?,
+            tool_success: ac!("tool_success").get(row)?,
+            tokens_input: uint(row, T, ac!("tokens_input"))?,
+            tokens_output: uint(row, T, ac!("tokens_output"))?,
         },
-        at: stamp(row, T, "at")?,
+        at: stamp(row, T, ac!("at"))?,
     })
 }
 

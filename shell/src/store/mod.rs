@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use paddock_core::{ActivityEvent, Record, SessionRecord, StatusEvent, UserMessage};
 use rusqlite::{named_params, params, Connection, Rows, TransactionBehavior};
 
-use codec::{int, map_to_json, time, SESSION_COLUMNS};
+use codec::{int, map_to_json, time, ACTIVITY_COLUMNS, SESSION_COLUMNS};
 
 /// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -191,6 +191,20 @@ static SELECT_SESSION: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {} FROM agent_sessions WHERE id = ?1",
         SESSION_COLUMNS.join(", ")
+    )
+});
+
+static SELECT_ACTIVITIES_AFTER: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM agent_activities WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        ACTIVITY_COLUMNS.join(", ")
+    )
+});
+
+static SELECT_LAST_ACTIVITIES: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM agent_activities WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2",
+        ACTIVITY_COLUMNS.join(", ")
     )
 });
 
@@ -454,11 +468,7 @@ impl Store {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<ActivityEvent>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT seq, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
-                    tokens_input, tokens_output, at \
-             FROM agent_activities WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
-        )?;
+        let mut stmt = self.conn.prepare_cached(&SELECT_ACTIVITIES_AFTER)?;
         let rows = stmt.query(params![session_id, int(after_seq), codec::limit(limit)])?;
         collect(rows, |row| codec::activity_from_row(session_id, row))
     }
@@ -469,11 +479,7 @@ impl Store {
         session_id: &str,
         limit: usize,
     ) -> Result<(Vec<ActivityEvent>, bool)> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT seq, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
-                    tokens_input, tokens_output, at \
-             FROM agent_activities WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2",
-        )?;
+        let mut stmt = self.conn.prepare_cached(&SELECT_LAST_ACTIVITIES)?;
         let rows = stmt.query(params![session_id, codec::limit(limit.saturating_add(1))])?;
         let mut list = collect(rows, |row| codec::activity_from_row(session_id, row))?;
         let truncated = list.len() > limit;

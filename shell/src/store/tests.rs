@@ -11,7 +11,7 @@ use paddock_core::{
 };
 use rusqlite::Connection;
 
-use super::codec::{self, SESSION_COLUMNS};
+use super::codec::{self, ACTIVITY_COLUMNS, SESSION_COLUMNS};
 use super::migrations::{self, MIGRATIONS};
 use super::*;
 
@@ -186,19 +186,30 @@ fn a_file_database_uses_wal_normal_sync_and_foreign_keys() {
     );
 }
 
-#[test]
-fn the_session_column_list_matches_the_schema() {
+fn columns_of(table: &str) -> Vec<String> {
     let store = Store::open_in_memory().unwrap();
     let mut stmt = store
         .conn
-        .prepare("SELECT name FROM pragma_table_info('agent_sessions') ORDER BY cid")
+        .prepare(&format!(
+            "SELECT name FROM pragma_table_info('{table}') ORDER BY cid"
+        ))
         .unwrap();
-    let cols: Vec<String> = stmt
-        .query_map([], |r| r.get(0))
+    stmt.query_map([], |r| r.get(0))
         .unwrap()
         .collect::<rusqlite::Result<_>>()
-        .unwrap();
-    assert_eq!(cols, SESSION_COLUMNS);
+        .unwrap()
+}
+
+#[test]
+fn the_session_column_list_matches_the_schema() {
+    assert_eq!(columns_of("agent_sessions"), SESSION_COLUMNS);
+}
+
+#[test]
+fn the_activity_column_list_is_every_column_but_the_session() {
+    let mut cols = columns_of("agent_activities");
+    cols.retain(|c| c != "session_id");
+    assert_eq!(cols, ACTIVITY_COLUMNS);
 }
 
 #[test]
