@@ -533,6 +533,7 @@ impl LocalDaemonService for Obey {
             return Err(invalid("max_tokens must not be negative"));
         }
         paddock_core::check_environment(&r.environment).map_err(invalid)?;
+        let env_spec = convert::env_spec(r.environment_spec.as_ref()).map_err(invalid)?;
         let timeout_ms = match &r.timeout {
             Some(d) => convert::duration_ms(d).map_err(|e| invalid(format!("timeout: {e}")))?,
             None => 0,
@@ -566,7 +567,22 @@ impl LocalDaemonService for Obey {
             timeout_ms,
             initial_message: r.initial_message,
             working_dir: campaign.root_path.clone(),
+            env: env_spec,
         };
+        // What the host lacks for the environment refuses the create before anything is
+        // made (no session half-created).
+        let (spec, dir) = (config.env.clone(), campaign.root_path.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::env::check_host(&spec, std::path::Path::new(&dir))
+        })
+        .await
+        .map_err(|e| {
+            st(Error::new(
+                ErrorCode::Generic,
+                format!("environment check: {e}"),
+            ))
+        })?
+        .map_err(|e| st(Error::new(ErrorCode::SandboxInitFailed, e)))?;
         let record = self.handle.create_session(id, config).await.map_err(st)?;
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(understood.info(convert::session_info(&record))),

@@ -15,7 +15,7 @@ use paddock_proto::obey::local::v1 as pb;
 use serde::Deserialize;
 
 use super::client::Client;
-use super::view::{age, one_line, provider_name, state_of, DRIVERS};
+use super::view::{age, driver_of, one_line, provider_name, state_of, DRIVERS};
 use super::{Error, Result};
 use crate::transport::obey_code;
 
@@ -32,7 +32,7 @@ const SESSION_FILE_MAX_BYTES: u64 = 1024 * 1024;
 pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<String> {
     vec![
         s.id.clone(),
-        DRIVERS[0].to_string(),
+        driver_of(s).to_string(),
         state_of(s).to_string(),
         if s.initial_message.trim().is_empty() {
             "-".to_string()
@@ -56,16 +56,22 @@ pub fn check_driver(name: &str) -> Result<&'static str> {
     if let Some(d) = DRIVERS.iter().find(|d| **d == n) {
         return Ok(d);
     }
+    if let Some(d) = paddock_core::Driver::parse(&n) {
+        return Ok(DRIVERS
+            .iter()
+            .find(|x| **x == d.name())
+            .expect("every core driver is listed"));
+    }
     let why = match n.as_str() {
         "podman" | "docker" | "kubernetes" | "k8s" | "qemu" | "ssh" => format!(
-            "driver \"{name}\" is not available: paddock does not provision containers, pods, \
-             VMs or remote hosts"
+            "driver \"{name}\" is not available yet: paddock does not provision containers, \
+             pods, VMs or remote hosts"
         ),
         _ => format!("unknown driver \"{name}\""),
     };
     Err(Error::Usage(format!(
-        "{why}; the drivers are: {} (the agent runs as a supervised local process, without \
-         isolation)",
+        "{why}; the drivers are: {} (local: on the host, not isolated; bubblewrap: a sandbox \
+         on this machine)",
         DRIVERS.join(", ")
     )))
 }
@@ -119,14 +125,23 @@ pub struct CreateArgs {
     /// The task: the session's first message, sent as soon as the agent is up
     #[arg(long, visible_alias = "initial-message")]
     pub task: Option<String>,
-    /// Where the agent runs: local (the only driver: a supervised local process, no isolation)
+    /// Where the agent runs: local (on the host, not isolated) or bubblewrap (a sandbox: the
+    /// host read-only, the workspace writable, its own HOME and /tmp, no network)
     #[arg(long)]
     pub driver: Option<String>,
-    /// SRC:/workspace: run in SRC (the local driver mounts nothing; see README)
+    /// SRC:/workspace: the agent's workspace is SRC (the one directory it may write under
+    /// bubblewrap; see README)
     #[arg(long = "mount", value_name = "SRC:DST")]
     pub mounts: Vec<String>,
-    /// A YAML file with any of: task, driver, mounts, provider, model, name, max_tokens,
-    /// timeout, config, env, campaign
+    /// Give the session a git worktree of its own, on branch paddock/<name>
+    #[arg(long)]
+    pub worktree: bool,
+    /// Let a sandboxed agent use the network (bubblewrap; the host's agents always can)
+    #[arg(long)]
+    pub network: bool,
+    /// A YAML file with any of: task, driver, mounts, worktree, provider, model, name,
+    /// max_tokens, timeout, config, env, campaign, and a block per driver (local: {workdir},
+    /// bubblewrap: {network})
     #[arg(short = 'c', long = "file", value_name = "session.yaml")]
     pub file: Option<PathBuf>,
     /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp [default:
@@ -194,9 +209,12 @@ pub struct SessionFile {
     pub config: Option<BTreeMap<String, Scalar>>,
     pub env: Option<BTreeMap<String, Scalar>>,
     pub campaign: Option<String>,
-    /// The seed's per-driver blocks: `local: {workdir}`; the others are read (so a latis file
-    /// parses) and refused with their driver.
+    /// A git worktree of its own for the session.
+    pub worktree: Option<bool>,
+    /// The seed's per-driver blocks: `local: {workdir}`, and paddock's `bubblewrap: {network}`;
+    /// the others are read (so a latis file parses) and refused with their driver.
     pub local: Option<LocalBlock>,
+    pub bubblewrap: Option<BubblewrapBlock>,
     pub podman: Option<serde_norway::Value>,
     pub kubernetes: Option<serde_norway::Value>,
     pub qemu: Option<serde_norway::Value>,
@@ -210,11 +228,20 @@ pub struct LocalBlock {
     pub workdir: Option<String>,
 }
 
+/// paddock's `bubblewrap:` block.
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BubblewrapBlock {
+    /// Network access inside the sandbox.
+    pub network: Option<bool>,
+}
+
 impl SessionFile {
     /// The drivers whose block the file has.
     fn driver_blocks(&self) -> Vec<&'static str> {
         [
             ("local", self.local.is_some()),
+            ("bubblewrap", self.bubblewrap.is_some()),
             ("podman", self.podman.is_some()),
             ("kubernetes", self.kubernetes.is_some()),
             ("qemu", self.qemu.is_some()),
@@ -456,9 +483,8 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
     };
     if mounts.len() > 1 {
         return Err(Error::Usage(format!(
-            "{} mounts given: the local driver runs the agent in one working directory \
-             (SRC:{WORKSPACE}); it does not isolate the filesystem, so there is nothing else \
-             to mount",
+            "{} mounts given: a session has one workspace (SRC:{WORKSPACE}), its working \
+             directory; under bubblewrap it is the one directory the agent may write",
             mounts.len()
         )));
     }
@@ -526,6 +552,15 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
             nanos: 0,
         }),
         initial_message: task,
+        environment_spec: Some(pb::SessionEnvironment {
+            driver: driver.to_string(),
+            worktree: args.worktree || f.worktree.unwrap_or(false),
+            network: args.network
+                || f.bubblewrap
+                    .as_ref()
+                    .and_then(|b| b.network)
+                    .unwrap_or(false),
+        }),
     };
     Ok(Plan {
         place,
@@ -742,7 +777,13 @@ pub async fn stop_and_delete(c: &mut Client, info: &pb::SessionInfo) -> Result<b
     Ok(stopped)
 }
 
-pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Result<()> {
+pub async fn delete(
+    ctx: &super::Ctx,
+    c: &mut Client,
+    id: &str,
+    yes: bool,
+    delete_branch: bool,
+) -> Result<()> {
     let info = c
         .get_session(pb::GetSessionRequest {
             session_id: id.to_string(),
@@ -758,14 +799,38 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Re
         println!("Nothing deleted.");
         return Ok(());
     }
+    let has_worktree = info.environment_spec.as_ref().is_some_and(|e| e.worktree);
+    if delete_branch && !has_worktree {
+        return Err(Error::Usage(format!(
+            "session {id} has no worktree, so no branch of its own to delete"
+        )));
+    }
     let stopped = stop_and_delete(c, &info).await?;
+    // The daemon removed the worktree with the session; its branch goes only when asked.
+    let branch = if delete_branch {
+        Some(super::workspace::delete_branch(&info)?)
+    } else {
+        None
+    };
     if ctx.json {
-        super::print_json(&serde_json::json!({ "id": id, "deleted": true, "stopped": stopped }));
+        let mut v = serde_json::json!({ "id": id, "deleted": true, "stopped": stopped });
+        if let Some(b) = &branch {
+            v["deleted_branch"] = b.as_str().into();
+        }
+        super::print_json(&v);
     } else {
         if stopped {
             println!("Session {id} stopped.");
         }
         println!("Session {id} deleted.");
+        if let Some(b) = branch {
+            println!("Branch {b} deleted.");
+        } else if has_worktree {
+            println!(
+                "Its branch {} is kept (--delete-branch removes it).",
+                crate::env::branch(&info.agent_name, &paddock_core::SessionId(id.to_string()))
+            );
+        }
     }
     Ok(())
 }

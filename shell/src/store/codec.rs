@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use paddock_core::{
-    Activity, ActivityEvent, ActivityKind, Error, ErrorCode, Provider, SessionConfig, SessionId,
-    SessionRecord, Status, StatusEvent, UserMessage,
+    Activity, ActivityEvent, ActivityKind, Driver, EnvSpec, EnvState, Error, ErrorCode, Provider,
+    SessionConfig, SessionId, SessionRecord, Status, StatusEvent, UserMessage,
 };
 use rusqlite::Row;
 
@@ -17,7 +17,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 32] = [
+pub(super) const SESSION_COLUMNS: [&str; 36] = [
     "id",
     "campaign_id",
     "provider",
@@ -50,6 +50,10 @@ pub(super) const SESSION_COLUMNS: [&str; 32] = [
     "run_id",
     "provider_cursor",
     "last_turn_failed",
+    "env_driver",
+    "env_worktree",
+    "env_network",
+    "env_state",
 ];
 
 /// The `role` of a user message in `session_messages`.
@@ -167,6 +171,15 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
         timeout_ms: uint(row, T, "timeout_ms")?,
         initial_message: row.get("initial_message")?,
         working_dir: row.get("working_dir")?,
+        env: EnvSpec {
+            driver: {
+                let name: String = row.get("env_driver")?;
+                Driver::parse(&name)
+                    .ok_or_else(|| corrupt(T, "env_driver", format!("unknown driver {name:?}")))?
+            },
+            worktree: row.get("env_worktree")?,
+            network: row.get("env_network")?,
+        },
     };
     let pid = match row.get::<_, Option<i64>>("pid")? {
         None => None,
@@ -205,6 +218,11 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
         run: opt_uint(row, T, "run_id")?,
         provider_cursor: uint(row, T, "provider_cursor")?,
         last_turn_failed: row.get("last_turn_failed")?,
+        env_state: {
+            let n: i64 = row.get("env_state")?;
+            EnvState::from_number(n)
+                .ok_or_else(|| corrupt(T, "env_state", format!("unknown state {n}")))?
+        },
     })
 }
 
