@@ -430,6 +430,23 @@ pub fn apply_config(req: &mut pb::CreateSessionRequest, c: &crate::config::Confi
     Ok(())
 }
 
+/// A word before creating a sandboxed session without network whose agent talks to a model
+/// over the network (all but the scripted agent, unless pointed elsewhere): its first turn
+/// would fail to connect, and the reason would be far from the cause.
+pub fn offline_note(req: &pb::CreateSessionRequest) -> Option<String> {
+    let env = req.environment_spec.as_ref()?;
+    let isolates = paddock_core::Driver::parse(&env.driver).is_some_and(|d| d.isolates());
+    let provider = paddock_core::Provider::from_number(req.provider)?;
+    (isolates && !env.network && provider != paddock_core::Provider::Scripted).then(|| {
+        format!(
+            "note: the {} sandbox has no network, and {} reaches its model over the network:              add --network (session.yaml: `{}: {{network: true}}`) unless it needs none",
+            env.driver,
+            provider.name(),
+            env.driver
+        )
+    })
+}
+
 /// `[agents]`' command for the request's provider, unless the request names one.
 pub fn apply_agent_command(req: &mut pb::CreateSessionRequest, c: &crate::config::Config) {
     let Some(p) = paddock_core::Provider::from_number(req.provider) else {
@@ -976,6 +993,27 @@ pub fn status_text(s: &pb::SessionInfo, now_ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_without_network_is_pointed_out_for_agents_that_need_one() {
+        let req = |driver: &str, network: bool, provider: paddock_core::Provider| {
+            pb::CreateSessionRequest {
+                provider: provider.number(),
+                environment_spec: Some(pb::SessionEnvironment {
+                    driver: driver.into(),
+                    worktree: false,
+                    network,
+                }),
+                ..Default::default()
+            }
+        };
+        use paddock_core::Provider as P;
+        let note = offline_note(&req("bubblewrap", false, P::ClaudeCode)).unwrap();
+        assert!(note.contains("add --network"), "{note}");
+        assert!(offline_note(&req("bubblewrap", true, P::ClaudeCode)).is_none());
+        assert!(offline_note(&req("bubblewrap", false, P::Scripted)).is_none());
+        assert!(offline_note(&req("local", false, P::Codex)).is_none());
+    }
 
     #[test]
     fn every_status_has_its_latis_state() {

@@ -673,6 +673,9 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
         eprintln!("{line}");
     }
     latis::apply_agent_command(&mut req, &config);
+    if let Some(note) = latis::offline_note(&req) {
+        eprintln!("{note}");
+    }
     req.campaign_id = latis::resolve_place(c, &plan.place).await?;
     let s = with_progress("starting the agent", c.create_session(req))
         .await?
