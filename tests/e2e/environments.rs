@@ -300,6 +300,14 @@ async fn worktrees_keep_agents_apart_and_diff_shows_what_each_changed() {
         branches.contains("paddock/alpha") && branches.contains("paddock/beta"),
         "{branches}"
     );
+    let o = cli_in(&d, &d.dirs.root, &["session", "status", &ids[1]]).await;
+    assert!(
+        o.stdout.contains(
+            "bubblewrap (sandbox: host read-only, own HOME and /tmp, no network; own worktree; \
+             working directory"
+        ),
+        "{o:?}"
+    );
     let o = cli_in(
         &d,
         &d.dirs.root,

@@ -645,6 +645,29 @@ pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String> {
 }
 
 /// `session status`: the session's details, latis state first, as `key: value` lines.
+/// `session status`'s driver line: the driver, and in parentheses what it means, its
+/// environment's state when not ready, and where the agent works.
+fn driver_line(s: &pb::SessionInfo) -> String {
+    let env = s.environment_spec.clone().unwrap_or_default();
+    let mut parts = vec![match driver_of(s) {
+        "bubblewrap" => format!(
+            "sandbox: host read-only, own HOME and /tmp, {}",
+            if env.network { "network" } else { "no network" }
+        ),
+        "local" => "no isolation".to_string(),
+        _ => String::new(),
+    }];
+    if env.worktree {
+        parts.push("own worktree".into());
+    }
+    if !matches!(s.environment_state.as_str(), "" | "ready") {
+        parts.push(format!("environment {}", s.environment_state));
+    }
+    parts.push(format!("working directory {}", s.working_dir));
+    parts.retain(|p| !p.is_empty());
+    format!("{} ({})", driver_of(s), parts.join("; "))
+}
+
 pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
     use super::view::{rfc3339, status_name};
     let at = |t: &Option<prost_types::Timestamp>| match t {
@@ -680,10 +703,7 @@ pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
                 s.initial_message.trim_end().replace('\n', "\n      ")
             },
         ),
-        (
-            "driver".into(),
-            format!("local (no isolation; working directory {})", s.working_dir),
-        ),
+        ("driver".into(), driver_line(s)),
         ("name".into(), s.agent_name.clone()),
         (
             "provider".into(),
