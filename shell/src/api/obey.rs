@@ -554,6 +554,15 @@ impl LocalDaemonService for Obey {
         } else {
             r.agent_name.trim().to_string()
         };
+        let mut provider_config: std::collections::BTreeMap<String, String> =
+            r.provider_config.into_iter().collect();
+        // A session that says nothing of permissions gets the safe default (the core's rule:
+        // on the host writes and commands wait for a human; in a sandbox the sandbox guards).
+        provider_config
+            .entry("permissions".into())
+            .or_insert_with(|| {
+                paddock_core::approval::default_permissions(provider, &env_spec).to_string()
+            });
         let config = SessionConfig {
             campaign_id: campaign.id.clone(),
             provider,
@@ -561,7 +570,7 @@ impl LocalDaemonService for Obey {
             agent_name,
             festival_id: r.festival_id,
             task_id: r.task_id,
-            provider_config: r.provider_config.into_iter().collect(),
+            provider_config,
             environment: r.environment.into_iter().collect(),
             max_tokens: r.max_tokens as u64,
             timeout_ms,
@@ -736,6 +745,17 @@ impl LocalDaemonService for Obey {
         if let Some(pc) = provider_config.take_if(|pc| pc.values().any(|v| v == secret::MASK)) {
             let stored = self.record(id.clone()).await?.config.provider_config;
             provider_config = Some(secret::unmask(pc, &stored).map_err(invalid)?);
+        }
+        // A new configuration that says nothing of permissions keeps the session's: a restart
+        // never widens (or narrows) what the agent may do unasked by leaving the key out.
+        if let Some(pc) = provider_config
+            .as_mut()
+            .filter(|pc| !pc.contains_key("permissions"))
+        {
+            let stored = self.record(id.clone()).await?.config.provider_config;
+            if let Some(p) = stored.get("permissions") {
+                pc.insert("permissions".into(), p.clone());
+            }
         }
         let rec = self
             .handle

@@ -447,6 +447,26 @@ pub fn offline_note(req: &pb::CreateSessionRequest) -> Option<String> {
     })
 }
 
+/// What the default permissions the daemon gave a session mean for its user (nothing for
+/// `allow-all`, the default inside a sandbox).
+pub fn permissions_note(permissions: &str, provider: &str) -> Option<String> {
+    let alone = "--config permissions=allow-all (or [session] permissions in config.toml), or \
+                 --driver bubblewrap, lets it work alone";
+    if permissions.starts_with("ask") {
+        Some(format!(
+            "note: on the host, {provider}'s writes and commands wait for your approval \
+             (`paddock approvals`, `paddock session attach`); {alone}"
+        ))
+    } else if permissions == "deny" {
+        Some(format!(
+            "note: on the host, {provider} runs read-only (it cannot ask anyone before a write or \
+             a command); {alone}"
+        ))
+    } else {
+        None
+    }
+}
+
 /// `[agents]`' command for the request's provider, unless the request names one.
 pub fn apply_agent_command(req: &mut pb::CreateSessionRequest, c: &crate::config::Config) {
     let Some(p) = paddock_core::Provider::from_number(req.provider) else {

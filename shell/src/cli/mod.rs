@@ -676,12 +676,24 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
     if let Some(note) = latis::offline_note(&req) {
         eprintln!("{note}");
     }
+    // The scripted agent is a stand-in (demos, tests): what its default means is not news.
+    let default_permissions = !req.provider_config.contains_key("permissions")
+        && req.provider != paddock_core::Provider::Scripted.number();
     req.campaign_id = latis::resolve_place(c, &plan.place).await?;
     let s = with_progress("starting the agent", c.create_session(req))
         .await?
         .into_inner()
         .session
         .unwrap_or_default();
+    if default_permissions {
+        if let Some(note) = s
+            .provider_config
+            .get("permissions")
+            .and_then(|p| latis::permissions_note(p, provider_name(s.provider)))
+        {
+            eprintln!("{note}");
+        }
+    }
     if ctx.json {
         print_json(&session_json(&s));
     } else {
