@@ -233,7 +233,21 @@ async fn a_sandboxed_agent_outlives_a_killed_daemon_and_goes_with_its_delete() {
     );
 
     d.kill9();
+    // What a crash can leave: the environment of a session deleted just before, one half
+    // removed. The next start removes both, and only those.
+    let envs = d.dirs.data.join("environments");
+    std::fs::create_dir_all(envs.join("sess_01GONE0000000000000000000/home")).unwrap();
+    std::fs::create_dir_all(envs.join(".removing-sess_01GONE1111111111111111111/tmp")).unwrap();
     d.launch().await;
+    let left: Vec<String> = std::fs::read_dir(&envs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        left,
+        vec![id.clone()],
+        "only the live session's environment stays"
+    );
     let info = d.get(&id).await;
     assert_eq!(
         info.status,

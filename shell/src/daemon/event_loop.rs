@@ -245,6 +245,9 @@ impl State {
         match cmd {
             Command::Provider(input) => batch.inputs.push_back(input),
             Command::ProviderLine(inputs) => batch.inputs.extend(inputs),
+            Command::Environment { id, event } => {
+                batch.inputs.push_back(Input::Environment { id, event })
+            }
             Command::Request {
                 request,
                 reply,
@@ -571,12 +574,18 @@ impl State {
                     }
                     (None, _) => {}
                 },
+                // Made on a blocking thread (git, file copies): the loop goes on, and the
+                // report comes back as a command. A report the loop can no longer take (it
+                // ended) is moot: the next daemon fails the CREATED session.
                 Effect::Provision { id, config } => {
-                    let event = match crate::env::provision(&self.env, &id, &config) {
-                        Ok(_) => paddock_core::EnvEvent::Provisioned,
-                        Err(reason) => paddock_core::EnvEvent::ProvisionFailed { reason },
-                    };
-                    batch.inputs.push_back(Input::Environment { id, event });
+                    let (host, tx) = (self.env.clone(), self.tx.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let event = match crate::env::provision(&host, &id, &config) {
+                            Ok(_) => paddock_core::EnvEvent::Provisioned,
+                            Err(reason) => paddock_core::EnvEvent::ProvisionFailed { reason },
+                        };
+                        let _ = tx.blocking_send(Command::Environment { id, event });
+                    });
                 }
                 Effect::Spawn { id, run, spec } => {
                     let planned =
@@ -745,7 +754,10 @@ impl State {
                 }
                 Effect::Forget(rec) => {
                     forget(&rec);
-                    crate::env::destroy(&self.env, &rec.id, &rec.config);
+                    // Moved away at once (the delete's answer means it is gone); its files are
+                    // removed off the loop.
+                    let remove = crate::env::destroy(&self.env, &rec.id, &rec.config);
+                    tokio::task::spawn_blocking(remove);
                 }
                 Effect::Reply { req, result } => {
                     if let Some(Waiting::Session { reply, turn }) = self.waiting(req) {

@@ -9,7 +9,8 @@
 //! - `worktree/` (`--worktree`): a git worktree of the working directory's repository, on
 //!   branch `paddock/<session name>`; the commit it started from is the ref
 //!   `refs/paddock/<session>/base` of that repository (what `session diff` compares with);
-//! - `workdir`: the agent's working directory, written once it is made;
+//! - `made`: what starting a process there needs (the working directory, a sandboxed
+//!   worktree's git directories), written once it is made, so a start runs no git;
 //! - `environment.log`: what the driver did, for `session logs --environment`.
 //!
 //! How a process enters: [`enter`] turns a launch plan into one that runs in the environment
@@ -176,7 +177,7 @@ fn log(root: &Path, line: &str) {
 
 /// Makes session `id`'s environment, or what is missing of it: safe to call again (a restart
 /// calls it before the agent starts). Returns the agent's working directory in it.
-pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<PathBuf, String> {
+pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<Made, String> {
     let spec = &config.env;
     let root = host.root(id);
     make_private_dir(&root)?;
@@ -206,9 +207,57 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
             );
         }
     }
-    std::fs::write(root.join("workdir"), workdir.as_os_str().as_encoded_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", root.join("workdir").display()))?;
-    Ok(workdir)
+    let git = if spec.worktree && spec.driver == Driver::Bubblewrap {
+        Some(git_dirs(&root.join("worktree"))?)
+    } else {
+        None
+    };
+    let made = Made { workdir, git };
+    made.write(&root)?;
+    Ok(made)
+}
+
+/// What [`provision`] made that every later start needs, kept in the environment's `made`
+/// file so that starting a process there runs no git and changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Made {
+    /// Where the session's processes start.
+    pub workdir: PathBuf,
+    /// A sandboxed worktree's repository: its git directory (read-only inside) and what a
+    /// commit writes (see [`git_dirs`]).
+    pub git: Option<(PathBuf, Vec<PathBuf>)>,
+}
+
+impl Made {
+    /// One path per line: the workdir, then (for a sandboxed worktree) the repository's git
+    /// directory and the writable ones.
+    fn write(&self, root: &Path) -> Result<(), String> {
+        let mut lines = vec![self.workdir.clone()];
+        if let Some((common, writable)) = &self.git {
+            lines.push(common.clone());
+            lines.extend(writable.iter().cloned());
+        }
+        let text: Vec<String> = lines
+            .iter()
+            .map(|p| p.to_string_lossy().to_string())
+            .collect();
+        let file = root.join("made");
+        std::fs::write(&file, text.join("\n") + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", file.display()))
+    }
+
+    fn read(root: &Path, sandboxed_worktree: bool) -> Option<Made> {
+        let text = std::fs::read_to_string(root.join("made")).ok()?;
+        let mut lines = text.lines().map(PathBuf::from);
+        let workdir = lines.next()?;
+        let git = if sandboxed_worktree {
+            let common = lines.next()?;
+            Some((common, lines.collect()))
+        } else {
+            None
+        };
+        Some(Made { workdir, git })
+    }
 }
 
 fn make_private_dir(dir: &Path) -> Result<(), String> {
@@ -321,17 +370,25 @@ pub fn enter(
     config: &SessionConfig,
     plan: LaunchPlan,
 ) -> Result<LaunchPlan, String> {
-    let workdir = if config.env.needs_provisioning() {
-        provision(host, id, config)?
+    let made = if !config.env.needs_provisioning() {
+        Made {
+            workdir: PathBuf::from(&config.working_dir),
+            git: None,
+        }
     } else {
-        PathBuf::from(&config.working_dir)
+        let sandboxed_worktree = config.env.worktree && config.env.driver == Driver::Bubblewrap;
+        match Made::read(&host.root(id), sandboxed_worktree) {
+            Some(made) if made.workdir.is_dir() => made,
+            // Never made (a restart after a making that was given up), or removed by hand.
+            _ => provision(host, id, config)?,
+        }
     };
     match config.env.driver {
         Driver::Local => Ok(LaunchPlan {
-            cwd: workdir,
+            cwd: made.workdir,
             ..plan
         }),
-        Driver::Bubblewrap => bubblewrap(host, id, config, &workdir, plan),
+        Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
     }
 }
 
@@ -348,9 +405,10 @@ fn bubblewrap(
     host: &Host,
     id: &SessionId,
     config: &SessionConfig,
-    workdir: &Path,
+    made: &Made,
     plan: LaunchPlan,
 ) -> Result<LaunchPlan, String> {
+    let workdir = &made.workdir;
     let bwrap = crate::paths::find_on_own_path("bwrap")
         .ok_or("bwrap is not on PATH: install the `bubblewrap` package")?;
     let root = host.root(id);
@@ -404,11 +462,10 @@ fn bubblewrap(
     // A worktree's commits go to its repository's object store and refs: those are writable,
     // the repository's hooks and config stay read-only (a hook written from inside would run
     // on the host at the user's next git command).
-    if config.env.worktree {
-        let (common, writable) = git_dirs(&ws)?;
-        args.extend(["--ro-bind".into(), s(&common), s(&common)]);
+    if let Some((common, writable)) = &made.git {
+        args.extend(["--ro-bind".into(), s(common), s(common)]);
         for dir in writable {
-            args.extend(["--bind".into(), s(&dir), s(&dir)]);
+            args.extend(["--bind".into(), s(dir), s(dir)]);
         }
     }
     args.extend(["--chdir".into(), s(workdir)]);
@@ -461,41 +518,48 @@ fn install_dir_under(program: &Path, home: &Path) -> Option<PathBuf> {
 }
 
 /// Removes what session `id`'s environment made: its worktree (the branch stays: it is the
-/// agent's work), the base ref, the sandbox's HOME and /tmp. Failures are logged: the row is
-/// already gone, and what is left is found by [`reconcile`] at the next start.
-pub fn destroy(host: &Host, id: &SessionId, config: &SessionConfig) {
+/// agent's work), the base ref, the sandbox's HOME and /tmp. In two steps, so that the caller
+/// (the event loop, right after the delete committed) waits only for the quick one: the
+/// environment's directory is renamed out of the way and git is told its worktree is gone
+/// (`git worktree prune`: its branch can be deleted at once); the files are removed by the
+/// returned closure, to run on a blocking thread. What a crash leaves is removed by
+/// [`reconcile`] at the next start. Failures are logged: the row is already gone.
+pub fn destroy(host: &Host, id: &SessionId, config: &SessionConfig) -> impl FnOnce() + Send {
     let root = host.root(id);
-    if !root.exists() {
-        return;
+    let trash = root.with_file_name(format!("{TRASH}{}", id.0));
+    let moved = root.exists() && std::fs::rename(&root, &trash).is_ok();
+    if !moved && root.exists() {
+        tracing::warn!(session = %id, dir = %root.display(), "cannot move the environment away");
     }
     if config.env.worktree {
-        let path = root.join("worktree");
         if let Some(git) = crate::paths::find_on_own_path("git") {
-            let wd = Path::new(&config.working_dir);
-            if let Ok(top) = repo_root(&git, wd) {
-                let p = path.to_string_lossy().to_string();
-                if path.exists() {
-                    if let Err(e) = git_out(&git, &top, &["worktree", "remove", "--force", &p]) {
-                        tracing::warn!(session = %id, "git worktree remove failed: {e}");
-                    }
-                }
-                let _ = git_out(&git, &top, &["update-ref", "-d", &base_ref(id)]);
+            if let Ok(top) = repo_root(&git, Path::new(&config.working_dir)) {
                 let _ = git_out(&git, &top, &["worktree", "prune"]);
+                let _ = git_out(&git, &top, &["update-ref", "-d", &base_ref(id)]);
             }
         }
     }
-    match std::fs::remove_dir_all(&root) {
-        Ok(()) => tracing::info!(session = %id, "removed the session's environment"),
-        Err(e) => {
-            tracing::warn!(session = %id, dir = %root.display(), "cannot remove the environment: {e}")
+    let id = id.clone();
+    move || {
+        if !moved {
+            return;
+        }
+        match std::fs::remove_dir_all(&trash) {
+            Ok(()) => tracing::info!(session = %id, "removed the session's environment"),
+            Err(e) => {
+                tracing::warn!(session = %id, dir = %trash.display(), "cannot remove the environment: {e}")
+            }
         }
     }
 }
 
+/// The prefix of an environment being removed (see [`destroy`]).
+const TRASH: &str = ".removing-";
+
 /// Daemon start-up: removes the environments of sessions the store no longer has (a crash
-/// between a delete's commit and its [`destroy`]). Their worktrees are pruned by git itself
-/// once their directories are gone (`git worktree prune`, which any later worktree command
-/// runs).
+/// between a delete's commit and its [`destroy`], or during its removal). Their worktrees are
+/// pruned by git itself once their directories are gone (`git worktree prune`, which any
+/// later worktree command runs).
 pub fn reconcile(host: &Host, exists: impl Fn(&SessionId) -> bool) -> usize {
     let Ok(entries) = std::fs::read_dir(host.data_dir.join("environments")) else {
         return 0;
