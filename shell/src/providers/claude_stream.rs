@@ -70,8 +70,10 @@
 use std::collections::HashMap;
 
 use paddock_core::{Activity, ActivityKind, ProviderEvent};
-use serde::Serialize;
+use serde::Deserialize;
 use serde_json::Value;
+
+use super::stream_json::{self, ControlRequest, ControlResponse, Line, Usage, User};
 
 /// `TOOL_CALL` content is cut to this many bytes.
 pub const TOOL_INPUT_MAX: usize = 2000;
@@ -480,39 +482,20 @@ impl ClaudeStreamParser {
 }
 
 fn on_control_request(v: &Value) -> Option<Vec<Parsed>> {
-    let request_id = v.get("request_id")?.as_str()?.to_string();
-    let req = v.get("request")?.as_object()?;
-    let subtype = req.get("subtype")?.as_str()?.to_string();
-    let tool_name = req
-        .get("tool_name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let input = req.get("input").cloned().unwrap_or(Value::Null);
+    let r = ControlRequest::deserialize(v).ok()?;
     Some(vec![Parsed::ControlRequest {
-        request_id,
-        subtype,
-        tool_name,
-        input,
+        request_id: r.request_id.into_owned(),
+        subtype: r.request.subtype.into_owned(),
+        tool_name: r.request.tool_name.into_owned(),
+        input: r.request.input,
     }])
 }
 
-fn num(v: Option<&Value>) -> u64 {
-    match v {
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
-            .unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// (input incl. cache reads and writes, output).
+/// (input incl. cache reads and writes, output) of a `usage` object.
 fn usage_totals(u: &Value) -> (u64, u64) {
-    let inp = num(u.get("input_tokens"))
-        .saturating_add(num(u.get("cache_read_input_tokens")))
-        .saturating_add(num(u.get("cache_creation_input_tokens")));
-    (inp, num(u.get("output_tokens")))
+    // Every count reads (malformed ones as 0), so an object always gives a Usage.
+    let u = Usage::deserialize(u).unwrap_or_default();
+    (u.input(), u.output_tokens)
 }
 
 fn str_field(v: &Value, key: &str) -> String {
@@ -566,121 +549,30 @@ fn render_tool_input(name: &str, input: &Value) -> String {
     crate::text::prefix(&s, TOOL_INPUT_MAX).to_string()
 }
 
-#[derive(Serialize)]
-struct TextBlock<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    text: &'a str,
-}
-
-#[derive(Serialize)]
-struct UserContent<'a> {
-    role: &'static str,
-    content: [TextBlock<'a>; 1],
-}
-
-#[derive(Serialize)]
-struct UserLine<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    message: UserContent<'a>,
-}
-
 /// The stdin line that delivers one user message (no trailing newline; the caller adds it):
 /// `{"type":"user","message":{"role":"user","content":[{"type":"text","text":…}]}}`.
 pub fn user_message_line(text: &str) -> String {
-    let line = UserLine {
-        ty: "user",
-        message: UserContent {
-            role: "user",
-            content: [TextBlock { ty: "text", text }],
-        },
-    };
-    serde_json::to_string(&line).expect("serialising strings cannot fail")
-}
-
-#[derive(Serialize)]
-struct ControlResponseLine<R: Serialize> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    response: R,
-}
-
-#[derive(Serialize)]
-struct SuccessResponse<'a, B: Serialize> {
-    subtype: &'static str,
-    request_id: &'a str,
-    response: B,
-}
-
-#[derive(Serialize)]
-struct Allow<'a> {
-    behavior: &'static str,
-    #[serde(rename = "updatedInput")]
-    updated_input: &'a Value,
-}
-
-#[derive(Serialize)]
-struct Deny<'a> {
-    behavior: &'static str,
-    message: &'a str,
-}
-
-fn to_line<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v).expect("serialising strings and JSON values cannot fail")
+    stream_json::encode(&Line::User(User::text(text)))
 }
 
 /// Allows a `can_use_tool` request (no trailing newline):
 /// `{"type":"control_response","response":{"subtype":"success","request_id":…,"response":{"behavior":"allow","updatedInput":…}}}`.
 /// Pass the request's own `input` to run the tool unchanged.
 pub fn control_response_allow(request_id: &str, input: &Value) -> String {
-    to_line(&ControlResponseLine {
-        ty: "control_response",
-        response: SuccessResponse {
-            subtype: "success",
-            request_id,
-            response: Allow {
-                behavior: "allow",
-                updated_input: input,
-            },
-        },
-    })
+    stream_json::encode(&ControlResponse::allow(request_id, input))
 }
 
 /// Denies a `can_use_tool` request (no trailing newline):
 /// `{"type":"control_response","response":{"subtype":"success","request_id":…,"response":{"behavior":"deny","message":…}}}`.
 pub fn control_response_deny(request_id: &str, message: &str) -> String {
-    to_line(&ControlResponseLine {
-        ty: "control_response",
-        response: SuccessResponse {
-            subtype: "success",
-            request_id,
-            response: Deny {
-                behavior: "deny",
-                message,
-            },
-        },
-    })
+    stream_json::encode(&ControlResponse::deny(request_id, message))
 }
 
 /// Answers a control request the controller cannot handle (e.g. an unknown subtype), so
 /// Claude Code does not wait forever (no trailing newline):
 /// `{"type":"control_response","response":{"subtype":"error","request_id":…,"error":…}}`.
 pub fn control_response_error(request_id: &str, error: &str) -> String {
-    #[derive(Serialize)]
-    struct ErrorResponse<'a> {
-        subtype: &'static str,
-        request_id: &'a str,
-        error: &'a str,
-    }
-    to_line(&ControlResponseLine {
-        ty: "control_response",
-        response: ErrorResponse {
-            subtype: "error",
-            request_id,
-            error,
-        },
-    })
+    stream_json::encode(&ControlResponse::error(request_id, error))
 }
 
 #[cfg(test)]

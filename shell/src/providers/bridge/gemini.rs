@@ -455,9 +455,10 @@ mod tests {
         assert_eq!(
             end.usage,
             Usage {
-                input: 700,
-                cache_read: 300,
-                output: 47
+                input_tokens: 700,
+                cache_read_input_tokens: 300,
+                output_tokens: 47,
+                ..Usage::default()
             }
         );
     }
