@@ -17,7 +17,9 @@
 //! A session whose environment needs provisioning ([`EnvSpec::needs_provisioning`]) stays
 //! `CREATED` (latis' "creating") until the shell reports [`EnvEvent::Provisioned`]; only then
 //! is its agent spawned. A failed provisioning refuses the create, like an agent that could not
-//! be started: nothing of the session stays. Stopping a session leaves its environment (a
+//! be started: nothing of the session stays. A making that takes longer than the start-up
+//! timeout fails the session instead (FAILED, OBEY-2005, kept: the driver may still be at
+//! work, and its report then is ignored; `delete` removes what it made). Stopping a session leaves its environment (a
 //! restart finds its HOME, its worktree and what the agent wrote there); deleting the session
 //! destroys it (`Effect::Forget`).
 

@@ -470,3 +470,137 @@ async fn environments_the_host_cannot_give_are_refused_and_leave_nothing() {
                 .is_none()
     );
 }
+
+/// What a sandboxed process could use to reach the host through what it is shown: the
+/// daemon's own variables (a credential), a service's Unix socket under /run, the
+/// repository's hooks and config (they run on the host at the user's next git command), and
+/// a workspace that is HOME itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_keeps_the_hosts_secrets_sockets_and_hooks_out_of_reach() {
+    let d = Daemon::start_with_env(Dirs::new(), &[], &[("AWS_SECRET_ACCESS_KEY", "leaked")]).await;
+    make_repo(&d.dirs.root);
+    // A service's socket under /run (as root, which CI is; elsewhere the check is skipped).
+    let run_socket =
+        std::path::PathBuf::from(format!("/run/paddock-e2e-{}.sock", std::process::id()));
+    let service = std::os::unix::net::UnixListener::bind(&run_socket).ok();
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &[
+            "session",
+            "create",
+            "--driver",
+            "bubblewrap",
+            "--task",
+            "hi",
+        ],
+    )
+    .await;
+    assert_eq!(o.code, 0, "{o:?}");
+    let id = created_id(&o);
+    first_turn_done(&d, &id).await;
+    let probe = format!(
+        "env; echo '#!/bin/sh' > .git/hooks/pre-commit && echo hook-written; \
+         git config core.fsmonitor 'touch /x' && echo config-written; \
+         python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"{}\")' \
+         2>/dev/null && echo socket-reached; exit 0",
+        run_socket.display()
+    );
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &["session", "exec", &id, "--", "sh", "-c", &probe],
+    )
+    .await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(
+        o.stdout.contains("PATH="),
+        "the variables a program needs are kept: {o:?}"
+    );
+    for leak in ["leaked", "hook-written", "config-written", "socket-reached"] {
+        assert!(!o.stdout.contains(leak), "{leak}: {o:?}");
+    }
+    assert!(!d.dirs.root.join(".git/hooks/pre-commit").exists());
+    if service.is_some() {
+        let _ = std::fs::remove_file(&run_socket);
+    }
+
+    // A workspace that holds HOME would give the sandbox all of it: refused, nothing made.
+    let home = d.dirs.home.display().to_string();
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &[
+            "session",
+            "create",
+            "--driver",
+            "bubblewrap",
+            "--mount",
+            &format!("{home}:/workspace"),
+            "--task",
+            "x",
+        ],
+    )
+    .await;
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(
+        o.stderr.contains("OBEY-2005") && o.stderr.contains("holds your home directory"),
+        "{o:?}"
+    );
+    assert_eq!(
+        d.all_sessions().await.len(),
+        1,
+        "only the first session exists"
+    );
+}
+
+/// A sandboxed worktree's agent commits on its own branch, and nothing else of the
+/// repository: not another branch, not what points its worktree at the repository (so host
+/// git, `session diff` included, is never sent elsewhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_worktree_writes_only_its_own_branch() {
+    let d = Daemon::start().await;
+    make_repo(&d.dirs.root);
+    let main_before = git(&d.dirs.root, &["rev-parse", "main"]);
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &[
+            "session",
+            "create",
+            "--worktree",
+            "--driver",
+            "bubblewrap",
+            "--name",
+            "gamma",
+            "--task",
+            "hi",
+        ],
+    )
+    .await;
+    assert_eq!(o.code, 0, "{o:?}");
+    let id = created_id(&o);
+    first_turn_done(&d, &id).await;
+    let probe = "echo x > x.txt && git add x.txt && git commit -qm mine && echo committed; \
+                 git branch -f main HEAD 2>/dev/null && echo main-moved; \
+                 echo 'gitdir: /tmp' > .git 2>/dev/null && echo gitfile-written; exit 0";
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &["session", "exec", &id, "--", "sh", "-c", probe],
+    )
+    .await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("committed"), "{o:?}");
+    assert!(
+        !o.stdout.contains("main-moved") && !o.stdout.contains("gitfile-written"),
+        "{o:?}"
+    );
+    assert_eq!(git(&d.dirs.root, &["rev-parse", "main"]), main_before);
+    assert_eq!(
+        git(&d.dirs.root, &["log", "--format=%s", "-1", "paddock/gamma"]),
+        "mine"
+    );
+    let o = cli_in(&d, &d.dirs.root, &["session", "diff", "--stat", &id]).await;
+    assert!(o.stdout.contains("x.txt"), "{o:?}");
+}

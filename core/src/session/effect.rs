@@ -57,7 +57,8 @@ pub struct SpawnSpec {
 pub enum Effect {
     Persist(Record),
     /// Make session `id`'s environment (`config.env`: its driver, a worktree); answer with
-    /// `Input::Environment`. Run at once: nothing of it is visible until the agent starts.
+    /// `Input::Environment` when it is done (the shell makes it off its loop; meanwhile the
+    /// session is CREATED).
     Provision {
         id: SessionId,
         config: SessionConfig,

@@ -439,7 +439,8 @@ pub fn offline_note(req: &pb::CreateSessionRequest) -> Option<String> {
     let provider = paddock_core::Provider::from_number(req.provider)?;
     (isolates && !env.network && provider != paddock_core::Provider::Scripted).then(|| {
         format!(
-            "note: the {} sandbox has no network, and {} reaches its model over the network:              add --network (session.yaml: `{}: {{network: true}}`) unless it needs none",
+            "note: the {} sandbox has no network, and {} reaches its model over the network: \
+             add --network (session.yaml: `{}: {{network: true}}`) unless it needs none",
             env.driver,
             provider.name(),
             env.driver
@@ -664,7 +665,6 @@ pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String> {
     }
 }
 
-/// `session status`: the session's details, latis state first, as `key: value` lines.
 /// `session status`'s driver line: the driver, and in parentheses what it means, its
 /// environment's state when not ready, and where the agent works.
 fn driver_line(s: &pb::SessionInfo) -> String {
@@ -688,6 +688,7 @@ fn driver_line(s: &pb::SessionInfo) -> String {
     format!("{} ({})", driver_of(s), parts.join("; "))
 }
 
+/// `session status`: the session's details, latis state first, as `key: value` lines.
 pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
     use super::view::{rfc3339, status_name};
     let at = |t: &Option<prost_types::Timestamp>| match t {
@@ -864,8 +865,16 @@ pub async fn delete(
     }
     let stopped = stop_and_delete(c, &info).await?;
     // The daemon removed the worktree with the session; its branch goes only when asked.
+    // The session is gone whatever becomes of its branch: a branch git will not delete is a
+    // warning, not a failed delete.
     let branch = if delete_branch {
-        Some(super::workspace::delete_branch(&info)?)
+        match super::workspace::delete_branch(&info) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                eprintln!("warning: session {id} was deleted, but not its branch: {e}");
+                None
+            }
+        }
     } else {
         None
     };

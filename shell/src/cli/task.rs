@@ -260,6 +260,9 @@ async fn print_output(
 pub async fn exec(ctx: &Ctx, session_id: String, command: Vec<String>) -> Result<()> {
     let channel = client::connect_channel(ctx).await?;
     let mut c = TaskServiceClient::new(channel);
+    // Ctrl-C ends the command, not only this client: listening before it starts.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(super::Error::io("SIGINT"))?;
     let id = c
         .launch_task(pb::LaunchTaskRequest {
             session_id,
@@ -271,7 +274,15 @@ pub async fn exec(ctx: &Ctx, session_id: String, command: Vec<String>) -> Result
         .await?
         .into_inner()
         .task_id;
-    print_output(&mut c, id.clone(), true, false).await?;
+    let mut follow = c.clone();
+    tokio::select! {
+        r = print_output(&mut follow, id.clone(), true, false) => r?,
+        _ = interrupt.recv() => {
+            c.cancel_task(pb::CancelTaskRequest { task_id: id.clone() }).await?;
+            eprintln!("interrupted: the command was cancelled");
+            std::process::exit(130);
+        }
+    }
     let t = c
         .get_task(pb::GetTaskRequest { task_id: id })
         .await?

@@ -13,6 +13,7 @@ use paddock_proto::obey::local::v1 as pb;
 
 use super::client::Client;
 use super::{Error, Result};
+use crate::env::Repo;
 
 /// Where the daemon keeps session `id`'s environment.
 async fn environment_dir(c: &mut Client, id: &str) -> Result<PathBuf> {
@@ -33,21 +34,20 @@ pub async fn environment_log(c: &mut Client, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// The session's worktree, or why it has none.
-async fn worktree_of(c: &mut Client, info: &pb::SessionInfo) -> Result<PathBuf> {
+/// The session's worktree and its repository as paddock recorded them when it made them, or
+/// why it has none.
+async fn worktree_of(c: &mut Client, info: &pb::SessionInfo) -> Result<(PathBuf, Repo)> {
     if !info.environment_spec.as_ref().is_some_and(|e| e.worktree) {
         return Err(Error::Usage(format!(
             "session {} has no worktree of its own (create one with --worktree)",
             info.id
         )));
     }
-    let state = c.get_state(pb::StateRequest {}).await?.into_inner();
-    let path = Path::new(&state.data_dir)
-        .join("environments")
-        .join(&info.id)
-        .join("worktree");
-    if !path.join(".git").exists() {
-        return Err(Error::Usage(format!(
+    let root = environment_dir(c, &info.id).await?;
+    let path = root.join("worktree");
+    match crate::env::Made::read(&root).and_then(|m| m.repo) {
+        Some(repo) if path.is_dir() => Ok((path, repo)),
+        _ => Err(Error::Usage(format!(
             "session {}'s worktree {} is not there (its environment is {})",
             info.id,
             path.display(),
@@ -56,9 +56,30 @@ async fn worktree_of(c: &mut Client, info: &pb::SessionInfo) -> Result<PathBuf> 
             } else {
                 &info.environment_state
             }
-        )));
+        ))),
     }
-    Ok(path)
+}
+
+/// Git for the worktree at `wt` of `repo`, as paddock knows them: the repository and the
+/// worktree's administrative directory are named outright (never found through the
+/// worktree's `.git` file, which the agent can rewrite), and nothing of the agent's can make
+/// host git run a program (hooks, fsmonitor, pager, external diff and textconv are off).
+fn git_in(wt: &Path, repo: &Repo) -> std::process::Command {
+    let mut cmd = std::process::Command::new("git");
+    cmd.env("GIT_DIR", &repo.admin)
+        .env("GIT_COMMON_DIR", &repo.common)
+        .env("GIT_WORK_TREE", wt)
+        .env_remove("GIT_INDEX_FILE")
+        .current_dir(wt)
+        .args([
+            "--no-pager",
+            "-c",
+            "core.fsmonitor=",
+            "-c",
+            "core.hooksPath=/dev/null",
+        ])
+        .stdin(Stdio::null());
+    cmd
 }
 
 fn git(dir: &Path) -> std::process::Command {
@@ -80,49 +101,41 @@ fn git_text(cmd: &mut std::process::Command, what: &str) -> Result<String> {
 
 /// `session diff`: everything the agent changed since its worktree was made — its commits,
 /// its uncommitted edits and the files it added — as one diff against the commit the worktree
-/// started from. The worktree's own index is left as the agent left it (a scratch index is
-/// used).
+/// started from (recorded by paddock, out of the agent's reach). The worktree's own index is
+/// left as the agent left it: a scratch index, in a private temporary directory, is used.
 pub async fn diff(c: &mut Client, info: &pb::SessionInfo, stat: bool) -> Result<()> {
-    let wt = worktree_of(c, info).await?;
-    let id = paddock_core::SessionId(info.id.clone());
-    let base = git_text(
-        git(&wt).args(["rev-parse", "--verify", &crate::env::base_ref(&id)]),
-        "rev-parse (the worktree's base)",
-    )?;
-    let index = git_text(
-        git(&wt).args(["rev-parse", "--path-format=absolute", "--git-path", "index"]),
-        "rev-parse (the worktree's index)",
-    )?;
-    let scratch = std::env::temp_dir().join(format!(
-        "paddock-diff-{}-{}.index",
-        info.id,
-        std::process::id()
-    ));
-    // The agent's staged state as the start: `add -A` then adds the rest.
-    if Path::new(&index).exists() {
-        std::fs::copy(&index, &scratch).map_err(Error::io(scratch.display()))?;
+    let (wt, repo) = worktree_of(c, info).await?;
+    let scratch = tempfile::Builder::new()
+        .prefix("paddock-diff-")
+        .tempdir()
+        .map_err(Error::io("a temporary directory"))?;
+    let index = scratch.path().join("index");
+    // The agent's staged state as the start (read, never followed: a plain copy of a regular
+    // file); `add -A` then adds the rest.
+    let own = repo.admin.join("index");
+    if std::fs::symlink_metadata(&own).is_ok_and(|m| m.is_file()) {
+        std::fs::copy(&own, &index).map_err(Error::io(own.display()))?;
     }
-    let result = (|| {
-        git_text(
-            git(&wt).env("GIT_INDEX_FILE", &scratch).args(["add", "-A"]),
-            "add (into a scratch index)",
-        )?;
-        let mut cmd = git(&wt);
-        cmd.env("GIT_INDEX_FILE", &scratch)
-            .args(["diff", "--cached"])
-            .arg(if stat { "--stat" } else { "--patch" })
-            .arg(&base)
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit());
-        let status = cmd.status().map_err(Error::io("git diff"))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(Error::Usage(format!("git diff failed ({status})")))
-        }
-    })();
-    let _ = std::fs::remove_file(&scratch);
-    result
+    git_text(
+        git_in(&wt, &repo)
+            .env("GIT_INDEX_FILE", &index)
+            .args(["add", "-A"]),
+        "add (into a scratch index)",
+    )?;
+    let status = git_in(&wt, &repo)
+        .env("GIT_INDEX_FILE", &index)
+        .args(["diff", "--cached", "--no-ext-diff", "--no-textconv"])
+        .arg(if stat { "--stat" } else { "--patch" })
+        .arg(&repo.base)
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .status()
+        .map_err(Error::io("git diff"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!("git diff failed ({status})")))
+    }
 }
 
 /// `session delete --delete-branch`: the session's branch, once its worktree is gone.

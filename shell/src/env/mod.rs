@@ -119,8 +119,9 @@ pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
             // A kernel or container that forbids the namespaces bwrap needs says so here,
             // not at the agent's start.
             let out = std::process::Command::new(&bwrap)
-                .args(["--ro-bind", "/", "/", "--unshare-pid", "--unshare-net"])
-                .args(["--die-with-parent", "--", "true"])
+                .args(namespace_args(false))
+                .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+                .args(["--tmpfs", "/run", "--", "true"])
                 .stdin(Stdio::null())
                 .output()
                 .map_err(|e| format!("cannot run {}: {e}", bwrap.display()))?;
@@ -176,29 +177,37 @@ fn log(root: &Path, line: &str) {
 }
 
 /// Makes session `id`'s environment, or what is missing of it: safe to call again (a restart
-/// calls it before the agent starts). Returns the agent's working directory in it.
+/// calls it before the agent starts). Returns what a start there needs.
 pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<Made, String> {
     let spec = &config.env;
     let root = host.root(id);
-    make_private_dir(&root)?;
-    let mut workdir = PathBuf::from(&config.working_dir);
-    if spec.worktree {
-        workdir = worktree(id, config, &root)?;
+    if spec.driver == Driver::Bubblewrap && !spec.worktree {
+        safe_workspace(host, Path::new(&config.working_dir))?;
     }
-    if spec.driver == Driver::Bubblewrap {
-        if !root.join("home").exists() {
-            log(
-                &root,
-                &format!(
-                    "bubblewrap sandbox: HOME {} and /tmp of its own, network {}",
-                    host.home.display(),
-                    if spec.network { "on" } else { "off" }
-                ),
-            );
-        }
-        for d in ["home", "tmp"] {
-            make_private_dir(&root.join(d))?;
-        }
+    make_private_dir(&root)?;
+    let mut made = Made {
+        workdir: PathBuf::from(&config.working_dir),
+        repo: None,
+    };
+    if spec.worktree {
+        let (workdir, repo) = worktree(id, config, &root)?;
+        made = Made {
+            workdir,
+            repo: Some(repo),
+        };
+    }
+    if spec.driver == Driver::Bubblewrap && !root.join("home").exists() {
+        log(
+            &root,
+            &format!(
+                "bubblewrap sandbox: HOME {} and /tmp of its own, network {}",
+                host.home.display(),
+                if spec.network { "on" } else { "off" }
+            ),
+        );
+        make_private_dir(&root.join("tmp"))?;
+        make_private_dir(&root.join("home"))?;
+        // Only into a HOME just made: later, the agent owns it (and could plant symlinks).
         let copied = pass_agent_config(config.provider, &host.home, &root.join("home"));
         if !copied.is_empty() {
             log(
@@ -207,57 +216,113 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
             );
         }
     }
-    let git = if spec.worktree && spec.driver == Driver::Bubblewrap {
-        Some(git_dirs(&root.join("worktree"))?)
-    } else {
-        None
-    };
-    let made = Made { workdir, git };
     made.write(&root)?;
     Ok(made)
 }
 
+/// Refuses a workspace that would undo a sandbox: the workspace is shown writable over
+/// everything else, so it must not be `/`, HOME or a directory holding it, or one of the
+/// directories a sandbox hides (or inside one).
+fn safe_workspace(host: &Host, ws: &Path) -> Result<(), String> {
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let ws = canon(ws);
+    let home = canon(&host.home);
+    if ws == Path::new("/") || home.starts_with(&ws) {
+        return Err(format!(
+            "the workspace {} holds your home directory: a sandbox would give the agent all of \
+             it; give a project directory (--mount DIR:/workspace, or run from it)",
+            ws.display()
+        ));
+    }
+    if let Some(h) = host
+        .hidden
+        .iter()
+        .map(|h| canon(h))
+        .find(|h| ws.starts_with(h))
+    {
+        return Err(format!(
+            "the workspace {} is inside {}, which a sandbox hides (paddock's data or runtime \
+             directory)",
+            ws.display(),
+            h.display()
+        ));
+    }
+    Ok(())
+}
+
+/// A worktree's repository, as the host knows it (never as the worktree says: the agent can
+/// rewrite its `.git` file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repo {
+    /// The repository's top directory (the user's checkout).
+    pub top: PathBuf,
+    /// Its git directory (config, hooks, refs, objects).
+    pub common: PathBuf,
+    /// The worktree's administrative directory (`<common>/worktrees/<name>`: HEAD, index).
+    pub admin: PathBuf,
+    /// The commit the worktree started from (what `session diff` compares with).
+    pub base: String,
+}
+
 /// What [`provision`] made that every later start needs, kept in the environment's `made`
-/// file so that starting a process there runs no git and changes nothing.
+/// file (one `key=value` per line) so that a start runs no git and trusts nothing the agent
+/// can write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Made {
     /// Where the session's processes start.
     pub workdir: PathBuf,
-    /// A sandboxed worktree's repository: its git directory (read-only inside) and what a
-    /// commit writes (see [`git_dirs`]).
-    pub git: Option<(PathBuf, Vec<PathBuf>)>,
+    /// The worktree's repository, for a session with one.
+    pub repo: Option<Repo>,
 }
 
 impl Made {
-    /// One path per line: the workdir, then (for a sandboxed worktree) the repository's git
-    /// directory and the writable ones.
     fn write(&self, root: &Path) -> Result<(), String> {
-        let mut lines = vec![self.workdir.clone()];
-        if let Some((common, writable)) = &self.git {
-            lines.push(common.clone());
-            lines.extend(writable.iter().cloned());
+        let mut text = format!("workdir={}\n", self.workdir.display());
+        if let Some(r) = &self.repo {
+            text += &format!(
+                "top={}\ncommon={}\nadmin={}\nbase={}\n",
+                r.top.display(),
+                r.common.display(),
+                r.admin.display(),
+                r.base
+            );
         }
-        let text: Vec<String> = lines
-            .iter()
-            .map(|p| p.to_string_lossy().to_string())
-            .collect();
         let file = root.join("made");
-        std::fs::write(&file, text.join("\n") + "\n")
-            .map_err(|e| format!("cannot write {}: {e}", file.display()))
+        std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
     }
 
-    fn read(root: &Path, sandboxed_worktree: bool) -> Option<Made> {
+    /// What the environment at `root` recorded (`None`: never made, or unreadable).
+    pub fn read(root: &Path) -> Option<Made> {
         let text = std::fs::read_to_string(root.join("made")).ok()?;
-        let mut lines = text.lines().map(PathBuf::from);
-        let workdir = lines.next()?;
-        let git = if sandboxed_worktree {
-            let common = lines.next()?;
-            Some((common, lines.collect()))
-        } else {
-            None
+        let mut kv = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let (k, v) = line.split_once('=')?;
+            kv.insert(k, v);
+        }
+        let repo = match (
+            kv.get("top"),
+            kv.get("common"),
+            kv.get("admin"),
+            kv.get("base"),
+        ) {
+            (Some(t), Some(c), Some(a), Some(b)) => Some(Repo {
+                top: PathBuf::from(t),
+                common: PathBuf::from(c),
+                admin: PathBuf::from(a),
+                base: b.to_string(),
+            }),
+            _ => None,
         };
-        Some(Made { workdir, git })
+        Some(Made {
+            workdir: PathBuf::from(kv.get("workdir")?),
+            repo,
+        })
     }
+}
+
+/// Where session `id`'s environment lives (for the CLI, which reads its `made` file).
+pub fn root_in(data_dir: &Path, id: &SessionId) -> PathBuf {
+    data_dir.join("environments").join(&id.0)
 }
 
 fn make_private_dir(dir: &Path) -> Result<(), String> {
@@ -269,9 +334,13 @@ fn make_private_dir(dir: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot make {}: {e}", dir.display()))
 }
 
-/// The session's worktree (made if missing), and the working directory in it that matches
-/// the session's own in the repository.
-fn worktree(id: &SessionId, config: &SessionConfig, root: &Path) -> Result<PathBuf, String> {
+/// The session's worktree (made if missing) and its repository, and the working directory in
+/// it that matches the session's own in the repository.
+fn worktree(
+    id: &SessionId,
+    config: &SessionConfig,
+    root: &Path,
+) -> Result<(PathBuf, Repo), String> {
     let git = crate::paths::find_on_own_path("git").ok_or("git is not on PATH: install git")?;
     let wd = Path::new(&config.working_dir);
     let top = repo_root(&git, wd)?;
@@ -283,42 +352,92 @@ fn worktree(id: &SessionId, config: &SessionConfig, root: &Path) -> Result<PathB
             w.strip_prefix(&top).ok().map(Path::to_path_buf)
         })
         .unwrap_or_default();
+    let common = PathBuf::from(git_out(
+        &git,
+        &top,
+        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+    )?);
     let path = root.join("worktree");
-    if !path.join(".git").exists() {
-        let branch = branch(&config.agent_name, id);
-        let head = git_out(&git, &top, &["rev-parse", "HEAD"])
-            .map_err(|e| format!("--worktree: the repository has no commit to start from ({e})"))?;
-        let path_s = path.to_string_lossy().to_string();
-        let exists = git_out(&git, &top, &["rev-parse", "--verify", "--quiet", &branch]).is_ok();
-        let args: Vec<&str> = if exists {
-            // A branch kept from an earlier session of that name (`delete` keeps branches):
-            // the agent goes on from it.
-            vec!["worktree", "add", &path_s, &branch]
-        } else {
-            vec!["worktree", "add", "-b", &branch, &path_s, &head]
-        };
-        git_out(&git, &top, &args).map_err(|e| format!("git worktree add failed: {e}"))?;
-        let base = if exists {
-            git_out(&git, &top, &["rev-parse", &branch]).unwrap_or(head)
-        } else {
-            head
-        };
-        git_out(&git, &top, &["update-ref", &base_ref(id), &base])
-            .map_err(|e| format!("cannot record the worktree's base: {e}"))?;
-        log(
-            root,
-            &format!(
-                "worktree {} on branch {branch} from {base} of {}",
-                path.display(),
-                top.display()
-            ),
-        );
-    }
-    Ok(if inside.as_os_str().is_empty() {
+    let base = match Made::read(root).and_then(|m| m.repo) {
+        Some(r) if path.exists() => r.base,
+        _ => {
+            let branch = branch(&config.agent_name, id);
+            git_out(&git, &top, &["check-ref-format", "--branch", &branch])
+                .map_err(|e| format!("--worktree: {branch:?} is not a valid branch name ({e})"))?;
+            let head = git_out(&git, &top, &["rev-parse", "HEAD"]).map_err(|e| {
+                format!("--worktree: the repository has no commit to start from ({e})")
+            })?;
+            let path_s = path.to_string_lossy().to_string();
+            let full = format!("refs/heads/{branch}");
+            let exists = git_out(&git, &top, &["rev-parse", "--verify", "--quiet", &full]).is_ok();
+            let args: Vec<&str> = if exists {
+                // A branch kept from an earlier session of that name (`delete` keeps
+                // branches): the agent goes on from it.
+                vec!["worktree", "add", &path_s, &branch]
+            } else {
+                vec!["worktree", "add", "-b", &branch, &path_s, &head]
+            };
+            git_out(&git, &top, &args).map_err(|e| {
+                format!(
+                    "git worktree add of branch {branch} failed (is a session of that name still \
+                     live? give another --name): {e}"
+                )
+            })?;
+            let base = if exists {
+                git_out(&git, &top, &["rev-parse", &full]).unwrap_or(head)
+            } else {
+                head
+            };
+            // Keeps the base commit reachable (gc); what diff compares with is the copy in
+            // `made`, out of the agent's reach.
+            git_out(&git, &top, &["update-ref", &base_ref(id), &base])
+                .map_err(|e| format!("cannot record the worktree's base: {e}"))?;
+            log(
+                root,
+                &format!(
+                    "worktree {} on branch {branch} from {base} of {}",
+                    path.display(),
+                    top.display()
+                ),
+            );
+            base
+        }
+    };
+    let admin = admin_dir(&common, &path)?;
+    let workdir = if inside.as_os_str().is_empty() {
         path
     } else {
         path.join(inside)
-    })
+    };
+    Ok((
+        workdir,
+        Repo {
+            top,
+            common,
+            admin,
+            base,
+        },
+    ))
+}
+
+/// The administrative directory git keeps for the worktree at `path`: the entry of
+/// `<common>/worktrees/` whose `gitdir` names `path/.git` (found from the repository's side,
+/// never from the worktree's `.git` file, which the agent can rewrite).
+fn admin_dir(common: &Path, path: &Path) -> Result<PathBuf, String> {
+    let want = path.join(".git");
+    let entries = std::fs::read_dir(common.join("worktrees"))
+        .map_err(|e| format!("cannot read {}: {e}", common.join("worktrees").display()))?;
+    for e in entries.flatten() {
+        let gitdir = std::fs::read_to_string(e.path().join("gitdir")).unwrap_or_default();
+        if Path::new(gitdir.trim()) == want {
+            return Ok(e.path());
+        }
+    }
+    Err(format!(
+        "git has no worktree entry for {} in {}",
+        path.display(),
+        common.display()
+    ))
 }
 
 /// Files under HOME through which each agent signs in and is configured: copied into a
@@ -343,19 +462,28 @@ fn agent_config_files(provider: Provider) -> &'static [&'static str] {
 }
 
 fn pass_agent_config(provider: Provider, home: &Path, into: &Path) -> Vec<String> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut copied = Vec::new();
     for rel in agent_config_files(provider) {
         let from = home.join(rel);
-        let to = into.join(rel);
-        if !from.is_file() || to.exists() {
+        if !std::fs::symlink_metadata(&from).is_ok_and(|m| m.is_file()) {
             continue;
         }
+        let to = into.join(rel);
         if let Some(parent) = to.parent() {
             if make_private_dir(parent).is_err() {
                 continue;
             }
         }
-        if std::fs::copy(&from, &to).is_ok() {
+        // A new file, never through a link: the HOME was just made, but be exact anyway.
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&to)
+            .and_then(|mut f| std::io::copy(&mut std::fs::File::open(&from)?, &mut f));
+        if made.is_ok() {
             copied.push(format!("~/{rel}"));
         }
     }
@@ -373,12 +501,13 @@ pub fn enter(
     let made = if !config.env.needs_provisioning() {
         Made {
             workdir: PathBuf::from(&config.working_dir),
-            git: None,
+            repo: None,
         }
     } else {
-        let sandboxed_worktree = config.env.worktree && config.env.driver == Driver::Bubblewrap;
-        match Made::read(&host.root(id), sandboxed_worktree) {
-            Some(made) if made.workdir.is_dir() => made,
+        match Made::read(&host.root(id)) {
+            Some(made) if made.workdir.is_dir() && made.repo.is_some() == config.env.worktree => {
+                made
+            }
             // Never made (a restart after a making that was given up), or removed by hand.
             _ => provision(host, id, config)?,
         }
@@ -401,6 +530,42 @@ fn workspace(host: &Host, id: &SessionId, config: &SessionConfig) -> PathBuf {
     }
 }
 
+/// Variables of the daemon's environment a sandboxed process keeps (besides its session's own
+/// and those of its agent, [`agent_variables`]): what a program needs to run, never a
+/// credential of the user's (`AWS_*`, `GITHUB_TOKEN`, `SSH_AUTH_SOCK`, a D-Bus address, …).
+const KEPT_VARIABLES: &[&str] = &[
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "COLORTERM",
+    "NO_COLOR",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+];
+
+/// Prefixes of the variables an agent itself reads (its keys, endpoints and settings), and
+/// paddock's own (its containment tag and owner mark among them).
+fn agent_variables(provider: Provider) -> &'static [&'static str] {
+    match provider {
+        Provider::ClaudeCode => &["ANTHROPIC_", "CLAUDE_", "PADDOCK_", "LC_"],
+        Provider::Codex | Provider::OpenAiApi => &["OPENAI_", "CODEX_", "PADDOCK_", "LC_"],
+        Provider::Gemini => &["GEMINI_", "GOOGLE_", "PADDOCK_", "LC_"],
+        Provider::Acp | Provider::OpenClaw | Provider::Scripted => &["PADDOCK_", "LC_"],
+    }
+}
+
 fn bubblewrap(
     host: &Host,
     id: &SessionId,
@@ -408,67 +573,89 @@ fn bubblewrap(
     made: &Made,
     plan: LaunchPlan,
 ) -> Result<LaunchPlan, String> {
-    let workdir = &made.workdir;
     let bwrap = crate::paths::find_on_own_path("bwrap")
         .ok_or("bwrap is not on PATH: install the `bubblewrap` package")?;
     let root = host.root(id);
     let s = |p: &Path| p.to_string_lossy().to_string();
-    let mut args: Vec<String> = vec![
-        "--die-with-parent".into(),
-        "--unshare-pid".into(),
-        "--unshare-ipc".into(),
-        "--unshare-uts".into(),
-        "--unshare-cgroup-try".into(),
-    ];
-    if !config.env.network {
-        args.push("--unshare-net".into());
-    }
+    let mut args = namespace_args(config.env.network);
+    // Mounts stack in order, a later one over an earlier one. First the view: the host
+    // read-only, /run (the host's sockets: D-Bus, docker, the user's services) empty, the
+    // session's own /tmp and HOME.
     args.extend(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"].map(String::from));
+    args.extend(["--tmpfs", "/run"].map(String::from));
+    if config.env.network && Path::new("/run/systemd/resolve").is_dir() {
+        // Name resolution through systemd-resolved's stub (what /etc/resolv.conf may name).
+        args.extend(
+            ["--ro-bind", "/run/systemd/resolve", "/run/systemd/resolve"].map(String::from),
+        );
+    }
     args.extend(["--bind".into(), s(&root.join("tmp")), "/tmp".into()]);
     args.extend(["--bind".into(), s(&root.join("home")), s(&host.home)]);
-    // The agent's program, and paddock's own (the scripted agent, the bridges), must still be
-    // found where they are: an agent installed under HOME (~/.local, ~/.npm-global, ~/.nvm)
-    // gets the top directory under HOME that holds it, read-only; a program the sandbox would
-    // otherwise hide (in /tmp, in a hidden directory) is shown itself, read-only.
-    if let Some(top) = install_dir_under(&plan.program, &host.home) {
-        args.extend(["--ro-bind".into(), s(&top), s(&top)]);
+    // Then what is hidden: paddock's data and the user's runtime directory.
+    for h in host.hidden.iter().filter(|h| h.exists()) {
+        args.extend(["--tmpfs".into(), s(h)]);
     }
-    for program in [&plan.program, &host.exe] {
-        let hidden =
-            program.starts_with("/tmp") || host.hidden.iter().any(|h| program.starts_with(h));
-        if let (true, Ok(real)) = (hidden, program.canonicalize()) {
-            args.extend(["--ro-bind".into(), s(&real), s(program)]);
-        }
-    }
-    // Mounts stack in order: what is hidden is covered by an empty tmpfs, then the
-    // workspace is shown on top (a worktree lives in the hidden data dir), then what is hidden
-    // inside the workspace is covered again.
+    // Then what is shown over it: the workspace (a worktree lives in the hidden data dir),
+    // the programs to run (read-only), a worktree's repository.
     let ws = workspace(host, id, config);
-    let (inside, outside): (Vec<&PathBuf>, Vec<&PathBuf>) = host
+    args.extend(["--bind".into(), s(&ws), s(&ws)]);
+    for (real, at) in program_binds(&plan.program, &host.exe, &host.home) {
+        args.extend(["--ro-bind".into(), s(&real), s(&at)]);
+    }
+    let mut covered: Vec<PathBuf> = Vec::new();
+    if let Some(r) = &made.repo {
+        // A commit writes objects, its own branch (refs/heads/paddock/…) and the worktree's
+        // administrative files; the repository's config, hooks, HEAD and every other ref stay
+        // read-only (a hook written from inside would run on the host; another branch moved
+        // would be built by the user). What points the worktree at its repository (its `.git`
+        // file, the admin dir's `gitdir` and `commondir`) is read-only too: host git must
+        // never be sent elsewhere by the agent.
+        args.extend(["--ro-bind".into(), s(&r.common), s(&r.common)]);
+        for dir in [
+            r.common.join("objects"),
+            r.common.join("refs/heads/paddock"),
+            r.common.join("logs/refs/heads/paddock"),
+            r.admin.clone(),
+        ] {
+            make_private_dir(&dir)?;
+            args.extend(["--bind".into(), s(&dir), s(&dir)]);
+        }
+        covered.extend([
+            ws.join(".git"),
+            r.admin.join("gitdir"),
+            r.admin.join("commondir"),
+        ]);
+    } else {
+        // The workspace's own repository: its hooks and config would run on the host.
+        covered.push(ws.join(".git"));
+    }
+    // Last, what must stay covered even inside what was shown.
+    for c in covered.iter().filter(|c| c.exists()) {
+        args.extend(["--ro-bind".into(), s(c), s(c)]);
+    }
+    for h in host
         .hidden
         .iter()
-        .filter(|h| h.exists())
-        .partition(|h| h.starts_with(&ws) && **h != ws);
-    for h in outside {
+        .filter(|h| h.starts_with(&ws) && h.exists())
+    {
         args.extend(["--tmpfs".into(), s(h)]);
     }
     for m in host.masked.iter().filter(|m| m.exists()) {
         args.extend(["--ro-bind".into(), "/dev/null".into(), s(m)]);
     }
-    args.extend(["--bind".into(), s(&ws), s(&ws)]);
-    for h in inside {
-        args.extend(["--tmpfs".into(), s(h)]);
-    }
-    // A worktree's commits go to its repository's object store and refs: those are writable,
-    // the repository's hooks and config stay read-only (a hook written from inside would run
-    // on the host at the user's next git command).
-    if let Some((common, writable)) = &made.git {
-        args.extend(["--ro-bind".into(), s(common), s(common)]);
-        for dir in writable {
-            args.extend(["--bind".into(), s(dir), s(dir)]);
+    // The daemon's variables, but for what a program needs and the agent's own.
+    let keep = agent_variables(config.provider);
+    let session_vars: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().to_string();
+        let kept = KEPT_VARIABLES.contains(&k.as_str())
+            || keep.iter().any(|p| k.starts_with(p))
+            || session_vars.contains(&k.as_str());
+        if !kept {
+            args.extend(["--unsetenv".into(), k]);
         }
     }
-    args.extend(["--chdir".into(), s(workdir)]);
+    args.extend(["--chdir".into(), s(&made.workdir)]);
     args.extend(["--setenv".into(), "HOME".into(), s(&host.home)]);
     args.extend(["--setenv".into(), "TMPDIR".into(), "/tmp".into()]);
     args.push("--".into());
@@ -483,38 +670,49 @@ fn bubblewrap(
     })
 }
 
-/// The repository a worktree at `ws` belongs to (its git directory, which the worktree reads:
-/// config, HEAD, …), and what a commit there writes: the repository's objects, refs and
-/// reflogs, and the worktree's own administrative directory.
-fn git_dirs(ws: &Path) -> Result<(PathBuf, Vec<PathBuf>), String> {
-    let git = crate::paths::find_on_own_path("git").ok_or("git is not on PATH: install git")?;
-    let abs = |p: String| {
-        let p = PathBuf::from(p);
-        if p.is_absolute() {
-            p
-        } else {
-            ws.join(p)
-        }
-    };
-    let common = abs(git_out(&git, ws, &["rev-parse", "--git-common-dir"])?);
-    let own = abs(git_out(&git, ws, &["rev-parse", "--git-dir"])?);
-    let mut dirs = Vec::new();
-    for d in ["objects", "refs", "logs"] {
-        let dir = common.join(d);
-        make_private_dir(&dir)?;
-        dirs.push(dir);
+/// bubblewrap's namespaces (the same for the host check and every sandbox).
+fn namespace_args(network: bool) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--die-with-parent",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
+    .map(String::from)
+    .to_vec();
+    if !network {
+        args.push("--unshare-net".into());
     }
-    dirs.push(own);
-    Ok((common, dirs))
+    args
 }
 
-/// The directory right under `home` that holds `program` (after symlinks), if it is there.
-fn install_dir_under(program: &Path, home: &Path) -> Option<PathBuf> {
-    let real = program.canonicalize().ok()?;
-    let home = home.canonicalize().ok()?;
-    let rest = real.strip_prefix(&home).ok()?;
-    let first = rest.components().next()?;
-    Some(home.join(first))
+/// What must be shown read-only for `program` (and paddock's own binary, which the scripted
+/// agent and the bridges run) to be found where it is: each as the file itself, and a
+/// program under HOME (~/.local/bin/claude, an npm install) with its package (the nearest
+/// directory above it with a `package.json`, up to HOME's own children), never more of HOME.
+/// Pairs of (real path, path inside).
+fn program_binds(program: &Path, exe: &Path, home: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let home = home.canonicalize().unwrap_or_else(|_| home.to_path_buf());
+    let mut binds = Vec::new();
+    for p in [program, exe] {
+        let Ok(real) = p.canonicalize() else { continue };
+        binds.push((real.clone(), p.to_path_buf()));
+        if real != p {
+            binds.push((real.clone(), real.clone()));
+        }
+        if real.starts_with(&home) {
+            let package = real
+                .ancestors()
+                .skip(1)
+                .take_while(|d| d.starts_with(&home) && *d != home)
+                .find(|d| d.join("package.json").is_file());
+            if let Some(dir) = package {
+                binds.push((dir.to_path_buf(), dir.to_path_buf()));
+            }
+        }
+    }
+    binds
 }
 
 /// Removes what session `id`'s environment made: its worktree (the branch stays: it is the
@@ -525,19 +723,16 @@ fn install_dir_under(program: &Path, home: &Path) -> Option<PathBuf> {
 /// returned closure, to run on a blocking thread. What a crash leaves is removed by
 /// [`reconcile`] at the next start. Failures are logged: the row is already gone.
 pub fn destroy(host: &Host, id: &SessionId, config: &SessionConfig) -> impl FnOnce() + Send {
+    let _ = config;
     let root = host.root(id);
     let trash = root.with_file_name(format!("{TRASH}{}", id.0));
+    let repo = Made::read(&root).and_then(|m| m.repo);
     let moved = root.exists() && std::fs::rename(&root, &trash).is_ok();
     if !moved && root.exists() {
         tracing::warn!(session = %id, dir = %root.display(), "cannot move the environment away");
     }
-    if config.env.worktree {
-        if let Some(git) = crate::paths::find_on_own_path("git") {
-            if let Ok(top) = repo_root(&git, Path::new(&config.working_dir)) {
-                let _ = git_out(&git, &top, &["worktree", "prune"]);
-                let _ = git_out(&git, &top, &["update-ref", "-d", &base_ref(id)]);
-            }
-        }
+    if let Some(r) = &repo {
+        forget_worktree(r, id);
     }
     let id = id.clone();
     move || {
@@ -553,13 +748,24 @@ pub fn destroy(host: &Host, id: &SessionId, config: &SessionConfig) -> impl FnOn
     }
 }
 
+/// Tells the repository a session's worktree is gone (its directory was moved or removed):
+/// its entry is pruned, so its branch is free again, and its base ref removed.
+fn forget_worktree(r: &Repo, id: &SessionId) {
+    let Some(git) = crate::paths::find_on_own_path("git") else {
+        return;
+    };
+    if let Err(e) = git_out(&git, &r.top, &["worktree", "prune"]) {
+        tracing::warn!(session = %id, "git worktree prune failed: {e}");
+    }
+    let _ = git_out(&git, &r.top, &["update-ref", "-d", &base_ref(id)]);
+}
+
 /// The prefix of an environment being removed (see [`destroy`]).
 const TRASH: &str = ".removing-";
 
 /// Daemon start-up: removes the environments of sessions the store no longer has (a crash
-/// between a delete's commit and its [`destroy`], or during its removal). Their worktrees are
-/// pruned by git itself once their directories are gone (`git worktree prune`, which any
-/// later worktree command runs).
+/// between a delete's commit and its [`destroy`], or during its removal), and their
+/// worktrees' entries and base refs in their repositories.
 pub fn reconcile(host: &Host, exists: impl Fn(&SessionId) -> bool) -> usize {
     let Ok(entries) = std::fs::read_dir(host.data_dir.join("environments")) else {
         return 0;
@@ -570,9 +776,14 @@ pub fn reconcile(host: &Host, exists: impl Fn(&SessionId) -> bool) -> usize {
         if exists(&id) {
             continue;
         }
+        let repo = Made::read(&e.path()).and_then(|m| m.repo);
         if std::fs::remove_dir_all(e.path()).is_ok() {
             tracing::info!(session = %id, "removed the environment of a session that is gone");
             removed += 1;
+            if let Some(r) = repo {
+                let id = id.0.strip_prefix(TRASH).unwrap_or(&id.0);
+                forget_worktree(&r, &SessionId(id.to_string()));
+            }
         }
     }
     removed

@@ -74,7 +74,7 @@
 //!
 //! | policy | gemini flags |
 //! |---|---|
-//! | `allow-all` (default) | `--approval-mode yolo`: every tool runs |
+//! | `allow-all` (in a sandbox, the daemon's default) | `--approval-mode yolo`: every tool runs |
 //! | `deny` | `--approval-mode default`: only the read-only tools |
 //! | `allow:run_shell_command,write_file` | `--approval-mode default --allowed-tools run_shell_command,write_file` (gemini's tool names; deprecated in 0.61 in favour of policy files, still honoured) |
 //!

@@ -38,7 +38,7 @@
 //! |---|---|---|
 //! | `base_url` | `$OPENAI_BASE_URL`, else `https://api.openai.com/v1` | the endpoint, up to `/chat/completions` |
 //! | `api_key` | `$OPENAI_API_KEY` (preferred: a config value shows in the process list) | sent as `Authorization: Bearer`; none, no header |
-//! | `permissions` | `allow-all` | the daemon's policy for every tool call (`deny`, `allow:shell,read_file`, `ask`, `ask:read_file`) |
+//! | `permissions` | on the host `ask:read_file,list_dir`, in a sandbox `allow-all` (the daemon's default) | the daemon's policy for every tool call (`deny`, `allow:shell,read_file`, `ask`, `ask:read_file`) |
 //! | `max_tool_rounds` | 25 | model calls with tool use per turn, before the turn ends in an ERROR |
 //! | `max_retries` | 2 | retries of a 429 / 5xx / failed connection, per call (at most 10; a timeout is not retried) |
 //! | `retry_backoff_ms` | 500 | the first retry's delay, doubled for each next one (at most 60 s) |
