@@ -73,7 +73,7 @@ use paddock_core::{Activity, ActivityKind, ProviderEvent};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::stream_json::{self, ControlRequest, ControlResponse, Line, Usage, User};
+use super::stream_json::{self, ControlRequest, ControlResponse, Line, ReadResult, Usage, User};
 
 /// `TOOL_CALL` content is cut to this many bytes.
 pub const TOOL_INPUT_MAX: usize = 2000;
@@ -371,26 +371,20 @@ impl ClaudeStreamParser {
     }
 
     fn on_result(&mut self, v: &Value) -> Vec<Parsed> {
+        let r = ReadResult::deserialize(v).unwrap_or_default();
         let mut out = Vec::new();
-        if let Some(sid) = v.get("session_id").and_then(Value::as_str) {
-            if self.session_id.as_deref() != Some(sid) {
-                self.session_id = Some(sid.to_string());
-                out.push(Parsed::Event(ProviderEvent::SessionRef(sid.to_string())));
+        if let Some(sid) = &r.session_id {
+            if self.session_id.as_ref() != Some(sid) {
+                self.session_id = Some(sid.clone());
+                out.push(Parsed::Event(ProviderEvent::SessionRef(sid.clone())));
             }
         }
-        let subtype = v
-            .get("subtype")
-            .and_then(Value::as_str)
-            .unwrap_or("success");
-        let is_error = v.get("is_error").and_then(Value::as_bool).unwrap_or(false);
-        let api_status = v.get("api_error_status").filter(|s| !s.is_null());
-        let text = v.get("result").and_then(Value::as_str).unwrap_or("");
+        let subtype = r.subtype.as_deref().unwrap_or("success");
+        let is_error = r.is_error.unwrap_or(false);
+        let api_status = r.api_error_status.as_ref();
+        let text = r.result.as_deref().unwrap_or("");
 
-        let (tin, tout) = v
-            .get("usage")
-            .filter(|u| u.is_object())
-            .map(usage_totals)
-            .unwrap_or((0, 0));
+        let (tin, tout) = r.usage.map_or((0, 0), |u| (u.input(), u.output_tokens));
         let din = tin.saturating_sub(self.attributed.0);
         let dout = tout.saturating_sub(self.attributed.1);
 
@@ -404,7 +398,7 @@ impl ClaudeStreamParser {
                     .as_str()
                     .map(str::to_string)
                     .unwrap_or_else(|| s.to_string());
-                match v.get("api_error_type").and_then(Value::as_str) {
+                match r.api_error_type.as_deref() {
                     Some(t) if !t.is_empty() => head.push(format!("API error status {s} ({t})")),
                     _ => head.push(format!("API error status {s}")),
                 }
@@ -416,7 +410,7 @@ impl ClaudeStreamParser {
             if !text.is_empty() {
                 detail.push(text.to_string());
             }
-            if let Some(errs) = v.get("errors").and_then(Value::as_array) {
+            if let Some(errs) = &r.errors {
                 detail.extend(errs.iter().map(|e| match e.as_str() {
                     Some(s) => s.to_string(),
                     None => e.to_string(),
@@ -424,15 +418,12 @@ impl ClaudeStreamParser {
             }
             // Claude Code 2.1 says why in `errors` ("Reached maximum number of turns (1)").
             if subtype == "error_max_turns" && detail.is_empty() {
-                if let Some(n) = v.get("num_turns").and_then(Value::as_u64) {
+                if let Some(n) = r.num_turns {
                     detail.push(format!("after {n} turns"));
                 }
             }
             // A bridge names its agent (`paddock_agent`); Claude Code itself does not.
-            let agent = v
-                .get("paddock_agent")
-                .and_then(Value::as_str)
-                .unwrap_or("claude");
+            let agent = r.paddock_agent.as_deref().unwrap_or("claude");
             let mut content = if detail.is_empty() {
                 format!("{agent}: {}", head.join(", "))
             } else {

@@ -426,7 +426,7 @@ pub struct Answer<'a> {
     pub message: Option<&'a str>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Behavior {
     Allow,
@@ -479,6 +479,46 @@ impl<'a> ControlResponse<'a> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// What the daemon reads
+
+/// A `result` line as the daemon's reader takes it: every field may be missing, and a
+/// malformed one reads as missing (a turn's end must never be lost to an odd field).
+#[derive(Debug, Default, Deserialize)]
+pub struct ReadResult {
+    #[serde(default, deserialize_with = "or_default")]
+    pub subtype: Option<String>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub is_error: Option<bool>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub result: Option<String>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub session_id: Option<String>,
+    /// Only an object: the turn's totals.
+    #[serde(default, deserialize_with = "usage_object")]
+    pub usage: Option<Usage>,
+    /// Any value but `null`: the model API's status.
+    #[serde(default)]
+    pub api_error_status: Option<Value>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub api_error_type: Option<String>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub errors: Option<Vec<Value>>,
+    #[serde(default, deserialize_with = "or_default")]
+    pub num_turns: Option<u64>,
+    /// The agent behind a bridge.
+    #[serde(default, deserialize_with = "or_default")]
+    pub paddock_agent: Option<String>,
+}
+
+/// A `usage` field: an object's counts (each malformed one 0); anything else none.
+fn usage_object<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Usage>, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        v @ Value::Object(_) => Some(Usage::deserialize(v).unwrap_or_default()),
+        _ => None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
 // What an agent reads
 
 /// One stdin line of an agent, read.
@@ -497,16 +537,24 @@ pub enum AgentInput {
     NotJson,
 }
 
+/// A field of an answer that is malformed reads as absent: an agent that asked must get an
+/// answer (a wrong one is a refusal), never wait on for one it could not read.
+fn or_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(T::deserialize(Value::deserialize(d)?).unwrap_or_default())
+}
+
 /// A control response as an agent reads it; what it means is the agent's to decide.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 pub struct ReadAnswer {
     /// `success` or `error`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     pub subtype: String,
     /// An `error` response's text.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     pub error: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     pub response: Decision,
 }
 
@@ -514,15 +562,15 @@ pub struct ReadAnswer {
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 pub struct Decision {
     /// `allow`, `deny` (kept as text: anything but `allow` is not an allowance).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     pub behavior: Option<String>,
-    #[serde(default, rename = "updatedInput")]
+    #[serde(default, rename = "updatedInput", deserialize_with = "or_default")]
     pub updated_input: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     pub message: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     pub result: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_default")]
     pub is_error: Option<bool>,
 }
 
@@ -660,6 +708,17 @@ mod tests {
             AgentInput::Answer { answer, .. } => {
                 assert!(!answer.is_success());
                 assert_eq!(answer.error.as_deref(), Some("no"));
+            }
+            other => panic!("{other:?}"),
+        }
+        // A malformed answer is still an answer (not an allowance).
+        match AgentInput::read(
+            r#"{"type":"control_response","response":{"subtype":"success","request_id":"r3","response":{"behavior":7,"is_error":"yes"}}}"#,
+        ) {
+            AgentInput::Answer { request_id, answer } => {
+                assert_eq!(request_id, "r3");
+                assert!(answer.is_success() && !answer.allowed());
+                assert_eq!(answer.response.is_error, None);
             }
             other => panic!("{other:?}"),
         }
