@@ -21,8 +21,11 @@
 //! | [`Line::PaddockRaw`] | a bridge's envelope for an agent line it did not understand |
 //!
 //! Read: [`Usage`] (from any line that carries one; counts are never trusted to be well
-//! formed), [`ControlRequest`] (the daemon's reader) and [`AgentInput`] (what an agent reads on
-//! its stdin: a user message's text, or the answer to one of its control requests).
+//! formed), [`ControlRequest`] and [`ReadResult`] (the daemon's reader) and [`AgentInput`]
+//! (what an agent reads on its stdin: a user message's text, or the answer to one of its
+//! control requests). The reader still walks `assistant` and `user` content blocks and
+//! `system` lines as JSON values: their block types are open-ended and a block it does not
+//! know is skipped, not an unreadable line.
 //!
 //! Optional fields that are `None` are left out, except `parent_tool_use_id` and
 //! `stop_reason`, which Claude Code prints as `null`.

@@ -3,7 +3,8 @@
 //! A bridge prints on stdout exactly the lines the daemon's stream-json reader
 //! ([`crate::providers::claude_stream`]) understands, and reads on stdin exactly the lines the
 //! daemon writes to a Claude Code process: one user message per line, and `control_response`
-//! answers to the `control_request` permission prompts the bridge sends.
+//! answers to the `control_request` permission prompts the bridge sends. Both ways the lines
+//! are [`crate::providers::stream_json`]'s types.
 //!
 //! | bridge prints | daemon sees |
 //! |---|---|

@@ -558,6 +558,9 @@ impl Reply<'_> {
     }
 }
 
+/// The longest placeholder name (`system_prompt`).
+const PLACEHOLDER_MAX: usize = "system_prompt".len();
+
 /// `s` with `{message}`, `{turn}`, `{cwd}`, `{session_id}`, `{system_prompt}` and (when given)
 /// `{answer}` replaced; any other `{…}` stays as written.
 fn expand(r: &Reply<'_>, s: &str, answer: Option<&str>) -> String {
@@ -566,7 +569,11 @@ fn expand(r: &Reply<'_>, s: &str, answer: Option<&str>) -> String {
     while let Some(open) = rest.find('{') {
         out.push_str(&rest[..open]);
         let after = &rest[open..];
-        let close = after.find('}');
+        // Placeholder names are short: look no further than the longest one, so a text full
+        // of `{` costs O(its length), not O(length²).
+        let close = after.as_bytes()[..after.len().min(PLACEHOLDER_MAX + 2)]
+            .iter()
+            .position(|&b| b == b'}');
         let value = close.and_then(|c| match &after[1..c] {
             "message" => Some(r.message.to_string()),
             "turn" => Some(r.k.to_string()),
@@ -640,5 +647,28 @@ pub fn ask_outcome(
     match tool {
         "LS" | "Read" => run_tool(tool, input, cwd),
         _ => (allowed_result.to_string(), false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse_script;
+    use super::*;
+
+    /// Each `{` looks a few bytes ahead at most: a million of them expand at once (scanning
+    /// to the end from each is 5·10¹¹ byte comparisons).
+    #[test]
+    fn a_text_full_of_braces_expands_in_linear_time() {
+        let text = "{".repeat(1_000_000) + "{turn}";
+        let script = format!(r#"{{"turns":[{{"steps":[{{"raw":"{text}"}}]}}]}}"#);
+        let mut agent = Agent::new(parse_script(&script).unwrap(), "s");
+        let started = std::time::Instant::now();
+        let actions = agent.answer("m", Path::new("/"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        let Some(Action::Line(line)) = actions.last() else {
+            panic!("{actions:?}")
+        };
+        assert_eq!(line.len(), 1_000_001);
+        assert!(line.ends_with("{1"));
     }
 }

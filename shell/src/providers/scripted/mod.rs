@@ -135,7 +135,7 @@ use std::io::{self, BufRead, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use agent::{Action, Agent};
+pub use agent::{Action, Agent, Reply};
 pub use script::{parse_script, Script, Step, StepKind, Turn, SCRIPT_BYTES_MAX};
 pub use tools::{list_dir, LIST_MAX, READ_MAX};
 
