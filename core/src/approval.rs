@@ -243,6 +243,30 @@ impl Policy {
     }
 }
 
+/// The `permissions` a session gets when it names none — the safe default:
+///
+/// - inside an isolating driver (bubblewrap) the sandbox is the guard: `allow-all`;
+/// - on the host, reads run and writes and commands wait for a human: `ask` for the agents
+///   that ask before a write or a command themselves and let reads run (Claude Code, the
+///   scripted agent, ACP agents, OpenClaw); `ask:read_file,list_dir` for paddock's own
+///   openai-api loop (which asks for every tool); `deny` for `codex exec` and headless gemini,
+///   which cannot wait for an answer — their read-only modes (codex's read-only sandbox,
+///   gemini's read-only tools), so they read and change nothing.
+pub fn default_permissions(
+    provider: crate::Provider,
+    env: &crate::environment::EnvSpec,
+) -> &'static str {
+    use crate::Provider as P;
+    if env.driver.isolates() {
+        return "allow-all";
+    }
+    match provider {
+        P::ClaudeCode | P::Scripted | P::Acp | P::OpenClaw => "ask",
+        P::OpenAiApi => "ask:read_file,list_dir",
+        P::Codex | P::Gemini => "deny",
+    }
+}
+
 /// How long a request waits for a human and what happens then
 /// (`provider_config["approval_timeout"]`, `provider_config["approval_default"]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,6 +340,29 @@ pub fn parse_duration_ms(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_asks_on_the_host_and_trusts_the_sandbox() {
+        use crate::environment::{Driver, EnvSpec};
+        let host = EnvSpec::default();
+        let sandbox = EnvSpec {
+            driver: Driver::Bubblewrap,
+            ..EnvSpec::default()
+        };
+        for p in crate::Provider::ALL {
+            assert_eq!(default_permissions(p, &sandbox), "allow-all");
+            let d = default_permissions(p, &host);
+            let policy = Policy::parse(Some(d)).expect("a valid policy");
+            assert!(
+                !matches!(policy, Policy::AllowAll),
+                "{p:?} on the host: {d}"
+            );
+            // Whatever cannot ask is never told to.
+            if matches!(p, crate::Provider::Codex | crate::Provider::Gemini) {
+                assert!(!policy.asks(), "{p:?}");
+            }
+        }
+    }
 
     #[test]
     fn policies_parse_and_decide() {

@@ -309,8 +309,20 @@ impl Engine {
             | Input::Restart { id, .. }
             | Input::Delete { id, .. }
             | Input::Report { id, .. }
+            | Input::Environment { id, .. }
             | Input::Provider { id, .. } => vec![id.clone()],
-            Input::Shutdown { .. } => self.live.iter().cloned().collect(),
+            // Every live session, and every ended one whose restart waits for its old process.
+            Input::Shutdown { .. } => self
+                .live
+                .iter()
+                .cloned()
+                .chain(
+                    self.sessions
+                        .values()
+                        .filter(|s| s.restart_pending())
+                        .map(|s| s.record.id.clone()),
+                )
+                .collect(),
             // Due now, in id order (as every tick has visited them).
             Input::Tick => {
                 let due: BTreeSet<SessionId> = self
@@ -381,6 +393,14 @@ impl Engine {
                 }
                 None => not_found(&mut cx, req, &id),
             },
+            // No agent starts once the daemon shuts down: it would outlive it.
+            Input::Restart { req, .. } if self.shutting_down => cx.out.rest.push(Effect::Reply {
+                req,
+                result: Err(Error::new(
+                    ErrorCode::ShuttingDown,
+                    "the daemon is shutting down",
+                )),
+            }),
             Input::Restart {
                 req,
                 id,
@@ -469,13 +489,14 @@ impl Engine {
                 if let Some(s) = self.sessions.get_mut(&id) {
                     s.handle_provider(run, cursor, event, &mut cx);
                     s.flush(&mut cx);
-                    if s.is_discarded() {
-                        // Everything this input would have stored is this session's: the
-                        // delete replaces it (a delete is its own transaction).
-                        self.sessions.remove(&id);
-                        cx.out.persist.clear();
-                        cx.out.persist.push(Effect::Persist(Record::Delete(id)));
-                    }
+                    discard_if_refused(&mut self.sessions, &id, &mut cx.out);
+                }
+            }
+            Input::Environment { id, event } => {
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.handle_environment(event, &mut cx);
+                    s.flush(&mut cx);
+                    discard_if_refused(&mut self.sessions, &id, &mut cx.out);
                 }
             }
             // Nothing new once the daemon shuts down: a task launched then would outlive it.
@@ -517,12 +538,15 @@ impl Engine {
                 });
             }
             Input::Shutdown { req, graceful } => {
-                let live = touched.len();
+                let live = self.live.len();
                 self.shutting_down = true;
                 for id in &touched {
-                    let s = self.sessions.get_mut(id).expect("a live session exists");
-                    debug_assert!(!s.status().is_terminal());
-                    s.handle_stop(crate::NO_REPLY, graceful, &mut cx);
+                    let s = self.sessions.get_mut(id).expect("a touched session exists");
+                    if s.status().is_terminal() {
+                        s.cancel_pending_restart(&mut cx);
+                    } else {
+                        s.handle_stop(crate::NO_REPLY, graceful, &mut cx);
+                    }
                     s.flush(&mut cx);
                 }
                 self.tasks.handle_shutdown(now, &mut cx.out);
@@ -616,10 +640,24 @@ fn not_found(cx: &mut Ctx, req: u64, id: &SessionId) {
     });
 }
 
+/// After a one-session input: a create refused after all (its environment or provider
+/// could not be made) leaves nothing. Everything the input would have stored is that
+/// session's, so the delete replaces it (a delete is its own transaction); what the
+/// driver made is removed after the commit.
+fn discard_if_refused(sessions: &mut BTreeMap<SessionId, Session>, id: &SessionId, out: &mut Out) {
+    if !sessions.get(id).is_some_and(Session::is_discarded) {
+        return;
+    }
+    let s = sessions.remove(id).expect("checked");
+    out.persist.clear();
+    out.persist
+        .push(Effect::Persist(Record::Delete(id.clone())));
+    out.rest.push(Effect::Forget(Box::new(s.record)));
+}
+
 fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionRecord {
     SessionRecord {
         id,
-        config,
         status: Status::Created,
         tokens_input: 0,
         tokens_output: 0,
@@ -638,5 +676,11 @@ fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionR
         run: None,
         provider_cursor: 0,
         last_turn_failed: false,
+        env_state: if config.env.needs_provisioning() {
+            crate::environment::EnvState::Creating
+        } else {
+            crate::environment::EnvState::Ready
+        },
+        config,
     }
 }

@@ -14,6 +14,7 @@
 //! - [`task`]: Aria tasks, a part of the engine.
 //! - [`approval`]: what an agent may do without asking, and requests that wait for a human.
 //! - [`campaign`]: campaigns and the rules for adding and removing them.
+//! - [`environment`]: where a session's agent runs (its driver) and that place's life.
 //! - [`grid`]: the one Markdown renderer of the transition tables.
 //! - [`process`]: the one signal type, TERM → KILL grace and exit-status wording.
 //! - [`time`]: monotonic [`Instant`]s for deadlines, [`Duration`]s, recorded [`Timestamp`]s.
@@ -25,6 +26,7 @@ pub mod approval;
 pub mod budget;
 pub mod campaign;
 pub mod engine;
+pub mod environment;
 pub mod error;
 pub mod grid;
 pub mod model;
@@ -38,6 +40,7 @@ pub use approval::{
     Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
 };
 pub use engine::{Deadline, Engine, Limits, Stored, Surviving};
+pub use environment::{Driver, EnvEvent, EnvSpec, EnvState};
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;
 pub use session::effect::{Effect, Record, Signal, SpawnSpec};

@@ -316,6 +316,8 @@ pub struct SessionConfig {
     pub initial_message: String,
     /// The campaign's root directory: where the agent runs.
     pub working_dir: String,
+    /// Where the agent runs: its driver, a worktree, the sandbox's limits.
+    pub env: crate::environment::EnvSpec,
 }
 
 impl SessionConfig {
@@ -334,6 +336,7 @@ impl SessionConfig {
             timeout_ms: 0,
             initial_message: String::new(),
             working_dir: working_dir.to_string(),
+            env: crate::environment::EnvSpec::default(),
         }
     }
 }
@@ -377,6 +380,9 @@ pub struct SessionRecord {
     /// opaque, increasing position): after a daemon restart, output is read again from here,
     /// and anything at or before it is recognised as already applied.
     pub provider_cursor: u64,
+    /// Where the session's environment is in its life (`Ready` for one that needs nothing
+    /// made).
+    pub env_state: crate::environment::EnvState,
 }
 
 impl SessionRecord {

@@ -817,3 +817,226 @@ fn lost_output_is_recorded_and_noticed_never_silent() {
     assert_eq!(r.status(), Status::Running, "a loss is not a failure");
     assert_eq!(r.record().last_activity_seq, 1);
 }
+
+// ── environments ────────────────────────────────────────────────────────────
+
+fn sandboxed() -> SessionConfig {
+    let mut c = config();
+    c.env = EnvSpec {
+        driver: Driver::Bubblewrap,
+        worktree: true,
+        ..EnvSpec::default()
+    };
+    c
+}
+
+fn environment(r: &mut Rig, event: EnvEvent) -> Vec<Effect> {
+    r.at(1, Input::Environment { id: sid(), event })
+}
+
+fn spawns(fx: &[Effect]) -> usize {
+    fx.iter()
+        .filter(|e| matches!(e, Effect::Spawn { .. }))
+        .count()
+}
+
+#[test]
+fn a_sandboxed_agent_starts_only_once_its_environment_is_made() {
+    let mut r = Rig::new();
+    let (req, fx) = r.create(sandboxed());
+    assert_drain_rule(&fx);
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Provision { id, config } if *id == sid() && config.env.worktree)
+    ));
+    assert_eq!(spawns(&fx), 0, "nothing runs before its environment exists");
+    assert!(reply(&fx, req).is_none(), "the create waits for the agent");
+    assert_eq!(r.status(), Status::Created);
+    assert_eq!(r.record().env_state, EnvState::Creating);
+    // Requests that need an agent are refused meanwhile.
+    let (send, fx) = r.send("hi");
+    assert_eq!(err_code(&fx, send), ErrorCode::WrongState);
+
+    let fx = environment(&mut r, EnvEvent::Provisioned);
+    assert_eq!(spawns(&fx), 1);
+    assert_eq!(r.record().env_state, EnvState::Ready);
+    assert_eq!(
+        statuses(&fx),
+        vec![(Some(Status::Created), Status::Starting)]
+    );
+    let fx = r.provider(1, ProviderEvent::Started { pid: Some(7) });
+    assert!(reply(&fx, req).unwrap().is_ok());
+    // A second report changes nothing.
+    let fx = environment(&mut r, EnvEvent::Provisioned);
+    assert_eq!(spawns(&fx), 0);
+    assert_eq!(r.status(), Status::Running);
+}
+
+#[test]
+fn an_environment_that_cannot_be_made_refuses_the_create_and_leaves_nothing() {
+    let mut r = Rig::new();
+    let (req, _) = r.create(sandboxed());
+    let fx = environment(
+        &mut r,
+        EnvEvent::ProvisionFailed {
+            reason: "bwrap is not installed".into(),
+        },
+    );
+    let e = reply(&fx, req).unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::SandboxInitFailed);
+    assert!(e.message.contains("bubblewrap") && e.message.contains("bwrap is not installed"));
+    assert!(r.engine.session(&sid()).is_none());
+    assert_eq!(r.engine.live_sessions(), 0);
+    let persists: Vec<_> = fx.iter().filter(|e| e.is_persist()).collect();
+    assert_eq!(persists, vec![&Effect::Persist(Record::Delete(sid()))]);
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Forget(_))),
+        "what the driver made is removed"
+    );
+}
+
+#[test]
+fn a_stop_while_the_environment_is_made_ends_the_session_before_it_starts() {
+    let mut r = Rig::new();
+    let (create, _) = r.create(sandboxed());
+    let (stop, fx) = r.stop(false);
+    assert_eq!(err_code(&fx, create), ErrorCode::CreationFailed);
+    assert!(reply(&fx, stop).unwrap().is_ok());
+    assert_eq!(r.status(), Status::Stopped);
+    assert_eq!(r.record().env_state, EnvState::Failed);
+    // The driver's late report starts nothing.
+    let fx = environment(&mut r, EnvEvent::Provisioned);
+    assert_eq!(spawns(&fx), 0);
+    // A restart starts the agent (the shell makes the environment as it starts it).
+    let req = r.req();
+    let fx = r.at(
+        1,
+        Input::Restart {
+            req,
+            id: sid(),
+            provider_config: None,
+        },
+    );
+    assert_eq!(spawns(&fx), 1);
+    let run = r.record().run.unwrap();
+    r.provider(run, ProviderEvent::Started { pid: Some(8) });
+    assert_eq!(r.record().env_state, EnvState::Ready);
+}
+
+#[test]
+fn making_an_environment_counts_against_the_startup_timeout() {
+    let mut r = Rig::new();
+    let (req, _) = r.create(sandboxed());
+    assert_eq!(r.next_deadline(), (T0 + 3_000, Timer::Startup));
+    let fx = r.at(3_000, Input::Tick);
+    let e = reply(&fx, req).unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::SandboxInitFailed);
+    assert_eq!(r.status(), Status::Failed);
+    assert_eq!(r.record().env_state, EnvState::Failed);
+    assert!(r.engine.poll_timeout().is_none());
+}
+
+#[test]
+fn a_restart_of_the_daemon_while_an_environment_is_made_fails_the_session() {
+    let mut r = Rig::new();
+    r.create(sandboxed());
+    let stored = r.record();
+    let (engine, _) = restore_with(limits(), T0 + 10, [stored], [], &Default::default());
+    let s = engine.session(&sid()).unwrap();
+    assert_eq!(s.status(), Status::Failed);
+    assert_eq!(s.record.env_state, EnvState::Failed);
+}
+
+#[test]
+fn a_shutdown_ends_a_session_whose_environment_is_being_made() {
+    let mut r = Rig::new();
+    let (create, _) = r.create(sandboxed());
+    let req = r.req();
+    let fx = r.at(
+        1,
+        Input::Shutdown {
+            req,
+            graceful: true,
+        },
+    );
+    assert_eq!(err_code(&fx, create), ErrorCode::CreationFailed);
+    assert_eq!(r.status(), Status::Stopped);
+    assert_eq!(r.engine.live_sessions(), 0);
+}
+
+#[test]
+fn no_agent_starts_after_a_shutdown_neither_by_restart_nor_by_a_waiting_one() {
+    let mut r = Rig::running(config());
+    // The session fails while its process is still there (a TERM on the way): a restart asked
+    // now waits for that process to be gone.
+    r.send("hi");
+    let fx = r.at(
+        1,
+        Input::Provider {
+            id: sid(),
+            run: 1,
+            cursor: None,
+            event: ProviderEvent::DeliveryFailed {
+                reason: "broken pipe".into(),
+            },
+        },
+    );
+    assert_eq!(r.status(), Status::Failed, "{fx:?}");
+    let restart = r.req();
+    let fx = r.at(
+        1,
+        Input::Restart {
+            req: restart,
+            id: sid(),
+            provider_config: None,
+        },
+    );
+    assert_eq!(spawns(&fx), 0, "it waits for the old process");
+    let fx = r.at(
+        1,
+        Input::Shutdown {
+            req: 90,
+            graceful: true,
+        },
+    );
+    assert_eq!(err_code(&fx, restart), ErrorCode::ShuttingDown);
+    let fx = r.provider(1, exited());
+    assert_eq!(spawns(&fx), 0, "the waiting restart was dropped");
+    let again = r.req();
+    let fx = r.at(
+        1,
+        Input::Restart {
+            req: again,
+            id: sid(),
+            provider_config: None,
+        },
+    );
+    assert_eq!(err_code(&fx, again), ErrorCode::ShuttingDown);
+    assert_eq!(spawns(&fx), 0);
+}
+
+#[test]
+fn a_task_that_never_reached_an_agent_is_sent_by_the_restart() {
+    let mut r = Rig::new();
+    let mut c = sandboxed();
+    c.initial_message = "fix the tests".into();
+    r.create(c);
+    r.stop(true);
+    assert_eq!(r.status(), Status::Stopped);
+    let req = r.req();
+    r.at(
+        1,
+        Input::Restart {
+            req,
+            id: sid(),
+            provider_config: None,
+        },
+    );
+    let run = r.record().run.unwrap();
+    let fx = r.provider(run, ProviderEvent::Started { pid: Some(9) });
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Write { text, .. } if text == "fix the tests")),
+        "{fx:?}"
+    );
+    assert_eq!(r.status(), Status::Working);
+}

@@ -19,6 +19,7 @@ pub mod config;
 pub mod confined;
 pub mod contain;
 pub mod daemon;
+pub mod env;
 #[cfg(test)]
 mod layout;
 pub mod paths;

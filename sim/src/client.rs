@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 
 use paddock_core::{
-    ApprovalId, AskKind, Decision, Input, Provider, RequestId, SessionConfig, SessionId, Status,
+    ApprovalId, AskKind, Decision, Driver, EnvSpec, Input, Provider, RequestId, SessionConfig,
+    SessionId, Status,
 };
 
 use crate::model::Model;
@@ -41,6 +42,9 @@ struct Mix {
     /// Answer a request (0: this seed's humans never answer; everything expires).
     resolve: u32,
     delete: u32,
+    /// Per mille of creates whose session gets an environment of its own (a bubblewrap
+    /// sandbox, a worktree, or both: it is made before the agent starts); 0 on some seeds.
+    env: u32,
 }
 
 /// How this seed's humans answer, and which policies its sessions run under.
@@ -100,6 +104,11 @@ impl Client {
                 rng.range(2, 30) as u32
             },
             delete: rng.range(0, 2) as u32,
+            env: if rng.chance(1, 5) {
+                0
+            } else {
+                rng.range(100, 900) as u32
+            },
         };
         let max_sessions = rng.range(1, 10) as usize;
         let mut policies = [0; 6];
@@ -190,7 +199,17 @@ impl Client {
                 Action::Request(Box::new(Input::Send { req, id, text }))
             }
             2 | 3 => {
-                let id = self.target(model, |s| !s.is_terminal());
+                // Now and then aimed at a session whose environment is still being made.
+                let making: Vec<&SessionId> = self
+                    .ids
+                    .iter()
+                    .filter(|id| model.status(id) == Some(Status::Created))
+                    .collect();
+                let id = if !making.is_empty() && self.rng.chance(1, 2) {
+                    (*self.rng.pick(&making)).clone()
+                } else {
+                    self.target(model, |s| !s.is_terminal())
+                };
                 let req = self.req();
                 Action::Request(Box::new(Input::Stop {
                     req,
@@ -351,6 +370,26 @@ impl Client {
                 .insert("effort".to_string(), "2".to_string());
         }
         self.approval_settings(&mut config.provider_config);
+        if self.rng.per_mille(self.mix.env) {
+            // A sandbox, a worktree, or both; now and then a local one that needs nothing
+            // made after all (it starts at once).
+            let driver = if self.rng.chance(2, 3) {
+                Driver::Bubblewrap
+            } else {
+                Driver::Local
+            };
+            #[allow(
+                clippy::needless_update,
+                reason = "the spec grows (the sandbox's limits): new fields keep their defaults"
+            )]
+            let env = EnvSpec {
+                driver,
+                worktree: self.rng.chance(1, 2),
+                network: driver.isolates() && self.rng.chance(1, 3),
+                ..EnvSpec::default()
+            };
+            config.env = env;
+        }
         Action::Request(Box::new(Input::Create { req, id, config }))
     }
 

@@ -16,9 +16,9 @@ use std::fmt;
 use paddock_core::budget::timeout_deadline;
 use paddock_core::session::table::{InputKind, Rule};
 use paddock_core::{
-    Approval, ApprovalId, Deadline, Effect, Engine, ErrorCode, Input, Instant, Limits,
-    ProviderEvent, Run, RunId, SessionId, SessionRecord, Signal, Status, Step, Stored, Surviving,
-    Timer,
+    Approval, ApprovalId, Deadline, Effect, Engine, EnvEvent, EnvState, ErrorCode, Input, Instant,
+    Limits, ProviderEvent, Run, RunId, SessionId, SessionRecord, Signal, Status, Step, Stored,
+    Surviving, Timer,
 };
 
 use crate::client::{Action, Client};
@@ -27,7 +27,7 @@ use crate::log_entry;
 use crate::model::{diff, AskSeen, Cause, EventKind, Model, ModelStats};
 use crate::rng::Rng;
 use crate::world::{at, now, ts, Millis};
-use crate::world::{pick_limits, Faults, Store, World, T0};
+use crate::world::{pick_limits, Due, Faults, Store, World, T0};
 use paddock_core::Record;
 
 /// How to run one seed.
@@ -88,8 +88,8 @@ impl Default for Coverage {
 /// The restart cases that can happen: (committed status, process adopted, turn open). Every
 /// one must be reached by the CI set. (A STOPPED session has no process to adopt; a turn is
 /// open only while WORKING, WAITING or STOPPING; a session WAITING without a turn was asked
-/// something between turns.)
-pub const RESTART_CASES: [(Status, bool, bool); 17] = [
+/// something between turns; a CREATED one is making its environment and has no process.)
+pub const RESTART_CASES: [(Status, bool, bool); 18] = [
     (Status::Starting, true, false),
     (Status::Running, true, false),
     (Status::Working, true, true),
@@ -98,6 +98,7 @@ pub const RESTART_CASES: [(Status, bool, bool); 17] = [
     (Status::Stopping, true, false),
     (Status::Stopping, true, true),
     (Status::Failed, true, false),
+    (Status::Created, false, false),
     (Status::Starting, false, false),
     (Status::Running, false, false),
     (Status::Working, false, true),
@@ -244,6 +245,16 @@ pub struct Stats {
     /// Asks the fake agents made, and answers they received.
     pub asks_scripted: u64,
     pub answers_received: u64,
+    /// Environments asked for; of them, made to fail, never reported, and dropped unreported
+    /// (the daemon crashed while it made them, or the session was deleted).
+    pub provisions: u64,
+    pub provisions_failed: u64,
+    pub provisions_hung: u64,
+    pub provisions_dropped: u64,
+    /// Whether the daemon was shut down (at the end of the chaos phase), and agents spawned
+    /// after that.
+    pub shutdowns: u64,
+    pub spawns_after_shutdown: u64,
     /// Simulated time the run covered.
     pub sim_ms: Millis,
     pub model: ModelStats,
@@ -356,6 +367,11 @@ struct Sim {
     phase: Phase,
     /// How often (per mille of steps) the client acts in the chaos phase.
     client_rate: u32,
+    /// The chaos phase ends with the daemon's shutdown (graceful or not), on some seeds:
+    /// every live session stopped at once, those making their environment included.
+    shutdown: Option<bool>,
+    /// Agents spawned after the shutdown (a restart that waited for its old process).
+    spawns_after_shutdown: u64,
     crashes: u64,
     crashes_mid_step: u64,
     runner_survived: u64,
@@ -377,6 +393,8 @@ impl Sim {
         let world = World::new(faults, root.fork(2), &limits);
         let client = Client::new(root.fork(3));
         let rng = root.fork(4);
+        let mut end = root.fork(5);
+        let shutdown = end.chance(1, 3).then(|| end.chance(1, 2));
         let mut engine = Engine::new(limits.clone());
         engine.set_trace(true);
         let mut log = EventLog::new(opts.log);
@@ -396,6 +414,8 @@ impl Sim {
             step: 0,
             phase: Phase::Chaos,
             client_rate,
+            shutdown,
+            spawns_after_shutdown: 0,
             crashes: 0,
             crashes_mid_step: 0,
             runner_survived: 0,
@@ -426,6 +446,12 @@ impl Sim {
             turns_scripted: self.world.turns_scripted,
             asks_scripted: self.world.asks_scripted,
             answers_received: self.world.answers_received,
+            provisions: self.world.provisions,
+            provisions_failed: self.world.provisions_failed,
+            provisions_hung: self.world.provisions_hung,
+            provisions_dropped: self.world.provisions_dropped,
+            shutdowns: u64::from(self.shutdown.is_some()),
+            spawns_after_shutdown: self.spawns_after_shutdown,
             sim_ms: self.now - T0,
             model: self.model.stats,
         }
@@ -452,6 +478,15 @@ impl Sim {
                 Next::Read(action) => self.read(&action)?,
                 Next::Idle => {}
             }
+        }
+
+        // The daemon is asked to shut down (on some seeds): every live session is stopped,
+        // nobody waiting for those stops; nothing new is created afterwards.
+        if let Some(graceful) = self.shutdown {
+            self.step += 1;
+            let req = self.client.req();
+            let cause = self.model.on_shutdown(req, graceful);
+            self.feed(Input::Shutdown { req, graceful }, cause)?;
         }
 
         // 2. Liveness: heal, only stops, everyone settles.
@@ -575,7 +610,16 @@ impl Sim {
         if tick {
             return Some(Next::Input(Input::Tick, Cause::Tick));
         }
-        let d = self.world.pop_due(self.now, &mut self.rng)?;
+        let d = match self.world.pop_due(self.now, &mut self.rng)? {
+            Due::Provider(d) => d,
+            Due::Environment { id, event } => {
+                let cause = Cause::Environment {
+                    id: id.clone(),
+                    ok: matches!(event, EnvEvent::Provisioned),
+                };
+                return Some(Next::Input(Input::Environment { id, event }, cause));
+            }
+        };
         let ask = match &d.event {
             ProviderEvent::Ask(paddock_core::Ask {
                 approval,
@@ -713,7 +757,15 @@ impl Sim {
         self.model.on_batch(self.now, cause, effects, &self.store)?;
         for e in effects {
             match e {
-                Effect::Spawn { id, run, spec } => self.world.spawn(self.now, id, *run, spec)?,
+                Effect::Spawn { id, run, spec } => {
+                    if self.engine.is_shutting_down() {
+                        self.spawns_after_shutdown += 1;
+                        return Err(format!(
+                            "{id}: an agent was spawned after the shutdown (run {run})"
+                        ));
+                    }
+                    self.world.spawn(self.now, id, *run, spec)?
+                }
                 Effect::Write { id, run, .. } => self.world.write(self.now, id, *run)?,
                 Effect::CloseInput { id, run } => self.world.close_input(self.now, id, *run)?,
                 Effect::Signal {
@@ -725,6 +777,8 @@ impl Sim {
                 Effect::Answer {
                     id, run, approval, ..
                 } => self.world.answer(self.now, id, *run, approval)?,
+                Effect::Provision { id, config } => self.world.provision(self.now, id, config)?,
+                Effect::Forget(rec) => self.world.forget(rec)?,
                 _ => {}
             }
         }
@@ -1038,15 +1092,14 @@ impl Sim {
                         pid: Some(pid),
                         kill_at: Some(at(now) + self.limits.kill_grace),
                     };
+                    // An agent that runs has its environment.
+                    want.env_state = EnvState::Ready;
                     match rec.status {
                         Status::Created | Status::Starting => {
                             want.status = Status::Running;
                             want.started_at = Some(ts(now));
                             want.last_status_seq += 1;
-                            if rec.restart_count == 0
-                                && rec.turns == 0
-                                && !rec.config.initial_message.is_empty()
-                            {
+                            if rec.turns == 0 && !rec.config.initial_message.is_empty() {
                                 // A first start sends the initial message, adopted or not.
                                 want.status = Status::Working;
                                 want.last_status_seq += 1;
@@ -1113,6 +1166,10 @@ impl Sim {
                     want_run = Run::Idle;
                     if !rec.status.is_terminal() {
                         want.status = Status::Failed;
+                        if rec.env_state == EnvState::Creating {
+                            // Its making died with the old daemon: given up.
+                            want.env_state = EnvState::Failed;
+                        }
                         want.ended_at = Some(ts(now));
                         want.last_status_seq += 1;
                         if rec.turn_open {
@@ -1346,7 +1403,20 @@ fn check_table(
                 }
             }
         }
-        Cause::Tick | Cause::Restore => {}
+        // A report on an environment whose making was given up (the session stopped, failed
+        // or started since) changes nothing at all.
+        Cause::Environment { .. } => {
+            if let Some(step) = trace.iter().find(|s| s.rule == Rule::Ignore) {
+                if !effects.is_empty() {
+                    return Err(format!(
+                        "the table ignores ({}, {}), but the engine did {effects:?}",
+                        step.status,
+                        step.input.name()
+                    ));
+                }
+            }
+        }
+        Cause::Tick | Cause::Restore | Cause::Shutdown { .. } => {}
     }
     Ok(())
 }

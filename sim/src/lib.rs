@@ -69,6 +69,20 @@
 //! none. The stored requests for a human are loaded as the shell's store gives them (every
 //! open one, the 32 most recently resolved of each session), adopted or not.
 //!
+//! # Environments
+//!
+//! Most seeds create a share of their sessions with an environment of their own (a bubblewrap
+//! sandbox, a worktree, or both; now and then a `local` one that needs nothing made and starts
+//! at once). Such a create stays CREATED and asks for its environment (`Effect::Provision`);
+//! the world answers after a moment (`Input::Environment`) — or, as the seed's faults say, late
+//! (`slow_provision`: half to twice the start-up timeout), with `ProvisionFailed`
+//! (`provision_fail`), or never (`provision_hang`: the start-up timeout ends the session). The
+//! making is the daemon's own work: a daemon crash drops it (the new daemon fails the session),
+//! and a delete drops what is left of it (`Effect::Forget`). A report that comes after the making
+//! was given up (a stop, the timeout) is still delivered, and must change nothing. The client
+//! aims some stops at sessions making their environment, and a third of the seeds end the chaos
+//! phase with the daemon's shutdown (graceful or not), which stops every live session at once.
+//!
 //! # Approvals
 //!
 //! Each seed picks how often its agents ask (`ask`, per mille of turns; 0 on a quarter of the
@@ -106,8 +120,9 @@
 //!   plus one, and the pair is one the reference relation allows for the cause (the input that
 //!   made it): nothing leaves STOPPED or FAILED except through a restart (and then to STARTING,
 //!   with `restart_count` one higher); every FAILED carries the error code its cause implies
-//!   (a spawn failure or the start-up timeout OBEY-2004, the budget OBEY-2013, the session
-//!   timeout OBEY-2014, an exit OBEY-2031, a lost process OBEY-2032);
+//!   (a spawn failure or the start-up timeout OBEY-2004, an environment not made in time
+//!   OBEY-2005, the budget OBEY-2013, the session timeout OBEY-2014, an exit OBEY-2031, a lost
+//!   process OBEY-2032);
 //! - only a forced stop, a restart, a deadline, the budget, an exit or a daemon restart
 //!   interrupts a turn: a graceful stop (a second one too) waits for it;
 //! - one turn at a time per session; every turn's stream ends exactly once (one COMPLETION or
@@ -154,11 +169,27 @@
 //!   a refusal has no other effect;
 //! - a `Delete` is answered at once: an ended session without a process is removed (its
 //!   `Record::Delete` alone in its transaction, the store's rows gone with it, the engine and
-//!   clients no longer know it); any other is refused (OBEY-2011; OBEY-2010 if unknown).
+//!   clients no longer know it); any other is refused (OBEY-2011; OBEY-2010 if unknown);
+//! - environments: a create whose environment needs making stays CREATED, asks for it once
+//!   (`Provision`, with the session's config) and spawns nothing; only the report that it was
+//!   made starts the agent (CREATED → STARTING, one `Spawn`; the create still answered when the
+//!   agent starts); a report that it could not be made refuses the create (OBEY-2005) and
+//!   leaves nothing (`Record::Delete` alone in its transaction); a stop or the shutdown while it
+//!   is made refuses the create (OBEY-2004) and ends the session STOPPED at once, the stop
+//!   answered; the start-up timeout (counted from the create) fails it (OBEY-2005, the create
+//!   answered with that error), a daemon restart too (OBEY-2032); a report on anything but a
+//!   CREATED session changes nothing; a restart of a CREATED session is refused (OBEY-2011);
+//! - every session removed (deleted, or a refused create discarded, after a failed spawn too)
+//!   is forgotten (`Effect::Forget`) in the same batch, once, and nothing else is;
+//! - a shutdown is answered at once with the number of live sessions, and stops each of them
+//!   (a graceful one lets turns finish, a forced one interrupts them); nobody waits for those
+//!   stops' replies.
 //!
 //! Checked after every step:
 //! - the engine's records equal the committed ones (no change is left unpersisted), and equal
-//!   what clients saw (status, seqs, tokens, turns, restart count, config, the cursor applied);
+//!   what clients saw (status, seqs, tokens, turns, restart count, config, the cursor applied,
+//!   the environment's state: `creating` while it is made, `ready` once made or once an agent
+//!   started in it, `failed` once its making was given up);
 //! - the record names the session's process (`run`) and says whether a turn is open
 //!   (`turn_open`), so that a restarted daemon adopts the right process and ends or continues
 //!   the right turn; turns begun = turns ended + the open one;
@@ -169,8 +200,8 @@
 //! - the engine's idea of each process matches the world's (no lost process, no ghost);
 //! - after a Tick, no deadline is due;
 //! - one next deadline, with its reason: the reference model computes every session's
-//!   deadlines itself (the start-up timeout while STARTING, the session timeout while RUNNING or
-//!   WORKING, the grace period of a graceful stop waiting for a turn, the KILL due a kill grace
+//!   deadlines itself (the start-up timeout while STARTING or making its environment, the
+//!   session timeout while RUNNING or WORKING, the grace period of a graceful stop waiting for a turn, the KILL due a kill grace
 //!   period after a TERM until the process is gone or KILLed), and each session's
 //!   `next_deadline` and `Engine::poll_timeout` must be the earliest of them (and the earliest
 //!   expiry of an open request) (the driver sleeps
@@ -209,8 +240,10 @@
 //!   the restore's effects are applied (its open ones cancelled, no agent told); every resolved
 //!   request loaded is known again for a late answer.
 //!
-//! Every restart case (committed status × adopted or not × turn open or not) must be reached
-//! by the CI set, like every legal pair of the table. After the faults heal (the agents still
+//! Every restart case (committed status × adopted or not × turn open or not; CREATED, lost, is
+//! a daemon that crashed while it made an environment) must be reached by the CI set, like
+//! every legal pair of the table and every way an environment's making ends (made, refused,
+//! stopped, shut down, timed out, lost in a crash, reported late). After the faults heal (the agents still
 //! ask; the client stops sessions and answers requests): every session idle or terminal, so
 //! every request resolved, within a bounded number of steps. At the end: every request
 //! answered, every request for a human closed, every process reaped, no deadline left.

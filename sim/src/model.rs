@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Approval, ApprovalId, ApprovalSettings, ApprovalState,
-    AskKind, Deadline, Decision, Effect, Engine, Error, ErrorCode, Input, Limits, Record,
+    AskKind, Deadline, Decision, Effect, Engine, EnvState, Error, ErrorCode, Input, Limits, Record,
     RequestId, Run, RunId, SessionConfig, SessionId, SessionRecord, Signal, SpawnSpec, Status,
     StatusEvent, Timer,
 };
@@ -79,6 +79,17 @@ pub enum Cause {
     Tick,
     /// A restarted daemon reconciling what the store says.
     Restore,
+    /// The daemon's report on session `id`'s environment: made (`ok`) or not.
+    Environment {
+        id: SessionId,
+        ok: bool,
+    },
+    /// The daemon shuts down: every live session is stopped (nobody waits for those stops'
+    /// replies), and the shutdown is answered at once with how many there were.
+    Shutdown {
+        req: RequestId,
+        graceful: bool,
+    },
 }
 
 impl Cause {
@@ -86,8 +97,28 @@ impl Cause {
         matches!(self, Cause::Request { kind, .. } if *kind == k)
     }
 
+    /// A stop, one of the stops a shutdown makes included.
     fn stop(&self) -> bool {
-        self.req(ReqKind::StopGraceful) || self.req(ReqKind::StopForced)
+        self.req(ReqKind::StopGraceful)
+            || self.req(ReqKind::StopForced)
+            || matches!(self, Cause::Shutdown { .. })
+    }
+
+    /// A graceful stop (or shutdown): an open turn may finish, and what was asked is told no.
+    fn graceful_stop(&self) -> bool {
+        self.req(ReqKind::StopGraceful) || matches!(self, Cause::Shutdown { graceful: true, .. })
+    }
+
+    /// A forced stop (or shutdown): an open turn is interrupted.
+    fn forced_stop(&self) -> bool {
+        self.req(ReqKind::StopForced)
+            || matches!(
+                self,
+                Cause::Shutdown {
+                    graceful: false,
+                    ..
+                }
+            )
     }
 
     fn ev(&self, k: EventKind) -> bool {
@@ -102,11 +133,18 @@ impl Cause {
         matches!(self, Cause::Restore)
     }
 
+    /// A report that the environment was made (`ok`) or could not be.
+    fn env(&self, ok: bool) -> bool {
+        matches!(self, Cause::Environment { ok: o, .. } if *o == ok)
+    }
+
     /// The one session a request or a provider event may change.
     fn session(&self) -> Option<&SessionId> {
         match self {
-            Cause::Request { id, .. } | Cause::Provider { id, .. } => Some(id),
-            Cause::Tick | Cause::Restore => None,
+            Cause::Request { id, .. }
+            | Cause::Provider { id, .. }
+            | Cause::Environment { id, .. } => Some(id),
+            Cause::Tick | Cause::Restore | Cause::Shutdown { .. } => None,
         }
     }
 }
@@ -127,7 +165,8 @@ pub struct SessionModel {
     pub activity_seq: u64,
     pub tokens_in: u64,
     pub tokens_out: u64,
-    /// Transitions into STARTING seen (the first is the creation): `restart_count + 1`.
+    /// Transitions into STARTING seen (the first is the creation), or the creation itself for
+    /// a session that first waits for its environment: `restart_count + 1`.
     pub starts: u32,
     /// Turns started (user messages stored).
     pub turns: u64,
@@ -160,6 +199,10 @@ pub struct SessionModel {
     ending: Option<Millis>,
     /// Its open requests for a human: id → when each expires.
     pub open: BTreeMap<ApprovalId, Millis>,
+    /// Where its environment is in its life: `Creating` from a create that needs one made
+    /// until the report (`Ready`), or until its making is given up (a stop, the start-up
+    /// timeout, a daemon restart: `Failed`); `Ready` again once an agent starts in it.
+    pub env: EnvState,
 }
 
 impl SessionModel {
@@ -241,6 +284,17 @@ pub struct ModelStats {
     pub answers_repeated: u64,
     /// Creates refused because their provider could not be started (nothing of them stays).
     pub creates_discarded: u64,
+    /// Environments: made (the agent then spawned), refused (OBEY-2005, nothing stays), given
+    /// up by a stop (OBEY-2004, STOPPED), by the start-up timeout (FAILED, OBEY-2005) or by a
+    /// daemon restart; reports that came after the making was given up (ignored).
+    pub envs_made: u64,
+    pub envs_refused: u64,
+    pub envs_stopped: u64,
+    /// ... of those, by the daemon's shutdown.
+    pub envs_shutdown: u64,
+    pub envs_timed_out: u64,
+    pub envs_lost: u64,
+    pub env_reports_ignored: u64,
     /// Sessions deleted, and deletes refused (the session was live or still had a process).
     pub deleted: u64,
     pub deletes_refused: u64,
@@ -267,6 +321,16 @@ pub struct Model {
     batch_approvals: BTreeSet<ApprovalId>,
     /// The sessions whose record the current batch wrote.
     batch_persisted: BTreeSet<SessionId>,
+    /// In the current batch: sessions removed (deleted, or a refused create discarded), and
+    /// the `Forget`s (one per removal, and no other); environments asked for
+    /// (`Provision`), spawns; and what a session's status must be once the batch is done.
+    batch_removed: Vec<SessionId>,
+    batch_forgotten: Vec<SessionId>,
+    batch_provisions: Vec<SessionId>,
+    batch_spawns: Vec<SessionId>,
+    batch_expect: Vec<(SessionId, Status, &'static str)>,
+    /// A shutdown waiting for its reply: its request and how many sessions were live.
+    shutdown: Option<(RequestId, usize)>,
     /// Whole-state checks so far (every 16th compares every configuration).
     checks: u64,
     pub stats: ModelStats,
@@ -285,6 +349,12 @@ impl Model {
             answered: BTreeSet::new(),
             batch_approvals: BTreeSet::new(),
             batch_persisted: BTreeSet::new(),
+            batch_removed: Vec::new(),
+            batch_forgotten: Vec::new(),
+            batch_provisions: Vec::new(),
+            batch_spawns: Vec::new(),
+            batch_expect: Vec::new(),
+            shutdown: None,
             checks: 0,
             stats: ModelStats::default(),
         }
@@ -418,6 +488,7 @@ impl Model {
             // sweep does not cover them yet).
             Input::Resolve { .. }
             | Input::Provider { .. }
+            | Input::Environment { .. }
             | Input::Report { .. }
             | Input::Task(_)
             | Input::AddCampaign { .. }
@@ -444,7 +515,7 @@ impl Model {
                         provider_config, ..
                     },
                     Some(s),
-                ) if s != Status::Stopping => {
+                ) if s != Status::Stopping && s != Status::Created => {
                     if s.is_terminal() {
                         sm.restart_asked = true;
                     } else {
@@ -482,6 +553,21 @@ impl Model {
         }
     }
 
+    /// The daemon is asked to shut down: every live session is stopped as by a stop nobody
+    /// waits for (a session making its environment ends STOPPED at once, its create refused).
+    pub fn on_shutdown(&mut self, req: RequestId, graceful: bool) -> Cause {
+        self.stats.requests += 1;
+        let live = self.live();
+        for sm in self.sessions.values_mut() {
+            if !sm.status.is_terminal() {
+                sm.after_stop = Some(Then::Stop);
+            }
+        }
+        self.pending_pre = None;
+        self.shutdown = Some((req, live));
+        Cause::Shutdown { req, graceful }
+    }
+
     // ── effect batches ───────────────────────────────────────────────────
 
     /// Checks one `handle` result (after its persists were committed to `store`) and learns
@@ -494,6 +580,11 @@ impl Model {
         store: &Store,
     ) -> Result<(), String> {
         self.now = now;
+        self.batch_removed.clear();
+        self.batch_forgotten.clear();
+        self.batch_provisions.clear();
+        self.batch_spawns.clear();
+        self.batch_expect.clear();
         // The drain rule: every Persist comes before every other effect.
         let rest_at = effects
             .iter()
@@ -612,6 +703,28 @@ impl Model {
                     sm.config.clone(),
                 )
             });
+        // The session's status before this batch (what an environment report is judged by),
+        // and whether this is its spawning process reporting it started (then its agent runs
+        // in its environment: made, whatever became of an earlier making).
+        let pre_status = cause
+            .session()
+            .and_then(|id| self.sessions.get(id))
+            .map(|sm| sm.status);
+        let starts_agent = match cause {
+            Cause::Provider {
+                id,
+                run,
+                event: EventKind::Started,
+                ..
+            } => self.sessions.get(id).is_some_and(|sm| {
+                sm.proc_run == Some(*run)
+                    && matches!(
+                        sm.status,
+                        Status::Starting | Status::Stopping | Status::Failed
+                    )
+            }),
+            _ => false,
+        };
         if let Cause::Provider {
             id,
             run,
@@ -639,14 +752,32 @@ impl Model {
             match e {
                 Effect::EmitStatus(ev) => self.on_status(cause, ev, &messages, store)?,
                 Effect::EmitActivity(ev) => self.on_activity(cause, ev)?,
+                // A stop the shutdown made: nobody waits for its reply.
+                Effect::Reply { req, .. } if *req == paddock_core::NO_REPLY => {}
                 Effect::Reply { req, result } => self.on_reply(cause, *req, result, store)?,
+                Effect::ReplyShutdown { req, live } => {
+                    let want = match cause {
+                        Cause::Shutdown { req: r, .. } if r == req => self.shutdown.take(),
+                        _ => None,
+                    };
+                    if want != Some((*req, *live)) {
+                        return Err(format!(
+                            "shutdown {req} answered on {cause:?} with {live} live sessions; the \
+                             reference says {want:?} (at once, with the live sessions counted)"
+                        ));
+                    }
+                }
                 Effect::Spawn { id, run, spec } => self.on_spawn(cause, id, *run, spec, store)?,
                 Effect::Write { id, .. } => same_session(cause, id)?,
                 Effect::CloseInput { id, run } => {
                     same_session(cause, id)?;
                     self.on_close_input(id, *run)?;
                 }
-                Effect::Forget(rec) => same_session(cause, &rec.id)?,
+                Effect::Forget(rec) => {
+                    same_session(cause, &rec.id)?;
+                    self.batch_forgotten.push(rec.id.clone());
+                }
+                Effect::Provision { id, config } => self.on_provision(cause, id, config)?,
                 Effect::Notice(n) => same_session(cause, &n.session)?,
                 Effect::Signal {
                     id, run, signal, ..
@@ -690,8 +821,7 @@ impl Model {
                 | Effect::EmitTaskOutput(_)
                 | Effect::ReplyTask { .. }
                 | Effect::ReplyAddCampaign { .. }
-                | Effect::ReplyRemoveCampaign { .. }
-                | Effect::ReplyShutdown { .. } => {
+                | Effect::ReplyRemoveCampaign { .. } => {
                     return Err(format!("{cause:?} had an effect of no session: {e:?}"))
                 }
             }
@@ -702,6 +832,12 @@ impl Model {
             ));
         }
         self.check_answers(cause, applied, before, &answers, &resolved)?;
+        if starts_agent {
+            if let Some(sm) = cause.session().and_then(|id| self.sessions.get_mut(id)) {
+                sm.env = EnvState::Ready;
+            }
+        }
+        self.check_environment(cause, pre_status, effects)?;
         if cause.tick() {
             // Every due deadline fired: a due KILL was sent (or, the table ignoring it, dropped).
             for sm in self.sessions.values_mut() {
@@ -725,7 +861,7 @@ impl Model {
         answers: &[&Approval],
         resolved: &[&Approval],
     ) -> Result<(), String> {
-        let graceful = cause.req(ReqKind::StopGraceful);
+        let graceful = cause.graceful_stop();
         for a in resolved {
             let n = answers.iter().filter(|x| x.id == a.id).count();
             let want = match a.state {
@@ -1093,6 +1229,104 @@ impl Model {
         Ok(())
     }
 
+    /// `Provision`: only for a create that was just accepted, whose environment needs
+    /// something made, with its configuration; once.
+    fn on_provision(
+        &mut self,
+        cause: &Cause,
+        id: &SessionId,
+        config: &SessionConfig,
+    ) -> Result<(), String> {
+        same_session(cause, id)?;
+        let Some(sm) = self.sessions.get(id) else {
+            return Err(format!("Provision for a session never created: {id}"));
+        };
+        let created = matches!(
+            cause,
+            Cause::Request { req, kind: ReqKind::Create, .. }
+                if self.pending.get(req).is_some_and(|p| p.config.is_some())
+        );
+        if !created
+            || sm.status != Status::Created
+            || sm.env != EnvState::Creating
+            || !sm.config.env.needs_provisioning()
+            || *config != sm.config
+            || self.batch_provisions.contains(id)
+        {
+            return Err(format!(
+                "Provision for {id} ({}, environment {:?}) on {cause:?} with config {config:?}: \
+                 only a create whose environment needs making asks for it, once, with the \
+                 session's config {:?}",
+                sm.status, sm.env, sm.config
+            ));
+        }
+        self.batch_provisions.push(id.clone());
+        Ok(())
+    }
+
+    /// The end of a batch, for environments: a report on one being made starts the agent
+    /// (CREATED → STARTING, one Spawn, the create still waiting for the agent) or refuses the
+    /// create (answered OBEY-2005, nothing of the session left, what was made forgotten); a
+    /// report on anything else changes nothing. What a stop or the start-up timeout did to a
+    /// making (checked as it happened) left the status it must. Every session removed is
+    /// forgotten (`Forget`: its environment, its conversation), once, and only those.
+    fn check_environment(
+        &mut self,
+        cause: &Cause,
+        pre: Option<Status>,
+        effects: &[Effect],
+    ) -> Result<(), String> {
+        if let Cause::Environment { id, ok } = cause {
+            let now = self.sessions.get(id).map(|sm| sm.status);
+            if pre != Some(Status::Created) {
+                if !effects.is_empty() {
+                    return Err(format!(
+                        "a late report on {id}'s environment (ok={ok}; the session is {pre:?}) \
+                         changed something: {effects:?}"
+                    ));
+                }
+                self.stats.env_reports_ignored += 1;
+            } else if *ok {
+                if now != Some(Status::Starting) || self.batch_spawns != [id.clone()] {
+                    return Err(format!(
+                        "{id}'s environment was made, yet the session is {now:?} with spawns \
+                         {:?} (its agent starts now, once)",
+                        self.batch_spawns
+                    ));
+                }
+                self.stats.envs_made += 1;
+            } else {
+                if now.is_some() || self.batch_removed != [id.clone()] {
+                    return Err(format!(
+                        "{id}'s environment could not be made, yet the session is {now:?} \
+                         (its create must be refused with OBEY-2005 and nothing of it stay)"
+                    ));
+                }
+                self.stats.envs_refused += 1;
+            }
+        }
+        for (id, want, why) in std::mem::take(&mut self.batch_expect) {
+            let now = self.sessions.get(&id).map(|sm| sm.status);
+            if now != Some(want) {
+                return Err(format!(
+                    "{id} is {now:?} after {cause:?}, not {want}: {why}"
+                ));
+            }
+        }
+        let mut removed = self.batch_removed.clone();
+        let mut forgotten = self.batch_forgotten.clone();
+        removed.sort();
+        forgotten.sort();
+        if removed != forgotten {
+            return Err(format!(
+                "{cause:?} removed sessions {removed:?} and forgot {forgotten:?}: what a \
+                 session kept outside the store (its environment) is forgotten exactly when it \
+                 is removed"
+            ));
+        }
+        Ok(())
+    }
+
     /// TERM starts the kill grace period of a process; KILL ends it.
     /// A graceful end's first step: only for the session's own process, not yet ending or
     /// TERMed, and only while it stops.
@@ -1240,7 +1474,7 @@ impl Model {
         }
         let Some(prev) = ev.previous else {
             // The first event of a session: its creation.
-            let config = match cause {
+            let config: Option<SessionConfig> = match cause {
                 Cause::Request {
                     req,
                     kind: ReqKind::Create,
@@ -1256,6 +1490,11 @@ impl Model {
             if self.sessions.contains_key(id) || ev.seq != 1 || ev.new != Status::Created {
                 return Err(format!("a second or malformed creation event: {ev:?}"));
             }
+            let env = if config.env.needs_provisioning() {
+                EnvState::Creating
+            } else {
+                EnvState::Ready
+            };
             self.sessions.insert(
                 id.clone(),
                 SessionModel {
@@ -1265,7 +1504,10 @@ impl Model {
                     activity_seq: 0,
                     tokens_in: 0,
                     tokens_out: 0,
-                    starts: 0,
+                    // A create that waits for its environment counts as its first start
+                    // already (`restart_count` is 0 until a restart, whether or not the making
+                    // was given up).
+                    starts: u32::from(env == EnvState::Creating),
                     turns: 0,
                     turns_ended: 0,
                     open_turn: None,
@@ -1281,6 +1523,7 @@ impl Model {
                     terminating: false,
                     ending: None,
                     open: BTreeMap::new(),
+                    env,
                 },
             );
             return Ok(());
@@ -1309,7 +1552,9 @@ impl Model {
         if cause.tick() && ev.new == Status::Failed {
             // A deadline fired: not before it was due.
             let due = match prev {
-                Status::Starting => Some(sm.since + self.limits.startup_timeout.millis()),
+                Status::Created | Status::Starting => {
+                    Some(sm.since + self.limits.startup_timeout.millis())
+                }
                 // No timeout configured (0): no session deadline exists at all.
                 _ => sm
                     .started_at
@@ -1329,6 +1574,8 @@ impl Model {
             use EventKind as E;
             let want = match cause {
                 Cause::Tick if prev == Status::Starting => Some(ErrorCode::CreationFailed),
+                // Its environment was not made in time.
+                Cause::Tick if prev == Status::Created => Some(ErrorCode::SandboxInitFailed),
                 Cause::Tick => Some(ErrorCode::Timeout),
                 Cause::Restore => Some(ErrorCode::ConnectionLost),
                 c if c.ev(E::SpawnFailed) => Some(ErrorCode::CreationFailed),
@@ -1351,12 +1598,34 @@ impl Model {
         if prev == Status::Starting && ev.new == Status::Running {
             sm.started_at = Some(ev.at.millis());
         }
+        if prev == Status::Created {
+            match ev.new {
+                // Made (or nothing to make): the agent is spawned in it.
+                Status::Starting => sm.env = EnvState::Ready,
+                // Its making was given up: a stop, the start-up timeout, a daemon restart.
+                _ => {
+                    sm.env = EnvState::Failed;
+                    if cause.tick() {
+                        self.stats.envs_timed_out += 1;
+                    } else if cause.restore() {
+                        self.stats.envs_lost += 1;
+                    } else {
+                        self.stats.envs_stopped += 1;
+                        if matches!(cause, Cause::Shutdown { .. }) {
+                            self.stats.envs_shutdown += 1;
+                        }
+                    }
+                }
+            }
+        }
         sm.status = ev.new;
         sm.status_seq = ev.seq;
         sm.since = ev.at.millis();
         match ev.new {
             Status::Starting => {
-                sm.starts += 1;
+                if !(prev == Status::Created && cause.env(true)) {
+                    sm.starts += 1;
+                }
                 sm.after_stop = None;
                 sm.restart_asked = false;
             }
@@ -1489,7 +1758,7 @@ impl Model {
         let interruption = a.kind() == ActivityKind::Error && ev.ends_turn && delta == 0;
         if !from_provider
             && interruption
-            && !(cause.req(ReqKind::StopForced)
+            && !(cause.forced_stop()
                 || cause.req(ReqKind::Restart)
                 || cause.tick()
                 || cause.ev(EventKind::Exited)
@@ -1634,6 +1903,8 @@ impl Model {
             ReqKind::Create | ReqKind::Restart if p.pre == Some(Status::Stopping) => {
                 expect_now(ErrorCode::WrongState)
             }
+            // Nothing to restart while the environment is being made.
+            ReqKind::Restart if p.pre == Some(Status::Created) => expect_now(ErrorCode::WrongState),
             ReqKind::Create | ReqKind::Restart => {
                 if immediate {
                     return bad("a start is answered when the provider started, not at once");
@@ -1662,6 +1933,47 @@ impl Model {
                         self.sessions.remove(&p.id);
                         self.approvals.retain(|_, a| a.session != p.id);
                         self.stats.creates_discarded += 1;
+                        self.batch_removed.push(p.id.clone());
+                    }
+                    // ... and so does one whose environment could not be made.
+                    Err(e)
+                        if p.kind == ReqKind::Create
+                            && e.code == ErrorCode::SandboxInitFailed
+                            && cause.env(false)
+                            && now_status == Some(Status::Created)
+                            && !store.sessions.contains_key(&p.id) =>
+                    {
+                        self.sessions.remove(&p.id);
+                        self.approvals.retain(|_, a| a.session != p.id);
+                        self.stats.creates_discarded += 1;
+                        self.batch_removed.push(p.id.clone());
+                    }
+                    // A stop while its environment was being made: the create is refused,
+                    // and the session ends STOPPED (checked once the batch is done).
+                    Err(e)
+                        if p.kind == ReqKind::Create
+                            && e.code == ErrorCode::CreationFailed
+                            && cause.stop()
+                            && now_status == Some(Status::Created) =>
+                    {
+                        self.batch_expect.push((
+                            p.id.clone(),
+                            Status::Stopped,
+                            "a stop while the environment is made ends the session STOPPED",
+                        ));
+                    }
+                    // A restart that waited for the old process of an ended session when the
+                    // daemon shut down: refused, so no agent starts after the shutdown; the
+                    // session stays as it ended.
+                    Err(e)
+                        if p.kind == ReqKind::Restart
+                            && e.code == ErrorCode::ShuttingDown
+                            && matches!(cause, Cause::Shutdown { .. })
+                            && now_status.is_some_and(Status::is_terminal) =>
+                    {
+                        if let Some(sm) = self.sessions.get_mut(&p.id) {
+                            sm.restart_asked = false;
+                        }
                     }
                     Err(e) => {
                         let stored = store.sessions.get(&p.id).and_then(|r| r.error.as_ref());
@@ -1750,6 +2062,7 @@ impl Model {
                 self.sessions.remove(&p.id);
                 self.approvals.retain(|_, a| a.session != p.id);
                 self.stats.deleted += 1;
+                self.batch_removed.push(p.id.clone());
                 Ok(())
             }
             Err(e) if !deletable && e.code == ErrorCode::WrongState => {
@@ -1790,7 +2103,11 @@ impl Model {
             ));
         }
         sm.proc_run = Some(run);
+        self.batch_spawns.push(id.clone());
         let sm = &self.sessions[id];
+        if sm.env == EnvState::Creating {
+            return Err(format!("Spawn for {id} before its environment was made"));
+        }
         if sm.status != Status::Starting {
             return Err(format!("Spawn for {id} while it is {}", sm.status));
         }
@@ -1828,7 +2145,8 @@ impl Model {
             let must_now = matches!(p.kind, ReqKind::Send | ReqKind::Resolve | ReqKind::Delete)
                 || (p.pre.is_none() && p.kind != ReqKind::Create)
                 || p.refuse_create
-                || (p.kind == ReqKind::Restart && p.pre == Some(Status::Stopping))
+                || (p.kind == ReqKind::Restart
+                    && matches!(p.pre, Some(Status::Stopping | Status::Created)))
                 || (matches!(p.kind, ReqKind::StopGraceful | ReqKind::StopForced)
                     && p.pre.is_some_and(Status::is_terminal));
             if must_now {
@@ -1837,11 +2155,27 @@ impl Model {
                     p.pre
                 ));
             }
-            if p.kind == ReqKind::Create && self.status(id) != Some(Status::Starting) {
-                return Err(format!(
-                    "an accepted create of {id} left it {:?}, not STARTING",
-                    self.status(id)
-                ));
+            if p.kind == ReqKind::Create {
+                // A session whose environment must be made waits for it, CREATED, having
+                // asked for it once; any other is spawned at once.
+                let making = p
+                    .config
+                    .as_ref()
+                    .is_some_and(|c| c.env.needs_provisioning());
+                let want = if making {
+                    Status::Created
+                } else {
+                    Status::Starting
+                };
+                if self.status(id) != Some(want) || self.batch_provisions.contains(id) != making {
+                    return Err(format!(
+                        "an accepted create of {id} left it {:?}, not {want}, with Provisions \
+                         {:?} (environment {:?})",
+                        self.status(id),
+                        self.batch_provisions,
+                        p.config.as_ref().map(|c| &c.env)
+                    ));
+                }
             }
         }
         // An accepted forced stop or restart interrupts the turn (a refused one changes
@@ -1945,6 +2279,13 @@ impl Model {
                     format!("{:?}", sm.config),
                 );
             }
+            if rec.env_state != sm.env {
+                return mismatch(
+                    "environment",
+                    rec.env_state.name().to_string(),
+                    sm.env.name().to_string(),
+                );
+            }
             if rec.started_at != sm.started_at.map(ts) {
                 return mismatch(
                     "started_at",
@@ -1973,6 +2314,8 @@ impl Model {
                 );
             }
             let run_ok = match rec.status {
+                // Its environment is being made (or nothing at all happened yet).
+                Status::Created => s.run() == Run::Idle,
                 Status::Starting => matches!(s.run(), Run::Spawning { .. }),
                 Status::Running | Status::Working | Status::Waiting => {
                     matches!(s.run(), Run::Alive { .. })
@@ -1982,8 +2325,8 @@ impl Model {
             };
             if !run_ok {
                 return Err(format!(
-                    "{id} is {} with process {:?} (STARTING means a spawn in flight, RUNNING, \
-                     WORKING and WAITING a live process, STOPPED none)",
+                    "{id} is {} with process {:?} (CREATED means none yet, STARTING a spawn in \
+                     flight, RUNNING, WORKING and WAITING a live process, STOPPED none)",
                     rec.status,
                     s.run()
                 ));
@@ -2053,7 +2396,6 @@ impl Model {
                 );
             }
             if rec.status == Status::Running
-                && rec.restart_count == 0
                 && rec.turns == 0
                 && !rec.config.initial_message.is_empty()
             {
@@ -2113,6 +2455,12 @@ impl Model {
     fn deadline(&self, sm: &SessionModel) -> Option<(Millis, Timer)> {
         let mut all = Vec::new();
         match sm.status {
+            // Making its environment counts against the start-up timeout.
+            Status::Created if sm.env == EnvState::Creating => all.push((
+                sm.since
+                    .saturating_add(self.limits.startup_timeout.millis()),
+                Timer::Startup,
+            )),
             Status::Starting => all.push((
                 sm.since
                     .saturating_add(self.limits.startup_timeout.millis()),
@@ -2154,7 +2502,7 @@ impl Model {
             ))
         };
         match sm.status {
-            Status::Starting => {
+            Status::Created | Status::Starting => {
                 let due = sm.since + self.limits.startup_timeout.millis();
                 if now >= due {
                     return late("start-up timeout", due);
@@ -2273,10 +2621,19 @@ impl Model {
             let Some(rec) = store.sessions.get(id) else {
                 return Err(format!("clients saw {id}, the store never had it"));
             };
-            if rec.status != sm.status || rec.last_status_seq != sm.status_seq {
+            if rec.status != sm.status
+                || rec.last_status_seq != sm.status_seq
+                || rec.env_state != sm.env
+            {
                 return Err(format!(
-                    "clients saw {id} {} (seq {}), the store has {} (seq {})",
-                    sm.status, sm.status_seq, rec.status, rec.last_status_seq
+                    "clients saw {id} {} (seq {}, environment {:?}), the store has {} (seq {}, \
+                     environment {:?})",
+                    sm.status,
+                    sm.status_seq,
+                    sm.env,
+                    rec.status,
+                    rec.last_status_seq,
+                    rec.env_state
                 ));
             }
             // A turn in progress stays in progress in the store: the new daemon ends it or,
@@ -2327,6 +2684,8 @@ impl Model {
             let rec = &store.sessions[id];
             let run = rec.run.expect("an adopted session's record names its run");
             sm.proc_run = Some(run);
+            // Its agent runs, so in its environment.
+            sm.env = EnvState::Ready;
             let applied = match sm.applied {
                 Some((r, n)) if r == run => n,
                 _ => 0,
@@ -2377,7 +2736,20 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
     let lost = cause.restore() && !sm.adopted;
     let adopted = cause.restore() && sm.adopted;
     let ok = match (from, to) {
-        (Created, Starting) => cause.req(R::Create),
+        // A create spawns at once unless its environment must be made first: then only the
+        // report that it was made does.
+        (Created, Starting) => {
+            (cause.req(R::Create) && !sm.config.env.needs_provisioning()) || cause.env(true)
+        }
+        // A stop while the environment is made ends the session before it started.
+        (Created, Stopped) => {
+            if sm.after_stop != Some(Then::Stop) {
+                return Err("no stop was asked for");
+            }
+            cause.stop()
+        }
+        // Not made in time, or the daemon restarted meanwhile.
+        (Created, Failed) => cause.tick() || lost,
         (Starting, Running) => cause.ev(E::Started) || adopted,
         (Starting, Failed) => {
             cause.ev(E::SpawnFailed) || cause.ev(E::Exited) || cause.tick() || lost
@@ -2386,7 +2758,6 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
         (Running, Working) => {
             cause.req(R::Send)
                 || ((cause.ev(E::Started) || adopted)
-                    && sm.starts == 1
                     && sm.turns == 0
                     && !sm.config.initial_message.is_empty())
         }
@@ -2548,6 +2919,7 @@ fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
         run,
         provider_cursor,
         last_turn_failed,
+        env_state,
     } = a;
     *id == b.id
         && *status == b.status
@@ -2568,6 +2940,7 @@ fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
         && *run == b.run
         && *provider_cursor == b.provider_cursor
         && *last_turn_failed == b.last_turn_failed
+        && *env_state == b.env_state
         && (!config || *a_config == b.config)
 }
 
@@ -2605,7 +2978,9 @@ pub fn diff(want: &SessionRecord, got: &SessionRecord) -> String {
         turns,
         turn_open,
         run,
-        provider_cursor
+        provider_cursor,
+        last_turn_failed,
+        env_state
     );
     format!("[{}]", out.join("; "))
 }

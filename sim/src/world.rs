@@ -9,8 +9,9 @@ use std::fmt;
 
 use paddock_core::session::machine::RESOLVED_KEPT;
 use paddock_core::{
-    Activity, ActivityKind, Approval, ApprovalId, AskKind, Duration, Effect, Instant, Limits, Now,
-    ProviderEvent, Record, RunId, SessionId, SessionRecord, Signal, SpawnSpec, Timestamp,
+    Activity, ActivityKind, Approval, ApprovalId, AskKind, Duration, Effect, EnvEvent, EnvState,
+    Instant, Limits, Now, ProviderEvent, Record, RunId, SessionConfig, SessionId, SessionRecord,
+    Signal, SpawnSpec, Timestamp,
 };
 
 use crate::rng::Rng;
@@ -87,6 +88,14 @@ pub struct Faults {
     /// Messages (per mille) that cannot be written: the agent closed its stdin (it goes on
     /// running and never answers).
     pub stdin_closed: u32,
+    /// Environments (per mille of those made) that cannot be made (`ProvisionFailed`: bwrap
+    /// missing, the worktree's branch taken).
+    pub provision_fail: u32,
+    /// Environments whose making never reports at all (a hung `git worktree add`): the
+    /// start-up timeout ends the session.
+    pub provision_hang: u32,
+    /// The report comes late: from half to twice the start-up timeout.
+    pub slow_provision: u32,
 }
 
 impl Faults {
@@ -118,6 +127,9 @@ impl Faults {
             abandon_ask: f(20, 300),
             stray_ask: f(50, 500),
             stdin_closed: f(10, 200),
+            provision_fail: f(20, 400),
+            provision_hang: f(20, 300),
+            slow_provision: f(20, 400),
         };
         // Most seeds ask: approvals are much of what a session does.
         if rng.chance(3, 4) {
@@ -142,7 +154,8 @@ impl fmt::Display for Faults {
             "spawn_fail={} exit_at_startup={} slow_start={} crash_mid_turn={} hang={} \
              garbage={} slow_output={} usage_jump={} provider_error={} ignore_term={} \
              stray_output={} (per mille) daemon_crash={}/10k steps crash_mid_step={} \
-             runner_survives={} ask={} abandon_ask={} stray_ask={} stdin_closed={}",
+             runner_survives={} ask={} abandon_ask={} stray_ask={} stdin_closed={} \
+             provision_fail={} provision_hang={} slow_provision={}",
             self.spawn_fail,
             self.exit_at_startup,
             self.slow_start,
@@ -160,7 +173,10 @@ impl fmt::Display for Faults {
             self.ask,
             self.abandon_ask,
             self.stray_ask,
-            self.stdin_closed
+            self.stdin_closed,
+            self.provision_fail,
+            self.provision_hang,
+            self.slow_provision
         )
     }
 }
@@ -290,6 +306,11 @@ impl Store {
                             if rec.status == paddock_core::Status::Starting
                                 && rec.restart_count == 0
                                 && rec.started_at.is_none() => {}
+                        // A create whose environment could not be made: refused too.
+                        Some(rec)
+                            if rec.status == paddock_core::Status::Created
+                                && rec.env_state == EnvState::Creating
+                                && rec.run.is_none() => {}
                         Some(rec) => {
                             return Err(format!(
                                 "store: {id} deleted while {} with run {:?} (only an ended \
@@ -546,6 +567,21 @@ pub struct Delivery {
     pub event: ProviderEvent,
 }
 
+/// What is due next in the world: a provider's line, or the driver's report on an environment.
+#[derive(Debug, Clone)]
+pub enum Due {
+    Provider(Delivery),
+    Environment { id: SessionId, event: EnvEvent },
+}
+
+/// An environment being made (`Effect::Provision`): when its report comes, and what it says
+/// (`None`: it never comes).
+#[derive(Debug, Clone)]
+struct Making {
+    at: Millis,
+    event: Option<EnvEvent>,
+}
+
 /// The fake provider processes, keyed by run id, as the runner holds them.
 ///
 /// When the daemon crashes, the runner either dies with it (every process dies unheard:
@@ -560,6 +596,8 @@ pub struct Delivery {
 #[derive(Debug, Clone)]
 pub struct World {
     procs: BTreeMap<RunId, Proc>,
+    /// Environments the daemon is making (its own work: it dies with the daemon).
+    making: BTreeMap<SessionId, Making>,
     /// The process whose exit (or spawn failure) was delivered last, as it was just before:
     /// if that delivery was the input a crash lost, the runner still has it.
     gone: Option<(RunId, Proc)>,
@@ -588,12 +626,20 @@ pub struct World {
     pub answers_received: u64,
     /// Answers sent again after a restart (and ignored by the agent).
     pub answers_repeated: u64,
+    /// Environments asked for, and how their making went.
+    pub provisions: u64,
+    pub provisions_failed: u64,
+    pub provisions_hung: u64,
+    /// Reports dropped with a daemon that crashed while it made them, or with the session's
+    /// deletion.
+    pub provisions_dropped: u64,
 }
 
 impl World {
     pub fn new(faults: Faults, rng: Rng, limits: &Limits) -> Self {
         World {
             procs: BTreeMap::new(),
+            making: BTreeMap::new(),
             gone: None,
             known: BTreeSet::new(),
             faults,
@@ -611,6 +657,10 @@ impl World {
             asks_scripted: 0,
             answers_received: 0,
             answers_repeated: 0,
+            provisions: 0,
+            provisions_failed: 0,
+            provisions_hung: 0,
+            provisions_dropped: 0,
         }
     }
 
@@ -630,6 +680,10 @@ impl World {
     /// know of them).
     pub fn crash(&mut self, runner_survives: bool, in_flight_exit: bool) {
         self.last_run = 0;
+        // The daemon made the environments itself: their making died with it (the new daemon
+        // fails every session still CREATED).
+        self.provisions_dropped += self.making.len() as u64;
+        self.making.clear();
         let gone = self.gone.take();
         if !runner_survives {
             self.procs.clear();
@@ -785,27 +839,47 @@ impl World {
         self.procs.is_empty()
     }
 
-    /// The time of the earliest queued line.
+    /// The time of the earliest queued line or environment report.
     pub fn next_at(&self) -> Option<Millis> {
         self.procs
             .values()
             .filter_map(|p| p.queue.front().map(|l| l.at))
+            .chain(
+                self.making
+                    .values()
+                    .filter(|m| m.event.is_some())
+                    .map(|m| m.at),
+            )
             .min()
     }
 
-    /// Takes one line that is due at `now`, from a process chosen at random among those with
-    /// a due line (each process's lines stay in order; processes interleave).
-    pub fn pop_due(&mut self, now: Millis, rng: &mut Rng) -> Option<Delivery> {
-        let due: Vec<RunId> = self
+    /// Takes one line or environment report that is due at `now`, from a process (or making)
+    /// chosen at random among those with one due (each process's lines stay in order;
+    /// processes interleave).
+    pub fn pop_due(&mut self, now: Millis, rng: &mut Rng) -> Option<Due> {
+        let mut due: Vec<Option<RunId>> = self
             .procs
             .iter()
             .filter(|(_, p)| p.queue.front().is_some_and(|l| l.at <= now))
-            .map(|(r, _)| *r)
+            .map(|(r, _)| Some(*r))
             .collect();
+        let envs: Vec<SessionId> = self
+            .making
+            .iter()
+            .filter(|(_, m)| m.event.is_some() && m.at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        due.extend(envs.iter().map(|_| None));
         if due.is_empty() {
             return None;
         }
-        let run = *rng.pick(&due);
+        let i = rng.index(due.len());
+        let Some(run) = due[i] else {
+            let id = envs[i - (due.len() - envs.len())].clone();
+            let m = self.making.remove(&id).expect("due making");
+            let event = m.event.expect("a due making reports");
+            return Some(Due::Environment { id, event });
+        };
         let p = self.procs.get_mut(&run).expect("due process");
         let mut line = p.queue.pop_front().expect("due line");
         let id = p.session.clone();
@@ -842,18 +916,23 @@ impl World {
                 maybe_release(p, now, self.healed, &mut self.rng);
             }
         }
-        Some(Delivery {
+        Some(Due::Provider(Delivery {
             id,
             run,
             cursor: line.cursor,
             event: line.event,
-        })
+        }))
     }
 
     /// Heals every fault: new processes behave, hung turns finish, slow lines come promptly,
     /// TERM is obeyed from now on.
     pub fn heal(&mut self, now: Millis) {
         self.healed = true;
+        // A slow making reports promptly now (a hung one still never does: the start-up
+        // timeout ends its session).
+        for m in self.making.values_mut() {
+            m.at = m.at.min(now + 20);
+        }
         for p in self.procs.values_mut() {
             p.ignore_term = false;
             if p.turn_open && !p.exiting {
@@ -884,6 +963,76 @@ impl World {
     }
 
     // ── actions: the engine's effects, carried out ───────────────────────
+
+    /// `Effect::Provision`: the daemon makes session `id`'s environment; the seed's faults
+    /// decide now how (and whether) its report comes.
+    pub fn provision(
+        &mut self,
+        now: Millis,
+        id: &SessionId,
+        config: &SessionConfig,
+    ) -> Result<(), String> {
+        if !config.env.needs_provisioning() {
+            return Err(format!(
+                "Provision for {id}, whose environment {:?} needs nothing made",
+                config.env
+            ));
+        }
+        if self.procs.values().any(|p| &p.session == id) {
+            return Err(format!(
+                "Provision for {id} while a process of it is still alive"
+            ));
+        }
+        let f = self.faults();
+        self.provisions += 1;
+        let s = self.startup_timeout_ms.max(2);
+        let at = if self.rng.per_mille(f.slow_provision) {
+            now + self.rng.range(s / 2, s * 2)
+        } else {
+            now + self.rng.range(1, 800)
+        };
+        let event = if self.rng.per_mille(f.provision_hang) {
+            self.provisions_hung += 1;
+            None
+        } else if self.rng.per_mille(f.provision_fail) {
+            self.provisions_failed += 1;
+            let reason = if config.env.worktree && self.rng.chance(1, 2) {
+                "git worktree add: a branch named 'paddock/s' already exists"
+            } else {
+                "bwrap: No such file or directory (is bubblewrap installed?)"
+            };
+            Some(EnvEvent::ProvisionFailed {
+                reason: reason.to_string(),
+            })
+        } else {
+            Some(EnvEvent::Provisioned)
+        };
+        if self
+            .making
+            .insert(id.clone(), Making { at, event })
+            .is_some()
+        {
+            return Err(format!(
+                "Provision for {id} while its environment is still being made"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `Effect::Forget`: what the session kept outside the store is removed, its environment
+    /// (and a making still under way) included.
+    pub fn forget(&mut self, rec: &SessionRecord) -> Result<(), String> {
+        if self.procs.values().any(|p| p.session == rec.id) {
+            return Err(format!(
+                "Forget of {} while a process of it is still alive",
+                rec.id
+            ));
+        }
+        if self.making.remove(&rec.id).is_some() {
+            self.provisions_dropped += 1;
+        }
+        Ok(())
+    }
 
     /// `Effect::Spawn`: a new process whose fate the seed's faults decide now.
     pub fn spawn(

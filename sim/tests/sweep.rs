@@ -72,6 +72,9 @@ fn sweep() {
     let (mut unlisted, mut unread) = (0, 0);
     let mut m = sim::model::ModelStats::default();
     let (mut scripted, mut received) = (0, 0);
+    let (mut provisions, mut provisions_failed, mut provisions_hung, mut provisions_dropped) =
+        (0, 0, 0, 0);
+    let (mut shutdowns, mut spawns_after_shutdown) = (0, 0);
     for r in rx {
         match r {
             Ok(o) => {
@@ -96,6 +99,12 @@ fn sweep() {
                 sim_ms += o.stats.sim_ms;
                 scripted += o.stats.asks_scripted;
                 received += o.stats.answers_received;
+                provisions += o.stats.provisions;
+                provisions_failed += o.stats.provisions_failed;
+                provisions_hung += o.stats.provisions_hung;
+                provisions_dropped += o.stats.provisions_dropped;
+                shutdowns += o.stats.shutdowns;
+                spawns_after_shutdown += o.stats.spawns_after_shutdown;
                 let s = &o.stats.model;
                 m.asks += s.asks;
                 m.asks_settled += s.asks_settled;
@@ -109,6 +118,14 @@ fn sweep() {
                 m.answers += s.answers;
                 m.deleted += s.deleted;
                 m.deletes_refused += s.deletes_refused;
+                m.creates_discarded += s.creates_discarded;
+                m.envs_made += s.envs_made;
+                m.envs_refused += s.envs_refused;
+                m.envs_stopped += s.envs_stopped;
+                m.envs_shutdown += s.envs_shutdown;
+                m.envs_timed_out += s.envs_timed_out;
+                m.envs_lost += s.envs_lost;
+                m.env_reports_ignored += s.env_reports_ignored;
                 coverage.merge(&o.coverage);
             }
             Err(f) => failures.push(*f),
@@ -151,6 +168,22 @@ fn sweep() {
         m.deleted,
         m.deletes_refused
     );
+    println!(
+        "environments: {provisions} asked for ({provisions_failed} to fail, {provisions_hung} \
+         never reported, {provisions_dropped} dropped by a crash or a delete); {} made (agent \
+         spawned), {} refused (OBEY-2005, create discarded), {} given up by a stop ({} by the \
+         shutdown), {} by the start-up timeout, {} by a daemon restart; {} late reports \
+         ignored; {} creates discarded in all; {shutdowns} shutdowns ({spawns_after_shutdown} \
+         agents spawned after one)",
+        m.envs_made,
+        m.envs_refused,
+        m.envs_stopped,
+        m.envs_shutdown,
+        m.envs_timed_out,
+        m.envs_lost,
+        m.env_reports_ignored,
+        m.creates_discarded
+    );
     println!("table lookups reached (legal cells: count; refusals and ignored: (count)):");
     println!("{}", coverage.render());
     println!("restart cases reached:");
@@ -187,6 +220,25 @@ fn sweep() {
                     .join(", "),
                 paddock_core::session::table::render()
             );
+        }
+        // Every way an environment's making ends is reached (the table's pairs cover the
+        // inputs; a stop by the shutdown and a daemon restart are not pairs of their own).
+        for (what, n) in [
+            ("an environment made", m.envs_made),
+            ("an environment that could not be made", m.envs_refused),
+            ("a stop while an environment is made", m.envs_stopped),
+            ("a shutdown while an environment is made", m.envs_shutdown),
+            (
+                "the start-up timeout while an environment is made",
+                m.envs_timed_out,
+            ),
+            ("a daemon restart while an environment is made", m.envs_lost),
+            (
+                "a report after the making was given up",
+                m.env_reports_ignored,
+            ),
+        ] {
+            assert!(n > 0, "the CI set never reached {what}");
         }
         let unreached = coverage.unreached_restores();
         if !unreached.is_empty() {

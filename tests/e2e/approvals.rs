@@ -778,3 +778,51 @@ async fn a_seed_client_sees_working_where_paddock_says_waiting() {
         "{seed_seen:?} {aware_seen:?}"
     );
 }
+
+/// A session that names no permissions gets the safe default: on the host the agent's command
+/// waits for a human; in a bubblewrap sandbox it runs (the sandbox is the guard). A restart
+/// with a new configuration keeps what the session had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_asks_on_the_host_and_trusts_the_sandbox() {
+    let mut d = Daemon::start().await;
+    let req = d.request(Some(("asking", asking_turn()))).await;
+    assert!(!req.provider_config.contains_key("permissions"));
+    let host = d.create(req.clone()).await;
+    assert_eq!(host.provider_config["permissions"], "ask");
+    let turn = d.start_turn(&host.id, "clean up").await;
+    let a = wait_pending(&d, &host.id).await;
+    assert_eq!(a.tool_name, "Bash");
+    resolve(&d, &a.id, pb::ApprovalDecision::Approve, "")
+        .await
+        .unwrap();
+    drop(turn);
+
+    let mut boxed = req;
+    boxed.environment_spec = Some(pb::SessionEnvironment {
+        driver: "bubblewrap".into(),
+        ..Default::default()
+    });
+    let boxed = d.create(boxed).await;
+    assert_eq!(boxed.provider_config["permissions"], "allow-all");
+    let acts = d.send(&boxed.id, "clean up").await;
+    let last = acts.last().unwrap();
+    assert_eq!(kind(last), "COMPLETION", "{acts:?}");
+    assert!(last.content.contains("removed build/"), "{}", last.content);
+
+    // A restart whose configuration leaves permissions out keeps the session's.
+    d.wait_status(&host.id, pb::SessionStatus::Running).await;
+    let script = host.provider_config["script"].clone();
+    let r = d
+        .client()
+        .await
+        .restart_session(pb::RestartSessionRequest {
+            session_id: host.id.clone(),
+            provider_config: [("script".to_string(), script)].into_iter().collect(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(r.provider_config["permissions"], "ask");
+}

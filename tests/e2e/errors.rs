@@ -373,7 +373,7 @@ async fn restart_with_a_bad_provider_config_is_2004_and_changes_nothing() {
     assert_eq!(status_name(info.status), "RUNNING");
     assert_eq!(info.restart_count, 0);
     assert_eq!(info.pid, s.pid);
-    assert!(info.provider_config.is_empty());
+    assert_eq!(info.provider_config, s.provider_config, "nothing changed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

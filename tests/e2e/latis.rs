@@ -13,14 +13,14 @@ use crate::harness::*;
 use crate::terminal::{above_prompt, Tmux};
 
 /// `paddock --no-autostart <args>` run in `dir` (the CLI's current directory).
-async fn cli_in(d: &Daemon, dir: &Path, args: &[&str]) -> Out {
+pub(crate) async fn cli_in(d: &Daemon, dir: &Path, args: &[&str]) -> Out {
     let mut cmd = d.dirs.cli(false);
     cmd.current_dir(dir);
     run(cmd, args).await
 }
 
 /// The id in "Session <id> created.".
-fn created_id(o: &Out) -> String {
+pub(crate) fn created_id(o: &Out) -> String {
     let first = o.stdout.lines().next().unwrap_or_default();
     assert!(
         first.starts_with("Session sess_") && first.ends_with(" created."),
@@ -441,7 +441,7 @@ async fn drivers_and_mounts_under_the_local_driver() {
         ],
     )
     .await
-    .fails_with("2 mounts given: the local driver runs the agent in one working directory");
+    .fails_with("2 mounts given: a session has one workspace (SRC:/workspace)");
     cli_in(
         &d,
         base,

@@ -22,6 +22,7 @@ mod aria;
 mod badinput;
 mod cli;
 mod diskfull;
+mod environments;
 mod errors;
 mod harness;
 mod latis;

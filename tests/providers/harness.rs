@@ -197,7 +197,13 @@ impl World {
         }
     }
 
-    pub async fn create(&self, req: pb::CreateSessionRequest) -> pb::SessionInfo {
+    /// Creates a session. These tests are about each agent's adapter, not about the default
+    /// permissions (on the host: ask, or read-only for agents that cannot ask): a session whose
+    /// request names no policy gets `allow-all`, and a test of a policy names its own.
+    pub async fn create(&self, mut req: pb::CreateSessionRequest) -> pb::SessionInfo {
+        req.provider_config
+            .entry("permissions".into())
+            .or_insert_with(|| "allow-all".into());
         within(self.client().await.create_session(req))
             .await
             .expect("create session")

@@ -56,8 +56,15 @@ pub struct SpawnSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     Persist(Record),
-    /// Start the provider process for run `run`; answer with `ProviderEvent::Started` or
-    /// `SpawnFailed`.
+    /// Make session `id`'s environment (`config.env`: its driver, a worktree); answer with
+    /// `Input::Environment` when it is done (the shell makes it off its loop; meanwhile the
+    /// session is CREATED).
+    Provision {
+        id: SessionId,
+        config: SessionConfig,
+    },
+    /// Start the provider process for run `run` (in the session's environment); answer with
+    /// `ProviderEvent::Started` or `SpawnFailed`.
     Spawn {
         id: SessionId,
         run: RunId,
@@ -98,8 +105,9 @@ pub enum Effect {
     EmitActivity(ActivityEvent),
     /// Tell watchers about a request for a human that was opened or resolved.
     EmitApproval(Approval),
-    /// Remove what the deleted session's agent kept outside the store (its provider's saved
-    /// conversation), once the deletion is committed.
+    /// Remove what the deleted session kept outside the store — its provider's saved
+    /// conversation, its environment (sandbox directories, worktree) — once the deletion is
+    /// committed (or a refused create is discarded).
     Forget(Box<SessionRecord>),
     /// Answer request `req`.
     Reply {

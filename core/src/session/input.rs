@@ -66,6 +66,13 @@ pub enum Input {
         cursor: Option<u64>,
         event: ProviderEvent,
     },
+    /// What the driver did with session `id`'s environment ([`Effect::Provision`]).
+    ///
+    /// [`Effect::Provision`]: crate::Effect::Provision
+    Environment {
+        id: SessionId,
+        event: crate::environment::EnvEvent,
+    },
     /// An Aria task request (launch, cancel) or what its process did.
     Task(TaskInput),
     /// Add a campaign (`id`, rooted at `root`) named as `how` says.

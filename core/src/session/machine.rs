@@ -10,6 +10,7 @@ use crate::approval::{
     Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
 };
 use crate::budget::{timeout_deadline, TokenBudget};
+use crate::environment::{EnvEvent, EnvState};
 use crate::error::{Error, ErrorCode};
 use crate::model::{
     Activity, ActivityEvent, ActivityKind, RequestId, RunId, SessionRecord, Status, StatusEvent,
@@ -345,8 +346,116 @@ impl Session {
         self.dirty = true;
         self.status_event(None, Status::Created, "session created", cx);
         self.start_replies.push(req);
+        if self.record.env_state == EnvState::Creating {
+            // The agent waits for its environment; making it counts against the start-up
+            // timeout like the provider's own start.
+            self.startup_deadline = Some(cx.now.after(cx.lim.startup_timeout));
+            cx.out.rest.push(Effect::Provision {
+                id: self.record.id.clone(),
+                config: self.record.config.clone(),
+            });
+            return;
+        }
         let run = cx.take_run();
         self.spawn(run, "starting provider", cx);
+    }
+
+    /// The daemon is shutting down: a restart that waits for the old process to be gone is
+    /// refused (OBEY-2051) instead of starting an agent after the shutdown.
+    pub(crate) fn cancel_pending_restart(&mut self, cx: &mut Ctx) {
+        if !std::mem::take(&mut self.restart_pending) {
+            return;
+        }
+        let e = Error::new(ErrorCode::ShuttingDown, "the daemon is shutting down");
+        for req in std::mem::take(&mut self.start_replies) {
+            reply_err(cx, req, e.clone());
+        }
+    }
+
+    /// Whether a restart waits for the old process to be gone.
+    pub fn restart_pending(&self) -> bool {
+        self.restart_pending
+    }
+
+    /// What the driver says about the environment being made: once it is ready the agent
+    /// starts in it; if it could not be made, the create is refused and nothing of the
+    /// session stays (refused means nothing written).
+    pub(crate) fn handle_environment(&mut self, event: EnvEvent, cx: &mut Ctx) {
+        let kind = match event {
+            EnvEvent::Provisioned => InputKind::EnvReady,
+            EnvEvent::ProvisionFailed { .. } => InputKind::EnvFailed,
+        };
+        if !matches!(self.check(kind, cx), Ok(true)) {
+            return;
+        }
+        let next = self.record.env_state.on(&event);
+        // The pair of this assertion: only `handle_created` leaves a CREATED session, and it
+        // does so with its environment `Creating` (else it spawns at once).
+        assert_eq!(
+            self.record.env_state,
+            EnvState::Creating,
+            "a CREATED session is making its environment (session {})",
+            self.record.id
+        );
+        self.record.env_state = next.expect("Creating moves on every report");
+        self.dirty = true;
+        self.startup_deadline = None;
+        match event {
+            EnvEvent::Provisioned => {
+                let run = cx.take_run();
+                self.spawn(run, "environment ready; starting provider", cx);
+            }
+            EnvEvent::ProvisionFailed { reason } => {
+                let e = Error::new(
+                    ErrorCode::SandboxInitFailed,
+                    format!(
+                        "could not make the session's {} environment: {reason}",
+                        self.record.config.env.driver
+                    ),
+                );
+                for req in std::mem::take(&mut self.start_replies) {
+                    reply_err(cx, req, e.clone());
+                }
+                self.discarded = true;
+            }
+        }
+    }
+
+    /// A stop (or the daemon's shutdown) while the environment is still being made: the
+    /// create is answered with an error, the session ends STOPPED, and whatever the driver
+    /// still reports is ignored.
+    fn stop_before_start(&mut self, req: RequestId, cx: &mut Ctx) {
+        let e = Error::new(
+            ErrorCode::CreationFailed,
+            format!(
+                "session {} was stopped while its environment was being made",
+                self.record.id
+            ),
+        );
+        for r in std::mem::take(&mut self.start_replies) {
+            reply_err(cx, r, e.clone());
+        }
+        self.abandon_environment();
+        self.record.ended_at = Some(cx.now.wall);
+        self.dirty = true;
+        self.set_status(
+            Status::Stopped,
+            "stopped before its environment was made",
+            cx,
+        );
+        cx.out.rest.push(Effect::Reply {
+            req,
+            result: Ok(self.record.clone()),
+        });
+    }
+
+    /// The environment's making is given up (a stop, the start-up timeout, a daemon restart).
+    fn abandon_environment(&mut self) {
+        self.startup_deadline = None;
+        if self.record.env_state == EnvState::Creating {
+            self.record.env_state = EnvState::Failed;
+            self.dirty = true;
+        }
     }
 
     pub(crate) fn handle_send(&mut self, req: RequestId, text: String, cx: &mut Ctx) {
@@ -376,6 +485,9 @@ impl Session {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => return reply_err(cx, req, e),
+        }
+        if self.record.status == Status::Created {
+            return self.stop_before_start(req, cx);
         }
         // Nobody will answer now. A turn a graceful stop waits for hears "no" and can finish.
         self.cancel_pending("the session is stopping", graceful, cx);
@@ -552,6 +664,9 @@ impl Session {
         self.record.pid = pid;
         self.dirty = true;
         self.startup_deadline = None;
+        // A restart after a making that was given up: the shell makes the environment as it
+        // starts the agent in it (idempotently), so an agent that runs has one.
+        self.record.env_state = EnvState::Ready;
         if self.record.status != Status::Starting {
             // Stopping or failed while it was being spawned: it goes at once.
             return self.terminate(cx);
@@ -752,6 +867,18 @@ impl Session {
             return;
         }
         match timer {
+            Timer::Startup if self.record.status == Status::Created => {
+                self.abandon_environment();
+                let e = Error::new(
+                    ErrorCode::SandboxInitFailed,
+                    format!(
+                        "the session's {} environment was not made within {} ms",
+                        self.record.config.env.driver,
+                        cx.lim.startup_timeout.millis()
+                    ),
+                );
+                self.fail(e, cx);
+            }
             Timer::Startup => {
                 let e = Error::new(
                     ErrorCode::CreationFailed,
@@ -1130,6 +1257,7 @@ impl Session {
             return;
         }
         let was = self.record.status;
+        self.abandon_environment();
         let e = Error::new(
             ErrorCode::ConnectionLost,
             format!("the daemon restarted while the session was {was}; its provider was lost"),
@@ -1238,6 +1366,8 @@ impl Session {
         self.set_run(Run::Alive { run, pid });
         self.record.pid = pid;
         self.dirty = true;
+        // Its agent runs, so in its environment (as `on_started` says).
+        self.record.env_state = EnvState::Ready;
         match self.record.status {
             Status::Created | Status::Starting => {
                 self.record.started_at = Some(cx.now.wall);
@@ -1331,9 +1461,11 @@ impl Session {
 
     /// On the provider's first start, the session's initial message (if any) is its first turn.
     fn send_initial_message(&mut self, cx: &mut Ctx) {
-        let first_start = self.record.restart_count == 0 && self.record.turns == 0;
+        // No turn ever began, so the task never reached an agent (a first start, or a restart
+        // after a start that never happened: an environment given up, a spawn that failed).
+        let never_sent = self.record.turns == 0;
         let initial = self.record.config.initial_message.clone();
-        if first_start && !initial.is_empty() {
+        if never_sent && !initial.is_empty() {
             self.begin_turn(initial, cx);
         }
     }

@@ -53,10 +53,14 @@ pub enum InputKind {
     ApprovalExpired,
     /// DeleteSession.
     Delete,
+    /// The session's environment was made.
+    EnvReady,
+    /// The session's environment could not be made.
+    EnvFailed,
 }
 
 impl InputKind {
-    pub const ALL: [InputKind; 18] = [
+    pub const ALL: [InputKind; 20] = [
         InputKind::Send,
         InputKind::StopGraceful,
         InputKind::StopForced,
@@ -75,6 +79,8 @@ impl InputKind {
         InputKind::Resolve,
         InputKind::ApprovalExpired,
         InputKind::Delete,
+        InputKind::EnvReady,
+        InputKind::EnvFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -97,6 +103,8 @@ impl InputKind {
             InputKind::Resolve => "Resolve",
             InputKind::ApprovalExpired => "ApprovalExpired",
             InputKind::Delete => "Delete",
+            InputKind::EnvReady => "EnvReady",
+            InputKind::EnvFailed => "EnvFailed",
         }
     }
 }
@@ -127,9 +135,13 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
         (S::Waiting, I::Resolve) => Legal,
         (_, I::Resolve) => wrong_state,
 
-        // CREATED lasts only inside the Create input (the provider is spawned at once):
-        // requests are refused, everything else dropped.
-        (S::Created, I::Send | I::StopGraceful | I::StopForced | I::Restart) => wrong_state,
+        // CREATED lasts while the session's environment is made (for a session that needs
+        // none, only inside the Create input): the driver's report starts the agent or refuses
+        // the create; a stop ends it before it started; its making counts against the start-up
+        // timeout.
+        (S::Created, I::EnvReady | I::EnvFailed | I::StartupTimeout) => Legal,
+        (S::Created, I::StopGraceful | I::StopForced) => Legal,
+        (S::Created, I::Send | I::Restart) => wrong_state,
         (S::Created, _) => Ignore,
 
         (S::Starting, I::Send) => wrong_state,

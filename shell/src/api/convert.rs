@@ -106,7 +106,43 @@ pub fn session_info_full(
         initial_message: c.initial_message.clone(),
         turns_completed: r.turns.saturating_sub(u64::from(r.turn_open)) as i64,
         last_turn_failed: r.last_turn_failed,
+        environment_spec: Some(environment_spec(&c.env)),
+        environment_state: r.env_state.name().to_string(),
     }
+}
+
+pub fn environment_spec(e: &core::EnvSpec) -> pb::SessionEnvironment {
+    pb::SessionEnvironment {
+        driver: e.driver.name().to_string(),
+        worktree: e.worktree,
+        network: e.network,
+    }
+}
+
+/// A request's environment (unset: on the host), checked for what no driver could honour.
+pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, String> {
+    let Some(e) = e else {
+        return Ok(core::EnvSpec::default());
+    };
+    let driver = if e.driver.trim().is_empty() {
+        core::Driver::Local
+    } else {
+        core::Driver::parse(&e.driver).ok_or_else(|| {
+            let names: Vec<&str> = core::Driver::ALL.iter().map(|d| d.name()).collect();
+            format!(
+                "unknown driver {:?}; the drivers are: {}",
+                e.driver,
+                names.join(", ")
+            )
+        })?
+    };
+    let spec = core::EnvSpec {
+        driver,
+        worktree: e.worktree,
+        network: e.network,
+    };
+    spec.check()?;
+    Ok(spec)
 }
 
 pub fn activity_event(e: &core::ActivityEvent) -> pb::SessionActivityEvent {

@@ -533,6 +533,7 @@ impl LocalDaemonService for Obey {
             return Err(invalid("max_tokens must not be negative"));
         }
         paddock_core::check_environment(&r.environment).map_err(invalid)?;
+        let env_spec = convert::env_spec(r.environment_spec.as_ref()).map_err(invalid)?;
         let timeout_ms = match &r.timeout {
             Some(d) => convert::duration_ms(d).map_err(|e| invalid(format!("timeout: {e}")))?,
             None => 0,
@@ -553,6 +554,15 @@ impl LocalDaemonService for Obey {
         } else {
             r.agent_name.trim().to_string()
         };
+        let mut provider_config: std::collections::BTreeMap<String, String> =
+            r.provider_config.into_iter().collect();
+        // A session that says nothing of permissions gets the safe default (the core's rule:
+        // on the host writes and commands wait for a human; in a sandbox the sandbox guards).
+        provider_config
+            .entry("permissions".into())
+            .or_insert_with(|| {
+                paddock_core::approval::default_permissions(provider, &env_spec).to_string()
+            });
         let config = SessionConfig {
             campaign_id: campaign.id.clone(),
             provider,
@@ -560,13 +570,28 @@ impl LocalDaemonService for Obey {
             agent_name,
             festival_id: r.festival_id,
             task_id: r.task_id,
-            provider_config: r.provider_config.into_iter().collect(),
+            provider_config,
             environment: r.environment.into_iter().collect(),
             max_tokens: r.max_tokens as u64,
             timeout_ms,
             initial_message: r.initial_message,
             working_dir: campaign.root_path.clone(),
+            env: env_spec,
         };
+        // What the host lacks for the environment refuses the create before anything is
+        // made (no session half-created).
+        let (spec, dir) = (config.env.clone(), campaign.root_path.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::env::check_host(&spec, std::path::Path::new(&dir))
+        })
+        .await
+        .map_err(|e| {
+            st(Error::new(
+                ErrorCode::Generic,
+                format!("environment check: {e}"),
+            ))
+        })?
+        .map_err(|e| st(Error::new(ErrorCode::SandboxInitFailed, e)))?;
         let record = self.handle.create_session(id, config).await.map_err(st)?;
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(understood.info(convert::session_info(&record))),
@@ -732,6 +757,17 @@ impl LocalDaemonService for Obey {
         if let Some(pc) = provider_config.take_if(|pc| pc.values().any(|v| v == secret::MASK)) {
             let stored = self.record(id.clone()).await?.config.provider_config;
             provider_config = Some(secret::unmask(pc, &stored).map_err(invalid)?);
+        }
+        // A new configuration that says nothing of permissions keeps the session's: a restart
+        // never widens (or narrows) what the agent may do unasked by leaving the key out.
+        if let Some(pc) = provider_config
+            .as_mut()
+            .filter(|pc| !pc.contains_key("permissions"))
+        {
+            let stored = self.record(id.clone()).await?.config.provider_config;
+            if let Some(p) = stored.get("permissions") {
+                pc.insert("permissions".into(), p.clone());
+            }
         }
         let rec = self
             .handle

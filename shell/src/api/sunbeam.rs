@@ -635,6 +635,7 @@ impl CodeAgent {
             timeout_ms: settings.timeout_ms,
             initial_message: String::new(),
             working_dir: root.to_string(),
+            env: paddock_core::EnvSpec::default(),
         };
         self.handle
             .create_session(id, config)

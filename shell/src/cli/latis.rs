@@ -15,7 +15,7 @@ use paddock_proto::obey::local::v1 as pb;
 use serde::Deserialize;
 
 use super::client::Client;
-use super::view::{age, one_line, provider_name, state_of, DRIVERS};
+use super::view::{age, driver_of, one_line, provider_name, state_of, DRIVERS};
 use super::{Error, Result};
 use crate::transport::obey_code;
 
@@ -32,7 +32,7 @@ const SESSION_FILE_MAX_BYTES: u64 = 1024 * 1024;
 pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<String> {
     vec![
         s.id.clone(),
-        DRIVERS[0].to_string(),
+        driver_of(s).to_string(),
         state_of(s).to_string(),
         if s.initial_message.trim().is_empty() {
             "-".to_string()
@@ -56,16 +56,22 @@ pub fn check_driver(name: &str) -> Result<&'static str> {
     if let Some(d) = DRIVERS.iter().find(|d| **d == n) {
         return Ok(d);
     }
+    if let Some(d) = paddock_core::Driver::parse(&n) {
+        return Ok(DRIVERS
+            .iter()
+            .find(|x| **x == d.name())
+            .expect("every core driver is listed"));
+    }
     let why = match n.as_str() {
         "podman" | "docker" | "kubernetes" | "k8s" | "qemu" | "ssh" => format!(
-            "driver \"{name}\" is not available: paddock does not provision containers, pods, \
-             VMs or remote hosts"
+            "driver \"{name}\" is not available yet: paddock does not provision containers, \
+             pods, VMs or remote hosts"
         ),
         _ => format!("unknown driver \"{name}\""),
     };
     Err(Error::Usage(format!(
-        "{why}; the drivers are: {} (the agent runs as a supervised local process, without \
-         isolation)",
+        "{why}; the drivers are: {} (local: on the host, not isolated; bubblewrap: a sandbox \
+         on this machine)",
         DRIVERS.join(", ")
     )))
 }
@@ -119,14 +125,23 @@ pub struct CreateArgs {
     /// The task: the session's first message, sent as soon as the agent is up
     #[arg(long, visible_alias = "initial-message")]
     pub task: Option<String>,
-    /// Where the agent runs: local (the only driver: a supervised local process, no isolation)
+    /// Where the agent runs: local (on the host, not isolated) or bubblewrap (a sandbox: the
+    /// host read-only, the workspace writable, its own HOME and /tmp, no network)
     #[arg(long)]
     pub driver: Option<String>,
-    /// SRC:/workspace: run in SRC (the local driver mounts nothing; see README)
+    /// SRC:/workspace: the agent's workspace is SRC (the one directory it may write under
+    /// bubblewrap; see README)
     #[arg(long = "mount", value_name = "SRC:DST")]
     pub mounts: Vec<String>,
-    /// A YAML file with any of: task, driver, mounts, provider, model, name, max_tokens,
-    /// timeout, config, env, campaign
+    /// Give the session a git worktree of its own, on branch paddock/<name>
+    #[arg(long)]
+    pub worktree: bool,
+    /// Let a sandboxed agent use the network (bubblewrap; the host's agents always can)
+    #[arg(long)]
+    pub network: bool,
+    /// A YAML file with any of: task, driver, mounts, worktree, provider, model, name,
+    /// max_tokens, timeout, config, env, campaign, and a block per driver (local: {workdir},
+    /// bubblewrap: {network})
     #[arg(short = 'c', long = "file", value_name = "session.yaml")]
     pub file: Option<PathBuf>,
     /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp [default:
@@ -194,9 +209,12 @@ pub struct SessionFile {
     pub config: Option<BTreeMap<String, Scalar>>,
     pub env: Option<BTreeMap<String, Scalar>>,
     pub campaign: Option<String>,
-    /// The seed's per-driver blocks: `local: {workdir}`; the others are read (so a latis file
-    /// parses) and refused with their driver.
+    /// A git worktree of its own for the session.
+    pub worktree: Option<bool>,
+    /// The seed's per-driver blocks: `local: {workdir}`, and paddock's `bubblewrap: {network}`;
+    /// the others are read (so a latis file parses) and refused with their driver.
     pub local: Option<LocalBlock>,
+    pub bubblewrap: Option<BubblewrapBlock>,
     pub podman: Option<serde_norway::Value>,
     pub kubernetes: Option<serde_norway::Value>,
     pub qemu: Option<serde_norway::Value>,
@@ -210,11 +228,20 @@ pub struct LocalBlock {
     pub workdir: Option<String>,
 }
 
+/// paddock's `bubblewrap:` block.
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BubblewrapBlock {
+    /// Network access inside the sandbox.
+    pub network: Option<bool>,
+}
+
 impl SessionFile {
     /// The drivers whose block the file has.
     fn driver_blocks(&self) -> Vec<&'static str> {
         [
             ("local", self.local.is_some()),
+            ("bubblewrap", self.bubblewrap.is_some()),
             ("podman", self.podman.is_some()),
             ("kubernetes", self.kubernetes.is_some()),
             ("qemu", self.qemu.is_some()),
@@ -403,6 +430,44 @@ pub fn apply_config(req: &mut pb::CreateSessionRequest, c: &crate::config::Confi
     Ok(())
 }
 
+/// A word before creating a sandboxed session without network whose agent talks to a model
+/// over the network (all but the scripted agent, unless pointed elsewhere): its first turn
+/// would fail to connect, and the reason would be far from the cause.
+pub fn offline_note(req: &pb::CreateSessionRequest) -> Option<String> {
+    let env = req.environment_spec.as_ref()?;
+    let isolates = paddock_core::Driver::parse(&env.driver).is_some_and(|d| d.isolates());
+    let provider = paddock_core::Provider::from_number(req.provider)?;
+    (isolates && !env.network && provider != paddock_core::Provider::Scripted).then(|| {
+        format!(
+            "note: the {} sandbox has no network, and {} reaches its model over the network: \
+             add --network (session.yaml: `{}: {{network: true}}`) unless it needs none",
+            env.driver,
+            provider.name(),
+            env.driver
+        )
+    })
+}
+
+/// What the default permissions the daemon gave a session mean for its user (nothing for
+/// `allow-all`, the default inside a sandbox).
+pub fn permissions_note(permissions: &str, provider: &str) -> Option<String> {
+    let alone = "--config permissions=allow-all (or [session] permissions in config.toml), or \
+                 --driver bubblewrap, lets it work alone";
+    if permissions.starts_with("ask") {
+        Some(format!(
+            "note: on the host, {provider}'s writes and commands wait for your approval \
+             (`paddock approvals`, `paddock session attach`); {alone}"
+        ))
+    } else if permissions == "deny" {
+        Some(format!(
+            "note: on the host, {provider} runs read-only (it cannot ask anyone before a write or \
+             a command); {alone}"
+        ))
+    } else {
+        None
+    }
+}
+
 /// `[agents]`' command for the request's provider, unless the request names one.
 pub fn apply_agent_command(req: &mut pb::CreateSessionRequest, c: &crate::config::Config) {
     let Some(p) = paddock_core::Provider::from_number(req.provider) else {
@@ -456,9 +521,8 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
     };
     if mounts.len() > 1 {
         return Err(Error::Usage(format!(
-            "{} mounts given: the local driver runs the agent in one working directory \
-             (SRC:{WORKSPACE}); it does not isolate the filesystem, so there is nothing else \
-             to mount",
+            "{} mounts given: a session has one workspace (SRC:{WORKSPACE}), its working \
+             directory; under bubblewrap it is the one directory the agent may write",
             mounts.len()
         )));
     }
@@ -526,6 +590,15 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
             nanos: 0,
         }),
         initial_message: task,
+        environment_spec: Some(pb::SessionEnvironment {
+            driver: driver.to_string(),
+            worktree: args.worktree || f.worktree.unwrap_or(false),
+            network: args.network
+                || f.bubblewrap
+                    .as_ref()
+                    .and_then(|b| b.network)
+                    .unwrap_or(false),
+        }),
     };
     Ok(Plan {
         place,
@@ -592,6 +665,29 @@ pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String> {
     }
 }
 
+/// `session status`'s driver line: the driver, and in parentheses what it means, its
+/// environment's state when not ready, and where the agent works.
+fn driver_line(s: &pb::SessionInfo) -> String {
+    let env = s.environment_spec.clone().unwrap_or_default();
+    let mut parts = vec![match driver_of(s) {
+        "bubblewrap" => format!(
+            "sandbox: host read-only, own HOME and /tmp, {}",
+            if env.network { "network" } else { "no network" }
+        ),
+        "local" => "no isolation".to_string(),
+        _ => String::new(),
+    }];
+    if env.worktree {
+        parts.push("own worktree".into());
+    }
+    if !matches!(s.environment_state.as_str(), "" | "ready") {
+        parts.push(format!("environment {}", s.environment_state));
+    }
+    parts.push(format!("working directory {}", s.working_dir));
+    parts.retain(|p| !p.is_empty());
+    format!("{} ({})", driver_of(s), parts.join("; "))
+}
+
 /// `session status`: the session's details, latis state first, as `key: value` lines.
 pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
     use super::view::{rfc3339, status_name};
@@ -628,10 +724,7 @@ pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
                 s.initial_message.trim_end().replace('\n', "\n      ")
             },
         ),
-        (
-            "driver".into(),
-            format!("local (no isolation; working directory {})", s.working_dir),
-        ),
+        ("driver".into(), driver_line(s)),
         ("name".into(), s.agent_name.clone()),
         (
             "provider".into(),
@@ -742,7 +835,13 @@ pub async fn stop_and_delete(c: &mut Client, info: &pb::SessionInfo) -> Result<b
     Ok(stopped)
 }
 
-pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Result<()> {
+pub async fn delete(
+    ctx: &super::Ctx,
+    c: &mut Client,
+    id: &str,
+    yes: bool,
+    delete_branch: bool,
+) -> Result<()> {
     let info = c
         .get_session(pb::GetSessionRequest {
             session_id: id.to_string(),
@@ -758,14 +857,46 @@ pub async fn delete(ctx: &super::Ctx, c: &mut Client, id: &str, yes: bool) -> Re
         println!("Nothing deleted.");
         return Ok(());
     }
+    let has_worktree = info.environment_spec.as_ref().is_some_and(|e| e.worktree);
+    if delete_branch && !has_worktree {
+        return Err(Error::Usage(format!(
+            "session {id} has no worktree, so no branch of its own to delete"
+        )));
+    }
     let stopped = stop_and_delete(c, &info).await?;
+    // The daemon removed the worktree with the session; its branch goes only when asked.
+    // The session is gone whatever becomes of its branch: a branch git will not delete is a
+    // warning, not a failed delete.
+    let branch = if delete_branch {
+        match super::workspace::delete_branch(&info) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                eprintln!("warning: session {id} was deleted, but not its branch: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     if ctx.json {
-        super::print_json(&serde_json::json!({ "id": id, "deleted": true, "stopped": stopped }));
+        let mut v = serde_json::json!({ "id": id, "deleted": true, "stopped": stopped });
+        if let Some(b) = &branch {
+            v["deleted_branch"] = b.as_str().into();
+        }
+        super::print_json(&v);
     } else {
         if stopped {
             println!("Session {id} stopped.");
         }
         println!("Session {id} deleted.");
+        if let Some(b) = branch {
+            println!("Branch {b} deleted.");
+        } else if has_worktree {
+            println!(
+                "Its branch {} is kept (--delete-branch removes it).",
+                crate::env::branch(&info.agent_name, &paddock_core::SessionId(id.to_string()))
+            );
+        }
     }
     Ok(())
 }
@@ -911,6 +1042,27 @@ pub fn status_text(s: &pb::SessionInfo, now_ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_without_network_is_pointed_out_for_agents_that_need_one() {
+        let req = |driver: &str, network: bool, provider: paddock_core::Provider| {
+            pb::CreateSessionRequest {
+                provider: provider.number(),
+                environment_spec: Some(pb::SessionEnvironment {
+                    driver: driver.into(),
+                    worktree: false,
+                    network,
+                }),
+                ..Default::default()
+            }
+        };
+        use paddock_core::Provider as P;
+        let note = offline_note(&req("bubblewrap", false, P::ClaudeCode)).unwrap();
+        assert!(note.contains("add --network"), "{note}");
+        assert!(offline_note(&req("bubblewrap", true, P::ClaudeCode)).is_none());
+        assert!(offline_note(&req("bubblewrap", false, P::Scripted)).is_none());
+        assert!(offline_note(&req("local", false, P::Codex)).is_none());
+    }
 
     #[test]
     fn every_status_has_its_latis_state() {

@@ -16,6 +16,7 @@ pub mod settings;
 pub mod task;
 pub mod top;
 pub mod view;
+pub mod workspace;
 
 use std::path::PathBuf;
 
@@ -91,6 +92,25 @@ pub enum SessionCmd {
         /// Do not ask first (on a terminal, delete asks)
         #[arg(long, short = 'y')]
         yes: bool,
+        /// Also delete the session's branch (paddock/<name>; kept by default: it is the
+        /// agent's work)
+        #[arg(long)]
+        delete_branch: bool,
+    },
+    /// What the agent changed in its worktree (commits, edits, new files) since it was made
+    Diff {
+        id: String,
+        /// Only the files and how much changed
+        #[arg(long)]
+        stat: bool,
+    },
+    /// Run a command in the session's environment (its sandbox, its worktree) and exit with
+    /// its exit code: `paddock session exec ID -- make test`
+    Exec {
+        id: String,
+        /// The command and its arguments
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
     },
     /// Delete every stopped and failed session and everything stored about them
     Prune {
@@ -129,6 +149,10 @@ pub enum SessionCmd {
         /// Only activity after this sequence number
         #[arg(long, default_value_t = 0)]
         after: i64,
+        /// Print what the driver did to make the session's environment instead (its
+        /// worktree, the sign-in files passed into a sandbox)
+        #[arg(long)]
+        environment: bool,
     },
     /// Print a session's conversation: each turn's message, then what the agent did and said
     History {
@@ -450,9 +474,25 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             let id = resolve(&mut c, &id).await?;
             return attach::run(&mut c, id).await;
         }
-        SessionCmd::Delete { id, yes } => {
+        SessionCmd::Delete {
+            id,
+            yes,
+            delete_branch,
+        } => {
             let id = resolve(&mut c, &id).await?;
-            return latis::delete(ctx, &mut c, &id, yes).await;
+            return latis::delete(ctx, &mut c, &id, yes, delete_branch).await;
+        }
+        SessionCmd::Diff { id, stat } => {
+            let id = resolve(&mut c, &id).await?;
+            let info = c
+                .get_session(pb::GetSessionRequest { session_id: id })
+                .await?
+                .into_inner();
+            return workspace::diff(&mut c, &info, stat).await;
+        }
+        SessionCmd::Exec { id, command } => {
+            let id = resolve(&mut c, &id).await?;
+            return task::exec(ctx, id, command).await;
         }
         SessionCmd::Prune { campaign, yes } => {
             return latis::prune(ctx, &mut c, campaign, yes).await
@@ -467,6 +507,11 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 message
             };
             let id = resolve(&mut c, &id).await?;
+            // Listening before the turn starts: a Ctrl-C as soon as its first line shows must
+            // not find the default action (which would end the command without a word).
+            let mut ctrl_c =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                    .map_err(Error::io("SIGINT"))?;
             let mut stream = c
                 .send_message(pb::SendMessageRequest {
                     session_id: id.clone(),
@@ -476,15 +521,13 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 .into_inner();
             // The turn's last activity: COMPLETION (exit 0) or ERROR (already shown, exit 6).
             let mut end = None;
-            let ctrl_c = tokio::signal::ctrl_c();
-            tokio::pin!(ctrl_c);
             loop {
                 let item = tokio::select! {
                     item = stream.next() => match item {
                         Some(item) => item,
                         None => break,
                     },
-                    _ = &mut ctrl_c => return interrupt_send(&mut c, &id).await,
+                    _ = ctrl_c.recv() => return interrupt_send(&mut c, &id).await,
                 };
                 let a = item?;
                 if ctx.json {
@@ -579,7 +622,15 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 }
             }
         }
-        SessionCmd::Logs { id, after } => {
+        SessionCmd::Logs {
+            id,
+            environment: true,
+            ..
+        } => {
+            let id = resolve(&mut c, &id).await?;
+            return workspace::environment_log(&mut c, &id).await;
+        }
+        SessionCmd::Logs { id, after, .. } => {
             let id = resolve(&mut c, &id).await?;
             // Page after page (the daemon pages by count and by size) until none is left.
             let mut after = after;
@@ -643,12 +694,27 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
         eprintln!("{line}");
     }
     latis::apply_agent_command(&mut req, &config);
+    if let Some(note) = latis::offline_note(&req) {
+        eprintln!("{note}");
+    }
+    // The scripted agent is a stand-in (demos, tests): what its default means is not news.
+    let default_permissions = !req.provider_config.contains_key("permissions")
+        && req.provider != paddock_core::Provider::Scripted.number();
     req.campaign_id = latis::resolve_place(c, &plan.place).await?;
     let s = with_progress("starting the agent", c.create_session(req))
         .await?
         .into_inner()
         .session
         .unwrap_or_default();
+    if default_permissions {
+        if let Some(note) = s
+            .provider_config
+            .get("permissions")
+            .and_then(|p| latis::permissions_note(p, provider_name(s.provider)))
+        {
+            eprintln!("{note}");
+        }
+    }
     if ctx.json {
         print_json(&session_json(&s));
     } else {
@@ -657,7 +723,7 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
             "{} ({}, {} driver) is {} in {}",
             s.agent_name,
             provider_name(s.provider),
-            plan.driver,
+            view::driver_of(&s),
             state_of(&s),
             s.working_dir
         );

@@ -5,7 +5,7 @@ use paddock_core::ActivityKind;
 use paddock_proto::obey::local::v1 as pb;
 use serde_json::{json, Value};
 
-use super::view::{activity_name, provider_name, rfc3339, state_of, status_name, DRIVERS};
+use super::view::{activity_name, driver_of, provider_name, rfc3339, state_of, status_name};
 
 fn ts(t: &Option<prost_types::Timestamp>) -> Value {
     match t {
@@ -50,7 +50,10 @@ pub fn session_json(s: &pb::SessionInfo) -> Value {
         "pending_approvals": s.pending_approvals,
         "initial_message": s.initial_message,
         "turns_completed": s.turns_completed,
-        "driver": DRIVERS[0],
+        "driver": driver_of(s),
+        "worktree": s.environment_spec.as_ref().is_some_and(|e| e.worktree),
+        "network": s.environment_spec.as_ref().is_some_and(|e| e.network),
+        "environment_state": s.environment_state,
         "state": state_of(s),
     })
 }

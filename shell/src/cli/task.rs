@@ -205,24 +205,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
         }
         TaskCmd::Logs { id, follow } => {
             let id = resolve(&mut c, &id).await?;
-            let mut stream = c
-                .stream_task_output(pb::StreamTaskOutputRequest {
-                    task_id: id,
-                    follow,
-                })
-                .await?
-                .into_inner();
-            use pb::task_output::Output;
-            while let Some(item) = stream.next().await {
-                match item?.output {
-                    Some(Output::StdoutLine(l)) => println!("{l}"),
-                    Some(Output::StderrLine(l)) => eprintln!("{l}"),
-                    Some(Output::Progress(p)) => {
-                        eprintln!("[{:>5.1}%] {}", p.percent_complete, p.operation_description)
-                    }
-                    None => {}
-                }
-            }
+            print_output(&mut c, id, follow, true).await?;
         }
         TaskCmd::Cancel { id } => {
             let id = resolve(&mut c, &id).await?;
@@ -239,6 +222,87 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                 println!("the task had already ended");
             }
         }
+    }
+    Ok(())
+}
+
+/// Prints task `id`'s output, stdout lines on stdout and stderr lines on stderr (progress
+/// reports there too when `progress`), following it until the task ends when `follow`.
+async fn print_output(
+    c: &mut TaskServiceClient<tonic::transport::Channel>,
+    id: String,
+    follow: bool,
+    progress: bool,
+) -> Result<()> {
+    let mut stream = c
+        .stream_task_output(pb::StreamTaskOutputRequest {
+            task_id: id,
+            follow,
+        })
+        .await?
+        .into_inner();
+    use pb::task_output::Output;
+    while let Some(item) = stream.next().await {
+        match item?.output {
+            Some(Output::StdoutLine(l)) => println!("{l}"),
+            Some(Output::StderrLine(l)) => eprintln!("{l}"),
+            Some(Output::Progress(p)) if progress => {
+                eprintln!("[{:>5.1}%] {}", p.percent_complete, p.operation_description)
+            }
+            Some(Output::Progress(_)) | None => {}
+        }
+    }
+    Ok(())
+}
+
+/// `session exec ID -- cmd…`: runs `command` as a task of the session, in its environment (in
+/// its sandbox, in its worktree), prints its output as it comes and exits with its exit code.
+pub async fn exec(ctx: &Ctx, session_id: String, command: Vec<String>) -> Result<()> {
+    let channel = client::connect_channel(ctx).await?;
+    let mut c = TaskServiceClient::new(channel);
+    // Ctrl-C ends the command, not only this client: listening before it starts.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(super::Error::io("SIGINT"))?;
+    let id = c
+        .launch_task(pb::LaunchTaskRequest {
+            session_id,
+            r#type: paddock_core::task::COMMAND_KIND.to_string(),
+            command_json: serde_json::to_string(&command).expect("json"),
+            environment: Default::default(),
+            timeout_seconds: 0,
+        })
+        .await?
+        .into_inner()
+        .task_id;
+    let mut follow = c.clone();
+    tokio::select! {
+        r = print_output(&mut follow, id.clone(), true, false) => r?,
+        _ = interrupt.recv() => {
+            c.cancel_task(pb::CancelTaskRequest { task_id: id.clone() }).await?;
+            eprintln!("interrupted: the command was cancelled");
+            std::process::exit(130);
+        }
+    }
+    let t = c
+        .get_task(pb::GetTaskRequest { task_id: id })
+        .await?
+        .into_inner();
+    let code = match (TaskStatus::from_number(t.status), t.exit_code) {
+        (Some(TaskStatus::Completed), _) => 0,
+        (_, Some(code)) if code != 0 => code,
+        _ => {
+            eprintln!(
+                "error: {} ({})",
+                t.error_message.as_deref().unwrap_or("the command failed"),
+                status_name(t.status)
+            );
+            1
+        }
+    };
+    if code != 0 {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::process::exit(code);
     }
     Ok(())
 }

@@ -99,10 +99,19 @@ pub fn age(t: &Option<prost_types::Timestamp>, now_ms: u64) -> String {
     }
 }
 
-/// The drivers paddock has. latis' podman, kubernetes, qemu and ssh drivers provision an
-/// isolated environment; paddock runs the agent as a supervised local process, so `local` is
-/// the one there is.
-pub const DRIVERS: &[&str] = &["local"];
+/// The drivers paddock has (the core's [`paddock_core::Driver`]s), by name: `local` (the
+/// host) and `bubblewrap` (a sandbox on the host). latis' podman, kubernetes, qemu and ssh are
+/// not there yet.
+pub const DRIVERS: &[&str] = &["local", "bubblewrap"];
+
+/// The driver a session runs under, as the daemon reports it (`local` for a daemon that does
+/// not say).
+pub fn driver_of(s: &pb::SessionInfo) -> &str {
+    match s.environment_spec.as_ref().map(|e| e.driver.as_str()) {
+        Some(d) if !d.is_empty() => d,
+        _ => DRIVERS[0],
+    }
+}
 
 /// latis' name for a session's state: `creating`, `starting`, `working`, `waiting`, `ready`,
 /// `complete`, `stopping`, `stopped` or `failed`.

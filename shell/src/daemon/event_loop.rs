@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 
 use paddock_core::campaign::{Campaign, CampaignError};
-use paddock_core::task::{TaskInput, TaskReply};
+use paddock_core::task::{TaskInput, TaskReply, TaskSpec};
 use paddock_core::{
     Approval, Effect, Engine, Error, Input, ProviderEvent, Record, RequestId, RunId, SessionId,
     SessionRecord,
@@ -79,6 +79,8 @@ pub struct State {
     data_dir: PathBuf,
     /// The runner agents run in (`None`: they are the daemon's own children).
     pub(super) runner: Option<super::runner_link::RunnerLink>,
+    /// Where sessions' environments are made and what a sandbox hides.
+    pub(super) env: crate::env::Host,
     exe: PathBuf,
     tx: mpsc::Sender<Command>,
     runs: BTreeMap<(SessionId, RunId), RunHandle>,
@@ -116,7 +118,9 @@ impl State {
         done: watch::Sender<bool>,
         clock: Clock,
     ) -> Self {
+        let env = crate::env::Host::new(&data_dir, &[&socket], &exe);
         State {
+            env,
             engine,
             store,
             hub,
@@ -135,6 +139,40 @@ impl State {
             done,
             unrecognized: BTreeMap::new(),
         }
+    }
+
+    /// `spec` as it runs in its session's environment (as it is, for a task of no session or
+    /// of a session on the host without a worktree).
+    fn in_session_env(&self, spec: TaskSpec) -> Result<TaskSpec, String> {
+        let id = SessionId(spec.session_id.clone());
+        let Some(config) = self.engine.session(&id).map(|s| &s.record.config) else {
+            return Ok(spec);
+        };
+        if !config.env.needs_provisioning() {
+            return Ok(spec);
+        }
+        let Some((program, args)) = spec.command.split_first() else {
+            return Ok(spec);
+        };
+        let plan = crate::proc::LaunchPlan {
+            program: program.into(),
+            args: args.to_vec(),
+            env: Vec::new(),
+            cwd: spec.working_dir.clone().into(),
+        };
+        let plan = crate::env::enter(&self.env, &id, config, plan)?;
+        let mut command = vec![plan.program.to_string_lossy().to_string()];
+        command.extend(plan.args);
+        Ok(TaskSpec {
+            command,
+            working_dir: plan.cwd.to_string_lossy().to_string(),
+            ..spec
+        })
+    }
+
+    /// Whether the engine knows session `id`.
+    pub fn has_session(&self, id: &SessionId) -> bool {
+        self.engine.session(id).is_some()
     }
 
     /// Takes back the agent runs the engine adopted at start-up (they outlived the previous
@@ -207,6 +245,9 @@ impl State {
         match cmd {
             Command::Provider(input) => batch.inputs.push_back(input),
             Command::ProviderLine(inputs) => batch.inputs.extend(inputs),
+            Command::Environment { id, event } => {
+                batch.inputs.push_back(Input::Environment { id, event })
+            }
             Command::Request {
                 request,
                 reply,
@@ -498,6 +539,16 @@ impl State {
                     batch.records.push(record)
                 }
                 Effect::SpawnTask { id, spec } => {
+                    // A task of a session runs in the session's environment.
+                    let spec = match self.in_session_env(spec) {
+                        Ok(spec) => spec,
+                        Err(reason) => {
+                            batch
+                                .inputs
+                                .push_back(Input::Task(TaskInput::SpawnFailed { id, reason }));
+                            continue;
+                        }
+                    };
                     if let Some(link) = &self.runner {
                         // Started / SpawnFailed come back from the runner as task inputs.
                         link.spawn_task(&id, &spec, self.tx.clone());
@@ -524,8 +575,28 @@ impl State {
                     }
                     (None, _) => {}
                 },
+                // Made on a blocking thread (git, file copies): the loop goes on, and the
+                // report comes back as a command. A report the loop can no longer take (it
+                // ended) is moot: the next daemon fails the CREATED session.
+                Effect::Provision { id, config } => {
+                    let (host, tx) = (self.env.clone(), self.tx.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let event = match crate::env::provision(&host, &id, &config) {
+                            Ok(_) => paddock_core::EnvEvent::Provisioned,
+                            Err(reason) => paddock_core::EnvEvent::ProvisionFailed { reason },
+                        };
+                        let _ = tx.blocking_send(Command::Environment { id, event });
+                    });
+                }
                 Effect::Spawn { id, run, spec } => {
-                    let event = match (crate::providers::plan(&spec, &self.exe), &self.runner) {
+                    let planned =
+                        crate::providers::plan(&spec, &self.exe).and_then(|(plan, parser)| {
+                            Ok((
+                                crate::env::enter(&self.env, &id, &spec.config, plan)?,
+                                parser,
+                            ))
+                        });
+                    let event = match (planned, &self.runner) {
                         (Ok((plan, parser)), Some(link)) => {
                             // Started / SpawnFailed come back from the runner as inputs.
                             let handle =
@@ -686,7 +757,13 @@ impl State {
                 Effect::EmitTaskOutput(o) => {
                     let _ = self.hub.task_output.send(o);
                 }
-                Effect::Forget(rec) => forget(&rec),
+                Effect::Forget(rec) => {
+                    forget(&rec);
+                    // Moved away at once (the delete's answer means it is gone); its files are
+                    // removed off the loop.
+                    let remove = crate::env::destroy(&self.env, &rec.id, &rec.config);
+                    tokio::task::spawn_blocking(remove);
+                }
                 Effect::Reply { req, result } => {
                     if let Some(Waiting::Session { reply, turn }) = self.waiting(req) {
                         if let (Ok(record), Some(stream)) = (&result, turn) {
@@ -724,6 +801,7 @@ impl State {
                 }
                 Effect::Persist(_)
                 | Effect::Spawn { .. }
+                | Effect::Provision { .. }
                 | Effect::Write { .. }
                 | Effect::CloseInput { .. }
                 | Effect::Signal { .. }

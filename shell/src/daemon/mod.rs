@@ -183,6 +183,14 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
     );
     state.unrecognized = unrecognized.into_iter().collect();
     state.runner = runner.clone();
+    // The daemon's other doors are hidden from sandboxes too.
+    state
+        .env
+        .mask(opts.aria_socket.iter().chain(&opts.obey_socket));
+    let gone = crate::env::reconcile(&state.env, |id| state.has_session(id));
+    if gone > 0 {
+        tracing::warn!("{gone} environment(s) of deleted sessions removed");
+    }
     state.reattach_adopted();
     let loop_task = tokio::spawn(async move {
         if let Err(e) = event_loop::run(state, rx, restore).await {

@@ -68,6 +68,12 @@ pub enum Command {
     /// The events of one line of a provider's output: handled in one batch, so they are
     /// committed together (a line is applied whole or not at all).
     ProviderLine(Vec<Input>),
+    /// What the driver did with a session's environment (made off the loop: a worktree of a
+    /// large repository takes a while).
+    Environment {
+        id: SessionId,
+        event: paddock_core::EnvEvent,
+    },
     /// A provider line its adapter did not understand: stored raw and counted.
     Unrecognized {
         id: SessionId,

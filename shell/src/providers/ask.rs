@@ -11,9 +11,10 @@
 //! | `client_tool` (paddock's own: `{"subtype":"client_tool","tool_name":…,"input":…}`) | client tool | `{"behavior":"allow"\|"deny","result":…,"is_error":…,"message":…}` |
 
 use paddock_core::{Approval, AskKind, ProviderEvent};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::claude_stream::{control_response_allow, control_response_deny};
+use super::stream_json::{self, Answer, Behavior, ControlResponse};
 
 /// Claude Code's tool for asking the user (its input lists `questions`).
 pub const QUESTION_TOOL: &str = "AskUserQuestion";
@@ -146,21 +147,21 @@ pub fn answer_line(a: &Approval) -> String {
             };
             control_response_deny(&a.key, &message)
         }
-        AskKind::ClientTool => json!({
-            "type": "control_response",
-            "response": {
-                "subtype": "success",
-                "request_id": a.key,
-                "response": {
-                    "behavior": if a.allowed { "allow" } else { "deny" },
-                    "result": a.answer,
-                    "is_error": a.is_error || !a.allowed,
-                    // (A refusal's reason, for agents that read only `message`.)
-                    "message": if a.allowed { "" } else { a.answer.as_str() },
-                }
-            }
-        })
-        .to_string(),
+        AskKind::ClientTool => stream_json::encode(&ControlResponse::success(
+            &a.key,
+            Answer {
+                behavior: if a.allowed {
+                    Behavior::Allow
+                } else {
+                    Behavior::Deny
+                },
+                updated_input: None,
+                result: Some(&a.answer),
+                is_error: Some(a.is_error || !a.allowed),
+                // (A refusal's reason, for agents that read only `message`.)
+                message: Some(if a.allowed { "" } else { &a.answer }),
+            },
+        )),
     }
 }
 
@@ -168,6 +169,7 @@ pub fn answer_line(a: &Approval) -> String {
 mod tests {
     use super::*;
     use paddock_core::{ApprovalState, SessionId};
+    use serde_json::json;
 
     fn approval(kind: AskKind, input: Value, allowed: bool, answer: &str) -> Approval {
         Approval {

@@ -70,8 +70,10 @@
 use std::collections::HashMap;
 
 use paddock_core::{Activity, ActivityKind, ProviderEvent};
-use serde::Serialize;
+use serde::Deserialize;
 use serde_json::Value;
+
+use super::stream_json::{self, ControlRequest, ControlResponse, Line, ReadResult, Usage, User};
 
 /// `TOOL_CALL` content is cut to this many bytes.
 pub const TOOL_INPUT_MAX: usize = 2000;
@@ -369,26 +371,20 @@ impl ClaudeStreamParser {
     }
 
     fn on_result(&mut self, v: &Value) -> Vec<Parsed> {
+        let r = ReadResult::deserialize(v).unwrap_or_default();
         let mut out = Vec::new();
-        if let Some(sid) = v.get("session_id").and_then(Value::as_str) {
-            if self.session_id.as_deref() != Some(sid) {
-                self.session_id = Some(sid.to_string());
-                out.push(Parsed::Event(ProviderEvent::SessionRef(sid.to_string())));
+        if let Some(sid) = &r.session_id {
+            if self.session_id.as_ref() != Some(sid) {
+                self.session_id = Some(sid.clone());
+                out.push(Parsed::Event(ProviderEvent::SessionRef(sid.clone())));
             }
         }
-        let subtype = v
-            .get("subtype")
-            .and_then(Value::as_str)
-            .unwrap_or("success");
-        let is_error = v.get("is_error").and_then(Value::as_bool).unwrap_or(false);
-        let api_status = v.get("api_error_status").filter(|s| !s.is_null());
-        let text = v.get("result").and_then(Value::as_str).unwrap_or("");
+        let subtype = r.subtype.as_deref().unwrap_or("success");
+        let is_error = r.is_error.unwrap_or(false);
+        let api_status = r.api_error_status.as_ref();
+        let text = r.result.as_deref().unwrap_or("");
 
-        let (tin, tout) = v
-            .get("usage")
-            .filter(|u| u.is_object())
-            .map(usage_totals)
-            .unwrap_or((0, 0));
+        let (tin, tout) = r.usage.map_or((0, 0), |u| (u.input(), u.output_tokens));
         let din = tin.saturating_sub(self.attributed.0);
         let dout = tout.saturating_sub(self.attributed.1);
 
@@ -402,7 +398,7 @@ impl ClaudeStreamParser {
                     .as_str()
                     .map(str::to_string)
                     .unwrap_or_else(|| s.to_string());
-                match v.get("api_error_type").and_then(Value::as_str) {
+                match r.api_error_type.as_deref() {
                     Some(t) if !t.is_empty() => head.push(format!("API error status {s} ({t})")),
                     _ => head.push(format!("API error status {s}")),
                 }
@@ -414,7 +410,7 @@ impl ClaudeStreamParser {
             if !text.is_empty() {
                 detail.push(text.to_string());
             }
-            if let Some(errs) = v.get("errors").and_then(Value::as_array) {
+            if let Some(errs) = &r.errors {
                 detail.extend(errs.iter().map(|e| match e.as_str() {
                     Some(s) => s.to_string(),
                     None => e.to_string(),
@@ -422,15 +418,12 @@ impl ClaudeStreamParser {
             }
             // Claude Code 2.1 says why in `errors` ("Reached maximum number of turns (1)").
             if subtype == "error_max_turns" && detail.is_empty() {
-                if let Some(n) = v.get("num_turns").and_then(Value::as_u64) {
+                if let Some(n) = r.num_turns {
                     detail.push(format!("after {n} turns"));
                 }
             }
             // A bridge names its agent (`paddock_agent`); Claude Code itself does not.
-            let agent = v
-                .get("paddock_agent")
-                .and_then(Value::as_str)
-                .unwrap_or("claude");
+            let agent = r.paddock_agent.as_deref().unwrap_or("claude");
             let mut content = if detail.is_empty() {
                 format!("{agent}: {}", head.join(", "))
             } else {
@@ -480,39 +473,20 @@ impl ClaudeStreamParser {
 }
 
 fn on_control_request(v: &Value) -> Option<Vec<Parsed>> {
-    let request_id = v.get("request_id")?.as_str()?.to_string();
-    let req = v.get("request")?.as_object()?;
-    let subtype = req.get("subtype")?.as_str()?.to_string();
-    let tool_name = req
-        .get("tool_name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let input = req.get("input").cloned().unwrap_or(Value::Null);
+    let r = ControlRequest::deserialize(v).ok()?;
     Some(vec![Parsed::ControlRequest {
-        request_id,
-        subtype,
-        tool_name,
-        input,
+        request_id: r.request_id.into_owned(),
+        subtype: r.request.subtype.into_owned(),
+        tool_name: r.request.tool_name.into_owned(),
+        input: r.request.input,
     }])
 }
 
-fn num(v: Option<&Value>) -> u64 {
-    match v {
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .or_else(|| n.as_f64().filter(|f| *f > 0.0).map(|f| f as u64))
-            .unwrap_or(0),
-        _ => 0,
-    }
-}
-
-/// (input incl. cache reads and writes, output).
+/// (input incl. cache reads and writes, output) of a `usage` object.
 fn usage_totals(u: &Value) -> (u64, u64) {
-    let inp = num(u.get("input_tokens"))
-        .saturating_add(num(u.get("cache_read_input_tokens")))
-        .saturating_add(num(u.get("cache_creation_input_tokens")));
-    (inp, num(u.get("output_tokens")))
+    // Every count reads (malformed ones as 0), so an object always gives a Usage.
+    let u = Usage::deserialize(u).unwrap_or_default();
+    (u.input(), u.output_tokens)
 }
 
 fn str_field(v: &Value, key: &str) -> String {
@@ -566,121 +540,30 @@ fn render_tool_input(name: &str, input: &Value) -> String {
     crate::text::prefix(&s, TOOL_INPUT_MAX).to_string()
 }
 
-#[derive(Serialize)]
-struct TextBlock<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    text: &'a str,
-}
-
-#[derive(Serialize)]
-struct UserContent<'a> {
-    role: &'static str,
-    content: [TextBlock<'a>; 1],
-}
-
-#[derive(Serialize)]
-struct UserLine<'a> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    message: UserContent<'a>,
-}
-
 /// The stdin line that delivers one user message (no trailing newline; the caller adds it):
 /// `{"type":"user","message":{"role":"user","content":[{"type":"text","text":…}]}}`.
 pub fn user_message_line(text: &str) -> String {
-    let line = UserLine {
-        ty: "user",
-        message: UserContent {
-            role: "user",
-            content: [TextBlock { ty: "text", text }],
-        },
-    };
-    serde_json::to_string(&line).expect("serialising strings cannot fail")
-}
-
-#[derive(Serialize)]
-struct ControlResponseLine<R: Serialize> {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    response: R,
-}
-
-#[derive(Serialize)]
-struct SuccessResponse<'a, B: Serialize> {
-    subtype: &'static str,
-    request_id: &'a str,
-    response: B,
-}
-
-#[derive(Serialize)]
-struct Allow<'a> {
-    behavior: &'static str,
-    #[serde(rename = "updatedInput")]
-    updated_input: &'a Value,
-}
-
-#[derive(Serialize)]
-struct Deny<'a> {
-    behavior: &'static str,
-    message: &'a str,
-}
-
-fn to_line<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v).expect("serialising strings and JSON values cannot fail")
+    stream_json::encode(&Line::User(User::text(text)))
 }
 
 /// Allows a `can_use_tool` request (no trailing newline):
 /// `{"type":"control_response","response":{"subtype":"success","request_id":…,"response":{"behavior":"allow","updatedInput":…}}}`.
 /// Pass the request's own `input` to run the tool unchanged.
 pub fn control_response_allow(request_id: &str, input: &Value) -> String {
-    to_line(&ControlResponseLine {
-        ty: "control_response",
-        response: SuccessResponse {
-            subtype: "success",
-            request_id,
-            response: Allow {
-                behavior: "allow",
-                updated_input: input,
-            },
-        },
-    })
+    stream_json::encode(&ControlResponse::allow(request_id, input))
 }
 
 /// Denies a `can_use_tool` request (no trailing newline):
 /// `{"type":"control_response","response":{"subtype":"success","request_id":…,"response":{"behavior":"deny","message":…}}}`.
 pub fn control_response_deny(request_id: &str, message: &str) -> String {
-    to_line(&ControlResponseLine {
-        ty: "control_response",
-        response: SuccessResponse {
-            subtype: "success",
-            request_id,
-            response: Deny {
-                behavior: "deny",
-                message,
-            },
-        },
-    })
+    stream_json::encode(&ControlResponse::deny(request_id, message))
 }
 
 /// Answers a control request the controller cannot handle (e.g. an unknown subtype), so
 /// Claude Code does not wait forever (no trailing newline):
 /// `{"type":"control_response","response":{"subtype":"error","request_id":…,"error":…}}`.
 pub fn control_response_error(request_id: &str, error: &str) -> String {
-    #[derive(Serialize)]
-    struct ErrorResponse<'a> {
-        subtype: &'static str,
-        request_id: &'a str,
-        error: &'a str,
-    }
-    to_line(&ControlResponseLine {
-        ty: "control_response",
-        response: ErrorResponse {
-            subtype: "error",
-            request_id,
-            error,
-        },
-    })
+    stream_json::encode(&ControlResponse::error(request_id, error))
 }
 
 #[cfg(test)]

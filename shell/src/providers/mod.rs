@@ -10,6 +10,7 @@ pub mod bridge;
 pub mod claude_stream;
 pub mod credentials;
 pub mod scripted;
+pub mod stream_json;
 
 use std::path::{Path, PathBuf};
 

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use paddock_core::{
-    Activity, ActivityEvent, ActivityKind, Error, ErrorCode, Provider, SessionConfig, SessionId,
-    SessionRecord, Status, StatusEvent, UserMessage,
+    Activity, ActivityEvent, ActivityKind, Driver, EnvSpec, EnvState, Error, ErrorCode, Provider,
+    SessionConfig, SessionId, SessionRecord, Status, StatusEvent, UserMessage,
 };
 use rusqlite::Row;
 
@@ -17,7 +17,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 32] = [
+pub(super) const SESSION_COLUMNS: [&str; 36] = [
     "id",
     "campaign_id",
     "provider",
@@ -50,6 +50,10 @@ pub(super) const SESSION_COLUMNS: [&str; 32] = [
     "run_id",
     "provider_cursor",
     "last_turn_failed",
+    "env_driver",
+    "env_worktree",
+    "env_network",
+    "env_state",
 ];
 
 /// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
@@ -255,6 +259,20 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
         timeout_ms: uint(row, T, sc!("timeout_ms"))?,
         initial_message: sc!("initial_message").get(row)?,
         working_dir: sc!("working_dir").get(row)?,
+        env: EnvSpec {
+            driver: {
+                let name: String = sc!("env_driver").get(row)?;
+                Driver::parse(&name).ok_or_else(|| {
+                    corrupt(
+                        T,
+                        sc!("env_driver").name(),
+                        format!("unknown driver {name:?}"),
+                    )
+                })?
+            },
+            worktree: sc!("env_worktree").get(row)?,
+            network: sc!("env_network").get(row)?,
+        },
     };
     let pid = match sc!("pid").get::<Option<i64>>(row)? {
         None => None,
@@ -299,6 +317,11 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
         run: opt_uint(row, T, sc!("run_id"))?,
         provider_cursor: uint(row, T, sc!("provider_cursor"))?,
         last_turn_failed: sc!("last_turn_failed").get(row)?,
+        env_state: {
+            let n: i64 = sc!("env_state").get(row)?;
+            EnvState::from_number(n)
+                .ok_or_else(|| corrupt(T, sc!("env_state").name(), format!("unknown state {n}")))?
+        },
     })
 }
 

@@ -18,7 +18,18 @@ pub(super) const MIGRATIONS: &[&str] = &[
     super::approvals::V5,
     V6,
     super::tasks::V7,
+    V8,
 ];
+
+/// Version 8: where a session's agent runs (its environment's driver and options, fixed at
+/// create) and where that environment is in its life (`EnvState::number`). Sessions stored
+/// before it ran on the host, in an environment that needed nothing made.
+const V8: &str = r#"
+ALTER TABLE agent_sessions ADD COLUMN env_driver TEXT NOT NULL DEFAULT 'local';
+ALTER TABLE agent_sessions ADD COLUMN env_worktree INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agent_sessions ADD COLUMN env_network INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agent_sessions ADD COLUMN env_state INTEGER NOT NULL DEFAULT 1;
+"#;
 
 /// Version 6: whether a session's last turn failed (so that a live session whose task failed
 /// is not shown as complete).

@@ -705,6 +705,10 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":last_activity_seq": int(rec.last_activity_seq),
         ":last_status_seq": int(rec.last_status_seq),
         ":turns": int(rec.turns),
+        ":env_driver": c.env.driver.name(),
+        ":env_worktree": c.env.worktree,
+        ":env_network": c.env.network,
+        ":env_state": rec.env_state.number(),
     })?;
     Ok(())
 }

@@ -56,6 +56,11 @@ fn full_record(id: &str) -> SessionRecord {
     config.max_tokens = 100_000;
     config.timeout_ms = 3_600_000;
     config.initial_message = "build the thing\nthen test it".into();
+    config.env = paddock_core::EnvSpec {
+        driver: paddock_core::Driver::Bubblewrap,
+        worktree: true,
+        network: true,
+    };
     SessionRecord {
         id: SessionId(id.to_string()),
         config,
@@ -80,6 +85,7 @@ fn full_record(id: &str) -> SessionRecord {
         run: Some(7),
         provider_cursor: 12345,
         last_turn_failed: false,
+        env_state: paddock_core::EnvState::Failed,
     }
 }
 
@@ -105,6 +111,7 @@ fn bare_record(id: &str) -> SessionRecord {
         run: None,
         provider_cursor: 0,
         last_turn_failed: false,
+        env_state: paddock_core::EnvState::Ready,
     }
 }
 

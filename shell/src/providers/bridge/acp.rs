@@ -427,9 +427,10 @@ fn api_status_in(message: &str) -> Option<u16> {
 fn usage_of(u: &Value) -> Usage {
     let n = |k: &str| u[k].as_u64().unwrap_or(0);
     Usage {
-        input: n("inputTokens") + n("cachedWriteTokens"),
-        cache_read: n("cachedReadTokens"),
-        output: n("outputTokens"),
+        input_tokens: n("inputTokens") + n("cachedWriteTokens"),
+        cache_read_input_tokens: n("cachedReadTokens"),
+        output_tokens: n("outputTokens"),
+        ..Usage::default()
     }
 }
 
@@ -881,9 +882,10 @@ mod tests {
         assert_eq!(
             e.usage,
             Usage {
-                input: 10,
-                cache_read: 100,
-                output: 5
+                input_tokens: 10,
+                cache_read_input_tokens: 100,
+                output_tokens: 5,
+                ..Usage::default()
             }
         );
         let e = turn_end(Ok(json!({"stopReason": "max_tokens"})), "".into(), "s");

@@ -38,7 +38,7 @@
 //!
 //! | `permissions` | codex | what the agent can do |
 //! |---|---|---|
-//! | `allow-all` (default) | `sandbox_mode="danger-full-access"` | run any command, edit any file, use the network |
+//! | `allow-all` (in a sandbox, the daemon's default) | `sandbox_mode="danger-full-access"` | run any command, edit any file, use the network |
 //! | `deny` | `sandbox_mode="read-only"` | read files and run commands that only read; writes fail (`Read-only file system`), patches are rejected |
 //! | `allow:…` naming a tool that writes (`command_execution`, `file_change`, or Claude's `Bash`, `Write`, `Edit`, `MultiEdit`, `NotebookEdit`; also `shell`, `exec_command`, `apply_patch`) | `sandbox_mode="workspace-write"` | edit files and run commands inside the working directory (and temp dirs), no network |
 //! | `allow:…` naming none of those | `sandbox_mode="read-only"` | as `deny` |

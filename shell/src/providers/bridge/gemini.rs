@@ -74,7 +74,7 @@
 //!
 //! | policy | gemini flags |
 //! |---|---|
-//! | `allow-all` (default) | `--approval-mode yolo`: every tool runs |
+//! | `allow-all` (in a sandbox, the daemon's default) | `--approval-mode yolo`: every tool runs |
 //! | `deny` | `--approval-mode default`: only the read-only tools |
 //! | `allow:run_shell_command,write_file` | `--approval-mode default --allowed-tools run_shell_command,write_file` (gemini's tool names; deprecated in 0.61 in favour of policy files, still honoured) |
 //!
@@ -455,9 +455,10 @@ mod tests {
         assert_eq!(
             end.usage,
             Usage {
-                input: 700,
-                cache_read: 300,
-                output: 47
+                input_tokens: 700,
+                cache_read_input_tokens: 300,
+                output_tokens: 47,
+                ..Usage::default()
             }
         );
     }

@@ -38,7 +38,7 @@
 //! |---|---|---|
 //! | `base_url` | `$OPENAI_BASE_URL`, else `https://api.openai.com/v1` | the endpoint, up to `/chat/completions` |
 //! | `api_key` | `$OPENAI_API_KEY` (preferred: a config value shows in the process list) | sent as `Authorization: Bearer`; none, no header |
-//! | `permissions` | `allow-all` | the daemon's policy for every tool call (`deny`, `allow:shell,read_file`, `ask`, `ask:read_file`) |
+//! | `permissions` | on the host `ask:read_file,list_dir`, in a sandbox `allow-all` (the daemon's default) | the daemon's policy for every tool call (`deny`, `allow:shell,read_file`, `ask`, `ask:read_file`) |
 //! | `max_tool_rounds` | 25 | model calls with tool use per turn, before the turn ends in an ERROR |
 //! | `max_retries` | 2 | retries of a 429 / 5xx / failed connection, per call (at most 10; a timeout is not retried) |
 //! | `retry_backoff_ms` | 500 | the first retry's delay, doubled for each next one (at most 60 s) |
@@ -63,6 +63,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{Bridge, Decision, Out, TurnEnd, Usage};
+use crate::providers::stream_json::{ApiRetry, Line, System};
 use api::{Api, CallError, Garbage};
 use sse::{Completion, ToolCall};
 use tools::{Outcome, Tools};
@@ -397,8 +398,8 @@ impl Agent<'_> {
                         .checked_mul(2u32.saturating_pow(attempt - 1))
                         .unwrap_or(RETRY_DELAY_MAX)
                         .min(RETRY_DELAY_MAX);
-                    self.out
-                        .line(&retry_line(&e, attempt, self.settings.max_retries, delay));
+                    let retry = retry_line(&e, attempt, self.settings.max_retries, delay);
+                    self.out.line(&Line::System(System::ApiRetry(retry)));
                     std::thread::sleep(delay);
                 }
                 Err(e) => return Err(e),
@@ -441,6 +442,15 @@ impl Agent<'_> {
 
     /// One `assistant` line for one model call: what it said and asked, and its usage.
     fn emit(&self, c: &Completion) {
+        // The blocks borrow the inputs, so those are parsed first.
+        let inputs: Vec<Value> = c
+            .tool_calls
+            .iter()
+            .map(|tc| {
+                parse_arguments(&tc.arguments)
+                    .unwrap_or_else(|_| Value::String(tc.arguments.clone()))
+            })
+            .collect();
         let mut blocks = Vec::new();
         if !c.reasoning.trim().is_empty() {
             blocks.push(super::wire::thinking_block(&c.reasoning));
@@ -448,10 +458,8 @@ impl Agent<'_> {
         if !c.text.trim().is_empty() {
             blocks.push(super::wire::text_block(&c.text));
         }
-        for tc in &c.tool_calls {
-            let input = parse_arguments(&tc.arguments)
-                .unwrap_or_else(|_| Value::String(tc.arguments.clone()));
-            blocks.push(super::wire::tool_use_block(&tc.id, &tc.name, &input));
+        for (tc, input) in c.tool_calls.iter().zip(&inputs) {
+            blocks.push(super::wire::tool_use_block(&tc.id, &tc.name, input));
         }
         match (blocks.is_empty(), c.usage) {
             (false, u) => self.out.assistant(blocks, u),
@@ -569,13 +577,20 @@ fn assistant_message(c: &Completion) -> Value {
 }
 
 /// The `system/api_retry` line the daemon's reader shows as a `STATUS`.
-fn retry_line(e: &CallError, attempt: u32, max: u32, delay: Duration) -> Value {
-    let (status, error) = match e {
-        CallError::Status { status, message } => (json!(status), message.as_str()),
-        CallError::Transport(m) | CallError::TimedOut(m) => (json!("unreachable"), m.as_str()),
+fn retry_line(e: &CallError, attempt: u32, max: u32, delay: Duration) -> ApiRetry<'_> {
+    let (error_status, error) = match e {
+        CallError::Status { status, message } => (Value::from(*status), message.as_str()),
+        CallError::Transport(m) | CallError::TimedOut(m) => {
+            (Value::from("unreachable"), m.as_str())
+        }
     };
-    json!({"type": "system", "subtype": "api_retry", "error_status": status, "error": error,
-           "attempt": attempt, "max_retries": max, "retry_delay_ms": delay.as_millis() as u64})
+    ApiRetry {
+        error_status,
+        error,
+        attempt,
+        max_retries: max,
+        retry_delay_ms: delay.as_millis() as u64,
+    }
 }
 
 #[cfg(test)]
@@ -615,9 +630,10 @@ mod tests {
             text: text.into(),
             tool_calls: calls,
             usage: Some(Usage {
-                input,
-                cache_read: 0,
-                output,
+                input_tokens: input,
+                cache_read_input_tokens: 0,
+                output_tokens: output,
+                ..Usage::default()
             }),
             ..Completion::default()
         }
@@ -835,9 +851,10 @@ mod tests {
         assert_eq!(
             r.ends[0].usage,
             Usage {
-                input: 600,
-                cache_read: 0,
-                output: 60
+                input_tokens: 600,
+                cache_read_input_tokens: 0,
+                output_tokens: 60,
+                ..Usage::default()
             }
         );
         // The third call saw the whole exchange, tool results included.

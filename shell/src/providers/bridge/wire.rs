@@ -3,7 +3,8 @@
 //! A bridge prints on stdout exactly the lines the daemon's stream-json reader
 //! ([`crate::providers::claude_stream`]) understands, and reads on stdin exactly the lines the
 //! daemon writes to a Claude Code process: one user message per line, and `control_response`
-//! answers to the `control_request` permission prompts the bridge sends.
+//! answers to the `control_request` permission prompts the bridge sends. Both ways the lines
+//! are [`crate::providers::stream_json`]'s types.
 //!
 //! | bridge prints | daemon sees |
 //! |---|---|
@@ -31,7 +32,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
+use std::borrow::Cow;
+
 use serde_json::{json, Value};
+
+use crate::providers::stream_json::{
+    self, AgentInput, Assistant, AssistantMessage, Block, ControlRequest, Init, Line, Request,
+    System, TurnResult, User,
+};
 
 /// The longest text (thinking, narration, an answer, an error) a line carries.
 pub const TEXT_MAX: usize = 64 * 1024;
@@ -51,43 +59,8 @@ pub fn push_limited(buf: &mut String, text: &str, max: usize) {
     }
 }
 
-/// Token counts as a model API reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Input tokens not read from a cache.
-    pub input: u64,
-    /// Input tokens read from the provider's prompt cache.
-    pub cache_read: u64,
-    pub output: u64,
-}
-
-impl Usage {
-    /// From counts where the prompt includes its cached part (OpenAI, codex, Gemini): the
-    /// uncached rest is `input`, the cached part `cache_read` (a cached count above the
-    /// prompt's is taken as the whole prompt).
-    pub fn from_prompt_inclusive(prompt: u64, cached: u64, output: u64) -> Usage {
-        let cached = cached.min(prompt);
-        Usage {
-            input: prompt - cached,
-            cache_read: cached,
-            output,
-        }
-    }
-
-    pub fn add(&mut self, other: Usage) {
-        self.input += other.input;
-        self.cache_read += other.cache_read;
-        self.output += other.output;
-    }
-
-    fn to_json(self) -> Value {
-        json!({
-            "input_tokens": self.input,
-            "cache_read_input_tokens": self.cache_read,
-            "output_tokens": self.output,
-        })
-    }
-}
+/// Token counts: the protocol's own (`input_tokens` uncached, `cache_read_input_tokens`, …).
+pub use crate::providers::stream_json::Usage;
 
 /// How a turn ended, for [`Out::result`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -127,15 +100,17 @@ impl Out {
 
     /// Writes one line. A closed stdout means the daemon is gone: the bridge has no one to
     /// work for, so it exits.
-    pub fn line(&self, v: &Value) {
-        self.write_line(&v.to_string());
+    pub fn line(&self, line: &Line<'_>) {
+        self.write_line(&stream_json::encode_sorted(line));
     }
 
     /// Passes on a line of the agent's that the bridge does not understand, in an envelope
     /// (`{"type":"paddock_raw","line":…}`): the daemon stores and counts it, and never acts on
     /// it, whatever it looks like.
     pub fn raw(&self, line: &str) {
-        self.line(&json!({"type": "paddock_raw", "line": truncate(line, RAW_MAX)}));
+        self.line(&Line::PaddockRaw {
+            line: &truncate(line, RAW_MAX),
+        });
     }
 
     /// Writes one line as is.
@@ -152,7 +127,10 @@ impl Out {
 
     /// The agent's conversation id: the daemon keeps it and passes it back as `--resume`.
     pub fn init(&self, session_id: &str) {
-        self.line(&json!({"type": "system", "subtype": "init", "session_id": session_id}));
+        self.line(&Line::System(System::Init(Init {
+            session_id,
+            ..Init::default()
+        })));
     }
 
     fn msg_id(&self) -> String {
@@ -161,12 +139,12 @@ impl Out {
 
     /// An assistant line with `blocks` and, optionally, the usage of the model call that made
     /// them (counted once per line: each line gets its own message id).
-    pub fn assistant(&self, blocks: Vec<Value>, usage: Option<Usage>) {
-        let mut message = json!({"id": self.msg_id(), "role": "assistant", "content": blocks});
-        if let Some(u) = usage {
-            message["usage"] = u.to_json();
-        }
-        self.line(&json!({"type": "assistant", "message": message}));
+    pub fn assistant(&self, blocks: Vec<Block<'_>>, usage: Option<Usage>) {
+        let id = self.msg_id();
+        self.line(&Line::Assistant(Assistant {
+            message: AssistantMessage::new(&id, blocks, usage),
+            context: None,
+        }));
     }
 
     pub fn thinking(&self, text: &str) {
@@ -183,13 +161,8 @@ impl Out {
     }
 
     pub fn tool_result(&self, id: &str, content: &str, is_error: bool) {
-        self.line(&json!({
-            "type": "user",
-            "message": {"role": "user", "content": [{
-                "type": "tool_result", "tool_use_id": id,
-                "content": truncate(content, TOOL_RESULT_MAX), "is_error": is_error,
-            }]},
-        }));
+        let content = truncate(content, TOOL_RESULT_MAX);
+        self.line(&Line::User(User::tool_result(id, &content, is_error)));
     }
 
     /// Usage of one model call, with no content of its own.
@@ -199,44 +172,59 @@ impl Out {
 
     /// The end of a turn.
     pub fn result(&self, end: &TurnEnd) {
-        let mut v = json!({
-            "type": "result",
-            "subtype": "success",
-            "is_error": end.is_error,
-            "result": truncate(&end.text, TEXT_MAX),
-            "usage": end.usage.to_json(),
-            "paddock_agent": self.agent,
-        });
-        if let Some(sid) = &end.session_id {
-            v["session_id"] = json!(sid);
-        }
-        if let Some(s) = end.api_error_status {
-            v["api_error_status"] = json!(s);
-        }
-        self.line(&v);
+        let text = truncate(&end.text, TEXT_MAX);
+        let status = end.api_error_status.map(Value::from);
+        self.line(&Line::Result(TurnResult {
+            session_id: end.session_id.as_deref(),
+            api_error_status: status.as_ref(),
+            paddock_agent: Some(self.agent),
+            ..TurnResult::new(end.is_error, &text, end.usage)
+        }));
+    }
+
+    /// A `control_request` for the daemon.
+    fn request(&self, id: &str, subtype: &str, tool: &str, input: &Value) {
+        self.line(&Line::ControlRequest(ControlRequest {
+            request_id: Cow::Borrowed(id),
+            request: Request {
+                subtype: Cow::Borrowed(subtype),
+                tool_name: Cow::Borrowed(tool),
+                input: input.clone(),
+                tool_use_id: None,
+            },
+        }));
     }
 }
 
 /// A `thinking` block of an [`Out::assistant`] line, bounded.
-pub fn thinking_block(text: &str) -> Value {
-    json!({"type": "thinking", "thinking": truncate(text, TEXT_MAX)})
+pub fn thinking_block(text: &str) -> Block<'_> {
+    Block::Thinking {
+        thinking: truncate(text, TEXT_MAX),
+        signature: None,
+    }
 }
 
 /// A `text` block of an [`Out::assistant`] line, bounded.
-pub fn text_block(text: &str) -> Value {
-    json!({"type": "text", "text": truncate(text, TEXT_MAX)})
+pub fn text_block(text: &str) -> Block<'_> {
+    Block::Text {
+        text: truncate(text, TEXT_MAX),
+    }
 }
 
 /// A `tool_use` block of an [`Out::assistant`] line; an input over [`TOOL_INPUT_MAX`] as JSON
 /// is replaced by `{"truncated_input": <its cut JSON text>}`.
-pub fn tool_use_block(id: &str, name: &str, input: &Value) -> Value {
+pub fn tool_use_block<'a>(id: &'a str, name: &'a str, input: &'a Value) -> Block<'a> {
     let text = input.to_string();
     let input = if text.len() > TOOL_INPUT_MAX {
-        json!({"truncated_input": truncate(&text, TOOL_INPUT_MAX)})
+        Cow::Owned(json!({"truncated_input": truncate(&text, TOOL_INPUT_MAX)}))
     } else {
-        input.clone()
+        Cow::Borrowed(input)
     };
-    json!({"type": "tool_use", "id": id, "name": name, "input": input})
+    Block::ToolUse {
+        id: Cow::Borrowed(id),
+        name: Cow::Borrowed(name),
+        input,
+    }
 }
 
 /// How far one step of an agent's plan is.
@@ -339,44 +327,32 @@ impl In {
         std::thread::spawn(move || {
             for line in r.lines() {
                 let Ok(line) = line else { break };
-                let Ok(v) = serde_json::from_str::<Value>(&line) else {
-                    continue;
-                };
-                match v.get("type").and_then(Value::as_str) {
-                    Some("user") => {
-                        if let Some(text) = crate::providers::scripted::user_text(&line) {
-                            if tx.send(text).is_err() {
-                                break;
-                            }
+                match AgentInput::read(&line) {
+                    AgentInput::User(text) => {
+                        if tx.send(text).is_err() {
+                            break;
                         }
                     }
-                    Some("control_response") => {
-                        let r = &v["response"];
-                        let Some(id) = r["request_id"].as_str() else {
-                            continue;
-                        };
-                        let result = r["response"]["result"].as_str();
-                        let decision = if let (Some(text), "success") =
-                            (result, r["subtype"].as_str().unwrap_or(""))
-                        {
-                            Decision::Result {
-                                text: text.to_string(),
-                                is_error: r["response"]["is_error"].as_bool().unwrap_or(false),
+                    AgentInput::Answer { request_id, answer } => {
+                        let success = answer.is_success();
+                        let d = answer.response;
+                        let decision = match (d.result, success) {
+                            (Some(text), true) => Decision::Result {
+                                text,
+                                is_error: d.is_error.unwrap_or(false),
+                            },
+                            _ if success && d.behavior.as_deref() == Some("allow") => {
+                                Decision::Allow(d.updated_input.unwrap_or(Value::Null))
                             }
-                        } else if r["subtype"] == "success" && r["response"]["behavior"] == "allow"
-                        {
-                            Decision::Allow(r["response"]["updatedInput"].clone())
-                        } else {
-                            let why = r["response"]["message"]
-                                .as_str()
-                                .or_else(|| r["error"].as_str())
-                                .unwrap_or("denied")
-                                .to_string();
-                            Decision::Deny(why)
+                            _ => Decision::Deny(
+                                d.message
+                                    .or(answer.error)
+                                    .unwrap_or_else(|| "denied".to_string()),
+                            ),
                         };
-                        waiting.answer(&id.to_string(), decision);
+                        waiting.answer(&request_id, decision);
                     }
-                    _ => {}
+                    AgentInput::Other | AgentInput::NotJson => {}
                 }
             }
             // EOF: the daemon closed our stdin. Whoever waits for an answer gets a denial.
@@ -404,11 +380,7 @@ impl In {
     pub fn ask(&self, tool: &str, input: &Value) -> Decision {
         let id = format!("perm-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let rx = self.pending.wait_for(id.clone());
-        self.out.line(&json!({
-            "type": "control_request",
-            "request_id": id,
-            "request": {"subtype": "can_use_tool", "tool_name": tool, "input": input},
-        }));
+        self.out.request(&id, "can_use_tool", tool, input);
         rx.recv()
             .unwrap_or_else(|_| Decision::Deny("paddock closed the session".into()))
     }
@@ -418,11 +390,7 @@ impl In {
     pub fn run_on_client(&self, tool: &str, input: &Value) -> (String, bool) {
         let id = format!("client-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let rx = self.pending.wait_for(id.clone());
-        self.out.line(&json!({
-            "type": "control_request",
-            "request_id": id,
-            "request": {"subtype": "client_tool", "tool_name": tool, "input": input},
-        }));
+        self.out.request(&id, "client_tool", tool, input);
         match rx.recv() {
             Ok(Decision::Result { text, is_error }) => (text, is_error),
             Ok(Decision::Deny(why)) => (why, true),
@@ -473,17 +441,19 @@ mod tests {
         out.tool_use("c1", "shell", &json!({"command": "ls"}));
         out.tool_result("c1", "a\nb", false);
         out.usage(Usage {
-            input: 10,
-            cache_read: 2,
-            output: 3,
+            input_tokens: 10,
+            cache_read_input_tokens: 2,
+            output_tokens: 3,
+            ..Usage::default()
         });
         out.text("done");
         out.result(&TurnEnd {
             text: "done".into(),
             usage: Usage {
-                input: 30,
-                cache_read: 2,
-                output: 7,
+                input_tokens: 30,
+                cache_read_input_tokens: 2,
+                output_tokens: 7,
+                ..Usage::default()
             },
             ..Default::default()
         });

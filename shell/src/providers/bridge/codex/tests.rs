@@ -273,9 +273,10 @@ fn usage_is_parsed_leniently() {
     assert_eq!(
         u,
         Usage {
-            input: 12,
-            cache_read: 0,
-            output: 3
+            input_tokens: 12,
+            cache_read_input_tokens: 0,
+            output_tokens: 3,
+            ..Usage::default()
         }
     );
     assert_eq!(Totals::parse(&json!("nonsense")), Totals::default());
@@ -300,9 +301,10 @@ fn a_turn_counts_what_the_thread_total_grew_by() {
     assert_eq!(
         after.since(before),
         Usage {
-            input: 500,
-            cache_read: 400,
-            output: 30
+            input_tokens: 500,
+            cache_read_input_tokens: 400,
+            output_tokens: 30,
+            ..Usage::default()
         }
     );
     // A total that went down is a codex that reports per turn: taken as it is.
@@ -314,9 +316,10 @@ fn a_turn_counts_what_the_thread_total_grew_by() {
     assert_eq!(
         own.since(before),
         Usage {
-            input: 200,
-            cache_read: 100,
-            output: 9
+            input_tokens: 200,
+            cache_read_input_tokens: 100,
+            output_tokens: 9,
+            ..Usage::default()
         }
     );
     // Through the mapper: a resumed thread's second turn (codex 0.169 reports 300/30 for a

@@ -394,9 +394,10 @@ mod tests {
         assert_eq!(
             c.usage,
             Some(Usage {
-                input: 200,
-                cache_read: 1000,
-                output: 40
+                input_tokens: 200,
+                cache_read_input_tokens: 1000,
+                output_tokens: 40,
+                ..Usage::default()
             })
         );
     }
@@ -469,7 +470,7 @@ mod tests {
         let c = Accumulator::whole(&v).unwrap();
         assert_eq!((c.text.as_str(), c.reasoning.as_str()), ("Done.", "r"));
         assert_eq!(c.tool_calls[0].name, "shell");
-        assert_eq!(c.usage.unwrap().input, 10);
+        assert_eq!(c.usage.unwrap().input_tokens, 10);
         assert_eq!(
             error_message(&json!({"error": {"message": "bad key"}})).as_deref(),
             Some("bad key")

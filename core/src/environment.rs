@@ -1,0 +1,208 @@
+//! Where a session's agent runs: its environment, chosen by a driver, and the environment's life.
+//!
+//! An environment is a place on this machine whose processes — the agent, and every command a
+//! client runs in the session (`session exec`, an Aria task of the session) — see one view of
+//! the world: the `local` driver's is the host itself; `bubblewrap`'s is the host read-only
+//! with only the workspace writable, a HOME and a /tmp of the session's own and, unless asked,
+//! no network. A session may also have a git worktree of its own (any driver).
+//!
+//! The life of an environment ([`EnvState`]):
+//!
+//! ```text
+//!   Creating ──Provisioned──► Ready ──(session deleted)──► (destroyed: the row is gone)
+//!      │
+//!      └──ProvisionFailed / startup timeout / daemon restart──► Failed
+//! ```
+//!
+//! A session whose environment needs provisioning ([`EnvSpec::needs_provisioning`]) stays
+//! `CREATED` (latis' "creating") until the shell reports [`EnvEvent::Provisioned`]; only then
+//! is its agent spawned. A failed provisioning refuses the create, like an agent that could not
+//! be started: nothing of the session stays. A making that takes longer than the start-up
+//! timeout fails the session instead (FAILED, OBEY-2005, kept: the driver may still be at
+//! work, and its report then is ignored; `delete` removes what it made). Stopping a session leaves its environment (a
+//! restart finds its HOME, its worktree and what the agent wrote there); deleting the session
+//! destroys it (`Effect::Forget`).
+
+use std::fmt;
+
+/// Who provisions and enters an environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Driver {
+    /// The host itself: the agent runs as the user, in the working directory.
+    #[default]
+    Local,
+    /// A bubblewrap sandbox per process, over a per-session HOME and /tmp.
+    Bubblewrap,
+}
+
+impl Driver {
+    pub const ALL: [Driver; 2] = [Driver::Local, Driver::Bubblewrap];
+
+    /// The driver's name, as `--driver` and `session.yaml` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Driver::Local => "local",
+            Driver::Bubblewrap => "bubblewrap",
+        }
+    }
+
+    /// The driver named `name` (case-insensitive; `bwrap` is bubblewrap's program name).
+    pub fn parse(name: &str) -> Option<Driver> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "local" => Some(Driver::Local),
+            "bubblewrap" | "bwrap" => Some(Driver::Bubblewrap),
+            _ => None,
+        }
+    }
+
+    /// Whether the driver keeps the agent from the host.
+    pub fn isolates(self) -> bool {
+        !matches!(self, Driver::Local)
+    }
+}
+
+impl fmt::Display for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a session asked of its environment. Part of its configuration: fixed at create.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnvSpec {
+    pub driver: Driver,
+    /// A git worktree of the working directory's repository, on branch `paddock/<session>`,
+    /// becomes the agent's working directory.
+    pub worktree: bool,
+    /// Network access inside an isolating driver (the host's network is always there for
+    /// `local`).
+    pub network: bool,
+}
+
+impl EnvSpec {
+    /// Whether anything must be made before the agent can start (a worktree, a sandbox's
+    /// directories). A plain `local` session starts at once.
+    pub fn needs_provisioning(&self) -> bool {
+        self.worktree || self.driver != Driver::Local
+    }
+
+    /// The spec's own consistency: what no driver could honour.
+    pub fn check(&self) -> Result<(), String> {
+        if self.driver == Driver::Local && self.network {
+            // The host's network is there anyway: refused so that nobody believes the flag
+            // did something.
+            return Err(
+                "network applies to isolating drivers; a local session always has the host's network"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Where an environment is in its life (see the module's diagram).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum EnvState {
+    /// The driver is making it; the agent waits.
+    Creating,
+    /// Made: the agent (and every command of the session) runs in it.
+    #[default]
+    Ready,
+    /// It could not be made, or its making was cut short (a daemon restart, the startup
+    /// timeout). What was made stays until the session is deleted.
+    Failed,
+}
+
+impl EnvState {
+    pub const ALL: [EnvState; 3] = [EnvState::Creating, EnvState::Ready, EnvState::Failed];
+
+    /// The number the store keeps.
+    pub fn number(self) -> i64 {
+        match self {
+            EnvState::Creating => 0,
+            EnvState::Ready => 1,
+            EnvState::Failed => 2,
+        }
+    }
+
+    pub fn from_number(n: i64) -> Option<EnvState> {
+        EnvState::ALL.into_iter().find(|s| s.number() == n)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EnvState::Creating => "creating",
+            EnvState::Ready => "ready",
+            EnvState::Failed => "failed",
+        }
+    }
+
+    /// The state after `event`, or `None` when the event means nothing in this state (a
+    /// report that arrives after the making was given up).
+    pub fn on(self, event: &EnvEvent) -> Option<EnvState> {
+        match (self, event) {
+            (EnvState::Creating, EnvEvent::Provisioned) => Some(EnvState::Ready),
+            (EnvState::Creating, EnvEvent::ProvisionFailed { .. }) => Some(EnvState::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// What the shell reports about a session's environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvEvent {
+    /// Made: the agent can start in it.
+    Provisioned,
+    /// Could not be made; `reason` says what to install or fix.
+    ProvisionFailed { reason: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drivers_parse_by_their_names() {
+        for d in Driver::ALL {
+            assert_eq!(Driver::parse(d.name()), Some(d));
+            assert_eq!(Driver::parse(&d.name().to_uppercase()), Some(d));
+        }
+        assert_eq!(Driver::parse("bwrap"), Some(Driver::Bubblewrap));
+        assert_eq!(Driver::parse("podman"), None);
+    }
+
+    #[test]
+    fn only_creating_moves() {
+        let ok = EnvEvent::Provisioned;
+        let bad = EnvEvent::ProvisionFailed { reason: "x".into() };
+        assert_eq!(EnvState::Creating.on(&ok), Some(EnvState::Ready));
+        assert_eq!(EnvState::Creating.on(&bad), Some(EnvState::Failed));
+        for s in [EnvState::Ready, EnvState::Failed] {
+            assert_eq!(s.on(&ok), None);
+            assert_eq!(s.on(&bad), None);
+        }
+        for s in EnvState::ALL {
+            assert_eq!(EnvState::from_number(s.number()), Some(s));
+        }
+    }
+
+    #[test]
+    fn only_isolation_and_worktrees_need_provisioning() {
+        assert!(!EnvSpec::default().needs_provisioning());
+        let bwrap = EnvSpec {
+            driver: Driver::Bubblewrap,
+            ..EnvSpec::default()
+        };
+        assert!(bwrap.needs_provisioning() && bwrap.check().is_ok());
+        let wt = EnvSpec {
+            worktree: true,
+            ..EnvSpec::default()
+        };
+        assert!(wt.needs_provisioning());
+        let net = EnvSpec {
+            network: true,
+            ..EnvSpec::default()
+        };
+        assert!(net.check().is_err());
+    }
+}

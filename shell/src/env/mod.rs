@@ -1,0 +1,803 @@
+//! Environments: what each driver makes for a session, how a process enters it, and what
+//! deleting the session removes. The rules of an environment's life are the core's
+//! ([`paddock_core::environment`]); this module is the I/O.
+//!
+//! Everything a session's environment owns lives under `<data dir>/environments/<session>/`:
+//!
+//! - `home/`, `tmp/` (bubblewrap): the sandbox's HOME and /tmp, the same for every process of
+//!   the session (the agent, `session exec`, its Aria tasks), kept across restarts;
+//! - `worktree/` (`--worktree`): a git worktree of the working directory's repository, on
+//!   branch `paddock/<session name>`; the commit it started from is the ref
+//!   `refs/paddock/<session>/base` of that repository (what `session diff` compares with);
+//! - `made`: what starting a process there needs (the working directory, a sandboxed
+//!   worktree's git directories), written once it is made, so a start runs no git;
+//! - `environment.log`: what the driver did, for `session logs --environment`.
+//!
+//! How a process enters: [`enter`] turns a launch plan into one that runs in the environment
+//! — for `local`, the same process in the (worktree's) working directory; for `bubblewrap`,
+//! `bwrap` around it: the host read-only, the workspace writable, the session's own HOME and
+//! /tmp, the daemon's data directory and sockets hidden, no network unless asked, the pid,
+//! IPC and UTS namespaces its own, and `--die-with-parent`. The runner (or the daemon) that
+//! starts it supervises `bwrap` like any agent: its process group, containment tag and
+//! control group hold the whole sandbox, so a stop, a forced stop and the runner's end reach
+//! everything in it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use paddock_core::{Driver, EnvSpec, Provider, SessionConfig, SessionId};
+
+use crate::proc::LaunchPlan;
+
+/// What an environment needs to know about the host it is made on.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// The daemon's data directory: environments live under it.
+    pub data_dir: PathBuf,
+    /// Directories a sandboxed process must not see: the data dir (the store, the runner's
+    /// socket, other sessions' environments) and the user's runtime directory (the sockets
+    /// of the user's services: an agent could otherwise reach the host through them).
+    pub hidden: Vec<PathBuf>,
+    /// Sockets masked (with `/dev/null`) inside a sandbox: the daemon's own, wherever they
+    /// are — a same-user client could otherwise ask the daemon to run anything on the host.
+    pub masked: Vec<PathBuf>,
+    /// The user's home, replaced inside a sandbox.
+    pub home: PathBuf,
+    /// paddock's own binary (the scripted agent and the bridges run it).
+    pub exe: PathBuf,
+}
+
+impl Host {
+    /// The host of a daemon with this data dir and these sockets.
+    pub fn new(data_dir: &Path, sockets: &[&Path], exe: &Path) -> Host {
+        let mut hidden = vec![data_dir.to_path_buf()];
+        if let Some(rt) = dirs::runtime_dir() {
+            hidden.push(rt);
+        }
+        hidden.sort();
+        hidden.dedup();
+        Host {
+            data_dir: data_dir.to_path_buf(),
+            hidden,
+            masked: sockets.iter().map(|s| s.to_path_buf()).collect(),
+            home: crate::paths::home(),
+            exe: exe.to_path_buf(),
+        }
+    }
+
+    /// Masks these sockets too.
+    pub fn mask<'a>(&mut self, sockets: impl IntoIterator<Item = &'a PathBuf>) {
+        self.masked.extend(sockets.into_iter().cloned());
+    }
+
+    fn root(&self, id: &SessionId) -> PathBuf {
+        self.data_dir.join("environments").join(&id.0)
+    }
+}
+
+/// The branch a session's worktree is on.
+pub fn branch(agent_name: &str, id: &SessionId) -> String {
+    let name: String = agent_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = name.trim_matches(|c| c == '.' || c == '-');
+    if name.is_empty() {
+        format!("paddock/{}", id.0)
+    } else {
+        format!("paddock/{name}")
+    }
+}
+
+/// The ref that names the commit a session's worktree started from.
+pub fn base_ref(id: &SessionId) -> String {
+    format!("refs/paddock/{}/base", id.0)
+}
+
+/// What the host lacks for `spec`, said so that the user knows what to install or fix. Run
+/// before a session is created: a refusal leaves nothing behind.
+pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
+    if spec.worktree {
+        let git = crate::paths::find_on_own_path("git")
+            .ok_or("--worktree needs git, which is not on PATH: install git")?;
+        repo_root(&git, working_dir)?;
+    }
+    match spec.driver {
+        Driver::Local => Ok(()),
+        Driver::Bubblewrap => {
+            let bwrap = crate::paths::find_on_own_path("bwrap").ok_or(
+                "the bubblewrap driver needs bwrap, which is not on PATH: install the \
+                 `bubblewrap` package (apt install bubblewrap, dnf install bubblewrap)",
+            )?;
+            // A kernel or container that forbids the namespaces bwrap needs says so here,
+            // not at the agent's start.
+            let out = std::process::Command::new(&bwrap)
+                .args(namespace_args(false))
+                .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+                .args(["--tmpfs", "/run", "--", "true"])
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", bwrap.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "bwrap cannot make a sandbox on this machine ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The top of the git repository `dir` is in.
+fn repo_root(git: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let top = git_out(git, dir, &["rev-parse", "--show-toplevel"]).map_err(|e| {
+        format!(
+            "--worktree: {} is not in a git repository ({e})",
+            dir.display()
+        )
+    })?;
+    Ok(PathBuf::from(top))
+}
+
+/// Runs git in `dir`; its trimmed stdout, or its stderr as the error.
+fn git_out(git: &Path, dir: &Path, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(git)
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Appends one line to the environment's log.
+fn log(root: &Path, line: &str) {
+    let stamp = crate::paths::wall_clock();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("environment.log"))
+    {
+        let _ = writeln!(f, "{} {line}", stamp.millis());
+    }
+}
+
+/// Makes session `id`'s environment, or what is missing of it: safe to call again (a restart
+/// calls it before the agent starts). Returns what a start there needs.
+pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<Made, String> {
+    let spec = &config.env;
+    let root = host.root(id);
+    if spec.driver == Driver::Bubblewrap && !spec.worktree {
+        safe_workspace(host, Path::new(&config.working_dir))?;
+    }
+    make_private_dir(&root)?;
+    let mut made = Made {
+        workdir: PathBuf::from(&config.working_dir),
+        repo: None,
+    };
+    if spec.worktree {
+        let (workdir, repo) = worktree(id, config, &root)?;
+        made = Made {
+            workdir,
+            repo: Some(repo),
+        };
+    }
+    if spec.driver == Driver::Bubblewrap && !root.join("home").exists() {
+        log(
+            &root,
+            &format!(
+                "bubblewrap sandbox: HOME {} and /tmp of its own, network {}",
+                host.home.display(),
+                if spec.network { "on" } else { "off" }
+            ),
+        );
+        make_private_dir(&root.join("tmp"))?;
+        make_private_dir(&root.join("home"))?;
+        // Only into a HOME just made: later, the agent owns it (and could plant symlinks).
+        let copied = pass_agent_config(config.provider, &host.home, &root.join("home"));
+        if !copied.is_empty() {
+            log(
+                &root,
+                &format!("agent configuration passed in: {}", copied.join(", ")),
+            );
+        }
+    }
+    made.write(&root)?;
+    Ok(made)
+}
+
+/// Refuses a workspace that would undo a sandbox: the workspace is shown writable over
+/// everything else, so it must not be `/`, HOME or a directory holding it, or one of the
+/// directories a sandbox hides (or inside one).
+fn safe_workspace(host: &Host, ws: &Path) -> Result<(), String> {
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let ws = canon(ws);
+    let home = canon(&host.home);
+    if ws == Path::new("/") || home.starts_with(&ws) {
+        return Err(format!(
+            "the workspace {} holds your home directory: a sandbox would give the agent all of \
+             it; give a project directory (--mount DIR:/workspace, or run from it)",
+            ws.display()
+        ));
+    }
+    if let Some(h) = host
+        .hidden
+        .iter()
+        .map(|h| canon(h))
+        .find(|h| ws.starts_with(h))
+    {
+        return Err(format!(
+            "the workspace {} is inside {}, which a sandbox hides (paddock's data or runtime \
+             directory)",
+            ws.display(),
+            h.display()
+        ));
+    }
+    Ok(())
+}
+
+/// A worktree's repository, as the host knows it (never as the worktree says: the agent can
+/// rewrite its `.git` file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repo {
+    /// The repository's top directory (the user's checkout).
+    pub top: PathBuf,
+    /// Its git directory (config, hooks, refs, objects).
+    pub common: PathBuf,
+    /// The worktree's administrative directory (`<common>/worktrees/<name>`: HEAD, index).
+    pub admin: PathBuf,
+    /// The commit the worktree started from (what `session diff` compares with).
+    pub base: String,
+}
+
+/// What [`provision`] made that every later start needs, kept in the environment's `made`
+/// file (one `key=value` per line) so that a start runs no git and trusts nothing the agent
+/// can write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Made {
+    /// Where the session's processes start.
+    pub workdir: PathBuf,
+    /// The worktree's repository, for a session with one.
+    pub repo: Option<Repo>,
+}
+
+impl Made {
+    fn write(&self, root: &Path) -> Result<(), String> {
+        let mut text = format!("workdir={}\n", self.workdir.display());
+        if let Some(r) = &self.repo {
+            text += &format!(
+                "top={}\ncommon={}\nadmin={}\nbase={}\n",
+                r.top.display(),
+                r.common.display(),
+                r.admin.display(),
+                r.base
+            );
+        }
+        let file = root.join("made");
+        std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
+    }
+
+    /// What the environment at `root` recorded (`None`: never made, or unreadable).
+    pub fn read(root: &Path) -> Option<Made> {
+        let text = std::fs::read_to_string(root.join("made")).ok()?;
+        let mut kv = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let (k, v) = line.split_once('=')?;
+            kv.insert(k, v);
+        }
+        let repo = match (
+            kv.get("top"),
+            kv.get("common"),
+            kv.get("admin"),
+            kv.get("base"),
+        ) {
+            (Some(t), Some(c), Some(a), Some(b)) => Some(Repo {
+                top: PathBuf::from(t),
+                common: PathBuf::from(c),
+                admin: PathBuf::from(a),
+                base: b.to_string(),
+            }),
+            _ => None,
+        };
+        Some(Made {
+            workdir: PathBuf::from(kv.get("workdir")?),
+            repo,
+        })
+    }
+}
+
+/// Where session `id`'s environment lives (for the CLI, which reads its `made` file).
+pub fn root_in(data_dir: &Path, id: &SessionId) -> PathBuf {
+    data_dir.join("environments").join(&id.0)
+}
+
+fn make_private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot make {}: {e}", dir.display()))
+}
+
+/// The session's worktree (made if missing) and its repository, and the working directory in
+/// it that matches the session's own in the repository.
+fn worktree(
+    id: &SessionId,
+    config: &SessionConfig,
+    root: &Path,
+) -> Result<(PathBuf, Repo), String> {
+    let git = crate::paths::find_on_own_path("git").ok_or("git is not on PATH: install git")?;
+    let wd = Path::new(&config.working_dir);
+    let top = repo_root(&git, wd)?;
+    let inside = wd
+        .canonicalize()
+        .ok()
+        .and_then(|w| {
+            let top = top.canonicalize().ok()?;
+            w.strip_prefix(&top).ok().map(Path::to_path_buf)
+        })
+        .unwrap_or_default();
+    let common = PathBuf::from(git_out(
+        &git,
+        &top,
+        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+    )?);
+    let path = root.join("worktree");
+    let base = match Made::read(root).and_then(|m| m.repo) {
+        Some(r) if path.exists() => r.base,
+        _ => {
+            let branch = branch(&config.agent_name, id);
+            git_out(&git, &top, &["check-ref-format", "--branch", &branch])
+                .map_err(|e| format!("--worktree: {branch:?} is not a valid branch name ({e})"))?;
+            let head = git_out(&git, &top, &["rev-parse", "HEAD"]).map_err(|e| {
+                format!("--worktree: the repository has no commit to start from ({e})")
+            })?;
+            let path_s = path.to_string_lossy().to_string();
+            let full = format!("refs/heads/{branch}");
+            let exists = git_out(&git, &top, &["rev-parse", "--verify", "--quiet", &full]).is_ok();
+            let args: Vec<&str> = if exists {
+                // A branch kept from an earlier session of that name (`delete` keeps
+                // branches): the agent goes on from it.
+                vec!["worktree", "add", &path_s, &branch]
+            } else {
+                vec!["worktree", "add", "-b", &branch, &path_s, &head]
+            };
+            git_out(&git, &top, &args).map_err(|e| {
+                format!(
+                    "git worktree add of branch {branch} failed (is a session of that name still \
+                     live? give another --name): {e}"
+                )
+            })?;
+            let base = if exists {
+                git_out(&git, &top, &["rev-parse", &full]).unwrap_or(head)
+            } else {
+                head
+            };
+            // Keeps the base commit reachable (gc); what diff compares with is the copy in
+            // `made`, out of the agent's reach.
+            git_out(&git, &top, &["update-ref", &base_ref(id), &base])
+                .map_err(|e| format!("cannot record the worktree's base: {e}"))?;
+            log(
+                root,
+                &format!(
+                    "worktree {} on branch {branch} from {base} of {}",
+                    path.display(),
+                    top.display()
+                ),
+            );
+            base
+        }
+    };
+    let admin = admin_dir(&common, &path)?;
+    let workdir = if inside.as_os_str().is_empty() {
+        path
+    } else {
+        path.join(inside)
+    };
+    Ok((
+        workdir,
+        Repo {
+            top,
+            common,
+            admin,
+            base,
+        },
+    ))
+}
+
+/// The administrative directory git keeps for the worktree at `path`: the entry of
+/// `<common>/worktrees/` whose `gitdir` names `path/.git` (found from the repository's side,
+/// never from the worktree's `.git` file, which the agent can rewrite).
+fn admin_dir(common: &Path, path: &Path) -> Result<PathBuf, String> {
+    let want = path.join(".git");
+    let entries = std::fs::read_dir(common.join("worktrees"))
+        .map_err(|e| format!("cannot read {}: {e}", common.join("worktrees").display()))?;
+    for e in entries.flatten() {
+        let gitdir = std::fs::read_to_string(e.path().join("gitdir")).unwrap_or_default();
+        if Path::new(gitdir.trim()) == want {
+            return Ok(e.path());
+        }
+    }
+    Err(format!(
+        "git has no worktree entry for {} in {}",
+        path.display(),
+        common.display()
+    ))
+}
+
+/// Files under HOME through which each agent signs in and is configured: copied into a
+/// sandbox's HOME, so the agent works there while the user's other secrets (`~/.ssh`,
+/// `~/.aws`, other agents' logins) stay out of sight. Copies, not binds: nothing in the
+/// sandbox can change the user's own.
+fn agent_config_files(provider: Provider) -> &'static [&'static str] {
+    match provider {
+        Provider::ClaudeCode => &[
+            ".claude.json",
+            ".claude/.credentials.json",
+            ".claude/settings.json",
+        ],
+        Provider::Codex => &[".codex/auth.json", ".codex/config.toml"],
+        Provider::Gemini => &[
+            ".gemini/settings.json",
+            ".gemini/oauth_creds.json",
+            ".gemini/google_accounts.json",
+        ],
+        _ => &[],
+    }
+}
+
+fn pass_agent_config(provider: Provider, home: &Path, into: &Path) -> Vec<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut copied = Vec::new();
+    for rel in agent_config_files(provider) {
+        let from = home.join(rel);
+        if !std::fs::symlink_metadata(&from).is_ok_and(|m| m.is_file()) {
+            continue;
+        }
+        let to = into.join(rel);
+        if let Some(parent) = to.parent() {
+            if make_private_dir(parent).is_err() {
+                continue;
+            }
+        }
+        // A new file, never through a link: the HOME was just made, but be exact anyway.
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(&to)
+            .and_then(|mut f| std::io::copy(&mut std::fs::File::open(&from)?, &mut f));
+        if made.is_ok() {
+            copied.push(format!("~/{rel}"));
+        }
+    }
+    copied
+}
+
+/// `plan` as it runs in session `id`'s environment (made first if it is not: a restart after
+/// a failed making, or files removed by hand).
+pub fn enter(
+    host: &Host,
+    id: &SessionId,
+    config: &SessionConfig,
+    plan: LaunchPlan,
+) -> Result<LaunchPlan, String> {
+    let made = if !config.env.needs_provisioning() {
+        Made {
+            workdir: PathBuf::from(&config.working_dir),
+            repo: None,
+        }
+    } else {
+        match Made::read(&host.root(id)) {
+            Some(made) if made.workdir.is_dir() && made.repo.is_some() == config.env.worktree => {
+                made
+            }
+            // Never made (a restart after a making that was given up), or removed by hand.
+            _ => provision(host, id, config)?,
+        }
+    };
+    match config.env.driver {
+        Driver::Local => Ok(LaunchPlan {
+            cwd: made.workdir,
+            ..plan
+        }),
+        Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
+    }
+}
+
+/// The directory the session's processes may write: the worktree, or the working directory.
+fn workspace(host: &Host, id: &SessionId, config: &SessionConfig) -> PathBuf {
+    if config.env.worktree {
+        host.root(id).join("worktree")
+    } else {
+        PathBuf::from(&config.working_dir)
+    }
+}
+
+/// Variables of the daemon's environment a sandboxed process keeps (besides its session's own
+/// and those of its agent, [`agent_variables`]): what a program needs to run, never a
+/// credential of the user's (`AWS_*`, `GITHUB_TOKEN`, `SSH_AUTH_SOCK`, a D-Bus address, …).
+const KEPT_VARIABLES: &[&str] = &[
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TERM",
+    "COLORTERM",
+    "NO_COLOR",
+    "TZ",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+];
+
+/// Prefixes of the variables an agent itself reads (its keys, endpoints and settings), and
+/// paddock's own (its containment tag and owner mark among them).
+fn agent_variables(provider: Provider) -> &'static [&'static str] {
+    match provider {
+        Provider::ClaudeCode => &["ANTHROPIC_", "CLAUDE_", "PADDOCK_", "LC_"],
+        Provider::Codex | Provider::OpenAiApi => &["OPENAI_", "CODEX_", "PADDOCK_", "LC_"],
+        Provider::Gemini => &["GEMINI_", "GOOGLE_", "PADDOCK_", "LC_"],
+        Provider::Acp | Provider::OpenClaw | Provider::Scripted => &["PADDOCK_", "LC_"],
+    }
+}
+
+fn bubblewrap(
+    host: &Host,
+    id: &SessionId,
+    config: &SessionConfig,
+    made: &Made,
+    plan: LaunchPlan,
+) -> Result<LaunchPlan, String> {
+    let bwrap = crate::paths::find_on_own_path("bwrap")
+        .ok_or("bwrap is not on PATH: install the `bubblewrap` package")?;
+    let root = host.root(id);
+    let s = |p: &Path| p.to_string_lossy().to_string();
+    let mut args = namespace_args(config.env.network);
+    // Mounts stack in order, a later one over an earlier one. First the view: the host
+    // read-only, /run (the host's sockets: D-Bus, docker, the user's services) empty, the
+    // session's own /tmp and HOME.
+    args.extend(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"].map(String::from));
+    args.extend(["--tmpfs", "/run"].map(String::from));
+    if config.env.network && Path::new("/run/systemd/resolve").is_dir() {
+        // Name resolution through systemd-resolved's stub (what /etc/resolv.conf may name).
+        args.extend(
+            ["--ro-bind", "/run/systemd/resolve", "/run/systemd/resolve"].map(String::from),
+        );
+    }
+    args.extend(["--bind".into(), s(&root.join("tmp")), "/tmp".into()]);
+    args.extend(["--bind".into(), s(&root.join("home")), s(&host.home)]);
+    // Then what is hidden: paddock's data and the user's runtime directory.
+    for h in host.hidden.iter().filter(|h| h.exists()) {
+        args.extend(["--tmpfs".into(), s(h)]);
+    }
+    // Then what is shown over it: the workspace (a worktree lives in the hidden data dir),
+    // the programs to run (read-only), a worktree's repository.
+    let ws = workspace(host, id, config);
+    args.extend(["--bind".into(), s(&ws), s(&ws)]);
+    for (real, at) in program_binds(&plan.program, &host.exe, &host.home) {
+        args.extend(["--ro-bind".into(), s(&real), s(&at)]);
+    }
+    let mut covered: Vec<PathBuf> = Vec::new();
+    if let Some(r) = &made.repo {
+        // A commit writes objects, its own branch (refs/heads/paddock/…) and the worktree's
+        // administrative files; the repository's config, hooks, HEAD and every other ref stay
+        // read-only (a hook written from inside would run on the host; another branch moved
+        // would be built by the user). What points the worktree at its repository (its `.git`
+        // file, the admin dir's `gitdir` and `commondir`) is read-only too: host git must
+        // never be sent elsewhere by the agent.
+        args.extend(["--ro-bind".into(), s(&r.common), s(&r.common)]);
+        for dir in [
+            r.common.join("objects"),
+            r.common.join("refs/heads/paddock"),
+            r.common.join("logs/refs/heads/paddock"),
+            r.admin.clone(),
+        ] {
+            make_private_dir(&dir)?;
+            args.extend(["--bind".into(), s(&dir), s(&dir)]);
+        }
+        covered.extend([
+            ws.join(".git"),
+            r.admin.join("gitdir"),
+            r.admin.join("commondir"),
+        ]);
+    } else {
+        // The workspace's own repository: its hooks and config would run on the host.
+        covered.push(ws.join(".git"));
+    }
+    // Last, what must stay covered even inside what was shown.
+    for c in covered.iter().filter(|c| c.exists()) {
+        args.extend(["--ro-bind".into(), s(c), s(c)]);
+    }
+    for h in host
+        .hidden
+        .iter()
+        .filter(|h| h.starts_with(&ws) && h.exists())
+    {
+        args.extend(["--tmpfs".into(), s(h)]);
+    }
+    for m in host.masked.iter().filter(|m| m.exists()) {
+        args.extend(["--ro-bind".into(), "/dev/null".into(), s(m)]);
+    }
+    // The daemon's variables, but for what a program needs and the agent's own.
+    let keep = agent_variables(config.provider);
+    let session_vars: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().to_string();
+        let kept = KEPT_VARIABLES.contains(&k.as_str())
+            || keep.iter().any(|p| k.starts_with(p))
+            || session_vars.contains(&k.as_str());
+        if !kept {
+            args.extend(["--unsetenv".into(), k]);
+        }
+    }
+    args.extend(["--chdir".into(), s(&made.workdir)]);
+    args.extend(["--setenv".into(), "HOME".into(), s(&host.home)]);
+    args.extend(["--setenv".into(), "TMPDIR".into(), "/tmp".into()]);
+    args.push("--".into());
+    args.push(s(&plan.program));
+    args.extend(plan.args);
+    Ok(LaunchPlan {
+        program: bwrap,
+        args,
+        env: plan.env,
+        // bwrap itself starts where the workspace is: a directory it can always see.
+        cwd: ws,
+    })
+}
+
+/// bubblewrap's namespaces (the same for the host check and every sandbox).
+fn namespace_args(network: bool) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--die-with-parent",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
+    .map(String::from)
+    .to_vec();
+    if !network {
+        args.push("--unshare-net".into());
+    }
+    args
+}
+
+/// What must be shown read-only for `program` (and paddock's own binary, which the scripted
+/// agent and the bridges run) to be found where it is: each as the file itself, and a
+/// program under HOME (~/.local/bin/claude, an npm install) with its package (the nearest
+/// directory above it with a `package.json`, up to HOME's own children), never more of HOME.
+/// Pairs of (real path, path inside).
+fn program_binds(program: &Path, exe: &Path, home: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let home = home.canonicalize().unwrap_or_else(|_| home.to_path_buf());
+    let mut binds = Vec::new();
+    for p in [program, exe] {
+        let Ok(real) = p.canonicalize() else { continue };
+        binds.push((real.clone(), p.to_path_buf()));
+        if real != p {
+            binds.push((real.clone(), real.clone()));
+        }
+        if real.starts_with(&home) {
+            let package = real
+                .ancestors()
+                .skip(1)
+                .take_while(|d| d.starts_with(&home) && *d != home)
+                .find(|d| d.join("package.json").is_file());
+            if let Some(dir) = package {
+                binds.push((dir.to_path_buf(), dir.to_path_buf()));
+            }
+        }
+    }
+    binds
+}
+
+/// Removes what session `id`'s environment made: its worktree (the branch stays: it is the
+/// agent's work), the base ref, the sandbox's HOME and /tmp. In two steps, so that the caller
+/// (the event loop, right after the delete committed) waits only for the quick one: the
+/// environment's directory is renamed out of the way and git is told its worktree is gone
+/// (`git worktree prune`: its branch can be deleted at once); the files are removed by the
+/// returned closure, to run on a blocking thread. What a crash leaves is removed by
+/// [`reconcile`] at the next start. Failures are logged: the row is already gone.
+pub fn destroy(host: &Host, id: &SessionId, config: &SessionConfig) -> impl FnOnce() + Send {
+    let _ = config;
+    let root = host.root(id);
+    let trash = root.with_file_name(format!("{TRASH}{}", id.0));
+    let repo = Made::read(&root).and_then(|m| m.repo);
+    let moved = root.exists() && std::fs::rename(&root, &trash).is_ok();
+    if !moved && root.exists() {
+        tracing::warn!(session = %id, dir = %root.display(), "cannot move the environment away");
+    }
+    if let Some(r) = &repo {
+        forget_worktree(r, id);
+    }
+    let id = id.clone();
+    move || {
+        if !moved {
+            return;
+        }
+        match std::fs::remove_dir_all(&trash) {
+            Ok(()) => tracing::info!(session = %id, "removed the session's environment"),
+            Err(e) => {
+                tracing::warn!(session = %id, dir = %trash.display(), "cannot remove the environment: {e}")
+            }
+        }
+    }
+}
+
+/// Tells the repository a session's worktree is gone (its directory was moved or removed):
+/// its entry is pruned, so its branch is free again, and its base ref removed.
+fn forget_worktree(r: &Repo, id: &SessionId) {
+    let Some(git) = crate::paths::find_on_own_path("git") else {
+        return;
+    };
+    if let Err(e) = git_out(&git, &r.top, &["worktree", "prune"]) {
+        tracing::warn!(session = %id, "git worktree prune failed: {e}");
+    }
+    let _ = git_out(&git, &r.top, &["update-ref", "-d", &base_ref(id)]);
+}
+
+/// The prefix of an environment being removed (see [`destroy`]).
+const TRASH: &str = ".removing-";
+
+/// Daemon start-up: removes the environments of sessions the store no longer has (a crash
+/// between a delete's commit and its [`destroy`], or during its removal), and their
+/// worktrees' entries and base refs in their repositories.
+pub fn reconcile(host: &Host, exists: impl Fn(&SessionId) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(host.data_dir.join("environments")) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let id = SessionId(e.file_name().to_string_lossy().to_string());
+        if exists(&id) {
+            continue;
+        }
+        let repo = Made::read(&e.path()).and_then(|m| m.repo);
+        if std::fs::remove_dir_all(e.path()).is_ok() {
+            tracing::info!(session = %id, "removed the environment of a session that is gone");
+            removed += 1;
+            if let Some(r) = repo {
+                let id = id.0.strip_prefix(TRASH).unwrap_or(&id.0);
+                forget_worktree(&r, &SessionId(id.to_string()));
+            }
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branches_are_named_after_the_session() {
+        let id = SessionId("sess_01".into());
+        assert_eq!(branch("fix-tests", &id), "paddock/fix-tests");
+        assert_eq!(branch("a b/c", &id), "paddock/a-b-c");
+        assert_eq!(branch("...", &id), "paddock/sess_01");
+    }
+}
