@@ -521,8 +521,23 @@ pub struct PidGuard(pub u32);
 
 impl Drop for Dirs {
     /// What a daemon or runner of these dirs that was not stopped cleanly (an autostarted one,
-    /// one a test SIGKILLed) left in the machine's cgroup tree.
+    /// one a test SIGKILLed) left: a runner still running (an autostarted daemon's `shutdown`
+    /// answers before that daemon has stopped its runner, and the test may end first), and
+    /// groups in the machine's cgroup tree.
     fn drop(&mut self) {
+        let pid_file = self.data.join("runner.sock.pid");
+        let runner = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                    c.contains(" runner ") && c.contains(&*self.data.to_string_lossy())
+                })
+            });
+        if let Some(pid) = runner {
+            drop(PidGuard(pid));
+        }
         paddock::contain::remove_groups(&self.data);
     }
 }
