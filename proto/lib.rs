@@ -224,6 +224,13 @@ mod tests {
             ("SessionInfo", "provider_config", 21),
             ("SessionInfo", "timeout", 22),
             ("WatchActivityRequest", "after_seq", 2),
+            ("CreateSessionRequest", "environment_spec", 12),
+            ("SessionInfo", "environment_spec", 28),
+            ("SessionInfo", "environment_state", 29),
+            ("SessionEnvironment", "driver", 1),
+            ("SessionEnvironment", "worktree", 2),
+            ("SessionEnvironment", "network", 3),
+            ("ListSessionsRequest", "page_size", 101),
         ];
         for (msg, field, number) in fields {
             assert_eq!(field_number(&fds, "obey.local.v1", msg, field), number);
@@ -275,6 +282,9 @@ mod tests {
             ("RunCommandRequest", "keep_stdin", 6),
             ("AttachRunRequest", "after_seq", 2),
             ("StopRunRequest", "grace_ms", 2),
+            ("AckRunRequest", "run_id", 1),
+            ("AckRunRequest", "seq", 2),
+            ("SetLimitsRequest", "max_runs", 1),
         ] {
             assert_eq!(field_number(&fds, "runner.v1", msg, field), number);
         }
@@ -295,7 +305,9 @@ mod tests {
                 "ListRuns",
                 "AttachRun",
                 "WriteStdin",
-                "StopRun"
+                "StopRun",
+                "AckRun",
+                "SetLimits"
             ]
         );
     }
