@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use paddock_proto::obey::local::v1 as pb;
 
+use crate::cli::Out;
 use crate::harness::*;
 use crate::latis::{cli_in, created_id};
 
@@ -118,6 +119,28 @@ async fn create_escaping(d: &Daemon, port: u16, marker: &str, more: &[&str]) -> 
     id
 }
 
+/// `session create <args>` in the campaign root; the new session's id once its first turn is
+/// done.
+async fn create_ready(d: &Daemon, args: &[&str]) -> String {
+    let mut all = vec!["session", "create"];
+    all.extend(args);
+    let o = cli_in(d, &d.dirs.root, &all).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    let id = created_id(&o);
+    first_turn_done(d, &id).await;
+    id
+}
+
+/// `session exec <id> -- sh -c <script>` in the campaign root.
+async fn exec_sh(d: &Daemon, id: &str, script: &str) -> Out {
+    cli_in(
+        d,
+        &d.dirs.root,
+        &["session", "exec", id, "--", "sh", "-c", script],
+    )
+    .await
+}
+
 fn report(d: &Daemon) -> String {
     std::fs::read_to_string(d.dirs.root.join("escape-report")).unwrap_or_default()
 }
@@ -170,20 +193,7 @@ async fn bubblewrap_keeps_the_agent_in_its_workspace_and_ends_all_it_started() {
     );
 
     // A command run in the session is in the same sandbox.
-    let o = cli_in(
-        &d,
-        &d.dirs.root,
-        &[
-            "session",
-            "exec",
-            &id,
-            "--",
-            "sh",
-            "-c",
-            "cat ~/.ssh/id_rsa; echo in=$(pwd)",
-        ],
-    )
-    .await;
+    let o = exec_sh(&d, &id, "cat ~/.ssh/id_rsa; echo in=$(pwd)").await;
     assert_eq!(o.code, 0, "{o:?}");
     assert!(
         !o.stdout.contains("PRIVATE KEY") && o.stderr.contains("No such file"),
@@ -193,12 +203,7 @@ async fn bubblewrap_keeps_the_agent_in_its_workspace_and_ends_all_it_started() {
         o.stdout.contains(&format!("in={}", d.dirs.root.display())),
         "{o:?}"
     );
-    let o = cli_in(
-        &d,
-        &d.dirs.root,
-        &["session", "exec", &id, "--", "sh", "-c", "exit 7"],
-    )
-    .await;
+    let o = exec_sh(&d, &id, "exit 7").await;
     assert_eq!(o.code, 7, "exec exits with the command's code: {o:?}");
 
     // A forced stop ends everything the agent started, its setsid'ed job included.
@@ -337,12 +342,7 @@ async fn worktrees_keep_agents_apart_and_diff_shows_what_each_changed() {
     let work = "echo changed >> README.md && echo new > added.txt && git add README.md && \
                 git commit -qm 'agent commit' && echo more >> notes.txt && pwd";
     for id in &ids {
-        let o = cli_in(
-            &d,
-            &d.dirs.root,
-            &["session", "exec", id, "--", "sh", "-c", work],
-        )
-        .await;
+        let o = exec_sh(&d, id, work).await;
         assert_eq!(o.code, 0, "{o:?}");
         let wt = d.dirs.data.join("environments").join(id).join("worktree");
         assert_eq!(
@@ -483,22 +483,7 @@ async fn a_sandbox_keeps_the_hosts_secrets_sockets_and_hooks_out_of_reach() {
     let run_socket =
         std::path::PathBuf::from(format!("/run/paddock-e2e-{}.sock", std::process::id()));
     let service = std::os::unix::net::UnixListener::bind(&run_socket).ok();
-    let o = cli_in(
-        &d,
-        &d.dirs.root,
-        &[
-            "session",
-            "create",
-            "--driver",
-            "bubblewrap",
-            "--task",
-            "hi",
-        ],
-    )
-    .await;
-    assert_eq!(o.code, 0, "{o:?}");
-    let id = created_id(&o);
-    first_turn_done(&d, &id).await;
+    let id = create_ready(&d, &["--driver", "bubblewrap", "--task", "hi"]).await;
     let probe = format!(
         "env; echo '#!/bin/sh' > .git/hooks/pre-commit && echo hook-written; \
          git config core.fsmonitor 'touch /x' && echo config-written; \
@@ -506,12 +491,7 @@ async fn a_sandbox_keeps_the_hosts_secrets_sockets_and_hooks_out_of_reach() {
          2>/dev/null && echo socket-reached; exit 0",
         run_socket.display()
     );
-    let o = cli_in(
-        &d,
-        &d.dirs.root,
-        &["session", "exec", &id, "--", "sh", "-c", &probe],
-    )
-    .await;
+    let o = exec_sh(&d, &id, &probe).await;
     assert_eq!(o.code, 0, "{o:?}");
     assert!(
         o.stdout.contains("PATH="),
@@ -562,12 +542,9 @@ async fn a_sandboxed_worktree_writes_only_its_own_branch() {
     let d = Daemon::start().await;
     make_repo(&d.dirs.root);
     let main_before = git(&d.dirs.root, &["rev-parse", "main"]);
-    let o = cli_in(
+    let id = create_ready(
         &d,
-        &d.dirs.root,
         &[
-            "session",
-            "create",
             "--worktree",
             "--driver",
             "bubblewrap",
@@ -578,18 +555,10 @@ async fn a_sandboxed_worktree_writes_only_its_own_branch() {
         ],
     )
     .await;
-    assert_eq!(o.code, 0, "{o:?}");
-    let id = created_id(&o);
-    first_turn_done(&d, &id).await;
     let probe = "echo x > x.txt && git add x.txt && git commit -qm mine && echo committed; \
                  git branch -f main HEAD 2>/dev/null && echo main-moved; \
                  echo 'gitdir: /tmp' > .git 2>/dev/null && echo gitfile-written; exit 0";
-    let o = cli_in(
-        &d,
-        &d.dirs.root,
-        &["session", "exec", &id, "--", "sh", "-c", probe],
-    )
-    .await;
+    let o = exec_sh(&d, &id, probe).await;
     assert_eq!(o.code, 0, "{o:?}");
     assert!(o.stdout.contains("committed"), "{o:?}");
     assert!(

@@ -82,12 +82,6 @@ fn git_in(wt: &Path, repo: &Repo) -> std::process::Command {
     cmd
 }
 
-fn git(dir: &Path) -> std::process::Command {
-    let mut cmd = std::process::Command::new("git");
-    cmd.arg("-C").arg(dir).stdin(Stdio::null());
-    cmd
-}
-
 fn git_text(cmd: &mut std::process::Command, what: &str) -> Result<String> {
     let out = cmd.output().map_err(Error::io(format!("git ({what})")))?;
     if !out.status.success() {
@@ -141,9 +135,11 @@ pub async fn diff(c: &mut Client, info: &pb::SessionInfo, stat: bool) -> Result<
 /// `session delete --delete-branch`: the session's branch, once its worktree is gone.
 pub fn delete_branch(info: &pb::SessionInfo) -> Result<String> {
     let branch = crate::env::branch(&info.agent_name, &paddock_core::SessionId(info.id.clone()));
-    git_text(
-        git(Path::new(&info.working_dir)).args(["branch", "-D", &branch]),
-        &format!("branch -D {branch}"),
-    )?;
+    crate::env::git_out(
+        Path::new("git"),
+        Path::new(&info.working_dir),
+        &["branch", "-D", &branch],
+    )
+    .map_err(|e| Error::Usage(format!("git branch -D {branch} failed: {e}")))?;
     Ok(branch)
 }

@@ -761,7 +761,7 @@ impl State {
                     forget(&rec);
                     // Moved away at once (the delete's answer means it is gone); its files are
                     // removed off the loop.
-                    let remove = crate::env::destroy(&self.env, &rec.id, &rec.config);
+                    let remove = crate::env::destroy(&self.env, &rec.id);
                     tokio::task::spawn_blocking(remove);
                 }
                 Effect::Reply { req, result } => {

@@ -149,7 +149,7 @@ fn repo_root(git: &Path, dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// Runs git in `dir`; its trimmed stdout, or its stderr as the error.
-fn git_out(git: &Path, dir: &Path, args: &[&str]) -> Result<String, String> {
+pub(crate) fn git_out(git: &Path, dir: &Path, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new(git)
         .arg("-C")
         .arg(dir)
@@ -722,8 +722,7 @@ fn program_binds(program: &Path, exe: &Path, home: &Path) -> Vec<(PathBuf, PathB
 /// (`git worktree prune`: its branch can be deleted at once); the files are removed by the
 /// returned closure, to run on a blocking thread. What a crash leaves is removed by
 /// [`reconcile`] at the next start. Failures are logged: the row is already gone.
-pub fn destroy(host: &Host, id: &SessionId, config: &SessionConfig) -> impl FnOnce() + Send {
-    let _ = config;
+pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
     let root = host.root(id);
     let trash = root.with_file_name(format!("{TRASH}{}", id.0));
     let repo = Made::read(&root).and_then(|m| m.repo);
