@@ -4,7 +4,9 @@
 //! client runs in the session (`session exec`, an Aria task of the session) — see one view of
 //! the world: the `local` driver's is the host itself; `bubblewrap`'s is the host read-only
 //! with only the workspace writable, a HOME and a /tmp of the session's own and, unless asked,
-//! no network. A session may also have a git worktree of its own (any driver).
+//! no network; `podman`'s is a container of the session's own, from an image (or a root
+//! directory), with the workspace mounted. A session may also have a git worktree of its own
+//! (any driver).
 //!
 //! The life of an environment ([`EnvState`]):
 //!
@@ -33,16 +35,20 @@ pub enum Driver {
     Local,
     /// A bubblewrap sandbox per process, over a per-session HOME and /tmp.
     Bubblewrap,
+    /// A podman container per session, from an image; every process of the session runs in
+    /// it (`podman exec`).
+    Podman,
 }
 
 impl Driver {
-    pub const ALL: [Driver; 2] = [Driver::Local, Driver::Bubblewrap];
+    pub const ALL: [Driver; 3] = [Driver::Local, Driver::Bubblewrap, Driver::Podman];
 
     /// The driver's name, as `--driver` and `session.yaml` spell it.
     pub fn name(self) -> &'static str {
         match self {
             Driver::Local => "local",
             Driver::Bubblewrap => "bubblewrap",
+            Driver::Podman => "podman",
         }
     }
 
@@ -51,6 +57,7 @@ impl Driver {
         match name.trim().to_ascii_lowercase().as_str() {
             "local" => Some(Driver::Local),
             "bubblewrap" | "bwrap" => Some(Driver::Bubblewrap),
+            "podman" => Some(Driver::Podman),
             _ => None,
         }
     }
@@ -77,6 +84,36 @@ pub struct EnvSpec {
     /// Network access inside an isolating driver (the host's network is always there for
     /// `local`).
     pub network: bool,
+    /// The image a container starts from (`podman`): a reference (`localhost/x:1`,
+    /// `docker.io/library/debian:12`), an image archive (a file `podman load` reads), or a
+    /// root directory (`podman --rootfs`). Empty for the other drivers.
+    pub image: String,
+    /// The most memory the environment's processes may use, in bytes (0: no limit).
+    pub memory_bytes: u64,
+    /// The most processes (and threads) the environment may hold at once (0: no limit).
+    pub pids: u32,
+    /// The seed's `podman:` block beyond the image (boxed: most sessions have none, and a
+    /// config travels in every create input).
+    pub podman: Box<PodmanOptions>,
+}
+
+/// What latis' `podman:` block adds to a container: more mounts (`SRC:DST[:OPTIONS]`), ports
+/// (`[HOST:]CONTAINER`), raw flags for `podman run`, and variables.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodmanOptions {
+    pub mounts: Vec<String>,
+    pub ports: Vec<String>,
+    pub flags: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+impl PodmanOptions {
+    pub fn is_empty(&self) -> bool {
+        self.mounts.is_empty()
+            && self.ports.is_empty()
+            && self.flags.is_empty()
+            && self.env.is_empty()
+    }
 }
 
 impl EnvSpec {
@@ -95,6 +132,36 @@ impl EnvSpec {
                 "network applies to isolating drivers; a local session always has the host's network"
                     .into(),
             );
+        }
+        match self.driver {
+            Driver::Podman if self.image.trim().is_empty() => {
+                return Err(
+                    "the podman driver needs an image (--image, or `image:` in the podman block): \
+                     a reference, an image archive or a root directory"
+                        .into(),
+                )
+            }
+            Driver::Podman => {}
+            _ if !self.image.is_empty() => {
+                return Err(format!(
+                    "an image is for containers: the {} driver runs no image (use --driver podman)",
+                    self.driver
+                ))
+            }
+            _ if !self.podman.is_empty() => {
+                return Err(format!(
+                    "podman options (mounts, ports, flags, env) given, but the driver is {}",
+                    self.driver
+                ))
+            }
+            Driver::Local | Driver::Bubblewrap if self.memory_bytes > 0 || self.pids > 0 => {
+                return Err(format!(
+                    "memory and process limits need a container: the {} driver cannot enforce \
+                     them on this machine (use --driver podman)",
+                    self.driver
+                ))
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -168,7 +235,7 @@ mod tests {
             assert_eq!(Driver::parse(&d.name().to_uppercase()), Some(d));
         }
         assert_eq!(Driver::parse("bwrap"), Some(Driver::Bubblewrap));
-        assert_eq!(Driver::parse("podman"), None);
+        assert_eq!(Driver::parse("docker"), None);
     }
 
     #[test]
@@ -204,5 +271,26 @@ mod tests {
             ..EnvSpec::default()
         };
         assert!(net.check().is_err());
+        let podman = EnvSpec {
+            driver: Driver::Podman,
+            ..EnvSpec::default()
+        };
+        assert!(podman.needs_provisioning());
+        assert!(podman.check().unwrap_err().contains("needs an image"));
+        let image = EnvSpec {
+            image: "x".into(),
+            ..podman.clone()
+        };
+        assert!(image.check().is_ok());
+        let image_elsewhere = EnvSpec {
+            driver: Driver::Bubblewrap,
+            ..image.clone()
+        };
+        assert!(image_elsewhere.check().unwrap_err().contains("containers"));
+        let limits_on_host = EnvSpec {
+            pids: 10,
+            ..EnvSpec::default()
+        };
+        assert!(limits_on_host.check().unwrap_err().contains("limits"));
     }
 }

@@ -17,7 +17,7 @@ use crate::harness::*;
 use crate::latis::{cli_in, created_id};
 
 /// Processes whose command line contains `needle` (a marker only the test's processes carry).
-fn processes_with(needle: &str) -> Vec<u32> {
+pub(crate) fn processes_with(needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -36,7 +36,7 @@ fn processes_with(needle: &str) -> Vec<u32> {
     found
 }
 
-async fn wait_until_gone(needle: &str) {
+pub(crate) async fn wait_until_gone(needle: &str) {
     for _ in 0..100 {
         if processes_with(needle).is_empty() {
             return;
@@ -49,7 +49,7 @@ async fn wait_until_gone(needle: &str) {
 /// An agent that first tries to get out of its sandbox — each attempt's outcome written to
 /// `escape-report` in its workspace — leaves a marked process behind it (`sleep <marker>`, in
 /// a new session, as an agent's background job would), then is the scripted agent.
-fn escaping_agent(d: &Daemon, port: u16, marker: &str) -> String {
+pub(crate) fn escaping_agent(d: &Daemon, port: u16, marker: &str) -> String {
     use std::os::unix::fs::PermissionsExt;
     let base = d.dirs.base.display();
     let home = d.dirs.home.display();
@@ -80,7 +80,7 @@ exec '{BIN}' __scripted-agent
 
 /// Waits until session `id` finished its first turn (the agent got to the scripted agent, so
 /// its report is written and its job started).
-async fn first_turn_done(d: &Daemon, id: &str) -> pb::SessionInfo {
+pub(crate) async fn first_turn_done(d: &Daemon, id: &str) -> pb::SessionInfo {
     for _ in 0..200 {
         let info = d.get(id).await;
         if info.turns_completed >= 1 {
@@ -132,7 +132,7 @@ async fn create_ready(d: &Daemon, args: &[&str]) -> String {
 }
 
 /// `session exec <id> -- sh -c <script>` in the campaign root.
-async fn exec_sh(d: &Daemon, id: &str, script: &str) -> Out {
+pub(crate) async fn exec_sh(d: &Daemon, id: &str, script: &str) -> Out {
     cli_in(
         d,
         &d.dirs.root,
@@ -141,26 +141,11 @@ async fn exec_sh(d: &Daemon, id: &str, script: &str) -> Out {
     .await
 }
 
-fn report(d: &Daemon) -> String {
-    std::fs::read_to_string(d.dirs.root.join("escape-report")).unwrap_or_default()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bubblewrap_keeps_the_agent_in_its_workspace_and_ends_all_it_started() {
-    let d = Daemon::start().await;
-    std::fs::create_dir_all(d.dirs.home.join(".ssh")).unwrap();
-    std::fs::write(d.dirs.home.join(".ssh/id_rsa"), "PRIVATE KEY").unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let marker = format!("{}", 900_000 + std::process::id() % 90_000);
-    let id = create_escaping(&d, port, &marker, &["--name", "boxed"]).await;
-    let info = d.get(&id).await;
-    assert_eq!(info.environment_spec.as_ref().unwrap().driver, "bubblewrap");
-    assert_eq!(info.environment_state, "ready");
-
-    let r = report(&d);
-    // A write outside the workspace under /tmp lands in the sandbox's private /tmp (checked on
-    // the host below); one anywhere else fails (the host is read-only).
+/// What [`escaping_agent`] reports from an isolated environment without network: it wrote
+/// only its workspace, saw no HOME secret, no store, no loopback, no daemon socket; its HOME is
+/// the session's own; its job runs.
+pub(crate) fn assert_kept_in(d: &Daemon, marker: &str) {
+    let r = report(d);
     for line in [
         "write-host-root: no",
         "read-home-secret: no",
@@ -182,6 +167,28 @@ async fn bubblewrap_keeps_the_agent_in_its_workspace_and_ends_all_it_started() {
         !processes_with(&format!("sleep {marker}")).is_empty(),
         "the agent's job runs"
     );
+}
+
+pub(crate) fn report(d: &Daemon) -> String {
+    std::fs::read_to_string(d.dirs.root.join("escape-report")).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bubblewrap_keeps_the_agent_in_its_workspace_and_ends_all_it_started() {
+    let d = Daemon::start().await;
+    std::fs::create_dir_all(d.dirs.home.join(".ssh")).unwrap();
+    std::fs::write(d.dirs.home.join(".ssh/id_rsa"), "PRIVATE KEY").unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let marker = format!("{}", 900_000 + std::process::id() % 90_000);
+    let id = create_escaping(&d, port, &marker, &["--name", "boxed"]).await;
+    let info = d.get(&id).await;
+    assert_eq!(info.environment_spec.as_ref().unwrap().driver, "bubblewrap");
+    assert_eq!(info.environment_state, "ready");
+
+    // A write outside the workspace under /tmp lands in the sandbox's private /tmp; one
+    // anywhere else fails (the host is read-only).
+    assert_kept_in(&d, &marker);
 
     // The list shows the driver.
     let o = cli_in(&d, &d.dirs.root, &["session", "list"]).await;
@@ -334,7 +341,7 @@ async fn worktrees_keep_agents_apart_and_diff_shows_what_each_changed() {
     )
     .await;
     assert!(
-        o.stdout.contains("on branch paddock/beta") && o.stdout.contains("bubblewrap sandbox"),
+        o.stdout.contains("on branch paddock/beta") && o.stdout.contains("bubblewrap environment"),
         "{o:?}"
     );
 

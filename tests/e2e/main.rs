@@ -29,6 +29,7 @@ mod latis;
 mod lifecycle;
 mod orphans;
 mod paging;
+mod podman;
 mod rpcs;
 mod runner_mode;
 mod security;

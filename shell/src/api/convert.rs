@@ -116,6 +116,13 @@ pub fn environment_spec(e: &core::EnvSpec) -> pb::SessionEnvironment {
         driver: e.driver.name().to_string(),
         worktree: e.worktree,
         network: e.network,
+        image: e.image.clone(),
+        memory_bytes: e.memory_bytes,
+        pids_limit: e.pids,
+        mounts: e.podman.mounts.clone(),
+        ports: e.podman.ports.clone(),
+        flags: e.podman.flags.clone(),
+        env: e.podman.env.clone().into_iter().collect(),
     }
 }
 
@@ -140,6 +147,15 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, Str
         driver,
         worktree: e.worktree,
         network: e.network,
+        image: e.image.trim().to_string(),
+        memory_bytes: e.memory_bytes,
+        pids: e.pids_limit,
+        podman: Box::new(core::PodmanOptions {
+            mounts: e.mounts.clone(),
+            ports: e.ports.clone(),
+            flags: e.flags.clone(),
+            env: e.env.clone().into_iter().collect(),
+        }),
     };
     spec.check()?;
     Ok(spec)

@@ -63,15 +63,18 @@ pub fn check_driver(name: &str) -> Result<&'static str> {
             .expect("every core driver is listed"));
     }
     let why = match n.as_str() {
-        "podman" | "docker" | "kubernetes" | "k8s" | "qemu" | "ssh" => format!(
-            "driver \"{name}\" is not available yet: paddock does not provision containers, \
-             pods, VMs or remote hosts"
+        "docker" => format!(
+            "driver \"{name}\" is not available: paddock runs containers with podman (--driver podman)"
+        ),
+        "kubernetes" | "k8s" | "qemu" | "ssh" => format!(
+            "driver \"{name}\" is not available yet: paddock does not provision pods, VMs or \
+             remote hosts"
         ),
         _ => format!("unknown driver \"{name}\""),
     };
     Err(Error::Usage(format!(
         "{why}; the drivers are: {} (local: on the host, not isolated; bubblewrap: a sandbox \
-         on this machine)",
+         on this machine; podman: a container per session)",
         DRIVERS.join(", ")
     )))
 }
@@ -125,10 +128,21 @@ pub struct CreateArgs {
     /// The task: the session's first message, sent as soon as the agent is up
     #[arg(long, visible_alias = "initial-message")]
     pub task: Option<String>,
-    /// Where the agent runs: local (on the host, not isolated) or bubblewrap (a sandbox: the
-    /// host read-only, the workspace writable, its own HOME and /tmp, no network)
+    /// Where the agent runs: local (on the host, not isolated), bubblewrap (a sandbox: the
+    /// host read-only, the workspace writable, its own HOME and /tmp, no network) or podman (a
+    /// container of its own, from --image)
     #[arg(long)]
     pub driver: Option<String>,
+    /// The container's image (podman): a reference (pulled with progress when missing), an
+    /// image archive, or a root directory
+    #[arg(long)]
+    pub image: Option<String>,
+    /// The most memory the session's container may use: 512m, 2g, 1GiB (podman)
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory: Option<u64>,
+    /// The most processes the session's container may hold at once (podman)
+    #[arg(long)]
+    pub pids: Option<u32>,
     /// SRC:/workspace: the agent's workspace is SRC (the one directory it may write under
     /// bubblewrap; see README)
     #[arg(long = "mount", value_name = "SRC:DST")]
@@ -136,12 +150,12 @@ pub struct CreateArgs {
     /// Give the session a git worktree of its own, on branch paddock/<name>
     #[arg(long)]
     pub worktree: bool,
-    /// Let a sandboxed agent use the network (bubblewrap; the host's agents always can)
+    /// Let an isolated agent use the network (bubblewrap, podman; the host's agents always can)
     #[arg(long)]
     pub network: bool,
     /// A YAML file with any of: task, driver, mounts, worktree, provider, model, name,
     /// max_tokens, timeout, config, env, campaign, and a block per driver (local: {workdir},
-    /// bubblewrap: {network})
+    /// bubblewrap: {network}, podman: {image, mounts, ports, flags, env, network, memory, pids})
     #[arg(short = 'c', long = "file", value_name = "session.yaml")]
     pub file: Option<PathBuf>,
     /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp [default:
@@ -215,7 +229,7 @@ pub struct SessionFile {
     /// the others are read (so a latis file parses) and refused with their driver.
     pub local: Option<LocalBlock>,
     pub bubblewrap: Option<BubblewrapBlock>,
-    pub podman: Option<serde_norway::Value>,
+    pub podman: Option<PodmanBlock>,
     pub kubernetes: Option<serde_norway::Value>,
     pub qemu: Option<serde_norway::Value>,
     pub ssh: Option<serde_norway::Value>,
@@ -234,6 +248,70 @@ pub struct LocalBlock {
 pub struct BubblewrapBlock {
     /// Network access inside the sandbox.
     pub network: Option<bool>,
+}
+
+/// latis' `podman:` block, with paddock's network and limits.
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PodmanBlock {
+    pub image: Option<String>,
+    /// `SRC:DST[:OPTIONS]`, SRC relative to the file's directory.
+    pub mounts: Option<Vec<String>>,
+    /// `[HOST:]CONTAINER`.
+    pub ports: Option<Vec<String>>,
+    /// Raw flags for `podman run`.
+    pub flags: Option<Vec<String>>,
+    /// The container's variables.
+    pub env: Option<BTreeMap<String, Scalar>>,
+    pub network: Option<bool>,
+    /// `512m`, `2g`, or bytes.
+    pub memory: Option<Scalar>,
+    pub pids: Option<u32>,
+}
+
+/// `--memory` and the podman block's `memory:`: a size with a unit (`512m`, `2g`, `1GiB`;
+/// `k`, `m`, `g` are powers of 1024, as podman reads them) or bytes.
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    // podman's (and docker's) one-letter units are binary; parse-size reads `1GiB` so.
+    let binary = match t.char_indices().last() {
+        Some((i, c)) if matches!(c.to_ascii_lowercase(), 'k' | 'm' | 'g' | 't') => {
+            let head = &t[..i];
+            if head.ends_with(|c: char| c.is_ascii_digit() || c == '.' || c == ' ') {
+                format!("{t}iB")
+            } else {
+                t.to_string()
+            }
+        }
+        _ => t.to_string(),
+    };
+    parse_size::parse_size(&binary).map_err(|e| format!("size {s:?}: {e} (e.g. 512m, 2g)"))
+}
+
+/// A path an image names, made absolute from `base` (a reference is left as it is): `./x`,
+/// `../x`, `~/x` and anything that exists there are paths.
+fn image_path(image: &str, base: &Path) -> String {
+    let image = image.trim();
+    if let Some(rest) = image.strip_prefix("~/") {
+        return crate::paths::home().join(rest).display().to_string();
+    }
+    let looks_like_path =
+        image.starts_with("./") || image.starts_with("../") || image.starts_with('/');
+    let p = base.join(image);
+    if looks_like_path || (!image.contains(':') && p.exists()) {
+        return std::path::absolute(&p).unwrap_or(p).display().to_string();
+    }
+    image.to_string()
+}
+
+/// A podman mount's SRC made absolute from `base` (named volumes are left as they are).
+fn podman_mount(m: &str, base: &Path) -> String {
+    match m.split_once(':') {
+        Some((src, rest)) if src.starts_with('.') || src.starts_with('~') => {
+            format!("{}:{rest}", image_path(src, base))
+        }
+        _ => m.to_string(),
+    }
 }
 
 impl SessionFile {
@@ -439,13 +517,53 @@ pub fn offline_note(req: &pb::CreateSessionRequest) -> Option<String> {
     let provider = paddock_core::Provider::from_number(req.provider)?;
     (isolates && !env.network && provider != paddock_core::Provider::Scripted).then(|| {
         format!(
-            "note: the {} sandbox has no network, and {} reaches its model over the network: \
+            "note: the {} environment has no network, and {} reaches its model over the network: \
              add --network (session.yaml: `{}: {{network: true}}`) unless it needs none",
             env.driver,
             provider.name(),
             env.driver
         )
     })
+}
+
+/// A podman image reference this machine does not have yet, pulled before the session is
+/// created, with podman's own progress on the terminal (the daemon refuses a reference it
+/// does not find: a create never waits on a download no one sees). Archives and root
+/// directories need nothing; without podman the daemon's refusal says what to install.
+pub fn pull_image(image: &str) -> Result<()> {
+    let image = image.trim();
+    if image.is_empty() || image.starts_with('/') {
+        return Ok(());
+    }
+    let Some(podman) = crate::paths::find_on_own_path("podman") else {
+        return Ok(());
+    };
+    let quiet = |args: &[&str]| {
+        std::process::Command::new(&podman)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if quiet(&["image", "exists", image]) {
+        return Ok(());
+    }
+    eprintln!("pulling image {image} (podman pull)…");
+    let pulled = std::process::Command::new(&podman)
+        .args(["pull", image])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(Error::io(podman.display()))?;
+    if !pulled.success() {
+        return Err(Error::Usage(format!(
+            "cannot pull image {image} ({pulled}); give an image this machine has (podman \
+             images), an image archive or a root directory"
+        )));
+    }
+    Ok(())
 }
 
 /// What the default permissions the daemon gave a session mean for its user (nothing for
@@ -575,6 +693,7 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
         m.extend(flags);
         m
     };
+    let pod = f.podman.unwrap_or_default();
     let request = pb::CreateSessionRequest {
         campaign_id: String::new(),
         provider,
@@ -597,7 +716,35 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
                 || f.bubblewrap
                     .as_ref()
                     .and_then(|b| b.network)
+                    .or(pod.network)
                     .unwrap_or(false),
+            image: args
+                .image
+                .map(|i| image_path(&i, cwd))
+                .or(pod.image.as_ref().map(|i| image_path(i, &file_dir)))
+                .unwrap_or_default(),
+            memory_bytes: match args.memory {
+                Some(m) => m,
+                None => match &pod.memory {
+                    Some(m) => parse_bytes(&m.text()).map_err(Error::Usage)?,
+                    None => 0,
+                },
+            },
+            pids_limit: args.pids.or(pod.pids).unwrap_or(0),
+            mounts: pod
+                .mounts
+                .iter()
+                .flatten()
+                .map(|m| podman_mount(m, &file_dir))
+                .collect(),
+            ports: pod.ports.clone().unwrap_or_default(),
+            flags: pod.flags.clone().unwrap_or_default(),
+            env: pod
+                .env
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.text()))
+                .collect(),
         }),
     };
     Ok(Plan {
@@ -1041,6 +1188,16 @@ pub fn status_text(s: &pb::SessionInfo, now_ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sizes_read_as_podman_reads_them() {
+        use super::parse_bytes;
+        assert_eq!(parse_bytes("512m"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("lots").is_err());
+    }
+
     use super::*;
 
     #[test]
@@ -1050,8 +1207,8 @@ mod tests {
                 provider: provider.number(),
                 environment_spec: Some(pb::SessionEnvironment {
                     driver: driver.into(),
-                    worktree: false,
                     network,
+                    ..Default::default()
                 }),
                 ..Default::default()
             }
@@ -1120,7 +1277,12 @@ mod tests {
     fn drivers_other_than_local_are_clear_errors() {
         assert_eq!(check_driver("local").unwrap(), "local");
         assert_eq!(check_driver("LOCAL").unwrap(), "local");
-        for d in ["podman", "kubernetes", "qemu", "ssh"] {
+        assert_eq!(check_driver("Podman").unwrap(), "podman");
+        assert!(check_driver("docker")
+            .unwrap_err()
+            .to_string()
+            .contains("--driver podman"));
+        for d in ["kubernetes", "qemu", "ssh"] {
             let e = check_driver(d).unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!("driver \"{d}\" is not available")),
@@ -1232,15 +1394,23 @@ mod tests {
         let p = plan(args(), Some((f, cwd.clone())), &cwd).unwrap();
         assert_eq!(p.place, Place::Dir(cwd.join("ws")));
         assert!(cwd.join("ws").is_dir());
-        // The seed's podman file parses; its driver is what is refused.
+        // The seed's podman file: every field reaches the request, paths made absolute.
         let podman = "driver: podman\npodman:\n  image: ghcr.io/x/ws:latest\n  mounts:\n    - \
                       ./repo:/workspace:Z\n  ports:\n    - \"4433\"\n  flags:\n    - \
-                      \"--userns=keep-id\"\n  env:\n    A: b\n";
+                      \"--userns=keep-id\"\n  env:\n    A: b\n  memory: 1g\n  pids: 99\n";
         let f = SessionFile::parse(podman, "session.yaml").unwrap();
-        let e = plan(args(), Some((f, cwd.clone())), &cwd)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("driver \"podman\" is not available"), "{e}");
+        let p = plan(args(), Some((f, cwd.clone())), &cwd).unwrap();
+        let e = p.request.environment_spec.unwrap();
+        assert_eq!(e.driver, "podman");
+        assert_eq!(e.image, "ghcr.io/x/ws:latest");
+        assert_eq!(
+            e.mounts,
+            vec![format!("{}:/workspace:Z", cwd.join("repo").display())]
+        );
+        assert_eq!(e.ports, vec!["4433".to_string()]);
+        assert_eq!(e.flags, vec!["--userns=keep-id".to_string()]);
+        assert_eq!(e.env.get("A").map(String::as_str), Some("b"));
+        assert_eq!((e.memory_bytes, e.pids_limit), (1 << 30, 99));
         // A block for another driver, or two ways to say where: refused.
         let f = SessionFile::parse("driver: local\nssh:\n  host: h\n", "s.yaml").unwrap();
         let e = plan(args(), Some((f, cwd.clone())), &cwd)
@@ -1364,12 +1534,12 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("2 mounts given"), "{e}");
-        let file = SessionFile::parse("driver: podman\ntask: t\n", "s.yaml").unwrap();
+        let file = SessionFile::parse("driver: qemu\ntask: t\n", "s.yaml").unwrap();
         let e = plan(args(), Some((file, cwd.clone())), &cwd)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("driver \"podman\" is not available"), "{e}");
-        let file = SessionFile::parse("driver: podman\ntask: t\n", "s.yaml").unwrap();
+        assert!(e.starts_with("driver \"qemu\" is not available"), "{e}");
+        let file = SessionFile::parse("driver: qemu\ntask: t\n", "s.yaml").unwrap();
         let p = plan(
             CreateArgs {
                 driver: Some("local".into()),

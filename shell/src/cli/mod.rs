@@ -697,6 +697,11 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
     if let Some(note) = latis::offline_note(&req) {
         eprintln!("{note}");
     }
+    if let Some(env) = &req.environment_spec {
+        if env.driver == "podman" && !ctx.json {
+            latis::pull_image(&env.image)?;
+        }
+    }
     // The scripted agent is a stand-in (demos, tests): what its default means is not news.
     let default_permissions = !req.provider_config.contains_key("permissions")
         && req.provider != paddock_core::Provider::Scripted.number();

@@ -30,6 +30,8 @@ use paddock_core::{Driver, EnvSpec, Provider, SessionConfig, SessionId};
 
 use crate::proc::LaunchPlan;
 
+pub mod podman;
+
 /// What an environment needs to know about the host it is made on.
 #[derive(Debug, Clone)]
 pub struct Host {
@@ -134,6 +136,7 @@ pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
             }
             Ok(())
         }
+        Driver::Podman => podman::check_host(&spec.image),
     }
 }
 
@@ -181,26 +184,26 @@ fn log(root: &Path, line: &str) {
 pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<Made, String> {
     let spec = &config.env;
     let root = host.root(id);
-    if spec.driver == Driver::Bubblewrap && !spec.worktree {
+    if spec.driver.isolates() && !spec.worktree {
         safe_workspace(host, Path::new(&config.working_dir))?;
     }
     make_private_dir(&root)?;
     let mut made = Made {
         workdir: PathBuf::from(&config.working_dir),
         repo: None,
+        container: None,
     };
     if spec.worktree {
         let (workdir, repo) = worktree(id, config, &root)?;
-        made = Made {
-            workdir,
-            repo: Some(repo),
-        };
+        made.workdir = workdir;
+        made.repo = Some(repo);
     }
-    if spec.driver == Driver::Bubblewrap && !root.join("home").exists() {
+    if spec.driver.isolates() && !root.join("home").exists() {
         log(
             &root,
             &format!(
-                "bubblewrap sandbox: HOME {} and /tmp of its own, network {}",
+                "{} environment: HOME {} and /tmp of its own, network {}",
+                spec.driver,
                 host.home.display(),
                 if spec.network { "on" } else { "off" }
             ),
@@ -215,6 +218,10 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
                 &format!("agent configuration passed in: {}", copied.join(", ")),
             );
         }
+    }
+    if spec.driver == Driver::Podman {
+        podman::provision(host, id, config, &root, &made)?;
+        made.container = Some(podman::container(id));
     }
     made.write(&root)?;
     Ok(made)
@@ -273,6 +280,8 @@ pub struct Made {
     pub workdir: PathBuf,
     /// The worktree's repository, for a session with one.
     pub repo: Option<Repo>,
+    /// The session's container (podman).
+    pub container: Option<String>,
 }
 
 impl Made {
@@ -286,6 +295,9 @@ impl Made {
                 r.admin.display(),
                 r.base
             );
+        }
+        if let Some(c) = &self.container {
+            text += &format!("container={c}\n");
         }
         let file = root.join("made");
         std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
@@ -316,6 +328,7 @@ impl Made {
         Some(Made {
             workdir: PathBuf::from(kv.get("workdir")?),
             repo,
+            container: kv.get("container").map(|c| c.to_string()),
         })
     }
 }
@@ -502,10 +515,15 @@ pub fn enter(
         Made {
             workdir: PathBuf::from(&config.working_dir),
             repo: None,
+            container: None,
         }
     } else {
         match Made::read(&host.root(id)) {
-            Some(made) if made.workdir.is_dir() && made.repo.is_some() == config.env.worktree => {
+            Some(made)
+                if made.workdir.is_dir()
+                    && made.repo.is_some() == config.env.worktree
+                    && made.container.is_some() == (config.env.driver == Driver::Podman) =>
+            {
                 made
             }
             // Never made (a restart after a making that was given up), or removed by hand.
@@ -518,6 +536,7 @@ pub fn enter(
             ..plan
         }),
         Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
+        Driver::Podman => podman::enter(id, config, &made, plan),
     }
 }
 
@@ -553,6 +572,17 @@ const KEPT_VARIABLES: &[&str] = &[
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "NODE_EXTRA_CA_CERTS",
+];
+
+/// paddock's own variables that are the daemon's business, never an agent's: where its socket
+/// and data are, the key that seals stored credentials, who may connect.
+const DAEMON_ONLY: &[&str] = &[
+    "PADDOCK_SOCKET",
+    "PADDOCK_DATA_DIR",
+    "PADDOCK_SECRET_KEYS",
+    "PADDOCK_CONFIG",
+    "PADDOCK_ALLOW_USERS",
+    "PADDOCK_ALLOW_GROUPS",
 ];
 
 /// Prefixes of the variables an agent itself reads (its keys, endpoints and settings), and
@@ -648,9 +678,10 @@ fn bubblewrap(
     let session_vars: Vec<&str> = plan.env.iter().map(|(k, _)| k.as_str()).collect();
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().to_string();
-        let kept = KEPT_VARIABLES.contains(&k.as_str())
+        let kept = (KEPT_VARIABLES.contains(&k.as_str())
             || keep.iter().any(|p| k.starts_with(p))
-            || session_vars.contains(&k.as_str());
+            || session_vars.contains(&k.as_str()))
+            && !DAEMON_ONLY.contains(&k.as_str());
         if !kept {
             args.extend(["--unsetenv".into(), k]);
         }
@@ -725,7 +756,9 @@ fn program_binds(program: &Path, exe: &Path, home: &Path) -> Vec<(PathBuf, PathB
 pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
     let root = host.root(id);
     let trash = root.with_file_name(format!("{TRASH}{}", id.0));
-    let repo = Made::read(&root).and_then(|m| m.repo);
+    let made = Made::read(&root);
+    let repo = made.as_ref().and_then(|m| m.repo.clone());
+    let container = made.is_some_and(|m| m.container.is_some());
     let moved = root.exists() && std::fs::rename(&root, &trash).is_ok();
     if !moved && root.exists() {
         tracing::warn!(session = %id, dir = %root.display(), "cannot move the environment away");
@@ -735,6 +768,9 @@ pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
     }
     let id = id.clone();
     move || {
+        if container {
+            podman::remove(&id);
+        }
         if !moved {
             return;
         }
@@ -769,8 +805,14 @@ pub fn reconcile(host: &Host, exists: impl Fn(&SessionId) -> bool) -> usize {
     let Ok(entries) = std::fs::read_dir(host.data_dir.join("environments")) else {
         return 0;
     };
-    let mut removed = 0;
-    for e in entries.flatten() {
+    let entries: Vec<_> = entries.flatten().collect();
+    // Containers: only where some environment was ever made (no podman run at every start).
+    let mut removed = if entries.is_empty() {
+        0
+    } else {
+        podman::reconcile(host, &exists)
+    };
+    for e in entries {
         let id = SessionId(e.file_name().to_string_lossy().to_string());
         if exists(&id) {
             continue;

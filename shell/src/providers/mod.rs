@@ -356,6 +356,11 @@ pub fn agent_command(
 /// on the session's own `PATH` if its environment sets one (the agent runs with it), else the
 /// daemon's.
 pub fn find_on_path(program: &str, config: &SessionConfig) -> Option<PathBuf> {
+    if config.env.driver == paddock_core::Driver::Podman {
+        // In a container the agent is the image's own, found on the image's PATH when it
+        // starts there (`podman exec` says so if it is not).
+        return Some(PathBuf::from(program));
+    }
     match config.environment.get("PATH") {
         Some(p) => crate::paths::find_program(program, Some(std::ffi::OsStr::new(p))),
         None => crate::paths::find_on_own_path(program),

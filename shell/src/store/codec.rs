@@ -8,8 +8,9 @@
 use std::collections::BTreeMap;
 
 use paddock_core::{
-    Activity, ActivityEvent, ActivityKind, Driver, EnvSpec, EnvState, Error, ErrorCode, Provider,
-    SessionConfig, SessionId, SessionRecord, Status, StatusEvent, UserMessage,
+    Activity, ActivityEvent, ActivityKind, Driver, EnvSpec, EnvState, Error, ErrorCode,
+    PodmanOptions, Provider, SessionConfig, SessionId, SessionRecord, Status, StatusEvent,
+    UserMessage,
 };
 use rusqlite::Row;
 
@@ -17,7 +18,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 36] = [
+pub(super) const SESSION_COLUMNS: [&str; 41] = [
     "id",
     "campaign_id",
     "provider",
@@ -54,6 +55,11 @@ pub(super) const SESSION_COLUMNS: [&str; 36] = [
     "env_worktree",
     "env_network",
     "env_state",
+    "env_image",
+    "env_memory",
+    "env_pids",
+    "env_podman",
+    "env_podman_env",
 ];
 
 /// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
@@ -224,6 +230,16 @@ fn activity_kind(row: &Row, table: &str, col: impl Column) -> Result<ActivityKin
 }
 
 /// A string map as the JSON object stored in `provider_config` / `environment`.
+/// The `env_podman` column: the podman block's lists (its variables are a map of their own,
+/// sealed).
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default)]
+pub(super) struct PodmanJson {
+    pub mounts: Vec<String>,
+    pub ports: Vec<String>,
+    pub flags: Vec<String>,
+}
+
 pub(super) fn map_to_json(map: &BTreeMap<String, String>) -> Result<String> {
     serde_json::to_string(map).map_err(|e| StoreError::Corrupt(format!("encoding a map: {e}")))
 }
@@ -272,6 +288,21 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
             },
             worktree: sc!("env_worktree").get(row)?,
             network: sc!("env_network").get(row)?,
+            image: sc!("env_image").get(row)?,
+            memory_bytes: uint(row, T, sc!("env_memory"))?,
+            pids: u32::try_from(uint(row, T, sc!("env_pids"))?)
+                .map_err(|_| corrupt(T, sc!("env_pids").name(), "out of range"))?,
+            podman: {
+                let text: String = sc!("env_podman").get(row)?;
+                let o: PodmanJson = serde_json::from_str(&text)
+                    .map_err(|e| corrupt(T, sc!("env_podman").name(), format!("bad JSON: {e}")))?;
+                Box::new(PodmanOptions {
+                    mounts: o.mounts,
+                    ports: o.ports,
+                    flags: o.flags,
+                    env: map_from_json(row, T, sc!("env_podman_env"))?,
+                })
+            },
         },
     };
     let pid = match sc!("pid").get::<Option<i64>>(row)? {

@@ -19,7 +19,18 @@ pub(super) const MIGRATIONS: &[&str] = &[
     V6,
     super::tasks::V7,
     V8,
+    V9,
 ];
+
+/// Version 9: a container's image, the environment's memory and process limits, and the seed's
+/// `podman:` block (mounts, ports and flags as JSON; its variables sealed like the session's).
+const V9: &str = r#"
+ALTER TABLE agent_sessions ADD COLUMN env_image TEXT NOT NULL DEFAULT '';
+ALTER TABLE agent_sessions ADD COLUMN env_memory INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agent_sessions ADD COLUMN env_pids INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agent_sessions ADD COLUMN env_podman TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE agent_sessions ADD COLUMN env_podman_env TEXT NOT NULL DEFAULT '{}';
+"#;
 
 /// Version 8: where a session's agent runs (its environment's driver and options, fixed at
 /// create) and where that environment is in its life (`EnvState::number`). Sessions stored

@@ -458,6 +458,7 @@ impl Store {
         let c = &mut rec.config;
         c.provider_config = self.sealer.open(std::mem::take(&mut c.provider_config));
         c.environment = self.sealer.open(std::mem::take(&mut c.environment));
+        c.env.podman.env = self.sealer.open(std::mem::take(&mut c.env.podman.env));
         Ok(rec)
     }
 
@@ -669,6 +670,13 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
     let c = &rec.config;
     let provider_config = map_to_json(&sealer.seal(&c.provider_config)?)?;
     let environment = map_to_json(&sealer.seal(&c.environment)?)?;
+    let podman = serde_json::to_string(&codec::PodmanJson {
+        mounts: c.env.podman.mounts.clone(),
+        ports: c.env.podman.ports.clone(),
+        flags: c.env.podman.flags.clone(),
+    })
+    .map_err(|e| StoreError::Corrupt(format!("encoding the podman block: {e}")))?;
+    let podman_env = map_to_json(&sealer.seal(&c.env.podman.env)?)?;
     let error_code = rec.error.as_ref().map(|e| e.code.to_string());
     let error_message = rec.error.as_ref().map(|e| e.message.as_str());
     let mut stmt = conn.prepare_cached(&UPSERT_SESSION)?;
@@ -709,6 +717,11 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":env_worktree": c.env.worktree,
         ":env_network": c.env.network,
         ":env_state": rec.env_state.number(),
+        ":env_image": c.env.image,
+        ":env_memory": int(c.env.memory_bytes),
+        ":env_pids": i64::from(c.env.pids),
+        ":env_podman": podman,
+        ":env_podman_env": podman_env,
     })?;
     Ok(())
 }

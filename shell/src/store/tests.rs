@@ -57,9 +57,18 @@ fn full_record(id: &str) -> SessionRecord {
     config.timeout_ms = 3_600_000;
     config.initial_message = "build the thing\nthen test it".into();
     config.env = paddock_core::EnvSpec {
-        driver: paddock_core::Driver::Bubblewrap,
+        driver: paddock_core::Driver::Podman,
         worktree: true,
         network: true,
+        image: "/srv/rootfs".into(),
+        memory_bytes: 1 << 30,
+        pids: 64,
+        podman: Box::new(paddock_core::PodmanOptions {
+            mounts: vec!["/usr:/usr:ro".into()],
+            ports: vec!["8080:80".into()],
+            flags: vec!["--userns=keep-id".into()],
+            env: BTreeMap::from([("TOKEN".to_string(), "secret".to_string())]),
+        }),
     };
     SessionRecord {
         id: SessionId(id.to_string()),
