@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::approval::Approval;
 use crate::campaign::{Campaign, Campaigns};
+use crate::container::{ContainerRecord, Containers};
 use crate::error::{Error, ErrorCode};
 use crate::model::{RunId, SessionId, SessionRecord, Status};
 use crate::session::effect::{Effect, Record};
@@ -80,6 +81,7 @@ pub struct Stored {
     pub approvals: Vec<Approval>,
     pub tasks: Vec<TaskRecord>,
     pub campaigns: Vec<Campaign>,
+    pub containers: Vec<ContainerRecord>,
 }
 
 /// The processes that outlived the previous daemon (in the runner), found at start-up.
@@ -104,6 +106,7 @@ pub struct Engine {
     due: BTreeSet<(Instant, SessionId)>,
     tasks: Tasks,
     campaigns: Campaigns,
+    containers: Containers,
     limits: Limits,
     next_run: RunId,
     /// The latest time seen, clock by clock: time never goes backwards inside the engine.
@@ -122,6 +125,7 @@ impl Engine {
             due: BTreeSet::new(),
             tasks: Tasks::new(limits.tasks.clone()),
             campaigns: Campaigns::default(),
+            containers: Containers::default(),
             limits,
             next_run: 1,
             now: Now::default(),
@@ -159,6 +163,7 @@ impl Engine {
             &mut out,
         );
         engine.campaigns = Campaigns::new(stored.campaigns);
+        engine.containers = Containers::restore(stored.containers, &mut out);
         let mut by_session: BTreeMap<SessionId, Vec<Approval>> = BTreeMap::new();
         for a in stored.approvals {
             // A request names the run that asked; that run id must never name another process
@@ -248,6 +253,10 @@ impl Engine {
     }
 
     /// Every campaign.
+    pub fn containers(&self) -> &Containers {
+        &self.containers
+    }
+
     pub fn campaigns(&self) -> &Campaigns {
         &self.campaigns
     }
@@ -336,7 +345,9 @@ impl Engine {
             Input::Resolve { .. }
             | Input::Task(_)
             | Input::AddCampaign { .. }
-            | Input::RemoveCampaign { .. } => Vec::new(),
+            | Input::RemoveCampaign { .. }
+            | Input::Container { .. }
+            | Input::ContainerReport { .. } => Vec::new(),
         };
         let mut cx = Ctx {
             now,
@@ -460,6 +471,11 @@ impl Engine {
                     Ok(()) => {
                         let record = s.record.clone();
                         self.sessions.remove(&id);
+                        // Its containers go with it (but the persistent ones), and what ran in
+                        // them.
+                        for c in self.containers.session_deleted(&id, &mut cx.out) {
+                            self.tasks.end_in_container(now, &c, &mut cx.out);
+                        }
                         cx.out.persist.push(Effect::Persist(Record::Delete(id)));
                         cx.out.rest.push(Effect::Forget(Box::new(record.clone())));
                         cx.out.rest.push(Effect::Reply {
@@ -509,7 +525,45 @@ impl Engine {
                     )),
                 })
             }
+            // A command for a container runs only while the container does, in its workspace,
+            // with its variables under the command's own.
+            Input::Task(TaskInput::Launch { req, id, mut spec }) if !spec.container_id.is_empty() => {
+                match self.containers.runnable(&spec.container_id) {
+                    Ok(c) => {
+                        for (k, v) in &c.spec.environment {
+                            spec.environment.entry(k.clone()).or_insert_with(|| v.clone());
+                        }
+                        spec.working_dir = c.spec.working_dir.clone();
+                        let input = TaskInput::Launch { req, id, spec };
+                        self.tasks.handle(now, input, &mut cx.out)
+                    }
+                    Err(e) => cx.out.rest.push(Effect::ReplyTask {
+                        req,
+                        result: Err(e),
+                    }),
+                }
+            }
             Input::Task(input) => self.tasks.handle(now, input, &mut cx.out),
+            Input::Container { req, .. } if self.shutting_down => {
+                cx.out.rest.push(Effect::ReplyContainer {
+                    req,
+                    result: Err(Error::new(
+                        ErrorCode::ShuttingDown,
+                        "the daemon is shutting down",
+                    )),
+                })
+            }
+            Input::Container { req, id, request } => {
+                if let Some(ended) =
+                    self.containers
+                        .handle(now.wall, req, id, request, &mut cx.out)
+                {
+                    self.tasks.end_in_container(now, &ended, &mut cx.out);
+                }
+            }
+            Input::ContainerReport { id, event } => {
+                self.containers.report(&id, event, &mut cx.out)
+            }
             Input::AddCampaign { req, id, root, how } => {
                 let result = self.campaigns.handle_add(&id, &root, how, now.wall);
                 if let Ok((c, true)) = &result {

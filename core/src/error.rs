@@ -52,6 +52,8 @@ pub enum ErrorCode {
     /// OBEY-2051 The daemon is shutting down: nothing new is taken (paddock extension; the
     /// seed has no code for it, and 2030 "provider adapter not initialized" misled clients).
     ShuttingDown,
+    /// OBEY-2060 Container not found (paddock extension: Aria's ContainerService).
+    ContainerNotFound,
 }
 
 /// The class of a failure; the shell maps it one-to-one onto a gRPC status code.
@@ -68,7 +70,7 @@ pub enum ErrorKind {
 
 impl ErrorCode {
     /// Every code, in registry order.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::Generic,
         ErrorCode::CampaignNotFound,
         ErrorCode::ProviderNotSupported,
@@ -89,6 +91,7 @@ impl ErrorCode {
         ErrorCode::ApprovalResolved,
         ErrorCode::StorageFull,
         ErrorCode::ShuttingDown,
+        ErrorCode::ContainerNotFound,
     ];
 
     /// The registry number, e.g. `2013`.
@@ -114,6 +117,7 @@ impl ErrorCode {
             ErrorCode::ApprovalResolved => 2041,
             ErrorCode::StorageFull => 2050,
             ErrorCode::ShuttingDown => 2051,
+            ErrorCode::ContainerNotFound => 2060,
         }
     }
 
@@ -147,6 +151,7 @@ impl ErrorCode {
             ErrorCode::ApprovalResolved => "approval already resolved",
             ErrorCode::StorageFull => "daemon storage full",
             ErrorCode::ShuttingDown => "daemon shutting down",
+            ErrorCode::ContainerNotFound => "container not found",
         }
     }
 
@@ -155,7 +160,8 @@ impl ErrorCode {
         match self {
             ErrorCode::CampaignNotFound
             | ErrorCode::SessionNotFound
-            | ErrorCode::ApprovalNotFound => ErrorKind::NotFound,
+            | ErrorCode::ApprovalNotFound
+            | ErrorCode::ContainerNotFound => ErrorKind::NotFound,
             ErrorCode::ProviderNotSupported | ErrorCode::ModelNotSupported => {
                 ErrorKind::InvalidArgument
             }

@@ -25,6 +25,7 @@
 pub mod approval;
 pub mod budget;
 pub mod campaign;
+pub mod container;
 pub mod engine;
 pub mod environment;
 pub mod error;

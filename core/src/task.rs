@@ -77,30 +77,46 @@ pub struct TaskSpec {
     pub working_dir: String,
     /// Who asked for it: the user of the client that launched it ("" when not known).
     pub user: String,
+    /// The container it runs in (`container:exec`; "" for none).
+    pub container_id: String,
+    /// The task that launched it, as the client said ("" for none).
+    pub parent_task_id: String,
 }
 
 /// The task `type` paddock runs: a command as a local process (Aria's `type` left empty means
 /// it too).
 pub const COMMAND_KIND: &str = "command";
 
-/// What an Aria task `type` means here: the kind paddock runs it as, or why it does not run
-/// it. The seed's `container:exec` needs a container and `bundle:build` a bundle pipeline,
-/// which paddock does not have; an unknown type is refused rather than run as something else.
-pub fn kind_of(requested: &str) -> Result<&'static str, String> {
-    match requested.trim() {
-        "" | COMMAND_KIND => Ok(COMMAND_KIND),
-        "container:exec" => Err(
-            "task type \"container:exec\" needs a container, and paddock runs none yet \
-             (ContainerService is unimplemented); launch type \"command\" to run it here"
+/// The task `type` that runs a command in a container (the seed's `container:exec`).
+pub const CONTAINER_EXEC_KIND: &str = "container:exec";
+
+/// What an Aria task `type` means here, for a task with a container (`in_container`) or
+/// without: the kind paddock runs it as, or why it does not run it. `container:exec` runs in
+/// the task's container (and a task with a container is one, whatever its type says is
+/// empty); `bundle:build` needs a bundle pipeline, which paddock does not have; an unknown
+/// type is refused rather than run as something else.
+pub fn kind_of(requested: &str, in_container: bool) -> Result<&'static str, String> {
+    match (requested.trim(), in_container) {
+        ("" | CONTAINER_EXEC_KIND, true) => Ok(CONTAINER_EXEC_KIND),
+        ("" | COMMAND_KIND, false) => Ok(COMMAND_KIND),
+        (CONTAINER_EXEC_KIND, false) => Err(
+            "task type \"container:exec\" needs a container: give container_id (a container \
+             made with ContainerService.CreateContainer), or launch type \"command\" to run it \
+             on the host"
                 .into(),
         ),
-        "bundle:build" => Err(
+        (COMMAND_KIND, true) => Err(
+            "task type \"command\" runs on the host; a task with a container_id is \
+             \"container:exec\""
+                .into(),
+        ),
+        ("bundle:build", _) => Err(
             "task type \"bundle:build\" (an .aria bundle build) is not something paddock runs"
                 .into(),
         ),
-        other => Err(format!(
+        (other, _) => Err(format!(
             "task type {other:?} is not one paddock runs; type \"command\" runs command_json \
-             as a local process"
+             as a local process, \"container:exec\" in a container"
         )),
     }
 }
@@ -533,6 +549,22 @@ impl Tasks {
         );
     }
 
+    /// Container `container` stopped or went away: every task still running in it ends as
+    /// cancelled (TERM, then KILL after the grace).
+    pub(crate) fn end_in_container(&mut self, now: Now, container: &str, out: &mut Out) {
+        let grace = self.limits.kill_grace;
+        for t in self.tasks.values_mut() {
+            if t.record.spec.container_id == container
+                && !t.record.status.is_terminal()
+                && t.ending != Ending::Cancel
+            {
+                t.ending = Ending::Cancel;
+                t.timeout_at = None;
+                terminate(t, now, grace, out);
+            }
+        }
+    }
+
     fn cancel(&mut self, now: Now, req: RequestId, id: &str, out: &mut Out) {
         let grace = self.limits.kill_grace;
         let Some(t) = self.tasks.get_mut(id) else {
@@ -708,11 +740,16 @@ mod tests {
 
     #[test]
     fn task_types_run_only_as_what_they_say() {
-        assert_eq!(kind_of(""), Ok(COMMAND_KIND));
-        assert_eq!(kind_of("command"), Ok(COMMAND_KIND));
-        assert!(kind_of("container:exec").unwrap_err().contains("container"));
-        assert!(kind_of("bundle:build").is_err());
-        assert!(kind_of("make").unwrap_err().contains("\"command\""));
+        assert_eq!(kind_of("", false), Ok(COMMAND_KIND));
+        assert_eq!(kind_of("command", false), Ok(COMMAND_KIND));
+        assert!(kind_of("container:exec", false)
+            .unwrap_err()
+            .contains("container_id"));
+        assert_eq!(kind_of("container:exec", true), Ok(CONTAINER_EXEC_KIND));
+        assert_eq!(kind_of("", true), Ok(CONTAINER_EXEC_KIND));
+        assert!(kind_of("command", true).is_err());
+        assert!(kind_of("bundle:build", false).is_err());
+        assert!(kind_of("make", false).unwrap_err().contains("\"command\""));
     }
 
     fn spec() -> TaskSpec {

@@ -493,6 +493,8 @@ impl Model {
             | Input::Task(_)
             | Input::AddCampaign { .. }
             | Input::RemoveCampaign { .. }
+            | Input::Container { .. }
+            | Input::ContainerReport { .. }
             | Input::Shutdown { .. }
             | Input::Tick => {
                 unreachable!("not a session request")
@@ -821,7 +823,9 @@ impl Model {
                 | Effect::EmitTaskOutput(_)
                 | Effect::ReplyTask { .. }
                 | Effect::ReplyAddCampaign { .. }
-                | Effect::ReplyRemoveCampaign { .. } => {
+                | Effect::ReplyRemoveCampaign { .. }
+                | Effect::Container { .. }
+                | Effect::ReplyContainer { .. } => {
                     return Err(format!("{cause:?} had an effect of no session: {e:?}"))
                 }
             }

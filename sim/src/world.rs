@@ -335,7 +335,9 @@ impl Store {
                 Record::Task(_)
                 | Record::TaskOutput(_)
                 | Record::Campaign(_)
-                | Record::RemoveCampaign(_) => {
+                | Record::RemoveCampaign(_)
+                | Record::Container(_)
+                | Record::RemoveContainer(_) => {
                     return Err(format!("store: a row of no session: {r:?}"))
                 }
             }

@@ -1,7 +1,7 @@
 //! The Aria runtime API (`aria.v1`) over the Aria socket (`$HOME/.aria/runtime.sock`): tasks
 //! (success, failure, timeout, cancel, follow from the start and from the middle, bounded
-//! output, output after a daemon restart), notifications, sessions and ExecuteTurn, containers
-//! (UNIMPLEMENTED), and errors with their `google.rpc.Status` details.
+//! output, output after a daemon restart), notifications, sessions and ExecuteTurn, and errors
+//! with their `google.rpc.Status` details (containers: containers.rs).
 
 use std::time::Duration;
 
@@ -444,11 +444,13 @@ async fn errors_are_standard_codes_with_details() {
     assert!(e.message().starts_with("OBEY-2010"));
     let mut k = aria::container_service_client::ContainerServiceClient::new(aria_channel(&d).await);
     let e = k
-        .list_containers(aria::ListContainersRequest::default())
+        .get_container(aria::GetContainerRequest {
+            container_id: "ctr_nope".into(),
+        })
         .await
         .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unimplemented);
-    assert!(e.message().contains("isolation drivers"));
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().starts_with("OBEY-2060"), "{e:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

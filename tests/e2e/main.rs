@@ -21,6 +21,7 @@ mod approvals;
 mod aria;
 mod badinput;
 mod cli;
+mod containers;
 mod diskfull;
 mod environments;
 mod errors;

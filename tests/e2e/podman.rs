@@ -22,7 +22,7 @@ use crate::latis::{cli_in, created_id};
 
 /// Removes, when dropped, every container the daemon of `data` made (by the sessions its
 /// environments directory names): a failing test leaves no container running.
-struct Containers(PathBuf);
+pub(crate) struct Containers(pub(crate) PathBuf);
 
 impl Drop for Containers {
     fn drop(&mut self) {
@@ -90,7 +90,7 @@ fn skeleton_root(base: &Path) -> PathBuf {
 
 /// A small root filesystem of its own: a shell, a few tools, paddock's binary's libraries (the
 /// scripted agent is paddock), as a tarball.
-fn root_tarball(base: &Path) -> PathBuf {
+pub(crate) fn root_tarball(base: &Path) -> PathBuf {
     let root = base.join("tiny");
     for d in ["usr/bin", "usr/lib", "usr/lib64", "etc", "tmp"] {
         std::fs::create_dir_all(root.join(d)).unwrap();

@@ -9,6 +9,7 @@
 
 use crate::approval::Approval;
 use crate::campaign::{Campaign, CampaignError};
+use crate::container::{ContainerRecord, ContainerWork};
 use crate::error::Error;
 use crate::model::{
     ActivityEvent, Notice, RequestId, RunId, SessionConfig, SessionId, SessionRecord, StatusEvent,
@@ -39,6 +40,10 @@ pub enum Record {
     Campaign(Campaign),
     /// Remove the campaign with this id.
     RemoveCampaign(String),
+    /// Upsert an Aria container.
+    Container(Box<ContainerRecord>),
+    /// Remove the container with this id.
+    RemoveContainer(String),
 }
 
 pub use crate::process::Signal;
@@ -148,6 +153,17 @@ pub enum Effect {
     ReplyRemoveCampaign {
         req: RequestId,
         result: Result<bool, CampaignError>,
+    },
+    /// Have the container's driver make, start, stop or destroy it; `Make` and `Start` are
+    /// answered with `Input::ContainerReport` (made off the loop).
+    Container {
+        work: ContainerWork,
+        record: Box<ContainerRecord>,
+    },
+    /// Answer a ContainerService request.
+    ReplyContainer {
+        req: RequestId,
+        result: Result<ContainerRecord, Error>,
     },
     /// Tell watchers that want a human's attention about something that is not a status
     /// change (output the agent wrote was lost). Delivered after the commit, like `Emit*`.

@@ -84,6 +84,19 @@ pub enum Input {
     },
     /// Remove the campaign with this id or name: refused while it has live sessions.
     RemoveCampaign { req: RequestId, key: String },
+    /// A ContainerService request about container `id` (a create carries its new id).
+    Container {
+        req: RequestId,
+        id: String,
+        request: crate::container::ContainerRequest,
+    },
+    /// What the driver did with container `id` ([`Effect::Container`]).
+    ///
+    /// [`Effect::Container`]: crate::Effect::Container
+    ContainerReport {
+        id: String,
+        event: crate::container::ContainerEvent,
+    },
     /// The daemon is shutting down: stop every live session (`graceful`: running turns may
     /// finish; a forced shutdown after a graceful one cuts the grace short), cancel every live
     /// task, and refuse every Create and task launch from now on (OBEY-2051). Answered with

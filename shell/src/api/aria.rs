@@ -7,15 +7,20 @@
 //!   client's attention (a paddock extension of the `Notification` oneof).
 //! - `SessionService`: an Aria session *is* a paddock session, created with the daemon's
 //!   default Aria provider in the Aria workspace campaign; `ExecuteTurn` is a SendMessage.
-//! - `ContainerService`: UNIMPLEMENTED until the isolation drivers exist.
+//! - `ContainerService`: a container is an environment of its own (podman from an image, or
+//!   bubblewrap over the host's root), its life the core's; `container:exec` tasks run in it,
+//!   and its logs are what they wrote.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::pin::Pin;
 
 use paddock_core::campaign::NewCampaign;
+use paddock_core::container::{ContainerRecord, ContainerRequest, ContainerSpec};
 use paddock_core::task::{OutputKind, TaskInput, TaskRecord, TaskReply, TaskSpec};
-use paddock_core::{ActivityKind, Error, ErrorCode, Provider, SessionConfig, SessionId, Status};
+use paddock_core::{
+    ActivityKind, Driver, Error, ErrorCode, Provider, SessionConfig, SessionId, Status,
+};
 use paddock_proto::aria::v1 as pb;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -59,6 +64,8 @@ pub struct AriaConfig {
     /// The provider an Aria session runs.
     pub provider: Provider,
     pub model: String,
+    /// The host environments are made on (ContainerService's containers).
+    pub env: crate::env::Host,
 }
 
 // ── TaskService ────────────────────────────────────────────────────────────
@@ -74,8 +81,8 @@ fn task_pb(t: &TaskRecord) -> pb::Task {
             t.spec.user.clone()
         },
         session_id: t.spec.session_id.clone(),
-        container_id: String::new(),
-        parent_task_id: None,
+        container_id: t.spec.container_id.clone(),
+        parent_task_id: Some(t.spec.parent_task_id.clone()).filter(|p| !p.is_empty()),
         r#type: t.spec.kind.clone(),
         command_json: serde_json::to_string(&t.spec.command).unwrap_or_default(),
         environment: crate::secret::redact(&t.spec.environment).collect(),
@@ -141,7 +148,8 @@ impl pb::task_service_server::TaskService for Tasks {
         let r = request.into_inner();
         let bad = |m: String| status(Code::InvalidArgument, "INVALID_TASK", m);
         // A type paddock does not run is refused, never run as a local command anyway.
-        let kind = paddock_core::task::kind_of(&r.r#type)
+        let container_id = r.container_id.trim().to_string();
+        let kind = paddock_core::task::kind_of(&r.r#type, !container_id.is_empty())
             .map_err(|m| status(Code::Unimplemented, "TASK_TYPE_UNSUPPORTED", m))?;
         if r.command_json.len() > COMMAND_JSON_MAX {
             return Err(bad(format!(
@@ -159,7 +167,10 @@ impl pb::task_service_server::TaskService for Tasks {
         if r.timeout_seconds < 0 {
             return Err(bad("timeout_seconds must not be negative".into()));
         }
-        let working_dir = if r.session_id.is_empty() {
+        let working_dir = if !container_id.is_empty() {
+            // The container's own workspace (the core sets it at launch).
+            String::new()
+        } else if r.session_id.is_empty() {
             std::fs::create_dir_all(&self.0.workspace).map_err(|e| {
                 status(
                     Code::Internal,
@@ -195,6 +206,8 @@ impl pb::task_service_server::TaskService for Tasks {
             timeout_ms: r.timeout_seconds as u64 * 1000,
             working_dir,
             user,
+            container_id,
+            parent_task_id: r.parent_task_id.trim().to_string(),
         };
         match self
             .0
@@ -210,6 +223,9 @@ impl pb::task_service_server::TaskService for Tasks {
                 "INTERNAL",
                 format!("unexpected reply {other:?}"),
             )),
+            Err(e) if e.code == ErrorCode::ContainerNotFound || e.code == ErrorCode::WrongState => {
+                Err(from_core(&e))
+            }
             Err(e) => Err(status(Code::ResourceExhausted, "TASK_REFUSED", e.message)),
         }
     }
@@ -237,37 +253,10 @@ impl pb::task_service_server::TaskService for Tasks {
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         tokio::spawn(async move {
             let id = rec.id.clone();
-            let mut last = 0u64;
-            loop {
-                let task = id.clone();
-                let page = handle
-                    .query(|reply| Query::TaskOutput {
-                        task,
-                        after: last,
-                        limit: OUTPUT_PAGE,
-                        reply,
-                    })
-                    .await;
-                let page = match page
-                    .map_err(unavailable)
-                    .and_then(|r| r.map_err(store_failed))
-                {
-                    Ok(page) => page,
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                };
-                if page.is_empty() {
-                    break;
-                }
-                for o in &page {
-                    last = o.seq;
-                    if tx.send(Ok(output_pb(o))).await.is_err() {
-                        return;
-                    }
-                }
-            }
+            let Some(mut last) = send_stored(&handle, &id, &tx, |o| Some(output_pb(o))).await
+            else {
+                return;
+            };
             if !r.follow || rec.status.is_terminal() {
                 return;
             }
@@ -351,6 +340,48 @@ impl pb::task_service_server::TaskService for Tasks {
             tasks: tasks.iter().map(task_pb).collect(),
             truncated,
         }))
+    }
+}
+
+/// Sends task `task`'s stored output, page by page, as `map` makes it (what it maps to `None` is
+/// skipped); the last output seq read, or `None` when the client went away or the read failed
+/// (the error was sent).
+async fn send_stored<T>(
+    handle: &crate::daemon::port::Handle,
+    task: &str,
+    tx: &mpsc::Sender<Result<T, GrpcStatus>>,
+    map: impl Fn(&paddock_core::task::TaskOutput) -> Option<T>,
+) -> Option<u64> {
+    let mut last = 0u64;
+    loop {
+        let task = task.to_string();
+        let page = handle
+            .query(|reply| Query::TaskOutput {
+                task,
+                after: last,
+                limit: OUTPUT_PAGE,
+                reply,
+            })
+            .await;
+        let page = match page
+            .map_err(unavailable)
+            .and_then(|r| r.map_err(store_failed))
+        {
+            Ok(page) => page,
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return None;
+            }
+        };
+        if page.is_empty() {
+            return Some(last);
+        }
+        for o in &page {
+            last = o.seq;
+            if let Some(item) = map(o) {
+                tx.send(Ok(item)).await.ok()?;
+            }
+        }
     }
 }
 
@@ -724,59 +755,301 @@ fn as_json(content: &str) -> String {
 
 // ── ContainerService ──────────────────────────────────────────────────────
 
-pub struct Containers;
+pub struct Containers(pub AriaConfig);
 
-fn no_containers() -> GrpcStatus {
-    status(
-        Code::Unimplemented,
-        "CONTAINERS_NOT_AVAILABLE",
-        "containers come with paddock's isolation drivers, which this build does not have yet",
-    )
+fn container_pb(c: &ContainerRecord) -> pb::Container {
+    use paddock_core::container::ContainerState;
+    use paddock_core::task::TaskStatus;
+    let status = match c.state {
+        ContainerState::Creating => TaskStatus::Pending,
+        ContainerState::Running => TaskStatus::Running,
+        ContainerState::Stopped => TaskStatus::Completed,
+        ContainerState::Failed => TaskStatus::Failed,
+    };
+    pb::Container {
+        id: c.id.clone(),
+        user_id: c.spec.user.clone(),
+        session_id: c.spec.session.as_ref().map(|s| s.0.clone()),
+        name: c.spec.name.clone(),
+        image_path: c.spec.image.clone(),
+        status: status.number(),
+        created_at: Some(convert::timestamp(c.created_at)),
+    }
+}
+
+impl Containers {
+    async fn record(&self, id: &str) -> Result<ContainerRecord, GrpcStatus> {
+        let key = id.trim().to_string();
+        self.0
+            .handle
+            .query(|reply| Query::Container(key, reply))
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                from_core(&Error::new(
+                    ErrorCode::ContainerNotFound,
+                    format!("container \"{id}\" not found"),
+                ))
+            })
+    }
+
+    async fn ask(
+        &self,
+        id: &str,
+        request: ContainerRequest,
+    ) -> Result<ContainerRecord, GrpcStatus> {
+        self.0
+            .handle
+            .container(id.trim().to_string(), request)
+            .await
+            .map_err(|e| from_core(&e))
+    }
 }
 
 #[tonic::async_trait]
 impl pb::container_service_server::ContainerService for Containers {
     async fn create_container(
         &self,
-        _r: Request<pb::CreateContainerRequest>,
+        request: Request<pb::CreateContainerRequest>,
     ) -> Result<Response<pb::Container>, GrpcStatus> {
-        Err(no_containers())
+        let user = crate::socket::peer_user(&request);
+        let r = request.into_inner();
+        let bad = |m: String| status(Code::InvalidArgument, "INVALID_CONTAINER", m);
+        let image = r.image_path.trim().to_string();
+        let driver = match r.driver.trim() {
+            "" if image.is_empty() => Driver::Bubblewrap,
+            "" => Driver::Podman,
+            d => Driver::parse(d).filter(|d| d.isolates()).ok_or_else(|| {
+                bad(format!(
+                    "driver {d:?}: a container is \"podman\" or \"bubblewrap\""
+                ))
+            })?,
+        };
+        let environment: std::collections::BTreeMap<String, String> = r
+            .environment
+            .into_iter()
+            .map(|kv| (kv.key, kv.value))
+            .collect();
+        paddock_core::check_environment(&environment).map_err(bad)?;
+        let session = Some(r.session_id.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .map(SessionId);
+        let working_dir = match &session {
+            Some(id) => self
+                .0
+                .handle
+                .session(id.clone())
+                .await
+                .map_err(unavailable)?
+                .map(|v| v.record.config.working_dir)
+                .ok_or_else(|| {
+                    status(
+                        Code::NotFound,
+                        "SESSION_NOT_FOUND",
+                        format!("session \"{id}\" not found"),
+                    )
+                })?,
+            // A workspace of its own, in its environment.
+            None => String::new(),
+        };
+        let id = format!("ctr_{}", ulid::Ulid::new());
+        let spec = ContainerSpec {
+            name: Some(r.name.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| id.clone()),
+            image,
+            driver,
+            network: r.network,
+            environment,
+            persistent: r.persistent,
+            session,
+            user,
+            working_dir,
+        };
+        // What the host lacks (podman, an image, bwrap) refuses the create before anything is
+        // made.
+        let probe = ContainerRecord {
+            id: id.clone(),
+            spec: spec.clone(),
+            state: paddock_core::container::ContainerState::Creating,
+            created_at: paddock_core::Timestamp::from_millis(0),
+            error: None,
+        };
+        let host = self.0.env.clone();
+        let check =
+            tokio::task::spawn_blocking(move || crate::env::container::check_host(&host, &probe))
+                .await
+                .map_err(|e| status(Code::Internal, "INTERNAL", e.to_string()))?;
+        check.map_err(|m| status(Code::FailedPrecondition, "ENVIRONMENT", m))?;
+        let c = self
+            .ask(&id, ContainerRequest::Create(Box::new(spec)))
+            .await?;
+        Ok(Response::new(container_pb(&c)))
     }
+
     async fn start_container(
         &self,
-        _r: Request<pb::StartContainerRequest>,
+        r: Request<pb::StartContainerRequest>,
     ) -> Result<Response<pb::StartContainerResponse>, GrpcStatus> {
-        Err(no_containers())
+        self.ask(&r.into_inner().container_id, ContainerRequest::Start)
+            .await?;
+        Ok(Response::new(pb::StartContainerResponse {}))
     }
+
     async fn stop_container(
         &self,
-        _r: Request<pb::StopContainerRequest>,
+        r: Request<pb::StopContainerRequest>,
     ) -> Result<Response<pb::StopContainerResponse>, GrpcStatus> {
-        Err(no_containers())
+        self.ask(&r.into_inner().container_id, ContainerRequest::Stop)
+            .await?;
+        Ok(Response::new(pb::StopContainerResponse {}))
     }
+
     async fn remove_container(
         &self,
-        _r: Request<pb::RemoveContainerRequest>,
+        r: Request<pb::RemoveContainerRequest>,
     ) -> Result<Response<pb::RemoveContainerResponse>, GrpcStatus> {
-        Err(no_containers())
+        self.ask(&r.into_inner().container_id, ContainerRequest::Remove)
+            .await?;
+        Ok(Response::new(pb::RemoveContainerResponse {}))
     }
+
     async fn get_container(
         &self,
-        _r: Request<pb::GetContainerRequest>,
+        r: Request<pb::GetContainerRequest>,
     ) -> Result<Response<pb::Container>, GrpcStatus> {
-        Err(no_containers())
+        let c = self.record(&r.into_inner().container_id).await?;
+        Ok(Response::new(container_pb(&c)))
     }
+
     async fn list_containers(
         &self,
-        _r: Request<pb::ListContainersRequest>,
+        r: Request<pb::ListContainersRequest>,
     ) -> Result<Response<pb::ListContainersResponse>, GrpcStatus> {
-        Err(no_containers())
+        let session = r
+            .into_inner()
+            .session_id
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .map(SessionId);
+        let list = self
+            .0
+            .handle
+            .query(|reply| Query::Containers { session, reply })
+            .await
+            .map_err(unavailable)?;
+        Ok(Response::new(pb::ListContainersResponse {
+            containers: list.iter().map(container_pb).collect(),
+        }))
     }
+
     type StreamContainerLogsStream = Stream_<pb::ContainerLog>;
+
+    /// What the commands run in the container wrote, oldest first (since `since`), then — with
+    /// `follow` — what they write until the client goes away.
     async fn stream_container_logs(
         &self,
-        _r: Request<pb::StreamContainerLogsRequest>,
+        request: Request<pb::StreamContainerLogsRequest>,
     ) -> Result<Response<Self::StreamContainerLogsStream>, GrpcStatus> {
-        Err(no_containers())
+        let r = request.into_inner();
+        let since = match &r.since {
+            Some(t) => paddock_core::Timestamp::from_millis(
+                convert::timestamp_ms(t)
+                    .map_err(|m| status(Code::InvalidArgument, "INVALID_ARGUMENT", m))?,
+            ),
+            None => paddock_core::Timestamp::from_millis(0),
+        };
+        // Subscribe first, then read what is stored: nothing falls between.
+        let mut outputs = self.0.handle.hub.task_output.subscribe();
+        let c = self.record(&r.container_id).await?;
+        let handle = self.0.handle.clone();
+        let (tx, rx) = mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(async move {
+            let line = |o: &paddock_core::task::TaskOutput| -> Option<pb::ContainerLog> {
+                let (line, stream) = match &o.kind {
+                    OutputKind::Stdout(l) => (l.clone(), pb::container_log::Stream::Stdout),
+                    OutputKind::Stderr(l) => (l.clone(), pb::container_log::Stream::Stderr),
+                    OutputKind::Progress { .. } => return None,
+                };
+                (o.at >= since).then(|| pb::ContainerLog {
+                    line,
+                    stream: stream as i32,
+                    timestamp: Some(convert::timestamp(o.at)),
+                })
+            };
+            // Its tasks, oldest first, and where each one's stored output ends.
+            let tasks = match handle
+                .query(|reply| Query::Tasks {
+                    session: None,
+                    limit: usize::MAX,
+                    reply,
+                })
+                .await
+            {
+                Ok((mut all, _)) => {
+                    all.retain(|t| t.spec.container_id == c.id);
+                    all.reverse();
+                    all
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(unavailable(e))).await;
+                    return;
+                }
+            };
+            let mut last: HashMap<String, u64> = HashMap::new();
+            for t in &tasks {
+                let Some(after) = send_stored(&handle, &t.id, &tx, line).await else {
+                    return;
+                };
+                last.insert(t.id.clone(), after);
+            }
+            if !r.follow {
+                return;
+            }
+            // Whether a task (one launched later too) runs in this container.
+            let mut ours: HashMap<String, bool> =
+                tasks.iter().map(|t| (t.id.clone(), true)).collect();
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = tx.closed() => return,
+                    o = outputs.recv() => match o {
+                        Ok(o) => {
+                            let mine = match ours.get(&o.task) {
+                                Some(m) => *m,
+                                None => {
+                                    let task = o.task.clone();
+                                    let m = handle
+                                        .query(|reply| Query::Task(task, reply))
+                                        .await
+                                        .ok()
+                                        .flatten()
+                                        .is_some_and(|t| t.spec.container_id == c.id);
+                                    ours.insert(o.task.clone(), m);
+                                    m
+                                }
+                            };
+                            if !mine || last.get(&o.task).is_some_and(|s| o.seq <= *s) {
+                                continue;
+                            }
+                            last.insert(o.task.clone(), o.seq);
+                            if let Some(l) = line(&o) {
+                                if tx.send(Ok(l)).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
+                                format!("fell {n} lines behind; read again from the start")))).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    _ = handle.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

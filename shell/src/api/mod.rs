@@ -74,7 +74,9 @@ pub async fn router(
             ))
         ))
         .add_service(limited!(
-            aria_pb::container_service_server::ContainerServiceServer::new(aria::Containers)
+            aria_pb::container_service_server::ContainerServiceServer::new(aria::Containers(
+                aria.clone()
+            ))
         ))
         .add_optional_service(sunbeam.map(|s| {
             limited!(paddock_proto::sunbeam::code::v1::code_agent_server::CodeAgentServer::new(s))

@@ -326,6 +326,8 @@ impl LocalDaemonService for Obey {
             timeout_ms: r.timeout_seconds as u64 * 1000,
             working_dir: c.root_path,
             user,
+            container_id: String::new(),
+            parent_task_id: String::new(),
         };
         // Subscribed before the launch: nothing the task says falls in between.
         let mut outputs = self.handle.hub.task_output.subscribe();

@@ -24,8 +24,11 @@ pub enum TaskCmd {
         /// Environment, KEY=VALUE (repeatable)
         #[arg(long = "env", value_parser = super::parse_kv)]
         env: Vec<(String, String)>,
-        /// Aria's task type
-        #[arg(long = "type", default_value = "command")]
+        /// Run it in this Aria container (ContainerService; its type is then container:exec)
+        #[arg(long)]
+        container: Option<String>,
+        /// Aria's task type [default: command, or container:exec with --container]
+        #[arg(long = "type", default_value = "")]
         kind: String,
         /// The command and its arguments
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
@@ -108,6 +111,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
             session,
             timeout,
             env,
+            container,
             kind,
             command,
         } => {
@@ -124,6 +128,8 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                 timeout_seconds: i32::try_from(timeout).map_err(|_| {
                     super::Error::Usage(format!("a timeout of {timeout} s is too long"))
                 })?,
+                container_id: container.unwrap_or_default(),
+                parent_task_id: String::new(),
             };
             let id = c.launch_task(req).await?.into_inner().task_id;
             if ctx.json {
@@ -270,6 +276,7 @@ pub async fn exec(ctx: &Ctx, session_id: String, command: Vec<String>) -> Result
             command_json: serde_json::to_string(&command).expect("json"),
             environment: Default::default(),
             timeout_seconds: 0,
+            ..Default::default()
         })
         .await?
         .into_inner()

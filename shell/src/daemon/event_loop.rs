@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 
 use paddock_core::campaign::{Campaign, CampaignError};
+use paddock_core::container::ContainerWork;
 use paddock_core::task::{TaskInput, TaskReply, TaskSpec};
 use paddock_core::{
     Approval, Effect, Engine, Error, Input, ProviderEvent, Record, RequestId, RunId, SessionId,
@@ -40,6 +41,7 @@ enum Waiting {
     },
     Approval(Reply<Result<Approval, Error>>),
     Task(Reply<Result<TaskReply, Error>>),
+    Container(Reply<Result<paddock_core::container::ContainerRecord, Error>>),
     AddCampaign(Reply<Result<(Campaign, bool), CampaignError>>),
     RemoveCampaign(Reply<Result<bool, CampaignError>>),
     Shutdown(Reply<usize>),
@@ -53,6 +55,7 @@ impl Waiting {
             Waiting::Session { reply, .. } => drop(reply.send(Err(shutting_down()))),
             Waiting::Approval(reply) => drop(reply.send(Err(shutting_down()))),
             Waiting::Task(reply) => drop(reply.send(Err(shutting_down()))),
+            Waiting::Container(reply) => drop(reply.send(Err(shutting_down()))),
             // Dropped unanswered: the caller sees the loop gone (`port::unavailable`).
             Waiting::AddCampaign(_) | Waiting::RemoveCampaign(_) | Waiting::Shutdown(_) => {}
         }
@@ -144,23 +147,38 @@ impl State {
     /// `spec` as it runs in its session's environment (as it is, for a task of no session or
     /// of a session on the host without a worktree).
     fn in_session_env(&self, spec: TaskSpec) -> Result<TaskSpec, String> {
-        let id = SessionId(spec.session_id.clone());
-        let Some(config) = self.engine.session(&id).map(|s| &s.record.config) else {
-            return Ok(spec);
-        };
-        if !config.env.needs_provisioning() {
-            return Ok(spec);
-        }
         let Some((program, args)) = spec.command.split_first() else {
             return Ok(spec);
         };
         let plan = crate::proc::LaunchPlan {
             program: program.into(),
             args: args.to_vec(),
-            env: Vec::new(),
+            // Named, so that a sandbox keeps them (the spawner sets their values).
+            env: spec
+                .environment
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             cwd: spec.working_dir.clone().into(),
         };
-        let plan = crate::env::enter(&self.env, &id, config, plan)?;
+        let plan = if !spec.container_id.is_empty() {
+            // The core launches a container's task only while the container runs.
+            let c = self
+                .engine
+                .containers()
+                .get(&spec.container_id)
+                .ok_or_else(|| format!("container {} is gone", spec.container_id))?;
+            crate::env::container::enter(&self.env, c, plan)?
+        } else {
+            let id = SessionId(spec.session_id.clone());
+            let Some(config) = self.engine.session(&id).map(|s| &s.record.config) else {
+                return Ok(spec);
+            };
+            if !config.env.needs_provisioning() {
+                return Ok(spec);
+            }
+            crate::env::enter(&self.env, &id, config, plan)?
+        };
         let mut command = vec![plan.program.to_string_lossy().to_string()];
         command.extend(plan.args);
         Ok(TaskSpec {
@@ -168,6 +186,11 @@ impl State {
             working_dir: plan.cwd.to_string_lossy().to_string(),
             ..spec
         })
+    }
+
+    /// Whether the engine knows Aria container `id`.
+    pub fn has_container(&self, id: &str) -> bool {
+        self.engine.containers().get(id).is_some()
     }
 
     /// Whether the engine knows session `id`.
@@ -339,6 +362,13 @@ impl State {
                 let input = |req| Input::RemoveCampaign { req, key };
                 self.request(Waiting::RemoveCampaign(reply), input, batch);
             }
+            Command::ContainerRequest { id, request, reply } => {
+                let input = |req| Input::Container { req, id, request };
+                self.request(Waiting::Container(reply), input, batch);
+            }
+            Command::ContainerReport { id, event } => {
+                batch.inputs.push_back(Input::ContainerReport { id, event })
+            }
             Command::Report { event, reply } => {
                 batch.rows.push(Row::Event(event));
                 batch.acks.push(Ack::Event(reply));
@@ -499,6 +529,12 @@ impl State {
                 reply,
             } => {
                 let _ = reply.send(self.store.task_output(&task, after, limit));
+            }
+            Query::Container(id, reply) => {
+                let _ = reply.send(self.engine.containers().get(&id).cloned());
+            }
+            Query::Containers { session, reply } => {
+                let _ = reply.send(self.engine.containers().list(session.as_ref()));
             }
         }
     }
@@ -668,7 +704,26 @@ impl State {
                 | Effect::ReplyTask { .. }
                 | Effect::ReplyAddCampaign { .. }
                 | Effect::ReplyRemoveCampaign { .. }
+                | Effect::ReplyContainer { .. }
                 | Effect::ReplyShutdown { .. }) => batch.deliver.push(e),
+                // Made, started or stopped on a blocking thread (podman takes a while); a make
+                // or a start is reported back as a command. A destroy waits for the commit,
+                // like a session's environment.
+                Effect::Container { work, record } => match work {
+                    ContainerWork::Destroy => {
+                        batch.deliver.push(Effect::Container { work, record })
+                    }
+                    work => {
+                        let (host, tx) = (self.env.clone(), self.tx.clone());
+                        tokio::task::spawn_blocking(move || {
+                            let id = record.id.clone();
+                            if let Some(event) = crate::env::container::work(&host, &record, &work)
+                            {
+                                let _ = tx.blocking_send(Command::ContainerReport { id, event });
+                            }
+                        });
+                    }
+                },
             }
         }
     }
@@ -787,6 +842,17 @@ impl State {
                     if let Some(Waiting::AddCampaign(reply)) = self.waiting(req) {
                         let _ = reply.send(result);
                     }
+                }
+                Effect::ReplyContainer { req, result } => {
+                    if let Some(Waiting::Container(reply)) = self.waiting(req) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Effect::Container { work, record } => {
+                    let host = self.env.clone();
+                    tokio::task::spawn_blocking(move || {
+                        crate::env::container::work(&host, &record, &work);
+                    });
                 }
                 Effect::ReplyRemoveCampaign { req, result } => {
                     if let Some(Waiting::RemoveCampaign(reply)) = self.waiting(req) {

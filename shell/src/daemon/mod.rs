@@ -134,6 +134,9 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         campaigns: store
             .campaigns()
             .map_err(StartError::store("load campaigns"))?,
+        containers: store
+            .load_containers()
+            .map_err(StartError::store("load containers"))?,
     };
     // The monotonic clock starts here: deadlines stored as wall-clock times are converted
     // against this first reading.
@@ -187,7 +190,10 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
     state
         .env
         .mask(opts.aria_socket.iter().chain(&opts.obey_socket));
-    let gone = crate::env::reconcile(&state.env, |id| state.has_session(id));
+    let gone = crate::env::reconcile(&state.env, |id| {
+        state.has_session(id) || state.has_container(&id.0)
+    });
+    let env_host = state.env.clone();
     if gone > 0 {
         tracing::warn!("{gone} environment(s) of deleted sessions removed");
     }
@@ -239,6 +245,7 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         workspace: opts.aria_workspace.clone(),
         provider: opts.aria_provider,
         model: opts.aria_model.clone(),
+        env: env_host,
     };
     let serve_extra = |l: UnixListener,
                        path: PathBuf,

@@ -102,6 +102,17 @@ pub enum Command {
     },
     /// A task process's output or exit.
     TaskEvent(TaskInput),
+    /// A ContainerService request (a create carries the new id).
+    ContainerRequest {
+        id: String,
+        request: paddock_core::container::ContainerRequest,
+        reply: Reply<Result<paddock_core::container::ContainerRecord, Error>>,
+    },
+    /// What a container's driver did (made off the loop).
+    ContainerReport {
+        id: String,
+        event: paddock_core::container::ContainerEvent,
+    },
     /// Stop every live session (`graceful`: let running turns finish) and cancel every task;
     /// the loop ends when all are done. Answered with the number of live sessions.
     Shutdown {
@@ -182,6 +193,16 @@ pub enum Query {
     },
     /// The campaign with this id or, failing that, this name.
     Campaign(String, Reply<Option<Campaign>>),
+    /// A container by id.
+    Container(
+        String,
+        Reply<Option<paddock_core::container::ContainerRecord>>,
+    ),
+    /// Every container (of one session when given), by id.
+    Containers {
+        session: Option<SessionId>,
+        reply: Reply<Vec<paddock_core::container::ContainerRecord>>,
+    },
     /// Every campaign, by name.
     Campaigns(Reply<Vec<Campaign>>),
     /// A session's activities after `after` (a seq), at most `limit`.
@@ -408,6 +429,16 @@ impl Handle {
     }
 
     /// Sends a task request (launch, cancel) and waits for the task machine's answer.
+    /// A ContainerService request; its answer once committed (a create: once made).
+    pub async fn container(
+        &self,
+        id: String,
+        request: paddock_core::container::ContainerRequest,
+    ) -> Result<paddock_core::container::ContainerRecord, Error> {
+        self.ask(|reply| Command::ContainerRequest { id, request, reply })
+            .await?
+    }
+
     pub async fn task(&self, input: TaskInput) -> Result<TaskReply, Error> {
         self.ask(|reply| Command::TaskRequest { input, reply })
             .await?

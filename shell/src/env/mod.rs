@@ -30,6 +30,7 @@ use paddock_core::{Driver, EnvSpec, Provider, SessionConfig, SessionId};
 
 use crate::proc::LaunchPlan;
 
+pub mod container;
 pub mod podman;
 
 /// What an environment needs to know about the host it is made on.
@@ -184,7 +185,11 @@ fn log(root: &Path, line: &str) {
 pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<Made, String> {
     let spec = &config.env;
     let root = host.root(id);
-    if spec.driver.isolates() && !spec.worktree {
+    // A workspace of its own (an Aria container's) is safe where it is.
+    if spec.driver.isolates()
+        && !spec.worktree
+        && !Path::new(&config.working_dir).starts_with(&root)
+    {
         safe_workspace(host, Path::new(&config.working_dir))?;
     }
     make_private_dir(&root)?;

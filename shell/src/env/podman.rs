@@ -420,6 +420,15 @@ pub fn enter(
     })
 }
 
+/// Stops session (or Aria container) `id`'s container: TERM to everything in it, KILL after
+/// podman's grace.
+pub fn stop(id: &SessionId) {
+    let Ok(podman) = podman() else { return };
+    if let Err(e) = run(&podman, &["stop".into(), "--time=10".into(), container(id)]) {
+        tracing::warn!(container = %container(id), "cannot stop the container: {e}");
+    }
+}
+
 /// Removes session `id`'s container and everything still running in it.
 pub fn remove(id: &SessionId) {
     let Ok(podman) = podman() else { return };

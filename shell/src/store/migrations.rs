@@ -23,13 +23,31 @@ pub(super) const MIGRATIONS: &[&str] = &[
 ];
 
 /// Version 9: a container's image, the environment's memory and process limits, and the seed's
-/// `podman:` block (mounts, ports and flags as JSON; its variables sealed like the session's).
+/// `podman:` block (mounts, ports and flags as JSON; its variables sealed like the session's);
+/// Aria's containers, and the container and parent of a task.
 const V9: &str = r#"
 ALTER TABLE agent_sessions ADD COLUMN env_image TEXT NOT NULL DEFAULT '';
 ALTER TABLE agent_sessions ADD COLUMN env_memory INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE agent_sessions ADD COLUMN env_pids INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE agent_sessions ADD COLUMN env_podman TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE agent_sessions ADD COLUMN env_podman_env TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE tasks ADD COLUMN container_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE tasks ADD COLUMN parent_task_id TEXT NOT NULL DEFAULT '';
+CREATE TABLE containers (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    name        TEXT    NOT NULL,
+    image       TEXT    NOT NULL,
+    driver      TEXT    NOT NULL,
+    network     INTEGER NOT NULL,
+    environment TEXT    NOT NULL,
+    persistent  INTEGER NOT NULL,
+    session_id  TEXT,
+    user_id     TEXT    NOT NULL,
+    working_dir TEXT    NOT NULL,
+    state       INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL,
+    error       TEXT
+) STRICT;
 "#;
 
 /// Version 8: where a session's agent runs (its environment's driver and options, fixed at

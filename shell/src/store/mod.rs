@@ -396,6 +396,8 @@ impl Store {
                     // Its sessions are kept.
                     tx.execute("DELETE FROM campaigns WHERE id = ?1", [id])?;
                 }
+                Record::Container(c) => tasks::upsert_container(&tx, sealer, c)?,
+                Record::RemoveContainer(id) => tasks::remove_container(&tx, id)?,
             }
         }
         let mut events = Vec::new();

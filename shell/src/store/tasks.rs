@@ -49,7 +49,8 @@ ALTER TABLE tasks ADD COLUMN user_id TEXT NOT NULL DEFAULT '';
 
 const TASK_COLUMNS: &str = "id, session_id, type, command_json, environment, timeout_ms, \
      working_dir, status, created_at, started_at, completed_at, exit_code, error_message, \
-     progress_centi, current_operation, pid, output_bytes, last_output_seq, truncated, user_id";
+     progress_centi, current_operation, pid, output_bytes, last_output_seq, truncated, user_id, \
+     container_id, parent_task_id";
 
 fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -65,7 +66,7 @@ pub(super) fn upsert(
         {
             let sql = format!(
                 "INSERT INTO tasks ({TASK_COLUMNS}) VALUES \
-                 (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20) \
+                 (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22) \
                  ON CONFLICT(id) DO UPDATE SET status=excluded.status, \
                  started_at=excluded.started_at, completed_at=excluded.completed_at, \
                  exit_code=excluded.exit_code, error_message=excluded.error_message, \
@@ -95,6 +96,8 @@ pub(super) fn upsert(
                 i(t.last_output_seq),
                 t.truncated,
                 t.spec.user,
+                t.spec.container_id,
+                t.spec.parent_task_id,
             ])?;
         }
     }
@@ -152,6 +155,8 @@ fn task_from_row(sealer: &super::seal::Sealer, row: &Row) -> Result<TaskRecord> 
             timeout_ms: u(row, 5, "timeout_ms")?,
             working_dir: row.get(6)?,
             user: row.get(19)?,
+            container_id: row.get(20)?,
+            parent_task_id: row.get(21)?,
         },
         status: TaskStatus::from_number(status)
             .ok_or_else(|| StoreError::Corrupt(format!("tasks.status: unknown {status}")))?,
@@ -175,6 +180,11 @@ fn task_from_row(sealer: &super::seal::Sealer, row: &Row) -> Result<TaskRecord> 
 
 impl Store {
     /// Every task, oldest first.
+    /// Every Aria container.
+    pub fn load_containers(&self) -> Result<Vec<paddock_core::container::ContainerRecord>> {
+        load_containers(&self.conn, &self.sealer)
+    }
+
     pub fn load_tasks(&self) -> Result<Vec<TaskRecord>> {
         let mut stmt = self
             .conn
@@ -231,6 +241,87 @@ impl Store {
     }
 }
 
+/// Upserts an Aria container.
+pub(super) fn upsert_container(
+    conn: &Connection,
+    sealer: &super::seal::Sealer,
+    c: &paddock_core::container::ContainerRecord,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO containers (id, name, image, driver, network, environment, persistent, \
+         session_id, user_id, working_dir, state, created_at, error) \
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) \
+         ON CONFLICT(id) DO UPDATE SET state=excluded.state, error=excluded.error",
+    )?
+    .execute(params![
+        c.id,
+        c.spec.name,
+        c.spec.image,
+        c.spec.driver.name(),
+        c.spec.network,
+        serde_json::to_string(&sealer.seal(&c.spec.environment)?).expect("json"),
+        c.spec.persistent,
+        c.spec.session.as_ref().map(|s| s.0.as_str()),
+        c.spec.user,
+        c.spec.working_dir,
+        c.state.number(),
+        i(c.created_at.millis()),
+        c.error,
+    ])?;
+    Ok(())
+}
+
+pub(super) fn remove_container(conn: &Connection, id: &str) -> Result<()> {
+    conn.prepare_cached("DELETE FROM containers WHERE id = ?1")?
+        .execute([id])?;
+    Ok(())
+}
+
+/// Every container, for the engine at start-up.
+pub(super) fn load_containers(
+    conn: &Connection,
+    sealer: &super::seal::Sealer,
+) -> Result<Vec<paddock_core::container::ContainerRecord>> {
+    use paddock_core::container::{ContainerRecord, ContainerSpec, ContainerState};
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, name, image, driver, network, environment, persistent, session_id, \
+         user_id, working_dir, state, created_at, error FROM containers ORDER BY id",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let driver: String = row.get(3)?;
+        let env: String = row.get(5)?;
+        let state: i64 = row.get(10)?;
+        out.push(ContainerRecord {
+            id: row.get(0)?,
+            spec: ContainerSpec {
+                name: row.get(1)?,
+                image: row.get(2)?,
+                driver: paddock_core::Driver::parse(&driver).ok_or_else(|| {
+                    StoreError::Corrupt(format!("containers.driver: unknown {driver:?}"))
+                })?,
+                network: row.get(4)?,
+                environment: sealer
+                    .open(serde_json::from_str(&env).map_err(|e| {
+                        StoreError::Corrupt(format!("containers.environment: {e}"))
+                    })?),
+                persistent: row.get(6)?,
+                session: row
+                    .get::<_, Option<String>>(7)?
+                    .map(paddock_core::SessionId),
+                user: row.get(8)?,
+                working_dir: row.get(9)?,
+            },
+            state: ContainerState::from_number(state)
+                .ok_or_else(|| StoreError::Corrupt(format!("containers.state: unknown {state}")))?,
+            created_at: Timestamp::from_millis(u(row, 11, "created_at")?),
+            error: row.get(12)?,
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +340,8 @@ mod tests {
                 timeout_ms: 5000,
                 working_dir: "/tmp".into(),
                 user: "alice".into(),
+                container_id: "ctr_1".into(),
+                parent_task_id: "task_0".into(),
             },
             status: TaskStatus::Running,
             created_at: paddock_core::Timestamp::from_millis(1),
@@ -296,5 +389,43 @@ mod tests {
         );
         assert_eq!(store.task_output("task_1", 1, 10).unwrap(), vec![out2]);
         assert_eq!(store.task("nope").unwrap(), None);
+    }
+
+    #[test]
+    fn containers_round_trip_with_their_variables_sealed() {
+        use paddock_core::container::{ContainerRecord, ContainerSpec, ContainerState};
+        let mut store = Store::open_in_memory().unwrap();
+        let c = ContainerRecord {
+            id: "ctr_1".into(),
+            spec: ContainerSpec {
+                name: "build".into(),
+                image: "/srv/rootfs".into(),
+                driver: paddock_core::Driver::Podman,
+                network: true,
+                environment: [("API_TOKEN".to_string(), "s3cret".to_string())]
+                    .into_iter()
+                    .collect(),
+                persistent: true,
+                session: Some(paddock_core::SessionId("sess_1".into())),
+                user: "alice".into(),
+                working_dir: "/work".into(),
+            },
+            state: ContainerState::Running,
+            created_at: Timestamp::from_millis(42),
+            error: None,
+        };
+        store
+            .apply(&[paddock_core::Record::Container(Box::new(c.clone()))])
+            .unwrap();
+        assert_eq!(store.load_containers().unwrap(), vec![c.clone()]);
+        let raw: String = store
+            .conn
+            .query_row("SELECT environment FROM containers", [], |r| r.get(0))
+            .unwrap();
+        assert!(!raw.contains("s3cret"), "sealed: {raw}");
+        store
+            .apply(&[paddock_core::Record::RemoveContainer("ctr_1".into())])
+            .unwrap();
+        assert!(store.load_containers().unwrap().is_empty());
     }
 }
