@@ -154,12 +154,12 @@ impl EnvSpec {
                     self.driver
                 ))
             }
-            Driver::Local | Driver::Bubblewrap if self.memory_bytes > 0 || self.pids > 0 => {
-                return Err(format!(
-                    "memory and process limits need a container: the {} driver cannot enforce \
-                     them on this machine (use --driver podman)",
-                    self.driver
-                ))
+            Driver::Local if self.memory_bytes > 0 || self.pids > 0 => {
+                return Err(
+                    "memory and process limits need an isolating driver: a local agent runs as \
+                     you, under your own limits (use --driver bubblewrap or podman)"
+                        .into(),
+                )
             }
             _ => {}
         }
@@ -292,5 +292,10 @@ mod tests {
             ..EnvSpec::default()
         };
         assert!(limits_on_host.check().unwrap_err().contains("limits"));
+        let limits_in_sandbox = EnvSpec {
+            driver: Driver::Bubblewrap,
+            ..limits_on_host
+        };
+        assert!(limits_in_sandbox.check().is_ok());
     }
 }

@@ -196,6 +196,16 @@ enum Command {
         #[arg(long)]
         append_system_prompt: Option<String>,
     },
+    /// Joins the control groups (their cgroup.procs files), then runs the program: how a
+    /// bubblewrap session's processes come under its memory and process limits
+    #[command(name = "__join-cgroups", hide = true)]
+    JoinCgroups {
+        #[arg(required = true)]
+        procs: Vec<PathBuf>,
+        /// The program and its arguments, after `--`
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// A bridge between the daemon's stream-json and an agent's own protocol (started by the
     /// daemon for codex, gemini, ACP agents and the openai-api loop)
     #[command(name = "__bridge", hide = true)]
@@ -240,6 +250,11 @@ fn main() {
             }
         },
         Command::Bridge(args) => providers::bridge::run(args),
+        Command::JoinCgroups { procs, command } => {
+            let e = paddock::env::limits::join_and_exec(&procs, &command[0], &command[1..]);
+            eprintln!("paddock: cannot start {}: {e}", command[0]);
+            127
+        }
         // Generated into memory, then written: a reader that stops early (`| head`) ends the
         // output quietly.
         Command::Completions { shell } => {
@@ -444,6 +459,7 @@ fn main() {
                         Command::Shutdown { force } => cli::shutdown(&ctx, force).await,
                         Command::Daemon { .. }
                         | Command::ScriptedAgent { .. }
+                        | Command::JoinCgroups { .. }
                         | Command::Bridge(_)
                         | Command::Completions { .. }
                         | Command::Man

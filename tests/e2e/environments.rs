@@ -580,3 +580,90 @@ async fn a_sandboxed_worktree_writes_only_its_own_branch() {
     let o = cli_in(&d, &d.dirs.root, &["session", "diff", "--stat", &id]).await;
     assert!(o.stdout.contains("x.txt"), "{o:?}");
 }
+
+/// The cgroup v1 groups named after session `id` (the limits of a bubblewrap session).
+fn session_groups(id: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for controller in ["pids", "memory"] {
+        let mut stack = vec![Path::new("/sys/fs/cgroup").join(controller)];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    if e.file_name() == id {
+                        found.push(e.path());
+                    }
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_cannot_exceed_its_process_and_memory_limits() {
+    let d = Daemon::start().await;
+    let id = create_ready(
+        &d,
+        &[
+            "--driver",
+            "bubblewrap",
+            "--provider",
+            "scripted",
+            "--task",
+            "hi",
+            "--pids",
+            "24",
+            "--memory",
+            "256m",
+        ],
+    )
+    .await;
+    let info = d.get(&id).await;
+    let env = info.environment_spec.as_ref().unwrap();
+    assert_eq!((env.pids_limit, env.memory_bytes), (24, 256 << 20));
+    assert_eq!(session_groups(&id).len(), 2, "a pids and a memory group");
+    // The 25th process of the session cannot start.
+    let o = exec_sh(
+        &d,
+        &id,
+        "i=0; while [ $i -lt 64 ]; do sleep 30 & i=$((i+1)); echo $i > /tmp/forked; done",
+    )
+    .await;
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("fork"), "{o:?}");
+    let forked: u32 = std::fs::read_to_string(
+        d.dirs
+            .data
+            .join("environments")
+            .join(&id)
+            .join("tmp/forked"),
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    assert!(
+        forked < 24,
+        "{forked} processes started under a limit of 24"
+    );
+    // 512 MiB in a 256 MiB sandbox: killed.
+    let o = exec_sh(
+        &d,
+        &id,
+        "python3 -c 'x = bytearray(512 * 1024 * 1024); x[::4096] = b\"y\" * len(x[::4096]); print(\"allocated\")'",
+    )
+    .await;
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(!o.stdout.contains("allocated"), "{o:?}");
+    // Delete takes the groups with it.
+    let o = cli_in(&d, &d.dirs.root, &["session", "delete", "-y", &id]).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    for _ in 0..50 {
+        if session_groups(&id).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(session_groups(&id).is_empty(), "{:?}", session_groups(&id));
+}

@@ -391,7 +391,7 @@ async fn images_are_archives_root_tarballs_or_references_and_bad_ones_are_refuse
             "not a root directory",
         ),
         (vec!["--image", "x"], "an image is for containers"),
-        (vec!["--pids", "5"], "limits need a container"),
+        (vec!["--pids", "5"], "limits need an isolating driver"),
     ] {
         let mut all = vec!["session", "create", "--provider", "scripted", "--task", "x"];
         all.extend(args.iter());

@@ -137,10 +137,10 @@ pub struct CreateArgs {
     /// image archive, or a root directory
     #[arg(long)]
     pub image: Option<String>,
-    /// The most memory the session's container may use: 512m, 2g, 1GiB (podman)
+    /// The most memory the session's processes may use: 512m, 2g, 1GiB (bubblewrap, podman)
     #[arg(long, value_parser = parse_bytes)]
     pub memory: Option<u64>,
-    /// The most processes the session's container may hold at once (podman)
+    /// The most processes the session may hold at once (bubblewrap, podman)
     #[arg(long)]
     pub pids: Option<u32>,
     /// SRC:/workspace: the agent's workspace is SRC (the one directory it may write under
@@ -248,6 +248,9 @@ pub struct LocalBlock {
 pub struct BubblewrapBlock {
     /// Network access inside the sandbox.
     pub network: Option<bool>,
+    /// `512m`, `2g`, or bytes.
+    pub memory: Option<Scalar>,
+    pub pids: Option<u32>,
 }
 
 /// latis' `podman:` block, with paddock's network and limits.
@@ -694,6 +697,12 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
         m
     };
     let pod = f.podman.unwrap_or_default();
+    let bw = f.bubblewrap.as_ref().map(|b| (b.memory.clone(), b.pids));
+    let bw = BubblewrapBlock {
+        network: None,
+        memory: bw.as_ref().and_then(|b| b.0.clone()),
+        pids: bw.and_then(|b| b.1),
+    };
     let request = pb::CreateSessionRequest {
         campaign_id: String::new(),
         provider,
@@ -725,12 +734,12 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
                 .unwrap_or_default(),
             memory_bytes: match args.memory {
                 Some(m) => m,
-                None => match &pod.memory {
+                None => match pod.memory.as_ref().or(bw.memory.as_ref()) {
                     Some(m) => parse_bytes(&m.text()).map_err(Error::Usage)?,
                     None => 0,
                 },
             },
-            pids_limit: args.pids.or(pod.pids).unwrap_or(0),
+            pids_limit: args.pids.or(pod.pids).or(bw.pids).unwrap_or(0),
             mounts: pod
                 .mounts
                 .iter()

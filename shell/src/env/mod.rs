@@ -31,6 +31,7 @@ use paddock_core::{Driver, EnvSpec, Provider, SessionConfig, SessionId};
 use crate::proc::LaunchPlan;
 
 pub mod container;
+pub mod limits;
 pub mod podman;
 
 /// What an environment needs to know about the host it is made on.
@@ -197,7 +198,11 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         workdir: PathBuf::from(&config.working_dir),
         repo: None,
         container: None,
+        cgroups: Vec::new(),
     };
+    if spec.driver == Driver::Bubblewrap && (spec.pids > 0 || spec.memory_bytes > 0) {
+        made.cgroups = limits::make(&host.data_dir, id, spec)?;
+    }
     if spec.worktree {
         let (workdir, repo) = worktree(id, config, &root)?;
         made.workdir = workdir;
@@ -287,6 +292,8 @@ pub struct Made {
     pub repo: Option<Repo>,
     /// The session's container (podman).
     pub container: Option<String>,
+    /// The `cgroup.procs` files of the session's limits (bubblewrap): each process joins them.
+    pub cgroups: Vec<PathBuf>,
 }
 
 impl Made {
@@ -304,6 +311,9 @@ impl Made {
         if let Some(c) = &self.container {
             text += &format!("container={c}\n");
         }
+        for g in &self.cgroups {
+            text += &format!("cgroup={}\n", g.display());
+        }
         let file = root.join("made");
         std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
     }
@@ -312,9 +322,14 @@ impl Made {
     pub fn read(root: &Path) -> Option<Made> {
         let text = std::fs::read_to_string(root.join("made")).ok()?;
         let mut kv = std::collections::BTreeMap::new();
+        let mut cgroups = Vec::new();
         for line in text.lines() {
             let (k, v) = line.split_once('=')?;
-            kv.insert(k, v);
+            if k == "cgroup" {
+                cgroups.push(PathBuf::from(v));
+            } else {
+                kv.insert(k, v);
+            }
         }
         let repo = match (
             kv.get("top"),
@@ -334,6 +349,7 @@ impl Made {
             workdir: PathBuf::from(kv.get("workdir")?),
             repo,
             container: kv.get("container").map(|c| c.to_string()),
+            cgroups,
         })
     }
 }
@@ -521,13 +537,15 @@ pub fn enter(
             workdir: PathBuf::from(&config.working_dir),
             repo: None,
             container: None,
+            cgroups: Vec::new(),
         }
     } else {
         match Made::read(&host.root(id)) {
             Some(made)
                 if made.workdir.is_dir()
                     && made.repo.is_some() == config.env.worktree
-                    && made.container.is_some() == (config.env.driver == Driver::Podman) =>
+                    && made.container.is_some() == (config.env.driver == Driver::Podman)
+                    && made.cgroups.iter().all(|g| g.exists()) =>
             {
                 made
             }
@@ -697,8 +715,19 @@ fn bubblewrap(
     args.push("--".into());
     args.push(s(&plan.program));
     args.extend(plan.args);
+    // Under the session's limits: paddock joins its control groups, then becomes bwrap.
+    let (program, args) = if made.cgroups.is_empty() {
+        (bwrap, args)
+    } else {
+        let mut join = vec!["__join-cgroups".to_string()];
+        join.extend(made.cgroups.iter().map(|g| s(g)));
+        join.push("--".into());
+        join.push(s(&bwrap));
+        join.extend(args);
+        (host.exe.clone(), join)
+    };
     Ok(LaunchPlan {
-        program: bwrap,
+        program,
         args,
         env: plan.env,
         // bwrap itself starts where the workspace is: a directory it can always see.
@@ -763,6 +792,7 @@ pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
     let trash = root.with_file_name(format!("{TRASH}{}", id.0));
     let made = Made::read(&root);
     let repo = made.as_ref().and_then(|m| m.repo.clone());
+    let cgroups = made.as_ref().map(|m| m.cgroups.clone()).unwrap_or_default();
     let container = made.is_some_and(|m| m.container.is_some());
     let moved = root.exists() && std::fs::rename(&root, &trash).is_ok();
     if !moved && root.exists() {
@@ -776,6 +806,7 @@ pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
         if container {
             podman::remove(&id);
         }
+        limits::remove(&cgroups);
         if !moved {
             return;
         }

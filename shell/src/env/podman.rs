@@ -149,7 +149,7 @@ pub fn check_host(image: &str) -> Result<(), String> {
 }
 
 /// A short stable name for a data dir (container labels).
-fn data_hash(data_dir: &Path) -> String {
+pub(super) fn data_hash(data_dir: &Path) -> String {
     let dir = data_dir
         .canonicalize()
         .unwrap_or_else(|_| data_dir.to_path_buf());
