@@ -401,6 +401,8 @@ impl Engine {
                 Some(s) => {
                     s.handle_stop(req, graceful, &mut cx);
                     s.flush(&mut cx);
+                    // What was run in the session ends with it.
+                    self.tasks.end_of_session(now, &id.0, &mut cx.out);
                 }
                 None => not_found(&mut cx, req, &id),
             },
@@ -476,6 +478,7 @@ impl Engine {
                         for c in self.containers.session_deleted(&id, &mut cx.out) {
                             self.tasks.end_in_container(now, &c, &mut cx.out);
                         }
+                        self.tasks.end_of_session(now, &id.0, &mut cx.out);
                         cx.out.persist.push(Effect::Persist(Record::Delete(id)));
                         cx.out.rest.push(Effect::Forget(Box::new(record.clone())));
                         cx.out.rest.push(Effect::Reply {

@@ -552,12 +552,19 @@ impl Tasks {
     /// Container `container` stopped or went away: every task still running in it ends as
     /// cancelled (TERM, then KILL after the grace).
     pub(crate) fn end_in_container(&mut self, now: Now, container: &str, out: &mut Out) {
+        self.end_where(now, |s| s.container_id == container, out)
+    }
+
+    /// Session `session` is being stopped or deleted: the commands run in it (`session exec`,
+    /// an Aria task bound to it) end with it, as cancelled.
+    pub(crate) fn end_of_session(&mut self, now: Now, session: &str, out: &mut Out) {
+        self.end_where(now, |s| s.session_id == session, out)
+    }
+
+    fn end_where(&mut self, now: Now, of: impl Fn(&TaskSpec) -> bool, out: &mut Out) {
         let grace = self.limits.kill_grace;
         for t in self.tasks.values_mut() {
-            if t.record.spec.container_id == container
-                && !t.record.status.is_terminal()
-                && t.ending != Ending::Cancel
-            {
+            if of(&t.record.spec) && !t.record.status.is_terminal() && t.ending != Ending::Cancel {
                 t.ending = Ending::Cancel;
                 t.timeout_at = None;
                 terminate(t, now, grace, out);
@@ -815,6 +822,56 @@ mod tests {
             pid: Some(pid),
             signal,
         }
+    }
+
+    #[test]
+    fn a_containers_tasks_run_only_while_it_runs_and_end_with_its_stop() {
+        use crate::container::{ContainerEvent, ContainerRequest, ContainerSpec};
+        let mut t = T::new();
+        let in_ctr = |id: &str| TaskInput::Launch {
+            req: 1,
+            id: id.into(),
+            spec: TaskSpec {
+                container_id: "c".into(),
+                ..spec()
+            },
+        };
+        let refused = |fx: &[Effect]| {
+            fx.iter().any(|e| matches!(e, Effect::ReplyTask { result: Err(e), .. } if e.code == ErrorCode::ContainerNotFound || e.code == ErrorCode::WrongState))
+        };
+        assert!(refused(&t.at(0, in_ctr("a"))), "no such container");
+        let ctr = |request| Input::Container {
+            req: 2,
+            id: "c".into(),
+            request,
+        };
+        let spec_c = ContainerSpec {
+            working_dir: "/ws".into(),
+            environment: [("K".to_string(), "v".to_string())].into_iter().collect(),
+            ..ContainerSpec::default()
+        };
+        t.0.handle(now(1), ctr(ContainerRequest::Create(Box::new(spec_c))));
+        assert!(refused(&t.at(2, in_ctr("a"))), "still being made");
+        t.0.handle(
+            now(3),
+            Input::ContainerReport {
+                id: "c".into(),
+                event: ContainerEvent::Made,
+            },
+        );
+        let fx = t.at(4, in_ctr("a"));
+        let spawned = fx.iter().find_map(|e| match e {
+            Effect::SpawnTask { spec, .. } => Some(spec.clone()),
+            _ => None,
+        });
+        let spawned = spawned.expect("launched in the running container");
+        assert_eq!(spawned.working_dir, "/ws");
+        assert_eq!(spawned.environment.get("K").map(String::as_str), Some("v"));
+        t.started(5, "a", 7);
+        let fx = t.0.handle(now(6), ctr(ContainerRequest::Stop));
+        assert!(fx.contains(&signal("a", 7, Signal::Term)), "{fx:?}");
+        t.exited(7, "a", None, Some(15));
+        assert_eq!(t.status("a"), TaskStatus::Cancelled);
     }
 
     #[test]

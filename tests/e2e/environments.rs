@@ -667,3 +667,31 @@ async fn a_sandbox_cannot_exceed_its_process_and_memory_limits() {
     }
     assert!(session_groups(&id).is_empty(), "{:?}", session_groups(&id));
 }
+
+/// What is run in a session (`session exec`, a task bound to it) ends with the session's stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_run_in_a_session_end_with_its_stop() {
+    let d = Daemon::start().await;
+    let id = create_ready(&d, &["--provider", "scripted", "--task", "hi"]).await;
+    let marker = format!("{}", 500_000 + std::process::id() % 90_000);
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &["task", "launch", "--session", &id, "--", "sleep", &marker],
+    )
+    .await;
+    assert_eq!(o.code, 0, "{o:?}");
+    let task = o.stdout.trim().to_string();
+    for _ in 0..100 {
+        if !processes_with(&format!("sleep {marker}")).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!processes_with(&format!("sleep {marker}")).is_empty());
+    let o = cli_in(&d, &d.dirs.root, &["session", "stop", &id]).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    wait_until_gone(&format!("sleep {marker}")).await;
+    let o = cli_in(&d, &d.dirs.root, &["--json", "task", "get", &task]).await;
+    assert!(o.stdout.contains("CANCELLED"), "{o:?}");
+}
