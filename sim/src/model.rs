@@ -524,7 +524,12 @@ impl Model {
                         sm.after_stop = Some(Then::Restart);
                     }
                     if let Some(pc) = provider_config {
-                        sm.config.provider_config = pc.clone();
+                        // The override keeps the session's permissions unless it names its own.
+                        let mut pc = pc.clone();
+                        if let Some(p) = sm.config.provider_config.get("permissions") {
+                            pc.entry("permissions".into()).or_insert_with(|| p.clone());
+                        }
+                        sm.config.provider_config = pc;
                     }
                 }
                 _ => {}

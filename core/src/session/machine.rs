@@ -566,7 +566,13 @@ impl Session {
             Ok(false) => return,
             Err(e) => return reply_err(cx, req, e),
         }
-        if let Some(pc) = provider_config {
+        if let Some(mut pc) = provider_config {
+            // A new configuration that says nothing of permissions keeps the session's: a
+            // restart never widens (or narrows) what the agent may do unasked by leaving the
+            // key out.
+            if let Some(p) = self.record.config.provider_config.get("permissions") {
+                pc.entry("permissions".into()).or_insert_with(|| p.clone());
+            }
             self.record.config.provider_config = pc;
             self.dirty = true;
         }

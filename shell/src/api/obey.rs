@@ -760,17 +760,8 @@ impl LocalDaemonService for Obey {
             let stored = self.record(id.clone()).await?.config.provider_config;
             provider_config = Some(secret::unmask(pc, &stored).map_err(invalid)?);
         }
-        // A new configuration that says nothing of permissions keeps the session's: a restart
-        // never widens (or narrows) what the agent may do unasked by leaving the key out.
-        if let Some(pc) = provider_config
-            .as_mut()
-            .filter(|pc| !pc.contains_key("permissions"))
-        {
-            let stored = self.record(id.clone()).await?.config.provider_config;
-            if let Some(p) = stored.get("permissions") {
-                pc.insert("permissions".into(), p.clone());
-            }
-        }
+        // (A new configuration that says nothing of permissions keeps the session's: the core's
+        // rule, decided in the same step as the restart.)
         let rec = self
             .handle
             .restart_session(id, provider_config)
