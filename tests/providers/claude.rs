@@ -502,6 +502,49 @@ async fn a_human_approves_denies_and_answers_the_real_cli() {
     w.stop(&s.id, true).await.expect("stop");
 }
 
+/// A client's own tool (sunbeam's client-side tools) offered to the real Claude Code through
+/// paddock's MCP server on the control channel: the model calls it, the client answers it, the
+/// model reads the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn the_real_cli_calls_the_clients_tools_through_paddocks_mcp_server() {
+    let w = World::start(vec![
+        Reply::tool("mcp__paddock__run_tests", json!({"filter": "db"})),
+        Reply::text("All green."),
+    ])
+    .await;
+    let mut req = w.claude_request();
+    req.provider_config
+        .insert("permissions".into(), "ask".into());
+    req.provider_config.insert(
+        "client_tools".into(),
+        r#"[{"name":"run_tests","description":"Run the test suite on the client","schema_json":"{\"type\":\"object\",\"properties\":{\"filter\":{\"type\":\"string\"}}}"}]"#.into(),
+    );
+    let s = w.create(req).await;
+    let turn = w.send_stream(&s.id, "Run the db tests.").await;
+    let call = resolve_next(&w, &s.id, pb::ApprovalDecision::Answer, "12 passed").await;
+    assert_eq!(call.kind, pb::ApprovalKind::ClientTool as i32);
+    assert_eq!(call.tool_name, "run_tests");
+    assert!(call.input_json.contains("\"db\""), "{call:?}");
+    let acts = collect(turn).await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
+    // The call shows under the client's name for the tool.
+    assert!(
+        acts.iter()
+            .any(|a| kind(a) == "TOOL_CALL" && a.tool_name == "run_tests"),
+        "{acts:#?}"
+    );
+    // The model was told of the tool (Claude Code names it mcp__paddock__run_tests, and lists
+    // MCP tools by name for its tool search rather than in `tools`) and read the client's
+    // result.
+    let sent = w.fake.requests();
+    let first = serde_json::to_string(&sent[0].body).unwrap();
+    assert!(first.contains("mcp__paddock__run_tests"), "{first}");
+    let last = serde_json::to_string(&sent.last().unwrap().body).unwrap();
+    assert!(last.contains("12 passed"), "{last}");
+    w.stop(&s.id, true).await.expect("stop");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn a_lost_conversation_fails_the_resume_with_the_cli_stderr() {

@@ -263,8 +263,9 @@ impl CodeAgent {
         if !attached.unoffered_tools.is_empty() {
             // Said once, plainly, rather than letting the client wait for calls that never come.
             let note = format!(
-                "client tool(s) not offered to the agent: {} (only the openai-api agent takes \
-                 client tools, and a resumed session keeps the ones it started with)",
+                "client tool(s) not offered to the agent: {} (Claude Code, the openai-api agent \
+                 and the scripted agent take client tools; a resumed session keeps the ones it \
+                 started with)",
                 attached.unoffered_tools.join(", ")
             );
             let info = OutMsg::Status(pb::Status {
@@ -1424,8 +1425,10 @@ fn unoffered(config: &SessionConfig, declared: &[String]) -> Vec<String> {
     declared
         .iter()
         .filter(|n| {
-            !matches!(config.provider, Provider::OpenAiApi | Provider::Scripted)
-                || !offered.contains(n.trim())
+            !matches!(
+                config.provider,
+                Provider::OpenAiApi | Provider::Scripted | Provider::ClaudeCode
+            ) || !offered.contains(n.trim())
         })
         .cloned()
         .collect()

@@ -147,6 +147,11 @@ pub fn answer_line(a: &Approval) -> String {
             };
             control_response_deny(&a.key, &message)
         }
+        // A call through paddock's MCP server (Claude Code) is answered in MCP's terms.
+        AskKind::ClientTool if a.key.starts_with("mcp:") => {
+            super::mcp::answer_line(&a.key, &a.answer, a.is_error || !a.allowed)
+                .unwrap_or_else(|| super::claude_stream::control_response_error(&a.key, "bad key"))
+        }
         AskKind::ClientTool => stream_json::encode(&ControlResponse::success(
             &a.key,
             Answer {

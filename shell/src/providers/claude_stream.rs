@@ -318,6 +318,11 @@ impl ClaudeStreamParser {
                 "tool_use" | "server_tool_use" | "mcp_tool_use" => {
                     let id = str_field(b, "id");
                     let name = str_field(b, "name");
+                    // A client tool (paddock's MCP server) is named as the client named it.
+                    let name = match name.strip_prefix(super::mcp::TOOL_PREFIX) {
+                        Some(own) => own.to_string(),
+                        None => name,
+                    };
                     let input = b.get("input").cloned().unwrap_or(Value::Null);
                     if !id.is_empty() {
                         self.tool_names.insert(id.clone(), name.clone());
@@ -474,11 +479,25 @@ impl ClaudeStreamParser {
 
 fn on_control_request(v: &Value) -> Option<Vec<Parsed>> {
     let r = ControlRequest::deserialize(v).ok()?;
+    let subtype = r.request.subtype.into_owned();
+    // An MCP message for a server paddock runs inside the control channel: its server in
+    // `tool_name`, its JSON-RPC message in `input`.
+    let (tool_name, input) = if subtype == "mcp_message" {
+        let req = v.get("request");
+        (
+            req.map(|q| str_field(q, "server_name")).unwrap_or_default(),
+            req.and_then(|q| q.get("message"))
+                .cloned()
+                .unwrap_or(Value::Null),
+        )
+    } else {
+        (r.request.tool_name.into_owned(), r.request.input)
+    };
     Some(vec![Parsed::ControlRequest {
         request_id: r.request_id.into_owned(),
-        subtype: r.request.subtype.into_owned(),
-        tool_name: r.request.tool_name.into_owned(),
-        input: r.request.input,
+        subtype,
+        tool_name,
+        input,
     }])
 }
 

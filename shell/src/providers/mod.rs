@@ -9,6 +9,7 @@ pub mod ask;
 pub mod bridge;
 pub mod claude_stream;
 pub mod credentials;
+pub mod mcp;
 pub mod scripted;
 pub mod stream_json;
 
@@ -44,10 +45,21 @@ pub trait LineParser: Send {
 /// the core's policy (the core applies it; bridges map it onto their agents' own flags).
 pub use paddock_core::Policy as PermissionPolicy;
 
+/// `provider_config["client_tools"]`: the tools a client runs (sunbeam's), offered to the
+/// openai-api loop, the scripted agent and Claude Code.
+pub const CLIENT_TOOLS_KEY: &str = "client_tools";
+
 /// A new stream-json reader (Claude Code, the scripted agent, every bridge).
 pub(crate) fn stream_json() -> Box<dyn LineParser> {
+    stream_json_serving(Vec::new())
+}
+
+/// A stream-json reader that also serves paddock's MCP server with the client's `tools`
+/// (Claude Code's client-side tools, [`mcp`]).
+pub(crate) fn stream_json_serving(tools: Vec<bridge::openai::ClientTool>) -> Box<dyn LineParser> {
     Box::new(StreamJson {
         parser: claude_stream::ClaudeStreamParser::new(),
+        client_tools: tools,
     })
 }
 
@@ -56,6 +68,8 @@ pub(crate) fn stream_json() -> Box<dyn LineParser> {
 /// by the session's policy or from a human); any other control request is refused at once.
 struct StreamJson {
     parser: claude_stream::ClaudeStreamParser,
+    /// The tools paddock's MCP server offers (none: it answers no `tools/call`).
+    client_tools: Vec<bridge::openai::ClientTool>,
 }
 
 impl LineParser for StreamJson {
@@ -70,6 +84,29 @@ impl LineParser for StreamJson {
             .map(|p| match p {
                 claude_stream::Parsed::Event(e) => Parsed::Event(e),
                 claude_stream::Parsed::Unrecognized(l) => Parsed::Unrecognized(l),
+                claude_stream::Parsed::ControlRequest {
+                    request_id,
+                    subtype,
+                    tool_name,
+                    input,
+                } if subtype == "mcp_message" => {
+                    // `tool_name` is the server, `input` the JSON-RPC message (see
+                    // `claude_stream::on_control_request`).
+                    match mcp::handle(&request_id, &tool_name, &input, &self.client_tools) {
+                        mcp::Step::Reply(line) => Parsed::Reply(line),
+                        mcp::Step::Call {
+                            key,
+                            tool,
+                            arguments,
+                        } => {
+                            let approval = ulid::Ulid::new().to_string().to_lowercase();
+                            match ask::ask_event(approval, key, "client_tool", tool, &arguments) {
+                                Some(ev) => Parsed::Event(ev),
+                                None => unreachable!("client_tool is a request for the core"),
+                            }
+                        }
+                    }
+                }
                 claude_stream::Parsed::ControlRequest {
                     request_id,
                     subtype,
@@ -401,7 +438,7 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let parser = stream_json();
+    let mut parser = stream_json();
     let plan = match config.provider {
         Provider::Scripted => {
             let mut args = vec!["__scripted-agent".to_string()];
@@ -457,6 +494,15 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
                 args.push(resume.clone());
             }
             args.extend(system_prompt_args(config));
+            // The client's own tools, served over the control channel (paddock's MCP server).
+            let tools = bridge::openai::client_tools(
+                config
+                    .provider_config
+                    .get(CLIENT_TOOLS_KEY)
+                    .map(String::as_str),
+            )?;
+            args.extend(mcp::claude_args(&tools));
+            parser = stream_json_serving(tools);
             // No telemetry, update checks or other side traffic from a supervised agent,
             // unless the session's environment says otherwise.
             if !env

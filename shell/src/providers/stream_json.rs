@@ -408,10 +408,21 @@ pub struct ControlResponse<'a> {
 pub enum Response<'a> {
     Success {
         request_id: &'a str,
-        response: Answer<'a>,
+        response: Payload<'a>,
     },
     /// The controller cannot handle the request (so the agent does not wait forever).
     Error { request_id: &'a str, error: &'a str },
+}
+
+/// What a successful response carries.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Payload<'a> {
+    Answer(Answer<'a>),
+    /// The answer to an `mcp_message` request: the JSON-RPC message of paddock's MCP server.
+    Mcp {
+        mcp_response: Value,
+    },
 }
 
 /// A successful response's decision: allowed (with the input to use), denied (with why), or a
@@ -469,7 +480,17 @@ impl<'a> ControlResponse<'a> {
         Line::ControlResponse(ControlResponse {
             response: Response::Success {
                 request_id,
-                response,
+                response: Payload::Answer(response),
+            },
+        })
+    }
+
+    /// Answers an `mcp_message` request with a JSON-RPC message.
+    pub fn mcp(request_id: &'a str, mcp_response: Value) -> Line<'a> {
+        Line::ControlResponse(ControlResponse {
+            response: Response::Success {
+                request_id,
+                response: Payload::Mcp { mcp_response },
             },
         })
     }
