@@ -419,3 +419,36 @@ async fn podman_containers_belong_to_their_session_unless_persistent() {
         .containers;
     assert!(all.is_empty(), "nothing half-made: {all:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_outlives_a_daemon_restart() {
+    let mut d = Daemon::start().await;
+    let _cleanup = Cleanup(d.dirs.data.clone());
+    let (mut c, _) = clients(&d).await;
+    let made = c
+        .create_container(aria::CreateContainerRequest {
+            name: "kept".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    drop(c);
+    d.kill9();
+    d.launch().await;
+    let (mut c, mut t) = clients(&d).await;
+    let got = c
+        .get_container(aria::GetContainerRequest {
+            container_id: made.id.clone(),
+        })
+        .await
+        .expect("still known after the restart")
+        .into_inner();
+    assert_eq!(got, made);
+    assert!(
+        d.dirs.data.join("environments").join(&made.id).is_dir(),
+        "its environment is not taken for a deleted session's"
+    );
+    let task = exec(&mut t, &made.id, "echo still-here").await;
+    assert_eq!(task.exit_code, Some(0), "{task:?}");
+}

@@ -290,6 +290,13 @@ async fn podman_keeps_the_agent_in_its_container_and_ends_all_it_started() {
             .any(|l| l.contains(&id) && l.contains("podman")),
         "{o:?}"
     );
+    let o = cli_in(&d, &d.dirs.root, &["session", "status", &id]).await;
+    assert!(
+        o.stdout
+            .contains(&format!("podman (container paddock-{id} from "))
+            && o.stdout.contains("memory 256 MiB; at most 32 processes"),
+        "{o:?}"
+    );
     let o = cli_in(&d, &d.dirs.root, &["session", "logs", "--environment", &id]).await;
     assert!(
         o.stdout.contains(&format!("podman container paddock-{id}")),

@@ -831,8 +831,20 @@ fn driver_line(s: &pb::SessionInfo) -> String {
             if env.network { "network" } else { "no network" }
         ),
         "local" => "no isolation".to_string(),
+        "podman" => format!(
+            "container paddock-{} from {}, {}",
+            s.id,
+            env.image,
+            if env.network { "network" } else { "no network" }
+        ),
         _ => String::new(),
     }];
+    if env.memory_bytes > 0 {
+        parts.push(format!("memory {} MiB", env.memory_bytes >> 20));
+    }
+    if env.pids_limit > 0 {
+        parts.push(format!("at most {} processes", env.pids_limit));
+    }
     if env.worktree {
         parts.push("own worktree".into());
     }
