@@ -406,6 +406,33 @@ async fn images_are_archives_root_tarballs_or_references_and_bad_ones_are_refuse
         assert_ne!(o.code, 0, "{args:?}: {o:?}");
         assert!(o.stderr.contains(says), "{args:?}: {says:?} not in {o:?}");
     }
+    // A mount that would undo the container: refused, nothing made.
+    let file = session_file(
+        &d,
+        "home.yaml",
+        &format!(
+            "  image: {}\n  mounts: [\"{}:/h:ro\"]\n",
+            tarball.display(),
+            d.dirs.home.display()
+        ),
+    );
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &[
+            "session",
+            "create",
+            "-c",
+            &file,
+            "--provider",
+            "scripted",
+            "--task",
+            "x",
+        ],
+    )
+    .await;
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("holds your home directory"), "{o:?}");
     assert_eq!(d.all_sessions().await.len(), before, "no half-made session");
     drop(d);
     drop(_cleanup);

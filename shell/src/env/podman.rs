@@ -88,6 +88,38 @@ fn run(podman: &Path, args: &[String]) -> Result<String, String> {
     }
 }
 
+/// Refuses a mount of the block that would undo the container: the host's root, a directory
+/// holding the user's home (every secret in it), or paddock's own data or runtime directory
+/// (the store, other sessions, the daemon's sockets). A named volume (no `/` in front) is
+/// podman's own business.
+fn check_mount(host: &Host, mount: &str) -> Result<(), String> {
+    let src = mount.split(':').next().unwrap_or("");
+    if !src.starts_with('/') {
+        return Ok(());
+    }
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let real = Path::new(src)
+        .canonicalize()
+        .map_err(|e| format!("mount {mount:?}: {src}: {e}"))?;
+    let refuse = |why: &str| Err(format!("mount {mount:?}: {why}; mount a project directory"));
+    if real == Path::new("/") {
+        return refuse("the host's root would be the container's");
+    }
+    if canon(&host.home).starts_with(&real) {
+        return refuse("it holds your home directory (~/.ssh, ~/.aws, other agents' logins)");
+    }
+    for h in &host.hidden {
+        let h = canon(h);
+        if h.starts_with(&real) || real.starts_with(&h) {
+            return refuse(&format!(
+                "{} is paddock's data or runtime directory",
+                h.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What an image string names.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Image {
@@ -323,6 +355,7 @@ pub fn provision(
         volume(&ws.join(".git"), &ws.join(".git"), ":ro");
     }
     for m in &spec.podman.mounts {
+        check_mount(host, m)?;
         args.push(format!("--volume={m}"));
     }
     for p in &spec.podman.ports {
@@ -486,6 +519,39 @@ pub fn reconcile(host: &Host, exists: &dyn Fn(&SessionId) -> bool) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mounts_that_would_undo_the_container_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let home = dir.path().join("home");
+        let project = dir.path().join("project");
+        for d in [&data, &home, &project] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let host = Host {
+            data_dir: data.clone(),
+            hidden: vec![data.clone()],
+            masked: Vec::new(),
+            home: home.clone(),
+            exe: PathBuf::from("/bin/true"),
+        };
+        let m = |src: &Path, rest: &str| format!("{}{rest}", src.display());
+        assert!(check_mount(&host, &m(&project, ":/src:ro")).is_ok());
+        assert!(check_mount(&host, "cache:/cache").is_ok(), "a named volume");
+        for bad in [
+            "/:/host".to_string(),
+            m(dir.path(), ":/all"),
+            m(&home, ":/h:ro"),
+            m(&data, ":/d"),
+            m(&data.join("x").parent().unwrap().to_path_buf(), ":/d"),
+        ] {
+            assert!(check_mount(&host, &bad).is_err(), "{bad}");
+        }
+        assert!(check_mount(&host, "/no/such/dir:/x")
+            .unwrap_err()
+            .contains("/no/such/dir"));
+    }
 
     #[test]
     fn images_are_references_archives_or_root_directories() {
