@@ -526,7 +526,7 @@ mod tests {
         let data = dir.path().join("data");
         let home = dir.path().join("home");
         let project = dir.path().join("project");
-        for d in [&data, &home, &project] {
+        for d in [&data.join("sub"), &home, &project] {
             std::fs::create_dir_all(d).unwrap();
         }
         let host = Host {
@@ -544,7 +544,7 @@ mod tests {
             m(dir.path(), ":/all"),
             m(&home, ":/h:ro"),
             m(&data, ":/d"),
-            m(&data.join("x").parent().unwrap().to_path_buf(), ":/d"),
+            m(&data.join("sub"), ":/inside"),
         ] {
             assert!(check_mount(&host, &bad).is_err(), "{bad}");
         }
