@@ -67,9 +67,31 @@ fn init_program() -> Result<&'static str, String> {
         })
 }
 
+/// podman's global options for this host: on a host that is not pure cgroup2 (cgroup v1, or
+/// the hybrid layout) crun refuses to start anything ("cgroups in hybrid mode not supported")
+/// while runc works, and podman picks crun when both are installed: there runc is asked for
+/// by name. Elsewhere podman's own choice stands.
+fn global_args() -> &'static [String] {
+    static ARGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    ARGS.get_or_init(|| {
+        let pure_v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        match crate::paths::find_on_own_path("runc") {
+            Some(runc) if !pure_v2 => vec!["--runtime".into(), runc.display().to_string()],
+            _ => Vec::new(),
+        }
+    })
+}
+
+/// A podman command with this host's global options.
+fn podman_command(podman: &Path) -> Command {
+    let mut cmd = Command::new(podman);
+    cmd.args(global_args());
+    cmd
+}
+
 /// Runs podman with `args`; its stdout, or its stderr as the error.
 fn run(podman: &Path, args: &[String]) -> Result<String, String> {
-    let out = Command::new(podman)
+    let out = podman_command(podman)
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -163,7 +185,7 @@ pub fn check_host(image: &str) -> Result<(), String> {
     let podman = podman()?;
     init_program()?;
     if let Image::Reference(r) = Image::parse(image)? {
-        let there = Command::new(&podman)
+        let there = podman_command(&podman)
             .args(["image", "exists", &r])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -371,7 +393,7 @@ pub fn provision(
     args.push(format!("--entrypoint={INIT_AT}"));
     args.extend(image_args(&podman, &spec.image, root)?);
     args.push("-P".into());
-    let out = Command::new(&podman)
+    let out = podman_command(&podman)
         .args(&args)
         .envs(cmd_env)
         .stdin(Stdio::null())
@@ -417,11 +439,12 @@ pub fn enter(
     plan: LaunchPlan,
 ) -> Result<LaunchPlan, String> {
     let podman = podman()?;
-    let mut args: Vec<String> = vec![
-        "exec".into(),
-        "--interactive".into(),
+    let mut args: Vec<String> = global_args().to_vec();
+    args.extend([
+        "exec".to_string(),
+        "--interactive".to_string(),
         format!("--workdir={}", made.workdir.display()),
-    ];
+    ]);
     // Names only: values come from the client's environment (the session's variables, the
     // agent's own, and the containment tag and owner mark the supervisor sets on the client).
     let mut names: Vec<String> = plan.env.iter().map(|(k, _)| k.clone()).collect();
