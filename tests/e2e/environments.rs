@@ -274,7 +274,7 @@ async fn a_sandboxed_agent_outlives_a_killed_daemon_and_goes_with_its_delete() {
     drop(listener);
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -285,7 +285,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn make_repo(root: &Path) {
+pub(crate) fn make_repo(root: &Path) {
     git(root, &["init", "-q", "-b", "main"]);
     git(root, &["config", "user.email", "test@example.com"]);
     git(root, &["config", "user.name", "Test"]);

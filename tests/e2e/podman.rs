@@ -14,8 +14,8 @@ use std::process::Command;
 use paddock_proto::obey::local::v1 as pb;
 
 use crate::environments::{
-    assert_kept_in, escaping_agent, exec_sh, first_turn_done, processes_with, report,
-    wait_until_gone,
+    assert_kept_in, escaping_agent, exec_sh, first_turn_done, git, make_repo, processes_with,
+    report, wait_until_gone,
 };
 use crate::harness::*;
 use crate::latis::{cli_in, created_id};
@@ -458,4 +458,65 @@ async fn images_are_archives_root_tarballs_or_references_and_bad_ones_are_refuse
         "{o:?}"
     );
     assert!(d.all_sessions().await.is_empty());
+}
+
+/// A worktree in a container: the agent commits on its own branch from inside, `session diff`
+/// on the host shows it, and the repository's other branches stay out of its reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_works_in_its_own_worktree() {
+    let d = Daemon::start().await;
+    let _cleanup = Containers(d.dirs.data.clone());
+    std::fs::write(d.dirs.root.join("README.md"), "hello\n").unwrap();
+    make_repo(&d.dirs.root);
+    let root = skeleton_root(&d.dirs.base);
+    let file = session_file(
+        &d,
+        "wt.yaml",
+        &format!(
+            "  image: {}\n  mounts: [\"/usr:/usr:ro\"]\nworktree: true\nname: boxed\n",
+            root.display()
+        ),
+    );
+    let id = {
+        let o = cli_in(
+            &d,
+            &d.dirs.root,
+            &[
+                "session",
+                "create",
+                "-c",
+                &file,
+                "--provider",
+                "scripted",
+                "--task",
+                "hi",
+            ],
+        )
+        .await;
+        assert_eq!(o.code, 0, "{o:?}");
+        created_id(&o)
+    };
+    first_turn_done(&d, &id).await;
+    let o = exec_sh(
+        &d,
+        &id,
+        "echo more >> README.md && git -c user.email=a@b -c user.name=agent commit -qam 'from the container' && git branch --show-current; git update-ref refs/heads/main HEAD || echo main-is-read-only",
+    )
+    .await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("paddock/boxed"), "{o:?}");
+    assert!(o.stdout.contains("main-is-read-only"), "{o:?}");
+    let o = cli_in(&d, &d.dirs.root, &["session", "diff", &id]).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("+more"), "{o:?}");
+    assert_eq!(
+        git(&d.dirs.root, &["log", "-1", "--format=%s", "paddock/boxed"]),
+        "from the container"
+    );
+    assert_eq!(
+        git(&d.dirs.root, &["log", "-1", "--format=%s", "main"]),
+        "initial"
+    );
+    let o = cli_in(&d, &d.dirs.root, &["session", "delete", "-y", &id]).await;
+    assert_eq!(o.code, 0, "{o:?}");
 }
