@@ -145,15 +145,14 @@ fn not_found(id: &str) -> Error {
 
 impl Containers {
     /// The containers the store holds at start-up. One still being made when the daemon went
-    /// away was never answered: it failed.
+    /// away was never answered: its create failed, so nothing of it stays (what the driver
+    /// made of it is destroyed).
     pub(crate) fn restore(stored: Vec<ContainerRecord>, out: &mut Out) -> Containers {
         let mut all = BTreeMap::new();
-        for mut c in stored {
+        for c in stored {
             if c.state == ContainerState::Creating {
-                c.state = ContainerState::Failed;
-                c.error = Some("the daemon restarted while it was being made".into());
-                out.persist
-                    .push(Effect::Persist(Record::Container(Box::new(c.clone()))));
+                Self::destroy(&c, out);
+                continue;
             }
             all.insert(c.id.clone(), c);
         }
@@ -295,10 +294,27 @@ impl Containers {
         });
     }
 
-    /// The driver's report. A failed making refuses the create and leaves nothing.
-    pub(crate) fn report(&mut self, id: &str, event: ContainerEvent, out: &mut Out) {
+    /// The driver's report. A failed making refuses the create and leaves nothing; so does a
+    /// making that ends after the container's session was deleted (`session_exists` says
+    /// whether the engine still has it), unless the container is persistent.
+    pub(crate) fn report(
+        &mut self,
+        id: &str,
+        event: ContainerEvent,
+        session_exists: impl Fn(&SessionId) -> bool,
+        out: &mut Out,
+    ) {
         let Some(c) = self.all.get_mut(id) else {
             return;
+        };
+        let orphan = c.state == ContainerState::Creating
+            && !c.spec.persistent
+            && c.spec.session.as_ref().is_some_and(|s| !session_exists(s));
+        let event = match event {
+            ContainerEvent::Made if orphan => {
+                ContainerEvent::MakeFailed("its session was deleted while it was made".into())
+            }
+            e => e,
         };
         match (event, c.state) {
             (ContainerEvent::Made, ContainerState::Creating) => {
@@ -316,9 +332,14 @@ impl Containers {
                 let c = self.all.remove(id).expect("looked up above");
                 Self::destroy(&c, out);
                 if let Some(req) = self.creating.remove(id) {
+                    let code = if orphan {
+                        ErrorCode::SessionNotFound
+                    } else {
+                        ErrorCode::SandboxInitFailed
+                    };
                     out.rest.push(Effect::ReplyContainer {
                         req,
-                        result: Err(Error::new(ErrorCode::SandboxInitFailed, reason)),
+                        result: Err(Error::new(code, reason)),
                     });
                 }
             }
@@ -391,7 +412,7 @@ mod tests {
         assert!(replies(&out).is_empty(), "not before the driver made it");
         assert_eq!(cs.get("c1").unwrap().state, ContainerState::Creating);
         let mut out = Out::default();
-        cs.report("c1", ContainerEvent::Made, &mut out);
+        cs.report("c1", ContainerEvent::Made, |_| true, &mut out);
         assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
 
         let mut out = Out::default();
@@ -403,11 +424,8 @@ mod tests {
             &mut out,
         );
         let mut out = Out::default();
-        cs.report(
-            "c2",
-            ContainerEvent::MakeFailed("no image".into()),
-            &mut out,
-        );
+        let failed = ContainerEvent::MakeFailed("no image".into());
+        cs.report("c2", failed, |_| true, &mut out);
         assert_eq!(replies(&out), vec![Err(ErrorCode::SandboxInitFailed)]);
         assert!(cs.get("c2").is_none());
         assert!(out
@@ -440,7 +458,7 @@ mod tests {
             "still being made"
         );
         assert_eq!(r, None);
-        cs.report("c", ContainerEvent::Made, &mut Out::default());
+        cs.report("c", ContainerEvent::Made, |_| true, &mut Out::default());
         assert!(cs.runnable("c").is_ok());
         let mut out = Out::default();
         let r = cs.handle(
@@ -463,7 +481,12 @@ mod tests {
         );
         assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
         let mut out = Out::default();
-        cs.report("c", ContainerEvent::StartFailed("gone".into()), &mut out);
+        cs.report(
+            "c",
+            ContainerEvent::StartFailed("gone".into()),
+            |_| true,
+            &mut out,
+        );
         assert_eq!(cs.get("c").unwrap().state, ContainerState::Failed);
         let mut out = Out::default();
         let r = cs.handle(
@@ -501,19 +524,34 @@ mod tests {
                 ContainerRequest::Create(s),
                 &mut Out::default(),
             );
-            cs.report(id, ContainerEvent::Made, &mut Out::default());
+            cs.report(id, ContainerEvent::Made, |_| true, &mut Out::default());
         }
         let mut out = Out::default();
         let gone = cs.session_deleted(&SessionId("s1".into()), &mut out);
         assert_eq!(gone, vec!["a".to_string()]);
         assert!(cs.get("b").is_some());
         assert_eq!(cs.list(Some(&SessionId("s1".into()))).len(), 1);
-        // A daemon restart fails what was being made.
+        // Made after its session was deleted: refused, nothing stays.
+        cs.handle(
+            Timestamp::from_millis(1),
+            9,
+            "late".into(),
+            ContainerRequest::Create(spec()),
+            &mut Out::default(),
+        );
+        let mut out = Out::default();
+        cs.report("late", ContainerEvent::Made, |_| false, &mut out);
+        assert_eq!(replies(&out), vec![Err(ErrorCode::SessionNotFound)]);
+        assert!(cs.get("late").is_none());
+        // A daemon restart destroys what was being made (its create was never answered).
         let mut half = cs.get("b").unwrap().clone();
         half.state = ContainerState::Creating;
         let mut out = Out::default();
         let cs = Containers::restore(vec![half], &mut out);
-        assert_eq!(cs.get("b").unwrap().state, ContainerState::Failed);
-        assert_eq!(out.persist.len(), 1);
+        assert!(cs.get("b").is_none());
+        assert_eq!(
+            out.persist,
+            vec![Effect::Persist(Record::RemoveContainer("b".into()))]
+        );
     }
 }

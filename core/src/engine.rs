@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::approval::Approval;
 use crate::campaign::{Campaign, Campaigns};
-use crate::container::{ContainerRecord, Containers};
+use crate::container::{ContainerRecord, ContainerRequest, Containers};
 use crate::error::{Error, ErrorCode};
 use crate::model::{RunId, SessionId, SessionRecord, Status};
 use crate::session::effect::{Effect, Record};
@@ -401,8 +401,6 @@ impl Engine {
                 Some(s) => {
                     s.handle_stop(req, graceful, &mut cx);
                     s.flush(&mut cx);
-                    // What was run in the session ends with it.
-                    self.tasks.end_of_session(now, &id.0, &mut cx.out);
                 }
                 None => not_found(&mut cx, req, &id),
             },
@@ -546,6 +544,20 @@ impl Engine {
                     }),
                 }
             }
+            // A command for a session runs only while the engine knows the session (its
+            // environment is the session's: without it the command would run on the host).
+            Input::Task(TaskInput::Launch { req, spec, .. })
+                if !spec.session_id.is_empty()
+                    && !self.sessions.contains_key(&SessionId(spec.session_id.clone())) =>
+            {
+                cx.out.rest.push(Effect::ReplyTask {
+                    req,
+                    result: Err(Error::new(
+                        ErrorCode::SessionNotFound,
+                        format!("session \"{}\" not found", spec.session_id),
+                    )),
+                })
+            }
             Input::Task(input) => self.tasks.handle(now, input, &mut cx.out),
             Input::Container { req, .. } if self.shutting_down => {
                 cx.out.rest.push(Effect::ReplyContainer {
@@ -553,6 +565,24 @@ impl Engine {
                     result: Err(Error::new(
                         ErrorCode::ShuttingDown,
                         "the daemon is shutting down",
+                    )),
+                })
+            }
+            Input::Container {
+                req,
+                request: ContainerRequest::Create(spec),
+                ..
+            } if spec
+                .session
+                .as_ref()
+                .is_some_and(|s| !self.sessions.contains_key(s)) =>
+            {
+                let s = spec.session.as_ref().expect("checked by the guard");
+                cx.out.rest.push(Effect::ReplyContainer {
+                    req,
+                    result: Err(Error::new(
+                        ErrorCode::SessionNotFound,
+                        format!("session \"{s}\" not found"),
                     )),
                 })
             }
@@ -565,7 +595,9 @@ impl Engine {
                 }
             }
             Input::ContainerReport { id, event } => {
-                self.containers.report(&id, event, &mut cx.out)
+                let sessions = &self.sessions;
+                self.containers
+                    .report(&id, event, |s| sessions.contains_key(s), &mut cx.out)
             }
             Input::AddCampaign { req, id, root, how } => {
                 let result = self.campaigns.handle_add(&id, &root, how, now.wall);
@@ -624,6 +656,17 @@ impl Engine {
                     s.flush(&mut cx);
                 }
                 self.tasks.handle_tick(now, &mut cx.out);
+            }
+        }
+        // What was run in a session (`session exec`, an Aria task bound to it) ends when the
+        // session does: stopped, failed, timed out, over budget, or gone.
+        for id in &touched {
+            let ended = self
+                .sessions
+                .get(id)
+                .is_none_or(|s| s.status().is_terminal());
+            if ended && self.live.contains(id) {
+                self.tasks.end_of_session(now, &id.0, &mut cx.out);
             }
         }
         let effects = cx.out.into_effects();

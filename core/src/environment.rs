@@ -133,6 +133,7 @@ impl EnvSpec {
                     .into(),
             );
         }
+        crate::model::check_environment(&self.podman.env)?;
         match self.driver {
             Driver::Podman if self.image.trim().is_empty() => {
                 return Err(

@@ -280,6 +280,17 @@ pub fn check_environment<'a>(
                 shown()
             ));
         }
+        // Letters, digits and `_`, not starting with a digit: what a shell can name, and never
+        // a pattern (podman's `--env NAME*` would bring in every variable it matches).
+        let portable = key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !key.starts_with(|c: char| c.is_ascii_digit());
+        if !portable {
+            return Err(format!(
+                "environment variable name \"{}\": use letters, digits and _ (not starting \
+                 with a digit)",
+                shown()
+            ));
+        }
         if value.contains('\0') {
             return Err(format!(
                 "the value of environment variable {} contains NUL",

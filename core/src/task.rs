@@ -825,6 +825,27 @@ mod tests {
     }
 
     #[test]
+    fn a_task_for_a_session_the_engine_does_not_have_is_refused() {
+        let mut t = T::new();
+        let fx = t.at(
+            0,
+            TaskInput::Launch {
+                req: 1,
+                id: "a".into(),
+                spec: TaskSpec {
+                    session_id: "sess_gone".into(),
+                    ..spec()
+                },
+            },
+        );
+        assert!(
+            fx.iter().any(|e| matches!(e, Effect::ReplyTask { result: Err(e), .. } if e.code == ErrorCode::SessionNotFound)),
+            "{fx:?}"
+        );
+        assert!(!fx.iter().any(|e| matches!(e, Effect::SpawnTask { .. })));
+    }
+
+    #[test]
     fn a_containers_tasks_run_only_while_it_runs_and_end_with_its_stop() {
         use crate::container::{ContainerEvent, ContainerRequest, ContainerSpec};
         let mut t = T::new();

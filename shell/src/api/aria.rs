@@ -223,7 +223,14 @@ impl pb::task_service_server::TaskService for Tasks {
                 "INTERNAL",
                 format!("unexpected reply {other:?}"),
             )),
-            Err(e) if e.code == ErrorCode::ContainerNotFound || e.code == ErrorCode::WrongState => {
+            Err(e)
+                if matches!(
+                    e.code,
+                    ErrorCode::ContainerNotFound
+                        | ErrorCode::WrongState
+                        | ErrorCode::SessionNotFound
+                ) =>
+            {
                 Err(from_core(&e))
             }
             Err(e) => Err(status(Code::ResourceExhausted, "TASK_REFUSED", e.message)),
@@ -841,7 +848,19 @@ impl pb::container_service_server::ContainerService for Containers {
                 .session(id.clone())
                 .await
                 .map_err(unavailable)?
-                .map(|v| v.record.config.working_dir)
+                // The session's workspace: its worktree if it has one (never the checkout the
+                // worktree keeps the agent out of).
+                .map(|v| {
+                    let c = &v.record.config;
+                    if c.env.worktree {
+                        crate::env::root_in(&self.0.env.data_dir, id)
+                            .join("worktree")
+                            .display()
+                            .to_string()
+                    } else {
+                        c.working_dir.clone()
+                    }
+                })
                 .ok_or_else(|| {
                     status(
                         Code::NotFound,

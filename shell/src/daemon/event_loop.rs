@@ -170,10 +170,16 @@ impl State {
                 .ok_or_else(|| format!("container {} is gone", spec.container_id))?;
             crate::env::container::enter(&self.env, c, plan)?
         } else {
-            let id = SessionId(spec.session_id.clone());
-            let Some(config) = self.engine.session(&id).map(|s| &s.record.config) else {
+            if spec.session_id.is_empty() {
                 return Ok(spec);
-            };
+            }
+            let id = SessionId(spec.session_id.clone());
+            // Never on the host instead: a session that is gone has no environment to run in.
+            let config = self
+                .engine
+                .session(&id)
+                .map(|s| &s.record.config)
+                .ok_or_else(|| format!("session {id} is gone"))?;
             if !config.env.needs_provisioning() {
                 return Ok(spec);
             }
@@ -191,6 +197,14 @@ impl State {
     /// Whether the engine knows Aria container `id`.
     pub fn has_container(&self, id: &str) -> bool {
         self.engine.containers().get(id).is_some()
+    }
+
+    /// Whether Aria container `id` should be running.
+    pub fn container_runs(&self, id: &str) -> bool {
+        self.engine
+            .containers()
+            .get(id)
+            .is_some_and(|c| c.state == paddock_core::container::ContainerState::Running)
     }
 
     /// Whether the engine knows session `id`.

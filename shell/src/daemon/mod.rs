@@ -190,9 +190,11 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
     state
         .env
         .mask(opts.aria_socket.iter().chain(&opts.obey_socket));
-    let gone = crate::env::reconcile(&state.env, |id| {
-        state.has_session(id) || state.has_container(&id.0)
-    });
+    let gone = crate::env::reconcile(
+        &state.env,
+        |id| state.has_session(id) || state.has_container(&id.0),
+        |id| state.has_session(id) || state.container_runs(&id.0),
+    );
     let env_host = state.env.clone();
     if gone > 0 {
         tracing::warn!("{gone} environment(s) of deleted sessions removed");

@@ -69,8 +69,23 @@ fn groups(
 /// Makes session `id`'s groups with its limits; the files a process writes its pid to.
 pub fn make(data_dir: &Path, id: &SessionId, spec: &EnvSpec) -> Result<Vec<PathBuf>, String> {
     let mut procs = Vec::new();
+    let made = make_each(data_dir, id, spec, &mut procs);
+    if made.is_err() {
+        // Nothing half-made stays: the groups made before the failure go.
+        remove(&procs);
+    }
+    made.map(|()| procs)
+}
+
+fn make_each(
+    data_dir: &Path,
+    id: &SessionId,
+    spec: &EnvSpec,
+    procs: &mut Vec<PathBuf>,
+) -> Result<(), String> {
     for (controller, g) in groups(data_dir, id, spec)? {
         std::fs::create_dir_all(&g).map_err(|e| format!("cannot make {}: {e}", g.display()))?;
+        procs.push(g.join("cgroup.procs"));
         let set = |file: &str, value: String| {
             std::fs::write(g.join(file), &value)
                 .map_err(|e| format!("cannot set {} to {value}: {e}", g.join(file).display()))
@@ -84,9 +99,8 @@ pub fn make(data_dir: &Path, id: &SessionId, spec: &EnvSpec) -> Result<Vec<PathB
                 set("memory.memsw.limit_in_bytes", spec.memory_bytes.to_string())?;
             }
         }
-        procs.push(g.join("cgroup.procs"));
     }
-    Ok(procs)
+    Ok(())
 }
 
 /// Removes the groups whose `cgroup.procs` files are `procs`, ending what is still in them.

@@ -200,13 +200,15 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         container: None,
         cgroups: Vec::new(),
     };
-    if spec.driver == Driver::Bubblewrap && (spec.pids > 0 || spec.memory_bytes > 0) {
-        made.cgroups = limits::make(&host.data_dir, id, spec)?;
-    }
     if spec.worktree {
         let (workdir, repo) = worktree(id, config, &root)?;
         made.workdir = workdir;
         made.repo = Some(repo);
+    }
+    if spec.driver == Driver::Bubblewrap && (spec.pids > 0 || spec.memory_bytes > 0) {
+        // Recorded before anything else can fail, so that a destroy finds them.
+        made.cgroups = limits::make(&host.data_dir, id, spec)?;
+        made.write(&root)?;
     }
     if spec.driver.isolates() && !root.join("home").exists() {
         log(
@@ -837,7 +839,11 @@ const TRASH: &str = ".removing-";
 /// Daemon start-up: removes the environments of sessions the store no longer has (a crash
 /// between a delete's commit and its [`destroy`], or during its removal), and their
 /// worktrees' entries and base refs in their repositories.
-pub fn reconcile(host: &Host, exists: impl Fn(&SessionId) -> bool) -> usize {
+pub fn reconcile(
+    host: &Host,
+    exists: impl Fn(&SessionId) -> bool,
+    should_run: impl Fn(&SessionId) -> bool,
+) -> usize {
     let Ok(entries) = std::fs::read_dir(host.data_dir.join("environments")) else {
         return 0;
     };
@@ -846,14 +852,18 @@ pub fn reconcile(host: &Host, exists: impl Fn(&SessionId) -> bool) -> usize {
     let mut removed = if entries.is_empty() {
         0
     } else {
-        podman::reconcile(host, &exists)
+        podman::reconcile(host, &exists, &should_run)
     };
     for e in entries {
         let id = SessionId(e.file_name().to_string_lossy().to_string());
         if exists(&id) {
             continue;
         }
-        let repo = Made::read(&e.path()).and_then(|m| m.repo);
+        let made = Made::read(&e.path());
+        if let Some(m) = &made {
+            limits::remove(&m.cgroups);
+        }
+        let repo = made.and_then(|m| m.repo);
         if std::fs::remove_dir_all(e.path()).is_ok() {
             tracing::info!(session = %id, "removed the environment of a session that is gone");
             removed += 1;

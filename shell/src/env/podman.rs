@@ -117,6 +117,12 @@ fn run(podman: &Path, args: &[String]) -> Result<String, String> {
 fn check_mount(host: &Host, mount: &str) -> Result<(), String> {
     let src = mount.split(':').next().unwrap_or("");
     if !src.starts_with('/') {
+        // podman takes `./x` and `../x` as host paths too: only a bare name is a volume.
+        if src.contains('/') || src.starts_with('.') || src.starts_with('~') {
+            return Err(format!(
+                "mount {mount:?}: give the source as an absolute path (or a named volume)"
+            ));
+        }
         return Ok(());
     }
     let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
@@ -138,6 +144,58 @@ fn check_mount(host: &Host, mount: &str) -> Result<(), String> {
                 h.display()
             ));
         }
+    }
+    Ok(())
+}
+
+/// `podman run` flags the block may not give: what would mount more of the host, share its
+/// namespaces or network, or lift the container's confinement and limits (paddock sets those
+/// itself from the session's own fields).
+const FORBIDDEN_FLAGS: &[&str] = &[
+    "-v",
+    "--volume",
+    "--mount",
+    "--volumes-from",
+    "--rootfs",
+    "--network",
+    "--net",
+    "--privileged",
+    "--cap-add",
+    "--device",
+    "--pid",
+    "--ipc",
+    "--uts",
+    "--cgroupns",
+    "--cgroup-parent",
+    "--userns=host",
+    "--env-host",
+    "--env-file",
+    "--pids-limit",
+    "--memory",
+    "--memory-swap",
+    "--entrypoint",
+    "--security-opt=seccomp=unconfined",
+    "--security-opt=apparmor=unconfined",
+    "--security-opt=no-new-privileges=false",
+];
+
+/// Refuses a flag of the block that would undo the container (see [`FORBIDDEN_FLAGS`]).
+fn check_flag(flag: &str) -> Result<(), String> {
+    let f = flag.trim();
+    let hit = FORBIDDEN_FLAGS.iter().any(|bad| {
+        if bad.contains('=') {
+            f == *bad
+        } else {
+            f == *bad || f.starts_with(&format!("{bad}="))
+        }
+    });
+    // A short flag with its value joined (`-v/x:/y`) is a volume too.
+    if hit || (f.starts_with("-v") && !f.starts_with("--")) || !f.starts_with('-') {
+        return Err(format!(
+            "podman flag {flag:?} is not allowed: mounts, network, limits and the \
+             container's confinement come from the session's own fields (a flag's value goes \
+             in the same word: --flag=value)"
+        ));
     }
     Ok(())
 }
@@ -376,6 +434,22 @@ pub fn provision(
     } else if ws.join(".git").exists() {
         volume(&ws.join(".git"), &ws.join(".git"), ":ro");
     }
+    // What must stay hidden even inside the workspace: paddock's data and runtime directories,
+    // the daemon's sockets (a same-user process could ask the daemon for a host session).
+    for h in host
+        .hidden
+        .iter()
+        .filter(|h| h.starts_with(&ws) && h.exists())
+    {
+        args.push(format!("--tmpfs={}", s(h)));
+    }
+    for m in host
+        .masked
+        .iter()
+        .filter(|m| m.starts_with(&ws) && m.exists())
+    {
+        args.push(format!("--volume=/dev/null:{}:ro", s(m)));
+    }
     for m in &spec.podman.mounts {
         check_mount(host, m)?;
         args.push(format!("--volume={m}"));
@@ -383,7 +457,10 @@ pub fn provision(
     for p in &spec.podman.ports {
         args.push(format!("--publish={p}"));
     }
-    args.extend(spec.podman.flags.iter().cloned());
+    for f in &spec.podman.flags {
+        check_flag(f)?;
+        args.push(f.clone());
+    }
     let mut cmd_env = Vec::new();
     for (k, v) in &spec.podman.env {
         // The name only: the value reaches podman through its environment, not its argv.
@@ -407,6 +484,35 @@ pub fn provision(
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ));
+    }
+    // podman may drop limits it cannot apply (rootless on cgroup v1) with only a warning: a
+    // session that asked for them does not run without them.
+    if spec.pids > 0 || spec.memory_bytes > 0 {
+        let applied = run(
+            &podman,
+            &[
+                "container".into(),
+                "inspect".into(),
+                "--format".into(),
+                "{{.HostConfig.PidsLimit}} {{.HostConfig.Memory}}".into(),
+                name.clone(),
+            ],
+        )
+        .unwrap_or_default();
+        let mut it = applied
+            .split_whitespace()
+            .map(|n| n.parse::<i64>().unwrap_or(0));
+        let (pids, memory) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+        let pids_ok = spec.pids == 0 || pids == i64::from(spec.pids);
+        let memory_ok = spec.memory_bytes == 0 || memory == spec.memory_bytes as i64;
+        if !(pids_ok && memory_ok) {
+            let _ = run(&podman, &["rm".into(), "--force".into(), name.clone()]);
+            return Err(format!(
+                "podman did not apply the memory and process limits (pids {pids}, memory \
+                 {memory}; rootless podman cannot on a cgroup v1 host): run the daemon as \
+                 root, or without limits"
+            ));
+        }
     }
     super::log(
         root,
@@ -504,10 +610,14 @@ pub fn remove(id: &SessionId) {
     }
 }
 
-/// Daemon start-up: removes the containers of this data dir whose session is gone, and starts
-/// again those of sessions that are still there (a host reboot stops them). Returns how many
-/// were removed.
-pub fn reconcile(host: &Host, exists: &dyn Fn(&SessionId) -> bool) -> usize {
+/// Daemon start-up: removes the containers of this data dir whose session (or Aria container)
+/// is gone, and starts again those that should run (a session's, a running Aria container's:
+/// a host reboot stops them). Returns how many were removed.
+pub fn reconcile(
+    host: &Host,
+    exists: &dyn Fn(&SessionId) -> bool,
+    should_run: &dyn Fn(&SessionId) -> bool,
+) -> usize {
     let Ok(podman) = podman() else { return 0 };
     let Ok(list) = run(
         &podman,
@@ -529,7 +639,7 @@ pub fn reconcile(host: &Host, exists: &dyn Fn(&SessionId) -> bool) -> usize {
         if !exists(&id) {
             remove(&id);
             removed += 1;
-        } else if !state.eq_ignore_ascii_case("running") {
+        } else if !state.eq_ignore_ascii_case("running") && should_run(&id) {
             match run(&podman, &["start".into(), container(&id)]) {
                 Ok(_) => tracing::info!(session = %id, "started its container again"),
                 Err(e) => tracing::warn!(session = %id, "cannot start its container: {e}"),
@@ -542,6 +652,31 @@ pub fn reconcile(host: &Host, exists: &dyn Fn(&SessionId) -> bool) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_that_would_undo_the_container_are_refused() {
+        for ok in [
+            "--userns=keep-id",
+            "--security-opt=label=disable",
+            "--hostname=agent",
+        ] {
+            assert!(check_flag(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "-v",
+            "-v/:/host",
+            "--volume=/:/host",
+            "--network=host",
+            "--net=host",
+            "--privileged",
+            "--cap-add=ALL",
+            "--pid=host",
+            "--security-opt=seccomp=unconfined",
+            "/:/host",
+        ] {
+            assert!(check_flag(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn mounts_that_would_undo_the_container_are_refused() {

@@ -20,6 +20,9 @@ use super::stream_json::{self, ControlResponse};
 
 /// The MCP server's name, as the agent sees it (its tools are `mcp__paddock__<name>`).
 pub const SERVER: &str = "paddock";
+/// The MCP revisions this server answers in, newest first (its tools need nothing newer).
+const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+
 /// How the agent names the server's tools: `mcp__paddock__<name>`.
 pub const TOOL_PREFIX: &str = "mcp__paddock__";
 
@@ -93,10 +96,12 @@ pub fn handle(request_id: &str, server: &str, message: &Value, tools: &[ClientTo
     let reply = |v| Step::Reply(response(request_id, v));
     match method {
         "initialize" => {
-            let version = params
-                .get("protocolVersion")
-                .and_then(Value::as_str)
-                .unwrap_or("2025-06-18");
+            // The client's version if paddock speaks it, else the newest paddock does (the
+            // client then decides whether it can go on).
+            let asked = params.get("protocolVersion").and_then(Value::as_str);
+            let version = asked
+                .filter(|v| PROTOCOL_VERSIONS.contains(v))
+                .unwrap_or(PROTOCOL_VERSIONS[0]);
             reply(result(
                 &id,
                 json!({
@@ -187,6 +192,15 @@ mod tests {
         let r = mcp_response(&line);
         assert_eq!(r["id"], 0);
         assert_eq!(r["result"]["protocolVersion"], "2025-11-25");
+        let future = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2099-01-01"}});
+        let Step::Reply(line) = handle("r0", SERVER, &future, &tools()) else {
+            panic!()
+        };
+        assert_eq!(
+            mcp_response(&line)["result"]["protocolVersion"],
+            PROTOCOL_VERSIONS[0]
+        );
         assert!(r["result"]["capabilities"]["tools"].is_object());
         let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
         let Step::Reply(line) = handle("r2", SERVER, &list, &tools()) else {
@@ -239,6 +253,16 @@ mod tests {
             panic!()
         };
         assert!(line.contains("\"error\""), "{line}");
+    }
+
+    #[test]
+    fn a_tool_name_cannot_smuggle_in_another_tool() {
+        use crate::providers::bridge::openai::client_tools;
+        for bad in ["x,Bash", "x Bash", "a\\nb", ""] {
+            let list = format!(r#"[{{"name":"{bad}"}}]"#);
+            assert!(client_tools(Some(&list)).is_err(), "{bad:?}");
+        }
+        assert!(client_tools(Some(r#"[{"name":"run_tests-2"}]"#)).is_ok());
     }
 
     #[test]

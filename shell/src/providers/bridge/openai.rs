@@ -133,6 +133,18 @@ pub fn client_tools(text: Option<&str>) -> Result<Vec<ClientTool>, String> {
                     "provider_config.client_tools: every tool needs a name, not one of paddock's own ({name:?})"
                 ));
             }
+            // A name is a word (it becomes part of an agent's tool list and flags: a comma or
+            // a space must never smuggle in another tool).
+            let word = name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !word {
+                return Err(format!(
+                    "provider_config.client_tools: tool name {name:?}: use at most 64 letters, \
+                     digits, _ and -"
+                ));
+            }
             let parameters = match (&t["parameters"], t["schema_json"].as_str()) {
                 (p @ Value::Object(_), _) => p.clone(),
                 (_, Some(s)) if !s.trim().is_empty() => serde_json::from_str(s).map_err(|e| {
