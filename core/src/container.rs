@@ -115,6 +115,8 @@ pub enum ContainerRequest {
 pub enum ContainerEvent {
     Made,
     MakeFailed(String),
+    /// A start is done: the container runs.
+    Started,
     /// A start (or a restart at daemon start-up) failed; the container is unusable.
     StartFailed(String),
 }
@@ -134,6 +136,8 @@ pub struct Containers {
     all: BTreeMap<String, ContainerRecord>,
     /// Creates waiting for the driver: container → the request to answer.
     creating: BTreeMap<String, RequestId>,
+    /// Starts waiting for the driver, likewise.
+    starting: BTreeMap<String, RequestId>,
 }
 
 fn not_found(id: &str) -> Error {
@@ -159,6 +163,7 @@ impl Containers {
         Containers {
             all,
             creating: BTreeMap::new(),
+            starting: BTreeMap::new(),
         }
     }
 
@@ -178,6 +183,12 @@ impl Containers {
     /// The container a task may run in: it exists and runs.
     pub fn runnable(&self, id: &str) -> Result<&ContainerRecord, Error> {
         let c = self.all.get(id).ok_or_else(|| not_found(id))?;
+        if self.starting.contains_key(id) {
+            return Err(Error::new(
+                ErrorCode::WrongState,
+                format!("container \"{id}\" is being started"),
+            ));
+        }
         if c.state != ContainerState::Running {
             return Err(Error::new(
                 ErrorCode::WrongState,
@@ -244,7 +255,15 @@ impl Containers {
         };
         match (request, c.state) {
             (ContainerRequest::Create(_), _) => unreachable!("handled above"),
-            (ContainerRequest::Start, ContainerState::Running) => reply(out, Ok(c.clone())),
+            (ContainerRequest::Start, ContainerState::Running)
+                if !self.starting.contains_key(&id) =>
+            {
+                reply(out, Ok(c.clone()))
+            }
+            (ContainerRequest::Start, ContainerState::Running) => {
+                reply(out, wrong(c, "started again while it is being started"))
+            }
+            // Answered once the driver started it: a command launched after the answer runs.
             (ContainerRequest::Start, ContainerState::Stopped | ContainerState::Failed) => {
                 c.state = ContainerState::Running;
                 c.error = None;
@@ -254,10 +273,19 @@ impl Containers {
                     work: ContainerWork::Start,
                     record: Box::new(c.clone()),
                 });
-                reply(out, Ok(c.clone()));
+                self.starting.insert(id, req);
             }
             (ContainerRequest::Stop, ContainerState::Stopped) => reply(out, Ok(c.clone())),
             (ContainerRequest::Stop, ContainerState::Running | ContainerState::Failed) => {
+                if let Some(start) = self.starting.remove(&id) {
+                    out.rest.push(Effect::ReplyContainer {
+                        req: start,
+                        result: Err(Error::new(
+                            ErrorCode::WrongState,
+                            format!("container \"{id}\" was stopped before it started"),
+                        )),
+                    });
+                }
                 c.state = ContainerState::Stopped;
                 out.persist
                     .push(Effect::Persist(Record::Container(Box::new(c.clone()))));
@@ -277,6 +305,12 @@ impl Containers {
             }
             (ContainerRequest::Remove, _) => {
                 let c = self.all.remove(&id).expect("looked up above");
+                if let Some(start) = self.starting.remove(&id) {
+                    out.rest.push(Effect::ReplyContainer {
+                        req: start,
+                        result: Err(not_found(&id)),
+                    });
+                }
                 Self::destroy(&c, out);
                 reply(out, Ok(c));
                 return Some(id);
@@ -343,11 +377,25 @@ impl Containers {
                     });
                 }
             }
+            (ContainerEvent::Started, ContainerState::Running) => {
+                if let Some(req) = self.starting.remove(id) {
+                    out.rest.push(Effect::ReplyContainer {
+                        req,
+                        result: Ok(c.clone()),
+                    });
+                }
+            }
             (ContainerEvent::StartFailed(reason), ContainerState::Running) => {
                 c.state = ContainerState::Failed;
-                c.error = Some(reason);
+                c.error = Some(reason.clone());
                 out.persist
                     .push(Effect::Persist(Record::Container(Box::new(c.clone()))));
+                if let Some(req) = self.starting.remove(id) {
+                    out.rest.push(Effect::ReplyContainer {
+                        req,
+                        result: Err(Error::new(ErrorCode::SandboxInitFailed, reason)),
+                    });
+                }
             }
             // A late or repeated report: nothing changes.
             _ => {}
@@ -479,14 +527,31 @@ mod tests {
             ContainerRequest::Start,
             &mut out,
         );
-        assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
+        assert!(replies(&out).is_empty(), "answered once started");
+        assert_eq!(cs.runnable("c").unwrap_err().code, ErrorCode::WrongState);
         let mut out = Out::default();
-        cs.report(
-            "c",
-            ContainerEvent::StartFailed("gone".into()),
-            |_| true,
-            &mut out,
+        cs.report("c", ContainerEvent::Started, |_| true, &mut out);
+        assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
+        assert!(cs.runnable("c").is_ok());
+        // A start that fails: the container is Failed, the start answered with why.
+        cs.handle(
+            Timestamp::from_millis(1),
+            5,
+            "c".into(),
+            ContainerRequest::Stop,
+            &mut Out::default(),
         );
+        cs.handle(
+            Timestamp::from_millis(1),
+            6,
+            "c".into(),
+            ContainerRequest::Start,
+            &mut Out::default(),
+        );
+        let mut out = Out::default();
+        let failed = ContainerEvent::StartFailed("gone".into());
+        cs.report("c", failed, |_| true, &mut out);
+        assert_eq!(replies(&out), vec![Err(ErrorCode::SandboxInitFailed)]);
         assert_eq!(cs.get("c").unwrap().state, ContainerState::Failed);
         let mut out = Out::default();
         let r = cs.handle(

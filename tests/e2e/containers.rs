@@ -338,6 +338,20 @@ async fn podman_containers_belong_to_their_session_unless_persistent() {
         "not the host's /usr/bin: {lines:?}"
     );
 
+    // A stop and a start at once happen in that order: the container runs after them.
+    c.stop_container(aria::StopContainerRequest {
+        container_id: ids[1].clone(),
+    })
+    .await
+    .unwrap();
+    c.start_container(aria::StartContainerRequest {
+        container_id: ids[1].clone(),
+    })
+    .await
+    .unwrap();
+    let task = exec(&mut t, &ids[1], "echo after-restart").await;
+    assert_eq!(task.exit_code, Some(0), "{task:?}");
+
     // The session's delete takes its container, not the persistent one.
     d.stop(&session, false).await.unwrap();
     d.client()

@@ -84,6 +84,9 @@ pub struct State {
     pub(super) runner: Option<super::runner_link::RunnerLink>,
     /// Where sessions' environments are made and what a sandbox hides.
     pub(super) env: crate::env::Host,
+    /// Per Aria container, its driver's latest work: each next one waits for it, so that a
+    /// container's make, stops, starts and destroy happen in the order the core decided them.
+    container_work: BTreeMap<String, tokio::task::JoinHandle<()>>,
     exe: PathBuf,
     tx: mpsc::Sender<Command>,
     runs: BTreeMap<(SessionId, RunId), RunHandle>,
@@ -124,6 +127,7 @@ impl State {
         let env = crate::env::Host::new(&data_dir, &[&socket], &exe);
         State {
             env,
+            container_work: BTreeMap::new(),
             engine,
             store,
             hub,
@@ -723,22 +727,48 @@ impl State {
                 // Made, started or stopped on a blocking thread (podman takes a while); a make
                 // or a start is reported back as a command. A destroy waits for the commit,
                 // like a session's environment.
+                // Made, started or stopped on a blocking thread (podman takes a while), in
+                // order; a make or a start is reported back as a command. A destroy waits for
+                // the commit, like a session's environment.
                 Effect::Container { work, record } => match work {
                     ContainerWork::Destroy => {
                         batch.deliver.push(Effect::Container { work, record })
                     }
-                    work => {
-                        let (host, tx) = (self.env.clone(), self.tx.clone());
-                        tokio::task::spawn_blocking(move || {
-                            let id = record.id.clone();
-                            if let Some(event) = crate::env::container::work(&host, &record, &work)
-                            {
-                                let _ = tx.blocking_send(Command::ContainerReport { id, event });
-                            }
-                        });
-                    }
+                    work => self.container_work(work, record),
                 },
             }
+        }
+    }
+
+    /// Runs `work` for container `record` once the container's previous work is done; its
+    /// report (a make's, a start's) comes back as a command.
+    fn container_work(
+        &mut self,
+        work: ContainerWork,
+        record: Box<paddock_core::container::ContainerRecord>,
+    ) {
+        let (host, tx) = (self.env.clone(), self.tx.clone());
+        let id = record.id.clone();
+        let before = self.container_work.remove(&id);
+        let last = matches!(work, ContainerWork::Destroy);
+        let handle = tokio::spawn(async move {
+            if let Some(before) = before {
+                let _ = before.await;
+            }
+            let id = record.id.clone();
+            let event = tokio::task::spawn_blocking(move || {
+                crate::env::container::work(&host, &record, &work)
+            })
+            .await
+            .ok()
+            .flatten();
+            if let Some(event) = event {
+                let _ = tx.send(Command::ContainerReport { id, event }).await;
+            }
+        });
+        // After a destroy nothing more comes for this container.
+        if !last {
+            self.container_work.insert(id, handle);
         }
     }
 
@@ -862,12 +892,7 @@ impl State {
                         let _ = reply.send(result);
                     }
                 }
-                Effect::Container { work, record } => {
-                    let host = self.env.clone();
-                    tokio::task::spawn_blocking(move || {
-                        crate::env::container::work(&host, &record, &work);
-                    });
-                }
+                Effect::Container { work, record } => self.container_work(work, record),
                 Effect::ReplyRemoveCampaign { req, result } => {
                     if let Some(Waiting::RemoveCampaign(reply)) = self.waiting(req) {
                         let _ = reply.send(result);

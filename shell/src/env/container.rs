@@ -56,13 +56,12 @@ pub fn work(host: &Host, c: &ContainerRecord, work: &ContainerWork) -> Option<Co
                 Err(reason) => ContainerEvent::MakeFailed(reason),
             },
         ),
-        ContainerWork::Start => {
-            // Made again if needed (a podman container that is gone is made anew; a stopped
-            // one is started).
-            super::provision(host, &id, &config)
-                .err()
-                .map(ContainerEvent::StartFailed)
-        }
+        // Made again if needed (a podman container that is gone is made anew; a stopped one
+        // is started).
+        ContainerWork::Start => Some(match super::provision(host, &id, &config) {
+            Ok(_) => ContainerEvent::Started,
+            Err(reason) => ContainerEvent::StartFailed(reason),
+        }),
         ContainerWork::Stop => {
             if c.spec.driver == Driver::Podman {
                 super::podman::stop(&id);
