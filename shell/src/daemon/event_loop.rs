@@ -287,6 +287,13 @@ impl State {
             Command::Provider(input) => batch.inputs.push_back(input),
             Command::ProviderLine(inputs) => batch.inputs.extend(inputs),
             Command::Environment { id, event } => {
+                if !self.has_session(&id) {
+                    // Made after its session was deleted (a delete during the making): what
+                    // was made goes too.
+                    let remove = crate::env::destroy(&self.env, &id);
+                    tokio::task::spawn_blocking(remove);
+                    return;
+                }
                 batch.inputs.push_back(Input::Environment { id, event })
             }
             Command::Request {

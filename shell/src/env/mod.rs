@@ -546,9 +546,12 @@ pub fn enter(
             Some(made)
                 if made.workdir.is_dir()
                     && made.repo.is_some() == config.env.worktree
-                    && made.container.is_some() == (config.env.driver == Driver::Podman)
-                    && made.cgroups.iter().all(|g| g.exists()) =>
+                    && made.container.is_some() == (config.env.driver == Driver::Podman) =>
             {
+                if !made.cgroups.iter().all(|g| g.exists()) {
+                    // A host reboot takes control groups away: made again (a few files).
+                    limits::make(&host.data_dir, id, &config.env)?;
+                }
                 made
             }
             // Never made (a restart after a making that was given up), or removed by hand.
