@@ -75,25 +75,38 @@ fn error(id: &Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
-/// Handles one `mcp_message` for server `server` offering `tools`.
-pub fn handle(request_id: &str, server: &str, message: &Value, tools: &[ClientTool]) -> Step {
-    if server != SERVER {
-        return Step::Reply(super::claude_stream::control_response_error(
-            request_id,
-            &format!("paddock serves no MCP server {server:?}"),
-        ));
-    }
+/// What paddock's MCP server does with one JSON-RPC message, whatever carries it (Claude
+/// Code's control channel today; a socket for agents that start their MCP servers as
+/// processes would carry the same messages).
+#[derive(Debug, PartialEq)]
+pub enum Rpc {
+    /// A notification: nothing to answer.
+    Notification,
+    /// The JSON-RPC answer.
+    Reply(Value),
+    /// A call of client tool `tool`: the client's to answer ([`call_result`] makes the reply).
+    Call {
+        id: Value,
+        tool: String,
+        arguments: Value,
+    },
+}
+
+/// The reply to call `id` with the client's result.
+pub fn call_result(id: &Value, text: &str, is_error: bool) -> Value {
+    result(
+        id,
+        json!({"content": [{"type": "text", "text": text}], "isError": is_error}),
+    )
+}
+
+/// Handles one JSON-RPC message for a server offering `tools`.
+pub fn rpc(message: &Value, tools: &[ClientTool]) -> Rpc {
     let method = message.get("method").and_then(Value::as_str).unwrap_or("");
     let Some(id) = message.get("id").cloned() else {
-        // A notification (`notifications/initialized`, …): nothing to answer but the control
-        // request itself.
-        return Step::Reply(response(
-            request_id,
-            json!({"jsonrpc": "2.0", "result": {}, "id": 0}),
-        ));
+        return Rpc::Notification;
     };
     let params = message.get("params").cloned().unwrap_or(Value::Null);
-    let reply = |v| Step::Reply(response(request_id, v));
     match method {
         "initialize" => {
             // The client's version if paddock speaks it, else the newest paddock does (the
@@ -102,7 +115,7 @@ pub fn handle(request_id: &str, server: &str, message: &Value, tools: &[ClientTo
             let version = asked
                 .filter(|v| PROTOCOL_VERSIONS.contains(v))
                 .unwrap_or(PROTOCOL_VERSIONS[0]);
-            reply(result(
+            Rpc::Reply(result(
                 &id,
                 json!({
                     "protocolVersion": version,
@@ -111,7 +124,7 @@ pub fn handle(request_id: &str, server: &str, message: &Value, tools: &[ClientTo
                 }),
             ))
         }
-        "ping" => reply(result(&id, json!({}))),
+        "ping" => Rpc::Reply(result(&id, json!({}))),
         "tools/list" => {
             let list: Vec<Value> = tools
                 .iter()
@@ -123,26 +136,47 @@ pub fn handle(request_id: &str, server: &str, message: &Value, tools: &[ClientTo
                     })
                 })
                 .collect();
-            reply(result(&id, json!({"tools": list})))
+            Rpc::Reply(result(&id, json!({"tools": list})))
         }
         "tools/call" => {
             let name = params.get("name").and_then(Value::as_str).unwrap_or("");
             if !tools.iter().any(|t| t.name == name) {
-                return reply(result(
-                    &id,
-                    json!({
-                        "content": [{"type": "text", "text": format!("no client tool {name:?}")}],
-                        "isError": true,
-                    }),
-                ));
+                return Rpc::Reply(call_result(&id, &format!("no client tool {name:?}"), true));
             }
-            Step::Call {
-                key: format!("{KEY_PREFIX}{id}:{request_id}"),
+            Rpc::Call {
+                id,
                 tool: name.to_string(),
                 arguments: params.get("arguments").cloned().unwrap_or(json!({})),
             }
         }
-        other => reply(error(&id, -32601, &format!("method {other:?} not found"))),
+        other => Rpc::Reply(error(&id, -32601, &format!("method {other:?} not found"))),
+    }
+}
+
+/// Handles one `mcp_message` for server `server` offering `tools`.
+pub fn handle(request_id: &str, server: &str, message: &Value, tools: &[ClientTool]) -> Step {
+    if server != SERVER {
+        return Step::Reply(super::claude_stream::control_response_error(
+            request_id,
+            &format!("paddock serves no MCP server {server:?}"),
+        ));
+    }
+    match rpc(message, tools) {
+        // Nothing to answer but the control request itself.
+        Rpc::Notification => Step::Reply(response(
+            request_id,
+            json!({"jsonrpc": "2.0", "result": {}, "id": 0}),
+        )),
+        Rpc::Reply(v) => Step::Reply(response(request_id, v)),
+        Rpc::Call {
+            id,
+            tool,
+            arguments,
+        } => Step::Call {
+            key: format!("{KEY_PREFIX}{id}:{request_id}"),
+            tool,
+            arguments,
+        },
     }
 }
 
@@ -154,13 +188,7 @@ pub fn answer_line(key: &str, text: &str, is_error: bool) -> Option<String> {
     // the control request's id is the last field.
     let (id, request_id) = rest.rsplit_once(':')?;
     let id: Value = serde_json::from_str(id).ok()?;
-    Some(response(
-        request_id,
-        result(
-            &id,
-            json!({"content": [{"type": "text", "text": text}], "isError": is_error}),
-        ),
-    ))
+    Some(response(request_id, call_result(&id, text, is_error)))
 }
 
 #[cfg(test)]
