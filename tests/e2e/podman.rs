@@ -327,7 +327,12 @@ async fn a_container_outlives_a_killed_daemon_and_goes_with_its_delete() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let marker = format!("{}", 600_000 + std::process::id() % 90_000);
-    let id = create_escaping(&d, port, &marker, "  network: true\n").await;
+    let published = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let block = format!("  network: true\n  ports: [\"127.0.0.1:{published}:8080\"]\n");
+    let id = create_escaping(&d, port, &marker, &block).await;
     // With network, the container has podman's network: the host's loopback is still not
     // reachable (it is the container's own), nor the daemon's socket.
     let r = report(&d);
@@ -335,6 +340,37 @@ async fn a_container_outlives_a_killed_daemon_and_goes_with_its_delete() {
         r.contains("reach-loopback: no") && r.contains("reach-daemon: no"),
         "{r}"
     );
+    // The block's port: a server in the container answers on the host's published port.
+    let o = cli_in(
+        &d,
+        &d.dirs.root,
+        &[
+            "task",
+            "launch",
+            "--session",
+            &id,
+            "--",
+            "python3",
+            "-m",
+            "http.server",
+            "8080",
+        ],
+    )
+    .await;
+    assert_eq!(o.code, 0, "{o:?}");
+    let mut answered = String::new();
+    for _ in 0..100 {
+        use std::io::{Read, Write};
+        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", published)) {
+            let _ = c.write_all(b"GET / HTTP/1.0\r\n\r\n");
+            let _ = c.read_to_string(&mut answered);
+            if answered.starts_with("HTTP/1.0 200") {
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(answered.starts_with("HTTP/1.0 200"), "{answered:?}");
 
     d.kill9();
     d.launch().await;
