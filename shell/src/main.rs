@@ -196,6 +196,10 @@ enum Command {
         #[arg(long)]
         append_system_prompt: Option<String>,
     },
+    /// paddock's MCP server for an agent that starts MCP servers as processes (gemini): copies
+    /// stdin and stdout to and from the bridge's socket
+    #[command(name = "__mcp-relay", hide = true)]
+    McpRelay { socket: PathBuf },
     /// Joins the control groups (their cgroup.procs files), then runs the program: how a
     /// bubblewrap session's processes come under its memory and process limits
     #[command(name = "__join-cgroups", hide = true)]
@@ -250,6 +254,7 @@ fn main() {
             }
         },
         Command::Bridge(args) => providers::bridge::run(args),
+        Command::McpRelay { socket } => paddock::providers::bridge::mcp_socket::relay(&socket),
         Command::JoinCgroups { procs, command } => {
             let e = paddock::env::limits::join_and_exec(&procs, &command[0], &command[1..]);
             eprintln!("paddock: cannot start {}: {e}", command[0]);
@@ -460,6 +465,7 @@ fn main() {
                         Command::Daemon { .. }
                         | Command::ScriptedAgent { .. }
                         | Command::JoinCgroups { .. }
+                        | Command::McpRelay { .. }
                         | Command::Bridge(_)
                         | Command::Completions { .. }
                         | Command::Man

@@ -741,3 +741,69 @@ async fn gemini_over_acp_runs_a_tool_turn() {
     g.w.stop(&s.id, true).await.expect("stop");
     wait_no_process_in(&g.w.root, Duration::from_secs(10)).await;
 }
+
+/// A client's own tool (sunbeam's client-side tools) offered to the real gemini through
+/// paddock's MCP server (a socket the bridge serves, named in gemini's system settings; gemini
+/// starts `paddock __mcp-relay`): the model calls it, the client answers it, the model reads
+/// the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn gemini_calls_the_clients_tools_through_paddocks_mcp_server() {
+    let g = G::start(vec![]).await;
+    let probe = std::env::var("PROBE").is_ok();
+    g.fake.push(if probe {
+        vec![Reply::text("probe")]
+    } else {
+        vec![
+            Reply::call("mcp_paddock_run_tests", json!({"filter": "db"})),
+            Reply::text("All green."),
+        ]
+    });
+    let mut req = g.request();
+    req.provider_config
+        .insert("permissions".into(), "allow-all".into());
+    // gemini reads its settings file only under directories no other user can write: not
+    // under /tmp, where the test's HOME is. The bridge's cache directory goes under the
+    // tester's own home for this test.
+    let under = dirs::home_dir().expect("a home").join(".cache");
+    std::fs::create_dir_all(&under).unwrap();
+    let cache = tempfile::Builder::new()
+        .prefix("paddock-gemini-mcp-")
+        .tempdir_in(&under)
+        .unwrap();
+    req.environment
+        .insert("XDG_CACHE_HOME".into(), cache.path().display().to_string());
+    req.provider_config.insert(
+        "client_tools".into(),
+        r#"[{"name":"run_tests","description":"Run the test suite on the client","schema_json":"{\"type\":\"object\",\"properties\":{\"filter\":{\"type\":\"string\"}}}"}]"#.into(),
+    );
+    let s = g.w.create(req).await;
+    let turn = g.w.send_stream(&s.id, "Run the db tests.").await;
+    if probe {
+        let acts = collect(turn).await;
+        let sent = g.fake.stream_requests();
+        let body = sent[0].body.to_string();
+        let i = body.find("run_tests").unwrap_or(0);
+        panic!(
+            "{}\n{acts:#?}",
+            &body[i.saturating_sub(300)..(i + 300).min(body.len())]
+        );
+    }
+    let call = resolve_next(&g.w, &s.id, pb::ApprovalDecision::Answer, "12 passed").await;
+    assert_eq!(call.kind, pb::ApprovalKind::ClientTool as i32);
+    assert_eq!(call.tool_name, "run_tests");
+    assert!(call.input_json.contains("\"db\""), "{call:?}");
+    let acts = collect(turn).await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
+    // The call shows under the client's name for the tool.
+    assert!(
+        acts.iter()
+            .any(|a| kind(a) == "TOOL_CALL" && a.tool_name == "run_tests"),
+        "{acts:#?}"
+    );
+    // The model read the client's result.
+    let sent = g.fake.stream_requests();
+    let last = sent.last().unwrap().body.to_string();
+    assert!(last.contains("12 passed"), "{last}");
+    g.w.stop(&s.id, true).await.expect("stop");
+}

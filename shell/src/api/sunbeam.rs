@@ -263,9 +263,9 @@ impl CodeAgent {
         if !attached.unoffered_tools.is_empty() {
             // Said once, plainly, rather than letting the client wait for calls that never come.
             let note = format!(
-                "client tool(s) not offered to the agent: {} (Claude Code, the openai-api agent \
-                 and the scripted agent take client tools; a resumed session keeps the ones it \
-                 started with)",
+                "client tool(s) not offered to the agent: {} (Claude Code, gemini, the \
+                 openai-api agent and the scripted agent take client tools; a resumed session \
+                 keeps the ones it started with)",
                 attached.unoffered_tools.join(", ")
             );
             let info = OutMsg::Status(pb::Status {
@@ -1427,7 +1427,7 @@ fn unoffered(config: &SessionConfig, declared: &[String]) -> Vec<String> {
         .filter(|n| {
             !matches!(
                 config.provider,
-                Provider::OpenAiApi | Provider::Scripted | Provider::ClaudeCode
+                Provider::OpenAiApi | Provider::Scripted | Provider::ClaudeCode | Provider::Gemini
             ) || !offered.contains(n.trim())
         })
         .cloned()

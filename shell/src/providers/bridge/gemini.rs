@@ -103,6 +103,9 @@ use super::{die_like, run_turn, Bridge, Out, TurnEnd, TurnExit, Usage};
 use crate::providers::{agent_command, PermissionPolicy};
 use paddock_core::Provider;
 
+/// How gemini names paddock's MCP server's tools: `mcp_<server>_<tool>`.
+const GEMINI_CLIENT_TOOL_PREFIX: &str = "mcp_paddock_";
+
 /// Longest user message passed on the command line (Linux refuses an argument over 128 KiB).
 const PROMPT_MAX: usize = 120 * 1024;
 
@@ -112,6 +115,23 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     let argv = agent_command(Provider::Gemini, &bridge.config)?;
     let policy = PermissionPolicy::parse(bridge.config("permissions"))?;
     let mut session = bridge.resume.clone();
+    // The client's tools, from paddock's MCP server: a socket this bridge serves, named to
+    // gemini in a settings file of its own (gemini's system settings: they add to the user's).
+    let tools = super::openai::client_tools(bridge.config(crate::providers::CLIENT_TOOLS_KEY))?;
+    let served = super::mcp_socket::serve(tools, bridge.input.clone())?;
+    let settings = match &served {
+        Some(s) => {
+            let exe = std::env::current_exe().map_err(|e| format!("paddock's own binary: {e}"))?;
+            let file = s.dir.path().join("settings.json");
+            let text = serde_json::json!({
+                "mcpServers": super::mcp_socket::server_entry(&exe, &s.socket)
+            });
+            std::fs::write(&file, text.to_string())
+                .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+            Some(file)
+        }
+        None => None,
+    };
     while let Some(message) = bridge.input.next_user() {
         if message.len() > PROMPT_MAX {
             bridge.out.result(&TurnEnd {
@@ -127,6 +147,9 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         }
         let mut cmd = command(&argv, &bridge.model, &policy, session.as_deref(), &message);
         cmd.current_dir(&bridge.cwd);
+        if let Some(file) = &settings {
+            cmd.env("GEMINI_CLI_SYSTEM_SETTINGS_PATH", file);
+        }
         let mut turn = Turn::new(session.clone());
         let exit = run_turn(&mut cmd, None, super::EXIT_AFTER_TURN, |line| {
             turn.line(line, &bridge.out);
@@ -245,6 +268,8 @@ impl Turn {
                     self.flush(out);
                     self.answer.clear();
                     let input = v.get("parameters").cloned().unwrap_or(Value::Null);
+                    // A client tool (paddock's MCP server) is named as the client named it.
+                    let name = name.strip_prefix(GEMINI_CLIENT_TOOL_PREFIX).unwrap_or(name);
                     out.tool_use(id, name, &input);
                 }
                 _ => out.raw(line),

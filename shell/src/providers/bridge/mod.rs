@@ -34,6 +34,7 @@
 pub mod acp;
 pub mod codex;
 pub mod gemini;
+pub mod mcp_socket;
 pub mod openai;
 pub mod wire;
 

@@ -1,0 +1,139 @@
+//! paddock's MCP server for agents that start their MCP servers as processes (gemini): the
+//! bridge serves it on a Unix socket in a private directory of its own, and the agent starts
+//! `paddock __mcp-relay <socket>`, which only copies its stdin and stdout to and from that
+//! socket. The server is [`crate::providers::mcp::rpc`], the same as Claude Code's; a
+//! `tools/call` becomes the bridge's `client_tool` request to the daemon
+//! ([`super::wire::In::run_on_client`]), answered by the session's client.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::openai::ClientTool;
+use super::wire::In;
+use crate::providers::mcp::{self, Rpc};
+
+/// The longest JSON-RPC line taken from the agent (a tool call's arguments).
+const LINE_MAX: u64 = 1024 * 1024;
+/// Connections served at once (an agent opens one per server, one agent process per turn).
+const CONNECTIONS_MAX: usize = 8;
+
+/// A served MCP socket; the directory (the socket, an agent settings file) goes when it is
+/// dropped.
+pub struct Served {
+    pub socket: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+/// Serves `tools` on a new socket, on threads of its own; `None` when there are none.
+pub fn serve(tools: Vec<ClientTool>, input: Arc<In>) -> Result<Option<Served>, String> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    // Private (0700): only this user's processes reach it. Under the user's cache directory,
+    // not /tmp: gemini reads a settings file only where no other user can write any directory
+    // above it.
+    let base = dirs::cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("paddock");
+    std::fs::create_dir_all(&base).map_err(|e| format!("cannot make {}: {e}", base.display()))?;
+    let dir = tempfile::Builder::new()
+        .prefix("mcp-")
+        .tempdir_in(&base)
+        .map_err(|e| format!("cannot make the MCP socket's directory: {e}"))?;
+    let socket = dir.path().join("mcp.sock");
+    let listener = UnixListener::bind(&socket)
+        .map_err(|e| format!("cannot serve MCP on {}: {e}", socket.display()))?;
+    let tools = Arc::new(tools);
+    let live = Arc::new(AtomicUsize::new(0));
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            if live.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_MAX {
+                live.fetch_sub(1, Ordering::SeqCst);
+                continue;
+            }
+            let (tools, input, live) = (tools.clone(), input.clone(), live.clone());
+            std::thread::spawn(move || {
+                answer(conn, &tools, &input);
+                live.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    Ok(Some(Served { socket, dir }))
+}
+
+/// Answers one agent's JSON-RPC lines until it hangs up.
+fn answer(conn: UnixStream, tools: &[ClientTool], input: &In) {
+    let Ok(mut out) = conn.try_clone() else {
+        return;
+    };
+    let mut lines = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        match (&mut lines).take(LINE_MAX).read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let Ok(message) = serde_json::from_str::<Value>(line.trim()) else {
+            continue;
+        };
+        let reply = match mcp::rpc(&message, tools) {
+            Rpc::Notification => continue,
+            Rpc::Reply(v) => v,
+            Rpc::Call {
+                id,
+                tool,
+                arguments,
+            } => {
+                let (text, is_error) = input.run_on_client(&tool, &arguments);
+                mcp::call_result(&id, &text, is_error)
+            }
+        };
+        if writeln!(out, "{reply}").is_err() {
+            return;
+        }
+    }
+}
+
+/// `paddock __mcp-relay SOCKET`: the agent's MCP server process, a pipe to the bridge's socket.
+pub fn relay(socket: &Path) -> i32 {
+    let conn = match UnixStream::connect(socket) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "paddock: cannot reach the MCP socket {}: {e}",
+                socket.display()
+            );
+            return 1;
+        }
+    };
+    let Ok(mut from_socket) = conn.try_clone() else {
+        return 1;
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from_socket, &mut std::io::stdout().lock());
+        // The bridge hung up: nothing more will be answered.
+        std::process::exit(0);
+    });
+    let mut to_socket = conn;
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut to_socket);
+    let _ = to_socket.shutdown(std::net::Shutdown::Write);
+    0
+}
+
+/// The `mcpServers` entry that starts the relay to `socket` (gemini's settings shape):
+/// trusted, since the client who runs the tools is the one who decides.
+pub fn server_entry(exe: &Path, socket: &Path) -> Value {
+    json!({
+        mcp::SERVER: {
+            "command": exe.display().to_string(),
+            "args": ["__mcp-relay", socket.display().to_string()],
+            "trust": true,
+        }
+    })
+}
