@@ -692,6 +692,14 @@ async fn commands_run_in_a_session_end_with_its_stop() {
     let o = cli_in(&d, &d.dirs.root, &["session", "stop", &id]).await;
     assert_eq!(o.code, 0, "{o:?}");
     wait_until_gone(&format!("sleep {marker}")).await;
-    let o = cli_in(&d, &d.dirs.root, &["--json", "task", "get", &task]).await;
+    // Its end is reported once the runner saw the process go.
+    let mut o = cli_in(&d, &d.dirs.root, &["--json", "task", "get", &task]).await;
+    for _ in 0..100 {
+        if o.stdout.contains("CANCELLED") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        o = cli_in(&d, &d.dirs.root, &["--json", "task", "get", &task]).await;
+    }
     assert!(o.stdout.contains("CANCELLED"), "{o:?}");
 }

@@ -201,7 +201,7 @@ async fn create_from(d: &Daemon, image: &str) -> crate::cli::Out {
 
 /// Waits until session `id`'s container is gone.
 async fn wait_container_gone(id: &str) {
-    for _ in 0..50 {
+    for _ in 0..200 {
         if container_state(id).is_none() {
             return;
         }
