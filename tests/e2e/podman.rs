@@ -299,7 +299,10 @@ async fn podman_keeps_the_agent_in_its_container_and_ends_all_it_started() {
     );
     let o = cli_in(&d, &d.dirs.root, &["session", "logs", "--environment", &id]).await;
     assert!(
-        o.stdout.contains(&format!("podman container paddock-{id}")),
+        o.stdout.contains(&format!("podman container paddock-{id}"))
+            && o.stdout
+                .contains(&format!("container paddock-{id}: running"))
+            && o.stdout.contains(&format!("podman logs paddock-{id}:")),
         "{o:?}"
     );
 

@@ -21,15 +21,32 @@ async fn environment_dir(c: &mut Client, id: &str) -> Result<PathBuf> {
     Ok(Path::new(&state.data_dir).join("environments").join(id))
 }
 
-/// `session logs --environment`: the driver's own log of the session's environment.
+/// `session logs --environment`: the driver's own log of the session's environment, and for a
+/// container what podman says of it (its state and `podman logs`).
 pub async fn environment_log(c: &mut Client, id: &str) -> Result<()> {
-    let file = environment_dir(c, id).await?.join("environment.log");
+    let root = environment_dir(c, id).await?;
+    let file = root.join("environment.log");
     match std::fs::read_to_string(&file) {
         Ok(text) => print!("{text}"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             eprintln!("session {id}'s driver made nothing (no environment log)")
         }
         Err(e) => return Err(Error::io(file.display())(e)),
+    }
+    if let Some(name) = crate::env::Made::read(&root).and_then(|m| m.container) {
+        match crate::env::podman::describe(&name) {
+            Ok((state, logs)) => {
+                println!("container {name}: {state}");
+                println!("podman logs {name}:");
+                if logs.is_empty() {
+                    println!("  (nothing: its init writes nothing; the agent's output is the session's activity)");
+                }
+                for line in logs.lines() {
+                    println!("  {line}");
+                }
+            }
+            Err(e) => eprintln!("container {name}: {e}"),
+        }
     }
     Ok(())
 }

@@ -582,6 +582,28 @@ pub fn enter(
     })
 }
 
+/// What podman says of container `name`: its state and its own log (`podman logs`: what its
+/// main process wrote; paddock's idle init writes nothing, the agents' output is the
+/// session's activity).
+pub fn describe(name: &str) -> Result<(String, String), String> {
+    let podman = podman()?;
+    let state = run(
+        &podman,
+        &[
+            "container".into(),
+            "inspect".into(),
+            "--format".into(),
+            "{{.State.Status}} (started {{.State.StartedAt}})".into(),
+            name.to_string(),
+        ],
+    )?;
+    let logs = run(
+        &podman,
+        &["logs".into(), "--timestamps".into(), name.to_string()],
+    )?;
+    Ok((state, logs))
+}
+
 /// Stops session (or Aria container) `id`'s container: TERM to everything in it, KILL after
 /// podman's grace.
 pub fn stop(id: &SessionId) {
