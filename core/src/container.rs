@@ -434,6 +434,13 @@ mod tests {
         })
     }
 
+    /// A request about container `id`: what `handle` returns, and the effects.
+    fn ask(cs: &mut Containers, id: &str, request: ContainerRequest) -> (Option<String>, Out) {
+        let mut out = Out::default();
+        let ended = cs.handle(Timestamp::from_millis(1), 1, id.into(), request, &mut out);
+        (ended, out)
+    }
+
     fn replies(out: &Out) -> Vec<Result<ContainerState, ErrorCode>> {
         out.rest
             .iter()
@@ -449,28 +456,14 @@ mod tests {
     #[test]
     fn a_create_is_answered_once_made_and_a_failed_one_leaves_nothing() {
         let mut cs = Containers::default();
-        let mut out = Out::default();
-        cs.handle(
-            Timestamp::from_millis(1),
-            1,
-            "c1".into(),
-            ContainerRequest::Create(spec()),
-            &mut out,
-        );
+        let (_, out) = ask(&mut cs, "c1", ContainerRequest::Create(spec()));
         assert!(replies(&out).is_empty(), "not before the driver made it");
         assert_eq!(cs.get("c1").unwrap().state, ContainerState::Creating);
         let mut out = Out::default();
         cs.report("c1", ContainerEvent::Made, |_| true, &mut out);
         assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
 
-        let mut out = Out::default();
-        cs.handle(
-            Timestamp::from_millis(1),
-            2,
-            "c2".into(),
-            ContainerRequest::Create(spec()),
-            &mut out,
-        );
+        ask(&mut cs, "c2", ContainerRequest::Create(spec()));
         let mut out = Out::default();
         let failed = ContainerEvent::MakeFailed("no image".into());
         cs.report("c2", failed, |_| true, &mut out);
@@ -484,22 +477,8 @@ mod tests {
     #[test]
     fn stop_start_and_remove_follow_the_diagram() {
         let mut cs = Containers::default();
-        let mut out = Out::default();
-        cs.handle(
-            Timestamp::from_millis(1),
-            1,
-            "c".into(),
-            ContainerRequest::Create(spec()),
-            &mut out,
-        );
-        let mut out = Out::default();
-        let r = cs.handle(
-            Timestamp::from_millis(1),
-            2,
-            "c".into(),
-            ContainerRequest::Stop,
-            &mut out,
-        );
+        ask(&mut cs, "c", ContainerRequest::Create(spec()));
+        let (r, out) = ask(&mut cs, "c", ContainerRequest::Stop);
         assert_eq!(
             replies(&out),
             vec![Err(ErrorCode::WrongState)],
@@ -508,25 +487,11 @@ mod tests {
         assert_eq!(r, None);
         cs.report("c", ContainerEvent::Made, |_| true, &mut Out::default());
         assert!(cs.runnable("c").is_ok());
-        let mut out = Out::default();
-        let r = cs.handle(
-            Timestamp::from_millis(1),
-            3,
-            "c".into(),
-            ContainerRequest::Stop,
-            &mut out,
-        );
+        let (r, out) = ask(&mut cs, "c", ContainerRequest::Stop);
         assert_eq!(r.as_deref(), Some("c"), "its tasks end");
         assert_eq!(replies(&out), vec![Ok(ContainerState::Stopped)]);
         assert_eq!(cs.runnable("c").unwrap_err().code, ErrorCode::WrongState);
-        let mut out = Out::default();
-        cs.handle(
-            Timestamp::from_millis(1),
-            4,
-            "c".into(),
-            ContainerRequest::Start,
-            &mut out,
-        );
+        let (_, out) = ask(&mut cs, "c", ContainerRequest::Start);
         assert!(replies(&out).is_empty(), "answered once started");
         assert_eq!(cs.runnable("c").unwrap_err().code, ErrorCode::WrongState);
         let mut out = Out::default();
@@ -534,43 +499,17 @@ mod tests {
         assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
         assert!(cs.runnable("c").is_ok());
         // A start that fails: the container is Failed, the start answered with why.
-        cs.handle(
-            Timestamp::from_millis(1),
-            5,
-            "c".into(),
-            ContainerRequest::Stop,
-            &mut Out::default(),
-        );
-        cs.handle(
-            Timestamp::from_millis(1),
-            6,
-            "c".into(),
-            ContainerRequest::Start,
-            &mut Out::default(),
-        );
+        ask(&mut cs, "c", ContainerRequest::Stop);
+        ask(&mut cs, "c", ContainerRequest::Start);
         let mut out = Out::default();
         let failed = ContainerEvent::StartFailed("gone".into());
         cs.report("c", failed, |_| true, &mut out);
         assert_eq!(replies(&out), vec![Err(ErrorCode::SandboxInitFailed)]);
         assert_eq!(cs.get("c").unwrap().state, ContainerState::Failed);
-        let mut out = Out::default();
-        let r = cs.handle(
-            Timestamp::from_millis(1),
-            5,
-            "c".into(),
-            ContainerRequest::Remove,
-            &mut out,
-        );
+        let (r, _) = ask(&mut cs, "c", ContainerRequest::Remove);
         assert_eq!(r.as_deref(), Some("c"));
         assert!(cs.get("c").is_none());
-        let mut out = Out::default();
-        cs.handle(
-            Timestamp::from_millis(1),
-            6,
-            "c".into(),
-            ContainerRequest::Remove,
-            &mut out,
-        );
+        let (_, out) = ask(&mut cs, "c", ContainerRequest::Remove);
         assert_eq!(replies(&out), vec![Err(ErrorCode::ContainerNotFound)]);
     }
 
@@ -582,13 +521,7 @@ mod tests {
                 persistent,
                 ..*spec()
             });
-            cs.handle(
-                Timestamp::from_millis(1),
-                1,
-                id.into(),
-                ContainerRequest::Create(s),
-                &mut Out::default(),
-            );
+            ask(&mut cs, id, ContainerRequest::Create(s));
             cs.report(id, ContainerEvent::Made, |_| true, &mut Out::default());
         }
         let mut out = Out::default();
@@ -597,13 +530,7 @@ mod tests {
         assert!(cs.get("b").is_some());
         assert_eq!(cs.list(Some(&SessionId("s1".into()))).len(), 1);
         // Made after its session was deleted: refused, nothing stays.
-        cs.handle(
-            Timestamp::from_millis(1),
-            9,
-            "late".into(),
-            ContainerRequest::Create(spec()),
-            &mut Out::default(),
-        );
+        ask(&mut cs, "late", ContainerRequest::Create(spec()));
         let mut out = Out::default();
         cs.report("late", ContainerEvent::Made, |_| false, &mut out);
         assert_eq!(replies(&out), vec![Err(ErrorCode::SessionNotFound)]);

@@ -169,6 +169,29 @@ pub(crate) fn assert_kept_in(d: &Daemon, marker: &str) {
     );
 }
 
+/// A command in session `id` that starts background processes until it cannot fails with
+/// "fork", having started fewer than `limit` (counted in the session's own /tmp).
+pub(crate) async fn assert_cannot_fork_past(d: &Daemon, id: &str, limit: u32) {
+    let o = exec_sh(
+        d,
+        id,
+        "i=0; while [ $i -lt 64 ]; do sleep 30 & i=$((i+1)); echo $i > /tmp/forked; done",
+    )
+    .await;
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("fork"), "{o:?}");
+    let forked: u32 =
+        std::fs::read_to_string(d.dirs.data.join("environments").join(id).join("tmp/forked"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+    assert!(
+        forked < limit,
+        "{forked} processes started under a limit of {limit}"
+    );
+}
+
 pub(crate) fn report(d: &Daemon) -> String {
     std::fs::read_to_string(d.dirs.root.join("escape-report")).unwrap_or_default()
 }
@@ -624,29 +647,7 @@ async fn a_sandbox_cannot_exceed_its_process_and_memory_limits() {
     assert_eq!((env.pids_limit, env.memory_bytes), (24, 256 << 20));
     assert_eq!(session_groups(&id).len(), 2, "a pids and a memory group");
     // The 25th process of the session cannot start.
-    let o = exec_sh(
-        &d,
-        &id,
-        "i=0; while [ $i -lt 64 ]; do sleep 30 & i=$((i+1)); echo $i > /tmp/forked; done",
-    )
-    .await;
-    assert_ne!(o.code, 0, "{o:?}");
-    assert!(o.stderr.contains("fork"), "{o:?}");
-    let forked: u32 = std::fs::read_to_string(
-        d.dirs
-            .data
-            .join("environments")
-            .join(&id)
-            .join("tmp/forked"),
-    )
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
-    assert!(
-        forked < 24,
-        "{forked} processes started under a limit of 24"
-    );
+    assert_cannot_fork_past(&d, &id, 24).await;
     // 512 MiB in a 256 MiB sandbox: killed.
     let o = exec_sh(
         &d,

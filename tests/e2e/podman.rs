@@ -14,8 +14,8 @@ use std::process::Command;
 use paddock_proto::obey::local::v1 as pb;
 
 use crate::environments::{
-    assert_kept_in, escaping_agent, exec_sh, first_turn_done, git, make_repo, processes_with,
-    report, wait_until_gone,
+    assert_cannot_fork_past, assert_kept_in, escaping_agent, exec_sh, first_turn_done, git,
+    make_repo, processes_with, report, wait_until_gone,
 };
 use crate::harness::*;
 use crate::latis::{cli_in, created_id};
@@ -199,6 +199,21 @@ async fn create_from(d: &Daemon, image: &str) -> crate::cli::Out {
     cli_in(d, &d.dirs.root, &args).await
 }
 
+/// `session create -c <file>` of the scripted agent.
+async fn create_scripted_from_file(d: &Daemon, file: &str) -> crate::cli::Out {
+    let args = [
+        "session",
+        "create",
+        "-c",
+        file,
+        "--provider",
+        "scripted",
+        "--task",
+        "hi",
+    ];
+    cli_in(d, &d.dirs.root, &args).await
+}
+
 /// Waits until session `id`'s container is gone.
 async fn wait_container_gone(id: &str) {
     for _ in 0..200 {
@@ -256,29 +271,7 @@ async fn podman_keeps_the_agent_in_its_container_and_ends_all_it_started() {
     );
     assert!(o.stdout.lines().any(|l| l.trim() == "32"), "{o:?}");
     // No more processes than the limit: the 33rd fork fails.
-    let o = exec_sh(
-        &d,
-        &id,
-        "i=0; while [ $i -lt 64 ]; do sleep 30 & i=$((i+1)); echo $i > /tmp/forked; done",
-    )
-    .await;
-    assert_ne!(o.code, 0, "{o:?}");
-    assert!(o.stderr.contains("fork"), "{o:?}");
-    let forked: u32 = std::fs::read_to_string(
-        d.dirs
-            .data
-            .join("environments")
-            .join(&id)
-            .join("tmp/forked"),
-    )
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
-    assert!(
-        forked < 32,
-        "{forked} processes started under a limit of 32"
-    );
+    assert_cannot_fork_past(&d, &id, 32).await;
     let o = exec_sh(&d, &id, "exit 7").await;
     assert_eq!(o.code, 7, "exec exits with the command's code: {o:?}");
 
@@ -455,21 +448,7 @@ async fn images_are_archives_root_tarballs_or_references_and_bad_ones_are_refuse
             d.dirs.home.display()
         ),
     );
-    let o = cli_in(
-        &d,
-        &d.dirs.root,
-        &[
-            "session",
-            "create",
-            "-c",
-            &file,
-            "--provider",
-            "scripted",
-            "--task",
-            "x",
-        ],
-    )
-    .await;
+    let o = create_scripted_from_file(&d, &file).await;
     assert_ne!(o.code, 0, "{o:?}");
     assert!(o.stderr.contains("holds your home directory"), "{o:?}");
     assert_eq!(d.all_sessions().await.len(), before, "no half-made session");
@@ -517,21 +496,7 @@ async fn a_container_works_in_its_own_worktree() {
         ),
     );
     let id = {
-        let o = cli_in(
-            &d,
-            &d.dirs.root,
-            &[
-                "session",
-                "create",
-                "-c",
-                &file,
-                "--provider",
-                "scripted",
-                "--task",
-                "hi",
-            ],
-        )
-        .await;
+        let o = create_scripted_from_file(&d, &file).await;
         assert_eq!(o.code, 0, "{o:?}");
         created_id(&o)
     };

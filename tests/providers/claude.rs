@@ -516,24 +516,11 @@ async fn the_real_cli_calls_the_clients_tools_through_paddocks_mcp_server() {
     let mut req = w.claude_request();
     req.provider_config
         .insert("permissions".into(), "ask".into());
-    req.provider_config.insert(
-        "client_tools".into(),
-        r#"[{"name":"run_tests","description":"Run the test suite on the client","schema_json":"{\"type\":\"object\",\"properties\":{\"filter\":{\"type\":\"string\"}}}"}]"#.into(),
-    );
+    req.provider_config
+        .insert("client_tools".into(), RUN_TESTS_TOOL.into());
     let s = w.create(req).await;
     let turn = w.send_stream(&s.id, "Run the db tests.").await;
-    let call = resolve_next(&w, &s.id, pb::ApprovalDecision::Answer, "12 passed").await;
-    assert_eq!(call.kind, pb::ApprovalKind::ClientTool as i32);
-    assert_eq!(call.tool_name, "run_tests");
-    assert!(call.input_json.contains("\"db\""), "{call:?}");
-    let acts = collect(turn).await;
-    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
-    // The call shows under the client's name for the tool.
-    assert!(
-        acts.iter()
-            .any(|a| kind(a) == "TOOL_CALL" && a.tool_name == "run_tests"),
-        "{acts:#?}"
-    );
+    client_tool_turn(&w, &s.id, turn).await;
     // The model was told of the tool (Claude Code names it mcp__paddock__run_tests, and lists
     // MCP tools by name for its tool search rather than in `tools`) and read the client's
     // result.

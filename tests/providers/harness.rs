@@ -694,3 +694,28 @@ pub async fn resolve_next(
         .expect("resolve");
     a
 }
+
+/// The client tool of the client-tool tests: `run_tests`, with a `filter`.
+pub const RUN_TESTS_TOOL: &str = r#"[{"name":"run_tests","description":"Run the test suite on the client","schema_json":"{\"type\":\"object\",\"properties\":{\"filter\":{\"type\":\"string\"}}}"}]"#;
+
+/// A turn in which the model calls the client's `run_tests` with `{"filter": "db"}`: the call
+/// is the client's request (answered "12 passed" here), shows under the client's name, and the
+/// turn completes. Returns the turn's activities.
+pub async fn client_tool_turn(
+    w: &World,
+    session: &str,
+    turn: tonic::Streaming<pb::SessionActivityEvent>,
+) -> Vec<pb::SessionActivityEvent> {
+    let call = resolve_next(w, session, pb::ApprovalDecision::Answer, "12 passed").await;
+    assert_eq!(call.kind, pb::ApprovalKind::ClientTool as i32);
+    assert_eq!(call.tool_name, "run_tests");
+    assert!(call.input_json.contains("\"db\""), "{call:?}");
+    let acts = collect(turn).await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
+    assert!(
+        acts.iter()
+            .any(|a| kind(a) == "TOOL_CALL" && a.tool_name == "run_tests"),
+        "{acts:#?}"
+    );
+    acts
+}
