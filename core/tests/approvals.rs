@@ -76,6 +76,7 @@ impl Rig {
             },
         );
         r.provider(ProviderEvent::Started { pid: Some(42) });
+        r.provider(ProviderEvent::Ready);
         let req = r.next_req();
         r.at(
             1,
@@ -606,6 +607,7 @@ fn expiry_allows_only_permissions_and_open_requests_are_bounded() {
             },
         );
         r.provider(ProviderEvent::Started { pid: Some(1) });
+        r.provider(ProviderEvent::Ready);
         r.at(
             1,
             Input::Send {

@@ -149,8 +149,21 @@ impl Rig {
         let mut r = Rig::new();
         r.create(config);
         r.provider(1, ProviderEvent::Started { pid: Some(42) });
+        r.provider(1, ProviderEvent::Ready);
         assert_eq!(r.status(), Status::Running);
         r
+    }
+
+    /// Run `run` started (pid `pid`) and said it is ready: the effects of both.
+    fn start(&mut self, run: RunId, pid: u32) -> Vec<Effect> {
+        let mut fx = self.provider(run, ProviderEvent::Started { pid: Some(pid) });
+        assert!(
+            fx.iter()
+                .any(|e| matches!(e, Effect::AskReady { run: r, .. } if *r == run)),
+            "a started agent is asked whether it is ready: {fx:?}"
+        );
+        fx.extend(self.provider(run, ProviderEvent::Ready));
+        fx
     }
 }
 
@@ -238,10 +251,19 @@ fn create_spawns_and_answers_once_started() {
         "no answer before the provider started"
     );
     let fx = r.provider(1, ProviderEvent::Started { pid: Some(42) });
+    assert!(
+        reply(&fx, req).is_none(),
+        "a started process is not yet an agent that takes messages"
+    );
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::AskReady { run: 1, .. })));
+    assert_eq!(r.status(), Status::Starting);
+    let fx = r.provider(1, ProviderEvent::Ready);
     let rec = reply(&fx, req).unwrap().unwrap();
     assert_eq!(rec.status, Status::Running);
     assert_eq!(rec.pid, Some(42));
-    assert_eq!(rec.started_at, Some(ts(T0 + 1)));
+    assert_eq!(rec.started_at, Some(ts(T0 + 2)));
 }
 
 #[test]
@@ -250,7 +272,7 @@ fn initial_message_starts_a_turn_right_away() {
     c.initial_message = "hello".into();
     let mut r = Rig::new();
     let (req, _) = r.create(c);
-    let fx = r.provider(1, ProviderEvent::Started { pid: Some(7) });
+    let fx = r.start(1, 7);
     assert_eq!(reply(&fx, req).unwrap().unwrap().status, Status::Working);
     assert!(fx
         .iter()
@@ -330,7 +352,7 @@ fn the_session_timeout_fails_it_with_2014() {
     r.send("hi");
     let (at, timer) = r.next_deadline();
     assert_eq!(timer, Timer::SessionTimeout);
-    assert_eq!(at, T0 + 1 + 10_000);
+    assert_eq!(at, T0 + 2 + 10_000, "counted from the agent being ready");
     let fx = r.at(at - r.now, Input::Tick);
     let a = activities(&fx);
     assert!(a[0].activity.content.starts_with("OBEY-2014"));
@@ -533,7 +555,7 @@ fn restart_of_a_running_session_stops_then_starts_the_same_id() {
     let fx = r.provider(1, exited());
     assert!(fx.iter().any(|e| matches!(e, Effect::Spawn { run: 2, .. })));
     assert_eq!(r.record().restart_count, 1);
-    let fx = r.provider(2, ProviderEvent::Started { pid: Some(43) });
+    let fx = r.start(2, 43);
     let rec = reply(&fx, req).unwrap().unwrap();
     assert_eq!(
         (rec.status, rec.restart_count, rec.pid),
@@ -863,7 +885,7 @@ fn a_sandboxed_agent_starts_only_once_its_environment_is_made() {
         statuses(&fx),
         vec![(Some(Status::Created), Status::Starting)]
     );
-    let fx = r.provider(1, ProviderEvent::Started { pid: Some(7) });
+    let fx = r.start(1, 7);
     assert!(reply(&fx, req).unwrap().is_ok());
     // A second report changes nothing.
     let fx = environment(&mut r, EnvEvent::Provisioned);
@@ -1032,7 +1054,7 @@ fn a_task_that_never_reached_an_agent_is_sent_by_the_restart() {
         },
     );
     let run = r.record().run.unwrap();
-    let fx = r.provider(run, ProviderEvent::Started { pid: Some(9) });
+    let fx = r.start(run, 9);
     assert!(
         fx.iter()
             .any(|e| matches!(e, Effect::Write { text, .. } if text == "fix the tests")),

@@ -637,6 +637,7 @@ impl Sim {
         };
         let (event, activity) = match &d.event {
             ProviderEvent::Started { .. } => (EventKind::Started, None),
+            ProviderEvent::Ready => (EventKind::Ready, None),
             ProviderEvent::Ask(_) => (EventKind::Ask, None),
             ProviderEvent::SpawnFailed { .. } => (EventKind::SpawnFailed, None),
             ProviderEvent::Activity(a) if a.kind().ends_turn() => {
@@ -767,6 +768,7 @@ impl Sim {
                     self.world.spawn(self.now, id, *run, spec)?
                 }
                 Effect::Write { id, run, .. } => self.world.write(self.now, id, *run)?,
+                Effect::AskReady { id, run } => self.world.ask_ready(self.now, id, *run)?,
                 Effect::CloseInput { id, run } => self.world.close_input(self.now, id, *run)?,
                 Effect::Signal {
                     id,

@@ -36,6 +36,8 @@ pub enum ReqKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
     Started,
+    /// The started agent answered the ready request.
+    Ready,
     SpawnFailed,
     Activity,
     TurnEnd,
@@ -776,6 +778,15 @@ impl Model {
                 }
                 Effect::Spawn { id, run, spec } => self.on_spawn(cause, id, *run, spec, store)?,
                 Effect::Write { id, .. } => same_session(cause, id)?,
+                Effect::AskReady { id, run } => {
+                    same_session(cause, id)?;
+                    if !cause.ev(EventKind::Started) {
+                        return Err(format!(
+                            "{id}: AskReady for run {run} on {cause:?}: an agent is asked once, \
+                             when it reports it started"
+                        ));
+                    }
+                }
                 Effect::CloseInput { id, run } => {
                     same_session(cause, id)?;
                     self.on_close_input(id, *run)?;
@@ -1588,6 +1599,8 @@ impl Model {
                 Cause::Tick => Some(ErrorCode::Timeout),
                 Cause::Restore => Some(ErrorCode::ConnectionLost),
                 c if c.ev(E::SpawnFailed) => Some(ErrorCode::CreationFailed),
+                // It exited before it was ready: a start that failed.
+                c if c.ev(E::Exited) && prev == Status::Starting => Some(ErrorCode::CreationFailed),
                 c if c.ev(E::Exited) => Some(ErrorCode::ProviderCrashed),
                 c if c.ev(E::DeliveryFailed) => Some(ErrorCode::DeliveryFailed),
                 c if c.ev(E::Activity) || c.ev(E::TurnEnd) => Some(ErrorCode::BudgetExceeded),
@@ -1932,11 +1945,12 @@ impl Model {
                         }
                     }
                     // Refused means nothing written: a create whose provider could not be
-                    // started at all leaves no session.
+                    // started at all, or exited before it was ready, leaves no session.
                     Err(e)
                         if p.kind == ReqKind::Create
                             && e.code == ErrorCode::CreationFailed
-                            && cause.ev(EventKind::SpawnFailed)
+                            && (cause.ev(EventKind::SpawnFailed)
+                                || cause.ev(EventKind::Exited))
                             && !store.sessions.contains_key(&p.id) =>
                     {
                         self.sessions.remove(&p.id);
@@ -2325,7 +2339,7 @@ impl Model {
             let run_ok = match rec.status {
                 // Its environment is being made (or nothing at all happened yet).
                 Status::Created => s.run() == Run::Idle,
-                Status::Starting => matches!(s.run(), Run::Spawning { .. }),
+                Status::Starting => matches!(s.run(), Run::Spawning { .. } | Run::Alive { .. }),
                 Status::Running | Status::Working | Status::Waiting => {
                     matches!(s.run(), Run::Alive { .. })
                 }
@@ -2335,7 +2349,7 @@ impl Model {
             if !run_ok {
                 return Err(format!(
                     "{id} is {} with process {:?} (CREATED means none yet, STARTING a spawn in \
-                     flight, RUNNING, WORKING and WAITING a live process, STOPPED none)",
+                     flight or a started agent not yet ready, RUNNING, WORKING and WAITING a live process, STOPPED none)",
                     rec.status,
                     s.run()
                 ));
@@ -2759,14 +2773,15 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
         }
         // Not made in time, or the daemon restarted meanwhile.
         (Created, Failed) => cause.tick() || lost,
-        (Starting, Running) => cause.ev(E::Started) || adopted,
+        // Running once the agent says it is ready (an adopted one is: it outlived a daemon).
+        (Starting, Running) => cause.ev(E::Ready) || adopted,
         (Starting, Failed) => {
             cause.ev(E::SpawnFailed) || cause.ev(E::Exited) || cause.tick() || lost
         }
         (Starting | Running | Working, Stopping) => cause.stop() || cause.req(R::Restart),
         (Running, Working) => {
             cause.req(R::Send)
-                || ((cause.ev(E::Started) || adopted)
+                || ((cause.ev(E::Ready) || adopted)
                     && sm.turns == 0
                     && !sm.config.initial_message.is_empty())
         }

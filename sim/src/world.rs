@@ -527,6 +527,10 @@ struct Proc {
     queue: VecDeque<Line>,
     /// `Started` was delivered to the engine.
     started: bool,
+    /// It was asked whether it is ready (`AskReady`), once.
+    asked_ready: bool,
+    /// A slow start: its answer to the ready request comes late too.
+    slow_start: bool,
     /// `Exited` (or `SpawnFailed`) is queued: nothing else will be said.
     exiting: bool,
     exit_at: Millis,
@@ -887,6 +891,9 @@ impl World {
         let id = p.session.clone();
         match line.event {
             ProviderEvent::Started { .. } => p.started = true,
+            // The answer to the ready request: a control line the reader consumes (not output
+            // kept for a reattach; a surviving agent is adopted as ready).
+            ProviderEvent::Ready => {}
             // Not output (the daemon's write failed): no cursor, nothing to redeliver.
             ProviderEvent::DeliveryFailed { .. } => {}
             ProviderEvent::Exited { .. } | ProviderEvent::SpawnFailed { .. } => {
@@ -1087,6 +1094,8 @@ impl World {
             pid,
             queue: VecDeque::new(),
             started: false,
+            asked_ready: false,
+            slow_start: false,
             exiting: false,
             exit_at: Millis::MAX,
             ignore_term: self.rng.per_mille(f.ignore_term),
@@ -1109,6 +1118,7 @@ impl World {
         // A slow start delays the first answer, whatever it is (a loaded machine, a slow
         // runner): it may come after the start-up timeout.
         let slow = rng.per_mille(f.slow_start);
+        p.slow_start = slow;
         let s = self.startup_timeout_ms.max(2);
         let first = |rng: &mut Rng| {
             if slow {
@@ -1150,6 +1160,37 @@ impl World {
             p.exit_at = t;
         }
         self.procs.insert(run, p);
+        Ok(())
+    }
+
+    /// `Effect::AskReady`: the agent answers once it reads its input (late, on a slow start:
+    /// perhaps after the start-up timeout); one on its way out never does.
+    pub fn ask_ready(&mut self, now: Millis, id: &SessionId, run: RunId) -> Result<(), String> {
+        let s = self.startup_timeout_ms.max(2);
+        let Some(p) = self.procs.get_mut(&run) else {
+            return Err(format!(
+                "AskReady to run {run} of {id}, which has exited, failed to spawn or never existed"
+            ));
+        };
+        if &p.session != id || !p.started {
+            return Err(format!(
+                "AskReady for {id} addressed run {run} of {} (started: {})",
+                p.session, p.started
+            ));
+        }
+        if std::mem::replace(&mut p.asked_ready, true) {
+            return Err(format!("AskReady to run {run} of {id} twice"));
+        }
+        if p.exiting {
+            return Ok(());
+        }
+        let gap = if p.slow_start {
+            self.rng.range(s / 2, s * 2)
+        } else {
+            self.rng.range(1, 400)
+        };
+        let at = p.queue.back().map_or(now, |l| l.at.max(now)) + gap;
+        push(p, at, ProviderEvent::Ready, false);
         Ok(())
     }
 

@@ -737,7 +737,14 @@ async fn create_without_a_provider_uses_the_first_agent_on_the_users_path() {
     let bin = d.dirs.base.join("user-bin");
     std::fs::create_dir_all(&bin).unwrap();
     let claude = bin.join("claude");
-    std::fs::write(&claude, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::write(
+        &claude,
+        format!(
+            "#!/bin/sh\n{}exec sleep 600\n",
+            crate::harness::ANSWER_READY
+        ),
+    )
+    .unwrap();
     std::fs::set_permissions(&claude, std::fs::Permissions::from_mode(0o755)).unwrap();
     let project = d.dirs.base.join("project");
     let create = |path: String| {

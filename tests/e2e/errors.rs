@@ -221,6 +221,41 @@ async fn refused_creates_write_nothing() {
     d.session(None).await;
 }
 
+/// A session is RUNNING when its agent says it is ready, not when its process exists: an agent
+/// CLI that dies at start (here: a bad flag, after a line on stderr) refuses CreateSession with
+/// OBEY-2004 and its stderr, and leaves no session — with the runner and without. One that
+/// answers the ready request runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_dies_at_start_refuses_the_create_with_2004() {
+    for args in [&[][..], &["--no-runner"][..]] {
+        let mut d = Daemon::start_with(Dirs::new(), args).await;
+        let mut r = d.request(None).await;
+        r.provider = P::ClaudeCode as i32;
+        r.provider_config = HashMap::from([(
+            "command".to_string(),
+            "sh -c 'sleep 0.3; echo \"error: unknown option --bad-flag\" >&2; exit 1'".to_string(),
+        )]);
+        let e = create_err(&d, r.clone()).await;
+        assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+        assert!(
+            e.message().contains("exited before it was ready")
+                && e.message().contains("unknown option --bad-flag"),
+            "{args:?}: {}",
+            e.message()
+        );
+        let all = d.all_sessions().await;
+        assert!(all.is_empty(), "{args:?}: a refused create left {all:?}");
+        // The same agent, answering the ready request first, runs.
+        r.provider_config.insert(
+            "command".into(),
+            format!("{} sh -c 'exec sleep 600'", d.dirs.ready_then()),
+        );
+        let s = d.create(r).await;
+        assert_eq!(s.status, S::Running as i32, "{args:?}: {s:?}");
+        d.stop(&s.id, false).await.expect("stop");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_sessions_are_2010_on_every_session_rpc() {
     let d = Daemon::start().await;
@@ -342,10 +377,14 @@ async fn wrong_state_2011_and_already_stopped_2020() {
     assert_status(&e, Code::FailedPrecondition, "OBEY-2011: ");
     assert!(e.message().contains("STOPPED"), "{}", e.message());
 
-    // 2020 for a FAILED session too, naming why it failed.
+    // 2020 for a FAILED session too, naming why it failed (its agent crashed in a turn).
     let f = d
-        .session(Some(("crash_on_start", json!({"crash_on_start": 2}))))
+        .session(Some((
+            "crash",
+            json!({"turns": [{"steps": [{"crash": 2}]}]}),
+        )))
         .await;
+    d.send(&f.id, "go").await;
     d.wait_status(&f.id, S::Failed).await;
     let e = d.stop(&f.id, false).await.unwrap_err();
     assert_status(&e, Code::FailedPrecondition, "OBEY-2020: ");
@@ -578,10 +617,18 @@ async fn a_message_the_agent_cannot_receive_is_2012() {
         let mut d = Daemon::start_with(Dirs::new(), args).await;
         let mut req = d.request(None).await;
         req.provider = P::ClaudeCode as i32;
-        req.provider_config = HashMap::from([(
-            "command".to_string(),
-            "sh -c 'exec 0<&-; exec sleep 600'".to_string(),
-        )]);
+        // It reads the ready request, closes its input, then says it is ready (so no message
+        // can be written before the close) and runs on.
+        let agent = d.dirs.base.join("deaf-agent");
+        let (read, answer) = ANSWER_READY.split_once('\n').expect("two lines");
+        std::fs::write(
+            &agent,
+            format!("#!/bin/sh\n{read}\nexec 0<&-\n{answer}exec sleep 600\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        req.provider_config = HashMap::from([("command".to_string(), agent.display().to_string())]);
         let s = d.create(req).await;
         assert_eq!(s.status, S::Running as i32, "{args:?}: {s:?}");
         let t0 = std::time::Instant::now();

@@ -76,7 +76,24 @@ pub struct Dirs {
     pub root: PathBuf,
 }
 
+/// The shell lines that make a shell stand-in for an agent answer paddock's ready request (the
+/// first line every agent reads: a `control_request` `initialize`), so that its session runs.
+pub const ANSWER_READY: &str = "read -r _\nprintf '%s\\n' \
+    '{\"type\":\"control_response\",\"response\":{\"subtype\":\"success\",\"request_id\":\"paddock-ready\",\"response\":{}}}'\n";
+
 impl Dirs {
+    /// A command prefix (`<prefix> sh -c '…'`) that answers paddock's ready request and then
+    /// runs the rest of its command line: for agents that are shell stand-ins.
+    pub fn ready_then(&self) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.base.join("ready-then");
+        if !p.exists() {
+            std::fs::write(&p, format!("#!/bin/sh\n{ANSWER_READY}exec \"$@\"\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        p.display().to_string()
+    }
+
     pub fn new() -> Dirs {
         let tmp = tempfile::Builder::new()
             .prefix("pdk-e2e-")

@@ -31,8 +31,10 @@ async fn scrubbing_agent(d: &mut Daemon, mark: u32) -> pb::SessionInfo {
 async fn agent(d: &mut Daemon, script: &str) -> pb::SessionInfo {
     let mut req = d.request(None).await;
     req.provider = pb::SessionProvider::ClaudeCode as i32;
-    req.provider_config
-        .insert("command".into(), format!("sh -c '{script}'"));
+    req.provider_config.insert(
+        "command".into(),
+        format!("{} sh -c '{script}'", d.dirs.ready_then()),
+    );
     d.create(req).await
 }
 

@@ -387,11 +387,12 @@ async fn list_sessions_filters_by_campaign_status_provider_and_terminated() {
     let c1 = c1.id;
     let f1 = d
         .session(Some((
-            "crash_on_start",
-            json!({"crash_on_start": 4, "stderr": "no config found"}),
+            "crash",
+            json!({"turns": [{"steps": [{"crash": 4}]}], "stderr": "no config found"}),
         )))
         .await
         .id;
+    d.send(&f1, "go").await;
     let failed = d.wait_status(&f1, S::Failed).await;
     assert_eq!(failed.error_code, "OBEY-2031");
     assert!(
@@ -1232,6 +1233,7 @@ async fn stand_in(d: &mut Daemon, cmd: String) -> pb::SessionInfo {
     let mut req = d.request(None).await;
     req.provider = P::ClaudeCode as i32;
     req.provider_config.clear();
+    let cmd = format!("{} {cmd}", d.dirs.ready_then());
     req.provider_config.insert("command".into(), cmd);
     d.create(req).await
 }

@@ -75,6 +75,12 @@ pub enum Effect {
         run: RunId,
         spec: SpawnSpec,
     },
+    /// Ask the agent of run `run`, which just started, to say when it is ready for messages
+    /// (paddock's `initialize` control request); answer with `ProviderEvent::Ready`.
+    AskReady {
+        id: SessionId,
+        run: RunId,
+    },
     /// Deliver one user message to the provider of run `run`.
     Write {
         id: SessionId,

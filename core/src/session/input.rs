@@ -130,6 +130,10 @@ pub enum ProviderEvent {
     Started { pid: Option<u32> },
     /// The process could not be started at all.
     SpawnFailed { reason: String },
+    /// The agent answered [`crate::Effect::AskReady`]: it reads its input and takes messages.
+    /// Until then a started session is STARTING, and an agent that exits (a CLI that dies at
+    /// start) refuses the create instead of failing a RUNNING session later.
+    Ready,
     /// One activity (COMPLETION / ERROR end the turn).
     Activity(Activity),
     /// The agent asks something and waits for the answer (a permission prompt, a question, a

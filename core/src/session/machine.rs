@@ -621,6 +621,7 @@ impl Session {
         match event {
             ProviderEvent::Started { pid } => self.on_started(run, pid, cx),
             ProviderEvent::SpawnFailed { reason } => self.on_spawn_failed(reason, cx),
+            ProviderEvent::Ready => self.on_ready(cx),
             ProviderEvent::Activity(activity) => self.on_activity(activity, cx),
             ProviderEvent::Ask(ask) => self.on_ask(ask, cx),
             ProviderEvent::SessionRef(r) => {
@@ -669,7 +670,6 @@ impl Session {
         self.set_run(Run::Alive { run, pid });
         self.record.pid = pid;
         self.dirty = true;
-        self.startup_deadline = None;
         // A restart after a making that was given up: the shell makes the environment as it
         // starts the agent in it (idempotently), so an agent that runs has one.
         self.record.env_state = EnvState::Ready;
@@ -677,8 +677,27 @@ impl Session {
             // Stopping or failed while it was being spawned: it goes at once.
             return self.terminate(cx);
         }
+        // A process is not yet an agent that takes messages: it is asked to say when it is
+        // (the start-up deadline still runs), and the session stays STARTING until then.
+        cx.out.rest.push(Effect::AskReady {
+            id: self.record.id.clone(),
+            run,
+        });
+    }
+
+    /// The agent answered the ready request: the session runs, the create (or restart) is
+    /// answered and the initial message, if any, is sent.
+    fn on_ready(&mut self, cx: &mut Ctx) {
+        if !matches!(self.check(InputKind::Ready, cx), Ok(true)) {
+            return;
+        }
+        let Run::Alive { pid, .. } = self.run else {
+            return; // only a started process can be ready
+        };
+        self.startup_deadline = None;
         self.record.started_at = Some(cx.now.wall);
         self.timeout_deadline = timeout_deadline(cx.now.at, self.record.config.timeout_ms);
+        self.dirty = true;
         let msg = match pid {
             Some(p) => format!("provider started (pid {p})"),
             None => "provider started".to_string(),
@@ -690,6 +709,29 @@ impl Session {
                 req,
                 result: Ok(self.record.clone()),
             });
+        }
+    }
+
+    /// The provider could not be started (`e`, OBEY-2004): the first start of a create is
+    /// refused and leaves nothing; a restart's start fails the session.
+    fn start_failed(&mut self, e: Error, cx: &mut Ctx) {
+        debug_assert_eq!(self.record.status, Status::Starting);
+        debug_assert_eq!(
+            self.run,
+            Run::Idle,
+            "a start fails once its process is gone"
+        );
+        if self.record.restart_count == 0 && !self.start_replies.is_empty() {
+            // The caller is refused and never learns the id, so nothing of it stays (refused
+            // means nothing written).
+            debug_assert!(self.turn.is_none() && self.pending.is_empty());
+            for req in std::mem::take(&mut self.start_replies) {
+                reply_err(cx, req, e.clone());
+            }
+            self.startup_deadline = None;
+            self.discarded = true;
+        } else {
+            self.fail(e, cx);
         }
     }
 
@@ -707,19 +749,7 @@ impl Session {
             )
         };
         match self.record.status {
-            // The first start of a create: the caller is refused and never learns the id, so
-            // nothing of it stays (refused means nothing written).
-            Status::Starting
-                if self.record.restart_count == 0 && !self.start_replies.is_empty() =>
-            {
-                debug_assert!(self.turn.is_none() && self.pending.is_empty());
-                for req in std::mem::take(&mut self.start_replies) {
-                    reply_err(cx, req, e());
-                }
-                self.startup_deadline = None;
-                self.discarded = true;
-            }
-            Status::Starting => self.fail(e(), cx),
+            Status::Starting => self.start_failed(e(), cx),
             // Failed before its spawn was answered (start-up timeout): a restart asked for
             // meanwhile was waiting for this process to be gone.
             Status::Failed => {
@@ -819,6 +849,16 @@ impl Session {
             format!("{how}; stderr: {tail}")
         };
         match self.record.status {
+            // A CLI that dies at start (a bad flag, a lost conversation, no sign-in).
+            Status::Starting => {
+                let e = Error::new(
+                    ErrorCode::CreationFailed,
+                    format!(
+                        "could not start the provider: it exited before it was ready ({detail})"
+                    ),
+                );
+                self.start_failed(e, cx);
+            }
             Status::Stopping => {
                 let text = format!("provider exited during stop ({detail})");
                 self.interrupt_turn(&text, cx);
@@ -886,12 +926,17 @@ impl Session {
                 self.fail(e, cx);
             }
             Timer::Startup => {
+                let ms = cx.lim.startup_timeout.millis();
                 let e = Error::new(
                     ErrorCode::CreationFailed,
-                    format!(
-                        "the provider did not start within {} ms",
-                        cx.lim.startup_timeout.millis()
-                    ),
+                    if matches!(self.run, Run::Alive { .. }) {
+                        format!(
+                            "the provider started but did not say it was ready within {ms} ms \
+                             (it never answered paddock's initialize request)"
+                        )
+                    } else {
+                        format!("the provider did not start within {ms} ms")
+                    },
                 );
                 self.fail(e, cx);
             }

@@ -29,6 +29,8 @@ pub enum InputKind {
     Started,
     /// The provider process could not be spawned.
     SpawnFailed,
+    /// The started agent reported that it is ready for messages.
+    Ready,
     /// An activity that does not end a turn (thinking, tool call, tool result, status).
     Activity,
     /// A COMPLETION or ERROR activity: it ends the turn.
@@ -60,13 +62,14 @@ pub enum InputKind {
 }
 
 impl InputKind {
-    pub const ALL: [InputKind; 20] = [
+    pub const ALL: [InputKind; 21] = [
         InputKind::Send,
         InputKind::StopGraceful,
         InputKind::StopForced,
         InputKind::Restart,
         InputKind::Started,
         InputKind::SpawnFailed,
+        InputKind::Ready,
         InputKind::Activity,
         InputKind::TurnEnd,
         InputKind::Exited,
@@ -91,6 +94,7 @@ impl InputKind {
             InputKind::Restart => "Restart",
             InputKind::Started => "Started",
             InputKind::SpawnFailed => "SpawnFailed",
+            InputKind::Ready => "Ready",
             InputKind::Activity => "Activity",
             InputKind::TurnEnd => "TurnEnd",
             InputKind::Exited => "Exited",
@@ -146,7 +150,11 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
 
         (S::Starting, I::Send) => wrong_state,
         (S::Starting, I::StopGraceful | I::StopForced | I::Restart) => Legal,
-        (S::Starting, I::Started | I::SpawnFailed | I::Exited | I::StartupTimeout) => Legal,
+        // STARTING lasts from the spawn until the agent says it is ready (it answered paddock's
+        // `initialize`); an exit before that is a start that failed.
+        (S::Starting, I::Started | I::SpawnFailed | I::Ready | I::Exited | I::StartupTimeout) => {
+            Legal
+        }
         // The session timeout counts from the provider's start: no deadline runs while STARTING.
         (S::Starting, _) => Ignore,
 

@@ -694,6 +694,15 @@ impl State {
                         }
                     }
                 }
+                Effect::AskReady { id, run } => {
+                    if let Some(h) = self.runs.get(&(id.clone(), run)) {
+                        if !h.write_line(crate::providers::ready_request_line()) {
+                            batch
+                                .inputs
+                                .push_back(undelivered(id, run, "the ready request"));
+                        }
+                    }
+                }
                 Effect::CloseInput { id, run } => {
                     if let Some(h) = self.runs.get(&(id, run)) {
                         h.close_input();
@@ -915,6 +924,7 @@ impl State {
                 | Effect::Spawn { .. }
                 | Effect::Provision { .. }
                 | Effect::Write { .. }
+                | Effect::AskReady { .. }
                 | Effect::CloseInput { .. }
                 | Effect::Signal { .. }
                 | Effect::SpawnTask { .. }

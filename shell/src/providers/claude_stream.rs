@@ -207,6 +207,14 @@ impl ClaudeStreamParser {
                 Some(vec![Parsed::Unrecognized(line)])
             }
             "control_request" => on_control_request(v),
+            // The answer to paddock's `initialize` (success or error alike: the agent reads
+            // its input and answers) says the agent is ready for messages.
+            "control_response"
+                if v.pointer("/response/request_id").and_then(Value::as_str)
+                    == Some(stream_json::READY_REQUEST_ID) =>
+            {
+                Some(vec![Parsed::Event(ProviderEvent::Ready)])
+            }
             "stream_event"
             | "control_response"
             | "control_cancel_request"

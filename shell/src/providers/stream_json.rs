@@ -502,6 +502,32 @@ impl<'a> ControlResponse<'a> {
     }
 }
 
+/// The id of paddock's `initialize` request: the agent's answer to it (any `control_response`
+/// with this id) says it is ready for messages.
+pub const READY_REQUEST_ID: &str = "paddock-ready";
+
+/// `{"type":"control_request","request_id":"paddock-ready","request":{"subtype":"initialize"}}`:
+/// the first line the daemon writes to a started agent, as Claude's Agent SDK opens its
+/// control channel. Claude Code answers at once, before any message (2.1.330: in ≈0.7 s); the
+/// scripted agent and every bridge answer once they can take a message.
+pub fn ready_request() -> String {
+    serde_json::json!({
+        "type": "control_request",
+        "request_id": READY_REQUEST_ID,
+        "request": {"subtype": "initialize"},
+    })
+    .to_string()
+}
+
+/// What an agent answers to [`ready_request`] (`request_id` is the request's own).
+pub fn ready_response(request_id: &str) -> String {
+    serde_json::json!({
+        "type": "control_response",
+        "response": {"subtype": "success", "request_id": request_id, "response": {}},
+    })
+    .to_string()
+}
+
 // ---------------------------------------------------------------------------------------------
 // What the daemon reads
 
@@ -555,6 +581,9 @@ pub enum AgentInput {
         request_id: String,
         answer: ReadAnswer,
     },
+    /// The controller's own request `request_id` (`initialize`: answer once ready for
+    /// messages).
+    Control { request_id: String, subtype: String },
     /// A JSON line of another kind (or of a shape not understood): nothing to do.
     Other,
     /// Not JSON.
@@ -611,8 +640,22 @@ impl ReadAnswer {
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum InLine {
-    User { message: InUserMessage },
-    ControlResponse { response: InResponse },
+    User {
+        message: InUserMessage,
+    },
+    ControlResponse {
+        response: InResponse,
+    },
+    ControlRequest {
+        request_id: String,
+        request: InRequest,
+    },
+}
+
+#[derive(Deserialize)]
+struct InRequest {
+    #[serde(default, deserialize_with = "or_default")]
+    subtype: String,
 }
 
 #[derive(Deserialize)]
@@ -681,6 +724,13 @@ impl AgentInput {
             Ok(InLine::ControlResponse { response }) => AgentInput::Answer {
                 request_id: response.request_id,
                 answer: response.answer,
+            },
+            Ok(InLine::ControlRequest {
+                request_id,
+                request,
+            }) => AgentInput::Control {
+                request_id,
+                subtype: request.subtype,
             },
             Err(_) if serde_json::from_str::<IgnoredAny>(line).is_ok() => AgentInput::Other,
             Err(_) => AgentInput::NotJson,

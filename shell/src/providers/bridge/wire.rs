@@ -37,8 +37,8 @@ use std::borrow::Cow;
 use serde_json::{json, Value};
 
 use crate::providers::stream_json::{
-    self, AgentInput, Assistant, AssistantMessage, Block, ControlRequest, Init, Line, Request,
-    System, TurnResult, User,
+    self, AgentInput, Assistant, AssistantMessage, Block, ControlRequest, ControlResponse, Init,
+    Line, Request, System, TurnResult, User,
 };
 
 /// The longest text (thinking, narration, an answer, an error) a line carries.
@@ -306,12 +306,23 @@ impl<K: std::hash::Hash + Eq, V> Waiters<K, V> {
     }
 }
 
-/// The bridge's stdin: user messages in order, permission answers to whoever asked.
+/// The bridge's stdin: user messages in order, permission answers to whoever asked, and the
+/// daemon's ready request answered once the bridge first waits for a message (its agent's
+/// start-up done: an ACP agent initialized with its session made, a per-turn CLI's settings
+/// checked).
 pub struct In {
     users: Mutex<mpsc::Receiver<String>>,
     pending: Arc<Waiters<String, Decision>>,
     out: Arc<Out>,
     next_id: AtomicU64,
+    ready: Arc<Mutex<Ready>>,
+}
+
+/// Whether the bridge is ready for messages, and the ready request waiting for that.
+#[derive(Default)]
+struct Ready {
+    ready: bool,
+    asked: Option<String>,
 }
 
 impl In {
@@ -324,6 +335,8 @@ impl In {
         let (tx, rx) = mpsc::channel();
         let pending: Arc<Waiters<String, Decision>> = Arc::default();
         let waiting = pending.clone();
+        let ready: Arc<Mutex<Ready>> = Arc::default();
+        let (asked, answer_out) = (ready.clone(), out.clone());
         std::thread::spawn(move || {
             for line in r.lines() {
                 let Ok(line) = line else { break };
@@ -352,6 +365,24 @@ impl In {
                         };
                         waiting.answer(&request_id, decision);
                     }
+                    AgentInput::Control {
+                        request_id,
+                        subtype,
+                    } if subtype == "initialize" => {
+                        let mut r = asked.lock().unwrap_or_else(|e| e.into_inner());
+                        if r.ready {
+                            answer_out.write_line(&stream_json::ready_response(&request_id));
+                        } else {
+                            r.asked = Some(request_id);
+                        }
+                    }
+                    AgentInput::Control {
+                        request_id,
+                        subtype,
+                    } => {
+                        let why = format!("paddock bridge: no control request {subtype:?}");
+                        answer_out.line(&ControlResponse::error(&request_id, &why));
+                    }
                     AgentInput::Other | AgentInput::NotJson => {}
                 }
             }
@@ -363,11 +394,22 @@ impl In {
             pending,
             out,
             next_id: AtomicU64::new(1),
+            ready,
         }
     }
 
-    /// The next user message; `None` once stdin is closed.
+    /// The next user message; `None` once stdin is closed. The first call says the bridge
+    /// is ready (answering the daemon's ready request, now or when it comes).
     pub fn next_user(&self) -> Option<String> {
+        {
+            let mut r = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+            if !r.ready {
+                r.ready = true;
+                if let Some(id) = r.asked.take() {
+                    self.out.write_line(&stream_json::ready_response(&id));
+                }
+            }
+        }
         self.users
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -546,6 +588,39 @@ mod tests {
         assert!(b.recv().is_err());
         // Registering after the close does not wait forever either.
         assert!(w.wait_for(3).recv().is_err());
+    }
+
+    /// The ready request is answered only once the bridge first waits for a message (its
+    /// agent set up), whether it came before or after that.
+    #[test]
+    fn the_ready_request_is_answered_once_the_bridge_waits_for_a_message() {
+        for early in [true, false] {
+            let (r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
+            let buf = Buf::default();
+            let out = Arc::new(Out::to_writer("acp", Box::new(buf.clone())));
+            let input = Arc::new(In::from_reader(out, Box::new(io::BufReader::new(r))));
+            let answered = |buf: &Buf| buf.text().contains(r#""request_id":"paddock-ready""#);
+            if early {
+                writeln!(w, "{}", stream_json::ready_request()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                assert!(!answered(&buf), "not before the bridge is set up");
+            }
+            let waiter = input.clone();
+            let next = std::thread::spawn(move || waiter.next_user());
+            if !early {
+                writeln!(w, "{}", stream_json::ready_request()).unwrap();
+            }
+            let t0 = std::time::Instant::now();
+            while !answered(&buf) {
+                assert!(
+                    t0.elapsed() < std::time::Duration::from_secs(5),
+                    "early={early}"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            drop(w);
+            assert_eq!(next.join().unwrap(), None);
+        }
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! test exercises the real parser, pipes, signals and exit codes. It reads user-message lines
 //! (as [`super::claude_stream::user_message_line`] makes them; read with
 //! [`super::stream_json::AgentInput`]) on stdin and answers each one
-//! on stdout, one JSON object per line, flushing after every line. Other stdin lines
-//! (`control_response`, tool results, …) are ignored; a line that is not JSON gets a note on
+//! on stdout, one JSON object per line, flushing after every line. paddock's ready request (a
+//! `control_request` `initialize`) is answered at once with a `control_response` success;
+//! another control request with an error response. Other stdin lines (`control_response`s it
+//! did not wait for, tool results, …) are ignored; a line that is not JSON gets a note on
 //! stderr. On stdin EOF it exits 0.
 //!
 //! # Built-in behaviour (no script)
@@ -139,7 +141,7 @@ pub use agent::{Action, Agent, Reply};
 pub use script::{parse_script, Script, Step, StepKind, Turn, SCRIPT_BYTES_MAX};
 pub use tools::{list_dir, LIST_MAX, READ_MAX};
 
-use super::stream_json::{AgentInput, ReadAnswer};
+use super::stream_json::{self, AgentInput, ReadAnswer};
 
 /// `scripted-<pid>-<hex of the clock's nanoseconds>`.
 pub fn default_session_id() -> String {
@@ -207,7 +209,7 @@ pub fn serve(
         lines: input.lines(),
         queued: std::collections::VecDeque::new(),
     };
-    while let Some(text) = stdin.next_message(err)? {
+    while let Some(text) = stdin.next_message(out, err)? {
         let mut reply = agent.reply(&text, cwd);
         while let Some(action) = reply.next() {
             match action {
@@ -227,7 +229,7 @@ pub fn serve(
                     if !print(out, &line)? {
                         return Ok(0);
                     }
-                    let Some(response) = stdin.wait_response(&request_id, err)? else {
+                    let Some(response) = stdin.wait_response(&request_id, out, err)? else {
                         return Ok(0); // stdin closed while waiting: nobody will answer
                     };
                     let (content, is_error) =
@@ -280,6 +282,18 @@ fn print(out: &mut impl Write, line: &str) -> io::Result<bool> {
     }
 }
 
+/// Answers a request of the controller: `initialize` (paddock's ready request) at once — the
+/// scripted agent takes messages from its start; anything else with an error.
+fn answer_control(out: &mut impl Write, request_id: &str, subtype: &str) -> io::Result<()> {
+    let line = if subtype == "initialize" {
+        stream_json::ready_response(request_id)
+    } else {
+        let why = format!("the scripted agent has no control request {subtype:?}");
+        stream_json::encode(&stream_json::ControlResponse::error(request_id, &why))
+    };
+    print(out, &line).map(|_| ())
+}
+
 /// The agent's stdin: user messages (some queued while the agent waited for an answer) and
 /// control responses.
 struct Stdin<L> {
@@ -306,8 +320,13 @@ impl<L: Iterator<Item = io::Result<String>>> Stdin<L> {
         Ok(None)
     }
 
-    /// The next user message's text; `None` at EOF.
-    fn next_message(&mut self, err: &mut impl Write) -> io::Result<Option<String>> {
+    /// The next user message's text; `None` at EOF. The controller's own requests are
+    /// answered meanwhile (`initialize`: ready).
+    fn next_message(
+        &mut self,
+        out: &mut impl Write,
+        err: &mut impl Write,
+    ) -> io::Result<Option<String>> {
         if let Some(t) = self.queued.pop_front() {
             return Ok(Some(t));
         }
@@ -320,6 +339,10 @@ impl<L: Iterator<Item = io::Result<String>>> Stdin<L> {
                         "paddock scripted agent: ignoring a non-JSON stdin line"
                     );
                 }
+                AgentInput::Control {
+                    request_id,
+                    subtype,
+                } => answer_control(out, &request_id, &subtype)?,
                 AgentInput::Answer { .. } | AgentInput::Other => {}
             }
         }
@@ -331,11 +354,16 @@ impl<L: Iterator<Item = io::Result<String>>> Stdin<L> {
     fn wait_response(
         &mut self,
         request_id: &str,
+        out: &mut impl Write,
         err: &mut impl Write,
     ) -> io::Result<Option<ReadAnswer>> {
         while let Some(input) = self.next_input(err)? {
             match input {
                 AgentInput::User(text) => self.queued.push_back(text),
+                AgentInput::Control {
+                    request_id,
+                    subtype,
+                } => answer_control(out, &request_id, &subtype)?,
                 AgentInput::Answer {
                     request_id: id,
                     answer,
@@ -729,6 +757,34 @@ mod tests {
             None
         );
         assert_eq!(user_text("garbage"), None);
+    }
+
+    /// paddock's ready request is answered at once, before any message, and the answer reads
+    /// as the core's `Ready`; another control request is refused, never left waiting.
+    #[test]
+    fn serve_answers_the_ready_request_first() {
+        let dir = temp_dir("ready");
+        let input = format!(
+            "{}\n{}\n{}\n",
+            stream_json::ready_request(),
+            r#"{"type":"control_request","request_id":"x","request":{"subtype":"interrupt"}}"#,
+            user_message_line("one")
+        );
+        let mut agent = Agent::new(Script::default(), "sid");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        serve(&mut agent, input.as_bytes(), &mut out, &mut err, &dir).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let mut lines = out.lines();
+        let mut p = ClaudeStreamParser::new();
+        let first = p.parse_line(lines.next().unwrap());
+        assert!(
+            matches!(&first[..], [Parsed::Event(ProviderEvent::Ready)]),
+            "{first:?}"
+        );
+        let second: Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+        assert_eq!(second["response"]["subtype"], "error");
+        assert_eq!(second["response"]["request_id"], "x");
+        assert_eq!(lines.count(), 6, "then the turn: {out}");
     }
 
     #[test]
