@@ -139,6 +139,32 @@ async fn acp_tool_turn_changes_files_and_counts_real_tokens() {
     wait_no_process_in(&w.root, Duration::from_secs(10)).await;
 }
 
+/// A client's own tool (sunbeam's client-side tools) offered to a real ACP agent as an MCP
+/// server of its session (`mcpServers` in `session/new`: `paddock __mcp-relay` to a socket the
+/// bridge serves): the model calls it, the client answers it, the model reads the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn acp_agents_call_the_clients_tools_through_paddocks_mcp_server() {
+    let w = World::start(vec![
+        Reply::tool("mcp__paddock__run_tests", json!({"filter": "db"})),
+        Reply::text("All green."),
+    ])
+    .await;
+    let mut req = acp_request(&w);
+    req.provider_config
+        .insert("permissions".into(), "allow-all".into());
+    req.provider_config
+        .insert("client_tools".into(), RUN_TESTS_TOOL.into());
+    let s = w.create(req).await;
+    let turn = w.send_stream(&s.id, "Run the db tests.").await;
+    client_tool_turn(&w, &s.id, turn).await;
+    assert!(trace(&w).contains("__mcp-relay"), "named in session/new");
+    let sent = w.fake.requests();
+    let last = serde_json::to_string(&sent.last().unwrap().body).unwrap();
+    assert!(last.contains("12 passed"), "{last}");
+    w.stop(&s.id, true).await.expect("stop");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn acp_conversation_continues_across_turns_and_restarts() {

@@ -700,6 +700,42 @@ async fn codex_permissions_become_its_sandbox() {
     w.stop(&s.id, true).await.expect("stop");
 }
 
+/// A client's own tool (sunbeam's client-side tools) offered to the real codex through
+/// paddock's MCP server (a socket the bridge serves; codex starts `paddock __mcp-relay`, named
+/// with `-c mcp_servers.paddock…`): the model calls it, the client answers it, the model reads
+/// the answer. Codex 0.169 defers MCP tools behind its `tool_search` for this model, and routes
+/// a call by its namespace and bare name whether or not the model searched first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn codex_calls_the_clients_tools_through_paddocks_mcp_server() {
+    let w = World::start(vec![]).await;
+    let fake = FakeResponses::start(vec![
+        Reply::mcp("paddock", "run_tests", json!({"filter": "db"})),
+        Reply::text("All green."),
+    ])
+    .await;
+    let mut req = codex_request(&w, &fake, Some("allow-all"));
+    req.provider_config
+        .insert("client_tools".into(), RUN_TESTS_TOOL.into());
+    let s = w.create(req).await;
+    let turn = w.send_stream(&s.id, "Run the db tests.").await;
+    let acts = client_tool_turn(&w, &s.id, turn).await;
+    let call = acts.iter().find(|a| a.tool_name == "run_tests").unwrap();
+    assert!(call.content.contains("db"), "{call:?}");
+    // The model was offered paddock's server (deferred: by namespace, in tool_search's
+    // reach) and read the client's result.
+    let reqs = fake.response_requests();
+    assert_eq!(reqs.len(), 2, "{reqs:#?}");
+    let first = reqs[0].body.to_string();
+    assert!(
+        first.contains("tool_search") || first.contains("mcp__paddock"),
+        "{first}"
+    );
+    let last = reqs[1].body.to_string();
+    assert!(last.contains("12 passed"), "{last}");
+    w.stop(&s.id, true).await.expect("stop");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn codex_failed_turns_are_errors_and_the_session_goes_on() {

@@ -16,7 +16,9 @@
 //! with the usage (`input_tokens` with `input_tokens_details.cached_tokens` — a part of it —,
 //! `output_tokens`). Output items: `message` (text), `reasoning` (a summary), `function_call`
 //! `exec_command {"cmd": …}` (codex's shell tool), `custom_tool_call` `apply_patch` (its
-//! patch tool, freeform). Or an HTTP error with the API's error JSON, or a `response.failed`,
+//! patch tool, freeform), a `function_call` of an MCP server's tool (`namespace`
+//! `mcp__<server>`, the tool's bare name: how codex 0.169 routes it, deferred behind its
+//! `tool_search` or not). Or an HTTP error with the API's error JSON, or a `response.failed`,
 //! or a response that starts and never ends. When the script is used up: a 500 whose message
 //! says so.
 
@@ -46,6 +48,13 @@ pub enum Item {
     },
     /// `apply_patch` with this patch.
     Patch(String),
+    /// A call of MCP server `server`'s tool `name`, as codex 0.169 routes it: a
+    /// `function_call` with `namespace` `mcp__<server>` and the bare tool name.
+    Mcp {
+        server: String,
+        name: String,
+        args: Value,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +99,15 @@ impl Reply {
         Reply::response(vec![Item::Shell {
             cmd: cmd.into(),
             yield_ms: Some(ms),
+        }])
+    }
+
+    /// The model calls MCP server `server`'s tool `name` with `args`.
+    pub fn mcp(server: &str, name: &str, args: Value) -> Reply {
+        Reply::response(vec![Item::Mcp {
+            server: server.into(),
+            name: name.into(),
+            args,
         }])
     }
 
@@ -490,6 +508,10 @@ fn output_item(item: &Item, no: u64, k: usize) -> Value {
                 "call_id": format!("call_{no}_{k}"), "name": "exec_command",
                 "arguments": args.to_string(), "status": "completed"})
         }
+        Item::Mcp { server, name, args } => json!({"type": "function_call",
+            "id": format!("fc_{no}_{k}"), "call_id": format!("call_{no}_{k}"),
+            "namespace": format!("mcp__{server}"), "name": name,
+            "arguments": args.to_string(), "status": "completed"}),
         Item::Patch(p) => json!({"type": "custom_tool_call", "id": format!("ctc_{no}_{k}"),
             "call_id": format!("call_{no}_{k}"), "name": "apply_patch", "input": p,
             "status": "completed"}),

@@ -263,9 +263,8 @@ impl CodeAgent {
         if !attached.unoffered_tools.is_empty() {
             // Said once, plainly, rather than letting the client wait for calls that never come.
             let note = format!(
-                "client tool(s) not offered to the agent: {} (Claude Code, gemini, the \
-                 openai-api agent and the scripted agent take client tools; a resumed session \
-                 keeps the ones it started with)",
+                "client tool(s) not offered to the agent: {} (a resumed session keeps the \
+                 client tools it started with)",
                 attached.unoffered_tools.join(", ")
             );
             let info = OutMsg::Status(pb::Status {
@@ -1417,19 +1416,15 @@ fn client_tool_names(provider_config: &BTreeMap<String, String>) -> BTreeSet<Str
         .collect()
 }
 
-/// The tools a client declared that the session's agent is not offered: all of them for an
-/// agent without client tools (only the openai-api loop offers them to its model; the
-/// scripted agent calls what its script says), else those the session was not made with.
+/// The tools a client declared that the session's agent is not offered: those the session was
+/// not made with (every agent takes client tools: the openai-api loop offers them to its model,
+/// Claude Code, codex, gemini and ACP agents get them from paddock's MCP server, the scripted
+/// agent calls what its script says).
 fn unoffered(config: &SessionConfig, declared: &[String]) -> Vec<String> {
     let offered = client_tool_names(&config.provider_config);
     declared
         .iter()
-        .filter(|n| {
-            !matches!(
-                config.provider,
-                Provider::OpenAiApi | Provider::Scripted | Provider::ClaudeCode | Provider::Gemini
-            ) || !offered.contains(n.trim())
-        })
+        .filter(|n| !offered.contains(n.trim()))
         .cloned()
         .collect()
 }

@@ -258,11 +258,28 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         .map_err(|e| format!("initialize: {e}"))?;
     let caps = &init["agentCapabilities"];
     let cwd = bridge.cwd.display().to_string();
+    // The client's tools, from paddock's MCP server: a socket this bridge serves, given to the
+    // agent as a stdio MCP server of the session (`paddock __mcp-relay`), as ACP clients offer
+    // their own tools.
+    let tools = super::openai::client_tools(bridge.config(crate::providers::CLIENT_TOOLS_KEY))?;
+    let served = super::mcp_socket::serve(tools, bridge.input.clone())?;
+    let mcp_servers = match &served {
+        Some(s) => {
+            let exe = std::env::current_exe().map_err(|e| format!("paddock's own binary: {e}"))?;
+            json!([{
+                "name": crate::providers::mcp::SERVER,
+                "command": exe.display().to_string(),
+                "args": ["__mcp-relay", s.socket.display().to_string()],
+                "env": [],
+            }])
+        }
+        None => json!([]),
+    };
 
     // 2. the session: continued or new
     let (session_id, setup) = match &bridge.resume {
         Some(id) => {
-            let params = json!({"sessionId": id, "cwd": cwd, "mcpServers": []});
+            let params = json!({"sessionId": id, "cwd": cwd, "mcpServers": mcp_servers});
             let r = if caps["sessionCapabilities"]["resume"].is_object() {
                 rpc.call("session/resume", params, SETUP_TIMEOUT)
             } else if caps["loadSession"] == json!(true) {
@@ -284,7 +301,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             let r = rpc
                 .call(
                     "session/new",
-                    json!({"cwd": cwd, "mcpServers": []}),
+                    json!({"cwd": cwd, "mcpServers": mcp_servers}),
                     SETUP_TIMEOUT,
                 )
                 .map_err(|e| format!("session/new: {e}"))?;
@@ -534,7 +551,11 @@ fn tool_of(call: &Value) -> (String, Value) {
         .as_str()
         .or_else(|| call["name"].as_str())
         .or_else(|| call["kind"].as_str())
-        .unwrap_or("tool")
+        .unwrap_or("tool");
+    // A client tool (paddock's MCP server) is named as the client named it.
+    let name = name
+        .strip_prefix(crate::providers::mcp::TOOL_PREFIX)
+        .unwrap_or(name)
         .to_string();
     let input = match call.get("rawInput") {
         Some(v) if has_input(v) => v.clone(),

@@ -15,8 +15,17 @@
 //! <command> exec [resume] --json --skip-git-repo-check [-m <model>]
 //!     -c approval_policy="never" -c sandbox_mode="<from permissions>"
 //!     -c check_for_update_on_startup=false -c analytics.enabled=false
+//!     [-c mcp_servers.paddock.command="<paddock>" -c mcp_servers.paddock.args=["__mcp-relay", "<socket>"]
+//!      -c mcp_servers.paddock.default_tools_approval_mode="approve"]
 //!     [-c <each codex_config line>] -- [<thread_id>] <prompt>
 //! ```
+//!
+//! The `mcp_servers.paddock` settings come when the session has client tools
+//! (`provider_config["client_tools"]`, sunbeam's): the bridge serves paddock's MCP server on a
+//! private socket ([`super::mcp_socket`]) and codex starts `paddock __mcp-relay` to reach it.
+//! Codex 0.169 offers MCP tools to models that can search tools only behind its `tool_search`
+//! (deferred), and routes a model's call by its `namespace` (`mcp__paddock`) and bare name
+//! (`run_tests`); the call's `mcp_tool_call` item shows under the client's tool name.
 //!
 //! `<command>` is `provider_config["command"]` (default `codex`). `--skip-git-repo-check`:
 //! a campaign root need not be a git repository (without it codex exits 1, "Not inside a
@@ -120,6 +129,7 @@
 //! thus lives as long as the session, and no longer.
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::process::Command;
 
 use paddock_core::Provider;
@@ -127,7 +137,7 @@ use serde_json::{json, Value};
 
 use super::wire::{Out, TurnEnd, Usage};
 use super::{die_like, run_turn, Bridge, TurnExit};
-use crate::providers::{agent_command, PermissionPolicy};
+use crate::providers::{agent_command, mcp, PermissionPolicy};
 
 /// Longest prompt given as an argument; a longer one goes through stdin (Linux refuses a single
 /// argument over 128 KiB).
@@ -199,6 +209,8 @@ pub struct Settings {
     pub sandbox: &'static str,
     /// `-c` values from `codex_config`, after paddock's own.
     pub extra: Vec<String>,
+    /// `-c` values naming paddock's MCP server (the client's tools), when it serves one.
+    pub mcp: Vec<String>,
 }
 
 impl Settings {
@@ -209,7 +221,25 @@ impl Settings {
             model: bridge.model.clone(),
             sandbox: sandbox_mode(&policy),
             extra: extra_config(bridge.config("codex_config"))?,
+            mcp: Vec::new(),
         })
+    }
+
+    /// Names paddock's MCP server on `socket` to codex: it starts `exe __mcp-relay socket`
+    /// itself. Its tools need no approval from codex (whose policy here is `never`, which
+    /// refuses every MCP call that would ask): the client that runs them is the one asked.
+    pub fn serve_mcp(&mut self, exe: &Path, socket: &Path) {
+        let quote = |s: &str| serde_json::to_string(s).expect("strings serialise");
+        let server = format!("mcp_servers.{}", mcp::SERVER);
+        self.mcp = vec![
+            format!("{server}.command={}", quote(&exe.display().to_string())),
+            format!(
+                "{server}.args=[{}, {}]",
+                quote("__mcp-relay"),
+                quote(&socket.display().to_string())
+            ),
+            format!("{server}.default_tools_approval_mode=\"approve\""),
+        ];
     }
 
     /// The arguments after the program for one turn: a new thread, or `thread` resumed.
@@ -230,7 +260,11 @@ impl Settings {
             "check_for_update_on_startup=false".to_string(),
             "analytics.enabled=false".to_string(),
         ];
-        for kv in ours.into_iter().chain(self.extra.iter().cloned()) {
+        for kv in ours
+            .into_iter()
+            .chain(self.mcp.iter().cloned())
+            .chain(self.extra.iter().cloned())
+        {
             a.push("-c".into());
             a.push(kv);
         }
@@ -245,7 +279,15 @@ impl Settings {
 
 /// Runs turns until stdin closes (a stop ends the bridge by its signal).
 pub fn run(bridge: &Bridge) -> Result<(), String> {
-    let settings = Settings::new(bridge)?;
+    let mut settings = Settings::new(bridge)?;
+    // The client's tools, from paddock's MCP server: a socket this bridge serves, named to
+    // each turn's codex with `-c mcp_servers.paddock…` (codex starts the relay).
+    let tools = super::openai::client_tools(bridge.config(crate::providers::CLIENT_TOOLS_KEY))?;
+    let served = super::mcp_socket::serve(tools, bridge.input.clone())?;
+    if let Some(s) = &served {
+        let exe = std::env::current_exe().map_err(|e| format!("paddock's own binary: {e}"))?;
+        settings.serve_mcp(&exe, &s.socket);
+    }
     let mut thread = bridge.resume.clone();
     // The thread's token totals as of the last turn this bridge saw end.
     let mut totals: Option<(String, Totals)> = None;
@@ -617,7 +659,14 @@ impl<'o> Mapper<'o> {
                     return true;
                 }
                 if !self.open.contains(&id) {
-                    self.out.tool_use(&id, kind, &tool_input(kind, item));
+                    // A client tool (paddock's MCP server) is named as the client named it,
+                    // with its arguments as its input.
+                    if kind == "mcp_tool_call" && str_of(item, "server") == mcp::SERVER {
+                        let input = item.get("arguments").cloned().unwrap_or(Value::Null);
+                        self.out.tool_use(&id, str_of(item, "tool"), &input);
+                    } else {
+                        self.out.tool_use(&id, kind, &tool_input(kind, item));
+                    }
                     self.open.insert(id.clone());
                 }
                 if done {

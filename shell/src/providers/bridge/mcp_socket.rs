@@ -112,18 +112,37 @@ pub fn relay(socket: &Path) -> i32 {
             return 1;
         }
     };
-    let Ok(mut from_socket) = conn.try_clone() else {
+    let Ok(from_socket) = conn.try_clone() else {
         return 1;
     };
     std::thread::spawn(move || {
-        let _ = std::io::copy(&mut from_socket, &mut std::io::stdout().lock());
+        pump(from_socket, std::io::stdout());
         // The bridge hung up: nothing more will be answered.
         std::process::exit(0);
     });
-    let mut to_socket = conn;
-    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut to_socket);
+    let to_socket = conn;
+    pump(std::io::stdin(), &to_socket);
     let _ = to_socket.shutdown(std::net::Shutdown::Write);
     0
+}
+
+/// Copies `from` to `to` until either ends, each read written and flushed at once. Not
+/// `std::io::copy`: between a socket and a pipe it moves the bytes with `splice(2)`, and
+/// readers of the pipe that wait with poll (codex's MCP client, Python's) were then seen to
+/// never get them (Linux 6.x, measured: the relay's splice returned, the reader's read blocked).
+fn pump(mut from: impl Read, mut to: impl Write) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        if to.write_all(&buf[..n]).and_then(|()| to.flush()).is_err() {
+            return;
+        }
+    }
 }
 
 /// The `mcpServers` entry that starts the relay to `socket` (gemini's settings shape):

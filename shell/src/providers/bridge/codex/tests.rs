@@ -373,6 +373,7 @@ fn settings(sandbox: &'static str) -> Settings {
         model: "gpt-5.5".into(),
         sandbox,
         extra: vec!["model_provider=fake".into()],
+        mcp: Vec::new(),
     }
 }
 
@@ -396,6 +397,22 @@ fn command_lines_for_new_and_resumed_threads() {
          -c approval_policy=\"never\" -c sandbox_mode=\"read-only\" \
          -c check_for_update_on_startup=false -c analytics.enabled=false \
          -- 01a2-thread -"
+    );
+    // With client tools: paddock's MCP server, before the session's own settings (which win).
+    let mut s = settings("read-only");
+    s.serve_mcp(
+        std::path::Path::new("/opt/pad dock"),
+        std::path::Path::new("/c/mcp.sock"),
+    );
+    assert_eq!(
+        s.args(None, "hi").join(" "),
+        "--profile-x exec --json --skip-git-repo-check -m gpt-5.5 \
+         -c approval_policy=\"never\" -c sandbox_mode=\"read-only\" \
+         -c check_for_update_on_startup=false -c analytics.enabled=false \
+         -c mcp_servers.paddock.command=\"/opt/pad dock\" \
+         -c mcp_servers.paddock.args=[\"__mcp-relay\", \"/c/mcp.sock\"] \
+         -c mcp_servers.paddock.default_tools_approval_mode=\"approve\" \
+         -c model_provider=fake -- hi"
     );
 }
 
