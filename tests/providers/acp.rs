@@ -242,15 +242,19 @@ async fn acp_session_model_is_the_agents_model_option() {
     }
     w.stop(&s.id, true).await.expect("stop");
 
-    // The agent's answer to session/new comes after CreateSession's (which answers once the
-    // agent process runs): the session fails with the reason.
+    // The session is ready only once the agent's session is set up with its model: a model
+    // the agent does not offer refuses the create (OBEY-2004), with the agent's choices.
     req.model = "gpt-9".into();
-    let s = w.create(req).await;
-    let failed = w.wait_status(&s.id, S::Failed).await;
-    let e = &failed.error_message;
+    let e = within(w.client().await.create_session(req))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    let m = e.message();
     assert!(
-        e.contains("does not offer model \"gpt-9\"") && e.contains("sonnet"),
-        "{failed:?}"
+        m.starts_with("OBEY-2004: ")
+            && m.contains("does not offer model \"gpt-9\"")
+            && m.contains("sonnet"),
+        "{m}"
     );
 }
 

@@ -543,16 +543,59 @@ async fn a_lost_conversation_fails_the_resume_with_the_cli_stderr() {
     let projects = w.home.join(".claude/projects");
     assert!(projects.is_dir(), "no {}", projects.display());
     std::fs::remove_dir_all(&projects).unwrap();
-    w.restart(&s.id).await;
+    // The CLI exits before it answers paddock's ready request: the restart's start failed.
+    w.restart_refused(&s.id).await;
     let f = w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(f.error_code, "OBEY-2031", "{f:?}");
+    assert_eq!(f.error_code, "OBEY-2004", "{f:?}");
     assert!(
-        f.error_message.contains("exit code 1")
+        f.error_message.contains("exited before it was ready")
+            && f.error_message.contains("exit code 1")
             && f.error_message
                 .contains("No conversation found with session ID"),
         "{}",
         f.error_message
     );
+}
+
+/// A session is RUNNING when the real CLI answered paddock's ready request (its `initialize`
+/// control request, before any message); a CLI that dies at start — here on a flag it does
+/// not know — refuses CreateSession with OBEY-2004 and its stderr, and leaves no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn a_cli_that_dies_at_start_refuses_the_create_with_2004() {
+    let w = World::start(vec![]).await;
+    let mut req = w.claude_request();
+    req.provider_config.insert(
+        "command".into(),
+        format!("{} --no-such-flag", claude_bin().display()),
+    );
+    let e = within(w.client().await.create_session(req))
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().starts_with("OBEY-2004: ")
+            && e.message().contains("exited before it was ready")
+            && e.message().contains("unknown option '--no-such-flag'"),
+        "{}",
+        e.message()
+    );
+    let all = w
+        .client()
+        .await
+        .list_sessions(pb::ListSessionsRequest {
+            include_terminated: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    assert!(all.is_empty(), "a refused create left {all:?}");
+    // The same CLI without the bad flag answers and runs.
+    let s = w.claude().await;
+    assert_eq!(s.status, S::Running as i32, "{s:?}");
+    w.stop(&s.id, true).await.expect("stop");
 }
 
 /// No CLI needed: a missing binary is refused at CreateSession with OBEY-2004, naming it.

@@ -15,7 +15,7 @@
 //! `model_providers.fake={name, base_url, env_key, wire_api="responses",
 //! request_max_retries=0, stream_max_retries=0}` (no retries: a 5xx ends the turn at once);
 //! the key is read from the environment variable `env_key` names; `CODEX_HOME` (here
-//! `<tmp>/home/.codex`) holds its threads, so `exec resume` needs the same one; a model name
+//! `~/.cache/paddock-test-codex-*`, not under /tmp, where codex makes no sandbox helper) holds its threads, so `exec resume` needs the same one; a model name
 //! codex knows (`gpt-5.5`) gets its full tool set (`exec_command`, `apply_patch`, …) — with an
 //! unknown name codex falls back to a reduced set without `apply_patch`, and says so in an
 //! `error` item.
@@ -57,8 +57,8 @@ fn codex_request(
     fake: &FakeResponses,
     permissions: Option<&str>,
 ) -> pb::CreateSessionRequest {
-    let codex_home = w.home.join(".codex");
-    std::fs::create_dir_all(&codex_home).unwrap();
+    // Not under /tmp (World::dir_outside_tmp): codex's sandbox would not work from there.
+    let codex_home = w.dir_outside_tmp("paddock-test-codex-");
     let mut config: std::collections::HashMap<String, String> = [
         ("command".to_string(), codex_bin().display().to_string()),
         ("codex_config".to_string(), fake_provider_config(fake)),
@@ -781,7 +781,7 @@ async fn codex_failed_turns_are_errors_and_the_session_goes_on() {
 
     // A thread codex no longer has (its CODEX_HOME lost): the turn is an ERROR with codex's
     // stderr, and the session lives on.
-    std::fs::remove_dir_all(w.home.join(".codex/sessions")).unwrap();
+    std::fs::remove_dir_all(w.dir_outside_tmp("paddock-test-codex-").join("sessions")).unwrap();
     let acts = w.send(&s.id, "five").await;
     assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
     assert!(

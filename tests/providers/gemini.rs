@@ -760,14 +760,9 @@ async fn gemini_calls_the_clients_tools_through_paddocks_mcp_server() {
     // gemini reads its settings file only under directories no other user can write: not
     // under /tmp, where the test's HOME is. The bridge's cache directory goes under the
     // tester's own home for this test.
-    let under = dirs::home_dir().expect("a home").join(".cache");
-    std::fs::create_dir_all(&under).unwrap();
-    let cache = tempfile::Builder::new()
-        .prefix("paddock-gemini-mcp-")
-        .tempdir_in(&under)
-        .unwrap();
+    let cache = g.w.dir_outside_tmp("paddock-gemini-mcp-");
     req.environment
-        .insert("XDG_CACHE_HOME".into(), cache.path().display().to_string());
+        .insert("XDG_CACHE_HOME".into(), cache.display().to_string());
     req.provider_config
         .insert("client_tools".into(), RUN_TESTS_TOOL.into());
     let s = g.w.create(req).await;

@@ -57,9 +57,36 @@ pub struct World {
     daemon: Option<Child>,
     starts: u32,
     pub campaign_id: String,
+    /// Directories outside the system's temporary directory ([`World::dir_outside_tmp`]),
+    /// removed with the world.
+    outside: std::sync::Mutex<Vec<tempfile::TempDir>>,
 }
 
 impl World {
+    /// This world's directory named by `prefix` under the tester's own `~/.cache` (made on
+    /// first use), not under /tmp, removed with the world: for agents that refuse to work from a temporary directory (gemini reads no
+    /// settings file under one; codex 0.169 makes no sandbox helper for a CODEX_HOME in one,
+    /// and then its sandboxed commands fail with "execvp codex-linux-sandbox").
+    pub fn dir_outside_tmp(&self, prefix: &str) -> PathBuf {
+        let mut made = self.outside.lock().unwrap();
+        if let Some(d) = made.iter().find(|d| {
+            d.path()
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+        }) {
+            return d.path().to_path_buf();
+        }
+        let under = dirs::home_dir().expect("a home").join(".cache");
+        std::fs::create_dir_all(&under).unwrap();
+        let d = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(&under)
+            .unwrap();
+        let path = d.path().to_path_buf();
+        made.push(d);
+        path
+    }
+
     /// Directories, the fake server with `script`, a daemon and the campaign.
     pub async fn start(script: Vec<Reply>) -> World {
         let tmp = tempfile::Builder::new()
@@ -86,6 +113,7 @@ impl World {
             daemon: None,
             starts: 0,
             campaign_id: String::new(),
+            outside: Default::default(),
         };
         w.launch().await;
         let c = w
@@ -274,6 +302,23 @@ impl World {
         .into_inner()
         .session
         .unwrap()
+    }
+
+    /// A restart refused: its start failed (the agent exited before it was ready), OBEY-2004.
+    pub async fn restart_refused(&self, id: &str) -> tonic::Status {
+        let e = within(
+            self.client()
+                .await
+                .restart_session(pb::RestartSessionRequest {
+                    session_id: id.into(),
+                    ..Default::default()
+                }),
+        )
+        .await
+        .expect_err("the restart's start fails");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().starts_with("OBEY-2004: "), "{}", e.message());
+        e
     }
 
     /// Every stored activity of a session.
