@@ -178,16 +178,20 @@ pub enum ActivityKind {
     /// A provider error: ends the turn.
     Error = 5,
     Status = 6,
+    /// The agent's own words between its tool calls (narration, not its reasoning, not a
+    /// status change): a paddock extension that a seed client sees as THINKING.
+    Text = 7,
 }
 
 impl ActivityKind {
-    pub const ALL: [ActivityKind; 6] = [
+    pub const ALL: [ActivityKind; 7] = [
         ActivityKind::Thinking,
         ActivityKind::ToolCall,
         ActivityKind::ToolResult,
         ActivityKind::Completion,
         ActivityKind::Error,
         ActivityKind::Status,
+        ActivityKind::Text,
     ];
 
     pub fn number(self) -> i32 {
@@ -211,6 +215,7 @@ impl ActivityKind {
             ActivityKind::Completion => "COMPLETION",
             ActivityKind::Error => "ERROR",
             ActivityKind::Status => "STATUS",
+            ActivityKind::Text => "TEXT",
         }
     }
 }

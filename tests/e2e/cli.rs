@@ -293,13 +293,7 @@ async fn session_commands_as_tables_and_json() {
     let types: Vec<&str> = evs.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
         types,
-        [
-            "THINKING",
-            "TOOL_CALL",
-            "TOOL_RESULT",
-            "STATUS",
-            "COMPLETION"
-        ]
+        ["THINKING", "TOOL_CALL", "TOOL_RESULT", "TEXT", "COMPLETION"]
     );
     assert_eq!(evs[0]["seq"], 6);
     assert_eq!(evs[4]["content"], "Done with turn 2: again");

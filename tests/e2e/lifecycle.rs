@@ -46,7 +46,7 @@ async fn shutdown_stops_every_session_gracefully_and_the_daemon_exits_0() {
     assert!(e.message().starts_with("OBEY-2051: "), "{e:?}");
     // Graceful: the running turn is allowed to finish.
     let rest = collect_ok(stream).await;
-    assert_eq!(kinds(&rest), ["STATUS", "COMPLETION"]);
+    assert_eq!(kinds(&rest), ["TEXT", "COMPLETION"]);
     let st = d.wait_exit(Duration::from_secs(10)).await;
     assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
     assert!(!d.dirs.socket.exists(), "the socket is removed on exit");

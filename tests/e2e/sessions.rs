@@ -121,15 +121,32 @@ async fn a_full_turn_streams_thinking_ls_listing_status_completion() {
     let acts = d.send(&s.id, "What is in this project?").await;
     assert_eq!(
         kinds(&acts),
+        ["THINKING", "TOOL_CALL", "TOOL_RESULT", "TEXT", "COMPLETION"]
+    );
+    assert_activity_seqs(&acts, &s.id, 1);
+    // A seed client sees the agent's words between its tool calls as THINKING (the type obey's
+    // own example gives them; TEXT is paddock's extension, STATUS a status change).
+    let ch = paddock::transport::channel(&d.dirs.socket).await.unwrap();
+    let mut seed = pb::local_daemon_service_client::LocalDaemonServiceClient::new(ch);
+    let listed = seed
+        .list_activities(pb::ListActivitiesRequest {
+            session_id: s.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .activities;
+    assert_eq!(
+        kinds(&listed),
         [
             "THINKING",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "THINKING",
             "COMPLETION"
         ]
     );
-    assert_activity_seqs(&acts, &s.id, 1);
     assert!(acts[0].content.contains("What is in this project?"));
     assert_eq!(acts[1].tool_name, "LS");
     assert_eq!(acts[1].content, d.dirs.root.display().to_string());
@@ -199,13 +216,7 @@ async fn create_with_initial_message_starts_working_and_stores_the_turn() {
     let acts = collect_until(&mut w, |a| kind(a) == "COMPLETION").await;
     assert_eq!(
         kinds(&acts),
-        [
-            "THINKING",
-            "TOOL_CALL",
-            "TOOL_RESULT",
-            "STATUS",
-            "COMPLETION"
-        ]
+        ["THINKING", "TOOL_CALL", "TOOL_RESULT", "TEXT", "COMPLETION"]
     );
     assert_eq!(acts[0].content, "Reading the request: Check the build");
     assert_eq!(acts[4].content, "Done with turn 1: Check the build");
@@ -512,7 +523,7 @@ async fn graceful_stop_during_a_turn_lets_the_turn_finish() {
     let stopper = stop_in_background(&d, &s.id, true).await;
     let mut acts = vec![first];
     acts.extend(collect_ok(stream).await);
-    assert_eq!(kinds(&acts), ["THINKING", "STATUS", "COMPLETION"]);
+    assert_eq!(kinds(&acts), ["THINKING", "TEXT", "COMPLETION"]);
     let stopped = stopper.await.unwrap().expect("graceful stop");
     assert_eq!(status_name(stopped.status), "STOPPED");
     assert_eq!(stopped.pid, 0);
@@ -732,16 +743,10 @@ async fn concurrent_turns_of_two_sessions_stay_apart() {
     let a = d.session(Some(("slow", slow_turn(300)))).await;
     let b = d.session(Some(("fixed", fixed_turn()))).await;
     let (ra, rb) = tokio::join!(d.send(&a.id, "for a"), d.send(&b.id, "for b"));
-    assert_eq!(kinds(&ra), ["THINKING", "STATUS", "COMPLETION"]);
+    assert_eq!(kinds(&ra), ["THINKING", "TEXT", "COMPLETION"]);
     assert_eq!(
         kinds(&rb),
-        [
-            "THINKING",
-            "TOOL_CALL",
-            "TOOL_RESULT",
-            "STATUS",
-            "COMPLETION"
-        ]
+        ["THINKING", "TOOL_CALL", "TOOL_RESULT", "TEXT", "COMPLETION"]
     );
     assert_activity_seqs(&ra, &a.id, 1);
     assert_activity_seqs(&rb, &b.id, 1);
@@ -1147,7 +1152,7 @@ async fn unrecognized_provider_lines_are_stored_raw_and_counted() {
     let acts = d.send(&s.id, "Go.").await;
     assert_eq!(
         acts.iter().map(kind).collect::<Vec<_>>(),
-        ["STATUS", "COMPLETION"],
+        ["TEXT", "COMPLETION"],
         "{acts:#?}"
     );
     assert_eq!(d.get(&s.id).await.unrecognized_lines, 2);
@@ -1228,12 +1233,12 @@ async fn a_slow_client_gets_its_whole_turn() {
     assert_eq!(last.content, "all done");
 }
 
-/// A claude-code session whose agent is the shell command `cmd`.
+/// A claude-code session whose agent is the shell command `cmd` (which answers the ready
+/// request itself).
 async fn stand_in(d: &mut Daemon, cmd: String) -> pb::SessionInfo {
     let mut req = d.request(None).await;
     req.provider = P::ClaudeCode as i32;
     req.provider_config.clear();
-    let cmd = format!("{} {cmd}", d.dirs.ready_then());
     req.provider_config.insert("command".into(), cmd);
     d.create(req).await
 }
@@ -1251,11 +1256,20 @@ async fn a_graceful_stop_closes_the_agents_input_before_any_signal() {
 async fn graceful_stop_closes_input(args: &[&str]) {
     let mut d = Daemon::start_with(Dirs::new(), args).await;
     let base = d.dirs.base.clone();
+    // Its TERM trap is set before it says it is ready, so no stop can come before it.
     let agent = |m: &std::path::Path, body: &str| {
-        format!(
-            "sh -c 'trap \"echo TERM > {m}; exit 143\" TERM; {body}; echo EOF > {m}'",
-            m = m.display()
+        use std::os::unix::fs::PermissionsExt;
+        let script = m.with_extension("sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\ntrap 'echo TERM > {m}; exit 143' TERM\n{ANSWER_READY}{body}\necho EOF > {m}\n",
+                m = m.display()
+            ),
         )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        script.display().to_string()
     };
     // It reads its input to the end, then ends: no signal at all.
     let reads = base.join("reads");

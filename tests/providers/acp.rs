@@ -118,7 +118,7 @@ async fn acp_tool_turn_changes_files_and_counts_real_tokens() {
             "THINKING",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "TOOL_CALL",
             "TOOL_RESULT",
             "COMPLETION"

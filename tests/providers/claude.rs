@@ -69,10 +69,10 @@ async fn tool_turn_changes_files_and_counts_real_tokens() {
             "THINKING",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "COMPLETION"
         ],
         "{acts:#?}"
@@ -128,7 +128,7 @@ async fn conversation_continues_across_turns_session_restarts_and_daemon_crashes
     let pid1 = s.pid;
 
     let a1 = w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["STATUS", "COMPLETION"]);
+    assert_eq!(kinds(&a1), ["TEXT", "COMPLETION"]);
     assert_eq!(a1[1].content, "Noted: swordfish.");
     let a2 = w.send(&s.id, "What was the word?").await;
     assert_eq!(a2[1].content, "You said swordfish.");
@@ -223,7 +223,7 @@ async fn model_api_errors_end_the_turn_with_an_error() {
     ] {
         let acts = w.send(&s.id, msg).await;
         if status.is_empty() {
-            assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
+            assert_eq!(kinds(&acts), ["TEXT", "COMPLETION"], "{acts:#?}");
         } else {
             assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
             assert!(
@@ -276,7 +276,7 @@ async fn max_turns_ends_the_turn_with_an_error() {
     assert_eq!(w.get(&s.id).await.status, S::Running as i32);
     // The next message is a new turn of the same conversation.
     let acts = w.send(&s.id, "Go on.").await;
-    assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
+    assert_eq!(kinds(&acts), ["TEXT", "COMPLETION"], "{acts:#?}");
     w.stop(&s.id, true).await.expect("stop");
 }
 
@@ -324,7 +324,7 @@ async fn token_budget_crossed_by_real_usage_fails_the_session() {
     let acts = w.send(&s.id, "Write a.txt, then answer.").await;
     assert_eq!(
         kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "STATUS", "ERROR"],
+        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "ERROR"],
         "{acts:#?}"
     );
     // The budget was crossed by the real usage of the second API call (1500 + 1 then 1600 + 1).
@@ -422,7 +422,7 @@ async fn permission_policy_answers_the_cli_on_stdin() {
             "TOOL_RESULT",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "COMPLETION"
         ],
         "{acts:#?}"

@@ -484,10 +484,10 @@ async fn codex_runs_shell_and_patch_tools_and_counts_real_tokens() {
             "THINKING",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "COMPLETION"
         ],
         "{acts:#?}"
@@ -570,7 +570,7 @@ async fn codex_conversation_continues_across_turns_restarts_and_daemon_crashes()
     let s = w.create(codex_request(&w, &fake, None)).await;
 
     let a1 = w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["STATUS", "COMPLETION"], "{a1:#?}");
+    assert_eq!(kinds(&a1), ["TEXT", "COMPLETION"], "{a1:#?}");
     assert_eq!(a1[1].content, "Noted: swordfish.");
     let a2 = w.send(&s.id, "What was the word?").await;
     assert_eq!(a2[1].content, "You said swordfish.");
@@ -651,7 +651,7 @@ async fn codex_permissions_become_its_sandbox() {
     let acts = w.send(&s.id, "Write two files.").await;
     assert_eq!(
         kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "STATUS", "COMPLETION"],
+        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "COMPLETION"],
         "{acts:#?}"
     );
     assert!(!acts[1].tool_success);
@@ -679,7 +679,7 @@ async fn codex_permissions_become_its_sandbox() {
             "TOOL_RESULT",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "COMPLETION"
         ],
         "{acts:#?}"
@@ -773,7 +773,7 @@ async fn codex_failed_turns_are_errors_and_the_session_goes_on() {
             .collect::<Vec<_>>()
     );
     let acts = w.send(&s.id, "four").await;
-    assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
+    assert_eq!(kinds(&acts), ["TEXT", "COMPLETION"], "{acts:#?}");
     // The failed turns belong to the thread: the fourth request carries them.
     let reqs = fake.response_requests();
     assert_eq!(reqs.len(), 4);

@@ -174,10 +174,10 @@ async fn gemini_tool_turn_changes_files_and_counts_real_tokens() {
         [
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "COMPLETION"
         ],
         "{acts:#?}"
@@ -229,7 +229,7 @@ async fn gemini_conversation_continues_across_turns_session_restarts_and_daemon_
     let s = g.session().await;
 
     let a1 = g.w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["STATUS", "COMPLETION"], "{a1:#?}");
+    assert_eq!(kinds(&a1), ["TEXT", "COMPLETION"], "{a1:#?}");
     assert_eq!(a1[1].content, "Noted: swordfish.");
     let conv = g.conversations();
     assert_eq!(conv.len(), 1, "{conv:?}");
@@ -316,7 +316,7 @@ async fn gemini_model_api_errors_end_the_turn_with_an_error() {
     ] {
         let acts = g.w.send(&s.id, msg).await;
         if status.is_empty() {
-            assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
+            assert_eq!(kinds(&acts), ["TEXT", "COMPLETION"], "{acts:#?}");
         } else {
             assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
             // (The CLI rewrites a 429's message: the status comes from its stderr.)
@@ -395,7 +395,7 @@ async fn gemini_token_budget_crossed_by_real_usage_fails_the_session() {
     // tokens on the answer, which crosses the budget.
     assert_eq!(
         kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "STATUS", "ERROR"],
+        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "ERROR"],
         "{acts:#?}"
     );
     assert_eq!((acts[2].tokens_input, acts[2].tokens_output), (3100, 20));
@@ -482,7 +482,7 @@ async fn gemini_permission_policy_becomes_its_approval_mode() {
     let acts = g.w.send(&s.id, "Write denied.txt.").await;
     assert_eq!(
         kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "STATUS", "COMPLETION"],
+        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "COMPLETION"],
         "{acts:#?}"
     );
     assert!(!acts[1].tool_success);
@@ -541,7 +541,7 @@ async fn gemini_permission_policy_becomes_its_approval_mode() {
             "TOOL_RESULT",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "COMPLETION"
         ],
         "{acts:#?}"

@@ -85,10 +85,10 @@ async fn openai_tool_turn_changes_files_and_counts_real_tokens() {
             "THINKING",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "COMPLETION"
         ],
         "{acts:#?}"
@@ -155,7 +155,7 @@ async fn openai_conversation_continues_across_turns_session_restarts_and_daemon_
     let pid1 = s.pid;
 
     let a1 = w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["STATUS", "COMPLETION"]);
+    assert_eq!(kinds(&a1), ["TEXT", "COMPLETION"]);
     assert_eq!(a1[1].content, "Noted: swordfish.");
     let a2 = w.send(&s.id, "What was the word?").await;
     assert_eq!(a2[1].content, "You said swordfish.");
@@ -257,7 +257,7 @@ async fn openai_api_errors_end_the_turn_with_an_error() {
     ] {
         let acts = w.send(&s.id, msg).await;
         if status.is_empty() {
-            assert_eq!(kinds(&acts), ["STATUS", "COMPLETION"], "{acts:#?}");
+            assert_eq!(kinds(&acts), ["TEXT", "COMPLETION"], "{acts:#?}");
         } else {
             assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
             assert_eq!(
@@ -292,11 +292,7 @@ async fn openai_retries_are_bounded_and_shown_and_an_unreachable_endpoint_is_an_
         .insert("retry_backoff_ms".into(), "10".into());
     let s = w.create(req).await;
     let acts = w.send(&s.id, "Try.").await;
-    assert_eq!(
-        kinds(&acts),
-        ["STATUS", "STATUS", "COMPLETION"],
-        "{acts:#?}"
-    );
+    assert_eq!(kinds(&acts), ["STATUS", "TEXT", "COMPLETION"], "{acts:#?}");
     assert_eq!(
         acts[0].content,
         "API error 503 (fake 503 from the paddock test server); retry 1 of 1 in 10 ms"
@@ -369,7 +365,7 @@ async fn openai_token_budget_crossed_by_real_usage_fails_the_session() {
     let acts = w.send(&s.id, "Write a.txt, then answer.").await;
     assert_eq!(
         kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "STATUS", "ERROR"],
+        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "ERROR"],
         "{acts:#?}"
     );
     assert_eq!((acts[0].tokens_input, acts[0].tokens_output), (1500, 10));
@@ -544,7 +540,7 @@ async fn openai_permission_policy_denies_and_the_model_is_told() {
             "TOOL_RESULT",
             "TOOL_CALL",
             "TOOL_RESULT",
-            "STATUS",
+            "TEXT",
             "COMPLETION"
         ],
         "{acts:#?}"
@@ -578,7 +574,7 @@ async fn openai_permission_policy_denies_and_the_model_is_told() {
     let acts = w.send(&s.id, "Run it.").await;
     assert_eq!(
         kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "STATUS", "COMPLETION"]
+        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "COMPLETION"]
     );
     assert!(!acts[1].tool_success);
     assert!(!w.root.join("ran.txt").exists());

@@ -707,12 +707,14 @@ impl pb::session_service_server::SessionService for Sessions {
                 };
                 let a = &ev.activity;
                 let out = match a.kind() {
-                    ActivityKind::Thinking | ActivityKind::Status => Event::Message(pb::Message {
-                        id: format!("{session}:{}", ev.seq),
-                        role: pb::MessageRole::Assistant as i32,
-                        content: a.content.clone(),
-                        created_at: Some(convert::timestamp(ev.at)),
-                    }),
+                    ActivityKind::Thinking | ActivityKind::Status | ActivityKind::Text => {
+                        Event::Message(pb::Message {
+                            id: format!("{session}:{}", ev.seq),
+                            role: pb::MessageRole::Assistant as i32,
+                            content: a.content.clone(),
+                            created_at: Some(convert::timestamp(ev.at)),
+                        })
+                    }
                     ActivityKind::ToolCall => Event::ToolCall(pb::ToolCall {
                         tool_name: a.tool_name.clone(),
                         parameters_json: as_json(&a.content),

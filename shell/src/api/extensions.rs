@@ -1,13 +1,16 @@
 //! What a client understands beyond the seeds, so that paddock's additions never surprise a
 //! client generated from a seed.
 //!
-//! paddock adds values the seeds do not have: `SessionStatus` WAITING (8) in obey, and Aria's
-//! session-status notification (payload 100). A client says it understands them with the
-//! request metadata key [`KEY`], a comma-separated list of [`WAITING`],
-//! [`SESSION_NOTIFICATIONS`] or `all` (paddock's own CLI sends `all`). A client that does not
-//! say so sees the nearest seed value: WAITING reads as WORKING (a status event that becomes
-//! WORKING → WORKING is not sent), a ListSessions asking for WORKING gets the waiting sessions
-//! too, and Aria's notification stream carries only the seed's payloads.
+//! paddock adds values the seeds do not have: `SessionStatus` WAITING (8) and `ActivityType`
+//! TEXT (7, the agent's own words between its tool calls) in obey, and Aria's session-status
+//! notification (payload 100). A client says it understands them with the request metadata key
+//! [`KEY`], a comma-separated list of [`WAITING`], [`TEXT`], [`SESSION_NOTIFICATIONS`] or `all`
+//! (paddock's own CLI sends `all`). A client that does not say so sees the nearest seed value:
+//! WAITING reads as WORKING (a status event that becomes WORKING → WORKING is not sent), a
+//! ListSessions asking for WORKING gets the waiting sessions too, TEXT reads as THINKING (the
+//! type the seed's own example gives an agent's narration; STATUS stays what the seed says, a
+//! status change notification), and Aria's notification stream carries only the seed's
+//! payloads.
 
 use paddock_proto::obey::local::v1 as pb;
 
@@ -15,6 +18,8 @@ use paddock_proto::obey::local::v1 as pb;
 pub const KEY: &str = "paddock-extensions";
 /// The token for `SessionStatus` WAITING.
 pub const WAITING: &str = "waiting";
+/// The token for `ActivityType` TEXT.
+pub const TEXT: &str = "text";
 /// The token for Aria's session-status notifications.
 pub const SESSION_NOTIFICATIONS: &str = "session-notifications";
 
@@ -22,16 +27,19 @@ pub const SESSION_NOTIFICATIONS: &str = "session-notifications";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Understood {
     pub waiting: bool,
+    pub text: bool,
     pub session_notifications: bool,
 }
 
 const STATUS_WAITING: i32 = pb::SessionStatus::Waiting as i32;
 const STATUS_WORKING: i32 = pb::SessionStatus::Working as i32;
+const ACTIVITY_TEXT: i32 = pb::ActivityType::Text as i32;
 
 impl Understood {
     /// Everything paddock adds (its own clients).
     pub const ALL: Understood = Understood {
         waiting: true,
+        text: true,
         session_notifications: true,
     };
 
@@ -43,6 +51,7 @@ impl Understood {
                 match token.trim() {
                     "all" => u = Understood::ALL,
                     WAITING => u.waiting = true,
+                    TEXT => u.text = true,
                     SESSION_NOTIFICATIONS => u.session_notifications = true,
                     _ => {}
                 }
@@ -77,6 +86,14 @@ impl Understood {
     pub fn summary(self, mut s: pb::SessionSummary) -> pb::SessionSummary {
         s.status = self.status(s.status);
         s
+    }
+
+    /// An activity as this client may see it: TEXT as THINKING to one that did not ask for it.
+    pub fn activity(self, mut a: pb::SessionActivityEvent) -> pb::SessionActivityEvent {
+        if a.r#type == ACTIVITY_TEXT && !self.text {
+            a.r#type = pb::ActivityType::Thinking as i32;
+        }
+        a
     }
 
     /// A status event as this client may see it; `None` when it says nothing to it (WORKING
@@ -137,13 +154,26 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(seed.event(done).unwrap().previous_status, STATUS_WORKING);
+        let text = pb::SessionActivityEvent {
+            r#type: ACTIVITY_TEXT,
+            ..Default::default()
+        };
+        assert_eq!(
+            seed.activity(text.clone()).r#type,
+            pb::ActivityType::Thinking as i32
+        );
+        assert_eq!(Understood::ALL.activity(text.clone()).r#type, ACTIVITY_TEXT);
+        assert_eq!(
+            Understood::of(&req(Some("text"))).activity(text).r#type,
+            ACTIVITY_TEXT
+        );
 
         let aware = Understood::of(&req(Some("waiting")));
         assert!(aware.waiting && !aware.session_notifications);
         assert_eq!(aware.status(STATUS_WAITING), STATUS_WAITING);
         assert_eq!(aware.event(to_waiting.clone()), Some(to_waiting));
         assert_eq!(
-            Understood::of(&req(Some(" session-notifications , waiting"))),
+            Understood::of(&req(Some(" session-notifications , waiting, text"))),
             Understood::ALL
         );
         assert_eq!(Understood::of(&req(Some("all"))), Understood::ALL);

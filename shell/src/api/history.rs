@@ -41,7 +41,8 @@ impl Role {
             ActivityKind::ToolResult => Role::ToolResult,
             ActivityKind::Completion => Role::Assistant,
             ActivityKind::Error => Role::Error,
-            ActivityKind::Status => Role::Status,
+            // The agent's words between tool calls keep their history role.
+            ActivityKind::Status | ActivityKind::Text => Role::Status,
         }
     }
 }
@@ -78,7 +79,7 @@ pub fn merge(messages: &[UserMessage], activities: &[ActivityEvent], truncated: 
         }
         let kind = a.activity.kind();
         // The answer repeated: keep only the answer.
-        if kind == ActivityKind::Status {
+        if matches!(kind, ActivityKind::Status | ActivityKind::Text) {
             if let Some(next) = activities.get(i + 1) {
                 if next.activity.kind() == ActivityKind::Completion
                     && next.activity.content == a.activity.content

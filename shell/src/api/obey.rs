@@ -697,6 +697,7 @@ impl LocalDaemonService for Obey {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<Self::SendMessageStream>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
         if r.message.trim().is_empty() {
@@ -713,8 +714,8 @@ impl LocalDaemonService for Obey {
             )
             .await
             .map_err(st)?;
-        let stream = ReceiverStream::new(rx).map(|item| match item {
-            Ok(ev) => Ok(convert::activity_event(&ev)),
+        let stream = ReceiverStream::new(rx).map(move |item| match item {
+            Ok(ev) => Ok(understood.activity(convert::activity_event(&ev))),
             Err(e) => Err(convert::status(&e)),
         });
         Ok(Response::new(Box::pin(stream)))
@@ -941,6 +942,7 @@ impl LocalDaemonService for Obey {
         &self,
         request: Request<pb::ListActivitiesRequest>,
     ) -> Result<Response<pb::ListActivitiesResponse>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
         self.record(id.clone()).await?;
@@ -957,7 +959,10 @@ impl LocalDaemonService for Obey {
                 .await,
         )?;
         // Paged by size too: the client goes on from the last seq it got.
-        let (activities, _more) = convert::page_by_size(list.iter().map(convert::activity_event));
+        let (activities, _more) = convert::page_by_size(
+            list.iter()
+                .map(|a| understood.activity(convert::activity_event(a))),
+        );
         Ok(Response::new(pb::ListActivitiesResponse { activities }))
     }
 
@@ -1127,6 +1132,7 @@ impl LocalDaemonService for Obey {
         &self,
         request: Request<pb::WatchActivityRequest>,
     ) -> Result<Response<Self::WatchActivityStream>, GrpcStatus> {
+        let understood = Understood::of(&request);
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
         // Subscribe before reading the store, then skip what the store already gave.
@@ -1165,7 +1171,11 @@ impl LocalDaemonService for Obey {
                 }
                 for ev in &page {
                     last = ev.seq;
-                    if tx.send(Ok(convert::activity_event(ev))).await.is_err() {
+                    if tx
+                        .send(Ok(understood.activity(convert::activity_event(ev))))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -1180,7 +1190,7 @@ impl LocalDaemonService for Obey {
                     ev = acts.recv() => match ev {
                         Ok(ev) if ev.session == id && ev.seq > last => {
                             last = ev.seq;
-                            if tx.send(Ok(convert::activity_event(&ev))).await.is_err() {
+                            if tx.send(Ok(understood.activity(convert::activity_event(&ev)))).await.is_err() {
                                 return;
                             }
                         }
@@ -1198,7 +1208,7 @@ impl LocalDaemonService for Obey {
                             while let Ok(a) = acts.try_recv() {
                                 if a.session == id && a.seq > last {
                                     last = a.seq;
-                                    let _ = tx.send(Ok(convert::activity_event(&a))).await;
+                                    let _ = tx.send(Ok(understood.activity(convert::activity_event(&a)))).await;
                                 }
                             }
                             return;

@@ -1239,10 +1239,13 @@ impl Conn {
                     .send(status(pb::StatusKind::ToolDone, message))
                     .await)
             }
-            // The agent's own words are its answer; the core's notes about requests (they name
-            // the request) and anything outside a turn are notices.
-            ActivityKind::Status => match &mut self.turn {
-                Some((_, answer)) if ev.turn.is_some() && a.tool_call_id.is_empty() => {
+            // The agent's own words are its answer (anything outside a turn is a notice); a
+            // status change (the core's notes about requests, an API retry) is a notice.
+            ActivityKind::Status => {
+                go(self.out.send(status(pb::StatusKind::Info, content())).await)
+            }
+            ActivityKind::Text => match &mut self.turn {
+                Some((_, answer)) if ev.turn.is_some() => {
                     let delta = answer.push(&a.content, false);
                     go(delta.is_empty()
                         || self

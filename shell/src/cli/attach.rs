@@ -70,7 +70,7 @@ pub fn role_of(kind: ActivityKind) -> &'static str {
         ActivityKind::ToolResult => "tool_result",
         ActivityKind::Completion => "assistant",
         ActivityKind::Error => "error",
-        ActivityKind::Status => "status",
+        ActivityKind::Status | ActivityKind::Text => "status",
     }
 }
 
@@ -257,7 +257,7 @@ impl Printer {
         let said = self.last_status.take();
         match kind {
             ActivityKind::Completion if said.as_deref() == Some(a.content.as_str()) => return,
-            ActivityKind::Status => self.last_status = Some(a.content.clone()),
+            ActivityKind::Status | ActivityKind::Text => self.last_status = Some(a.content.clone()),
             _ => {}
         }
         self.screen.say(entry(

@@ -19,7 +19,7 @@
 //! | `assistant` with `is_api_error_message: true` (the CLI's synthetic `API Error: …` message) | nothing: the `result` that follows is the `ERROR` |
 //! | `assistant`, `thinking` block | `THINKING` (content = the thinking text) |
 //! | `assistant`, `redacted_thinking` block | `THINKING` (content = `[redacted thinking]`) |
-//! | `assistant`, `text` block | `STATUS` (content = the text) — see below |
+//! | `assistant`, `text` block | `TEXT` (content = the text; a seed client sees `THINKING`) — see below |
 //! | `assistant`, `tool_use` / `server_tool_use` block | `TOOL_CALL` |
 //! | `user`, `tool_result` block (and `*_tool_result` blocks carrying a `tool_use_id`) | `TOOL_RESULT` |
 //! | `user`, plain text (a replayed user message) | nothing |
@@ -37,12 +37,14 @@
 //! (<type>): <result text>; <errors…>` — with the bridge's agent name (`paddock_agent`, e.g.
 //! `codex`) in place of `claude` for lines from a [`super::bridge`].
 //!
-//! **Why assistant `text` is `STATUS`, not `COMPLETION` or `THINKING`.** In a tool-using turn
+//! **Why assistant `text` is `TEXT`, not `COMPLETION` or `STATUS`.** In a tool-using turn
 //! the model talks between tool calls ("Let me look at the tests first."); a line cannot tell
-//! whether more tool calls follow, so a `text` block cannot end the turn. It is not hidden
-//! reasoning either, so it is not `THINKING`: it is the model narrating, i.e. `STATUS`. The
-//! turn's answer arrives exactly once, in the `result` line, as the `COMPLETION` (which
-//! repeats the last `text` block; clients that show both may want to de-duplicate).
+//! whether more tool calls follow, so a `text` block cannot end the turn. It is not a status
+//! change either (what obey's `STATUS` means: paddock's notes about requests, API retries,
+//! model fallbacks): it is the model narrating, paddock's extension type `TEXT`, which a
+//! client that did not ask for it sees as `THINKING` — the type obey's own example gives such
+//! words. The turn's answer arrives exactly once, in the `result` line, as the `COMPLETION`
+//! (which repeats the last `text` block; clients that show both may want to de-duplicate).
 //!
 //! `TOOL_CALL` content is a short rendering of the input: the command for `Bash`, the
 //! `file_path` for `Read`/`Write`/`Edit`/`MultiEdit`, `notebook_path` for `NotebookEdit`,
@@ -320,7 +322,7 @@ impl ClaudeStreamParser {
                 "text" => {
                     let t = str_field(b, "text");
                     if !t.is_empty() {
-                        acts.push(Activity::new(ActivityKind::Status, t));
+                        acts.push(Activity::new(ActivityKind::Text, t));
                     }
                 }
                 "tool_use" | "server_tool_use" | "mcp_tool_use" => {
@@ -635,7 +637,7 @@ mod tests {
         use ActivityKind::*;
         assert_eq!(
             kinds,
-            [Thinking, ToolCall, ToolResult, Status, Completion],
+            [Thinking, ToolCall, ToolResult, Text, Completion],
             "{a:#?}"
         );
         // SessionRef only once: the result's session_id is unchanged.
@@ -719,7 +721,7 @@ mod tests {
         let kinds: Vec<_> = a.iter().map(|a| a.kind()).collect();
         assert_eq!(
             kinds,
-            [Thinking, ToolCall, ToolResult, ToolCall, ToolResult, Status, Completion],
+            [Thinking, ToolCall, ToolResult, ToolCall, ToolResult, Text, Completion],
             "{a:#?}"
         );
         assert_eq!(a[1].content, "ls");
@@ -751,7 +753,7 @@ mod tests {
         let a = acts(&turns[2]);
         assert_eq!(
             a.iter().map(|a| a.kind()).collect::<Vec<_>>(),
-            [Status, Completion]
+            [Text, Completion]
         );
         assert_eq!(a[1].content, "Second turn.");
         assert_eq!(sum_tokens(&a), (100, 10));
@@ -888,7 +890,7 @@ mod tests {
         let out = run(&mut p, t);
         let a = acts(&out);
         assert_eq!(a.len(), 2);
-        assert_eq!(a[0].kind(), ActivityKind::Status);
+        assert_eq!(a[0].kind(), ActivityKind::Text);
         assert_eq!(a[1].kind(), ActivityKind::Error);
         assert_eq!(
             a[1].content,
@@ -1052,7 +1054,7 @@ mod tests {
         assert_eq!(a[0].kind(), ActivityKind::Thinking);
         assert_eq!(a[0].content, "[redacted thinking]");
         assert_eq!(a[1].content, "hmm");
-        assert_eq!(a[2].kind(), ActivityKind::Status);
+        assert_eq!(a[2].kind(), ActivityKind::Text);
         assert_eq!(a[2].content, "plain string content");
     }
 

@@ -682,10 +682,10 @@ fn undecodable_rows_are_reported_as_corrupt() {
         "UPDATE agent_sessions SET tokens_input = 1, pid = -5",
     );
     is_corrupt(store.session("s").map(drop), "agent_sessions.pid");
-    corrupt(&store, "UPDATE agent_activities SET type = 7");
+    corrupt(&store, "UPDATE agent_activities SET type = 8");
     is_corrupt(
         store.activities("s", 0, 9).map(drop),
-        "unknown activity type 7",
+        "unknown activity type 8",
     );
     corrupt(&store, "UPDATE session_status_events SET new_status = 0");
     is_corrupt(store.status_events("s", 0, 9).map(drop), "unknown status 0");

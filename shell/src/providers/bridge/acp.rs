@@ -857,12 +857,12 @@ mod tests {
             activities(&buf),
             [
                 "THINKING  Let me look.",
-                "STATUS  Listing.",
+                "TEXT  Listing.",
                 "TOOL_CALL Bash ls",
                 "TOOL_RESULT Bash README.md",
                 "TOOL_CALL edit /x",
                 "TOOL_RESULT edit denied",
-                "STATUS  Plan:\n[x] a\n[ ] b",
+                "TEXT  Plan:\n[x] a\n[ ] b",
             ]
         );
     }

@@ -851,10 +851,10 @@ mod tests {
                 "Thinking \"Write it.\"  (100,10)",
                 "ToolCall \"a.txt\" write_file (0,0)",
                 "ToolResult \"wrote 3 bytes to a.txt\" write_file (0,0)",
-                "Status \"Now look.\"  (200,20)",
+                "Text \"Now look.\"  (200,20)",
                 "ToolCall \"cat a.txt\" shell (0,0)",
                 "ToolResult \"hi\\n\" shell (0,0)",
-                "Status \"Done.\"  (300,30)",
+                "Text \"Done.\"  (300,30)",
                 "Completion \"Done.\"  (0,0)",
             ],
             "{:#?}",
@@ -969,7 +969,7 @@ mod tests {
             [
                 "Status \"API error 500 (fake 500); retry 1 of 2 in 1 ms\"  (0,0)",
                 "Status \"API error 503 (fake 503); retry 2 of 2 in 2 ms\"  (0,0)",
-                "Status \"Back.\"  (5,1)",
+                "Text \"Back.\"  (5,1)",
                 "Completion \"Back.\"  (0,0)",
                 "Error \"openai-api: API error status 400: fake 400\"  (0,0)",
             ]

@@ -526,7 +526,7 @@ mod tests {
                 ActivityKind::Thinking,
                 ActivityKind::ToolCall,
                 ActivityKind::ToolResult,
-                ActivityKind::Status,
+                ActivityKind::Text,
                 ActivityKind::Completion,
                 ActivityKind::Error
             ]

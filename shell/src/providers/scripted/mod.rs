@@ -470,7 +470,7 @@ mod tests {
         let a = activities(&out);
         use ActivityKind::*;
         let kinds: Vec<_> = a.iter().map(|a| a.kind()).collect();
-        assert_eq!(kinds, [Thinking, ToolCall, ToolResult, Status, Completion]);
+        assert_eq!(kinds, [Thinking, ToolCall, ToolResult, Text, Completion]);
         assert_eq!(
             a[0].content,
             "The user asked: 'hello there, what is in here?'. I'll look at the working directory first."
@@ -565,7 +565,7 @@ mod tests {
         assert_eq!(
             kinds,
             [
-                Thinking, ToolCall, ToolResult, ToolCall, ToolResult, ToolCall, ToolResult, Status,
+                Thinking, ToolCall, ToolResult, ToolCall, ToolResult, ToolCall, ToolResult, Text,
                 Completion
             ]
         );

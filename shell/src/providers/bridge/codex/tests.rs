@@ -82,7 +82,7 @@ fn a_tool_turn_reads_back_as_activities() {
     use ActivityKind::*;
     assert_eq!(
         kinds(&seen.acts),
-        [Thinking, ToolCall, ToolResult, ToolCall, ToolResult, Status, Completion]
+        [Thinking, ToolCall, ToolResult, ToolCall, ToolResult, Text, Completion]
     );
     let a = &seen.acts;
     assert_eq!(a[0].content, "**Planning** the work");
@@ -127,7 +127,7 @@ fn a_failed_command_is_a_failed_tool_result() {
     use ActivityKind::*;
     assert_eq!(
         kinds(&seen.acts),
-        [ToolCall, ToolResult, ToolCall, ToolResult, Status, Completion]
+        [ToolCall, ToolResult, ToolCall, ToolResult, Text, Completion]
     );
     assert!(!seen.acts[1].tool_success);
     assert_eq!(
@@ -171,7 +171,7 @@ fn an_error_item_is_a_warning_and_the_turn_still_completes() {
 {"type":"turn.completed","usage":{"input_tokens":500,"cached_input_tokens":100,"cache_write_input_tokens":50,"output_tokens":9,"reasoning_output_tokens":0}}"#;
     let (seen, _, _) = map_turn(1, None, t);
     use ActivityKind::*;
-    assert_eq!(kinds(&seen.acts), [Status, Status, Completion]);
+    assert_eq!(kinds(&seen.acts), [Text, Text, Completion]);
     assert!(seen.acts[0]
         .content
         .starts_with("codex: Model metadata for `paddock-test-model` not found"));
@@ -203,7 +203,7 @@ fn web_search_mcp_and_todo_items() {
     assert_eq!(
         kinds(&seen.acts),
         [
-            ToolCall, ToolResult, ToolCall, ToolResult, ToolCall, ToolResult, Status, Status,
+            ToolCall, ToolResult, ToolCall, ToolResult, ToolCall, ToolResult, Text, Text,
             Completion
         ]
     );
