@@ -46,7 +46,7 @@ impl Default for Limits {
             stop_grace: Duration::from_secs(30),
             kill_grace: crate::process::KILL_GRACE,
             end_grace: crate::process::END_GRACE,
-            startup_timeout: Duration::from_secs(30),
+            startup_timeout: crate::process::STARTUP_TIMEOUT,
             max_live_sessions: 64,
             tasks: TaskLimits::default(),
         }

@@ -18,6 +18,12 @@ pub const KILL_GRACE: Duration = Duration::from_secs(10);
 /// a second.
 pub const END_GRACE: Duration = Duration::from_secs(3);
 
+/// How long a session may take from its create to an agent that says it is ready: its
+/// environment made, its process started and its answer to paddock's ready request. An ACP
+/// agent answers only once its own session is set up (a first `npx` download, a long
+/// conversation loaded), so it is more than a process's start.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A signal for a child's whole process group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Signal {

@@ -539,6 +539,70 @@ fn a_provider_that_never_starts_times_out() {
     assert_eq!(r.status(), Status::Failed);
 }
 
+/// An agent that exits before it says it is ready (a CLI that dies at start) refuses the
+/// create with OBEY-2004 and its stderr, and leaves nothing: the session is deleted in the
+/// same input.
+#[test]
+fn an_agent_that_exits_before_it_is_ready_refuses_the_create_and_leaves_nothing() {
+    let mut r = Rig::new();
+    let (req, _) = r.create(config());
+    r.provider(1, ProviderEvent::Started { pid: Some(42) });
+    assert_eq!(r.status(), Status::Starting);
+    let fx = r.provider(
+        1,
+        ProviderEvent::Exited {
+            code: Some(1),
+            signal: None,
+            stderr_tail: "error: unknown option '--bad'".into(),
+        },
+    );
+    let e = reply(&fx, req).unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::CreationFailed);
+    assert!(
+        e.message.contains("exited before it was ready") && e.message.contains("--bad"),
+        "{e:?}"
+    );
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Persist(Record::Delete(id)) if *id == sid())));
+    assert!(r.engine.session(&sid()).is_none());
+}
+
+/// An agent that runs but never answers the ready request fails at the start-up deadline: it
+/// is TERMed, the create is refused saying why, and a late answer changes nothing.
+#[test]
+fn an_agent_that_never_says_it_is_ready_fails_at_the_start_up_deadline() {
+    let mut r = Rig::new();
+    let (req, _) = r.create(config());
+    r.provider(1, ProviderEvent::Started { pid: Some(42) });
+    let (at, timer) = r.next_deadline();
+    assert_eq!(timer, Timer::Startup);
+    let fx = r.at(at - r.now, Input::Tick);
+    let e = reply(&fx, req).unwrap().unwrap_err();
+    assert_eq!(e.code, ErrorCode::CreationFailed);
+    assert!(e.message.contains("never answered"), "{e:?}");
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    assert_eq!(r.status(), Status::Failed);
+    let fx = r.provider(1, ProviderEvent::Ready);
+    assert!(statuses(&fx).is_empty(), "{fx:?}");
+    assert_eq!(r.status(), Status::Failed);
+}
+
+/// A ready answer counts only while the session is STARTING: one that comes while it stops
+/// changes nothing.
+#[test]
+fn a_ready_answer_outside_starting_changes_nothing() {
+    let mut r = Rig::running(config());
+    r.stop(true);
+    assert_eq!(r.status(), Status::Stopping);
+    let fx = r.provider(1, ProviderEvent::Ready);
+    assert!(
+        statuses(&fx).is_empty() && reply(&fx, 0).is_none(),
+        "{fx:?}"
+    );
+    assert_eq!(r.status(), Status::Stopping);
+}
+
 #[test]
 fn restart_of_a_running_session_stops_then_starts_the_same_id() {
     let mut r = Rig::running(config());

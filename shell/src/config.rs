@@ -24,6 +24,7 @@
 //! stop_grace_secs = 30
 //! kill_grace_secs = 10
 //! end_grace_secs = 3
+//! startup_timeout_secs = 60
 //!
 //! [notify]                  # when an agent needs you (see daemon/notify.rs)
 //! on = ["approval", "question", "failure", "budget", "turn_done"]
@@ -61,6 +62,7 @@ pub struct DaemonDefaults {
     pub stop_grace_secs: Option<Spanned<u64>>,
     pub kill_grace_secs: Option<Spanned<u64>>,
     pub end_grace_secs: Option<Spanned<u64>>,
+    pub startup_timeout_secs: Option<Spanned<u64>>,
 }
 
 /// What the daemon tells a human about, and how.

@@ -44,6 +44,10 @@ enum Command {
         /// before TERM, in seconds (0: TERM at once)
         #[arg(long, default_value_t = paddock_core::process::END_GRACE.millis() / 1000)]
         end_grace_secs: u64,
+        /// How long a session may take from its create until its agent says it is ready (its
+        /// environment made, its process started, paddock's ready request answered), in seconds
+        #[arg(long, default_value_t = paddock_core::process::STARTUP_TIMEOUT.millis() / 1000)]
+        startup_timeout_secs: u64,
         /// Live sessions at most
         #[arg(long, default_value_t = 64)]
         max_sessions: usize,
@@ -299,6 +303,7 @@ fn main() {
             stop_grace_secs,
             kill_grace_secs,
             end_grace_secs,
+            startup_timeout_secs,
             max_sessions,
             task_output_max_bytes,
             runner_buffer_events,
@@ -339,6 +344,11 @@ fn main() {
                 d.kill_grace_secs.as_ref(),
             );
             let end_grace_secs = pick("end_grace_secs", end_grace_secs, d.end_grace_secs.as_ref());
+            let startup_timeout_secs = pick(
+                "startup_timeout_secs",
+                startup_timeout_secs,
+                d.startup_timeout_secs.as_ref(),
+            );
             let max_sessions = match &d.max_sessions {
                 Some(v) if !daemon_flag("max_sessions") => *v.get_ref(),
                 _ => max_sessions,
@@ -354,13 +364,13 @@ fn main() {
                 stop_grace: paddock_core::Duration::from_secs(stop_grace_secs),
                 kill_grace: paddock_core::Duration::from_secs(kill_grace_secs),
                 end_grace: paddock_core::Duration::from_secs(end_grace_secs),
+                startup_timeout: paddock_core::Duration::from_secs(startup_timeout_secs.max(1)),
                 max_live_sessions: max_sessions,
                 tasks: paddock_core::task::TaskLimits {
                     kill_grace: paddock_core::Duration::from_secs(kill_grace_secs),
                     max_output_bytes: task_output_max_bytes,
                     ..paddock_core::task::TaskLimits::default()
                 },
-                ..paddock_core::Limits::default()
             };
             let Some(aria_provider) = paddock_core::Provider::from_name(&aria_provider) else {
                 eprintln!("paddock daemon: unknown --aria-provider {aria_provider}");

@@ -120,9 +120,11 @@
 //!   plus one, and the pair is one the reference relation allows for the cause (the input that
 //!   made it): nothing leaves STOPPED or FAILED except through a restart (and then to STARTING,
 //!   with `restart_count` one higher); every FAILED carries the error code its cause implies
-//!   (a spawn failure or the start-up timeout OBEY-2004, an environment not made in time
-//!   OBEY-2005, the budget OBEY-2013, the session timeout OBEY-2014, an exit OBEY-2031, a lost
-//!   process OBEY-2032);
+//!   (a spawn failure, an exit before the agent is ready or the start-up timeout OBEY-2004, an
+//!   environment not made in time OBEY-2005, the budget OBEY-2013, the session timeout
+//!   OBEY-2014, a later exit OBEY-2031, a lost process OBEY-2032); STARTING becomes RUNNING only
+//!   on the ready answer of the session's current run, and every start of a STARTING session
+//!   asks its agent once;
 //! - only a forced stop, a restart, a deadline, the budget, an exit or a daemon restart
 //!   interrupts a turn: a graceful stop (a second one too) waits for it;
 //! - one turn at a time per session; every turn's stream ends exactly once (one COMPLETION or
@@ -206,7 +208,8 @@
 //!   `next_deadline` and `Engine::poll_timeout` must be the earliest of them (and the earliest
 //!   expiry of an open request) (the driver sleeps
 //!   until `poll_timeout`, so a later one would fire late); KILL is sent only when due;
-//! - STARTING means a spawn is in flight, RUNNING, WORKING and WAITING a live process, STOPPED
+//! - STARTING means a spawn is in flight or a started agent not yet ready, RUNNING, WORKING and
+//!   WAITING a live process, STOPPED
 //!   none (a spawn failure while STARTING fails the session in the same step); the process the
 //!   engine names is the one the reference tracks from spawns, TERMs and exits;
 //! - a session is WAITING exactly while it has an open request, and the engine's open

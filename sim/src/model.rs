@@ -757,6 +757,7 @@ impl Model {
         let mut answers: Vec<&Approval> = Vec::new();
         let mut resolved: Vec<&Approval> = Vec::new();
         let mut refused_resolve = false;
+        let mut asked_ready = false;
         for e in rest {
             match e {
                 Effect::EmitStatus(ev) => self.on_status(cause, ev, &messages, store)?,
@@ -780,6 +781,7 @@ impl Model {
                 Effect::Write { id, .. } => same_session(cause, id)?,
                 Effect::AskReady { id, run } => {
                     same_session(cause, id)?;
+                    asked_ready = true;
                     if !cause.ev(EventKind::Started) {
                         return Err(format!(
                             "{id}: AskReady for run {run} on {cause:?}: an agent is asked once, \
@@ -852,6 +854,14 @@ impl Model {
             ));
         }
         self.check_answers(cause, applied, before, &answers, &resolved)?;
+        // The spawning process of a STARTING session reported it started: it is asked, once,
+        // whether it is ready (else the session could only time out).
+        if starts_agent && pre_status == Some(Status::Starting) && !asked_ready {
+            return Err(format!(
+                "{cause:?}: the started agent of a STARTING session was not asked whether it is \
+                 ready (no AskReady)"
+            ));
+        }
         if starts_agent {
             if let Some(sm) = cause.session().and_then(|id| self.sessions.get_mut(id)) {
                 sm.env = EnvState::Ready;
@@ -1929,7 +1939,7 @@ impl Model {
             ReqKind::Restart if p.pre == Some(Status::Created) => expect_now(ErrorCode::WrongState),
             ReqKind::Create | ReqKind::Restart => {
                 if immediate {
-                    return bad("a start is answered when the provider started, not at once");
+                    return bad("a start is answered when the agent is ready, not at once");
                 }
                 match result {
                     Ok(rec) => {
@@ -2773,8 +2783,12 @@ fn allowed(sm: &SessionModel, from: Status, to: Status, cause: &Cause) -> Result
         }
         // Not made in time, or the daemon restarted meanwhile.
         (Created, Failed) => cause.tick() || lost,
-        // Running once the agent says it is ready (an adopted one is: it outlived a daemon).
-        (Starting, Running) => cause.ev(E::Ready) || adopted,
+        // Running once its current agent says it is ready (an adopted one is: it outlived a
+        // daemon).
+        (Starting, Running) => {
+            matches!(cause, Cause::Provider { run, event: E::Ready, .. } if sm.proc_run == Some(*run))
+                || adopted
+        }
         (Starting, Failed) => {
             cause.ev(E::SpawnFailed) || cause.ev(E::Exited) || cause.tick() || lost
         }

@@ -325,7 +325,7 @@ async fn session_commands_as_tables_and_json() {
         .ok();
     let items = o.json_lines();
     let roles: Vec<&str> = items.iter().map(|e| e["role"].as_str().unwrap()).collect();
-    assert_eq!(roles, ["status", "assistant"], "{o:?}");
+    assert_eq!(roles, ["text", "assistant"], "{o:?}");
     assert_eq!(items[1]["content"], "Done with turn 2: again");
     assert_eq!(items[1]["turn"], 2);
 

@@ -722,17 +722,15 @@ async fn codex_calls_the_clients_tools_through_paddocks_mcp_server() {
     let acts = client_tool_turn(&w, &s.id, turn).await;
     let call = acts.iter().find(|a| a.tool_name == "run_tests").unwrap();
     assert!(call.content.contains("db"), "{call:?}");
-    // The model was offered paddock's server (deferred: by namespace, in tool_search's
-    // reach) and read the client's result.
+    // The second request carries the call, routed by paddock's namespace, and the client's
+    // result.
     let reqs = fake.response_requests();
     assert_eq!(reqs.len(), 2, "{reqs:#?}");
-    let first = reqs[0].body.to_string();
-    assert!(
-        first.contains("tool_search") || first.contains("mcp__paddock"),
-        "{first}"
-    );
     let last = reqs[1].body.to_string();
-    assert!(last.contains("12 passed"), "{last}");
+    assert!(
+        last.contains("\"namespace\":\"mcp__paddock\"") && last.contains("12 passed"),
+        "{last}"
+    );
     w.stop(&s.id, true).await.expect("stop");
 }
 

@@ -200,7 +200,7 @@ pub struct Session {
     run: Run,
     turn: Option<u64>,
     stop: Option<StopPlan>,
-    /// Create / restart requests answered when the provider has started.
+    /// Create / restart requests answered when the agent is ready (or its start failed).
     start_replies: Vec<RequestId>,
     /// A restart asked for while the old process was still going away.
     restart_pending: bool,
@@ -932,7 +932,9 @@ impl Session {
                     if matches!(self.run, Run::Alive { .. }) {
                         format!(
                             "the provider started but did not say it was ready within {ms} ms \
-                             (it never answered paddock's initialize request)"
+                             (it never answered paddock's initialize request); session {} is \
+                             kept, failed, with what the agent printed",
+                            self.record.id
                         )
                     } else {
                         format!("the provider did not start within {ms} ms")

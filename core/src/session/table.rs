@@ -155,7 +155,10 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
         (S::Starting, I::Started | I::SpawnFailed | I::Ready | I::Exited | I::StartupTimeout) => {
             Legal
         }
-        // The session timeout counts from the provider's start: no deadline runs while STARTING.
+        // The session timeout counts from the agent being ready: no deadline runs while
+        // STARTING. An agent's requests and activities before it is ready are dropped (none of
+        // the agents paddock runs says anything before its first message), and a ready request
+        // that could not be written ends at the agent's exit or the start-up timeout.
         (S::Starting, _) => Ignore,
 
         (S::Running, I::Send | I::StopGraceful | I::StopForced | I::Restart) => Legal,

@@ -710,7 +710,13 @@ impl pb::session_service_server::SessionService for Sessions {
                     ActivityKind::Thinking | ActivityKind::Status | ActivityKind::Text => {
                         Event::Message(pb::Message {
                             id: format!("{session}:{}", ev.seq),
-                            role: pb::MessageRole::Assistant as i32,
+                            // A status change (paddock's note about a request, an API retry)
+                            // is the system's, not the agent's words.
+                            role: if a.kind() == ActivityKind::Status {
+                                pb::MessageRole::System as i32
+                            } else {
+                                pb::MessageRole::Assistant as i32
+                            },
                             content: a.content.clone(),
                             created_at: Some(convert::timestamp(ev.at)),
                         })

@@ -2,7 +2,7 @@
 //! order — each turn's user message, then what the agent thought, did and said in it.
 //!
 //! A view of the store, computed on read; nothing about it is kept twice. Claude Code repeats
-//! its last words as the turn's answer (a `STATUS` then a `COMPLETION` with the same text):
+//! its last words as the turn's answer (a `TEXT` then a `COMPLETION` with the same text):
 //! the history shows them once.
 
 use paddock_core::{ActivityEvent, ActivityKind, Timestamp, UserMessage};
@@ -16,7 +16,9 @@ pub enum Role {
     Thinking,
     ToolCall,
     ToolResult,
-    /// The agent narrating, or a notice (an API retry, a plan).
+    /// The agent's own words between its tool calls.
+    Text,
+    /// A status change: paddock's note about a request, an API retry, lost output.
     Status,
     Error,
 }
@@ -29,6 +31,7 @@ impl Role {
             Role::Thinking => "thinking",
             Role::ToolCall => "tool_call",
             Role::ToolResult => "tool_result",
+            Role::Text => "text",
             Role::Status => "status",
             Role::Error => "error",
         }
@@ -41,8 +44,8 @@ impl Role {
             ActivityKind::ToolResult => Role::ToolResult,
             ActivityKind::Completion => Role::Assistant,
             ActivityKind::Error => Role::Error,
-            // The agent's words between tool calls keep their history role.
-            ActivityKind::Status | ActivityKind::Text => Role::Status,
+            ActivityKind::Text => Role::Text,
+            ActivityKind::Status => Role::Status,
         }
     }
 }
@@ -79,7 +82,7 @@ pub fn merge(messages: &[UserMessage], activities: &[ActivityEvent], truncated: 
         }
         let kind = a.activity.kind();
         // The answer repeated: keep only the answer.
-        if matches!(kind, ActivityKind::Status | ActivityKind::Text) {
+        if kind == ActivityKind::Text {
             if let Some(next) = activities.get(i + 1) {
                 if next.activity.kind() == ActivityKind::Completion
                     && next.activity.content == a.activity.content
@@ -155,7 +158,7 @@ mod tests {
             act(1, Some(1), K::Thinking, "hmm"),
             act(2, Some(1), K::ToolCall, "ls"),
             act(3, Some(1), K::ToolResult, "a b"),
-            act(4, Some(1), K::Status, "Done."),
+            act(4, Some(1), K::Text, "Done."),
             act(5, Some(1), K::Completion, "Done."),
             act(6, None, K::Status, "between turns"),
             act(7, Some(2), K::Error, "boom"),

@@ -699,7 +699,7 @@ pub fn conversation(
         }
         match item.role {
             Role::User => out.push(entry("user", without_context(&item.content))),
-            Role::Status if item.turn > 0 && item.tool_call_id.is_empty() => {
+            Role::Text if item.turn > 0 => {
                 answer
                     .get_or_insert_with(|| (item.turn, Answer::default()))
                     .1
@@ -1582,14 +1582,15 @@ mod tests {
             act(1, 1, K::Thinking, "hmm"),
             act(2, 1, K::ToolCall, "."),
             act(3, 1, K::ToolResult, "a b"),
-            act(4, 1, K::Status, "Two files."),
-            // The core's note about a request is not part of the answer.
+            act(4, 1, K::Text, "Two files."),
+            // The core's note about a request, or an API retry, is not part of the answer.
+            act(4, 1, K::Status, "API error 503; retry 1 of 3"),
             ActivityEvent {
                 activity: Activity::new(K::Status, "a1 approved (cli)").with_tool("Bash", "a1"),
                 ..act(4, 1, K::Status, "")
             },
             act(5, 1, K::Completion, "You said hello."),
-            act(6, 2, K::Status, "Done."),
+            act(6, 2, K::Text, "Done."),
             act(7, 2, K::Completion, "Done."),
             act(8, 3, K::Thinking, "still going"),
         ];

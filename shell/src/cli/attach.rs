@@ -38,7 +38,7 @@ const BUSY_RETRIES_MAX: u32 = 3;
 
 /// One conversation entry as attach prints it: `You: …`, `Agent: …`, `Agent (thinking): …`,
 /// `  [Bash] cargo test`, `  [Bash ok] …`, `Error: …`. `role` is a history role (user,
-/// assistant, thinking, tool_call, tool_result, status, error). A `status` that names a
+/// assistant, thinking, text, tool_call, tool_result, status, error). A `status` that names a
 /// request (`call_id`) is paddock's note that the agent waits for a human, shown as `[…]`.
 pub fn entry(role: &str, tool: &str, call_id: &str, success: bool, content: &str) -> String {
     crate::text::for_terminal(&entry_raw(role, tool, call_id, success, content)).into_owned()
@@ -49,7 +49,7 @@ fn entry_raw(role: &str, tool: &str, call_id: &str, success: bool, content: &str
     match role {
         "user" => format!("You: {text}"),
         "status" if !call_id.is_empty() => format!("[{}]", one_line(text, DETAIL_MAX_CHARS * 2)),
-        "assistant" | "status" => format!("Agent: {text}"),
+        "assistant" | "text" | "status" => format!("Agent: {text}"),
         "thinking" => format!("Agent (thinking): {}", one_line(text, DETAIL_MAX_CHARS)),
         "tool_call" => format!("  [{tool}] {}", one_line(text, DETAIL_MAX_CHARS)),
         "tool_result" => format!(
@@ -70,7 +70,8 @@ pub fn role_of(kind: ActivityKind) -> &'static str {
         ActivityKind::ToolResult => "tool_result",
         ActivityKind::Completion => "assistant",
         ActivityKind::Error => "error",
-        ActivityKind::Status | ActivityKind::Text => "status",
+        ActivityKind::Text => "text",
+        ActivityKind::Status => "status",
     }
 }
 
@@ -257,7 +258,7 @@ impl Printer {
         let said = self.last_status.take();
         match kind {
             ActivityKind::Completion if said.as_deref() == Some(a.content.as_str()) => return,
-            ActivityKind::Status | ActivityKind::Text => self.last_status = Some(a.content.clone()),
+            ActivityKind::Text => self.last_status = Some(a.content.clone()),
             _ => {}
         }
         self.screen.say(entry(

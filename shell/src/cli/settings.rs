@@ -139,6 +139,11 @@ fn entries(loaded: Option<&Loaded>) -> Vec<Entry> {
             &d.end_grace_secs,
             secs(paddock_core::process::END_GRACE),
         ),
+        (
+            "daemon.startup_timeout_secs",
+            &d.startup_timeout_secs,
+            secs(paddock_core::process::STARTUP_TIMEOUT),
+        ),
     ] {
         out.push(entry(loaded, key, value.as_ref(), default, "default"));
     }

@@ -13,7 +13,7 @@
 //! |---|---|
 //! | `system` / `init` | `SessionRef(session_id)` when the id is new (Claude Code 2.1 repeats `init` at the start of every turn), nothing else |
 //! | `system` / `api_retry` | `STATUS` (`API error 500 (server_error); retry 1 of 10 in 597 ms`) |
-//! | `system` / `model_fallback`, `model_refusal_fallback`, `model_refusal_no_fallback`, `model_consent_fallback` | `STATUS` (content = the line's `content`) |
+//! | `system` / `model_fallback`, `model_refusal_fallback`, `model_refusal_no_fallback`, `model_consent_fallback`, `paddock_status` (a bridge's note) | `STATUS` (content = the line's `content`) |
 //! | `system` / other known subtypes ([`SILENT_SYSTEM_SUBTYPES`]: `thinking_tokens`, `task_started`, `permission_denied`, `compact_boundary`, …) | nothing |
 //! | `system` / unknown subtype | `Unrecognized` |
 //! | `assistant` with `is_api_error_message: true` (the CLI's synthetic `API Error: …` message) | nothing: the `result` that follows is the `ERROR` |
@@ -261,6 +261,7 @@ impl ClaudeStreamParser {
                 Some(self.attach(vec![Activity::new(ActivityKind::Status, text)]))
             }
             "model_fallback"
+            | "paddock_status"
             | "model_refusal_fallback"
             | "model_refusal_no_fallback"
             | "model_consent_fallback" => {

@@ -74,6 +74,11 @@ pub enum Line<'a> {
 pub enum System<'a> {
     Init(Init<'a>),
     ApiRetry(ApiRetry<'a>),
+    /// A bridge's status note about its agent (a warning it printed): a STATUS activity, not
+    /// the agent's words.
+    PaddockStatus {
+        content: &'a str,
+    },
 }
 
 /// `system` / `init`: who the agent is; `session_id` is what `--resume` takes back.

@@ -76,7 +76,7 @@
 //! | `mcp_tool_call {server, tool, arguments, result, error, status}` | tool `mcp_tool_call` `{server, tool, arguments}` / the result's text blocks or the error |
 //! | `web_search {query}` | tool `web_search` `{query}` / the query |
 //! | `todo_list {items[{text, completed}]}` (started, updated, completed) | [`Out::text`] with a checklist, each time it changes |
-//! | `item.completed` `error {message}` | [`Out::text`] `codex: <message>`: codex's *warnings* (e.g. "Model metadata for `x` not found. Defaulting to fallback metadata"); the turn goes on and may well complete |
+//! | `item.completed` `error {message}` | [`Out::status`] `codex: <message>`: codex's *warnings* (e.g. "Model metadata for `x` not found. Defaulting to fallback metadata"); the turn goes on and may well complete |
 //! | `error {message}` | kept as the turn's last error (codex prints it right before `turn.failed`, and for retried stream errors), and passed on raw |
 //! | `turn.completed {usage}` | [`Out::result`]: success, the last agent message, the usage |
 //! | `turn.failed {error{message}}` | [`Out::result`]: an error with that message |
@@ -630,7 +630,7 @@ impl<'o> Mapper<'o> {
             "error" => {
                 if done {
                     self.out
-                        .text(&format!("codex: {}", str_of(item, "message")));
+                        .status(&format!("codex: {}", str_of(item, "message")));
                 }
             }
             "todo_list" => {

@@ -9,7 +9,8 @@
 //! | bridge prints | daemon sees |
 //! |---|---|
 //! | [`Out::init`] — `system/init` with `session_id` | `SessionRef` (kept; a restart gets it back as `--resume`) |
-//! | [`Out::thinking`] / [`Out::text`] / [`Out::tool_use`] — an `assistant` line | `THINKING` / `STATUS` / `TOOL_CALL` |
+//! | [`Out::thinking`] / [`Out::text`] / [`Out::tool_use`] — an `assistant` line | `THINKING` / `TEXT` / `TOOL_CALL` |
+//! | [`Out::status`] — `system` / `paddock_status` | `STATUS` (a note about the agent, not its words) |
 //! | [`Out::tool_result`] — a `user` line with a `tool_result` block | `TOOL_RESULT` (tool name matched by id) |
 //! | [`Out::usage`] — an `assistant` line with only `usage` | tokens, attached to the next activity |
 //! | [`Out::result`] — `result` | `COMPLETION` or `ERROR`, with the turn's tokens not yet counted |
@@ -123,6 +124,13 @@ impl Out {
         if ok.is_err() {
             std::process::exit(141);
         }
+    }
+
+    /// A note about the agent that is not its words (a warning its CLI printed): STATUS.
+    pub fn status(&self, text: &str) {
+        self.line(&Line::System(System::PaddockStatus {
+            content: &truncate(text, TEXT_MAX),
+        }));
     }
 
     /// The agent's conversation id: the daemon keeps it and passes it back as `--resume`.

@@ -171,7 +171,7 @@ fn an_error_item_is_a_warning_and_the_turn_still_completes() {
 {"type":"turn.completed","usage":{"input_tokens":500,"cached_input_tokens":100,"cache_write_input_tokens":50,"output_tokens":9,"reasoning_output_tokens":0}}"#;
     let (seen, _, _) = map_turn(1, None, t);
     use ActivityKind::*;
-    assert_eq!(kinds(&seen.acts), [Text, Text, Completion]);
+    assert_eq!(kinds(&seen.acts), [Status, Text, Completion]);
     assert!(seen.acts[0]
         .content
         .starts_with("codex: Model metadata for `paddock-test-model` not found"));
