@@ -38,8 +38,9 @@ const BUSY_RETRIES_MAX: u32 = 3;
 
 /// One conversation entry as attach prints it: `You: …`, `Agent: …`, `Agent (thinking): …`,
 /// `  [Bash] cargo test`, `  [Bash ok] …`, `Error: …`. `role` is a history role (user,
-/// assistant, thinking, text, tool_call, tool_result, status, error). A `status` that names a
-/// request (`call_id`) is paddock's note that the agent waits for a human, shown as `[…]`.
+/// assistant, thinking, text, tool_call, tool_result, status, error). A `status` is a status
+/// change, not the agent's words (paddock's note that the agent waits for a human, an API
+/// retry), shown as `[…]`.
 pub fn entry(role: &str, tool: &str, call_id: &str, success: bool, content: &str) -> String {
     crate::text::for_terminal(&entry_raw(role, tool, call_id, success, content)).into_owned()
 }
@@ -48,8 +49,9 @@ fn entry_raw(role: &str, tool: &str, call_id: &str, success: bool, content: &str
     let text = content.trim_end();
     match role {
         "user" => format!("You: {text}"),
-        "status" if !call_id.is_empty() => format!("[{}]", one_line(text, DETAIL_MAX_CHARS * 2)),
-        "assistant" | "text" | "status" => format!("Agent: {text}"),
+        // A status change (paddock's note about a request, an API retry): not the agent's words.
+        "status" => format!("[{}]", one_line(text, DETAIL_MAX_CHARS * 2)),
+        "assistant" | "text" => format!("Agent: {text}"),
         "thinking" => format!("Agent (thinking): {}", one_line(text, DETAIL_MAX_CHARS)),
         "tool_call" => format!("  [{tool}] {}", one_line(text, DETAIL_MAX_CHARS)),
         "tool_result" => format!(
@@ -745,9 +747,10 @@ mod tests {
             entry("assistant", "", "", false, "Done.\nAll green."),
             "Agent: Done.\nAll green."
         );
+        assert_eq!(entry("text", "", "", false, "Looking."), "Agent: Looking.");
         assert_eq!(
-            entry("status", "", "", false, "Looking."),
-            "Agent: Looking."
+            entry("status", "", "", false, "API error 503; retry 1 of 3"),
+            "[API error 503; retry 1 of 3]"
         );
         assert_eq!(
             entry(
