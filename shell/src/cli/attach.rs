@@ -41,11 +41,11 @@ const BUSY_RETRIES_MAX: u32 = 3;
 /// assistant, thinking, text, tool_call, tool_result, status, error). A `status` is a status
 /// change, not the agent's words (paddock's note that the agent waits for a human, an API
 /// retry), shown as `[…]`.
-pub fn entry(role: &str, tool: &str, call_id: &str, success: bool, content: &str) -> String {
-    crate::text::for_terminal(&entry_raw(role, tool, call_id, success, content)).into_owned()
+pub fn entry(role: &str, tool: &str, success: bool, content: &str) -> String {
+    crate::text::for_terminal(&entry_raw(role, tool, success, content)).into_owned()
 }
 
-fn entry_raw(role: &str, tool: &str, call_id: &str, success: bool, content: &str) -> String {
+fn entry_raw(role: &str, tool: &str, success: bool, content: &str) -> String {
     let text = content.trim_end();
     match role {
         "user" => format!("You: {text}"),
@@ -266,7 +266,6 @@ impl Printer {
         self.screen.say(entry(
             role_of(kind),
             &a.tool_name,
-            &a.tool_call_id,
             a.tool_success,
             &a.content,
         ));
@@ -454,7 +453,6 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
             entry(
                 &item.role,
                 &item.tool_name,
-                &item.tool_call_id,
                 item.tool_success,
                 &item.content
             )
@@ -742,55 +740,49 @@ mod tests {
 
     #[test]
     fn entries_read_like_a_conversation() {
-        assert_eq!(entry("user", "", "", false, "Fix it\n"), "You: Fix it");
+        assert_eq!(entry("user", "", false, "Fix it\n"), "You: Fix it");
         assert_eq!(
-            entry("assistant", "", "", false, "Done.\nAll green."),
+            entry("assistant", "", false, "Done.\nAll green."),
             "Agent: Done.\nAll green."
         );
-        assert_eq!(entry("text", "", "", false, "Looking."), "Agent: Looking.");
+        assert_eq!(entry("text", "", false, "Looking."), "Agent: Looking.");
         assert_eq!(
-            entry("status", "", "", false, "API error 503; retry 1 of 3"),
+            entry("status", "", false, "API error 503; retry 1 of 3"),
             "[API error 503; retry 1 of 3]"
         );
         assert_eq!(
             entry(
                 "status",
                 "Bash",
-                "ap_1",
                 true,
                 "waiting for approval (ap_1): Bash: ls"
             ),
             "[waiting for approval (ap_1): Bash: ls]"
         );
         assert_eq!(
-            entry("thinking", "", "", false, "a\nb"),
+            entry("thinking", "", false, "a\nb"),
             "Agent (thinking): a b"
         );
         assert_eq!(
-            entry("tool_call", "Bash", "t1", false, "cargo test"),
+            entry("tool_call", "Bash", false, "cargo test"),
             "  [Bash] cargo test"
         );
+        assert_eq!(entry("tool_result", "Bash", true, "ok\n"), "  [Bash ok] ok");
         assert_eq!(
-            entry("tool_result", "Bash", "t1", true, "ok\n"),
-            "  [Bash ok] ok"
-        );
-        assert_eq!(
-            entry("tool_result", "Bash", "t1", false, "boom"),
+            entry("tool_result", "Bash", false, "boom"),
             "  [Bash FAILED] boom"
         );
         assert_eq!(
-            entry("error", "", "", false, "OBEY-2031: crashed"),
+            entry("error", "", false, "OBEY-2031: crashed"),
             "Error: OBEY-2031: crashed"
         );
         let long = "x".repeat(500);
         assert_eq!(
-            entry("tool_call", "Read", "t2", false, &long)
-                .chars()
-                .count(),
+            entry("tool_call", "Read", false, &long).chars().count(),
             "  [Read] ".len() + DETAIL_MAX_CHARS
         );
         for k in ActivityKind::ALL {
-            assert!(!entry(role_of(k), "T", "", true, "c").starts_with(role_of(k)));
+            assert!(!entry(role_of(k), "T", true, "c").starts_with(role_of(k)));
         }
     }
 
