@@ -580,17 +580,7 @@ async fn a_cli_that_dies_at_start_refuses_the_create_with_2004() {
         "{}",
         e.message()
     );
-    let all = w
-        .client()
-        .await
-        .list_sessions(pb::ListSessionsRequest {
-            include_terminated: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .sessions;
+    let all = w.all_sessions().await;
     assert!(all.is_empty(), "a refused create left {all:?}");
     // The same CLI without the bad flag answers and runs.
     let s = w.claude().await;

@@ -288,7 +288,7 @@ impl World {
         .map(|r| r.into_inner().session.unwrap())
     }
 
-    pub async fn restart(&self, id: &str) -> pb::SessionInfo {
+    async fn restart_result(&self, id: &str) -> Result<pb::SessionInfo, tonic::Status> {
         within(
             self.client()
                 .await
@@ -298,24 +298,33 @@ impl World {
                 }),
         )
         .await
-        .expect("restart session")
-        .into_inner()
-        .session
-        .unwrap()
+        .map(|r| r.into_inner().session.unwrap())
+    }
+
+    pub async fn restart(&self, id: &str) -> pb::SessionInfo {
+        self.restart_result(id).await.expect("restart session")
+    }
+
+    /// Every session the daemon has, ended ones too.
+    pub async fn all_sessions(&self) -> Vec<pb::SessionInfo> {
+        self.client()
+            .await
+            .list_sessions(pb::ListSessionsRequest {
+                include_terminated: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .sessions
     }
 
     /// A restart refused: its start failed (the agent exited before it was ready), OBEY-2004.
     pub async fn restart_refused(&self, id: &str) -> tonic::Status {
-        let e = within(
-            self.client()
-                .await
-                .restart_session(pb::RestartSessionRequest {
-                    session_id: id.into(),
-                    ..Default::default()
-                }),
-        )
-        .await
-        .expect_err("the restart's start fails");
+        let e = self
+            .restart_result(id)
+            .await
+            .expect_err("the restart's start fails");
         assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
         assert!(e.message().starts_with("OBEY-2004: "), "{}", e.message());
         e
