@@ -1,9 +1,8 @@
 //! paddock's MCP server for agents that start their MCP servers as processes (gemini, codex,
 //! ACP agents): the bridge serves it on a Unix socket in a private directory of its own, and
 //! the agent starts `paddock __mcp-relay <socket>`, which only copies its stdin and stdout to
-//! and from that
-//! socket. The server is [`crate::providers::mcp::rpc`], the same as Claude Code's; a
-//! `tools/call` becomes the bridge's `client_tool` request to the daemon
+//! and from that socket. The server is [`crate::providers::mcp::rpc`], the same as Claude
+//! Code's; a `tools/call` becomes the bridge's `client_tool` request to the daemon
 //! ([`super::wire::In::run_on_client`]), answered by the session's client.
 
 use std::io::{BufRead, BufReader, Read, Write};
