@@ -93,7 +93,8 @@ fn wall_ns() -> u128 {
 ///   probes, P6);
 /// - `tiny`: one line and the result.
 ///
-/// It ignores the claude flags the daemon appends, and ends at EOF on stdin.
+/// It answers paddock's ready request at once, ignores the claude flags the daemon appends,
+/// and ends at EOF on stdin.
 fn agent(args: &[String]) -> ! {
     let mode = args.first().map(String::as_str).unwrap_or("tiny");
     let stdin = std::io::stdin();
@@ -101,6 +102,15 @@ fn agent(args: &[String]) -> ! {
     let mut turn = 0u64;
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
+        // paddock's ready request (the first line every agent reads): ready at once.
+        if let paddock::providers::stream_json::AgentInput::Control { request_id, .. } =
+            paddock::providers::stream_json::AgentInput::read(&line)
+        {
+            let answer = paddock::providers::stream_json::ready_response(&request_id);
+            writeln!(out, "{answer}").unwrap();
+            out.flush().unwrap();
+            continue;
+        }
         if !line.contains("\"type\":\"user\"") {
             continue;
         }
