@@ -220,6 +220,10 @@ enum Command {
     Bridge(providers::bridge::BridgeArgs),
 }
 
+/// jemalloc rather than glibc's malloc: see the dependency's note in shell/Cargo.toml.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     use clap::{CommandFactory, FromArgMatches};
     // The binary answers to the name it was invoked by: as `obey` (a link), `obey --version`
