@@ -696,7 +696,7 @@ impl State {
                 }
                 Effect::AskReady { id, run } => {
                     if let Some(h) = self.runs.get(&(id.clone(), run)) {
-                        if !h.write_line(crate::providers::ready_request_line()) {
+                        if !h.write_line(crate::providers::stream_json::ready_request()) {
                             batch
                                 .inputs
                                 .push_back(undelivered(id, run, "the ready request"));

@@ -563,12 +563,6 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
     Ok((plan, parser))
 }
 
-/// The first stdin line of every started agent: it answers when it is ready for messages
-/// (the core's `AskReady` / `Ready`).
-pub fn ready_request_line() -> String {
-    stream_json::ready_request()
-}
-
 /// The stdin line that delivers one user message. Every agent process speaks stream-json:
 /// natively (Claude Code, the scripted agent) or through its [`bridge`].
 pub fn user_message_line(text: &str) -> String {

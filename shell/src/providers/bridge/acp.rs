@@ -261,18 +261,14 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     // The client's tools, from paddock's MCP server: a socket this bridge serves, given to the
     // agent as a stdio MCP server of the session (`paddock __mcp-relay`), as ACP clients offer
     // their own tools.
-    let tools = super::openai::client_tools(bridge.config(crate::providers::CLIENT_TOOLS_KEY))?;
-    let served = super::mcp_socket::serve(tools, bridge.input.clone())?;
+    let served = super::mcp_socket::serve_client_tools(bridge)?;
     let mcp_servers = match &served {
-        Some(s) => {
-            let exe = std::env::current_exe().map_err(|e| format!("paddock's own binary: {e}"))?;
-            json!([{
-                "name": crate::providers::mcp::SERVER,
-                "command": exe.display().to_string(),
-                "args": ["__mcp-relay", s.socket.display().to_string()],
-                "env": [],
-            }])
-        }
+        Some(s) => json!([{
+            "name": crate::providers::mcp::SERVER,
+            "command": s.exe.display().to_string(),
+            "args": s.relay_args(),
+            "env": [],
+        }]),
         None => json!([]),
     };
 

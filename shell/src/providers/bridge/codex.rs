@@ -282,11 +282,9 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     let mut settings = Settings::new(bridge)?;
     // The client's tools, from paddock's MCP server: a socket this bridge serves, named to
     // each turn's codex with `-c mcp_servers.paddock…` (codex starts the relay).
-    let tools = super::openai::client_tools(bridge.config(crate::providers::CLIENT_TOOLS_KEY))?;
-    let served = super::mcp_socket::serve(tools, bridge.input.clone())?;
+    let served = super::mcp_socket::serve_client_tools(bridge)?;
     if let Some(s) = &served {
-        let exe = std::env::current_exe().map_err(|e| format!("paddock's own binary: {e}"))?;
-        settings.serve_mcp(&exe, &s.socket);
+        settings.serve_mcp(&s.exe, &s.socket);
     }
     let mut thread = bridge.resume.clone();
     // The thread's token totals as of the last turn this bridge saw end.

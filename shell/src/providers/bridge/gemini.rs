@@ -117,15 +117,11 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     let mut session = bridge.resume.clone();
     // The client's tools, from paddock's MCP server: a socket this bridge serves, named to
     // gemini in a settings file of its own (gemini's system settings: they add to the user's).
-    let tools = super::openai::client_tools(bridge.config(crate::providers::CLIENT_TOOLS_KEY))?;
-    let served = super::mcp_socket::serve(tools, bridge.input.clone())?;
+    let served = super::mcp_socket::serve_client_tools(bridge)?;
     let settings = match &served {
         Some(s) => {
-            let exe = std::env::current_exe().map_err(|e| format!("paddock's own binary: {e}"))?;
             let file = s.dir.path().join("settings.json");
-            let text = serde_json::json!({
-                "mcpServers": super::mcp_socket::server_entry(&exe, &s.socket)
-            });
+            let text = serde_json::json!({"mcpServers": super::mcp_socket::server_entry(s)});
             std::fs::write(&file, text.to_string())
                 .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
             Some(file)

@@ -27,6 +27,22 @@ const CONNECTIONS_MAX: usize = 8;
 pub struct Served {
     pub socket: PathBuf,
     pub dir: tempfile::TempDir,
+    /// paddock's own binary: the agent starts it as `exe __mcp-relay socket`.
+    pub exe: PathBuf,
+}
+
+impl Served {
+    /// The relay's arguments after `exe`.
+    pub fn relay_args(&self) -> [String; 2] {
+        ["__mcp-relay".into(), self.socket.display().to_string()]
+    }
+}
+
+/// Serves the session's client tools (`provider_config["client_tools"]`) for `bridge`; `None`
+/// when it has none.
+pub fn serve_client_tools(bridge: &super::Bridge) -> Result<Option<Served>, String> {
+    let tools = super::openai::client_tools(bridge.config(crate::providers::CLIENT_TOOLS_KEY))?;
+    serve(tools, bridge.input.clone())
 }
 
 /// Serves `tools` on a new socket, on threads of its own; `None` when there are none.
@@ -45,6 +61,7 @@ pub fn serve(tools: Vec<ClientTool>, input: Arc<In>) -> Result<Option<Served>, S
         .prefix("mcp-")
         .tempdir_in(&base)
         .map_err(|e| format!("cannot make the MCP socket's directory: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("paddock's own binary: {e}"))?;
     let socket = dir.path().join("mcp.sock");
     let listener = UnixListener::bind(&socket)
         .map_err(|e| format!("cannot serve MCP on {}: {e}", socket.display()))?;
@@ -64,7 +81,7 @@ pub fn serve(tools: Vec<ClientTool>, input: Arc<In>) -> Result<Option<Served>, S
             });
         }
     });
-    Ok(Some(Served { socket, dir }))
+    Ok(Some(Served { socket, dir, exe }))
 }
 
 /// Answers one agent's JSON-RPC lines until it hangs up.
@@ -145,13 +162,13 @@ fn pump(mut from: impl Read, mut to: impl Write) {
     }
 }
 
-/// The `mcpServers` entry that starts the relay to `socket` (gemini's settings shape):
+/// The `mcpServers` entry that starts the relay to `served` (gemini's settings shape):
 /// trusted, since the client who runs the tools is the one who decides.
-pub fn server_entry(exe: &Path, socket: &Path) -> Value {
+pub fn server_entry(served: &Served) -> Value {
     json!({
         mcp::SERVER: {
-            "command": exe.display().to_string(),
-            "args": ["__mcp-relay", socket.display().to_string()],
+            "command": served.exe.display().to_string(),
+            "args": served.relay_args(),
             "trust": true,
         }
     })
