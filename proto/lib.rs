@@ -230,6 +230,9 @@ mod tests {
             ("SessionEnvironment", "driver", 1),
             ("SessionEnvironment", "worktree", 2),
             ("SessionEnvironment", "network", 3),
+            ("SessionEnvironment", "ssh", 11),
+            ("SshTarget", "host", 1),
+            ("SshTarget", "remote_dir", 8),
             ("ListSessionsRequest", "page_size", 101),
         ];
         for (msg, field, number) in fields {

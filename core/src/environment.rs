@@ -5,8 +5,9 @@
 //! the world: the `local` driver's is the host itself; `bubblewrap`'s is the host read-only
 //! with only the workspace writable, a HOME and a /tmp of the session's own and, unless asked,
 //! no network; `podman`'s is a container of the session's own, from an image (or a root
-//! directory), with the workspace mounted. A session may also have a git worktree of its own
-//! (any driver).
+//! directory), with the workspace mounted; `ssh`'s is another machine, where a `paddock
+//! runner` keeps the agent through a dropped connection. A session may also have a git
+//! worktree of its own (any driver but `ssh`).
 //!
 //! The life of an environment ([`EnvState`]):
 //!
@@ -38,10 +39,18 @@ pub enum Driver {
     /// A podman container per session, from an image; every process of the session runs in
     /// it (`podman exec`).
     Podman,
+    /// Another machine, reached over OpenSSH: the agent runs in a `paddock runner` there,
+    /// which keeps it through a dropped connection.
+    Ssh,
 }
 
 impl Driver {
-    pub const ALL: [Driver; 3] = [Driver::Local, Driver::Bubblewrap, Driver::Podman];
+    pub const ALL: [Driver; 4] = [
+        Driver::Local,
+        Driver::Bubblewrap,
+        Driver::Podman,
+        Driver::Ssh,
+    ];
 
     /// The driver's name, as `--driver` and `session.yaml` spell it.
     pub fn name(self) -> &'static str {
@@ -49,6 +58,7 @@ impl Driver {
             Driver::Local => "local",
             Driver::Bubblewrap => "bubblewrap",
             Driver::Podman => "podman",
+            Driver::Ssh => "ssh",
         }
     }
 
@@ -58,13 +68,17 @@ impl Driver {
             "local" => Some(Driver::Local),
             "bubblewrap" | "bwrap" => Some(Driver::Bubblewrap),
             "podman" => Some(Driver::Podman),
+            "ssh" => Some(Driver::Ssh),
             _ => None,
         }
     }
 
-    /// Whether the driver keeps the agent from the host.
+    /// Whether the driver keeps the agent from the host in an environment of this machine (a
+    /// sandbox or a container). `ssh` runs it on another machine, as the user there, with
+    /// that machine's network: nothing of this machine is hidden from it there, and nothing
+    /// there is hidden from it either, so it is treated like `local` (its permissions ask).
     pub fn isolates(self) -> bool {
-        !matches!(self, Driver::Local)
+        matches!(self, Driver::Bubblewrap | Driver::Podman)
     }
 }
 
@@ -95,6 +109,49 @@ pub struct EnvSpec {
     /// The seed's `podman:` block beyond the image (boxed: most sessions have none, and a
     /// config travels in every create input).
     pub podman: Box<PodmanOptions>,
+    /// The seed's `ssh:` block: the machine an `ssh` session runs on (boxed, like `podman`).
+    pub ssh: Box<SshTarget>,
+}
+
+/// Where an `ssh` session runs and how paddock gets there (latis' `ssh: {host, port, user,
+/// keyFile}`, with the host key checked against a known_hosts file unless told not to).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SshTarget {
+    pub host: String,
+    /// 0: ssh's own default (22, or the user's ssh configuration's).
+    pub port: u16,
+    /// Empty: ssh's own default (the local user name, or the ssh configuration's).
+    pub user: String,
+    /// The private key to log in with (empty: ssh's defaults and agent).
+    pub key_file: String,
+    /// The known_hosts file the host's key must be in (empty: ssh's own, `~/.ssh/known_hosts`).
+    pub known_hosts: String,
+    /// Accept a host key seen for the first time (ssh's `accept-new`) instead of refusing it.
+    /// Never a changed key.
+    pub accept_new_host_key: bool,
+    /// A paddock already installed on the host (latis' "already installed"); empty: paddock
+    /// copies its own binary there when the host has none of this version.
+    pub paddock: String,
+    /// Where paddock keeps its binary and its runner on the host (empty: `~/.cache/paddock`).
+    pub remote_dir: String,
+    /// The agent's working directory on the host (empty: the user's home there). The
+    /// session's campaign stays this machine's project.
+    pub workdir: String,
+}
+
+impl SshTarget {
+    pub fn is_empty(&self) -> bool {
+        *self == SshTarget::default()
+    }
+
+    /// `user@host` (or `host`), for ssh's command line and for messages.
+    pub fn destination(&self) -> String {
+        if self.user.is_empty() {
+            self.host.clone()
+        } else {
+            format!("{}@{}", self.user, self.host)
+        }
+    }
 }
 
 /// What latis' `podman:` block adds to a container: more mounts (`SRC:DST[:OPTIONS]`), ports
@@ -134,7 +191,14 @@ impl EnvSpec {
             );
         }
         crate::model::check_environment(&self.podman.env)?;
+        if self.driver != Driver::Ssh && !self.ssh.is_empty() {
+            return Err(format!(
+                "ssh options (host, port, user, key) given, but the driver is {}",
+                self.driver
+            ));
+        }
         match self.driver {
+            Driver::Ssh => return self.check_ssh(),
             Driver::Podman if self.image.trim().is_empty() => {
                 return Err(
                     "the podman driver needs an image (--image, or `image:` in the podman block): \
@@ -165,6 +229,39 @@ impl EnvSpec {
             _ => {}
         }
         Ok(())
+    }
+}
+
+impl EnvSpec {
+    fn check_ssh(&self) -> Result<(), String> {
+        let t = &self.ssh;
+        let word =
+            |s: &str| !s.is_empty() && !s.starts_with('-') && !s.contains(char::is_whitespace);
+        if !word(&t.host) {
+            return Err(
+                "the ssh driver needs a host (--ssh [USER@]HOST[:PORT], or `host:` in the ssh \
+                 block)"
+                    .into(),
+            );
+        }
+        if !t.user.is_empty() && !word(&t.user) {
+            return Err(format!("ssh user {:?} is not a user name", t.user));
+        }
+        let refused = if self.worktree {
+            Some("a worktree (--worktree) is made on this machine's repository")
+        } else if self.network {
+            Some("network (the host's own network is there, as for local)")
+        } else if !self.image.is_empty() || !self.podman.is_empty() {
+            Some("an image and podman options")
+        } else if self.memory_bytes > 0 || self.pids > 0 {
+            Some("memory and process limits")
+        } else {
+            None
+        };
+        match refused {
+            Some(what) => Err(format!("{what}: not for the ssh driver")),
+            None => Ok(()),
+        }
     }
 }
 
@@ -237,6 +334,77 @@ mod tests {
         }
         assert_eq!(Driver::parse("bwrap"), Some(Driver::Bubblewrap));
         assert_eq!(Driver::parse("docker"), None);
+    }
+
+    #[test]
+    fn an_ssh_spec_needs_a_host_and_takes_nothing_of_this_machine() {
+        let host = |h: &str| SshTarget {
+            host: h.into(),
+            ..SshTarget::default()
+        };
+        let ssh = |t: SshTarget| EnvSpec {
+            driver: Driver::Ssh,
+            ssh: Box::new(t),
+            ..EnvSpec::default()
+        };
+        assert!(ssh(host("build")).needs_provisioning());
+        assert!(
+            !Driver::Ssh.isolates(),
+            "its permissions ask, as on the host"
+        );
+        assert_eq!(ssh(host("build")).check(), Ok(()));
+        for bad in ["", "-oProxyCommand=x", "a b"] {
+            let e = ssh(host(bad)).check().unwrap_err();
+            assert!(e.contains("needs a host"), "{bad:?}: {e}");
+        }
+        let bad_user = SshTarget {
+            user: "-l".into(),
+            ..host("build")
+        };
+        assert!(ssh(bad_user).check().unwrap_err().contains("not a user"));
+        for (spec, what) in [
+            (
+                EnvSpec {
+                    worktree: true,
+                    ..ssh(host("build"))
+                },
+                "worktree",
+            ),
+            (
+                EnvSpec {
+                    network: true,
+                    ..ssh(host("build"))
+                },
+                "network",
+            ),
+            (
+                EnvSpec {
+                    pids: 5,
+                    ..ssh(host("build"))
+                },
+                "limits",
+            ),
+            (
+                EnvSpec {
+                    image: "x".into(),
+                    ..ssh(host("build"))
+                },
+                "image",
+            ),
+        ] {
+            let e = spec.check().unwrap_err();
+            assert!(
+                e.contains(what) && e.contains("not for the ssh driver"),
+                "{e}"
+            );
+        }
+        let elsewhere = EnvSpec {
+            driver: Driver::Podman,
+            image: "x".into(),
+            ssh: Box::new(host("build")),
+            ..EnvSpec::default()
+        };
+        assert!(elsewhere.check().unwrap_err().contains("ssh options"));
     }
 
     #[test]

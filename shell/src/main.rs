@@ -204,6 +204,41 @@ enum Command {
     /// stdin and stdout to and from the bridge's socket
     #[command(name = "__mcp-relay", hide = true)]
     McpRelay { socket: PathBuf },
+    /// Runs the program in the paddock runner of an ssh host and relays it (an ssh session's
+    /// agent and commands): reconnects when the connection drops, losing nothing
+    #[command(name = "__ssh-run", hide = true)]
+    SshRun {
+        #[arg(long)]
+        host: String,
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        #[arg(long, default_value = "")]
+        user: String,
+        #[arg(long, default_value = "")]
+        key: String,
+        #[arg(long, default_value = "")]
+        known_hosts: String,
+        #[arg(long)]
+        accept_new_host_key: bool,
+        /// The runner's socket on the host
+        #[arg(long)]
+        remote_socket: String,
+        /// The session's environment directory here (the forwarded socket goes there)
+        #[arg(long)]
+        dir: PathBuf,
+        /// The working directory on the host
+        #[arg(long)]
+        cwd: String,
+        /// A variable of this process's environment to pass on (repeated)
+        #[arg(long = "env")]
+        env: Vec<String>,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Makes sure a runner answers on DIR/runner.sock (starting one detached) and prints that
+    /// path: run on an ssh host when a session's environment is made there
+    #[command(name = "__ssh-runner", hide = true)]
+    SshRunner { dir: PathBuf },
     /// Joins the control groups (their cgroup.procs files), then runs the program: how a
     /// bubblewrap session's processes come under its memory and process limits
     #[command(name = "__join-cgroups", hide = true)]
@@ -263,6 +298,44 @@ fn main() {
         },
         Command::Bridge(args) => providers::bridge::run(args),
         Command::McpRelay { socket } => paddock::providers::bridge::mcp_socket::relay(&socket),
+        Command::SshRun {
+            host,
+            port,
+            user,
+            key,
+            known_hosts,
+            accept_new_host_key,
+            remote_socket,
+            dir,
+            cwd,
+            env,
+            command,
+        } => paddock::env::ssh::relay(paddock::env::ssh::RelayArgs {
+            target: paddock_core::SshTarget {
+                host,
+                port,
+                user,
+                key_file: key,
+                known_hosts,
+                accept_new_host_key,
+                ..paddock_core::SshTarget::default()
+            },
+            remote_socket,
+            dir,
+            cwd,
+            env,
+            argv: command,
+        }),
+        Command::SshRunner { dir } => match paddock::env::ssh::ensure_runner(&dir) {
+            Ok(socket) => {
+                println!("{}", socket.display());
+                0
+            }
+            Err(e) => {
+                eprintln!("paddock: {e}");
+                1
+            }
+        },
         Command::JoinCgroups { procs, command } => {
             let e = paddock::env::limits::join_and_exec(&procs, &command[0], &command[1..]);
             eprintln!("paddock: cannot start {}: {e}", command[0]);
@@ -479,6 +552,8 @@ fn main() {
                         Command::Daemon { .. }
                         | Command::ScriptedAgent { .. }
                         | Command::JoinCgroups { .. }
+                        | Command::SshRun { .. }
+                        | Command::SshRunner { .. }
                         | Command::McpRelay { .. }
                         | Command::Bridge(_)
                         | Command::Completions { .. }

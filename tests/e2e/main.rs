@@ -35,6 +35,7 @@ mod rpcs;
 mod runner_mode;
 mod security;
 mod sessions;
+mod ssh;
 mod sunbeam;
 mod systemd;
 mod terminal;

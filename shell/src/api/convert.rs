@@ -123,6 +123,20 @@ pub fn environment_spec(e: &core::EnvSpec) -> pb::SessionEnvironment {
         ports: e.podman.ports.clone(),
         flags: e.podman.flags.clone(),
         env: e.podman.env.clone().into_iter().collect(),
+        ssh: (!e.ssh.is_empty()).then(|| {
+            let t = &e.ssh;
+            pb::SshTarget {
+                host: t.host.clone(),
+                port: u32::from(t.port),
+                user: t.user.clone(),
+                key_file: t.key_file.clone(),
+                known_hosts: t.known_hosts.clone(),
+                accept_new_host_key: t.accept_new_host_key,
+                paddock: t.paddock.clone(),
+                remote_dir: t.remote_dir.clone(),
+                workdir: t.workdir.clone(),
+            }
+        }),
     }
 }
 
@@ -155,6 +169,21 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, Str
             ports: e.ports.clone(),
             flags: e.flags.clone(),
             env: e.env.clone().into_iter().collect(),
+        }),
+        ssh: Box::new(match &e.ssh {
+            None => core::SshTarget::default(),
+            Some(t) => core::SshTarget {
+                host: t.host.trim().to_string(),
+                port: u16::try_from(t.port)
+                    .map_err(|_| format!("ssh port {} is not a port", t.port))?,
+                user: t.user.trim().to_string(),
+                key_file: t.key_file.trim().to_string(),
+                known_hosts: t.known_hosts.trim().to_string(),
+                accept_new_host_key: t.accept_new_host_key,
+                paddock: t.paddock.trim().to_string(),
+                remote_dir: t.remote_dir.trim().to_string(),
+                workdir: t.workdir.trim().to_string(),
+            },
         }),
     };
     spec.check()?;

@@ -66,15 +66,14 @@ pub fn check_driver(name: &str) -> Result<&'static str> {
         "docker" => format!(
             "driver \"{name}\" is not available: paddock runs containers with podman (--driver podman)"
         ),
-        "kubernetes" | "k8s" | "qemu" | "ssh" => format!(
-            "driver \"{name}\" is not available yet: paddock does not provision pods, VMs or \
-             remote hosts"
+        "kubernetes" | "k8s" | "qemu" => format!(
+            "driver \"{name}\" is not available yet: paddock does not provision pods or VMs"
         ),
         _ => format!("unknown driver \"{name}\""),
     };
     Err(Error::Usage(format!(
         "{why}; the drivers are: {} (local: on the host, not isolated; bubblewrap: a sandbox \
-         on this machine; podman: a container per session)",
+         on this machine; podman: a container per session; ssh: another machine)",
         DRIVERS.join(", ")
     )))
 }
@@ -129,10 +128,19 @@ pub struct CreateArgs {
     #[arg(long, visible_alias = "initial-message")]
     pub task: Option<String>,
     /// Where the agent runs: local (on the host, not isolated), bubblewrap (a sandbox: the
-    /// host read-only, the workspace writable, its own HOME and /tmp, no network) or podman (a
-    /// container of its own, from --image)
+    /// host read-only, the workspace writable, its own HOME and /tmp, no network), podman (a
+    /// container of its own, from --image) or ssh (another machine, --ssh)
     #[arg(long)]
     pub driver: Option<String>,
+    /// The machine an ssh session runs on: [USER@]HOST[:PORT] (implies --driver ssh)
+    #[arg(long, value_name = "[USER@]HOST[:PORT]")]
+    pub ssh: Option<String>,
+    /// The private key ssh logs in with [default: ssh's own keys and agent]
+    #[arg(long, value_name = "FILE")]
+    pub ssh_key: Option<PathBuf>,
+    /// The agent's working directory on the ssh host [default: the home directory there]
+    #[arg(long, value_name = "DIR")]
+    pub ssh_workdir: Option<String>,
     /// The container's image (podman): a reference (pulled with progress when missing), an
     /// image archive, or a root directory
     #[arg(long)]
@@ -155,7 +163,9 @@ pub struct CreateArgs {
     pub network: bool,
     /// A YAML file with any of: task, driver, mounts, worktree, provider, model, name,
     /// max_tokens, timeout, config, env, campaign, and a block per driver (local: {workdir},
-    /// bubblewrap: {network}, podman: {image, mounts, ports, flags, env, network, memory, pids})
+    /// bubblewrap: {network}, podman: {image, mounts, ports, flags, env, network, memory, pids},
+    /// ssh: {host, port, user, keyFile, knownHosts, acceptNewHostKey, workdir, paddock,
+    /// remoteDir})
     #[arg(short = 'c', long = "file", value_name = "session.yaml")]
     pub file: Option<PathBuf>,
     /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp [default:
@@ -232,7 +242,55 @@ pub struct SessionFile {
     pub podman: Option<PodmanBlock>,
     pub kubernetes: Option<serde_norway::Value>,
     pub qemu: Option<serde_norway::Value>,
-    pub ssh: Option<serde_norway::Value>,
+    pub ssh: Option<SshBlock>,
+}
+
+/// latis' `ssh:` block (`host`, `user`, `keyFile`), with paddock's port, host key checking,
+/// working directory and where paddock lives there.
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SshBlock {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub user: Option<String>,
+    /// Relative to the file's directory; `~/` is this machine's home.
+    pub key_file: Option<String>,
+    pub known_hosts: Option<String>,
+    pub accept_new_host_key: Option<bool>,
+    /// The agent's working directory on the host.
+    pub workdir: Option<String>,
+    /// A paddock already installed there (latis' "assumes latis is already installed").
+    pub paddock: Option<String>,
+    pub remote_dir: Option<String>,
+}
+
+/// `--ssh [USER@]HOST[:PORT]`: (user, host, port).
+fn parse_destination(d: &str) -> Result<(String, String, u16)> {
+    let (user, rest) = match d.trim().rsplit_once('@') {
+        Some((u, r)) => (u.to_string(), r),
+        None => (String::new(), d.trim()),
+    };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (
+            h.to_string(),
+            p.parse::<u16>()
+                .map_err(|_| Error::Usage(format!("--ssh {d:?}: {p:?} is not a port")))?,
+        ),
+        _ => (rest.to_string(), 0),
+    };
+    Ok((user, host, port))
+}
+
+/// A file path from a flag or a session file: `~/` is the home, a relative one is taken from
+/// `base`.
+fn local_path(p: &str, base: &Path) -> String {
+    match p.strip_prefix("~/") {
+        Some(rest) => crate::paths::home().join(rest).display().to_string(),
+        None => std::path::absolute(base.join(p))
+            .unwrap_or_else(|_| base.join(p))
+            .display()
+            .to_string(),
+    }
 }
 
 /// latis' `local:` block: where the agent works (created when missing; relative to the file).
@@ -610,6 +668,7 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
         args.driver
             .as_deref()
             .or(f.driver.as_deref())
+            .or(args.ssh.as_ref().map(|_| "ssh"))
             .unwrap_or(DRIVERS[0]),
     )?;
     // A block for another driver than the one chosen is a mistake, not a setting to drop.
@@ -696,6 +755,43 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
         m.extend(flags);
         m
     };
+    let ssh = {
+        let b = f.ssh.as_ref();
+        let mut t = pb::SshTarget {
+            host: b.and_then(|b| b.host.clone()).unwrap_or_default(),
+            port: b.and_then(|b| b.port).map(u32::from).unwrap_or(0),
+            user: b.and_then(|b| b.user.clone()).unwrap_or_default(),
+            key_file: b
+                .and_then(|b| b.key_file.as_deref())
+                .map(|k| local_path(k, &file_dir))
+                .unwrap_or_default(),
+            known_hosts: b
+                .and_then(|b| b.known_hosts.as_deref())
+                .map(|k| local_path(k, &file_dir))
+                .unwrap_or_default(),
+            accept_new_host_key: b.and_then(|b| b.accept_new_host_key).unwrap_or(false),
+            paddock: b.and_then(|b| b.paddock.clone()).unwrap_or_default(),
+            remote_dir: b.and_then(|b| b.remote_dir.clone()).unwrap_or_default(),
+            workdir: b.and_then(|b| b.workdir.clone()).unwrap_or_default(),
+        };
+        if let Some(d) = &args.ssh {
+            let (user, host, port) = parse_destination(d)?;
+            t.host = host;
+            if !user.is_empty() {
+                t.user = user;
+            }
+            if port > 0 {
+                t.port = u32::from(port);
+            }
+        }
+        if let Some(k) = &args.ssh_key {
+            t.key_file = local_path(&k.display().to_string(), cwd);
+        }
+        if let Some(w) = &args.ssh_workdir {
+            t.workdir = w.clone();
+        }
+        (t != pb::SshTarget::default()).then_some(t)
+    };
     let pod = f.podman.unwrap_or_default();
     let bw = f.bubblewrap.as_ref().map(|b| (b.memory.clone(), b.pids));
     let bw = BubblewrapBlock {
@@ -754,6 +850,7 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
                 .flatten()
                 .map(|(k, v)| (k.clone(), v.text()))
                 .collect(),
+            ssh,
         }),
     };
     Ok(Plan {
@@ -1303,7 +1400,8 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("--driver podman"));
-        for d in ["kubernetes", "qemu", "ssh"] {
+        assert_eq!(check_driver("ssh").unwrap(), "ssh");
+        for d in ["kubernetes", "qemu"] {
             let e = check_driver(d).unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!("driver \"{d}\" is not available")),
@@ -1432,6 +1530,55 @@ mod tests {
         assert_eq!(e.flags, vec!["--userns=keep-id".to_string()]);
         assert_eq!(e.env.get("A").map(String::as_str), Some("b"));
         assert_eq!((e.memory_bytes, e.pids_limit), (1 << 30, 99));
+        // latis' ssh block, with paddock's keys; a key file relative to the file's directory.
+        let f = SessionFile::parse(
+            "driver: ssh\nssh:\n  host: dev-server.example.com\n  user: latis\n  \
+             keyFile: keys/id_ed25519\n  port: 2222\n  workdir: /srv/repo\n  \
+             acceptNewHostKey: true\n",
+            "s.yaml",
+        )
+        .unwrap();
+        let p = plan(args(), Some((f, cwd.join("conf"))), &cwd).unwrap();
+        assert_eq!(p.driver, "ssh");
+        let t = p.request.environment_spec.unwrap().ssh.unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.user.as_str(), t.port, t.workdir.as_str()),
+            ("dev-server.example.com", "latis", 2222, "/srv/repo")
+        );
+        assert_eq!(
+            t.key_file,
+            cwd.join("conf/keys/id_ed25519").display().to_string()
+        );
+        assert!(t.accept_new_host_key && t.known_hosts.is_empty());
+        // `--ssh [USER@]HOST[:PORT]` alone means the ssh driver.
+        let p = plan(
+            CreateArgs {
+                ssh: Some("ci@build:2200".into()),
+                task: Some("t".into()),
+                ..args()
+            },
+            None,
+            &cwd,
+        )
+        .unwrap();
+        assert_eq!(p.driver, "ssh");
+        let t = p.request.environment_spec.unwrap().ssh.unwrap();
+        assert_eq!(
+            (t.user.as_str(), t.host.as_str(), t.port),
+            ("ci", "build", 2200)
+        );
+        assert!(plan(
+            CreateArgs {
+                ssh: Some("build:x".into()),
+                task: Some("t".into()),
+                ..args()
+            },
+            None,
+            &cwd
+        )
+        .unwrap_err()
+        .to_string()
+        .contains("not a port"));
         // A block for another driver, or two ways to say where: refused.
         let f = SessionFile::parse("driver: local\nssh:\n  host: h\n", "s.yaml").unwrap();
         let e = plan(args(), Some((f, cwd.clone())), &cwd)

@@ -33,6 +33,7 @@ use crate::proc::LaunchPlan;
 pub mod container;
 pub mod limits;
 pub mod podman;
+pub mod ssh;
 
 /// What an environment needs to know about the host it is made on.
 #[derive(Debug, Clone)]
@@ -139,6 +140,7 @@ pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
             Ok(())
         }
         Driver::Podman => podman::check_host(&spec.image),
+        Driver::Ssh => ssh::check_host(),
     }
 }
 
@@ -199,7 +201,13 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         repo: None,
         container: None,
         cgroups: Vec::new(),
+        remote: None,
     };
+    if spec.driver == Driver::Ssh {
+        let (remote, workdir) = ssh::provision(host, &spec.ssh, &|line| log(&root, line))?;
+        made.workdir = workdir;
+        made.remote = Some(remote);
+    }
     if spec.worktree {
         let (workdir, repo) = worktree(id, config, &root)?;
         made.workdir = workdir;
@@ -296,6 +304,8 @@ pub struct Made {
     pub container: Option<String>,
     /// The `cgroup.procs` files of the session's limits (bubblewrap): each process joins them.
     pub cgroups: Vec<PathBuf>,
+    /// The ssh host's paddock and runner (`workdir` is then the host's).
+    pub remote: Option<ssh::Remote>,
 }
 
 impl Made {
@@ -315,6 +325,9 @@ impl Made {
         }
         for g in &self.cgroups {
             text += &format!("cgroup={}\n", g.display());
+        }
+        if let Some(r) = &self.remote {
+            text += &format!("remote_paddock={}\nremote_socket={}\n", r.paddock, r.socket);
         }
         let file = root.join("made");
         std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
@@ -352,6 +365,13 @@ impl Made {
             repo,
             container: kv.get("container").map(|c| c.to_string()),
             cgroups,
+            remote: match (kv.get("remote_paddock"), kv.get("remote_socket")) {
+                (Some(p), Some(s)) => Some(ssh::Remote {
+                    paddock: p.to_string(),
+                    socket: s.to_string(),
+                }),
+                _ => None,
+            },
         })
     }
 }
@@ -540,13 +560,15 @@ pub fn enter(
             repo: None,
             container: None,
             cgroups: Vec::new(),
+            remote: None,
         }
     } else {
         match Made::read(&host.root(id)) {
             Some(made)
-                if made.workdir.is_dir()
+                if (made.remote.is_some() || made.workdir.is_dir())
                     && made.repo.is_some() == config.env.worktree
-                    && made.container.is_some() == (config.env.driver == Driver::Podman) =>
+                    && made.container.is_some() == (config.env.driver == Driver::Podman)
+                    && made.remote.is_some() == (config.env.driver == Driver::Ssh) =>
             {
                 if !made.cgroups.iter().all(|g| g.exists()) {
                     // A host reboot takes control groups away: made again (a few files).
@@ -565,6 +587,7 @@ pub fn enter(
         }),
         Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
         Driver::Podman => podman::enter(id, config, &made, plan),
+        Driver::Ssh => ssh::enter(host, id, config, &made, plan),
     }
 }
 

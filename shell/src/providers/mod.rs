@@ -393,9 +393,12 @@ pub fn agent_command(
 /// on the session's own `PATH` if its environment sets one (the agent runs with it), else the
 /// daemon's.
 pub fn find_on_path(program: &str, config: &SessionConfig) -> Option<PathBuf> {
-    if config.env.driver == paddock_core::Driver::Podman {
+    if matches!(
+        config.env.driver,
+        paddock_core::Driver::Podman | paddock_core::Driver::Ssh
+    ) {
         // In a container the agent is the image's own, found on the image's PATH when it
-        // starts there (`podman exec` says so if it is not).
+        // starts there (`podman exec` says so if it is not); on an ssh host, the host's.
         return Some(PathBuf::from(program));
     }
     match config.environment.get("PATH") {

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Driver, EnvSpec, EnvState, Error, ErrorCode,
-    PodmanOptions, Provider, SessionConfig, SessionId, SessionRecord, Status, StatusEvent,
-    UserMessage,
+    PodmanOptions, Provider, SessionConfig, SessionId, SessionRecord, SshTarget, Status,
+    StatusEvent, UserMessage,
 };
 use rusqlite::Row;
 
@@ -18,7 +18,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 41] = [
+pub(super) const SESSION_COLUMNS: [&str; 42] = [
     "id",
     "campaign_id",
     "provider",
@@ -60,6 +60,7 @@ pub(super) const SESSION_COLUMNS: [&str; 41] = [
     "env_pids",
     "env_podman",
     "env_podman_env",
+    "env_ssh",
 ];
 
 /// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
@@ -240,6 +241,53 @@ pub(super) struct PodmanJson {
     pub flags: Vec<String>,
 }
 
+/// The `env_ssh` column: the ssh driver's machine.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default)]
+pub(super) struct SshJson {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub key_file: String,
+    pub known_hosts: String,
+    pub accept_new_host_key: bool,
+    pub paddock: String,
+    pub remote_dir: String,
+    pub workdir: String,
+}
+
+impl From<&SshTarget> for SshJson {
+    fn from(t: &SshTarget) -> Self {
+        SshJson {
+            host: t.host.clone(),
+            port: t.port,
+            user: t.user.clone(),
+            key_file: t.key_file.clone(),
+            known_hosts: t.known_hosts.clone(),
+            accept_new_host_key: t.accept_new_host_key,
+            paddock: t.paddock.clone(),
+            remote_dir: t.remote_dir.clone(),
+            workdir: t.workdir.clone(),
+        }
+    }
+}
+
+impl From<SshJson> for SshTarget {
+    fn from(j: SshJson) -> Self {
+        SshTarget {
+            host: j.host,
+            port: j.port,
+            user: j.user,
+            key_file: j.key_file,
+            known_hosts: j.known_hosts,
+            accept_new_host_key: j.accept_new_host_key,
+            paddock: j.paddock,
+            remote_dir: j.remote_dir,
+            workdir: j.workdir,
+        }
+    }
+}
+
 pub(super) fn map_to_json(map: &BTreeMap<String, String>) -> Result<String> {
     serde_json::to_string(map).map_err(|e| StoreError::Corrupt(format!("encoding a map: {e}")))
 }
@@ -302,6 +350,12 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
                     flags: o.flags,
                     env: map_from_json(row, T, sc!("env_podman_env"))?,
                 })
+            },
+            ssh: {
+                let text: String = sc!("env_ssh").get(row)?;
+                let j: SshJson = serde_json::from_str(&text)
+                    .map_err(|e| corrupt(T, sc!("env_ssh").name(), format!("bad JSON: {e}")))?;
+                Box::new(j.into())
             },
         },
     };

@@ -20,7 +20,14 @@ pub(super) const MIGRATIONS: &[&str] = &[
     super::tasks::V7,
     V8,
     V9,
+    V10,
 ];
+
+/// Version 10: the ssh driver's machine (latis' `ssh:` block, as JSON; it holds no secret: a
+/// key is named by its file, never stored).
+const V10: &str = r#"
+ALTER TABLE agent_sessions ADD COLUMN env_ssh TEXT NOT NULL DEFAULT '{}';
+"#;
 
 /// Version 9: a container's image, the environment's memory and process limits, and the seed's
 /// `podman:` block (mounts, ports and flags as JSON; its variables sealed like the session's);

@@ -679,6 +679,8 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
     })
     .map_err(|e| StoreError::Corrupt(format!("encoding the podman block: {e}")))?;
     let podman_env = map_to_json(&sealer.seal(&c.env.podman.env)?)?;
+    let ssh = serde_json::to_string(&codec::SshJson::from(&*c.env.ssh))
+        .map_err(|e| StoreError::Corrupt(format!("encoding the ssh block: {e}")))?;
     let error_code = rec.error.as_ref().map(|e| e.code.to_string());
     let error_message = rec.error.as_ref().map(|e| e.message.as_str());
     let mut stmt = conn.prepare_cached(&UPSERT_SESSION)?;
@@ -724,6 +726,7 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":env_pids": i64::from(c.env.pids),
         ":env_podman": podman,
         ":env_podman_env": podman_env,
+        ":env_ssh": ssh,
     })?;
     Ok(())
 }

@@ -69,6 +69,18 @@ fn full_record(id: &str) -> SessionRecord {
             flags: vec!["--userns=keep-id".into()],
             env: BTreeMap::from([("TOKEN".to_string(), "secret".to_string())]),
         }),
+        // Every field set, to see each one round-trip (a real spec has one driver's block).
+        ssh: Box::new(paddock_core::SshTarget {
+            host: "build.example".into(),
+            port: 2222,
+            user: "ci".into(),
+            key_file: "/home/u/.ssh/id_ed25519".into(),
+            known_hosts: "/home/u/.ssh/known_hosts".into(),
+            accept_new_host_key: true,
+            paddock: "/opt/paddock".into(),
+            remote_dir: "~/.paddock".into(),
+            workdir: "/srv/repo".into(),
+        }),
     };
     SessionRecord {
         id: SessionId(id.to_string()),

@@ -128,9 +128,7 @@ impl Out {
 
     /// A note about the agent that is not its words (a warning its CLI printed): STATUS.
     pub fn status(&self, text: &str) {
-        self.line(&Line::System(System::PaddockStatus {
-            content: &truncate(text, TEXT_MAX),
-        }));
+        self.write_line(&stream_json::status_line(&truncate(text, TEXT_MAX)));
     }
 
     /// The agent's conversation id: the daemon keeps it and passes it back as `--resume`.

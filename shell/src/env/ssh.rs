@@ -1,0 +1,830 @@
+//! The `ssh` driver: a session's processes run on another machine, in a `paddock runner`
+//! there, reached over OpenSSH (the system `ssh` client: the user's keys, agent, ssh
+//! configuration and known_hosts work as they do for them, and nothing of SSH is
+//! re-implemented here).
+//!
+//! - Provisioning ([`provision`], when the session is created and again at a start whose
+//!   `made` file is gone): one `ssh` that probes the host (its home, the working directory,
+//!   whether this very paddock binary is there), one that copies the binary when it is not
+//!   (to `<remote dir>/bin/paddock-<version>-<hash>`: a build of another version or content
+//!   never stands in for this one) unless the session names an installed one, and one that
+//!   makes sure a runner of that binary answers there (`paddock __ssh-runner`, which starts
+//!   it detached, like the daemon starts its own). What it learnt goes to the `made` file.
+//! - Entering ([`enter`]): the agent's launch becomes `paddock __ssh-run … -- <argv>`, a relay
+//!   the local runner supervises like any agent. The relay forwards the remote runner's socket
+//!   to a private socket of the session's environment (`ssh -N -L`, streamlocal forwarding),
+//!   starts the run there (`RunCommand` with the argv, the working directory and the
+//!   session's variables), copies its output to its own stdout and stderr and its own stdin
+//!   to the run's, and forwards TERM, INT and HUP as the run's signals. The run's exit is the
+//!   relay's.
+//! - A dropped connection is not a dead agent: the remote runner keeps the run (and its
+//!   output, up to its buffer bounds) while the relay reconnects with backoff and re-attaches
+//!   after the last event it copied, so no output is lost or repeated. Meanwhile the session
+//!   hears it as a STATUS note (a `paddock_status` line, written between two of the agent's
+//!   lines), and again when the relay is back.
+//!
+//! Limits, said plainly: the relay copies the agent's output whole lines at a time only in
+//! the sense that its notes never split one; a line written to the agent's stdin while the
+//! connection drops is sent again after the reconnection if its write was not confirmed (an
+//! agent may then read it twice). A relay killed with SIGKILL (a forced stop after the grace)
+//! leaves the remote run to finish on its own: the TERM before it was forwarded.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use paddock_core::{SessionConfig, SessionId, SshTarget};
+use paddock_proto::runner::v1 as rpb;
+use rpb::runner_client::RunnerClient;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+use super::{Host, Made};
+use crate::proc::LaunchPlan;
+
+/// How long one connection (ssh's handshake, the forward, the runner's first answer) may take.
+const CONNECT_WAIT: Duration = Duration::from_secs(20);
+/// The first wait before a reconnection, doubled after every failed attempt up to
+/// [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(15);
+/// How often the relay tells the remote runner what it has copied (the runner then drops it).
+const ACK_EVERY: Duration = Duration::from_millis(200);
+/// Where paddock keeps its binary and runners on a host unless the session says otherwise.
+const REMOTE_DIR: &str = "~/.cache/paddock";
+
+/// What provisioning learnt about the host, kept in the environment's `made` file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// The paddock binary there.
+    pub paddock: String,
+    /// The socket its runner answers on there.
+    pub socket: String,
+}
+
+/// The `ssh` client, or what to install.
+fn ssh_program() -> Result<PathBuf, String> {
+    crate::paths::find_on_own_path("ssh").ok_or_else(|| {
+        "the ssh driver needs the OpenSSH client `ssh`, which is not on PATH: install the \
+         `openssh-client` package"
+            .to_string()
+    })
+}
+
+/// What the host lacks for an ssh session: the client (the remote machine is checked when the
+/// environment is made).
+pub fn check_host() -> Result<(), String> {
+    ssh_program().map(|_| ())
+}
+
+/// ssh's options for `t`: never a prompt (batch mode: a key, an agent or nothing), the host key
+/// checked (`yes`, or `accept-new` when asked: a changed key is refused either way), the port,
+/// user and key asked for, and keepalives that notice a dead connection within ~15 s.
+pub fn ssh_options(t: &SshTarget) -> Vec<String> {
+    let mut o: Vec<String> = vec!["-o".into(), "BatchMode=yes".into()];
+    let checking = if t.accept_new_host_key {
+        "accept-new"
+    } else {
+        "yes"
+    };
+    o.extend(["-o".into(), format!("StrictHostKeyChecking={checking}")]);
+    if !t.known_hosts.is_empty() {
+        o.extend(["-o".into(), format!("UserKnownHostsFile={}", t.known_hosts)]);
+    }
+    if !t.key_file.is_empty() {
+        o.extend(["-i".into(), t.key_file.clone()]);
+        o.extend(["-o".into(), "IdentitiesOnly=yes".into()]);
+    }
+    if t.port > 0 {
+        o.extend(["-p".into(), t.port.to_string()]);
+    }
+    if !t.user.is_empty() {
+        o.extend(["-l".into(), t.user.clone()]);
+    }
+    for opt in [
+        "ConnectTimeout=10",
+        "ServerAliveInterval=5",
+        "ServerAliveCountMax=3",
+        "LogLevel=ERROR",
+    ] {
+        o.extend(["-o".into(), opt.into()]);
+    }
+    o
+}
+
+/// `s` as one word of a POSIX shell command line (the remote side's shell reads what ssh sends).
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Runs `command` on the host (through its login shell, as ssh does), with `stdin` fed from a
+/// file; its stdout, or the reason it failed (ssh's own words for a connection that could not
+/// be made: "Connection refused", "Permission denied (publickey)", "Host key verification
+/// failed").
+fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<String, String> {
+    let mut cmd = std::process::Command::new(ssh_program()?);
+    cmd.args(ssh_options(t))
+        .arg("--")
+        .arg(&t.host)
+        .arg(command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match stdin {
+        Some(file) => {
+            let f = std::fs::File::open(file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            cmd.stdin(f);
+        }
+        None => {
+            cmd.stdin(Stdio::null());
+        }
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run ssh: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    match out.status.code() {
+        Some(0) => Ok(String::from_utf8_lossy(&out.stdout).to_string()),
+        Some(255) => Err(format!(
+            "cannot reach {} over ssh: {}",
+            t.destination(),
+            if stderr.is_empty() {
+                "ssh failed".to_string()
+            } else {
+                stderr
+            }
+        )),
+        _ => Err(format!(
+            "on {}: {}",
+            t.destination(),
+            if stderr.is_empty() {
+                format!("the command failed ({})", out.status)
+            } else {
+                stderr
+            }
+        )),
+    }
+}
+
+/// This binary's name on a host: its version and a hash of its contents, so that another
+/// build is never taken for it.
+pub fn binary_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        use std::hash::Hasher;
+        let mut h = std::hash::DefaultHasher::new();
+        if let Ok(bytes) = std::env::current_exe().and_then(std::fs::read) {
+            h.write(&bytes);
+        }
+        format!(
+            "{}-{:012x}",
+            env!("CARGO_PKG_VERSION"),
+            h.finish() & 0xffff_ffff_ffff
+        )
+    })
+}
+
+/// The probe run on the host: where things are there, and whether the binary is.
+const PROBE: &str = r#"
+d=$1; p=$2; w=$3; id=$4
+case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; /*) ;; *) d=$HOME/$d;; esac
+case $w in "") w=$HOME;; "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; /*) ;; *) w=$HOME/$w;; esac
+case $p in "") p=$d/bin/paddock-$id;; "~/"*) p=$HOME/${p#"~/"};; esac
+echo "dir=$d"
+echo "paddock=$p"
+echo "workdir=$w"
+if [ -d "$w" ]; then echo "workdir_ok=yes"; fi
+if [ -x "$p" ]; then echo "installed=yes"; fi
+"#;
+
+/// The copy: the binary arrives on stdin and replaces the file only once whole.
+const COPY: &str = r#"
+p=$1
+mkdir -p "$(dirname "$p")" && cat > "$p.part.$$" && chmod 700 "$p.part.$$" && mv -f "$p.part.$$" "$p"
+"#;
+
+/// Makes `t` ready for a session: the working directory checked, this paddock there (copied
+/// when missing), its runner answering. Returns what a start needs and the working directory
+/// on the host. `log` hears what was done.
+pub fn provision(
+    host: &Host,
+    t: &SshTarget,
+    log: &dyn Fn(&str),
+) -> Result<(Remote, PathBuf), String> {
+    let remote_dir = if t.remote_dir.is_empty() {
+        REMOTE_DIR
+    } else {
+        &t.remote_dir
+    };
+    let probe = format!(
+        "sh -c {} paddock-probe {} {} {} {}",
+        quote(PROBE),
+        quote(remote_dir),
+        quote(&t.paddock),
+        quote(&t.workdir),
+        quote(binary_id())
+    );
+    let out = run(t, &probe, None)?;
+    let facts: std::collections::BTreeMap<&str, &str> =
+        out.lines().filter_map(|l| l.split_once('=')).collect();
+    let fact = |k: &str| facts.get(k).map(|v| v.to_string()).unwrap_or_default();
+    let (dir, paddock, workdir) = (fact("dir"), fact("paddock"), fact("workdir"));
+    if dir.is_empty() || paddock.is_empty() {
+        return Err(format!(
+            "{}: the host answered the probe with {out:?} (is its login shell a POSIX one?)",
+            t.destination()
+        ));
+    }
+    if fact("workdir_ok") != "yes" {
+        return Err(format!(
+            "there is no directory {workdir} on {} (the session's ssh workdir)",
+            t.destination()
+        ));
+    }
+    log(&format!(
+        "ssh environment on {}: working directory {workdir}",
+        t.destination()
+    ));
+    if fact("installed") != "yes" {
+        if !t.paddock.is_empty() {
+            return Err(format!(
+                "there is no paddock at {paddock} on {} (the session's ssh `paddock`); leave it \
+                 out and paddock copies its own",
+                t.destination()
+            ));
+        }
+        let size = std::fs::metadata(&host.exe).map(|m| m.len()).unwrap_or(0);
+        run(
+            t,
+            &format!("sh -c {} paddock-copy {}", quote(COPY), quote(&paddock)),
+            Some(&host.exe),
+        )?;
+        log(&format!(
+            "copied paddock {} ({:.1} MiB) to {paddock}",
+            binary_id(),
+            size as f64 / (1024.0 * 1024.0)
+        ));
+    }
+    let runner_dir = format!("{dir}/runner-{}", binary_id());
+    let socket = run(
+        t,
+        &format!("{} __ssh-runner {}", quote(&paddock), quote(&runner_dir)),
+        None,
+    )?
+    .trim()
+    .to_string();
+    if !socket.starts_with('/') {
+        return Err(format!(
+            "the runner on {} did not say where it answers (it said {socket:?})",
+            t.destination()
+        ));
+    }
+    log(&format!("runner on {} at {socket}", t.destination()));
+    Ok((Remote { paddock, socket }, PathBuf::from(workdir)))
+}
+
+/// The remote side of provisioning (`paddock __ssh-runner DIR`, run over ssh): makes sure a
+/// runner of this binary answers on `DIR/runner.sock`, starting one detached if none does (it
+/// outlives the ssh connection that started it), and prints the socket's path.
+pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
+    super::make_private_dir(dir)?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    rt.block_on(crate::daemon::runner_link::RunnerLink::connect_or_start(
+        dir,
+        &exe,
+        &crate::runner::Limits::default(),
+    ))?;
+    Ok(dir.join("runner.sock"))
+}
+
+/// `plan` as it runs on session `id`'s host: the relay, with the plan's variables as its own
+/// (passed on by name, never on a command line).
+pub fn enter(
+    host: &Host,
+    id: &SessionId,
+    config: &SessionConfig,
+    made: &Made,
+    plan: LaunchPlan,
+) -> Result<LaunchPlan, String> {
+    let Some(remote) = &made.remote else {
+        return Err("the ssh environment was not made (no host recorded)".into());
+    };
+    let t = &config.env.ssh;
+    // paddock's own programs (the scripted agent, the bridges) are the copy on the host.
+    let program = if plan.program == host.exe {
+        remote.paddock.clone()
+    } else {
+        plan.program.display().to_string()
+    };
+    let mut args = vec![
+        "__ssh-run".to_string(),
+        format!("--host={}", t.host),
+        format!("--port={}", t.port),
+        format!("--user={}", t.user),
+        format!("--key={}", t.key_file),
+        format!("--known-hosts={}", t.known_hosts),
+        format!("--remote-socket={}", remote.socket),
+        format!("--dir={}", host.root(id).display()),
+        format!("--cwd={}", made.workdir.display()),
+    ];
+    if t.accept_new_host_key {
+        args.push("--accept-new-host-key".into());
+    }
+    for (k, _) in &plan.env {
+        args.push(format!("--env={k}"));
+    }
+    args.push("--".into());
+    args.push(program);
+    args.extend(plan.args);
+    Ok(LaunchPlan {
+        program: host.exe.clone(),
+        args,
+        env: plan.env,
+        cwd: host.root(id),
+    })
+}
+
+/// What `paddock __ssh-run` is told.
+#[derive(Debug, Clone)]
+pub struct RelayArgs {
+    pub target: SshTarget,
+    /// The remote runner's socket.
+    pub remote_socket: String,
+    /// The session's environment directory here (the forwarded socket lives in it).
+    pub dir: PathBuf,
+    /// The working directory on the host.
+    pub cwd: String,
+    /// Variables passed on to the run, by name (their values are the relay's own).
+    pub env: Vec<String>,
+    pub argv: Vec<String>,
+}
+
+/// `paddock __ssh-run`: relays one run on the host (see the module's documentation). Returns
+/// the process's exit code: the run's, 128 + its signal, or 255 when it could not be started.
+pub fn relay(a: RelayArgs) -> i32 {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("paddock: cannot start a runtime: {e}");
+            return 255;
+        }
+    };
+    rt.block_on(Relay::new(a).run())
+}
+
+/// One `ssh -N -L` forward of the remote runner's socket, ended when dropped.
+struct Forward {
+    pid: u32,
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        crate::proc::signal_group(self.pid, paddock_core::Signal::Kill);
+    }
+}
+
+struct Relay {
+    a: RelayArgs,
+    run_id: String,
+    local: PathBuf,
+    out: tokio::io::Stdout,
+    /// The newest run event copied (the re-attach point).
+    last_seq: u64,
+    /// Whether what was copied ends a line (a note may go in between).
+    at_line_start: bool,
+    /// A note for the session, written at the next line boundary.
+    note: Option<String>,
+}
+
+impl Relay {
+    fn new(a: RelayArgs) -> Relay {
+        let tag = ulid::Ulid::new().to_string().to_ascii_lowercase();
+        let local = a.dir.join(format!("ssh-{}.sock", &tag[20..]));
+        Relay {
+            run_id: format!("ssh:{tag}"),
+            local,
+            a,
+            out: tokio::io::stdout(),
+            last_seq: 0,
+            at_line_start: true,
+            note: None,
+        }
+    }
+
+    /// Forwards the remote runner's socket and connects to it through the forward.
+    async fn connect(&self) -> Result<(Forward, RunnerClient<Channel>), String> {
+        let t = &self.a.target;
+        let _ = std::fs::remove_file(&self.local);
+        let mut cmd = tokio::process::Command::new(ssh_program()?);
+        cmd.args(ssh_options(t))
+            .args(["-N", "-o", "ExitOnForwardFailure=yes"])
+            .args([
+                "-o",
+                "StreamLocalBindUnlink=yes",
+                "-o",
+                "StreamLocalBindMask=0177",
+            ])
+            .arg("-L")
+            .arg(format!("{}:{}", self.local.display(), self.a.remote_socket))
+            .arg("--")
+            .arg(&t.host);
+        // Its own group, dying with us: a TERM meant for the relay does not cut the line the
+        // relay forwards it on.
+        let (process, pipes) = crate::proc::spawn(cmd, false, crate::contain::new_tag())
+            .map_err(|e| format!("cannot run ssh: {e}"))?;
+        let forward = Forward { pid: process.pid };
+        let stderr = tokio::spawn(crate::proc::StderrTail::read(pipes.stderr));
+        let exited = tokio::spawn(process.wait());
+        let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
+        loop {
+            if exited.is_finished() {
+                let why = stderr.await.unwrap_or_default();
+                return Err(format!(
+                    "ssh to {} ended: {}",
+                    t.destination(),
+                    if why.is_empty() {
+                        "no reason given"
+                    } else {
+                        why.trim()
+                    }
+                ));
+            }
+            if self.local.exists() {
+                if let Ok(ch) = crate::transport::channel(&self.local).await {
+                    let mut client = RunnerClient::new(ch);
+                    if client.list_runs(rpb::ListRunsRequest {}).await.is_ok() {
+                        return Ok((forward, client));
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "no runner answered through ssh to {} within {}s",
+                    t.destination(),
+                    CONNECT_WAIT.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn run(mut self) -> i32 {
+        let dest = self.a.target.destination();
+        let (mut forward, mut client) = match self.connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("paddock: {e}");
+                return 255;
+            }
+        };
+        let environment = self
+            .a
+            .env
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v)))
+            .collect();
+        let req = rpb::RunCommandRequest {
+            run_id: self.run_id.clone(),
+            working_dir: self.a.cwd.clone(),
+            command: String::new(),
+            use_shell: false,
+            ssh_auth_sock: String::new(),
+            keep_stdin: true,
+            argv: self.a.argv.clone(),
+            environment,
+        };
+        let mut stream = match client.run_command(req).await {
+            Ok(s) => s.into_inner(),
+            Err(e) => {
+                eprintln!(
+                    "paddock: the runner on {dest} refused the run: {}",
+                    e.message()
+                );
+                return 255;
+            }
+        };
+        let (clients, current) = watch::channel(Some(client));
+        let (acked, acks) = watch::channel(0u64);
+        tokio::spawn(pump_stdin(self.run_id.clone(), current.clone()));
+        tokio::spawn(pump_signals(self.run_id.clone(), current.clone()));
+        tokio::spawn(pump_acks(self.run_id.clone(), current, acks));
+        loop {
+            match stream.message().await {
+                Ok(Some(ev)) => {
+                    if let Some(code) = self.event(ev).await {
+                        let _ = self.out.flush().await;
+                        drop(forward);
+                        return code;
+                    }
+                    let _ = acked.send(self.last_seq);
+                }
+                Ok(None) | Err(_) => {
+                    let _ = clients.send(None);
+                    drop(forward);
+                    eprintln!("paddock: the connection to {dest} was lost; reconnecting");
+                    self.say(format!(
+                        "the connection to {dest} was lost; the agent runs on there, reconnecting"
+                    ))
+                    .await;
+                    let mut delay = BACKOFF_FIRST;
+                    let mut attempt = 0u32;
+                    loop {
+                        tokio::time::sleep(delay).await;
+                        attempt += 1;
+                        match self.connect().await {
+                            Ok((f, mut c)) => {
+                                let req = rpb::AttachRunRequest {
+                                    run_id: self.run_id.clone(),
+                                    after_seq: self.last_seq,
+                                };
+                                match c.attach_run(req).await {
+                                    Ok(s) => {
+                                        forward = f;
+                                        stream = s.into_inner();
+                                        let _ = clients.send(Some(c));
+                                        self.say(format!(
+                                            "reconnected to {dest} (attempt {attempt})"
+                                        ))
+                                        .await;
+                                        break;
+                                    }
+                                    Err(e) if e.code() == tonic::Code::NotFound => {
+                                        eprintln!(
+                                            "paddock: the agent's run is gone on {dest} (was \
+                                             the host or its runner restarted?)"
+                                        );
+                                        return 255;
+                                    }
+                                    Err(e) => eprintln!(
+                                        "paddock: re-attaching on {dest} (attempt {attempt}): {}",
+                                        e.message()
+                                    ),
+                                }
+                            }
+                            Err(e) => {
+                                eprintln!(
+                                    "paddock: reconnecting to {dest} (attempt {attempt}): {e}"
+                                )
+                            }
+                        }
+                        delay = (delay * 2).min(BACKOFF_MAX);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies one run event; the exit code once the run ended.
+    async fn event(&mut self, ev: rpb::RunnerEvent) -> Option<i32> {
+        use rpb::runner_event::Payload;
+        if ev.seq != 0 && ev.seq <= self.last_seq {
+            return None; // copied before the connection dropped
+        }
+        match ev.payload {
+            Some(Payload::CommandOutput(o)) if o.stream == rpb::StreamKind::Stderr as i32 => {
+                let mut err = tokio::io::stderr();
+                let _ = err.write_all(o.text.as_bytes()).await;
+            }
+            Some(Payload::CommandOutput(o)) => {
+                if !o.text.is_empty() {
+                    if self.out.write_all(o.text.as_bytes()).await.is_err() {
+                        // Nobody reads us any more: the supervisor is gone.
+                        return Some(141);
+                    }
+                    let _ = self.out.flush().await;
+                    self.at_line_start = o.text.ends_with('\n');
+                }
+            }
+            Some(Payload::Status(st)) => {
+                let state = rpb::RunState::try_from(st.state).unwrap_or_default();
+                if matches!(state, rpb::RunState::Finished | rpb::RunState::Failed) {
+                    if state == rpb::RunState::Failed && !st.message.is_empty() {
+                        eprintln!(
+                            "paddock: on {}: {}",
+                            self.a.target.destination(),
+                            st.message
+                        );
+                    }
+                    return Some(st.exit_code.clamp(0, 255));
+                }
+            }
+            Some(Payload::Truncated(t)) => {
+                self.note = Some(format!(
+                    "{} events of the agent's output on {} were lost (more than the runner there \
+                     keeps came while paddock was away)",
+                    t.dropped,
+                    self.a.target.destination()
+                ));
+            }
+            Some(Payload::Exec(_)) | None => {}
+        }
+        if ev.seq > 0 {
+            self.last_seq = ev.seq;
+        }
+        if self.at_line_start {
+            if let Some(n) = self.note.take() {
+                self.write_note(&n).await;
+            }
+        }
+        None
+    }
+
+    /// A note for the session, now if no line of the agent's is half-written, else after it.
+    async fn say(&mut self, note: String) {
+        if self.at_line_start {
+            self.write_note(&note).await;
+        } else {
+            self.note = Some(note);
+        }
+    }
+
+    async fn write_note(&mut self, note: &str) {
+        let mut line = crate::providers::stream_json::status_line(note);
+        line.push('\n');
+        let _ = self.out.write_all(line.as_bytes()).await;
+        let _ = self.out.flush().await;
+    }
+}
+
+/// The connected client, waiting for one while the relay reconnects (`None` once the relay
+/// is gone).
+async fn connected(
+    current: &mut watch::Receiver<Option<RunnerClient<Channel>>>,
+) -> Option<RunnerClient<Channel>> {
+    loop {
+        if let Some(c) = current.borrow_and_update().clone() {
+            return Some(c);
+        }
+        current.changed().await.ok()?;
+    }
+}
+
+/// The relay's stdin, line by line, to the run's; its end closes the run's.
+async fn pump_stdin(run_id: String, mut current: watch::Receiver<Option<RunnerClient<Channel>>>) {
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    loop {
+        let mut line = Vec::new();
+        let close = matches!(stdin.read_until(b'\n', &mut line).await, Ok(0) | Err(_));
+        loop {
+            let Some(mut c) = connected(&mut current).await else {
+                return;
+            };
+            let req = rpb::WriteStdinRequest {
+                run_id: run_id.clone(),
+                data: line.clone(),
+                close,
+            };
+            match c.write_stdin(req).await {
+                Ok(_) => break,
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        tonic::Code::NotFound | tonic::Code::FailedPrecondition
+                    ) =>
+                {
+                    return; // the run ended or closed its stdin
+                }
+                // The connection dropped: sent again on the next one.
+                Err(_) => {
+                    if current.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        if close {
+            return;
+        }
+    }
+}
+
+/// TERM, INT and HUP sent to the relay become the run's.
+async fn pump_signals(run_id: String, mut current: watch::Receiver<Option<RunnerClient<Channel>>>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return;
+    };
+    loop {
+        let sig = tokio::select! {
+            _ = term.recv() => rpb::ProcessSignal::Term,
+            // The runner's signals are TERM, KILL and HUP: an interrupt asks the agent to end
+            // like a TERM.
+            _ = int.recv() => rpb::ProcessSignal::Term,
+            _ = hup.recv() => rpb::ProcessSignal::Hup,
+        };
+        loop {
+            let Some(mut c) = connected(&mut current).await else {
+                return;
+            };
+            let req = rpb::SignalRequest {
+                run_id: run_id.clone(),
+                signal: sig as i32,
+            };
+            match c.signal_session(req).await {
+                Ok(_) => break,
+                Err(e) if e.code() == tonic::Code::NotFound => return,
+                Err(_) => {
+                    if current.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Tells the remote runner, every [`ACK_EVERY`], what the relay has copied: it keeps only the
+/// rest.
+async fn pump_acks(
+    run_id: String,
+    current: watch::Receiver<Option<RunnerClient<Channel>>>,
+    mut copied: watch::Receiver<u64>,
+) {
+    let mut sent = 0;
+    loop {
+        tokio::time::sleep(ACK_EVERY).await;
+        if copied.has_changed().is_err() {
+            return;
+        }
+        let seq = *copied.borrow_and_update();
+        if seq <= sent {
+            continue;
+        }
+        let Some(mut c) = current.borrow().clone() else {
+            continue;
+        };
+        let req = rpb::AckRunRequest {
+            run_id: run_id.clone(),
+            seq,
+        };
+        if c.ack_run(req).await.is_ok() {
+            sent = seq;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_check_the_host_key_and_never_prompt() {
+        let t = SshTarget {
+            host: "build".into(),
+            port: 2222,
+            user: "ci".into(),
+            key_file: "/k".into(),
+            known_hosts: "/kh".into(),
+            ..SshTarget::default()
+        };
+        let o = ssh_options(&t).join(" ");
+        for want in [
+            "BatchMode=yes",
+            "StrictHostKeyChecking=yes",
+            "UserKnownHostsFile=/kh",
+            "-i /k",
+            "IdentitiesOnly=yes",
+            "-p 2222",
+            "-l ci",
+            "ServerAliveInterval=5",
+        ] {
+            assert!(o.contains(want), "{want} missing in {o}");
+        }
+        let new = SshTarget {
+            accept_new_host_key: true,
+            ..t
+        };
+        assert!(ssh_options(&new)
+            .join(" ")
+            .contains("StrictHostKeyChecking=accept-new"));
+    }
+
+    #[test]
+    fn quoting_survives_the_remote_shell() {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf %s {}", quote("it's a $HOME `x`")))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "it's a $HOME `x`");
+    }
+
+    #[test]
+    fn the_binary_id_names_version_and_content() {
+        let id = binary_id();
+        assert!(id.starts_with(env!("CARGO_PKG_VERSION")));
+        assert_eq!(id, binary_id());
+        assert_eq!(id.rsplit('-').next().unwrap().len(), 12);
+    }
+}

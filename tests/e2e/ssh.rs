@@ -1,0 +1,368 @@
+//! The ssh driver for real: an OpenSSH server (Debian's `openssh-server`, which `.ci/run`
+//! installs) started by the test on 127.0.0.1 with a host key, a user key and a config of its
+//! own. Sessions run whole turns in the paddock runner that provisioning starts "there"; the
+//! ssh connection is killed mid-turn and the turn completes with every event once; bad
+//! configurations (a port nobody answers on, a key the host does not know, a host key not in
+//! known_hosts, a missing working directory) refuse the create with ssh's own words and leave
+//! no session.
+//!
+//! The host is this machine (the same user, through sshd): what is "remote" is everything
+//! paddock does through ssh — the binary copied, the runner started detached, the agent run
+//! and relayed through a forwarded socket. The runner and its agents are stopped by the test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use paddock_proto::obey::local::v1 as pb;
+use serde_json::json;
+
+use crate::environments::processes_with;
+use crate::harness::*;
+
+/// An sshd of the test's own, and what a client needs to reach it.
+struct Sshd {
+    child: Child,
+    port: u16,
+    user: String,
+    /// The client's private key (its public half is authorized).
+    key: PathBuf,
+    /// A known_hosts file with the server's key.
+    known_hosts: PathBuf,
+    /// Where paddock keeps its binary and runner "on the host".
+    remote_dir: PathBuf,
+    dir: PathBuf,
+}
+
+fn keygen(path: &Path) {
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .status()
+        .expect("ssh-keygen (openssh-client)");
+    assert!(st.success());
+}
+
+fn sshd_program() -> PathBuf {
+    ["/usr/sbin/sshd", "/usr/bin/sshd"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .expect("sshd is not installed: apt install openssh-server (.ci/run does)")
+}
+
+impl Sshd {
+    async fn start(base: &Path) -> Sshd {
+        let dir = base.join("sshd");
+        std::fs::create_dir_all(&dir).unwrap();
+        keygen(&dir.join("host_key"));
+        keygen(&dir.join("user_key"));
+        let authorized = dir.join("authorized_keys");
+        std::fs::copy(dir.join("user_key.pub"), &authorized).unwrap();
+        // sshd's privilege separation directory (made by its init script, which runs nowhere
+        // here).
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let config = dir.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n\
+                 AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
+                 PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n\
+                 AllowStreamLocalForwarding yes\nLogLevel VERBOSE\n",
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("sshd.log")).unwrap();
+        let child = Command::new(sshd_program())
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start sshd");
+        let host_key = std::fs::read_to_string(dir.join("host_key.pub")).unwrap();
+        let mut parts = host_key.split_whitespace();
+        let known_hosts = dir.join("known_hosts");
+        std::fs::write(
+            &known_hosts,
+            format!(
+                "[127.0.0.1]:{port} {} {}\n",
+                parts.next().unwrap(),
+                parts.next().unwrap()
+            ),
+        )
+        .unwrap();
+        let user = String::from_utf8(Command::new("id").arg("-un").output().unwrap().stdout)
+            .unwrap()
+            .trim()
+            .to_string();
+        let s = Sshd {
+            child,
+            port,
+            user,
+            key: dir.join("user_key"),
+            known_hosts,
+            remote_dir: base.join("remote"),
+            dir,
+        };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("sshd did not listen: {}", s.log());
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sshd.log")).unwrap_or_default()
+    }
+
+    /// The environment block of a session on this host, working in `workdir`.
+    fn target(&self, workdir: &Path) -> pb::SshTarget {
+        pb::SshTarget {
+            host: "127.0.0.1".into(),
+            port: u32::from(self.port),
+            user: self.user.clone(),
+            key_file: self.key.display().to_string(),
+            known_hosts: self.known_hosts.display().to_string(),
+            remote_dir: self.remote_dir.display().to_string(),
+            workdir: workdir.display().to_string(),
+            ..Default::default()
+        }
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The runner provisioning started "on the host", and whatever it still runs.
+        for pid in processes_with(&self.remote_dir.display().to_string()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+fn ssh_request(req: &mut pb::CreateSessionRequest, target: pb::SshTarget) {
+    req.environment_spec = Some(pb::SessionEnvironment {
+        driver: "ssh".into(),
+        ssh: Some(target),
+        ..Default::default()
+    });
+}
+
+/// A turn of `n` text steps, `ms` apart: long enough to cut the connection in its middle.
+fn long_turn(n: usize, ms: u64) -> serde_json::Value {
+    let mut steps: Vec<serde_json::Value> = (1..=n)
+        .map(|i| json!({"text": format!("step {i} of {n}"), "delay_ms": ms, "tokens_in": 1, "tokens_out": 1}))
+        .collect();
+    steps.push(json!({"result": "All {turn} done: {message}"}));
+    turns(json!(steps))
+}
+
+#[tokio::test]
+async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection() {
+    let mut d = Daemon::start().await;
+    let sshd = Sshd::start(&d.dirs.base).await;
+    let mut req = d.request(Some(("long", long_turn(30, 100)))).await;
+    ssh_request(&mut req, sshd.target(&d.dirs.root));
+    let s = d.create(req).await;
+    let id = s.id.clone();
+    let info = d.wait_status(&id, pb::SessionStatus::Running).await;
+    assert_eq!(
+        info.environment_spec.as_ref().map(|e| e.driver.as_str()),
+        Some("ssh")
+    );
+    // Provisioning copied this paddock there and started a runner of it there.
+    let env_root = d.dirs.data.join("environments").join(&id);
+    let log = std::fs::read_to_string(env_root.join("environment.log")).unwrap();
+    assert!(log.contains("copied paddock"), "{log}");
+    assert!(log.contains("runner on"), "{log}");
+    let remote = sshd.remote_dir.display().to_string();
+    let runners: Vec<u32> = processes_with(&remote)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .unwrap_or_default()
+                .contains("runner")
+        })
+        .collect();
+    assert!(!runners.is_empty(), "no runner under {remote}");
+    // The agent is the copy's child there, not a child of the local runner.
+    let copy = processes_with(&format!("{remote}/bin/paddock-"));
+    assert!(
+        copy.iter().any(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .unwrap_or_default()
+                .contains("__scripted-agent")
+        }),
+        "the scripted agent does not run from the copy: {copy:?}"
+    );
+
+    // A turn, its connection killed after a few steps.
+    let mut turn = d.start_turn(&id, "go").await;
+    let first = collect_until(&mut turn, |a| a.content == "step 5 of 30").await;
+    let forward = format!("{}/ssh-", env_root.display());
+    let cut = processes_with(&forward);
+    assert!(!cut.is_empty(), "no ssh forward for {forward}");
+    for pid in &cut {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    }
+    let rest = within(collect_until(&mut turn, |a| kind(a) == "COMPLETION")).await;
+    let all: Vec<pb::SessionActivityEvent> = first.into_iter().chain(rest).collect();
+    // Every step once, in order; the notes of the drop and the return; seqs strictly rising.
+    let steps: Vec<&str> = all
+        .iter()
+        .filter(|a| a.content.starts_with("step "))
+        .map(|a| a.content.as_str())
+        .collect();
+    let want: Vec<String> = (1..=30).map(|i| format!("step {i} of 30")).collect();
+    assert_eq!(steps, want, "{all:#?}");
+    let notes: Vec<&str> = all
+        .iter()
+        .filter(|a| kind(a) == "STATUS")
+        .map(|a| a.content.as_str())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("connection to") && n.contains("lost")),
+        "{notes:?}"
+    );
+    assert!(notes.iter().any(|n| n.contains("reconnected")), "{notes:?}");
+    assert!(all.windows(2).all(|w| w[0].seq < w[1].seq), "{all:#?}");
+    assert_eq!(all.last().unwrap().content, "All 1 done: go");
+    // What is stored is what was streamed: every step once.
+    let mut w = d
+        .client()
+        .await
+        .watch_activity(pb::WatchActivityRequest {
+            session_id: id.clone(),
+            after_seq: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let stored = collect_until(&mut w, |a| kind(a) == "COMPLETION").await;
+    assert_eq!(
+        stored.iter().map(|a| a.seq).collect::<Vec<_>>(),
+        all.iter().map(|a| a.seq).collect::<Vec<_>>()
+    );
+
+    // The session goes on after the drop: another turn, then a stop that ends the agent there.
+    d.wait_status(&id, pb::SessionStatus::Running).await;
+    let second = d.send(&id, "again").await;
+    assert_eq!(second.last().unwrap().content, "All 2 done: again");
+    d.stop(&id, true).await.unwrap();
+    d.wait_status(&id, pb::SessionStatus::Stopped).await;
+    for _ in 0..100 {
+        let agents: Vec<u32> = processes_with("__scripted-agent")
+            .into_iter()
+            .filter(|p| copy.contains(p))
+            .collect();
+        if agents.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        processes_with(&forward).is_empty(),
+        "the relay's forward outlived the stop"
+    );
+    drop(sshd);
+}
+
+#[tokio::test]
+async fn bad_ssh_configurations_refuse_the_create_with_the_reason_and_leave_nothing() {
+    let mut d = Daemon::start().await;
+    let sshd = Sshd::start(&d.dirs.base).await;
+    let root = d.dirs.root.clone();
+    let other_key = d.dirs.base.join("stranger");
+    keygen(&other_key);
+    let empty_known = d.dirs.base.join("empty_known_hosts");
+    std::fs::write(&empty_known, "").unwrap();
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cases: Vec<(pb::SshTarget, &str)> = vec![
+        (
+            pb::SshTarget {
+                port: u32::from(closed_port),
+                ..sshd.target(&root)
+            },
+            "Connection refused",
+        ),
+        (
+            pb::SshTarget {
+                key_file: other_key.display().to_string(),
+                ..sshd.target(&root)
+            },
+            "Permission denied",
+        ),
+        (
+            pb::SshTarget {
+                known_hosts: empty_known.display().to_string(),
+                ..sshd.target(&root)
+            },
+            "Host key verification failed",
+        ),
+        (
+            sshd.target(&d.dirs.base.join("no-such-dir")),
+            "there is no directory",
+        ),
+        (
+            pb::SshTarget {
+                host: String::new(),
+                ..sshd.target(&root)
+            },
+            "needs a host",
+        ),
+    ];
+    for (target, reason) in cases {
+        let mut req = d.request(None).await;
+        ssh_request(&mut req, target);
+        let e = d
+            .client()
+            .await
+            .create_session(req)
+            .await
+            .expect_err("refused");
+        assert!(e.message().contains(reason), "{reason}: {e:?}");
+    }
+    assert!(d.all_sessions().await.is_empty());
+    // A host key seen for the first time is taken when asked (`accept-new`), and recorded.
+    let fresh_known = d.dirs.base.join("fresh_known_hosts");
+    let mut req = d.request(None).await;
+    ssh_request(
+        &mut req,
+        pb::SshTarget {
+            known_hosts: fresh_known.display().to_string(),
+            accept_new_host_key: true,
+            ..sshd.target(&root)
+        },
+    );
+    let s = d.create(req).await;
+    d.wait_status(&s.id, pb::SessionStatus::Running).await;
+    assert!(std::fs::read_to_string(&fresh_known)
+        .unwrap()
+        .contains("ssh-ed25519"));
+    d.stop(&s.id, true).await.unwrap();
+    drop(sshd);
+}
