@@ -265,10 +265,53 @@ async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection(
         all.iter().map(|a| a.seq).collect::<Vec<_>>()
     );
 
-    // The session goes on after the drop: another turn, then a stop that ends the agent there.
+    // The session goes on after the drop: a command run in it runs there, in the working
+    // directory, as a run of the runner there.
     d.wait_status(&id, pb::SessionStatus::Running).await;
-    let second = d.send(&id, "again").await;
-    assert_eq!(second.last().unwrap().content, "All 2 done: again");
+    let o = crate::environments::exec_sh(&d, &id, "echo parent=$PPID; pwd").await;
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(
+        o.stdout.contains(&d.dirs.root.display().to_string()),
+        "{o:?}"
+    );
+    let parent: u32 = o
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("parent="))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("the parent's pid");
+    assert!(
+        runners.contains(&parent),
+        "{parent} is not the runner there {runners:?}"
+    );
+
+    // The daemon killed mid-turn: the relay lives on in the local runner, the agent in the one
+    // there; the restarted daemon takes the session back and the turn ends with every step once.
+    let mut turn = d.start_turn(&id, "again").await;
+    let before = collect_until(&mut turn, |a| a.content == "step 3 of 30").await;
+    d.kill9();
+    d.launch().await;
+    let mut w = d
+        .client()
+        .await
+        .watch_activity(pb::WatchActivityRequest {
+            session_id: id.clone(),
+            after_seq: before.last().unwrap().seq,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let after = within(collect_until(&mut w, |a| kind(a) == "COMPLETION")).await;
+    let steps: Vec<&str> = before
+        .iter()
+        .chain(&after)
+        .filter(|a| a.content.starts_with("step "))
+        .map(|a| a.content.as_str())
+        .collect();
+    assert_eq!(steps, want);
+    assert_eq!(after.last().unwrap().content, "All 2 done: again");
+
+    // A stop ends the agent there, and the relay with its forward.
     d.stop(&id, true).await.unwrap();
     d.wait_status(&id, pb::SessionStatus::Stopped).await;
     for _ in 0..100 {

@@ -27,9 +27,7 @@
 //! - If the runner goes away, the run's exit is reported with the reason (OBEY-2031).
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,8 +42,6 @@ use super::Command;
 use crate::proc::{LaunchPlan, LineSplitter, StderrTail, LINE_BYTES_MAX};
 use crate::providers::{LineParser, Parsed};
 
-/// How long the daemon waits for a runner it started to answer.
-const RUNNER_START_WAIT: Duration = Duration::from_secs(10);
 /// Lines queued for one agent's stdin.
 const STDIN_QUEUE: usize = 64;
 /// Bits of the cursor for the byte offset within a runner event (chunks are at most 64 KiB).
@@ -170,7 +166,7 @@ impl RunnerLink {
         limits: &crate::runner::Limits,
     ) -> Result<Self, String> {
         let socket = data_dir.join("runner.sock");
-        let client = match Self::connect(&socket).await {
+        let client = match crate::runner::client::connect(&socket).await {
             Some(mut client) => {
                 tracing::info!(socket = %socket.display(), "using the running runner");
                 // A previous daemon started it, perhaps with other limits: ours hold now.
@@ -188,7 +184,7 @@ impl RunnerLink {
                 }
                 client
             }
-            None => Self::start(data_dir, exe, &socket, limits).await?,
+            None => crate::runner::client::start(data_dir, exe, &socket, limits).await?,
         };
         let acks = Arc::new(Acks::default());
         tokio::spawn(send_acks(client.clone(), acks.clone()));
@@ -234,67 +230,6 @@ impl RunnerLink {
             .unwrap_or_else(|p| p.into_inner())
             .push(run_id.to_string(), seq);
         self.acks.wake.notify_one();
-    }
-
-    /// Starts a runner on `socket` and waits until it answers.
-    async fn start(
-        data_dir: &Path,
-        exe: &Path,
-        socket: &Path,
-        limits: &crate::runner::Limits,
-    ) -> Result<RunnerClient<Channel>, String> {
-        let log_path = data_dir.join("runner.log");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&log_path)
-            .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
-        let mut child = std::process::Command::new(exe);
-        child
-            .arg("runner")
-            .arg("--socket")
-            .arg(socket)
-            .arg(format!("--max-runs={}", limits.live_runs))
-            .arg(format!("--buffer-events={}", limits.events_per_run))
-            .arg(format!("--buffer-bytes={}", limits.bytes_per_run))
-            .arg("--log-file")
-            .arg(&log_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        // Its own process group: a Ctrl-C meant for the daemon's terminal does not reach it.
-        std::os::unix::process::CommandExt::process_group(&mut child, 0);
-        let mut child = child
-            .spawn()
-            .map_err(|e| format!("cannot start the runner: {e}"))?;
-        tracing::info!(pid = child.id(), socket = %socket.display(), "started a runner");
-        // Reap it if it exits while we live (it normally outlives us).
-        std::thread::spawn(move || {
-            let _ = child.wait();
-        });
-        let deadline = tokio::time::Instant::now() + RUNNER_START_WAIT;
-        loop {
-            if let Some(client) = Self::connect(socket).await {
-                return Ok(client);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "the runner did not answer on {} within {}s (see {})",
-                    socket.display(),
-                    RUNNER_START_WAIT.as_secs(),
-                    log_path.display()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    async fn connect(socket: &Path) -> Option<RunnerClient<Channel>> {
-        let ch = crate::transport::channel(socket).await.ok()?;
-        let mut client = RunnerClient::new(ch);
-        client.list_runs(rpb::ListRunsRequest {}).await.ok()?;
-        Some(client)
     }
 
     /// What the runner still has at start-up, for the core to decide on: the agent runs —
@@ -538,8 +473,13 @@ impl RunnerLink {
             if matches!(&result, Err(e) if e.code() == tonic::Code::Unavailable) {
                 // The runner is gone (its runs died with it): start a new one and try once more.
                 tracing::warn!("the runner does not answer; starting a new one");
-                if let Ok(fresh) =
-                    Self::start(&link.data_dir, &link.exe, &link.socket, &link.limits).await
+                if let Ok(fresh) = crate::runner::client::start(
+                    &link.data_dir,
+                    &link.exe,
+                    &link.socket,
+                    &link.limits,
+                )
+                .await
                 {
                     client = fresh;
                     result = client.run_command(req).await;

@@ -293,12 +293,18 @@ pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    rt.block_on(crate::daemon::runner_link::RunnerLink::connect_or_start(
-        dir,
-        &exe,
-        &crate::runner::Limits::default(),
-    ))?;
-    Ok(dir.join("runner.sock"))
+    let socket = dir.join("runner.sock");
+    rt.block_on(async {
+        match crate::runner::client::connect(&socket).await {
+            Some(_) => Ok(()),
+            None => {
+                crate::runner::client::start(dir, &exe, &socket, &crate::runner::Limits::default())
+                    .await
+                    .map(|_| ())
+            }
+        }
+    })?;
+    Ok(socket)
 }
 
 /// `plan` as it runs on session `id`'s host: the relay, with the plan's variables as its own

@@ -41,6 +41,7 @@
 //! is rejected (RST_STREAM, PROTOCOL_ERROR): such a client must set the channel option
 //! `grpc.default_authority` to `localhost`.
 
+pub mod client;
 pub mod codex;
 pub mod process;
 pub mod registry;
