@@ -185,6 +185,14 @@ async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection(
         info.environment_spec.as_ref().map(|e| e.driver.as_str()),
         Some("ssh")
     );
+    let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "status", &id]).await;
+    let want_driver = format!(
+        "ssh (on {}@127.0.0.1:{}, in {} there",
+        sshd.user,
+        sshd.port,
+        d.dirs.root.display()
+    );
+    assert!(o.stdout.contains(&want_driver), "{o:?}");
     // Provisioning copied this paddock there and started a runner of it there.
     let env_root = d.dirs.data.join("environments").join(&id);
     let log = std::fs::read_to_string(env_root.join("environment.log")).unwrap();
@@ -389,6 +397,27 @@ async fn bad_ssh_configurations_refuse_the_create_with_the_reason_and_leave_noth
             .expect_err("refused");
         assert!(e.message().contains(reason), "{reason}: {e:?}");
     }
+    // The CLI's way, `--ssh USER@HOST:PORT --ssh-key FILE`: the host key is checked against
+    // ssh's own known_hosts (the test HOME has none).
+    let dest = format!("{}@127.0.0.1:{}", sshd.user, sshd.port);
+    let key = sshd.key.display().to_string();
+    let o = crate::latis::cli_in(
+        &d,
+        &root,
+        &[
+            "session",
+            "create",
+            "--ssh",
+            &dest,
+            "--ssh-key",
+            &key,
+            "--task",
+            "t",
+        ],
+    )
+    .await;
+    assert_ne!(o.code, 0, "{o:?}");
+    assert!(o.stderr.contains("Host key verification failed"), "{o:?}");
     assert!(d.all_sessions().await.is_empty());
     // A host key seen for the first time is taken when asked (`accept-new`), and recorded.
     let fresh_known = d.dirs.base.join("fresh_known_hosts");

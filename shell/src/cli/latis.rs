@@ -934,6 +934,24 @@ fn driver_line(s: &pb::SessionInfo) -> String {
             env.image,
             if env.network { "network" } else { "no network" }
         ),
+        "ssh" => {
+            let t = env.ssh.clone().unwrap_or_default();
+            let mut host = t.host.clone();
+            if !t.user.is_empty() {
+                host = format!("{}@{host}", t.user);
+            }
+            if t.port > 0 {
+                host = format!("{host}:{}", t.port);
+            }
+            format!(
+                "on {host}, in {} there",
+                if t.workdir.is_empty() {
+                    "the home directory"
+                } else {
+                    &t.workdir
+                }
+            )
+        }
         _ => String::new(),
     }];
     if env.memory_bytes > 0 {
@@ -948,7 +966,12 @@ fn driver_line(s: &pb::SessionInfo) -> String {
     if !matches!(s.environment_state.as_str(), "" | "ready") {
         parts.push(format!("environment {}", s.environment_state));
     }
-    parts.push(format!("working directory {}", s.working_dir));
+    if driver_of(s) == "ssh" {
+        // The campaign's directory is this machine's; the agent works on the host.
+        parts.push(format!("campaign directory {} here", s.working_dir));
+    } else {
+        parts.push(format!("working directory {}", s.working_dir));
+    }
     parts.retain(|p| !p.is_empty());
     format!("{} ({})", driver_of(s), parts.join("; "))
 }
