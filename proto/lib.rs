@@ -231,6 +231,7 @@ mod tests {
             ("SessionEnvironment", "worktree", 2),
             ("SessionEnvironment", "network", 3),
             ("SessionEnvironment", "ssh", 11),
+            ("SessionInfo", "disconnected", 30),
             ("SshTarget", "host", 1),
             ("SshTarget", "remote_dir", 8),
             ("ListSessionsRequest", "page_size", 101),

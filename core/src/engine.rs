@@ -781,6 +781,7 @@ fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionR
         } else {
             crate::environment::EnvState::Ready
         },
+        disconnected: false,
         config,
     }
 }

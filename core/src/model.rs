@@ -399,6 +399,9 @@ pub struct SessionRecord {
     /// Where the session's environment is in its life (`Ready` for one that needs nothing
     /// made).
     pub env_state: crate::environment::EnvState,
+    /// The connection to the agent's machine (an ssh session's) is down: the agent works on
+    /// there while paddock reconnects. Belongs to the current run: false again with another.
+    pub disconnected: bool,
 }
 
 impl SessionRecord {

@@ -904,6 +904,52 @@ fn lost_output_is_recorded_and_noticed_never_silent() {
     assert_eq!(r.record().last_activity_seq, 1);
 }
 
+#[test]
+fn a_dropped_connection_marks_the_session_until_it_is_back_or_the_run_ends() {
+    let mut r = Rig::running(config());
+    let conn = |connected: bool, note: &str| ProviderEvent::Connection {
+        connected,
+        note: note.into(),
+    };
+    let noted = |fx: &[Effect], what: &str| {
+        let stored = fx.iter().any(|e| {
+            matches!(e,
+            Effect::Persist(Record::Activity(a))
+                if a.activity.kind() == ActivityKind::Status && a.activity.content == what)
+        });
+        let noticed = fx
+            .iter()
+            .any(|e| matches!(e, Effect::Notice(n) if n.message == what));
+        stored && noticed
+    };
+    let fx = r.provider(1, conn(false, "lost"));
+    assert!(noted(&fx, "lost"), "{fx:?}");
+    assert!(r.record().disconnected);
+    assert_eq!(r.status(), Status::Running, "the agent works on there");
+    // Said again: nothing new.
+    let fx = r.provider(1, conn(false, "lost again"));
+    assert!(
+        !noted(&fx, "lost again") && r.record().disconnected,
+        "{fx:?}"
+    );
+    let fx = r.provider(1, conn(true, "back"));
+    assert!(noted(&fx, "back"), "{fx:?}");
+    assert!(!r.record().disconnected);
+    let fx = r.provider(1, conn(true, "back again"));
+    assert!(
+        !noted(&fx, "back again") && !r.record().disconnected,
+        "{fx:?}"
+    );
+    // A connection belongs to its run: the mark goes with the run.
+    r.provider(1, conn(false, "lost"));
+    assert!(r.record().disconnected);
+    r.provider(1, exited());
+    assert!(!r.record().disconnected);
+    // A terminal session hears nothing of it.
+    let fx = r.provider(1, conn(false, "late"));
+    assert!(!noted(&fx, "late") && !r.record().disconnected);
+}
+
 // ── environments ────────────────────────────────────────────────────────────
 
 fn sandboxed() -> SessionConfig {

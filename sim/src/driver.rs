@@ -648,6 +648,14 @@ impl Sim {
             ProviderEvent::Exited { .. } => (EventKind::Exited, None),
             ProviderEvent::OutputLost { .. } => (EventKind::OutputLost, None),
             ProviderEvent::DeliveryFailed { .. } => (EventKind::DeliveryFailed, None),
+            // A change of the mark is recorded as this STATUS note (and a repeat as nothing).
+            ProviderEvent::Connection { note, .. } => (
+                EventKind::Connection,
+                Some(paddock_core::Activity::new(
+                    paddock_core::ActivityKind::Status,
+                    note.clone(),
+                )),
+            ),
         };
         let session_ref = match &d.event {
             ProviderEvent::SessionRef(r) => Some(r.clone()),
@@ -1165,6 +1173,8 @@ impl Sim {
                     want.pid = None;
                     want.run = None;
                     want.provider_cursor = 0;
+                    // A connection is its run's: gone with it.
+                    want.disconnected = false;
                     want_run = Run::Idle;
                     if !rec.status.is_terminal() {
                         want.status = Status::Failed;

@@ -47,6 +47,8 @@ pub enum EventKind {
     OutputLost,
     /// A message could not be written to the provider.
     DeliveryFailed,
+    /// The connection to the agent's machine dropped or came back.
+    Connection,
 }
 
 /// What an `Ask` asked.
@@ -2958,6 +2960,7 @@ fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
         provider_cursor,
         last_turn_failed,
         env_state,
+        disconnected,
     } = a;
     *id == b.id
         && *status == b.status
@@ -2979,6 +2982,7 @@ fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
         && *provider_cursor == b.provider_cursor
         && *last_turn_failed == b.last_turn_failed
         && *env_state == b.env_state
+        && *disconnected == b.disconnected
         && (!config || *a_config == b.config)
 }
 
@@ -3018,7 +3022,8 @@ pub fn diff(want: &SessionRecord, got: &SessionRecord) -> String {
         run,
         provider_cursor,
         last_turn_failed,
-        env_state
+        env_state,
+        disconnected
     );
     format!("[{}]", out.join("; "))
 }

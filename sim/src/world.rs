@@ -63,6 +63,9 @@ pub struct Faults {
     pub slow_output: u32,
     /// One event reports a huge token usage, far past any budget.
     pub usage_jump: u32,
+    /// The connection to the agent's machine drops mid-turn and comes back (an ssh relay's
+    /// `paddock_connection` lines), the agent working on meanwhile.
+    pub disconnect: u32,
     /// The turn ends with an ERROR instead of a COMPLETION.
     pub provider_error: u32,
     /// The process ignores TERM (only KILL ends it).
@@ -117,6 +120,7 @@ impl Faults {
             garbage: f(20, 300),
             slow_output: f(20, 500),
             usage_jump: f(20, 300),
+            disconnect: f(20, 300),
             provider_error: f(20, 300),
             ignore_term: f(50, 700),
             stray_output: f(20, 400),
@@ -152,7 +156,7 @@ impl fmt::Display for Faults {
         write!(
             f,
             "spawn_fail={} exit_at_startup={} slow_start={} crash_mid_turn={} hang={} \
-             garbage={} slow_output={} usage_jump={} provider_error={} ignore_term={} \
+             garbage={} slow_output={} usage_jump={} disconnect={} provider_error={} ignore_term={} \
              stray_output={} (per mille) daemon_crash={}/10k steps crash_mid_step={} \
              runner_survives={} ask={} abandon_ask={} stray_ask={} stdin_closed={} \
              provision_fail={} provision_hang={} slow_provision={}",
@@ -164,6 +168,7 @@ impl fmt::Display for Faults {
             self.garbage,
             self.slow_output,
             self.usage_jump,
+            self.disconnect,
             self.provider_error,
             self.ignore_term,
             self.stray_output,
@@ -759,7 +764,10 @@ impl World {
         let output = |e: &ProviderEvent| {
             matches!(
                 e,
-                ProviderEvent::Activity(_) | ProviderEvent::SessionRef(_) | ProviderEvent::Ask(_)
+                ProviderEvent::Activity(_)
+                    | ProviderEvent::SessionRef(_)
+                    | ProviderEvent::Ask(_)
+                    | ProviderEvent::Connection { .. }
             )
         };
         let queued = p
@@ -905,7 +913,8 @@ impl World {
             ProviderEvent::Activity(_)
             | ProviderEvent::SessionRef(_)
             | ProviderEvent::Ask(_)
-            | ProviderEvent::OutputLost { .. } => {
+            | ProviderEvent::OutputLost { .. }
+            | ProviderEvent::Connection { .. } => {
                 if line.cursor.is_none() {
                     p.cursor += 1;
                     line.cursor = Some(p.cursor);
@@ -1288,6 +1297,29 @@ impl World {
             {
                 a.tokens_output += rng.range(50_000, 500_000);
             }
+        }
+        if rng.per_mille(f.disconnect) {
+            // Lost before some line of the turn, back before the same or a later one; both
+            // before the turn's last line.
+            let n = script.len();
+            let lost = rng.index(n);
+            let back = lost + rng.index(n - lost);
+            let line = |connected: bool| {
+                let note = if connected {
+                    "reconnected"
+                } else {
+                    "connection lost"
+                };
+                Script::line(
+                    ProviderEvent::Connection {
+                        connected,
+                        note: note.into(),
+                    },
+                    true,
+                )
+            };
+            script.insert(back, line(true));
+            script.insert(lost, line(false));
         }
         // The agent asks, at one or two points of the turn (before its last line): one or two
         // requests at once (a question and a permission, parallel tool calls), maybe a line

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use aria::notification::EventPayload;
+use paddock_proto::aria::v1 as aria;
 use paddock_proto::obey::local::v1 as pb;
 use serde_json::json;
 
@@ -23,6 +25,7 @@ use crate::harness::*;
 /// An sshd of the test's own, and what a client needs to reach it.
 struct Sshd {
     child: Child,
+    config: PathBuf,
     port: u16,
     user: String,
     /// The client's private key (its public half is authorized).
@@ -41,6 +44,23 @@ fn keygen(path: &Path) {
         .status()
         .expect("ssh-keygen (openssh-client)");
     assert!(st.success());
+}
+
+/// sshd in the foreground on `config`, logging to `dir/sshd.log`.
+fn listen(config: &Path, dir: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("sshd.log"))
+        .unwrap();
+    Command::new(sshd_program())
+        .args(["-D", "-e", "-f"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start sshd")
 }
 
 fn sshd_program() -> PathBuf {
@@ -79,15 +99,7 @@ impl Sshd {
             ),
         )
         .unwrap();
-        let log = std::fs::File::create(dir.join("sshd.log")).unwrap();
-        let child = Command::new(sshd_program())
-            .args(["-D", "-e", "-f"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start sshd");
+        let child = listen(&config, &dir);
         let host_key = std::fs::read_to_string(dir.join("host_key.pub")).unwrap();
         let mut parts = host_key.split_whitespace();
         let known_hosts = dir.join("known_hosts");
@@ -106,6 +118,7 @@ impl Sshd {
             .to_string();
         let s = Sshd {
             child,
+            config,
             port,
             user,
             key: dir.join("user_key"),
@@ -113,13 +126,30 @@ impl Sshd {
             remote_dir: base.join("remote"),
             dir,
         };
+        s.listening().await;
+        s
+    }
+
+    async fn listening(&self) {
         for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return s;
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("sshd did not listen: {}", s.log());
+        panic!("sshd did not listen: {}", self.log());
+    }
+
+    /// The host goes away for new connections (the listener ends; connections made stay).
+    fn stop_listening(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The host is back, on the same port with the same keys.
+    async fn listen_again(&mut self) {
+        self.child = listen(&self.config, &self.dir);
+        self.listening().await;
     }
 
     fn log(&self) -> String {
@@ -175,7 +205,7 @@ fn long_turn(n: usize, ms: u64) -> serde_json::Value {
 #[tokio::test]
 async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection() {
     let mut d = Daemon::start().await;
-    let sshd = Sshd::start(&d.dirs.base).await;
+    let mut sshd = Sshd::start(&d.dirs.base).await;
     let mut req = d.request(Some(("long", long_turn(30, 100)))).await;
     ssh_request(&mut req, sshd.target(&d.dirs.root));
     let s = d.create(req).await;
@@ -219,12 +249,22 @@ async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection(
         "the scripted agent does not run from the copy: {copy:?}"
     );
 
-    // A turn, its connection killed after a few steps.
+    // A turn, its connection killed after a few steps while the host takes no new one: the
+    // session is marked disconnected (GetSession, `session status`, an Aria notification)
+    // until the host is back and the relay with it.
+    let mut notes = aria::notification_service_client::NotificationServiceClient::new(
+        crate::aria::aria_channel(&d).await,
+    )
+    .stream_notifications(aware(aria::StreamNotificationsRequest {}))
+    .await
+    .unwrap()
+    .into_inner();
     let mut turn = d.start_turn(&id, "go").await;
     let first = collect_until(&mut turn, |a| a.content == "step 5 of 30").await;
     let forward = format!("{}/ssh-", env_root.display());
     let cut = processes_with(&forward);
     assert!(!cut.is_empty(), "no ssh forward for {forward}");
+    sshd.stop_listening();
     for pid in &cut {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(*pid as i32),
@@ -232,7 +272,34 @@ async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection(
         )
         .unwrap();
     }
+    within(async {
+        while !d.get(&id).await.disconnected {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(status_name(d.get(&id).await.status), "WORKING");
+    let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "status", &id]).await;
+    assert!(
+        o.stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("connection:") && l.contains("lost: the agent")),
+        "{o:?}"
+    );
+    let lost = |n: &aria::Notification| {
+        matches!(&n.event_payload, Some(EventPayload::SessionStatus(s))
+            if s.session_id == id && s.message.contains("was lost"))
+    };
+    within(collect_until(&mut notes, lost)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sshd.listen_again().await;
     let rest = within(collect_until(&mut turn, |a| kind(a) == "COMPLETION")).await;
+    assert!(!d.get(&id).await.disconnected);
+    let back = |n: &aria::Notification| {
+        matches!(&n.event_payload, Some(EventPayload::SessionStatus(s))
+            if s.session_id == id && s.message.contains("reconnected"))
+    };
+    within(collect_until(&mut notes, back)).await;
     let all: Vec<pb::SessionActivityEvent> = first.into_iter().chain(rest).collect();
     // Every step once, in order; the notes of the drop and the return; seqs strictly rising.
     let steps: Vec<&str> = all

@@ -148,6 +148,9 @@ pub enum ProviderEvent {
     /// A message could not be written to the process (its stdin is closed or broken): the
     /// turn it began never reached the agent.
     DeliveryFailed { reason: String },
+    /// The link between paddock and the agent's machine (an ssh session's connection) dropped
+    /// (`connected: false`; the agent works on there) or is back; `note` says so in words.
+    Connection { connected: bool, note: String },
     /// The process exited. Sent only after all of its output was read and reported, so that
     /// nothing it said is lost.
     Exited {

@@ -643,7 +643,29 @@ impl Session {
                 next,
             } => self.on_output_lost(dropped, first, next, cx),
             ProviderEvent::DeliveryFailed { reason } => self.on_delivery_failed(reason, cx),
+            ProviderEvent::Connection { connected, note } => {
+                self.on_connection(connected, note, cx)
+            }
         }
+    }
+
+    /// The connection to the agent's machine dropped or came back: the session is marked
+    /// disconnected meanwhile (its status does not change: the agent works on there), and each
+    /// change is recorded where the user reads the session (a STATUS activity) and told to
+    /// those watching for attention (a notice). A repeated report changes nothing.
+    fn on_connection(&mut self, connected: bool, note: String, cx: &mut Ctx) {
+        if self.record.status.is_terminal() || self.record.disconnected != connected {
+            return;
+        }
+        self.record.disconnected = !connected;
+        self.dirty = true;
+        self.record_activity(Activity::new(ActivityKind::Status, note.clone()), cx);
+        cx.out.rest.push(Effect::Notice(crate::model::Notice {
+            session: self.record.id.clone(),
+            status: self.record.status,
+            message: note,
+            at: cx.now.wall,
+        }));
     }
 
     /// The turn's message never reached the agent: an agent that cannot be written to takes
@@ -1406,6 +1428,8 @@ impl Session {
         if self.record.run != id {
             self.record.run = id;
             self.record.provider_cursor = 0;
+            // A connection is its run's: another run (or none) starts connected.
+            self.record.disconnected = false;
             self.dirty = true;
         }
         self.run = run;

@@ -108,6 +108,7 @@ pub fn session_info_full(
         last_turn_failed: r.last_turn_failed,
         environment_spec: Some(environment_spec(&c.env)),
         environment_state: r.env_state.name().to_string(),
+        disconnected: r.disconnected,
     }
 }
 

@@ -1062,6 +1062,19 @@ pub fn status_lines(s: &pb::SessionInfo, now_ms: u64) -> Vec<(String, String)> {
             },
         ));
     }
+    if s.disconnected {
+        let at = out
+            .iter()
+            .position(|(k, _)| k == "driver")
+            .map_or(out.len(), |i| i + 1);
+        out.insert(
+            at,
+            (
+                "connection".into(),
+                "lost: the agent works on there while paddock reconnects".into(),
+            ),
+        );
+    }
     if !s.error_message.is_empty() {
         out.push(("error".into(), s.error_message.clone()));
     }

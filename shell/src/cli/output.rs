@@ -54,6 +54,7 @@ pub fn session_json(s: &pb::SessionInfo) -> Value {
         "worktree": s.environment_spec.as_ref().is_some_and(|e| e.worktree),
         "network": s.environment_spec.as_ref().is_some_and(|e| e.network),
         "environment_state": s.environment_state,
+        "disconnected": s.disconnected,
         "state": state_of(s),
     })
 }

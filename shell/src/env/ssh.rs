@@ -19,9 +19,9 @@
 //!   relay's.
 //! - A dropped connection is not a dead agent: the remote runner keeps the run (and its
 //!   output, up to its buffer bounds) while the relay reconnects with backoff and re-attaches
-//!   after the last event it copied, so no output is lost or repeated. Meanwhile the session
-//!   hears it as a STATUS note (a `paddock_status` line, written between two of the agent's
-//!   lines), and again when the relay is back.
+//!   after the last event it copied, so no output is lost or repeated. The relay says so
+//!   between two of the agent's lines (`paddock_connection` lines): the session is marked
+//!   disconnected until it is back, with a STATUS activity and a notice each way.
 //!
 //! Limits, said plainly: the relay copies the agent's output whole lines at a time only in
 //! the sense that its notes never split one; a line written to the agent's stdin while the
@@ -405,8 +405,8 @@ struct Relay {
     last_seq: u64,
     /// Whether what was copied ends a line (a note may go in between).
     at_line_start: bool,
-    /// A note for the session, written at the next line boundary.
-    note: Option<String>,
+    /// Notes for the session, written at the next line boundary, in order.
+    pending: Vec<Note>,
 }
 
 impl Relay {
@@ -420,7 +420,7 @@ impl Relay {
             out: tokio::io::stdout(),
             last_seq: 0,
             at_line_start: true,
-            note: None,
+            pending: Vec::new(),
         }
     }
 
@@ -535,8 +535,12 @@ impl Relay {
                     let _ = clients.send(None);
                     drop(forward);
                     eprintln!("paddock: the connection to {dest} was lost; reconnecting");
-                    self.say(format!(
-                        "the connection to {dest} was lost; the agent runs on there, reconnecting"
+                    self.say(Note::Connection(
+                        false,
+                        format!(
+                            "the connection to {dest} was lost; the agent runs on there, \
+                             reconnecting"
+                        ),
                     ))
                     .await;
                     let mut delay = BACKOFF_FIRST;
@@ -555,8 +559,9 @@ impl Relay {
                                         forward = f;
                                         stream = s.into_inner();
                                         let _ = clients.send(Some(c));
-                                        self.say(format!(
-                                            "reconnected to {dest} (attempt {attempt})"
+                                        self.say(Note::Connection(
+                                            true,
+                                            format!("reconnected to {dest} (attempt {attempt})"),
                                         ))
                                         .await;
                                         break;
@@ -622,12 +627,12 @@ impl Relay {
                 }
             }
             Some(Payload::Truncated(t)) => {
-                self.note = Some(format!(
+                self.pending.push(Note::Status(format!(
                     "{} events of the agent's output on {} were lost (more than the runner there \
                      keeps came while paddock was away)",
                     t.dropped,
                     self.a.target.destination()
-                ));
+                )));
             }
             Some(Payload::Exec(_)) | None => {}
         }
@@ -635,7 +640,7 @@ impl Relay {
             self.last_seq = ev.seq;
         }
         if self.at_line_start {
-            if let Some(n) = self.note.take() {
+            for n in std::mem::take(&mut self.pending) {
                 self.write_note(&n).await;
             }
         }
@@ -643,20 +648,33 @@ impl Relay {
     }
 
     /// A note for the session, now if no line of the agent's is half-written, else after it.
-    async fn say(&mut self, note: String) {
+    async fn say(&mut self, note: Note) {
         if self.at_line_start {
             self.write_note(&note).await;
         } else {
-            self.note = Some(note);
+            self.pending.push(note);
         }
     }
 
-    async fn write_note(&mut self, note: &str) {
-        let mut line = crate::providers::stream_json::status_line(note);
+    async fn write_note(&mut self, note: &Note) {
+        use crate::providers::stream_json::{connection_line, status_line};
+        let mut line = match note {
+            Note::Status(text) => status_line(text),
+            Note::Connection(connected, text) => connection_line(*connected, text),
+        };
         line.push('\n');
         let _ = self.out.write_all(line.as_bytes()).await;
         let _ = self.out.flush().await;
     }
+}
+
+/// What the relay tells the session between the agent's lines.
+#[derive(Debug)]
+enum Note {
+    /// A STATUS note (output lost there).
+    Status(String),
+    /// The connection dropped (`false`) or is back (`true`).
+    Connection(bool, String),
 }
 
 /// The connected client, waiting for one while the relay reconnects (`None` once the relay

@@ -14,6 +14,7 @@
 //! | `system` / `init` | `SessionRef(session_id)` when the id is new (Claude Code 2.1 repeats `init` at the start of every turn), nothing else |
 //! | `system` / `api_retry` | `STATUS` (`API error 500 (server_error); retry 1 of 10 in 597 ms`) |
 //! | `system` / `model_fallback`, `model_refusal_fallback`, `model_refusal_no_fallback`, `model_consent_fallback`, `paddock_status` (a bridge's note) | `STATUS` (content = the line's `content`) |
+//! | `system` / `paddock_connection` (the ssh relay's: `connected`, `content`) | `Connection` (the core marks the session disconnected or not, with a `STATUS` and a notice) |
 //! | `system` / other known subtypes ([`SILENT_SYSTEM_SUBTYPES`]: `thinking_tokens`, `task_started`, `permission_denied`, `compact_boundary`, …) | nothing |
 //! | `system` / unknown subtype | `Unrecognized` |
 //! | `assistant` with `is_api_error_message: true` (the CLI's synthetic `API Error: …` message) | nothing: the `result` that follows is the `ERROR` |
@@ -259,6 +260,18 @@ impl ClaudeStreamParser {
                     text.push_str(&format!(" in {d} ms"));
                 }
                 Some(self.attach(vec![Activity::new(ActivityKind::Status, text)]))
+            }
+            "paddock_connection" => {
+                let connected = v.get("connected").and_then(Value::as_bool).unwrap_or(true);
+                let note = match v.get("content").and_then(Value::as_str) {
+                    Some(c) if !c.is_empty() => c.to_string(),
+                    _ if connected => "reconnected".to_string(),
+                    _ => "the connection to the agent's machine was lost".to_string(),
+                };
+                Some(vec![Parsed::Event(ProviderEvent::Connection {
+                    connected,
+                    note,
+                })])
             }
             "model_fallback"
             | "paddock_status"
@@ -668,6 +681,30 @@ mod tests {
         // result totals: in 8 + 14003 + 14120 = 28131, out 53; attributed 28131 / 53.
         assert_eq!((a[4].tokens_input, a[4].tokens_output), (0, 0));
         assert_eq!(sum_tokens(&a), (28131, 53));
+    }
+
+    #[test]
+    fn the_ssh_relays_connection_lines_mark_the_session() {
+        use crate::providers::stream_json::connection_line;
+        let mut p = ClaudeStreamParser::new();
+        let lost = p.parse_line(&connection_line(false, "the connection to h was lost"));
+        assert_eq!(
+            lost,
+            [Parsed::Event(ProviderEvent::Connection {
+                connected: false,
+                note: "the connection to h was lost".into()
+            })]
+        );
+        let back =
+            p.parse_line(r#"{"type":"system","subtype":"paddock_connection","connected":true}"#);
+        assert_eq!(
+            back,
+            [Parsed::Event(ProviderEvent::Connection {
+                connected: true,
+                note: "reconnected".into()
+            })]
+        );
+        assert_eq!(p.unrecognized_count(), 0);
     }
 
     /// Three turns as the real Claude Code 2.1.330 printed them against the fake model server

@@ -79,6 +79,11 @@ pub enum System<'a> {
     PaddockStatus {
         content: &'a str,
     },
+    /// The ssh relay's word that the connection to the agent's machine dropped or is back.
+    PaddockConnection {
+        connected: bool,
+        content: &'a str,
+    },
 }
 
 /// `system` / `init`: who the agent is; `session_id` is what `--resume` takes back.
@@ -519,6 +524,15 @@ pub const READY_REQUEST_ID: &str = "paddock-ready";
 /// the session records as STATUS (a bridge's warning, the ssh relay's connection notes).
 pub fn status_line(content: &str) -> String {
     encode_sorted(&Line::System(System::PaddockStatus { content }))
+}
+
+/// A `system` / `paddock_connection` line (without its newline): the connection to the
+/// agent's machine dropped (`connected: false`) or is back; the session is marked so.
+pub fn connection_line(connected: bool, content: &str) -> String {
+    encode_sorted(&Line::System(System::PaddockConnection {
+        connected,
+        content,
+    }))
 }
 
 pub fn ready_request() -> String {

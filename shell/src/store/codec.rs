@@ -18,7 +18,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 42] = [
+pub(super) const SESSION_COLUMNS: [&str; 43] = [
     "id",
     "campaign_id",
     "provider",
@@ -61,6 +61,7 @@ pub(super) const SESSION_COLUMNS: [&str; 42] = [
     "env_podman",
     "env_podman_env",
     "env_ssh",
+    "disconnected",
 ];
 
 /// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
@@ -407,6 +408,7 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
             EnvState::from_number(n)
                 .ok_or_else(|| corrupt(T, sc!("env_state").name(), format!("unknown state {n}")))?
         },
+        disconnected: sc!("disconnected").get(row)?,
     })
 }
 

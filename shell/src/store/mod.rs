@@ -727,6 +727,7 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":env_podman": podman,
         ":env_podman_env": podman_env,
         ":env_ssh": ssh,
+        ":disconnected": rec.disconnected,
     })?;
     Ok(())
 }

@@ -107,6 +107,7 @@ fn full_record(id: &str) -> SessionRecord {
         provider_cursor: 12345,
         last_turn_failed: false,
         env_state: paddock_core::EnvState::Failed,
+        disconnected: true,
     }
 }
 
@@ -133,6 +134,7 @@ fn bare_record(id: &str) -> SessionRecord {
         provider_cursor: 0,
         last_turn_failed: false,
         env_state: paddock_core::EnvState::Ready,
+        disconnected: false,
     }
 }
 
