@@ -14,6 +14,15 @@ use tonic_types::StatusExt;
 
 use crate::harness::*;
 
+/// The Aria notification stream, as a client that understands paddock's extensions reads it.
+pub(crate) async fn notifications(d: &Daemon) -> tonic::Streaming<aria::Notification> {
+    aria::notification_service_client::NotificationServiceClient::new(aria_channel(d).await)
+        .stream_notifications(aware(aria::StreamNotificationsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 pub(crate) async fn aria_channel(d: &Daemon) -> Channel {
     let path = d.dirs.home.join(".aria").join("runtime.sock");
     within(async {

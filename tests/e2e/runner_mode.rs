@@ -406,13 +406,7 @@ async fn output_lost_while_the_daemon_was_away_is_an_aria_notification() {
     use paddock_proto::aria::v1 as aria;
     let (d, s) = a_turn_written_while_the_daemon_was_away().await;
     let lost_notice = || async {
-        let mut notes = aria::notification_service_client::NotificationServiceClient::new(
-            crate::aria::aria_channel(&d).await,
-        )
-        .stream_notifications(aware(aria::StreamNotificationsRequest {}))
-        .await
-        .unwrap()
-        .into_inner();
+        let mut notes = crate::aria::notifications(&d).await;
         within(async {
             loop {
                 let n = next(&mut notes).await.expect("the stream ended").unwrap();

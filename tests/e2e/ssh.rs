@@ -252,13 +252,7 @@ async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection(
     // A turn, its connection killed after a few steps while the host takes no new one: the
     // session is marked disconnected (GetSession, `session status`, an Aria notification)
     // until the host is back and the relay with it.
-    let mut notes = aria::notification_service_client::NotificationServiceClient::new(
-        crate::aria::aria_channel(&d).await,
-    )
-    .stream_notifications(aware(aria::StreamNotificationsRequest {}))
-    .await
-    .unwrap()
-    .into_inner();
+    let mut notes = crate::aria::notifications(&d).await;
     let mut turn = d.start_turn(&id, "go").await;
     let first = collect_until(&mut turn, |a| a.content == "step 5 of 30").await;
     let forward = format!("{}/ssh-", env_root.display());
