@@ -231,6 +231,8 @@ mod tests {
             ("SessionEnvironment", "worktree", 2),
             ("SessionEnvironment", "network", 3),
             ("SessionEnvironment", "ssh", 11),
+            ("SessionEnvironment", "qemu", 12),
+            ("QemuOptions", "flags", 2),
             ("SessionInfo", "disconnected", 30),
             ("SshTarget", "host", 1),
             ("SshTarget", "remote_dir", 8),

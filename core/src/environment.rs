@@ -6,8 +6,9 @@
 //! with only the workspace writable, a HOME and a /tmp of the session's own and, unless asked,
 //! no network; `podman`'s is a container of the session's own, from an image (or a root
 //! directory), with the workspace mounted; `ssh`'s is another machine, where a `paddock
-//! runner` keeps the agent through a dropped connection. A session may also have a git
-//! worktree of its own (any driver but `ssh`).
+//! runner` keeps the agent through a dropped connection; `qemu`'s is a VM of the session's own,
+//! reached like `ssh`'s machine. A session may also have a git worktree of its own (on this
+//! machine: not `ssh`, not `qemu`).
 //!
 //! The life of an environment ([`EnvState`]):
 //!
@@ -42,14 +43,18 @@ pub enum Driver {
     /// Another machine, reached over OpenSSH: the agent runs in a `paddock runner` there,
     /// which keeps it through a dropped connection.
     Ssh,
+    /// A virtual machine of the session's own (QEMU), booted from an overlay of an image and
+    /// reached over ssh like `ssh`'s machine.
+    Qemu,
 }
 
 impl Driver {
-    pub const ALL: [Driver; 4] = [
+    pub const ALL: [Driver; 5] = [
         Driver::Local,
         Driver::Bubblewrap,
         Driver::Podman,
         Driver::Ssh,
+        Driver::Qemu,
     ];
 
     /// The driver's name, as `--driver` and `session.yaml` spell it.
@@ -59,6 +64,7 @@ impl Driver {
             Driver::Bubblewrap => "bubblewrap",
             Driver::Podman => "podman",
             Driver::Ssh => "ssh",
+            Driver::Qemu => "qemu",
         }
     }
 
@@ -69,6 +75,7 @@ impl Driver {
             "bubblewrap" | "bwrap" => Some(Driver::Bubblewrap),
             "podman" => Some(Driver::Podman),
             "ssh" => Some(Driver::Ssh),
+            "qemu" => Some(Driver::Qemu),
             _ => None,
         }
     }
@@ -78,7 +85,12 @@ impl Driver {
     /// that machine's network: nothing of this machine is hidden from it there, and nothing
     /// there is hidden from it either, so it is treated like `local` (its permissions ask).
     pub fn isolates(self) -> bool {
-        matches!(self, Driver::Bubblewrap | Driver::Podman)
+        matches!(self, Driver::Bubblewrap | Driver::Podman | Driver::Qemu)
+    }
+
+    /// Whether the agent runs on another machine (reached over ssh, in a runner there).
+    pub fn is_remote(self) -> bool {
+        matches!(self, Driver::Ssh | Driver::Qemu)
     }
 }
 
@@ -109,8 +121,26 @@ pub struct EnvSpec {
     /// The seed's `podman:` block beyond the image (boxed: most sessions have none, and a
     /// config travels in every create input).
     pub podman: Box<PodmanOptions>,
-    /// The seed's `ssh:` block: the machine an `ssh` session runs on (boxed, like `podman`).
+    /// The seed's `ssh:` block: the machine an `ssh` session runs on (boxed, like `podman`);
+    /// for `qemu`, how paddock logs in to the VM (its user, key, working directory).
     pub ssh: Box<SshTarget>,
+    /// The seed's `qemu:` block beyond the image and memory (`image`, `memory_bytes`).
+    pub qemu: Box<QemuOptions>,
+}
+
+/// What latis' `qemu:` block adds to a VM: its processors and raw flags for
+/// `qemu-system-x86_64` (`-enable-kvm`, `-kernel …`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QemuOptions {
+    /// 0: one.
+    pub cpus: u32,
+    pub flags: Vec<String>,
+}
+
+impl QemuOptions {
+    pub fn is_empty(&self) -> bool {
+        *self == QemuOptions::default()
+    }
 }
 
 /// Where an `ssh` session runs and how paddock gets there (latis' `ssh: {host, port, user,
@@ -191,14 +221,21 @@ impl EnvSpec {
             );
         }
         crate::model::check_environment(&self.podman.env)?;
-        if self.driver != Driver::Ssh && !self.ssh.is_empty() {
+        if !self.driver.is_remote() && !self.ssh.is_empty() {
             return Err(format!(
                 "ssh options (host, port, user, key) given, but the driver is {}",
                 self.driver
             ));
         }
+        if self.driver != Driver::Qemu && !self.qemu.is_empty() {
+            return Err(format!(
+                "qemu options (cpus, flags) given, but the driver is {}",
+                self.driver
+            ));
+        }
         match self.driver {
             Driver::Ssh => return self.check_ssh(),
+            Driver::Qemu => return self.check_qemu(),
             Driver::Podman if self.image.trim().is_empty() => {
                 return Err(
                     "the podman driver needs an image (--image, or `image:` in the podman block): \
@@ -233,6 +270,39 @@ impl EnvSpec {
 }
 
 impl EnvSpec {
+    fn check_qemu(&self) -> Result<(), String> {
+        if self.image.trim().is_empty() {
+            return Err(
+                "the qemu driver needs an image (`image:` in the qemu block, --image): a qcow2 \
+                 disk the VM boots from (it is never written: each session gets an overlay)"
+                    .into(),
+            );
+        }
+        let t = &self.ssh;
+        if !t.host.is_empty() {
+            return Err(
+                "a qemu session's host is its VM: give the qemu block's ssh {user, keyFile}, \
+                 not a host"
+                    .into(),
+            );
+        }
+        let refused = if self.worktree {
+            Some("a worktree (--worktree) is made on this machine's repository")
+        } else if !self.podman.is_empty() {
+            Some("podman options (mounts, ports, env)")
+        } else if self.pids > 0 {
+            Some("a process limit (the VM's own kernel counts its processes)")
+        } else if t.accept_new_host_key || !t.known_hosts.is_empty() {
+            Some("host key settings (a VM's key is taken at its first boot and held to)")
+        } else {
+            None
+        };
+        match refused {
+            Some(what) => Err(format!("{what}: not for the qemu driver")),
+            None => Ok(()),
+        }
+    }
+
     fn check_ssh(&self) -> Result<(), String> {
         let t = &self.ssh;
         let word =
@@ -251,8 +321,8 @@ impl EnvSpec {
             Some("a worktree (--worktree) is made on this machine's repository")
         } else if self.network {
             Some("network (the host's own network is there, as for local)")
-        } else if !self.image.is_empty() || !self.podman.is_empty() {
-            Some("an image and podman options")
+        } else if !self.image.is_empty() || !self.podman.is_empty() || !self.qemu.is_empty() {
+            Some("an image, podman and qemu options")
         } else if self.memory_bytes > 0 || self.pids > 0 {
             Some("memory and process limits")
         } else {
@@ -405,6 +475,63 @@ mod tests {
             ..EnvSpec::default()
         };
         assert!(elsewhere.check().unwrap_err().contains("ssh options"));
+    }
+
+    #[test]
+    fn a_qemu_spec_needs_an_image_and_no_host() {
+        let vm = |image: &str| EnvSpec {
+            driver: Driver::Qemu,
+            image: image.into(),
+            memory_bytes: 1 << 30,
+            network: true,
+            qemu: Box::new(QemuOptions {
+                cpus: 2,
+                flags: vec!["-enable-kvm".into()],
+            }),
+            ..EnvSpec::default()
+        };
+        assert_eq!(vm("/img.qcow2").check(), Ok(()));
+        assert!(Driver::Qemu.isolates() && Driver::Qemu.is_remote());
+        assert!(vm("").check().unwrap_err().contains("needs an image"));
+        let with_host = EnvSpec {
+            ssh: Box::new(SshTarget {
+                host: "h".into(),
+                ..SshTarget::default()
+            }),
+            ..vm("/img.qcow2")
+        };
+        assert!(with_host.check().unwrap_err().contains("its VM"));
+        for (spec, what) in [
+            (
+                EnvSpec {
+                    worktree: true,
+                    ..vm("/i")
+                },
+                "worktree",
+            ),
+            (
+                EnvSpec {
+                    pids: 3,
+                    ..vm("/i")
+                },
+                "process limit",
+            ),
+        ] {
+            let e = spec.check().unwrap_err();
+            assert!(
+                e.contains(what) && e.contains("not for the qemu driver"),
+                "{e}"
+            );
+        }
+        let elsewhere = EnvSpec {
+            driver: Driver::Bubblewrap,
+            qemu: Box::new(QemuOptions {
+                cpus: 2,
+                flags: vec![],
+            }),
+            ..EnvSpec::default()
+        };
+        assert!(elsewhere.check().unwrap_err().contains("qemu options"));
     }
 
     #[test]

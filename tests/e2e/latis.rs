@@ -362,7 +362,7 @@ async fn drivers_and_mounts_under_the_local_driver() {
     let d = Daemon::start().await;
     let root = d.dirs.root.display().to_string();
     let base = &d.dirs.base;
-    for driver in ["kubernetes", "qemu"] {
+    for driver in ["kubernetes"] {
         let o = cli_in(
             &d,
             base,

@@ -31,6 +31,7 @@ mod lifecycle;
 mod orphans;
 mod paging;
 mod podman;
+mod qemu;
 mod rpcs;
 mod runner_mode;
 mod security;

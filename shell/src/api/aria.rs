@@ -834,11 +834,13 @@ impl pb::container_service_server::ContainerService for Containers {
         let driver = match r.driver.trim() {
             "" if image.is_empty() => Driver::Bubblewrap,
             "" => Driver::Podman,
-            d => Driver::parse(d).filter(|d| d.isolates()).ok_or_else(|| {
-                bad(format!(
-                    "driver {d:?}: a container is \"podman\" or \"bubblewrap\""
-                ))
-            })?,
+            d => Driver::parse(d)
+                .filter(|d| matches!(d, Driver::Bubblewrap | Driver::Podman))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "driver {d:?}: a container is \"podman\" or \"bubblewrap\""
+                    ))
+                })?,
         };
         let environment: std::collections::BTreeMap<String, String> = r
             .environment

@@ -124,6 +124,10 @@ pub fn environment_spec(e: &core::EnvSpec) -> pb::SessionEnvironment {
         ports: e.podman.ports.clone(),
         flags: e.podman.flags.clone(),
         env: e.podman.env.clone().into_iter().collect(),
+        qemu: (!e.qemu.is_empty()).then(|| pb::QemuOptions {
+            cpus: e.qemu.cpus,
+            flags: e.qemu.flags.clone(),
+        }),
         ssh: (!e.ssh.is_empty()).then(|| {
             let t = &e.ssh;
             pb::SshTarget {
@@ -170,6 +174,13 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, Str
             ports: e.ports.clone(),
             flags: e.flags.clone(),
             env: e.env.clone().into_iter().collect(),
+        }),
+        qemu: Box::new(match &e.qemu {
+            None => core::QemuOptions::default(),
+            Some(q) => core::QemuOptions {
+                cpus: q.cpus,
+                flags: q.flags.clone(),
+            },
         }),
         ssh: Box::new(match &e.ssh {
             None => core::SshTarget::default(),

@@ -66,14 +66,15 @@ pub fn check_driver(name: &str) -> Result<&'static str> {
         "docker" => format!(
             "driver \"{name}\" is not available: paddock runs containers with podman (--driver podman)"
         ),
-        "kubernetes" | "k8s" | "qemu" => format!(
-            "driver \"{name}\" is not available yet: paddock does not provision pods or VMs"
+        "kubernetes" | "k8s" => format!(
+            "driver \"{name}\" is not available yet: paddock does not provision pods"
         ),
         _ => format!("unknown driver \"{name}\""),
     };
     Err(Error::Usage(format!(
         "{why}; the drivers are: {} (local: on the host, not isolated; bubblewrap: a sandbox \
-         on this machine; podman: a container per session; ssh: another machine)",
+         on this machine; podman: a container per session; ssh: another machine; qemu: a VM per \
+         session)",
         DRIVERS.join(", ")
     )))
 }
@@ -241,8 +242,26 @@ pub struct SessionFile {
     pub bubblewrap: Option<BubblewrapBlock>,
     pub podman: Option<PodmanBlock>,
     pub kubernetes: Option<serde_norway::Value>,
-    pub qemu: Option<serde_norway::Value>,
+    pub qemu: Option<QemuBlock>,
     pub ssh: Option<SshBlock>,
+}
+
+/// latis' `qemu:` block (`image`, `memory`, `cpus`, `flags`, `ssh: {user, keyFile}`), with
+/// paddock's network.
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct QemuBlock {
+    /// A qcow2 image, relative to the file's directory.
+    pub image: Option<String>,
+    /// `4G`, `512m`, or bytes.
+    pub memory: Option<Scalar>,
+    pub cpus: Option<u32>,
+    /// Raw `qemu-system-x86_64` flags (`-enable-kvm`).
+    pub flags: Option<Vec<String>>,
+    /// How paddock logs in to the VM: `user`, `keyFile`, and paddock's `port` (the VM's ssh
+    /// port, 22), `workdir`, `paddock`, `remoteDir`.
+    pub ssh: Option<SshBlock>,
+    pub network: Option<bool>,
 }
 
 /// latis' `ssh:` block (`host`, `user`, `keyFile`), with paddock's port, host key checking,
@@ -755,8 +774,9 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
         m.extend(flags);
         m
     };
+    let qemu = f.qemu.unwrap_or_default();
     let ssh = {
-        let b = f.ssh.as_ref();
+        let b = f.ssh.as_ref().or(qemu.ssh.as_ref());
         let mut t = pb::SshTarget {
             host: b.and_then(|b| b.host.clone()).unwrap_or_default(),
             port: b.and_then(|b| b.port).map(u32::from).unwrap_or(0),
@@ -822,15 +842,22 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
                     .as_ref()
                     .and_then(|b| b.network)
                     .or(pod.network)
+                    .or(qemu.network)
                     .unwrap_or(false),
             image: args
                 .image
                 .map(|i| image_path(&i, cwd))
                 .or(pod.image.as_ref().map(|i| image_path(i, &file_dir)))
+                .or(qemu.image.as_ref().map(|i| image_path(i, &file_dir)))
                 .unwrap_or_default(),
             memory_bytes: match args.memory {
                 Some(m) => m,
-                None => match pod.memory.as_ref().or(bw.memory.as_ref()) {
+                None => match pod
+                    .memory
+                    .as_ref()
+                    .or(bw.memory.as_ref())
+                    .or(qemu.memory.as_ref())
+                {
                     Some(m) => parse_bytes(&m.text()).map_err(Error::Usage)?,
                     None => 0,
                 },
@@ -851,6 +878,10 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
                 .map(|(k, v)| (k.clone(), v.text()))
                 .collect(),
             ssh,
+            qemu: (qemu.cpus.is_some() || qemu.flags.is_some()).then(|| pb::QemuOptions {
+                cpus: qemu.cpus.unwrap_or(0),
+                flags: qemu.flags.clone().unwrap_or_default(),
+            }),
         }),
     };
     Ok(Plan {
@@ -934,6 +965,17 @@ fn driver_line(s: &pb::SessionInfo) -> String {
             env.image,
             if env.network { "network" } else { "no network" }
         ),
+        "qemu" => format!(
+            "VM from {}, {} MiB, {} cpu(s), {}",
+            env.image,
+            if env.memory_bytes > 0 {
+                env.memory_bytes >> 20
+            } else {
+                1024
+            },
+            env.qemu.as_ref().map_or(1, |q| q.cpus.max(1)),
+            if env.network { "network" } else { "no network" }
+        ),
         "ssh" => {
             let t = env.ssh.clone().unwrap_or_default();
             let mut host = t.host.clone();
@@ -954,7 +996,7 @@ fn driver_line(s: &pb::SessionInfo) -> String {
         }
         _ => String::new(),
     }];
-    if env.memory_bytes > 0 {
+    if env.memory_bytes > 0 && driver_of(s) != "qemu" {
         parts.push(format!("memory {} MiB", env.memory_bytes >> 20));
     }
     if env.pids_limit > 0 {
@@ -966,8 +1008,8 @@ fn driver_line(s: &pb::SessionInfo) -> String {
     if !matches!(s.environment_state.as_str(), "" | "ready") {
         parts.push(format!("environment {}", s.environment_state));
     }
-    if driver_of(s) == "ssh" {
-        // The campaign's directory is this machine's; the agent works on the host.
+    if matches!(driver_of(s), "ssh" | "qemu") {
+        // The campaign's directory is this machine's; the agent works on the other one.
         parts.push(format!("campaign directory {} here", s.working_dir));
     } else {
         parts.push(format!("working directory {}", s.working_dir));
@@ -1437,7 +1479,8 @@ mod tests {
             .to_string()
             .contains("--driver podman"));
         assert_eq!(check_driver("ssh").unwrap(), "ssh");
-        for d in ["kubernetes", "qemu"] {
+        assert_eq!(check_driver("qemu").unwrap(), "qemu");
+        for d in ["kubernetes", "k8s"] {
             let e = check_driver(d).unwrap_err().to_string();
             assert!(
                 e.starts_with(&format!("driver \"{d}\" is not available")),
@@ -1586,6 +1629,25 @@ mod tests {
             cwd.join("conf/keys/id_ed25519").display().to_string()
         );
         assert!(t.accept_new_host_key && t.known_hosts.is_empty());
+        // latis' qemu block: the image relative to the file, memory with a unit, the VM's login.
+        std::fs::create_dir_all(cwd.join("conf")).unwrap();
+        std::fs::write(cwd.join("conf/dev.qcow2"), "").unwrap();
+        let f = SessionFile::parse(
+            "driver: qemu\nqemu:\n  image: dev.qcow2\n  memory: 4G\n  cpus: 2\n  flags:\n    \
+             - \"-enable-kvm\"\n  ssh:\n    user: latis\n    keyFile: k\n",
+            "s.yaml",
+        )
+        .unwrap();
+        let p = plan(args(), Some((f, cwd.join("conf"))), &cwd).unwrap();
+        assert_eq!(p.driver, "qemu");
+        let e = p.request.environment_spec.unwrap();
+        assert_eq!(e.image, cwd.join("conf/dev.qcow2").display().to_string());
+        assert_eq!(e.memory_bytes, 4 << 30);
+        let q = e.qemu.unwrap();
+        assert_eq!((q.cpus, q.flags), (2, vec!["-enable-kvm".to_string()]));
+        let t = e.ssh.unwrap();
+        assert_eq!(t.user, "latis");
+        assert_eq!(t.key_file, cwd.join("conf/k").display().to_string());
         // `--ssh [USER@]HOST[:PORT]` alone means the ssh driver.
         let p = plan(
             CreateArgs {
@@ -1738,12 +1800,12 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("2 mounts given"), "{e}");
-        let file = SessionFile::parse("driver: qemu\ntask: t\n", "s.yaml").unwrap();
+        let file = SessionFile::parse("driver: kubernetes\ntask: t\n", "s.yaml").unwrap();
         let e = plan(args(), Some((file, cwd.clone())), &cwd)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("driver \"qemu\" is not available"), "{e}");
-        let file = SessionFile::parse("driver: qemu\ntask: t\n", "s.yaml").unwrap();
+        assert!(e.starts_with("driver \"kubernetes\" is not available"), "{e}");
+        let file = SessionFile::parse("driver: kubernetes\ntask: t\n", "s.yaml").unwrap();
         let p = plan(
             CreateArgs {
                 driver: Some("local".into()),

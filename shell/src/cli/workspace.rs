@@ -21,8 +21,8 @@ async fn environment_dir(c: &mut Client, id: &str) -> Result<PathBuf> {
     Ok(Path::new(&state.data_dir).join("environments").join(id))
 }
 
-/// `session logs --environment`: the driver's own log of the session's environment, and for a
-/// container what podman says of it (its state and `podman logs`).
+/// `session logs --environment`: the driver's own log of the session's environment, for a
+/// container what podman says of it (its state and `podman logs`), for a VM its console.
 pub async fn environment_log(c: &mut Client, id: &str) -> Result<()> {
     let root = environment_dir(c, id).await?;
     let file = root.join("environment.log");
@@ -32,6 +32,12 @@ pub async fn environment_log(c: &mut Client, id: &str) -> Result<()> {
             eprintln!("session {id}'s driver made nothing (no environment log)")
         }
         Err(e) => return Err(Error::io(file.display())(e)),
+    }
+    if root.join("console.log").exists() {
+        println!("VM console (its last 40 lines):");
+        for line in crate::env::qemu::console_tail(&root, 40).lines() {
+            println!("  {line}");
+        }
     }
     if let Some(name) = crate::env::Made::read(&root).and_then(|m| m.container) {
         match crate::env::podman::describe(&name) {

@@ -33,6 +33,7 @@ use crate::proc::LaunchPlan;
 pub mod container;
 pub mod limits;
 pub mod podman;
+pub mod qemu;
 pub mod ssh;
 
 /// What an environment needs to know about the host it is made on.
@@ -141,6 +142,7 @@ pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
         }
         Driver::Podman => podman::check_host(&spec.image),
         Driver::Ssh => ssh::check_host(),
+        Driver::Qemu => qemu::check_host(&spec.image),
     }
 }
 
@@ -202,9 +204,20 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         container: None,
         cgroups: Vec::new(),
         remote: None,
+        vm_port: None,
     };
     if spec.driver == Driver::Ssh {
         let (remote, workdir) = ssh::provision(host, &spec.ssh, &|line| log(&root, line))?;
+        made.workdir = workdir;
+        made.remote = Some(remote);
+    }
+    if spec.driver == Driver::Qemu {
+        // Recorded once the VM runs: a destroy then finds it, whatever fails after.
+        made.vm_port = Some(qemu::start(spec, &root, &|line| log(&root, line))?);
+        made.write(&root)?;
+        qemu::wait_ready(spec, &root, &made, &|line| log(&root, line))?;
+        let target = qemu::target(spec, &root, &made);
+        let (remote, workdir) = ssh::provision(host, &target, &|line| log(&root, line))?;
         made.workdir = workdir;
         made.remote = Some(remote);
     }
@@ -306,6 +319,8 @@ pub struct Made {
     pub cgroups: Vec<PathBuf>,
     /// The ssh host's paddock and runner (`workdir` is then the host's).
     pub remote: Option<ssh::Remote>,
+    /// The port on 127.0.0.1 that reaches a qemu VM's ssh.
+    pub vm_port: Option<u16>,
 }
 
 impl Made {
@@ -328,6 +343,9 @@ impl Made {
         }
         if let Some(r) = &self.remote {
             text += &format!("remote_paddock={}\nremote_socket={}\n", r.paddock, r.socket);
+        }
+        if let Some(p) = self.vm_port {
+            text += &format!("vm_port={p}\n");
         }
         let file = root.join("made");
         std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
@@ -372,6 +390,7 @@ impl Made {
                 }),
                 _ => None,
             },
+            vm_port: kv.get("vm_port").and_then(|p| p.parse().ok()),
         })
     }
 }
@@ -561,6 +580,7 @@ pub fn enter(
             container: None,
             cgroups: Vec::new(),
             remote: None,
+            vm_port: None,
         }
     } else {
         match Made::read(&host.root(id)) {
@@ -568,7 +588,8 @@ pub fn enter(
                 if (made.remote.is_some() || made.workdir.is_dir())
                     && made.repo.is_some() == config.env.worktree
                     && made.container.is_some() == (config.env.driver == Driver::Podman)
-                    && made.remote.is_some() == (config.env.driver == Driver::Ssh) =>
+                    && made.remote.is_some() == config.env.driver.is_remote()
+                    && (config.env.driver != Driver::Qemu || qemu::running(&host.root(id))) =>
             {
                 if !made.cgroups.iter().all(|g| g.exists()) {
                     // A host reboot takes control groups away: made again (a few files).
@@ -587,7 +608,11 @@ pub fn enter(
         }),
         Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
         Driver::Podman => podman::enter(id, config, &made, plan),
-        Driver::Ssh => ssh::enter(host, id, config, &made, plan),
+        Driver::Ssh => ssh::enter(host, id, &config.env.ssh, &made, plan),
+        Driver::Qemu => {
+            let target = qemu::target(&config.env, &host.root(id), &made);
+            ssh::enter(host, id, &target, &made, plan)
+        }
     }
 }
 
@@ -821,7 +846,11 @@ pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
     let made = Made::read(&root);
     let repo = made.as_ref().and_then(|m| m.repo.clone());
     let cgroups = made.as_ref().map(|m| m.cgroups.clone()).unwrap_or_default();
-    let container = made.is_some_and(|m| m.container.is_some());
+    let container = made.as_ref().is_some_and(|m| m.container.is_some());
+    // Found before the move (it names the directory); stopped off the loop.
+    let vm = made
+        .and_then(|m| m.vm_port)
+        .and_then(|_| qemu::vm_pid(&root));
     let moved = root.exists() && std::fs::rename(&root, &trash).is_ok();
     if !moved && root.exists() {
         tracing::warn!(session = %id, dir = %root.display(), "cannot move the environment away");
@@ -833,6 +862,9 @@ pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
     move || {
         if container {
             podman::remove(&id);
+        }
+        if let Some(pid) = vm {
+            qemu::kill(pid);
         }
         limits::remove(&cgroups);
         if !moved {
@@ -888,6 +920,9 @@ pub fn reconcile(
         let made = Made::read(&e.path());
         if let Some(m) = &made {
             limits::remove(&m.cgroups);
+            if let Some(pid) = qemu::vm_pid(&e.path()) {
+                qemu::kill(pid);
+            }
         }
         let repo = made.and_then(|m| m.repo);
         if std::fs::remove_dir_all(e.path()).is_ok() {

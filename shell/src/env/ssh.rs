@@ -34,7 +34,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use paddock_core::{SessionConfig, SessionId, SshTarget};
+use paddock_core::{SessionId, SshTarget};
 use paddock_proto::runner::v1 as rpb;
 use rpb::runner_client::RunnerClient;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -123,7 +123,7 @@ fn quote(s: &str) -> String {
 /// file; its stdout, or the reason it failed (ssh's own words for a connection that could not
 /// be made: "Connection refused", "Permission denied (publickey)", "Host key verification
 /// failed").
-fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<String, String> {
+pub(super) fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<String, String> {
     let mut cmd = std::process::Command::new(ssh_program()?);
     cmd.args(ssh_options(t))
         .arg("--")
@@ -312,14 +312,13 @@ pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
 pub fn enter(
     host: &Host,
     id: &SessionId,
-    config: &SessionConfig,
+    t: &SshTarget,
     made: &Made,
     plan: LaunchPlan,
 ) -> Result<LaunchPlan, String> {
     let Some(remote) = &made.remote else {
-        return Err("the ssh environment was not made (no host recorded)".into());
+        return Err("the environment was not made (no host recorded)".into());
     };
-    let t = &config.env.ssh;
     // paddock's own programs (the scripted agent, the bridges) are the copy on the host.
     let program = if plan.program == host.exe {
         remote.paddock.clone()

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Driver, EnvSpec, EnvState, Error, ErrorCode,
-    PodmanOptions, Provider, SessionConfig, SessionId, SessionRecord, SshTarget, Status,
-    StatusEvent, UserMessage,
+    PodmanOptions, Provider, QemuOptions, SessionConfig, SessionId, SessionRecord, SshTarget,
+    Status, StatusEvent, UserMessage,
 };
 use rusqlite::Row;
 
@@ -18,7 +18,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 43] = [
+pub(super) const SESSION_COLUMNS: [&str; 44] = [
     "id",
     "campaign_id",
     "provider",
@@ -62,6 +62,7 @@ pub(super) const SESSION_COLUMNS: [&str; 43] = [
     "env_podman_env",
     "env_ssh",
     "disconnected",
+    "env_qemu",
 ];
 
 /// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
@@ -242,6 +243,14 @@ pub(super) struct PodmanJson {
     pub flags: Vec<String>,
 }
 
+/// The `env_qemu` column: the qemu driver's VM.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default)]
+pub(super) struct QemuJson {
+    pub cpus: u32,
+    pub flags: Vec<String>,
+}
+
 /// The `env_ssh` column: the ssh driver's machine.
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 #[serde(default)]
@@ -350,6 +359,15 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
                     ports: o.ports,
                     flags: o.flags,
                     env: map_from_json(row, T, sc!("env_podman_env"))?,
+                })
+            },
+            qemu: {
+                let text: String = sc!("env_qemu").get(row)?;
+                let j: QemuJson = serde_json::from_str(&text)
+                    .map_err(|e| corrupt(T, sc!("env_qemu").name(), format!("bad JSON: {e}")))?;
+                Box::new(QemuOptions {
+                    cpus: j.cpus,
+                    flags: j.flags,
                 })
             },
             ssh: {

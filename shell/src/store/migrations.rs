@@ -24,10 +24,12 @@ pub(super) const MIGRATIONS: &[&str] = &[
 ];
 
 /// Version 10: the ssh driver's machine (latis' `ssh:` block, as JSON; it holds no secret: a
-/// key is named by its file, never stored), and whether the connection to it is down.
+/// key is named by its file, never stored), and whether the connection to it is down; the qemu
+/// driver's VM (cpus and flags, as JSON).
 const V10: &str = r#"
 ALTER TABLE agent_sessions ADD COLUMN env_ssh TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE agent_sessions ADD COLUMN disconnected INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE agent_sessions ADD COLUMN env_qemu TEXT NOT NULL DEFAULT '{}';
 "#;
 
 /// Version 9: a container's image, the environment's memory and process limits, and the seed's

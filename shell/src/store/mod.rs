@@ -681,6 +681,11 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
     let podman_env = map_to_json(&sealer.seal(&c.env.podman.env)?)?;
     let ssh = serde_json::to_string(&codec::SshJson::from(&*c.env.ssh))
         .map_err(|e| StoreError::Corrupt(format!("encoding the ssh block: {e}")))?;
+    let qemu = serde_json::to_string(&codec::QemuJson {
+        cpus: c.env.qemu.cpus,
+        flags: c.env.qemu.flags.clone(),
+    })
+    .map_err(|e| StoreError::Corrupt(format!("encoding the qemu block: {e}")))?;
     let error_code = rec.error.as_ref().map(|e| e.code.to_string());
     let error_message = rec.error.as_ref().map(|e| e.message.as_str());
     let mut stmt = conn.prepare_cached(&UPSERT_SESSION)?;
@@ -728,6 +733,7 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":env_podman_env": podman_env,
         ":env_ssh": ssh,
         ":disconnected": rec.disconnected,
+        ":env_qemu": qemu,
     })?;
     Ok(())
 }
