@@ -34,12 +34,7 @@ impl Vm {
         let dir = base.join("vm");
         std::fs::create_dir_all(&dir).unwrap();
         let key = dir.join("key");
-        let st = Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-            .arg(&key)
-            .status()
-            .unwrap();
-        assert!(st.success());
+        crate::ssh::keygen(&key);
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/e2e/vm/make-initramfs.sh");
         let out = Command::new("sh")
@@ -111,7 +106,12 @@ impl Drop for Vm {
 
 /// The QEMU processes whose command line names `dir`.
 fn qemus_under(dir: &Path) -> Vec<u32> {
-    processes_with(&dir.display().to_string())
+    qemus_with(&dir.display().to_string())
+}
+
+/// The QEMU processes whose command line contains `needle`.
+fn qemus_with(needle: &str) -> Vec<u32> {
+    processes_with(needle)
         .into_iter()
         .filter(|p| {
             std::fs::read_to_string(format!("/proc/{p}/cmdline"))
@@ -123,14 +123,7 @@ fn qemus_under(dir: &Path) -> Vec<u32> {
 
 /// The VMs of session `id` that run (QEMU carries `-name paddock-<id>`).
 fn vms_of(id: &str) -> Vec<u32> {
-    processes_with(&format!("paddock-{id}"))
-        .into_iter()
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
-                .unwrap_or_default()
-                .contains("qemu-system")
-        })
-        .collect()
+    qemus_with(&format!("paddock-{id}"))
 }
 
 /// A daemon whose start-up timeout leaves room for an emulated boot and the copy of a debug
@@ -242,12 +235,7 @@ async fn bad_qemu_configurations_refuse_the_create_and_leave_no_vm() {
     }
     // A key the VM does not take: it boots, refuses the login, and is stopped again.
     let stranger = d.dirs.base.join("stranger");
-    let st = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&stranger)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    crate::ssh::keygen(&stranger);
     let mut req = d.request(None).await;
     req.environment_spec = Some(vm.spec(&stranger));
     let e = within_boot(d.client().await.create_session(req))

@@ -37,7 +37,8 @@ struct Sshd {
     dir: PathBuf,
 }
 
-fn keygen(path: &Path) {
+/// A new ed25519 key pair at `path` (and `path`.pub), without a passphrase.
+pub(crate) fn keygen(path: &Path) {
     let st = Command::new("ssh-keygen")
         .args(["-q", "-t", "ed25519", "-N", "", "-f"])
         .arg(path)

@@ -1804,7 +1804,10 @@ mod tests {
         let e = plan(args(), Some((file, cwd.clone())), &cwd)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("driver \"kubernetes\" is not available"), "{e}");
+        assert!(
+            e.starts_with("driver \"kubernetes\" is not available"),
+            "{e}"
+        );
         let file = SessionFile::parse("driver: kubernetes\ntask: t\n", "s.yaml").unwrap();
         let p = plan(
             CreateArgs {
