@@ -88,9 +88,16 @@ impl Driver {
         matches!(self, Driver::Bubblewrap | Driver::Podman | Driver::Qemu)
     }
 
-    /// Whether the agent runs on another machine (reached over ssh, in a runner there).
+    /// Whether the agent runs on another machine (reached over ssh, in a runner there): its
+    /// CLI, its sign-in and its PATH are that machine's, not this one's.
     pub fn is_remote(self) -> bool {
         matches!(self, Driver::Ssh | Driver::Qemu)
+    }
+
+    /// Whether the environment is a sandbox on this machine (a HOME and /tmp of the session's
+    /// own, the workspace a directory here that must not undo the sandbox).
+    pub fn sandboxes_here(self) -> bool {
+        matches!(self, Driver::Bubblewrap | Driver::Podman)
     }
 }
 

@@ -220,6 +220,18 @@ enum Command {
         known_hosts: String,
         #[arg(long)]
         accept_new_host_key: bool,
+        /// An installed paddock on the host (empty: paddock's own copy)
+        #[arg(long, default_value = "")]
+        paddock: String,
+        /// Where paddock keeps its binary and runner on the host (empty: ~/.cache/paddock)
+        #[arg(long, default_value = "")]
+        remote_dir: String,
+        /// The host is the session's VM (started again when found stopped)
+        #[arg(long)]
+        vm: bool,
+        /// The run is the session's agent (one at a time), not a command run in it
+        #[arg(long)]
+        agent: bool,
         /// The runner's socket on the host
         #[arg(long)]
         remote_socket: String,
@@ -305,6 +317,10 @@ fn main() {
             key,
             known_hosts,
             accept_new_host_key,
+            paddock,
+            remote_dir,
+            vm,
+            agent,
             remote_socket,
             dir,
             cwd,
@@ -318,13 +334,17 @@ fn main() {
                 key_file: key,
                 known_hosts,
                 accept_new_host_key,
-                ..paddock_core::SshTarget::default()
+                paddock,
+                remote_dir,
+                workdir: String::new(),
             },
             remote_socket,
             dir,
             cwd,
             env,
             argv: command,
+            vm,
+            agent,
         }),
         Command::SshRunner { dir } => match paddock::env::ssh::ensure_runner(&dir) {
             Ok(socket) => {

@@ -706,6 +706,11 @@ async fn doctor_says_which_agents_can_run_and_what_to_do() {
         "{openai}"
     );
     assert_eq!(check("daemon")["status"], "warn", "no daemon runs here");
+    // The drivers: what this machine has (CI installs them all), named one by one.
+    for driver in ["local", "bubblewrap", "podman", "ssh", "qemu"] {
+        let d = check(&format!("driver {driver}"));
+        assert_eq!(d["status"], "ok", "{d}");
+    }
     assert_eq!(v["ready_agents"], json!(["claude-code"]));
     // The table says the same, with the fixes under it.
     let mut cmd = dirs.cli(false);

@@ -136,6 +136,7 @@ async fn daemon() -> Daemon {
 async fn a_session_runs_in_a_vm_of_its_own_and_its_delete_removes_the_vm() {
     let mut d = daemon().await;
     let vm = Vm::build(&d.dirs.base);
+    let image_before = std::fs::read(&vm.image).unwrap();
     let mut req = d.request(None).await;
     req.environment_spec = Some(vm.spec(&vm.key));
     let s = within_boot(d.create(req)).await;
@@ -160,7 +161,17 @@ async fn a_session_runs_in_a_vm_of_its_own_and_its_delete_removes_the_vm() {
     // A turn, and a command: both run in the VM (its kernel is the test's, not the host's).
     let acts = d.send(&id, "hello").await;
     assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
-    let o = crate::environments::exec_sh(&d, &id, "uname -r; cat /proc/cmdline").await;
+    let o = crate::environments::exec_sh(
+        &d,
+        &id,
+        "uname -r; cat /proc/cmdline; cat /proc/sys/kernel/random/boot_id",
+    )
+    .await;
+    let host_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert!(
+        !o.stdout.contains(host_boot.trim()),
+        "ran on the host: {o:?}"
+    );
     assert_eq!(o.code, 0, "{o:?}");
     let kver = std::fs::read_dir("/boot")
         .unwrap()
@@ -176,12 +187,27 @@ async fn a_session_runs_in_a_vm_of_its_own_and_its_delete_removes_the_vm() {
     assert!(o.stdout.contains(&kver), "{o:?}");
     assert!(o.stdout.contains("console=ttyS0"), "{o:?}");
 
+    // The daemon killed: the VM runs on (nobody's child), the restarted daemon takes the
+    // session back, and a turn runs in the same VM.
+    let vm_pids = vms_of(&id);
+    d.kill9();
+    d.launch().await;
+    assert_eq!(status_name(d.get(&id).await.status), "RUNNING");
+    assert_eq!(vms_of(&id), vm_pids, "the same VM");
+    let acts = d.send(&id, "again").await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
+
     // What status and logs say of it.
     let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "status", &id]).await;
     assert!(o.stdout.contains("qemu (VM from"), "{o:?}");
     let o =
         crate::latis::cli_in(&d, &d.dirs.root, &["session", "logs", "--environment", &id]).await;
     assert!(o.stdout.contains("paddock test VM: sshd started"), "{o:?}");
+
+    assert!(
+        std::fs::read(&vm.image).unwrap() == image_before,
+        "the image was written"
+    );
 
     // Deleted: the VM stops and its directory goes.
     let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "delete", "--yes", &id]).await;

@@ -384,16 +384,22 @@ async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection(
     // A stop ends the agent there, and the relay with its forward.
     d.stop(&id, true).await.unwrap();
     d.wait_status(&id, pb::SessionStatus::Stopped).await;
-    for _ in 0..100 {
-        let agents: Vec<u32> = processes_with("__scripted-agent")
+    let agents_there = || {
+        processes_with(&format!("{remote}/bin/paddock-"))
             .into_iter()
-            .filter(|p| copy.contains(p))
-            .collect();
-        if agents.is_empty() {
-            break;
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                    .unwrap_or_default()
+                    .contains("__scripted-agent")
+            })
+            .count()
+    };
+    within(async {
+        while agents_there() > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert!(
         processes_with(&forward).is_empty(),
         "the relay's forward outlived the stop"
@@ -498,5 +504,78 @@ async fn bad_ssh_configurations_refuse_the_create_with_the_reason_and_leave_noth
         .unwrap()
         .contains("ssh-ed25519"));
     d.stop(&s.id, true).await.unwrap();
+    drop(sshd);
+}
+
+/// The runner there killed (as a host restart would): the agent is gone with it, the session
+/// fails saying so, and the relay made the host ready again — a restart runs at once, in a
+/// new runner there.
+#[tokio::test]
+async fn a_host_that_lost_its_runner_is_made_ready_again() {
+    let mut d = Daemon::start().await;
+    let sshd = Sshd::start(&d.dirs.base).await;
+    let mut req = d.request(Some(("long", long_turn(30, 100)))).await;
+    ssh_request(&mut req, sshd.target(&d.dirs.root));
+    let id = d.create(req).await.id;
+    d.wait_status(&id, pb::SessionStatus::Running).await;
+    let remote = sshd.remote_dir.display().to_string();
+    let runners = || -> Vec<u32> {
+        processes_with(&remote)
+            .into_iter()
+            .filter(|p| {
+                let c = std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                c.contains("runner") && c.contains("--socket")
+            })
+            .collect()
+    };
+    let before = runners();
+    assert_eq!(before.len(), 1, "{before:?}");
+    let mut turn = d.start_turn(&id, "go").await;
+    collect_until(&mut turn, |a| a.content == "step 2 of 30").await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(before[0] as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let env_log = d
+        .dirs
+        .data
+        .join("environments")
+        .join(&id)
+        .join("environment.log");
+    let mut failed = d.get(&id).await;
+    for _ in 0..300 {
+        if failed.status == pb::SessionStatus::Failed as i32 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        failed = d.get(&id).await;
+    }
+    assert_eq!(
+        status_name(failed.status),
+        "FAILED",
+        "{}",
+        std::fs::read_to_string(&env_log).unwrap_or_default()
+    );
+    assert!(failed.error_message.contains("is gone on"), "{failed:?}");
+    let now = runners();
+    assert!(
+        now.len() == 1 && now != before,
+        "a new runner there: {before:?} -> {now:?}"
+    );
+    // A restart runs there at once.
+    d.client()
+        .await
+        .restart_session(pb::RestartSessionRequest {
+            session_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    d.wait_status(&id, pb::SessionStatus::Running).await;
+    let acts = d.send(&id, "again").await;
+    // The agent is a new process: its first turn.
+    assert_eq!(acts.last().unwrap().content, "All 1 done: again");
+    d.stop(&id, true).await.unwrap();
     drop(sshd);
 }

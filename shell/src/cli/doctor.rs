@@ -3,7 +3,8 @@
 //! For each agent CLI: found on PATH, its version (`--version`, bounded in time), and whether
 //! it has credentials (an API key in the environment or the CLI's own login file). For the
 //! built-in agents: the openai-api loop's key and whether its endpoint answers. Then the daemon
-//! (answers on its socket?) and the drivers. Every line that is not `ok` says what to do.
+//! (answers on its socket?) and the drivers (can this machine make their environments?). Every
+//! line that is not `ok` says what to do.
 
 use std::path::Path;
 use std::time::Duration;
@@ -281,6 +282,93 @@ async fn daemon(ctx: &Ctx) -> Check {
     }
 }
 
+/// The drivers beyond `local`: whether this machine can make their environments (what
+/// `session create` would check), each a warning when it cannot (they are optional).
+fn drivers() -> Vec<Check> {
+    use paddock_core::{Driver, EnvSpec};
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let check = |driver: Driver, spec: EnvSpec, ok: &str, fix: &str| -> Check {
+        let what = format!("driver {driver}");
+        match crate::env::check_host(&spec, &cwd) {
+            Ok(()) => Check {
+                what,
+                level: Level::Ok,
+                detail: ok.to_string(),
+                fix: String::new(),
+            },
+            Err(e) => Check {
+                what,
+                level: Level::Warn,
+                detail: e,
+                fix: fix.to_string(),
+            },
+        }
+    };
+    let spec = |driver| EnvSpec {
+        driver,
+        ..EnvSpec::default()
+    };
+    let mut out = vec![
+        check(
+            Driver::Bubblewrap,
+            spec(Driver::Bubblewrap),
+            "bwrap makes sandboxes here",
+            "apt install bubblewrap (or your system's package), for --driver bubblewrap",
+        ),
+        check(
+            Driver::Ssh,
+            spec(Driver::Ssh),
+            "the OpenSSH client is here (the host is checked at create)",
+            "apt install openssh-client, for --driver ssh",
+        ),
+    ];
+    let podman = crate::paths::find_on_own_path("podman");
+    out.push(Check {
+        what: "driver podman".into(),
+        level: if podman.is_some() {
+            Level::Ok
+        } else {
+            Level::Warn
+        },
+        detail: match &podman {
+            Some(p) => format!("podman at {} (the image is checked at create)", p.display()),
+            None => "podman is not on PATH".into(),
+        },
+        fix: if podman.is_some() {
+            String::new()
+        } else {
+            "apt install runc podman, for --driver podman".into()
+        },
+    });
+    let qemu = ["qemu-system-x86_64", "qemu-img"]
+        .iter()
+        .find(|p| crate::paths::find_on_own_path(p).is_none());
+    let kvm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    out.push(Check {
+        what: "driver qemu".into(),
+        level: if qemu.is_none() {
+            Level::Ok
+        } else {
+            Level::Warn
+        },
+        detail: match qemu {
+            None if kvm => "QEMU is here; /dev/kvm is usable (add -enable-kvm to the flags)".into(),
+            None => "QEMU is here; no usable /dev/kvm: VMs are emulated (slower)".into(),
+            Some(p) => format!("{p} is not on PATH"),
+        },
+        fix: if qemu.is_none() {
+            String::new()
+        } else {
+            "apt install qemu-system-x86 qemu-utils, for --driver qemu".into()
+        },
+    });
+    out
+}
+
 /// `paddock doctor`.
 pub async fn run(ctx: &Ctx) -> Result<()> {
     let mut checks = Vec::new();
@@ -301,6 +389,11 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
         detail: "agents run as supervised processes on this machine".into(),
         fix: String::new(),
     });
+    checks.extend(
+        tokio::task::spawn_blocking(drivers)
+            .await
+            .unwrap_or_default(),
+    );
     let ready: Vec<&str> = checks
         .iter()
         .take(AGENTS.len() + 1)

@@ -130,7 +130,8 @@ pub struct CreateArgs {
     pub task: Option<String>,
     /// Where the agent runs: local (on the host, not isolated), bubblewrap (a sandbox: the
     /// host read-only, the workspace writable, its own HOME and /tmp, no network), podman (a
-    /// container of its own, from --image) or ssh (another machine, --ssh)
+    /// container of its own, from --image), ssh (another machine, --ssh) or qemu (a VM of its
+    /// own, from --image; see the qemu block of -c)
     #[arg(long)]
     pub driver: Option<String>,
     /// The machine an ssh session runs on: [USER@]HOST[:PORT] (implies --driver ssh)
@@ -289,6 +290,19 @@ fn parse_destination(d: &str) -> Result<(String, String, u16)> {
         Some((u, r)) => (u.to_string(), r),
         None => (String::new(), d.trim()),
     };
+    // `[::1]:2222`: an address with colons is bracketed when a port follows.
+    if let Some(inner) = rest.strip_prefix('[') {
+        let (h, tail) = inner
+            .split_once(']')
+            .ok_or_else(|| Error::Usage(format!("--ssh {d:?}: no closing ]")))?;
+        let port = match tail.strip_prefix(':') {
+            Some(p) => p
+                .parse::<u16>()
+                .map_err(|_| Error::Usage(format!("--ssh {d:?}: {p:?} is not a port")))?,
+            None => 0,
+        };
+        return Ok((user, h.to_string(), port));
+    }
     let (host, port) = match rest.rsplit_once(':') {
         Some((h, p)) if !h.contains(':') => (
             h.to_string(),
@@ -1664,6 +1678,14 @@ mod tests {
         assert_eq!(
             (t.user.as_str(), t.host.as_str(), t.port),
             ("ci", "build", 2200)
+        );
+        assert_eq!(
+            parse_destination("root@[::1]:2200").unwrap(),
+            ("root".to_string(), "::1".to_string(), 2200)
+        );
+        assert_eq!(
+            parse_destination("fe80::1").unwrap(),
+            (String::new(), "fe80::1".to_string(), 0)
         );
         assert!(plan(
             CreateArgs {

@@ -187,7 +187,7 @@ impl State {
             if !config.env.needs_provisioning() {
                 return Ok(spec);
             }
-            crate::env::enter(&self.env, &id, config, plan)?
+            crate::env::enter(&self.env, &id, config, plan, crate::env::Role::Command)?
         };
         let mut command = vec![plan.program.to_string_lossy().to_string()];
         command.extend(plan.args);
@@ -653,7 +653,13 @@ impl State {
                     let planned =
                         crate::providers::plan(&spec, &self.exe).and_then(|(plan, parser)| {
                             Ok((
-                                crate::env::enter(&self.env, &id, &spec.config, plan)?,
+                                crate::env::enter(
+                                    &self.env,
+                                    &id,
+                                    &spec.config,
+                                    plan,
+                                    crate::env::Role::Agent,
+                                )?,
                                 parser,
                             ))
                         });

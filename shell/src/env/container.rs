@@ -83,5 +83,5 @@ fn make_workspace(config: &SessionConfig) -> Result<(), String> {
 /// `plan` as it runs in container `c`.
 pub fn enter(host: &Host, c: &ContainerRecord, plan: LaunchPlan) -> Result<LaunchPlan, String> {
     let (id, config) = config_of(host, c);
-    super::enter(host, &id, &config, plan)
+    super::enter(host, &id, &config, plan, super::Role::Command)
 }

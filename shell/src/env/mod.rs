@@ -191,7 +191,7 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
     let spec = &config.env;
     let root = host.root(id);
     // A workspace of its own (an Aria container's) is safe where it is.
-    if spec.driver.isolates()
+    if spec.driver.sandboxes_here()
         && !spec.worktree
         && !Path::new(&config.working_dir).starts_with(&root)
     {
@@ -207,7 +207,7 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         vm_port: None,
     };
     if spec.driver == Driver::Ssh {
-        let (remote, workdir) = ssh::provision(host, &spec.ssh, &|line| log(&root, line))?;
+        let (remote, workdir) = ssh::provision(&host.exe, &spec.ssh, &|line| log(&root, line))?;
         made.workdir = workdir;
         made.remote = Some(remote);
     }
@@ -217,7 +217,7 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         made.write(&root)?;
         qemu::wait_ready(spec, &root, &made, &|line| log(&root, line))?;
         let target = qemu::target(spec, &root, &made);
-        let (remote, workdir) = ssh::provision(host, &target, &|line| log(&root, line))?;
+        let (remote, workdir) = ssh::provision(&host.exe, &target, &|line| log(&root, line))?;
         made.workdir = workdir;
         made.remote = Some(remote);
     }
@@ -231,7 +231,7 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         made.cgroups = limits::make(&host.data_dir, id, spec)?;
         made.write(&root)?;
     }
-    if spec.driver.isolates() && !root.join("home").exists() {
+    if spec.driver.sandboxes_here() && !root.join("home").exists() {
         log(
             &root,
             &format!(
@@ -565,6 +565,16 @@ fn pass_agent_config(provider: Provider, home: &Path, into: &Path) -> Vec<String
     copied
 }
 
+/// What a process entering a session's environment is to the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Its agent: one at a time (on another machine, an agent an earlier start left there is
+    /// stopped first).
+    Agent,
+    /// A command run in the session (`session exec`, an Aria task): any number at once.
+    Command,
+}
+
 /// `plan` as it runs in session `id`'s environment (made first if it is not: a restart after
 /// a failed making, or files removed by hand).
 pub fn enter(
@@ -572,6 +582,7 @@ pub fn enter(
     id: &SessionId,
     config: &SessionConfig,
     plan: LaunchPlan,
+    role: Role,
 ) -> Result<LaunchPlan, String> {
     let made = if !config.env.needs_provisioning() {
         Made {
@@ -588,8 +599,8 @@ pub fn enter(
                 if (made.remote.is_some() || made.workdir.is_dir())
                     && made.repo.is_some() == config.env.worktree
                     && made.container.is_some() == (config.env.driver == Driver::Podman)
-                    && made.remote.is_some() == config.env.driver.is_remote()
-                    && (config.env.driver != Driver::Qemu || qemu::running(&host.root(id))) =>
+                    // A VM found stopped is started again by the relay, off the loop.
+                    && made.remote.is_some() == config.env.driver.is_remote() =>
             {
                 if !made.cgroups.iter().all(|g| g.exists()) {
                     // A host reboot takes control groups away: made again (a few files).
@@ -608,10 +619,10 @@ pub fn enter(
         }),
         Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
         Driver::Podman => podman::enter(id, config, &made, plan),
-        Driver::Ssh => ssh::enter(host, id, &config.env.ssh, &made, plan),
+        Driver::Ssh => ssh::enter(host, id, &config.env.ssh, &made, plan, role),
         Driver::Qemu => {
             let target = qemu::target(&config.env, &host.root(id), &made);
-            ssh::enter(host, id, &target, &made, plan)
+            ssh::enter(host, id, &target, &made, plan, role)
         }
     }
 }

@@ -93,20 +93,27 @@ pub fn running(root: &Path) -> bool {
 }
 
 /// Stops VM `pid` (TERM, KILL after [`STOP_WAIT`]). Blocking: call it off the event loop.
+/// The KILL goes only to a QEMU still: a pid freed in between is not another's to kill.
 pub fn kill(pid: i32) {
     use nix::sys::signal::{kill, Signal};
-    let pid = nix::unistd::Pid::from_raw(pid);
-    if kill(pid, Signal::SIGTERM).is_err() {
+    let is_qemu = || {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("qemu"))
+    };
+    let p = nix::unistd::Pid::from_raw(pid);
+    if !is_qemu() || kill(p, Signal::SIGTERM).is_err() {
         return;
     }
     let deadline = Instant::now() + STOP_WAIT;
     while Instant::now() < deadline {
-        if kill(pid, None).is_err() {
+        if !is_qemu() {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = kill(pid, Signal::SIGKILL);
+    if is_qemu() {
+        let _ = kill(p, Signal::SIGKILL);
+    }
 }
 
 /// A free TCP port on 127.0.0.1 (for the VM's ssh).
@@ -216,6 +223,10 @@ pub fn start(spec: &EnvSpec, root: &Path, log: &dyn Fn(&str)) -> Result<u16, Str
     ];
     args.extend(spec.qemu.flags.iter().cloned());
     let qemu = program("qemu-system-x86_64", "qemu-system-x86")?;
+    // Kept: a VM found stopped (a host reboot) is started again the same way, same port.
+    let saved = serde_json::to_string(&args).map_err(|e| e.to_string())?;
+    std::fs::write(root.join("qemu.args"), saved)
+        .map_err(|e| format!("cannot write {}: {e}", root.join("qemu.args").display()))?;
     // -daemonize: QEMU answers once the VM is set up, and the VM is nobody's child.
     run(&qemu, &args)?;
     log(&format!(
@@ -228,6 +239,23 @@ pub fn start(spec: &EnvSpec, root: &Path, log: &dyn Fn(&str)) -> Result<u16, Str
         root.join("console.log").display()
     ));
     Ok(port)
+}
+
+/// Starts the environment's VM again as [`start`] first started it (same disk, same port),
+/// if it is not running: a host reboot stopped it. Its ssh is then waited for by whoever
+/// connects (the relay retries).
+pub fn restart(root: &Path) -> Result<(), String> {
+    if running(root) {
+        return Ok(());
+    }
+    let file = root.join("qemu.args");
+    let args: Vec<String> = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or_else(|| format!("the VM's command line ({}) is gone", file.display()))?;
+    let qemu = program("qemu-system-x86_64", "qemu-system-x86")?;
+    run(&qemu, &args).map_err(|e| format!("cannot start the session's VM again: {e}"))?;
+    Ok(())
 }
 
 /// Waits until the VM that [`start`] started answers ssh: a refused or reset connection is a

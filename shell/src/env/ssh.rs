@@ -20,14 +20,25 @@
 //! - A dropped connection is not a dead agent: the remote runner keeps the run (and its
 //!   output, up to its buffer bounds) while the relay reconnects with backoff and re-attaches
 //!   after the last event it copied, so no output is lost or repeated. The relay says so
-//!   between two of the agent's lines (`paddock_connection` lines): the session is marked
-//!   disconnected until it is back, with a STATUS activity and a notice each way.
+//!   between two of the agent's lines (it writes only whole lines, so a note can go at any
+//!   time: `paddock_connection` lines): the session is marked disconnected until it is back,
+//!   with a STATUS activity and a notice each way.
+//! - A host that lost its runner (it restarted) is made ready again by the relay (the probe,
+//!   the copy if the binary is gone, a runner started); a session's VM found stopped is started
+//!   again from its saved command line. The agent that ran there is gone then: the relay says
+//!   so and exits, and the session fails with that reason.
+//! - Stops: TERM (or INT) to the relay becomes `StopRun` there — TERM, then KILL after 10 s, by
+//!   the runner there, whether or not the relay is still around. Run ids carry the session
+//!   (`ssh:<session>:<ulid>`), so an agent of the session that a killed relay left there is
+//!   stopped by the session's next start.
 //!
-//! Limits, said plainly: the relay copies the agent's output whole lines at a time only in
-//! the sense that its notes never split one; a line written to the agent's stdin while the
-//! connection drops is sent again after the reconnection if its write was not confirmed (an
-//! agent may then read it twice). A relay killed with SIGKILL (a forced stop after the grace)
-//! leaves the remote run to finish on its own: the TERM before it was forwarded.
+//! Limits, said plainly: a line written to the agent's stdin while the connection drops is
+//! sent again after the reconnection if its write was not confirmed (an agent may then read it
+//! twice). A TERM that comes while the connection is down waits for it; if the relay is killed
+//! first (the stop's grace ended), the agent there runs on until the session's next start
+//! stops it (a delete does not reach it). The runner there keeps the PATH of the ssh login that
+//! started it (`~/.profile` is not read by a non-interactive ssh command), and nothing removes
+//! old paddock binaries or runners of other builds there.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -50,6 +61,11 @@ const CONNECT_WAIT: Duration = Duration::from_secs(20);
 /// [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(15);
+/// Connections through a working forward refused in a row before the host's runner is taken
+/// as gone (50 ms apart).
+const RUNNER_REFUSALS: u32 = 20;
+/// TERM to KILL for a run stopped on the host (the remote runner escalates).
+const STOP_GRACE_MS: u32 = 10_000;
 /// How often the relay tells the remote runner what it has copied (the runner then drops it).
 const ACK_EVERY: Duration = Duration::from_millis(200);
 /// Where paddock keeps its binary and runners on a host unless the session says otherwise.
@@ -91,7 +107,11 @@ pub fn ssh_options(t: &SshTarget) -> Vec<String> {
     };
     o.extend(["-o".into(), format!("StrictHostKeyChecking={checking}")]);
     if !t.known_hosts.is_empty() {
-        o.extend(["-o".into(), format!("UserKnownHostsFile={}", t.known_hosts)]);
+        // Quoted: ssh splits an option's value at whitespace.
+        o.extend([
+            "-o".into(),
+            format!("UserKnownHostsFile=\"{}\"", t.known_hosts),
+        ]);
     }
     if !t.key_file.is_empty() {
         o.extend(["-i".into(), t.key_file.clone()]);
@@ -173,9 +193,11 @@ pub fn binary_id() -> &'static str {
     ID.get_or_init(|| {
         use std::hash::Hasher;
         let mut h = std::hash::DefaultHasher::new();
-        if let Ok(bytes) = std::env::current_exe().and_then(std::fs::read) {
-            h.write(&bytes);
-        }
+        // /proc/self/exe: this very binary, even if its file was replaced since it started.
+        let bytes = std::fs::read("/proc/self/exe")
+            .or_else(|_| std::env::current_exe().and_then(std::fs::read))
+            .unwrap_or_else(|e| panic!("cannot read this program's own binary to name it: {e}"));
+        h.write(&bytes);
         format!(
             "{}-{:012x}",
             env!("CARGO_PKG_VERSION"),
@@ -189,7 +211,7 @@ const PROBE: &str = r#"
 d=$1; p=$2; w=$3; id=$4
 case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; /*) ;; *) d=$HOME/$d;; esac
 case $w in "") w=$HOME;; "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; /*) ;; *) w=$HOME/$w;; esac
-case $p in "") p=$d/bin/paddock-$id;; "~/"*) p=$HOME/${p#"~/"};; esac
+case $p in "") p=$d/bin/paddock-$id;; "~/"*) p=$HOME/${p#"~/"};; /*) ;; *) p=$HOME/$p;; esac
 echo "dir=$d"
 echo "paddock=$p"
 echo "workdir=$w"
@@ -207,7 +229,7 @@ mkdir -p "$(dirname "$p")" && cat > "$p.part.$$" && chmod 700 "$p.part.$$" && mv
 /// when missing), its runner answering. Returns what a start needs and the working directory
 /// on the host. `log` hears what was done.
 pub fn provision(
-    host: &Host,
+    exe: &Path,
     t: &SshTarget,
     log: &dyn Fn(&str),
 ) -> Result<(Remote, PathBuf), String> {
@@ -253,11 +275,11 @@ pub fn provision(
                 t.destination()
             ));
         }
-        let size = std::fs::metadata(&host.exe).map(|m| m.len()).unwrap_or(0);
+        let size = std::fs::metadata(exe).map(|m| m.len()).unwrap_or(0);
         run(
             t,
             &format!("sh -c {} paddock-copy {}", quote(COPY), quote(&paddock)),
-            Some(&host.exe),
+            Some(exe),
         )?;
         log(&format!(
             "copied paddock {} ({:.1} MiB) to {paddock}",
@@ -315,6 +337,7 @@ pub fn enter(
     t: &SshTarget,
     made: &Made,
     plan: LaunchPlan,
+    role: super::Role,
 ) -> Result<LaunchPlan, String> {
     let Some(remote) = &made.remote else {
         return Err("the environment was not made (no host recorded)".into());
@@ -332,12 +355,20 @@ pub fn enter(
         format!("--user={}", t.user),
         format!("--key={}", t.key_file),
         format!("--known-hosts={}", t.known_hosts),
+        format!("--paddock={}", t.paddock),
+        format!("--remote-dir={}", t.remote_dir),
         format!("--remote-socket={}", remote.socket),
         format!("--dir={}", host.root(id).display()),
         format!("--cwd={}", made.workdir.display()),
     ];
     if t.accept_new_host_key {
         args.push("--accept-new-host-key".into());
+    }
+    if made.vm_port.is_some() {
+        args.push("--vm".into());
+    }
+    if role == super::Role::Agent {
+        args.push("--agent".into());
     }
     for (k, _) in &plan.env {
         args.push(format!("--env={k}"));
@@ -366,6 +397,99 @@ pub struct RelayArgs {
     /// Variables passed on to the run, by name (their values are the relay's own).
     pub env: Vec<String>,
     pub argv: Vec<String>,
+    /// The host is the session's VM (its files in `dir`): started again if it is found gone.
+    pub vm: bool,
+    /// The run is the session's agent (else a command run in the session).
+    pub agent: bool,
+}
+
+impl RelayArgs {
+    /// This program (what a host that lost its copy gets again).
+    fn exe(&self) -> PathBuf {
+        std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"))
+    }
+
+    /// The host as provisioning sees it (the working directory included).
+    fn provision_target(&self) -> SshTarget {
+        SshTarget {
+            workdir: self.cwd.clone(),
+            ..self.target.clone()
+        }
+    }
+}
+
+/// Why the relay could not (re)connect.
+enum Connect {
+    /// ssh reached the host, but no runner answers on the socket there (the host restarted).
+    NoRunner(String),
+    /// ssh did not get there (a dropped network, a host still booting, a refused login).
+    Unreachable(String),
+}
+
+impl std::fmt::Display for Connect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Connect::NoRunner(e) | Connect::Unreachable(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Why the relay could not make the host ready again.
+enum Heal {
+    /// Not now: try again later.
+    Retry(String),
+    /// Never: the run is lost.
+    Fatal(String),
+}
+
+/// The prefix of the run ids of the session whose environment directory is `dir`, for its
+/// agent or its commands: the agent runs there that a relay of the session left (killed
+/// before its agent ended) are found by it.
+fn run_prefix(dir: &Path, agent: bool) -> String {
+    let session = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    format!("ssh:{session}:{}:", if agent { "agent" } else { "command" })
+}
+
+/// Stops the live runs with `prefix` (a previous relay's agent of this session, which nothing
+/// else would ever stop): one agent of a session at a time.
+async fn stop_leftovers(client: &mut RunnerClient<Channel>, prefix: &str) {
+    let Ok(runs) = client.list_runs(rpb::ListRunsRequest {}).await else {
+        return;
+    };
+    for r in runs.into_inner().runs {
+        if r.run_id.starts_with(prefix) && r.state == rpb::RunState::Started as i32 {
+            eprintln!(
+                "paddock: stopping {} there, left by an earlier start",
+                r.run_id
+            );
+            let _ = client
+                .stop_run(rpb::StopRunRequest {
+                    run_id: r.run_id,
+                    grace_ms: STOP_GRACE_MS,
+                })
+                .await;
+        }
+    }
+}
+
+/// Where the relay's notes go besides its stderr (the session's `environment.log`, which
+/// `session logs --environment` shows): set once the relay knows its session.
+static RELAY_LOG: OnceLock<PathBuf> = OnceLock::new();
+
+/// A note of the relay's: on its stderr (the tail the session keeps when the agent exits)
+/// and in the session's environment log.
+fn tell_line(line: String) {
+    eprintln!("{line}");
+    if let Some(dir) = RELAY_LOG.get() {
+        super::log(dir, line.strip_prefix("paddock: ").unwrap_or(&line));
+    }
+}
+
+macro_rules! tell {
+    ($($t:tt)*) => { tell_line(format!($($t)*)) };
 }
 
 /// `paddock __ssh-run`: relays one run on the host (see the module's documentation). Returns
@@ -377,11 +501,15 @@ pub fn relay(a: RelayArgs) -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("paddock: cannot start a runtime: {e}");
+            tell!("paddock: cannot start a runtime: {e}");
             return 255;
         }
     };
-    rt.block_on(Relay::new(a).run())
+    let _ = RELAY_LOG.set(a.dir.clone());
+    let code = rt.block_on(Relay::new(a).run());
+    // Not waited for: the thread blocked reading our stdin would hold the exit up forever.
+    rt.shutdown_background();
+    code
 }
 
 /// One `ssh -N -L` forward of the remote runner's socket, ended when dropped.
@@ -402,32 +530,31 @@ struct Relay {
     out: tokio::io::Stdout,
     /// The newest run event copied (the re-attach point).
     last_seq: u64,
-    /// Whether what was copied ends a line (a note may go in between).
-    at_line_start: bool,
-    /// Notes for the session, written at the next line boundary, in order.
-    pending: Vec<Note>,
+    /// The start of a line of the agent's not yet whole: only whole lines are written, so
+    /// that a note can go out at any time.
+    partial: Vec<u8>,
 }
 
 impl Relay {
     fn new(a: RelayArgs) -> Relay {
         let tag = ulid::Ulid::new().to_string().to_ascii_lowercase();
-        let local = a.dir.join(format!("ssh-{}.sock", &tag[20..]));
+        let name = format!("ssh-{}.sock", &tag[20..]);
+        let local = socket_path(&a.dir, &name);
         Relay {
-            run_id: format!("ssh:{tag}"),
+            run_id: format!("{}{tag}", run_prefix(&a.dir, a.agent)),
             local,
             a,
             out: tokio::io::stdout(),
             last_seq: 0,
-            at_line_start: true,
-            pending: Vec::new(),
+            partial: Vec::new(),
         }
     }
 
     /// Forwards the remote runner's socket and connects to it through the forward.
-    async fn connect(&self) -> Result<(Forward, RunnerClient<Channel>), String> {
+    async fn connect(&self) -> Result<(Forward, RunnerClient<Channel>), Connect> {
         let t = &self.a.target;
         let _ = std::fs::remove_file(&self.local);
-        let mut cmd = tokio::process::Command::new(ssh_program()?);
+        let mut cmd = tokio::process::Command::new(ssh_program().map_err(Connect::Unreachable)?);
         cmd.args(ssh_options(t))
             .args(["-N", "-o", "ExitOnForwardFailure=yes"])
             .args([
@@ -443,15 +570,18 @@ impl Relay {
         // Its own group, dying with us: a TERM meant for the relay does not cut the line the
         // relay forwards it on.
         let (process, pipes) = crate::proc::spawn(cmd, false, crate::contain::new_tag())
-            .map_err(|e| format!("cannot run ssh: {e}"))?;
+            .map_err(|e| Connect::Unreachable(format!("cannot run ssh: {e}")))?;
         let forward = Forward { pid: process.pid };
         let stderr = tokio::spawn(crate::proc::StderrTail::read(pipes.stderr));
         let exited = tokio::spawn(process.wait());
         let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
+        // Connections through the forward that the host closed at once: its runner's socket
+        // is not there.
+        let mut refused = 0;
         loop {
             if exited.is_finished() {
                 let why = stderr.await.unwrap_or_default();
-                return Err(format!(
+                return Err(Connect::Unreachable(format!(
                     "ssh to {} ended: {}",
                     t.destination(),
                     if why.is_empty() {
@@ -459,8 +589,9 @@ impl Relay {
                     } else {
                         why.trim()
                     }
-                ));
+                )));
             }
+            // The socket is there once ssh logged in and set the forward up.
             if self.local.exists() {
                 if let Ok(ch) = crate::transport::channel(&self.local).await {
                     let mut client = RunnerClient::new(ch);
@@ -468,27 +599,65 @@ impl Relay {
                         return Ok((forward, client));
                     }
                 }
+                refused += 1;
+                if refused >= RUNNER_REFUSALS {
+                    return Err(Connect::NoRunner(format!(
+                        "ssh reaches {}, but no runner answers on {} there",
+                        t.destination(),
+                        self.a.remote_socket
+                    )));
+                }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
+                return Err(Connect::Unreachable(format!(
                     "no runner answered through ssh to {} within {}s",
                     t.destination(),
                     CONNECT_WAIT.as_secs()
-                ));
+                )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
+    /// Connects, making the host ready again first if it is not: a VM found stopped is
+    /// started again, a runner found gone (the host restarted) is provisioned again.
+    async fn connect_healing(&self) -> Result<(Forward, RunnerClient<Channel>), Heal> {
+        if self.a.vm && !super::qemu::running(&self.a.dir) {
+            let dir = self.a.dir.clone();
+            tokio::task::spawn_blocking(move || super::qemu::restart(&dir))
+                .await
+                .map_err(|e| Heal::Fatal(e.to_string()))?
+                .map_err(Heal::Fatal)?;
+        }
+        match self.connect().await {
+            Ok(c) => Ok(c),
+            Err(Connect::NoRunner(e)) => {
+                tell!("paddock: {e}; making the host ready again");
+                let (exe, t) = (self.a.exe(), self.a.provision_target());
+                tokio::task::spawn_blocking(move || {
+                    provision(&exe, &t, &|line| tell!("paddock: {line}"))
+                })
+                .await
+                .map_err(|e| Heal::Fatal(e.to_string()))?
+                .map_err(Heal::Fatal)?;
+                self.connect().await.map_err(|e| Heal::Retry(e.to_string()))
+            }
+            Err(Connect::Unreachable(e)) => Err(Heal::Retry(e)),
+        }
+    }
+
     async fn run(mut self) -> i32 {
         let dest = self.a.target.destination();
-        let (mut forward, mut client) = match self.connect().await {
+        let (mut forward, mut client) = match self.connect_healing().await {
             Ok(c) => c,
-            Err(e) => {
-                eprintln!("paddock: {e}");
+            Err(Heal::Retry(e) | Heal::Fatal(e)) => {
+                tell!("paddock: {e}");
                 return 255;
             }
         };
+        if self.a.agent {
+            stop_leftovers(&mut client, &run_prefix(&self.a.dir, true)).await;
+        }
         let environment = self
             .a
             .env
@@ -508,7 +677,7 @@ impl Relay {
         let mut stream = match client.run_command(req).await {
             Ok(s) => s.into_inner(),
             Err(e) => {
-                eprintln!(
+                tell!(
                     "paddock: the runner on {dest} refused the run: {}",
                     e.message()
                 );
@@ -533,7 +702,7 @@ impl Relay {
                 Ok(None) | Err(_) => {
                     let _ = clients.send(None);
                     drop(forward);
-                    eprintln!("paddock: the connection to {dest} was lost; reconnecting");
+                    tell!("paddock: the connection to {dest} was lost; reconnecting");
                     self.say(Note::Connection(
                         false,
                         format!(
@@ -547,7 +716,7 @@ impl Relay {
                     loop {
                         tokio::time::sleep(delay).await;
                         attempt += 1;
-                        match self.connect().await {
+                        match self.connect_healing().await {
                             Ok((f, mut c)) => {
                                 let req = rpb::AttachRunRequest {
                                     run_id: self.run_id.clone(),
@@ -566,22 +735,24 @@ impl Relay {
                                         break;
                                     }
                                     Err(e) if e.code() == tonic::Code::NotFound => {
-                                        eprintln!(
+                                        tell!(
                                             "paddock: the agent's run is gone on {dest} (was \
                                              the host or its runner restarted?)"
                                         );
                                         return 255;
                                     }
-                                    Err(e) => eprintln!(
+                                    Err(e) => tell!(
                                         "paddock: re-attaching on {dest} (attempt {attempt}): {}",
                                         e.message()
                                     ),
                                 }
                             }
-                            Err(e) => {
-                                eprintln!(
-                                    "paddock: reconnecting to {dest} (attempt {attempt}): {e}"
-                                )
+                            Err(Heal::Fatal(e)) => {
+                                tell!("paddock: {dest} cannot be made ready again: {e}");
+                                return 255;
+                            }
+                            Err(Heal::Retry(e)) => {
+                                tell!("paddock: reconnecting to {dest} (attempt {attempt}): {e}")
                             }
                         }
                         delay = (delay * 2).min(BACKOFF_MAX);
@@ -603,56 +774,62 @@ impl Relay {
                 let _ = err.write_all(o.text.as_bytes()).await;
             }
             Some(Payload::CommandOutput(o)) => {
-                if !o.text.is_empty() {
-                    if self.out.write_all(o.text.as_bytes()).await.is_err() {
+                self.partial.extend_from_slice(o.text.as_bytes());
+                if let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') {
+                    let whole: Vec<u8> = self.partial.drain(..=end).collect();
+                    if self.out.write_all(&whole).await.is_err() {
                         // Nobody reads us any more: the supervisor is gone.
                         return Some(141);
                     }
                     let _ = self.out.flush().await;
-                    self.at_line_start = o.text.ends_with('\n');
                 }
             }
             Some(Payload::Status(st)) => {
                 let state = rpb::RunState::try_from(st.state).unwrap_or_default();
                 if matches!(state, rpb::RunState::Finished | rpb::RunState::Failed) {
                     if state == rpb::RunState::Failed && !st.message.is_empty() {
-                        eprintln!(
+                        tell!(
                             "paddock: on {}: {}",
                             self.a.target.destination(),
                             st.message
                         );
                     }
-                    return Some(st.exit_code.clamp(0, 255));
+                    // The last line, if the agent did not end it.
+                    if !self.partial.is_empty() {
+                        let rest = std::mem::take(&mut self.partial);
+                        let _ = self.out.write_all(&rest).await;
+                    }
+                    // A run that could not be started (-1) is not a success.
+                    return Some(if st.exit_code < 0 {
+                        255
+                    } else {
+                        st.exit_code.min(255)
+                    });
                 }
             }
             Some(Payload::Truncated(t)) => {
-                self.pending.push(Note::Status(format!(
+                // What was kept of a line before the gap does not join what comes after it.
+                self.partial.clear();
+                self.say(Note::Status(format!(
                     "{} events of the agent's output on {} were lost (more than the runner there \
                      keeps came while paddock was away)",
                     t.dropped,
                     self.a.target.destination()
-                )));
+                )))
+                .await;
             }
             Some(Payload::Exec(_)) | None => {}
         }
         if ev.seq > 0 {
             self.last_seq = ev.seq;
         }
-        if self.at_line_start {
-            for n in std::mem::take(&mut self.pending) {
-                self.write_note(&n).await;
-            }
-        }
         None
     }
 
-    /// A note for the session, now if no line of the agent's is half-written, else after it.
+    /// A note for the session, between two of the agent's lines (only whole lines are
+    /// written, so it can go at once).
     async fn say(&mut self, note: Note) {
-        if self.at_line_start {
-            self.write_note(&note).await;
-        } else {
-            self.pending.push(note);
-        }
+        self.write_note(&note).await;
     }
 
     async fn write_note(&mut self, note: &Note) {
@@ -676,6 +853,35 @@ enum Note {
     Connection(bool, String),
 }
 
+/// Longest socket path used: a Unix socket's path holds at most 107 bytes.
+const SOCKET_PATH_MAX: usize = 100;
+
+/// Where the forwarded socket `name` goes: the session's environment directory, or, when that
+/// path is too long for a socket (a long home), a private directory of the user's under the
+/// temporary directory — refused if someone else owns it or may write it.
+fn socket_path(dir: &Path, name: &str) -> PathBuf {
+    let local = dir.join(name);
+    if local.as_os_str().len() <= SOCKET_PATH_MAX {
+        return local;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let uid = nix::unistd::getuid().as_raw();
+    let short = std::env::temp_dir().join(format!("paddock-{uid}"));
+    let _ = super::make_private_dir(&short);
+    match std::fs::symlink_metadata(&short) {
+        Ok(m) if m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0 => short.join(name),
+        _ => {
+            tell!(
+                "paddock: {} is not a private directory of yours; the forwarded socket stays at \
+                 {} (too long a path for some systems)",
+                short.display(),
+                local.display()
+            );
+            local
+        }
+    }
+}
+
 /// The connected client, waiting for one while the relay reconnects (`None` once the relay
 /// is gone).
 async fn connected(
@@ -689,7 +895,17 @@ async fn connected(
     }
 }
 
-/// The relay's stdin, line by line, to the run's; its end closes the run's.
+/// Whether a call failed because the connection did (worth sending again on the next one),
+/// not because the runner refused it.
+fn dropped(e: &tonic::Status) -> bool {
+    matches!(
+        e.code(),
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown
+    )
+}
+
+/// The relay's stdin, line by line, to the run's; its end closes the run's. A line is sent
+/// again on the next connection when the connection dropped under its write.
 async fn pump_stdin(run_id: String, mut current: watch::Receiver<Option<RunnerClient<Channel>>>) {
     let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
     loop {
@@ -705,20 +921,21 @@ async fn pump_stdin(run_id: String, mut current: watch::Receiver<Option<RunnerCl
                 close,
             };
             match c.write_stdin(req).await {
-                Ok(_) => break,
-                Err(e)
-                    if matches!(
-                        e.code(),
-                        tonic::Code::NotFound | tonic::Code::FailedPrecondition
-                    ) =>
-                {
-                    return; // the run ended or closed its stdin
+                Ok(r) if r.get_ref().ok => break,
+                Ok(r) => {
+                    // The run ended, or its stdin is closed: nothing will read this any more.
+                    tell!("paddock: the agent's stdin: {}", r.get_ref().message);
+                    return;
                 }
-                // The connection dropped: sent again on the next one.
-                Err(_) => {
+                Err(e) if dropped(&e) => {
                     if current.changed().await.is_err() {
                         return;
                     }
+                }
+                Err(e) => {
+                    // Refused as it is (too long a line): said, and dropped.
+                    tell!("paddock: a line for the agent was refused: {}", e.message());
+                    break;
                 }
             }
         }
@@ -728,7 +945,8 @@ async fn pump_stdin(run_id: String, mut current: watch::Receiver<Option<RunnerCl
     }
 }
 
-/// TERM, INT and HUP sent to the relay become the run's.
+/// TERM and INT sent to the relay stop the run there (`StopRun`: TERM, then KILL after the
+/// grace, by the runner there even if the relay is gone by then); HUP is passed on.
 async fn pump_signals(run_id: String, mut current: watch::Receiver<Option<RunnerClient<Channel>>>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
@@ -739,29 +957,38 @@ async fn pump_signals(run_id: String, mut current: watch::Receiver<Option<Runner
         return;
     };
     loop {
-        let sig = tokio::select! {
-            _ = term.recv() => rpb::ProcessSignal::Term,
-            // The runner's signals are TERM, KILL and HUP: an interrupt asks the agent to end
-            // like a TERM.
-            _ = int.recv() => rpb::ProcessSignal::Term,
-            _ = hup.recv() => rpb::ProcessSignal::Hup,
+        let stop = tokio::select! {
+            _ = term.recv() => true,
+            _ = int.recv() => true,
+            _ = hup.recv() => false,
         };
         loop {
             let Some(mut c) = connected(&mut current).await else {
                 return;
             };
-            let req = rpb::SignalRequest {
-                run_id: run_id.clone(),
-                signal: sig as i32,
+            let sent = if stop {
+                c.stop_run(rpb::StopRunRequest {
+                    run_id: run_id.clone(),
+                    grace_ms: STOP_GRACE_MS,
+                })
+                .await
+                .map(|_| ())
+            } else {
+                c.signal_session(rpb::SignalRequest {
+                    run_id: run_id.clone(),
+                    signal: rpb::ProcessSignal::Hup as i32,
+                })
+                .await
+                .map(|_| ())
             };
-            match c.signal_session(req).await {
-                Ok(_) => break,
-                Err(e) if e.code() == tonic::Code::NotFound => return,
-                Err(_) => {
+            match sent {
+                Ok(()) => break,
+                Err(e) if dropped(&e) => {
                     if current.changed().await.is_err() {
                         return;
                     }
                 }
+                Err(_) => break,
             }
         }
     }
@@ -815,7 +1042,7 @@ mod tests {
         for want in [
             "BatchMode=yes",
             "StrictHostKeyChecking=yes",
-            "UserKnownHostsFile=/kh",
+            "UserKnownHostsFile=\"/kh\"",
             "-i /k",
             "IdentitiesOnly=yes",
             "-p 2222",
@@ -841,6 +1068,19 @@ mod tests {
             .output()
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "it's a $HOME `x`");
+    }
+
+    #[test]
+    fn a_socket_path_too_long_for_a_socket_goes_to_a_private_temporary_directory() {
+        let short = Path::new("/x/environments/sess_1");
+        assert_eq!(socket_path(short, "ssh-a.sock"), short.join("ssh-a.sock"));
+        let long = PathBuf::from(format!("/home/{}/environments/sess_1", "u".repeat(90)));
+        let p = socket_path(&long, "ssh-a.sock");
+        assert!(p.as_os_str().len() <= SOCKET_PATH_MAX, "{}", p.display());
+        assert!(p.ends_with("ssh-a.sock"));
+        let dir = std::fs::metadata(p.parent().unwrap()).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(dir.mode() & 0o077, 0);
     }
 
     #[test]

@@ -240,6 +240,10 @@ fn agent_env(config: &SessionConfig) -> impl Fn(&str) -> Option<String> + '_ {
 /// and codex does not fail at all — it waits for the network forever ("Reconnecting… waiting
 /// for network"). What counts as signed in is [`credentials`]' (doctor's too).
 fn can_sign_in(config: &SessionConfig) -> Result<(), Error> {
+    if config.env.driver.is_remote() {
+        // Its login is the other machine's, which this one cannot see.
+        return Ok(());
+    }
     let env = agent_env(config);
     let (found, advice) = match config.provider {
         Provider::ClaudeCode => (
@@ -393,12 +397,10 @@ pub fn agent_command(
 /// on the session's own `PATH` if its environment sets one (the agent runs with it), else the
 /// daemon's.
 pub fn find_on_path(program: &str, config: &SessionConfig) -> Option<PathBuf> {
-    if matches!(
-        config.env.driver,
-        paddock_core::Driver::Podman | paddock_core::Driver::Ssh
-    ) {
+    if config.env.driver == paddock_core::Driver::Podman || config.env.driver.is_remote() {
         // In a container the agent is the image's own, found on the image's PATH when it
-        // starts there (`podman exec` says so if it is not); on an ssh host, the host's.
+        // starts there (`podman exec` says so if it is not); on another machine (ssh, a VM),
+        // that machine's.
         return Some(PathBuf::from(program));
     }
     match config.environment.get("PATH") {

@@ -516,12 +516,8 @@ impl<'a> ControlResponse<'a> {
 /// with this id) says it is ready for messages.
 pub const READY_REQUEST_ID: &str = "paddock-ready";
 
-/// `{"type":"control_request","request_id":"paddock-ready","request":{"subtype":"initialize"}}`:
-/// the first line the daemon writes to a started agent, as Claude's Agent SDK opens its
-/// control channel. Claude Code answers at once, before any message (2.1.330: in ≈0.7 s); the
-/// scripted agent and every bridge answer once they can take a message.
 /// A `system` / `paddock_status` line (without its newline): a note about the agent that
-/// the session records as STATUS (a bridge's warning, the ssh relay's connection notes).
+/// the session records as STATUS (a bridge's warning, the ssh relay's notes).
 pub fn status_line(content: &str) -> String {
     encode_sorted(&Line::System(System::PaddockStatus { content }))
 }
@@ -535,6 +531,10 @@ pub fn connection_line(connected: bool, content: &str) -> String {
     }))
 }
 
+/// `{"type":"control_request","request_id":"paddock-ready","request":{"subtype":"initialize"}}`:
+/// the first line the daemon writes to a started agent, as Claude's Agent SDK opens its
+/// control channel. Claude Code answers at once, before any message (2.1.330: in ≈0.7 s); the
+/// scripted agent and every bridge answer once they can take a message.
 pub fn ready_request() -> String {
     serde_json::json!({
         "type": "control_request",
