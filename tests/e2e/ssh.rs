@@ -509,7 +509,8 @@ async fn bad_ssh_configurations_refuse_the_create_with_the_reason_and_leave_noth
 
 /// The runner there killed (as a host restart would): the agent is gone with it, the session
 /// fails saying so, and the relay made the host ready again — a restart runs at once, in a
-/// new runner there.
+/// new runner there. Then the relay killed here: the agent there outlives it, and the
+/// session's next start stops it before its own agent starts.
 #[tokio::test]
 async fn a_host_that_lost_its_runner_is_made_ready_again() {
     let mut d = Daemon::start().await;
@@ -576,6 +577,48 @@ async fn a_host_that_lost_its_runner_is_made_ready_again() {
     let acts = d.send(&id, "again").await;
     // The agent is a new process: its first turn.
     assert_eq!(acts.last().unwrap().content, "All 1 done: again");
+
+    // The relay killed here (as a forced stop's KILL would be while the connection is down):
+    // the agent there runs on; the session's next start stops it before its own agent starts.
+    let agents_there = || -> Vec<u32> {
+        processes_with(&format!("{remote}/bin/paddock-"))
+            .into_iter()
+            .filter(|p| {
+                let c = std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                // The agent there, not the relay here (whose command line names it too).
+                c.contains("__scripted-agent") && !c.contains("__ssh-run")
+            })
+            .collect()
+    };
+    let mut turn = d.start_turn(&id, "long").await;
+    collect_until(&mut turn, |a| a.content == "step 2 of 30").await;
+    let left = agents_there();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let env_dir = d.dirs.data.join("environments").join(&id);
+    for pid in processes_with(&format!("--dir={}", env_dir.display())) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    d.wait_status(&id, pb::SessionStatus::Failed).await;
+    assert_eq!(agents_there(), left, "the agent there outlived its relay");
+    d.client()
+        .await
+        .restart_session(pb::RestartSessionRequest {
+            session_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    d.wait_status(&id, pb::SessionStatus::Running).await;
+    within(async {
+        while agents_there().contains(&left[0]) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert_eq!(agents_there().len(), 1, "only the new agent there");
     d.stop(&id, true).await.unwrap();
     drop(sshd);
 }
