@@ -248,9 +248,14 @@ enum Command {
         command: Vec<String>,
     },
     /// Makes sure a runner answers on DIR/runner.sock (starting one detached) and prints that
-    /// path: run on an ssh host when a session's environment is made there
+    /// path: run on an ssh host when a session's environment is made there. With --stop, stops
+    /// the runs whose id starts with PREFIX instead (a deleted session's)
     #[command(name = "__ssh-runner", hide = true)]
-    SshRunner { dir: PathBuf },
+    SshRunner {
+        dir: PathBuf,
+        #[arg(long, value_name = "PREFIX")]
+        stop: Option<String>,
+    },
     /// Joins the control groups (their cgroup.procs files), then runs the program: how a
     /// bubblewrap session's processes come under its memory and process limits
     #[command(name = "__join-cgroups", hide = true)]
@@ -346,7 +351,20 @@ fn main() {
             vm,
             agent,
         }),
-        Command::SshRunner { dir } => match paddock::env::ssh::ensure_runner(&dir) {
+        Command::SshRunner {
+            dir,
+            stop: Some(prefix),
+        } => match paddock::env::ssh::stop_runs(&dir, &prefix) {
+            Ok(n) => {
+                println!("{n}");
+                0
+            }
+            Err(e) => {
+                eprintln!("paddock: {e}");
+                1
+            }
+        },
+        Command::SshRunner { dir, stop: None } => match paddock::env::ssh::ensure_runner(&dir) {
             Ok(socket) => {
                 println!("{}", socket.display());
                 0

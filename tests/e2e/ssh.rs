@@ -510,7 +510,7 @@ async fn bad_ssh_configurations_refuse_the_create_with_the_reason_and_leave_noth
 /// The runner there killed (as a host restart would): the agent is gone with it, the session
 /// fails saying so, and the relay made the host ready again — a restart runs at once, in a
 /// new runner there. Then the relay killed here: the agent there outlives it, and the
-/// session's next start stops it before its own agent starts.
+/// session's next start stops it before its own agent starts — or its delete does.
 #[tokio::test]
 async fn a_host_that_lost_its_runner_is_made_ready_again() {
     let mut d = Daemon::start().await;
@@ -619,6 +619,25 @@ async fn a_host_that_lost_its_runner_is_made_ready_again() {
     })
     .await;
     assert_eq!(agents_there().len(), 1, "only the new agent there");
-    d.stop(&id, true).await.unwrap();
+
+    // Once more, and this time the session is deleted: the delete stops it there.
+    let mut turn = d.start_turn(&id, "long").await;
+    collect_until(&mut turn, |a| a.content == "step 2 of 30").await;
+    for pid in processes_with(&format!("--dir={}", env_dir.display())) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    d.wait_status(&id, pb::SessionStatus::Failed).await;
+    assert_eq!(agents_there().len(), 1);
+    let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "delete", "--yes", &id]).await;
+    assert_eq!(o.code, 0, "{o:?}");
+    within(async {
+        while !agents_there().is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
     drop(sshd);
 }

@@ -290,7 +290,7 @@ impl State {
                 if !self.has_session(&id) {
                     // Made after its session was deleted (a delete during the making): what
                     // was made goes too.
-                    let remove = crate::env::destroy(&self.env, &id);
+                    let remove = crate::env::destroy(&self.env, &id, None);
                     tokio::task::spawn_blocking(remove);
                     return;
                 }
@@ -882,7 +882,7 @@ impl State {
                     forget(&rec);
                     // Moved away at once (the delete's answer means it is gone); its files are
                     // removed off the loop.
-                    let remove = crate::env::destroy(&self.env, &rec.id);
+                    let remove = crate::env::destroy(&self.env, &rec.id, Some(&rec.config.env));
                     tokio::task::spawn_blocking(remove);
                 }
                 Effect::Reply { req, result } => {

@@ -69,7 +69,7 @@ pub fn work(host: &Host, c: &ContainerRecord, work: &ContainerWork) -> Option<Co
             None
         }
         ContainerWork::Destroy => {
-            super::destroy(host, &id)();
+            super::destroy(host, &id, Some(&config.env))();
             None
         }
     }

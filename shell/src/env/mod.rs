@@ -851,7 +851,7 @@ fn program_binds(program: &Path, exe: &Path, home: &Path) -> Vec<(PathBuf, PathB
 /// (`git worktree prune`: its branch can be deleted at once); the files are removed by the
 /// returned closure, to run on a blocking thread. What a crash leaves is removed by
 /// [`reconcile`] at the next start. Failures are logged: the row is already gone.
-pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
+pub fn destroy(host: &Host, id: &SessionId, spec: Option<&EnvSpec>) -> impl FnOnce() + Send {
     let root = host.root(id);
     let trash = root.with_file_name(format!("{TRASH}{}", id.0));
     let made = Made::read(&root);
@@ -860,8 +860,16 @@ pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
     let container = made.as_ref().is_some_and(|m| m.container.is_some());
     // Found before the move (it names the directory); stopped off the loop.
     let vm = made
+        .as_ref()
         .and_then(|m| m.vm_port)
         .and_then(|_| qemu::vm_pid(&root));
+    // An ssh host's runs of the session: an agent may have outlived its relay there.
+    let host_runs = match (spec, made.and_then(|m| m.remote)) {
+        (Some(spec), Some(remote)) if spec.driver == Driver::Ssh => {
+            Some(((*spec.ssh).clone(), remote))
+        }
+        _ => None,
+    };
     let moved = root.exists() && std::fs::rename(&root, &trash).is_ok();
     if !moved && root.exists() {
         tracing::warn!(session = %id, dir = %root.display(), "cannot move the environment away");
@@ -876,6 +884,9 @@ pub fn destroy(host: &Host, id: &SessionId) -> impl FnOnce() + Send {
         }
         if let Some(pid) = vm {
             qemu::kill(pid);
+        }
+        if let Some((target, remote)) = &host_runs {
+            ssh::stop_session_runs(target, remote, &id);
         }
         limits::remove(&cgroups);
         if !moved {

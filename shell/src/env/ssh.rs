@@ -36,7 +36,7 @@
 //! sent again after the reconnection if its write was not confirmed (an agent may then read it
 //! twice). A TERM that comes while the connection is down waits for it; if the relay is killed
 //! first (the stop's grace ended), the agent there runs on until the session's next start
-//! stops it (a delete does not reach it). The runner there keeps the PATH of the ssh login that
+//! stops it, or its delete (which stops the session's runs there when the host answers). The runner there keeps the PATH of the ssh login that
 //! started it (`~/.profile` is not read by a non-interactive ssh command), and nothing removes
 //! old paddock binaries or runners of other builds there.
 
@@ -329,6 +329,45 @@ pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
     Ok(socket)
 }
 
+/// The remote side of a delete (`paddock __ssh-runner DIR --stop PREFIX`, run over ssh): stops
+/// every live run whose id starts with `PREFIX` (the session's), if a runner answers there.
+/// Prints how many it stopped.
+pub fn stop_runs(dir: &Path, prefix: &str) -> Result<usize, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    rt.block_on(async {
+        let Some(mut client) = crate::runner::client::connect(&dir.join("runner.sock")).await
+        else {
+            return Ok(0);
+        };
+        Ok(stop_leftovers(&mut client, prefix).await)
+    })
+}
+
+/// A deleted session's runs on its host, stopped (best effort, off the event loop: a host
+/// that does not answer is logged, never waited for beyond ssh's own timeouts). Its agent
+/// may have outlived its relay there (a forced stop while the connection was down).
+pub fn stop_session_runs(t: &SshTarget, remote: &Remote, id: &SessionId) {
+    let Some(dir) = Path::new(&remote.socket).parent() else {
+        return;
+    };
+    let prefix = format!("ssh:{}:", id.0);
+    let command = format!(
+        "{} __ssh-runner {} --stop {}",
+        quote(&remote.paddock),
+        quote(&dir.display().to_string()),
+        quote(&prefix)
+    );
+    match run(t, &command, None) {
+        Ok(n) => {
+            tracing::info!(session = %id, host = %t.destination(), "stopped {} run(s) there", n.trim())
+        }
+        Err(e) => tracing::warn!(session = %id, "cannot stop the session's runs on its host: {e}"),
+    }
+}
+
 /// `plan` as it runs on session `id`'s host: the relay, with the plan's variables as its own
 /// (passed on by name, never on a command line).
 pub fn enter(
@@ -454,25 +493,25 @@ fn run_prefix(dir: &Path, agent: bool) -> String {
 }
 
 /// Stops the live runs with `prefix` (a previous relay's agent of this session, which nothing
-/// else would ever stop): one agent of a session at a time.
-async fn stop_leftovers(client: &mut RunnerClient<Channel>, prefix: &str) {
+/// else would ever stop: one agent of a session at a time; or a deleted session's). How many.
+async fn stop_leftovers(client: &mut RunnerClient<Channel>, prefix: &str) -> usize {
     let Ok(runs) = client.list_runs(rpb::ListRunsRequest {}).await else {
-        return;
+        return 0;
     };
+    let mut stopped = 0;
     for r in runs.into_inner().runs {
         if r.run_id.starts_with(prefix) && r.state == rpb::RunState::Started as i32 {
-            eprintln!(
-                "paddock: stopping {} there, left by an earlier start",
-                r.run_id
-            );
-            let _ = client
+            eprintln!("paddock: stopping {} there, left behind", r.run_id);
+            let sent = client
                 .stop_run(rpb::StopRunRequest {
                     run_id: r.run_id,
                     grace_ms: STOP_GRACE_MS,
                 })
                 .await;
+            stopped += usize::from(sent.is_ok());
         }
     }
+    stopped
 }
 
 /// Where the relay's notes go besides its stderr (the session's `environment.log`, which
