@@ -281,6 +281,8 @@ async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection(
             .any(|l| l.trim_start().starts_with("connection:") && l.contains("lost: the agent")),
         "{o:?}"
     );
+    let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "list"]).await;
+    assert!(o.stdout.contains("working (disconnected)"), "{o:?}");
     let lost = |n: &aria::Notification| {
         matches!(&n.event_payload, Some(EventPayload::SessionStatus(s))
             if s.session_id == id && s.message.contains("was lost"))

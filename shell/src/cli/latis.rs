@@ -33,7 +33,12 @@ pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<String> {
     vec![
         s.id.clone(),
         driver_of(s).to_string(),
-        state_of(s).to_string(),
+        if s.disconnected {
+            // The agent works on, out of reach until the connection is back.
+            format!("{} (disconnected)", state_of(s))
+        } else {
+            state_of(s).to_string()
+        },
         if s.initial_message.trim().is_empty() {
             "-".to_string()
         } else {
