@@ -435,14 +435,14 @@ async fn bad_ssh_configurations_refuse_the_create_with_the_reason_and_leave_noth
                 key_file: other_key.display().to_string(),
                 ..sshd.target(&root)
             },
-            "Permission denied",
+            "--ssh-key",
         ),
         (
             pb::SshTarget {
                 known_hosts: empty_known.display().to_string(),
                 ..sshd.target(&root)
             },
-            "Host key verification failed",
+            "Host key verification failed (the host's key is not in",
         ),
         (
             sshd.target(&d.dirs.base.join("no-such-dir")),

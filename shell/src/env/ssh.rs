@@ -166,13 +166,14 @@ pub(super) fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<
     match out.status.code() {
         Some(0) => Ok(String::from_utf8_lossy(&out.stdout).to_string()),
         Some(255) => Err(format!(
-            "cannot reach {} over ssh: {}",
+            "cannot reach {} over ssh: {}{}",
             t.destination(),
             if stderr.is_empty() {
                 "ssh failed".to_string()
             } else {
-                stderr
-            }
+                stderr.clone()
+            },
+            hint(t, &stderr)
         )),
         _ => Err(format!(
             "on {}: {}",
@@ -183,6 +184,32 @@ pub(super) fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<
                 stderr
             }
         )),
+    }
+}
+
+/// What to do about ssh's most common refusals, after its own words.
+fn hint(t: &SshTarget, stderr: &str) -> String {
+    let port = if t.port > 0 { t.port } else { 22 };
+    if stderr.contains("Host key verification failed") {
+        format!(
+            " (the host's key is not in {}: check its fingerprint, then add it — `ssh-keyscan -p \
+             {port} {} >> ~/.ssh/known_hosts` — or set acceptNewHostKey to take a key seen for \
+             the first time)",
+            if t.known_hosts.is_empty() {
+                "~/.ssh/known_hosts"
+            } else {
+                &t.known_hosts
+            },
+            t.host
+        )
+    } else if stderr.contains("Permission denied") {
+        " (the host takes none of the keys offered: name one with --ssh-key or keyFile, and make \
+         sure its public half is in the user's authorized_keys there)"
+            .to_string()
+    } else if stderr.contains("Connection refused") || stderr.contains("timed out") {
+        format!(" (is an sshd listening on {}:{port}?)", t.host)
+    } else {
+        String::new()
     }
 }
 
