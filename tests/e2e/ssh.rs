@@ -442,7 +442,7 @@ async fn bad_ssh_configurations_refuse_the_create_with_the_reason_and_leave_noth
                 known_hosts: empty_known.display().to_string(),
                 ..sshd.target(&root)
             },
-            "Host key verification failed (the host's key is not in",
+            "Host key verification failed. (the host's key is not in",
         ),
         (
             sshd.target(&d.dirs.base.join("no-such-dir")),

@@ -162,7 +162,10 @@ pub(super) fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<
         }
     }
     let out = cmd.output().map_err(|e| format!("cannot run ssh: {e}"))?;
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr)
+        .replace("\r\n", "\n")
+        .trim()
+        .to_string();
     match out.status.code() {
         Some(0) => Ok(String::from_utf8_lossy(&out.stdout).to_string()),
         Some(255) => Err(format!(
@@ -192,15 +195,15 @@ fn hint(t: &SshTarget, stderr: &str) -> String {
     let port = if t.port > 0 { t.port } else { 22 };
     if stderr.contains("Host key verification failed") {
         format!(
-            " (the host's key is not in {}: check its fingerprint, then add it — `ssh-keyscan -p \
-             {port} {} >> ~/.ssh/known_hosts` — or set acceptNewHostKey to take a key seen for \
-             the first time)",
-            if t.known_hosts.is_empty() {
+            " (the host's key is not in {file}: check its fingerprint, then add it — \
+             `ssh-keyscan -p {port} {} >> {file}` — or set acceptNewHostKey to take a key seen \
+             for the first time)",
+            t.host,
+            file = if t.known_hosts.is_empty() {
                 "~/.ssh/known_hosts"
             } else {
                 &t.known_hosts
             },
-            t.host
         )
     } else if stderr.contains("Permission denied") {
         " (the host takes none of the keys offered: name one with --ssh-key or keyFile, and make \
