@@ -1254,7 +1254,14 @@ async fn a_graceful_stop_closes_the_agents_input_before_any_signal() {
 }
 
 async fn graceful_stop_closes_input(args: &[&str]) {
-    let mut d = Daemon::start_with(Dirs::new(), args).await;
+    // A kill grace long enough for a busy machine: the TERM trap must get to run (with the
+    // harness's 1 s, a loaded CI machine once KILLed the agent before its trap wrote).
+    let args: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(["--kill-grace-secs", "5"])
+        .collect();
+    let mut d = Daemon::start_with(Dirs::new(), &args).await;
     let base = d.dirs.base.clone();
     // Its TERM trap is set before it says it is ready, so no stop can come before it.
     let agent = |m: &std::path::Path, body: &str| {

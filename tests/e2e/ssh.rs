@@ -186,6 +186,39 @@ impl Drop for Sshd {
     }
 }
 
+/// Creates with `req`, which must be refused saying `reason`.
+pub(crate) async fn assert_refused(d: &Daemon, req: pb::CreateSessionRequest, reason: &str) {
+    let e = d
+        .client()
+        .await
+        .create_session(req)
+        .await
+        .expect_err("refused");
+    assert!(e.message().contains(reason), "{reason}: {e:?}");
+}
+
+async fn restart(d: &Daemon, id: &str) {
+    d.client()
+        .await
+        .restart_session(pb::RestartSessionRequest {
+            session_id: id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// SIGKILLs the relays of the session whose environment directory is `env_dir` (here: the
+/// agent there lives on).
+fn kill_relays(env_dir: &Path) {
+    for pid in processes_with(&format!("--dir={}", env_dir.display())) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
 fn ssh_request(req: &mut pb::CreateSessionRequest, target: pb::SshTarget) {
     req.environment_spec = Some(pb::SessionEnvironment {
         driver: "ssh".into(),
@@ -459,13 +492,7 @@ async fn bad_ssh_configurations_refuse_the_create_with_the_reason_and_leave_noth
     for (target, reason) in cases {
         let mut req = d.request(None).await;
         ssh_request(&mut req, target);
-        let e = d
-            .client()
-            .await
-            .create_session(req)
-            .await
-            .expect_err("refused");
-        assert!(e.message().contains(reason), "{reason}: {e:?}");
+        assert_refused(&d, req, reason).await;
     }
     // The CLI's way, `--ssh USER@HOST:PORT --ssh-key FILE`: the host key is checked against
     // ssh's own known_hosts (the test HOME has none).
@@ -567,14 +594,7 @@ async fn a_host_that_lost_its_runner_is_made_ready_again() {
         "a new runner there: {before:?} -> {now:?}"
     );
     // A restart runs there at once.
-    d.client()
-        .await
-        .restart_session(pb::RestartSessionRequest {
-            session_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    restart(&d, &id).await;
     d.wait_status(&id, pb::SessionStatus::Running).await;
     let acts = d.send(&id, "again").await;
     // The agent is a new process: its first turn.
@@ -597,22 +617,10 @@ async fn a_host_that_lost_its_runner_is_made_ready_again() {
     let left = agents_there();
     assert_eq!(left.len(), 1, "{left:?}");
     let env_dir = d.dirs.data.join("environments").join(&id);
-    for pid in processes_with(&format!("--dir={}", env_dir.display())) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    kill_relays(&env_dir);
     d.wait_status(&id, pb::SessionStatus::Failed).await;
     assert_eq!(agents_there(), left, "the agent there outlived its relay");
-    d.client()
-        .await
-        .restart_session(pb::RestartSessionRequest {
-            session_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    restart(&d, &id).await;
     d.wait_status(&id, pb::SessionStatus::Running).await;
     within(async {
         while agents_there().contains(&left[0]) {
@@ -625,12 +633,7 @@ async fn a_host_that_lost_its_runner_is_made_ready_again() {
     // Once more, and this time the session is deleted: the delete stops it there.
     let mut turn = d.start_turn(&id, "long").await;
     collect_until(&mut turn, |a| a.content == "step 2 of 30").await;
-    for pid in processes_with(&format!("--dir={}", env_dir.display())) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    kill_relays(&env_dir);
     d.wait_status(&id, pb::SessionStatus::Failed).await;
     assert_eq!(agents_there().len(), 1);
     let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "delete", "--yes", &id]).await;

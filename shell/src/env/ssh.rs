@@ -36,9 +36,10 @@
 //! sent again after the reconnection if its write was not confirmed (an agent may then read it
 //! twice). A TERM that comes while the connection is down waits for it; if the relay is killed
 //! first (the stop's grace ended), the agent there runs on until the session's next start
-//! stops it, or its delete (which stops the session's runs there when the host answers). The runner there keeps the PATH of the ssh login that
-//! started it (`~/.profile` is not read by a non-interactive ssh command), and nothing removes
-//! old paddock binaries or runners of other builds there.
+//! stops it, or its delete (which stops the session's runs there when the host answers). The
+//! runner there is started through a login shell (`sh -l`: the user's `~/.profile` PATH) and
+//! keeps that environment for every agent it starts; nothing removes old paddock binaries or
+//! runners of other builds there.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -318,13 +319,25 @@ pub fn provision(
         ));
     }
     let runner_dir = format!("{dir}/runner-{}", binary_id());
-    let socket = run(
+    // Through a login shell: the runner (and every agent it starts) gets the user's own PATH
+    // (~/.profile's: ~/.local/bin, a node version manager's), not a bare ssh command's. What
+    // the profile prints is skipped: the path is the last line.
+    let out = run(
         t,
-        &format!("{} __ssh-runner {}", quote(&paddock), quote(&runner_dir)),
+        &format!(
+            "sh -lc {} {} {}",
+            quote(r#"exec "$0" __ssh-runner "$1""#),
+            quote(&paddock),
+            quote(&runner_dir)
+        ),
         None,
-    )?
-    .trim()
-    .to_string();
+    )?;
+    let socket = out
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .unwrap_or_default()
+        .to_string();
     if !socket.starts_with('/') {
         return Err(format!(
             "the runner on {} did not say where it answers (it said {socket:?})",
