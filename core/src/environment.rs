@@ -128,11 +128,19 @@ pub struct EnvSpec {
     /// The seed's `podman:` block beyond the image (boxed: most sessions have none, and a
     /// config travels in every create input).
     pub podman: Box<PodmanOptions>,
-    /// The seed's `ssh:` block: the machine an `ssh` session runs on (boxed, like `podman`);
-    /// for `qemu`, how paddock logs in to the VM (its user, key, working directory).
-    pub ssh: Box<SshTarget>,
-    /// The seed's `qemu:` block beyond the image and memory (`image`, `memory_bytes`).
-    pub qemu: Box<QemuOptions>,
+    /// The seed's `ssh:` block: the machine an `ssh` session runs on; for `qemu`, how paddock
+    /// logs in to the VM (its user, key, working directory). `None` when empty (most sessions:
+    /// a stored session costs no allocation for it); read it with [`EnvSpec::ssh`].
+    pub ssh: Option<Box<SshTarget>>,
+    /// The seed's `qemu:` block beyond the image and memory (`image`, `memory_bytes`); `None`
+    /// when empty, read with [`EnvSpec::qemu`].
+    pub qemu: Option<Box<QemuOptions>>,
+}
+
+/// `t` boxed, or `None` when it is its type's empty default: how the optional blocks of an
+/// [`EnvSpec`] are made, so that an empty block and none compare equal.
+pub fn boxed<T: Default + PartialEq>(t: T) -> Option<Box<T>> {
+    (t != T::default()).then(|| Box::new(t))
 }
 
 /// What latis' `qemu:` block adds to a VM: its processors and raw flags for
@@ -145,6 +153,12 @@ pub struct QemuOptions {
 }
 
 impl QemuOptions {
+    /// No processors or flags asked for.
+    pub const EMPTY: QemuOptions = QemuOptions {
+        cpus: 0,
+        flags: Vec::new(),
+    };
+
     pub fn is_empty(&self) -> bool {
         *self == QemuOptions::default()
     }
@@ -177,6 +191,19 @@ pub struct SshTarget {
 }
 
 impl SshTarget {
+    /// Nothing said: ssh's own defaults.
+    pub const EMPTY: SshTarget = SshTarget {
+        host: String::new(),
+        port: 0,
+        user: String::new(),
+        key_file: String::new(),
+        known_hosts: String::new(),
+        accept_new_host_key: false,
+        paddock: String::new(),
+        remote_dir: String::new(),
+        workdir: String::new(),
+    };
+
     pub fn is_empty(&self) -> bool {
         *self == SshTarget::default()
     }
@@ -211,6 +238,18 @@ impl PodmanOptions {
 }
 
 impl EnvSpec {
+    /// The `ssh:` block (empty when none was given).
+    pub fn ssh(&self) -> &SshTarget {
+        static EMPTY: SshTarget = SshTarget::EMPTY;
+        self.ssh.as_deref().unwrap_or(&EMPTY)
+    }
+
+    /// The `qemu:` block (empty when none was given).
+    pub fn qemu(&self) -> &QemuOptions {
+        static EMPTY: QemuOptions = QemuOptions::EMPTY;
+        self.qemu.as_deref().unwrap_or(&EMPTY)
+    }
+
     /// Whether anything must be made before the agent can start (a worktree, a sandbox's
     /// directories). A plain `local` session starts at once.
     pub fn needs_provisioning(&self) -> bool {
@@ -228,13 +267,13 @@ impl EnvSpec {
             );
         }
         crate::model::check_environment(&self.podman.env)?;
-        if !self.driver.is_remote() && !self.ssh.is_empty() {
+        if !self.driver.is_remote() && !self.ssh().is_empty() {
             return Err(format!(
                 "ssh options (host, port, user, key) given, but the driver is {}",
                 self.driver
             ));
         }
-        if self.driver != Driver::Qemu && !self.qemu.is_empty() {
+        if self.driver != Driver::Qemu && !self.qemu().is_empty() {
             return Err(format!(
                 "qemu options (cpus, flags) given, but the driver is {}",
                 self.driver
@@ -285,7 +324,7 @@ impl EnvSpec {
                     .into(),
             );
         }
-        let t = &self.ssh;
+        let t = self.ssh();
         if !t.host.is_empty() {
             return Err(
                 "a qemu session's host is its VM: give the qemu block's ssh {user, keyFile}, \
@@ -311,7 +350,7 @@ impl EnvSpec {
     }
 
     fn check_ssh(&self) -> Result<(), String> {
-        let t = &self.ssh;
+        let t = self.ssh();
         let word =
             |s: &str| !s.is_empty() && !s.starts_with('-') && !s.contains(char::is_whitespace);
         if !word(&t.host) {
@@ -328,7 +367,7 @@ impl EnvSpec {
             Some("a worktree (--worktree) is made on this machine's repository")
         } else if self.network {
             Some("network (the host's own network is there, as for local)")
-        } else if !self.image.is_empty() || !self.podman.is_empty() || !self.qemu.is_empty() {
+        } else if !self.image.is_empty() || !self.podman.is_empty() || !self.qemu().is_empty() {
             Some("an image, podman and qemu options")
         } else if self.memory_bytes > 0 || self.pids > 0 {
             Some("memory and process limits")
@@ -421,7 +460,7 @@ mod tests {
         };
         let ssh = |t: SshTarget| EnvSpec {
             driver: Driver::Ssh,
-            ssh: Box::new(t),
+            ssh: boxed(t),
             ..EnvSpec::default()
         };
         assert!(ssh(host("build")).needs_provisioning());
@@ -478,7 +517,7 @@ mod tests {
         let elsewhere = EnvSpec {
             driver: Driver::Podman,
             image: "x".into(),
-            ssh: Box::new(host("build")),
+            ssh: boxed(host("build")),
             ..EnvSpec::default()
         };
         assert!(elsewhere.check().unwrap_err().contains("ssh options"));
@@ -491,7 +530,7 @@ mod tests {
             image: image.into(),
             memory_bytes: 1 << 30,
             network: true,
-            qemu: Box::new(QemuOptions {
+            qemu: boxed(QemuOptions {
                 cpus: 2,
                 flags: vec!["-enable-kvm".into()],
             }),
@@ -501,7 +540,7 @@ mod tests {
         assert!(Driver::Qemu.isolates() && Driver::Qemu.is_remote());
         assert!(vm("").check().unwrap_err().contains("needs an image"));
         let with_host = EnvSpec {
-            ssh: Box::new(SshTarget {
+            ssh: boxed(SshTarget {
                 host: "h".into(),
                 ..SshTarget::default()
             }),
@@ -532,7 +571,7 @@ mod tests {
         }
         let elsewhere = EnvSpec {
             driver: Driver::Bubblewrap,
-            qemu: Box::new(QemuOptions {
+            qemu: boxed(QemuOptions {
                 cpus: 2,
                 flags: vec![],
             }),

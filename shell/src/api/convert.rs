@@ -124,12 +124,12 @@ pub fn environment_spec(e: &core::EnvSpec) -> pb::SessionEnvironment {
         ports: e.podman.ports.clone(),
         flags: e.podman.flags.clone(),
         env: e.podman.env.clone().into_iter().collect(),
-        qemu: (!e.qemu.is_empty()).then(|| pb::QemuOptions {
-            cpus: e.qemu.cpus,
-            flags: e.qemu.flags.clone(),
+        qemu: (!e.qemu().is_empty()).then(|| pb::QemuOptions {
+            cpus: e.qemu().cpus,
+            flags: e.qemu().flags.clone(),
         }),
-        ssh: (!e.ssh.is_empty()).then(|| {
-            let t = &e.ssh;
+        ssh: (!e.ssh().is_empty()).then(|| {
+            let t = e.ssh();
             pb::SshTarget {
                 host: t.host.clone(),
                 port: u32::from(t.port),
@@ -175,14 +175,14 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, Str
             flags: e.flags.clone(),
             env: e.env.clone().into_iter().collect(),
         }),
-        qemu: Box::new(match &e.qemu {
+        qemu: core::environment::boxed(match &e.qemu {
             None => core::QemuOptions::default(),
             Some(q) => core::QemuOptions {
                 cpus: q.cpus,
                 flags: q.flags.clone(),
             },
         }),
-        ssh: Box::new(match &e.ssh {
+        ssh: core::environment::boxed(match &e.ssh {
             None => core::SshTarget::default(),
             Some(t) => core::SshTarget {
                 host: t.host.trim().to_string(),

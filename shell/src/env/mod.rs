@@ -207,7 +207,7 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         vm_port: None,
     };
     if spec.driver == Driver::Ssh {
-        let (remote, workdir) = ssh::provision(&host.exe, &spec.ssh, &|line| log(&root, line))?;
+        let (remote, workdir) = ssh::provision(&host.exe, spec.ssh(), &|line| log(&root, line))?;
         made.workdir = workdir;
         made.remote = Some(remote);
     }
@@ -619,7 +619,7 @@ pub fn enter(
         }),
         Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
         Driver::Podman => podman::enter(id, config, &made, plan),
-        Driver::Ssh => ssh::enter(host, id, &config.env.ssh, &made, plan, role),
+        Driver::Ssh => ssh::enter(host, id, config.env.ssh(), &made, plan, role),
         Driver::Qemu => {
             let target = qemu::target(&config.env, &host.root(id), &made);
             ssh::enter(host, id, &target, &made, plan, role)
@@ -866,7 +866,7 @@ pub fn destroy(host: &Host, id: &SessionId, spec: Option<&EnvSpec>) -> impl FnOn
     // An ssh host's runs of the session: an agent may have outlived its relay there.
     let host_runs = match (spec, made.and_then(|m| m.remote)) {
         (Some(spec), Some(remote)) if spec.driver == Driver::Ssh => {
-            Some(((*spec.ssh).clone(), remote))
+            Some((spec.ssh().clone(), remote))
         }
         _ => None,
     };

@@ -60,7 +60,7 @@ pub fn target(spec: &EnvSpec, root: &Path, made: &Made) -> SshTarget {
         port: made.vm_port.unwrap_or(0),
         known_hosts: root.join("known_hosts").display().to_string(),
         accept_new_host_key: true,
-        ..(*spec.ssh).clone()
+        ..spec.ssh().clone()
     }
 }
 
@@ -190,13 +190,17 @@ pub fn start(spec: &EnvSpec, root: &Path, log: &dyn Fn(&str)) -> Result<u16, Str
         ));
     }
     let port = free_port()?;
-    let guest_port = if spec.ssh.port > 0 { spec.ssh.port } else { 22 };
+    let guest_port = if spec.ssh().port > 0 {
+        spec.ssh().port
+    } else {
+        22
+    };
     let memory = if spec.memory_bytes > 0 {
         spec.memory_bytes
     } else {
         DEFAULT_MEMORY
     };
-    let cpus = spec.qemu.cpus.max(1);
+    let cpus = spec.qemu().cpus.max(1);
     let mut args: Vec<String> = vec![
         "-name".into(),
         format!("paddock-{}", session_of(root)),
@@ -221,7 +225,7 @@ pub fn start(spec: &EnvSpec, root: &Path, log: &dyn Fn(&str)) -> Result<u16, Str
         "-device".into(),
         "virtio-net-pci,netdev=net0".into(),
     ];
-    args.extend(spec.qemu.flags.iter().cloned());
+    args.extend(spec.qemu().flags.iter().cloned());
     let qemu = program("qemu-system-x86_64", "qemu-system-x86")?;
     // Kept: a VM found stopped (a host reboot) is started again the same way, same port.
     let saved = serde_json::to_string(&args).map_err(|e| e.to_string())?;

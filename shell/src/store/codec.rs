@@ -365,7 +365,7 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
                 let text: String = sc!("env_qemu").get(row)?;
                 let j: QemuJson = serde_json::from_str(&text)
                     .map_err(|e| corrupt(T, sc!("env_qemu").name(), format!("bad JSON: {e}")))?;
-                Box::new(QemuOptions {
+                paddock_core::environment::boxed(QemuOptions {
                     cpus: j.cpus,
                     flags: j.flags,
                 })
@@ -374,7 +374,7 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
                 let text: String = sc!("env_ssh").get(row)?;
                 let j: SshJson = serde_json::from_str(&text)
                     .map_err(|e| corrupt(T, sc!("env_ssh").name(), format!("bad JSON: {e}")))?;
-                Box::new(j.into())
+                paddock_core::environment::boxed(SshTarget::from(j))
             },
         },
     };

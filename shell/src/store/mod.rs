@@ -679,11 +679,11 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
     })
     .map_err(|e| StoreError::Corrupt(format!("encoding the podman block: {e}")))?;
     let podman_env = map_to_json(&sealer.seal(&c.env.podman.env)?)?;
-    let ssh = serde_json::to_string(&codec::SshJson::from(&*c.env.ssh))
+    let ssh = serde_json::to_string(&codec::SshJson::from(c.env.ssh()))
         .map_err(|e| StoreError::Corrupt(format!("encoding the ssh block: {e}")))?;
     let qemu = serde_json::to_string(&codec::QemuJson {
-        cpus: c.env.qemu.cpus,
-        flags: c.env.qemu.flags.clone(),
+        cpus: c.env.qemu().cpus,
+        flags: c.env.qemu().flags.clone(),
     })
     .map_err(|e| StoreError::Corrupt(format!("encoding the qemu block: {e}")))?;
     let error_code = rec.error.as_ref().map(|e| e.code.to_string());

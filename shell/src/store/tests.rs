@@ -70,11 +70,11 @@ fn full_record(id: &str) -> SessionRecord {
             env: BTreeMap::from([("TOKEN".to_string(), "secret".to_string())]),
         }),
         // Every field set, to see each one round-trip (a real spec has one driver's block).
-        qemu: Box::new(paddock_core::QemuOptions {
+        qemu: Some(Box::new(paddock_core::QemuOptions {
             cpus: 4,
             flags: vec!["-enable-kvm".into()],
-        }),
-        ssh: Box::new(paddock_core::SshTarget {
+        })),
+        ssh: Some(Box::new(paddock_core::SshTarget {
             host: "build.example".into(),
             port: 2222,
             user: "ci".into(),
@@ -84,7 +84,7 @@ fn full_record(id: &str) -> SessionRecord {
             paddock: "/opt/paddock".into(),
             remote_dir: "~/.paddock".into(),
             workdir: "/srv/repo".into(),
-        }),
+        })),
     };
     SessionRecord {
         id: SessionId(id.to_string()),
