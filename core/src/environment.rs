@@ -46,15 +46,19 @@ pub enum Driver {
     /// A virtual machine of the session's own (QEMU), booted from an overlay of an image and
     /// reached over ssh like `ssh`'s machine.
     Qemu,
+    /// A pod of the session's own on a Kubernetes cluster (the user's kubeconfig): the agent
+    /// runs in a `paddock runner` in it, reached through the API server (exec streams).
+    Kubernetes,
 }
 
 impl Driver {
-    pub const ALL: [Driver; 5] = [
+    pub const ALL: [Driver; 6] = [
         Driver::Local,
         Driver::Bubblewrap,
         Driver::Podman,
         Driver::Ssh,
         Driver::Qemu,
+        Driver::Kubernetes,
     ];
 
     /// The driver's name, as `--driver` and `session.yaml` spell it.
@@ -65,6 +69,7 @@ impl Driver {
             Driver::Podman => "podman",
             Driver::Ssh => "ssh",
             Driver::Qemu => "qemu",
+            Driver::Kubernetes => "kubernetes",
         }
     }
 
@@ -76,6 +81,7 @@ impl Driver {
             "podman" => Some(Driver::Podman),
             "ssh" => Some(Driver::Ssh),
             "qemu" => Some(Driver::Qemu),
+            "kubernetes" | "k8s" => Some(Driver::Kubernetes),
             _ => None,
         }
     }
@@ -85,13 +91,16 @@ impl Driver {
     /// that machine's network: nothing of this machine is hidden from it there, and nothing
     /// there is hidden from it either, so it is treated like `local` (its permissions ask).
     pub fn isolates(self) -> bool {
-        matches!(self, Driver::Bubblewrap | Driver::Podman | Driver::Qemu)
+        matches!(
+            self,
+            Driver::Bubblewrap | Driver::Podman | Driver::Qemu | Driver::Kubernetes
+        )
     }
 
-    /// Whether the agent runs on another machine (reached over ssh, in a runner there): its
-    /// CLI, its sign-in and its PATH are that machine's, not this one's.
+    /// Whether the agent runs on another machine (reached over ssh or a cluster's API server,
+    /// in a runner there): its CLI, its sign-in and its PATH are that machine's, not this one's.
     pub fn is_remote(self) -> bool {
-        matches!(self, Driver::Ssh | Driver::Qemu)
+        matches!(self, Driver::Ssh | Driver::Qemu | Driver::Kubernetes)
     }
 
     /// Whether the environment is a sandbox on this machine (a HOME and /tmp of the session's
@@ -135,6 +144,40 @@ pub struct EnvSpec {
     /// The seed's `qemu:` block beyond the image and memory (`image`, `memory_bytes`); `None`
     /// when empty, read with [`EnvSpec::qemu`].
     pub qemu: Option<Box<QemuOptions>>,
+    /// The seed's `kubernetes:` block; `None` when empty, read with [`EnvSpec::kubernetes`].
+    pub kubernetes: Option<Box<KubeOptions>>,
+}
+
+/// latis' `kubernetes:` block: where the session's pod goes and what it is, with the
+/// kubeconfig context to reach the cluster with.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KubeOptions {
+    /// Empty: the context's namespace (or `default`).
+    pub namespace: String,
+    /// The pod's service account (empty: the namespace's `default`).
+    pub service_account: String,
+    /// The pod's spec (a core/v1 `PodSpec`) as JSON text: its containers' images, resources,
+    /// volumes. Empty: one container from the environment's image. The shell reads it; the
+    /// core only keeps it.
+    pub pod_spec: String,
+    /// The kubeconfig file (empty: `KUBECONFIG`, else `~/.kube/config`).
+    pub kubeconfig: String,
+    /// The kubeconfig context (empty: its current one).
+    pub context: String,
+}
+
+impl KubeOptions {
+    pub const EMPTY: KubeOptions = KubeOptions {
+        namespace: String::new(),
+        service_account: String::new(),
+        pod_spec: String::new(),
+        kubeconfig: String::new(),
+        context: String::new(),
+    };
+
+    pub fn is_empty(&self) -> bool {
+        *self == KubeOptions::default()
+    }
 }
 
 /// `t` boxed, or `None` when it is its type's empty default: how the optional blocks of an
@@ -250,6 +293,12 @@ impl EnvSpec {
         self.qemu.as_deref().unwrap_or(&EMPTY)
     }
 
+    /// The `kubernetes:` block (empty when none was given).
+    pub fn kubernetes(&self) -> &KubeOptions {
+        static EMPTY: KubeOptions = KubeOptions::EMPTY;
+        self.kubernetes.as_deref().unwrap_or(&EMPTY)
+    }
+
     /// Whether anything must be made before the agent can start (a worktree, a sandbox's
     /// directories). A plain `local` session starts at once.
     pub fn needs_provisioning(&self) -> bool {
@@ -279,9 +328,16 @@ impl EnvSpec {
                 self.driver
             ));
         }
+        if self.driver != Driver::Kubernetes && !self.kubernetes().is_empty() {
+            return Err(format!(
+                "kubernetes options (namespace, serviceAccount, podSpec) given, but the driver is {}",
+                self.driver
+            ));
+        }
         match self.driver {
             Driver::Ssh => return self.check_ssh(),
             Driver::Qemu => return self.check_qemu(),
+            Driver::Kubernetes => return self.check_kubernetes(),
             Driver::Podman if self.image.trim().is_empty() => {
                 return Err(
                     "the podman driver needs an image (--image, or `image:` in the podman block): \
@@ -345,6 +401,55 @@ impl EnvSpec {
         };
         match refused {
             Some(what) => Err(format!("{what}: not for the qemu driver")),
+            None => Ok(()),
+        }
+    }
+
+    fn check_kubernetes(&self) -> Result<(), String> {
+        let k = self.kubernetes();
+        if self.image.trim().is_empty() && k.pod_spec.trim().is_empty() {
+            return Err(
+                "the kubernetes driver needs an image (--image) or a podSpec (`podSpec:` in the \
+                 kubernetes block) for the session's pod"
+                    .into(),
+            );
+        }
+        // A namespace is a DNS label (RFC 1123); a service account a DNS subdomain.
+        let dns = |s: &str, dots: bool| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.')
+                })
+                && !s.starts_with(['-', '.'])
+                && !s.ends_with(['-', '.'])
+        };
+        if !k.namespace.is_empty() && (!dns(&k.namespace, false) || k.namespace.len() > 63) {
+            return Err(format!(
+                "kubernetes namespace {:?} is not a namespace name (lowercase letters, digits and \
+                 '-', at most 63)",
+                k.namespace
+            ));
+        }
+        if !k.service_account.is_empty() && !dns(&k.service_account, true) {
+            return Err(format!(
+                "kubernetes service account {:?} is not a service account name",
+                k.service_account
+            ));
+        }
+        let refused = if self.worktree {
+            Some("a worktree (--worktree) is made on this machine's repository")
+        } else if !self.podman.is_empty() || !self.qemu().is_empty() || !self.ssh().is_empty() {
+            Some("podman, qemu and ssh options")
+        } else if self.pids > 0 {
+            Some("a process limit (the cluster's own pid limits apply)")
+        } else if self.network {
+            Some("network (the pod's network is the cluster's: its network policies decide)")
+        } else {
+            None
+        };
+        match refused {
+            Some(what) => Err(format!("{what}: not for the kubernetes driver")),
             None => Ok(()),
         }
     }
@@ -578,6 +683,85 @@ mod tests {
             ..EnvSpec::default()
         };
         assert!(elsewhere.check().unwrap_err().contains("qemu options"));
+    }
+
+    #[test]
+    fn a_kubernetes_spec_needs_an_image_or_a_pod_spec() {
+        let pod = |image: &str, k: KubeOptions| EnvSpec {
+            driver: Driver::Kubernetes,
+            image: image.into(),
+            memory_bytes: 1 << 30,
+            kubernetes: boxed(k),
+            ..EnvSpec::default()
+        };
+        assert_eq!(pod("debian:12", KubeOptions::default()).check(), Ok(()));
+        let spec = KubeOptions {
+            namespace: "team-a".into(),
+            service_account: "agents.x".into(),
+            pod_spec: "{\"containers\":[]}".into(),
+            ..KubeOptions::default()
+        };
+        assert_eq!(pod("", spec.clone()).check(), Ok(()));
+        assert!(Driver::Kubernetes.isolates() && Driver::Kubernetes.is_remote());
+        assert!(!Driver::Kubernetes.sandboxes_here());
+        assert_eq!(Driver::parse("k8s"), Some(Driver::Kubernetes));
+        let e = pod("", KubeOptions::default()).check().unwrap_err();
+        assert!(e.contains("needs an image"), "{e}");
+        for bad in ["Team", "-a", "a_b", &"x".repeat(64)] {
+            let k = KubeOptions {
+                namespace: bad.into(),
+                ..spec.clone()
+            };
+            assert!(pod("", k).check().unwrap_err().contains("not a namespace"));
+        }
+        let e = pod(
+            "i",
+            KubeOptions {
+                service_account: "Bad SA".into(),
+                ..KubeOptions::default()
+            },
+        )
+        .check()
+        .unwrap_err();
+        assert!(e.contains("not a service account"), "{e}");
+        for (s, what) in [
+            (
+                EnvSpec {
+                    worktree: true,
+                    ..pod("i", KubeOptions::default())
+                },
+                "worktree",
+            ),
+            (
+                EnvSpec {
+                    pids: 3,
+                    ..pod("i", KubeOptions::default())
+                },
+                "process limit",
+            ),
+            (
+                EnvSpec {
+                    network: true,
+                    ..pod("i", KubeOptions::default())
+                },
+                "network",
+            ),
+        ] {
+            let e = s.check().unwrap_err();
+            assert!(
+                e.contains(what) && e.contains("not for the kubernetes driver"),
+                "{e}"
+            );
+        }
+        let elsewhere = EnvSpec {
+            driver: Driver::Local,
+            kubernetes: boxed(spec),
+            ..EnvSpec::default()
+        };
+        assert!(elsewhere
+            .check()
+            .unwrap_err()
+            .contains("kubernetes options"));
     }
 
     #[test]

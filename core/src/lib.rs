@@ -41,7 +41,9 @@ pub use approval::{
     Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
 };
 pub use engine::{Deadline, Engine, Limits, Stored, Surviving};
-pub use environment::{Driver, EnvEvent, EnvSpec, EnvState, PodmanOptions, QemuOptions, SshTarget};
+pub use environment::{
+    Driver, EnvEvent, EnvSpec, EnvState, KubeOptions, PodmanOptions, QemuOptions, SshTarget,
+};
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;
 pub use session::effect::{Effect, Record, Signal, SpawnSpec};

@@ -204,12 +204,28 @@ enum Command {
     /// stdin and stdout to and from the bridge's socket
     #[command(name = "__mcp-relay", hide = true)]
     McpRelay { socket: PathBuf },
-    /// Runs the program in the paddock runner of an ssh host and relays it (an ssh session's
-    /// agent and commands): reconnects when the connection drops, losing nothing
+    /// Runs the program in the paddock runner of an ssh host or a pod and relays it (an ssh,
+    /// qemu or kubernetes session's agent and commands): reconnects when the connection drops,
+    /// losing nothing
     #[command(name = "__ssh-run", hide = true)]
     SshRun {
-        #[arg(long)]
+        /// The ssh host (unless --pod)
+        #[arg(long, default_value = "")]
         host: String,
+        /// A pod, NAMESPACE/NAME, reached through the API server of the kubeconfig's cluster
+        #[arg(long)]
+        pod: Option<String>,
+        /// The pod's container
+        #[arg(long, default_value = "")]
+        container: String,
+        /// The kubeconfig files, `:`-separated (empty: KUBECONFIG, else ~/.kube/config)
+        #[arg(long, default_value = "")]
+        kubeconfig: String,
+        #[arg(long, default_value = "")]
+        kube_context: String,
+        /// The paddock binary there
+        #[arg(long)]
+        remote_paddock: String,
         #[arg(long, default_value_t = 0)]
         port: u16,
         #[arg(long, default_value = "")]
@@ -317,6 +333,11 @@ fn main() {
         Command::McpRelay { socket } => paddock::providers::bridge::mcp_socket::relay(&socket),
         Command::SshRun {
             host,
+            pod,
+            container,
+            kubeconfig,
+            kube_context,
+            remote_paddock,
             port,
             user,
             key,
@@ -332,17 +353,33 @@ fn main() {
             env,
             command,
         } => paddock::env::ssh::relay(paddock::env::ssh::RelayArgs {
-            target: paddock_core::SshTarget {
-                host,
-                port,
-                user,
-                key_file: key,
-                known_hosts,
-                accept_new_host_key,
-                paddock,
-                remote_dir,
-                workdir: String::new(),
+            place: match pod.as_deref().map(|p| p.split_once('/')) {
+                Some(Some((namespace, name))) => {
+                    paddock::env::ssh::Place::Pod(paddock::env::kube::PodRef {
+                        kubeconfig,
+                        context: kube_context,
+                        namespace: namespace.to_string(),
+                        name: name.to_string(),
+                        container,
+                    })
+                }
+                Some(None) => {
+                    eprintln!("paddock: --pod is NAMESPACE/NAME");
+                    std::process::exit(2);
+                }
+                None => paddock::env::ssh::Place::Ssh(paddock_core::SshTarget {
+                    host,
+                    port,
+                    user,
+                    key_file: key,
+                    known_hosts,
+                    accept_new_host_key,
+                    paddock,
+                    remote_dir,
+                    workdir: String::new(),
+                }),
             },
+            remote_paddock,
             remote_socket,
             dir,
             cwd,

@@ -342,7 +342,7 @@ async fn session_yaml_flags_override_it_and_unknown_keys_are_errors() {
     std::fs::write(&bad, "task: x\ndriver: kubernetes\n").unwrap();
     cli(&d, &["session", "create", "-c", &b])
         .await
-        .fails_with("driver \"kubernetes\" is not available");
+        .fails_with("the kubernetes driver needs an image (--image) or a podSpec");
     cli(
         &d,
         &["session", "create", "-c", "/nonexistent/session.yaml"],
@@ -362,7 +362,7 @@ async fn drivers_and_mounts_under_the_local_driver() {
     let d = Daemon::start().await;
     let root = d.dirs.root.display().to_string();
     let base = &d.dirs.base;
-    for driver in ["kubernetes"] {
+    for driver in ["docker"] {
         let o = cli_in(
             &d,
             base,
@@ -372,6 +372,14 @@ async fn drivers_and_mounts_under_the_local_driver() {
         .fails_with(&format!("driver \"{driver}\" is not available"));
         assert!(o.stderr.contains("the drivers are: local"), "{o:?}");
     }
+    // A kubernetes session needs its pod's image (the cluster is only reached after).
+    cli_in(
+        &d,
+        base,
+        &["session", "create", "--task", "t", "--driver", "kubernetes"],
+    )
+    .await
+    .fails_with("the kubernetes driver needs an image");
     cli_in(
         &d,
         base,

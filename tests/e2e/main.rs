@@ -26,6 +26,8 @@ mod diskfull;
 mod environments;
 mod errors;
 mod harness;
+mod kube;
+mod kube_fake;
 mod latis;
 mod lifecycle;
 mod orphans;

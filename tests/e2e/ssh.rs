@@ -227,8 +227,36 @@ fn ssh_request(req: &mut pb::CreateSessionRequest, target: pb::SshTarget) {
     });
 }
 
+/// A turn ("again") started, the daemon SIGKILLed after its third step and started again: the
+/// turn must end with every step of `want` once, and `last`.
+pub(crate) async fn survive_a_daemon_kill(d: &mut Daemon, id: &str, want: &[String], last: &str) {
+    let mut turn = d.start_turn(id, "again").await;
+    let before = collect_until(&mut turn, |a| a.content == "step 3 of 30").await;
+    d.kill9();
+    d.launch().await;
+    let mut w = d
+        .client()
+        .await
+        .watch_activity(pb::WatchActivityRequest {
+            session_id: id.to_string(),
+            after_seq: before.last().unwrap().seq,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let after = within(collect_until(&mut w, |a| kind(a) == "COMPLETION")).await;
+    let steps: Vec<&str> = before
+        .iter()
+        .chain(&after)
+        .filter(|a| a.content.starts_with("step "))
+        .map(|a| a.content.as_str())
+        .collect();
+    assert_eq!(steps, want);
+    assert_eq!(after.last().unwrap().content, last);
+}
+
 /// A turn of `n` text steps, `ms` apart: long enough to cut the connection in its middle.
-fn long_turn(n: usize, ms: u64) -> serde_json::Value {
+pub(crate) fn long_turn(n: usize, ms: u64) -> serde_json::Value {
     let mut steps: Vec<serde_json::Value> = (1..=n)
         .map(|i| json!({"text": format!("step {i} of {n}"), "delay_ms": ms, "tokens_in": 1, "tokens_out": 1}))
         .collect();
@@ -392,29 +420,7 @@ async fn a_session_on_an_ssh_host_runs_whole_turns_through_a_dropped_connection(
 
     // The daemon killed mid-turn: the relay lives on in the local runner, the agent in the one
     // there; the restarted daemon takes the session back and the turn ends with every step once.
-    let mut turn = d.start_turn(&id, "again").await;
-    let before = collect_until(&mut turn, |a| a.content == "step 3 of 30").await;
-    d.kill9();
-    d.launch().await;
-    let mut w = d
-        .client()
-        .await
-        .watch_activity(pb::WatchActivityRequest {
-            session_id: id.clone(),
-            after_seq: before.last().unwrap().seq,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let after = within(collect_until(&mut w, |a| kind(a) == "COMPLETION")).await;
-    let steps: Vec<&str> = before
-        .iter()
-        .chain(&after)
-        .filter(|a| a.content.starts_with("step "))
-        .map(|a| a.content.as_str())
-        .collect();
-    assert_eq!(steps, want);
-    assert_eq!(after.last().unwrap().content, "All 2 done: again");
+    survive_a_daemon_kill(&mut d, &id, &want, "All 2 done: again").await;
 
     // A stop ends the agent there, and the relay with its forward.
     d.stop(&id, true).await.unwrap();

@@ -142,6 +142,16 @@ pub fn environment_spec(e: &core::EnvSpec) -> pb::SessionEnvironment {
                 workdir: t.workdir.clone(),
             }
         }),
+        kubernetes: (!e.kubernetes().is_empty()).then(|| {
+            let k = e.kubernetes();
+            pb::KubernetesOptions {
+                namespace: k.namespace.clone(),
+                service_account: k.service_account.clone(),
+                pod_spec_json: k.pod_spec.clone(),
+                kubeconfig: k.kubeconfig.clone(),
+                context: k.context.clone(),
+            }
+        }),
     }
 }
 
@@ -195,6 +205,16 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, Str
                 paddock: t.paddock.trim().to_string(),
                 remote_dir: t.remote_dir.trim().to_string(),
                 workdir: t.workdir.trim().to_string(),
+            },
+        }),
+        kubernetes: core::environment::boxed(match &e.kubernetes {
+            None => core::KubeOptions::default(),
+            Some(k) => core::KubeOptions {
+                namespace: k.namespace.trim().to_string(),
+                service_account: k.service_account.trim().to_string(),
+                pod_spec: k.pod_spec_json.trim().to_string(),
+                kubeconfig: k.kubeconfig.trim().to_string(),
+                context: k.context.trim().to_string(),
             },
         }),
     };

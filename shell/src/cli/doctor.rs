@@ -321,6 +321,12 @@ fn drivers() -> Vec<Check> {
             "the OpenSSH client is here (the host is checked at create)",
             "apt install openssh-client, for --driver ssh",
         ),
+        check(
+            Driver::Kubernetes,
+            spec(Driver::Kubernetes),
+            "a kubeconfig with a current context is here (the cluster is reached at create)",
+            "point KUBECONFIG at your cluster's kubeconfig, for --driver kubernetes",
+        ),
     ];
     let podman = crate::paths::find_on_own_path("podman");
     out.push(Check {

@@ -71,15 +71,12 @@ pub fn check_driver(name: &str) -> Result<&'static str> {
         "docker" => format!(
             "driver \"{name}\" is not available: paddock runs containers with podman (--driver podman)"
         ),
-        "kubernetes" | "k8s" => format!(
-            "driver \"{name}\" is not available yet: paddock does not provision pods"
-        ),
         _ => format!("unknown driver \"{name}\""),
     };
     Err(Error::Usage(format!(
         "{why}; the drivers are: {} (local: on the host, not isolated; bubblewrap: a sandbox \
          on this machine; podman: a container per session; ssh: another machine; qemu: a VM per \
-         session)",
+         session; kubernetes: a pod per session)",
         DRIVERS.join(", ")
     )))
 }
@@ -135,8 +132,9 @@ pub struct CreateArgs {
     pub task: Option<String>,
     /// Where the agent runs: local (on the host, not isolated), bubblewrap (a sandbox: the
     /// host read-only, the workspace writable, its own HOME and /tmp, no network), podman (a
-    /// container of its own, from --image), ssh (another machine, --ssh) or qemu (a VM of its
-    /// own, from --image; see the qemu block of -c)
+    /// container of its own, from --image), ssh (another machine, --ssh), qemu (a VM of its
+    /// own, from --image; see the qemu block of -c) or kubernetes (a pod of its own on the
+    /// cluster of your kubeconfig, from --image or the kubernetes block's podSpec)
     #[arg(long)]
     pub driver: Option<String>,
     /// The machine an ssh session runs on: [USER@]HOST[:PORT] (implies --driver ssh)
@@ -148,6 +146,12 @@ pub struct CreateArgs {
     /// The agent's working directory on the ssh host [default: the home directory there]
     #[arg(long, value_name = "DIR")]
     pub ssh_workdir: Option<String>,
+    /// The namespace a kubernetes session's pod goes to [default: the kubeconfig context's]
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The kubeconfig context a kubernetes session uses [default: its current context]
+    #[arg(long, value_name = "CONTEXT")]
+    pub kube_context: Option<String>,
     /// The container's image (podman): a reference (pulled with progress when missing), an
     /// image archive, or a root directory
     #[arg(long)]
@@ -247,7 +251,7 @@ pub struct SessionFile {
     pub local: Option<LocalBlock>,
     pub bubblewrap: Option<BubblewrapBlock>,
     pub podman: Option<PodmanBlock>,
-    pub kubernetes: Option<serde_norway::Value>,
+    pub kubernetes: Option<KubeBlock>,
     pub qemu: Option<QemuBlock>,
     pub ssh: Option<SshBlock>,
 }
@@ -268,6 +272,19 @@ pub struct QemuBlock {
     /// port, 22), `workdir`, `paddock`, `remoteDir`.
     pub ssh: Option<SshBlock>,
     pub network: Option<bool>,
+}
+
+/// latis' `kubernetes:` block (`namespace`, `serviceAccount`, `podSpec`: a core/v1 PodSpec as
+/// Kubernetes writes it), with paddock's `kubeconfig` and `context`.
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubeBlock {
+    pub namespace: Option<String>,
+    pub service_account: Option<String>,
+    pub pod_spec: Option<serde_json::Value>,
+    /// Relative to the file's directory; `~/` is this machine's home.
+    pub kubeconfig: Option<String>,
+    pub context: Option<String>,
 }
 
 /// latis' `ssh:` block (`host`, `user`, `keyFile`), with paddock's port, host key checking,
@@ -831,6 +848,35 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
         }
         (t != pb::SshTarget::default()).then_some(t)
     };
+    let kubernetes = match f.kubernetes {
+        None if args.namespace.is_none() && args.kube_context.is_none() => None,
+        k => {
+            let k = k.unwrap_or_default();
+            Some(pb::KubernetesOptions {
+                namespace: args.namespace.or(k.namespace).unwrap_or_default(),
+                service_account: k.service_account.unwrap_or_default(),
+                pod_spec_json: match k.pod_spec {
+                    Some(spec) if !spec.is_object() => {
+                        return Err(Error::Usage(
+                            "the kubernetes block's podSpec must be a mapping (a PodSpec: \
+                             containers, volumes, …)"
+                                .into(),
+                        ))
+                    }
+                    Some(spec) => spec.to_string(),
+                    None => String::new(),
+                },
+                // The kubeconfig this command sees (KUBECONFIG), unless the file names one: the
+                // daemon (started elsewhere, by systemd) may see another.
+                kubeconfig: k
+                    .kubeconfig
+                    .map(|p| local_path(&p, &file_dir))
+                    .or_else(|| std::env::var("KUBECONFIG").ok())
+                    .unwrap_or_default(),
+                context: args.kube_context.or(k.context).unwrap_or_default(),
+            })
+        }
+    };
     let pod = f.podman.unwrap_or_default();
     let bw = f.bubblewrap.as_ref().map(|b| (b.memory.clone(), b.pids));
     let bw = BubblewrapBlock {
@@ -901,8 +947,12 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
                 cpus: qemu.cpus.unwrap_or(0),
                 flags: qemu.flags.clone().unwrap_or_default(),
             }),
+            kubernetes,
         }),
     };
+    // What no driver could honour is refused here, before a campaign is registered for it:
+    // the daemon checks the same again.
+    crate::api::convert::env_spec(request.environment_spec.as_ref()).map_err(Error::Usage)?;
     Ok(Plan {
         place,
         driver,
@@ -1499,14 +1549,8 @@ mod tests {
             .contains("--driver podman"));
         assert_eq!(check_driver("ssh").unwrap(), "ssh");
         assert_eq!(check_driver("qemu").unwrap(), "qemu");
-        for d in ["kubernetes", "k8s"] {
-            let e = check_driver(d).unwrap_err().to_string();
-            assert!(
-                e.starts_with(&format!("driver \"{d}\" is not available")),
-                "{e}"
-            );
-            assert!(e.contains("the drivers are: local"), "{e}");
-        }
+        assert_eq!(check_driver("kubernetes").unwrap(), "kubernetes");
+        assert_eq!(check_driver("k8s").unwrap(), "kubernetes");
         let e = check_driver("banana").unwrap_err().to_string();
         assert!(
             e.starts_with("unknown driver \"banana\"; the drivers are: local"),
@@ -1827,14 +1871,37 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("2 mounts given"), "{e}");
-        let file = SessionFile::parse("driver: kubernetes\ntask: t\n", "s.yaml").unwrap();
+        // The seed's kubernetes block: the podSpec travels as JSON, the kubeconfig made absolute.
+        let file = SessionFile::parse(
+            "driver: kubernetes\ntask: t\nkubernetes:\n  namespace: latis-sessions\n  \
+             serviceAccount: latis-agent\n  kubeconfig: kube/config\n  podSpec:\n    \
+             containers:\n      - name: agent\n        image: ghcr.io/x/ws:latest\n        \
+             resources:\n          limits:\n            memory: \"4Gi\"\n",
+            "s.yaml",
+        )
+        .unwrap();
+        let p = plan(args(), Some((file, cwd.clone())), &cwd).unwrap();
+        let k = p.request.environment_spec.unwrap().kubernetes.unwrap();
+        assert_eq!(
+            (k.namespace.as_str(), k.service_account.as_str()),
+            ("latis-sessions", "latis-agent")
+        );
+        assert_eq!(k.kubeconfig, cwd.join("kube/config").display().to_string());
+        let spec: serde_json::Value = serde_json::from_str(&k.pod_spec_json).unwrap();
+        assert_eq!(spec["containers"][0]["image"], "ghcr.io/x/ws:latest");
+        assert_eq!(
+            spec["containers"][0]["resources"]["limits"]["memory"],
+            "4Gi"
+        );
+        let file = SessionFile::parse(
+            "driver: kubernetes\ntask: t\nkubernetes:\n  podSpec: [1]\n",
+            "s.yaml",
+        )
+        .unwrap();
         let e = plan(args(), Some((file, cwd.clone())), &cwd)
             .unwrap_err()
             .to_string();
-        assert!(
-            e.starts_with("driver \"kubernetes\" is not available"),
-            "{e}"
-        );
+        assert!(e.contains("podSpec must be a mapping"), "{e}");
         let file = SessionFile::parse("driver: kubernetes\ntask: t\n", "s.yaml").unwrap();
         let p = plan(
             CreateArgs {

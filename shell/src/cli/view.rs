@@ -101,8 +101,8 @@ pub fn age(t: &Option<prost_types::Timestamp>, now_ms: u64) -> String {
 
 /// The drivers paddock has (the core's [`paddock_core::Driver`]s), by name: `local` (the
 /// host), `bubblewrap` (a sandbox on the host), `podman` (a container per session), `ssh`
-/// (another machine) and `qemu` (a VM per session). latis' kubernetes is not there yet.
-pub const DRIVERS: &[&str] = &["local", "bubblewrap", "podman", "ssh", "qemu"];
+/// (another machine), `qemu` (a VM per session) and `kubernetes` (a pod per session).
+pub const DRIVERS: &[&str] = &["local", "bubblewrap", "podman", "ssh", "qemu", "kubernetes"];
 
 /// The driver a session runs under, as the daemon reports it (`local` for a daemon that does
 /// not say).

@@ -39,6 +39,18 @@ pub async fn environment_log(c: &mut Client, id: &str) -> Result<()> {
             println!("  {line}");
         }
     }
+    if let Some(pod) = crate::env::Made::read(&root).and_then(|m| m.pod) {
+        match crate::env::kube::describe(&pod, 40) {
+            Ok((state, logs)) => {
+                println!("{}: {state}", pod.destination());
+                println!("its log (the last 40 lines):");
+                for line in logs.lines() {
+                    println!("  {line}");
+                }
+            }
+            Err(e) => eprintln!("{}: {e}", pod.destination()),
+        }
+    }
     if let Some(name) = crate::env::Made::read(&root).and_then(|m| m.container) {
         match crate::env::podman::describe(&name) {
             Ok((state, logs)) => {

@@ -31,6 +31,7 @@ use paddock_core::{Driver, EnvSpec, Provider, SessionConfig, SessionId};
 use crate::proc::LaunchPlan;
 
 pub mod container;
+pub mod kube;
 pub mod limits;
 pub mod podman;
 pub mod qemu;
@@ -143,6 +144,7 @@ pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
         Driver::Podman => podman::check_host(&spec.image),
         Driver::Ssh => ssh::check_host(),
         Driver::Qemu => qemu::check_host(&spec.image),
+        Driver::Kubernetes => kube::check_host(spec),
     }
 }
 
@@ -205,7 +207,18 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         cgroups: Vec::new(),
         remote: None,
         vm_port: None,
+        pod: None,
     };
+    if spec.driver == Driver::Kubernetes {
+        let say = |line: &str| log(&root, line);
+        let pod = kube::make_pod(spec, id, &root, &say)?;
+        // Recorded once the pod exists: a destroy then finds it, whatever fails after.
+        made.pod = Some(pod.clone());
+        made.write(&root)?;
+        let (remote, workdir) = kube::ready(&host.exe, spec, &pod, &say)?;
+        made.workdir = workdir;
+        made.remote = Some(remote);
+    }
     if spec.driver == Driver::Ssh {
         let (remote, workdir) = ssh::provision(&host.exe, spec.ssh(), &|line| log(&root, line))?;
         made.workdir = workdir;
@@ -321,6 +334,8 @@ pub struct Made {
     pub remote: Option<ssh::Remote>,
     /// The port on 127.0.0.1 that reaches a qemu VM's ssh.
     pub vm_port: Option<u16>,
+    /// A kubernetes session's pod.
+    pub pod: Option<kube::PodRef>,
 }
 
 impl Made {
@@ -346,6 +361,12 @@ impl Made {
         }
         if let Some(p) = self.vm_port {
             text += &format!("vm_port={p}\n");
+        }
+        if let Some(p) = &self.pod {
+            text += &format!(
+                "pod_namespace={}\npod_name={}\npod_container={}\nkubeconfig={}\nkube_context={}\n",
+                p.namespace, p.name, p.container, p.kubeconfig, p.context
+            );
         }
         let file = root.join("made");
         std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
@@ -391,6 +412,20 @@ impl Made {
                 _ => None,
             },
             vm_port: kv.get("vm_port").and_then(|p| p.parse().ok()),
+            pod: match (
+                kv.get("pod_namespace"),
+                kv.get("pod_name"),
+                kv.get("pod_container"),
+            ) {
+                (Some(ns), Some(name), Some(c)) => Some(kube::PodRef {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                    container: c.to_string(),
+                    kubeconfig: kv.get("kubeconfig").unwrap_or(&"").to_string(),
+                    context: kv.get("kube_context").unwrap_or(&"").to_string(),
+                }),
+                _ => None,
+            },
         })
     }
 }
@@ -592,6 +627,7 @@ pub fn enter(
             cgroups: Vec::new(),
             remote: None,
             vm_port: None,
+            pod: None,
         }
     } else {
         match Made::read(&host.root(id)) {
@@ -600,7 +636,8 @@ pub fn enter(
                     && made.repo.is_some() == config.env.worktree
                     && made.container.is_some() == (config.env.driver == Driver::Podman)
                     // A VM found stopped is started again by the relay, off the loop.
-                    && made.remote.is_some() == config.env.driver.is_remote() =>
+                    && made.remote.is_some() == config.env.driver.is_remote()
+                    && made.pod.is_some() == (config.env.driver == Driver::Kubernetes) =>
             {
                 if !made.cgroups.iter().all(|g| g.exists()) {
                     // A host reboot takes control groups away: made again (a few files).
@@ -619,11 +656,18 @@ pub fn enter(
         }),
         Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
         Driver::Podman => podman::enter(id, config, &made, plan),
-        Driver::Ssh => ssh::enter(host, id, config.env.ssh(), &made, plan, role),
-        Driver::Qemu => {
-            let target = qemu::target(&config.env, &host.root(id), &made);
-            ssh::enter(host, id, &target, &made, plan, role)
+        Driver::Ssh => {
+            let place = ssh::Place::Ssh(config.env.ssh().clone());
+            ssh::enter(host, id, &place, &made, plan, role)
         }
+        Driver::Qemu => {
+            let place = ssh::Place::Ssh(qemu::target(&config.env, &host.root(id), &made));
+            ssh::enter(host, id, &place, &made, plan, role)
+        }
+        Driver::Kubernetes => match &made.pod {
+            Some(pod) => ssh::enter(host, id, &ssh::Place::Pod(pod.clone()), &made, plan, role),
+            None => Err("the environment was not made (no pod recorded)".into()),
+        },
     }
 }
 
@@ -863,6 +907,8 @@ pub fn destroy(host: &Host, id: &SessionId, spec: Option<&EnvSpec>) -> impl FnOn
         .as_ref()
         .and_then(|m| m.vm_port)
         .and_then(|_| qemu::vm_pid(&root));
+    // A kubernetes session's pod: deleted with it (everything in it goes).
+    let pod = made.as_ref().and_then(|m| m.pod.clone());
     // An ssh host's runs of the session: an agent may have outlived its relay there.
     let host_runs = match (spec, made.and_then(|m| m.remote)) {
         (Some(spec), Some(remote)) if spec.driver == Driver::Ssh => {
@@ -884,6 +930,9 @@ pub fn destroy(host: &Host, id: &SessionId, spec: Option<&EnvSpec>) -> impl FnOn
         }
         if let Some(pid) = vm {
             qemu::kill(pid);
+        }
+        if let Some(pod) = &pod {
+            kube::remove(pod, &id);
         }
         if let Some((target, remote)) = &host_runs {
             ssh::stop_session_runs(target, remote, &id);
@@ -944,6 +993,9 @@ pub fn reconcile(
             limits::remove(&m.cgroups);
             if let Some(pid) = qemu::vm_pid(&e.path()) {
                 qemu::kill(pid);
+            }
+            if let Some(pod) = &m.pod {
+                kube::remove(pod, &id);
             }
         }
         let repo = made.and_then(|m| m.repo);

@@ -250,11 +250,32 @@ if [ -d "$w" ]; then echo "workdir_ok=yes"; fi
 if [ -x "$p" ]; then echo "installed=yes"; fi
 "#;
 
-/// The copy: the binary arrives on stdin and replaces the file only once whole.
+/// The copy: the binary's `$2` bytes arrive on stdin (counted: an exec stream may not be able
+/// to close its stdin) and replace the file only once whole.
 const COPY: &str = r#"
-p=$1
-mkdir -p "$(dirname "$p")" && cat > "$p.part.$$" && chmod 700 "$p.part.$$" && mv -f "$p.part.$$" "$p"
+p=$1; n=$2; t="$p.part.$$"
+mkdir -p "$(dirname "$p")" && head -c "$n" > "$t" && s=$(wc -c < "$t") && [ $s -eq "$n" ] &&
+chmod 700 "$t" && mv -f "$t" "$p"
 "#;
+
+/// Somewhere paddock runs shell commands to make ready: an ssh host, a pod (exec streams).
+pub trait RemoteShell {
+    /// Runs `command` (a POSIX shell command line) there, with `stdin` fed from a file; its
+    /// stdout, or why it failed, in words a user can act on.
+    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String, String>;
+    /// Where, for messages (`user@host`, `pod ns/name`).
+    fn destination(&self) -> String;
+}
+
+impl RemoteShell for SshTarget {
+    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String, String> {
+        run(self, command, stdin)
+    }
+
+    fn destination(&self) -> String {
+        SshTarget::destination(self)
+    }
+}
 
 /// Makes `t` ready for a session: the working directory checked, this paddock there (copied
 /// when missing), its runner answering. Returns what a start needs and the working directory
@@ -264,20 +285,35 @@ pub fn provision(
     t: &SshTarget,
     log: &dyn Fn(&str),
 ) -> Result<(Remote, PathBuf), String> {
-    let remote_dir = if t.remote_dir.is_empty() {
+    prepare(t, exe, &t.paddock, &t.remote_dir, &t.workdir, log)
+}
+
+/// Makes the place `sh` reaches ready (see [`provision`]): `paddock` an installed one there
+/// (empty: this binary, copied when missing), `remote_dir` where paddock keeps its files there
+/// (empty: `~/.cache/paddock`), `workdir` the agent's working directory (empty: the home).
+pub fn prepare(
+    sh: &dyn RemoteShell,
+    exe: &Path,
+    paddock: &str,
+    remote_dir: &str,
+    workdir: &str,
+    log: &dyn Fn(&str),
+) -> Result<(Remote, PathBuf), String> {
+    let remote_dir = if remote_dir.is_empty() {
         REMOTE_DIR
     } else {
-        &t.remote_dir
+        remote_dir
     };
+    let installed = paddock;
     let probe = format!(
         "sh -c {} paddock-probe {} {} {} {}",
         quote(PROBE),
         quote(remote_dir),
-        quote(&t.paddock),
-        quote(&t.workdir),
+        quote(installed),
+        quote(workdir),
         quote(binary_id())
     );
-    let out = run(t, &probe, None)?;
+    let out = sh.run(&probe, None)?;
     let facts: std::collections::BTreeMap<&str, &str> =
         out.lines().filter_map(|l| l.split_once('=')).collect();
     let fact = |k: &str| facts.get(k).map(|v| v.to_string()).unwrap_or_default();
@@ -285,31 +321,36 @@ pub fn provision(
     if dir.is_empty() || paddock.is_empty() {
         return Err(format!(
             "{}: the host answered the probe with {out:?} (is its login shell a POSIX one?)",
-            t.destination()
+            sh.destination()
         ));
     }
     if fact("workdir_ok") != "yes" {
         return Err(format!(
-            "there is no directory {workdir} on {} (the session's ssh workdir)",
-            t.destination()
+            "there is no directory {workdir} on {} (the session's working directory there)",
+            sh.destination()
         ));
     }
     log(&format!(
-        "ssh environment on {}: working directory {workdir}",
-        t.destination()
+        "environment on {}: working directory {workdir}",
+        sh.destination()
     ));
     if fact("installed") != "yes" {
-        if !t.paddock.is_empty() {
+        if !installed.is_empty() {
             return Err(format!(
                 "there is no paddock at {paddock} on {} (the session's ssh `paddock`); leave it \
                  out and paddock copies its own",
-                t.destination()
+                sh.destination()
             ));
         }
-        let size = std::fs::metadata(exe).map(|m| m.len()).unwrap_or(0);
-        run(
-            t,
-            &format!("sh -c {} paddock-copy {}", quote(COPY), quote(&paddock)),
+        let size = std::fs::metadata(exe)
+            .map(|m| m.len())
+            .map_err(|e| format!("cannot read {}: {e}", exe.display()))?;
+        sh.run(
+            &format!(
+                "sh -c {} paddock-copy {} {size}",
+                quote(COPY),
+                quote(&paddock)
+            ),
             Some(exe),
         )?;
         log(&format!(
@@ -322,8 +363,7 @@ pub fn provision(
     // Through a login shell: the runner (and every agent it starts) gets the user's own PATH
     // (~/.profile's: ~/.local/bin, a node version manager's), not a bare ssh command's. What
     // the profile prints is skipped: the path is the last line.
-    let out = run(
-        t,
+    let out = sh.run(
         &format!(
             "sh -lc {} {} {}",
             quote(r#"exec "$0" __ssh-runner "$1""#),
@@ -341,10 +381,10 @@ pub fn provision(
     if !socket.starts_with('/') {
         return Err(format!(
             "the runner on {} did not say where it answers (it said {socket:?})",
-            t.destination()
+            sh.destination()
         ));
     }
-    log(&format!("runner on {} at {socket}", t.destination()));
+    log(&format!("runner on {} at {socket}", sh.destination()));
     Ok((Remote { paddock, socket }, PathBuf::from(workdir)))
 }
 
@@ -358,7 +398,7 @@ pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    let socket = dir.join("runner.sock");
+    let socket = runner_socket(dir);
     rt.block_on(async {
         match crate::runner::client::connect(&socket).await {
             Some(_) => Ok(()),
@@ -372,6 +412,24 @@ pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
     Ok(socket)
 }
 
+/// The socket of the runner whose directory is `dir`: `DIR/runner.sock`, or, when that path is
+/// too long for a Unix socket (a deep home there), `runner.sock` in a directory of its own
+/// named after `dir`, in a private directory of the user's under the temporary directory. Its
+/// own: a runner takes its socket's directory as its data dir, whose orphans it ends when it
+/// starts.
+fn runner_socket(dir: &Path) -> PathBuf {
+    let socket = dir.join("runner.sock");
+    if socket.as_os_str().len() <= SOCKET_PATH_MAX {
+        return socket;
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    dir.hash(&mut h);
+    let own = socket_path(dir, &format!("r-{:016x}", h.finish()));
+    let _ = super::make_private_dir(&own);
+    own.join("runner.sock")
+}
+
 /// The remote side of a delete (`paddock __ssh-runner DIR --stop PREFIX`, run over ssh): stops
 /// every live run whose id starts with `PREFIX` (the session's), if a runner answers there.
 /// Prints how many it stopped.
@@ -381,8 +439,7 @@ pub fn stop_runs(dir: &Path, prefix: &str) -> Result<usize, String> {
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     rt.block_on(async {
-        let Some(mut client) = crate::runner::client::connect(&dir.join("runner.sock")).await
-        else {
+        let Some(mut client) = crate::runner::client::connect(&runner_socket(dir)).await else {
             return Ok(0);
         };
         Ok(stop_leftovers(&mut client, prefix).await)
@@ -416,7 +473,7 @@ pub fn stop_session_runs(t: &SshTarget, remote: &Remote, id: &SessionId) {
 pub fn enter(
     host: &Host,
     id: &SessionId,
-    t: &SshTarget,
+    place: &Place,
     made: &Made,
     plan: LaunchPlan,
     role: super::Role,
@@ -430,22 +487,35 @@ pub fn enter(
     } else {
         plan.program.display().to_string()
     };
-    let mut args = vec![
-        "__ssh-run".to_string(),
-        format!("--host={}", t.host),
-        format!("--port={}", t.port),
-        format!("--user={}", t.user),
-        format!("--key={}", t.key_file),
-        format!("--known-hosts={}", t.known_hosts),
-        format!("--paddock={}", t.paddock),
-        format!("--remote-dir={}", t.remote_dir),
+    let mut args = vec!["__ssh-run".to_string()];
+    match place {
+        Place::Ssh(t) => {
+            args.extend([
+                format!("--host={}", t.host),
+                format!("--port={}", t.port),
+                format!("--user={}", t.user),
+                format!("--key={}", t.key_file),
+                format!("--known-hosts={}", t.known_hosts),
+                format!("--paddock={}", t.paddock),
+                format!("--remote-dir={}", t.remote_dir),
+            ]);
+            if t.accept_new_host_key {
+                args.push("--accept-new-host-key".into());
+            }
+        }
+        Place::Pod(p) => args.extend([
+            format!("--pod={}/{}", p.namespace, p.name),
+            format!("--container={}", p.container),
+            format!("--kubeconfig={}", p.kubeconfig),
+            format!("--kube-context={}", p.context),
+        ]),
+    }
+    args.extend([
+        format!("--remote-paddock={}", remote.paddock),
         format!("--remote-socket={}", remote.socket),
         format!("--dir={}", host.root(id).display()),
         format!("--cwd={}", made.workdir.display()),
-    ];
-    if t.accept_new_host_key {
-        args.push("--accept-new-host-key".into());
-    }
+    ]);
     if made.vm_port.is_some() {
         args.push("--vm".into());
     }
@@ -466,10 +536,31 @@ pub fn enter(
     })
 }
 
+/// Where a relayed run runs.
+#[derive(Debug, Clone)]
+pub enum Place {
+    /// A host reached over ssh (the ssh driver's, a qemu VM's).
+    Ssh(SshTarget),
+    /// A pod reached through its cluster's API server (the kubernetes driver's).
+    Pod(super::kube::PodRef),
+}
+
+impl Place {
+    /// Where, for messages.
+    pub fn destination(&self) -> String {
+        match self {
+            Place::Ssh(t) => t.destination(),
+            Place::Pod(p) => p.destination(),
+        }
+    }
+}
+
 /// What `paddock __ssh-run` is told.
 #[derive(Debug, Clone)]
 pub struct RelayArgs {
-    pub target: SshTarget,
+    pub place: Place,
+    /// The paddock binary there.
+    pub remote_paddock: String,
     /// The remote runner's socket.
     pub remote_socket: String,
     /// The session's environment directory here (the forwarded socket lives in it).
@@ -491,12 +582,34 @@ impl RelayArgs {
         std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe"))
     }
 
-    /// The host as provisioning sees it (the working directory included).
-    fn provision_target(&self) -> SshTarget {
-        SshTarget {
-            workdir: self.cwd.clone(),
-            ..self.target.clone()
+    /// Makes the place ready again (its runner is gone), off the runtime: what a start
+    /// would do there.
+    async fn prepare_again(&self) -> Result<(), Heal> {
+        let exe = self.exe();
+        let (place, cwd) = (self.place.clone(), self.cwd.clone());
+        if let Place::Pod(pod) = &place {
+            // Only when the API server answers: a heal that cannot reach it is tried again.
+            if let Err(e) = super::kube::running(pod).await {
+                return Err(Heal::Retry(e));
+            }
         }
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let log = |line: &str| tell_line(format!("paddock: {line}"));
+            match &place {
+                Place::Ssh(t) => {
+                    let t = SshTarget {
+                        workdir: cwd,
+                        ..t.clone()
+                    };
+                    provision(&exe, &t, &log).map(|_| ())
+                }
+                Place::Pod(pod) => super::kube::prepare_again(&exe, pod, &cwd, &dir, &log),
+            }
+        })
+        .await
+        .map_err(|e| Heal::Fatal(e.to_string()))?
+        .map_err(Heal::Fatal)
     }
 }
 
@@ -594,14 +707,17 @@ pub fn relay(a: RelayArgs) -> i32 {
     code
 }
 
-/// One `ssh -N -L` forward of the remote runner's socket, ended when dropped.
+/// One `ssh -N -L` forward of the remote runner's socket, ended when dropped (none for a pod:
+/// the channel owns its exec streams).
 struct Forward {
-    pid: u32,
+    pid: Option<u32>,
 }
 
 impl Drop for Forward {
     fn drop(&mut self) {
-        crate::proc::signal_group(self.pid, paddock_core::Signal::Kill);
+        if let Some(pid) = self.pid {
+            crate::proc::signal_group(pid, paddock_core::Signal::Kill);
+        }
     }
 }
 
@@ -632,9 +748,74 @@ impl Relay {
         }
     }
 
-    /// Forwards the remote runner's socket and connects to it through the forward.
+    /// Connects to the runner there.
     async fn connect(&self) -> Result<(Forward, RunnerClient<Channel>), Connect> {
-        let t = &self.a.target;
+        match &self.a.place {
+            Place::Ssh(t) => self.connect_ssh(t).await,
+            Place::Pod(p) => self.connect_pod(p).await,
+        }
+    }
+
+    /// Opens exec streams to the runner in the pod: the pod must run (the API server says),
+    /// then the runner must answer through them.
+    async fn connect_pod(
+        &self,
+        pod: &super::kube::PodRef,
+    ) -> Result<(Forward, RunnerClient<Channel>), Connect> {
+        match super::kube::running(pod).await {
+            Err(e) => return Err(Connect::Unreachable(e)),
+            Ok(false) => {
+                return Err(Connect::NoRunner(format!(
+                    "{} is not running",
+                    pod.destination()
+                )))
+            }
+            Ok(true) => {}
+        }
+        let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
+        // The pipe there exits at once when no runner answers on its socket.
+        let mut refused = 0;
+        loop {
+            let why = match super::kube::runner_channel(
+                pod,
+                &self.a.remote_paddock,
+                &self.a.remote_socket,
+            )
+            .await
+            {
+                Ok(ch) => {
+                    let mut client = RunnerClient::new(ch);
+                    match client.list_runs(rpb::ListRunsRequest {}).await {
+                        Ok(_) => return Ok((Forward { pid: None }, client)),
+                        Err(e) => e.message().to_string(),
+                    }
+                }
+                Err(e) => e,
+            };
+            refused += 1;
+            if refused >= RUNNER_REFUSALS {
+                return Err(Connect::NoRunner(format!(
+                    "{} runs, but no runner answers on {} there ({why})",
+                    pod.destination(),
+                    self.a.remote_socket
+                )));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Connect::Unreachable(format!(
+                    "no runner answered in {} within {}s ({why})",
+                    pod.destination(),
+                    CONNECT_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Forwards the remote runner's socket and connects to it through the forward.
+    async fn connect_ssh(
+        &self,
+        t: &SshTarget,
+    ) -> Result<(Forward, RunnerClient<Channel>), Connect> {
         let _ = std::fs::remove_file(&self.local);
         let mut cmd = tokio::process::Command::new(ssh_program().map_err(Connect::Unreachable)?);
         cmd.args(ssh_options(t))
@@ -653,7 +834,9 @@ impl Relay {
         // relay forwards it on.
         let (process, pipes) = crate::proc::spawn(cmd, false, crate::contain::new_tag())
             .map_err(|e| Connect::Unreachable(format!("cannot run ssh: {e}")))?;
-        let forward = Forward { pid: process.pid };
+        let forward = Forward {
+            pid: Some(process.pid),
+        };
         let stderr = tokio::spawn(crate::proc::StderrTail::read(pipes.stderr));
         let exited = tokio::spawn(process.wait());
         let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
@@ -714,14 +897,8 @@ impl Relay {
         match self.connect().await {
             Ok(c) => Ok(c),
             Err(Connect::NoRunner(e)) => {
-                tell!("paddock: {e}; making the host ready again");
-                let (exe, t) = (self.a.exe(), self.a.provision_target());
-                tokio::task::spawn_blocking(move || {
-                    provision(&exe, &t, &|line| tell!("paddock: {line}"))
-                })
-                .await
-                .map_err(|e| Heal::Fatal(e.to_string()))?
-                .map_err(Heal::Fatal)?;
+                tell!("paddock: {e}; making it ready again");
+                self.a.prepare_again().await?;
                 self.connect().await.map_err(|e| Heal::Retry(e.to_string()))
             }
             Err(Connect::Unreachable(e)) => Err(Heal::Retry(e)),
@@ -729,7 +906,7 @@ impl Relay {
     }
 
     async fn run(mut self) -> i32 {
-        let dest = self.a.target.destination();
+        let dest = self.a.place.destination();
         let (mut forward, mut client) = match self.connect_healing().await {
             Ok(c) => c,
             Err(Heal::Retry(e) | Heal::Fatal(e)) => {
@@ -870,11 +1047,7 @@ impl Relay {
                 let state = rpb::RunState::try_from(st.state).unwrap_or_default();
                 if matches!(state, rpb::RunState::Finished | rpb::RunState::Failed) {
                     if state == rpb::RunState::Failed && !st.message.is_empty() {
-                        tell!(
-                            "paddock: on {}: {}",
-                            self.a.target.destination(),
-                            st.message
-                        );
+                        tell!("paddock: on {}: {}", self.a.place.destination(), st.message);
                     }
                     // The last line, if the agent did not end it.
                     if !self.partial.is_empty() {
@@ -896,7 +1069,7 @@ impl Relay {
                     "{} events of the agent's output on {} were lost (more than the runner there \
                      keeps came while paddock was away)",
                     t.dropped,
-                    self.a.target.destination()
+                    self.a.place.destination()
                 )))
                 .await;
             }
@@ -1163,6 +1336,24 @@ mod tests {
         let dir = std::fs::metadata(p.parent().unwrap()).unwrap();
         use std::os::unix::fs::MetadataExt;
         assert_eq!(dir.mode() & 0o077, 0);
+    }
+
+    #[test]
+    fn a_runner_whose_socket_would_be_too_long_gets_a_short_directory_of_its_own() {
+        let short = Path::new("/x/.cache/paddock/runner-1");
+        assert_eq!(runner_socket(short), short.join("runner.sock"));
+        let deep = |n: &str| {
+            PathBuf::from(format!(
+                "/home/{}/{n}/.cache/paddock/runner-1",
+                "u".repeat(80)
+            ))
+        };
+        let (a, b) = (runner_socket(&deep("a")), runner_socket(&deep("b")));
+        assert!(a.as_os_str().len() <= SOCKET_PATH_MAX, "{}", a.display());
+        // Each its own directory: a runner's data dir is its socket's, whose orphans it ends.
+        assert_ne!(a.parent(), b.parent());
+        assert_eq!(a, runner_socket(&deep("a")));
+        assert!(a.parent().unwrap().is_dir());
     }
 
     #[test]

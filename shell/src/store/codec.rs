@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Driver, EnvSpec, EnvState, Error, ErrorCode,
-    PodmanOptions, Provider, QemuOptions, SessionConfig, SessionId, SessionRecord, SshTarget,
-    Status, StatusEvent, UserMessage,
+    KubeOptions, PodmanOptions, Provider, QemuOptions, SessionConfig, SessionId, SessionRecord,
+    SshTarget, Status, StatusEvent, UserMessage,
 };
 use rusqlite::Row;
 
@@ -18,7 +18,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 44] = [
+pub(super) const SESSION_COLUMNS: [&str; 45] = [
     "id",
     "campaign_id",
     "provider",
@@ -63,6 +63,7 @@ pub(super) const SESSION_COLUMNS: [&str; 44] = [
     "env_ssh",
     "disconnected",
     "env_qemu",
+    "env_kubernetes",
 ];
 
 /// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
@@ -251,6 +252,29 @@ pub(super) struct QemuJson {
     pub flags: Vec<String>,
 }
 
+/// The `env_kubernetes` column: the kubernetes driver's pod.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default)]
+pub(super) struct KubeJson {
+    pub namespace: String,
+    pub service_account: String,
+    pub pod_spec: String,
+    pub kubeconfig: String,
+    pub context: String,
+}
+
+impl From<&KubeOptions> for KubeJson {
+    fn from(k: &KubeOptions) -> Self {
+        KubeJson {
+            namespace: k.namespace.clone(),
+            service_account: k.service_account.clone(),
+            pod_spec: k.pod_spec.clone(),
+            kubeconfig: k.kubeconfig.clone(),
+            context: k.context.clone(),
+        }
+    }
+}
+
 /// The `env_ssh` column: the ssh driver's machine.
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 #[serde(default)]
@@ -375,6 +399,19 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
                 let j: SshJson = serde_json::from_str(&text)
                     .map_err(|e| corrupt(T, sc!("env_ssh").name(), format!("bad JSON: {e}")))?;
                 paddock_core::environment::boxed(SshTarget::from(j))
+            },
+            kubernetes: {
+                let text: String = sc!("env_kubernetes").get(row)?;
+                let j: KubeJson = serde_json::from_str(&text).map_err(|e| {
+                    corrupt(T, sc!("env_kubernetes").name(), format!("bad JSON: {e}"))
+                })?;
+                paddock_core::environment::boxed(KubeOptions {
+                    namespace: j.namespace,
+                    service_account: j.service_account,
+                    pod_spec: j.pod_spec,
+                    kubeconfig: j.kubeconfig,
+                    context: j.context,
+                })
             },
         },
     };

@@ -21,7 +21,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
     V8,
     V9,
     V10,
+    V11,
 ];
+
+/// Version 11: the kubernetes driver's pod (latis' `kubernetes:` block, as JSON: namespace,
+/// service account, the pod spec's JSON text, kubeconfig and context; no credential: those stay
+/// in the kubeconfig).
+const V11: &str = r#"
+ALTER TABLE agent_sessions ADD COLUMN env_kubernetes TEXT NOT NULL DEFAULT '{}';
+"#;
 
 /// Version 10: the ssh driver's machine (latis' `ssh:` block, as JSON; it holds no secret: a
 /// key is named by its file, never stored), and whether the connection to it is down; the qemu

@@ -686,6 +686,8 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         flags: c.env.qemu().flags.clone(),
     })
     .map_err(|e| StoreError::Corrupt(format!("encoding the qemu block: {e}")))?;
+    let kubernetes = serde_json::to_string(&codec::KubeJson::from(c.env.kubernetes()))
+        .map_err(|e| StoreError::Corrupt(format!("encoding the kubernetes block: {e}")))?;
     let error_code = rec.error.as_ref().map(|e| e.code.to_string());
     let error_message = rec.error.as_ref().map(|e| e.message.as_str());
     let mut stmt = conn.prepare_cached(&UPSERT_SESSION)?;
@@ -734,6 +736,7 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":env_ssh": ssh,
         ":disconnected": rec.disconnected,
         ":env_qemu": qemu,
+        ":env_kubernetes": kubernetes,
     })?;
     Ok(())
 }

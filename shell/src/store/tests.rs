@@ -85,6 +85,13 @@ fn full_record(id: &str) -> SessionRecord {
             remote_dir: "~/.paddock".into(),
             workdir: "/srv/repo".into(),
         })),
+        kubernetes: Some(Box::new(paddock_core::KubeOptions {
+            namespace: "agents".into(),
+            service_account: "paddock".into(),
+            pod_spec: r#"{"containers":[{"name":"agent","image":"debian:12"}]}"#.into(),
+            kubeconfig: "/home/u/.kube/config".into(),
+            context: "team".into(),
+        })),
     };
     SessionRecord {
         id: SessionId(id.to_string()),

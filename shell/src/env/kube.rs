@@ -1,0 +1,869 @@
+//! The `kubernetes` driver: a session's processes run in a pod of its own on a Kubernetes
+//! cluster, in a `paddock runner` there, reached through the cluster's API server with the
+//! user's kubeconfig (kube-rs: contexts, tokens, client certificates and exec credential
+//! plugins work as they do for kubectl).
+//!
+//! - Provisioning ([`make_pod`], [`ready`]): the pod `paddock-<session>` in the session's namespace,
+//!   labelled `app.kubernetes.io/managed-by=paddock` and `paddock.dev/session=<id>` (how
+//!   paddock finds it again: a start, a restart of the daemon, a delete), from latis'
+//!   `podSpec` (its images, resources, volumes, service account) or one container from the
+//!   session's image. The agent's container is the one named `agent`, else the first; when the
+//!   spec gives it no command, paddock gives it one that keeps it alive, so that the image's
+//!   own entrypoint (often a shell that exits at once without a terminal) does not end the pod.
+//!   paddock waits for the pod to run (an image that cannot be pulled or a spec the kubelet
+//!   refuses is an error with the cluster's reason), then makes it ready the way the ssh
+//!   driver makes a host ready ([`super::ssh::prepare`]: a probe, this paddock binary copied
+//!   in through an exec's stdin when missing, a detached runner) over exec streams.
+//! - Entering: the agent's launch becomes the same relay as ssh's (`paddock __ssh-run
+//!   --pod …`). It reaches the runner in the pod through an exec of `paddock __mcp-relay
+//!   <socket>` there (a pipe between the exec stream and the runner's socket) that carries the
+//!   runner protocol's HTTP/2, with keepalives that notice a dead stream. A dropped stream is
+//!   reconnected with backoff and the run re-attached after the last event copied, as over ssh.
+//! - The pod's log (`session logs --environment`) is what its containers write; the agent's
+//!   output is the session's activity. Delete removes the pod; a daemon that finds an
+//!   environment whose session is gone removes its pod.
+//!
+//! Tested against a fake API server (tests/e2e/kube_fake.rs) that serves the subset used here
+//! with Kubernetes' JSON shapes; no cluster runs on paddock's CI machines.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, AttachParams, DeleteParams, ListParams, LogParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use paddock_core::{EnvSpec, SessionId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The label every pod of paddock's carries (the Kubernetes recommended label).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "paddock");
+/// The label naming the pod's session.
+pub const SESSION_LABEL: &str = "paddock.dev/session";
+/// The pod as paddock created it, in the session's environment directory.
+const POD_FILE: &str = "pod.json";
+/// How long a pod may take to run (an image pull included).
+const RUN_WAIT: Duration = Duration::from_secs(300);
+/// How long one API call (not a stream) may take.
+const CALL_WAIT: Duration = Duration::from_secs(30);
+/// The command paddock gives the agent's container when the spec gives none: alive until the
+/// pod is deleted, ending at once on TERM.
+const KEEP_ALIVE: &str =
+    "trap 'exit 0' TERM INT; echo 'paddock: pod ready'; while :; do sleep 3600 & wait $!; done";
+
+/// Where a session's pod is and how to reach it, kept in the environment's `made` file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    /// The kubeconfig files (empty: `KUBECONFIG`, else `~/.kube/config`), `:`-separated.
+    pub kubeconfig: String,
+    /// Empty: the kubeconfig's current context.
+    pub context: String,
+    pub namespace: String,
+    pub name: String,
+    /// The container paddock's processes run in.
+    pub container: String,
+}
+
+impl PodRef {
+    /// `namespace/name`, for messages.
+    pub fn destination(&self) -> String {
+        format!("pod {}/{}", self.namespace, self.name)
+    }
+
+    async fn api(&self) -> Result<Api<Pod>, String> {
+        let (client, _) = client(&self.kubeconfig, &self.context).await?;
+        Ok(Api::namespaced(client, &self.namespace))
+    }
+}
+
+/// The pod of session `id`.
+pub fn pod_name(id: &SessionId) -> String {
+    // Pod names are DNS subdomains: lowercase.
+    format!("paddock-{}", id.0.to_ascii_lowercase().replace('_', "-"))
+}
+
+/// Runs `f` to its end on a runtime of its own, on a thread of its own: callable from
+/// anywhere (the daemon's blocking threads, a relay's runtime, the CLI's), never blocking an
+/// async worker's runtime from inside.
+pub(crate) fn block_on<F>(f: F) -> Result<F::Output, String>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|rt| rt.block_on(f))
+                .map_err(|e| format!("cannot start a runtime: {e}"))
+        })
+        .join()
+        .map_err(|_| "the kubernetes client panicked".to_string())?
+    })
+}
+
+/// The kubeconfig: the files named (`:`-separated, merged as kubectl merges them), else
+/// kube-rs' own lookup (`KUBECONFIG`, then `~/.kube/config`).
+fn kubeconfig(files: &str) -> Result<Kubeconfig, String> {
+    let explain = |what: &str, e: &dyn std::fmt::Display| {
+        format!(
+            "cannot read the kubeconfig {what}: {e} (the kubernetes driver reaches the cluster \
+             with your kubeconfig: set KUBECONFIG, or `kubeconfig:` in the session's kubernetes \
+             block)"
+        )
+    };
+    if files.is_empty() {
+        return Kubeconfig::read().map_err(|e| explain("(KUBECONFIG or ~/.kube/config)", &e));
+    }
+    let mut merged: Option<Kubeconfig> = None;
+    for f in files.split(':').filter(|f| !f.is_empty()) {
+        let k = Kubeconfig::read_from(f).map_err(|e| explain(f, &e))?;
+        merged = Some(match merged {
+            None => k,
+            Some(m) => m.merge(k).map_err(|e| explain(f, &e))?,
+        });
+    }
+    merged.ok_or_else(|| explain(files, &"no file named"))
+}
+
+/// A client for the kubeconfig's `context` and the context's namespace (`default` when it
+/// names none).
+async fn client(files: &str, context: &str) -> Result<(kube::Client, String), String> {
+    let options = KubeConfigOptions {
+        context: (!context.is_empty()).then(|| context.to_string()),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig(files)?, &options)
+        .await
+        .map_err(|e| format!("the kubeconfig cannot be used: {e}"))?;
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config.read_timeout = Some(CALL_WAIT);
+    let namespace = config.default_namespace.clone();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| format!("cannot make a kubernetes client: {e}"))?;
+    Ok((client, namespace))
+}
+
+/// What the host lacks for a kubernetes session: a kubeconfig that names a cluster (the
+/// cluster itself is reached when the environment is made).
+pub fn check_host(spec: &EnvSpec) -> Result<(), String> {
+    let k = spec.kubernetes();
+    let config = kubeconfig(&k.kubeconfig)?;
+    if !k.context.is_empty() && !config.contexts.iter().any(|c| c.name == k.context) {
+        let names: Vec<&str> = config.contexts.iter().map(|c| c.name.as_str()).collect();
+        return Err(format!(
+            "the kubeconfig has no context {:?} (it has: {})",
+            k.context,
+            names.join(", ")
+        ));
+    }
+    if k.context.is_empty() && config.current_context.as_deref().unwrap_or("").is_empty() {
+        return Err(
+            "the kubeconfig has no current context: name one (`context:` in the kubernetes \
+             block, --kube-context, or `kubectl config use-context`)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// An API error in words, with what to do for the common ones.
+fn explain(e: kube::Error, what: &str) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let hint = match (s.code, s.reason.as_str()) {
+                (401, _) => " (the kubeconfig's credentials were refused: log in again)",
+                (403, _) => " (the kubeconfig's user may not do this there: ask for the RBAC role)",
+                (404, _) if s.message.starts_with("namespaces ") => {
+                    " (create it — `kubectl create namespace` — or name another)"
+                }
+                _ => "",
+            };
+            format!("{what}: {}{hint}", s.message)
+        }
+        e => format!("{what}: cannot reach the cluster's API server: {e}"),
+    }
+}
+
+/// The session's pod as paddock creates it: the spec's, labelled, with the container paddock
+/// enters kept alive. Returns it and the name of that container.
+pub fn pod_object(spec: &EnvSpec, id: &SessionId) -> Result<(Pod, String), String> {
+    let k = spec.kubernetes();
+    let mut pod_spec: PodSpec = if k.pod_spec.trim().is_empty() {
+        PodSpec::default()
+    } else {
+        serde_json::from_str(&k.pod_spec)
+            .map_err(|e| format!("the kubernetes block's podSpec is not a PodSpec: {e}"))?
+    };
+    if pod_spec.containers.is_empty() {
+        pod_spec.containers.push(Container {
+            name: "agent".into(),
+            ..Container::default()
+        });
+    }
+    let at = pod_spec
+        .containers
+        .iter()
+        .position(|c| c.name == "agent")
+        .unwrap_or(0);
+    let c = &mut pod_spec.containers[at];
+    if c.image.as_deref().unwrap_or("").is_empty() {
+        if spec.image.is_empty() {
+            return Err(format!(
+                "the pod's container {:?} has no image: give it one in the podSpec, or --image",
+                c.name
+            ));
+        }
+        c.image = Some(spec.image.clone());
+    }
+    if c.command.is_none() && c.args.is_none() {
+        c.command = Some(vec!["sh".into(), "-c".into(), KEEP_ALIVE.into()]);
+    }
+    if spec.memory_bytes > 0 {
+        let r = c.resources.get_or_insert_with(Default::default);
+        r.limits
+            .get_or_insert_with(BTreeMap::new)
+            .entry("memory".into())
+            .or_insert_with(|| Quantity(spec.memory_bytes.to_string()));
+    }
+    let container = c.name.clone();
+    if !k.service_account.is_empty() {
+        pod_spec.service_account_name = Some(k.service_account.clone());
+    }
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(pod_name(id)),
+            labels: Some(BTreeMap::from([
+                (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+                (SESSION_LABEL.to_string(), id.0.clone()),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(pod_spec),
+        status: None,
+    };
+    Ok((pod, container))
+}
+
+/// Makes session `id`'s pod, or finds it (a start after a daemon restart, a restart of the
+/// session): one that ended is made again. Returns where it is, before it runs: the caller
+/// records it at once, so that a delete finds it whatever fails after. `log` hears what was
+/// done.
+pub fn make_pod(
+    spec: &EnvSpec,
+    id: &SessionId,
+    root: &Path,
+    log: &(dyn Fn(&str) + Sync),
+) -> Result<PodRef, String> {
+    let (object, container) = pod_object(spec, id)?;
+    // Kept: a relay that finds the pod deleted or ended makes it again from it.
+    let file = root.join(POD_FILE);
+    let text = serde_json::to_string_pretty(&object).map_err(|e| e.to_string())?;
+    std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    let k = spec.kubernetes();
+    block_on(async {
+        let (client, default_ns) = client(&k.kubeconfig, &k.context).await?;
+        let namespace = if k.namespace.is_empty() {
+            default_ns
+        } else {
+            k.namespace.clone()
+        };
+        let api: Api<Pod> = Api::namespaced(client, &namespace);
+        let pod = PodRef {
+            kubeconfig: k.kubeconfig.clone(),
+            context: k.context.clone(),
+            namespace,
+            name: pod_name(id),
+            container,
+        };
+        ensure_pod(&api, &pod, object, log).await?;
+        Ok::<_, String>(pod)
+    })?
+}
+
+/// Waits for the pod to run and makes it ready (paddock and its runner in it). Returns the
+/// runner there and the agent's working directory there.
+pub fn ready(
+    exe: &Path,
+    spec: &EnvSpec,
+    pod: &PodRef,
+    log: &(dyn Fn(&str) + Sync),
+) -> Result<(super::ssh::Remote, std::path::PathBuf), String> {
+    block_on(async {
+        let api = pod.api().await?;
+        wait_running(&api, pod, log).await
+    })??;
+    let workdir = object_workdir(spec, &pod.container);
+    super::ssh::prepare(&PodShell(pod.clone()), exe, "", "", &workdir, log)
+}
+
+/// The agent container's working directory in the spec (empty: its home).
+fn object_workdir(spec: &EnvSpec, container: &str) -> String {
+    serde_json::from_str::<PodSpec>(&spec.kubernetes().pod_spec)
+        .ok()
+        .and_then(|s| s.containers.into_iter().find(|c| c.name == container))
+        .and_then(|c| c.working_dir)
+        .unwrap_or_default()
+}
+
+/// The pod, created unless it is there and alive; one that ended (its containers exited
+/// under `restartPolicy: Never`) or is being deleted is replaced.
+async fn ensure_pod(
+    api: &Api<Pod>,
+    pod: &PodRef,
+    object: Pod,
+    log: &(dyn Fn(&str) + Sync),
+) -> Result<(), String> {
+    let found = api
+        .get_opt(&pod.name)
+        .await
+        .map_err(|e| explain(e, &format!("cannot look for {}", pod.destination())))?;
+    if let Some(p) = found {
+        let phase = phase(&p);
+        let ending = p.metadata.deletion_timestamp.is_some();
+        if !ending && phase != "Succeeded" && phase != "Failed" {
+            log(&format!("{} is there ({phase})", pod.destination()));
+            return Ok(());
+        }
+        log(&format!(
+            "{} has ended ({phase}); making it again",
+            pod.destination()
+        ));
+        delete_and_wait(api, &pod.name).await?;
+    }
+    api.create(&PostParams::default(), &object)
+        .await
+        .map_err(|e| explain(e, &format!("cannot create {}", pod.destination())))?;
+    log(&format!(
+        "created {} (labels {}={}, {SESSION_LABEL}={})",
+        pod.destination(),
+        MANAGED_BY.0,
+        MANAGED_BY.1,
+        object
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SESSION_LABEL))
+            .map(String::as_str)
+            .unwrap_or_default()
+    ));
+    Ok(())
+}
+
+fn phase(p: &Pod) -> String {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_else(|| "Pending".into())
+}
+
+/// Why a pod does not run that no wait mends (the kubelet's reasons).
+const HOPELESS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Waits until the pod runs (its containers started), watching it; fails at once on a
+/// reason no wait mends, and after [`RUN_WAIT`] with the last reason seen.
+async fn wait_running(
+    api: &Api<Pod>,
+    pod: &PodRef,
+    log: &(dyn Fn(&str) + Sync),
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + RUN_WAIT;
+    let mut said = String::new();
+    loop {
+        let p = api
+            .get(&pod.name)
+            .await
+            .map_err(|e| explain(e, &format!("cannot read {}", pod.destination())))?;
+        let phase = phase(&p);
+        let statuses = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
+            .unwrap_or_default();
+        let waiting: Vec<(String, String)> = statuses
+            .iter()
+            .filter_map(|c| c.state.as_ref()?.waiting.as_ref())
+            .map(|w| {
+                (
+                    w.reason.clone().unwrap_or_default(),
+                    w.message.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        match phase.as_str() {
+            "Running" if statuses.iter().any(|c| c.name == pod.container && c.ready) => {
+                log(&format!("{} is running", pod.destination()));
+                return Ok(());
+            }
+            "Running" if statuses.is_empty() => return Ok(()),
+            "Succeeded" | "Failed" => {
+                return Err(format!(
+                    "{} ended ({phase}) before paddock could use it: see `kubectl logs -n {} {}`",
+                    pod.destination(),
+                    pod.namespace,
+                    pod.name
+                ))
+            }
+            _ => {}
+        }
+        if let Some((reason, message)) =
+            waiting.iter().find(|(r, _)| HOPELESS.contains(&r.as_str()))
+        {
+            return Err(format!(
+                "{} cannot run: {reason}{}",
+                pod.destination(),
+                if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {message}")
+                }
+            ));
+        }
+        let now = match waiting.first() {
+            Some((r, _)) if !r.is_empty() => format!("{phase}: {r}"),
+            _ => phase.clone(),
+        };
+        if now != said {
+            log(&format!("{} is {now}", pod.destination()));
+            said = now;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{} did not run within {}s (it is {said})",
+                pod.destination(),
+                RUN_WAIT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Deletes the pod `name` and waits until it is gone (at most its grace and a little).
+async fn delete_and_wait(api: &Api<Pod>, name: &str) -> Result<(), String> {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(explain(e, &format!("cannot delete pod {name}"))),
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
+        match api.get_opt(name).await {
+            Ok(None) => return Ok(()),
+            Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(250)).await,
+            Err(e) => return Err(explain(e, &format!("cannot read pod {name}"))),
+        }
+    }
+    Err(format!("pod {name} was not gone within 60s of its delete"))
+}
+
+/// Runs `argv` in the pod's container (an exec), with `stdin` fed from a file; its stdout, or
+/// why it failed (its stderr and the exit the API server reported).
+pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Result<String, String> {
+    let api = pod.api().await?;
+    let params = AttachParams::default()
+        .container(pod.container.clone())
+        .stdin(stdin.is_some())
+        .stdout(true)
+        .stderr(true);
+    let mut p = api
+        .exec(&pod.name, argv, &params)
+        .await
+        .map_err(|e| explain(e, &format!("cannot exec in {}", pod.destination())))?;
+    let status = p.take_status();
+    let (mut out, mut err) = (p.stdout(), p.stderr());
+    let feed = async {
+        let (Some(file), Some(mut w)) = (stdin, p.stdin()) else {
+            return Ok(());
+        };
+        let mut f = tokio::fs::File::open(file)
+            .await
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        tokio::io::copy(&mut f, &mut w)
+            .await
+            .map_err(|e| format!("cannot send {} into the pod: {e}", file.display()))?;
+        // The end of stdin (v5.channel.k8s.io closes it; the copy's script counts bytes too).
+        let _ = w.shutdown().await;
+        Ok::<_, String>(())
+    };
+    let read = |r: &mut Option<_>| {
+        let mut r: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>> = r.take();
+        async move {
+            let mut buf = Vec::new();
+            if let Some(r) = &mut r {
+                let _ = r.read_to_end(&mut buf).await;
+            }
+            String::from_utf8_lossy(&buf).to_string()
+        }
+    };
+    let Some(status) = status else {
+        return Err("the exec gave no status".into());
+    };
+    // kube-rs ends stdout and stderr when the command ends, but not when the connection drops:
+    // the status (none, then) says when it is over either way, and what is left is drained
+    // for a moment.
+    let reads = async { tokio::join!(feed, read(&mut out), read(&mut err)) };
+    tokio::pin!(reads, status);
+    let (status, (fed, stdout, stderr)) = tokio::select! {
+        r = &mut reads => ((&mut status).await, r),
+        st = &mut status => match tokio::time::timeout(Duration::from_secs(2), &mut reads).await {
+            Ok(r) => (st, r),
+            Err(_) => (None, (Ok(()), String::new(), String::new())),
+        },
+    };
+    fed?;
+    match status {
+        Some(s) if s.status.as_deref() == Some("Success") => Ok(stdout),
+        Some(s) => Err(format!(
+            "in {}: {}",
+            pod.destination(),
+            if stderr.trim().is_empty() {
+                s.message.clone().unwrap_or_default()
+            } else {
+                stderr.trim().to_string()
+            }
+        )),
+        None => Err(format!(
+            "in {}: the exec ended without an exit status (the connection dropped)",
+            pod.destination()
+        )),
+    }
+}
+
+/// A pod as a shell that runs commands for [`super::ssh::prepare`].
+struct PodShell(PodRef);
+
+impl super::ssh::RemoteShell for PodShell {
+    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String, String> {
+        let argv = vec!["sh".to_string(), "-c".to_string(), command.to_string()];
+        block_on(exec(&self.0, argv, stdin))?
+    }
+
+    fn destination(&self) -> String {
+        self.0.destination()
+    }
+}
+
+/// Makes the pod ready again (its runner gone: its container restarted, or the pod itself
+/// deleted or ended outside paddock, when it is made again from what `root` kept of it): the
+/// relay's heal.
+pub fn prepare_again(
+    exe: &Path,
+    pod: &PodRef,
+    workdir: &str,
+    root: &Path,
+    log: &(dyn Fn(&str) + Sync),
+) -> Result<(), String> {
+    block_on(async {
+        let api = pod.api().await?;
+        let found = api
+            .get_opt(&pod.name)
+            .await
+            .map_err(|e| explain(e, &format!("cannot read {}", pod.destination())))?;
+        let alive = found.as_ref().is_some_and(|p| {
+            !matches!(phase(p).as_str(), "Succeeded" | "Failed")
+                && p.metadata.deletion_timestamp.is_none()
+        });
+        if !alive {
+            let file = root.join(POD_FILE);
+            let object: Pod = std::fs::read_to_string(&file)
+                .map_err(|e| e.to_string())
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                .map_err(|e| {
+                    format!(
+                        "{} is gone, and {} cannot be read to make it again: {e}",
+                        pod.destination(),
+                        file.display()
+                    )
+                })?;
+            log(&format!(
+                "{} is gone or has ended; making it again",
+                pod.destination()
+            ));
+            ensure_pod(&api, pod, object, log).await?;
+        }
+        wait_running(&api, pod, log).await
+    })??;
+    super::ssh::prepare(&PodShell(pod.clone()), exe, "", "", workdir, log).map(|_| ())
+}
+
+/// Whether the pod is there and running: `Ok(false)` when it is gone, ended or not yet
+/// running, `Err` when the API server cannot say (unreachable: try again).
+pub async fn running(pod: &PodRef) -> Result<bool, String> {
+    let api = pod.api().await?;
+    match api.get_opt(&pod.name).await {
+        Ok(Some(p)) => Ok(phase(&p) == "Running" && p.metadata.deletion_timestamp.is_none()),
+        Ok(None) => Ok(false),
+        Err(e) => Err(explain(e, &format!("cannot read {}", pod.destination()))),
+    }
+}
+
+/// A gRPC channel to the runner in the pod, through an exec stream of `paddock __mcp-relay
+/// <socket>` there (a byte pipe to the runner's socket), with HTTP/2 keepalives that notice a
+/// stream that went dead.
+pub async fn runner_channel(
+    pod: &PodRef,
+    paddock: &str,
+    socket: &str,
+) -> Result<tonic::transport::Channel, String> {
+    let api = pod.api().await?;
+    let dest = pod.destination();
+    let (pod, argv) = (
+        pod.clone(),
+        vec![
+            paddock.to_string(),
+            "__mcp-relay".to_string(),
+            socket.to_string(),
+        ],
+    );
+    tonic::transport::Endpoint::from_static("http://pod.paddock")
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
+        .connect_timeout(CALL_WAIT)
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let (api, pod, argv) = (api.clone(), pod.clone(), argv.clone());
+            async move {
+                let params = AttachParams::default()
+                    .container(pod.container.clone())
+                    .stdin(true)
+                    .stdout(true)
+                    .stderr(false);
+                let mut p = api
+                    .exec(&pod.name, argv, &params)
+                    .await
+                    .map_err(|e| std::io::Error::other(explain(e, "exec")))?;
+                let (Some(r), Some(w), Some(status)) = (p.stdout(), p.stdin(), p.take_status())
+                else {
+                    return Err(std::io::Error::other("the exec has no stdin or stdout"));
+                };
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(Piped {
+                    io: tokio::io::join(r, w),
+                    ended: Box::pin(async move {
+                        let _ = status.await;
+                    }),
+                    over: false,
+                    exec: p,
+                }))
+            }
+        }))
+        .await
+        .map_err(|e| format!("cannot reach the runner in {dest}: {e}"))
+}
+
+/// An exec stream as one connection: its stdout read, its stdin written; the exec ends when
+/// it is dropped. Its end (the command's, or the connection's: kube-rs then leaves stdout
+/// open) reads as the end of the stream.
+struct Piped {
+    io: tokio::io::Join<
+        tokio::io::ReadHalf<tokio::io::SimplexStream>,
+        tokio::io::WriteHalf<tokio::io::SimplexStream>,
+    >,
+    /// Ready once the exec is over.
+    ended: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    over: bool,
+    exec: kube::api::AttachedProcess,
+}
+
+impl Drop for Piped {
+    fn drop(&mut self) {
+        self.exec.abort();
+    }
+}
+
+impl tokio::io::AsyncRead for Piped {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        if self.over {
+            return Poll::Ready(Ok(()));
+        }
+        match std::pin::Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Pending => match self.ended.as_mut().poll(cx) {
+                // Nothing buffered and nothing more to come: the end of the stream.
+                Poll::Ready(()) => {
+                    self.over = true;
+                    Poll::Ready(Ok(()))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+            r => r,
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Piped {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// Deletes the session's pod (best effort, off the event loop: a cluster that does not answer
+/// is logged, never waited for beyond the client's timeouts).
+pub fn remove(pod: &PodRef, id: &SessionId) {
+    let result = block_on(async {
+        let api = pod.api().await?;
+        match api.delete(&pod.name, &DeleteParams::default()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(explain(e, &format!("cannot delete {}", pod.destination()))),
+        }
+    });
+    match result {
+        Ok(Ok(true)) => tracing::info!(session = %id, "deleted {}", pod.destination()),
+        Ok(Ok(false)) => tracing::info!(session = %id, "{} was already gone", pod.destination()),
+        Ok(Err(e)) | Err(e) => tracing::warn!(session = %id, "{e}"),
+    }
+}
+
+/// The pod's state and the last `lines` of the agent container's log, for `session logs
+/// --environment`.
+pub fn describe(pod: &PodRef, lines: i64) -> Result<(String, String), String> {
+    block_on(async {
+        let api = pod.api().await?;
+        let p = api
+            .get(&pod.name)
+            .await
+            .map_err(|e| explain(e, &format!("cannot read {}", pod.destination())))?;
+        let mut state = phase(&p);
+        if let Some(c) = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.name == pod.container))
+        {
+            state += &format!(
+                ", container {} restarted {} time(s)",
+                c.name, c.restart_count
+            );
+        }
+        let logs = api
+            .logs(
+                &pod.name,
+                &LogParams {
+                    container: Some(pod.container.clone()),
+                    tail_lines: Some(lines),
+                    ..LogParams::default()
+                },
+            )
+            .await
+            .map_err(|e| explain(e, &format!("cannot read the log of {}", pod.destination())))?;
+        Ok((state, logs))
+    })?
+}
+
+/// The pods of paddock's in the pod's namespace (found by their labels), by session.
+pub fn sessions_in(pod: &PodRef) -> Result<Vec<(String, String)>, String> {
+    block_on(async {
+        let api = pod.api().await?;
+        let list = api
+            .list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)))
+            .await
+            .map_err(|e| explain(e, &format!("cannot list the pods of {}", pod.namespace)))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|p| {
+                let session = p.metadata.labels.as_ref()?.get(SESSION_LABEL)?.clone();
+                Some((session, p.metadata.name?))
+            })
+            .collect())
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::KubeOptions;
+
+    fn spec(pod_spec: &str, image: &str) -> EnvSpec {
+        EnvSpec {
+            driver: paddock_core::Driver::Kubernetes,
+            image: image.into(),
+            memory_bytes: 1 << 30,
+            kubernetes: paddock_core::environment::boxed(KubeOptions {
+                service_account: "agents".into(),
+                pod_spec: pod_spec.into(),
+                ..KubeOptions::default()
+            }),
+            ..EnvSpec::default()
+        }
+    }
+
+    #[test]
+    fn the_pod_is_the_spec_labelled_with_its_agent_container_kept_alive() {
+        let id = SessionId("01JX_ABC".into());
+        let (pod, container) = pod_object(&spec("", "debian:12"), &id).unwrap();
+        assert_eq!(container, "agent");
+        assert_eq!(pod.metadata.name.as_deref(), Some("paddock-01jx-abc"));
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels[MANAGED_BY.0], "paddock");
+        assert_eq!(labels[SESSION_LABEL], "01JX_ABC");
+        let s = pod.spec.unwrap();
+        assert_eq!(s.service_account_name.as_deref(), Some("agents"));
+        let c = &s.containers[0];
+        assert_eq!(c.image.as_deref(), Some("debian:12"));
+        assert_eq!(c.command.as_ref().unwrap()[2], KEEP_ALIVE);
+        assert_eq!(
+            c.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].0,
+            (1u64 << 30).to_string()
+        );
+        // The seed's spec: the container named agent is paddock's, its command and limits kept.
+        let seed = r#"{"containers":[{"name":"side","image":"busybox"},
+            {"name":"agent","image":"ghcr.io/x/ws","command":["/init"],"workingDir":"/workspace",
+             "resources":{"limits":{"memory":"4Gi"}}}],
+            "volumes":[{"name":"workspace","persistentVolumeClaim":{"claimName":"repo"}}]}"#;
+        let (pod, container) = pod_object(&spec(seed, ""), &id).unwrap();
+        assert_eq!(container, "agent");
+        let s = pod.spec.unwrap();
+        assert_eq!(s.containers[1].command.as_ref().unwrap(), &["/init"]);
+        assert_eq!(
+            s.containers[1]
+                .resources
+                .as_ref()
+                .unwrap()
+                .limits
+                .as_ref()
+                .unwrap()["memory"]
+                .0,
+            "4Gi"
+        );
+        assert_eq!(s.volumes.unwrap()[0].name, "workspace");
+        assert_eq!(object_workdir(&spec(seed, ""), "agent"), "/workspace");
+        let e = pod_object(&spec(r#"{"containers":[{"name":"a"}]}"#, ""), &id).unwrap_err();
+        assert!(e.contains("has no image"), "{e}");
+        let e = pod_object(&spec(r#"{"containers":7}"#, ""), &id).unwrap_err();
+        assert!(e.contains("is not a PodSpec"), "{e}");
+    }
+}
