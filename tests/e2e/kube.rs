@@ -143,7 +143,29 @@ async fn a_session_in_a_pod_runs_whole_turns_through_dropped_streams() {
 
     // The daemon killed mid-turn: the relay lives on in the local runner; the restarted daemon
     // takes the session back and the turn ends with every step once.
+    // Pods of this paddock's whose session is gone (a crash between a delete and the pod's
+    // removal) are found by their labels and deleted at the next start; another paddock's
+    // (another user's, on a team's cluster) are left alone.
+    let owner = pod["metadata"]["labels"]["paddock.dev/owner"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mine = serde_json::json!({"app.kubernetes.io/managed-by": "paddock",
+        "paddock.dev/session": "sess_GONE", "paddock.dev/owner": owner});
+    create_labelled(&kube, "paddock-sess-gone", mine).await;
+    let theirs = serde_json::json!({"app.kubernetes.io/managed-by": "paddock",
+        "paddock.dev/session": "sess_THEIRS", "paddock.dev/owner": "0123456789abcdef"});
+    create_labelled(&kube, "paddock-sess-theirs", theirs).await;
     crate::ssh::survive_a_daemon_kill(&mut d, &id, &want, "All 2 done: again").await;
+    let named = |n: &str| kube.pods().into_iter().any(|p| p["metadata"]["name"] == n);
+    within(async {
+        while named("paddock-sess-gone") {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(named("paddock-sess-theirs"));
+    assert!(named(&name), "the session's own pod stays");
 
     // Delete removes the pod, and everything that ran in it.
     assert!(!in_pod().is_empty());
@@ -247,17 +269,39 @@ async fn bad_kubernetes_configurations_refuse_the_create_with_the_reason() {
     assert!(kube.pods().is_empty(), "{:#?}", kube.pods());
 }
 
-/// Deletes a pod the way someone else would (kubectl delete), through the API server.
-async fn delete_outside_paddock(kube: &FakeKube, name: &str) {
+/// The fake's pods in namespace `agents`, through kube-rs (as kubectl would reach them).
+async fn pods_api(kube: &FakeKube) -> kube::Api<k8s_openapi::api::core::v1::Pod> {
     let config = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::read_from(kube.kubeconfig()).unwrap(),
         &kube::config::KubeConfigOptions::default(),
     )
     .await
     .unwrap();
-    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
-        kube::Api::namespaced(kube::Client::try_from(config).unwrap(), "agents");
-    api.delete(name, &Default::default()).await.unwrap();
+    kube::Api::namespaced(kube::Client::try_from(config).unwrap(), "agents")
+}
+
+/// Deletes a pod the way someone else would (kubectl delete), through the API server.
+async fn delete_outside_paddock(kube: &FakeKube, name: &str) {
+    pods_api(kube)
+        .await
+        .delete(name, &Default::default())
+        .await
+        .unwrap();
+}
+
+/// Creates pod `name` with `labels`, as a crash would have left one of paddock's (or as
+/// another user's paddock made one).
+async fn create_labelled(kube: &FakeKube, name: &str, labels: serde_json::Value) {
+    let pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "agent", "image": "debian:12"}]},
+    }))
+    .unwrap();
+    pods_api(kube)
+        .await
+        .create(&Default::default(), &pod)
+        .await
+        .unwrap();
 }
 
 /// Waits for session `id` to fail, with `what` in its error.
@@ -309,14 +353,7 @@ async fn a_pod_that_lost_its_runner_or_was_deleted_is_made_ready_again() {
     assert!(pod["status"]["containerStatuses"][0]["restartCount"].as_i64() >= Some(1));
     let log = std::fs::read_to_string(&env_log).unwrap();
     assert!(log.contains("making it ready again"), "{log}");
-    d.client()
-        .await
-        .restart_session(pb::RestartSessionRequest {
-            session_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    crate::ssh::restart(&d, &id).await;
     d.wait_status(&id, pb::SessionStatus::Running).await;
     let mut turn = d.start_turn(&id, "again").await;
     within(collect_until(&mut turn, |a| kind(a) == "COMPLETION")).await;
@@ -330,14 +367,7 @@ async fn a_pod_that_lost_its_runner_or_was_deleted_is_made_ready_again() {
         log.contains("is gone or has ended; making it again"),
         "{log}"
     );
-    d.client()
-        .await
-        .restart_session(pb::RestartSessionRequest {
-            session_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    crate::ssh::restart(&d, &id).await;
     d.wait_status(&id, pb::SessionStatus::Running).await;
     let mut turn = d.start_turn(&id, "third").await;
     within(collect_until(&mut turn, |a| kind(a) == "COMPLETION")).await;

@@ -3494,6 +3494,13 @@ fn kube_fake_restarts_logs_and_outage() {
         .await
         .unwrap();
         running(&api, "always").await;
+        // Killed once it has written its line (under load, the shell may not have run yet).
+        for _ in 0..500 {
+            if api.logs("always", &LogParams::default()).await.unwrap() == "start\n" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         fake.kill_pod_processes("default", "always");
         let back = wait_for(&api, "always", |p| {
             let cs = &p

@@ -197,7 +197,7 @@ pub(crate) async fn assert_refused(d: &Daemon, req: pb::CreateSessionRequest, re
     assert!(e.message().contains(reason), "{reason}: {e:?}");
 }
 
-async fn restart(d: &Daemon, id: &str) {
+pub(crate) async fn restart(d: &Daemon, id: &str) {
     d.client()
         .await
         .restart_session(pb::RestartSessionRequest {

@@ -42,6 +42,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "paddock");
 /// The label naming the pod's session.
 pub const SESSION_LABEL: &str = "paddock.dev/session";
+/// The label naming the paddock (this machine and data dir) whose pod it is: on a team's
+/// cluster, one user's paddock never touches another's pods.
+pub const OWNER_LABEL: &str = "paddock.dev/owner";
+
+/// The [`OWNER_LABEL`] of the daemon whose data dir is `data_dir` on this machine.
+pub fn owner(data_dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let mut h = std::hash::DefaultHasher::new();
+    (host.trim(), data_dir).hash(&mut h);
+    format!("{:016x}", h.finish())
+}
 /// The pod as paddock created it, in the session's environment directory.
 const POD_FILE: &str = "pod.json";
 /// How long a pod may take to run (an image pull included).
@@ -190,7 +202,7 @@ fn explain(e: kube::Error, what: &str) -> String {
 
 /// The session's pod as paddock creates it: the spec's, labelled, with the container paddock
 /// enters kept alive. Returns it and the name of that container.
-pub fn pod_object(spec: &EnvSpec, id: &SessionId) -> Result<(Pod, String), String> {
+pub fn pod_object(spec: &EnvSpec, id: &SessionId, owner: &str) -> Result<(Pod, String), String> {
     let k = spec.kubernetes();
     let mut pod_spec: PodSpec = if k.pod_spec.trim().is_empty() {
         PodSpec::default()
@@ -239,6 +251,7 @@ pub fn pod_object(spec: &EnvSpec, id: &SessionId) -> Result<(Pod, String), Strin
             labels: Some(BTreeMap::from([
                 (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
                 (SESSION_LABEL.to_string(), id.0.clone()),
+                (OWNER_LABEL.to_string(), owner.to_string()),
             ])),
             ..Default::default()
         },
@@ -255,10 +268,11 @@ pub fn pod_object(spec: &EnvSpec, id: &SessionId) -> Result<(Pod, String), Strin
 pub fn make_pod(
     spec: &EnvSpec,
     id: &SessionId,
+    owner: &str,
     root: &Path,
     log: &(dyn Fn(&str) + Sync),
 ) -> Result<PodRef, String> {
-    let (object, container) = pod_object(spec, id)?;
+    let (object, container) = pod_object(spec, id, owner)?;
     // Kept: a relay that finds the pod deleted or ended makes it again from it.
     let file = root.join(POD_FILE);
     let text = serde_json::to_string_pretty(&object).map_err(|e| e.to_string())?;
@@ -783,23 +797,62 @@ pub fn describe(pod: &PodRef, lines: i64) -> Result<(String, String), String> {
     })?
 }
 
-/// The pods of paddock's in the pod's namespace (found by their labels), by session.
-pub fn sessions_in(pod: &PodRef) -> Result<Vec<(String, String)>, String> {
-    block_on(async {
-        let api = pod.api().await?;
-        let list = api
-            .list(&ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)))
-            .await
-            .map_err(|e| explain(e, &format!("cannot list the pods of {}", pod.namespace)))?;
-        Ok(list
-            .items
-            .into_iter()
-            .filter_map(|p| {
-                let session = p.metadata.labels.as_ref()?.get(SESSION_LABEL)?.clone();
-                Some((session, p.metadata.name?))
-            })
-            .collect())
-    })?
+/// Deletes the pods of `owner` (this paddock's) in the namespaces of `places` whose session
+/// is not in `known`: what a crash between a delete's commit and the pod's removal, or an
+/// environment directory removed by hand, left on the cluster. Found by their labels; best
+/// effort (a cluster that does not answer is logged).
+pub fn sweep(places: &[PodRef], known: &std::collections::BTreeSet<String>, owner: &str) -> usize {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut removed = 0;
+    for place in places {
+        if !seen.insert((&place.kubeconfig, &place.context, &place.namespace)) {
+            continue;
+        }
+        let selector = format!("{}={},{OWNER_LABEL}={owner}", MANAGED_BY.0, MANAGED_BY.1);
+        let result = block_on(async {
+            let api = place.api().await?;
+            let list = api
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(|e| explain(e, &format!("cannot list the pods of {}", place.namespace)))?;
+            let mut gone = Vec::new();
+            for p in list.items {
+                let session = p
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(SESSION_LABEL))
+                    .cloned()
+                    .unwrap_or_default();
+                let Some(name) = p.metadata.name else {
+                    continue;
+                };
+                if known.contains(&session) || p.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => gone.push(name),
+                    Err(e) => {
+                        tracing::warn!("{}", explain(e, &format!("cannot delete pod {name}")))
+                    }
+                }
+            }
+            Ok::<_, String>(gone)
+        });
+        match result {
+            Ok(Ok(gone)) => {
+                for name in &gone {
+                    tracing::info!(
+                        "deleted pod {}/{name}: its session is gone",
+                        place.namespace
+                    );
+                }
+                removed += gone.len();
+            }
+            Ok(Err(e)) | Err(e) => tracing::warn!("cannot look for paddock's pods: {e}"),
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -824,12 +877,13 @@ mod tests {
     #[test]
     fn the_pod_is_the_spec_labelled_with_its_agent_container_kept_alive() {
         let id = SessionId("01JX_ABC".into());
-        let (pod, container) = pod_object(&spec("", "debian:12"), &id).unwrap();
+        let (pod, container) = pod_object(&spec("", "debian:12"), &id, "o1").unwrap();
         assert_eq!(container, "agent");
         assert_eq!(pod.metadata.name.as_deref(), Some("paddock-01jx-abc"));
         let labels = pod.metadata.labels.unwrap();
         assert_eq!(labels[MANAGED_BY.0], "paddock");
         assert_eq!(labels[SESSION_LABEL], "01JX_ABC");
+        assert_eq!(labels[OWNER_LABEL], "o1");
         let s = pod.spec.unwrap();
         assert_eq!(s.service_account_name.as_deref(), Some("agents"));
         let c = &s.containers[0];
@@ -844,7 +898,7 @@ mod tests {
             {"name":"agent","image":"ghcr.io/x/ws","command":["/init"],"workingDir":"/workspace",
              "resources":{"limits":{"memory":"4Gi"}}}],
             "volumes":[{"name":"workspace","persistentVolumeClaim":{"claimName":"repo"}}]}"#;
-        let (pod, container) = pod_object(&spec(seed, ""), &id).unwrap();
+        let (pod, container) = pod_object(&spec(seed, ""), &id, "o1").unwrap();
         assert_eq!(container, "agent");
         let s = pod.spec.unwrap();
         assert_eq!(s.containers[1].command.as_ref().unwrap(), &["/init"]);
@@ -861,9 +915,9 @@ mod tests {
         );
         assert_eq!(s.volumes.unwrap()[0].name, "workspace");
         assert_eq!(object_workdir(&spec(seed, ""), "agent"), "/workspace");
-        let e = pod_object(&spec(r#"{"containers":[{"name":"a"}]}"#, ""), &id).unwrap_err();
+        let e = pod_object(&spec(r#"{"containers":[{"name":"a"}]}"#, ""), &id, "o1").unwrap_err();
         assert!(e.contains("has no image"), "{e}");
-        let e = pod_object(&spec(r#"{"containers":7}"#, ""), &id).unwrap_err();
+        let e = pod_object(&spec(r#"{"containers":7}"#, ""), &id, "o1").unwrap_err();
         assert!(e.contains("is not a PodSpec"), "{e}");
     }
 }

@@ -211,7 +211,7 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
     };
     if spec.driver == Driver::Kubernetes {
         let say = |line: &str| log(&root, line);
-        let pod = kube::make_pod(spec, id, &root, &say)?;
+        let pod = kube::make_pod(spec, id, &kube::owner(&host.data_dir), &root, &say)?;
         // Recorded once the pod exists: a destroy then finds it, whatever fails after.
         made.pod = Some(pod.clone());
         made.write(&root)?;
@@ -983,6 +983,23 @@ pub fn reconcile(
     } else {
         podman::reconcile(host, &exists, &should_run)
     };
+    // The namespaces of the sessions' pods, searched for pods of this paddock's whose session
+    // is gone (off the start-up path: a cluster may be slow to answer).
+    let mut places = Vec::new();
+    let mut known = std::collections::BTreeSet::new();
+    for e in &entries {
+        let id = SessionId(e.file_name().to_string_lossy().to_string());
+        if let Some(pod) = Made::read(&e.path()).and_then(|m| m.pod) {
+            places.push(pod);
+            if exists(&id) {
+                known.insert(id.0);
+            }
+        }
+    }
+    if !places.is_empty() {
+        let owner = kube::owner(&host.data_dir);
+        std::thread::spawn(move || kube::sweep(&places, &known, &owner));
+    }
     for e in entries {
         let id = SessionId(e.file_name().to_string_lossy().to_string());
         if exists(&id) {
@@ -994,9 +1011,7 @@ pub fn reconcile(
             if let Some(pid) = qemu::vm_pid(&e.path()) {
                 qemu::kill(pid);
             }
-            if let Some(pod) = &m.pod {
-                kube::remove(pod, &id);
-            }
+            // Its pod, if any, goes with the sweep above.
         }
         let repo = made.and_then(|m| m.repo);
         if std::fs::remove_dir_all(e.path()).is_ok() {
