@@ -82,6 +82,13 @@ async fn a_session_in_a_pod_runs_whole_turns_through_dropped_streams() {
         assert!(log.contains(said), "{said}: {log}");
     }
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "status", &id]).await;
+    assert!(
+        o.stdout.contains(&format!(
+            "kubernetes (pod {name} in namespace agents, from its podSpec"
+        )),
+        "{o:?}"
+    );
     let in_pod = || crate::kube_fake::marked_pids(|pod, _| pod == uid);
 
     // A turn; its exec streams cut after a few steps while the API server is down: the session

@@ -1063,6 +1063,26 @@ fn driver_line(s: &pb::SessionInfo) -> String {
                 }
             )
         }
+        "kubernetes" => {
+            let k = env.kubernetes.clone().unwrap_or_default();
+            let mut at = if k.namespace.is_empty() {
+                "the context's namespace".to_string()
+            } else {
+                format!("namespace {}", k.namespace)
+            };
+            if !k.context.is_empty() {
+                at += &format!(" of context {}", k.context);
+            }
+            format!(
+                "pod {} in {at}, {}",
+                crate::env::kube::pod_name(&paddock_core::SessionId(s.id.clone())),
+                if env.image.is_empty() {
+                    "from its podSpec".to_string()
+                } else {
+                    format!("from {}", env.image)
+                }
+            )
+        }
         _ => String::new(),
     }];
     if env.memory_bytes > 0 && driver_of(s) != "qemu" {
