@@ -274,6 +274,28 @@ async fn bad_kubernetes_configurations_refuse_the_create_with_the_reason() {
     kube.set_down(false);
     assert!(d.all_sessions().await.is_empty());
     assert!(kube.pods().is_empty(), "{:#?}", kube.pods());
+
+    // An API server that speaks only v4.channel.k8s.io (before 1.30: stdin cannot be closed):
+    // the copy and the relay work all the same. No working directory given: the image's.
+    kube.speak_only_v4(true);
+    let mut req = d.request(None).await;
+    let mut k = options(&kube, &root);
+    k.pod_spec_json = r#"{"containers":[{"name":"agent","image":"debian:12"}]}"#.into();
+    k.service_account = String::new();
+    pod_request(&mut req, k);
+    let id = d.create(req).await.id;
+    d.wait_status(&id, pb::SessionStatus::Running).await;
+    let o = crate::environments::exec_sh(&d, &id, "pwd").await;
+    assert_eq!(o.code, 0, "{o:?}");
+    let pod = pod_of(&kube, &id).unwrap();
+    let home = kube.pod_dir("agents", pod["metadata"]["name"].as_str().unwrap());
+    assert!(
+        o.stdout.trim().starts_with(&home.display().to_string()),
+        "{o:?} {home:?}"
+    );
+    let acts = d.send(&id, "hello").await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION", "{acts:#?}");
+    d.stop(&id, true).await.unwrap();
 }
 
 /// The fake's pods in namespace `agents`, through kube-rs (as kubectl would reach them).

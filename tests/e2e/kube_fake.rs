@@ -153,6 +153,7 @@ impl FakeKube {
                         down_tx: watch::channel(false).0,
                         drop_execs_tx: watch::channel(0).0,
                         execs: AtomicUsize::new(0),
+                        v4_only: std::sync::atomic::AtomicBool::new(false),
                     });
                     ready_tx.send(shared.clone()).unwrap();
                     let server = tokio::spawn(serve(shared.clone(), listener));
@@ -257,6 +258,11 @@ impl FakeKube {
         }
     }
 
+    /// Speaks only `v4.channel.k8s.io` for exec (no stdin close), as API servers before 1.30 do.
+    pub fn speak_only_v4(&self, yes: bool) {
+        self.shared.v4_only.store(yes, Ordering::SeqCst);
+    }
+
     /// How many exec sessions were opened so far (websocket upgrades answered 101).
     pub fn exec_count(&self) -> usize {
         self.shared.execs.load(Ordering::SeqCst)
@@ -359,6 +365,8 @@ struct Shared {
     /// Bumped by `drop_execs`.
     drop_execs_tx: watch::Sender<u64>,
     execs: AtomicUsize,
+    /// Answer exec upgrades with `v4.channel.k8s.io` only (an API server older than 1.30).
+    v4_only: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -2195,7 +2203,7 @@ fn exec(
                 .collect::<Vec<_>>()
         })
         .collect();
-    let protocol = if offered.iter().any(|p| p == V5) {
+    let protocol = if offered.iter().any(|p| p == V5) && !sh.v4_only.load(Ordering::SeqCst) {
         V5
     } else if offered.iter().any(|p| p == V4) {
         V4

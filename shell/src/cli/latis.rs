@@ -849,7 +849,12 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
         (t != pb::SshTarget::default()).then_some(t)
     };
     let kubernetes = match f.kubernetes {
-        None if args.namespace.is_none() && args.kube_context.is_none() => None,
+        None if driver != "kubernetes"
+            && args.namespace.is_none()
+            && args.kube_context.is_none() =>
+        {
+            None
+        }
         k => {
             let k = k.unwrap_or_default();
             Some(pb::KubernetesOptions {
@@ -871,7 +876,15 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
                 kubeconfig: k
                     .kubeconfig
                     .map(|p| local_path(&p, &file_dir))
-                    .or_else(|| std::env::var("KUBECONFIG").ok())
+                    .or_else(|| {
+                        let list = std::env::var("KUBECONFIG").ok()?;
+                        let files: Vec<String> = list
+                            .split(':')
+                            .filter(|f| !f.is_empty())
+                            .map(|f| local_path(f, cwd))
+                            .collect();
+                        Some(files.join(":"))
+                    })
                     .unwrap_or_default(),
                 context: args.kube_context.or(k.context).unwrap_or_default(),
             })

@@ -46,13 +46,33 @@ pub const SESSION_LABEL: &str = "paddock.dev/session";
 /// cluster, one user's paddock never touches another's pods.
 pub const OWNER_LABEL: &str = "paddock.dev/owner";
 
-/// The [`OWNER_LABEL`] of the daemon whose data dir is `data_dir` on this machine.
-pub fn owner(data_dir: &Path) -> String {
-    use std::hash::{Hash, Hasher};
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let mut h = std::hash::DefaultHasher::new();
-    (host.trim(), data_dir).hash(&mut h);
-    format!("{:016x}", h.finish())
+/// The [`OWNER_LABEL`] of the daemon whose data dir is `data_dir`: a random id made once and
+/// kept there (stable across upgrades; two machines cloned from one image differ once
+/// either made its own).
+pub fn owner(data_dir: &Path) -> Result<String, String> {
+    let file = data_dir.join("kubernetes-owner");
+    if let Ok(id) = std::fs::read_to_string(&file) {
+        if !id.trim().is_empty() {
+            return Ok(id.trim().to_string());
+        }
+    }
+    let id = ulid::Ulid::new().to_string().to_ascii_lowercase();
+    use std::io::Write;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&file)
+    {
+        Ok(mut f) => f
+            .write_all(id.as_bytes())
+            .map(|()| id)
+            .map_err(|e| format!("cannot write {}: {e}", file.display())),
+        // Made by another process meanwhile: that one.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::read_to_string(&file)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| format!("cannot read {}: {e}", file.display())),
+        Err(e) => Err(format!("cannot write {}: {e}", file.display())),
+    }
 }
 /// The pod as paddock created it, in the session's environment directory.
 const POD_FILE: &str = "pod.json";
@@ -70,7 +90,8 @@ const KEEP_ALIVE: &str =
 pub struct PodRef {
     /// The kubeconfig files (empty: `KUBECONFIG`, else `~/.kube/config`), `:`-separated.
     pub kubeconfig: String,
-    /// Empty: the kubeconfig's current context.
+    /// The kubeconfig context, resolved when the pod was made: a later `kubectl config
+    /// use-context` does not move the session to another cluster.
     pub context: String,
     pub namespace: String,
     pub name: String,
@@ -85,7 +106,13 @@ impl PodRef {
     }
 
     async fn api(&self) -> Result<Api<Pod>, String> {
-        let (client, _) = client(&self.kubeconfig, &self.context).await?;
+        let (client, ..) = client(&self.kubeconfig, &self.context, Use::Calls).await?;
+        Ok(Api::namespaced(client, &self.namespace))
+    }
+
+    /// The pod's API for exec streams (no read timeout).
+    async fn streams(&self) -> Result<Api<Pod>, String> {
+        let (client, ..) = client(&self.kubeconfig, &self.context, Use::Streams).await?;
         Ok(Api::namespaced(client, &self.namespace))
     }
 }
@@ -141,22 +168,45 @@ fn kubeconfig(files: &str) -> Result<Kubeconfig, String> {
     merged.ok_or_else(|| explain(files, &"no file named"))
 }
 
-/// A client for the kubeconfig's `context` and the context's namespace (`default` when it
-/// names none).
-async fn client(files: &str, context: &str) -> Result<(kube::Client, String), String> {
+/// What a client is for: API calls (each answered within [`CALL_WAIT`]) or exec streams (which
+/// may be silent for as long as they live: a copy going in, an idle agent).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Calls,
+    Streams,
+}
+
+/// A client for the kubeconfig's `context` (empty: its current one), with the context's name
+/// and namespace (`default` when it names none).
+async fn client(
+    files: &str,
+    context: &str,
+    used: Use,
+) -> Result<(kube::Client, String, String), String> {
+    let config = kubeconfig(files)?;
+    let resolved = if context.is_empty() {
+        config.current_context.clone().unwrap_or_default()
+    } else {
+        context.to_string()
+    };
     let options = KubeConfigOptions {
-        context: (!context.is_empty()).then(|| context.to_string()),
+        context: (!resolved.is_empty()).then(|| resolved.clone()),
         ..KubeConfigOptions::default()
     };
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig(files)?, &options)
+    let mut config = kube::Config::from_custom_kubeconfig(config, &options)
         .await
         .map_err(|e| format!("the kubeconfig cannot be used: {e}"))?;
     config.connect_timeout = Some(Duration::from_secs(10));
-    config.read_timeout = Some(CALL_WAIT);
+    // kube-rs applies the read timeout to an upgraded exec stream too: none for those (the
+    // relay's HTTP/2 keepalives notice a dead stream instead).
+    config.read_timeout = match used {
+        Use::Calls => Some(CALL_WAIT),
+        Use::Streams => None,
+    };
     let namespace = config.default_namespace.clone();
     let client = kube::Client::try_from(config)
         .map_err(|e| format!("cannot make a kubernetes client: {e}"))?;
-    Ok((client, namespace))
+    Ok((client, resolved, namespace))
 }
 
 /// What the host lacks for a kubernetes session: a kubeconfig that names a cluster (the
@@ -188,6 +238,9 @@ fn explain(e: kube::Error, what: &str) -> String {
         kube::Error::Api(s) => {
             let hint = match (s.code, s.reason.as_str()) {
                 (401, _) => " (the kubeconfig's credentials were refused: log in again)",
+                (403, _) if s.message.contains("error looking up service account") => {
+                    " (create the service account in that namespace, or name another)"
+                }
                 (403, _) => " (the kubeconfig's user may not do this there: ask for the RBAC role)",
                 (404, _) if s.message.starts_with("namespaces ") => {
                     " (create it — `kubectl create namespace` — or name another)"
@@ -279,7 +332,7 @@ pub fn make_pod(
     std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     let k = spec.kubernetes();
     block_on(async {
-        let (client, default_ns) = client(&k.kubeconfig, &k.context).await?;
+        let (client, context, default_ns) = client(&k.kubeconfig, &k.context, Use::Calls).await?;
         let namespace = if k.namespace.is_empty() {
             default_ns
         } else {
@@ -288,7 +341,7 @@ pub fn make_pod(
         let api: Api<Pod> = Api::namespaced(client, &namespace);
         let pod = PodRef {
             kubeconfig: k.kubeconfig.clone(),
-            context: k.context.clone(),
+            context,
             namespace,
             name: pod_name(id),
             container,
@@ -314,13 +367,14 @@ pub fn ready(
     super::ssh::prepare(&PodShell(pod.clone()), exe, "", "", &workdir, log)
 }
 
-/// The agent container's working directory in the spec (empty: its home).
+/// The agent container's working directory in the spec (`.`: the image's, where an exec
+/// starts).
 fn object_workdir(spec: &EnvSpec, container: &str) -> String {
     serde_json::from_str::<PodSpec>(&spec.kubernetes().pod_spec)
         .ok()
         .and_then(|s| s.containers.into_iter().find(|c| c.name == container))
         .and_then(|c| c.working_dir)
-        .unwrap_or_default()
+        .unwrap_or_else(|| ".".into())
 }
 
 /// The pod, created unless it is there and alive; one that ended (its containers exited
@@ -348,9 +402,12 @@ async fn ensure_pod(
         ));
         delete_and_wait(api, &pod.name).await?;
     }
-    api.create(&PostParams::default(), &object)
-        .await
-        .map_err(|e| explain(e, &format!("cannot create {}", pod.destination())))?;
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => {}
+        // Made meanwhile (two relays of the session healing at once): there it is.
+        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+        Err(e) => return Err(explain(e, &format!("cannot create {}", pod.destination()))),
+    }
     log(&format!(
         "created {} (labels {}={}, {SESSION_LABEL}={})",
         pod.destination(),
@@ -374,6 +431,8 @@ fn phase(p: &Pod) -> String {
         .unwrap_or_else(|| "Pending".into())
 }
 
+/// Restarts of the agent's container in a crash loop before its making is given up.
+const CRASH_LOOPS: i32 = 3;
 /// Why a pod does not run that no wait mends (the kubelet's reasons).
 const HOPELESS: &[&str] = &[
     "ErrImagePull",
@@ -385,8 +444,9 @@ const HOPELESS: &[&str] = &[
     "RunContainerError",
 ];
 
-/// Waits until the pod runs (its containers started), watching it; fails at once on a
-/// reason no wait mends, and after [`RUN_WAIT`] with the last reason seen.
+/// Waits until the pod runs (its agent container started), polling it; fails at once on a
+/// reason no wait mends or a container that keeps exiting, and after [`RUN_WAIT`] with the
+/// last reason seen.
 async fn wait_running(
     api: &Api<Pod>,
     pod: &PodRef,
@@ -415,8 +475,11 @@ async fn wait_running(
                 )
             })
             .collect();
+        let agent = statuses.iter().find(|c| c.name == pod.container);
+        // Running is enough (not ready: a readiness probe is the cluster's business).
+        let started = agent.is_some_and(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
         match phase.as_str() {
-            "Running" if statuses.iter().any(|c| c.name == pod.container && c.ready) => {
+            "Running" if started => {
                 log(&format!("{} is running", pod.destination()));
                 return Ok(());
             }
@@ -430,6 +493,35 @@ async fn wait_running(
                 ))
             }
             _ => {}
+        }
+        // A container that keeps exiting (an image without `sh` for paddock's keep-alive, a
+        // command that ends): its last exit says why.
+        if let Some(c) = agent.filter(|c| {
+            c.restart_count >= CRASH_LOOPS
+                && c.state
+                    .as_ref()
+                    .and_then(|s| s.waiting.as_ref())
+                    .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
+        }) {
+            let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+            return Err(format!(
+                "{}'s container {} keeps exiting (restarted {} times){}",
+                pod.destination(),
+                c.name,
+                c.restart_count,
+                match last {
+                    Some(t) => format!(
+                        ": its last run ended with {} ({}){}",
+                        t.exit_code,
+                        t.reason.as_deref().unwrap_or("no reason given"),
+                        t.message
+                            .as_deref()
+                            .map(|m| format!(": {m}"))
+                            .unwrap_or_default()
+                    ),
+                    None => String::new(),
+                }
+            ));
         }
         if let Some((reason, message)) =
             waiting.iter().find(|(r, _)| HOPELESS.contains(&r.as_str()))
@@ -481,63 +573,88 @@ async fn delete_and_wait(api: &Api<Pod>, name: &str) -> Result<(), String> {
     Err(format!("pod {name} was not gone within 60s of its delete"))
 }
 
-/// Runs `argv` in the pod's container (an exec), with `stdin` fed from a file; its stdout, or
-/// why it failed (its stderr and the exit the API server reported).
+/// The most of a file sent into an exec before kube-rs flushes it as a frame.
+const STDIN_FRAME: usize = 256 * 1024;
+/// How long the output of an exec that ended may take to drain.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Runs `argv` in the pod's container (an exec), with `stdin` fed from a file (its end is not
+/// signalled: a server of `v4.channel.k8s.io` would take that for the end of the stream; the
+/// command reads what it expects); its stdout, or why it failed (its stderr and the exit the
+/// API server reported).
 pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Result<String, String> {
-    let api = pod.api().await?;
+    let api = pod.streams().await?;
     let params = AttachParams::default()
         .container(pod.container.clone())
         .stdin(stdin.is_some())
         .stdout(true)
-        .stderr(true);
+        .stderr(true)
+        .max_stdin_buf_size(STDIN_FRAME);
     let mut p = api
         .exec(&pod.name, argv, &params)
         .await
         .map_err(|e| explain(e, &format!("cannot exec in {}", pod.destination())))?;
-    let status = p.take_status();
-    let (mut out, mut err) = (p.stdout(), p.stderr());
-    let feed = async {
-        let (Some(file), Some(mut w)) = (stdin, p.stdin()) else {
-            return Ok(());
-        };
-        let mut f = tokio::fs::File::open(file)
-            .await
-            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        tokio::io::copy(&mut f, &mut w)
-            .await
-            .map_err(|e| format!("cannot send {} into the pod: {e}", file.display()))?;
-        // The end of stdin (v5.channel.k8s.io closes it; the copy's script counts bytes too).
-        let _ = w.shutdown().await;
-        Ok::<_, String>(())
-    };
-    let read = |r: &mut Option<_>| {
-        let mut r: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>> = r.take();
-        async move {
-            let mut buf = Vec::new();
-            if let Some(r) = &mut r {
-                let _ = r.read_to_end(&mut buf).await;
-            }
-            String::from_utf8_lossy(&buf).to_string()
-        }
-    };
-    let Some(status) = status else {
+    let Some(status) = p.take_status() else {
         return Err("the exec gave no status".into());
     };
-    // kube-rs ends stdout and stderr when the command ends, but not when the connection drops:
-    // the status (none, then) says when it is over either way, and what is left is drained
-    // for a moment.
-    let reads = async { tokio::join!(feed, read(&mut out), read(&mut err)) };
-    tokio::pin!(reads, status);
-    let (status, (fed, stdout, stderr)) = tokio::select! {
-        r = &mut reads => ((&mut status).await, r),
-        st = &mut status => match tokio::time::timeout(Duration::from_secs(2), &mut reads).await {
-            Ok(r) => (st, r),
-            Err(_) => (None, (Ok(()), String::new(), String::new())),
-        },
+    // Read as it comes, kept when the exec ends early: kube-rs ends stdout and stderr when the
+    // command ends, but not when the connection drops.
+    let collect = |r: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>>| {
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = buf.clone();
+        let task = tokio::spawn(async move {
+            let Some(mut r) = r else { return };
+            let mut chunk = vec![0u8; 64 * 1024];
+            while let Ok(n) = r.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                into.lock()
+                    .expect("exec output")
+                    .extend_from_slice(&chunk[..n]);
+            }
+        });
+        (buf, task)
     };
-    fed?;
+    let (out, out_task) = collect(p.stdout());
+    let (err, err_task) = collect(p.stderr());
+    let feed = match (stdin, p.stdin()) {
+        (Some(file), Some(mut w)) => {
+            let file = file.to_path_buf();
+            Some(tokio::spawn(async move {
+                let mut f = tokio::fs::File::open(&file)
+                    .await
+                    .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+                tokio::io::copy(&mut f, &mut w)
+                    .await
+                    .map_err(|e| format!("cannot send {} into the pod: {e}", file.display()))?;
+                w.flush().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>(())
+            }))
+        }
+        _ => None,
+    };
+    let status = status.await;
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        let _ = out_task.await;
+        let _ = err_task.await;
+    })
+    .await;
+    // The command ended: what it did not read of stdin is moot, unless the file itself failed.
+    let fed = match feed {
+        Some(f) if f.is_finished() => f.await.unwrap_or(Ok(())),
+        Some(f) => {
+            f.abort();
+            Ok(())
+        }
+        None => Ok(()),
+    };
+    let text = |b: &std::sync::Mutex<Vec<u8>>| {
+        String::from_utf8_lossy(&b.lock().expect("exec output")).to_string()
+    };
+    let (stdout, stderr) = (text(&out), text(&err));
     match status {
-        Some(s) if s.status.as_deref() == Some("Success") => Ok(stdout),
+        Some(s) if s.status.as_deref() == Some("Success") => fed.map(|()| stdout),
         Some(s) => Err(format!(
             "in {}: {}",
             pod.destination(),
@@ -548,8 +665,13 @@ pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Resu
             }
         )),
         None => Err(format!(
-            "in {}: the exec ended without an exit status (the connection dropped)",
-            pod.destination()
+            "in {}: the exec's connection dropped before it ended{}",
+            pod.destination(),
+            if stderr.trim().is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", stderr.trim())
+            }
         )),
     }
 }
@@ -566,19 +688,31 @@ impl super::ssh::RemoteShell for PodShell {
     fn destination(&self) -> String {
         self.0.destination()
     }
+
+    fn login_shell(&self) -> bool {
+        false
+    }
 }
 
 /// Makes the pod ready again (its runner gone: its container restarted, or the pod itself
 /// deleted or ended outside paddock, when it is made again from what `root` kept of it): the
 /// relay's heal.
+/// Why a pod could not be made ready again.
+pub enum PrepareError {
+    /// The cluster, or the way into the pod, does not answer now: try again later.
+    Retry(String),
+    /// It will not be: the run is lost.
+    Fatal(String),
+}
+
 pub fn prepare_again(
     exe: &Path,
     pod: &PodRef,
     workdir: &str,
     root: &Path,
     log: &(dyn Fn(&str) + Sync),
-) -> Result<(), String> {
-    block_on(async {
+) -> Result<(), PrepareError> {
+    let made = block_on(async {
         let api = pod.api().await?;
         let found = api
             .get_opt(&pod.name)
@@ -607,8 +741,17 @@ pub fn prepare_again(
             ensure_pod(&api, pod, object, log).await?;
         }
         wait_running(&api, pod, log).await
-    })??;
-    super::ssh::prepare(&PodShell(pod.clone()), exe, "", "", workdir, log).map(|_| ())
+    })
+    .and_then(|r| r);
+    made.map_err(PrepareError::Fatal)?;
+    // An exec path that does not work now (the node unreachable, the kubelet restarting) is
+    // not a reason to give the run up.
+    block_on(exec(pod, vec!["true".into()], None))
+        .and_then(|r| r)
+        .map_err(PrepareError::Retry)?;
+    super::ssh::prepare(&PodShell(pod.clone()), exe, "", "", workdir, log)
+        .map(|_| ())
+        .map_err(PrepareError::Fatal)
 }
 
 /// Whether the pod is there and running: `Ok(false)` when it is gone, ended or not yet
@@ -625,12 +768,24 @@ pub async fn running(pod: &PodRef) -> Result<bool, String> {
 /// A gRPC channel to the runner in the pod, through an exec stream of `paddock __mcp-relay
 /// <socket>` there (a byte pipe to the runner's socket), with HTTP/2 keepalives that notice a
 /// stream that went dead.
+/// Why [`runner_channel`] has no channel.
+pub enum ChannelError {
+    /// The exec could not be opened (the API server, the node or the kubelet): try again.
+    Unreachable(String),
+    /// The exec ran, but nothing answered through it (no runner on the socket there).
+    NoAnswer(String),
+}
+
 pub async fn runner_channel(
     pod: &PodRef,
     paddock: &str,
     socket: &str,
-) -> Result<tonic::transport::Channel, String> {
-    let api = pod.api().await?;
+) -> Result<tonic::transport::Channel, ChannelError> {
+    let api = pod.streams().await.map_err(ChannelError::Unreachable)?;
+    // What the last exec's opening said, when it failed: the channel's error is then the
+    // exec's, not the runner's.
+    let opening = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let said = opening.clone();
     let dest = pod.destination();
     let (pod, argv) = (
         pod.clone(),
@@ -646,17 +801,21 @@ pub async fn runner_channel(
         .keep_alive_while_idle(true)
         .connect_timeout(CALL_WAIT)
         .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let (api, pod, argv) = (api.clone(), pod.clone(), argv.clone());
+            let (api, pod, argv, said) = (api.clone(), pod.clone(), argv.clone(), said.clone());
             async move {
                 let params = AttachParams::default()
                     .container(pod.container.clone())
                     .stdin(true)
                     .stdout(true)
                     .stderr(false);
-                let mut p = api
-                    .exec(&pod.name, argv, &params)
-                    .await
-                    .map_err(|e| std::io::Error::other(explain(e, "exec")))?;
+                let mut p = match api.exec(&pod.name, argv, &params).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let why = explain(e, "exec");
+                        *said.lock().expect("exec opening") = Some(why.clone());
+                        return Err(std::io::Error::other(why));
+                    }
+                };
                 let (Some(r), Some(w), Some(status)) = (p.stdout(), p.stdin(), p.take_status())
                 else {
                     return Err(std::io::Error::other("the exec has no stdin or stdout"));
@@ -672,7 +831,10 @@ pub async fn runner_channel(
             }
         }))
         .await
-        .map_err(|e| format!("cannot reach the runner in {dest}: {e}"))
+        .map_err(|e| match opening.lock().expect("exec opening").take() {
+            Some(why) => ChannelError::Unreachable(format!("cannot exec in {dest}: {why}")),
+            None => ChannelError::NoAnswer(format!("cannot reach the runner in {dest}: {e}")),
+        })
 }
 
 /// An exec stream as one connection: its stdout read, its stdin written; the exec ends when
@@ -747,7 +909,13 @@ impl tokio::io::AsyncWrite for Piped {
 /// is logged, never waited for beyond the client's timeouts).
 pub fn remove(pod: &PodRef, id: &SessionId) {
     let result = block_on(async {
-        let api = pod.api().await?;
+        let (client, _, default_ns) = client(&pod.kubeconfig, &pod.context, Use::Calls).await?;
+        let namespace = if pod.namespace.is_empty() {
+            default_ns
+        } else {
+            pod.namespace.clone()
+        };
+        let api: Api<Pod> = Api::namespaced(client, &namespace);
         match api.delete(&pod.name, &DeleteParams::default()).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
@@ -758,6 +926,19 @@ pub fn remove(pod: &PodRef, id: &SessionId) {
         Ok(Ok(true)) => tracing::info!(session = %id, "deleted {}", pod.destination()),
         Ok(Ok(false)) => tracing::info!(session = %id, "{} was already gone", pod.destination()),
         Ok(Err(e)) | Err(e) => tracing::warn!(session = %id, "{e}"),
+    }
+}
+
+/// Where session `id`'s pod is by its spec alone (an empty namespace: the context's): for a
+/// delete that comes before its making recorded it.
+pub fn expected(spec: &EnvSpec, id: &SessionId) -> PodRef {
+    let k = spec.kubernetes();
+    PodRef {
+        kubeconfig: k.kubeconfig.clone(),
+        context: k.context.clone(),
+        namespace: k.namespace.clone(),
+        name: pod_name(id),
+        container: String::new(),
     }
 }
 
@@ -798,10 +979,11 @@ pub fn describe(pod: &PodRef, lines: i64) -> Result<(String, String), String> {
 }
 
 /// Deletes the pods of `owner` (this paddock's) in the namespaces of `places` whose session
-/// is not in `known`: what a crash between a delete's commit and the pod's removal, or an
-/// environment directory removed by hand, left on the cluster. Found by their labels; best
-/// effort (a cluster that does not answer is logged).
-pub fn sweep(places: &[PodRef], known: &std::collections::BTreeSet<String>, owner: &str) -> usize {
+/// has no environment in `environments` (checked as each is found: a session made meanwhile
+/// has its directory before its pod): what a crash between a delete's commit and the pod's
+/// removal left on the cluster. Found by their labels; best effort (a cluster that does not
+/// answer is logged).
+pub fn sweep(places: &[PodRef], environments: &Path, owner: &str) -> usize {
     let mut seen = std::collections::BTreeSet::new();
     let mut removed = 0;
     for place in places {
@@ -827,7 +1009,10 @@ pub fn sweep(places: &[PodRef], known: &std::collections::BTreeSet<String>, owne
                 let Some(name) = p.metadata.name else {
                     continue;
                 };
-                if known.contains(&session) || p.metadata.deletion_timestamp.is_some() {
+                let ours = !session.is_empty()
+                    && !session.contains(['/', '.'])
+                    && !environments.join(&session).exists();
+                if !ours || p.metadata.deletion_timestamp.is_some() {
                     continue;
                 }
                 match api.delete(&name, &DeleteParams::default()).await {

@@ -211,7 +211,7 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
     };
     if spec.driver == Driver::Kubernetes {
         let say = |line: &str| log(&root, line);
-        let pod = kube::make_pod(spec, id, &kube::owner(&host.data_dir), &root, &say)?;
+        let pod = kube::make_pod(spec, id, &kube::owner(&host.data_dir)?, &root, &say)?;
         // Recorded once the pod exists: a destroy then finds it, whatever fails after.
         made.pod = Some(pod.clone());
         made.write(&root)?;
@@ -907,8 +907,12 @@ pub fn destroy(host: &Host, id: &SessionId, spec: Option<&EnvSpec>) -> impl FnOn
         .as_ref()
         .and_then(|m| m.vm_port)
         .and_then(|_| qemu::vm_pid(&root));
-    // A kubernetes session's pod: deleted with it (everything in it goes).
-    let pod = made.as_ref().and_then(|m| m.pod.clone());
+    // A kubernetes session's pod: deleted with it (everything in it goes); found by its spec
+    // when the delete came before its making recorded it.
+    let pod = made.as_ref().and_then(|m| m.pod.clone()).or_else(|| {
+        spec.filter(|s| s.driver == Driver::Kubernetes)
+            .map(|s| kube::expected(s, id))
+    });
     // An ssh host's runs of the session: an agent may have outlived its relay there.
     let host_runs = match (spec, made.and_then(|m| m.remote)) {
         (Some(spec), Some(remote)) if spec.driver == Driver::Ssh => {
@@ -984,22 +988,11 @@ pub fn reconcile(
         podman::reconcile(host, &exists, &should_run)
     };
     // The namespaces of the sessions' pods, searched for pods of this paddock's whose session
-    // is gone (off the start-up path: a cluster may be slow to answer).
-    let mut places = Vec::new();
-    let mut known = std::collections::BTreeSet::new();
-    for e in &entries {
-        let id = SessionId(e.file_name().to_string_lossy().to_string());
-        if let Some(pod) = Made::read(&e.path()).and_then(|m| m.pod) {
-            places.push(pod);
-            if exists(&id) {
-                known.insert(id.0);
-            }
-        }
-    }
-    if !places.is_empty() {
-        let owner = kube::owner(&host.data_dir);
-        std::thread::spawn(move || kube::sweep(&places, &known, &owner));
-    }
+    // is gone once the environments of gone sessions are removed below.
+    let places: Vec<kube::PodRef> = entries
+        .iter()
+        .filter_map(|e| Made::read(&e.path()).and_then(|m| m.pod))
+        .collect();
     for e in entries {
         let id = SessionId(e.file_name().to_string_lossy().to_string());
         if exists(&id) {
@@ -1011,7 +1004,7 @@ pub fn reconcile(
             if let Some(pid) = qemu::vm_pid(&e.path()) {
                 qemu::kill(pid);
             }
-            // Its pod, if any, goes with the sweep above.
+            // Its pod, if any, goes with the sweep below.
         }
         let repo = made.and_then(|m| m.repo);
         if std::fs::remove_dir_all(e.path()).is_ok() {
@@ -1021,6 +1014,16 @@ pub fn reconcile(
                 let id = id.0.strip_prefix(TRASH).unwrap_or(&id.0);
                 forget_worktree(&r, &SessionId(id.to_string()));
             }
+        }
+    }
+    // Off the start-up path: a cluster may be slow to answer.
+    if !places.is_empty() {
+        match kube::owner(&host.data_dir) {
+            Ok(owner) => {
+                let environments = host.data_dir.join("environments");
+                std::thread::spawn(move || kube::sweep(&places, &environments, &owner));
+            }
+            Err(e) => tracing::warn!("cannot look for paddock's pods: {e}"),
         }
     }
     removed

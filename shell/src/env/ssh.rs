@@ -241,8 +241,9 @@ pub fn binary_id() -> &'static str {
 const PROBE: &str = r#"
 d=$1; p=$2; w=$3; id=$4
 case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; /*) ;; *) d=$HOME/$d;; esac
-case $w in "") w=$HOME;; "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; /*) ;; *) w=$HOME/$w;; esac
+case $w in "") w=$HOME;; ".") w=$(pwd);; "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; /*) ;; *) w=$HOME/$w;; esac
 case $p in "") p=$d/bin/paddock-$id;; "~/"*) p=$HOME/${p#"~/"};; /*) ;; *) p=$HOME/$p;; esac
+echo "arch=$(uname -m)"
 echo "dir=$d"
 echo "paddock=$p"
 echo "workdir=$w"
@@ -265,6 +266,12 @@ pub trait RemoteShell {
     fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String, String>;
     /// Where, for messages (`user@host`, `pod ns/name`).
     fn destination(&self) -> String;
+    /// Whether the runner starts through a login shell (`sh -l`: an ssh command's environment
+    /// is bare, a login's has the user's PATH). A container's exec already has the image's
+    /// environment, which a distribution's /etc/profile would overwrite.
+    fn login_shell(&self) -> bool {
+        true
+    }
 }
 
 impl RemoteShell for SshTarget {
@@ -334,6 +341,15 @@ pub fn prepare(
         "environment on {}: working directory {workdir}",
         sh.destination()
     ));
+    let arch = fact("arch");
+    if installed.is_empty() && !arch.is_empty() && arch != std::env::consts::ARCH {
+        return Err(format!(
+            "{} is {arch}, and this paddock is built for {}: it cannot run there (name a \
+             paddock built for {arch} that is installed there)",
+            sh.destination(),
+            std::env::consts::ARCH
+        ));
+    }
     if fact("installed") != "yes" {
         if !installed.is_empty() {
             return Err(format!(
@@ -363,15 +379,29 @@ pub fn prepare(
     // Through a login shell: the runner (and every agent it starts) gets the user's own PATH
     // (~/.profile's: ~/.local/bin, a node version manager's), not a bare ssh command's. What
     // the profile prints is skipped: the path is the last line.
-    let out = sh.run(
-        &format!(
-            "sh -lc {} {} {}",
-            quote(r#"exec "$0" __ssh-runner "$1""#),
-            quote(&paddock),
-            quote(&runner_dir)
-        ),
-        None,
-    )?;
+    let out = sh
+        .run(
+            &format!(
+                "sh {} {} {} {}",
+                if sh.login_shell() { "-lc" } else { "-c" },
+                quote(r#"exec "$0" __ssh-runner "$1""#),
+                quote(&paddock),
+                quote(&runner_dir)
+            ),
+            None,
+        )
+        .map_err(|e| {
+            // A binary that does not run there: another C library (musl), an older glibc.
+            if e.contains("not found") || e.contains("GLIBC") || e.contains("Exec format") {
+                format!(
+                    "{e} (paddock's binary does not run on {}: it needs a glibc at least as new \
+                     as this machine's; or name a paddock installed there)",
+                    sh.destination()
+                )
+            } else {
+                e
+            }
+        })?;
     let socket = out
         .lines()
         .map(str::trim)
@@ -602,14 +632,18 @@ impl RelayArgs {
                         workdir: cwd,
                         ..t.clone()
                     };
-                    provision(&exe, &t, &log).map(|_| ())
+                    provision(&exe, &t, &log).map(|_| ()).map_err(Heal::Fatal)
                 }
-                Place::Pod(pod) => super::kube::prepare_again(&exe, pod, &cwd, &dir, &log),
+                Place::Pod(pod) => {
+                    super::kube::prepare_again(&exe, pod, &cwd, &dir, &log).map_err(|e| match e {
+                        super::kube::PrepareError::Retry(e) => Heal::Retry(e),
+                        super::kube::PrepareError::Fatal(e) => Heal::Fatal(e),
+                    })
+                }
             }
         })
         .await
         .map_err(|e| Heal::Fatal(e.to_string()))?
-        .map_err(Heal::Fatal)
     }
 }
 
@@ -790,7 +824,11 @@ impl Relay {
                         Err(e) => e.message().to_string(),
                     }
                 }
-                Err(e) => e,
+                Err(super::kube::ChannelError::NoAnswer(e)) => e,
+                // Not the runner's doing: the way in is down for now.
+                Err(super::kube::ChannelError::Unreachable(e)) => {
+                    return Err(Connect::Unreachable(e))
+                }
             };
             refused += 1;
             if refused >= RUNNER_REFUSALS {
