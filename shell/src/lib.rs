@@ -3,8 +3,9 @@
 //! The core decides, the shell does: every effect the core returns becomes I/O here (a child
 //! process, a SQLite row, a gRPC message, a timer), and every I/O result becomes a core input.
 //!
-//! - [`daemon`]: start-up, the socket, signals, the event loop and its effect executor, the
-//!   child-process supervisor.
+//! - [`daemon`]: start-up, signals, the event loop and its effect executor, the child-process
+//!   supervisor; its typed port ([`daemon::Handle`]).
+//! - [`serve`]: the composition root: starts the daemon and serves [`api`] on its sockets.
 //! - [`api`]: one module per protocol, each a mapping onto the same engine.
 //! - [`providers`]: one adapter per agent: how to start it, how to read its lines.
 //! - [`store`]: SQLite: migrations, the batched writer, queries.
@@ -27,6 +28,7 @@ pub mod proc;
 pub mod providers;
 pub mod runner;
 pub mod secret;
+pub mod serve;
 pub mod socket;
 pub mod store;
 pub mod text;

@@ -565,7 +565,7 @@ fn main() {
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            match rt.block_on(daemon::run(opts)) {
+            match rt.block_on(paddock::serve::run(opts)) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("paddock daemon: {e}");

@@ -400,6 +400,16 @@ async fn a_pod_that_lost_its_runner_or_was_deleted_is_made_ready_again() {
     d.wait_status(&id, pb::SessionStatus::Running).await;
     let mut turn = d.start_turn(&id, "third").await;
     within(collect_until(&mut turn, |a| kind(a) == "COMPLETION")).await;
+    // latis' prune deletes the finished session, and its pod with it.
     d.stop(&id, true).await.unwrap();
+    d.wait_status(&id, pb::SessionStatus::Stopped).await;
+    let o = crate::latis::cli_in(&d, &d.dirs.root, &["session", "prune"]).await;
+    assert!(o.stdout.contains("Pruned 1 session(s)."), "{o:?}");
+    within(async {
+        while pod_of(&kube, &id).is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
     drop(kube);
 }

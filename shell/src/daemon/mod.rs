@@ -25,9 +25,6 @@ use tokio::sync::{mpsc, watch};
 use crate::paths::Clock;
 use crate::store::Store;
 
-/// How long open calls may take to finish after the event loop is done.
-const SERVE_DRAIN: Duration = Duration::from_secs(2);
-
 #[derive(Debug, Clone)]
 pub struct Options {
     pub socket: PathBuf,
@@ -54,8 +51,32 @@ pub struct Options {
     pub notify: notify::Notifier,
 }
 
-/// Runs the daemon in the foreground until it is told to stop.
-pub async fn run(opts: Options) -> Result<(), StartError> {
+/// A started daemon: its data dir locked, its store loaded, its event loop running, its
+/// sockets bound; nothing served yet (the composition root, [`crate::serve`], serves the
+/// protocols on the listeners, then calls [`Started::finish`]).
+pub struct Started {
+    pub opts: Options,
+    pub handle: Handle,
+    /// Where sessions' environments are made (Aria containers are made there too).
+    pub env: crate::env::Host,
+    done: watch::Receiver<bool>,
+    loop_task: tokio::task::JoinHandle<()>,
+    runner: Option<runner_link::RunnerLink>,
+    socket_activated: bool,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// The sockets a started daemon bound, to serve.
+pub struct Listeners {
+    /// The daemon's own socket.
+    pub daemon: UnixListener,
+    /// The Aria socket and obey's, when they could be bound.
+    pub aria: Option<UnixListener>,
+    pub obey: Option<UnixListener>,
+}
+
+/// Starts the daemon: everything but serving its sockets (see [`Started`]).
+pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
     private_data_dir(&opts.data_dir)?;
     let _lock = lock_data_dir(&opts.data_dir)?;
     let db = crate::paths::database(&opts.data_dir);
@@ -171,7 +192,7 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
     let aria_listener = extra(&opts.aria_socket, "the Aria socket");
     let obey_listener = extra(&opts.obey_socket, "obey's socket");
     let (tx, rx) = mpsc::channel(event_loop::COMMAND_QUEUE);
-    let (done_tx, mut done_rx) = watch::channel(false);
+    let (done_tx, done_rx) = watch::channel(false);
     let hub = Hub::new();
     let mut state = State::new(
         engine,
@@ -233,97 +254,55 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         // Sent, never dropped: the command waits for room in the queue.
         let _ = sig_handle.shutdown(true).await;
     });
-
-    let incoming = crate::socket::incoming(listener, opts.peers.clone(), "paddock daemon");
-    let shutdown = {
-        let mut rx = done_rx.clone();
-        async move {
-            let _ = rx.wait_for(|d| *d).await;
-        }
+    let listeners = Listeners {
+        daemon: listener,
+        aria: aria_listener,
+        obey: obey_listener,
     };
-    tracing::info!(socket = %opts.socket.display(), data = %opts.data_dir.display(), "paddock daemon listening");
-    let aria = crate::api::aria::AriaConfig {
-        handle: handle.clone(),
-        workspace: opts.aria_workspace.clone(),
-        provider: opts.aria_provider,
-        model: opts.aria_model.clone(),
+    let started = Started {
+        opts,
+        handle,
         env: env_host,
+        done: done_rx,
+        loop_task,
+        runner,
+        socket_activated,
+        _lock,
     };
-    let serve_extra = |l: UnixListener,
-                       path: PathBuf,
-                       router: tonic::transport::server::Router<crate::transport::ServerLayer>,
-                       what: &'static str| {
-        let mut done = done_rx.clone();
-        let peers = opts.peers.clone();
-        tracing::info!(socket = %path.display(), "serving {what}");
-        tokio::spawn(async move {
-            let incoming = crate::socket::incoming(l, peers, what);
-            let stop = async move {
-                let _ = done.wait_for(|d| *d).await;
-            };
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
-                tracing::warn!("{what} server: {e}");
+    Ok((started, listeners))
+}
+
+impl Started {
+    /// Turns true once the event loop is done (a shutdown): serving stops then.
+    pub fn done(&self) -> watch::Receiver<bool> {
+        self.done.clone()
+    }
+
+    /// After serving ended: waits for the event loop, removes what this daemon bound (its
+    /// socket unless the service manager passed it; the Aria and obey sockets it served) and
+    /// stops the runner a clean shutdown left with nothing to keep.
+    pub async fn finish(mut self, served_aria: bool, served_obey: bool) {
+        // Only our own sockets: a live socket of another daemon was never bound here.
+        for (path, bound) in [
+            (&self.opts.aria_socket, served_aria),
+            (&self.opts.obey_socket, served_obey),
+        ] {
+            if let (Some(path), true) = (path, bound) {
+                let _ = std::fs::remove_file(path);
             }
-            let _ = std::fs::remove_file(&path);
-        });
-    };
-    let aria_bound = aria_listener.is_some();
-    if let (Some(l), Some(path)) = (aria_listener, opts.aria_socket.clone()) {
-        serve_extra(
-            l,
-            path,
-            crate::api::router(aria.clone(), None).await,
-            "the Aria runtime API",
-        );
-    }
-    let obey_bound = obey_listener.is_some();
-    if let (Some(l), Some(path)) = (obey_listener, opts.obey_socket.clone()) {
-        let sunbeam = crate::api::sunbeam::CodeAgent::new(handle.clone());
-        serve_extra(
-            l,
-            path,
-            crate::api::router(aria.clone(), Some(sunbeam)).await,
-            "obey's socket",
-        );
-    }
-    let sunbeam = crate::api::sunbeam::CodeAgent::new(handle.clone());
-    let serve = crate::api::router(aria, Some(sunbeam))
-        .await
-        .serve_with_incoming_shutdown(incoming, shutdown);
-    // Once the loop is done, in-flight calls get a short while to finish; a client that keeps
-    // a call open (a stream it never reads) does not keep the daemon alive.
-    let mut done_late = done_rx.clone();
-    let result = tokio::select! {
-        r = serve => r,
-        _ = async move {
-            let _ = done_late.wait_for(|d| *d).await;
-            tokio::time::sleep(SERVE_DRAIN).await;
-        } => {
-            tracing::warn!("open calls did not finish within {SERVE_DRAIN:?} of shutdown; exiting");
-            Ok(())
         }
-    };
-    // Only our own sockets: a live socket of another daemon was never bound here.
-    for (path, bound) in [
-        (&opts.aria_socket, aria_bound),
-        (&opts.obey_socket, obey_bound),
-    ] {
-        if let (Some(path), true) = (path, bound) {
-            let _ = std::fs::remove_file(path);
+        let _ = self.done.wait_for(|d| *d).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.loop_task).await;
+        // An activated socket belongs to the service manager, which starts us again on it.
+        if !self.socket_activated {
+            let _ = std::fs::remove_file(&self.opts.socket);
+        }
+        crate::contain::release();
+        if let Some(link) = &self.runner {
+            // A clean shutdown stopped every session: the runner has nothing left to keep.
+            link.stop_runner();
         }
     }
-    let _ = done_rx.wait_for(|d| *d).await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), loop_task).await;
-    // An activated socket belongs to the service manager, which starts us again on it.
-    if !socket_activated {
-        let _ = std::fs::remove_file(&opts.socket);
-    }
-    crate::contain::release();
-    if let Some(link) = &runner {
-        // A clean shutdown stopped every session: the runner has nothing left to keep.
-        link.stop_runner();
-    }
-    result.map_err(StartError::Serve)
 }
 
 /// Why the daemon could not start (or stopped serving): `main` prints it and exits 1.

@@ -1,27 +1,36 @@
 //! The `kubernetes` driver: a session's processes run in a pod of its own on a Kubernetes
 //! cluster, in a `paddock runner` there, reached through the cluster's API server with the
 //! user's kubeconfig (kube-rs: contexts, tokens, client certificates and exec credential
-//! plugins work as they do for kubectl).
+//! plugins work as they do for kubectl). The context is resolved when the pod is made and kept:
+//! a later `kubectl config use-context` does not move the session.
 //!
-//! - Provisioning ([`make_pod`], [`ready`]): the pod `paddock-<session>` in the session's namespace,
-//!   labelled `app.kubernetes.io/managed-by=paddock` and `paddock.dev/session=<id>` (how
-//!   paddock finds it again: a start, a restart of the daemon, a delete), from latis'
-//!   `podSpec` (its images, resources, volumes, service account) or one container from the
-//!   session's image. The agent's container is the one named `agent`, else the first; when the
-//!   spec gives it no command, paddock gives it one that keeps it alive, so that the image's
-//!   own entrypoint (often a shell that exits at once without a terminal) does not end the pod.
-//!   paddock waits for the pod to run (an image that cannot be pulled or a spec the kubelet
-//!   refuses is an error with the cluster's reason), then makes it ready the way the ssh
-//!   driver makes a host ready ([`super::ssh::prepare`]: a probe, this paddock binary copied
-//!   in through an exec's stdin when missing, a detached runner) over exec streams.
+//! - Provisioning ([`make_pod`], then [`ready`]): the pod `paddock-<session>` in the session's
+//!   namespace, labelled `app.kubernetes.io/managed-by=paddock`, `paddock.dev/session=<id>` and
+//!   `paddock.dev/owner=<this paddock>` (how paddock finds its pods again, and never another
+//!   paddock's), from latis' `podSpec` (images, resources, volumes, service account) or one
+//!   container from the session's image. It is recorded (`made`, `pod.json`) before it runs.
+//!   The agent's container is the one named `agent`, else the first; when the spec gives it
+//!   no command, paddock gives it one that keeps it alive, so that the image's own entrypoint
+//!   (often a shell that exits at once without a terminal) does not end the pod. paddock polls
+//!   the pod until it runs (an image that cannot be pulled, a container the kubelet cannot
+//!   make or that keeps exiting, is an error with the cluster's reason), then makes it ready
+//!   the way the ssh driver makes a host ready ([`super::ssh::prepare`]: a probe, this paddock
+//!   binary copied in through an exec's stdin when missing, a detached runner) over exec
+//!   streams.
 //! - Entering: the agent's launch becomes the same relay as ssh's (`paddock __ssh-run
 //!   --pod …`). It reaches the runner in the pod through an exec of `paddock __mcp-relay
 //!   <socket>` there (a pipe between the exec stream and the runner's socket) that carries the
 //!   runner protocol's HTTP/2, with keepalives that notice a dead stream. A dropped stream is
-//!   reconnected with backoff and the run re-attached after the last event copied, as over ssh.
+//!   reconnected with backoff and the run re-attached after the last event copied, as over ssh;
+//!   a pod deleted or ended outside paddock is made again from `pod.json` (its run is lost).
 //! - The pod's log (`session logs --environment`) is what its containers write; the agent's
-//!   output is the session's activity. Delete removes the pod; a daemon that finds an
-//!   environment whose session is gone removes its pod.
+//!   output is the session's activity. Delete deletes the pod; a daemon start deletes its own
+//!   pods whose session is gone ([`sweep`]).
+//!
+//! Exec streams go through a client without a read timeout (kube-rs applies it to upgraded
+//! streams), never close their stdin (a `v4.channel.k8s.io` server takes that for the end of
+//! the stream), and read to the command's exit status, which kube-rs gives even when it leaves
+//! stdout open after a dropped connection.
 //!
 //! Tested against a fake API server (tests/e2e/kube_fake.rs) that serves the subset used here
 //! with Kubernetes' JSON shapes; no cluster runs on paddock's CI machines.
@@ -42,7 +51,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "paddock");
 /// The label naming the pod's session.
 pub const SESSION_LABEL: &str = "paddock.dev/session";
-/// The label naming the paddock (this machine and data dir) whose pod it is: on a team's
+/// The label naming the paddock (its data dir's [`owner`] id) whose pod it is: on a team's
 /// cluster, one user's paddock never touches another's pods.
 pub const OWNER_LABEL: &str = "paddock.dev/owner";
 
