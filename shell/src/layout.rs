@@ -16,6 +16,11 @@ use std::path::Path;
 /// went when the composition root moved to `serve`).
 const KNOWN_CYCLES: &[&[&str]] = &[];
 
+/// Cycles between the files (and sub-directories) of one top-level module's directory, each
+/// as the directory and its sorted member names. `providers`: the bridge serves paddock's MCP
+/// tools and reads Claude Code's stream, whose reader knows the bridge's MCP names.
+const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[("providers", &["bridge", "claude_stream", "mcp"])];
+
 /// How deep the source tree is walked (`src/daemon/…/x.rs`); the shell's is three levels.
 const DEPTH_MAX: usize = 8;
 
@@ -117,6 +122,51 @@ fn graph(src: &Path) -> Graph {
     g
 }
 
+/// The graphs of each top-level directory's members (its files, and its sub-directories taken
+/// whole, `mod.rs` left out: a parent declares its children): member → the sibling members it
+/// uses, through `super::m` (`super::super::m` one level down) or `crate::<dir>::m`.
+fn member_graphs(src: &Path) -> BTreeMap<String, Graph> {
+    let mut files = Vec::new();
+    rust_files(src, 0, &mut files);
+    let mut out: BTreeMap<String, Graph> = BTreeMap::new();
+    for p in &files {
+        let rel: Vec<String> = p
+            .strip_prefix(src)
+            .expect("under src")
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().to_string())
+            .collect();
+        // src/<dir>/<member>.rs, src/<dir>/<member>/….rs
+        if rel.len() < 2 || rel[1] == "mod.rs" {
+            continue;
+        }
+        let (dir, member) = (&rel[0], rel[1].trim_end_matches(".rs").to_string());
+        let code = non_test_code(&std::fs::read_to_string(p).expect("source"));
+        // What names this directory's members, from where the file is.
+        let up = match rel.len() {
+            2 => "super::".to_string(),
+            3 if rel[2] == "mod.rs" => "super::".to_string(),
+            n => "super::".repeat(n - 2),
+        };
+        let mut used = references(&code, &format!("crate::{dir}::"));
+        // Only the exact depth: `super::super::x` is not this directory's `x` from one level up.
+        let deeper = format!("{up}super::");
+        used.extend(references(&code.replace(&deeper, "deeper::"), &up));
+        out.entry(dir.clone())
+            .or_default()
+            .entry(member.clone())
+            .or_default()
+            .extend(used.into_iter().filter(|m| *m != member));
+    }
+    for g in out.values_mut() {
+        let members: BTreeSet<String> = g.keys().cloned().collect();
+        for used in g.values_mut() {
+            used.retain(|m| members.contains(m));
+        }
+    }
+    out
+}
+
 /// The strongly connected components with more than one module, each sorted.
 fn cycles(g: &Graph) -> BTreeSet<Vec<String>> {
     let reach = |from: &str| -> BTreeSet<String> {
@@ -159,6 +209,32 @@ fn no_import_cycle_between_top_level_modules() {
         found, known,
         "the shell's top-level import cycles changed (graph: {g:?}); a new cycle must be cut, \
          a cut one removed from KNOWN_CYCLES"
+    );
+}
+
+/// Architecture Invariant: no import cycle between the files of one module's directory but the
+/// listed ones (the files of a directory are its layers: `env/relay.rs` uses `ssh.rs`,
+/// `kube.rs` and `qemu.rs`, none of them the relay).
+#[test]
+fn no_import_cycle_between_the_files_of_a_module() {
+    let graphs = member_graphs(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    assert!(
+        graphs["env"]["relay"].contains("kube"),
+        "{:?}",
+        graphs["env"]
+    );
+    let found: BTreeSet<(String, Vec<String>)> = graphs
+        .iter()
+        .flat_map(|(dir, g)| cycles(g).into_iter().map(move |c| (dir.clone(), c)))
+        .collect();
+    let known: BTreeSet<(String, Vec<String>)> = KNOWN_FILE_CYCLES
+        .iter()
+        .map(|(d, c)| (d.to_string(), c.iter().map(|m| m.to_string()).collect()))
+        .collect();
+    assert_eq!(
+        found, known,
+        "the import cycles between a module's files changed; a new cycle must be cut, a cut one \
+         removed from KNOWN_FILE_CYCLES"
     );
 }
 

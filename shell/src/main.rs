@@ -352,10 +352,10 @@ fn main() {
             cwd,
             env,
             command,
-        } => paddock::env::ssh::relay(paddock::env::ssh::RelayArgs {
+        } => paddock::env::relay::relay(paddock::env::relay::RelayArgs {
             place: match pod.as_deref().map(|p| p.split_once('/')) {
                 Some(Some((namespace, name))) => {
-                    paddock::env::ssh::Place::Pod(paddock::env::kube::PodRef {
+                    paddock::env::relay::Place::Pod(paddock::env::kube::PodRef {
                         kubeconfig,
                         context: kube_context,
                         namespace: namespace.to_string(),
@@ -367,7 +367,7 @@ fn main() {
                     eprintln!("paddock: --pod is NAMESPACE/NAME");
                     std::process::exit(2);
                 }
-                None => paddock::env::ssh::Place::Ssh(paddock_core::SshTarget {
+                None => paddock::env::relay::Place::Ssh(paddock_core::SshTarget {
                     host,
                     port,
                     user,

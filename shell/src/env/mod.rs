@@ -35,6 +35,7 @@ pub mod kube;
 pub mod limits;
 pub mod podman;
 pub mod qemu;
+pub mod relay;
 pub mod ssh;
 
 /// What an environment needs to know about the host it is made on.
@@ -657,15 +658,15 @@ pub fn enter(
         Driver::Bubblewrap => bubblewrap(host, id, config, &made, plan),
         Driver::Podman => podman::enter(id, config, &made, plan),
         Driver::Ssh => {
-            let place = ssh::Place::Ssh(config.env.ssh().clone());
-            ssh::enter(host, id, &place, &made, plan, role)
+            let place = relay::Place::Ssh(config.env.ssh().clone());
+            relay::enter(host, id, &place, &made, plan, role)
         }
         Driver::Qemu => {
-            let place = ssh::Place::Ssh(qemu::target(&config.env, &host.root(id), &made));
-            ssh::enter(host, id, &place, &made, plan, role)
+            let place = relay::Place::Ssh(qemu::target(&config.env, &host.root(id), &made));
+            relay::enter(host, id, &place, &made, plan, role)
         }
         Driver::Kubernetes => match &made.pod {
-            Some(pod) => ssh::enter(host, id, &ssh::Place::Pod(pod.clone()), &made, plan, role),
+            Some(pod) => relay::enter(host, id, &relay::Place::Pod(pod.clone()), &made, plan, role),
             None => Err("the environment was not made (no pod recorded)".into()),
         },
     }
