@@ -17,9 +17,10 @@ use std::path::Path;
 const KNOWN_CYCLES: &[&[&str]] = &[];
 
 /// Cycles between the files (and sub-directories) of one top-level module's directory, each
-/// as the directory and its sorted member names. `providers`: the bridge serves paddock's MCP
-/// tools and reads Claude Code's stream, whose reader knows the bridge's MCP names.
-const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[("providers", &["bridge", "claude_stream", "mcp"])];
+/// as the directory and its sorted member names: none (the last, providers' bridge ↔ mcp ↔
+/// claude_stream, went when `ClientTool` moved to `mcp` and `mcp` wrote its control error
+/// with the codec).
+const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[];
 
 /// How deep the source tree is walked (`src/daemon/…/x.rs`); the shell's is three levels.
 const DEPTH_MAX: usize = 8;

@@ -15,8 +15,17 @@
 
 use serde_json::{json, Value};
 
-use super::bridge::openai::ClientTool;
 use super::stream_json::{self, ControlResponse};
+
+/// A tool the session's client runs (a sunbeam `ToolDef`): offered to the agent as one of
+/// paddock's MCP tools, or in the openai-api loop's tool list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientTool {
+    pub name: String,
+    pub description: String,
+    /// The JSON schema of its arguments.
+    pub parameters: Value,
+}
 
 /// The MCP server's name, as the agent sees it (its tools are `mcp__paddock__<name>`).
 pub const SERVER: &str = "paddock";
@@ -156,10 +165,10 @@ pub fn rpc(message: &Value, tools: &[ClientTool]) -> Rpc {
 /// Handles one `mcp_message` for server `server` offering `tools`.
 pub fn handle(request_id: &str, server: &str, message: &Value, tools: &[ClientTool]) -> Step {
     if server != SERVER {
-        return Step::Reply(super::claude_stream::control_response_error(
-            request_id,
-            &format!("paddock serves no MCP server {server:?}"),
-        ));
+        let why = format!("paddock serves no MCP server {server:?}");
+        return Step::Reply(stream_json::encode(&ControlResponse::error(
+            request_id, &why,
+        )));
     }
     match rpc(message, tools) {
         // Nothing to answer but the control request itself.

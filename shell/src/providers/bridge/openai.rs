@@ -94,14 +94,7 @@ pub struct Settings {
     pub client_tools: Vec<ClientTool>,
 }
 
-/// A tool the client runs (a sunbeam `ToolDef`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClientTool {
-    pub name: String,
-    pub description: String,
-    /// The JSON schema of its arguments.
-    pub parameters: Value,
-}
+pub use crate::providers::mcp::ClientTool;
 
 /// At most this many client tools are offered.
 pub const CLIENT_TOOLS_MAX: usize = 64;
