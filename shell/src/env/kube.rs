@@ -241,6 +241,10 @@ pub fn check_host(spec: &EnvSpec) -> Result<(), String> {
     Ok(())
 }
 
+/// What [`explain`] says of an API server that did not answer (a transport error, not a
+/// refusal): a heal that meets it tries again later.
+const UNREACHABLE: &str = "cannot reach the cluster's API server";
+
 /// An API error in words, with what to do for the common ones.
 fn explain(e: kube::Error, what: &str) -> String {
     match e {
@@ -258,7 +262,7 @@ fn explain(e: kube::Error, what: &str) -> String {
             };
             format!("{what}: {}{hint}", s.message)
         }
-        e => format!("{what}: cannot reach the cluster's API server: {e}"),
+        e => format!("{what}: {UNREACHABLE}: {e}"),
     }
 }
 
@@ -752,7 +756,13 @@ pub fn prepare_again(
         wait_running(&api, pod, log).await
     })
     .and_then(|r| r);
-    made.map_err(PrepareError::Fatal)?;
+    made.map_err(|e| {
+        if e.contains(UNREACHABLE) {
+            PrepareError::Retry(e)
+        } else {
+            PrepareError::Fatal(e)
+        }
+    })?;
     // An exec path that does not work now (the node unreachable, the kubelet restarting) is
     // not a reason to give the run up.
     block_on(exec(pod, vec!["true".into()], None))
