@@ -27,11 +27,11 @@ pub mod paths;
 pub mod proc;
 pub mod providers;
 pub mod runner;
-pub mod secret;
+pub use paddock_support::secret;
 pub mod serve;
 pub mod socket;
-pub mod store;
-pub mod text;
+pub use paddock_store as store;
+pub use paddock_support::text;
 pub mod transport;
 
 #[cfg(test)]

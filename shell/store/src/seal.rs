@@ -1,4 +1,4 @@
-//! Credentials at rest: secret values (see [`crate::secret`]) of a session's environment and
+//! Credentials at rest: secret values (see [`paddock_support::secret`]) of a session's environment and
 //! `provider_config`, and of a task's environment, are stored sealed with ChaCha20-Poly1305
 //! under a key kept **outside** the database, in `secret.key` (0600) beside it. A copy of the
 //! database alone reveals no credential; the key file alone is 32 random bytes.
@@ -18,7 +18,7 @@ use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_L
 use ring::rand::{SecureRandom, SystemRandom};
 
 use super::{Result, StoreError};
-use crate::secret::is_secret;
+use paddock_support::secret::is_secret;
 
 const PREFIX: &str = "sealed:v1:";
 const KEY_LEN: usize = 32;

@@ -148,7 +148,7 @@ pub const UNRECOGNIZED_KEPT: i64 = 1000;
 pub const UNRECOGNIZED_LINE_MAX: usize = 16 * 1024;
 
 fn insert_unrecognized(tx: &rusqlite::Transaction<'_>, l: &UnrecognizedLine) -> Result<()> {
-    let line = crate::text::prefix(&l.line, UNRECOGNIZED_LINE_MAX);
+    let line = paddock_support::text::prefix(&l.line, UNRECOGNIZED_LINE_MAX);
     let seq: i64 = tx.query_row(
         "SELECT COALESCE(MAX(seq), 0) + 1 FROM provider_unrecognized WHERE session_id = ?1",
         [&l.session_id],
