@@ -84,7 +84,7 @@ pub fn owner(data_dir: &Path) -> Result<String, String> {
     }
 }
 /// The pod as paddock created it, in the session's environment directory.
-const POD_FILE: &str = "pod.json";
+pub(super) const POD_FILE: &str = "pod.json";
 /// How long a pod may take to run (an image pull included).
 const RUN_WAIT: Duration = Duration::from_secs(300);
 /// How long one API call (not a stream) may take.
@@ -114,14 +114,18 @@ impl PodRef {
         format!("pod {}/{}", self.namespace, self.name)
     }
 
+    /// The pod's namespace's API, for calls.
     async fn api(&self) -> Result<Api<Pod>, String> {
-        let (client, ..) = client(&self.kubeconfig, &self.context, Use::Calls).await?;
-        Ok(Api::namespaced(client, &self.namespace))
+        self.api_for(Use::Calls).await
     }
 
-    /// The pod's API for exec streams (no read timeout).
+    /// The pod's namespace's API, for exec streams (no read timeout).
     async fn streams(&self) -> Result<Api<Pod>, String> {
-        let (client, ..) = client(&self.kubeconfig, &self.context, Use::Streams).await?;
+        self.api_for(Use::Streams).await
+    }
+
+    async fn api_for(&self, used: Use) -> Result<Api<Pod>, String> {
+        let (client, ..) = client(&self.kubeconfig, &self.context, used).await?;
         Ok(Api::namespaced(client, &self.namespace))
     }
 }

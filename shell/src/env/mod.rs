@@ -989,17 +989,19 @@ pub fn reconcile(
         podman::reconcile(host, &exists, &should_run)
     };
     // The namespaces of the sessions' pods, searched for pods of this paddock's whose session
-    // is gone once the environments of gone sessions are removed below.
-    let places: Vec<kube::PodRef> = entries
-        .iter()
-        .filter_map(|e| Made::read(&e.path()).and_then(|m| m.pod))
-        .collect();
+    // is gone once the environments of gone sessions are removed below. Each `made` file is
+    // read once, and a live session's only when it has a pod.
+    let mut places: Vec<kube::PodRef> = Vec::new();
     for e in entries {
         let id = SessionId(e.file_name().to_string_lossy().to_string());
         if exists(&id) {
+            if e.path().join(kube::POD_FILE).exists() {
+                places.extend(Made::read(&e.path()).and_then(|m| m.pod));
+            }
             continue;
         }
         let made = Made::read(&e.path());
+        places.extend(made.as_ref().and_then(|m| m.pod.clone()));
         if let Some(m) = &made {
             limits::remove(&m.cgroups);
             if let Some(pid) = qemu::vm_pid(&e.path()) {
