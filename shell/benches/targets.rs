@@ -1105,9 +1105,12 @@ async fn p3(s: &Settings) -> Vec<Row> {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let events: usize = PROBE_EVENTS.parse().unwrap();
+    // The watching client is a client of its own (a dashboard), not the connection that
+    // drives the load.
+    let watching = d.client().await;
     let mut watchers = tokio::task::JoinSet::new();
     for id in &probes {
-        watchers.spawn(watch_latencies(c.clone(), id.clone(), events));
+        watchers.spawn(watch_latencies(watching.clone(), id.clone(), events));
     }
     for id in &probes {
         // Read through, so that the turn stream never holds the daemon back.
@@ -1142,7 +1145,12 @@ async fn p3(s: &Settings) -> Vec<Row> {
         lat.len(),
         PROBES * events
     );
+    let t = Instant::now();
     d.stop().await;
+    eprintln!(
+        "P3: a forced shutdown of {n} sessions took {:.2} s (daemon and runner gone)",
+        t.elapsed().as_secs_f64()
+    );
     let load_rate = n * 21 / 2;
     vec![
         Row {
