@@ -228,9 +228,16 @@ impl Engine {
         self.sessions.values()
     }
 
-    /// Every request waiting for a human, oldest session first.
+    /// The sessions that are not terminal, in id order: what a list of active sessions, a
+    /// dashboard or a shutdown looks at, without visiting every session ever stored.
+    pub fn live(&self) -> impl Iterator<Item = &Session> {
+        self.live.iter().map(|id| &self.sessions[id])
+    }
+
+    /// Every request waiting for a human, oldest session first. Only a live session has one
+    /// (a session is WAITING exactly while it has an open request, and an end answers them).
     pub fn pending_approvals(&self) -> impl Iterator<Item = &Approval> {
-        self.sessions.values().flat_map(|s| s.pending().iter())
+        self.live().flat_map(|s| s.pending().iter())
     }
 
     pub fn live_sessions(&self) -> usize {
@@ -720,6 +727,13 @@ impl Engine {
             .map(|(id, _)| id)
             .collect();
         assert_eq!(live, self.live.iter().collect(), "the live set drifted");
+        assert!(
+            self.sessions
+                .values()
+                .filter(|s| s.status().is_terminal())
+                .all(|s| s.pending().is_empty()),
+            "an ended session keeps a request open"
+        );
         let due: BTreeSet<(Instant, SessionId)> = self
             .sessions
             .iter()

@@ -642,6 +642,12 @@ impl LocalDaemonService for Obey {
             })?),
         };
         let include_terminated = r.include_terminated;
+        // Only live sessions can match: the loop visits those alone.
+        let live_only = if statuses.is_empty() {
+            !include_terminated
+        } else {
+            statuses.iter().all(|s| !s.is_terminal())
+        };
         let after = r.page_token.trim().to_string();
         let page_size = usize::try_from(r.page_size)
             .map_err(|_| invalid(format!("page_size {} is negative", r.page_size)))?;
@@ -665,7 +671,12 @@ impl LocalDaemonService for Obey {
         };
         let mut matching = self
             .handle
-            .query(|reply| Query::Sessions { pick, limit, reply })
+            .query(|reply| Query::Sessions {
+                live_only,
+                pick,
+                limit,
+                reply,
+            })
             .await
             .map_err(st)?;
         let more_than_page = page_size > 0 && matching.len() > page_size;

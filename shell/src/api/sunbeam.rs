@@ -565,6 +565,8 @@ impl CodeAgent {
         let mut candidates: Vec<SessionRecord> = self
             .handle
             .query(|reply| Query::Sessions {
+                // An ended session is resumed too.
+                live_only: false,
                 pick,
                 limit: usize::MAX,
                 reply,

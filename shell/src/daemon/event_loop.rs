@@ -448,20 +448,26 @@ impl State {
                     data_dir: self.data_dir.clone(),
                     campaigns: self.engine.campaigns().len(),
                     sessions: self.engine.sessions().count(),
-                    live: self
-                        .engine
-                        .sessions()
-                        .filter(|s| !s.status().is_terminal())
-                        .map(|s| s.record.clone())
-                        .collect(),
+                    live: self.engine.live().map(|s| s.record.clone()).collect(),
                 });
             }
             Query::Session(id, reply) => {
                 let _ = reply.send(self.engine.session(&id).map(view));
             }
-            Query::Sessions { pick, limit, reply } => {
-                let picked = self.engine.sessions().filter(|s| pick(&s.record));
-                let _ = reply.send(picked.take(limit).map(view).collect());
+            Query::Sessions {
+                live_only,
+                pick,
+                limit,
+                reply,
+            } => {
+                let picked: Vec<SessionView> = if live_only {
+                    let live = self.engine.live().filter(|s| pick(&s.record));
+                    live.take(limit).map(view).collect()
+                } else {
+                    let all = self.engine.sessions().filter(|s| pick(&s.record));
+                    all.take(limit).map(view).collect()
+                };
+                let _ = reply.send(picked);
             }
             Query::Campaign(key, reply) => {
                 let _ = reply.send(self.engine.campaigns().get(&key).cloned());

@@ -185,8 +185,10 @@ pub type SessionPick = Box<dyn Fn(&SessionRecord) -> bool + Send>;
 pub enum Query {
     Daemon(Reply<DaemonView>),
     Session(SessionId, Reply<Option<SessionView>>),
-    /// The first `limit` sessions the pick keeps, by id.
+    /// The first `limit` sessions the pick keeps, by id; only those not terminal when
+    /// `live_only` (without visiting every session ever stored).
     Sessions {
+        live_only: bool,
         pick: SessionPick,
         limit: usize,
         reply: Reply<Vec<SessionView>>,
