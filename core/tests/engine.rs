@@ -1172,3 +1172,57 @@ fn a_task_that_never_reached_an_agent_is_sent_by_the_restart() {
     );
     assert_eq!(r.status(), Status::Working);
 }
+
+/// The engine's next deadline is the earliest of its sessions' and its tasks', whichever kind
+/// comes first (the simulator's two sweeps each drive one kind).
+#[test]
+fn the_next_deadline_is_the_earliest_of_sessions_and_tasks() {
+    use paddock_core::task::{TaskInput, TaskSpec, TaskTimer};
+    let mut c = config();
+    c.timeout_ms = 10_000;
+    let mut r = Rig::running(c);
+    r.send("hi");
+    let (session_at, timer) = r.next_deadline();
+    assert_eq!(timer, Timer::SessionTimeout);
+    let launch = |r: &mut Rig, id: &str, timeout_ms: u64| {
+        let req = r.req();
+        let spec = TaskSpec {
+            command: vec!["work".into()],
+            timeout_ms,
+            ..TaskSpec::default()
+        };
+        let id = id.to_string();
+        r.at(
+            0,
+            Input::Task(TaskInput::Launch {
+                req,
+                id: id.clone(),
+                spec,
+            }),
+        );
+        r.at(0, Input::Task(TaskInput::Started { id, pid: 7 }));
+    };
+    // A task due after the session: the session's deadline stays the next.
+    launch(&mut r, "task_late", 20_000);
+    assert_eq!(r.next_deadline(), (session_at, Timer::SessionTimeout));
+    // One due before it: the task's is the next, then the session's again once it is past.
+    launch(&mut r, "task_early", 3_000);
+    let task_at = r.now + 3_000;
+    assert!(task_at < session_at);
+    match r.engine.poll_timeout() {
+        Some((at, Deadline::Task(id, TaskTimer::Timeout))) => {
+            assert_eq!((at.millis(), id.as_str()), (task_at, "task_early"));
+        }
+        other => panic!("the early task's timeout, not {other:?}"),
+    }
+    r.at(task_at - r.now, Input::Tick);
+    r.at(
+        0,
+        Input::Task(TaskInput::Exited {
+            id: "task_early".into(),
+            code: None,
+            signal: Some(15),
+        }),
+    );
+    assert_eq!(r.next_deadline(), (session_at, Timer::SessionTimeout));
+}
