@@ -34,6 +34,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("paddock_descriptor.bin"), fds.encode_to_vec())?;
 
     tonic_prost_build::configure()
+        // Smaller per-stream buffers than tonic's default (see `Codec` in proto/lib.rs).
+        .codec_path("crate::Codec")
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;

@@ -63,6 +63,44 @@ pub mod aria {
     }
 }
 
+/// The codec of every generated client and server: prost's, with 1 KiB message buffers
+/// instead of tonic's 8 KiB. Each open stream holds one on each side for as long as it is
+/// open: a daemon with a thousand agents in its runner keeps a thousand `Exec` streams and a
+/// thousand agents' turn streams, whose events are a few hundred bytes each. A buffer grows
+/// as a larger message needs; the point where an encoder yields (32 KiB) is tonic's.
+#[derive(Debug, Clone)]
+pub struct Codec<T, U>(std::marker::PhantomData<(T, U)>);
+
+impl<T, U> Default for Codec<T, U> {
+    fn default() -> Self {
+        Codec(std::marker::PhantomData)
+    }
+}
+
+/// A stream's message buffers: 1 KiB to start with; an encoder yields past 32 KiB.
+fn buffers() -> tonic::codec::BufferSettings {
+    tonic::codec::BufferSettings::new(1024, 32 * 1024)
+}
+
+impl<T, U> tonic::codec::Codec for Codec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = tonic_prost::ProstDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(buffers())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(buffers())
+    }
+}
+
 /// The encoded `google.protobuf.FileDescriptorSet` of every contract (with
 /// its imports), for `tonic_reflection::server::Builder::register_encoded_file_descriptor_set`.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -121,7 +121,6 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
         .kill_on_drop(false);
     let parent = nix::unistd::getpid();
     let cgroup = crate::contain::tree_cgroup(&tag);
-    let grouped = cgroup.is_some();
     // SAFETY: the closure runs in the forked child before exec and only calls write, prctl
     // and getppid, which are async-signal-safe.
     unsafe {
@@ -148,9 +147,6 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
         }
     };
     let pid = child.id().unwrap_or(0);
-    // The child entered its group before exec, and `spawn` returns after the exec: a leader
-    // not in its group now never entered it (its tree is found by the tag when it ends).
-    let contained = grouped && crate::contain::in_tree_cgroup(&tag, pid);
     let (exited_tx, exited) = watch::channel(false);
     let pipes = Pipes {
         stdin: child.stdin.take(),
@@ -164,7 +160,6 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
         pid,
         child,
         tag,
-        contained,
         exited: exited_tx,
     };
     Ok((process, pipes))
@@ -190,8 +185,6 @@ pub struct Process {
     pub pid: u32,
     child: tokio::process::Child,
     tag: String,
-    /// It was seen in its tree's control group ([`crate::contain::in_tree_cgroup`]).
-    contained: bool,
     exited: watch::Sender<bool>,
 }
 
@@ -204,10 +197,8 @@ impl Process {
         if let Err(e) = &status {
             tracing::warn!(pid = self.pid, "wait: {e}");
         }
-        let (pgid, tag, contained) = (self.pid, self.tag, self.contained);
-        let _ =
-            tokio::task::spawn_blocking(move || crate::contain::kill_tree(pgid, &tag, contained))
-                .await;
+        let (pgid, tag) = (self.pid, self.tag);
+        let _ = tokio::task::spawn_blocking(move || crate::contain::kill_tree(pgid, &tag)).await;
         let _ = self.exited.send(true);
         Exit::from(&status)
     }

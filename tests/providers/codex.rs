@@ -404,7 +404,7 @@ fn a_stop_ends_the_tool_processes_codex_left_behind() {
     let st = b.wait();
     assert_eq!(st.signal(), Some(15), "{st:?}");
     // The tool escaped the group, not the tag.
-    assert!(paddock::contain::kill_tree(b.child.id(), &b.tag, false) >= 1);
+    assert!(paddock::contain::kill_tree(b.child.id(), &b.tag) >= 1);
     let deadline = Instant::now() + WAIT;
     while !processes_with(&nap).is_empty() {
         assert!(Instant::now() < deadline, "the tool outlived the stop");
@@ -425,7 +425,7 @@ fn tool_processes_live_with_the_session_and_end_with_it() {
     assert!(alive(tool), "the background process died with its turn");
     drop(b.stdin.take());
     assert_eq!(b.wait().code(), Some(0));
-    assert!(paddock::contain::kill_tree(b.child.id(), &b.tag, false) >= 1);
+    assert!(paddock::contain::kill_tree(b.child.id(), &b.tag) >= 1);
     let deadline = Instant::now() + WAIT;
     while !processes_with(&nap).is_empty() {
         assert!(Instant::now() < deadline, "the tool outlived the session");

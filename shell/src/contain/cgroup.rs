@@ -140,33 +140,18 @@ fn members(dir: &Path) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// What killing a tree's group did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Killed {
-    /// How many processes it held.
-    pub count: usize,
-    /// Every one of them was killed through `cgroup.kill`, which reaches forks in flight too
-    /// (or there was none): nothing of the tree is left to look for.
-    pub whole: bool,
-}
-
-/// Kills every process in the group at `dir` and removes it once empty.
-fn kill_dir(dir: &Path) -> Killed {
-    let count = members(dir).len();
-    let mut whole = true;
-    if count > 0 {
+/// Kills every process in the group at `dir` and removes it once empty; how many it held.
+fn kill_dir(dir: &Path) -> usize {
+    let n = members(dir).len();
+    if n > 0 {
         match OpenOptions::new().write(true).open(dir.join("cgroup.kill")) {
             Ok(mut f) => {
                 if let Err(e) = f.write_all(b"1") {
                     tracing::warn!(cgroup = %dir.display(), "cgroup.kill: {e}");
-                    whole = false;
                 }
             }
             // Before Linux 5.14: what the tag finds is killed by the caller.
-            Err(e) => {
-                tracing::warn!(cgroup = %dir.display(), "cgroup.kill: {e}");
-                whole = false;
-            }
+            Err(e) => tracing::warn!(cgroup = %dir.display(), "cgroup.kill: {e}"),
         }
     }
     // SIGKILL is delivered at once, but exiting takes a moment: the group cannot be removed
@@ -183,24 +168,16 @@ fn kill_dir(dir: &Path) -> Killed {
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
-    Killed { count, whole }
+    n
 }
 
-/// Kills the tree `tag` and removes its group. Blocking.
-pub(super) fn kill(base: &Path, tag: &str) -> Killed {
+/// Kills the tree `tag` and removes its group; how many processes it held. Blocking.
+pub(super) fn kill(base: &Path, tag: &str) -> usize {
     let dir = base.join(tag);
     if !dir.is_dir() {
-        return Killed {
-            count: 0,
-            whole: false,
-        };
+        return 0;
     }
     kill_dir(&dir)
-}
-
-/// Whether process `pid` is in the group of the tree `tag`.
-pub(super) fn holds(base: &Path, tag: &str, pid: u32) -> bool {
-    members(&base.join(tag)).contains(&pid)
 }
 
 /// Kills every tree in `base`: what an earlier incarnation left. How many processes that was.
@@ -211,7 +188,7 @@ pub(super) fn reap(base: &Path) -> usize {
     entries
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| kill_dir(&e.path()).count)
+        .map(|e| kill_dir(&e.path()))
         .sum()
 }
 

@@ -105,16 +105,6 @@ pub fn tree_cgroup(tag: &str) -> Option<std::fs::File> {
     cgroup::create(OWNER.get()?.cgroups.as_ref()?, tag)
 }
 
-/// Whether `pid`, the first process of the tree `tag`, is in the tree's control group (it
-/// entered it before exec): then the group holds the whole tree, and [`kill_tree`] need not
-/// look for the tree's processes by their tag. Blocking (one small read).
-pub fn in_tree_cgroup(tag: &str, pid: u32) -> bool {
-    OWNER
-        .get()
-        .and_then(|o| o.cgroups.as_ref())
-        .is_some_and(|base| cgroup::holds(base, tag, pid))
-}
-
 /// Removes the control group made for a tree that never started (its spawn failed).
 pub fn forget_tree(tag: &str) {
     if let Some(base) = OWNER.get().and_then(|o| o.cgroups.as_ref()) {
@@ -188,34 +178,22 @@ const MAX_PASSES: usize = 8;
 /// `tag`; how many processes of the tree were found (its leader, already reaped, not
 /// counted). For a tree whose leader has exited (or is about to be killed anyway).
 ///
-/// `contained`: the tree's leader was seen in the tree's control group ([`in_tree_cgroup`]).
-/// No process leaves a control group by `setsid`, double-forking or scrubbing its environment,
-/// so when `cgroup.kill` ended the group, nothing of the tree is left and /proc is not read:
-/// that pass reads every process's environment, which with a thousand agents made each exit
-/// cost a thousand reads, and stopping them all a million.
-///
-/// Otherwise, tagged processes are first stopped (SIGSTOP), pass after pass until a pass finds
-/// none it had not stopped yet, so that one forking while it is looked for (a shell loop,
-/// `make -j`, a restarter) cannot leave a child behind; then all are killed. Reads /proc: call
-/// it off an async runtime's threads.
-pub fn kill_tree(pgid: u32, tag: &str, contained: bool) -> usize {
+/// Tagged processes are first stopped (SIGSTOP), pass after pass until a pass finds none it
+/// had not stopped yet, so that one forking while it is looked for (a shell loop, `make -j`, a
+/// restarter) cannot leave a child behind; then all are killed. Reads /proc: call it off an
+/// async runtime's threads.
+pub fn kill_tree(pgid: u32, tag: &str) -> usize {
     // The group first: one write ends the whole tree, forks in flight included.
-    let group = OWNER
+    let in_cgroup = OWNER
         .get()
         .and_then(|o| o.cgroups.as_ref())
-        .map(|base| cgroup::kill(base, tag));
+        .map_or(0, |base| cgroup::kill(base, tag));
     if pgid != 0 {
         let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
     }
-    let in_cgroup = group.map_or(0, |g| g.count);
-    let n = if contained && group.is_some_and(|g| g.whole) {
-        in_cgroup
-    } else {
-        // What the group did not hold (no cgroups here, or the leader never entered its group)
-        // is found by its tag. A process the group held is gone by now: a zombie's environment
-        // reads empty, so none is counted twice.
-        in_cgroup + stop_and_kill(&format!("{TAG_VAR}={tag}"))
-    };
+    // What the group did not hold (no cgroups here) is found by its tag. A process the group
+    // held is gone by now: a zombie's environment reads empty, so none is counted twice.
+    let n = in_cgroup + stop_and_kill(&format!("{TAG_VAR}={tag}"));
     if n > 0 {
         tracing::info!(tag, count = n, "killed what was left of a process tree");
     }
@@ -287,7 +265,7 @@ mod tests {
             assert!(Instant::now() < deadline, "the tree never started");
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(kill_tree(0, &tag, false), 2);
+        assert_eq!(kill_tree(0, &tag), 2);
         let _ = sh.wait();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !tagged_processes(Path::new("/proc"), &tag).is_empty() {
@@ -323,7 +301,7 @@ mod tests {
             assert!(Instant::now() < deadline, "the tree never grew");
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(kill_tree(0, &tag, false) >= 5);
+        assert!(kill_tree(0, &tag) >= 5);
         let _ = sh.wait();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !tagged_processes(Path::new("/proc"), &tag).is_empty() {

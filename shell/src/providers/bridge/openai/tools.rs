@@ -327,7 +327,7 @@ impl Tools {
             if Instant::now() >= deadline {
                 timed_out = true;
                 // Its group and everything carrying its tag: a pipeline, a `make`, a `setsid`.
-                crate::contain::kill_tree(child.id(), &tag, false);
+                crate::contain::kill_tree(child.id(), &tag);
                 break child.wait()?;
             }
             std::thread::sleep(Duration::from_millis(10));
