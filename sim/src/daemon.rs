@@ -11,6 +11,9 @@
 //! - a signal goes only to a task whose process lives; a KILL follows a TERM exactly the
 //!   grace later, unless the process exited first; a timeout TERMs exactly the timeout after
 //!   the start;
+//! - a launch is refused with the code its cause implies: the shutdown (`ShuttingDown`), a
+//!   session the engine does not know (`SessionNotFound`: a `session exec` whose session is
+//!   gone), else a duplicate id, an empty command or the live-task limit;
 //! - a task ends CANCELLED when it was cancelled (by a client or the shutdown), TIMEOUT when its
 //!   time ran out, otherwise COMPLETED on exit code 0 and FAILED on anything else;
 //! - a campaign name is never taken twice, and the engine's campaigns are the reference's;
@@ -113,7 +116,12 @@ struct TaskModel {
 /// Who waits for what.
 #[derive(Debug, Clone)]
 enum Waiting {
-    Launch { id: String, ok: bool },
+    /// `gone`: bound to a session the engine does not know (refused, `OBEY-2001`).
+    Launch {
+        id: String,
+        ok: bool,
+        gone: bool,
+    },
     Cancel,
     AddCampaign,
     RemoveCampaign,
@@ -293,6 +301,8 @@ impl Run {
             .count();
         let empty = self.rng.per_mille(30);
         let again = !self.tasks.is_empty() && self.rng.per_mille(30);
+        // A command for a session (`session exec`) whose session is gone: this sweep has none.
+        let gone = self.rng.per_mille(40);
         let id = if again {
             let ids: Vec<String> = self.tasks.keys().cloned().collect();
             self.rng.pick(&ids).clone()
@@ -302,6 +312,11 @@ impl Run {
         };
         let spec = TaskSpec {
             command: if empty { vec![] } else { vec!["work".into()] },
+            session_id: if gone {
+                "sess-gone".into()
+            } else {
+                String::new()
+            },
             timeout_ms: if self.rng.chance(1, 3) {
                 self.rng.range(1, 3_000)
             } else {
@@ -309,8 +324,16 @@ impl Run {
             },
             ..TaskSpec::default()
         };
-        let ok = !self.shutting_down && !again && !empty && live < self.limits.tasks.max_live_tasks;
-        let req = self.request(Waiting::Launch { id: id.clone(), ok });
+        let ok = !self.shutting_down
+            && !gone
+            && !again
+            && !empty
+            && live < self.limits.tasks.max_live_tasks;
+        let req = self.request(Waiting::Launch {
+            id: id.clone(),
+            ok,
+            gone,
+        });
         if ok {
             self.tasks.insert(
                 id.clone(),
@@ -677,15 +700,22 @@ impl Run {
             }
             Effect::ReplyTask { req, result } => match (self.waiting.remove(&req), result) {
                 (_, _) if req == paddock_core::NO_REPLY => {}
-                (Some(Waiting::Launch { id, ok: true }), Ok(TaskReply::Launched(got))) => {
+                (Some(Waiting::Launch { id, ok: true, .. }), Ok(TaskReply::Launched(got))) => {
                     if got != id {
                         return Err(format!("launched {got}, asked for {id}"));
                     }
                     self.stats.launched += 1;
                 }
-                (Some(Waiting::Launch { ok: false, .. }), Err(e)) => {
+                (
+                    Some(Waiting::Launch {
+                        ok: false, gone, ..
+                    }),
+                    Err(e),
+                ) => {
                     let want = if self.shutting_down {
                         ErrorCode::ShuttingDown
+                    } else if gone {
+                        ErrorCode::SessionNotFound
                     } else {
                         ErrorCode::Generic
                     };
