@@ -460,14 +460,13 @@ impl State {
                 limit,
                 reply,
             } => {
-                let picked: Vec<SessionView> = if live_only {
-                    let live = self.engine.live().filter(|s| pick(&s.record));
-                    live.take(limit).map(view).collect()
+                let sessions: Box<dyn Iterator<Item = &paddock_core::Session>> = if live_only {
+                    Box::new(self.engine.live())
                 } else {
-                    let all = self.engine.sessions().filter(|s| pick(&s.record));
-                    all.take(limit).map(view).collect()
+                    Box::new(self.engine.sessions())
                 };
-                let _ = reply.send(picked);
+                let picked = sessions.filter(|s| pick(&s.record)).take(limit);
+                let _ = reply.send(picked.map(view).collect());
             }
             Query::Campaign(key, reply) => {
                 let _ = reply.send(self.engine.campaigns().get(&key).cloned());
