@@ -76,8 +76,11 @@ impl Deadline {
 /// What the store holds, loaded at daemon start-up.
 #[derive(Debug, Clone, Default)]
 pub struct Stored {
+    /// Every session that is not [settled](SessionRecord::is_settled) (the start-up decides
+    /// what becomes of each), and any settled ones the shell chooses to hand over now; the
+    /// others are [recalled](Engine::recall) when something names them.
     pub sessions: Vec<SessionRecord>,
-    /// Every open request for a human, and the newest resolved ones of each session.
+    /// Every open request for a human, and the newest resolved ones of each of those sessions.
     pub approvals: Vec<Approval>,
     pub tasks: Vec<TaskRecord>,
     pub campaigns: Vec<Campaign>,
@@ -146,6 +149,9 @@ impl Engine {
     /// Deadlines the previous daemon stored as wall-clock times (a request's expiry, a session
     /// timeout counted from its start) are brought onto this daemon's monotonic clock here
     /// ([`Now::instant_of`]).
+    ///
+    /// A daemon with 10,000 ended sessions stored starts with the few it must decide on: the
+    /// settled ones come back through [`Engine::recall`].
     pub fn restore(
         limits: Limits,
         now: Now,
@@ -173,6 +179,10 @@ impl Engine {
         }
         for record in stored.sessions {
             let id = record.id.clone();
+            assert!(
+                !engine.sessions.contains_key(&id),
+                "session {id} is stored once"
+            );
             // Run ids stay unique across daemon lifetimes: the runner may still know old ones.
             if let Some(r) = record.run {
                 engine.next_run = engine.next_run.max(r + 1);
@@ -183,15 +193,7 @@ impl Engine {
                 .copied()
                 .filter(|(run, _)| record.run == Some(*run));
             let mut s = Session::from_record(record);
-            let mut mine = by_session.remove(&id).unwrap_or_default();
-            // Open ones in the order they were asked; resolved ones in the order they were
-            // resolved (the window of late answers the old daemon had).
-            mine.sort_by(|a, b| {
-                (a.resolved_at, a.created_at, &a.id).cmp(&(b.resolved_at, b.created_at, &b.id))
-            });
-            for a in mine {
-                s.restore_approval(a, now);
-            }
+            restore_requests(&mut s, by_session.remove(&id).unwrap_or_default(), now);
             let mut cx = Ctx {
                 now,
                 lim: &engine.limits,
@@ -208,8 +210,49 @@ impl Engine {
             engine.sessions.insert(id.clone(), s);
             engine.reindex(&id);
         }
+        // The other half of the store's rule: a session with an open request is not settled,
+        // so it was restored above and took its requests.
+        debug_assert!(
+            by_session.values().flatten().all(|a| !a.is_pending()),
+            "an open request's session was not restored"
+        );
         engine.check_index();
         (engine, out.into_effects())
+    }
+
+    /// Takes back a [settled](SessionRecord::is_settled) session that start-up left in the
+    /// store, with its newest resolved requests (the window of late answers, as
+    /// [`Engine::restore`] gives every session it restores), once every run id the store names
+    /// is reserved ([`Engine::reserve_runs_through`]). The shell calls it before an
+    /// input or a query that names the session, so every rule sees the session as if it had
+    /// been restored: nothing about it is decided here, and nothing comes out.
+    pub fn recall(&mut self, record: SessionRecord, resolved: Vec<Approval>) {
+        let id = record.id.clone();
+        assert!(
+            record.is_settled(),
+            "only a settled session is recalled ({id} is {})",
+            record.status
+        );
+        assert!(
+            !self.sessions.contains_key(&id),
+            "session {id} is recalled once"
+        );
+        assert!(
+            resolved.iter().all(|a| !a.is_pending() && a.session == id),
+            "a settled session's requests are resolved ({id})"
+        );
+        // A request names the run that asked, which must never name another process: the
+        // shell reserved every run id the store names ([`Engine::reserve_runs_through`]).
+        assert!(
+            resolved.iter().all(|a| a.run < self.next_run),
+            "a recalled request's run id is reserved ({id})"
+        );
+        let mut s = Session::from_record(record);
+        restore_requests(&mut s, resolved, self.now);
+        self.sessions.insert(id.clone(), s);
+        self.reindex(&id);
+        debug_assert!(!self.live.contains(&id) && !self.deadline_of.contains_key(&id));
+        self.check_index();
     }
 
     // ── getters ────────────────────────────────────────────────────────────
@@ -223,7 +266,8 @@ impl Engine {
         self.sessions.get(id)
     }
 
-    /// Every session, in id order (ULIDs: creation order).
+    /// Every session the engine holds (the live ones, and the ended ones restored or recalled),
+    /// in id order (ULIDs: creation order).
     pub fn sessions(&self) -> impl Iterator<Item = &Session> {
         self.sessions.values()
     }
@@ -615,12 +659,10 @@ impl Engine {
             }
             Input::RemoveCampaign { req, key } => {
                 let sessions = &self.sessions;
+                let live = &self.live;
                 let result = self.campaigns.handle_remove(&key, |campaign| {
-                    sessions
-                        .values()
-                        .filter(|s| {
-                            s.record.config.campaign_id == campaign && !s.status().is_terminal()
-                        })
+                    live.iter()
+                        .filter(|id| sessions[*id].record.config.campaign_id == campaign)
                         .count()
                 });
                 if let Ok(Some(c)) = &result {
@@ -741,6 +783,18 @@ impl Engine {
             .collect();
         assert_eq!(due, self.due, "the deadline index drifted");
         assert_eq!(self.due.len(), self.deadline_of.len());
+    }
+}
+
+/// A session's stored requests, as the daemon that stored them had them: open ones in the
+/// order they were asked, resolved ones in the order they were resolved (the window of late
+/// answers).
+fn restore_requests(s: &mut Session, mut requests: Vec<Approval>, now: Now) {
+    requests.sort_by(|a, b| {
+        (a.resolved_at, a.created_at, &a.id).cmp(&(b.resolved_at, b.created_at, &b.id))
+    });
+    for a in requests {
+        s.restore_approval(a, now);
     }
 }
 

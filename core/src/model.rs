@@ -408,6 +408,14 @@ impl SessionRecord {
     pub fn tokens_total(&self) -> u64 {
         self.tokens_input.saturating_add(self.tokens_output)
     }
+
+    /// Ended, with no process named and (checked with its requests) nothing left to decide
+    /// when a daemon starts: such a session need not be restored at start-up; it is recalled
+    /// when something names it ([`crate::Engine::recall`]). A store selects the others by the
+    /// same rule.
+    pub fn is_settled(&self) -> bool {
+        self.status.is_terminal() && self.pid.is_none() && self.run.is_none()
+    }
 }
 
 /// An activity as stored and as sent to clients.

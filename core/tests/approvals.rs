@@ -706,3 +706,89 @@ fn a_request_resolved_beyond_the_engines_memory_is_still_a_second_answer() {
         if e.code == ErrorCode::ApprovalResolved && e.message.contains("already approved (by cli)"))),
         "{fx:?}");
 }
+
+#[test]
+fn a_settled_session_recalled_later_answers_as_if_it_had_been_restored() {
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    let resolved = r.resolve("a1", Decision::Approve).1.unwrap();
+    let req = r.next_req();
+    r.at(
+        1,
+        Input::Stop {
+            req,
+            id: sid(),
+            graceful: false,
+        },
+    );
+    r.provider(ProviderEvent::Exited {
+        code: None,
+        signal: Some(15),
+        stderr_tail: String::new(),
+    });
+    let record = r.engine.session(&sid()).unwrap().record.clone();
+    assert!(record.is_settled(), "{record:?}");
+    // One daemon restores it at start-up; the other starts without it and recalls it when an
+    // input names it. Every input after that is answered the same by both.
+    let at = r.now + 10;
+    let (mut restored, fx) = restore_with(
+        Limits::default(),
+        at,
+        vec![record.clone()],
+        vec![resolved.clone()],
+        &BTreeMap::new(),
+    );
+    assert!(fx.is_empty(), "a settled session needs no decision: {fx:?}");
+    let (mut recalled, fx) = restore_with(Limits::default(), at, vec![], vec![], &BTreeMap::new());
+    assert!(fx.is_empty());
+    assert!(recalled.session(&sid()).is_none());
+    // The shell reserves the run ids the store names (its requests' runs among them).
+    recalled.reserve_runs_through(resolved.run);
+    recalled.recall(record.clone(), vec![resolved]);
+    assert_eq!(recalled.live_sessions(), 0);
+    assert_eq!(recalled.poll_timeout(), None);
+    let second_answer = Input::Resolve {
+        req: 100,
+        approval: "a1".into(),
+        session: None,
+        decision: Decision::Approve,
+        by: "cli".into(),
+        stored: None,
+    };
+    let inputs = [
+        second_answer,
+        Input::Send {
+            req: 101,
+            id: sid(),
+            text: "hi".into(),
+        },
+        Input::Stop {
+            req: 102,
+            id: sid(),
+            graceful: true,
+        },
+        Input::Restart {
+            req: 103,
+            id: sid(),
+            provider_config: None,
+        },
+    ];
+    for input in inputs {
+        let a = restored.handle(now(at + 1), input.clone());
+        let b = recalled.handle(now(at + 1), input);
+        assert_eq!(a, b);
+        assert!(!a.is_empty());
+    }
+    assert_eq!(
+        restored.session(&sid()).unwrap().record,
+        recalled.session(&sid()).unwrap().record
+    );
+}
+
+#[test]
+#[should_panic(expected = "only a settled session is recalled")]
+fn a_session_with_something_to_decide_is_never_recalled() {
+    let r = Rig::working("ask");
+    let record = r.engine.session(&sid()).unwrap().record.clone();
+    Engine::new(Limits::default()).recall(record, vec![]);
+}

@@ -234,6 +234,8 @@ pub struct Stats {
     pub orphans: u64,
     /// Runs the runner listed that their session no longer had (not to be adopted).
     pub stale_listed: u64,
+    /// Settled sessions a restart left in the store and recalled (`Engine::recall`).
+    pub recalled: u64,
     /// Runs that exited while the daemon was down, not listed (only running ones were).
     pub finished_unlisted: u64,
     /// Output lines of those runs that were never applied.
@@ -379,6 +381,7 @@ struct Sim {
     redelivered: u64,
     orphans: u64,
     stale_listed: u64,
+    recalled: u64,
     finished_unlisted: u64,
     output_unread: u64,
 }
@@ -423,6 +426,7 @@ impl Sim {
             redelivered: 0,
             orphans: 0,
             stale_listed: 0,
+            recalled: 0,
             finished_unlisted: 0,
             output_unread: 0,
         }
@@ -439,6 +443,7 @@ impl Sim {
             redelivered: self.redelivered,
             orphans: self.orphans,
             stale_listed: self.stale_listed,
+            recalled: self.recalled,
             finished_unlisted: self.finished_unlisted,
             output_unread: self.output_unread,
             exits_revived: self.world.exits_revived,
@@ -960,11 +965,30 @@ impl Sim {
         // floor reserves the others (runs no record names any more), so each guarantee is
         // tested on its own. (Either way the stored requests are loaded: those of sessions
         // whose process is gone are cancelled.)
+        // As the shell's store gives them: only the sessions that are not settled, with their
+        // requests; the settled ones are recalled below, as the shell recalls each when
+        // something names it (`Engine::recall`; the core's tests pin that a later recall
+        // answers the same), after the run ids the store names are reserved.
+        let open: BTreeSet<&SessionId> = loaded
+            .iter()
+            .filter(|a| a.is_pending())
+            .map(|a| &a.session)
+            .collect();
+        let (restored, settled): (Vec<SessionRecord>, Vec<SessionRecord>) = records
+            .iter()
+            .cloned()
+            .partition(|r| !r.is_settled() || open.contains(&r.id));
+        let restored_ids: BTreeSet<&SessionId> = restored.iter().map(|r| &r.id).collect();
         let stored = || Stored {
-            sessions: records.clone(),
-            approvals: loaded.clone(),
+            sessions: restored.clone(),
+            approvals: loaded
+                .iter()
+                .filter(|a| restored_ids.contains(&a.session))
+                .cloned()
+                .collect(),
             ..Stored::default()
         };
+        let stored_runs = self.store.approvals.values().map(|a| a.run).max();
         let (mut engine, effects) = if survives {
             let (mut engine, effects) = Engine::restore(
                 self.limits.clone(),
@@ -988,9 +1012,26 @@ impl Sim {
                 &Surviving::default(),
             )
         };
+        if let Some(floor) = stored_runs {
+            engine.reserve_runs_through(floor);
+        }
+        for rec in settled {
+            let resolved: Vec<Approval> = loaded
+                .iter()
+                .filter(|a| a.session == rec.id)
+                .cloned()
+                .collect();
+            engine.recall(rec, resolved);
+            self.recalled += 1;
+        }
         engine.set_trace(true);
         self.engine = engine;
-        log_entry!(self.log, "   restored {} sessions", records.len());
+        log_entry!(
+            self.log,
+            "   restored {} sessions ({} of them settled, recalled)",
+            records.len(),
+            records.len() - restored_ids.len()
+        );
         for rec in &records {
             self.coverage
                 .add_restore(rec.status, adopt.contains_key(&rec.id), rec.turn_open);

@@ -68,7 +68,7 @@ fn sweep() {
     let (mut requests, mut lost, mut cut) = (0, 0, 0);
     let (mut survived, mut adopted, mut turns_adopted, mut redelivered, mut replays) =
         (0, 0, 0, 0, 0);
-    let (mut orphans, mut stale, mut revived) = (0, 0, 0);
+    let (mut orphans, mut stale, mut revived, mut recalled) = (0, 0, 0, 0);
     let (mut unlisted, mut unread) = (0, 0);
     let mut m = sim::model::ModelStats::default();
     let (mut scripted, mut received) = (0, 0);
@@ -88,6 +88,7 @@ fn sweep() {
                 replays += o.stats.model.replays_ignored;
                 orphans += o.stats.orphans;
                 stale += o.stats.stale_listed;
+                recalled += o.stats.recalled;
                 revived += o.stats.exits_revived;
                 unlisted += o.stats.finished_unlisted;
                 unread += o.stats.output_unread;
@@ -147,7 +148,8 @@ fn sweep() {
         "runner: survived {survived} of the crashes; {adopted} processes adopted ({turns_adopted} \
          with a turn in progress), {orphans} stopped unadopted, {stale} stale runs listed and \
          not adopted, {unlisted} exited meanwhile and not listed ({unread} output lines never read); {redelivered} output lines replayed, {replays} of them recognised as \
-         applied already; {revived} exits in flight delivered again"
+         applied already; {revived} exits in flight delivered again; {recalled} settled sessions \
+         left in the store at a restart and recalled"
     );
     println!(
         "approvals: {scripted} asks scripted, {} applied ({} settled at once by a policy or a \
@@ -237,6 +239,7 @@ fn sweep() {
                 "a report after the making was given up",
                 m.env_reports_ignored,
             ),
+            ("a settled session recalled after a restart", recalled),
         ] {
             assert!(n > 0, "the CI set never reached {what}");
         }

@@ -218,6 +218,90 @@ async fn after_kill_9_a_restarted_daemon_fails_live_sessions_with_2032() {
     assert_eq!(acts.last().map(kind), Some("COMPLETION"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_sessions_stay_in_the_store_until_named_and_then_answer_as_before() {
+    // A restarted daemon restores only what it must decide on; an ended session is read back
+    // (recalled) the first time a request names it. Lists read the store.
+    let mut d = Daemon::start_with_env(Dirs::new(), &[], &[("PADDOCK_LOG", "paddock=debug")]).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let s = d.session(None).await;
+        d.stop(&s.id, true).await.unwrap();
+        ids.push(s.id);
+    }
+    ids.sort();
+    d.kill9();
+    d.launch().await;
+    let mut c = d.client().await;
+    // Every ended session is listed, in id order, page by page.
+    let page = |token: String| pb::ListSessionsRequest {
+        include_terminated: true,
+        page_size: 2,
+        page_token: token,
+        ..Default::default()
+    };
+    let first = c
+        .list_sessions(page(String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed: Vec<&str> = first.sessions.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(listed, [ids[0].as_str(), ids[1].as_str()]);
+    assert!(first
+        .sessions
+        .iter()
+        .all(|s| status_name(s.status) == "STOPPED"));
+    let second = c
+        .list_sessions(page(first.next_page_token))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed: Vec<&str> = second.sessions.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(listed, [ids[2].as_str()]);
+    assert_eq!(second.next_page_token, "");
+    let st = c.get_state(pb::StateRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.session_count, 3);
+    assert!(
+        !d.stderr().contains("recalled a settled session"),
+        "nothing named a session yet: {}",
+        d.stderr()
+    );
+    // Named, each answers as it did: a restart works, a second stop is OBEY-2020, a delete
+    // forgets the session.
+    let r = c
+        .restart_session(pb::RestartSessionRequest {
+            session_id: ids[0].clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(status_name(r.status), "RUNNING");
+    assert_eq!(r.restart_count, 1);
+    let acts = d.send(&ids[0], "are you back?").await;
+    assert_eq!(acts.last().map(kind), Some("COMPLETION"));
+    let again = d.stop(&ids[1], true).await.unwrap_err();
+    assert_status(&again, tonic::Code::FailedPrecondition, "OBEY-2020");
+    c.delete_session(pb::DeleteSessionRequest {
+        session_id: ids[2].clone(),
+    })
+    .await
+    .unwrap();
+    let gone = c
+        .get_session(pb::GetSessionRequest {
+            session_id: ids[2].clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
+    let st = c.get_state(pb::StateRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.session_count, 2);
+    assert_eq!(st.active_sessions.len(), 1);
+    assert!(d.stderr().contains("recalled a settled session"));
+}
+
 /// Runs a second daemon that must refuse to start; its stderr.
 async fn refused_start(d: &Daemon, socket: &std::path::Path, data: &std::path::Path) -> String {
     let mut child = Daemon::daemon_command(&d.dirs, socket, data, Stdio::piped())

@@ -109,6 +109,33 @@ pub enum Input {
     Tick,
 }
 
+impl Input {
+    /// The session a rule about this input may look up though the session has ended: the one
+    /// it names (a create: to refuse a taken id), a second answer's (through the store's
+    /// copy), or the one a task or a container is bound to. A shell whose engine holds only
+    /// what start-up restored hands it that session first ([`crate::Engine::recall`]).
+    /// Provider and environment events name live sessions only.
+    pub fn recalls(&self) -> Option<SessionId> {
+        match self {
+            Input::Create { id, .. }
+            | Input::Send { id, .. }
+            | Input::Stop { id, .. }
+            | Input::Restart { id, .. }
+            | Input::Delete { id, .. }
+            | Input::Report { id, .. } => Some(id.clone()),
+            Input::Resolve { stored, .. } => stored.as_ref().map(|a| a.session.clone()),
+            Input::Task(TaskInput::Launch { spec, .. }) if !spec.session_id.is_empty() => {
+                Some(SessionId(spec.session_id.clone()))
+            }
+            Input::Container {
+                request: crate::container::ContainerRequest::Create(spec),
+                ..
+            } => spec.session.clone(),
+            _ => None,
+        }
+    }
+}
+
 /// What an agent asks. `approval` is the id the request gets if a human must answer it;
 /// `key` is the agent's own id for it, which the answer carries back.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,8 +18,8 @@ use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 use super::convert;
 use super::extensions::Understood;
 use crate::daemon::port::{
-    Command, Handle, HistoryView, Query, Read, Request as Req, SessionView, TURN_STREAM_BUFFER,
-    WATCH_BUFFER,
+    Command, Handle, HistoryView, Query, Read, Request as Req, Scope, SessionView,
+    TURN_STREAM_BUFFER, WATCH_BUFFER,
 };
 use crate::paths::now_ms;
 use crate::secret;
@@ -253,7 +253,7 @@ impl LocalDaemonService for Obey {
         &self,
         _request: Request<pb::PingRequest>,
     ) -> Result<Response<pb::PingResponse>, GrpcStatus> {
-        let d = self.handle.query(Query::Daemon).await.map_err(st)?;
+        let d = read(self.handle.query(Query::Daemon).await)?;
         Ok(Response::new(pb::PingResponse {
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime: Some(convert::duration(now_ms().saturating_sub(d.started_at))),
@@ -265,7 +265,7 @@ impl LocalDaemonService for Obey {
         request: Request<pb::StateRequest>,
     ) -> Result<Response<pb::StateResponse>, GrpcStatus> {
         let understood = Understood::of(&request);
-        let d = self.handle.query(Query::Daemon).await.map_err(st)?;
+        let d = read(self.handle.query(Query::Daemon).await)?;
         let resp = pb::StateResponse {
             version: env!("CARGO_PKG_VERSION").to_string(),
             started_at: Some(convert::timestamp(paddock_core::Timestamp::from_millis(
@@ -651,6 +651,12 @@ impl LocalDaemonService for Obey {
         let after = r.page_token.trim().to_string();
         let page_size = usize::try_from(r.page_size)
             .map_err(|_| invalid(format!("page_size {} is negative", r.page_size)))?;
+        let scope = Scope {
+            live_only,
+            after: after.clone(),
+            campaign: campaign.clone(),
+            working_dir: None,
+        };
         // Filtered on the loop, where the sessions are: only what matches is copied.
         let pick = Box::new(move |rec: &SessionRecord| {
             (after.is_empty() || rec.id.0 > after)
@@ -669,16 +675,16 @@ impl LocalDaemonService for Obey {
             0 => usize::MAX,
             n => n.saturating_add(1),
         };
-        let mut matching = self
-            .handle
-            .query(|reply| Query::Sessions {
-                live_only,
-                pick,
-                limit,
-                reply,
-            })
-            .await
-            .map_err(st)?;
+        let mut matching = read(
+            self.handle
+                .query(|reply| Query::Sessions {
+                    scope,
+                    pick,
+                    limit,
+                    reply,
+                })
+                .await,
+        )?;
         let more_than_page = page_size > 0 && matching.len() > page_size;
         if more_than_page {
             matching.truncate(page_size);

@@ -50,7 +50,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::history::{self, Role};
-use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req};
+use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req, Scope};
 use crate::paths::now_ms;
 use crate::providers;
 use crate::store::ReportedEvent;
@@ -565,13 +565,18 @@ impl CodeAgent {
         let mut candidates: Vec<SessionRecord> = self
             .handle
             .query(|reply| Query::Sessions {
-                // An ended session is resumed too.
-                live_only: false,
+                // An ended session is resumed too. Sunbeam's sessions work in their project's
+                // root: only those rows are read.
+                scope: Scope {
+                    working_dir: Some(root.to_string()),
+                    ..Scope::default()
+                },
                 pick,
                 limit: usize::MAX,
                 reply,
             })
             .await
+            .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?
             .into_iter()
             .map(|v| v.record)

@@ -50,12 +50,17 @@ enum Waiting {
 impl Waiting {
     /// The loop is done: whoever still waits is told the daemon is shutting down.
     fn refuse(self) {
+        self.fail(shutting_down())
+    }
+
+    /// The request is answered with `e` before the core saw it.
+    fn fail(self, e: Error) {
         // A refusal nobody waits for any more is dropped.
         match self {
-            Waiting::Session { reply, .. } => drop(reply.send(Err(shutting_down()))),
-            Waiting::Approval(reply) => drop(reply.send(Err(shutting_down()))),
-            Waiting::Task(reply) => drop(reply.send(Err(shutting_down()))),
-            Waiting::Container(reply) => drop(reply.send(Err(shutting_down()))),
+            Waiting::Session { reply, .. } => drop(reply.send(Err(e))),
+            Waiting::Approval(reply) => drop(reply.send(Err(e))),
+            Waiting::Task(reply) => drop(reply.send(Err(e))),
+            Waiting::Container(reply) => drop(reply.send(Err(e))),
             // Dropped unanswered: the caller sees the loop gone (`port::unavailable`).
             Waiting::AddCampaign(_) | Waiting::RemoveCampaign(_) | Waiting::Shutdown(_) => {}
         }
@@ -211,9 +216,39 @@ impl State {
             .is_some_and(|c| c.state == paddock_core::container::ContainerState::Running)
     }
 
-    /// Whether the engine knows session `id`.
+    /// Whether session `id` exists: the engine holds it or the store does (a settled session
+    /// is not recalled for this). A failed read says yes: nothing is removed on a doubt.
     pub fn has_session(&self, id: &SessionId) -> bool {
-        self.engine.session(id).is_some()
+        self.engine.session(id).is_some() || self.store.has_session(&id.0).unwrap_or(true)
+    }
+
+    /// Hands the engine a settled session start-up left in the store ([`Engine::recall`]),
+    /// before an input or a query that names it is handled, so every rule sees it as if it
+    /// had been restored. Not one whose delete waits in this batch (a commit held back by a
+    /// full disk): the store still has it, and the engine rightly does not.
+    fn recall(&mut self, id: &SessionId, batch: &Batch) -> Result<(), StoreError> {
+        if self.engine.session(id).is_some()
+            || batch
+                .records
+                .iter()
+                .any(|r| matches!(r, Record::Delete(d) if d == id))
+        {
+            return Ok(());
+        }
+        if let Some(record) = self.store.session(&id.0)? {
+            let resolved = self.store.resolved_approvals(&id.0)?;
+            tracing::debug!(session = %id, "recalled a settled session from the store");
+            self.engine.recall(record, resolved);
+        }
+        Ok(())
+    }
+
+    /// [`Self::recall`] for a read or a report that cannot be refused: a failed read is
+    /// logged, and the engine answers as for a session it does not have.
+    fn recall_or_log(&mut self, id: &SessionId, batch: &Batch) {
+        if let Err(e) = self.recall(id, batch) {
+            tracing::error!(session = %id, "cannot read the session from the store: {e}");
+        }
     }
 
     /// Takes back the agent runs the engine adopted at start-up (they outlived the previous
@@ -277,8 +312,15 @@ impl State {
     ) {
         let req = self.next_req;
         self.next_req += 1;
+        let input = input(req);
+        if let Some(id) = input.recalls() {
+            if let Err(e) = self.recall(&id, batch) {
+                waiting.fail(read_failed("the session", e));
+                return;
+            }
+        }
         self.pending.insert(req, waiting);
-        batch.inputs.push_back(input(req));
+        batch.inputs.push_back(input);
     }
 
     /// The one `match` on the port's commands.
@@ -336,6 +378,7 @@ impl State {
                         return;
                     }
                 };
+
                 let input = |req| Input::Resolve {
                     req,
                     approval,
@@ -403,6 +446,9 @@ impl State {
                 // stored and shown with its own); one for another id is kept apart, as
                 // received (the seed lets agents report for sessions obey did not start).
                 let n = rows.len();
+                for r in &rows {
+                    self.recall_or_log(&SessionId(r.session_id.clone()), batch);
+                }
                 let (known, apart): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| {
                     self.engine
                         .session(&paddock_core::SessionId(r.session_id.clone()))
@@ -428,7 +474,16 @@ impl State {
                 }
                 batch.acks.push(Ack::Count(reply, n));
             }
-            Command::Query(q) => batch.queries.push(q),
+            Command::Query(q) => {
+                match &q {
+                    Query::Session(id, _) | Query::History { session: id, .. } => {
+                        let id = id.clone();
+                        self.recall_or_log(&id, batch);
+                    }
+                    _ => {}
+                }
+                batch.queries.push(q)
+            }
         }
     }
 
@@ -442,31 +497,25 @@ impl State {
         // A reply nobody waits for any more (the client went) is dropped.
         match q {
             Query::Daemon(reply) => {
-                let _ = reply.send(DaemonView {
+                let _ = reply.send(self.store.session_count().map(|sessions| DaemonView {
                     started_at: self.started_at,
                     socket: self.socket.clone(),
                     data_dir: self.data_dir.clone(),
                     campaigns: self.engine.campaigns().len(),
-                    sessions: self.engine.sessions().count(),
+                    sessions: sessions as usize,
                     live: self.engine.live().map(|s| s.record.clone()).collect(),
-                });
+                }));
             }
             Query::Session(id, reply) => {
                 let _ = reply.send(self.engine.session(&id).map(view));
             }
             Query::Sessions {
-                live_only,
+                scope,
                 pick,
                 limit,
                 reply,
             } => {
-                let sessions: Box<dyn Iterator<Item = &paddock_core::Session>> = if live_only {
-                    Box::new(self.engine.live())
-                } else {
-                    Box::new(self.engine.sessions())
-                };
-                let picked = sessions.filter(|s| pick(&s.record)).take(limit);
-                let _ = reply.send(picked.map(view).collect());
+                let _ = reply.send(self.sessions(&scope, &*pick, limit));
             }
             Query::Campaign(key, reply) => {
                 let _ = reply.send(self.engine.campaigns().get(&key).cloned());
@@ -567,6 +616,62 @@ impl State {
                 let _ = reply.send(self.engine.containers().list(session.as_ref()));
             }
         }
+    }
+
+    /// The first `limit` sessions `pick` keeps within `scope`, in id order. Live ones come
+    /// from the engine; otherwise the store is read in pages (it has every session; settled
+    /// ones only there) and the engine's copy stands in for a session it holds.
+    fn sessions(
+        &self,
+        scope: &super::port::Scope,
+        pick: &(dyn Fn(&SessionRecord) -> bool + Send),
+        limit: usize,
+    ) -> Result<Vec<SessionView>, StoreError> {
+        /// Sessions read from the store at a time, at most.
+        const PAGE: usize = 256;
+        let view = |record: SessionRecord, pending: usize| SessionView {
+            unrecognized: self.unrecognized.get(&record.id.0).copied().unwrap_or(0),
+            record,
+            pending,
+        };
+        if scope.live_only {
+            return Ok(self
+                .engine
+                .live()
+                .filter(|s| pick(&s.record))
+                .take(limit)
+                .map(|s| view(s.record.clone(), s.pending().len()))
+                .collect());
+        }
+        let mut out = Vec::new();
+        let mut after = scope.after.clone();
+        while out.len() < limit {
+            let page = self.store.sessions_after(
+                &after,
+                scope.campaign.as_deref(),
+                scope.working_dir.as_deref(),
+                (limit - out.len()).clamp(32, PAGE),
+            )?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            after = last.id.0.clone();
+            for stored in page {
+                match self.engine.session(&stored.id) {
+                    Some(s) if pick(&s.record) => {
+                        out.push(view(s.record.clone(), s.pending().len()))
+                    }
+                    Some(_) => {}
+                    // Settled: no open request.
+                    None if pick(&stored) => out.push(view(stored, 0)),
+                    None => {}
+                }
+                if out.len() == limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Feeds every queued input to the core, executing effects as they come.

@@ -83,9 +83,13 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
     // SQLite gives its -wal and -shm files the database file's mode: make that 0600 first.
     private_files(&opts.data_dir, &db)?;
     let store = Store::open(&db).map_err(StartError::store("open the database"))?;
+    // Only what start-up must decide on: ended sessions stay in the store until named.
     let records = store
-        .load_sessions()
+        .load_unsettled_sessions()
         .map_err(StartError::store("load sessions"))?;
+    let stored_runs = store
+        .max_run()
+        .map_err(StartError::store("read the stored run ids"))?;
     // Claim the socket before anything is started: a daemon that must refuse (another one
     // answers there) leaves nothing behind.
     // Socket activation (systemd's paddock.socket) hands the socket over; else it is bound here.
@@ -164,7 +168,7 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
     let clock = Clock::start();
     let (mut engine, restore) =
         Engine::restore(opts.limits.clone(), clock.now(), stored, &surviving);
-    engine.reserve_runs_through(run_floor);
+    engine.reserve_runs_through(run_floor.max(stored_runs));
     let unrecognized = store
         .unrecognized_counts()
         .map_err(StartError::store("load the unrecognized line counts"))?;

@@ -181,17 +181,32 @@ pub struct HistoryView {
 /// live sessions among 10,000 stored ones copies the few, not the 10,000.
 pub type SessionPick = Box<dyn Fn(&SessionRecord) -> bool + Send>;
 
+/// Where a list of sessions looks, as far as the caller's filter allows: the engine's live set
+/// alone (nothing read from the store), or the store in id order, narrowed by SQL before a row
+/// is decoded. The pick decides; the scope only spares what it could never keep.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    /// Only sessions that are not terminal can match.
+    pub live_only: bool,
+    /// Only ids after this one can match (a page token; `""`: from the first).
+    pub after: String,
+    /// Only sessions of this campaign can match.
+    pub campaign: Option<String>,
+    /// Only sessions working in this directory can match.
+    pub working_dir: Option<String>,
+}
+
 /// A read, answered after the current batch committed.
 pub enum Query {
-    Daemon(Reply<DaemonView>),
+    Daemon(Reply<Read<DaemonView>>),
     Session(SessionId, Reply<Option<SessionView>>),
-    /// The first `limit` sessions the pick keeps, by id; only those not terminal when
-    /// `live_only` (without visiting every session ever stored).
+    /// The first `limit` sessions the pick keeps, by id, looked for within `scope` (listing
+    /// the live ones never visits every session ever stored).
     Sessions {
-        live_only: bool,
+        scope: Scope,
         pick: SessionPick,
         limit: usize,
-        reply: Reply<Vec<SessionView>>,
+        reply: Reply<Read<Vec<SessionView>>>,
     },
     /// The campaign with this id or, failing that, this name.
     Campaign(String, Reply<Option<Campaign>>),

@@ -101,17 +101,31 @@ fn from_row(row: &Row) -> Result<Approval> {
 
 impl Store {
     /// What a starting daemon gives the engine: every open request, and the most recently
-    /// resolved ones of each session (the engine's window of late answers).
+    /// resolved ones (the engine's window of late answers) of each session it restores
+    /// ([`Store::load_unsettled_sessions`]).
     pub fn load_approvals(&self) -> Result<Vec<Approval>> {
         let mut stmt = self.conn.prepare(&format!(
             "SELECT {COLUMNS} FROM ( \
                SELECT *, ROW_NUMBER() OVER (PARTITION BY session_id ORDER BY resolved_at DESC, created_at DESC, id DESC) AS n \
-               FROM approvals WHERE state != 1) \
+               FROM approvals WHERE state != 1 \
+               AND session_id IN (SELECT id FROM agent_sessions WHERE {unsettled})) \
              WHERE n <= ?1 \
              UNION ALL SELECT {COLUMNS} FROM approvals WHERE state = 1 \
-             ORDER BY created_at, id"
+             ORDER BY created_at, id",
+            unsettled = *super::UNSETTLED,
         ))?;
         let rows = stmt.query_map([RESOLVED_LOADED], |r| Ok(from_row(r)))?;
+        rows.map(|r| r?).collect()
+    }
+
+    /// The most recently resolved requests of one session (the window of late answers a
+    /// recalled session takes back).
+    pub fn resolved_approvals(&self, session: &str) -> Result<Vec<Approval>> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM approvals WHERE session_id = ?1 AND state != 1 \
+             ORDER BY resolved_at DESC, created_at DESC, id DESC LIMIT ?2"
+        ))?;
+        let rows = stmt.query_map(params![session, RESOLVED_LOADED], |r| Ok(from_row(r)))?;
         rows.map(|r| r?).collect()
     }
 

@@ -187,6 +187,35 @@ static SELECT_SESSIONS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// Which sessions are not [settled](SessionRecord::is_settled): not terminal, naming a
+/// process or a run, or holding an open request (state 1). What start-up restores.
+static UNSETTLED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "(status NOT IN ({stopped}, {failed}) OR pid IS NOT NULL OR run_id IS NOT NULL \
+         OR id IN (SELECT session_id FROM approvals WHERE state = 1))",
+        stopped = paddock_core::Status::Stopped.number(),
+        failed = paddock_core::Status::Failed.number(),
+    )
+});
+
+static SELECT_UNSETTLED_SESSIONS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM agent_sessions WHERE {} ORDER BY id",
+        SESSION_COLUMNS.join(", "),
+        *UNSETTLED
+    )
+});
+
+/// A page of sessions in id order, after an id, optionally of one campaign or working dir.
+static SELECT_SESSIONS_AFTER: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM agent_sessions WHERE id > ?1 \
+         AND (?2 IS NULL OR campaign_id = ?2) AND (?3 IS NULL OR working_dir = ?3) \
+         ORDER BY id LIMIT ?4",
+        SESSION_COLUMNS.join(", ")
+    )
+});
+
 static SELECT_SESSION: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {} FROM agent_sessions WHERE id = ?1",
@@ -445,6 +474,58 @@ impl Store {
         let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS)?;
         let rows = stmt.query([])?;
         collect(rows, |r| self.session_from_row(r))
+    }
+
+    /// The sessions a starting daemon must decide on, in id order: every one that is not
+    /// [settled](SessionRecord::is_settled) (10,000 ended ones cost the start-up nothing).
+    pub fn load_unsettled_sessions(&self) -> Result<Vec<SessionRecord>> {
+        let mut stmt = self.conn.prepare_cached(&SELECT_UNSETTLED_SESSIONS)?;
+        let rows = stmt.query([])?;
+        collect(rows, |r| self.session_from_row(r))
+    }
+
+    /// Up to `limit` sessions with an id after `after` (`""`: from the first), in id order;
+    /// only those of `campaign` and in `working_dir` when given.
+    pub fn sessions_after(
+        &self,
+        after: &str,
+        campaign: Option<&str>,
+        working_dir: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<SessionRecord>> {
+        let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS_AFTER)?;
+        let rows = stmt.query(params![after, campaign, working_dir, codec::limit(limit)])?;
+        collect(rows, |r| self.session_from_row(r))
+    }
+
+    /// Whether session `id` is stored.
+    pub fn has_session(&self, id: &str) -> Result<bool> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT 1 FROM agent_sessions WHERE id = ?1")?
+            .exists([id])?)
+    }
+
+    /// How many sessions are stored.
+    pub fn session_count(&self) -> Result<u64> {
+        let n: i64 = self
+            .conn
+            .prepare_cached("SELECT COUNT(*) FROM agent_sessions")?
+            .query_row([], |r| r.get(0))?;
+        Ok(n.max(0) as u64)
+    }
+
+    /// The highest run id any stored session or request names (0: none): the runs a new
+    /// daemon must never hand out again.
+    pub fn max_run(&self) -> Result<u64> {
+        let n: Option<i64> = self
+            .conn
+            .prepare_cached(
+                "SELECT MAX(m) FROM (SELECT MAX(run_id) AS m FROM agent_sessions \
+                 UNION ALL SELECT MAX(run) FROM approvals)",
+            )?
+            .query_row([], |r| r.get(0))?;
+        Ok(n.unwrap_or(0).max(0) as u64)
     }
 
     /// One session.

@@ -893,3 +893,130 @@ fn credentials_an_older_install_stored_in_the_clear_are_sealed_once_at_open() {
         .unwrap();
     assert_eq!(flags & SEALED_FLAG, SEALED_FLAG);
 }
+
+/// A request of `session`, asked by `run`: open, or resolved at `resolved_at`.
+fn request(id: &str, session: &str, run: u64, resolved_at: Option<u64>) -> paddock_core::Approval {
+    use paddock_core::{ApprovalState, AskKind, Timestamp};
+    paddock_core::Approval {
+        id: id.into(),
+        session: SessionId(session.into()),
+        run,
+        key: format!("key-{id}"),
+        kind: AskKind::Permission,
+        tool: "Bash".into(),
+        input: "{}".into(),
+        summary: "Bash: ls".into(),
+        turn: Some(1),
+        created_at: Timestamp::from_millis(10),
+        expires_at: Timestamp::from_millis(1_000_000),
+        state: if resolved_at.is_some() {
+            ApprovalState::Approved
+        } else {
+            ApprovalState::Pending
+        },
+        answer: String::new(),
+        is_error: false,
+        allowed: resolved_at.is_some(),
+        resolved_by: resolved_at.map(|_| "cli".into()).unwrap_or_default(),
+        resolved_at: resolved_at.map(Timestamp::from_millis),
+    }
+}
+
+#[test]
+fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
+    let mut store = Store::open_in_memory().unwrap();
+    let rec = |id: &str, status: Status, pid: Option<u32>, run: Option<u64>, dir: &str| {
+        let mut r = bare_record(id);
+        r.status = status;
+        r.pid = pid;
+        r.run = run;
+        r.config.working_dir = dir.into();
+        r.config.campaign_id = if dir == "/a" {
+            "ca".into()
+        } else {
+            "cb".into()
+        };
+        r
+    };
+    let records = vec![
+        rec("s1", Status::Stopped, None, None, "/a"),
+        rec("s2", Status::Running, Some(7), Some(3), "/a"),
+        rec("s3", Status::Failed, Some(8), None, "/b"), // its process was still being killed
+        rec("s4", Status::Stopped, None, Some(5), "/b"), // its run still named
+        rec("s5", Status::Failed, None, None, "/b"),    // an open request left behind
+        rec("s6", Status::Stopped, None, None, "/a"),
+    ];
+    for r in &records {
+        assert_eq!(
+            r.is_settled(),
+            ["s1", "s5", "s6"].contains(&r.id.0.as_str()),
+            "{}",
+            r.id
+        );
+    }
+    let batch: Vec<Record> = records
+        .iter()
+        .map(|r| Record::Session(Box::new(r.clone())))
+        .collect();
+    store.apply(&batch).unwrap();
+    let mut requests = vec![request("open", "s5", 9, None)];
+    let n = approvals::RESOLVED_LOADED as u64 + 5;
+    for i in 0..n {
+        requests.push(request(&format!("r{i:02}"), "s1", 11, Some(100 + i)));
+    }
+    requests.push(request("r2", "s2", 3, Some(50)));
+    let batch: Vec<Record> = requests
+        .iter()
+        .map(|a| Record::Approval(a.clone()))
+        .collect();
+    store.apply(&batch).unwrap();
+
+    let ids = |v: Vec<SessionRecord>| v.into_iter().map(|r| r.id.0).collect::<Vec<_>>();
+    // The settled ones stay in the store: s1 and s6 (s5 holds an open request).
+    assert_eq!(
+        ids(store.load_unsettled_sessions().unwrap()),
+        ["s2", "s3", "s4", "s5"]
+    );
+    // Their requests: every open one, and the resolved ones of the sessions loaded (s1's wait
+    // for its recall).
+    let loaded: Vec<String> = store
+        .load_approvals()
+        .unwrap()
+        .into_iter()
+        .map(|a| a.id)
+        .collect();
+    assert_eq!(loaded, ["open", "r2"]);
+    // A recall takes the newest resolved ones, as many as the engine remembers.
+    let recalled = store.resolved_approvals("s1").unwrap();
+    assert_eq!(recalled.len() as i64, approvals::RESOLVED_LOADED);
+    assert_eq!(recalled[0].id, format!("r{:02}", n - 1));
+    assert!(store.resolved_approvals("s6").unwrap().is_empty());
+    // Every run id anything names stays reserved: s1's requests name run 11.
+    assert_eq!(store.max_run().unwrap(), 11);
+    assert_eq!(store.session_count().unwrap(), 6);
+    // Pages, in id order, narrowed by campaign and working dir.
+    assert_eq!(
+        ids(store.sessions_after("", None, None, 4).unwrap()),
+        ["s1", "s2", "s3", "s4"]
+    );
+    assert_eq!(
+        ids(store.sessions_after("s4", None, None, 4).unwrap()),
+        ["s5", "s6"]
+    );
+    assert_eq!(
+        ids(store.sessions_after("", Some("ca"), None, 10).unwrap()),
+        ["s1", "s2", "s6"]
+    );
+    assert_eq!(
+        ids(store.sessions_after("s1", None, Some("/b"), 10).unwrap()),
+        ["s3", "s4", "s5"]
+    );
+    assert!(store
+        .sessions_after("s6", None, None, 10)
+        .unwrap()
+        .is_empty());
+
+    let empty = Store::open_in_memory().unwrap();
+    assert_eq!(empty.max_run().unwrap(), 0);
+    assert_eq!(empty.session_count().unwrap(), 0);
+}
