@@ -18,7 +18,7 @@
 //! a container only while it runs. A container bound to a session goes with the session's
 //! delete unless it is `persistent`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::environment::Driver;
 use crate::error::{Error, ErrorCode};
@@ -138,6 +138,9 @@ pub struct Containers {
     creating: BTreeMap<String, RequestId>,
     /// Starts waiting for the driver, likewise.
     starting: BTreeMap<String, RequestId>,
+    /// Containers being made whose session was deleted meanwhile: their making is refused
+    /// when it ends.
+    orphaned: BTreeSet<String>,
 }
 
 fn not_found(id: &str) -> Error {
@@ -164,6 +167,7 @@ impl Containers {
             all,
             creating: BTreeMap::new(),
             starting: BTreeMap::new(),
+            orphaned: BTreeSet::new(),
         }
     }
 
@@ -329,21 +333,14 @@ impl Containers {
     }
 
     /// The driver's report. A failed making refuses the create and leaves nothing; so does a
-    /// making that ends after the container's session was deleted (`session_exists` says
-    /// whether the engine still has it), unless the container is persistent.
-    pub(crate) fn report(
-        &mut self,
-        id: &str,
-        event: ContainerEvent,
-        session_exists: impl Fn(&SessionId) -> bool,
-        out: &mut Out,
-    ) {
+    /// making that ends after the container's session was deleted ([`Self::session_deleted`]),
+    /// unless the container is persistent.
+    pub(crate) fn report(&mut self, id: &str, event: ContainerEvent, out: &mut Out) {
+        let orphan = self.orphaned.remove(id);
         let Some(c) = self.all.get_mut(id) else {
             return;
         };
-        let orphan = c.state == ContainerState::Creating
-            && !c.spec.persistent
-            && c.spec.session.as_ref().is_some_and(|s| !session_exists(s));
+        debug_assert!(!orphan || (c.state == ContainerState::Creating && !c.spec.persistent));
         let event = match event {
             ContainerEvent::Made if orphan => {
                 ContainerEvent::MakeFailed("its session was deleted while it was made".into())
@@ -406,10 +403,20 @@ impl Containers {
     /// stay, no longer bound to it... as Aria says, they survive the session's end). Returns
     /// the containers removed (their tasks must end).
     pub(crate) fn session_deleted(&mut self, session: &SessionId, out: &mut Out) -> Vec<String> {
+        let mine =
+            |c: &&ContainerRecord| c.spec.session.as_ref() == Some(session) && !c.spec.persistent;
+        // One being made goes when its making ends ([`Self::report`]).
+        let making = self
+            .all
+            .values()
+            .filter(mine)
+            .filter(|c| c.state == ContainerState::Creating)
+            .map(|c| c.id.clone());
+        self.orphaned.extend(making);
         let gone: Vec<String> = self
             .all
             .values()
-            .filter(|c| c.spec.session.as_ref() == Some(session) && !c.spec.persistent)
+            .filter(mine)
             .filter(|c| c.state != ContainerState::Creating)
             .map(|c| c.id.clone())
             .collect();
@@ -460,13 +467,13 @@ mod tests {
         assert!(replies(&out).is_empty(), "not before the driver made it");
         assert_eq!(cs.get("c1").unwrap().state, ContainerState::Creating);
         let mut out = Out::default();
-        cs.report("c1", ContainerEvent::Made, |_| true, &mut out);
+        cs.report("c1", ContainerEvent::Made, &mut out);
         assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
 
         ask(&mut cs, "c2", ContainerRequest::Create(spec()));
         let mut out = Out::default();
         let failed = ContainerEvent::MakeFailed("no image".into());
-        cs.report("c2", failed, |_| true, &mut out);
+        cs.report("c2", failed, &mut out);
         assert_eq!(replies(&out), vec![Err(ErrorCode::SandboxInitFailed)]);
         assert!(cs.get("c2").is_none());
         assert!(out
@@ -485,7 +492,7 @@ mod tests {
             "still being made"
         );
         assert_eq!(r, None);
-        cs.report("c", ContainerEvent::Made, |_| true, &mut Out::default());
+        cs.report("c", ContainerEvent::Made, &mut Out::default());
         assert!(cs.runnable("c").is_ok());
         let (r, out) = ask(&mut cs, "c", ContainerRequest::Stop);
         assert_eq!(r.as_deref(), Some("c"), "its tasks end");
@@ -495,7 +502,7 @@ mod tests {
         assert!(replies(&out).is_empty(), "answered once started");
         assert_eq!(cs.runnable("c").unwrap_err().code, ErrorCode::WrongState);
         let mut out = Out::default();
-        cs.report("c", ContainerEvent::Started, |_| true, &mut out);
+        cs.report("c", ContainerEvent::Started, &mut out);
         assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
         assert!(cs.runnable("c").is_ok());
         // A start that fails: the container is Failed, the start answered with why.
@@ -503,7 +510,7 @@ mod tests {
         ask(&mut cs, "c", ContainerRequest::Start);
         let mut out = Out::default();
         let failed = ContainerEvent::StartFailed("gone".into());
-        cs.report("c", failed, |_| true, &mut out);
+        cs.report("c", failed, &mut out);
         assert_eq!(replies(&out), vec![Err(ErrorCode::SandboxInitFailed)]);
         assert_eq!(cs.get("c").unwrap().state, ContainerState::Failed);
         let (r, _) = ask(&mut cs, "c", ContainerRequest::Remove);
@@ -522,7 +529,7 @@ mod tests {
                 ..*spec()
             });
             ask(&mut cs, id, ContainerRequest::Create(s));
-            cs.report(id, ContainerEvent::Made, |_| true, &mut Out::default());
+            cs.report(id, ContainerEvent::Made, &mut Out::default());
         }
         let mut out = Out::default();
         let gone = cs.session_deleted(&SessionId("s1".into()), &mut out);
@@ -532,7 +539,8 @@ mod tests {
         // Made after its session was deleted: refused, nothing stays.
         ask(&mut cs, "late", ContainerRequest::Create(spec()));
         let mut out = Out::default();
-        cs.report("late", ContainerEvent::Made, |_| false, &mut out);
+        cs.session_deleted(&SessionId("s1".into()), &mut Out::default());
+        cs.report("late", ContainerEvent::Made, &mut out);
         assert_eq!(replies(&out), vec![Err(ErrorCode::SessionNotFound)]);
         assert!(cs.get("late").is_none());
         // A daemon restart destroys what was being made (its create was never answered).

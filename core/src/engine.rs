@@ -103,6 +103,10 @@ pub struct Engine {
     /// The sessions that are not terminal: what a create is counted against and what a
     /// shutdown stops, without visiting every session ever stored.
     live: BTreeSet<SessionId>,
+    /// The sessions held that are [settled](SessionRecord::is_settled): nothing about them
+    /// changes until an input names them again, so [`Engine::evict_settled`] may let them go
+    /// back to the store.
+    settled: BTreeSet<SessionId>,
     /// Each session's earliest deadline, and the same ordered by time: `poll_timeout` and a
     /// tick touch only what is due (a daemon may keep thousands of ended sessions).
     deadline_of: BTreeMap<SessionId, Instant>,
@@ -124,6 +128,7 @@ impl Engine {
         Engine {
             sessions: BTreeMap::new(),
             live: BTreeSet::new(),
+            settled: BTreeSet::new(),
             deadline_of: BTreeMap::new(),
             due: BTreeSet::new(),
             tasks: Tasks::new(limits.tasks.clone()),
@@ -221,7 +226,7 @@ impl Engine {
     }
 
     /// Takes back a [settled](SessionRecord::is_settled) session that start-up left in the
-    /// store, with its newest resolved requests (the window of late answers, as
+    /// store, or that [`Engine::evict_settled`] let go, with its newest resolved requests (the window of late answers, as
     /// [`Engine::restore`] gives every session it restores), once every run id the store names
     /// is reserved ([`Engine::reserve_runs_through`]). The shell calls it before an
     /// input or a query that names the session, so every rule sees the session as if it had
@@ -645,11 +650,7 @@ impl Engine {
                     self.tasks.end_in_container(now, &ended, &mut cx.out);
                 }
             }
-            Input::ContainerReport { id, event } => {
-                let sessions = &self.sessions;
-                self.containers
-                    .report(&id, event, |s| sessions.contains_key(s), &mut cx.out)
-            }
+            Input::ContainerReport { id, event } => self.containers.report(&id, event, &mut cx.out),
             Input::AddCampaign { req, id, root, how } => {
                 let result = self.campaigns.handle_add(&id, &root, how, now.wall);
                 if let Ok((c, true)) = &result {
@@ -729,13 +730,19 @@ impl Engine {
     /// Brings session `id`'s entries in the live set and the deadline index up to date (it
     /// may be gone: deleted, or a refused create).
     fn reindex(&mut self, id: &SessionId) {
-        let (live, at) = match self.sessions.get(id) {
+        let (live, at, settled) = match self.sessions.get(id) {
             Some(s) => (
                 !s.status().is_terminal(),
                 s.next_deadline().map(|(at, _)| at),
+                s.is_settled(),
             ),
-            None => (false, None),
+            None => (false, None, false),
         };
+        if settled {
+            self.settled.insert(id.clone());
+        } else {
+            self.settled.remove(id);
+        }
         if live != self.live.contains(id) {
             if live {
                 self.live.insert(id.clone());
@@ -754,6 +761,25 @@ impl Engine {
                 self.due.insert((at, id.clone()));
             }
         }
+    }
+
+    /// Lets go of every session that is [settled](SessionRecord::is_settled): the store holds
+    /// it as it is (the shell calls this once the batch that settled it is committed and the
+    /// reads of that batch are answered), and [`Engine::recall`] brings it back, with the same
+    /// answers, when something names it. A daemon's memory follows its live sessions, not its
+    /// history. How many were let go.
+    pub fn evict_settled(&mut self) -> usize {
+        let settled = std::mem::take(&mut self.settled);
+        for id in &settled {
+            let s = self.sessions.remove(id).expect("a settled session is held");
+            // Nothing of it lives only in memory: no process, no open request, no deadline.
+            assert!(
+                s.is_settled() && !self.live.contains(id) && !self.deadline_of.contains_key(id),
+                "session {id} is evicted only when settled"
+            );
+        }
+        self.check_index();
+        settled.len()
     }
 
     /// Debug builds (the tests, the simulator) check after every input that the index is what
@@ -783,6 +809,17 @@ impl Engine {
             .collect();
         assert_eq!(due, self.due, "the deadline index drifted");
         assert_eq!(self.due.len(), self.deadline_of.len());
+        let settled: BTreeSet<&SessionId> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.is_settled())
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(
+            settled,
+            self.settled.iter().collect(),
+            "the settled set drifted"
+        );
     }
 }
 

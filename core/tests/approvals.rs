@@ -792,3 +792,65 @@ fn a_session_with_something_to_decide_is_never_recalled() {
     let record = r.engine.session(&sid()).unwrap().record.clone();
     Engine::new(Limits::default()).recall(record, vec![]);
 }
+
+#[test]
+fn a_settled_session_is_let_go_and_recalled_with_the_same_answers() {
+    let mut r = Rig::working("ask");
+    r.ask("a1", AskKind::Permission, "Bash");
+    let resolved = r.resolve("a1", Decision::Approve).1.unwrap();
+    // Live, or ending: nothing to let go.
+    assert_eq!(r.engine.evict_settled(), 0);
+    let req = r.next_req();
+    r.at(
+        1,
+        Input::Stop {
+            req,
+            id: sid(),
+            graceful: false,
+        },
+    );
+    assert_eq!(
+        r.engine.evict_settled(),
+        0,
+        "its process is still being ended"
+    );
+    r.provider(ProviderEvent::Exited {
+        code: None,
+        signal: Some(15),
+        stderr_tail: String::new(),
+    });
+    let record = r.engine.session(&sid()).unwrap().record.clone();
+    let kept = r.engine.clone();
+    assert_eq!(r.engine.evict_settled(), 1);
+    assert!(r.engine.session(&sid()).is_none());
+    assert_eq!(r.engine.evict_settled(), 0);
+    // Named again, it comes back from what the store holds and answers as the kept one does.
+    r.engine.recall(record, vec![resolved]);
+    let mut kept = kept;
+    let at = now(r.now + 1);
+    for input in [
+        Input::Resolve {
+            req: 100,
+            approval: "a1".into(),
+            session: None,
+            decision: Decision::Approve,
+            by: "cli".into(),
+            stored: None,
+        },
+        Input::Stop {
+            req: 101,
+            id: sid(),
+            graceful: true,
+        },
+        Input::Restart {
+            req: 102,
+            id: sid(),
+            provider_config: None,
+        },
+    ] {
+        assert_eq!(kept.handle(at, input.clone()), r.engine.handle(at, input));
+    }
+    // Restarted: live again, so kept.
+    assert_eq!(r.engine.evict_settled(), 0);
+    assert_eq!(r.engine.live_sessions(), 1);
+}

@@ -234,7 +234,8 @@ pub struct Stats {
     pub orphans: u64,
     /// Runs the runner listed that their session no longer had (not to be adopted).
     pub stale_listed: u64,
-    /// Settled sessions a restart left in the store and recalled (`Engine::recall`).
+    /// Settled sessions let go (`Engine::evict_settled`), and recalled when named again.
+    pub evicted: u64,
     pub recalled: u64,
     /// Runs that exited while the daemon was down, not listed (only running ones were).
     pub finished_unlisted: u64,
@@ -381,6 +382,7 @@ struct Sim {
     redelivered: u64,
     orphans: u64,
     stale_listed: u64,
+    evicted: u64,
     recalled: u64,
     finished_unlisted: u64,
     output_unread: u64,
@@ -426,6 +428,7 @@ impl Sim {
             redelivered: 0,
             orphans: 0,
             stale_listed: 0,
+            evicted: 0,
             recalled: 0,
             finished_unlisted: 0,
             output_unread: 0,
@@ -443,6 +446,7 @@ impl Sim {
             redelivered: self.redelivered,
             orphans: self.orphans,
             stale_listed: self.stale_listed,
+            evicted: self.evicted,
             recalled: self.recalled,
             finished_unlisted: self.finished_unlisted,
             output_unread: self.output_unread,
@@ -735,6 +739,7 @@ impl Sim {
         );
         let tick = matches!(input, Input::Tick);
         let due_before = self.engine_deadline().is_some_and(|(at, _)| at <= self.now);
+        self.recall(&input);
         let effects = self.engine.handle(now(self.now), input);
         let trace = self.take_trace();
         if tick && !due_before && !effects.is_empty() {
@@ -744,6 +749,8 @@ impl Sim {
         }
         check_table(&cause, &trace, &effects, &self.store)?;
         self.apply(&cause, &effects, tick)?;
+        // Committed: what the step settled goes back to the store, as the shell lets it go.
+        self.evicted += self.engine.evict_settled() as u64;
         if tick {
             self.world.check_kills(self.now)?;
             if let Some((at, why)) = self.engine_deadline() {
@@ -757,6 +764,23 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// As the shell does before an input: a settled session the engine let go, or left in the
+    /// store at a restart, is recalled with its newest resolved requests when the input names
+    /// it (`Input::recalls`).
+    fn recall(&mut self, input: &Input) {
+        let Some(id) = input.recalls() else { return };
+        if self.engine.session(&id).is_some() {
+            return;
+        }
+        let Some(rec) = self.store.sessions.get(&id) else {
+            return;
+        };
+        let resolved = self.store.resolved_of(&id);
+        log_entry!(self.log, "   recalling {id} from the store");
+        self.engine.recall(rec.clone(), resolved);
+        self.recalled += 1;
     }
 
     /// One batch of effects: commit its persists (one transaction), check it against the
@@ -966,26 +990,26 @@ impl Sim {
         // tested on its own. (Either way the stored requests are loaded: those of sessions
         // whose process is gone are cancelled.)
         // As the shell's store gives them: only the sessions that are not settled, with their
-        // requests; the settled ones are recalled below, as the shell recalls each when
-        // something names it (`Engine::recall`; the core's tests pin that a later recall
-        // answers the same), after the run ids the store names are reserved.
+        // requests; a settled one is recalled when an input names it (`feed`), after the run
+        // ids the store names are reserved.
         let open: BTreeSet<&SessionId> = loaded
             .iter()
             .filter(|a| a.is_pending())
             .map(|a| &a.session)
             .collect();
-        let (restored, settled): (Vec<SessionRecord>, Vec<SessionRecord>) = records
+        let restored: Vec<SessionRecord> = records
             .iter()
+            .filter(|r| !r.is_settled() || open.contains(&r.id))
             .cloned()
-            .partition(|r| !r.is_settled() || open.contains(&r.id));
+            .collect();
         let restored_ids: BTreeSet<&SessionId> = restored.iter().map(|r| &r.id).collect();
+        let loaded: Vec<Approval> = loaded
+            .into_iter()
+            .filter(|a| restored_ids.contains(&a.session))
+            .collect();
         let stored = || Stored {
             sessions: restored.clone(),
-            approvals: loaded
-                .iter()
-                .filter(|a| restored_ids.contains(&a.session))
-                .cloned()
-                .collect(),
+            approvals: loaded.clone(),
             ..Stored::default()
         };
         let stored_runs = self.store.approvals.values().map(|a| a.run).max();
@@ -1015,30 +1039,23 @@ impl Sim {
         if let Some(floor) = stored_runs {
             engine.reserve_runs_through(floor);
         }
-        for rec in settled {
-            let resolved: Vec<Approval> = loaded
-                .iter()
-                .filter(|a| a.session == rec.id)
-                .cloned()
-                .collect();
-            engine.recall(rec, resolved);
-            self.recalled += 1;
-        }
         engine.set_trace(true);
         self.engine = engine;
         log_entry!(
             self.log,
-            "   restored {} sessions ({} of them settled, recalled)",
-            records.len(),
-            records.len() - restored_ids.len()
+            "   restored {} sessions ({} settled ones left in the store)",
+            restored.len(),
+            records.len() - restored.len()
         );
         for rec in &records {
             self.coverage
                 .add_restore(rec.status, adopt.contains_key(&rec.id), rec.turn_open);
         }
-        self.check_restored(&records, &adopt, &effects)?;
+        self.check_restored(&restored, &adopt, &effects)?;
         self.check_restored_approvals(&adopt, &open_before, &loaded)?;
-        self.apply(&Cause::Restore, &effects, false)
+        self.apply(&Cause::Restore, &effects, false)?;
+        self.engine.evict_settled();
+        Ok(())
     }
 
     /// The requests a restarted daemon holds: an adopted session keeps exactly the ones open
@@ -1306,7 +1323,12 @@ impl Sim {
         );
         match action {
             Action::Watch(id) => {
-                let got = self.engine.session(id).map(|s| s.status());
+                // As the shell answers: the engine's copy, else the store's (let go when settled).
+                let got = self
+                    .engine
+                    .session(id)
+                    .map(|s| s.status())
+                    .or_else(|| self.store.sessions.get(id).map(|r| r.status));
                 if got != self.model.status(id) {
                     return Err(format!(
                         "watch {id}: the engine says {got:?}, the client saw {:?}",
@@ -1315,7 +1337,9 @@ impl Sim {
                 }
             }
             Action::List => {
-                let ids: Vec<_> = self.engine.sessions().map(|s| &s.record.id).collect();
+                // A list of every session reads the store (the engine holds the live ones and
+                // what was named lately).
+                let ids: Vec<_> = self.store.sessions.keys().collect();
                 let seen: Vec<_> = self.model.sessions().map(|(id, _)| id).collect();
                 if ids != seen {
                     return Err(format!(

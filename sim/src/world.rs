@@ -447,6 +447,21 @@ impl Store {
         self.sessions.values().cloned().collect()
     }
 
+    /// The newest resolved requests of one session, oldest first: what a recall gives back
+    /// (the shell's `Store::resolved_approvals`).
+    pub fn resolved_of(&self, session: &SessionId) -> Vec<Approval> {
+        let mut mine: Vec<&Approval> = self
+            .approvals
+            .values()
+            .filter(|a| &a.session == session && !a.is_pending())
+            .collect();
+        mine.sort_by(|a, b| {
+            (a.resolved_at, a.created_at, &a.id).cmp(&(b.resolved_at, b.created_at, &b.id))
+        });
+        let skip = mine.len().saturating_sub(RESOLVED_KEPT);
+        mine.into_iter().skip(skip).cloned().collect()
+    }
+
     /// The requests a restarted daemon loads, as the shell's store gives them: every open
     /// one, and the [`RESOLVED_KEPT`] most recently resolved ones of each session.
     pub fn approvals_to_load(&self) -> Vec<Approval> {

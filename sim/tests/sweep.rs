@@ -68,7 +68,7 @@ fn sweep() {
     let (mut requests, mut lost, mut cut) = (0, 0, 0);
     let (mut survived, mut adopted, mut turns_adopted, mut redelivered, mut replays) =
         (0, 0, 0, 0, 0);
-    let (mut orphans, mut stale, mut revived, mut recalled) = (0, 0, 0, 0);
+    let (mut orphans, mut stale, mut revived, mut recalled, mut evicted) = (0, 0, 0, 0, 0);
     let (mut unlisted, mut unread) = (0, 0);
     let mut m = sim::model::ModelStats::default();
     let (mut scripted, mut received) = (0, 0);
@@ -89,6 +89,7 @@ fn sweep() {
                 orphans += o.stats.orphans;
                 stale += o.stats.stale_listed;
                 recalled += o.stats.recalled;
+                evicted += o.stats.evicted;
                 revived += o.stats.exits_revived;
                 unlisted += o.stats.finished_unlisted;
                 unread += o.stats.output_unread;
@@ -148,8 +149,8 @@ fn sweep() {
         "runner: survived {survived} of the crashes; {adopted} processes adopted ({turns_adopted} \
          with a turn in progress), {orphans} stopped unadopted, {stale} stale runs listed and \
          not adopted, {unlisted} exited meanwhile and not listed ({unread} output lines never read); {redelivered} output lines replayed, {replays} of them recognised as \
-         applied already; {revived} exits in flight delivered again; {recalled} settled sessions \
-         left in the store at a restart and recalled"
+         applied already; {revived} exits in flight delivered again; {evicted} settled sessions \
+         let go, {recalled} recalled when named again"
     );
     println!(
         "approvals: {scripted} asks scripted, {} applied ({} settled at once by a policy or a \
@@ -239,7 +240,8 @@ fn sweep() {
                 "a report after the making was given up",
                 m.env_reports_ignored,
             ),
-            ("a settled session recalled after a restart", recalled),
+            ("a settled session let go", evicted),
+            ("a settled session recalled when named", recalled),
         ] {
             assert!(n > 0, "the CI set never reached {what}");
         }

@@ -377,6 +377,18 @@ impl Session {
         self.restart_pending
     }
 
+    /// Its record is [settled](SessionRecord::is_settled) and nothing else is under way: the
+    /// session is its record and its resolved requests (what the store keeps).
+    pub fn is_settled(&self) -> bool {
+        self.record.is_settled()
+            && !self.restart_pending
+            && self.pending.is_empty()
+            && self.turn.is_none()
+            && self.stop.is_none()
+            && self.start_replies.is_empty()
+            && self.run == Run::Idle
+    }
+
     /// What the driver says about the environment being made: once it is ready the agent
     /// starts in it; if it could not be made, the create is refused and nothing of the
     /// session stays (refused means nothing written).

@@ -222,7 +222,8 @@ impl State {
         self.engine.session(id).is_some() || self.store.has_session(&id.0).unwrap_or(true)
     }
 
-    /// Hands the engine a settled session start-up left in the store ([`Engine::recall`]),
+    /// Hands the engine a settled session start-up left in the store, or that the engine let
+    /// go once it settled ([`Engine::recall`]),
     /// before an input or a query that names it is handled, so every rule sees it as if it
     /// had been restored. Not one whose delete waits in this batch (a commit held back by a
     /// full disk): the store still has it, and the engine rightly does not.
@@ -1138,6 +1139,7 @@ pub async fn run(
     state.execute(restore, &mut batch);
     state.run_inputs(&mut batch);
     commit_or_wait(&mut state, &mut batch, &mut rx).await?;
+    state.engine.evict_settled();
     loop {
         let deadline = state.engine.poll_timeout().and_then(|(at, why)| {
             tracing::trace!(
@@ -1170,6 +1172,9 @@ pub async fn run(
         for q in std::mem::take(&mut batch.queries) {
             state.answer_query(q);
         }
+        // What this batch settled is stored now and its reads are answered: the engine lets
+        // it go (it is recalled when named again).
+        state.engine.evict_settled();
         if state.finished() {
             break;
         }
