@@ -521,8 +521,11 @@ async fn attach_in_a_terminal_talks_to_the_agent_and_detaches() {
     d.wait_status(&id, pb::SessionStatus::Running).await;
 
     tmux.spawn(&d, "a", &["session", "attach", &id]);
+    // The hint, then the prompt drawn under it (a moment later, by the line editor).
     let s = tmux
-        .wait_for("a", "the hint", |s| s.contains("Ctrl-D detaches"))
+        .wait_for("a", "the hint and the prompt", |s| {
+            s.contains("Ctrl-D detaches") && s.lines().any(|l| l.trim_end() == ">")
+        })
         .await;
     // The header and the history so far: the task and the agent's answer to it.
     let shown = from_header(&s).replace(&id, "<id>");
