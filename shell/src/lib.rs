@@ -18,21 +18,21 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod confined;
-pub mod contain;
+pub use paddock_sys::contain;
 pub mod daemon;
 pub mod env;
 #[cfg(test)]
 mod layout;
-pub mod paths;
-pub mod proc;
+pub use paddock_sys::paths;
+pub use paddock_sys::proc;
 pub mod providers;
-pub mod runner;
+pub use paddock_runner as runner;
 pub use paddock_support::secret;
 pub mod serve;
-pub mod socket;
 pub use paddock_store as store;
 pub use paddock_support::text;
-pub mod transport;
+pub use paddock_sys::socket;
+pub use paddock_sys::transport;
 
 #[cfg(test)]
 mod fuzz;

@@ -19,7 +19,7 @@ pub async fn start(
     data_dir: &Path,
     exe: &Path,
     socket: &Path,
-    limits: &crate::runner::Limits,
+    limits: &crate::Limits,
 ) -> Result<RunnerClient<Channel>, String> {
     let log_path = data_dir.join("runner.log");
     let log = std::fs::OpenOptions::new()
@@ -69,7 +69,7 @@ pub async fn start(
 }
 
 pub async fn connect(socket: &Path) -> Option<RunnerClient<Channel>> {
-    let ch = crate::transport::channel(socket).await.ok()?;
+    let ch = paddock_sys::transport::channel(socket).await.ok()?;
     let mut client = RunnerClient::new(ch);
     client.list_runs(rpb::ListRunsRequest {}).await.ok()?;
     Some(client)

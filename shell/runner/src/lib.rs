@@ -68,12 +68,12 @@ use process::{Launch, OutputMode};
 pub use registry::Limits;
 use registry::{CreateError, Registry, Run, StdinMsg};
 
-use crate::paths::Clock;
+use paddock_sys::paths::Clock;
 
 /// Largest request accepted (a prompt, a stdin write).
 pub const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
 /// Largest event sent. Events stay under it by construction (an `ExecEvent` carries its line,
-/// at most [`crate::proc::LINE_BYTES_MAX`], at most three times; chunks ≤ 64 KiB); this only
+/// at most [`paddock_sys::proc::LINE_BYTES_MAX`], at most three times; chunks ≤ 64 KiB); this only
 /// guards against a mistake.
 pub const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 /// Longest prompt / command: Linux takes at most 128 KiB (NUL included) in one argv string.
@@ -564,20 +564,20 @@ pub fn pid_file(socket: &Path) -> std::path::PathBuf {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]
-    Socket(#[from] crate::socket::BindError),
+    Socket(#[from] paddock_sys::socket::BindError),
     #[error("server error: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
 
 pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
-    let listener = crate::socket::bind(socket, "paddock runner")?;
+    let listener = paddock_sys::socket::bind(socket, "paddock runner")?;
     // A runner starts only where none runs (the socket was free): whatever a previous runner
     // of this data dir left running (the descendants of its agents, after a SIGKILL) is ended
     // before anything new starts.
     let data_dir = socket.parent().unwrap_or(Path::new(".")).to_path_buf();
     let _ = tokio::task::spawn_blocking(move || {
-        crate::contain::set_owner(&data_dir, crate::contain::Role::Runner);
-        crate::contain::reap_orphans(&[crate::contain::Role::Runner])
+        paddock_sys::contain::set_owner(&data_dir, paddock_sys::contain::Role::Runner);
+        paddock_sys::contain::reap_orphans(&[paddock_sys::contain::Role::Runner])
     })
     .await;
     // Who owns the socket, for a daemon that needs to stop its runner (or a test that must
@@ -617,9 +617,9 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
 
     tracing::info!(socket = %socket.display(), codex = ?codex_program(), "paddock runner listening");
     // The runner is the daemon's private helper: only its own user may talk to it.
-    let incoming = crate::socket::incoming(
+    let incoming = paddock_sys::socket::incoming(
         listener,
-        crate::socket::Peers::owner_only(),
+        paddock_sys::socket::Peers::owner_only(),
         "paddock runner",
     );
     let shutdown = {
@@ -629,7 +629,7 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
         }
     };
     let name = <RunnerServer<RunnerService> as tonic::server::NamedService>::NAME;
-    let server = crate::transport::introspected_server(&[name])
+    let server = paddock_sys::transport::introspected_server(&[name])
         .await
         .add_service(server)
         .serve_with_incoming_shutdown(incoming, shutdown);
@@ -644,12 +644,12 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
     };
     let _ = std::fs::remove_file(socket);
     let _ = std::fs::remove_file(&pid_file);
-    crate::contain::release();
+    paddock_sys::contain::release();
     result
 }
 
 /// `paddock runner --socket PATH`: the runner in the foreground; the process exit code.
-pub fn run(socket: PathBuf, log: &crate::paths::LogArgs, limits: Limits) -> i32 {
+pub fn run(socket: PathBuf, log: &paddock_sys::paths::LogArgs, limits: Limits) -> i32 {
     log.init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

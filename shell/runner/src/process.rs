@@ -1,7 +1,7 @@
 //! A run's child process: spawn it, turn its output into events, write its stdin, report its
 //! exit.
 //!
-//! How a child is started, read and reaped is [`crate::proc`]'s: its own process group
+//! How a child is started, read and reaped is [`paddock_sys::proc`]'s: its own process group
 //! (signals go to the whole group), the parent-death signal (children are spawned from tasks
 //! on the runtime's worker threads, never from `spawn_blocking`), the run's id as its
 //! containment tag, bounded lines, the drain after exit. The parent-death signal reaches the
@@ -27,7 +27,7 @@ use tokio::process::{ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::mpsc;
 
 use super::registry::{Registry, Run, StdinMsg};
-use crate::proc;
+use paddock_sys::proc;
 
 /// Largest `CommandOutput.text`.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -59,7 +59,7 @@ pub enum OutputMode {
 /// Starts `launch` for `run` (registered, not started): its STARTED status, or a FAILED one if
 /// it cannot be spawned, is in the run's log when this returns; the rest follows from tasks.
 pub async fn start(reg: Arc<Registry>, run: Arc<Run>, launch: Launch, mode: OutputMode) {
-    // Run ids are unique: the run's id marks its whole process tree (see `crate::contain`).
+    // Run ids are unique: the run's id marks its whole process tree (see `paddock_sys::contain`).
     let tag = format!("run-{}", run.id);
     let child = if launch.cwd.is_dir() {
         spawn(&launch, tag).map_err(|e| {

@@ -425,7 +425,7 @@ impl Run {
         let mut statuses = Vec::new();
         for effect in effects {
             match effect {
-                Effect::Signal(sig) => crate::proc::signal_group(st.pid, sig),
+                Effect::Signal(sig) => paddock_sys::proc::signal_group(st.pid, sig),
                 Effect::Emit(status) => statuses.push(status),
             }
         }
