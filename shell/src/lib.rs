@@ -17,17 +17,17 @@
 pub mod api;
 pub mod cli;
 pub mod config;
-pub mod confined;
+pub use paddock_sys::confined;
 pub use paddock_sys::contain;
 pub mod daemon;
 pub mod env;
 #[cfg(test)]
 mod layout;
-pub use paddock_sys::paths;
-pub use paddock_sys::proc;
-pub mod providers;
+pub use paddock_agents as providers;
 pub use paddock_runner as runner;
 pub use paddock_support::secret;
+pub use paddock_sys::paths;
+pub use paddock_sys::proc;
 pub mod serve;
 pub use paddock_store as store;
 pub use paddock_support::text;

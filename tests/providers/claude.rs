@@ -605,7 +605,7 @@ async fn missing_cli_binary_is_obey_2004() {
 /// The CLI's real stdout, line by line, through the adapter (`providers::plan` and its
 /// parser, without the daemon), as a snapshot: a new CLI version that prints something new or
 /// differently shows up as a reviewed diff. With `PADDOCK_RECORD_FIXTURES=1` the transcript is
-/// also written to `shell/src/providers/testdata/claude_recorded.jsonl`, which the parser's unit
+/// also written to `shell/agents/src/testdata/claude_recorded.jsonl`, which the parser's unit
 /// tests read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
@@ -757,7 +757,7 @@ async fn real_stream_json_through_the_adapter() {
             })
             .collect();
         let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("src/providers/testdata/claude_recorded.jsonl");
+            .join("agents/src/testdata/claude_recorded.jsonl");
         std::fs::write(&out, text).unwrap();
         eprintln!("recorded {} lines to {}", transcript.len(), out.display());
     }

@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_tool_name_cannot_smuggle_in_another_tool() {
-        use crate::providers::bridge::openai::client_tools;
+        use crate::bridge::openai::client_tools;
         for bad in ["x,Bash", "x Bash", "a\\nb", ""] {
             let list = format!(r#"[{{"name":"{bad}"}}]"#);
             assert!(client_tools(Some(&list)).is_err(), "{bad:?}");

@@ -849,8 +849,8 @@ mod tests {
             user_message_line("go"),
             // A message while the agent waits is answered after this turn.
             user_message_line("next"),
-            crate::providers::claude_stream::control_response_deny("req_scripted_1_1", "not now"),
-            crate::providers::claude_stream::control_response_allow(
+            crate::claude_stream::control_response_deny("req_scripted_1_1", "not now"),
+            crate::claude_stream::control_response_allow(
                 "req_scripted_1_2",
                 &serde_json::json!({"questions":[{"question":"Which DB?"}],"answers":{"Which DB?":"PG 15"}}),
             ),

@@ -392,7 +392,7 @@ impl ClaudeStreamParser {
         };
         let mut a = Activity::new(
             ActivityKind::ToolResult,
-            crate::text::truncate(&text, TOOL_RESULT_MAX).into_owned(),
+            paddock_sys::text::truncate(&text, TOOL_RESULT_MAX).into_owned(),
         )
         .with_tool(name, id);
         a.tool_success = !is_error;
@@ -580,7 +580,7 @@ fn render_tool_input(name: &str, input: &Value) -> String {
         None if input.is_null() => String::new(),
         None => input.to_string(),
     };
-    crate::text::prefix(&s, TOOL_INPUT_MAX).to_string()
+    paddock_sys::text::prefix(&s, TOOL_INPUT_MAX).to_string()
 }
 
 /// The stdin line that delivers one user message (no trailing newline; the caller adds it):
@@ -685,7 +685,7 @@ mod tests {
 
     #[test]
     fn the_ssh_relays_connection_lines_mark_the_session() {
-        use crate::providers::stream_json::connection_line;
+        use crate::stream_json::connection_line;
         let mut p = ClaudeStreamParser::new();
         let lost = p.parse_line(&connection_line(false, "the connection to h was lost"));
         assert_eq!(

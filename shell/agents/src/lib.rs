@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use paddock_core::{Error, ErrorCode, Provider, ProviderEvent, SessionConfig, SpawnSpec};
 
-use crate::proc::LaunchPlan;
+use paddock_sys::proc::LaunchPlan;
 
 /// One parsed stdout line's consequences.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,7 +50,7 @@ pub use paddock_core::Policy as PermissionPolicy;
 pub const CLIENT_TOOLS_KEY: &str = "client_tools";
 
 /// A new stream-json reader (Claude Code, the scripted agent, every bridge).
-pub(crate) fn stream_json() -> Box<dyn LineParser> {
+pub fn stream_json() -> Box<dyn LineParser> {
     stream_json_serving(Vec::new())
 }
 
@@ -175,7 +175,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
                         format!("bad script {script}: {e}"),
                     )
                 };
-                let text = crate::confined::read(
+                let text = paddock_sys::confined::read(
                     Path::new(&config.working_dir),
                     script,
                     scripted::SCRIPT_BYTES_MAX,
@@ -404,8 +404,8 @@ pub fn find_on_path(program: &str, config: &SessionConfig) -> Option<PathBuf> {
         return Some(PathBuf::from(program));
     }
     match config.environment.get("PATH") {
-        Some(p) => crate::paths::find_program(program, Some(std::ffi::OsStr::new(p))),
-        None => crate::paths::find_on_own_path(program),
+        Some(p) => paddock_sys::paths::find_program(program, Some(std::ffi::OsStr::new(p))),
+        None => paddock_sys::paths::find_on_own_path(program),
     }
 }
 

@@ -33,9 +33,9 @@
 //! Requests the bridge does not serve (`fs/*`, `terminal/*`: not advertised) are answered with
 //! JSON-RPC's "method not found", so the agent never waits on us. When the agent exits, the
 //! bridge dies the same way ([`super::die_like`]) once what the agent printed was handled (at
-//! most [`crate::proc::DRAIN_AFTER_EXIT`] later, should something it left behind hold its
+//! most [`paddock_sys::proc::DRAIN_AFTER_EXIT`] later, should something it left behind hold its
 //! stdout): an ACP agent lives as long as its session. A line longer than
-//! [`crate::proc::LINE_BYTES_MAX`] is not parsed: what fits is passed on as unrecognized.
+//! [`paddock_sys::proc::LINE_BYTES_MAX`] is not parsed: what fits is passed on as unrecognized.
 //!
 //! `PADDOCK_BRIDGE_TRACE=<file>` appends every line exchanged with the agent to that file
 //! (`>` sent, `<` received): how a new agent's behaviour is recorded.
@@ -61,7 +61,7 @@ use serde_json::{json, Value};
 
 use super::wire::{push_limited, Buf, Decision, In, Out, TurnEnd, Usage, TEXT_MAX};
 use super::{Bridge, TurnExit};
-use crate::providers::agent_command;
+use crate::agent_command;
 
 /// The ACP protocol version this client speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -210,7 +210,9 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         let asker = bridge.input.clone();
         // The reader: every line in order; it ends at EOF (or when the agent's exit is known).
         let reader = std::thread::spawn(move || {
-            for line in crate::proc::BlockingLines::new(stdout, crate::proc::LINE_BYTES_MAX) {
+            for line in
+                paddock_sys::proc::BlockingLines::new(stdout, paddock_sys::proc::LINE_BYTES_MAX)
+            {
                 let text = line.text();
                 if line.cut_bytes > 0 {
                     // Not a message we could parse whole: kept (cut), never acted on.
@@ -229,7 +231,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         // reader has handled what the agent printed (at most DRAIN_AFTER_EXIT).
         std::thread::spawn(move || {
             let status = child.wait();
-            let deadline = std::time::Instant::now() + crate::proc::DRAIN_AFTER_EXIT;
+            let deadline = std::time::Instant::now() + paddock_sys::proc::DRAIN_AFTER_EXIT;
             while !reader.is_finished() && std::time::Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -264,7 +266,7 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     let served = super::mcp_socket::serve_client_tools(bridge)?;
     let mcp_servers = match &served {
         Some(s) => json!([{
-            "name": crate::providers::mcp::SERVER,
+            "name": crate::mcp::SERVER,
             "command": s.exe.display().to_string(),
             "args": s.relay_args(),
             "env": [],
@@ -550,7 +552,7 @@ fn tool_of(call: &Value) -> (String, Value) {
         .unwrap_or("tool");
     // A client tool (paddock's MCP server) is named as the client named it.
     let name = name
-        .strip_prefix(crate::providers::mcp::TOOL_PREFIX)
+        .strip_prefix(crate::mcp::TOOL_PREFIX)
         .unwrap_or(name)
         .to_string();
     let input = match call.get("rawInput") {
@@ -757,19 +759,14 @@ pub fn translate_for_test(updates: &[Value]) -> String {
     }
     let answer = t.end_turn(&out);
     let text = buf.text();
-    let mut p = crate::providers::claude_stream::ClaudeStreamParser::new();
+    let mut p = crate::claude_stream::ClaudeStreamParser::new();
     let mut lines: Vec<String> = text
         .lines()
         .flat_map(|l| p.parse_line(l))
         .filter_map(|x| match x {
-            crate::providers::claude_stream::Parsed::Event(
-                paddock_core::ProviderEvent::Activity(a),
-            ) => Some(format!(
-                "{} [{}] {}",
-                a.kind().name(),
-                a.tool_name,
-                a.content
-            )),
+            crate::claude_stream::Parsed::Event(paddock_core::ProviderEvent::Activity(a)) => Some(
+                format!("{} [{}] {}", a.kind().name(), a.tool_name, a.content),
+            ),
             _ => None,
         })
         .collect();
@@ -808,7 +805,7 @@ fn tool_content_text(c: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::claude_stream::{self, ClaudeStreamParser};
+    use crate::claude_stream::{self, ClaudeStreamParser};
     use paddock_core::ProviderEvent;
 
     fn activities(buf: &Buf) -> Vec<String> {

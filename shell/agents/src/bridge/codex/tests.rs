@@ -3,8 +3,8 @@
 //! API) to what the daemon's reader sees.
 
 use super::*;
-use crate::providers::bridge::wire::Buf;
-use crate::providers::claude_stream::{self, ClaudeStreamParser};
+use crate::bridge::wire::Buf;
+use crate::claude_stream::{self, ClaudeStreamParser};
 use paddock_core::{Activity, ActivityKind, ProviderEvent};
 
 /// What the daemon's reader makes of the bridge's lines for `codex` lines in one turn.
@@ -449,10 +449,10 @@ fn codex_config_lines() {
     c.provider_config.insert("command".into(), "/bin/sh".into());
     c.environment
         .insert("OPENAI_API_KEY".into(), "sk-test".into());
-    assert!(crate::providers::validate(&c).is_ok());
+    assert!(crate::validate(&c).is_ok());
     c.provider_config
         .insert("codex_config".into(), "no equals sign".into());
-    let e = crate::providers::validate(&c).unwrap_err();
+    let e = crate::validate(&c).unwrap_err();
     assert_eq!(e.code, paddock_core::ErrorCode::CreationFailed);
     assert!(e.message.contains("codex_config"), "{e}");
 }

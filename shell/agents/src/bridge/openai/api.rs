@@ -182,7 +182,7 @@ fn error_text(body: impl Read, status: u16) -> String {
     if t.is_empty() {
         return format!("HTTP {status}");
     }
-    crate::text::prefix(t, 500).to_string()
+    paddock_sys::text::prefix(t, 500).to_string()
 }
 
 #[cfg(test)]

@@ -63,7 +63,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::{Bridge, Decision, Out, TurnEnd, Usage};
-use crate::providers::stream_json::{ApiRetry, Line, System};
+use crate::stream_json::{ApiRetry, Line, System};
 use api::{Api, CallError, Garbage};
 use sse::{Completion, ToolCall};
 use tools::{Outcome, Tools};
@@ -94,7 +94,7 @@ pub struct Settings {
     pub client_tools: Vec<ClientTool>,
 }
 
-pub use crate::providers::mcp::ClientTool;
+pub use crate::mcp::ClientTool;
 
 /// At most this many client tools are offered.
 pub const CLIENT_TOOLS_MAX: usize = 64;
@@ -483,7 +483,8 @@ impl Agent<'_> {
                 }
             };
             let (text, is_error) = (self.on_client)(&tc.name, &input);
-            let text = crate::text::truncate(&text, self.settings.tool_output_max).into_owned();
+            let text =
+                paddock_sys::text::truncate(&text, self.settings.tool_output_max).into_owned();
             return if is_error {
                 Outcome::error(text)
             } else {
@@ -601,8 +602,8 @@ fn retry_line(e: &CallError, attempt: u32, max: u32, delay: Duration) -> ApiRetr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::bridge::wire::Buf;
-    use crate::providers::claude_stream::{self, ClaudeStreamParser};
+    use crate::bridge::wire::Buf;
+    use crate::claude_stream::{self, ClaudeStreamParser};
     use paddock_core::ProviderEvent;
     use std::sync::Mutex;
 

@@ -92,7 +92,7 @@
 //! crash is seen as what it was, and the turn starts faster. Shell commands run detached, in a
 //! process group of their own, which the daemon's TERM to the bridge's group does not
 //! reach and gemini does not end when it is told to stop: they carry the session's
-//! containment tag, and the daemon ends them when the bridge exits (`crate::contain`).
+//! containment tag, and the daemon ends them when the bridge exits (`paddock_sys::contain`).
 
 use std::process::Command;
 
@@ -100,7 +100,7 @@ use serde_json::Value;
 
 use super::wire::{push_limited, truncate, TEXT_MAX};
 use super::{die_like, run_turn, Bridge, Out, TurnEnd, TurnExit, Usage};
-use crate::providers::{agent_command, PermissionPolicy};
+use crate::{agent_command, PermissionPolicy};
 use paddock_core::Provider;
 
 /// How gemini names paddock's MCP server's tools: `mcp_<server>_<tool>`.
@@ -209,7 +209,7 @@ fn permission_args(policy: &PermissionPolicy) -> Vec<String> {
 
 /// One turn's reading of gemini's stdout.
 #[derive(Debug, Default)]
-pub(crate) struct Turn {
+pub struct Turn {
     /// The conversation id: the one resumed, or a new one once the turn succeeded.
     session_id: Option<String>,
     /// The id `init` reported, if it is not `session_id`.
@@ -223,7 +223,7 @@ pub(crate) struct Turn {
 }
 
 impl Turn {
-    pub(crate) fn new(session_id: Option<String>) -> Turn {
+    pub fn new(session_id: Option<String>) -> Turn {
         Turn {
             session_id,
             ..Turn::default()
@@ -231,7 +231,7 @@ impl Turn {
     }
 
     /// Translates one stdout line.
-    pub(crate) fn line(&mut self, line: &str, out: &Out) {
+    pub fn line(&mut self, line: &str, out: &Out) {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             out.raw(line);
             return;
@@ -400,7 +400,7 @@ fn stderr_status(stderr: &str) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::bridge::wire::Buf;
+    use crate::bridge::wire::Buf;
 
     /// Feeds `lines` through one turn; what the bridge printed, as JSON values, and the turn.
     fn translate(lines: &str, exit: &TurnExit) -> (Vec<Value>, Option<TurnEnd>) {
@@ -629,7 +629,7 @@ mod tests {
     /// anew) through the bridge and the daemon's reader: the activities a client sees.
     #[test]
     fn recorded_real_output_as_activities() {
-        use crate::providers::claude_stream::{self, ClaudeStreamParser};
+        use crate::claude_stream::{self, ClaudeStreamParser};
         use paddock_core::ProviderEvent;
 
         let recorded = include_str!("../../../../tests/providers/recordings/gemini_stream.jsonl");

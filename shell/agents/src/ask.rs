@@ -83,13 +83,13 @@ pub fn summary(kind: AskKind, tool: &str, input: &Value) -> String {
     };
     let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     // The summary is what a human approves: nothing in it may act on their terminal.
-    let one_line = crate::text::for_terminal(&one_line).into_owned();
+    let one_line = paddock_sys::text::for_terminal(&one_line).into_owned();
     if one_line.len() <= SUMMARY_MAX {
         return one_line;
     }
     format!(
         "{}…",
-        crate::text::prefix(&one_line, SUMMARY_MAX - '…'.len_utf8())
+        paddock_sys::text::prefix(&one_line, SUMMARY_MAX - '…'.len_utf8())
     )
 }
 

@@ -25,7 +25,7 @@ use std::io::{self, BufRead, Read};
 
 use serde_json::Value;
 
-use crate::providers::bridge::Usage;
+use crate::bridge::Usage;
 
 /// One tool call the model asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]

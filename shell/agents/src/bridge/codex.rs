@@ -112,7 +112,7 @@
 //!   message, if any, and the exit status with codex's stderr tail (its backtrace cut off);
 //! - codex killed by a signal → the bridge dies by the same signal ([`super::die_like`]), so
 //!   the daemon sees the crash (codex's npm launcher killed leaves the codex binary holding
-//!   stdout: the bridge reads at most [`crate::proc::DRAIN_AFTER_EXIT`] past its child's exit);
+//!   stdout: the bridge reads at most [`paddock_sys::proc::DRAIN_AFTER_EXIT`] past its child's exit);
 //! - codex cannot be started → ERROR.
 //!
 //! The session goes on after an ERROR turn: the next message runs codex again (resuming the
@@ -125,7 +125,7 @@
 //! TERM codex ends the tool's shell but not what the shell started (`sleep 300; echo done`
 //! leaves `sleep 300` running). Those processes carry the session's containment tag: when the
 //! bridge exits (the stop's TERM ends it, by default action), the daemon kills every process
-//! still tagged (`crate::contain`). A tool's background process (a server the model started)
+//! still tagged (`paddock_sys::contain`). A tool's background process (a server the model started)
 //! thus lives as long as the session, and no longer.
 
 use std::collections::HashSet;
@@ -137,7 +137,7 @@ use serde_json::{json, Value};
 
 use super::wire::{Out, TurnEnd, Usage};
 use super::{die_like, run_turn, Bridge, TurnExit};
-use crate::providers::{agent_command, mcp, PermissionPolicy};
+use crate::{agent_command, mcp, PermissionPolicy};
 
 /// Longest prompt given as an argument; a longer one goes through stdin (Linux refuses a single
 /// argument over 128 KiB).

@@ -1,7 +1,7 @@
 //! paddock's MCP server for agents that start their MCP servers as processes (gemini, codex,
 //! ACP agents): the bridge serves it on a Unix socket in a private directory of its own, and
 //! the agent starts `paddock __mcp-relay <socket>`, which only copies its stdin and stdout to
-//! and from that socket. The server is [`crate::providers::mcp::rpc`], the same as Claude
+//! and from that socket. The server is [`crate::mcp::rpc`], the same as Claude
 //! Code's; a `tools/call` becomes the bridge's `client_tool` request to the daemon
 //! ([`super::wire::In::run_on_client`]), answered by the session's client.
 
@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::openai::ClientTool;
 use super::wire::In;
-use crate::providers::mcp::{self, Rpc};
+use crate::mcp::{self, Rpc};
 
 /// The longest JSON-RPC line taken from the agent (a tool call's arguments).
 const LINE_MAX: u64 = 1024 * 1024;
@@ -41,7 +41,7 @@ impl Served {
 /// Serves the session's client tools (`provider_config["client_tools"]`) for `bridge`; `None`
 /// when it has none.
 pub fn serve_client_tools(bridge: &super::Bridge) -> Result<Option<Served>, String> {
-    let tools = super::openai::client_tools(bridge.config(crate::providers::CLIENT_TOOLS_KEY))?;
+    let tools = super::openai::client_tools(bridge.config(crate::CLIENT_TOOLS_KEY))?;
     serve(tools, bridge.input.clone())
 }
 

@@ -293,7 +293,7 @@ impl Tools {
                 .stdin(Stdio::null())
                 .stdout(writer.try_clone()?)
                 .stderr(writer);
-            crate::proc::spawn_sync(cmd)?
+            paddock_sys::proc::spawn_sync(cmd)?
         };
         let max = self.output_max;
         // (kept bytes, total bytes seen), shared so that what came is there even if the pipe
@@ -327,13 +327,15 @@ impl Tools {
             if Instant::now() >= deadline {
                 timed_out = true;
                 // Its group and everything carrying its tag: a pipeline, a `make`, a `setsid`.
-                crate::contain::kill_tree(child.id(), &tag);
+                paddock_sys::contain::kill_tree(child.id(), &tag);
                 break child.wait()?;
             }
             std::thread::sleep(Duration::from_millis(10));
         };
         // A background job of the command may hold the pipe open: wait a little, not for it.
-        let held_open = done.recv_timeout(crate::proc::DRAIN_AFTER_EXIT).is_err();
+        let held_open = done
+            .recv_timeout(paddock_sys::proc::DRAIN_AFTER_EXIT)
+            .is_err();
         let (kept, total) = output.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut text = String::from_utf8_lossy(&kept).into_owned();
         if total > kept.len() {

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use super::script::{Script, Step, StepKind};
 use super::tools::{list_dir, listing_text, plural, run_tool};
-use crate::providers::ask::QUESTION_TOOL;
-use crate::providers::stream_json::{
+use crate::ask::QUESTION_TOOL;
+use crate::stream_json::{
     self, Assistant, AssistantMessage, Block, Context, ControlRequest, Init, Line, ReadAnswer,
     Request, System, TurnResult, Usage, User,
 };

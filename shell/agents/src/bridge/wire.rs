@@ -1,10 +1,10 @@
 //! The bridge side of paddock's agent wire protocol: Claude Code's `stream-json`.
 //!
 //! A bridge prints on stdout exactly the lines the daemon's stream-json reader
-//! ([`crate::providers::claude_stream`]) understands, and reads on stdin exactly the lines the
+//! ([`crate::claude_stream`]) understands, and reads on stdin exactly the lines the
 //! daemon writes to a Claude Code process: one user message per line, and `control_response`
 //! answers to the `control_request` permission prompts the bridge sends. Both ways the lines
-//! are [`crate::providers::stream_json`]'s types.
+//! are [`crate::stream_json`]'s types.
 //!
 //! | bridge prints | daemon sees |
 //! |---|---|
@@ -37,7 +37,7 @@ use std::borrow::Cow;
 
 use serde_json::{json, Value};
 
-use crate::providers::stream_json::{
+use crate::stream_json::{
     self, AgentInput, Assistant, AssistantMessage, Block, ControlRequest, ControlResponse, Init,
     Line, Request, System, TurnResult, User,
 };
@@ -51,7 +51,7 @@ pub const TOOL_INPUT_MAX: usize = 64 * 1024;
 /// The longest unrecognized agent line passed on.
 pub const RAW_MAX: usize = 16 * 1024;
 
-pub use crate::text::truncate;
+pub use paddock_sys::text::truncate;
 
 /// Appends `text` to `buf` while `buf` is under `max` bytes (the last piece cut, marked).
 pub fn push_limited(buf: &mut String, text: &str, max: usize) {
@@ -61,7 +61,7 @@ pub fn push_limited(buf: &mut String, text: &str, max: usize) {
 }
 
 /// Token counts: the protocol's own (`input_tokens` uncached, `cache_read_input_tokens`, …).
-pub use crate::providers::stream_json::Usage;
+pub use crate::stream_json::Usage;
 
 /// How a turn ended, for [`Out::result`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -476,7 +476,7 @@ impl Buf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::claude_stream::{self, ClaudeStreamParser};
+    use crate::claude_stream::{self, ClaudeStreamParser};
     use paddock_core::{ActivityKind, ProviderEvent};
 
     /// What the bridge prints is what the daemon's reader understands.

@@ -27,7 +27,7 @@
 //! The agent's children share the bridge's process group (the daemon's TERM/KILL reach them),
 //! and tool processes that leave the group (codex and gemini run each command in a session of
 //! its own) still carry the session's containment tag: when the bridge exits, the daemon ends
-//! them all (`crate::contain`). So a bridge keeps the default signal actions and never hunts
+//! them all (`paddock_sys::contain`). So a bridge keeps the default signal actions and never hunts
 //! processes itself. The agent's stderr is passed through to the bridge's stderr, which the
 //! daemon keeps.
 
@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 pub use wire::{Decision, In, Out, TurnEnd, Usage};
 
-use crate::proc;
+use paddock_sys::proc;
 
 /// Which protocol the bridge speaks on the agent's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -199,7 +199,7 @@ pub const EXIT_AFTER_TURN: Duration = Duration::from_secs(10);
 /// exit, then is killed.
 ///
 /// What the process leaves running is not the bridge's business: it carries the session's
-/// containment tag, and the daemon ends it with the session (see `crate::contain`).
+/// containment tag, and the daemon ends it with the session (see `paddock_sys::contain`).
 pub fn run_turn(
     cmd: &mut Command,
     stdin: Option<&[u8]>,
