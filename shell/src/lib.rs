@@ -20,7 +20,7 @@ pub mod config;
 pub use paddock_sys::confined;
 pub use paddock_sys::contain;
 pub mod daemon;
-pub mod env;
+pub use paddock_env as env;
 #[cfg(test)]
 mod layout;
 pub use paddock_agents as providers;

@@ -7,7 +7,7 @@ use paddock_core::container::{ContainerEvent, ContainerRecord, ContainerWork};
 use paddock_core::{Driver, EnvSpec, PodmanOptions, Provider, SessionConfig, SessionId};
 
 use super::Host;
-use crate::proc::LaunchPlan;
+use paddock_sys::proc::LaunchPlan;
 
 /// The environment a container is, in the terms of a session's: its id names its directory
 /// and its podman container; its variables are the podman container's own (bubblewrap: each

@@ -46,7 +46,7 @@ pub struct Remote {
 
 /// The `ssh` client, or what to install.
 pub(super) fn ssh_program() -> Result<PathBuf, String> {
-    crate::paths::find_on_own_path("ssh").ok_or_else(|| {
+    paddock_sys::paths::find_on_own_path("ssh").ok_or_else(|| {
         "the ssh driver needs the OpenSSH client `ssh`, which is not on PATH: install the \
          `openssh-client` package"
             .to_string()
@@ -393,13 +393,16 @@ pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     let socket = runner_socket(dir);
     rt.block_on(async {
-        match crate::runner::client::connect(&socket).await {
+        match paddock_runner::client::connect(&socket).await {
             Some(_) => Ok(()),
-            None => {
-                crate::runner::client::start(dir, &exe, &socket, &crate::runner::Limits::default())
-                    .await
-                    .map(|_| ())
-            }
+            None => paddock_runner::client::start(
+                dir,
+                &exe,
+                &socket,
+                &paddock_runner::Limits::default(),
+            )
+            .await
+            .map(|_| ()),
         }
     })?;
     Ok(socket)
@@ -432,7 +435,7 @@ pub fn stop_runs(dir: &Path, prefix: &str) -> Result<usize, String> {
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     rt.block_on(async {
-        let Some(mut client) = crate::runner::client::connect(&runner_socket(dir)).await else {
+        let Some(mut client) = paddock_runner::client::connect(&runner_socket(dir)).await else {
             return Ok(0);
         };
         Ok(stop_leftovers(&mut client, prefix).await)

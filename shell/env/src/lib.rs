@@ -28,7 +28,7 @@ use std::process::Stdio;
 
 use paddock_core::{Driver, EnvSpec, Provider, SessionConfig, SessionId};
 
-use crate::proc::LaunchPlan;
+use paddock_sys::proc::LaunchPlan;
 
 pub mod container;
 pub mod kube;
@@ -69,7 +69,7 @@ impl Host {
             data_dir: data_dir.to_path_buf(),
             hidden,
             masked: sockets.iter().map(|s| s.to_path_buf()).collect(),
-            home: crate::paths::home(),
+            home: paddock_sys::paths::home(),
             exe: exe.to_path_buf(),
         }
     }
@@ -113,14 +113,14 @@ pub fn base_ref(id: &SessionId) -> String {
 /// before a session is created: a refusal leaves nothing behind.
 pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
     if spec.worktree {
-        let git = crate::paths::find_on_own_path("git")
+        let git = paddock_sys::paths::find_on_own_path("git")
             .ok_or("--worktree needs git, which is not on PATH: install git")?;
         repo_root(&git, working_dir)?;
     }
     match spec.driver {
         Driver::Local => Ok(()),
         Driver::Bubblewrap => {
-            let bwrap = crate::paths::find_on_own_path("bwrap").ok_or(
+            let bwrap = paddock_sys::paths::find_on_own_path("bwrap").ok_or(
                 "the bubblewrap driver needs bwrap, which is not on PATH: install the \
                  `bubblewrap` package (apt install bubblewrap, dnf install bubblewrap)",
             )?;
@@ -161,7 +161,7 @@ fn repo_root(git: &Path, dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// Runs git in `dir`; its trimmed stdout, or its stderr as the error.
-pub(crate) fn git_out(git: &Path, dir: &Path, args: &[&str]) -> Result<String, String> {
+pub fn git_out(git: &Path, dir: &Path, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new(git)
         .arg("-C")
         .arg(dir)
@@ -178,7 +178,7 @@ pub(crate) fn git_out(git: &Path, dir: &Path, args: &[&str]) -> Result<String, S
 
 /// Appends one line to the environment's log.
 fn log(root: &Path, line: &str) {
-    let stamp = crate::paths::wall_clock();
+    let stamp = paddock_sys::paths::wall_clock();
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -452,7 +452,8 @@ fn worktree(
     config: &SessionConfig,
     root: &Path,
 ) -> Result<(PathBuf, Repo), String> {
-    let git = crate::paths::find_on_own_path("git").ok_or("git is not on PATH: install git")?;
+    let git =
+        paddock_sys::paths::find_on_own_path("git").ok_or("git is not on PATH: install git")?;
     let wd = Path::new(&config.working_dir);
     let top = repo_root(&git, wd)?;
     let inside = wd
@@ -735,7 +736,7 @@ fn bubblewrap(
     made: &Made,
     plan: LaunchPlan,
 ) -> Result<LaunchPlan, String> {
-    let bwrap = crate::paths::find_on_own_path("bwrap")
+    let bwrap = paddock_sys::paths::find_on_own_path("bwrap")
         .ok_or("bwrap is not on PATH: install the `bubblewrap` package")?;
     let root = host.root(id);
     let s = |p: &Path| p.to_string_lossy().to_string();
@@ -958,7 +959,7 @@ pub fn destroy(host: &Host, id: &SessionId, spec: Option<&EnvSpec>) -> impl FnOn
 /// Tells the repository a session's worktree is gone (its directory was moved or removed):
 /// its entry is pruned, so its branch is free again, and its base ref removed.
 fn forget_worktree(r: &Repo, id: &SessionId) {
-    let Some(git) = crate::paths::find_on_own_path("git") else {
+    let Some(git) = paddock_sys::paths::find_on_own_path("git") else {
         return;
     };
     if let Err(e) = git_out(&git, &r.top, &["worktree", "prune"]) {

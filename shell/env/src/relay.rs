@@ -43,7 +43,7 @@ use tonic::transport::Channel;
 
 use super::ssh::{provision, run_prefix, socket_path, ssh_options, ssh_program, stop_leftovers};
 use super::{Host, Made};
-use crate::proc::LaunchPlan;
+use paddock_sys::proc::LaunchPlan;
 
 /// How long one connection (ssh's handshake, the forward, the runner's first answer) may take.
 const CONNECT_WAIT: Duration = Duration::from_secs(20);
@@ -276,7 +276,7 @@ struct Forward {
 impl Drop for Forward {
     fn drop(&mut self) {
         if let Some(pid) = self.pid {
-            crate::proc::signal_group(pid, paddock_core::Signal::Kill);
+            paddock_sys::proc::signal_group(pid, paddock_core::Signal::Kill);
         }
     }
 }
@@ -396,12 +396,13 @@ impl Relay {
             .arg(&t.host);
         // Its own group, dying with us: a TERM meant for the relay does not cut the line the
         // relay forwards it on.
-        let (process, pipes) = crate::proc::spawn(cmd, false, crate::contain::new_tag())
-            .map_err(|e| Connect::Unreachable(format!("cannot run ssh: {e}")))?;
+        let (process, pipes) =
+            paddock_sys::proc::spawn(cmd, false, paddock_sys::contain::new_tag())
+                .map_err(|e| Connect::Unreachable(format!("cannot run ssh: {e}")))?;
         let forward = Forward {
             pid: Some(process.pid),
         };
-        let stderr = tokio::spawn(crate::proc::StderrTail::read(pipes.stderr));
+        let stderr = tokio::spawn(paddock_sys::proc::StderrTail::read(pipes.stderr));
         let exited = tokio::spawn(process.wait());
         let deadline = tokio::time::Instant::now() + CONNECT_WAIT;
         // Connections through the forward that the host closed at once: its runner's socket
@@ -422,7 +423,7 @@ impl Relay {
             }
             // The socket is there once ssh logged in and set the forward up.
             if self.local.exists() {
-                if let Ok(ch) = crate::transport::channel(&self.local).await {
+                if let Ok(ch) = paddock_sys::transport::channel(&self.local).await {
                     let mut client = RunnerClient::new(ch);
                     if client.list_runs(rpb::ListRunsRequest {}).await.is_ok() {
                         return Ok((forward, client));
@@ -652,7 +653,7 @@ impl Relay {
     }
 
     async fn write_note(&mut self, note: &Note) {
-        use crate::providers::stream_json::{connection_line, status_line};
+        use paddock_agents::stream_json::{connection_line, status_line};
         let mut line = match note {
             Note::Status(text) => status_line(text),
             Note::Connection(connected, text) => connection_line(*connected, text),

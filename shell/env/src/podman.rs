@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 use paddock_core::{SessionConfig, SessionId};
 
 use super::{Host, Made};
-use crate::proc::LaunchPlan;
+use paddock_sys::proc::LaunchPlan;
 
 /// Where podman's static idle init is mounted inside a container.
 const INIT_AT: &str = "/.paddock/init";
@@ -48,7 +48,7 @@ pub fn container(id: &SessionId) -> String {
 }
 
 fn podman() -> Result<PathBuf, String> {
-    crate::paths::find_on_own_path("podman").ok_or_else(|| {
+    paddock_sys::paths::find_on_own_path("podman").ok_or_else(|| {
         "the podman driver needs podman, which is not on PATH: install the `podman` package \
          (apt install podman; on hosts without systemd also runc)"
             .to_string()
@@ -75,7 +75,7 @@ fn global_args() -> &'static [String] {
     static ARGS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     ARGS.get_or_init(|| {
         let pure_v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-        match crate::paths::find_on_own_path("runc") {
+        match paddock_sys::paths::find_on_own_path("runc") {
             Some(runc) if !pure_v2 => vec!["--runtime".into(), runc.display().to_string()],
             _ => Vec::new(),
         }
@@ -554,8 +554,8 @@ pub fn enter(
     // Names only: values come from the client's environment (the session's variables, the
     // agent's own, and the containment tag and owner mark the supervisor sets on the client).
     let mut names: Vec<String> = plan.env.iter().map(|(k, _)| k.clone()).collect();
-    names.push(crate::contain::TAG_VAR.into());
-    names.push(crate::contain::OWNER_VAR.into());
+    names.push(paddock_sys::contain::TAG_VAR.into());
+    names.push(paddock_sys::contain::OWNER_VAR.into());
     let keep = super::agent_variables(config.provider);
     names.extend(
         std::env::vars_os()

@@ -35,7 +35,7 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 const DEFAULT_MEMORY: u64 = 1 << 30;
 
 fn program(name: &str, package: &str) -> Result<PathBuf, String> {
-    crate::paths::find_on_own_path(name).ok_or_else(|| {
+    paddock_sys::paths::find_on_own_path(name).ok_or_else(|| {
         format!(
             "the qemu driver needs {name}, which is not on PATH: install the `{package}` package"
         )
