@@ -854,3 +854,54 @@ fn a_settled_session_is_let_go_and_recalled_with_the_same_answers() {
     assert_eq!(r.engine.evict_settled(), 0);
     assert_eq!(r.engine.live_sessions(), 1);
 }
+
+#[test]
+fn only_the_stores_resolved_copy_of_that_request_and_session_is_a_second_answer() {
+    let mut r = Rig::working("ask");
+    r.ask("old", AskKind::Permission, "Bash");
+    let old = r.resolve("old", Decision::Approve).1.unwrap();
+    for i in 0..paddock_core::session::machine::RESOLVED_KEPT {
+        r.ask(&format!("n{i}"), AskKind::Permission, "Bash");
+        r.resolve(&format!("n{i}"), Decision::Approve).1.unwrap();
+    }
+    let mut answer = |session: Option<SessionId>, stored: Approval| {
+        let req = r.next_req();
+        let fx = r.at(
+            1,
+            Input::Resolve {
+                req,
+                approval: "old".into(),
+                session,
+                decision: Decision::Approve,
+                by: "cli".into(),
+                stored: Some(Box::new(stored)),
+            },
+        );
+        fx.iter()
+            .find_map(|e| match e {
+                Effect::ReplyApproval { req: q, result } if *q == req => {
+                    Some(result.as_ref().map(|_| ()).map_err(|e| e.code))
+                }
+                _ => None,
+            })
+            .expect("answered")
+    };
+    // Of this session, asked by it: a second answer.
+    assert_eq!(
+        answer(Some(sid()), old.clone()),
+        Err(ErrorCode::ApprovalResolved)
+    );
+    // Asked by a client of another session: not found there.
+    assert_eq!(
+        answer(Some(SessionId::from("other")), old.clone()),
+        Err(ErrorCode::ApprovalNotFound)
+    );
+    // A copy of another request, or one the store still has open, settles nothing.
+    let mut other = old.clone();
+    other.id = "else".into();
+    assert_eq!(answer(None, other), Err(ErrorCode::ApprovalNotFound));
+    let mut open = old.clone();
+    open.state = ApprovalState::Pending;
+    open.resolved_at = None;
+    assert_eq!(answer(None, open), Err(ErrorCode::ApprovalNotFound));
+}

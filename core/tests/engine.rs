@@ -1226,3 +1226,86 @@ fn the_next_deadline_is_the_earliest_of_sessions_and_tasks() {
     );
     assert_eq!(r.next_deadline(), (session_at, Timer::SessionTimeout));
 }
+
+/// The code of the `ReplyContainer` answering `req`.
+fn container_refusal(fx: &[Effect], req: RequestId) -> Option<ErrorCode> {
+    fx.iter().find_map(|e| match e {
+        Effect::ReplyContainer { req: r, result } if *r == req => {
+            result.as_ref().err().map(|e| e.code)
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn a_container_bound_to_an_unknown_session_or_asked_for_during_a_shutdown_is_refused() {
+    use paddock_core::container::{ContainerRequest, ContainerSpec};
+    let mut r = Rig::new();
+    let spec = |session: Option<&str>| {
+        ContainerRequest::Create(Box::new(ContainerSpec {
+            name: "build".into(),
+            session: session.map(SessionId::from),
+            ..ContainerSpec::default()
+        }))
+    };
+    let fx = r.at(
+        0,
+        Input::Container {
+            req: 1,
+            id: "c1".into(),
+            request: spec(Some("nope")),
+        },
+    );
+    assert_eq!(container_refusal(&fx, 1), Some(ErrorCode::SessionNotFound));
+    assert!(r.engine.containers().get("c1").is_none());
+    // One of no session is made (the driver's report finishes it).
+    let fx = r.at(
+        0,
+        Input::Container {
+            req: 2,
+            id: "c2".into(),
+            request: spec(None),
+        },
+    );
+    assert_eq!(container_refusal(&fx, 2), None);
+    assert!(r.engine.containers().get("c2").is_some());
+    r.at(
+        0,
+        Input::Shutdown {
+            req: 3,
+            graceful: true,
+        },
+    );
+    let fx = r.at(
+        0,
+        Input::Container {
+            req: 4,
+            id: "c3".into(),
+            request: spec(None),
+        },
+    );
+    assert_eq!(container_refusal(&fx, 4), Some(ErrorCode::ShuttingDown));
+}
+
+#[test]
+fn the_shell_reads_live_tasks_and_the_trace_of_table_lookups() {
+    let mut r = Rig::new();
+    let launch = Input::Task(paddock_core::task::TaskInput::Launch {
+        req: 1,
+        id: "task_1".into(),
+        spec: paddock_core::task::TaskSpec {
+            command: vec!["true".into()],
+            ..Default::default()
+        },
+    });
+    r.at(0, launch);
+    assert_eq!(r.engine.live_tasks(), 1);
+    r.create(config());
+    r.engine.set_trace(true);
+    r.stop(false);
+    assert!(
+        !r.engine.take_trace().is_empty(),
+        "a stop looks its rule up"
+    );
+    assert!(r.engine.take_trace().is_empty(), "taken");
+}
