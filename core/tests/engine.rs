@@ -1309,3 +1309,41 @@ fn the_shell_reads_live_tasks_and_the_trace_of_table_lookups() {
     );
     assert!(r.engine.take_trace().is_empty(), "taken");
 }
+
+#[test]
+fn a_task_bound_to_a_session_lives_while_it_does_and_ends_with_it() {
+    use paddock_core::task::{TaskInput, TaskSpec};
+    let mut r = Rig::running(config());
+    r.at(
+        0,
+        Input::Task(TaskInput::Launch {
+            req: 90,
+            id: "exec_1".into(),
+            spec: TaskSpec {
+                session_id: sid().0,
+                command: vec!["sleep".into(), "60".into()],
+                ..Default::default()
+            },
+        }),
+    );
+    r.at(
+        0,
+        Input::Task(TaskInput::Started {
+            id: "exec_1".into(),
+            pid: 77,
+        }),
+    );
+    let signalled = |fx: &[Effect]| {
+        fx.iter()
+            .any(|e| matches!(e, Effect::SignalTask { id, .. } if id == "exec_1"))
+    };
+    // Its session works on: the task is left alone.
+    let (_, fx) = r.send("hi");
+    assert!(!signalled(&fx), "{fx:?}");
+    assert_eq!(r.engine.live_tasks(), 1);
+    // Its session ends: so does the task.
+    let (_, mut fx) = r.stop(false);
+    fx.extend(r.provider(1, exited()));
+    assert_eq!(r.status(), Status::Stopped);
+    assert!(signalled(&fx), "{fx:?}");
+}
