@@ -559,6 +559,32 @@ impl Drop for Dirs {
     }
 }
 
+/// Removes the control groups recorded in every data dir under `dir` (a `cgroup-runner` or
+/// `cgroup-daemon` file): for a runner the test SIGKILLed outside a [`Dirs`] (a fake pod's, an
+/// ssh host's), which could not remove them itself; else the machine's cgroup tree keeps one
+/// empty group per run of the test. What the groups still hold is killed.
+pub fn release_groups_under(dir: &Path) {
+    fn walk(dir: &Path, depth: usize) {
+        const DEPTH_MAX: usize = 6;
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let mut recorded = false;
+        for e in entries.flatten() {
+            let Ok(kind) = e.file_type() else { continue };
+            if kind.is_dir() && depth < DEPTH_MAX {
+                walk(&e.path(), depth + 1);
+            } else if kind.is_file() && e.file_name().to_string_lossy().starts_with("cgroup-") {
+                recorded = true;
+            }
+        }
+        if recorded {
+            paddock::contain::remove_groups(dir);
+        }
+    }
+    walk(dir, 0)
+}
+
 impl Drop for PidGuard {
     fn drop(&mut self) {
         if pid_running(self.0) {

@@ -163,7 +163,7 @@ impl FakeKube {
                     // something outlived its deletion), while the runtime still reaps children.
                     let uids = shared.lock().uids.clone();
                     let _ = tokio::task::spawn_blocking(move || {
-                        kill_sync(|uid, _| uids.contains(uid));
+                        kill_and_release(|uid, _| uids.contains(uid));
                     })
                     .await;
                 });
@@ -329,6 +329,38 @@ pub fn marked_pids(select: impl Fn(&str, Option<&str>) -> bool) -> Vec<i32> {
         }
     }
     found
+}
+
+/// [`kill_sync`], then removes the control groups of the runners among those processes (a
+/// pod's runner keeps its data dir beside its socket, `… runner --socket DIR/runner.sock`):
+/// SIGKILLed, they could not remove them themselves, and the machine's cgroup tree would keep
+/// an empty group per pod.
+fn kill_and_release(select: impl Fn(&str, Option<&str>) -> bool) {
+    let dirs = runner_dirs(&select);
+    kill_sync(select);
+    for dir in dirs {
+        paddock::contain::remove_groups(&dir);
+    }
+}
+
+/// The data dirs of the runners among the marked processes.
+fn runner_dirs(select: impl Fn(&str, Option<&str>) -> bool) -> Vec<PathBuf> {
+    let mut runner_dirs: Vec<PathBuf> = Vec::new();
+    for pid in marked_pids(&select) {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if let Some(i) = args.iter().position(|a| a == "--socket") {
+            if let Some(dir) = args.get(i + 1).and_then(|s| Path::new(s).parent()) {
+                runner_dirs.push(dir.to_path_buf());
+            }
+        }
+    }
+    runner_dirs
 }
 
 /// SIGKILLs the marked processes until none is left (new ones forked meanwhile included), for
@@ -912,6 +944,8 @@ async fn supervise(
 /// A deletion's second half: TERM, the grace period (at most MAX_GRACE), KILL, removal.
 async fn terminate(sh: Arc<Shared>, key: Key, uid: String, grace: u64) {
     let wait = Duration::from_secs(grace).min(MAX_GRACE);
+    // Found before the TERM: a runner that ends on it may leave its groups behind.
+    let runners = runner_dirs(|u, _| u == uid);
     for p in marked_pids(|u, _| u == uid) {
         let _ = kill(Pid::from_raw(p), Signal::SIGTERM);
     }
@@ -920,7 +954,13 @@ async fn terminate(sh: Arc<Shared>, key: Key, uid: String, grace: u64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let u = uid.clone();
-    let _ = tokio::task::spawn_blocking(move || kill_sync(|pu, _| pu == u)).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        kill_sync(|pu, _| pu == u);
+        for dir in runners {
+            paddock::contain::remove_groups(&dir);
+        }
+    })
+    .await;
     let dir = {
         let mut st = sh.lock();
         if st.pods.get(&key).is_none_or(|p| p.uid != uid) {

@@ -183,6 +183,8 @@ impl Drop for Sshd {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+        // The groups that runner made in the machine's cgroup tree.
+        crate::harness::release_groups_under(&self.remote_dir);
     }
 }
 
