@@ -160,9 +160,10 @@ impl Approval {
 }
 
 /// What a session may let its agent do without asking (`provider_config["permissions"]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Policy {
     /// `allow-all` (the default): every tool is allowed, questions are answered empty.
+    #[default]
     AllowAll,
     /// `deny`: every tool is denied.
     Deny,
@@ -200,13 +201,6 @@ impl Policy {
                  (got {other:?})"
             )),
         }
-    }
-
-    /// From a session's provider configuration (an invalid value was refused at create, so
-    /// here it counts as the safest policy: deny).
-    pub fn of(provider_config: &BTreeMap<String, String>) -> Policy {
-        Policy::parse(provider_config.get("permissions").map(String::as_str))
-            .unwrap_or(Policy::Deny)
     }
 
     /// True when a tool runs without asking anyone.
@@ -277,45 +271,51 @@ pub struct ApprovalSettings {
     pub default_allow: bool,
 }
 
+/// 15 minutes, then deny.
+impl Default for ApprovalSettings {
+    fn default() -> Self {
+        ApprovalSettings {
+            timeout_ms: Self::DEFAULT_TIMEOUT_MS,
+            default_allow: false,
+        }
+    }
+}
+
 impl ApprovalSettings {
     /// 15 minutes, then deny.
     pub const DEFAULT_TIMEOUT_MS: u64 = 15 * 60 * 1000;
     /// The longest wait a session may ask for: a week.
     pub const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3600 * 1000;
 
-    pub fn parse(provider_config: &BTreeMap<String, String>) -> Result<Self, String> {
+    pub fn parse(
+        provider_config: &BTreeMap<String, String>,
+    ) -> Result<Self, crate::provider_config::ConfigError> {
+        use crate::provider_config::ConfigError;
         let timeout_ms = match provider_config.get("approval_timeout") {
             None => Self::DEFAULT_TIMEOUT_MS,
             Some(s) => parse_duration_ms(s)
                 .filter(|ms| (1..=Self::MAX_TIMEOUT_MS).contains(ms))
-                .ok_or_else(|| {
-                    format!(
+                .ok_or_else(|| ConfigError {
+                    key: "approval_timeout",
+                    reason: format!(
                         "approval_timeout must be a duration like 90s, 15m or 2h, at most 7 days \
                          (got {s:?})"
-                    )
+                    ),
                 })?,
         };
         let default_allow = match provider_config.get("approval_default").map(|s| s.trim()) {
             None | Some("deny") => false,
             Some("allow") => true,
             Some(other) => {
-                return Err(format!(
-                    "approval_default must be deny or allow (got {other:?})"
-                ))
+                return Err(ConfigError {
+                    key: "approval_default",
+                    reason: format!("approval_default must be deny or allow (got {other:?})"),
+                })
             }
         };
         Ok(ApprovalSettings {
             timeout_ms,
             default_allow,
-        })
-    }
-
-    /// As [`ApprovalSettings::parse`]; an invalid value (refused at create) counts as the
-    /// default.
-    pub fn of(provider_config: &BTreeMap<String, String>) -> Self {
-        Self::parse(provider_config).unwrap_or(ApprovalSettings {
-            timeout_ms: Self::DEFAULT_TIMEOUT_MS,
-            default_allow: false,
         })
     }
 }

@@ -32,6 +32,7 @@ pub mod error;
 pub mod grid;
 pub mod model;
 pub mod process;
+pub mod provider_config;
 pub mod run;
 pub mod session;
 pub mod task;
@@ -46,6 +47,7 @@ pub use environment::{
 };
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;
+pub use provider_config::{ConfigError, ProviderConfig};
 pub use session::effect::{Effect, Record, Signal, SpawnSpec};
 pub use session::input::{Ask, Input, ProviderEvent};
 pub use session::machine::{Run, Session, Step, Timer};

@@ -323,7 +323,8 @@ pub struct SessionConfig {
     pub agent_name: String,
     pub festival_id: String,
     pub task_id: String,
-    pub provider_config: BTreeMap<String, String>,
+    /// The client's map with its settings parsed (see [`crate::ProviderConfig`]).
+    pub provider_config: crate::ProviderConfig,
     pub environment: BTreeMap<String, String>,
     /// Token budget; 0 = unlimited.
     pub max_tokens: u64,
@@ -346,7 +347,7 @@ impl SessionConfig {
             agent_name: String::new(),
             festival_id: String::new(),
             task_id: String::new(),
-            provider_config: BTreeMap::new(),
+            provider_config: crate::ProviderConfig::default(),
             environment: BTreeMap::new(),
             max_tokens: 0,
             timeout_ms: 0,

@@ -55,12 +55,13 @@ impl Rig {
     /// turn.
     fn working(permissions: &str) -> Rig {
         let mut config = SessionConfig::new("camp", Provider::Scripted, "/tmp");
-        config
-            .provider_config
-            .insert("permissions".into(), permissions.into());
-        config
-            .provider_config
-            .insert("approval_timeout".into(), "60s".into());
+        config.provider_config = paddock_core::ProviderConfig::parse(
+            [("permissions", permissions), ("approval_timeout", "60s")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+        .expect("valid settings");
         let mut r = Rig {
             engine: Engine::new(Limits::default()),
             now: T0,
@@ -586,13 +587,17 @@ fn expiry_allows_only_permissions_and_open_requests_are_bounded() {
     // approval_default=allow lets a permission go ahead on expiry, never makes up an answer.
     let mut r = {
         let mut config = SessionConfig::new("camp", Provider::Scripted, "/tmp");
-        for (k, v) in [
-            ("permissions", "ask"),
-            ("approval_timeout", "10s"),
-            ("approval_default", "allow"),
-        ] {
-            config.provider_config.insert(k.into(), v.into());
-        }
+        config.provider_config = paddock_core::ProviderConfig::parse(
+            [
+                ("permissions", "ask"),
+                ("approval_timeout", "10s"),
+                ("approval_default", "allow"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        )
+        .expect("valid settings");
         let mut r = Rig {
             engine: Engine::new(Limits::default()),
             now: T0,

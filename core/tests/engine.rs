@@ -642,7 +642,7 @@ fn restart_is_the_way_out_of_failed() {
         Input::Restart {
             req,
             id: sid(),
-            provider_config: Some(pc),
+            provider_config: Some(paddock_core::ProviderConfig::parse(pc).unwrap()),
         },
     );
     assert_eq!(

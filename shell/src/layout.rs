@@ -293,3 +293,38 @@ fn paths_groups_and_cycles_are_seen() {
         });
     assert_eq!(cycles(&g), BTreeSet::from([vec!["a".into(), "b".into()]]));
 }
+
+/// Architecture Invariant: a session's settings (`permissions`, `approval_timeout`,
+/// `approval_default`) are parsed from the string map only where a `provider_config` comes in:
+/// `paddock_core::ProviderConfig::parse` (create, restart, a stored row) and the bridges, which
+/// are processes of their own and get the map in their environment. Anything else reads the
+/// typed settings.
+#[test]
+fn settings_are_parsed_only_where_a_provider_config_comes_in() {
+    let shell = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = shell.parent().expect("the repository");
+    let allowed = [
+        "core/src/provider_config.rs",
+        "shell/agents/src/bridge/codex.rs",
+        "shell/agents/src/bridge/gemini.rs",
+        // This test names what it looks for.
+        "shell/src/layout.rs",
+    ];
+    let mut files = Vec::new();
+    rust_files(&root.join("core/src"), 0, &mut files);
+    for dir in CRATES {
+        rust_files(&shell.join(dir), 0, &mut files);
+    }
+    assert!(files.len() > 50, "{} files", files.len());
+    let mut found = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(root).expect("under the repository");
+        let code = non_test_code(&std::fs::read_to_string(f).expect("readable"));
+        for parse in ["Policy::parse(", "ApprovalSettings::parse("] {
+            if code.contains(parse) && !allowed.iter().any(|a| rel == Path::new(a)) {
+                found.push(format!("{} calls {parse}", rel.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}

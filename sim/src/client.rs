@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 
 use paddock_core::{
-    ApprovalId, AskKind, Decision, Driver, EnvSpec, Input, Provider, RequestId, SessionConfig,
-    SessionId, Status,
+    ApprovalId, AskKind, Decision, Driver, EnvSpec, Input, Provider, ProviderConfig, RequestId,
+    SessionConfig, SessionId, Status,
 };
 
 use crate::model::Model;
@@ -228,7 +228,7 @@ impl Client {
                     if self.rng.chance(2, 3) {
                         self.approval_settings(&mut m);
                     }
-                    m
+                    ProviderConfig::parse(m).expect("the simulator's settings are valid")
                 });
                 Action::Request(Box::new(Input::Restart {
                     req,
@@ -364,12 +364,13 @@ impl Client {
         if self.rng.chance(1, 2) {
             config.initial_message = "read the task and begin".to_string();
         }
+        let mut pc = BTreeMap::new();
         if self.rng.chance(1, 3) {
-            config
-                .provider_config
-                .insert("effort".to_string(), "2".to_string());
+            pc.insert("effort".to_string(), "2".to_string());
         }
-        self.approval_settings(&mut config.provider_config);
+        self.approval_settings(&mut pc);
+        config.provider_config =
+            ProviderConfig::parse(pc).expect("the simulator's settings are valid");
         if self.rng.per_mille(self.mix.env) {
             // A sandbox, a worktree, or both; now and then a local one that needs nothing
             // made after all (it starts at once).

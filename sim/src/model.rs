@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Approval, ApprovalId, ApprovalSettings, ApprovalState,
-    AskKind, Deadline, Decision, Effect, Engine, EnvState, Error, ErrorCode, Input, Limits, Record,
-    RequestId, Run, RunId, SessionConfig, SessionId, SessionRecord, Signal, SpawnSpec, Status,
-    StatusEvent, Timer,
+    AskKind, Deadline, Decision, Effect, Engine, EnvState, Error, ErrorCode, Input, Limits,
+    ProviderConfig, Record, RequestId, Run, RunId, SessionConfig, SessionId, SessionRecord, Signal,
+    SpawnSpec, Status, StatusEvent, Timer,
 };
 
 use crate::world::{at, ts, Millis, Store};
@@ -529,11 +529,12 @@ impl Model {
                     }
                     if let Some(pc) = provider_config {
                         // The override keeps the session's permissions unless it names its own.
-                        let mut pc = pc.clone();
+                        let mut pc = pc.as_map().clone();
                         if let Some(p) = sm.config.provider_config.get("permissions") {
                             pc.entry("permissions".into()).or_insert_with(|| p.clone());
                         }
-                        sm.config.provider_config = pc;
+                        sm.config.provider_config =
+                            ProviderConfig::parse(pc).expect("both maps were valid");
                     }
                 }
                 _ => {}

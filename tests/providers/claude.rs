@@ -636,7 +636,8 @@ async fn real_stream_json_through_the_adapter() {
     config.model = MODEL.into();
     config
         .provider_config
-        .insert("command".into(), claude_bin().display().to_string());
+        .insert("command", claude_bin().display().to_string())
+        .expect("not a setting");
     config.environment = w.claude_env().into_iter().collect();
     let spec = SpawnSpec {
         config,

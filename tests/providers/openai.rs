@@ -651,10 +651,10 @@ fn openai_recorded_bridge_output_through_the_adapter() {
     let text = std::fs::read_to_string(RECORDING).expect("the recording");
     // The live run's policy: `shell` is denied.
     let mut config = SessionConfig::new("c", Provider::OpenAiApi, "/home/dev/proj");
-    config.provider_config.insert(
-        "permissions".into(),
-        "allow:list_dir,read_file,write_file".into(),
-    );
+    config
+        .provider_config
+        .insert("permissions", "allow:list_dir,read_file,write_file")
+        .expect("a valid policy");
     let spec = SpawnSpec {
         config,
         resume: None,
@@ -745,7 +745,9 @@ async fn openai_bridge_output_matches_the_recording() {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    .collect::<std::collections::BTreeMap<_, _>>()
+    .try_into()
+    .expect("valid settings");
     config.environment = [("OPENAI_API_KEY".to_string(), KEY.to_string())]
         .into_iter()
         .collect();
@@ -754,7 +756,7 @@ async fn openai_bridge_output_matches_the_recording() {
         resume: None,
         restart_count: 0,
     };
-    let policy = paddock_core::Policy::of(&spec.config.provider_config);
+    let policy = spec.config.provider_config.policy().clone();
     let (plan, mut parser) = providers::plan(&spec, std::path::Path::new(BIN)).expect("plan");
     let mut child = tokio::process::Command::new(&plan.program)
         .args(&plan.args)

@@ -1,7 +1,5 @@
 //! What goes into the engine: the one [`Input`] enum of the whole daemon.
 
-use std::collections::BTreeMap;
-
 use crate::approval::{ApprovalId, AskKind, Decision};
 use crate::campaign::NewCampaign;
 use crate::model::{Activity, RequestId, RunId, SessionConfig, SessionId};
@@ -33,7 +31,7 @@ pub enum Input {
     Restart {
         req: RequestId,
         id: SessionId,
-        provider_config: Option<BTreeMap<String, String>>,
+        provider_config: Option<crate::ProviderConfig>,
     },
     /// Resolve a pending approval (approve, deny, answer), from any client; `by` names the
     /// client for the record.

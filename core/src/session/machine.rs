@@ -6,9 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use super::effect::{Effect, Record, Signal, SpawnSpec};
 use super::input::{Ask, ProviderEvent};
 use super::table::{rule, InputKind, Rule};
-use crate::approval::{
-    Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
-};
+use crate::approval::{Approval, ApprovalId, ApprovalState, AskKind, Decision, PolicyAnswer};
 use crate::budget::{timeout_deadline, TokenBudget};
 use crate::environment::{EnvEvent, EnvState};
 use crate::error::{Error, ErrorCode};
@@ -570,7 +568,7 @@ impl Session {
     pub(crate) fn handle_restart(
         &mut self,
         req: RequestId,
-        provider_config: Option<BTreeMap<String, String>>,
+        provider_config: Option<crate::ProviderConfig>,
         cx: &mut Ctx,
     ) {
         match self.check(InputKind::Restart, cx) {
@@ -579,12 +577,7 @@ impl Session {
             Err(e) => return reply_err(cx, req, e),
         }
         if let Some(mut pc) = provider_config {
-            // A new configuration that says nothing of permissions keeps the session's: a
-            // restart never widens (or narrows) what the agent may do unasked by leaving the
-            // key out.
-            if let Some(p) = self.record.config.provider_config.get("permissions") {
-                pc.entry("permissions".into()).or_insert_with(|| p.clone());
-            }
+            pc.keep_permissions_of(&self.record.config.provider_config);
             self.record.config.provider_config = pc;
             self.dirty = true;
         }
@@ -1026,7 +1019,7 @@ impl Session {
         let Run::Alive { run, .. } = self.run else {
             return;
         };
-        let settings = ApprovalSettings::of(&self.record.config.provider_config);
+        let settings = self.record.config.provider_config.approvals();
         let mut a = Approval {
             id: ask.approval,
             session: self.record.id.clone(),
@@ -1059,7 +1052,13 @@ impl Session {
                 "paddock",
             ))
         } else {
-            match Policy::of(&self.record.config.provider_config).decide(a.kind, &a.tool) {
+            match self
+                .record
+                .config
+                .provider_config
+                .policy()
+                .decide(a.kind, &a.tool)
+            {
                 PolicyAnswer::Allow => Some((true, String::new(), "policy")),
                 PolicyAnswer::Deny(reason) => Some((false, reason, "policy")),
                 PolicyAnswer::AskHuman => None,
@@ -1189,7 +1188,7 @@ impl Session {
 
     /// Every open request whose time is up gets the session's default answer.
     fn expire_approvals(&mut self, cx: &mut Ctx) {
-        let settings = ApprovalSettings::of(&self.record.config.provider_config);
+        let settings = self.record.config.provider_config.approvals();
         let expiry = &self.expiry;
         let (due, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
             .into_iter()

@@ -134,18 +134,11 @@ impl LineParser for StreamJson {
 pub use ask::answer_line;
 
 /// Checks a configuration at CreateSession: OBEY-2002 for a provider this build cannot run,
-/// OBEY-2003 for a model it does not accept, OBEY-2004 for a missing CLI binary or a bad
-/// provider_config.
+/// OBEY-2003 for a model it does not accept, OBEY-2004 for a missing CLI binary or a
+/// provider_config this agent cannot run with (its settings were parsed where it came in:
+/// [`paddock_core::ProviderConfig`]).
 pub fn validate(config: &SessionConfig) -> Result<(), Error> {
-    let policy = PermissionPolicy::parse(
-        config
-            .provider_config
-            .get("permissions")
-            .map(String::as_str),
-    )
-    .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
-    paddock_core::ApprovalSettings::parse(&config.provider_config)
-        .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+    let policy = config.provider_config.policy();
     if policy.asks() && matches!(config.provider, Provider::Codex | Provider::Gemini) {
         // `codex exec` and `gemini -p` run without anyone to ask: they have no way to wait
         // for an answer. (Gemini over ACP, `--provider acp` with `gemini --acp`, can ask.)
@@ -537,7 +530,7 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
                 Provider::OpenAiApi => "openai",
                 _ => "acp",
             };
-            let mut provider_config = config.provider_config.clone();
+            let mut provider_config = config.provider_config.as_map().clone();
             if config.provider == Provider::OpenClaw && !provider_config.contains_key("command") {
                 provider_config.insert("command".into(), "openclaw acp".into());
             }
@@ -595,7 +588,9 @@ mod tests {
 
     fn claude_spec() -> SpawnSpec {
         let mut c = SessionConfig::new("c", Provider::ClaudeCode, "/tmp");
-        c.provider_config.insert("command".into(), "/bin/sh".into());
+        c.provider_config
+            .insert("command", "/bin/sh")
+            .expect("a valid setting");
         c.model = "claude-x".into();
         SpawnSpec {
             config: c,
@@ -636,7 +631,8 @@ mod tests {
         // A system prompt (sunbeam's project context) is appended to Claude Code's own.
         spec.config
             .provider_config
-            .insert(SYSTEM_PROMPT_KEY.into(), "Project: /x\nbranch main".into());
+            .insert(SYSTEM_PROMPT_KEY, "Project: /x\nbranch main")
+            .expect("a valid setting");
         let (p, _) = plan(&spec, Path::new("/paddock")).unwrap();
         assert!(
             p.args.ends_with(&[
@@ -648,7 +644,8 @@ mod tests {
         );
         spec.config
             .provider_config
-            .insert(SYSTEM_PROMPT_KEY.into(), " ".into());
+            .insert(SYSTEM_PROMPT_KEY, " ")
+            .expect("a valid setting");
         let (p, _) = plan(&spec, Path::new("/paddock")).unwrap();
         assert!(!p.args.contains(&"--append-system-prompt".to_string()));
         spec.config.provider_config.remove(SYSTEM_PROMPT_KEY);
@@ -670,7 +667,8 @@ mod tests {
     fn scripted_launch_passes_the_system_prompt() {
         let mut c = SessionConfig::new("c", Provider::Scripted, "/tmp");
         c.provider_config
-            .insert(SYSTEM_PROMPT_KEY.into(), "ctx".into());
+            .insert(SYSTEM_PROMPT_KEY, "ctx")
+            .expect("a valid setting");
         let spec = SpawnSpec {
             config: c,
             resume: None,
@@ -725,17 +723,20 @@ mod tests {
     #[test]
     fn ask_is_refused_for_agents_that_cannot_wait_for_an_answer() {
         let mut c = SessionConfig::new("c", Provider::Codex, "/tmp");
-        c.provider_config.insert("permissions".into(), "ask".into());
+        c.provider_config
+            .insert("permissions", "ask")
+            .expect("a valid setting");
         let e = validate(&c).unwrap_err();
         assert_eq!(e.code, ErrorCode::CreationFailed);
         assert!(e.message.contains("cannot"), "{e}");
         c.provider = Provider::Scripted;
-        c.provider_config
-            .insert("approval_timeout".into(), "soon".into());
-        assert!(validate(&c)
-            .unwrap_err()
-            .message
-            .contains("approval_timeout"));
+        // Refused where the map comes in, before any agent's check.
+        let e = c
+            .provider_config
+            .insert("approval_timeout", "soon")
+            .unwrap_err();
+        assert_eq!(e.key, "approval_timeout");
+        assert_eq!(paddock_core::Error::from(e).code, ErrorCode::CreationFailed);
     }
 
     /// A session of `provider` whose CLI (`program`, an empty file) exists, in a temporary
@@ -752,7 +753,8 @@ mod tests {
         std::fs::create_dir_all(home.join(config_dir)).unwrap();
         let mut c = SessionConfig::new("c", provider, &tmp.path().display().to_string());
         c.provider_config
-            .insert("command".into(), bin.display().to_string());
+            .insert("command", bin.display().to_string())
+            .expect("a valid setting");
         c.environment
             .insert("HOME".into(), home.display().to_string());
         (tmp, c)
@@ -829,7 +831,8 @@ mod tests {
         assert!(validate(&c).is_ok());
         c.environment.clear();
         c.provider_config
-            .insert("base_url".into(), "http://localhost:11434/v1".into());
+            .insert("base_url", "http://localhost:11434/v1")
+            .expect("a valid setting");
         assert!(validate(&c).is_ok(), "a local server may need no key");
     }
 
@@ -837,11 +840,12 @@ mod tests {
     fn missing_binaries_are_2004_and_bad_models_2003() {
         let mut c = SessionConfig::new("c", Provider::Codex, "/tmp");
         c.provider_config
-            .insert("command".into(), "no-such-codex --flag".into());
+            .insert("command", "no-such-codex --flag")
+            .expect("a valid setting");
         let e = validate(&c).unwrap_err();
         assert_eq!(e.code, ErrorCode::CreationFailed);
         assert!(e.message.contains("\"no-such-codex\""), "{e}");
-        c.provider_config.clear();
+        c.provider_config = Default::default();
         c.provider = Provider::Acp;
         assert_eq!(validate(&c).unwrap_err().code, ErrorCode::CreationFailed);
         c.provider = Provider::OpenAiApi;
@@ -874,7 +878,8 @@ mod tests {
         assert!(validate(&c).is_ok());
         c.provider = Provider::ClaudeCode;
         c.provider_config
-            .insert("command".into(), "definitely-not-a-claude-binary".into());
+            .insert("command", "definitely-not-a-claude-binary")
+            .expect("a valid setting");
         let e = validate(&c).unwrap_err();
         assert_eq!(e.code, ErrorCode::CreationFailed);
         assert!(e.message.contains("definitely-not-a-claude-binary"));

@@ -565,6 +565,8 @@ impl LocalDaemonService for Obey {
             .or_insert_with(|| {
                 paddock_core::approval::default_permissions(provider, &env_spec).to_string()
             });
+        let provider_config =
+            paddock_core::ProviderConfig::parse(provider_config).map_err(|e| st(e.into()))?;
         let config = SessionConfig {
             campaign_id: campaign.id.clone(),
             provider,
@@ -778,6 +780,10 @@ impl LocalDaemonService for Obey {
             let stored = self.record(id.clone()).await?.config.provider_config;
             provider_config = Some(secret::unmask(pc, &stored).map_err(invalid)?);
         }
+        let provider_config = provider_config
+            .map(paddock_core::ProviderConfig::parse)
+            .transpose()
+            .map_err(|e| st(e.into()))?;
         // (A new configuration that says nothing of permissions keeps the session's: the core's
         // rule, decided in the same step as the restart.)
         let rec = self

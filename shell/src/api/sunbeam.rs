@@ -254,7 +254,7 @@ impl CodeAgent {
             ending: false,
             inbound_open: true,
             client_tools: client_tool_names(&attached.record.config.provider_config),
-            policy: paddock_core::approval::Policy::of(&attached.record.config.provider_config),
+            policy: attached.record.config.provider_config.policy().clone(),
             shown: BTreeSet::new(),
         };
         if !conn.out.send(OutMsg::Ready(attached.ready)).await {
@@ -499,8 +499,12 @@ impl CodeAgent {
             Some(rec) if rec.status.is_terminal() => {
                 // Restarted with the context of this attach (the files may have changed).
                 // Validated against the session's configuration by the port.
-                let mut pc = rec.config.provider_config.clone();
-                pc.insert(providers::SYSTEM_PROMPT_KEY.into(), context);
+                let pc = rec
+                    .config
+                    .provider_config
+                    .clone()
+                    .with(providers::SYSTEM_PROMPT_KEY, context)
+                    .map_err(|e| format!("cannot restart session {}: {e}", rec.id))?;
                 let rec = self
                     .handle
                     .restart_session(rec.id.clone(), Some(pc))
@@ -629,6 +633,8 @@ impl CodeAgent {
         }
         provider_config.insert(PROJECT_KEY.into(), root.to_string());
         provider_config.insert(providers::SYSTEM_PROMPT_KEY.into(), context);
+        let provider_config =
+            paddock_core::ProviderConfig::parse(provider_config).map_err(|e| e.to_string())?;
         let config = SessionConfig {
             campaign_id: campaign.id.clone(),
             provider: settings.provider,

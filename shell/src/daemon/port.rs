@@ -8,7 +8,6 @@
 //! answered after the current batch has committed, so no reply shows what a crash could still
 //! lose. A store read that fails is an error in the reply, never an empty result.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use paddock_core::campaign::{Campaign, CampaignError, NewCampaign};
@@ -53,7 +52,7 @@ pub enum Request {
     /// A new `provider_config`, if any, was validated by [`Handle::restart_session`].
     Restart {
         id: SessionId,
-        provider_config: Option<BTreeMap<String, String>>,
+        provider_config: Option<paddock_core::ProviderConfig>,
     },
     /// DeleteSession: forget a terminal session and everything stored about it.
     Delete {
@@ -410,7 +409,7 @@ impl Handle {
     pub async fn restart_session(
         &self,
         id: SessionId,
-        provider_config: Option<BTreeMap<String, String>>,
+        provider_config: Option<paddock_core::ProviderConfig>,
     ) -> Result<SessionRecord, Error> {
         if let Some(pc) = &provider_config {
             // An unknown session is the core's to refuse (OBEY-1001), in the restart's step.

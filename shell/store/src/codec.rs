@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Driver, EnvSpec, EnvState, Error, ErrorCode,
-    KubeOptions, PodmanOptions, Provider, QemuOptions, SessionConfig, SessionId, SessionRecord,
-    SshTarget, Status, StatusEvent, UserMessage,
+    KubeOptions, PodmanOptions, Provider, ProviderConfig, QemuOptions, SessionConfig, SessionId,
+    SessionRecord, SshTarget, Status, StatusEvent, UserMessage,
 };
 use rusqlite::Row;
 
@@ -333,16 +333,18 @@ fn map_from_json(row: &Row, table: &str, col: impl Column) -> Result<BTreeMap<St
 }
 
 /// Decodes one row selected with [`SESSION_COLUMNS`].
-pub(super) fn session_from_row(row: &Row) -> Result<SessionRecord> {
+/// Sealed credentials are opened with `sealer`: the settings of `provider_config` are parsed
+/// from the map as the client sent it.
+pub(super) fn session_from_row(row: &Row, sealer: &crate::seal::Sealer) -> Result<SessionRecord> {
     let id: String = sc!("id").get(row)?;
     // Name the session in every decoding error: one bad row must be findable.
-    decode_session(row, &id).map_err(|e| match e {
+    decode_session(row, &id, sealer).map_err(|e| match e {
         StoreError::Corrupt(m) => StoreError::Corrupt(format!("{m} (session {id})")),
         other => other,
     })
 }
 
-fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
+fn decode_session(row: &Row, id: &str, sealer: &crate::seal::Sealer) -> Result<SessionRecord> {
     const T: &str = "agent_sessions";
     let config = SessionConfig {
         campaign_id: sc!("campaign_id").get(row)?,
@@ -351,8 +353,15 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
         agent_name: sc!("agent_name").get(row)?,
         festival_id: sc!("festival_id").get(row)?,
         task_id: sc!("task_id").get(row)?,
-        provider_config: map_from_json(row, T, sc!("provider_config"))?,
-        environment: map_from_json(row, T, sc!("environment"))?,
+        // Validated when the session was created or restarted; a value paddock cannot use
+        // now is a corrupt row, never a silent default.
+        provider_config: ProviderConfig::parse(sealer.open(map_from_json(
+            row,
+            T,
+            sc!("provider_config"),
+        )?))
+        .map_err(|e| corrupt(T, sc!("provider_config").name(), e))?,
+        environment: sealer.open(map_from_json(row, T, sc!("environment"))?),
         max_tokens: uint(row, T, sc!("max_tokens"))?,
         timeout_ms: uint(row, T, sc!("timeout_ms"))?,
         initial_message: sc!("initial_message").get(row)?,
@@ -382,7 +391,7 @@ fn decode_session(row: &Row, id: &str) -> Result<SessionRecord> {
                     mounts: o.mounts,
                     ports: o.ports,
                     flags: o.flags,
-                    env: map_from_json(row, T, sc!("env_podman_env"))?,
+                    env: sealer.open(map_from_json(row, T, sc!("env_podman_env"))?),
                 })
             },
             qemu: {

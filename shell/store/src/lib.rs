@@ -537,12 +537,7 @@ impl Store {
 
     /// A session row with its credentials opened.
     fn session_from_row(&self, row: &rusqlite::Row) -> Result<SessionRecord> {
-        let mut rec = codec::session_from_row(row)?;
-        let c = &mut rec.config;
-        c.provider_config = self.sealer.open(std::mem::take(&mut c.provider_config));
-        c.environment = self.sealer.open(std::mem::take(&mut c.environment));
-        c.env.podman.env = self.sealer.open(std::mem::take(&mut c.env.podman.env));
-        Ok(rec)
+        codec::session_from_row(row, &self.sealer)
     }
 
     /// Up to `limit` activities of a session with `seq > after_seq`, in seq order.

@@ -48,10 +48,12 @@ fn full_record(id: &str) -> SessionRecord {
     config.agent_name = "builder ✓".into();
     config.festival_id = "fest-7".into();
     config.task_id = "task-42".into();
-    config.provider_config = BTreeMap::from([
+    config.provider_config = paddock_core::ProviderConfig::parse(BTreeMap::from([
         ("effort".to_string(), "high".to_string()),
         ("quote".to_string(), "a \"b\" \\ c\nd".to_string()),
-    ]);
+        ("permissions".to_string(), "ask:Read".to_string()),
+    ]))
+    .expect("valid settings");
     config.environment = BTreeMap::from([("FOO".to_string(), "bar=baz".to_string())]);
     config.max_tokens = 100_000;
     config.timeout_ms = 3_600_000;
@@ -707,6 +709,15 @@ fn undecodable_rows_are_reported_as_corrupt() {
         "UPDATE agent_sessions SET tokens_input = 1, pid = -5",
     );
     is_corrupt(store.session("s").map(drop), "agent_sessions.pid");
+    // A setting paddock cannot use is never read as a default.
+    corrupt(
+        &store,
+        "UPDATE agent_sessions SET pid = NULL, provider_config = '{\"permissions\":\"maybe\"}'",
+    );
+    is_corrupt(
+        store.session("s").map(drop),
+        "agent_sessions.provider_config",
+    );
     corrupt(&store, "UPDATE agent_activities SET type = 8");
     is_corrupt(
         store.activities("s", 0, 9).map(drop),

@@ -446,12 +446,15 @@ fn codex_config_lines() {
     assert!(extra_config(Some("=value")).is_err());
     // At CreateSession: OBEY-2004 (creation failed).
     let mut c = paddock_core::SessionConfig::new("c", Provider::Codex, "/tmp");
-    c.provider_config.insert("command".into(), "/bin/sh".into());
+    c.provider_config
+        .insert("command", "/bin/sh")
+        .expect("a valid setting");
     c.environment
         .insert("OPENAI_API_KEY".into(), "sk-test".into());
     assert!(crate::validate(&c).is_ok());
     c.provider_config
-        .insert("codex_config".into(), "no equals sign".into());
+        .insert("codex_config", "no equals sign")
+        .expect("a valid setting");
     let e = crate::validate(&c).unwrap_err();
     assert_eq!(e.code, paddock_core::ErrorCode::CreationFailed);
     assert!(e.message.contains("codex_config"), "{e}");

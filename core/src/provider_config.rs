@@ -1,0 +1,238 @@
+//! A session's `provider_config`: the string map a client sends and an agent reads, with
+//! what paddock itself decides from it parsed once, where the map comes in.
+//!
+//! The map enters at the edges: a create or a restart (the protocol modules) and a stored
+//! row (the store). Each builds a [`ProviderConfig`] with [`ProviderConfig::parse`], which
+//! refuses an invalid value; past that point the core reads typed settings (the permission
+//! policy, how long a request waits and what happens then) and never parses a string again.
+//! Keys paddock does not decide on (`command`, `script`, an agent's own options) stay in the
+//! map for the agents, which read them where they start.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::approval::{ApprovalSettings, Policy};
+
+/// The key of the permission policy ([`Policy`]).
+pub const PERMISSIONS: &str = "permissions";
+
+/// A `provider_config` whose settings are valid (see the module documentation).
+///
+/// The default is the empty map: every tool allowed, requests wait the default time and are
+/// then denied, exactly what parsing an empty map gives.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProviderConfig {
+    map: BTreeMap<String, String>,
+    policy: Policy,
+    approvals: ApprovalSettings,
+}
+
+/// A `provider_config` value paddock cannot use: which key, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub key: &'static str,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl ProviderConfig {
+    /// The one place a map becomes settings.
+    pub fn parse(map: BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let policy = Policy::parse(map.get(PERMISSIONS).map(String::as_str)).map_err(|reason| {
+            ConfigError {
+                key: PERMISSIONS,
+                reason,
+            }
+        })?;
+        let approvals = ApprovalSettings::parse(&map)?;
+        Ok(ProviderConfig {
+            map,
+            policy,
+            approvals,
+        })
+    }
+
+    /// This configuration with one more entry (parsed again: the key may be a setting).
+    pub fn with(
+        mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Result<Self, ConfigError> {
+        self.insert(key, value)?;
+        Ok(self)
+    }
+
+    /// Sets one entry, parsed again as [`ProviderConfig::with`]; a refused value leaves the
+    /// configuration as it was.
+    pub fn insert(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Result<Option<String>, ConfigError> {
+        let mut map = self.map.clone();
+        let old = map.insert(key.into(), value.into());
+        *self = Self::parse(map)?;
+        Ok(old)
+    }
+
+    /// Takes one entry out. Each setting is parsed from its own key, and a missing key is its
+    /// default: what is left is valid.
+    pub fn remove(&mut self, key: &str) -> Option<String> {
+        let mut map = std::mem::take(&mut self.map);
+        let old = map.remove(key);
+        *self = Self::parse(map).expect("a valid configuration less one key is valid");
+        old
+    }
+
+    /// What the agent may do without asking.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// How long a request waits for a human and what happens then.
+    pub fn approvals(&self) -> ApprovalSettings {
+        self.approvals
+    }
+
+    /// The map as the client sent it (with the defaults paddock filled in).
+    pub fn as_map(&self) -> &BTreeMap<String, String> {
+        &self.map
+    }
+
+    pub fn into_map(self) -> BTreeMap<String, String> {
+        self.map
+    }
+
+    /// A restart's new configuration that says nothing of permissions keeps `old`'s: a
+    /// restart never widens (or narrows) what the agent may do unasked by leaving the key
+    /// out. Nothing is parsed: the policy is `old`'s, already valid.
+    pub fn keep_permissions_of(&mut self, old: &ProviderConfig) {
+        if self.map.contains_key(PERMISSIONS) {
+            return;
+        }
+        if let Some(p) = old.map.get(PERMISSIONS) {
+            self.map.insert(PERMISSIONS.to_string(), p.clone());
+            self.policy = old.policy.clone();
+        }
+    }
+}
+
+/// Reads go straight to the map; writes go through [`ProviderConfig::with`], so the settings
+/// never drift from it.
+impl std::ops::Deref for ProviderConfig {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl<'a> IntoIterator for &'a ProviderConfig {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.map.iter()
+    }
+}
+
+/// A configuration refused where it came in: OBEY-2004, as any other configuration the session
+/// cannot be created (or restarted) with.
+impl From<ConfigError> for crate::Error {
+    fn from(e: ConfigError) -> Self {
+        crate::Error::new(crate::ErrorCode::CreationFailed, e.reason)
+    }
+}
+
+impl TryFrom<BTreeMap<String, String>> for ProviderConfig {
+    type Error = ConfigError;
+    fn try_from(map: BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        Self::parse(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The configuration a client sends as `pairs`.
+    fn parse(pairs: &[(&str, &str)]) -> Result<ProviderConfig, ConfigError> {
+        ProviderConfig::parse(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_default_is_what_an_empty_map_parses_to() {
+        assert_eq!(
+            ProviderConfig::default(),
+            ProviderConfig::parse(BTreeMap::new()).unwrap()
+        );
+        assert_eq!(ProviderConfig::default().policy(), &Policy::AllowAll);
+        assert_eq!(
+            ProviderConfig::default().approvals().timeout_ms,
+            ApprovalSettings::DEFAULT_TIMEOUT_MS
+        );
+    }
+
+    #[test]
+    fn settings_are_parsed_once_and_invalid_values_refused_with_their_key() {
+        let c = parse(&[
+            ("permissions", "ask:Read"),
+            ("approval_timeout", "90s"),
+            ("approval_default", "allow"),
+            ("command", "my-agent --flag"),
+        ])
+        .unwrap();
+        assert_eq!(c.policy(), &Policy::Ask(vec!["Read".into()]));
+        assert_eq!(c.approvals().timeout_ms, 90_000);
+        assert!(c.approvals().default_allow);
+        assert_eq!(
+            c.get("command").map(String::as_str),
+            Some("my-agent --flag")
+        );
+
+        let e = parse(&[("permissions", "maybe")]).unwrap_err();
+        assert_eq!(e.key, PERMISSIONS);
+        let e = parse(&[("approval_timeout", "soon")]).unwrap_err();
+        assert_eq!(e.key, "approval_timeout");
+        let e = parse(&[("approval_default", "maybe")]).unwrap_err();
+        assert_eq!(e.key, "approval_default");
+        // `with` parses again: a setting cannot be written around the check.
+        assert!(c.clone().with("permissions", "sometimes").is_err());
+        let mut kept = c.clone();
+        assert!(kept.insert("approval_timeout", "never").is_err());
+        assert_eq!(kept, c, "a refused value changes nothing");
+        let mut d = c.with("permissions", "deny").unwrap();
+        assert_eq!(d.policy(), &Policy::Deny);
+        assert_eq!(d.remove("permissions").as_deref(), Some("deny"));
+        assert_eq!(
+            d.policy(),
+            &Policy::AllowAll,
+            "a removed setting is its default"
+        );
+    }
+
+    #[test]
+    fn a_restart_that_names_no_permissions_keeps_the_old_ones() {
+        let old = parse(&[("permissions", "allow:Read")]).unwrap();
+        let mut new = parse(&[("command", "x")]).unwrap();
+        assert_eq!(new.policy(), &Policy::AllowAll);
+        new.keep_permissions_of(&old);
+        assert_eq!(new.policy(), old.policy());
+        assert_eq!(new.get(PERMISSIONS), old.get(PERMISSIONS));
+        assert_eq!(new, ProviderConfig::parse(new.as_map().clone()).unwrap());
+
+        let mut named = parse(&[("permissions", "deny")]).unwrap();
+        named.keep_permissions_of(&old);
+        assert_eq!(named.policy(), &Policy::Deny);
+    }
+}
