@@ -447,8 +447,10 @@ impl State {
                 // stored and shown with its own); one for another id is kept apart, as
                 // received (the seed lets agents report for sessions obey did not start).
                 let n = rows.len();
-                for r in &rows {
-                    self.recall_or_log(&SessionId(r.session_id.clone()), batch);
+                let named: std::collections::BTreeSet<&str> =
+                    rows.iter().map(|r| r.session_id.as_str()).collect();
+                for id in named {
+                    self.recall_or_log(&SessionId(id.to_string()), batch);
                 }
                 let (known, apart): (Vec<_>, Vec<_>) = rows.into_iter().partition(|r| {
                     self.engine
@@ -490,11 +492,7 @@ impl State {
 
     /// Answers a query from what is committed.
     fn answer_query(&self, q: Query) {
-        let view = |s: &paddock_core::Session| SessionView {
-            record: s.record.clone(),
-            unrecognized: self.unrecognized.get(&s.record.id.0).copied().unwrap_or(0),
-            pending: s.pending().len(),
-        };
+        let view = |s: &paddock_core::Session| self.view(s.record.clone(), s.pending().len());
         // A reply nobody waits for any more (the client went) is dropped.
         match q {
             Query::Daemon(reply) => {
@@ -630,11 +628,7 @@ impl State {
     ) -> Result<Vec<SessionView>, StoreError> {
         /// Sessions read from the store at a time, at most.
         const PAGE: usize = 256;
-        let view = |record: SessionRecord, pending: usize| SessionView {
-            unrecognized: self.unrecognized.get(&record.id.0).copied().unwrap_or(0),
-            record,
-            pending,
-        };
+        let view = |record, pending| self.view(record, pending);
         if scope.live_only {
             return Ok(self
                 .engine
@@ -647,12 +641,15 @@ impl State {
         let mut out = Vec::new();
         let mut after = scope.after.clone();
         while out.len() < limit {
+            let asked = (limit - out.len()).clamp(32, PAGE);
             let page = self.store.sessions_after(
                 &after,
                 scope.campaign.as_deref(),
                 scope.working_dir.as_deref(),
-                (limit - out.len()).clamp(32, PAGE),
+                asked,
             )?;
+            // A short page is the store's last: no query after it.
+            let last_page = page.len() < asked;
             let Some(last) = page.last() else {
                 break;
             };
@@ -671,8 +668,21 @@ impl State {
                     break;
                 }
             }
+            if last_page {
+                break;
+            }
         }
         Ok(out)
+    }
+
+    /// What a client sees of one session: its record, its open requests and the lines of its
+    /// agent that were not understood.
+    fn view(&self, record: SessionRecord, pending: usize) -> SessionView {
+        SessionView {
+            unrecognized: self.unrecognized.get(&record.id.0).copied().unwrap_or(0),
+            record,
+            pending,
+        }
     }
 
     /// Feeds every queued input to the core, executing effects as they come.
