@@ -209,18 +209,19 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
         done_tx,
         clock,
     );
-    state.unrecognized = unrecognized.into_iter().collect();
-    state.runner = runner.clone();
+    state.io.unrecognized = unrecognized.into_iter().collect();
+    state.io.runner = runner.clone();
     // The daemon's other doors are hidden from sandboxes too.
     state
+        .io
         .env
         .mask(opts.aria_socket.iter().chain(&opts.obey_socket));
     let gone = crate::env::reconcile(
-        &state.env,
+        &state.io.env,
         |id| state.has_session(id) || state.has_container(&id.0),
         |id| state.has_session(id) || state.container_runs(&id.0),
     );
-    let env_host = state.env.clone();
+    let env_host = state.io.env.clone();
     if gone > 0 {
         tracing::warn!("{gone} environment(s) of deleted sessions removed");
     }

@@ -1,0 +1,320 @@
+//! The daemon's effect executor, behind ports: the one place that says what happens to each
+//! [`Effect`] and when.
+//!
+//! The engine decides; the executor carries its decisions out through [`Ports`] — processes,
+//! the store, deliveries to clients — and feeds what comes back into the engine. The daemon
+//! runs it with real ports (child processes or the runner, SQLite, gRPC streams); the
+//! simulator runs the very same code with fake ones, so the rules below are checked by the
+//! simulator's sweep and not only by end-to-end tests:
+//!
+//! - **Inputs in order, one batch at a time.** Inputs are queued with [`Executor::push`], which
+//!   first recalls a settled session the input names from the store ([`Input::recalls`]), and
+//!   handled by [`Executor::run`] in the order they came.
+//! - **Processes at once, before the commit.** A spawn, a write, a signal, a provisioning or a
+//!   container's work is done while the batch runs. A spawn whose outcome is known at once
+//!   (a child of the daemon's own) comes back as an input of the same batch; a write the
+//!   process's input refused comes back as [`ProviderEvent::DeliveryFailed`], also in the batch.
+//!   An answer nothing stores (the policy's) goes to the agent at once too: a crash before the
+//!   commit replays the ask.
+//! - **Records in one commit.** Every [`Effect::Persist`] of the batch is committed by
+//!   [`Executor::commit`] in one call of [`Ports::commit`]. A failed commit keeps them, and
+//!   everything that waits for them, for the next try.
+//! - **What clients see only after the commit.** Status, activity and approval events, replies,
+//!   a stored answer to an agent, a deleted session's leftovers and a container's destroy are
+//!   delivered once the records they follow are stored: nobody sees what a crash could lose.
+//! - **Settled sessions go back to the store.** After a commit (and the reads the caller
+//!   answers from it), [`Executor::evict_settled`] lets the engine forget what is settled.
+
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+
+use paddock_core::container::{ContainerRecord, ContainerWork};
+use paddock_core::task::{TaskInput, TaskSpec};
+use paddock_core::{
+    Approval, Effect, Engine, Input, Now, ProviderEvent, Record, RunId, SessionConfig, SessionId,
+    SessionRecord, Signal, SpawnSpec,
+};
+
+/// Commands (and so inputs) the daemon takes into one batch, and so one commit, at most.
+pub const MAX_BATCH: usize = 512;
+
+/// A line written on an agent's input.
+#[derive(Debug, Clone, Copy)]
+pub enum Line<'a> {
+    /// A user message.
+    Message(&'a str),
+    /// The question whether the agent is ready (an ACP agent answers when it is).
+    Ready,
+    /// The answer to a request the agent made.
+    Answer(&'a Approval),
+}
+
+/// What the executor needs from the world. Each method does one thing the engine decided;
+/// none decides anything itself.
+pub trait Ports {
+    /// A store failure.
+    type Error;
+
+    /// The clock, read once per input.
+    fn now(&self) -> Now;
+
+    /// Starts an agent's run. `Some` when its outcome is known at once (a child of the daemon:
+    /// `Started` with its pid, or `SpawnFailed`), `None` when it comes back later as an input
+    /// (the runner reports it).
+    fn spawn(&mut self, id: &SessionId, run: RunId, spec: SpawnSpec) -> Option<ProviderEvent>;
+
+    /// Writes `line` on the input of run `run` of session `id`. False only when that run's
+    /// input refused it (its queue is full or its writer gone); a run the ports do not know
+    /// (it exited) takes nothing and refuses nothing.
+    fn write(&mut self, id: &SessionId, run: RunId, line: Line<'_>) -> bool;
+
+    /// Closes the run's input (a graceful end: the agent finishes and exits).
+    fn close_input(&mut self, id: &SessionId, run: RunId);
+
+    /// Signals the run's process group.
+    fn signal(&mut self, id: &SessionId, run: RunId, pid: Option<u32>, signal: Signal);
+
+    /// Makes session `id`'s environment; its outcome comes back later as an input.
+    fn provision(&mut self, id: SessionId, config: SessionConfig);
+
+    /// Starts task `id` (`engine` tells in which session's environment or container it runs).
+    /// As [`Ports::spawn`]: `Some` when its outcome is known at once.
+    fn spawn_task(&mut self, engine: &Engine, id: String, spec: TaskSpec) -> Option<TaskInput>;
+
+    /// Signals a task's process group.
+    fn signal_task(&mut self, id: &str, pid: Option<u32>, signal: Signal);
+
+    /// Does a container's work, after the container's previous work; a make's or a start's
+    /// outcome comes back later as an input.
+    fn container(&mut self, work: ContainerWork, record: Box<ContainerRecord>);
+
+    /// A settled session the store has and the engine does not, with its newest resolved
+    /// requests ([`Engine::recall`]).
+    #[allow(clippy::type_complexity)]
+    fn settled(
+        &mut self,
+        id: &SessionId,
+    ) -> Result<Option<(SessionRecord, Vec<Approval>)>, Self::Error>;
+
+    /// Stores the batch's records in one transaction (with whatever rows of its own the caller
+    /// keeps for the same batch).
+    fn commit(&mut self, records: &[Record]) -> Result<(), Self::Error>;
+
+    /// Delivers what a client or a driver sees once the batch is stored: events, replies,
+    /// notices, a deleted session's leftovers.
+    fn deliver(&mut self, effect: Effect);
+
+    /// An input is about to be handled (the daemon lets go of an exited process's handle here,
+    /// so that nothing more is sent to its pid).
+    fn taking(&mut self, _input: &Input) {}
+
+    /// What the engine made of the input just handled, before it is carried out.
+    fn observe(&mut self, _effects: &[Effect]) {}
+}
+
+/// The engine with its batch: queued inputs, records waiting for the commit, effects waiting
+/// for it to be delivered.
+#[derive(Debug)]
+pub struct Executor {
+    engine: Engine,
+    inputs: VecDeque<Input>,
+    records: Vec<Record>,
+    deliver: Vec<Effect>,
+}
+
+impl Executor {
+    pub fn new(engine: Engine) -> Self {
+        Executor {
+            engine,
+            inputs: VecDeque::new(),
+            records: Vec::new(),
+            deliver: Vec::new(),
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// For start-up and tests: the engine outside a batch.
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    /// Whether inputs wait to be run (a write refused after the last commit came back as one).
+    pub fn has_inputs(&self) -> bool {
+        !self.inputs.is_empty()
+    }
+
+    /// The records waiting for the commit.
+    pub fn uncommitted(&self) -> &[Record] {
+        &self.records
+    }
+
+    /// Hands the engine the settled session `id` from the store, if it holds it not already.
+    /// Not one whose delete waits in this batch (a commit held back by a full disk): the store
+    /// still has it, and the engine rightly does not.
+    pub fn recall<P: Ports>(&mut self, id: &SessionId, ports: &mut P) -> Result<bool, P::Error> {
+        if self.engine.session(id).is_some()
+            || self
+                .records
+                .iter()
+                .any(|r| matches!(r, Record::Delete(d) if d == id))
+        {
+            return Ok(false);
+        }
+        match ports.settled(id)? {
+            Some((record, resolved)) => {
+                self.engine.recall(record, resolved);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Queues `input`, recalling first the settled session it names. On a failed read nothing
+    /// is queued.
+    pub fn push<P: Ports>(&mut self, input: Input, ports: &mut P) -> Result<(), P::Error> {
+        if let Some(id) = input.recalls() {
+            self.recall(&id, ports)?;
+        }
+        self.inputs.push_back(input);
+        Ok(())
+    }
+
+    /// Runs every queued input (and those their effects bring back), carrying out each one's
+    /// effects before the next.
+    pub fn run<P: Ports>(&mut self, ports: &mut P) {
+        while let Some(input) = self.inputs.pop_front() {
+            ports.taking(&input);
+            let effects = self.engine.handle(ports.now(), input);
+            ports.observe(&effects);
+            self.execute(effects, ports);
+        }
+    }
+
+    /// Carries out `effects` (a step's, or those of the engine's start-up): records and
+    /// deliveries wait for the commit, everything else is done now.
+    pub fn execute<P: Ports>(&mut self, effects: Vec<Effect>, ports: &mut P) {
+        for effect in effects {
+            match effect {
+                Effect::Persist(record) => self.records.push(record),
+                Effect::Spawn { id, run, spec } => {
+                    if let Some(event) = ports.spawn(&id, run, spec) {
+                        self.inputs.push_back(Input::Provider {
+                            id,
+                            run,
+                            cursor: None,
+                            event,
+                        });
+                    }
+                }
+                Effect::Write { id, run, text } => {
+                    self.write(ports, id, run, Line::Message(&text), "a message")
+                }
+                Effect::AskReady { id, run } => {
+                    self.write(ports, id, run, Line::Ready, "the ready request")
+                }
+                Effect::CloseInput { id, run } => ports.close_input(&id, run),
+                Effect::Signal {
+                    id,
+                    run,
+                    pid,
+                    signal,
+                } => ports.signal(&id, run, pid, signal),
+                Effect::Answer {
+                    id,
+                    run,
+                    approval,
+                    at_once: true,
+                } => self.write(ports, id, run, Line::Answer(&approval), "an answer"),
+                Effect::Provision { id, config } => ports.provision(id, config),
+                Effect::SpawnTask { id, spec } => {
+                    if let Some(event) = ports.spawn_task(&self.engine, id, spec) {
+                        self.inputs.push_back(Input::Task(event));
+                    }
+                }
+                Effect::SignalTask { id, pid, signal } => ports.signal_task(&id, pid, signal),
+                // A destroy waits for the commit, like a session's environment.
+                Effect::Container {
+                    work: ContainerWork::Destroy,
+                    record,
+                } => self.deliver.push(Effect::Container {
+                    work: ContainerWork::Destroy,
+                    record,
+                }),
+                Effect::Container { work, record } => ports.container(work, record),
+                e @ (Effect::Answer { at_once: false, .. }
+                | Effect::EmitStatus(_)
+                | Effect::EmitActivity(_)
+                | Effect::EmitApproval(_)
+                | Effect::Notice(_)
+                | Effect::EmitTaskStatus(_)
+                | Effect::EmitTaskOutput(_)
+                | Effect::Forget(_)
+                | Effect::Reply { .. }
+                | Effect::ReplyApproval { .. }
+                | Effect::ReplyTask { .. }
+                | Effect::ReplyAddCampaign { .. }
+                | Effect::ReplyRemoveCampaign { .. }
+                | Effect::ReplyContainer { .. }
+                | Effect::ReplyShutdown { .. }) => self.deliver.push(e),
+            }
+        }
+    }
+
+    /// Commits the batch's records, then delivers what waited for them. A failed commit
+    /// delivers nothing and keeps it all for the next try (the caller's to decide when).
+    pub fn commit<P: Ports>(&mut self, ports: &mut P) -> Result<(), P::Error> {
+        ports.commit(&self.records)?;
+        self.records.clear();
+        for effect in std::mem::take(&mut self.deliver) {
+            match effect {
+                // Stored: the answer may go. One the agent's input refuses comes back as an
+                // input of the next batch.
+                Effect::Answer {
+                    id, run, approval, ..
+                } => self.write(ports, id, run, Line::Answer(&approval), "an answer"),
+                Effect::Container { work, record } => ports.container(work, record),
+                // Only what `execute` held back is here: events, replies, leftovers.
+                e => ports.deliver(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// After a commit and the reads answered from it: the engine lets go of every session
+    /// that settled (recalled when named again). Returns how many.
+    pub fn evict_settled(&mut self) -> usize {
+        debug_assert!(
+            self.records.is_empty() && self.deliver.is_empty(),
+            "eviction only after a commit"
+        );
+        self.engine.evict_settled()
+    }
+
+    /// Writes `line`; one the run's input refused is the session's `DeliveryFailed`, which the
+    /// core rules on (OBEY-2012 for a message).
+    fn write<P: Ports>(
+        &mut self,
+        ports: &mut P,
+        id: SessionId,
+        run: RunId,
+        line: Line,
+        what: &str,
+    ) {
+        if !ports.write(&id, run, line) {
+            self.inputs.push_back(Input::Provider {
+                id,
+                run,
+                cursor: None,
+                event: ProviderEvent::DeliveryFailed {
+                    reason: format!(
+                        "{what} could not be queued for the agent's input (full, or closed)"
+                    ),
+                },
+            });
+        }
+    }
+}
