@@ -15,7 +15,7 @@ use crate::campaign::{Campaign, Campaigns};
 use crate::container::{ContainerRecord, ContainerRequest, Containers};
 use crate::error::{Error, ErrorCode};
 use crate::model::{RunId, SessionId, SessionRecord, Status};
-use crate::session::effect::{Effect, Record};
+use crate::session::effect::{Effect, Record, Signal};
 use crate::session::input::Input;
 use crate::session::machine::{Ctx, Out, Session, Step, Timer};
 use crate::task::{TaskInput, TaskLimits, TaskRecord, TaskTimer, Tasks};
@@ -90,8 +90,10 @@ pub struct Stored {
 /// The processes that outlived the previous daemon (in the runner), found at start-up.
 #[derive(Debug, Clone, Default)]
 pub struct Surviving {
-    /// Session → its run and pid, as the runner lists them (live or finished with output).
-    pub agents: BTreeMap<SessionId, (RunId, Option<u32>)>,
+    /// Every agent run the runner lists (live, or finished with output), with its pid while
+    /// it runs. A session may have more than one: a run started in a batch that the crash lost
+    /// (a restart's new process beside the old one, a create's first) is named by no record.
+    pub agents: BTreeMap<(SessionId, RunId), Option<u32>>,
     /// Task id → pid: the task runs still running.
     pub tasks: BTreeMap<String, Option<u32>>,
 }
@@ -192,11 +194,10 @@ impl Engine {
             if let Some(r) = record.run {
                 engine.next_run = engine.next_run.max(r + 1);
             }
-            let survivor = surviving
-                .agents
-                .get(&id)
-                .copied()
-                .filter(|(run, _)| record.run == Some(*run));
+            let survivor = record.run.and_then(|run| {
+                let pid = *surviving.agents.get(&(id.clone(), run))?;
+                Some((run, pid))
+            });
             let mut s = Session::from_record(record);
             restore_requests(&mut s, by_session.remove(&id).unwrap_or_default(), now);
             let mut cx = Ctx {
@@ -214,6 +215,22 @@ impl Engine {
             out = cx.out;
             engine.sessions.insert(id.clone(), s);
             engine.reindex(&id);
+        }
+        // A run no record names (its session ended or was deleted, or the batch that started it
+        // was lost in the crash) has no session to belong to: it is killed, never adopted.
+        for ((id, run), pid) in &surviving.agents {
+            let named = engine
+                .sessions
+                .get(id)
+                .is_some_and(|s| s.run().id() == Some(*run));
+            if !named && pid.is_some() {
+                out.rest.push(Effect::Signal {
+                    id: id.clone(),
+                    run: *run,
+                    pid: *pid,
+                    signal: Signal::Kill,
+                });
+            }
         }
         // The other half of the store's rule: a session with an open request is not settled,
         // so it was restored above and took its requests.

@@ -34,7 +34,10 @@ fn restore_with(
         ..Stored::default()
     };
     let surviving = Surviving {
-        agents: agents.clone(),
+        agents: agents
+            .iter()
+            .map(|(id, (run, pid))| ((id.clone(), *run), *pid))
+            .collect(),
         ..Surviving::default()
     };
     Engine::restore(limits, now(at), stored, &surviving)
@@ -374,7 +377,7 @@ fn expiry_runs_on_the_monotonic_clock_and_a_restart_converts_it() {
         ..Stored::default()
     };
     let surviving = Surviving {
-        agents: [(sid(), (1, Some(42)))].into_iter().collect(),
+        agents: [((sid(), 1), Some(42))].into_iter().collect(),
         ..Surviving::default()
     };
     let (engine, _) = Engine::restore(

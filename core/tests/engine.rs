@@ -32,7 +32,10 @@ fn restore_with(
         ..Stored::default()
     };
     let surviving = Surviving {
-        agents: agents.clone(),
+        agents: agents
+            .iter()
+            .map(|(id, (run, pid))| ((id.clone(), *run), *pid))
+            .collect(),
         ..Surviving::default()
     };
     Engine::restore(limits, now(at), stored, &surviving)
@@ -704,6 +707,56 @@ fn restore_fails_what_was_active_with_2032() {
     assert_eq!(a.len(), 1);
     assert!(a[0].ends_turn && a[0].activity.content.starts_with("OBEY-2032"));
     assert!(!s.record.turn_open);
+}
+
+/// A batch the crash lost may have started a process (a restart's new run beside the old one,
+/// a create's first run): the runner lists it, no record names it, and the new daemon kills it
+/// instead of leaving it running unowned; the run the record names is adopted as ever.
+#[test]
+fn restore_kills_the_runs_no_record_names_and_adopts_the_one_it_does() {
+    let mut r = Rig::running(config());
+    r.send("hi");
+    let rec = r.record();
+    assert_eq!(rec.run, Some(1));
+    let lost = SessionId("s-lost".into());
+    let surviving = Surviving {
+        agents: [
+            ((sid(), 1), Some(42)),
+            ((sid(), 2), Some(43)),
+            // Finished, with output: nothing to kill.
+            ((sid(), 3), None),
+            ((lost.clone(), 4), Some(44)),
+        ]
+        .into_iter()
+        .collect(),
+        ..Surviving::default()
+    };
+    let stored = Stored {
+        sessions: vec![rec],
+        ..Stored::default()
+    };
+    let (engine, fx) = Engine::restore(limits(), now(T0 + 100), stored, &surviving);
+    let s = engine.session(&sid()).unwrap();
+    assert_eq!(s.run().id(), Some(1));
+    assert_eq!(s.status(), Status::Working);
+    let kills: Vec<(SessionId, RunId, Option<u32>)> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Signal {
+                id,
+                run,
+                pid,
+                signal: Signal::Kill,
+            } => Some((id.clone(), *run, *pid)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kills, vec![(lost, 4, Some(44)), (sid(), 2, Some(43))]);
+    assert_eq!(
+        signals(&fx),
+        vec![Signal::Kill, Signal::Kill],
+        "and nothing else"
+    );
 }
 
 #[test]

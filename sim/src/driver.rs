@@ -25,10 +25,12 @@ use crate::client::{Action, Client};
 use crate::log::{EventLog, LogMode};
 use crate::log_entry;
 use crate::model::{diff, AskSeen, Cause, EventKind, Model, ModelStats};
+use crate::ports::SimPorts;
 use crate::rng::Rng;
 use crate::world::{at, now, ts, Millis};
 use crate::world::{pick_limits, Due, Faults, Store, World, T0};
 use paddock_core::Record;
+use paddock_exec::Executor;
 
 /// How to run one seed.
 #[derive(Debug, Clone, Copy)]
@@ -359,9 +361,10 @@ struct Sim {
     faults: Faults,
     limits: Limits,
     now: Millis,
-    engine: Engine,
-    store: Store,
-    world: World,
+    /// The daemon's executor (`paddock_exec`) with its engine, run on fake ports.
+    exec: Executor,
+    /// The world of processes and the store, as the executor's ports.
+    io: SimPorts,
     client: Client,
     model: Model,
     log: EventLog,
@@ -383,7 +386,6 @@ struct Sim {
     orphans: u64,
     stale_listed: u64,
     evicted: u64,
-    recalled: u64,
     finished_unlisted: u64,
     output_unread: u64,
 }
@@ -410,9 +412,8 @@ impl Sim {
             model: Model::new(limits.clone()),
             limits,
             now: T0,
-            engine,
-            store: Store::default(),
-            world,
+            exec: Executor::new(engine),
+            io: SimPorts::new(world),
             client,
             log,
             coverage: Coverage::default(),
@@ -429,7 +430,6 @@ impl Sim {
             orphans: 0,
             stale_listed: 0,
             evicted: 0,
-            recalled: 0,
             finished_unlisted: 0,
             output_unread: 0,
         }
@@ -447,18 +447,18 @@ impl Sim {
             orphans: self.orphans,
             stale_listed: self.stale_listed,
             evicted: self.evicted,
-            recalled: self.recalled,
+            recalled: self.io.recalled,
             finished_unlisted: self.finished_unlisted,
             output_unread: self.output_unread,
-            exits_revived: self.world.exits_revived,
-            spawns: self.world.spawns,
-            turns_scripted: self.world.turns_scripted,
-            asks_scripted: self.world.asks_scripted,
-            answers_received: self.world.answers_received,
-            provisions: self.world.provisions,
-            provisions_failed: self.world.provisions_failed,
-            provisions_hung: self.world.provisions_hung,
-            provisions_dropped: self.world.provisions_dropped,
+            exits_revived: self.io.world.exits_revived,
+            spawns: self.io.world.spawns,
+            turns_scripted: self.io.world.turns_scripted,
+            asks_scripted: self.io.world.asks_scripted,
+            answers_received: self.io.world.answers_received,
+            provisions: self.io.world.provisions,
+            provisions_failed: self.io.world.provisions_failed,
+            provisions_hung: self.io.world.provisions_hung,
+            provisions_dropped: self.io.world.provisions_dropped,
             shutdowns: u64::from(self.shutdown.is_some()),
             spawns_after_shutdown: self.spawns_after_shutdown,
             sim_ms: self.now - T0,
@@ -501,7 +501,7 @@ impl Sim {
         // 2. Liveness: heal, only stops, everyone settles.
         self.phase = Phase::Liveness;
         log_entry!(self.log, "== liveness: faults healed");
-        self.world.heal(self.now);
+        self.io.world.heal(self.now);
         self.client.only_stops();
         let bound = 100 + 40 * self.model.sessions().count() as u64;
         let mut steps = 0;
@@ -584,7 +584,7 @@ impl Sim {
             return n;
         }
         let deadline = self.engine_deadline().map(|(at, _)| at);
-        let next = match (self.world.next_at(), deadline) {
+        let next = match (self.io.world.next_at(), deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -602,7 +602,7 @@ impl Sim {
     /// A due provider line or deadline, if any.
     fn due(&mut self) -> Option<Next> {
         let tick_due = self.engine_deadline().is_some_and(|(at, _)| at <= self.now);
-        let line_due = self.world.next_at().is_some_and(|at| at <= self.now);
+        let line_due = self.io.world.next_at().is_some_and(|at| at <= self.now);
         let tick = match (tick_due, line_due) {
             (false, false) => {
                 // Now and then a tick with nothing due (it must change nothing).
@@ -619,7 +619,7 @@ impl Sim {
         if tick {
             return Some(Next::Input(Input::Tick, Cause::Tick));
         }
-        let d = match self.world.pop_due(self.now, &mut self.rng)? {
+        let d = match self.io.world.pop_due(self.now, &mut self.rng)? {
             Due::Provider(d) => d,
             Due::Environment { id, event } => {
                 let cause = Cause::Environment {
@@ -695,7 +695,7 @@ impl Sim {
         // event (the clock jumps from event to event).
         if self.rng.chance(1, 3) {
             let mut until = self.now + self.rng.range(0, 5_000);
-            if let Some(at) = self.world.next_at() {
+            if let Some(at) = self.io.world.next_at() {
                 until = until.min(at.max(self.now));
             }
             if let Some((at, _)) = self.engine_deadline() {
@@ -710,7 +710,7 @@ impl Sim {
                     approval, stored, ..
                 } = input.as_mut()
                 {
-                    *stored = self.store.approvals.get(approval).cloned().map(Box::new);
+                    *stored = self.io.store.approvals.get(approval).cloned().map(Box::new);
                 }
                 let cause = self.model.on_request(&input);
                 Next::Input(*input, cause)
@@ -739,20 +739,26 @@ impl Sim {
         );
         let tick = matches!(input, Input::Tick);
         let due_before = self.engine_deadline().is_some_and(|(at, _)| at <= self.now);
-        self.recall(&input);
-        let effects = self.engine.handle(now(self.now), input);
+        // The daemon's executor: the settled session the input names is recalled from the
+        // store first (`Input::recalls`), then the input runs and its effects are carried
+        // out on the ports (processes at once), then its records are committed and what
+        // waited for them delivered.
+        self.io.now = self.now;
+        self.exec.push(input, &mut self.io)?;
+        self.exec.run(&mut self.io);
+        let effects = std::mem::take(&mut self.io.observed);
         let trace = self.take_trace();
         if tick && !due_before && !effects.is_empty() {
             return Err(format!(
                 "a Tick with no deadline due had effects: {effects:?}"
             ));
         }
-        check_table(&cause, &trace, &effects, &self.store)?;
-        self.apply(&cause, &effects, tick)?;
+        check_table(&cause, &trace, &effects, &self.io.store)?;
+        self.commit(&cause, &effects, tick)?;
         // Committed: what the step settled goes back to the store, as the shell lets it go.
-        self.evicted += self.engine.evict_settled() as u64;
+        self.evicted += self.exec.evict_settled() as u64;
         if tick {
-            self.world.check_kills(self.now)?;
+            self.io.world.check_kills(self.now)?;
             if let Some((at, why)) = self.engine_deadline() {
                 if at <= self.now {
                     return Err(format!(
@@ -766,62 +772,31 @@ impl Sim {
         Ok(())
     }
 
-    /// As the shell does before an input: a settled session the engine let go, or left in the
-    /// store at a restart, is recalled with its newest resolved requests when the input names
-    /// it (`Input::recalls`).
-    fn recall(&mut self, input: &Input) {
-        let Some(id) = input.recalls() else { return };
-        if self.engine.session(&id).is_some() {
-            return;
-        }
-        let Some(rec) = self.store.sessions.get(&id) else {
-            return;
-        };
-        let resolved = self.store.resolved_of(&id);
-        log_entry!(self.log, "   recalling {id} from the store");
-        self.engine.recall(rec.clone(), resolved);
-        self.recalled += 1;
-    }
-
-    /// One batch of effects: commit its persists (one transaction), check it against the
-    /// model, carry out its actions, then check the whole state.
-    fn apply(&mut self, cause: &Cause, effects: &[Effect], tick: bool) -> Result<(), String> {
+    /// The step's commit through the executor (its records in one transaction, then what
+    /// waited for them), checked against the model, then the whole state checked.
+    fn commit(&mut self, cause: &Cause, effects: &[Effect], tick: bool) -> Result<(), String> {
         if self.log.on() {
             for e in effects {
                 log_entry!(self.log, "   out {e:?}");
             }
         }
-        self.store.commit(effects)?;
-        self.model.on_batch(self.now, cause, effects, &self.store)?;
-        for e in effects {
-            match e {
-                Effect::Spawn { id, run, spec } => {
-                    if self.engine.is_shutting_down() {
-                        self.spawns_after_shutdown += 1;
-                        return Err(format!(
-                            "{id}: an agent was spawned after the shutdown (run {run})"
-                        ));
-                    }
-                    self.world.spawn(self.now, id, *run, spec)?
-                }
-                Effect::Write { id, run, .. } => self.world.write(self.now, id, *run)?,
-                Effect::AskReady { id, run } => self.world.ask_ready(self.now, id, *run)?,
-                Effect::CloseInput { id, run } => self.world.close_input(self.now, id, *run)?,
-                Effect::Signal {
-                    id,
-                    run,
-                    pid,
-                    signal,
-                } => self.world.signal(self.now, id, *run, *pid, *signal)?,
-                Effect::Answer {
-                    id, run, approval, ..
-                } => self.world.answer(self.now, id, *run, approval)?,
-                Effect::Provision { id, config } => self.world.provision(self.now, id, config)?,
-                Effect::Forget(rec) => self.world.forget(rec)?,
-                _ => {}
+        self.exec.commit(&mut self.io)?;
+        if let Some(failure) = self.io.failure.take() {
+            return Err(failure);
+        }
+        if self.exec.engine().is_shutting_down() {
+            if let Some(Effect::Spawn { id, run, .. }) =
+                effects.iter().find(|e| matches!(e, Effect::Spawn { .. }))
+            {
+                self.spawns_after_shutdown += 1;
+                return Err(format!(
+                    "{id}: an agent was spawned after the shutdown (run {run})"
+                ));
             }
         }
-        self.model.check(&self.engine, &self.store, tick)?;
+        self.model
+            .on_batch(self.now, cause, effects, &self.io.store)?;
+        self.model.check(self.exec.engine(), &self.io.store, tick)?;
         self.check_processes()?;
         self.check_blocked()
     }
@@ -831,8 +806,8 @@ impl Sim {
     /// a human, its expiry, or the session's end will answer it. (A process being killed, or
     /// gone, is owed nothing.)
     fn check_blocked(&self) -> Result<(), String> {
-        for (run, id, key, cursor) in self.world.blocked() {
-            let Some(s) = self.engine.session(&id) else {
+        for (run, id, key, cursor) in self.io.world.blocked() {
+            let Some(s) = self.exec.engine().session(&id) else {
                 continue; // checked by check_processes: no process outlives its session
             };
             let alive = matches!(s.run(), Run::Alive { run: r, .. } if r == run);
@@ -853,13 +828,14 @@ impl Sim {
 
     /// The engine's next deadline, on the simulator's one clock.
     fn engine_deadline(&self) -> Option<(Millis, Deadline)> {
-        self.engine
+        self.exec
+            .engine()
             .poll_timeout()
             .map(|(at, why)| (at.millis(), why))
     }
 
     fn take_trace(&mut self) -> Vec<Step> {
-        let trace = self.engine.take_trace();
+        let trace = self.exec.engine_mut().take_trace();
         for step in &trace {
             self.coverage.add(step);
         }
@@ -874,7 +850,8 @@ impl Sim {
         self.crashes += 1;
         // The open requests as committed (the input in flight is lost with its transaction).
         let open_before: BTreeMap<SessionId, BTreeSet<ApprovalId>> = self
-            .engine
+            .exec
+            .engine()
             .sessions()
             .map(|s| {
                 let ids = s.pending().iter().map(|a| a.id.clone()).collect();
@@ -897,8 +874,26 @@ impl Sim {
                     ..
                 }
             );
-            let _lost = self.engine.handle(now(self.now), input);
+            // The executor did what it does before a commit (a spawn, a write, a signal):
+            // those reached the world; the records never reach the store.
+            self.io.now = self.now;
+            self.exec.push(input, &mut self.io)?;
+            self.exec.run(&mut self.io);
+            for e in std::mem::take(&mut self.io.observed) {
+                if let Effect::Answer {
+                    run,
+                    approval,
+                    at_once: true,
+                    ..
+                } = e
+                {
+                    self.io.world.answer_lost(run, &approval.key);
+                }
+            }
             let _ = self.take_trace();
+            if let Some(failure) = self.io.failure.take() {
+                return Err(failure);
+            }
         } else {
             log_entry!(
                 self.log,
@@ -912,8 +907,8 @@ impl Sim {
             self.runner_survived += 1;
             log_entry!(self.log, "   the runner survives: its processes go on");
         }
-        self.world.crash(survives, in_flight_exit);
-        self.model.on_crash(&self.store)?;
+        self.io.world.crash(survives, in_flight_exit);
+        self.model.on_crash(&self.io.store)?;
         let down = self.rng.range(50, 5_000);
         self.jump(self.now + down);
 
@@ -923,53 +918,57 @@ impl Sim {
         // is still running (as the shell lists them now): one that exited while the daemon was
         // down is then not adopted, and what it said last is never read.
         let only_running = survives && self.rng.chance(1, 2);
-        let mut surviving: BTreeMap<SessionId, (RunId, Option<u32>)> = BTreeMap::new();
+        let mut surviving: BTreeMap<(SessionId, RunId), Option<u32>> = BTreeMap::new();
         let mut adopt: BTreeMap<SessionId, (RunId, u32)> = BTreeMap::new();
-        for (run, id, pid) in self.world.alive() {
-            if only_running && self.world.exited_by(run, self.now) {
+        for (run, id, pid) in self.io.world.alive() {
+            if only_running && self.io.world.exited_by(run, self.now) {
                 log_entry!(
                     self.log,
                     "   run {run} of {id} exited meanwhile: not listed"
                 );
                 self.finished_unlisted += 1;
                 let committed = self
+                    .io
                     .store
                     .sessions
                     .get(&id)
                     .filter(|r| r.run == Some(run))
                     .map_or(0, |r| r.provider_cursor);
-                self.output_unread += self.world.unread_output(run, committed);
-                self.world.reap(run);
+                self.output_unread += self.io.world.unread_output(run, committed);
+                self.io.world.reap(run);
                 continue;
             }
-            let named = self.store.sessions.get(&id).and_then(|r| r.run) == Some(run);
-            surviving.insert(id.clone(), (run, Some(pid)));
+            let named = self.io.store.sessions.get(&id).and_then(|r| r.run) == Some(run);
+            surviving.insert((id.clone(), run), Some(pid));
             if named {
                 adopt.insert(id, (run, pid));
             } else {
+                // The new daemon must kill it (a restart's new run beside the old one, or a
+                // create's, started in the batch the crash lost; or one whose session ended).
                 log_entry!(
                     self.log,
-                    "   run {run} of {id} is named by no record: stopped"
+                    "   run {run} of {id} is named by no record: to be killed"
                 );
                 self.orphans += 1;
-                self.world.reap(run);
+                self.io.orphans.insert(run);
             }
         }
         if survives {
             // Now and then the runner also lists a run the session no longer has (one that
             // finished long ago): the new daemon must not adopt it.
-            for (id, rec) in &self.store.sessions {
-                if !surviving.contains_key(id) && self.rng.chance(1, 8) {
+            for (id, rec) in &self.io.store.sessions {
+                let listed = surviving.keys().any(|(i, _)| i == id);
+                if !listed && self.rng.chance(1, 8) {
                     let stale = rec.run.unwrap_or(0) + 1 + self.rng.range(0, 3);
-                    surviving.insert(id.clone(), (stale, None));
+                    surviving.insert((id.clone(), stale), None);
                     self.stale_listed += 1;
                 }
             }
         }
         for (id, (run, _)) in &adopt {
-            let committed = self.store.sessions[id].provider_cursor;
+            let committed = self.io.store.sessions[id].provider_cursor;
             let from = committed.saturating_sub(self.rng.range(0, 3));
-            let n = self.world.redeliver(self.now, *run, from, committed)?;
+            let n = self.io.world.redeliver(self.now, *run, from, committed)?;
             self.redelivered += n as u64;
             self.adopted += 1;
             log_entry!(
@@ -979,10 +978,10 @@ impl Sim {
             );
         }
         // The stored requests the new daemon loads: every open one, the newest resolved.
-        let loaded = self.store.approvals_to_load();
+        let loaded = self.io.store.approvals_to_load();
         self.model
-            .on_restore(&adopt.keys().cloned().collect(), &self.store)?;
-        let records = self.store.records();
+            .on_restore(&adopt.keys().cloned().collect(), &self.io.store)?;
+        let records = self.io.store.records();
         // A runner that died took everything with it: a cold start, nothing to adopt. One
         // that survived is asked what it still runs, and the run ids it remembers are
         // reserved. The engine avoids the ids the records name by itself (`restore`); the
@@ -1012,7 +1011,7 @@ impl Sim {
             approvals: loaded.clone(),
             ..Stored::default()
         };
-        let stored_runs = self.store.approvals.values().map(|a| a.run).max();
+        let stored_runs = self.io.store.approvals.values().map(|a| a.run).max();
         let (mut engine, effects) = if survives {
             let (mut engine, effects) = Engine::restore(
                 self.limits.clone(),
@@ -1024,7 +1023,7 @@ impl Sim {
                 },
             );
             let named: BTreeSet<RunId> = records.iter().filter_map(|r| r.run).collect();
-            if let Some(floor) = self.world.max_known_run_except(&named) {
+            if let Some(floor) = self.io.world.max_known_run_except(&named) {
                 engine.reserve_runs_through(floor);
             }
             (engine, effects)
@@ -1040,7 +1039,7 @@ impl Sim {
             engine.reserve_runs_through(floor);
         }
         engine.set_trace(true);
-        self.engine = engine;
+        self.exec = Executor::new(engine);
         log_entry!(
             self.log,
             "   restored {} sessions ({} settled ones left in the store)",
@@ -1053,8 +1052,17 @@ impl Sim {
         }
         self.check_restored(&restored, &adopt, &effects)?;
         self.check_restored_approvals(&adopt, &open_before, &loaded)?;
-        self.apply(&Cause::Restore, &effects, false)?;
-        self.engine.evict_settled();
+        self.io.now = self.now;
+        self.exec.execute(effects.clone(), &mut self.io);
+        self.exec.run(&mut self.io);
+        self.commit(&Cause::Restore, &effects, false)?;
+        if !self.io.orphans.is_empty() {
+            return Err(format!(
+                "restore: runs {:?} are named by no record and were left running",
+                self.io.orphans
+            ));
+        }
+        self.exec.evict_settled();
         Ok(())
     }
 
@@ -1069,7 +1077,7 @@ impl Sim {
         open_before: &BTreeMap<SessionId, BTreeSet<ApprovalId>>,
         loaded: &[Approval],
     ) -> Result<(), String> {
-        for s in self.engine.sessions() {
+        for s in self.exec.engine().sessions() {
             let id = &s.record.id;
             let now: BTreeSet<ApprovalId> = s.pending().iter().map(|a| a.id.clone()).collect();
             let carries_on = adopt.contains_key(id)
@@ -1096,7 +1104,8 @@ impl Sim {
         }
         for a in loaded.iter().filter(|a| !a.is_pending()) {
             let got = self
-                .engine
+                .exec
+                .engine()
                 .session(&a.session)
                 .and_then(|s| s.approval(&a.id));
             if got != Some(a) {
@@ -1120,17 +1129,17 @@ impl Sim {
         adopt: &BTreeMap<SessionId, (RunId, u32)>,
         effects: &[Effect],
     ) -> Result<(), String> {
-        if self.engine.sessions().count() != records.len() {
+        if self.exec.engine().sessions().count() != records.len() {
             return Err(format!(
                 "restore: the store has {} sessions, the rebuilt engine {}",
                 records.len(),
-                self.engine.sessions().count()
+                self.exec.engine().sessions().count()
             ));
         }
         let now = self.now;
         for rec in records {
             let id = &rec.id;
-            let Some(s) = self.engine.session(id) else {
+            let Some(s) = self.exec.engine().session(id) else {
                 return Err(format!("restore lost {id}"));
             };
             let terms: Vec<(RunId, Option<u32>)> = effects
@@ -1184,10 +1193,11 @@ impl Sim {
                             // The session timeout from the stored start, and the expiry of the
                             // requests it still waits for (ties: the session timeout first).
                             let expiry = self
+                                .io
                                 .store
                                 .open
                                 .iter()
-                                .filter_map(|a| self.store.approvals.get(a))
+                                .filter_map(|a| self.io.store.approvals.get(a))
                                 .filter(|a| &a.session == id)
                                 .map(|a| (at(a.expires_at.millis()), Timer::ApprovalExpiry))
                                 .min();
@@ -1301,9 +1311,13 @@ impl Sim {
                 ));
             }
         }
-        // Nothing the runner keeps alive is lost: every process it still has was adopted.
-        for (run, id, _) in self.world.alive() {
-            if self.engine.session(&id).and_then(|s| s.run().id()) != Some(run) {
+        // Nothing the runner keeps alive is lost: every process it still has was adopted, or
+        // is named by no record and so is killed (checked once the effects are carried out).
+        for (run, id, _) in self.io.world.alive() {
+            if self.io.orphans.contains(&run) {
+                continue;
+            }
+            if self.exec.engine().session(&id).and_then(|s| s.run().id()) != Some(run) {
                 return Err(format!(
                     "restore: run {run} of {id} outlived the daemon, its record names it, and \
                      the new daemon did not adopt it"
@@ -1325,10 +1339,11 @@ impl Sim {
             Action::Watch(id) => {
                 // As the shell answers: the engine's copy, else the store's (let go when settled).
                 let got = self
-                    .engine
+                    .exec
+                    .engine()
                     .session(id)
                     .map(|s| s.status())
-                    .or_else(|| self.store.sessions.get(id).map(|r| r.status));
+                    .or_else(|| self.io.store.sessions.get(id).map(|r| r.status));
                 if got != self.model.status(id) {
                     return Err(format!(
                         "watch {id}: the engine says {got:?}, the client saw {:?}",
@@ -1339,17 +1354,17 @@ impl Sim {
             Action::List => {
                 // A list of every session reads the store (the engine holds the live ones and
                 // what was named lately).
-                let ids: Vec<_> = self.store.sessions.keys().collect();
+                let ids: Vec<_> = self.io.store.sessions.keys().collect();
                 let seen: Vec<_> = self.model.sessions().map(|(id, _)| id).collect();
                 if ids != seen {
                     return Err(format!(
                         "list: the engine lists {ids:?}, the client saw {seen:?}"
                     ));
                 }
-                if self.engine.live_sessions() != self.model.live() {
+                if self.exec.engine().live_sessions() != self.model.live() {
                     return Err(format!(
                         "list: the engine counts {} live sessions, the client saw {}",
-                        self.engine.live_sessions(),
+                        self.exec.engine().live_sessions(),
                         self.model.live()
                     ));
                 }
@@ -1362,9 +1377,9 @@ impl Sim {
     /// Every process the engine believes in exists in the world, in the state it believes,
     /// and the world has no process the engine forgot.
     fn check_processes(&self) -> Result<(), String> {
-        for s in self.engine.sessions() {
+        for s in self.exec.engine().sessions() {
             let id = &s.record.id;
-            let procs = self.world.live_run(id);
+            let procs = self.io.world.live_run(id);
             let ok = match (s.run(), procs.as_slice()) {
                 (Run::Idle, []) => true,
                 (Run::Spawning { run }, [(r, _, false)]) => *r == run,
@@ -1386,8 +1401,8 @@ impl Sim {
                 ));
             }
         }
-        for (run, id) in self.world.runs() {
-            if self.engine.session(id).is_none() {
+        for (run, id) in self.io.world.runs() {
+            if self.exec.engine().session(id).is_none() {
                 return Err(format!(
                     "run {run} belongs to {id}, which the engine does not know"
                 ));
@@ -1402,14 +1417,19 @@ impl Sim {
         if !unanswered.is_empty() {
             return Err(format!("drain: requests never answered: {unanswered:?}"));
         }
-        let open: Vec<_> = self.engine.pending_approvals().map(|a| &a.id).collect();
-        if !open.is_empty() || !self.store.open.is_empty() {
+        let open: Vec<_> = self
+            .exec
+            .engine()
+            .pending_approvals()
+            .map(|a| &a.id)
+            .collect();
+        if !open.is_empty() || !self.io.store.open.is_empty() {
             return Err(format!(
                 "drain: requests for a human still open: {open:?} (stored: {:?})",
-                self.store.open
+                self.io.store.open
             ));
         }
-        for s in self.engine.sessions() {
+        for s in self.exec.engine().sessions() {
             if !s.status().is_terminal() || s.run() != Run::Idle || s.turn().is_some() {
                 return Err(format!(
                     "drain: {} ended {} with process {:?} and turn {:?}",
@@ -1420,7 +1440,7 @@ impl Sim {
                 ));
             }
         }
-        if !self.world.is_empty() {
+        if !self.io.world.is_empty() {
             return Err("drain: provider processes are still running".to_string());
         }
         if let Some((_, why)) = self.engine_deadline() {

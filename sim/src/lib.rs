@@ -14,7 +14,10 @@
 //! PADDOCK_SIM_SEED=22 cargo test -p sim --test daemon -- --nocapture      # ... of the daemon sweep
 //! ```
 //!
-//! The session sweep (`driver`, `model`, `world`) drives sessions; the daemon sweep
+//! The session sweep (`driver`, `model`, `world`) drives sessions through the daemon's own
+//! effect executor (`paddock_exec`, on the fake ports of `ports`: the fake agents and the fake
+//! store), so recall before an input, processes before the commit, messages and stored answers
+//! after it, and eviction are the daemon's code here too; the daemon sweep
 //! ([`daemon`]) drives the same engine's Aria tasks (output, cancel, timeout, TERM → KILL
 //! escalation, processes that ignore TERM, spawn failures), campaigns, daemon crashes with task
 //! processes the runner still runs (each killed at start-up, its task FAILED), and the
@@ -262,6 +265,7 @@ pub mod daemon;
 mod driver;
 pub mod log;
 pub mod model;
+mod ports;
 pub mod rng;
 pub mod world;
 

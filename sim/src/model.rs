@@ -802,6 +802,18 @@ impl Model {
                 }
                 Effect::Provision { id, config } => self.on_provision(cause, id, config)?,
                 Effect::Notice(n) => same_session(cause, &n.session)?,
+                // At start-up, a run the runner lists that is not the session's (adopted)
+                // process is killed: started in a batch the crash lost, or its session ended.
+                Effect::Signal {
+                    id,
+                    run,
+                    signal: Signal::Kill,
+                    ..
+                } if cause.restore()
+                    && self
+                        .sessions
+                        .get(id)
+                        .is_none_or(|sm| sm.proc_run != Some(*run)) => {}
                 Effect::Signal {
                     id, run, signal, ..
                 } => {

@@ -9,9 +9,9 @@ use std::fmt;
 
 use paddock_core::session::machine::RESOLVED_KEPT;
 use paddock_core::{
-    Activity, ActivityKind, Approval, ApprovalId, AskKind, Duration, Effect, EnvEvent, EnvState,
-    Instant, Limits, Now, ProviderEvent, Record, RunId, SessionConfig, SessionId, SessionRecord,
-    Signal, SpawnSpec, Timestamp,
+    Activity, ActivityKind, Approval, ApprovalId, AskKind, Duration, EnvEvent, EnvState, Instant,
+    Limits, Now, ProviderEvent, Record, RunId, SessionConfig, SessionId, SessionRecord, Signal,
+    SpawnSpec, Timestamp,
 };
 
 use crate::rng::Rng;
@@ -245,13 +245,12 @@ pub struct Store {
 }
 
 impl Store {
-    /// Applies the persists among `effects` as one transaction. Appends must continue their
-    /// table's sequence exactly (no gap, no repeat); a request for a human is written once
-    /// open and once resolved, never again (its state never goes back), and a session is
-    /// deleted (with everything stored about it) only once it ended and has no process.
-    pub fn commit(&mut self, effects: &[Effect]) -> Result<(), String> {
-        for e in effects {
-            let Effect::Persist(r) = e else { continue };
+    /// Applies a batch's records as one transaction. Appends must continue their table's
+    /// sequence exactly (no gap, no repeat); a request for a human is written once open and
+    /// once resolved, never again (its state never goes back), and a session is deleted (with
+    /// everything stored about it) only once it ended and has no process.
+    pub fn commit(&mut self, records: &[Record]) -> Result<(), String> {
+        for r in records {
             self.committed += 1;
             match r {
                 Record::Session(rec) => {
@@ -297,10 +296,10 @@ impl Store {
                 }
                 Record::Approval(a) => self.put_approval(a)?,
                 Record::Delete(id) => {
-                    if effects.iter().filter(|e| e.is_persist()).count() != 1 {
+                    if records.len() != 1 {
                         return Err(format!(
                             "store: the delete of {id} shares its transaction with other rows: \
-                             {effects:?}"
+                             {records:?}"
                         ));
                     }
                     match self.sessions.get(id) {
@@ -348,8 +347,8 @@ impl Store {
             }
         }
         // Every session row written in this transaction must agree with the appends.
-        for e in effects {
-            if let Effect::Persist(Record::Session(rec)) = e {
+        for r in records {
+            if let Record::Session(rec) = r {
                 if (rec.turn_open && rec.turns == 0)
                     || (rec.run.is_none() && (rec.provider_cursor != 0 || rec.pid.is_some()))
                 {
@@ -377,7 +376,7 @@ impl Store {
                     ));
                 }
             }
-            if let Effect::Persist(Record::Approval(a)) = e {
+            if let Record::Approval(a) = r {
                 if !self.sessions.contains_key(&a.session) {
                     return Err(format!(
                         "store: approval {} belongs to {}, which is not stored",
@@ -581,6 +580,11 @@ struct Proc {
     /// a second answer to one key is a bug).
     asked: BTreeSet<String>,
     answers: BTreeMap<String, Approval>,
+    /// Answers the daemon sent at once (its policy's, stored nowhere) in a batch that its
+    /// crash then lost: the ask is read again by the new daemon, which may answer otherwise
+    /// (a stop came meanwhile). The agent keeps the first, as real agents ignore an answer to
+    /// a request they no longer wait for.
+    lost_answers: BTreeSet<String>,
 }
 
 /// What one delivered line was, for the driver's bookkeeping.
@@ -652,6 +656,9 @@ pub struct World {
     pub answers_received: u64,
     /// Answers sent again after a restart (and ignored by the agent).
     pub answers_repeated: u64,
+    /// Second answers, different from the first, to an ask whose first answer went out in a
+    /// batch a crash lost (ignored by the agent).
+    pub answers_superseded: u64,
     /// Environments asked for, and how their making went.
     pub provisions: u64,
     pub provisions_failed: u64,
@@ -683,6 +690,7 @@ impl World {
             asks_scripted: 0,
             answers_received: 0,
             answers_repeated: 0,
+            answers_superseded: 0,
             provisions: 0,
             provisions_failed: 0,
             provisions_hung: 0,
@@ -704,6 +712,16 @@ impl World {
     /// spawned is listed if it exists at all (a spawn that fails never made a process), as
     /// started; and the signals the old daemon sent are its own business (the new one cannot
     /// know of them).
+    /// The daemon crashed after it answered `key` of `run` at once, before that batch was
+    /// stored (see `Proc::lost_answers`).
+    pub fn answer_lost(&mut self, run: RunId, key: &str) {
+        if let Some(p) = self.procs.get_mut(&run) {
+            if p.answers.contains_key(key) {
+                p.lost_answers.insert(key.to_string());
+            }
+        }
+    }
+
     pub fn crash(&mut self, runner_survives: bool, in_flight_exit: bool) {
         self.last_run = 0;
         // The daemon made the environments itself: their making died with it (the new daemon
@@ -1135,6 +1153,7 @@ impl World {
             blocked: BTreeMap::new(),
             asked: BTreeSet::new(),
             answers: BTreeMap::new(),
+            lost_answers: BTreeSet::new(),
         };
         let rng = &mut self.rng;
         let quick = |rng: &mut Rng| rng.range(1, 400);
@@ -1468,6 +1487,10 @@ impl World {
                 && first.answer == approval.answer
             {
                 self.answers_repeated += 1;
+                return Ok(());
+            }
+            if p.lost_answers.contains(&approval.key) {
+                self.answers_superseded += 1;
                 return Ok(());
             }
             return Err(format!(

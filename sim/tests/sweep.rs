@@ -147,7 +147,7 @@ fn sweep() {
     );
     println!(
         "runner: survived {survived} of the crashes; {adopted} processes adopted ({turns_adopted} \
-         with a turn in progress), {orphans} stopped unadopted, {stale} stale runs listed and \
+         with a turn in progress), {orphans} named by no record and killed, {stale} stale runs listed and \
          not adopted, {unlisted} exited meanwhile and not listed ({unread} output lines never read); {redelivered} output lines replayed, {replays} of them recognised as \
          applied already; {revived} exits in flight delivered again; {evicted} settled sessions \
          let go, {recalled} recalled when named again"
@@ -242,6 +242,7 @@ fn sweep() {
             ),
             ("a settled session let go", evicted),
             ("a settled session recalled when named", recalled),
+            ("a run no record names killed at a restart", orphans),
         ] {
             assert!(n > 0, "the CI set never reached {what}");
         }

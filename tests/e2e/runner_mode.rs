@@ -427,3 +427,75 @@ async fn output_lost_while_the_daemon_was_away_is_an_aria_notification() {
     let (again, _) = lost_notice().await;
     assert_eq!(again, id, "one notice, one id");
 }
+
+/// A batch the crash lost may have started an agent (a restart's new run beside the old one, a
+/// create's first run): the runner still runs it, no stored record names it. The next daemon
+/// kills every such run instead of leaving it running with nobody to own it, and adopts the
+/// run the record names as before. (Found by the simulator once it ran the daemon's executor,
+/// which spawns before it commits; the daemon used to keep only a session's last listed run and
+/// leave the others alive.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_no_record_names_are_killed_at_start_up() {
+    let mut d = runner_daemon().await;
+    let s = d.session(None).await;
+    let mut runner = runner_client(&d).await;
+    d.kill9();
+    // Two runs the store knows nothing of: a later run of the session, and a run of a session
+    // that was never stored.
+    let root = d.dirs.data.display().to_string();
+    let (mut pids, mut streams) = (Vec::new(), Vec::new());
+    for run_id in [
+        format!("agent:{}:{}", s.id, 90),
+        "agent:sess_never_stored:91".to_string(),
+    ] {
+        let mut events = runner
+            .run_command(rpb::RunCommandRequest {
+                run_id: run_id.clone(),
+                working_dir: root.clone(),
+                command: "sleep 600".into(),
+                argv: vec!["sleep".into(), "600".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        // Started: its pid is listed.
+        let _ = events.message().await;
+        let pid = within(async {
+            loop {
+                let runs = runner
+                    .list_runs(rpb::ListRunsRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .runs;
+                if let Some(r) = runs.iter().find(|r| r.run_id == run_id && r.pid > 0) {
+                    return r.pid;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(pid_running(pid));
+        pids.push(pid);
+        streams.push(events);
+    }
+
+    d.launch().await;
+    // The session's own run is adopted, as ever.
+    let back = d.get(&s.id).await;
+    assert_eq!(status_name(back.status), "RUNNING");
+    assert_eq!(back.pid, s.pid);
+    assert!(agent_running(s.pid as u32));
+    // The others are killed.
+    for pid in pids {
+        within(async {
+            while pid_running(pid) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+    let acts = d.send(&s.id, "still here").await;
+    assert_eq!(kind(acts.last().unwrap()), "COMPLETION");
+}

@@ -10,18 +10,22 @@
 //! - **Inputs in order, one batch at a time.** Inputs are queued with [`Executor::push`], which
 //!   first recalls a settled session the input names from the store ([`Input::recalls`]), and
 //!   handled by [`Executor::run`] in the order they came.
-//! - **Processes at once, before the commit.** A spawn, a write, a signal, a provisioning or a
-//!   container's work is done while the batch runs. A spawn whose outcome is known at once
-//!   (a child of the daemon's own) comes back as an input of the same batch; a write the
-//!   process's input refused comes back as [`ProviderEvent::DeliveryFailed`], also in the batch.
-//!   An answer nothing stores (the policy's) goes to the agent at once too: a crash before the
-//!   commit replays the ask.
+//! - **Processes at once, before the commit.** A spawn, a signal, closing an input, the ready
+//!   question, a provisioning or a container's work is done while the batch runs. A spawn whose
+//!   outcome is known at once (a child of the daemon's own) comes back as an input of the same
+//!   batch. An answer nothing stores (the policy's) goes to the agent at once too: a crash
+//!   before the commit replays the ask. What the crash leaves behind is the next daemon's to
+//!   decide: a run no stored record names is killed at start-up (`Engine::restore`).
+//! - **A message only after its commit.** A user message reaches the agent once the turn it
+//!   opens is stored, so an agent never answers a turn a crash lost. A write the process's
+//!   input refuses comes back as [`ProviderEvent::DeliveryFailed`].
 //! - **Records in one commit.** Every [`Effect::Persist`] of the batch is committed by
 //!   [`Executor::commit`] in one call of [`Ports::commit`]. A failed commit keeps them, and
 //!   everything that waits for them, for the next try.
 //! - **What clients see only after the commit.** Status, activity and approval events, replies,
-//!   a stored answer to an agent, a deleted session's leftovers and a container's destroy are
-//!   delivered once the records they follow are stored: nobody sees what a crash could lose.
+//!   a stored answer or a message to an agent, a deleted session's leftovers and a container's
+//!   destroy are delivered once the records they follow are stored: nobody sees what a crash
+//!   could lose.
 //! - **Settled sessions go back to the store.** After a commit (and the reads the caller
 //!   answers from it), [`Executor::evict_settled`] lets the engine forget what is settled.
 
@@ -210,9 +214,10 @@ impl Executor {
                         });
                     }
                 }
-                Effect::Write { id, run, text } => {
-                    self.write(ports, id, run, Line::Message(&text), "a message")
-                }
+                // A message waits for its commit: the agent must never act on a message whose
+                // turn a crash could still lose (after the restart it would answer a turn
+                // nobody knows, and take the next message as a second turn at once).
+                e @ Effect::Write { .. } => self.deliver.push(e),
                 Effect::AskReady { id, run } => {
                     self.write(ports, id, run, Line::Ready, "the ready request")
                 }
@@ -276,6 +281,9 @@ impl Executor {
                 Effect::Answer {
                     id, run, approval, ..
                 } => self.write(ports, id, run, Line::Answer(&approval), "an answer"),
+                Effect::Write { id, run, text } => {
+                    self.write(ports, id, run, Line::Message(&text), "a message")
+                }
                 Effect::Container { work, record } => ports.container(work, record),
                 // Only what `execute` held back is here: events, replies, leftovers.
                 e => ports.deliver(e),

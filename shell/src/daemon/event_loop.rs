@@ -856,8 +856,12 @@ impl Ports for Io {
     }
 
     fn signal(&mut self, id: &SessionId, run: RunId, _pid: Option<u32>, signal: Signal) {
-        if let Some(h) = self.runs.get(&(id.clone(), run)) {
-            h.signal(signal);
+        match (self.runs.get(&(id.clone(), run)), &self.runner) {
+            (Some(h), _) => h.signal(signal),
+            // A run of the runner no record named at start-up: killed by its run id.
+            (None, Some(link)) => link.signal_agent(id, run, signal),
+            // A child of ours that exited: nothing to signal (its pid may be another's now).
+            (None, None) => {}
         }
     }
 

@@ -262,10 +262,16 @@ impl RunnerLink {
                 continue;
             };
             max_run = max_run.max(run);
-            // Oldest first: a session's later run replaces an earlier one.
-            out.agents.insert(id, (run, pid));
+            // Every one: the core adopts the run a record names and kills the others.
+            out.agents.insert((id, run), pid);
         }
         Ok((out, max_run))
+    }
+
+    /// Signals an agent's run the daemon holds no handle for (one the core did not adopt at
+    /// start-up), by its run id.
+    pub fn signal_agent(&self, id: &SessionId, run: RunId, signal: Signal) {
+        self.run_ref(id, run).signal(signal);
     }
 
     /// Signals a task's run.

@@ -1,0 +1,158 @@
+//! The fake ports the simulator runs the daemon's executor on (`paddock_exec`): the fake world
+//! of processes ([`World`]), the fake store ([`Store`]) and the seed's clock. The executor is the
+//! daemon's own code; only what its effects reach is fake.
+//!
+//! A fault the world finds in what it was told to do (a write to a process that exited, a run
+//! id reused, …) cannot be returned through a port: the first one is kept in
+//! [`SimPorts::failure`] and the driver fails the step with it.
+
+use std::collections::BTreeSet;
+
+use paddock_core::container::{ContainerRecord, ContainerWork};
+use paddock_core::task::{TaskInput, TaskSpec};
+use paddock_core::{
+    Approval, Effect, Engine, Now, ProviderEvent, Record, RunId, SessionConfig, SessionId,
+    SessionRecord, Signal, SpawnSpec,
+};
+use paddock_exec::{Line, Ports};
+
+use crate::world::{now, Millis, Store, World};
+
+/// The world and the store, as the executor sees them.
+pub struct SimPorts {
+    pub world: World,
+    pub store: Store,
+    /// The seed's clock, set by the driver before each step.
+    pub now: Millis,
+    /// Every effect the engine made in this step, in order, for the driver's checks.
+    pub observed: Vec<Effect>,
+    /// The first thing the world refused.
+    pub failure: Option<String>,
+    /// Settled sessions handed back to the engine from the store.
+    pub recalled: u64,
+    /// Runs the runner listed at the last restart that no record names: the new daemon must
+    /// KILL each (the runner then reaps it).
+    pub orphans: BTreeSet<RunId>,
+}
+
+impl SimPorts {
+    pub fn new(world: World) -> Self {
+        SimPorts {
+            world,
+            store: Store::default(),
+            now: 0,
+            observed: Vec::new(),
+            failure: None,
+            recalled: 0,
+            orphans: BTreeSet::new(),
+        }
+    }
+
+    /// Keeps the first failure.
+    fn check(&mut self, r: Result<(), String>) {
+        if let Err(e) = r {
+            self.failure.get_or_insert(e);
+        }
+    }
+
+    /// The session sweep has no tasks and no containers: an effect for one is a failure.
+    fn unexpected(&mut self, what: &str) {
+        self.check(Err(format!("the session sweep made {what}")));
+    }
+}
+
+impl Ports for SimPorts {
+    type Error = String;
+
+    fn now(&self) -> Now {
+        now(self.now)
+    }
+
+    /// Its outcome is one of the process's scripted lines, fed later.
+    fn spawn(&mut self, id: &SessionId, run: RunId, spec: SpawnSpec) -> Option<ProviderEvent> {
+        let r = self.world.spawn(self.now, id, run, &spec);
+        self.check(r);
+        None
+    }
+
+    /// The world takes every write; a broken pipe is one of its scripted faults, reported
+    /// as the process's next line.
+    fn write(&mut self, id: &SessionId, run: RunId, line: Line<'_>) -> bool {
+        let r = match line {
+            Line::Message(_) => self.world.write(self.now, id, run),
+            Line::Ready => self.world.ask_ready(self.now, id, run),
+            Line::Answer(approval) => self.world.answer(self.now, id, run, approval),
+        };
+        self.check(r);
+        true
+    }
+
+    fn close_input(&mut self, id: &SessionId, run: RunId) {
+        let r = self.world.close_input(self.now, id, run);
+        self.check(r);
+    }
+
+    fn signal(&mut self, id: &SessionId, run: RunId, pid: Option<u32>, signal: Signal) {
+        if self.orphans.contains(&run) {
+            // A run the new daemon did not adopt: KILLed at once, by the runner.
+            let r = if signal == Signal::Kill {
+                self.orphans.remove(&run);
+                self.world.reap(run);
+                Ok(())
+            } else {
+                Err(format!(
+                    "{signal:?} to run {run} of {id}, which no record names"
+                ))
+            };
+            return self.check(r);
+        }
+        let r = self.world.signal(self.now, id, run, pid, signal);
+        self.check(r);
+    }
+
+    fn provision(&mut self, id: SessionId, config: SessionConfig) {
+        let r = self.world.provision(self.now, &id, &config);
+        self.check(r);
+    }
+
+    fn spawn_task(&mut self, _: &Engine, id: String, _: TaskSpec) -> Option<TaskInput> {
+        self.unexpected(&format!("a spawn of task {id}"));
+        None
+    }
+
+    fn signal_task(&mut self, id: &str, _: Option<u32>, _: Signal) {
+        self.unexpected(&format!("a signal to task {id}"));
+    }
+
+    fn container(&mut self, _: ContainerWork, record: Box<ContainerRecord>) {
+        self.unexpected(&format!("work on container {}", record.id));
+    }
+
+    fn settled(
+        &mut self,
+        id: &SessionId,
+    ) -> Result<Option<(SessionRecord, Vec<Approval>)>, String> {
+        let Some(rec) = self.store.sessions.get(id) else {
+            return Ok(None);
+        };
+        self.recalled += 1;
+        Ok(Some((rec.clone(), self.store.resolved_of(id))))
+    }
+
+    fn commit(&mut self, records: &[Record]) -> Result<(), String> {
+        self.store.commit(records)
+    }
+
+    /// Clients are the driver's model, which reads the step's effects; only a deleted
+    /// session's leftovers reach the world.
+    fn deliver(&mut self, effect: Effect) {
+        if let Effect::Forget(rec) = &effect {
+            let r = self.world.forget(rec);
+            self.check(r);
+        }
+    }
+
+    fn observe(&mut self, effects: &[Effect]) {
+        self.observed.extend_from_slice(effects);
+    }
+}
