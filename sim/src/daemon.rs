@@ -33,8 +33,10 @@ use paddock_core::{
     Stored, Surviving,
 };
 
+use crate::ports::{Logged, Recorder};
 use crate::rng::Rng;
 use crate::world::{now, Millis, T0};
+use paddock_exec::Executor;
 
 /// Steps per seed before the shutdown.
 const STEPS: u64 = 400;
@@ -132,7 +134,9 @@ struct Run {
     rng: Rng,
     now: Millis,
     limits: Limits,
-    engine: Engine,
+    /// The daemon's executor (`paddock_exec`) with its engine, on recording ports.
+    exec: Executor,
+    io: Recorder,
     procs: BTreeMap<String, Proc>,
     tasks: BTreeMap<String, TaskModel>,
     /// The fake store: what the last commits left.
@@ -166,7 +170,8 @@ pub fn run_daemon_seed(seed: u64) -> Result<DaemonStats, String> {
     let mut run = Run {
         rng,
         now: T0,
-        engine: Engine::new(limits.clone()),
+        exec: Executor::new(Engine::new(limits.clone())),
+        io: Recorder::default(),
         limits,
         procs: BTreeMap::new(),
         tasks: BTreeMap::new(),
@@ -227,17 +232,19 @@ impl Run {
             }
         }
         let live: Vec<_> = self
-            .engine
+            .exec
+            .engine()
             .tasks()
             .filter(|t| !t.status.is_terminal())
             .map(|t| (t.id.clone(), t.status))
             .collect();
-        if !live.is_empty() || !self.procs.is_empty() || self.engine.poll_timeout().is_some() {
+        if !live.is_empty() || !self.procs.is_empty() || self.exec.engine().poll_timeout().is_some()
+        {
             return Err(format!(
                 "shutdown: {SHUTDOWN_STEPS} steps later, tasks {live:?} still live, processes \
                  {:?} still running, deadline {:?}",
                 self.procs.keys().collect::<Vec<_>>(),
-                self.engine.poll_timeout()
+                self.exec.engine().poll_timeout()
             ));
         }
         if !self.waiting.is_empty() {
@@ -399,7 +406,7 @@ impl Run {
                 (at, id.clone())
             })
             .min();
-        let deadline = self.engine.poll_timeout().map(|(at, _)| at.millis());
+        let deadline = self.exec.engine().poll_timeout().map(|(at, _)| at.millis());
         // A process's event first, unless a deadline is due before it (at the same time, the
         // deadline first).
         let proc_first = match (&proc_next, deadline) {
@@ -478,7 +485,7 @@ impl Run {
             .collect();
         let (engine, effects) =
             Engine::restore(self.limits.clone(), now(self.now), stored, &surviving);
-        self.engine = engine;
+        self.exec = Executor::new(engine);
         self.waiting.clear();
         // What the store did not have never was.
         self.tasks.retain(|id, _| self.stored.contains_key(id));
@@ -509,7 +516,17 @@ impl Run {
         }
         self.stats.orphans_killed += killed.len() as u64;
         self.procs.clear();
-        self.commit(&effects)?;
+        // Carried out as the daemon does at start-up; what it did was checked above, so only
+        // its transaction is applied.
+        self.io.now = self.now;
+        self.exec.execute(effects, &mut self.io);
+        self.exec.run(&mut self.io);
+        self.exec.commit(&mut self.io)?;
+        for l in std::mem::take(&mut self.io.log) {
+            if let Logged::Commit(records) = l {
+                self.commit(&records)?;
+            }
+        }
         for id in &was_live {
             let t = self.tasks.get_mut(id).expect("stored tasks are known");
             t.status = TaskStatus::Failed;
@@ -520,26 +537,33 @@ impl Run {
 
     // ── the engine ────────────────────────────────────────────────────────
 
+    /// One input through the daemon's executor, then what it did, in the order it did it:
+    /// processes at once, the batch's transaction, then deliveries.
     fn feed(&mut self, input: Input) -> Result<(), String> {
-        let effects = self.engine.handle(now(self.now), input.clone());
-        let first_other = effects
-            .iter()
-            .position(|e| !e.is_persist())
-            .unwrap_or(effects.len());
-        if effects[first_other..].iter().any(Effect::is_persist) {
-            return Err(format!("{input:?}: a persist after an action: {effects:?}"));
-        }
-        self.commit(&effects)?;
-        for e in effects {
-            self.effect(&input, e)?;
+        self.io.now = self.now;
+        self.exec.push(input.clone(), &mut self.io)?;
+        self.exec.run(&mut self.io);
+        self.exec.commit(&mut self.io)?;
+        let mut committed = false;
+        for l in std::mem::take(&mut self.io.log) {
+            match l {
+                Logged::Commit(records) => {
+                    committed = true;
+                    self.commit(&records)?;
+                }
+                Logged::At(e) => self.effect(&input, e)?,
+                Logged::Delivered(e) if committed => self.effect(&input, e)?,
+                Logged::Delivered(e) => {
+                    return Err(format!("{input:?}: {e:?} delivered before the commit"))
+                }
+            }
         }
         self.check()
     }
 
     /// The fake store's one transaction.
-    fn commit(&mut self, effects: &[Effect]) -> Result<(), String> {
-        for e in effects {
-            let Effect::Persist(r) = e else { continue };
+    fn commit(&mut self, records: &[Record]) -> Result<(), String> {
+        for r in records {
             match r {
                 Record::Task(rec) => {
                     if let Some(old) = self.stored.get(&rec.id) {
@@ -757,7 +781,7 @@ impl Run {
 
     /// The engine against the reference, after every step.
     fn check(&mut self) -> Result<(), String> {
-        for t in self.engine.tasks() {
+        for t in self.exec.engine().tasks() {
             if self.stored.get(&t.id) != Some(t) {
                 return Err(format!(
                     "task {}: the engine has {t:?}, the store {:?}",
@@ -766,12 +790,13 @@ impl Run {
                 ));
             }
         }
-        if self.engine.tasks().count() != self.stored.len() {
+        if self.exec.engine().tasks().count() != self.stored.len() {
             return Err("the engine and the store hold different tasks".into());
         }
         for (id, p) in &self.procs {
             let t = self
-                .engine
+                .exec
+                .engine()
                 .task(id)
                 .ok_or_else(|| format!("{id}: a process of no task"))?;
             if t.status != TaskStatus::Running || t.pid != Some(p.pid) {
@@ -779,13 +804,13 @@ impl Run {
             }
         }
         let mine: Vec<&Campaign> = self.campaigns.values().collect();
-        let theirs = self.engine.campaigns().all();
+        let theirs = self.exec.engine().campaigns().all();
         if mine.len() != theirs.len() || theirs.iter().any(|c| self.campaigns.get(&c.id) != Some(c))
         {
             return Err(format!("campaigns: engine {theirs:?}, store {mine:?}"));
         }
         // A running task with a timeout that nobody ended yet: its timeout is armed.
-        if let Some((at, Deadline::Task(id, _))) = self.engine.poll_timeout() {
+        if let Some((at, Deadline::Task(id, _))) = self.exec.engine().poll_timeout() {
             if at.millis() < self.now {
                 return Err(format!(
                     "task {id}'s deadline at {} passed unfired",

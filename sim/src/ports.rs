@@ -156,3 +156,115 @@ impl Ports for SimPorts {
         self.observed.extend_from_slice(effects);
     }
 }
+
+/// What the executor asked of the world, in order: the daemon sweep's ports. Its checks read the
+/// log after each step (a task's signal at the moment it is sent, a status only once it is
+/// stored), so every port only records.
+#[derive(Debug)]
+pub enum Logged {
+    /// Done at once, while the batch runs (a spawn, a signal).
+    At(Effect),
+    /// The batch's one transaction.
+    Commit(Vec<Record>),
+    /// Delivered after the commit.
+    Delivered(Effect),
+}
+
+/// Ports that record ([`Logged`]) and answer nothing at once: a spawn's outcome is a later
+/// input of the sweep's own.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub now: Millis,
+    pub log: Vec<Logged>,
+}
+
+impl Ports for Recorder {
+    type Error = String;
+
+    fn now(&self) -> Now {
+        now(self.now)
+    }
+
+    fn spawn(&mut self, id: &SessionId, run: RunId, spec: SpawnSpec) -> Option<ProviderEvent> {
+        self.log.push(Logged::At(Effect::Spawn {
+            id: id.clone(),
+            run,
+            spec,
+        }));
+        None
+    }
+
+    fn write(&mut self, id: &SessionId, run: RunId, line: Line<'_>) -> bool {
+        let e = match line {
+            Line::Message(text) => Effect::Write {
+                id: id.clone(),
+                run,
+                text: text.to_string(),
+            },
+            Line::Ready => Effect::AskReady {
+                id: id.clone(),
+                run,
+            },
+            Line::Answer(approval) => Effect::Answer {
+                id: id.clone(),
+                run,
+                approval: approval.clone(),
+                at_once: true,
+            },
+        };
+        self.log.push(Logged::At(e));
+        true
+    }
+
+    fn close_input(&mut self, id: &SessionId, run: RunId) {
+        self.log.push(Logged::At(Effect::CloseInput {
+            id: id.clone(),
+            run,
+        }));
+    }
+
+    fn signal(&mut self, id: &SessionId, run: RunId, pid: Option<u32>, signal: Signal) {
+        self.log.push(Logged::At(Effect::Signal {
+            id: id.clone(),
+            run,
+            pid,
+            signal,
+        }));
+    }
+
+    fn provision(&mut self, id: SessionId, config: SessionConfig) {
+        self.log.push(Logged::At(Effect::Provision { id, config }));
+    }
+
+    fn spawn_task(&mut self, _: &Engine, id: String, spec: TaskSpec) -> Option<TaskInput> {
+        self.log.push(Logged::At(Effect::SpawnTask { id, spec }));
+        None
+    }
+
+    fn signal_task(&mut self, id: &str, pid: Option<u32>, signal: Signal) {
+        self.log.push(Logged::At(Effect::SignalTask {
+            id: id.to_string(),
+            pid,
+            signal,
+        }));
+    }
+
+    fn container(&mut self, work: ContainerWork, record: Box<ContainerRecord>) {
+        self.log
+            .push(Logged::At(Effect::Container { work, record }));
+    }
+
+    /// The daemon sweep has no sessions to recall.
+    fn settled(&mut self, _: &SessionId) -> Result<Option<(SessionRecord, Vec<Approval>)>, String> {
+        Ok(None)
+    }
+
+    fn commit(&mut self, records: &[Record]) -> Result<(), String> {
+        self.log.push(Logged::Commit(records.to_vec()));
+        Ok(())
+    }
+
+    fn deliver(&mut self, effect: Effect) {
+        self.log.push(Logged::Delivered(effect));
+    }
+}
