@@ -388,6 +388,7 @@ impl Engine {
             Input::Create { id, .. }
             | Input::Send { id, .. }
             | Input::Stop { id, .. }
+            | Input::Close { id, .. }
             | Input::Restart { id, .. }
             | Input::Delete { id, .. }
             | Input::Report { id, .. }
@@ -473,6 +474,13 @@ impl Engine {
             Input::Stop { req, id, graceful } => match self.sessions.get_mut(&id) {
                 Some(s) => {
                     s.handle_stop(req, graceful, &mut cx);
+                    s.flush(&mut cx);
+                }
+                None => not_found(&mut cx, req, &id),
+            },
+            Input::Close { req, id } => match self.sessions.get_mut(&id) {
+                Some(s) => {
+                    s.handle_close(req, &mut cx);
                     s.flush(&mut cx);
                 }
                 None => not_found(&mut cx, req, &id),
@@ -904,6 +912,7 @@ fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionR
             crate::environment::EnvState::Ready
         },
         disconnected: false,
+        closed_by_client: false,
         config,
     }
 }

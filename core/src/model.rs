@@ -403,9 +403,29 @@ pub struct SessionRecord {
     /// The connection to the agent's machine (an ssh session's) is down: the agent works on
     /// there while paddock reconnects. Belongs to the current run: false again with another.
     pub disconnected: bool,
+    /// Its client said it is done with it (sunbeam's EndSession, [`crate::Input::Close`]): the
+    /// session is never resumed for its project. Set once, never cleared.
+    pub closed_by_client: bool,
 }
 
+/// The `provider_config` key naming the project a sunbeam session belongs to (its root).
+pub const PROJECT_KEY: &str = "sunbeam.project";
+
 impl SessionRecord {
+    /// The project (sunbeam's root) the session was made for, if it was.
+    pub fn project(&self) -> Option<&str> {
+        self.config
+            .provider_config
+            .get(PROJECT_KEY)
+            .map(String::as_str)
+    }
+
+    /// Whether a StartSession for `project` may resume this session: one made for that
+    /// project that its client did not close.
+    pub fn resumable_for(&self, project: &str) -> bool {
+        self.project() == Some(project) && !self.closed_by_client
+    }
+
     pub fn tokens_total(&self) -> u64 {
         self.tokens_input.saturating_add(self.tokens_output)
     }
@@ -417,6 +437,18 @@ impl SessionRecord {
     pub fn is_settled(&self) -> bool {
         self.status.is_terminal() && self.pid.is_none() && self.run.is_none()
     }
+}
+
+/// The session a StartSession for `project` resumes: the newest (by creation, then id) of
+/// those [resumable](SessionRecord::resumable_for) for it, ended or not; none: a new one is made.
+pub fn session_to_resume<'a>(
+    project: &str,
+    candidates: impl IntoIterator<Item = &'a SessionRecord>,
+) -> Option<&'a SessionRecord> {
+    candidates
+        .into_iter()
+        .filter(|r| r.resumable_for(project))
+        .max_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)))
 }
 
 /// An activity as stored and as sent to clients.

@@ -1400,3 +1400,85 @@ fn a_task_bound_to_a_session_lives_while_it_does_and_ends_with_it() {
     assert_eq!(r.status(), Status::Stopped);
     assert!(signalled(&fx), "{fx:?}");
 }
+
+/// sunbeam's EndSession: a close marks the session for good and stops it gracefully in the same
+/// step (stored with the stop's first transition); one of a session that had ended already is
+/// refused as a stop is (OBEY-2020) and closes it all the same; and a closed session is never
+/// the one a project resumes.
+#[test]
+fn a_close_marks_the_session_and_stops_it_in_one_step() {
+    let mut config = config();
+    config.provider_config = paddock_core::ProviderConfig::parse(
+        [(paddock_core::PROJECT_KEY.to_string(), "/p".to_string())].into(),
+    )
+    .unwrap();
+    let mut r = Rig::running(config);
+    let resumable = r.record();
+    assert!(resumable.resumable_for("/p") && !resumable.resumable_for("/q"));
+
+    let req = r.req();
+    let fx = r.at(1, Input::Close { req, id: sid() });
+    assert_eq!(
+        statuses(&fx),
+        vec![(Some(Status::Running), Status::Stopping)]
+    );
+    let stored = fx.iter().find_map(|e| match e {
+        Effect::Persist(Record::Session(rec)) => Some(rec.closed_by_client),
+        _ => None,
+    });
+    assert_eq!(stored, Some(true), "closed in the stop's own transaction");
+    r.provider(1, exited());
+    assert_eq!(r.status(), Status::Stopped);
+    let closed = r.record();
+    assert!(closed.closed_by_client && !closed.resumable_for("/p"));
+    assert_eq!(
+        reply(&fx, req),
+        None,
+        "answered when stopped, as a graceful stop"
+    );
+
+    // Already ended: refused like a stop; nothing more to store.
+    let req = r.req();
+    let fx = r.at(1, Input::Close { req, id: sid() });
+    assert_eq!(
+        reply(&fx, req).unwrap().unwrap_err().code,
+        ErrorCode::AlreadyStopped
+    );
+    assert!(!fx.iter().any(Effect::is_persist), "{fx:?}");
+
+    // Which one a project resumes: the newest it may, never a closed one.
+    let mut older = resumable.clone();
+    older.id = SessionId("sess_0".into());
+    older.created_at = Timestamp::from_millis(resumable.created_at.millis() - 1);
+    let all = [older.clone(), closed.clone()];
+    assert_eq!(
+        paddock_core::session_to_resume("/p", &all).map(|r| &r.id),
+        Some(&older.id)
+    );
+    assert_eq!(paddock_core::session_to_resume("/p", &all[1..]), None);
+    let newer = resumable;
+    let both = [older, newer.clone()];
+    assert_eq!(
+        paddock_core::session_to_resume("/p", &both).map(|r| &r.id),
+        Some(&newer.id)
+    );
+}
+
+/// A close of a session that had ended, and was never closed, is stored with the refusal.
+#[test]
+fn a_close_of_an_ended_session_is_refused_and_still_closes_it() {
+    let mut r = Rig::running(config());
+    r.stop(false);
+    r.provider(1, exited());
+    assert_eq!(r.status(), Status::Stopped);
+    let req = r.req();
+    let fx = r.at(1, Input::Close { req, id: sid() });
+    assert_eq!(
+        reply(&fx, req).unwrap().unwrap_err().code,
+        ErrorCode::AlreadyStopped
+    );
+    assert!(fx
+        .iter()
+        .any(|e| matches!(e, Effect::Persist(Record::Session(rec)) if rec.closed_by_client)));
+    assert!(r.record().closed_by_client);
+}

@@ -211,6 +211,10 @@ impl Client {
                     self.target(model, |s| !s.is_terminal())
                 };
                 let req = self.req();
+                // Now and then the client is done with it for good (sunbeam's EndSession).
+                if choice == 2 && self.rng.chance(1, 4) {
+                    return Action::Request(Box::new(Input::Close { req, id }));
+                }
                 Action::Request(Box::new(Input::Stop {
                     req,
                     id,

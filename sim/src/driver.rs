@@ -1461,16 +1461,29 @@ fn check_table(
     store: &Store,
 ) -> Result<(), String> {
     match cause {
-        Cause::Request { req, .. } => {
+        Cause::Request { req, id, .. } => {
             let refused = trace.iter().find_map(|s| match s.rule {
                 Rule::Refuse(code) => Some((s, code)),
                 _ => None,
             });
             if let Some((step, code)) = refused {
+                // A close of an ended session is refused like a stop, and still closes it:
+                // its record changes in that one field.
+                let only_closed = |rec: &SessionRecord| {
+                    store.sessions.get(id).is_some_and(|old| {
+                        let mut want = old.clone();
+                        want.closed_by_client = true;
+                        !old.closed_by_client && *rec == want
+                    })
+                };
                 let ok = matches!(
                     effects,
                     [Effect::Reply { req: r, result: Err(e) }]
                     | [Effect::ReplyApproval { req: r, result: Err(e) }] if r == req && e.code == code
+                ) || matches!(
+                    effects,
+                    [Effect::Persist(Record::Session(rec)), Effect::Reply { req: r, result: Err(e) }]
+                        if r == req && e.code == code && only_closed(rec)
                 );
                 if !ok {
                     return Err(format!(

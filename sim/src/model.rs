@@ -193,6 +193,8 @@ pub struct SessionModel {
     /// The provider's conversation id, as the runs reported it (`SessionRef`): what the
     /// record keeps and the next `Spawn` resumes.
     pub provider_session: Option<String>,
+    /// Its client closed it (`Input::Close`, accepted or not): it is never resumed.
+    closed: bool,
     /// The process TERMed and not yet gone (nor KILLed): when KILL is due.
     kill_at: Option<(RunId, Millis)>,
     /// The session's process (from its `Spawn` until its exit or spawn failure is read), and
@@ -239,6 +241,8 @@ struct Pending {
     resolve: Option<ResolveExpect>,
     /// A delete: the session had a process then.
     had_process: bool,
+    /// A close (`Input::Close`): once its step is committed the session is closed.
+    close: bool,
 }
 
 /// What a `Resolve` must get, decided from what clients saw when it was made.
@@ -466,6 +470,7 @@ impl Model {
                         want,
                     }),
                     had_process: false,
+                    close: false,
                 },
             );
             return Cause::Request {
@@ -486,6 +491,8 @@ impl Model {
                     ReqKind::StopForced
                 },
             ),
+            // A close is a graceful stop that also marks the session closed.
+            Input::Close { req, id } => (*req, id, ReqKind::StopGraceful),
             Input::Restart { req, id, .. } => (*req, id, ReqKind::Restart),
             Input::Delete { req, id } => (*req, id, ReqKind::Delete),
             // The driver never sends Shutdown, tasks, campaigns or agents' own reports (the
@@ -513,7 +520,7 @@ impl Model {
         let mut config = None;
         if let Some(sm) = sm {
             match (input, pre) {
-                (Input::Stop { .. }, Some(s)) if !s.is_terminal() => {
+                (Input::Stop { .. } | Input::Close { .. }, Some(s)) if !s.is_terminal() => {
                     sm.after_stop = Some(Then::Stop);
                 }
                 (
@@ -556,6 +563,7 @@ impl Model {
                 config,
                 resolve: None,
                 had_process,
+                close: matches!(input, Input::Close { .. }),
             },
         );
         Cause::Request {
@@ -592,6 +600,14 @@ impl Model {
         store: &Store,
     ) -> Result<(), String> {
         self.now = now;
+        // A close is stored in its own step, whatever its stop's answer.
+        if let Cause::Request { req, id, .. } = cause {
+            if self.pending.get(req).is_some_and(|p| p.close) {
+                if let Some(sm) = self.sessions.get_mut(id) {
+                    sm.closed = true;
+                }
+            }
+        }
         self.batch_removed.clear();
         self.batch_forgotten.clear();
         self.batch_provisions.clear();
@@ -1563,6 +1579,7 @@ impl Model {
                     adopted: false,
                     applied: None,
                     provider_session: None,
+                    closed: false,
                     kill_at: None,
                     proc_run: None,
                     terminating: false,
@@ -2291,6 +2308,12 @@ impl Model {
             // A configuration changes only with a persisted restart, and a divergence never
             // heals: it is compared whenever the record was written, and on a sample of steps
             // (comparing every config every step was most of the sweep's time).
+            if stored.closed_by_client != self.sessions.get(id).is_some_and(|sm| sm.closed) {
+                return Err(format!(
+                    "{id}: the store says closed_by_client={}, the clients closed it: {}",
+                    stored.closed_by_client, !stored.closed_by_client
+                ));
+            }
             let full = sample || self.batch_persisted.contains(id);
             if !same_record(stored, rec, full) {
                 return Err(format!(
@@ -2999,6 +3022,7 @@ fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
         last_turn_failed,
         env_state,
         disconnected,
+        closed_by_client,
     } = a;
     *id == b.id
         && *status == b.status
@@ -3021,6 +3045,7 @@ fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
         && *last_turn_failed == b.last_turn_failed
         && *env_state == b.env_state
         && *disconnected == b.disconnected
+        && *closed_by_client == b.closed_by_client
         && (!config || *a_config == b.config)
 }
 
@@ -3061,7 +3086,8 @@ pub fn diff(want: &SessionRecord, got: &SessionRecord) -> String {
         provider_cursor,
         last_turn_failed,
         env_state,
-        disconnected
+        disconnected,
+        closed_by_client
     );
     format!("[{}]", out.join("; "))
 }

@@ -27,6 +27,11 @@ pub enum Input {
         id: SessionId,
         graceful: bool,
     },
+    /// A client is done with the session (sunbeam's EndSession): it is marked closed, so it
+    /// is never resumed, and stopped gracefully, in one step (no one can find it stopped but
+    /// not yet closed). Answered as a graceful Stop (OBEY-2020 if it had ended already; it is
+    /// closed all the same).
+    Close { req: RequestId, id: SessionId },
     /// RestartSession, with an optional `provider_config` override.
     Restart {
         req: RequestId,
@@ -118,6 +123,7 @@ impl Input {
             Input::Create { id, .. }
             | Input::Send { id, .. }
             | Input::Stop { id, .. }
+            | Input::Close { id, .. }
             | Input::Restart { id, .. }
             | Input::Delete { id, .. }
             | Input::Report { id, .. } => Some(id.clone()),

@@ -485,6 +485,15 @@ impl Session {
         });
     }
 
+    /// [`Input::Close`]: closed for good, then stopped as a graceful Stop is.
+    pub(crate) fn handle_close(&mut self, req: RequestId, cx: &mut Ctx) {
+        if !self.record.closed_by_client {
+            self.record.closed_by_client = true;
+            self.dirty = true;
+        }
+        self.handle_stop(req, true, cx);
+    }
+
     pub(crate) fn handle_stop(&mut self, req: RequestId, graceful: bool, cx: &mut Ctx) {
         let kind = if graceful {
             InputKind::StopGraceful

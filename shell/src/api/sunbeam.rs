@@ -10,10 +10,10 @@
 //!
 //! - **Which session.** The project (`project_path`, canonicalized) picks the campaign whose
 //!   root it is (an ad-hoc campaign named after the directory is registered if there is none)
-//!   and the session: the newest one created through sunbeam for that root (marked with
-//!   `provider_config["sunbeam.project"] = <root>`) that no `EndSession` ended (each
-//!   `EndSession` is recorded as the campaign event `sunbeam.session_ended`, payload
-//!   `{"session_id": …}`). A terminal one is restarted; none, a new one is created.
+//!   and the session: the core's [`paddock_core::session_to_resume`], the newest one created
+//!   through sunbeam for that root (marked with `provider_config["sunbeam.project"] = <root>`)
+//!   that its client did not close (`EndSession` closes it: the record's `closed_by_client`).
+//!   A terminal one is restarted; none, a new one is created.
 //! - **Many clients.** Output comes from the session's feed, not from the reply to whoever
 //!   sent the input: every client attached to a session sees every turn, and input from any of
 //!   them works (a second input while a turn runs is refused by the core, OBEY-2011, as a
@@ -23,7 +23,8 @@
 //!   question as a local `ToolCall`, the request id as `call_id`. `ToolApproval` and
 //!   `ToolResult` resolve them through [`Handle::resolve`], like `ResolveApproval` does.
 //! - **Detach vs. end.** Closing the stream only detaches (the session goes on, and the next
-//!   `StartSession` resumes it with its history); `EndSession` stops the session gracefully.
+//!   `StartSession` resumes it with its history); `EndSession` closes the session and stops
+//!   it gracefully, in one step of the core (`Input::Close`).
 //! - **Project context.** `prompt_md`, `git_branch`, `git_status` and `file_tree` become one
 //!   bounded text in `provider_config["system_prompt"]` (see [`project_context`]), which the
 //!   agent gets as a system prompt where it has one ([`providers::takes_system_prompt`]) and
@@ -51,18 +52,13 @@ use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::history::{self, Role};
 use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req, Scope};
-use crate::paths::now_ms;
 use crate::providers;
-use crate::store::ReportedEvent;
 use crate::text::truncate;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
 /// `provider_config` key marking a session as sunbeam's: the project root it belongs to.
-pub const PROJECT_KEY: &str = "sunbeam.project";
-/// The campaign event recording that `EndSession` ended a session (payload
-/// `{"session_id": "…"}`): such a session is never resumed.
-pub const ENDED_EVENT: &str = "sunbeam.session_ended";
+pub use paddock_core::PROJECT_KEY;
 
 /// Messages queued for one client; past it the stream waits for the client (the hub buffers,
 /// and a stream that fell behind the hub catches up from the store).
@@ -90,8 +86,6 @@ pub const FILE_TREE_ENTRIES_MAX: usize = 500;
 pub const FILE_TREE_BYTES_MAX: usize = 16 * 1024;
 const PATH_MAX: usize = 512;
 const BRANCH_MAX: usize = 256;
-/// EndSession marks read per campaign when looking for a project's session.
-const ENDED_MARKS_MAX: usize = 10_000;
 /// Newest activities searched for SessionEnd's last answer.
 const SUMMARY_ACTIVITIES: usize = 200;
 /// Activities read from the store per page when a stream catches up.
@@ -113,8 +107,9 @@ const CONTEXT_CLOSE: &str = "\n</project-context>\n\n";
 #[derive(Clone)]
 pub struct CodeAgent {
     handle: Handle,
-    /// One lock per project root: finding-or-making a project's session, and ending one (stop,
-    /// then mark), happen one at a time, so two clients starting at once share one session.
+    /// One lock per project root: finding-or-making a project's session happens one at a time,
+    /// so two clients starting at once share one session. (Ending one needs no lock: the
+    /// close and its stop are one step of the core.)
     projects: Arc<Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
@@ -560,17 +555,15 @@ impl CodeAgent {
         Ok(c)
     }
 
-    /// The newest session made through sunbeam for `root` that no EndSession ended.
+    /// The session StartSession resumes for `root`: the core's rule
+    /// ([`paddock_core::session_to_resume`]) over the project's sessions, ended ones too.
     async fn find_session(&self, root: &str) -> Result<Option<SessionRecord>, String> {
         let project = root.to_string();
-        let pick = Box::new(move |r: &SessionRecord| {
-            r.config.provider_config.get(PROJECT_KEY) == Some(&project)
-        });
-        let mut candidates: Vec<SessionRecord> = self
+        let pick = Box::new(move |r: &SessionRecord| r.resumable_for(&project));
+        let candidates: Vec<SessionRecord> = self
             .handle
             .query(|reply| Query::Sessions {
-                // An ended session is resumed too. Sunbeam's sessions work in their project's
-                // root: only those rows are read.
+                // Sunbeam's sessions work in their project's root: only those rows are read.
                 scope: Scope {
                     working_dir: Some(root.to_string()),
                     ..Scope::default()
@@ -585,36 +578,7 @@ impl CodeAgent {
             .into_iter()
             .map(|v| v.record)
             .collect();
-        let campaigns: BTreeSet<String> = candidates
-            .iter()
-            .map(|r| r.config.campaign_id.clone())
-            .collect();
-        let mut ended = BTreeSet::new();
-        for campaign in campaigns {
-            let marks = self
-                .handle
-                .query(|reply| Query::ReportedPayloads {
-                    campaign,
-                    event_type: ENDED_EVENT.into(),
-                    limit: ENDED_MARKS_MAX,
-                    reply,
-                })
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            for p in marks {
-                if let Some(id) = serde_json::from_str::<serde_json::Value>(&p)
-                    .ok()
-                    .and_then(|v| v["session_id"].as_str().map(String::from))
-                {
-                    ended.insert(id);
-                }
-            }
-        }
-        candidates.retain(|r| !ended.contains(&r.id.0));
-        Ok(candidates
-            .into_iter()
-            .max_by_key(|r| (r.created_at, r.id.clone())))
+        Ok(paddock_core::session_to_resume(root, &candidates).cloned())
     }
 
     async fn create(
@@ -1032,9 +996,9 @@ impl Conn {
         Flow::Go
     }
 
-    /// EndSession: a graceful stop (waited for in a task of its own, so that the turn it
-    /// lets finish still streams here), then the mark that keeps the session from being
-    /// resumed, then SessionEnd.
+    /// EndSession: the session closed (never resumed) and stopped gracefully, in one step of
+    /// the core (waited for in a task of its own, so that the turn it lets finish still
+    /// streams here), then SessionEnd.
     async fn end(&mut self, done: mpsc::Sender<Outcome>) -> Flow {
         if self.ending {
             return go(self
@@ -1044,43 +1008,12 @@ impl Conn {
         }
         self.ending = true;
         let handle = self.handle().clone();
-        let lock = self
-            .agent
-            .project_lock(self.project().await.as_deref().unwrap_or(""));
         let id = self.id.clone();
         tokio::spawn(async move {
-            // While the project is locked, no StartSession can find the session stopped but
-            // not yet marked.
-            let _guard = lock.lock().await;
-            let result = handle
-                .request(
-                    Req::Stop {
-                        id: id.clone(),
-                        graceful: true,
-                    },
-                    None,
-                )
-                .await;
-            let stopped = match &result {
-                Ok(_) => true,
-                Err(e) => matches!(
-                    e.code,
-                    ErrorCode::AlreadyStopped | ErrorCode::GracefulStopTimedOut
-                ),
-            };
-            let result = if stopped {
-                mark_ended(&handle, &id).await.and(result)
-            } else {
-                result
-            };
+            let result = handle.request(Req::Close { id }, None).await;
             let _ = done.send(Outcome::Ended(result)).await;
         });
         Flow::Go
-    }
-
-    async fn project(&self) -> Option<String> {
-        let v = self.handle().session(self.id.clone()).await.ok()??;
-        v.record.config.provider_config.get(PROJECT_KEY).cloned()
     }
 
     async fn on_outcome(&mut self, outcome: Outcome) -> Flow {
@@ -1372,28 +1305,6 @@ impl Conn {
 enum Answer_ {
     ToolResult(pb::ToolResult),
     Approval(pb::ToolApproval),
-}
-
-/// Records that EndSession ended a session (a campaign event), so it is never resumed.
-async fn mark_ended(handle: &Handle, id: &SessionId) -> Result<(), Error> {
-    let campaign = handle
-        .session(id.clone())
-        .await?
-        .map(|v| v.record.config.campaign_id)
-        .unwrap_or_default();
-    let event = ReportedEvent {
-        kind: "campaign",
-        campaign_id: campaign,
-        festival_id: String::new(),
-        event_type: ENDED_EVENT.into(),
-        payload_json: serde_json::json!({ "session_id": id.0 }).to_string(),
-        at: now_ms(),
-        received_at: now_ms(),
-    };
-    handle
-        .ask(|reply| Command::Report { event, reply })
-        .await
-        .map(drop)
 }
 
 /// `StartSession.client_tools` as `provider_config["client_tools"]` (none: `None`).

@@ -295,6 +295,7 @@ impl State {
                     },
                     Request::Send { id, text } => Input::Send { req, id, text },
                     Request::Stop { id, graceful } => Input::Stop { req, id, graceful },
+                    Request::Close { id } => Input::Close { req, id },
                     Request::Restart {
                         id,
                         provider_config,

@@ -49,6 +49,11 @@ pub enum Request {
         id: SessionId,
         graceful: bool,
     },
+    /// The client is done with it for good: closed (never resumed) and stopped gracefully
+    /// in one step (`Input::Close`).
+    Close {
+        id: SessionId,
+    },
     /// A new `provider_config`, if any, was validated by [`Handle::restart_session`].
     Restart {
         id: SessionId,

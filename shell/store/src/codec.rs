@@ -18,7 +18,7 @@ use super::{Campaign, Result, StoreError};
 
 /// The columns of `agent_sessions`, in the order `SELECT`s list them; the upsert is built
 /// from this list so that it sets every column.
-pub(super) const SESSION_COLUMNS: [&str; 45] = [
+pub(super) const SESSION_COLUMNS: [&str; 46] = [
     "id",
     "campaign_id",
     "provider",
@@ -64,6 +64,7 @@ pub(super) const SESSION_COLUMNS: [&str; 45] = [
     "disconnected",
     "env_qemu",
     "env_kubernetes",
+    "closed_by_client",
 ];
 
 /// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
@@ -473,6 +474,7 @@ fn decode_session(row: &Row, id: &str, sealer: &crate::seal::Sealer) -> Result<S
                 .ok_or_else(|| corrupt(T, sc!("env_state").name(), format!("unknown state {n}")))?
         },
         disconnected: sc!("disconnected").get(row)?,
+        closed_by_client: sc!("closed_by_client").get(row)?,
     })
 }
 

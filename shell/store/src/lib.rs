@@ -813,6 +813,7 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":disconnected": rec.disconnected,
         ":env_qemu": qemu,
         ":env_kubernetes": kubernetes,
+        ":closed_by_client": rec.closed_by_client,
     })?;
     Ok(())
 }

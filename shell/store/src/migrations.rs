@@ -22,7 +22,19 @@ pub(super) const MIGRATIONS: &[&str] = &[
     V9,
     V10,
     V11,
+    V12,
 ];
+
+/// Version 12: whether its client closed a session (sunbeam's EndSession): such a session is
+/// never resumed. Until now that was a campaign event (`sunbeam.session_ended`, payload
+/// `{"session_id": …}`) read back at every StartSession; the sessions those events name are
+/// marked, and the events stay as they were reported.
+const V12: &str = r#"
+ALTER TABLE agent_sessions ADD COLUMN closed_by_client INTEGER NOT NULL DEFAULT 0;
+UPDATE agent_sessions SET closed_by_client = 1
+ WHERE id IN (SELECT json_extract(payload_json, '$.session_id') FROM reported_events
+               WHERE event_type = 'sunbeam.session_ended' AND json_valid(payload_json));
+"#;
 
 /// Version 11: the kubernetes driver's pod (latis' `kubernetes:` block, as JSON: namespace,
 /// service account, the pod spec's JSON text, kubeconfig and context; no credential: those stay

@@ -121,6 +121,7 @@ fn full_record(id: &str) -> SessionRecord {
         last_turn_failed: false,
         env_state: paddock_core::EnvState::Failed,
         disconnected: true,
+        closed_by_client: true,
     }
 }
 
@@ -148,6 +149,7 @@ fn bare_record(id: &str) -> SessionRecord {
         last_turn_failed: false,
         env_state: paddock_core::EnvState::Ready,
         disconnected: false,
+        closed_by_client: false,
     }
 }
 
@@ -1030,4 +1032,42 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
     let empty = Store::open_in_memory().unwrap();
     assert_eq!(empty.max_run().unwrap(), 0);
     assert_eq!(empty.session_count().unwrap(), 0);
+}
+
+/// Version 12 moves sunbeam's "ended by its client" from campaign events onto the session: a
+/// database written by an older daemon keeps every EndSession it recorded.
+#[test]
+fn the_sessions_sunbeam_ended_are_closed_by_the_upgrade() {
+    let dir = TempDir::new("v12");
+    {
+        let mut conn = Connection::open(dir.db()).unwrap();
+        migrations::migrate(&mut conn, &MIGRATIONS[..11], 1).unwrap();
+        for id in ["s-ended", "s-open"] {
+            conn.execute(
+                "INSERT INTO agent_sessions (id, campaign_id, provider, model, agent_name, status,
+                   festival_id, task_id, tokens_input, tokens_output, max_tokens, restart_count,
+                   created_at, working_dir, timeout_ms, initial_message, last_activity_seq,
+                   last_status_seq, turns)
+                 VALUES (?1, 'c', 1, '', '', 6, '', '', 0, 0, 0, 0, 1, '/p', 0, '', 0, 0, 0)",
+                [id],
+            )
+            .unwrap();
+        }
+        for (event, payload) in [
+            ("sunbeam.session_ended", r#"{"session_id":"s-ended"}"#),
+            ("sunbeam.session_ended", "not json"),
+            ("something.else", r#"{"session_id":"s-open"}"#),
+        ] {
+            conn.execute(
+                "INSERT INTO reported_events (kind, campaign_id, festival_id, event_type,
+                   payload_json, at, received_at) VALUES ('campaign', 'c', '', ?1, ?2, 1, 1)",
+                [event, payload],
+            )
+            .unwrap();
+        }
+    }
+    let store = Store::open(&dir.db()).unwrap();
+    let closed = |id: &str| store.session(id).unwrap().unwrap().closed_by_client;
+    assert!(closed("s-ended"));
+    assert!(!closed("s-open"));
 }
