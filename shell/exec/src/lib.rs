@@ -326,3 +326,260 @@ impl Executor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paddock_core::{Duration, Instant, Limits, Provider, Status, Timestamp};
+
+    /// What the executor asked, in order.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Call {
+        Spawn(RunId),
+        Ready(RunId),
+        Message(String),
+        Commit(usize),
+        Delivered(&'static str),
+    }
+
+    #[derive(Default)]
+    struct Fake {
+        calls: Vec<Call>,
+        /// The next commits fail (a full disk).
+        fail_commits: usize,
+        /// Messages the agent's input refuses.
+        refuse_messages: bool,
+        /// A settled session the store has.
+        stored: Option<SessionRecord>,
+        t: u64,
+    }
+
+    impl Ports for Fake {
+        type Error = String;
+        fn now(&self) -> Now {
+            Now {
+                at: Instant::from_millis(self.t),
+                wall: Timestamp::from_millis(1_700_000_000_000 + self.t),
+            }
+        }
+        fn spawn(&mut self, _: &SessionId, run: RunId, _: SpawnSpec) -> Option<ProviderEvent> {
+            self.calls.push(Call::Spawn(run));
+            Some(ProviderEvent::Started { pid: Some(7) })
+        }
+        fn write(&mut self, _: &SessionId, run: RunId, line: Line<'_>) -> bool {
+            match line {
+                Line::Ready => self.calls.push(Call::Ready(run)),
+                Line::Message(m) => {
+                    self.calls.push(Call::Message(m.to_string()));
+                    return !self.refuse_messages;
+                }
+                Line::Answer(_) => {}
+            }
+            true
+        }
+        fn close_input(&mut self, _: &SessionId, _: RunId) {}
+        fn signal(&mut self, _: &SessionId, _: RunId, _: Option<u32>, _: Signal) {}
+        fn provision(&mut self, _: SessionId, _: SessionConfig) {}
+        fn spawn_task(&mut self, _: &Engine, _: String, _: TaskSpec) -> Option<TaskInput> {
+            None
+        }
+        fn signal_task(&mut self, _: &str, _: Option<u32>, _: Signal) {}
+        fn container(&mut self, _: ContainerWork, _: Box<ContainerRecord>) {}
+        fn settled(
+            &mut self,
+            id: &SessionId,
+        ) -> Result<Option<(SessionRecord, Vec<Approval>)>, String> {
+            Ok(self
+                .stored
+                .clone()
+                .filter(|r| &r.id == id)
+                .map(|r| (r, vec![])))
+        }
+        fn commit(&mut self, records: &[Record]) -> Result<(), String> {
+            if self.fail_commits > 0 {
+                self.fail_commits -= 1;
+                return Err("disk full".into());
+            }
+            self.calls.push(Call::Commit(records.len()));
+            Ok(())
+        }
+        fn deliver(&mut self, effect: Effect) {
+            self.calls.push(Call::Delivered(match effect {
+                Effect::Reply { .. } => "reply",
+                Effect::EmitStatus(_) => "status",
+                Effect::EmitActivity(_) => "activity",
+                _ => "other",
+            }));
+        }
+    }
+
+    fn id() -> SessionId {
+        SessionId("s1".into())
+    }
+
+    /// A session created, started and ready, its batch committed.
+    fn running() -> (Executor, Fake) {
+        let mut exec = Executor::new(Engine::new(Limits::default()));
+        let mut io = Fake::default();
+        let config = SessionConfig::new("c", Provider::Scripted, "/tmp");
+        exec.push(
+            Input::Create {
+                req: 1,
+                id: id(),
+                config,
+            },
+            &mut io,
+        )
+        .unwrap();
+        exec.run(&mut io);
+        exec.push(
+            Input::Provider {
+                id: id(),
+                run: 1,
+                cursor: None,
+                event: ProviderEvent::Ready,
+            },
+            &mut io,
+        )
+        .unwrap();
+        exec.run(&mut io);
+        exec.commit(&mut io).unwrap();
+        assert_eq!(
+            exec.engine().session(&id()).unwrap().status(),
+            Status::Running
+        );
+        (exec, io)
+    }
+
+    #[test]
+    fn a_spawn_known_at_once_comes_back_in_the_same_batch_and_processes_go_before_the_commit() {
+        let (_, io) = running();
+        // Spawned, its Started handled in the same run (so it was asked whether it is
+        // ready), all before the one commit; the replies and events after it.
+        assert_eq!(io.calls[0], Call::Spawn(1));
+        assert_eq!(io.calls[1], Call::Ready(1));
+        let commit = io
+            .calls
+            .iter()
+            .position(|c| matches!(c, Call::Commit(_)))
+            .expect("one commit");
+        assert!(matches!(io.calls[commit], Call::Commit(n) if n > 0));
+        assert!(io.calls[commit + 1..]
+            .iter()
+            .all(|c| matches!(c, Call::Delivered(_))));
+        assert!(io.calls[commit + 1..].contains(&Call::Delivered("reply")));
+    }
+
+    #[test]
+    fn a_message_waits_for_its_commit_and_a_refused_one_comes_back_as_an_input() {
+        let (mut exec, mut io) = running();
+        io.calls.clear();
+        io.refuse_messages = true;
+        let send = Input::Send {
+            req: 2,
+            id: id(),
+            text: "hi".into(),
+        };
+        exec.push(send, &mut io).unwrap();
+        exec.run(&mut io);
+        assert!(
+            !io.calls.iter().any(|c| matches!(c, Call::Message(_))),
+            "nothing written before the commit: {:?}",
+            io.calls
+        );
+        exec.commit(&mut io).unwrap();
+        let commit = io.calls.iter().position(|c| matches!(c, Call::Commit(_)));
+        let message = io.calls.iter().position(|c| matches!(c, Call::Message(_)));
+        assert!(commit < message, "{:?}", io.calls);
+        // Refused: the session's DeliveryFailed waits to be run.
+        assert!(exec.has_inputs());
+        exec.run(&mut io);
+        exec.commit(&mut io).unwrap();
+        let s = exec.engine().session(&id()).unwrap();
+        // The core's rule for a message that never reached its agent: the turn fails, and so
+        // does the session (OBEY-2012).
+        assert_eq!(s.status(), Status::Failed);
+        assert!(!s.record.turn_open && s.record.last_turn_failed);
+        assert_eq!(
+            s.record.error.as_ref().map(|e| e.code),
+            Some(paddock_core::ErrorCode::DeliveryFailed)
+        );
+    }
+
+    #[test]
+    fn a_failed_commit_keeps_the_batch_and_delivers_nothing_until_one_succeeds() {
+        let mut exec = Executor::new(Engine::new(Limits::default()));
+        let mut io = Fake {
+            fail_commits: 2,
+            ..Fake::default()
+        };
+        exec.push(
+            Input::Create {
+                req: 1,
+                id: id(),
+                config: SessionConfig::new("c", Provider::Scripted, "/tmp"),
+            },
+            &mut io,
+        )
+        .unwrap();
+        exec.run(&mut io);
+        let held = exec.uncommitted().len();
+        assert!(held > 0);
+        for _ in 0..2 {
+            assert!(exec.commit(&mut io).is_err());
+            assert_eq!(exec.uncommitted().len(), held);
+            assert!(!io.calls.iter().any(|c| matches!(c, Call::Delivered(_))));
+        }
+        exec.commit(&mut io).unwrap();
+        assert!(exec.uncommitted().is_empty());
+        assert!(io.calls.contains(&Call::Commit(held)));
+        assert!(io.calls.iter().any(|c| matches!(c, Call::Delivered(_))));
+    }
+
+    #[test]
+    fn an_input_naming_a_settled_session_recalls_it_first() {
+        let (mut exec, mut io) = running();
+        // Stopped, settled and let go: only the store has it now.
+        exec.push(
+            Input::Stop {
+                req: 3,
+                id: id(),
+                graceful: false,
+            },
+            &mut io,
+        )
+        .unwrap();
+        exec.run(&mut io);
+        io.t += Duration::from_millis(10).millis();
+        exec.push(
+            Input::Provider {
+                id: id(),
+                run: 1,
+                cursor: None,
+                event: ProviderEvent::Exited {
+                    code: None,
+                    signal: Some(15),
+                    stderr_tail: String::new(),
+                },
+            },
+            &mut io,
+        )
+        .unwrap();
+        exec.run(&mut io);
+        exec.commit(&mut io).unwrap();
+        let record = exec.engine().session(&id()).unwrap().record.clone();
+        assert!(record.is_settled());
+        assert_eq!(exec.evict_settled(), 1);
+        assert!(exec.engine().session(&id()).is_none());
+        io.stored = Some(record);
+        exec.push(Input::Delete { req: 4, id: id() }, &mut io)
+            .unwrap();
+        assert!(
+            exec.engine().session(&id()).is_some(),
+            "recalled before it runs"
+        );
+        exec.run(&mut io);
+        exec.commit(&mut io).unwrap();
+        assert!(exec.engine().session(&id()).is_none(), "and deleted");
+    }
+}
