@@ -328,3 +328,21 @@ fn settings_are_parsed_only_where_a_provider_config_comes_in() {
     }
     assert!(found.is_empty(), "{found:#?}");
 }
+
+/// Architecture Invariant: the CLI is a client. `cli` reaches the daemon only over the socket
+/// (`transport`): it uses neither the daemon (`daemon`, `serve`) nor a protocol's server side
+/// (`api`); what both sides share (the transport, the environments' reading of a request, the
+/// configuration file) lives below both.
+#[test]
+fn the_cli_uses_the_daemon_only_over_its_socket() {
+    let shell = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let g = graph(&shell.join("src"));
+    // (The crates below, `transport` among them, are re-exports, not modules of this crate.)
+    let cli = &g["cli"];
+    assert!(cli.contains("config"), "the graph sees cli's uses: {cli:?}");
+    let reached: Vec<&String> = cli
+        .iter()
+        .filter(|m| matches!(m.as_str(), "api" | "daemon" | "serve"))
+        .collect();
+    assert!(reached.is_empty(), "cli uses {reached:?}");
+}

@@ -36,6 +36,7 @@ pub mod limits;
 pub mod podman;
 pub mod qemu;
 pub mod relay;
+pub mod request;
 pub mod ssh;
 
 /// What an environment needs to know about the host it is made on.

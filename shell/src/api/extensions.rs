@@ -14,8 +14,8 @@
 
 use paddock_proto::obey::local::v1 as pb;
 
-/// The request metadata key.
-pub const KEY: &str = "paddock-extensions";
+/// The request metadata key (the transport's: paddock's clients send it).
+pub use crate::transport::EXTENSIONS_KEY as KEY;
 /// The token for `SessionStatus` WAITING.
 pub const WAITING: &str = "waiting";
 /// The token for `ActivityType` TEXT.
@@ -105,21 +105,8 @@ impl Understood {
     }
 }
 
-/// paddock's own clients: every request says it understands everything paddock adds.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct UnderstandAll;
-
-impl tonic::service::Interceptor for UnderstandAll {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        request
-            .metadata_mut()
-            .insert(KEY, tonic::metadata::MetadataValue::from_static("all"));
-        Ok(request)
-    }
-}
+/// paddock's own clients' interceptor (the transport's).
+pub use crate::transport::UnderstandAll;
 
 #[cfg(test)]
 mod tests {

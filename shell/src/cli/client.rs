@@ -18,9 +18,9 @@ async fn channel(socket: &Path) -> std::result::Result<Channel, crate::transport
 }
 
 /// paddock's own client: it understands everything paddock adds to the seeds (WAITING, …; see
-/// [`crate::api::extensions`]).
+/// the daemon's `api::extensions`).
 pub type Client = LocalDaemonServiceClient<
-    tonic::service::interceptor::InterceptedService<Channel, crate::api::extensions::UnderstandAll>,
+    tonic::service::interceptor::InterceptedService<Channel, crate::transport::UnderstandAll>,
 >;
 
 /// How long a CLI waits for an autostarted daemon to answer.
@@ -41,7 +41,7 @@ pub fn call_timeout() -> Duration {
 }
 
 pub fn client_of(ch: Channel) -> Client {
-    LocalDaemonServiceClient::with_interceptor(ch, crate::api::extensions::UnderstandAll)
+    LocalDaemonServiceClient::with_interceptor(ch, crate::transport::UnderstandAll)
         .max_decoding_message_size(MESSAGE_MAX_BYTES)
         .max_encoding_message_size(MESSAGE_MAX_BYTES)
 }

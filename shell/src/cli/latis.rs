@@ -965,7 +965,7 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
     };
     // What no driver could honour is refused here, before a campaign is registered for it:
     // the daemon checks the same again.
-    crate::api::convert::env_spec(request.environment_spec.as_ref()).map_err(Error::Usage)?;
+    crate::env::request::env_spec(request.environment_spec.as_ref()).map_err(Error::Usage)?;
     Ok(Plan {
         place,
         driver,

@@ -199,6 +199,27 @@ pub fn server() -> tonic::transport::Server<ServerLayer> {
     ))
 }
 
+/// The request metadata key by which a client says which of paddock's additions to the seeds
+/// it understands (see the daemon's `api::extensions`).
+pub const EXTENSIONS_KEY: &str = "paddock-extensions";
+
+/// paddock's own clients: every request says it understands everything paddock adds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UnderstandAll;
+
+impl tonic::service::Interceptor for UnderstandAll {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request.metadata_mut().insert(
+            EXTENSIONS_KEY,
+            tonic::metadata::MetadataValue::from_static("all"),
+        );
+        Ok(request)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
