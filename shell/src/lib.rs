@@ -15,8 +15,8 @@
 //! - [`socket`]: claiming a Unix socket (0700 dir, 0600 socket, stale ones replaced).
 
 pub mod api;
-pub mod cli;
-pub mod config;
+pub use paddock_cli as cli;
+pub use paddock_config as config;
 pub use paddock_sys::confined;
 pub use paddock_sys::contain;
 pub mod daemon;

@@ -18,6 +18,13 @@ pub mod top;
 pub mod view;
 pub mod workspace;
 
+// The crates below the CLI, under the names the shell gives them (`crate::transport`, …).
+use paddock_agents as providers;
+use paddock_config as config;
+use paddock_env as env;
+use paddock_support::{secret, text};
+use paddock_sys::{paths, socket, transport};
+
 use std::path::PathBuf;
 
 use clap::Subcommand;

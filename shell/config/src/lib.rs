@@ -146,7 +146,7 @@ pub fn path() -> PathBuf {
         return PathBuf::from(p);
     }
     dirs::config_dir()
-        .unwrap_or_else(|| crate::paths::home().join(".config"))
+        .unwrap_or_else(|| paddock_sys::paths::home().join(".config"))
         .join("paddock")
         .join("config.toml")
 }

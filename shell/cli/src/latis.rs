@@ -1521,7 +1521,7 @@ mod tests {
 
     #[test]
     fn every_status_has_its_latis_state() {
-        use crate::cli::view::latis_state;
+        use crate::view::latis_state;
         let cases = [
             (Status::Created, 0, false, "creating"),
             (Status::Starting, 0, false, "starting"),
@@ -1976,7 +1976,7 @@ mod tests {
 
     #[test]
     fn campaign_names_come_from_the_directory() {
-        use crate::store::campaign_name_for;
+        use paddock_store::campaign_name_for;
         assert_eq!(campaign_name_for(Path::new("/home/me/my repo")), "my-repo");
         assert_eq!(campaign_name_for(Path::new("/srv/web.app_2")), "web.app_2");
         assert_eq!(campaign_name_for(Path::new("/")), "root");
