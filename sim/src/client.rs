@@ -17,6 +17,8 @@ use paddock_core::{
 use crate::model::Model;
 use crate::rng::Rng;
 
+/// The sunbeam projects sessions are made for.
+pub const PROJECTS: [&str; 2] = ["/campaigns/c1/app", "/campaigns/c1/lib"];
 /// What the client does in one step.
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -369,6 +371,11 @@ impl Client {
             config.initial_message = "read the task and begin".to_string();
         }
         let mut pc = BTreeMap::new();
+        // Half the sessions are a sunbeam project's (its resume rule is checked every step).
+        if self.rng.chance(1, 2) {
+            let project = *self.rng.pick(&PROJECTS);
+            pc.insert(paddock_core::PROJECT_KEY.to_string(), project.to_string());
+        }
         if self.rng.chance(1, 3) {
             pc.insert("effort".to_string(), "2".to_string());
         }

@@ -195,6 +195,8 @@ pub struct SessionModel {
     pub provider_session: Option<String>,
     /// Its client closed it (`Input::Close`, accepted or not): it is never resumed.
     closed: bool,
+    /// When it was created (an id of a deleted session may be given again, later).
+    created: Millis,
     /// The process TERMed and not yet gone (nor KILLed): when KILL is due.
     kill_at: Option<(RunId, Millis)>,
     /// The session's process (from its `Spawn` until its exit or spawn failure is read), and
@@ -258,6 +260,8 @@ struct ResolveExpect {
 /// Counters for the run summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ModelStats {
+    /// Checks of which session a project resumes that found one.
+    pub resumable_checked: u64,
     pub requests: u64,
     pub replies_ok: u64,
     pub replies_err: u64,
@@ -1580,6 +1584,7 @@ impl Model {
                     applied: None,
                     provider_session: None,
                     closed: false,
+                    created: ev.at.millis(),
                     kill_at: None,
                     proc_run: None,
                     terminating: false,
@@ -2272,6 +2277,49 @@ impl Model {
                 store.sessions.len(),
                 self.sessions.len()
             ));
+        }
+        // Which session a project's StartSession resumes (sunbeam): the core's rule over what
+        // the store has must name the newest session made for the project that its client has
+        // not closed, as the clients saw them.
+        for project in crate::client::PROJECTS {
+            let want = self
+                .sessions
+                .iter()
+                .filter(|(_, sm)| {
+                    !sm.closed
+                        && sm
+                            .config
+                            .provider_config
+                            .get(paddock_core::PROJECT_KEY)
+                            .map(String::as_str)
+                            == Some(project)
+                })
+                .max_by_key(|(id, sm)| (sm.created, *id))
+                .map(|(id, _)| id);
+            let got = paddock_core::session_to_resume(project, store.sessions.values());
+            if got.map(|r| &r.id) != want {
+                let seen: Vec<String> = store
+                    .sessions
+                    .values()
+                    .filter(|r| r.project() == Some(project))
+                    .map(|r| {
+                        format!(
+                            "{} (created {}, closed {})",
+                            r.id,
+                            r.created_at.millis(),
+                            r.closed_by_client
+                        )
+                    })
+                    .collect();
+                return Err(format!(
+                    "project {project} would resume {:?}; the clients expect {want:?}; the \
+                     store has {seen:?}",
+                    got.map(|r| &r.id)
+                ));
+            }
+            if want.is_some() {
+                self.stats.resumable_checked += 1;
+            }
         }
         // The engine holds every session that is not settled; a settled one it may have let
         // go is the store's, exactly as the clients last saw it (nothing changes it until an

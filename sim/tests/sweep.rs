@@ -122,6 +122,7 @@ fn sweep() {
                 m.deletes_refused += s.deletes_refused;
                 m.creates_discarded += s.creates_discarded;
                 m.envs_made += s.envs_made;
+                m.resumable_checked += s.resumable_checked;
                 m.envs_refused += s.envs_refused;
                 m.envs_stopped += s.envs_stopped;
                 m.envs_shutdown += s.envs_shutdown;
@@ -228,6 +229,7 @@ fn sweep() {
         // inputs; a stop by the shutdown and a daemon restart are not pairs of their own).
         for (what, n) in [
             ("an environment made", m.envs_made),
+            ("a project's session to resume", m.resumable_checked),
             ("an environment that could not be made", m.envs_refused),
             ("a stop while an environment is made", m.envs_stopped),
             ("a shutdown while an environment is made", m.envs_shutdown),
