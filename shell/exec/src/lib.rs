@@ -448,6 +448,8 @@ mod tests {
             exec.engine().session(&id()).unwrap().status(),
             Status::Running
         );
+        // Nothing came back: the loop may wait for the world.
+        assert!(!exec.has_inputs());
         (exec, io)
     }
 
