@@ -202,15 +202,7 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
         safe_workspace(host, Path::new(&config.working_dir))?;
     }
     make_private_dir(&root)?;
-    let mut made = Made {
-        workdir: PathBuf::from(&config.working_dir),
-        repo: None,
-        container: None,
-        cgroups: Vec::new(),
-        remote: None,
-        vm_port: None,
-        pod: None,
-    };
+    let mut made = Made::nothing_in(&config.working_dir);
     if spec.driver == Driver::Kubernetes {
         let say = |line: &str| log(&root, line);
         let pod = kube::make_pod(spec, id, &kube::owner(&host.data_dir)?, &root, &say)?;
@@ -341,6 +333,19 @@ pub struct Made {
 }
 
 impl Made {
+    /// Nothing made (yet): processes start in `workdir`, on the host.
+    fn nothing_in(workdir: &str) -> Made {
+        Made {
+            workdir: PathBuf::from(workdir),
+            repo: None,
+            container: None,
+            cgroups: Vec::new(),
+            remote: None,
+            vm_port: None,
+            pod: None,
+        }
+    }
+
     fn write(&self, root: &Path) -> Result<(), String> {
         let mut text = format!("workdir={}\n", self.workdir.display());
         if let Some(r) = &self.repo {
@@ -623,15 +628,7 @@ pub fn enter(
     role: Role,
 ) -> Result<LaunchPlan, String> {
     let made = if !config.env.needs_provisioning() {
-        Made {
-            workdir: PathBuf::from(&config.working_dir),
-            repo: None,
-            container: None,
-            cgroups: Vec::new(),
-            remote: None,
-            vm_port: None,
-            pod: None,
-        }
+        Made::nothing_in(&config.working_dir)
     } else {
         match Made::read(&host.root(id)) {
             Some(made)
