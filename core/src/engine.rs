@@ -416,7 +416,9 @@ impl Engine {
                     .collect();
                 due.into_iter().collect()
             }
-            Input::Resolve { .. }
+            // The session it resumes or makes: known once it is handled.
+            Input::Attach { .. }
+            | Input::Resolve { .. }
             | Input::Task(_)
             | Input::AddCampaign { .. }
             | Input::RemoveCampaign { .. }
@@ -431,37 +433,79 @@ impl Engine {
             out: Out::default(),
         };
         match input {
-            Input::Create { req, id, config } => {
-                let live = self.live.len();
-                let refuse = if self.shutting_down {
-                    Some(Error::new(
-                        ErrorCode::ShuttingDown,
-                        "the daemon is shutting down",
-                    ))
-                } else if self.sessions.contains_key(&id) {
-                    Some(Error::new(
-                        ErrorCode::CreationFailed,
-                        format!("a session with id {id} already exists"),
-                    ))
-                } else if live >= cx.lim.max_live_sessions {
-                    Some(Error::new(
-                        ErrorCode::CreationFailed,
-                        format!(
-                            "limit of {} live sessions reached; stop one first",
-                            cx.lim.max_live_sessions
-                        ),
-                    ))
-                } else {
-                    None
-                };
-                if let Some(e) = refuse {
-                    cx.out.rest.push(Effect::Reply { req, result: Err(e) });
-                } else {
-                    let record = new_record(id.clone(), config, now);
-                    let mut s = Session::from_record(record);
-                    s.handle_created(req, &mut cx);
-                    s.flush(&mut cx);
-                    self.sessions.insert(id, s);
+            Input::Create { req, id, config } => create(
+                &mut self.sessions,
+                self.live.len(),
+                self.shutting_down,
+                req,
+                id,
+                config,
+                &mut cx,
+            ),
+            Input::Attach {
+                req,
+                project,
+                context,
+                id,
+                config,
+            } => {
+                let found = crate::model::session_to_resume(
+                    &project,
+                    self.sessions.values().map(|s| &s.record),
+                )
+                .map(|r| r.id.clone());
+                match found {
+                    Some(id) => {
+                        touched.push(id.clone());
+                        let s = self.sessions.get_mut(&id).expect("found among them");
+                        if !s.record.status.is_terminal() {
+                            // Live: the client joins it as it is.
+                            cx.out.rest.push(Effect::Reply {
+                                req,
+                                result: Ok(s.record.clone()),
+                            });
+                        } else if self.shutting_down {
+                            cx.out.rest.push(Effect::Reply {
+                                req,
+                                result: Err(Error::new(
+                                    ErrorCode::ShuttingDown,
+                                    "the daemon is shutting down",
+                                )),
+                            });
+                        } else {
+                            // Restarted with this attach's context (the files may have
+                            // changed since).
+                            let pc = s
+                                .record
+                                .config
+                                .provider_config
+                                .clone()
+                                .with(crate::SYSTEM_PROMPT_KEY, context)
+                                .expect("the system prompt is no setting");
+                            s.handle_restart(req, Some(pc), &mut cx);
+                            s.flush(&mut cx);
+                        }
+                    }
+                    None => match config {
+                        Ok(mut config) => {
+                            touched.push(id.clone());
+                            let pc = &mut config.provider_config;
+                            pc.insert(crate::PROJECT_KEY, project)
+                                .expect("the project is no setting");
+                            pc.insert(crate::SYSTEM_PROMPT_KEY, context)
+                                .expect("the system prompt is no setting");
+                            create(
+                                &mut self.sessions,
+                                self.live.len(),
+                                self.shutting_down,
+                                req,
+                                id,
+                                *config,
+                                &mut cx,
+                            );
+                        }
+                        Err(e) => cx.out.rest.push(Effect::Reply { req, result: Err(e) }),
+                    },
                 }
             }
             Input::Send { req, id, text } => match self.sessions.get_mut(&id) {
@@ -858,6 +902,53 @@ fn restore_requests(s: &mut Session, mut requests: Vec<Approval>, now: Now) {
     for a in requests {
         s.restore_approval(a, now);
     }
+}
+
+/// A new session `id` (CreateSession, or an attach that found none to resume): refused while
+/// the daemon shuts down, when the id is taken or when the live sessions are at their limit.
+#[allow(clippy::too_many_arguments)]
+fn create(
+    sessions: &mut BTreeMap<SessionId, Session>,
+    live: usize,
+    shutting_down: bool,
+    req: u64,
+    id: SessionId,
+    config: crate::SessionConfig,
+    cx: &mut Ctx,
+) {
+    let refuse = if shutting_down {
+        Some(Error::new(
+            ErrorCode::ShuttingDown,
+            "the daemon is shutting down",
+        ))
+    } else if sessions.contains_key(&id) {
+        Some(Error::new(
+            ErrorCode::CreationFailed,
+            format!("a session with id {id} already exists"),
+        ))
+    } else if live >= cx.lim.max_live_sessions {
+        Some(Error::new(
+            ErrorCode::CreationFailed,
+            format!(
+                "limit of {} live sessions reached; stop one first",
+                cx.lim.max_live_sessions
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some(e) = refuse {
+        cx.out.rest.push(Effect::Reply {
+            req,
+            result: Err(e),
+        });
+        return;
+    }
+    let record = new_record(id.clone(), config, cx.now);
+    let mut s = Session::from_record(record);
+    s.handle_created(req, cx);
+    s.flush(cx);
+    sessions.insert(id, s);
 }
 
 fn not_found(cx: &mut Ctx, req: u64, id: &SessionId) {

@@ -159,6 +159,17 @@ impl Provider {
         }
     }
 
+    /// Whether the provider's agent takes `provider_config["system_prompt"]` itself (Claude
+    /// Code and the scripted agent with `--append-system-prompt`, the openai-api loop as its
+    /// system message). The others have no such channel: their session's first message
+    /// carries it ([`crate::provider_config::with_system_prompt`]).
+    pub fn takes_system_prompt(self) -> bool {
+        matches!(
+            self,
+            Provider::Scripted | Provider::ClaudeCode | Provider::OpenAiApi
+        )
+    }
+
     pub fn from_name(name: &str) -> Option<Provider> {
         let n = name.to_ascii_lowercase().replace('_', "-");
         Provider::ALL

@@ -16,6 +16,30 @@ use crate::approval::{ApprovalSettings, Policy};
 /// The key of the permission policy ([`Policy`]).
 pub const PERMISSIONS: &str = "permissions";
 
+/// The key of text for the agent's system prompt (sunbeam's project context, or a user's
+/// own). An agent with a channel for it gets it there; the others get it ahead of the
+/// session's first message ([`crate::Provider::takes_system_prompt`]).
+pub const SYSTEM_PROMPT_KEY: &str = "system_prompt";
+
+/// Where a system prompt starts and ends when it goes ahead of a first message.
+const PROMPT_OPEN: &str = "<project-context>\n";
+const PROMPT_CLOSE: &str = "\n</project-context>\n\n";
+
+/// The first message of a session whose agent takes no system prompt, as the agent gets it:
+/// the prompt, marked, then the message. The message is stored without it.
+pub fn with_system_prompt(prompt: &str, message: &str) -> String {
+    format!("{PROMPT_OPEN}{prompt}{PROMPT_CLOSE}{message}")
+}
+
+/// `text` without a system prompt put ahead of it (as messages stored by older versions,
+/// which stored what the agent got, carry it).
+pub fn without_system_prompt(text: &str) -> &str {
+    text.strip_prefix(PROMPT_OPEN)
+        .and_then(|rest| rest.split_once(PROMPT_CLOSE))
+        .map(|(_, message)| message)
+        .unwrap_or(text)
+}
+
 /// A `provider_config` whose settings are valid (see the module documentation).
 ///
 /// The default is the empty map: every tool allowed, requests wait the default time and are
@@ -99,6 +123,14 @@ impl ProviderConfig {
     /// How long a request waits for a human and what happens then.
     pub fn approvals(&self) -> ApprovalSettings {
         self.approvals
+    }
+
+    /// The system prompt's text, if there is any (an empty one is none).
+    pub fn system_prompt(&self) -> Option<&str> {
+        self.map
+            .get(SYSTEM_PROMPT_KEY)
+            .map(String::as_str)
+            .filter(|t| !t.trim().is_empty())
     }
 
     /// The map as the client sent it (with the defaults paddock filled in).

@@ -1482,3 +1482,124 @@ fn a_close_of_an_ended_session_is_refused_and_still_closes_it() {
         .any(|e| matches!(e, Effect::Persist(Record::Session(rec)) if rec.closed_by_client)));
     assert!(r.record().closed_by_client);
 }
+
+fn attach(
+    r: &mut Rig,
+    id: &str,
+    config: Result<Box<SessionConfig>, Error>,
+) -> (RequestId, Vec<Effect>) {
+    let req = r.req();
+    let fx = r.at(
+        1,
+        Input::Attach {
+            req,
+            project: "/p".into(),
+            context: format!("context {req}"),
+            id: SessionId::from(id),
+            config,
+        },
+    );
+    (req, fx)
+}
+
+/// An attach makes the project's session when it has none, joins it while it is live,
+/// restarts it with the new context once it has ended, and makes a new one once it is closed.
+#[test]
+fn an_attach_resumes_the_projects_session_or_makes_one() {
+    let mut r = Rig::new();
+    // None yet: a refused configuration refuses the attach.
+    let refused = Error::new(ErrorCode::CreationFailed, "no such script");
+    let (req, fx) = attach(&mut r, "sess_1", Err(refused.clone()));
+    assert_eq!(reply(&fx, req), Some(Err(refused.clone())));
+    assert!(r.engine.session(&sid()).is_none());
+
+    // Made, marked as the project's, the context its system prompt.
+    let (_, fx) = attach(&mut r, "sess_1", Ok(Box::new(config())));
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Spawn { .. })),
+        "{fx:?}"
+    );
+    r.start(1, 42);
+    let made = r.record();
+    assert!(made.resumable_for("/p"));
+    assert_eq!(
+        made.config.provider_config.system_prompt(),
+        Some("context 3")
+    );
+
+    // Live: joined as it is (at once, nothing stored), whatever its configuration.
+    let (req, fx) = attach(&mut r, "sess_2", Err(refused));
+    assert_eq!(reply(&fx, req).unwrap().unwrap().id, sid());
+    assert!(!fx.iter().any(Effect::is_persist), "{fx:?}");
+    assert!(r.engine.session(&SessionId::from("sess_2")).is_none());
+
+    // Ended: restarted with this attach's context.
+    r.stop(false);
+    r.provider(1, exited());
+    assert_eq!(r.status(), Status::Stopped);
+    let (req, fx) = attach(&mut r, "sess_3", Ok(Box::new(config())));
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Spawn { run: 2, .. })),
+        "{fx:?}"
+    );
+    let fx = r.start(2, 43);
+    assert_eq!(reply(&fx, req).unwrap().unwrap().id, sid());
+    assert_eq!(
+        r.record().config.provider_config.system_prompt(),
+        Some(&*format!("context {req}"))
+    );
+
+    // Closed: never resumed; a new one is made.
+    let req = r.req();
+    r.at(1, Input::Close { req, id: sid() });
+    let (_, fx) = attach(&mut r, "sess_4", Ok(Box::new(config())));
+    assert!(
+        r.engine.session(&SessionId::from("sess_4")).is_some(),
+        "{fx:?}"
+    );
+}
+
+/// An agent with no channel for a system prompt gets it ahead of its session's first
+/// message; the message is stored as the client sent it, and later turns go as they are.
+#[test]
+fn the_system_prompt_goes_with_the_first_message_to_an_agent_without_one() {
+    let writes = |fx: &[Effect]| -> Vec<String> {
+        fx.iter()
+            .filter_map(|e| match e {
+                Effect::Write { text, .. } => Some(text.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let stored = |fx: &[Effect]| -> Vec<String> {
+        fx.iter()
+            .filter_map(|e| match e {
+                Effect::Persist(Record::UserMessage(m)) => Some(m.text.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    for (provider, carried) in [(Provider::Codex, true), (Provider::Scripted, false)] {
+        let mut c = SessionConfig::new("camp_1", provider, "/tmp");
+        c.provider_config = ProviderConfig::parse(
+            [(SYSTEM_PROMPT_KEY.to_string(), "the rules".to_string())].into(),
+        )
+        .unwrap();
+        let mut r = Rig::running(c);
+        let (_, fx) = r.send("hello");
+        let want = if carried {
+            paddock_core::provider_config::with_system_prompt("the rules", "hello")
+        } else {
+            "hello".to_string()
+        };
+        assert_eq!(writes(&fx), vec![want], "{provider:?}");
+        assert_eq!(stored(&fx), vec!["hello"]);
+        assert_eq!(
+            paddock_core::provider_config::without_system_prompt(&writes(&fx)[0]),
+            "hello"
+        );
+        r.provider(1, act(ActivityKind::Completion, 1, 1));
+        let (_, fx) = r.send("again");
+        assert_eq!(writes(&fx), vec!["again"], "{provider:?}");
+    }
+}

@@ -372,9 +372,16 @@ impl Client {
         }
         let mut pc = BTreeMap::new();
         // Half the sessions are a sunbeam project's (its resume rule is checked every step).
+        // Most of those come from an attach to the project (sunbeam's StartSession), which
+        // makes one only when it finds none to resume.
+        let mut attach = None;
         if self.rng.chance(1, 2) {
             let project = *self.rng.pick(&PROJECTS);
-            pc.insert(paddock_core::PROJECT_KEY.to_string(), project.to_string());
+            if self.rng.chance(2, 3) {
+                attach = Some(project);
+            } else {
+                pc.insert(paddock_core::PROJECT_KEY.to_string(), project.to_string());
+            }
         }
         if self.rng.chance(1, 3) {
             pc.insert("effort".to_string(), "2".to_string());
@@ -402,7 +409,25 @@ impl Client {
             };
             config.env = env;
         }
-        Action::Request(Box::new(Input::Create { req, id, config }))
+        let Some(project) = attach else {
+            return Action::Request(Box::new(Input::Create { req, id, config }));
+        };
+        // Now and then the shell refused the configuration (used only if nothing resumes).
+        let config = if self.rng.chance(1, 20) {
+            Err(paddock_core::Error::new(
+                paddock_core::ErrorCode::CreationFailed,
+                "the agent's script cannot be read",
+            ))
+        } else {
+            Ok(Box::new(config))
+        };
+        Action::Request(Box::new(Input::Attach {
+            req,
+            project: project.to_string(),
+            context: format!("context of attach {req}"),
+            id,
+            config,
+        }))
     }
 
     /// A session's permission policy, approval timeout and default, as this seed's humans

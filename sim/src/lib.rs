@@ -86,6 +86,18 @@
 //! aims some stops at sessions making their environment, and a third of the seeds end the chaos
 //! phase with the daemon's shutdown (graceful or not), which stops every live session at once.
 //!
+//! # Projects
+//!
+//! Half the sessions belong to one of two sunbeam projects. Most of those come from an attach
+//! (`Input::Attach`, sunbeam's StartSession), which the reference answers from what the
+//! clients saw: the project's newest session its client did not close is joined while live
+//! (answered at once, nothing stored), restarted with the attach's context once ended (as a
+//! `Restart`), and only with none is a session made (as a `Create`; now and then with a
+//! configuration the shell refused, which refuses the attach). The client also closes
+//! sessions (`Input::Close`), and every step checks which session each project would resume.
+//! Every message to an agent is checked against its stored turn: the session's system prompt
+//! goes ahead of the first one when the agent has no channel for it, and nowhere else.
+//!
 //! # Approvals
 //!
 //! Each seed picks how often its agents ask (`ask`, per mille of turns; 0 on a quarter of the

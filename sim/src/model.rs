@@ -30,6 +30,12 @@ pub enum ReqKind {
     Resolve,
     /// DeleteSession.
     Delete,
+    /// An attach that found its project's session live: answered at once with it as it is.
+    /// (One that found an ended one is a `Restart` of it; one that found none, a `Create`.)
+    Attached,
+    /// An attach that found nothing to resume, with a configuration the shell refused:
+    /// refused at once with the shell's code.
+    AttachRefused(ErrorCode),
 }
 
 /// The kind of a provider event.
@@ -247,6 +253,23 @@ struct Pending {
     close: bool,
 }
 
+impl Pending {
+    /// A request of `kind` for session `id`, then `pre`, with nothing more to expect.
+    fn new(kind: ReqKind, id: SessionId, pre: Option<Status>) -> Self {
+        Pending {
+            kind,
+            id,
+            pre,
+            exhausted: false,
+            refuse_create: false,
+            config: None,
+            resolve: None,
+            had_process: false,
+            close: false,
+        }
+    }
+}
+
 /// What a `Resolve` must get, decided from what clients saw when it was made.
 #[derive(Debug, Clone)]
 struct ResolveExpect {
@@ -260,6 +283,14 @@ struct ResolveExpect {
 /// Counters for the run summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ModelStats {
+    /// Attaches to a project (sunbeam's StartSession), and those that restarted an ended
+    /// session.
+    pub attaches: u64,
+    pub attaches_joined: u64,
+    pub attaches_restarted: u64,
+    pub attaches_refused: u64,
+    /// First messages that carried the session's system prompt to an agent without one.
+    pub prompts_with_message: u64,
     /// Checks of which session a project resumes that found one.
     pub resumable_checked: u64,
     pub requests: u64,
@@ -444,6 +475,16 @@ impl Model {
 
     /// A request is about to be fed: remember what its reply may be.
     pub fn on_request(&mut self, input: &Input) -> Cause {
+        if let Input::Attach {
+            req,
+            project,
+            context,
+            id,
+            config,
+        } = input
+        {
+            return self.on_attach(*req, project, context, id, config);
+        }
         if let Input::Resolve {
             req,
             approval,
@@ -461,20 +502,13 @@ impl Model {
             self.pending.insert(
                 *req,
                 Pending {
-                    kind: ReqKind::Resolve,
-                    id: id.clone(),
-                    pre,
-                    exhausted: false,
-                    refuse_create: false,
-                    config: None,
                     resolve: Some(ResolveExpect {
                         approval: approval.clone(),
                         decision: decision.clone(),
                         by: by.clone(),
                         want,
                     }),
-                    had_process: false,
-                    close: false,
+                    ..Pending::new(ReqKind::Resolve, id.clone(), pre)
                 },
             );
             return Cause::Request {
@@ -502,6 +536,7 @@ impl Model {
             // The driver never sends Shutdown, tasks, campaigns or agents' own reports (the
             // sweep does not cover them yet).
             Input::Resolve { .. }
+            | Input::Attach { .. }
             | Input::Provider { .. }
             | Input::Environment { .. }
             | Input::Report { .. }
@@ -559,15 +594,12 @@ impl Model {
         self.pending.insert(
             req,
             Pending {
-                kind,
-                id: id.clone(),
-                pre,
                 exhausted,
                 refuse_create,
                 config,
-                resolve: None,
                 had_process,
                 close: matches!(input, Input::Close { .. }),
+                ..Pending::new(kind, id.clone(), pre)
             },
         );
         Cause::Request {
@@ -575,6 +607,113 @@ impl Model {
             id: id.clone(),
             kind,
         }
+    }
+
+    /// A message to an agent is the turn's message stored in the same step, with the
+    /// session's system prompt ahead of it on the first turn of an agent that takes none.
+    fn check_write(
+        &mut self,
+        id: &SessionId,
+        text: &str,
+        stored: &[&paddock_core::UserMessage],
+    ) -> Result<(), String> {
+        let Some(m) = stored.iter().find(|m| &m.session == id) else {
+            return Err(format!(
+                "{id}: a message to its agent with no turn stored in its step"
+            ));
+        };
+        let config = &self.sessions[id].config;
+        let want = match config.provider_config.system_prompt() {
+            Some(p) if m.turn == 1 && !config.provider.takes_system_prompt() => {
+                self.stats.prompts_with_message += 1;
+                paddock_core::provider_config::with_system_prompt(p, &m.text)
+            }
+            _ => m.text.clone(),
+        };
+        if text != want {
+            return Err(format!(
+                "{id}: turn {} reached its agent ({}) as {text:?}; expected {want:?}",
+                m.turn,
+                config.provider.name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// An attach (sunbeam's StartSession): by the clients' view, the project's session that
+    /// it resumes — joined if live, restarted with the attach's context if ended — or the
+    /// session it makes. The last two are what a `Restart` or a `Create` of them would be.
+    fn on_attach(
+        &mut self,
+        req: RequestId,
+        project: &str,
+        context: &str,
+        id: &SessionId,
+        config: &Result<Box<SessionConfig>, paddock_core::Error>,
+    ) -> Cause {
+        self.stats.attaches += 1;
+        let found = self.resumes(project).cloned();
+        let (id, kind) = match (found, config) {
+            (Some(found), _) if !self.sessions[&found].status.is_terminal() => {
+                self.stats.attaches_joined += 1;
+                (found, ReqKind::Attached)
+            }
+            (Some(found), _) => {
+                self.stats.attaches_restarted += 1;
+                let provider_config = self.sessions[&found]
+                    .config
+                    .provider_config
+                    .clone()
+                    .with(paddock_core::SYSTEM_PROMPT_KEY, context)
+                    .expect("no setting");
+                return self.on_request(&Input::Restart {
+                    req,
+                    id: found,
+                    provider_config: Some(provider_config),
+                });
+            }
+            (None, Ok(config)) => {
+                let mut config = (**config).clone();
+                let pc = &mut config.provider_config;
+                pc.insert(paddock_core::PROJECT_KEY, project)
+                    .expect("no setting");
+                pc.insert(paddock_core::SYSTEM_PROMPT_KEY, context)
+                    .expect("no setting");
+                return self.on_request(&Input::Create {
+                    req,
+                    id: id.clone(),
+                    config,
+                });
+            }
+            (None, Err(e)) => {
+                self.stats.attaches_refused += 1;
+                (id.clone(), ReqKind::AttachRefused(e.code))
+            }
+        };
+        self.stats.requests += 1;
+        let pre = self.status(&id);
+        self.pending_pre = pre;
+        self.pending
+            .insert(req, Pending::new(kind, id.clone(), pre));
+        Cause::Request { req, id, kind }
+    }
+
+    /// The session an attach of `project` resumes, by what the clients saw: the newest made
+    /// for the project that its client has not closed.
+    fn resumes(&self, project: &str) -> Option<&SessionId> {
+        self.sessions
+            .iter()
+            .filter(|(_, sm)| {
+                !sm.closed
+                    && sm
+                        .config
+                        .provider_config
+                        .get(paddock_core::PROJECT_KEY)
+                        .map(String::as_str)
+                        == Some(project)
+            })
+            .max_by_key(|(id, sm)| (sm.created, *id))
+            .map(|(id, _)| id)
     }
 
     /// The daemon is asked to shut down: every live session is stopped as by a stop nobody
@@ -636,11 +775,15 @@ impl Model {
         let mut p_status: Vec<&StatusEvent> = Vec::new();
         let mut p_activity: Vec<&ActivityEvent> = Vec::new();
         let mut messages: Vec<(&SessionId, u64)> = Vec::new();
+        let mut stored_messages: Vec<&paddock_core::UserMessage> = Vec::new();
         for e in persists {
             match e {
                 Effect::Persist(Record::Status(ev)) => p_status.push(ev),
                 Effect::Persist(Record::Activity(ev)) => p_activity.push(ev),
-                Effect::Persist(Record::UserMessage(m)) => messages.push((&m.session, m.turn)),
+                Effect::Persist(Record::UserMessage(m)) => {
+                    messages.push((&m.session, m.turn));
+                    stored_messages.push(m);
+                }
                 _ => {}
             }
         }
@@ -801,7 +944,10 @@ impl Model {
                     }
                 }
                 Effect::Spawn { id, run, spec } => self.on_spawn(cause, id, *run, spec, store)?,
-                Effect::Write { id, .. } => same_session(cause, id)?,
+                Effect::Write { id, text, .. } => {
+                    same_session(cause, id)?;
+                    self.check_write(id, text, &stored_messages)?;
+                }
                 Effect::AskReady { id, run } => {
                     same_session(cause, id)?;
                     asked_ready = true;
@@ -1935,6 +2081,20 @@ impl Model {
         if p.kind == ReqKind::Delete {
             return self.on_delete_reply(&p, immediate, result, store, &what);
         }
+        if let ReqKind::AttachRefused(want) = p.kind {
+            return match result {
+                Err(e) if immediate && e.code == want => Ok(()),
+                _ => Err(format!("{what}: expected {want} at once; got {result:?}")),
+            };
+        }
+        if p.kind == ReqKind::Attached {
+            // The record itself is checked against the committed one below.
+            if !immediate || result.is_err() {
+                return Err(format!(
+                    "{what}: a live session is joined at once as it is; got {result:?}"
+                ));
+            }
+        }
         if let Ok(rec) = result {
             if rec.id != p.id {
                 return Err(format!("{what} was answered with the record of {}", rec.id));
@@ -1967,7 +2127,10 @@ impl Model {
             return expect_now(ErrorCode::SessionNotFound);
         }
         match p.kind {
-            ReqKind::Resolve | ReqKind::Delete => unreachable!("answered above"),
+            ReqKind::Resolve | ReqKind::Delete | ReqKind::AttachRefused(_) => {
+                unreachable!("answered above")
+            }
+            ReqKind::Attached => Ok(()),
             ReqKind::Create if p.refuse_create => expect_now(ErrorCode::CreationFailed),
             ReqKind::Create | ReqKind::Restart if p.pre == Some(Status::Stopping) => {
                 expect_now(ErrorCode::WrongState)
@@ -2282,20 +2445,7 @@ impl Model {
         // the store has must name the newest session made for the project that its client has
         // not closed, as the clients saw them.
         for project in crate::client::PROJECTS {
-            let want = self
-                .sessions
-                .iter()
-                .filter(|(_, sm)| {
-                    !sm.closed
-                        && sm
-                            .config
-                            .provider_config
-                            .get(paddock_core::PROJECT_KEY)
-                            .map(String::as_str)
-                            == Some(project)
-                })
-                .max_by_key(|(id, sm)| (sm.created, *id))
-                .map(|(id, _)| id);
+            let want = self.resumes(project);
             let got = paddock_core::session_to_resume(project, store.sessions.values());
             if got.map(|r| &r.id) != want {
                 let seen: Vec<String> = store

@@ -139,6 +139,15 @@ impl Ports for SimPorts {
         Ok(Some((rec.clone(), self.store.resolved_of(id))))
     }
 
+    fn resumable(
+        &mut self,
+        project: &str,
+        skip: &dyn Fn(&SessionId) -> bool,
+    ) -> Result<Option<SessionId>, String> {
+        let candidates = self.store.sessions.values().filter(|r| !skip(&r.id));
+        Ok(paddock_core::session_to_resume(project, candidates).map(|r| r.id.clone()))
+    }
+
     fn commit(&mut self, records: &[Record]) -> Result<(), String> {
         self.store.commit(records)
     }
@@ -256,6 +265,14 @@ impl Ports for Recorder {
 
     /// The daemon sweep has no sessions to recall.
     fn settled(&mut self, _: &SessionId) -> Result<Option<(SessionRecord, Vec<Approval>)>, String> {
+        Ok(None)
+    }
+
+    fn resumable(
+        &mut self,
+        _: &str,
+        _: &dyn Fn(&SessionId) -> bool,
+    ) -> Result<Option<SessionId>, String> {
         Ok(None)
     }
 

@@ -123,6 +123,11 @@ fn sweep() {
                 m.creates_discarded += s.creates_discarded;
                 m.envs_made += s.envs_made;
                 m.resumable_checked += s.resumable_checked;
+                m.attaches += s.attaches;
+                m.attaches_joined += s.attaches_joined;
+                m.attaches_restarted += s.attaches_restarted;
+                m.attaches_refused += s.attaches_refused;
+                m.prompts_with_message += s.prompts_with_message;
                 m.envs_refused += s.envs_refused;
                 m.envs_stopped += s.envs_stopped;
                 m.envs_shutdown += s.envs_shutdown;
@@ -188,6 +193,18 @@ fn sweep() {
         m.env_reports_ignored,
         m.creates_discarded
     );
+    println!(
+        "projects: {} attaches: {} joined a live session, {} restarted an ended one, {} made a \
+         session, {} refused for their configuration; {} checks of the session each project \
+         resumes; {} first messages carried the system prompt",
+        m.attaches,
+        m.attaches_joined,
+        m.attaches_restarted,
+        m.attaches - m.attaches_joined - m.attaches_restarted - m.attaches_refused,
+        m.attaches_refused,
+        m.resumable_checked,
+        m.prompts_with_message
+    );
     println!("table lookups reached (legal cells: count; refusals and ignored: (count)):");
     println!("{}", coverage.render());
     println!("restart cases reached:");
@@ -230,6 +247,19 @@ fn sweep() {
         for (what, n) in [
             ("an environment made", m.envs_made),
             ("a project's session to resume", m.resumable_checked),
+            (
+                "an attach that made its project's session",
+                m.attaches - m.attaches_joined - m.attaches_restarted - m.attaches_refused,
+            ),
+            ("an attach that joined a live session", m.attaches_joined),
+            (
+                "an attach that restarted an ended session",
+                m.attaches_restarted,
+            ),
+            (
+                "an attach refused for its configuration",
+                m.attaches_refused,
+            ),
             ("an environment that could not be made", m.envs_refused),
             ("a stop while an environment is made", m.envs_stopped),
             ("a shutdown while an environment is made", m.envs_shutdown),

@@ -289,6 +289,30 @@ async fn sunbeam_project_context_reaches_the_agent() {
     assert_eq!(argv[i + 1], expected);
 }
 
+/// Clients that start on a new project at the same moment share one session: which session a
+/// project gets is one step of the core, so only one of them makes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sunbeam_clients_starting_at_once_share_one_session() {
+    let d = Daemon::start().await;
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(Client::open(&d).await);
+    }
+    for c in &clients {
+        c.send(In::Start(start(&d))).await;
+    }
+    let mut readies = Vec::new();
+    for c in &mut clients {
+        readies.push(c.ready().await);
+    }
+    let ids: std::collections::BTreeSet<&str> =
+        readies.iter().map(|r| r.session_id.as_str()).collect();
+    assert_eq!(ids.len(), 1, "one session for the project: {readies:?}");
+    let made = readies.iter().filter(|r| !r.resumed).count();
+    assert_eq!(made, 1, "exactly one client made it: {readies:?}");
+    assert_eq!(d.all_sessions().await.len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sunbeam_two_clients_see_every_turn() {
     let d = Daemon::start().await;

@@ -32,6 +32,25 @@ pub enum Input {
     /// not yet closed). Answered as a graceful Stop (OBEY-2020 if it had ended already; it is
     /// closed all the same).
     Close { req: RequestId, id: SessionId },
+    /// A client attaches to `project` (sunbeam's StartSession), with its `context` for the
+    /// agent: the project's session is found and resumed, or made — one step, so two
+    /// attaches of one project never make two sessions. The session resumed is the newest
+    /// [resumable](crate::SessionRecord::resumable_for) for the project
+    /// ([`crate::session_to_resume`]): a live one is answered as it is; an ended one is
+    /// restarted (as `Restart`) with `context` as its system prompt. With none, session `id`
+    /// is made (as `Create`) from `config`, marked as the project's, `context` its system
+    /// prompt; a `config` the shell refused (`Err`) refuses the attach then, and only then.
+    /// The reply is the session's record: a new session's id is `id`.
+    ///
+    /// A shell whose engine holds only what start-up restored hands it the project's newest
+    /// resumable stored session first ([`Input::project`]).
+    Attach {
+        req: RequestId,
+        project: String,
+        context: String,
+        id: SessionId,
+        config: Result<Box<SessionConfig>, crate::Error>,
+    },
     /// RestartSession, with an optional `provider_config` override.
     Restart {
         req: RequestId,
@@ -114,13 +133,14 @@ pub enum Input {
 
 impl Input {
     /// The session a rule about this input may look up though the session has ended: the one
-    /// it names (a create: to refuse a taken id), a second answer's (through the store's
+    /// it names (a create or an attach: to refuse a taken id), a second answer's (through the store's
     /// copy), or the one a task or a container is bound to. A shell whose engine holds only
     /// what start-up restored hands it that session first ([`crate::Engine::recall`]).
     /// Provider and environment events name live sessions only.
     pub fn recalls(&self) -> Option<SessionId> {
         match self {
             Input::Create { id, .. }
+            | Input::Attach { id, .. }
             | Input::Send { id, .. }
             | Input::Stop { id, .. }
             | Input::Close { id, .. }
@@ -135,6 +155,16 @@ impl Input {
                 request: crate::container::ContainerRequest::Create(spec),
                 ..
             } => spec.session.clone(),
+            _ => None,
+        }
+    }
+
+    /// The project whose newest resumable session a rule about this input looks for (an
+    /// attach's): a shell whose engine holds only what start-up restored hands it the newest
+    /// such session it stores and the engine does not hold, as for [`Input::recalls`].
+    pub fn project(&self) -> Option<&str> {
+        match self {
+            Input::Attach { project, .. } => Some(project),
             _ => None,
         }
     }

@@ -1585,6 +1585,14 @@ impl Session {
         self.set_status(Status::Working, "working on a message", cx);
         if let Some(run) = self.run.id() {
             self.assert_current(run);
+            let config = &self.record.config;
+            // An agent with no channel for the system prompt gets it with the first message.
+            let text = match config.provider_config.system_prompt() {
+                Some(prompt) if turn == 1 && !config.provider.takes_system_prompt() => {
+                    crate::provider_config::with_system_prompt(prompt, &text)
+                }
+                _ => text,
+            };
             cx.out.rest.push(Effect::Write {
                 id: self.record.id.clone(),
                 run,

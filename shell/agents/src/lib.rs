@@ -405,17 +405,9 @@ pub fn find_on_path(program: &str, config: &SessionConfig) -> Option<PathBuf> {
 /// `provider_config["system_prompt"]`: text for the agent's system prompt (sunbeam's project
 /// context, or a user's own). Claude Code and the scripted agent get it with
 /// `--append-system-prompt` (added to their own prompt); the openai-api loop uses it as its
-/// system message. The other agents have no such channel: [`takes_system_prompt`] says so, and
-/// whoever sets the key must give the text with the first message instead.
-pub const SYSTEM_PROMPT_KEY: &str = "system_prompt";
-
-/// Whether the provider's agent receives `provider_config["system_prompt"]` itself.
-pub fn takes_system_prompt(provider: Provider) -> bool {
-    matches!(
-        provider,
-        Provider::Scripted | Provider::ClaudeCode | Provider::OpenAiApi
-    )
-}
+/// system message. The other agents have no such channel (`Provider::takes_system_prompt`):
+/// the core gives them the text with the session's first message.
+pub use paddock_core::SYSTEM_PROMPT_KEY;
 
 /// `--append-system-prompt TEXT` when the session has a system prompt (an empty one is none).
 fn system_prompt_args(config: &SessionConfig) -> Vec<String> {
@@ -679,8 +671,8 @@ mod tests {
             p.args,
             ["__scripted-agent", "--append-system-prompt", "ctx"]
         );
-        assert!(takes_system_prompt(Provider::Scripted));
-        assert!(!takes_system_prompt(Provider::Codex));
+        assert!(Provider::Scripted.takes_system_prompt());
+        assert!(!Provider::Codex.takes_system_prompt());
     }
 
     #[test]

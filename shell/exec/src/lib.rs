@@ -101,6 +101,15 @@ pub trait Ports {
         id: &SessionId,
     ) -> Result<Option<(SessionRecord, Vec<Approval>)>, Self::Error>;
 
+    /// The newest session stored for `project` that the core's rule could resume
+    /// ([`paddock_core::session_to_resume`] over the stored records) among those `skip` does
+    /// not name: the engine's own copy of a session it holds is the one that counts.
+    fn resumable(
+        &mut self,
+        project: &str,
+        skip: &dyn Fn(&SessionId) -> bool,
+    ) -> Result<Option<SessionId>, Self::Error>;
+
     /// Stores the batch's records in one transaction (with whatever rows of its own the caller
     /// keeps for the same batch).
     fn commit(&mut self, records: &[Record]) -> Result<(), Self::Error>;
@@ -160,12 +169,7 @@ impl Executor {
     /// Not one whose delete waits in this batch (a commit held back by a full disk): the store
     /// still has it, and the engine rightly does not.
     pub fn recall<P: Ports>(&mut self, id: &SessionId, ports: &mut P) -> Result<bool, P::Error> {
-        if self.engine.session(id).is_some()
-            || self
-                .records
-                .iter()
-                .any(|r| matches!(r, Record::Delete(d) if d == id))
-        {
+        if self.engine.session(id).is_some() || self.deleting(id) {
             return Ok(false);
         }
         match ports.settled(id)? {
@@ -177,11 +181,26 @@ impl Executor {
         }
     }
 
-    /// Queues `input`, recalling first the settled session it names. On a failed read nothing
-    /// is queued.
+    /// Whether the batch deletes session `id` (its commit may be held back: the store still
+    /// has it).
+    fn deleting(&self, id: &SessionId) -> bool {
+        self.records
+            .iter()
+            .any(|r| matches!(r, Record::Delete(d) if d == id))
+    }
+
+    /// Queues `input`, recalling first the settled session it names, or the newest resumable
+    /// session of the project it attaches to that the engine does not hold (with those it
+    /// holds, the engine then sees every candidate). On a failed read nothing is queued.
     pub fn push<P: Ports>(&mut self, input: Input, ports: &mut P) -> Result<(), P::Error> {
         if let Some(id) = input.recalls() {
             self.recall(&id, ports)?;
+        }
+        if let Some(project) = input.project() {
+            let held = |id: &SessionId| self.engine.session(id).is_some() || self.deleting(id);
+            if let Some(id) = ports.resumable(project, &held)? {
+                self.recall(&id, ports)?;
+            }
         }
         self.inputs.push_back(input);
         Ok(())
@@ -395,6 +414,14 @@ mod tests {
                 .filter(|r| &r.id == id)
                 .map(|r| (r, vec![])))
         }
+        fn resumable(
+            &mut self,
+            project: &str,
+            skip: &dyn Fn(&SessionId) -> bool,
+        ) -> Result<Option<SessionId>, String> {
+            let stored = self.stored.iter().filter(|r| !skip(&r.id));
+            Ok(paddock_core::session_to_resume(project, stored).map(|r| r.id.clone()))
+        }
         fn commit(&mut self, records: &[Record]) -> Result<(), String> {
             if self.fail_commits > 0 {
                 self.fail_commits -= 1;
@@ -583,5 +610,56 @@ mod tests {
         exec.run(&mut io);
         exec.commit(&mut io).unwrap();
         assert!(exec.engine().session(&id()).is_none(), "and deleted");
+    }
+
+    #[test]
+    fn an_attach_recalls_its_projects_newest_stored_session_and_resumes_it() {
+        let mut exec = Executor::new(Engine::new(Limits::default()));
+        let mut io = Fake::default();
+        let attach = |req, id: &str| Input::Attach {
+            req,
+            project: "/p".into(),
+            context: "ctx".into(),
+            id: SessionId(id.into()),
+            config: Ok(Box::new(SessionConfig::new("c", Provider::Scripted, "/p"))),
+        };
+        exec.push(attach(1, "s1"), &mut io).unwrap();
+        exec.run(&mut io);
+        for event in [
+            ProviderEvent::Ready,
+            ProviderEvent::Exited {
+                code: Some(0),
+                signal: None,
+                stderr_tail: String::new(),
+            },
+        ] {
+            io.t += 1;
+            let input = Input::Provider {
+                id: id(),
+                run: 1,
+                cursor: None,
+                event,
+            };
+            exec.push(input, &mut io).unwrap();
+            exec.run(&mut io);
+        }
+        exec.commit(&mut io).unwrap();
+        let record = exec.engine().session(&id()).unwrap().record.clone();
+        assert!(
+            record.is_settled() && record.resumable_for("/p"),
+            "{record:?}"
+        );
+        assert_eq!(exec.evict_settled(), 1);
+        io.stored = Some(record);
+        io.calls.clear();
+
+        exec.push(attach(2, "s2"), &mut io).unwrap();
+        assert!(exec.engine().session(&id()).is_some(), "recalled first");
+        exec.run(&mut io);
+        assert!(
+            exec.engine().session(&SessionId("s2".into())).is_none(),
+            "no second session for the project"
+        );
+        assert_eq!(io.calls.first(), Some(&Call::Spawn(2)), "{:?}", io.calls);
     }
 }

@@ -10,10 +10,11 @@
 //!
 //! - **Which session.** The project (`project_path`, canonicalized) picks the campaign whose
 //!   root it is (an ad-hoc campaign named after the directory is registered if there is none)
-//!   and the session: the core's [`paddock_core::session_to_resume`], the newest one created
-//!   through sunbeam for that root (marked with `provider_config["sunbeam.project"] = <root>`)
-//!   that its client did not close (`EndSession` closes it: the record's `closed_by_client`).
-//!   A terminal one is restarted; none, a new one is created.
+//!   and the session, in one step of the core (`Input::Attach`, so clients starting at once
+//!   share one): [`paddock_core::session_to_resume`], the newest one created through sunbeam
+//!   for that root (marked with `provider_config["sunbeam.project"] = <root>`) that its client
+//!   did not close (`EndSession` closes it: the record's `closed_by_client`). A live one is
+//!   joined, a terminal one restarted with the new context; none, a new one is created.
 //! - **Many clients.** Output comes from the session's feed, not from the reply to whoever
 //!   sent the input: every client attached to a session sees every turn, and input from any of
 //!   them works (a second input while a turn runs is refused by the core, OBEY-2011, as a
@@ -27,15 +28,15 @@
 //!   it gracefully, in one step of the core (`Input::Close`).
 //! - **Project context.** `prompt_md`, `git_branch`, `git_status` and `file_tree` become one
 //!   bounded text in `provider_config["system_prompt"]` (see [`project_context`]), which the
-//!   agent gets as a system prompt where it has one ([`providers::takes_system_prompt`]) and
-//!   otherwise ahead of the session's first message.
+//!   agent gets as a system prompt where it has one (`Provider::takes_system_prompt`) and
+//!   otherwise ahead of the session's first message (the core's rule, as for any session
+//!   with a system prompt; the message is stored without it).
 //! - **Bounded.** Each stream queues at most [`OUTGOING_QUEUE`] messages for its client (then
 //!   it waits; a client that falls behind the hub catches up from the store); texts, history
 //!   entries and the history itself are cut with a marker (the constants below).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 
 use paddock_core::campaign::NewCampaign;
 use paddock_core::{
@@ -51,7 +52,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::history::{self, Role};
-use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req, Scope};
+use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req};
 use crate::providers;
 use crate::text::truncate;
 
@@ -98,34 +99,16 @@ const RESOLVED_BY: &str = "sunbeam";
 /// schema_json}`, which the openai-api loop offers to its model.
 pub const CLIENT_TOOLS_KEY: &str = "client_tools";
 
-/// Where the project context starts and ends when it goes ahead of the first message (agents
-/// without a system prompt); the history shows the message without it.
-const CONTEXT_OPEN: &str = "<project-context>\n";
-const CONTEXT_CLOSE: &str = "\n</project-context>\n\n";
-
-/// The service. Clones share the per-project locks.
+/// The service. Which session a project's StartSession gets is the core's one step
+/// (`Input::Attach`): two clients starting at once share one session without a lock here.
 #[derive(Clone)]
 pub struct CodeAgent {
     handle: Handle,
-    /// One lock per project root: finding-or-making a project's session happens one at a time,
-    /// so two clients starting at once share one session. (Ending one needs no lock: the
-    /// close and its stop are one step of the core.)
-    projects: Arc<Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl CodeAgent {
     pub fn new(handle: Handle) -> Self {
-        CodeAgent {
-            handle,
-            projects: Arc::default(),
-        }
-    }
-
-    fn project_lock(&self, root: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.projects.lock().unwrap_or_else(|e| e.into_inner());
-        // Locks nobody holds or waits for are dropped: the map stays as small as the use.
-        map.retain(|_, l| Arc::strong_count(l) > 1);
-        map.entry(root.to_string()).or_default().clone()
+        CodeAgent { handle }
     }
 }
 
@@ -485,37 +468,15 @@ impl CodeAgent {
         let context = project_context(&root_str, &s);
         let declared: Vec<String> = s.client_tools.iter().map(|t| t.name.clone()).collect();
         let tools_json = client_tools_json(&s.client_tools)?;
-        let lock = self.project_lock(&root_str);
-        let _guard = lock.lock().await;
 
         let campaign = self.campaign_for(&root_str).await?;
-        let found = self.find_session(&root_str).await?;
-        let (record, resumed) = match found {
-            Some(rec) if rec.status.is_terminal() => {
-                // Restarted with the context of this attach (the files may have changed).
-                // Validated against the session's configuration by the port.
-                let pc = rec
-                    .config
-                    .provider_config
-                    .clone()
-                    .with(providers::SYSTEM_PROMPT_KEY, context)
-                    .map_err(|e| format!("cannot restart session {}: {e}", rec.id))?;
-                let rec = self
-                    .handle
-                    .restart_session(rec.id.clone(), Some(pc))
-                    .await
-                    .map_err(|e| format!("cannot restart session {}: {e}", rec.id))?;
-                (rec, true)
-            }
-            Some(rec) => (rec, true),
-            None => (
-                self.create(
-                    &campaign, &root_str, &s.model, settings, context, tools_json,
-                )
-                .await?,
-                false,
-            ),
-        };
+        let (id, config) = new_session(&campaign, &root_str, &s.model, settings, tools_json)?;
+        let record = self
+            .handle
+            .attach(root_str, context, id.clone(), config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let resumed = record.id != id;
         let (history, last_seq) = self.history(&record).await?;
         Ok(Attached {
             ready: pb::SessionReady {
@@ -555,71 +516,6 @@ impl CodeAgent {
         Ok(c)
     }
 
-    /// The session StartSession resumes for `root`: the core's rule
-    /// ([`paddock_core::session_to_resume`]) over the project's sessions, ended ones too.
-    async fn find_session(&self, root: &str) -> Result<Option<SessionRecord>, String> {
-        let project = root.to_string();
-        let pick = Box::new(move |r: &SessionRecord| r.resumable_for(&project));
-        let candidates: Vec<SessionRecord> = self
-            .handle
-            .query(|reply| Query::Sessions {
-                // Sunbeam's sessions work in their project's root: only those rows are read.
-                scope: Scope {
-                    working_dir: Some(root.to_string()),
-                    ..Scope::default()
-                },
-                pick,
-                limit: usize::MAX,
-                reply,
-            })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .map(|v| v.record)
-            .collect();
-        Ok(paddock_core::session_to_resume(root, &candidates).cloned())
-    }
-
-    async fn create(
-        &self,
-        campaign: &crate::store::Campaign,
-        root: &str,
-        model: &str,
-        settings: Settings,
-        context: String,
-        client_tools: Option<String>,
-    ) -> Result<SessionRecord, String> {
-        let (id, short) = super::new_session_id();
-        let mut provider_config = settings.provider_config;
-        if let Some(tools) = client_tools {
-            provider_config.insert(CLIENT_TOOLS_KEY.into(), tools);
-        }
-        provider_config.insert(PROJECT_KEY.into(), root.to_string());
-        provider_config.insert(providers::SYSTEM_PROMPT_KEY.into(), context);
-        let provider_config =
-            paddock_core::ProviderConfig::parse(provider_config).map_err(|e| e.to_string())?;
-        let config = SessionConfig {
-            campaign_id: campaign.id.clone(),
-            provider: settings.provider,
-            model: model.trim().to_string(),
-            agent_name: format!("sunbeam-{short}"),
-            festival_id: String::new(),
-            task_id: String::new(),
-            provider_config,
-            environment: settings.environment,
-            max_tokens: settings.max_tokens,
-            timeout_ms: settings.timeout_ms,
-            initial_message: String::new(),
-            working_dir: root.to_string(),
-            env: paddock_core::EnvSpec::default(),
-        };
-        self.handle
-            .create_session(id, config)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
     /// The session's conversation for SessionReady, and the activity the client's feed starts
     /// after: a turn still running is left out of the history and replayed from its start.
     async fn history(&self, rec: &SessionRecord) -> Result<(Vec<pb::HistoryEntry>, u64), String> {
@@ -656,6 +552,40 @@ impl CodeAgent {
     }
 }
 
+/// The id and configuration of the session a StartSession makes if its project has none to
+/// resume. The core marks it as the project's and gives it the attach's context.
+fn new_session(
+    campaign: &crate::store::Campaign,
+    root: &str,
+    model: &str,
+    settings: Settings,
+    client_tools: Option<String>,
+) -> Result<(SessionId, SessionConfig), String> {
+    let (id, short) = super::new_session_id();
+    let mut provider_config = settings.provider_config;
+    if let Some(tools) = client_tools {
+        provider_config.insert(CLIENT_TOOLS_KEY.into(), tools);
+    }
+    let provider_config =
+        paddock_core::ProviderConfig::parse(provider_config).map_err(|e| e.to_string())?;
+    let config = SessionConfig {
+        campaign_id: campaign.id.clone(),
+        provider: settings.provider,
+        model: model.trim().to_string(),
+        agent_name: format!("sunbeam-{short}"),
+        festival_id: String::new(),
+        task_id: String::new(),
+        provider_config,
+        environment: settings.environment,
+        max_tokens: settings.max_tokens,
+        timeout_ms: settings.timeout_ms,
+        initial_message: String::new(),
+        working_dir: root.to_string(),
+        env: paddock_core::EnvSpec::default(),
+    };
+    Ok((id, config))
+}
+
 /// A session's history as sunbeam shows it: each turn's user message (without a project
 /// context put ahead of it) and its answer — the same text its `TextDone` carried — newest
 /// [`HISTORY_ENTRIES_MAX`] / [`HISTORY_BYTES_MAX`], each cut to [`HISTORY_ENTRY_MAX`].
@@ -675,7 +605,10 @@ pub fn conversation(
             answer = None;
         }
         match item.role {
-            Role::User => out.push(entry("user", without_context(&item.content))),
+            Role::User => out.push(entry(
+                "user",
+                paddock_core::provider_config::without_system_prompt(&item.content),
+            )),
             Role::Text if item.turn > 0 => {
                 answer
                     .get_or_insert_with(|| (item.turn, Answer::default()))
@@ -701,14 +634,6 @@ pub fn conversation(
         })
         .count();
     out.split_off(out.len() - keep)
-}
-
-/// `text` without the project context a first message may carry.
-fn without_context(text: &str) -> &str {
-    text.strip_prefix(CONTEXT_OPEN)
-        .and_then(|rest| rest.split_once(CONTEXT_CLOSE))
-        .map(|(_, message)| message)
-        .unwrap_or(text)
 }
 
 /// A turn's answer as the client sees it: every text the agent said in the turn, then its
@@ -865,28 +790,14 @@ impl Conn {
         if text.trim().is_empty() {
             return go(self.out.error("UserInput.text is empty", false).await);
         }
-        let rec = match self.handle().session(self.id.clone()).await {
-            Ok(v) => v.map(|v| v.record),
-            Err(e) => return go(self.out.error(e.to_string(), false).await),
-        };
-        let mut message = text;
-        if let Some(rec) = rec {
-            // Agents without a system prompt get the project context with the first message.
-            let context = rec.config.provider_config.get(providers::SYSTEM_PROMPT_KEY);
-            if let (0, false, Some(ctx)) = (
-                rec.turns,
-                providers::takes_system_prompt(rec.config.provider),
-                context,
-            ) {
-                message = format!("{CONTEXT_OPEN}{ctx}{CONTEXT_CLOSE}{message}");
-            }
-        }
+        // An agent without a system prompt gets the project context with the first message
+        // (the core puts it there).
         let sent = self
             .handle()
             .request(
                 Req::Send {
                     id: self.id.clone(),
-                    text: message,
+                    text,
                 },
                 None,
             )
@@ -1498,7 +1409,10 @@ mod tests {
             at: paddock_core::Timestamp::from_millis(turn),
         };
         let messages = [
-            msg(1, &format!("{CONTEXT_OPEN}ctx{CONTEXT_CLOSE}hello")),
+            msg(
+                1,
+                &paddock_core::provider_config::with_system_prompt("ctx", "hello"),
+            ),
             msg(2, "again"),
             msg(3, "running"),
         ];

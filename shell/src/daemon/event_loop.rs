@@ -296,6 +296,18 @@ impl State {
                     Request::Send { id, text } => Input::Send { req, id, text },
                     Request::Stop { id, graceful } => Input::Stop { req, id, graceful },
                     Request::Close { id } => Input::Close { req, id },
+                    Request::Attach {
+                        project,
+                        context,
+                        id,
+                        config,
+                    } => Input::Attach {
+                        req,
+                        project,
+                        context,
+                        id,
+                        config,
+                    },
                     Request::Restart {
                         id,
                         provider_config,
@@ -929,6 +941,14 @@ impl Ports for Io {
         let resolved = self.store.resolved_approvals(&id.0)?;
         tracing::debug!(session = %id, "recalled a settled session from the store");
         Ok(Some((record, resolved)))
+    }
+
+    fn resumable(
+        &mut self,
+        project: &str,
+        skip: &dyn Fn(&SessionId) -> bool,
+    ) -> Result<Option<SessionId>, StoreError> {
+        self.store.resumable(project, skip)
     }
 
     /// The batch's records with the shell's own rows, in one transaction; then the rows'

@@ -54,6 +54,14 @@ pub enum Request {
     Close {
         id: SessionId,
     },
+    /// A client attaches to a project: its session found and resumed, or made from `config`
+    /// (`Input::Attach`; the configuration was checked by [`Handle::attach`]).
+    Attach {
+        project: String,
+        context: String,
+        id: SessionId,
+        config: Result<Box<SessionConfig>, Error>,
+    },
     /// A new `provider_config`, if any, was validated by [`Handle::restart_session`].
     Restart {
         id: SessionId,
@@ -404,6 +412,27 @@ impl Handle {
         let config = validate(config).await?;
         let config = Box::new(config);
         self.request(Request::Create { id, config }, None).await
+    }
+
+    /// A client attaches to `project` (sunbeam's StartSession): the core resumes the project's
+    /// session or makes session `id` from `config` (answered as a create, or at once when a
+    /// live one is joined). The configuration is checked first (OBEY-2002/3/4), off the loop;
+    /// a refusal refuses the attach only if nothing is resumed.
+    pub async fn attach(
+        &self,
+        project: String,
+        context: String,
+        id: SessionId,
+        config: SessionConfig,
+    ) -> Result<SessionRecord, Error> {
+        let config = validate(config).await.map(Box::new);
+        let request = Request::Attach {
+            project,
+            context,
+            id,
+            config,
+        };
+        self.request(request, None).await
     }
 
     /// RestartSession, for every protocol: a new `provider_config` is checked against the

@@ -22,7 +22,7 @@ use std::path::Path;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use paddock_core::{ActivityEvent, Record, SessionRecord, StatusEvent, UserMessage};
+use paddock_core::{ActivityEvent, Record, SessionId, SessionRecord, StatusEvent, UserMessage};
 use rusqlite::{named_params, params, Connection, Rows, TransactionBehavior};
 
 use codec::{int, map_to_json, time, ACTIVITY_COLUMNS, SESSION_COLUMNS};
@@ -496,6 +496,30 @@ impl Store {
         let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS_AFTER)?;
         let rows = stmt.query(params![after, campaign, working_dir, codec::limit(limit)])?;
         collect(rows, |r| self.session_from_row(r))
+    }
+
+    /// The newest session stored for sunbeam project `project` that the core's rule could
+    /// resume ([`paddock_core::session_to_resume`]) among those `skip` does not name. A
+    /// project's sessions work in its root, so only those rows are read, a page at a time.
+    pub fn resumable(
+        &self,
+        project: &str,
+        skip: &dyn Fn(&SessionId) -> bool,
+    ) -> Result<Option<SessionId>> {
+        const PAGE: usize = 256;
+        let mut best: Option<SessionRecord> = None;
+        let mut after = String::new();
+        loop {
+            let page = self.sessions_after(&after, None, Some(project), PAGE)?;
+            let Some(last) = page.last() else { break };
+            after = last.id.0.clone();
+            let candidates = page.iter().filter(|r| !skip(&r.id));
+            best = paddock_core::session_to_resume(project, best.iter().chain(candidates)).cloned();
+            if page.len() < PAGE {
+                break;
+            }
+        }
+        Ok(best.map(|r| r.id))
     }
 
     /// Whether session `id` is stored.
