@@ -260,6 +260,9 @@ pub struct Stats {
     /// after that.
     pub shutdowns: u64,
     pub spawns_after_shutdown: u64,
+    /// Batches of more than one input (one commit for all), and the inputs they held.
+    pub batches: u64,
+    pub batched: u64,
     /// Simulated time the run covered.
     pub sim_ms: Millis,
     pub model: ModelStats,
@@ -373,6 +376,12 @@ struct Sim {
     phase: Phase,
     /// How often (per mille of steps) the client acts in the chaos phase.
     client_rate: u32,
+    /// How often (per mille of output lines) the daemon takes more lines of other sessions
+    /// due at the same moment into the same batch (0 on half the seeds).
+    batching: u32,
+    /// Batches of more than one input, and the inputs they held.
+    batches: u64,
+    batched: u64,
     /// The chaos phase ends with the daemon's shutdown (graceful or not), on some seeds:
     /// every live session stopped at once, those making their environment included.
     shutdown: Option<bool>,
@@ -402,6 +411,12 @@ impl Sim {
         let rng = root.fork(4);
         let mut end = root.fork(5);
         let shutdown = end.chance(1, 3).then(|| end.chance(1, 2));
+        let mut batch = root.fork(6);
+        let batching = if batch.chance(1, 2) {
+            batch.range(200, 1000) as u32
+        } else {
+            0
+        };
         let mut engine = Engine::new(limits.clone());
         engine.set_trace(true);
         let mut log = EventLog::new(opts.log);
@@ -420,6 +435,9 @@ impl Sim {
             step: 0,
             phase: Phase::Chaos,
             client_rate,
+            batching,
+            batches: 0,
+            batched: 0,
             shutdown,
             spawns_after_shutdown: 0,
             crashes: 0,
@@ -461,6 +479,8 @@ impl Sim {
             provisions_dropped: self.io.world.provisions_dropped,
             shutdowns: u64::from(self.shutdown.is_some()),
             spawns_after_shutdown: self.spawns_after_shutdown,
+            batches: self.batches,
+            batched: self.batched,
             sim_ms: self.now - T0,
             model: self.model.stats,
         }
@@ -629,6 +649,44 @@ impl Sim {
                 return Some(Next::Input(Input::Environment { id, event }, cause));
             }
         };
+        let (input, cause) = provider_step(d);
+        Some(Next::Input(input, cause))
+    }
+
+    /// More output lines due by now, of other sessions than `first`'s, for the same batch (as
+    /// the daemon takes what is queued, up to its bound, into one commit): on the seed's share
+    /// of steps, up to 3 more.
+    fn more_due(&mut self, first: &Input) -> Vec<(Input, Cause)> {
+        let mut more = Vec::new();
+        let Input::Provider { id, .. } = first else {
+            return more;
+        };
+        if self.phase != Phase::Chaos || !self.rng.per_mille(self.batching) {
+            return more;
+        }
+        // The daemon is a moment late to the line: what came meanwhile (but not past a
+        // deadline of its own) is queued behind it.
+        let mut until = self.now + self.rng.range(0, 250);
+        if let Some((at, _)) = self.engine_deadline() {
+            until = until.min(at.max(self.now));
+        }
+        self.jump(until);
+        let mut taken = vec![id.clone()];
+        for _ in 0..self.rng.range(1, 3) {
+            let Some(Due::Provider(d)) = self.io.world.pop_more(self.now, &mut self.rng, &taken)
+            else {
+                break;
+            };
+            taken.push(d.id.clone());
+            more.push(provider_step(d));
+        }
+        more
+    }
+}
+
+/// The input and cause of one output line the world delivers.
+fn provider_step(d: crate::world::Delivery) -> (Input, Cause) {
+    {
         let ask = match &d.event {
             ProviderEvent::Ask(paddock_core::Ask {
                 approval,
@@ -679,7 +737,7 @@ impl Sim {
             session_ref,
             ask,
         };
-        Some(Next::Input(
+        (
             Input::Provider {
                 id: d.id,
                 run: d.run,
@@ -687,9 +745,11 @@ impl Sim {
                 event: d.event,
             },
             cause,
-        ))
+        )
     }
+}
 
+impl Sim {
     fn client_action(&mut self) -> Next {
         // Think time: the clock may move on before the client acts, but never past the next
         // event (the clock jumps from event to event).
@@ -729,32 +789,49 @@ impl Sim {
 
     // ── doing it ─────────────────────────────────────────────────────────
 
+    /// One step: `input`, with (on the seed's share of output lines) more lines of other
+    /// sessions due at the same moment, in one batch.
     fn feed(&mut self, input: Input, cause: Cause) -> Result<(), String> {
-        log_entry!(
-            self.log,
-            "#{} t+{} in {:?}",
-            self.step,
-            self.now - T0,
-            input
-        );
-        let tick = matches!(input, Input::Tick);
-        let due_before = self.engine_deadline().is_some_and(|(at, _)| at <= self.now);
-        // The daemon's executor: the settled session the input names is recalled from the
-        // store first (`Input::recalls`), then the input runs and its effects are carried
-        // out on the ports (processes at once), then its records are committed and what
-        // waited for them delivered.
-        self.io.now = self.now;
-        self.exec.push(input, &mut self.io)?;
-        self.exec.run(&mut self.io);
-        let effects = std::mem::take(&mut self.io.observed);
-        let trace = self.take_trace();
-        if tick && !due_before && !effects.is_empty() {
-            return Err(format!(
-                "a Tick with no deadline due had effects: {effects:?}"
-            ));
+        let mut batch = vec![(input, cause)];
+        let more = self.more_due(&batch[0].0);
+        if !more.is_empty() {
+            self.batches += 1;
+            self.batched += 1 + more.len() as u64;
         }
-        check_table(&cause, &trace, &effects, &self.io.store)?;
-        self.commit(&cause, &effects, tick)?;
+        batch.extend(more);
+        self.feed_batch(batch)
+    }
+
+    /// The daemon's executor over one batch: for each input in order, the settled session it
+    /// names is recalled from the store first (`Input::recalls`), then the input runs and its
+    /// effects are carried out on the ports (processes at once); then the batch's records are
+    /// committed in one transaction and what waited for them delivered.
+    fn feed_batch(&mut self, batch: Vec<(Input, Cause)>) -> Result<(), String> {
+        let tick = batch.len() == 1 && matches!(batch[0].0, Input::Tick);
+        let due_before = self.engine_deadline().is_some_and(|(at, _)| at <= self.now);
+        self.io.now = self.now;
+        let mut done = Vec::with_capacity(batch.len());
+        for (input, cause) in batch {
+            log_entry!(
+                self.log,
+                "#{} t+{} in {:?}",
+                self.step,
+                self.now - T0,
+                input
+            );
+            self.exec.push(input, &mut self.io)?;
+            self.exec.run(&mut self.io);
+            let effects = std::mem::take(&mut self.io.observed);
+            let trace = self.take_trace();
+            if tick && !due_before && !effects.is_empty() {
+                return Err(format!(
+                    "a Tick with no deadline due had effects: {effects:?}"
+                ));
+            }
+            check_table(&cause, &trace, &effects, &self.io.store)?;
+            done.push((cause, effects));
+        }
+        self.commit(&done, tick)?;
         // Committed: what the step settled goes back to the store, as the shell lets it go.
         self.evicted += self.exec.evict_settled() as u64;
         if tick {
@@ -772,11 +849,12 @@ impl Sim {
         Ok(())
     }
 
-    /// The step's commit through the executor (its records in one transaction, then what
-    /// waited for them), checked against the model, then the whole state checked.
-    fn commit(&mut self, cause: &Cause, effects: &[Effect], tick: bool) -> Result<(), String> {
+    /// The batch's commit through the executor (its records in one transaction, then what
+    /// waited for them), each input's effects checked against the model in order, then the
+    /// whole state checked.
+    fn commit(&mut self, batch: &[(Cause, Vec<Effect>)], tick: bool) -> Result<(), String> {
         if self.log.on() {
-            for e in effects {
+            for e in batch.iter().flat_map(|(_, fx)| fx) {
                 log_entry!(self.log, "   out {e:?}");
             }
         }
@@ -785,8 +863,10 @@ impl Sim {
             return Err(failure);
         }
         if self.exec.engine().is_shutting_down() {
-            if let Some(Effect::Spawn { id, run, .. }) =
-                effects.iter().find(|e| matches!(e, Effect::Spawn { .. }))
+            if let Some(Effect::Spawn { id, run, .. }) = batch
+                .iter()
+                .flat_map(|(_, fx)| fx)
+                .find(|e| matches!(e, Effect::Spawn { .. }))
             {
                 self.spawns_after_shutdown += 1;
                 return Err(format!(
@@ -794,8 +874,10 @@ impl Sim {
                 ));
             }
         }
-        self.model
-            .on_batch(self.now, cause, effects, &self.io.store)?;
+        for (cause, effects) in batch {
+            self.model
+                .on_batch(self.now, cause, effects, &self.io.store)?;
+        }
         self.model.check(self.exec.engine(), &self.io.store, tick)?;
         self.check_processes()?;
         self.check_blocked()
@@ -1055,7 +1137,7 @@ impl Sim {
         self.io.now = self.now;
         self.exec.execute(effects.clone(), &mut self.io);
         self.exec.run(&mut self.io);
-        self.commit(&Cause::Restore, &effects, false)?;
+        self.commit(&[(Cause::Restore, effects)], false)?;
         if !self.io.orphans.is_empty() {
             return Err(format!(
                 "restore: runs {:?} are named by no record and were left running",

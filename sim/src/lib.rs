@@ -17,7 +17,11 @@
 //! The session sweep (`driver`, `model`, `world`) drives sessions through the daemon's own
 //! effect executor (`paddock_exec`, on the fake ports of `ports`: the fake agents and the fake
 //! store), so recall before an input, processes before the commit, messages and stored answers
-//! after it, and eviction are the daemon's code here too; the daemon sweep
+//! after it, and eviction are the daemon's code here too. On half the seeds the daemon is now
+//! and then a moment late to an output line (up to 250 ms, never past a deadline of its own)
+//! and takes up to 3 more lines of other sessions that came meanwhile into the same batch: one
+//! commit for all, each input's effects checked against the reference in order, the whole
+//! state after the commit. The daemon sweep
 //! ([`daemon`]) drives the same engine's Aria tasks (output, cancel, timeout, TERM → KILL
 //! escalation, processes that ignore TERM, spawn failures), campaigns, daemon crashes with task
 //! processes the runner still runs (each killed at start-up, its task FAILED), and the

@@ -250,7 +250,7 @@ impl Store {
     /// once resolved, never again (its state never goes back), and a session is deleted (with
     /// everything stored about it) only once it ended and has no process.
     pub fn commit(&mut self, records: &[Record]) -> Result<(), String> {
-        for r in records {
+        for (at, r) in records.iter().enumerate() {
             self.committed += 1;
             match r {
                 Record::Session(rec) => {
@@ -296,9 +296,21 @@ impl Store {
                 }
                 Record::Approval(a) => self.put_approval(a)?,
                 Record::Delete(id) => {
-                    if records.len() != 1 {
+                    // The delete replaces whatever its input would have stored of the
+                    // session: nothing of it comes after the delete (other sessions' rows may
+                    // share its batch, and rows of it an earlier input stored go with it).
+                    let of_it = |r: &Record| match r {
+                        Record::Session(rec) => &rec.id == id,
+                        Record::Activity(ev) => &ev.session == id,
+                        Record::Status(ev) => &ev.session == id,
+                        Record::UserMessage(m) => &m.session == id,
+                        Record::Approval(a) => &a.session == id,
+                        Record::Delete(d) => d == id,
+                        _ => false,
+                    };
+                    if records[at + 1..].iter().any(of_it) {
                         return Err(format!(
-                            "store: the delete of {id} shares its transaction with other rows: \
+                            "store: rows of {id} come after its delete in one transaction: \
                              {records:?}"
                         ));
                     }
@@ -904,16 +916,36 @@ impl World {
     /// chosen at random among those with one due (each process's lines stay in order;
     /// processes interleave).
     pub fn pop_due(&mut self, now: Millis, rng: &mut Rng) -> Option<Due> {
+        self.pop(now, rng, None)
+    }
+
+    /// One more due output line for the daemon's batch: of a process whose session is none of
+    /// `taken`, and not a process's last word (an exit is delivered in a step of its own, so
+    /// a crash can catch it in flight).
+    pub fn pop_more(&mut self, now: Millis, rng: &mut Rng, taken: &[SessionId]) -> Option<Due> {
+        self.pop(now, rng, Some(taken))
+    }
+
+    fn pop(&mut self, now: Millis, rng: &mut Rng, taken: Option<&[SessionId]>) -> Option<Due> {
         let mut due: Vec<Option<RunId>> = self
             .procs
             .iter()
             .filter(|(_, p)| p.queue.front().is_some_and(|l| l.at <= now))
+            .filter(|(_, p)| {
+                taken.is_none_or(|t| {
+                    !t.contains(&p.session)
+                        && !matches!(
+                            p.queue.front().map(|l| &l.event),
+                            Some(ProviderEvent::Exited { .. } | ProviderEvent::SpawnFailed { .. })
+                        )
+                })
+            })
             .map(|(r, _)| Some(*r))
             .collect();
         let envs: Vec<SessionId> = self
             .making
             .iter()
-            .filter(|(_, m)| m.event.is_some() && m.at <= now)
+            .filter(|(_, m)| taken.is_none() && m.event.is_some() && m.at <= now)
             .map(|(id, _)| id.clone())
             .collect();
         due.extend(envs.iter().map(|_| None));

@@ -75,6 +75,7 @@ fn sweep() {
     let (mut provisions, mut provisions_failed, mut provisions_hung, mut provisions_dropped) =
         (0, 0, 0, 0);
     let (mut shutdowns, mut spawns_after_shutdown) = (0, 0);
+    let (mut batches, mut batched) = (0, 0);
     for r in rx {
         match r {
             Ok(o) => {
@@ -106,6 +107,8 @@ fn sweep() {
                 provisions_hung += o.stats.provisions_hung;
                 provisions_dropped += o.stats.provisions_dropped;
                 shutdowns += o.stats.shutdowns;
+                batches += o.stats.batches;
+                batched += o.stats.batched;
                 spawns_after_shutdown += o.stats.spawns_after_shutdown;
                 let s = &o.stats.model;
                 m.asks += s.asks;
@@ -145,7 +148,8 @@ fn sweep() {
         "sim sweep: seeds {start}..{} on {threads} threads in {:.1}s: {steps} steps, {sessions} \
          sessions, {requests} requests ({lost} lost in crashes), {turns} turns ended ({cut} by \
          a restart that lost their process), {crashes} daemon crashes ({mid} mid-step), {:.1} \
-         simulated hours; {} failed",
+         simulated hours; {batches} batches of several inputs ({batched} inputs, one commit \
+         each); {} failed",
         start + n,
         wall.as_secs_f64(),
         sim_ms as f64 / 3_600_000.0,
@@ -275,6 +279,7 @@ fn sweep() {
             ("a settled session let go", evicted),
             ("a settled session recalled when named", recalled),
             ("a run no record names killed at a restart", orphans),
+            ("a batch of several inputs in one commit", batches),
         ] {
             assert!(n > 0, "the CI set never reached {what}");
         }
