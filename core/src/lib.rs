@@ -47,7 +47,9 @@ pub use environment::{
 };
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;
-pub use provider_config::{ConfigError, ProviderConfig, SYSTEM_PROMPT_KEY};
+pub use provider_config::{
+    AgentSettings, ConfigError, ProviderConfig, COMMAND_KEY, SCRIPT_KEY, SYSTEM_PROMPT_KEY,
+};
 pub use session::effect::{Effect, Record, Signal, SpawnSpec};
 pub use session::input::{Ask, Input, ProviderEvent};
 pub use session::machine::{Run, Session, Step, Timer};

@@ -425,10 +425,7 @@ pub const PROJECT_KEY: &str = "sunbeam.project";
 impl SessionRecord {
     /// The project (sunbeam's root) the session was made for, if it was.
     pub fn project(&self) -> Option<&str> {
-        self.config
-            .provider_config
-            .get(PROJECT_KEY)
-            .map(String::as_str)
+        self.config.provider_config.project()
     }
 
     /// Whether a StartSession for `project` may resume this session: one made for that

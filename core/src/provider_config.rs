@@ -3,10 +3,12 @@
 //!
 //! The map enters at the edges: a create or a restart (the protocol modules) and a stored
 //! row (the store). Each builds a [`ProviderConfig`] with [`ProviderConfig::parse`], which
-//! refuses an invalid value; past that point the core reads typed settings (the permission
-//! policy, how long a request waits and what happens then) and never parses a string again.
-//! Keys paddock does not decide on (`command`, `script`, an agent's own options) stay in the
-//! map for the agents, which read them where they start.
+//! refuses an invalid value; past that point paddock reads typed settings and never parses a
+//! string again: the permission policy, how long a request waits and what happens then, the
+//! agent's own settings paddock acts on ([`AgentSettings`]: its command line, its script, its
+//! system prompt) and where the session comes from (its sunbeam project). An agent's other
+//! options (a codex profile, an endpoint) stay in the map for the bridges, separate processes
+//! that get the map in their environment.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -15,6 +17,12 @@ use crate::approval::{ApprovalSettings, Policy};
 
 /// The key of the permission policy ([`Policy`]).
 pub const PERMISSIONS: &str = "permissions";
+
+/// The key of the agent's command line (split as a shell would: `"gemini --acp"`).
+pub const COMMAND_KEY: &str = "command";
+
+/// The key of the scripted agent's script (a file in the campaign root).
+pub const SCRIPT_KEY: &str = "script";
 
 /// The key of text for the agent's system prompt (sunbeam's project context, or a user's
 /// own). An agent with a channel for it gets it there; the others get it ahead of the
@@ -49,6 +57,44 @@ pub struct ProviderConfig {
     map: BTreeMap<String, String>,
     policy: Policy,
     approvals: ApprovalSettings,
+    /// Boxed: a configuration travels in every create and restart input.
+    agent: Box<AgentSettings>,
+    project: Option<String>,
+}
+
+/// The settings of the agent paddock itself acts on, parsed from the map.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AgentSettings {
+    /// The command line that starts it, split into its argv (never empty); none: the
+    /// provider's own.
+    pub command: Option<Vec<String>>,
+    /// The scripted agent's script (a path in the campaign root).
+    pub script: Option<String>,
+    /// Text for its system prompt (none when empty).
+    pub system_prompt: Option<String>,
+}
+
+impl AgentSettings {
+    fn parse(map: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let text = |key: &str| map.get(key).filter(|v| !v.trim().is_empty()).cloned();
+        let command = match text(COMMAND_KEY) {
+            None => None,
+            Some(line) => match shlex::split(line.trim()) {
+                Some(argv) if !argv.is_empty() => Some(argv),
+                _ => {
+                    return Err(ConfigError {
+                        key: COMMAND_KEY,
+                        reason: format!("provider_config.command is not a command line: {line:?}"),
+                    })
+                }
+            },
+        };
+        Ok(AgentSettings {
+            command,
+            script: text(SCRIPT_KEY),
+            system_prompt: text(SYSTEM_PROMPT_KEY),
+        })
+    }
 }
 
 /// A `provider_config` value paddock cannot use: which key, and why.
@@ -76,10 +122,14 @@ impl ProviderConfig {
             }
         })?;
         let approvals = ApprovalSettings::parse(&map)?;
+        let agent = Box::new(AgentSettings::parse(&map)?);
+        let project = map.get(crate::PROJECT_KEY).cloned();
         Ok(ProviderConfig {
             map,
             policy,
             approvals,
+            agent,
+            project,
         })
     }
 
@@ -125,12 +175,20 @@ impl ProviderConfig {
         self.approvals
     }
 
+    /// The agent's settings paddock acts on.
+    pub fn agent(&self) -> &AgentSettings {
+        &self.agent
+    }
+
     /// The system prompt's text, if there is any (an empty one is none).
     pub fn system_prompt(&self) -> Option<&str> {
-        self.map
-            .get(SYSTEM_PROMPT_KEY)
-            .map(String::as_str)
-            .filter(|t| !t.trim().is_empty())
+        self.agent.system_prompt.as_deref()
+    }
+
+    /// The sunbeam project the session was made for (`PROJECT_KEY`), if any: where it comes
+    /// from.
+    pub fn project(&self) -> Option<&str> {
+        self.project.as_deref()
     }
 
     /// The map as the client sent it (with the defaults paddock filled in).
@@ -266,5 +324,45 @@ mod tests {
         let mut named = parse(&[("permissions", "deny")]).unwrap();
         named.keep_permissions_of(&old);
         assert_eq!(named.policy(), &Policy::Deny);
+    }
+
+    #[test]
+    fn the_agents_settings_and_origin_are_parsed_where_the_map_comes_in() {
+        let c = parse(&[
+            ("command", "  /opt/bin/gemini --acp 'two words' \"q\\\"x\" "),
+            ("script", "scripts/a.json"),
+            ("system_prompt", "the rules"),
+            (crate::PROJECT_KEY, "/p"),
+        ])
+        .unwrap();
+        let want: Vec<String> = ["/opt/bin/gemini", "--acp", "two words", "q\"x"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(c.agent().command.as_ref(), Some(&want));
+        assert_eq!(c.agent().script.as_deref(), Some("scripts/a.json"));
+        assert_eq!(c.system_prompt(), Some("the rules"));
+        assert_eq!(c.project(), Some("/p"));
+
+        // Empty is none: the provider's own command, no script, no prompt.
+        let c = parse(&[("command", "  "), ("script", ""), ("system_prompt", " ")]).unwrap();
+        assert_eq!(c.agent(), &AgentSettings::default());
+        assert_eq!(c.project(), None);
+
+        // A line no shell could split is refused, naming its key.
+        let e = parse(&[("command", "gemini 'unclosed")]).unwrap_err();
+        assert_eq!(e.key, COMMAND_KEY);
+        assert!(e.reason.contains("not a command line"), "{e}");
+        // ... and so is a change to one.
+        let mut c = parse(&[]).unwrap();
+        assert!(c.insert(COMMAND_KEY, "a \"b").is_err());
+        assert_eq!(
+            c,
+            parse(&[]).unwrap(),
+            "a refused value leaves it as it was"
+        );
+        c.insert(COMMAND_KEY, "codex --profile x").unwrap();
+        assert_eq!(c.agent().command.as_ref().map(Vec::len), Some(3));
+        c.remove(COMMAND_KEY);
+        assert_eq!(c.agent().command, None);
     }
 }

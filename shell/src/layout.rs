@@ -304,7 +304,8 @@ fn paths_groups_and_cycles_are_seen() {
 }
 
 /// Architecture Invariant: a session's settings (`permissions`, `approval_timeout`,
-/// `approval_default`) are parsed from the string map only where a `provider_config` comes in:
+/// `approval_default`, the agent's `command` line) are parsed from the string map only where a
+/// `provider_config` comes in:
 /// `paddock_core::ProviderConfig::parse` (create, restart, a stored row) and the bridges, which
 /// are processes of their own and get the map in their environment. Anything else reads the
 /// typed settings.
@@ -329,7 +330,12 @@ fn settings_are_parsed_only_where_a_provider_config_comes_in() {
     for f in &files {
         let rel = f.strip_prefix(root).expect("under the repository");
         let code = non_test_code(&std::fs::read_to_string(f).expect("readable"));
-        for parse in ["Policy::parse(", "ApprovalSettings::parse("] {
+        // The policy, the approval settings, the agent's command line.
+        for parse in [
+            "Policy::parse(",
+            "ApprovalSettings::parse(",
+            "shlex::split(",
+        ] {
             if code.contains(parse) && !allowed.iter().any(|a| rel == Path::new(a)) {
                 found.push(format!("{} calls {parse}", rel.display()));
             }

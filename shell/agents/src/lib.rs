@@ -159,7 +159,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
     match config.provider {
         Provider::Scripted => {
             check_model(config)?;
-            if let Some(script) = config.provider_config.get("script") {
+            if let Some(script) = &config.provider_config.agent().script {
                 // A request names this file: only a regular file inside the campaign root, of
                 // bounded size (a FIFO or /dev/zero must not stall or fill the daemon).
                 let bad = |e: String| {
@@ -356,34 +356,30 @@ const CLAUDE_ALIASES: &[&str] = &["default", "sonnet", "opus", "haiku", "best", 
 const GEMINI_ALIASES: &[&str] = &["auto", "pro", "flash", "flash-lite"];
 
 /// The command line that starts a CLI agent: `provider_config["command"]` (split like a shell
-/// would, so `"openclaw acp"` or `"/opt/bin/gemini --acp"` work), else the provider's default.
+/// would where the configuration came in, so `"openclaw acp"` or `"/opt/bin/gemini --acp"`
+/// work), else the provider's default.
 pub fn agent_command(
     provider: Provider,
-    provider_config: &std::collections::BTreeMap<String, String>,
+    provider_config: &paddock_core::ProviderConfig,
 ) -> Result<Vec<String>, String> {
-    let line = match provider_config.get("command").map(|s| s.trim()) {
-        Some(c) if !c.is_empty() => c.to_string(),
-        _ => match provider {
-            Provider::ClaudeCode => "claude".into(),
-            Provider::Codex => "codex".into(),
-            Provider::Gemini => "gemini".into(),
-            Provider::OpenClaw => "openclaw acp".into(),
-            Provider::Acp => {
-                return Err(
-                    "the acp provider needs provider_config.command: the agent's command line \
-                     (e.g. \"gemini --acp\")"
-                        .into(),
-                )
-            }
-            other => return Err(format!("provider {} runs no CLI", other.name())),
-        },
-    };
-    match shlex::split(&line) {
-        Some(argv) if !argv.is_empty() => Ok(argv),
-        _ => Err(format!(
-            "provider_config.command is not a command line: {line:?}"
-        )),
+    if let Some(argv) = &provider_config.agent().command {
+        return Ok(argv.clone());
     }
+    let argv: &[&str] = match provider {
+        Provider::ClaudeCode => &["claude"],
+        Provider::Codex => &["codex"],
+        Provider::Gemini => &["gemini"],
+        Provider::OpenClaw => &["openclaw", "acp"],
+        Provider::Acp => {
+            return Err(
+                "the acp provider needs provider_config.command: the agent's command line \
+                 (e.g. \"gemini --acp\")"
+                    .into(),
+            )
+        }
+        other => return Err(format!("provider {} runs no CLI", other.name())),
+    };
+    Ok(argv.iter().map(|a| a.to_string()).collect())
 }
 
 /// Resolves a program name the way a shell would (a name with a slash is taken as a path),
@@ -432,7 +428,7 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
     let plan = match config.provider {
         Provider::Scripted => {
             let mut args = vec!["__scripted-agent".to_string()];
-            if let Some(script) = config.provider_config.get("script") {
+            if let Some(script) = &config.provider_config.agent().script {
                 args.push("--script".into());
                 args.push(cwd.join(script).display().to_string());
             }

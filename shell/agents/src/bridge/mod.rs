@@ -94,7 +94,9 @@ pub const CONFIG_ENV: &str = "PADDOCK_BRIDGE_CONFIG";
 pub struct Bridge {
     pub model: String,
     pub resume: Option<String>,
-    pub config: BTreeMap<String, String>,
+    /// The session's `provider_config`, parsed where it comes in (this process's
+    /// environment).
+    pub config: paddock_core::ProviderConfig,
     /// The working directory (the campaign root): the process's own.
     pub cwd: PathBuf,
     pub out: Arc<Out>,
@@ -123,7 +125,10 @@ pub fn run(args: BridgeArgs) -> i32 {
     std::env::remove_var(CONFIG_ENV);
     let _ = nix::sys::prctl::set_dumpable(false);
     let text = args.config.or(from_env).unwrap_or_else(|| "{}".into());
-    let config: BTreeMap<String, String> = match serde_json::from_str(&text) {
+    let config = match serde_json::from_str::<BTreeMap<String, String>>(&text)
+        .map_err(|e| e.to_string())
+        .and_then(|map| paddock_core::ProviderConfig::parse(map).map_err(|e| e.to_string()))
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("paddock bridge: bad configuration: {e}");
