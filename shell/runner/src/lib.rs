@@ -595,17 +595,7 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
 
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) else {
-            return;
-        };
-        tokio::select! {
-            _ = int.recv() => {},
-            _ = term.recv() => {},
-        }
+        paddock_sys::proc::stop_signal().await;
         tracing::info!("signal received: stopping every run");
         svc.stop_all();
         let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;

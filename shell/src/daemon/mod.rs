@@ -244,17 +244,7 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
     // SIGINT / SIGTERM: stop every session gracefully, then exit.
     let sig_handle = handle.clone();
     tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) else {
-            return;
-        };
-        tokio::select! {
-            _ = int.recv() => {},
-            _ = term.recv() => {},
-        }
+        paddock_sys::proc::stop_signal().await;
         tracing::info!("signal received: stopping");
         // Sent, never dropped: the command waits for room in the queue.
         let _ = sig_handle.shutdown(true).await;

@@ -67,6 +67,23 @@ impl LaunchPlan {
     }
 }
 
+/// Waits for the signal that asks a server (the daemon, the runner) to stop: SIGINT or
+/// SIGTERM, whichever comes first. Never returns if the handlers cannot be installed (the
+/// server then runs until it is killed, as it would without them).
+pub async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {},
+        _ = term.recv() => {},
+    }
+}
+
 /// Signals the process group `pgid` leads (nothing for 0, which would be our own group).
 pub fn signal_group(pgid: u32, signal: paddock_core::Signal) {
     if pgid == 0 {
