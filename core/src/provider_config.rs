@@ -352,6 +352,9 @@ mod tests {
         let e = parse(&[("command", "gemini 'unclosed")]).unwrap_err();
         assert_eq!(e.key, COMMAND_KEY);
         assert!(e.reason.contains("not a command line"), "{e}");
+        // ... and one that names no program (a shell comment).
+        let e = parse(&[("command", "# gemini --acp")]).unwrap_err();
+        assert_eq!(e.key, COMMAND_KEY);
         // ... and so is a change to one.
         let mut c = parse(&[]).unwrap();
         assert!(c.insert(COMMAND_KEY, "a \"b").is_err());
