@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use paddock_core::{
     Activity, ActivityEvent, ActivityKind, Approval, ApprovalId, ApprovalSettings, ApprovalState,
     AskKind, Deadline, Decision, Effect, Engine, EnvState, Error, ErrorCode, Input, Limits,
-    ProviderConfig, Record, RequestId, Run, RunId, SessionConfig, SessionId, SessionRecord, Signal,
-    SpawnSpec, Status, StatusEvent, Timer,
+    Provider, ProviderConfig, Record, RequestId, Run, RunId, SessionConfig, SessionId,
+    SessionRecord, Signal, SpawnSpec, Status, StatusEvent, Timer,
 };
 
 use crate::world::{at, ts, Millis, Store};
@@ -623,8 +623,14 @@ impl Model {
             ));
         };
         let config = &self.sessions[id].config;
+        // The reference's own list (not the core's `takes_system_prompt`): the agents that
+        // get a system prompt on their command line or as their system message.
+        let own_channel = matches!(
+            config.provider,
+            Provider::ClaudeCode | Provider::Scripted | Provider::OpenAiApi
+        );
         let want = match config.provider_config.system_prompt() {
-            Some(p) if m.turn == 1 && !config.provider.takes_system_prompt() => {
+            Some(p) if m.turn == 1 && !own_channel => {
                 self.stats.prompts_with_message += 1;
                 paddock_core::provider_config::with_system_prompt(p, &m.text)
             }
