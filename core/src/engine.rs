@@ -467,10 +467,7 @@ impl Engine {
                         } else if self.shutting_down {
                             cx.out.rest.push(Effect::Reply {
                                 req,
-                                result: Err(Error::new(
-                                    ErrorCode::ShuttingDown,
-                                    "the daemon is shutting down",
-                                )),
+                                result: Err(shutting_down()),
                             });
                         } else {
                             // Restarted with this attach's context (the files may have
@@ -532,10 +529,7 @@ impl Engine {
             // No agent starts once the daemon shuts down: it would outlive it.
             Input::Restart { req, .. } if self.shutting_down => cx.out.rest.push(Effect::Reply {
                 req,
-                result: Err(Error::new(
-                    ErrorCode::ShuttingDown,
-                    "the daemon is shutting down",
-                )),
+                result: Err(shutting_down()),
             }),
             Input::Restart {
                 req,
@@ -645,10 +639,7 @@ impl Engine {
             Input::Task(TaskInput::Launch { req, .. }) if self.shutting_down => {
                 cx.out.rest.push(Effect::ReplyTask {
                     req,
-                    result: Err(Error::new(
-                        ErrorCode::ShuttingDown,
-                        "the daemon is shutting down",
-                    )),
+                    result: Err(shutting_down()),
                 })
             }
             // A command for a container runs only while the container does, in its workspace,
@@ -687,10 +678,7 @@ impl Engine {
             Input::Container { req, .. } if self.shutting_down => {
                 cx.out.rest.push(Effect::ReplyContainer {
                     req,
-                    result: Err(Error::new(
-                        ErrorCode::ShuttingDown,
-                        "the daemon is shutting down",
-                    )),
+                    result: Err(shutting_down()),
                 })
             }
             Input::Container {
@@ -917,10 +905,7 @@ fn create(
     cx: &mut Ctx,
 ) {
     let refuse = if shutting_down {
-        Some(Error::new(
-            ErrorCode::ShuttingDown,
-            "the daemon is shutting down",
-        ))
+        Some(self::shutting_down())
     } else if sessions.contains_key(&id) {
         Some(Error::new(
             ErrorCode::CreationFailed,
@@ -949,6 +934,11 @@ fn create(
     s.handle_created(req, cx);
     s.flush(cx);
     sessions.insert(id, s);
+}
+
+/// The refusal of anything new once the daemon shuts down (OBEY-2051).
+pub(crate) fn shutting_down() -> Error {
+    Error::new(ErrorCode::ShuttingDown, "the daemon is shutting down")
 }
 
 fn not_found(cx: &mut Ctx, req: u64, id: &SessionId) {

@@ -364,7 +364,7 @@ impl Session {
         if !std::mem::take(&mut self.restart_pending) {
             return;
         }
-        let e = Error::new(ErrorCode::ShuttingDown, "the daemon is shutting down");
+        let e = crate::engine::shutting_down();
         for req in std::mem::take(&mut self.start_replies) {
             reply_err(cx, req, e.clone());
         }

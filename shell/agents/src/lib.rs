@@ -407,11 +407,9 @@ pub use paddock_core::SYSTEM_PROMPT_KEY;
 
 /// `--append-system-prompt TEXT` when the session has a system prompt (an empty one is none).
 fn system_prompt_args(config: &SessionConfig) -> Vec<String> {
-    match config.provider_config.get(SYSTEM_PROMPT_KEY) {
-        Some(text) if !text.trim().is_empty() => {
-            vec!["--append-system-prompt".into(), text.clone()]
-        }
-        _ => Vec::new(),
+    match config.provider_config.system_prompt() {
+        Some(text) => vec!["--append-system-prompt".into(), text.to_string()],
+        None => Vec::new(),
     }
 }
 

@@ -95,9 +95,8 @@ const CATCH_UP_PAGE: usize = 256;
 pub const CLIENT_RESULT_MAX: usize = 256 * 1024;
 /// How a request this stream resolved is signed (`Approval.resolved_by`).
 const RESOLVED_BY: &str = "sunbeam";
-/// `provider_config` key for the client's tools: a JSON list of `{name, description,
-/// schema_json}`, which the openai-api loop offers to its model.
-pub const CLIENT_TOOLS_KEY: &str = "client_tools";
+/// `provider_config` key for the client's tools (the agents' own key).
+pub use crate::providers::CLIENT_TOOLS_KEY;
 
 /// The service. Which session a project's StartSession gets is the core's one step
 /// (`Input::Attach`): two clients starting at once share one session without a lock here.
