@@ -18,7 +18,8 @@
 //! Knobs: `PADDOCK_BENCH_SHORT=1` (fewer events, sessions and repetitions: P2 100,000 events,
 //! P3 100 sessions), `PADDOCK_BENCH_P2_EVENTS`, `PADDOCK_BENCH_P3_SESSIONS`,
 //! `PADDOCK_BENCH_REPS` (P2's turns, at least 3, and P6's runs), `PADDOCK_BENCH_ONLY=P3,P5`
-//! (only those rows). P1 runs only when
+//! (only those rows), `PADDOCK_BENCH_KEEP_STORE=1` (keep the 10,000-session store and print
+//! where, to profile a daemon on it). P1 runs only when
 //! `tests/npm/node_modules/.bin/claude` exists (`cd tests/npm && npm ci`), otherwise its row
 //! says why it was skipped.
 //!
@@ -1403,7 +1404,14 @@ fn main() {
         rows.push(rt.block_on(p6(store.path(), &s)));
     }
     // Removed now: `exit` below runs no destructors, and the store is ~180 MB.
-    drop(store);
+    if std::env::var_os("PADDOCK_BENCH_KEEP_STORE").is_some() {
+        eprintln!(
+            "the 10,000-session store is kept in {}",
+            store.keep().display()
+        );
+    } else {
+        drop(store);
+    }
     println!();
     print_table(&rows);
     println!();

@@ -112,11 +112,16 @@ fn corrupt(table: &str, col: &str, what: impl std::fmt::Display) -> StoreError {
 pub(super) trait Column: Copy {
     fn get<T: rusqlite::types::FromSql>(self, row: &Row) -> rusqlite::Result<T>;
     fn name(self) -> &'static str;
+    /// The column's text, borrowed from the row (no copy).
+    fn text<'r>(self, row: &'r Row<'_>) -> rusqlite::Result<&'r str>;
 }
 
 impl Column for &'static str {
     fn get<T: rusqlite::types::FromSql>(self, row: &Row) -> rusqlite::Result<T> {
         row.get(self)
+    }
+    fn text<'r>(self, row: &'r Row<'_>) -> rusqlite::Result<&'r str> {
+        Ok(row.get_ref(self)?.as_str()?)
     }
     fn name(self) -> &'static str {
         self
@@ -133,6 +138,9 @@ pub(super) struct Col {
 impl Column for Col {
     fn get<T: rusqlite::types::FromSql>(self, row: &Row) -> rusqlite::Result<T> {
         row.get(self.at)
+    }
+    fn text<'r>(self, row: &'r Row<'_>) -> rusqlite::Result<&'r str> {
+        Ok(row.get_ref(self.at)?.as_str()?)
     }
     fn name(self) -> &'static str {
         self.name
@@ -237,7 +245,7 @@ fn activity_kind(row: &Row, table: &str, col: impl Column) -> Result<ActivityKin
 /// A string map as the JSON object stored in `provider_config` / `environment`.
 /// The `env_podman` column: the podman block's lists (its variables are a map of their own,
 /// sealed).
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Default, PartialEq)]
 #[serde(default)]
 pub(super) struct PodmanJson {
     pub mounts: Vec<String>,
@@ -246,7 +254,7 @@ pub(super) struct PodmanJson {
 }
 
 /// The `env_qemu` column: the qemu driver's VM.
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Default, PartialEq)]
 #[serde(default)]
 pub(super) struct QemuJson {
     pub cpus: u32,
@@ -254,7 +262,7 @@ pub(super) struct QemuJson {
 }
 
 /// The `env_kubernetes` column: the kubernetes driver's pod.
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Default, PartialEq)]
 #[serde(default)]
 pub(super) struct KubeJson {
     pub namespace: String,
@@ -277,7 +285,7 @@ impl From<&KubeOptions> for KubeJson {
 }
 
 /// The `env_ssh` column: the ssh driver's machine.
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Default, PartialEq)]
 #[serde(default)]
 pub(super) struct SshJson {
     pub host: String,
@@ -327,10 +335,38 @@ pub(super) fn map_to_json(map: &BTreeMap<String, String>) -> Result<String> {
     serde_json::to_string(map).map_err(|e| StoreError::Corrupt(format!("encoding a map: {e}")))
 }
 
-fn map_from_json(row: &Row, table: &str, col: impl Column) -> Result<BTreeMap<String, String>> {
-    let text: String = col.get(row)?;
-    serde_json::from_str(&text)
+/// The text an option block is stored as: `{}` when it is all defaults (most sessions use
+/// none of the drivers' options), so that reading it back needs no parse.
+pub(super) fn block_to_json<T: serde::Serialize + Default + PartialEq>(
+    block: &T,
+    what: &str,
+) -> Result<String> {
+    if *block == T::default() {
+        return Ok(EMPTY_OBJECT.to_string());
+    }
+    serde_json::to_string(block)
+        .map_err(|e| StoreError::Corrupt(format!("encoding the {what} block: {e}")))
+}
+
+const EMPTY_OBJECT: &str = "{}";
+
+/// A JSON object column: an option block or a map. `{}` (what most rows hold) is the default
+/// without a parse; the rest is parsed from the row's own text, not a copy of it.
+fn json_col<T: serde::de::DeserializeOwned + Default>(
+    row: &Row,
+    table: &str,
+    col: impl Column,
+) -> Result<T> {
+    let text = col.text(row)?;
+    if text == EMPTY_OBJECT {
+        return Ok(T::default());
+    }
+    serde_json::from_str(text)
         .map_err(|e| corrupt(table, col.name(), format!("bad JSON object: {e}")))
+}
+
+fn map_from_json(row: &Row, table: &str, col: impl Column) -> Result<BTreeMap<String, String>> {
+    json_col(row, table, col)
 }
 
 /// Decodes one row selected with [`SESSION_COLUMNS`].
@@ -385,9 +421,7 @@ fn decode_session(row: &Row, id: &str, sealer: &crate::seal::Sealer) -> Result<S
             pids: u32::try_from(uint(row, T, sc!("env_pids"))?)
                 .map_err(|_| corrupt(T, sc!("env_pids").name(), "out of range"))?,
             podman: {
-                let text: String = sc!("env_podman").get(row)?;
-                let o: PodmanJson = serde_json::from_str(&text)
-                    .map_err(|e| corrupt(T, sc!("env_podman").name(), format!("bad JSON: {e}")))?;
+                let o: PodmanJson = json_col(row, T, sc!("env_podman"))?;
                 Box::new(PodmanOptions {
                     mounts: o.mounts,
                     ports: o.ports,
@@ -396,25 +430,18 @@ fn decode_session(row: &Row, id: &str, sealer: &crate::seal::Sealer) -> Result<S
                 })
             },
             qemu: {
-                let text: String = sc!("env_qemu").get(row)?;
-                let j: QemuJson = serde_json::from_str(&text)
-                    .map_err(|e| corrupt(T, sc!("env_qemu").name(), format!("bad JSON: {e}")))?;
+                let j: QemuJson = json_col(row, T, sc!("env_qemu"))?;
                 paddock_core::environment::boxed(QemuOptions {
                     cpus: j.cpus,
                     flags: j.flags,
                 })
             },
             ssh: {
-                let text: String = sc!("env_ssh").get(row)?;
-                let j: SshJson = serde_json::from_str(&text)
-                    .map_err(|e| corrupt(T, sc!("env_ssh").name(), format!("bad JSON: {e}")))?;
+                let j: SshJson = json_col(row, T, sc!("env_ssh"))?;
                 paddock_core::environment::boxed(SshTarget::from(j))
             },
             kubernetes: {
-                let text: String = sc!("env_kubernetes").get(row)?;
-                let j: KubeJson = serde_json::from_str(&text).map_err(|e| {
-                    corrupt(T, sc!("env_kubernetes").name(), format!("bad JSON: {e}"))
-                })?;
+                let j: KubeJson = json_col(row, T, sc!("env_kubernetes"))?;
                 paddock_core::environment::boxed(KubeOptions {
                     namespace: j.namespace,
                     service_account: j.service_account,

@@ -291,6 +291,51 @@ fn a_session_round_trips_with_every_field_set_and_with_none() {
 }
 
 #[test]
+fn option_blocks_left_at_their_defaults_are_stored_as_an_empty_object() {
+    let mut store = Store::open_in_memory().unwrap();
+    store
+        .apply(&[
+            Record::Session(Box::new(bare_record("01BARE"))),
+            Record::Session(Box::new(full_record("01FULL"))),
+        ])
+        .unwrap();
+    let blocks = |id: &str| -> Vec<String> {
+        store
+            .conn
+            .query_row(
+                "SELECT env_podman, env_ssh, env_qemu, env_kubernetes, environment \
+                 FROM agent_sessions WHERE id = ?1",
+                [id],
+                |r| (0..5).map(|i| r.get(i)).collect(),
+            )
+            .unwrap()
+    };
+    assert_eq!(blocks("01BARE"), vec!["{}"; 5]);
+    assert!(
+        blocks("01FULL").iter().all(|b| b != "{}"),
+        "{:?}",
+        blocks("01FULL")
+    );
+    // Rows an older version wrote spell every default out: they read the same.
+    store
+        .conn
+        .execute(
+            r#"UPDATE agent_sessions SET
+                 env_podman = '{"mounts":[],"ports":[],"flags":[]}',
+                 env_ssh = '{"host":"","port":0,"user":"","key_file":"","known_hosts":"","accept_new_host_key":false,"paddock":"","remote_dir":"","workdir":""}',
+                 env_qemu = '{"cpus":0,"flags":[]}',
+                 env_kubernetes = '{"namespace":"","service_account":"","pod_spec":"","kubeconfig":"","context":""}'
+               WHERE id = '01BARE'"#,
+            [],
+        )
+        .unwrap();
+    assert_eq!(
+        store.session("01BARE").unwrap(),
+        Some(bare_record("01BARE"))
+    );
+}
+
+#[test]
 fn every_status_provider_and_error_code_round_trips() {
     let mut store = Store::open_in_memory().unwrap();
     let mut records = Vec::new();

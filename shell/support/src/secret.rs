@@ -52,17 +52,20 @@ fn glob(pattern: &str, text: &str) -> bool {
     let Some(mut rest) = text.strip_prefix(first) else {
         return false;
     };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
+    let mut parts = parts.peekable();
+    if parts.peek().is_none() {
         return rest.is_empty(); // no `*`: the whole text
-    };
-    for part in middle {
+    }
+    while let Some(part) = parts.next() {
+        if parts.peek().is_none() {
+            return rest.ends_with(part); // the last part ends the text
+        }
         match rest.find(part) {
             Some(i) => rest = &rest[i + part.len()..],
             None => return false,
         }
     }
-    rest.len() >= last.len() && rest.ends_with(last)
+    unreachable!("the loop returns at the last part")
 }
 
 /// The map as it may be shown: every secret value replaced by [`MASK`].
