@@ -17,12 +17,15 @@ pub mod tasks;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use paddock_core::{ActivityEvent, Record, SessionId, SessionRecord, StatusEvent, UserMessage};
+use paddock_core::{
+    ActivityEvent, Record, SessionConfig, SessionId, SessionRecord, StatusEvent, UserMessage,
+};
 use rusqlite::{named_params, params, Connection, Rows, TransactionBehavior};
 
 use codec::{int, map_to_json, time, ACTIVITY_COLUMNS, SESSION_COLUMNS};
@@ -180,6 +183,44 @@ static UPSERT_SESSION: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The columns of a session that change as it works (everything but its id and its
+/// configuration), in the order [`UPDATE_SESSION_STATE`] binds them.
+const SESSION_STATE_COLUMNS: [&str; 22] = [
+    "status",
+    "tokens_input",
+    "tokens_output",
+    "pid",
+    "restart_count",
+    "created_at",
+    "started_at",
+    "last_activity_at",
+    "ended_at",
+    "error_code",
+    "error_message",
+    "provider_session",
+    "last_activity_seq",
+    "last_status_seq",
+    "turns",
+    "turn_open",
+    "run_id",
+    "provider_cursor",
+    "last_turn_failed",
+    "env_state",
+    "disconnected",
+    "closed_by_client",
+];
+
+/// A session whose configuration is stored as it is: only its state is written (`?1` is the
+/// id, then [`SESSION_STATE_COLUMNS`]).
+static UPDATE_SESSION_STATE: LazyLock<String> = LazyLock::new(|| {
+    let set: Vec<String> = SESSION_STATE_COLUMNS
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{c} = ?{}", i + 2))
+        .collect();
+    format!("UPDATE agent_sessions SET {} WHERE id = ?1", set.join(", "))
+});
+
 static SELECT_SESSIONS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {} FROM agent_sessions ORDER BY id",
@@ -259,7 +300,17 @@ pub struct Store {
     sealer: seal::Sealer,
     /// Dropped with the store: the checkpointer thread ends.
     _checkpointer: Option<std::sync::mpsc::Sender<()>>,
+    /// The configuration of each session as this store last committed it in full (live
+    /// sessions only, at most [`STORED_CONFIGS_MAX`]). A session that works changes its state
+    /// with every event and its configuration almost never: while the configuration is the
+    /// one stored, a batch writes only the state ([`UPDATE_SESSION_STATE`]) instead of
+    /// encoding and sealing the whole row again.
+    stored_configs: HashMap<String, SessionConfig>,
 }
+
+/// Sessions whose stored configuration [`Store`] remembers, at most; the others are written
+/// in full.
+const STORED_CONFIGS_MAX: usize = 4096;
 
 /// How often the checkpointer thread moves the WAL's committed pages into the database.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
@@ -374,6 +425,7 @@ impl Store {
             conn,
             sealer,
             _checkpointer: None,
+            stored_configs: HashMap::new(),
         })
     }
 
@@ -403,6 +455,10 @@ impl Store {
             };
         }
         let mut written: std::collections::HashSet<(bool, &str)> = std::collections::HashSet::new();
+        // What the batch does to `stored_configs`, done once it committed.
+        let mut configs_stored: Vec<&SessionRecord> = Vec::new();
+        let mut configs_gone: Vec<&str> = Vec::new();
+        let stored_configs = &self.stored_configs;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -418,13 +474,24 @@ impl Store {
                 None => record,
             };
             match record {
-                Record::Session(rec) => upsert_session(&tx, sealer, rec)?,
+                Record::Session(rec) => {
+                    let as_stored = stored_configs.get(&rec.id.0) == Some(&rec.config);
+                    if !(as_stored && update_session_state(&tx, rec)?) {
+                        upsert_session(&tx, sealer, rec)?;
+                    }
+                    if rec.status.is_terminal() {
+                        configs_gone.push(&rec.id.0);
+                    } else if !as_stored {
+                        configs_stored.push(rec);
+                    }
+                }
                 Record::Activity(ev) => insert_activity(&tx, ev)?,
                 Record::Status(ev) => insert_status(&tx, ev)?,
                 Record::UserMessage(m) => insert_message(&tx, m)?,
                 Record::Approval(a) => approvals::upsert(&tx, a)?,
                 Record::Delete(id) => {
                     delete_session_rows(&tx, &id.0)?;
+                    configs_gone.push(&id.0);
                 }
                 Record::Task(t) => tasks::upsert(&tx, sealer, t)?,
                 Record::TaskOutput(o) => tasks::insert_output(&tx, o)?,
@@ -446,6 +513,18 @@ impl Store {
             }
         }
         tx.commit()?;
+        // Only what is committed is remembered: after a rollback the next write is in full.
+        for rec in configs_stored {
+            if self.stored_configs.len() < STORED_CONFIGS_MAX
+                || self.stored_configs.contains_key(&rec.id.0)
+            {
+                self.stored_configs
+                    .insert(rec.id.0.clone(), rec.config.clone());
+            }
+        }
+        for id in configs_gone {
+            self.stored_configs.remove(id);
+        }
         Ok(events)
     }
 
@@ -851,6 +930,41 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
         ":closed_by_client": rec.closed_by_client,
     })?;
     Ok(())
+}
+
+/// Writes the state of session `rec`, whose configuration is stored as it is. False when
+/// there is no such row (the caller writes it in full).
+fn update_session_state(conn: &Connection, rec: &SessionRecord) -> Result<bool> {
+    let error_code = rec.error.as_ref().map(|e| e.code.to_string());
+    let error_message = rec.error.as_ref().map(|e| e.message.as_str());
+    let n = conn
+        .prepare_cached(&UPDATE_SESSION_STATE)?
+        .execute(params![
+            rec.id.0,
+            rec.status.number(),
+            int(rec.tokens_input),
+            int(rec.tokens_output),
+            rec.pid,
+            rec.restart_count,
+            time(rec.created_at),
+            rec.started_at.map(time),
+            rec.last_activity_at.map(time),
+            rec.ended_at.map(time),
+            error_code,
+            error_message,
+            rec.provider_session,
+            int(rec.last_activity_seq),
+            int(rec.last_status_seq),
+            int(rec.turns),
+            rec.turn_open,
+            rec.run.map(int),
+            int(rec.provider_cursor),
+            rec.last_turn_failed,
+            rec.env_state.number(),
+            rec.disconnected,
+            rec.closed_by_client,
+        ])?;
+    Ok(n == 1)
 }
 
 fn insert_activity(conn: &Connection, ev: &ActivityEvent) -> Result<()> {

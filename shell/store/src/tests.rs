@@ -488,6 +488,88 @@ fn a_batch_stores_the_last_version_of_each_session_once() {
 }
 
 #[test]
+fn a_session_whose_configuration_is_stored_has_only_its_state_written() {
+    let mut store = Store::open_in_memory().unwrap();
+    let config_of = |store: &Store| -> String {
+        store
+            .conn
+            .query_row(
+                "SELECT provider_config FROM agent_sessions WHERE id = 's'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    let mut rec = full_record("s");
+    rec.status = Status::Running;
+    rec.last_turn_failed = true; // every state field differs from bare_record's
+    store
+        .apply(&[Record::Session(Box::new(rec.clone()))])
+        .unwrap();
+    let stored = config_of(&store);
+    // Every state column changes (most back to NULL or 0), the configuration stays: only the
+    // state is written (a configuration changed behind the store's back stays as it is), and
+    // the row reads back as the record.
+    let set_config = |store: &Store, text: &str| {
+        store
+            .conn
+            .execute(
+                "UPDATE agent_sessions SET provider_config = ?1 WHERE id = 's'",
+                [text],
+            )
+            .unwrap();
+    };
+    set_config(&store, r#"{"marker":"kept"}"#);
+    let mut state = bare_record("s");
+    state.config = rec.config.clone();
+    store
+        .apply(&[Record::Session(Box::new(state.clone()))])
+        .unwrap();
+    assert_eq!(config_of(&store), r#"{"marker":"kept"}"#);
+    set_config(&store, &stored);
+    assert_eq!(store.session("s").unwrap(), Some(state));
+    store
+        .apply(&[Record::Session(Box::new(rec.clone()))])
+        .unwrap();
+    assert_eq!(store.session("s").unwrap(), Some(rec.clone()));
+
+    // A batch that changes the configuration and is rolled back leaves the stored one
+    // remembered: the next write of the old configuration is a state write, of the new one a
+    // full write.
+    let mut changed = rec.clone();
+    changed.config.model = "another-model".into();
+    let err = store
+        .apply(&[
+            Record::Session(Box::new(changed.clone())),
+            Record::Activity(activity("s", 1)),
+            Record::Activity(activity("s", 1)),
+        ])
+        .unwrap_err();
+    assert!(is_unique_violation(&err), "{err}");
+    assert_eq!(store.session("s").unwrap(), Some(rec.clone()));
+    store
+        .apply(&[Record::Session(Box::new(changed.clone()))])
+        .unwrap();
+    assert_eq!(store.session("s").unwrap(), Some(changed.clone()));
+
+    // A session that ended, or was deleted and made again, is written in full.
+    let mut ended = changed.clone();
+    ended.status = Status::Stopped;
+    store
+        .apply(&[Record::Session(Box::new(ended.clone()))])
+        .unwrap();
+    assert!(!store.stored_configs.contains_key("s"));
+    store
+        .apply(&[Record::Delete(SessionId("s".into()))])
+        .unwrap();
+    assert_eq!(store.session("s").unwrap(), None);
+    store
+        .apply(&[Record::Session(Box::new(rec.clone()))])
+        .unwrap();
+    assert_eq!(store.session("s").unwrap(), Some(rec));
+}
+
+#[test]
 fn an_empty_batch_is_a_no_op() {
     let mut store = Store::open_in_memory().unwrap();
     store.apply(&[]).unwrap();
