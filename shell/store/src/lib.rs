@@ -737,6 +737,7 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let existed = delete_session_rows(&tx, id)?;
         tx.commit()?;
+        self.stored_configs.remove(id);
         Ok(existed)
     }
 
