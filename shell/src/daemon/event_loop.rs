@@ -794,7 +794,7 @@ impl Io {
                         continue;
                     }
                     let ends = ev.ends_turn;
-                    if stream.send(Ok(ev)).await.is_err() || ends {
+                    if stream.send(Ok(Box::new(ev))).await.is_err() || ends {
                         return;
                     }
                 }
@@ -999,7 +999,7 @@ impl Ports for Io {
                 if let Some(turn) = ev.turn {
                     let key = (ev.session.clone(), turn);
                     if let Some(stream) = self.turn_streams.get(&key) {
-                        match stream.try_send(Ok(ev.clone())) {
+                        match stream.try_send(Ok(Box::new(ev.clone()))) {
                             Ok(()) if !ev.ends_turn => {}
                             Err(mpsc::error::TrySendError::Full(_)) => {
                                 // The client fell behind: the rest of its turn comes from the
