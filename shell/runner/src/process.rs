@@ -204,7 +204,7 @@ async fn read_chunks(
     let mut utf8 = Utf8Chunker::default();
     loop {
         let chunk = out.next_chunk().await;
-        let text = match chunk {
+        let text = match &chunk {
             Some(bytes) => utf8.feed(bytes),
             None => utf8.finish(),
         };
