@@ -472,25 +472,12 @@ impl RunnerLink {
             argv,
             environment: plan.env.iter().cloned().collect(),
         };
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let link = self.clone();
         tokio::spawn(async move {
-            let mut result = client.run_command(req.clone()).await;
-            if matches!(&result, Err(e) if e.code() == tonic::Code::Unavailable) {
-                // The runner is gone (its runs died with it): start a new one and try once more.
-                tracing::warn!("the runner does not answer; starting a new one");
-                if let Ok(fresh) = crate::runner::client::start(
-                    &link.data_dir,
-                    &link.exe,
-                    &link.socket,
-                    &link.limits,
-                )
-                .await
-                {
-                    client = fresh;
-                    result = client.run_command(req).await;
-                }
-            }
+            // Boxed: the call (and a restart) is over once the stream opens, and the task lives
+            // as long as the run; unboxed, its state would keep their size (some KiB) per run.
+            let (client, result) = Box::pin(link.run_command(client, req)).await;
             match result {
                 Ok(stream) => {
                     let reader = Reader::new(id, run, parser, tx, client, false, None);
@@ -512,6 +499,30 @@ impl RunnerLink {
             }
         });
         RunHandle::in_runner(stdin, rref)
+    }
+
+    /// Opens run `req`'s event stream; a runner that does not answer (it died, and its runs
+    /// with it) is started again and asked once more. Returns the client that answered.
+    async fn run_command(
+        &self,
+        mut client: RunnerClient<Channel>,
+        req: rpb::RunCommandRequest,
+    ) -> (
+        RunnerClient<Channel>,
+        Result<tonic::Response<tonic::Streaming<rpb::RunnerEvent>>, tonic::Status>,
+    ) {
+        let mut result = client.run_command(req.clone()).await;
+        if matches!(&result, Err(e) if e.code() == tonic::Code::Unavailable) {
+            tracing::warn!("the runner does not answer; starting a new one");
+            if let Ok(fresh) =
+                crate::runner::client::start(&self.data_dir, &self.exe, &self.socket, &self.limits)
+                    .await
+            {
+                client = fresh;
+                result = client.run_command(req).await;
+            }
+        }
+        (client, result)
     }
 
     /// Takes back an agent run that outlived the previous daemon, reading its output from just
@@ -550,7 +561,8 @@ impl RunnerLink {
                 true,
                 (seq > 0).then_some((seq, offset)),
             );
-            match client.attach_run(req).await {
+            // Boxed, as a spawn's call: the task lives as long as the run.
+            match Box::pin(client.attach_run(req)).await {
                 Ok(stream) => reader.read(stream.into_inner()).await,
                 Err(e) => {
                     reader
@@ -594,11 +606,13 @@ impl RunnerLink {
                             data: Vec::new(),
                             close: true,
                         };
-                        let _ = client.write_stdin(req).await;
+                        let _ = Box::pin(client.write_stdin(req)).await;
                         break;
                     }
                 };
-                let failed = match client.write_stdin(req).await {
+                // Boxed: the task waits for lines far longer than it writes them, and an
+                // unboxed call would size its state for the whole run.
+                let failed = match Box::pin(client.write_stdin(req)).await {
                     Ok(r) if r.get_ref().ok => continue,
                     Ok(r) => r.into_inner().message,
                     Err(e) => e.message().to_string(),
@@ -711,7 +725,8 @@ impl Reader {
                         rpb::RunState::Started => {
                             if !self.started {
                                 self.started = true;
-                                let pid = self.pid().await;
+                                // Boxed: asked once per run (see `run_command`).
+                                let pid = Box::pin(self.pid()).await;
                                 if !self.send(None, ProviderEvent::Started { pid }).await {
                                     return;
                                 }
@@ -782,8 +797,11 @@ impl Reader {
             if text.is_empty() {
                 continue;
             }
-            let mut inputs = Vec::new();
-            for parsed in self.parser.parse_line(&text) {
+            let parsed = self.parser.parse_line(&text);
+            // Sized to the line (almost always one event): the command may wait in the loop's
+            // queue, and a pushed-to `Vec` would hold room for four inputs.
+            let mut inputs = Vec::with_capacity(parsed.len());
+            for parsed in parsed {
                 match parsed {
                     Parsed::Event(event) => inputs.push(Input::Provider {
                         id: self.id.clone(),
@@ -798,7 +816,7 @@ impl Reader {
                             data: (line + "\n").into_bytes(),
                             close: false,
                         };
-                        let _ = client.write_stdin(req).await;
+                        let _ = Box::pin(client.write_stdin(req)).await;
                     }
                     Parsed::Unrecognized(line) => {
                         let cmd = Command::Unrecognized {
