@@ -90,8 +90,9 @@ fn wall_ns() -> u128 {
 
 /// `--bench-agent <mode> …`: answers every user message on stdin with one turn.
 /// - `cat FILE`: the file's bytes, verbatim (a turn prepared in advance: P2);
-/// - `paced N MS`: N lines `ts=<wall-clock ns at the write>`, MS apart, then the result (P3
-///   probes, P6);
+/// - `paced N MS [spread]`: N lines `ts=<wall-clock ns at the write>`, MS apart, then the
+///   result (P3, P6); `spread` first waits a random part of MS, as an agent of its own would
+///   (P3's load: a thousand agents started together would otherwise write in lockstep);
 /// - `tiny`: one line and the result.
 ///
 /// It answers paddock's ready request at once, ignores the claude flags the daemon appends,
@@ -125,6 +126,13 @@ fn agent(args: &[String]) -> ! {
                 let n: u64 = args[1].parse().unwrap_or(1);
                 let ms: u64 = args[2].parse().unwrap_or(0);
                 writeln!(out, "{}", init_line()).unwrap();
+                if args.get(3).map(String::as_str) == Some("spread") && ms > 0 {
+                    // An independent agent's own phase: its first line at a random point of
+                    // its period, so that S agents together write evenly, not S at once.
+                    let phase = (wall_ns() ^ (u128::from(std::process::id()) * 0x9E37_79B9))
+                        % u128::from(ms * 1000);
+                    std::thread::sleep(Duration::from_micros(phase as u64));
+                }
                 for i in 0..n {
                     if ms > 0 {
                         std::thread::sleep(Duration::from_millis(ms));
@@ -1054,7 +1062,8 @@ async fn p3(s: &Settings) -> Vec<Row> {
     let max = (n + PROBES + 8).to_string();
     let d = Daemon::start(tmp.path(), &["--max-sessions", &max]).await;
     let camp = d.campaign().await;
-    // The load: each session answers with 21 lines 100 ms apart (a 2 s turn).
+    // The load: each session answers with 21 lines 100 ms apart (a 2 s turn), each agent at a
+    // phase of its own, so that the load is a rate and not 1,000 events at once every 100 ms.
     let t0 = Instant::now();
     let mut ids = Vec::with_capacity(n);
     let mut creating = tokio::task::JoinSet::new();
@@ -1063,7 +1072,7 @@ async fn p3(s: &Settings) -> Vec<Row> {
         while creating.len() < 16 && next < n {
             let mut c = d.client().await;
             let camp = camp.clone();
-            let cmd = agent_command(&["paced", "21", "100"]);
+            let cmd = agent_command(&["paced", "21", "100", "spread"]);
             creating.spawn(async move {
                 c.create_session(pb::CreateSessionRequest {
                     campaign_id: camp,
