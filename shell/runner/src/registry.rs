@@ -462,35 +462,45 @@ impl Run {
     // ── the log ────────────────────────────────────────────────────────────
 
     /// Appends a status event (the final one closes the log).
-    pub async fn push_status(&self, status: &Status) {
+    pub fn push_status(&self, status: &Status) -> impl std::future::Future<Output = ()> + '_ {
         let terminal = status.kind != StatusKind::Started;
-        let payload = Payload::Status(RunStatus {
+        let event = self.event(Payload::Status(RunStatus {
             state: run_state(status.kind) as i32,
             exit_code: status.exit_code,
             message: status.message.clone(),
-        });
-        self.push_inner(payload, None, terminal, Some(status.message.clone()))
-            .await;
+        }));
+        self.push_inner(event, None, terminal, Some(status.message.clone()))
     }
 
     /// Appends one event of the child's output, waiting while the buffer is full of events a
     /// connected reader has not read yet.
-    pub async fn push_output(&self, payload: Payload, bytes: u64) {
-        self.push_inner(payload, Some(bytes), false, None).await;
+    ///
+    /// Not an `async fn`: the event is boxed before the future is made, so that the future
+    /// (part of a reading task's state for the run's whole life) holds no 350-byte payload.
+    pub fn push_output(
+        &self,
+        payload: Payload,
+        bytes: u64,
+    ) -> impl std::future::Future<Output = ()> + '_ {
+        self.push_inner(self.event(payload), Some(bytes), false, None)
+    }
+
+    /// An event of this run, its seq not yet given.
+    fn event(&self, payload: Payload) -> Box<RunnerEvent> {
+        Box::new(RunnerEvent {
+            run_id: self.id.clone(),
+            payload: Some(payload),
+            seq: 0,
+        })
     }
 
     async fn push_inner(
         &self,
-        payload: Payload,
+        mut event: Box<RunnerEvent>,
         output_bytes: Option<u64>,
         close: bool,
         message: Option<String>,
     ) {
-        let mut event = Box::new(RunnerEvent {
-            run_id: self.id.clone(),
-            payload: Some(payload),
-            seq: 0,
-        });
         // The seq is not known yet; a u64 takes at most 11 bytes more once set.
         let size = event.encoded_len() + 11;
         let mut space = self.space.subscribe();

@@ -619,13 +619,14 @@ impl RunnerLink {
                 };
                 tracing::warn!(run = %run_id, "stdin: {failed}");
                 // What was sent never reached the agent: the core ends the turn (OBEY-2012).
-                let input = Input::Provider {
-                    id: id.clone(),
-                    run,
-                    cursor: None,
-                    event: ProviderEvent::DeliveryFailed { reason: failed },
-                };
-                let _ = loop_tx.send(Command::Provider(input)).await;
+                if let Ok(room) = loop_tx.reserve().await {
+                    room.send(Command::Provider(Input::Provider {
+                        id: id.clone(),
+                        run,
+                        cursor: None,
+                        event: ProviderEvent::DeliveryFailed { reason: failed },
+                    }));
+                }
                 break;
             }
         });
@@ -687,27 +688,35 @@ impl Reader {
         }
     }
 
+    /// Sends one provider input to the loop. The command is made once the queue has room:
+    /// a `send(command)` future holds the command while it waits, and this one lives as long
+    /// as the run (see [`Reader::read`]).
     async fn send(&mut self, cursor: Option<u64>, event: ProviderEvent) -> bool {
-        self.tx
-            .send(Command::Provider(Input::Provider {
-                id: self.id.clone(),
-                run: self.run,
-                cursor,
-                event,
-            }))
-            .await
-            .is_ok()
+        let Ok(room) = self.tx.reserve().await else {
+            return false;
+        };
+        room.send(Command::Provider(Input::Provider {
+            id: self.id.clone(),
+            run: self.run,
+            cursor,
+            event,
+        }));
+        true
     }
 
+    /// Reads the run's events until its end. This future lives as long as the run, once per
+    /// live session, and is as large as its largest await: what happens once (the end, the
+    /// pid) is boxed, and sends make their command only when the queue has room.
     async fn read(mut self, mut stream: tonic::Streaming<rpb::RunnerEvent>) {
         loop {
             let ev = match stream.message().await {
                 Ok(Some(ev)) => ev,
-                Ok(None) => return self.lost("the runner ended the run's stream".into()).await,
+                Ok(None) => {
+                    return Box::pin(self.lost("the runner ended the run's stream".into())).await
+                }
                 Err(e) => {
-                    return self
-                        .lost(format!("the runner went away: {}", e.message()))
-                        .await
+                    let why = format!("the runner went away: {}", e.message());
+                    return Box::pin(self.lost(why)).await;
                 }
             };
             use rpb::runner_event::Payload;
@@ -733,7 +742,7 @@ impl Reader {
                             }
                         }
                         rpb::RunState::Finished | rpb::RunState::Failed => {
-                            return self.finish(state, st.exit_code, &st.message).await;
+                            return Box::pin(self.finish(state, st.exit_code, &st.message)).await;
                         }
                         rpb::RunState::Unspecified => {}
                     }
@@ -819,14 +828,15 @@ impl Reader {
                         let _ = Box::pin(client.write_stdin(req)).await;
                     }
                     Parsed::Unrecognized(line) => {
-                        let cmd = Command::Unrecognized {
+                        // As `send`: the command is made once there is room.
+                        let Ok(room) = self.tx.reserve().await else {
+                            return false;
+                        };
+                        room.send(Command::Unrecognized {
                             id: self.id.clone(),
                             run: self.run,
                             line,
-                        };
-                        if self.tx.send(cmd).await.is_err() {
-                            return false;
-                        }
+                        });
                     }
                 }
             }
@@ -835,8 +845,11 @@ impl Reader {
             if let Some(Input::Provider { cursor: c, .. }) = inputs.last_mut() {
                 *c = Some(cursor(seq, end));
             }
-            if !inputs.is_empty() && self.tx.send(Command::ProviderLine(inputs)).await.is_err() {
-                return false;
+            if !inputs.is_empty() {
+                let Ok(room) = self.tx.reserve().await else {
+                    return false;
+                };
+                room.send(Command::ProviderLine(inputs));
             }
         }
         true
