@@ -2,7 +2,7 @@
 //! 2014, 2021, 2031 are also covered by the scenario tests in `sessions`, 2032 in
 //! `lifecycle`.)
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use paddock_proto::obey::local::v1 as pb;
 use pb::{SessionProvider as P, SessionStatus as S};
@@ -46,7 +46,7 @@ async fn create_session_refusals_2001_2002_2003_2004_2005() {
     ] {
         let mut r = base.clone();
         r.provider = p as i32;
-        r.environment = HashMap::from([("PATH".to_string(), "/nonexistent".to_string())]);
+        r.environment = BTreeMap::from([("PATH".to_string(), "/nonexistent".to_string())]);
         let e = create_err(&d, r).await;
         assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
         assert!(e.message().contains(named), "{p:?}: {}", e.message());
@@ -83,7 +83,7 @@ async fn create_session_refusals_2001_2002_2003_2004_2005() {
     // does not exist or does not parse, a bad permission policy.
     let mut r = base.clone();
     r.provider = P::ClaudeCode as i32;
-    r.provider_config = HashMap::from([(
+    r.provider_config = BTreeMap::from([(
         "command".to_string(),
         "paddock-e2e-no-such-claude".to_string(),
     )]);
@@ -95,7 +95,8 @@ async fn create_session_refusals_2001_2002_2003_2004_2005() {
         e.message()
     );
     let mut r = base.clone();
-    r.provider_config = HashMap::from([("script".to_string(), "scripts/missing.json".to_string())]);
+    r.provider_config =
+        BTreeMap::from([("script".to_string(), "scripts/missing.json".to_string())]);
     let e = create_err(&d, r).await;
     assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
     assert!(e.message().contains("missing.json"), "{}", e.message());
@@ -103,12 +104,12 @@ async fn create_session_refusals_2001_2002_2003_2004_2005() {
         .dirs
         .script("bad", &json!({"turns": [{"steps": [{"explode": 1}]}]}));
     let mut r = base.clone();
-    r.provider_config = HashMap::from([("script".to_string(), bad)]);
+    r.provider_config = BTreeMap::from([("script".to_string(), bad)]);
     let e = create_err(&d, r).await;
     assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
     assert!(e.message().contains("explode"), "{}", e.message());
     let mut r = base.clone();
-    r.provider_config = HashMap::from([("permissions".to_string(), "maybe".to_string())]);
+    r.provider_config = BTreeMap::from([("permissions".to_string(), "maybe".to_string())]);
     assert_status(
         &create_err(&d, r).await,
         Code::FailedPrecondition,
@@ -198,7 +199,7 @@ async fn refused_creates_write_nothing() {
     let base = d.request(None).await;
     for (k, v) in [("", "x"), ("A=B", "x"), ("A\0B", "x"), ("OK", "x\0y")] {
         let mut r = base.clone();
-        r.environment = HashMap::from([(k.to_string(), v.to_string())]);
+        r.environment = BTreeMap::from([(k.to_string(), v.to_string())]);
         let e = create_err(&d, r).await;
         assert_eq!(e.code(), Code::InvalidArgument, "{k:?}={v:?}: {e:?}");
     }
@@ -207,7 +208,7 @@ async fn refused_creates_write_nothing() {
     std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut r = base.clone();
     r.provider = P::ClaudeCode as i32;
-    r.provider_config = HashMap::from([("command".to_string(), agent.display().to_string())]);
+    r.provider_config = BTreeMap::from([("command".to_string(), agent.display().to_string())]);
     let e = create_err(&d, r).await;
     assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
     assert!(
@@ -231,7 +232,7 @@ async fn an_agent_that_dies_at_start_refuses_the_create_with_2004() {
         let mut d = Daemon::start_with(Dirs::new(), args).await;
         let mut r = d.request(None).await;
         r.provider = P::ClaudeCode as i32;
-        r.provider_config = HashMap::from([(
+        r.provider_config = BTreeMap::from([(
             "command".to_string(),
             "sh -c 'sleep 0.3; echo \"error: unknown option --bad-flag\" >&2; exit 1'".to_string(),
         )]);
@@ -400,7 +401,7 @@ async fn restart_with_a_bad_provider_config_is_2004_and_changes_nothing() {
         .await
         .restart_session(pb::RestartSessionRequest {
             session_id: s.id.clone(),
-            provider_config: HashMap::from([(
+            provider_config: BTreeMap::from([(
                 "script".to_string(),
                 "scripts/nowhere.json".to_string(),
             )]),
@@ -628,7 +629,8 @@ async fn a_message_the_agent_cannot_receive_is_2012() {
         .unwrap();
         std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        req.provider_config = HashMap::from([("command".to_string(), agent.display().to_string())]);
+        req.provider_config =
+            BTreeMap::from([("command".to_string(), agent.display().to_string())]);
         let s = d.create(req).await;
         assert_eq!(s.status, S::Running as i32, "{args:?}: {s:?}");
         let t0 = std::time::Instant::now();

@@ -27,7 +27,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -355,7 +355,7 @@ impl Daemon {
     /// (a JSON script written to scripts/<name>.json) if given.
     pub async fn request(&mut self, script: Option<(&str, Value)>) -> pb::CreateSessionRequest {
         let campaign_id = self.campaign().await;
-        let mut provider_config = HashMap::new();
+        let mut provider_config = BTreeMap::new();
         if let Some((name, s)) = script {
             provider_config.insert("script".to_string(), self.dirs.script(name, &s));
         }

@@ -838,7 +838,7 @@ async fn a_failed_session_can_be_restarted_with_a_new_provider_config() {
     assert!(failed.ended_at.is_some());
 
     let ok = d.dirs.script("ok", &fixed_turn());
-    let mut pc = std::collections::HashMap::new();
+    let mut pc = std::collections::BTreeMap::new();
     pc.insert("script".to_string(), ok.clone());
     let r = d
         .client()

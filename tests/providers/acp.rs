@@ -10,7 +10,7 @@
 //! side requests (a session title, answered by the fake server outside the script; a guess of
 //! the next prompt, off with `CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION=false`).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use paddock_proto::obey::local::v1 as pb;
@@ -25,7 +25,7 @@ pub fn acp_bin() -> std::path::PathBuf {
     npm_bin("PADDOCK_ACP_BIN", "claude-agent-acp")
 }
 
-fn acp_env(w: &World) -> HashMap<String, String> {
+fn acp_env(w: &World) -> BTreeMap<String, String> {
     let mut env = w.claude_env();
     env.insert("IS_SANDBOX".into(), "1".into());
     // The SDK predicts the user's next prompt after a turn, with a model call of its own that

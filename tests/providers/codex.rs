@@ -59,7 +59,7 @@ fn codex_request(
 ) -> pb::CreateSessionRequest {
     // Not under /tmp (World::dir_outside_tmp): codex's sandbox would not work from there.
     let codex_home = w.dir_outside_tmp("paddock-test-codex-");
-    let mut config: std::collections::HashMap<String, String> = [
+    let mut config: std::collections::BTreeMap<String, String> = [
         ("command".to_string(), codex_bin().display().to_string()),
         ("codex_config".to_string(), fake_provider_config(fake)),
     ]

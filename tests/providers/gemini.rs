@@ -53,7 +53,7 @@ impl G {
         G { w, fake }
     }
 
-    fn env(&self) -> std::collections::HashMap<String, String> {
+    fn env(&self) -> std::collections::BTreeMap<String, String> {
         [
             ("GOOGLE_GEMINI_BASE_URL", self.fake.url()),
             ("GEMINI_API_KEY", "paddock-test-key".to_string()),

@@ -13,7 +13,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -198,7 +198,7 @@ impl World {
 
     /// The environment a Claude Code session gets: the fake server, a dummy key, no side
     /// traffic, and no API retries (a 5xx would otherwise be retried with back-off for minutes).
-    pub fn claude_env(&self) -> HashMap<String, String> {
+    pub fn claude_env(&self) -> BTreeMap<String, String> {
         [
             ("ANTHROPIC_BASE_URL", self.fake.url()),
             ("ANTHROPIC_API_KEY", "sk-ant-paddock-test".to_string()),

@@ -802,7 +802,7 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
     let timeout_secs = i64::try_from(timeout)
         .map_err(|_| Error::Usage(format!("timeout {timeout} is too large")))?;
     let merge = |file: Option<BTreeMap<String, Scalar>>, flags: Vec<(String, String)>| {
-        let mut m: std::collections::HashMap<String, String> = file
+        let mut m: BTreeMap<String, String> = file
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k, v.text()))

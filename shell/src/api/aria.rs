@@ -561,7 +561,7 @@ fn session_pb(
         Status::Waiting if understood.waiting => "waiting",
         _ => "active",
     };
-    let mut ctx = HashMap::new();
+    let mut ctx = std::collections::BTreeMap::new();
     ctx.insert("provider".to_string(), r.config.provider.name().to_string());
     ctx.insert("model".to_string(), r.config.model.clone());
     ctx.insert("paddock_status".to_string(), r.status.name().to_string());
