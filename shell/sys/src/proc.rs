@@ -215,7 +215,7 @@ impl Process {
             tracing::warn!(pid = self.pid, "wait: {e}");
         }
         let (pgid, tag) = (self.pid, self.tag);
-        let _ = tokio::task::spawn_blocking(move || crate::contain::kill_tree(pgid, &tag)).await;
+        crate::contain::end_tree(pgid, tag).await;
         let _ = self.exited.send(true);
         Exit::from(&status)
     }

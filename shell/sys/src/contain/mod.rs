@@ -183,44 +183,155 @@ const MAX_PASSES: usize = 8;
 /// restarter) cannot leave a child behind; then all are killed. Reads /proc: call it off an
 /// async runtime's threads.
 pub fn kill_tree(pgid: u32, tag: &str) -> usize {
-    // The group first: one write ends the whole tree, forks in flight included.
-    let in_cgroup = OWNER
-        .get()
-        .and_then(|o| o.cgroups.as_ref())
-        .map_or(0, |base| cgroup::kill(base, tag));
-    if pgid != 0 {
-        let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
-    }
-    // What the group did not hold (no cgroups here) is found by its tag. A process the group
+    kill_trees(&[(pgid, tag)])[0]
+}
+
+/// [`kill_tree`] for several trees at once, with one look through /proc per pass for all of
+/// them; how many processes of each.
+fn kill_trees(trees: &[(u32, &str)]) -> Vec<usize> {
+    let cgroups = OWNER.get().and_then(|o| o.cgroups.as_ref());
+    // The groups first: one write ends a whole tree, forks in flight included.
+    let in_cgroup: Vec<usize> = trees
+        .iter()
+        .map(|(pgid, tag)| {
+            let n = cgroups.map_or(0, |base| cgroup::kill(base, tag));
+            if *pgid != 0 {
+                let _ = killpg(Pid::from_raw(*pgid as i32), Signal::SIGKILL);
+            }
+            n
+        })
+        .collect();
+    // What the groups did not hold (no cgroups here) is found by its tag. A process a group
     // held is gone by now: a zombie's environment reads empty, so none is counted twice.
-    let n = in_cgroup + stop_and_kill(&format!("{TAG_VAR}={tag}"));
-    if n > 0 {
-        tracing::info!(tag, count = n, "killed what was left of a process tree");
+    let vars: Vec<String> = trees
+        .iter()
+        .map(|(_, tag)| format!("{TAG_VAR}={tag}"))
+        .collect();
+    let by_tag = stop_and_kill_any(&vars);
+    trees
+        .iter()
+        .zip(in_cgroup.into_iter().zip(by_tag))
+        .map(|((_, tag), (a, b))| {
+            let n = a + b;
+            if n > 0 {
+                tracing::info!(tag, count = n, "killed what was left of a process tree");
+            }
+            n
+        })
+        .collect()
+}
+
+/// Trees waiting for the reaper thread, at most (a sender waits for room past it).
+const REAP_QUEUE: usize = 4096;
+/// Trees the reaper ends with one look through /proc, at most.
+const REAP_BATCH_MAX: usize = 1024;
+
+/// One tree to end, and who waits for its count.
+struct Ending {
+    pgid: u32,
+    tag: String,
+    done: tokio::sync::oneshot::Sender<usize>,
+}
+
+/// [`kill_tree`] for async code, on the reaper thread: the trees that end together (a
+/// shutdown of a thousand agents) are ended with one look through /proc per pass, not one
+/// each. (Before, each exit scanned every process's environment on a blocking thread of its
+/// own: a thousand exits read a million environments on up to 512 threads, and the runner's
+/// memory grew by ~50 MiB of thread stacks and caches while they did.)
+pub async fn end_tree(pgid: u32, tag: String) -> usize {
+    let (done, count) = tokio::sync::oneshot::channel();
+    match reaper() {
+        Some(queue) => {
+            let ending = Ending { pgid, tag, done };
+            // The queue is bounded: a full one is waited for off the runtime's threads.
+            let sent = match queue.try_send(ending) {
+                Ok(()) => true,
+                Err(std::sync::mpsc::TrySendError::Full(e)) => {
+                    let queue = queue.clone();
+                    tokio::task::spawn_blocking(move || queue.send(e).is_ok())
+                        .await
+                        .unwrap_or(false)
+                }
+                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => false,
+            };
+            if sent {
+                return count.await.unwrap_or(0);
+            }
+            0
+        }
+        // No thread could be started: as before, on a blocking thread.
+        None => tokio::task::spawn_blocking(move || kill_tree(pgid, &tag))
+            .await
+            .unwrap_or(0),
     }
-    n
+}
+
+/// The reaper thread's queue, started on first use.
+fn reaper() -> Option<&'static std::sync::mpsc::SyncSender<Ending>> {
+    static REAPER: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Ending>>> =
+        std::sync::OnceLock::new();
+    REAPER
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Ending>(REAP_QUEUE);
+            let spawned = std::thread::Builder::new()
+                .name("paddock-reaper".into())
+                .spawn(move || {
+                    while let Ok(first) = rx.recv() {
+                        let mut batch = vec![first];
+                        while batch.len() < REAP_BATCH_MAX {
+                            match rx.try_recv() {
+                                Ok(e) => batch.push(e),
+                                Err(_) => break,
+                            }
+                        }
+                        let trees: Vec<(u32, &str)> =
+                            batch.iter().map(|e| (e.pgid, e.tag.as_str())).collect();
+                        let counts = kill_trees(&trees);
+                        for (e, n) in batch.into_iter().zip(counts) {
+                            let _ = e.done.send(n);
+                        }
+                    }
+                });
+            match spawned {
+                Ok(_) => Some(tx),
+                Err(e) => {
+                    tracing::warn!("cannot start the reaper thread: {e}");
+                    None
+                }
+            }
+        })
+        .as_ref()
 }
 
 /// Stops (SIGSTOP) every process whose environment holds `var` (`NAME=value`), pass after pass
 /// until a pass finds none it had not stopped yet, then kills them all; how many.
 fn stop_and_kill(var: &str) -> usize {
-    let mut stopped = std::collections::BTreeSet::new();
+    stop_and_kill_any(&[var.to_string()])[0]
+}
+
+/// [`stop_and_kill`] for each of `vars`, with one look through /proc per pass for all.
+fn stop_and_kill_any(vars: &[String]) -> Vec<usize> {
+    // Each process stopped, with the var it holds.
+    let mut stopped = std::collections::BTreeMap::new();
     for _ in 0..MAX_PASSES {
-        let new: Vec<u32> = processes_with(Path::new("/proc"), var)
+        let new: Vec<(u32, usize)> = processes_with_any(Path::new("/proc"), vars)
             .into_iter()
-            .filter(|p| !stopped.contains(p))
+            .filter(|(p, _)| !stopped.contains_key(p))
             .collect();
         if new.is_empty() {
             break;
         }
-        for pid in &new {
+        for (pid, _) in &new {
             let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGSTOP);
         }
         stopped.extend(new);
     }
-    for pid in &stopped {
+    let mut counts = vec![0; vars.len()];
+    for (pid, var) in &stopped {
         let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        counts[*var] += 1;
     }
-    stopped.len()
+    counts
 }
 
 /// The processes under `proc_root` whose environment holds `TAG_VAR=tag` (never this one).
@@ -230,6 +341,15 @@ pub fn tagged_processes(proc_root: &Path, tag: &str) -> Vec<u32> {
 
 /// The processes under `proc_root` whose environment holds `needle` (never this one).
 fn processes_with(proc_root: &Path, needle: &str) -> Vec<u32> {
+    processes_with_any(proc_root, &[needle.to_string()])
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// The processes under `proc_root` whose environment holds one of `needles` (never this
+/// one), each with the index of the first it holds.
+fn processes_with_any(proc_root: &Path, needles: &[String]) -> Vec<(u32, usize)> {
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir(proc_root) else {
         return Vec::new();
@@ -237,9 +357,12 @@ fn processes_with(proc_root: &Path, needle: &str) -> Vec<u32> {
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| *pid != me)
-        .filter(|pid| {
-            std::fs::read(proc_root.join(pid.to_string()).join("environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle.as_bytes()))
+        .filter_map(|pid| {
+            let env = std::fs::read(proc_root.join(pid.to_string()).join("environ")).ok()?;
+            let held = env
+                .split(|b| *b == 0)
+                .find_map(|var| needles.iter().position(|n| var == n.as_bytes()))?;
+            Some((pid, held))
         })
         .collect()
 }
@@ -273,6 +396,45 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(tagged_processes(Path::new("/proc"), "no-such-tag").is_empty());
+    }
+
+    /// Trees ended together from async code are ended by one reaper, each counted as its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn trees_ended_together_are_each_ended_and_counted() {
+        let trees: Vec<(String, std::process::Child)> = (0..12)
+            .map(|_| {
+                let tag = new_tag();
+                let sh = Command::new("sh")
+                    .args(["-c", "setsid sleep 600 & wait"])
+                    .env(TAG_VAR, &tag)
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                (tag, sh)
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (tag, _) in &trees {
+            while tagged_processes(Path::new("/proc"), tag).len() < 2 {
+                assert!(Instant::now() < deadline, "a tree never started");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let ends: Vec<_> = trees
+            .iter()
+            .map(|(tag, _)| tokio::spawn(end_tree(0, tag.clone())))
+            .collect();
+        for end in ends {
+            assert_eq!(end.await.unwrap(), 2, "the shell and its setsid sleep");
+        }
+        for (tag, mut sh) in trees {
+            let _ = sh.wait();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !tagged_processes(Path::new("/proc"), &tag).is_empty() {
+                assert!(Instant::now() < deadline, "tagged processes survived");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
     }
 
     /// A tree that keeps forking is still ended whole.
