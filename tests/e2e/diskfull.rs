@@ -85,7 +85,21 @@ async fn a_full_disk_refuses_new_work_and_loses_nothing_without_the_runner() {
     full_disk(&["--no-runner"]).await;
 }
 
-async fn full_disk(args: &[&str]) {
+/// A daemon whose disk filled after one turn of a session, waiting to store a 1 MiB message.
+struct Full {
+    // Fields drop in this order: the daemon before its file system.
+    d: Daemon,
+    fs: Tmpfs,
+    s: pb::SessionInfo,
+    before: Vec<pb::SessionActivityEvent>,
+    filler: PathBuf,
+    /// The held message's turn, as its client sees it.
+    held: tokio::task::JoinHandle<Result<Vec<pb::SessionActivityEvent>, tonic::Status>>,
+}
+
+/// [`Full`], once the daemon refuses a create with `OBEY-2050` (`None`: no tmpfs here, and
+/// none is required).
+async fn fill_up(args: &[&str]) -> Option<Full> {
     let dirs = Dirs::new();
     let fs = match Tmpfs::mount(&dirs.data, "4m") {
         Ok(fs) => fs,
@@ -94,7 +108,7 @@ async fn full_disk(args: &[&str]) {
         }
         Err(why) => {
             eprintln!("skipped: {why}");
-            return;
+            return None;
         }
     };
     let mut d = Daemon::start_with(dirs, args).await;
@@ -136,6 +150,28 @@ async fn full_disk(args: &[&str]) {
     let e = refused.expect("a create refused while the disk is full");
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().starts_with("OBEY-2050: disk full"), "{e:?}");
+    Some(Full {
+        fs,
+        d,
+        s,
+        before,
+        filler,
+        held,
+    })
+}
+
+async fn full_disk(args: &[&str]) {
+    let Some(Full {
+        fs,
+        mut d,
+        s,
+        before,
+        filler,
+        held,
+    }) = fill_up(args).await
+    else {
+        return;
+    };
     // Reads are answered, the daemon and the agent are alive.
     d.client()
         .await
@@ -171,18 +207,7 @@ async fn full_disk(args: &[&str]) {
     );
     // Bounded: a create the daemon holds for space would otherwise hang the suite.
     within(d.session(None)).await;
-    let stored = d
-        .client()
-        .await
-        .list_activities(pb::ListActivitiesRequest {
-            session_id: s.id.clone(),
-            after_seq: 0,
-            limit: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .activities;
+    let stored = d.stored_activities(&s.id).await;
     assert_eq!(
         stored.len(),
         before.len() + acts.len(),
@@ -191,4 +216,40 @@ async fn full_disk(args: &[&str]) {
     let seqs: Vec<i64> = stored.iter().map(|a| a.seq).collect();
     assert_eq!(seqs, (1..=stored.len() as i64).collect::<Vec<_>>());
     drop(d);
+}
+
+/// A SIGTERM ends a daemon that waits for space (it used to wait on), and loses nothing it
+/// acknowledged: the held message was never answered, so never stored, and the next daemon
+/// finds the session as the last commit left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_waiting_for_space_exits_on_sigterm_and_loses_nothing() {
+    let Some(mut f) = fill_up(&[]).await else {
+        return;
+    };
+    let d = &mut f.d;
+    let pid = nix::unistd::Pid::from_raw(d.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let st = d.wait_exit(Duration::from_secs(15)).await;
+    assert!(!st.success(), "it could not store its last batch: {st}");
+    assert!(
+        d.stderr()
+            .contains("asked to shut down while the disk is full"),
+        "{}",
+        d.stderr()
+    );
+    // Refused or cut off (a stream error panics `collect_ok`), never answered.
+    let answer = tokio::time::timeout(Duration::from_secs(5), f.held)
+        .await
+        .expect("the held message's client is let go");
+    assert!(
+        !matches!(answer, Ok(Ok(_))),
+        "never acknowledged: {answer:?}"
+    );
+
+    std::fs::remove_file(&f.filler).unwrap();
+    f.fs.grow("64m");
+    d.launch().await;
+    let stored = d.stored_activities(&f.s.id).await;
+    let seqs: Vec<i64> = stored.iter().map(|a| a.seq).collect();
+    assert_eq!(seqs, (1..=f.before.len() as i64).collect::<Vec<_>>());
 }

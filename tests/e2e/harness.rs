@@ -427,6 +427,21 @@ impl Daemon {
             .into_inner()
     }
 
+    /// Every activity stored for session `id`, in order.
+    pub async fn stored_activities(&self, id: &str) -> Vec<pb::SessionActivityEvent> {
+        self.client()
+            .await
+            .list_activities(pb::ListActivitiesRequest {
+                session_id: id.into(),
+                after_seq: 0,
+                limit: 0,
+            })
+            .await
+            .expect("list activities")
+            .into_inner()
+            .activities
+    }
+
     /// Sends a message and collects the whole activity stream.
     pub async fn send(&self, id: &str, message: &str) -> Vec<pb::SessionActivityEvent> {
         let stream = self

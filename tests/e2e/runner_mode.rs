@@ -65,18 +65,7 @@ async fn a_daemon_killed_mid_turn_takes_its_agents_back() {
 
     // The turn goes on and ends; a watcher from the start sees every activity exactly once.
     let done = d.wait_status(&busy.id, pb::SessionStatus::Running).await;
-    let stored = d
-        .client()
-        .await
-        .list_activities(pb::ListActivitiesRequest {
-            session_id: busy.id.clone(),
-            after_seq: 0,
-            limit: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .activities;
+    let stored = d.stored_activities(&busy.id).await;
     let seqs: Vec<i64> = stored.iter().map(|a| a.seq).collect();
     assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
     let contents: Vec<&str> = stored.iter().map(|a| a.content.as_str()).collect();
@@ -206,18 +195,7 @@ async fn a_turn_that_ends_while_the_daemon_is_down_is_read_to_its_end() {
     d.launch().await;
     let back = d.wait_status(&s.id, pb::SessionStatus::Running).await;
     assert_eq!(back.pid, s.pid);
-    let stored = d
-        .client()
-        .await
-        .list_activities(pb::ListActivitiesRequest {
-            session_id: s.id.clone(),
-            after_seq: 0,
-            limit: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .activities;
+    let stored = d.stored_activities(&s.id).await;
     let contents: Vec<&str> = stored.iter().map(|a| a.content.as_str()).collect();
     assert_eq!(
         contents,
@@ -266,18 +244,7 @@ async fn a_turn_written_while_the_daemon_was_away() -> (Daemon, pb::SessionInfo)
 async fn output_lost_while_the_daemon_was_away_is_recorded() {
     let (d, s) = a_turn_written_while_the_daemon_was_away().await;
     d.wait_status(&s.id, pb::SessionStatus::Running).await;
-    let stored = d
-        .client()
-        .await
-        .list_activities(pb::ListActivitiesRequest {
-            session_id: s.id.clone(),
-            after_seq: 0,
-            limit: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .activities;
+    let stored = d.stored_activities(&s.id).await;
     let lost: Vec<&pb::SessionActivityEvent> = stored
         .iter()
         .filter(|a| a.content.starts_with("output lost: "))

@@ -1196,9 +1196,11 @@ async fn commit_or_wait(
 /// again with backoff until it commits. Meanwhile the process and the agents live on, and
 /// nothing is lost: a request that would write is refused with `OBEY-2050` (RESOURCE_EXHAUSTED,
 /// "disk full"); reads are answered (what they show may include the one batch still waiting to
-/// be stored); agents' output, task events, a shutdown and the other writes wait, in order,
-/// up to [`HELD_MAX`], then in the bounded queue, which stops the agents at their next write.
-/// Deadlines wait too. Returns what waited once the batch is stored.
+/// be stored); agents' output, task events and the other writes wait, in order, up to
+/// [`HELD_MAX`], then in the bounded queue, which stops the agents at their next write.
+/// Deadlines wait too. A shutdown ends the wait: the batch is stored if it now can be, else
+/// the daemon exits without it (returned as the error). Returns what waited once the batch
+/// is stored.
 async fn wait_for_space(
     state: &mut State,
     rx: &mut mpsc::Receiver<Command>,
@@ -1247,6 +1249,23 @@ async fn wait_for_space(
                 Some(Command::TaskRequest { reply, .. }) => {
                     let _ = reply.send(Err(refusal()));
                 }
+                // A shutdown (SIGTERM, `daemon stop`) is not held: the batch gets one more
+                // try, and if the disk is still full the daemon exits without it. Nothing of
+                // it was acknowledged; agents in the runner live on and the next start takes
+                // them back from what is stored.
+                Some(c @ Command::Shutdown { .. }) => match state.exec.commit(&mut state.io) {
+                    Ok(()) => {
+                        held.push_back(c);
+                        return Ok(held);
+                    }
+                    Err(e) => {
+                        tracing::error!(
+                            "asked to shut down while the disk is full: exiting without \
+                             storing the waiting batch (nothing of it was acknowledged)"
+                        );
+                        return Err(e);
+                    }
+                },
                 Some(c) => held.push_back(c),
                 // Every sender is gone: what waits can only be stored once there is space.
                 None => {
