@@ -257,6 +257,15 @@ static SELECT_SESSIONS_AFTER: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The sessions working in `?1`, newest first by the order of
+/// [`paddock_core::session_to_resume`] (creation, then id).
+static SELECT_SESSIONS_NEWEST_IN: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM agent_sessions WHERE working_dir = ?1 ORDER BY created_at DESC, id DESC",
+        SESSION_COLUMNS.join(", ")
+    )
+});
+
 static SELECT_SESSION: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {} FROM agent_sessions WHERE id = ?1",
@@ -586,27 +595,26 @@ impl Store {
     }
 
     /// The newest session stored for sunbeam project `project` that the core's rule could
-    /// resume ([`paddock_core::session_to_resume`]) among those `skip` does not name. A
-    /// project's sessions work in its root, so only those rows are read, a page at a time.
+    /// resume ([`paddock_core::session_to_resume`]) among those `skip` does not name.
+    ///
+    /// A project's sessions work in its root, and the rule takes the newest (by creation, then
+    /// id) of those it accepts: the project's rows are read newest first and the first one the
+    /// rule accepts is the one, so a project with a long history costs one row, not all of
+    /// them (SQLite's `created_at` integers and BINARY text order as the rule's do).
     pub fn resumable(
         &self,
         project: &str,
         skip: &dyn Fn(&SessionId) -> bool,
     ) -> Result<Option<SessionId>> {
-        const PAGE: usize = 256;
-        let mut best: Option<SessionRecord> = None;
-        let mut after = String::new();
-        loop {
-            let page = self.sessions_after(&after, None, Some(project), PAGE)?;
-            let Some(last) = page.last() else { break };
-            after = last.id.0.clone();
-            let candidates = page.iter().filter(|r| !skip(&r.id));
-            best = paddock_core::session_to_resume(project, best.iter().chain(candidates)).cloned();
-            if page.len() < PAGE {
-                break;
+        let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS_NEWEST_IN)?;
+        let mut rows = stmt.query([project])?;
+        while let Some(row) = rows.next()? {
+            let r = self.session_from_row(row)?;
+            if !skip(&r.id) && paddock_core::session_to_resume(project, [&r]).is_some() {
+                return Ok(Some(r.id));
             }
         }
-        Ok(best.map(|r| r.id))
+        Ok(None)
     }
 
     /// Whether session `id` is stored.

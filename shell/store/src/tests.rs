@@ -487,6 +487,40 @@ fn a_batch_stores_the_last_version_of_each_session_once() {
     assert_eq!(store.session("01TWO").unwrap(), None);
 }
 
+/// The session a sunbeam attach resumes: the newest by creation (then id) of the project's
+/// sessions its client did not close, among those the engine does not hold.
+#[test]
+fn the_resumable_session_is_the_newest_one_the_rule_accepts() {
+    let mut store = Store::open_in_memory().unwrap();
+    let in_project = |id: &str, project: &str, at: u64, closed: bool| {
+        let mut r = bare_record(id);
+        let mut map = std::collections::BTreeMap::new();
+        map.insert(paddock_core::PROJECT_KEY.to_string(), project.to_string());
+        r.config.working_dir = project.to_string();
+        r.config.provider_config = paddock_core::ProviderConfig::parse(map).unwrap();
+        r.created_at = paddock_core::Timestamp::from_millis(at);
+        r.closed_by_client = closed;
+        Record::Session(Box::new(r))
+    };
+    store
+        .apply(&[
+            in_project("01A", "/p", 10, false),
+            // Same time as 01A: the id decides.
+            in_project("01B", "/p", 10, false),
+            in_project("01C", "/p", 5, false),
+            // Newest, but closed by its client.
+            in_project("01D", "/p", 30, true),
+            in_project("01E", "/q", 40, false),
+        ])
+        .unwrap();
+    let none = |_: &SessionId| false;
+    assert_eq!(store.resumable("/p", &none).unwrap(), Some("01B".into()));
+    let held = |id: &SessionId| id.0 == "01B";
+    assert_eq!(store.resumable("/p", &held).unwrap(), Some("01A".into()));
+    assert_eq!(store.resumable("/q", &none).unwrap(), Some("01E".into()));
+    assert_eq!(store.resumable("/r", &none).unwrap(), None);
+}
+
 #[test]
 fn a_session_whose_configuration_is_stored_has_only_its_state_written() {
     let mut store = Store::open_in_memory().unwrap();
