@@ -238,32 +238,39 @@ struct Ending {
 /// each. (Before, each exit scanned every process's environment on a blocking thread of its
 /// own: a thousand exits read a million environments on up to 512 threads, and the runner's
 /// memory grew by ~50 MiB of thread stacks and caches while they did.)
+///
+/// If the reaper cannot take the tree (its thread could not be started, or it has died), the
+/// tree is still ended: on a blocking thread, as before.
 pub async fn end_tree(pgid: u32, tag: String) -> usize {
-    let (done, count) = tokio::sync::oneshot::channel();
-    match reaper() {
-        Some(queue) => {
-            let ending = Ending { pgid, tag, done };
-            // The queue is bounded: a full one is waited for off the runtime's threads.
-            let sent = match queue.try_send(ending) {
-                Ok(()) => true,
-                Err(std::sync::mpsc::TrySendError::Full(e)) => {
-                    let queue = queue.clone();
-                    tokio::task::spawn_blocking(move || queue.send(e).is_ok())
-                        .await
-                        .unwrap_or(false)
-                }
-                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => false,
-            };
-            if sent {
-                return count.await.unwrap_or(0);
+    if let Some(queue) = reaper() {
+        let (done, count) = tokio::sync::oneshot::channel();
+        let ending = Ending {
+            pgid,
+            tag: tag.clone(),
+            done,
+        };
+        // The queue is bounded: a full one is waited for off the runtime's threads.
+        let sent = match queue.try_send(ending) {
+            Ok(()) => true,
+            Err(std::sync::mpsc::TrySendError::Full(e)) => {
+                let queue = queue.clone();
+                tokio::task::spawn_blocking(move || queue.send(e).is_ok())
+                    .await
+                    .unwrap_or(false)
             }
-            0
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => false,
+        };
+        // A reaper that died with the tree in hand drops `done` unanswered.
+        if sent {
+            if let Ok(n) = count.await {
+                return n;
+            }
         }
-        // No thread could be started: as before, on a blocking thread.
-        None => tokio::task::spawn_blocking(move || kill_tree(pgid, &tag))
-            .await
-            .unwrap_or(0),
+        tracing::warn!("the reaper is gone: ending process group {pgid} on a blocking thread");
     }
+    tokio::task::spawn_blocking(move || kill_tree(pgid, &tag))
+        .await
+        .unwrap_or(0)
 }
 
 /// The reaper thread's queue, started on first use.
