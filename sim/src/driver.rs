@@ -263,6 +263,8 @@ pub struct Stats {
     /// Batches of more than one input (one commit for all), and the inputs they held.
     pub batches: u64,
     pub batched: u64,
+    /// Of those, batches led by a client's request.
+    pub request_batches: u64,
     /// Simulated time the run covered.
     pub sim_ms: Millis,
     pub model: ModelStats,
@@ -376,12 +378,13 @@ struct Sim {
     phase: Phase,
     /// How often (per mille of steps) the client acts in the chaos phase.
     client_rate: u32,
-    /// How often (per mille of output lines) the daemon takes more lines of other sessions
-    /// due at the same moment into the same batch (0 on half the seeds).
+    /// How often (per mille of output lines and requests) the daemon takes more lines of
+    /// other sessions due at the same moment into the same batch (0 on half the seeds).
     batching: u32,
     /// Batches of more than one input, and the inputs they held.
     batches: u64,
     batched: u64,
+    request_batches: u64,
     /// The chaos phase ends with the daemon's shutdown (graceful or not), on some seeds:
     /// every live session stopped at once, those making their environment included.
     shutdown: Option<bool>,
@@ -438,6 +441,7 @@ impl Sim {
             batching,
             batches: 0,
             batched: 0,
+            request_batches: 0,
             shutdown,
             spawns_after_shutdown: 0,
             crashes: 0,
@@ -481,6 +485,7 @@ impl Sim {
             spawns_after_shutdown: self.spawns_after_shutdown,
             batches: self.batches,
             batched: self.batched,
+            request_batches: self.request_batches,
             sim_ms: self.now - T0,
             model: self.model.stats,
         }
@@ -656,22 +661,37 @@ impl Sim {
     /// More output lines due by now, of other sessions than `first`'s, for the same batch (as
     /// the daemon takes what is queued, up to its bound, into one commit): on the seed's share
     /// of steps, up to 3 more.
-    fn more_due(&mut self, first: &Input) -> Vec<(Input, Cause)> {
+    ///
+    /// `first` is an output line or a client's request. After a line, the daemon may be a
+    /// moment late and take what came meanwhile. A request takes only lines already due: the
+    /// model predicted its outcome from the state before the batch, which is the state it runs
+    /// in only because it runs first and at the time it was made. (A request behind other
+    /// inputs of its batch would need the model to know their effects before the commit.)
+    ///
+    /// The lines are of other sessions than the first input's: the model checks each input
+    /// against its table from the status before the batch, and the world lets an agent drop a
+    /// stray final line still queued when a message is written (a line taken into the batch
+    /// ahead of the message's write could not be dropped).
+    fn more_due(&mut self, first: &(Input, Cause)) -> Vec<(Input, Cause)> {
         let mut more = Vec::new();
-        let Input::Provider { id, .. } = first else {
-            return more;
+        let own = match first {
+            (Input::Provider { id, .. }, _) => id.clone(),
+            (_, Cause::Request { id, .. }) => id.clone(),
+            _ => return more,
         };
         if self.phase != Phase::Chaos || !self.rng.per_mille(self.batching) {
             return more;
         }
-        // The daemon is a moment late to the line: what came meanwhile (but not past a
-        // deadline of its own) is queued behind it.
-        let mut until = self.now + self.rng.range(0, 250);
-        if let Some((at, _)) = self.engine_deadline() {
-            until = until.min(at.max(self.now));
+        if matches!(first.0, Input::Provider { .. }) {
+            // The daemon is a moment late to the line: what came meanwhile (but not past a
+            // deadline of its own) is queued behind it.
+            let mut until = self.now + self.rng.range(0, 250);
+            if let Some((at, _)) = self.engine_deadline() {
+                until = until.min(at.max(self.now));
+            }
+            self.jump(until);
         }
-        self.jump(until);
-        let mut taken = vec![id.clone()];
+        let mut taken = vec![own];
         for _ in 0..self.rng.range(1, 3) {
             let Some(Due::Provider(d)) = self.io.world.pop_more(self.now, &mut self.rng, &taken)
             else {
@@ -793,10 +813,13 @@ impl Sim {
     /// sessions due at the same moment, in one batch.
     fn feed(&mut self, input: Input, cause: Cause) -> Result<(), String> {
         let mut batch = vec![(input, cause)];
-        let more = self.more_due(&batch[0].0);
+        let more = self.more_due(&batch[0]);
         if !more.is_empty() {
             self.batches += 1;
             self.batched += 1 + more.len() as u64;
+            if matches!(batch[0].1, Cause::Request { .. }) {
+                self.request_batches += 1;
+            }
         }
         batch.extend(more);
         self.feed_batch(batch)
@@ -858,6 +881,9 @@ impl Sim {
                 log_entry!(self.log, "   out {e:?}");
             }
         }
+        // A batch of several inputs is checked input by input against the store as it was
+        // right after each (a reply carries its own input's record, not the batch's last).
+        let before = (batch.len() > 1).then(|| self.io.store.clone());
         self.exec.commit(&mut self.io)?;
         if let Some(failure) = self.io.failure.take() {
             return Err(failure);
@@ -874,9 +900,35 @@ impl Sim {
                 ));
             }
         }
-        for (cause, effects) in batch {
-            self.model
-                .on_batch(self.now, cause, effects, &self.io.store)?;
+        match before {
+            None => {
+                for (cause, effects) in batch {
+                    self.model
+                        .on_batch(self.now, cause, effects, &self.io.store)?;
+                }
+            }
+            Some(mut view) => {
+                for (cause, effects) in batch {
+                    let records: Vec<_> = effects
+                        .iter()
+                        .filter_map(|e| match e {
+                            Effect::Persist(r) => Some(r.clone()),
+                            _ => None,
+                        })
+                        .collect();
+                    view.commit(&records)?;
+                    self.model.on_batch(self.now, cause, effects, &view)?;
+                }
+                if view.sessions != self.io.store.sessions
+                    || view.approvals != self.io.store.approvals
+                {
+                    return Err(
+                        "the batch's transaction stored other records than its inputs, applied \
+                         one after another"
+                            .into(),
+                    );
+                }
+            }
         }
         self.model.check(self.exec.engine(), &self.io.store, tick)?;
         self.check_processes()?;

@@ -19,9 +19,11 @@
 //! store), so recall before an input, processes before the commit, messages and stored answers
 //! after it, and eviction are the daemon's code here too. On half the seeds the daemon is now
 //! and then a moment late to an output line (up to 250 ms, never past a deadline of its own)
-//! and takes up to 3 more lines of other sessions that came meanwhile into the same batch: one
-//! commit for all, each input's effects checked against the reference in order, the whole
-//! state after the commit. The daemon sweep
+//! and takes up to 3 more lines of other sessions that came meanwhile into the same batch; a
+//! client's request is likewise followed by lines of other sessions already due. One commit for
+//! all; each input's effects are checked against the reference in order, and against the store
+//! as it stands after that input (the batch's transaction must equal its inputs' records
+//! applied one after another); the whole state after the commit. The daemon sweep
 //! ([`daemon`]) drives the same engine's Aria tasks (output, cancel, timeout, TERM → KILL
 //! escalation, processes that ignore TERM, spawn failures), campaigns, daemon crashes with task
 //! processes the runner still runs (each killed at start-up, its task FAILED), and the

@@ -75,7 +75,7 @@ fn sweep() {
     let (mut provisions, mut provisions_failed, mut provisions_hung, mut provisions_dropped) =
         (0, 0, 0, 0);
     let (mut shutdowns, mut spawns_after_shutdown) = (0, 0);
-    let (mut batches, mut batched) = (0, 0);
+    let (mut batches, mut batched, mut request_batches) = (0, 0, 0);
     for r in rx {
         match r {
             Ok(o) => {
@@ -109,6 +109,7 @@ fn sweep() {
                 shutdowns += o.stats.shutdowns;
                 batches += o.stats.batches;
                 batched += o.stats.batched;
+                request_batches += o.stats.request_batches;
                 spawns_after_shutdown += o.stats.spawns_after_shutdown;
                 let s = &o.stats.model;
                 m.asks += s.asks;
@@ -149,7 +150,7 @@ fn sweep() {
          sessions, {requests} requests ({lost} lost in crashes), {turns} turns ended ({cut} by \
          a restart that lost their process), {crashes} daemon crashes ({mid} mid-step), {:.1} \
          simulated hours; {batches} batches of several inputs ({batched} inputs, one commit \
-         each); {} failed",
+         each; {request_batches} led by a request); {} failed",
         start + n,
         wall.as_secs_f64(),
         sim_ms as f64 / 3_600_000.0,
@@ -280,6 +281,10 @@ fn sweep() {
             ("a settled session recalled when named", recalled),
             ("a run no record names killed at a restart", orphans),
             ("a batch of several inputs in one commit", batches),
+            (
+                "a client's request batched with output lines",
+                request_batches,
+            ),
         ] {
             assert!(n > 0, "the CI set never reached {what}");
         }
