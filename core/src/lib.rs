@@ -48,7 +48,8 @@ pub use environment::{
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;
 pub use provider_config::{
-    AgentSettings, ConfigError, ProviderConfig, COMMAND_KEY, SCRIPT_KEY, SYSTEM_PROMPT_KEY,
+    AgentSettings, ClientTool, ConfigError, ProviderConfig, CLIENT_TOOLS_KEY, CLIENT_TOOLS_MAX,
+    COMMAND_KEY, OWN_TOOLS, SCRIPT_KEY, SYSTEM_PROMPT_KEY,
 };
 pub use session::effect::{Effect, Record, Signal, SpawnSpec};
 pub use session::input::{Ask, Input, ProviderEvent};

@@ -6,7 +6,8 @@
 //! refuses an invalid value; past that point paddock reads typed settings and never parses a
 //! string again: the permission policy, how long a request waits and what happens then, the
 //! agent's own settings paddock acts on ([`AgentSettings`]: its command line, its script, its
-//! system prompt) and where the session comes from (its sunbeam project). An agent's other
+//! system prompt, the tools its client runs) and where the session comes from (its sunbeam
+//! project). An agent's other
 //! options (a codex profile, an endpoint) stay in the map for the bridges, separate processes
 //! that get the map in their environment.
 
@@ -28,6 +29,17 @@ pub const SCRIPT_KEY: &str = "script";
 /// own). An agent with a channel for it gets it there; the others get it ahead of the
 /// session's first message ([`crate::Provider::takes_system_prompt`]).
 pub const SYSTEM_PROMPT_KEY: &str = "system_prompt";
+
+/// The key of the tools the session's client runs (sunbeam's `client_tools`): a JSON list of
+/// `{"name", "description", "schema_json"}` (`schema_json` a JSON schema as text, or
+/// `parameters` as an object), offered to the agent ([`ClientTool`]).
+pub const CLIENT_TOOLS_KEY: &str = "client_tools";
+
+/// At most this many client tools.
+pub const CLIENT_TOOLS_MAX: usize = 64;
+
+/// The openai-api loop's own tools: no client tool may take one of their names.
+pub const OWN_TOOLS: [&str; 4] = ["shell", "read_file", "write_file", "list_dir"];
 
 /// Where a system prompt starts and ends when it goes ahead of a first message.
 const PROMPT_OPEN: &str = "<project-context>\n";
@@ -72,6 +84,82 @@ pub struct AgentSettings {
     pub script: Option<String>,
     /// Text for its system prompt (none when empty).
     pub system_prompt: Option<String>,
+    /// The tools the session's client runs, offered to the agent (none: no client tools).
+    pub client_tools: Vec<ClientTool>,
+}
+
+/// A tool the session's client runs (a sunbeam `ToolDef`): offered to the agent next to its
+/// own; a call becomes a client-tool request the client answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTool {
+    /// A word (letters, digits, `_`, `-`; at most 64), unique in the list.
+    pub name: String,
+    pub description: String,
+    /// The JSON schema of its arguments (an object).
+    pub parameters: serde_json::Value,
+}
+
+impl ClientTool {
+    /// `provider_config["client_tools"]` (see [`CLIENT_TOOLS_KEY`]).
+    fn parse_list(text: &str) -> Result<Vec<ClientTool>, String> {
+        use serde_json::Value;
+        let list: Vec<Value> = serde_json::from_str(text)
+            .map_err(|e| format!("provider_config.client_tools is not a JSON list: {e}"))?;
+        if list.len() > CLIENT_TOOLS_MAX {
+            return Err(format!(
+                "provider_config.client_tools: at most {CLIENT_TOOLS_MAX} tools"
+            ));
+        }
+        let mut tools: Vec<ClientTool> = Vec::with_capacity(list.len());
+        for t in &list {
+            let name = t["name"].as_str().unwrap_or("").trim().to_string();
+            if name.is_empty()
+                || OWN_TOOLS.contains(&name.as_str())
+                || tools.iter().any(|o| o.name == name)
+            {
+                return Err(format!(
+                    "provider_config.client_tools: every tool needs a name of its own, not one \
+                     of paddock's own ({name:?})"
+                ));
+            }
+            // A name is a word (it becomes part of an agent's tool list and flags: a comma or
+            // a space must never smuggle in another tool).
+            let word = name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !word {
+                return Err(format!(
+                    "provider_config.client_tools: tool name {name:?}: use at most 64 letters, \
+                     digits, _ and -"
+                ));
+            }
+            let parameters = match (&t["parameters"], t["schema_json"].as_str()) {
+                (p @ Value::Object(_), _) => p.clone(),
+                (_, Some(s)) if !s.trim().is_empty() => match serde_json::from_str::<Value>(s) {
+                    Ok(p @ Value::Object(_)) => p,
+                    Ok(other) => {
+                        return Err(format!(
+                            "provider_config.client_tools: {name}'s schema_json is not a \
+                                 JSON object: {other}"
+                        ))
+                    }
+                    Err(e) => {
+                        return Err(format!(
+                            "provider_config.client_tools: {name}'s schema_json: {e}"
+                        ))
+                    }
+                },
+                _ => serde_json::json!({"type": "object", "properties": {}}),
+            };
+            tools.push(ClientTool {
+                name,
+                description: t["description"].as_str().unwrap_or("").to_string(),
+                parameters,
+            });
+        }
+        Ok(tools)
+    }
 }
 
 impl AgentSettings {
@@ -89,10 +177,18 @@ impl AgentSettings {
                 }
             },
         };
+        let client_tools = match text(CLIENT_TOOLS_KEY) {
+            None => Vec::new(),
+            Some(list) => ClientTool::parse_list(&list).map_err(|reason| ConfigError {
+                key: CLIENT_TOOLS_KEY,
+                reason,
+            })?,
+        };
         Ok(AgentSettings {
             command,
             script: text(SCRIPT_KEY),
             system_prompt: text(SYSTEM_PROMPT_KEY),
+            client_tools,
         })
     }
 }
@@ -367,5 +463,59 @@ mod tests {
         assert_eq!(c.agent().command.as_ref().map(Vec::len), Some(3));
         c.remove(COMMAND_KEY);
         assert_eq!(c.agent().command, None);
+    }
+
+    #[test]
+    fn client_tools_are_typed_where_the_map_comes_in() {
+        let c = parse(&[(
+            CLIENT_TOOLS_KEY,
+            r#"[{"name":" run_tests ","description":"runs the tests","schema_json":"{\"type\":\"object\"}"},
+                {"name":"deploy-2","parameters":{"type":"object","required":["env"]}},
+                {"name":"open"}]"#,
+        )])
+        .unwrap();
+        let tools = &c.agent().client_tools;
+        assert_eq!(tools.len(), 3);
+        assert_eq!(tools[0].name, "run_tests");
+        assert_eq!(tools[0].description, "runs the tests");
+        assert_eq!(tools[0].parameters, serde_json::json!({"type": "object"}));
+        assert_eq!(tools[1].parameters["required"][0], "env");
+        assert_eq!(
+            tools[2].parameters,
+            serde_json::json!({"type": "object", "properties": {}}),
+            "no schema: one that takes an empty object"
+        );
+        // Empty is none.
+        assert!(parse(&[(CLIENT_TOOLS_KEY, " ")])
+            .unwrap()
+            .agent()
+            .client_tools
+            .is_empty());
+
+        // A name is a word of its own: it cannot smuggle in another tool, shadow paddock's
+        // own, or repeat another.
+        for bad in ["x,Bash", "x Bash", "a\\nb", "", "shell", &"n".repeat(65)] {
+            let list = format!(r#"[{{"name":"{bad}"}}]"#);
+            let e = parse(&[(CLIENT_TOOLS_KEY, &list)]).unwrap_err();
+            assert_eq!(e.key, CLIENT_TOOLS_KEY, "{bad:?}");
+        }
+        let twice = r#"[{"name":"a"},{"name":"a"}]"#;
+        assert!(parse(&[(CLIENT_TOOLS_KEY, twice)]).is_err());
+        // Not a list, a schema that is not an object, too many tools.
+        for bad in [
+            r#"{"name":"a"}"#.to_string(),
+            r#"[{"name":"a","schema_json":"[1]"}]"#.to_string(),
+            r#"[{"name":"a","schema_json":"{"}]"#.to_string(),
+            format!(
+                "[{}]",
+                (0..=CLIENT_TOOLS_MAX)
+                    .map(|i| format!(r#"{{"name":"t{i}"}}"#))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        ] {
+            let e = parse(&[(CLIENT_TOOLS_KEY, &bad)]).unwrap_err();
+            assert!(e.reason.starts_with("provider_config.client_tools"), "{e}");
+        }
     }
 }

@@ -309,7 +309,10 @@ proptest! {
         let _ = paddock_core::campaign::check_root(&s);
         let _ = crate::cli::latis::parse_mount(&s, Path::new("/tmp/fuzz-base"));
         let _ = crate::cli::latis::check_driver(&s);
-        let _ = crate::providers::bridge::openai::client_tools(Some(&s));
+        let _ = paddock_core::ProviderConfig::parse(std::collections::BTreeMap::from([(
+            paddock_core::CLIENT_TOOLS_KEY.to_string(),
+            s.clone(),
+        )]));
         let _ = crate::providers::bridge::codex::extra_config(Some(&s));
         let _ = crate::secret::is_secret(&s);
     }

@@ -304,7 +304,7 @@ fn paths_groups_and_cycles_are_seen() {
 }
 
 /// Architecture Invariant: a session's settings (`permissions`, `approval_timeout`,
-/// `approval_default`, the agent's `command` line) are parsed from the string map only where a
+/// `approval_default`, the agent's `command` line, its `client_tools`) are parsed from the string map only where a
 /// `provider_config` comes in:
 /// `paddock_core::ProviderConfig::parse` (create, restart, a stored row) and the bridges, which
 /// are processes of their own and get the map in their environment. Anything else reads the
@@ -330,11 +330,14 @@ fn settings_are_parsed_only_where_a_provider_config_comes_in() {
     for f in &files {
         let rel = f.strip_prefix(root).expect("under the repository");
         let code = non_test_code(&std::fs::read_to_string(f).expect("readable"));
-        // The policy, the approval settings, the agent's command line.
+        // The policy, the approval settings, the agent's command line, the client's tools.
         for parse in [
             "Policy::parse(",
             "ApprovalSettings::parse(",
             "shlex::split(",
+            "get(CLIENT_TOOLS_KEY",
+            "get(\"client_tools\"",
+            "(crate::CLIENT_TOOLS_KEY)",
         ] {
             if code.contains(parse) && !allowed.iter().any(|a| rel == Path::new(a)) {
                 found.push(format!("{} calls {parse}", rel.display()));

@@ -115,6 +115,22 @@ async fn create_session_refusals_2001_2002_2003_2004_2005() {
         Code::FailedPrecondition,
         "OBEY-2004: ",
     );
+    // ... and client tools that are no list of tools, for any agent (here the scripted one).
+    for bad in [
+        r#"{"name":"a"}"#,
+        r#"[{"name":"a b"}]"#,
+        r#"[{"name":"shell"}]"#,
+    ] {
+        let mut r = base.clone();
+        r.provider_config = BTreeMap::from([("client_tools".to_string(), bad.to_string())]);
+        let e = create_err(&d, r).await;
+        assert_status(&e, Code::FailedPrecondition, "OBEY-2004: ");
+        assert!(
+            e.message().contains("provider_config.client_tools"),
+            "{bad}: {}",
+            e.message()
+        );
+    }
 
     // 2005: the campaign's root is gone.
     let gone = d.dirs.base.join("gone");

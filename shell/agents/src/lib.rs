@@ -45,9 +45,9 @@ pub trait LineParser: Send {
 /// the core's policy (the core applies it; bridges map it onto their agents' own flags).
 pub use paddock_core::Policy as PermissionPolicy;
 
-/// `provider_config["client_tools"]`: the tools a client runs (sunbeam's), offered to the
-/// openai-api loop, the scripted agent and Claude Code.
-pub const CLIENT_TOOLS_KEY: &str = "client_tools";
+/// `provider_config["client_tools"]`: the tools a client runs (sunbeam's), offered to every
+/// agent ([`paddock_core::AgentSettings::client_tools`]).
+pub use paddock_core::CLIENT_TOOLS_KEY;
 
 /// A new stream-json reader (Claude Code, the scripted agent, every bridge).
 pub fn stream_json() -> Box<dyn LineParser> {
@@ -479,12 +479,7 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
             }
             args.extend(system_prompt_args(config));
             // The client's own tools, served over the control channel (paddock's MCP server).
-            let tools = bridge::openai::client_tools(
-                config
-                    .provider_config
-                    .get(CLIENT_TOOLS_KEY)
-                    .map(String::as_str),
-            )?;
+            let tools = config.provider_config.agent().client_tools.clone();
             args.extend(mcp::claude_args(&tools));
             parser = stream_json_serving(tools);
             // No telemetry, update checks or other side traffic from a supervised agent,

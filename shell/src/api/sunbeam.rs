@@ -465,8 +465,12 @@ impl CodeAgent {
         let settings = parse_config(&s.config_toml)?;
         let root_str = root.display().to_string();
         let context = project_context(&root_str, &s);
-        let declared: Vec<String> = s.client_tools.iter().map(|t| t.name.clone()).collect();
-        let tools_json = client_tools_json(&s.client_tools)?;
+        let declared: Vec<String> = s
+            .client_tools
+            .iter()
+            .map(|t| t.name.trim().to_string())
+            .collect();
+        let tools_json = client_tools_json(&s.client_tools);
 
         let campaign = self.campaign_for(&root_str).await?;
         let (id, config) = new_session(&campaign, &root_str, &s.model, settings, tools_json)?;
@@ -1217,39 +1221,32 @@ enum Answer_ {
     Approval(pb::ToolApproval),
 }
 
-/// `StartSession.client_tools` as `provider_config["client_tools"]` (none: `None`).
-fn client_tools_json(tools: &[pb::ToolDef]) -> Result<Option<String>, String> {
+/// `StartSession.client_tools` as `provider_config["client_tools"]` (none: `None`). The core
+/// checks them with the rest of the configuration (names, schemas, how many).
+fn client_tools_json(tools: &[pb::ToolDef]) -> Option<String> {
     if tools.is_empty() {
-        return Ok(None);
+        return None;
     }
-    let mut names = BTreeSet::new();
     let list: Vec<serde_json::Value> = tools
         .iter()
         .map(|t| {
-            let name = t.name.trim();
-            if name.is_empty() || !names.insert(name.to_string()) {
-                return Err(format!(
-                    "client_tools: every tool needs a name of its own (got {name:?})"
-                ));
-            }
-            Ok(serde_json::json!({
-                "name": name,
+            serde_json::json!({
+                "name": t.name,
                 "description": t.description,
                 "schema_json": t.schema_json,
-            }))
+            })
         })
-        .collect::<Result<_, _>>()?;
-    Ok(Some(serde_json::Value::Array(list).to_string()))
+        .collect();
+    Some(serde_json::Value::Array(list).to_string())
 }
 
 /// The names of a session's client tools.
-fn client_tool_names(provider_config: &BTreeMap<String, String>) -> BTreeSet<String> {
+fn client_tool_names(provider_config: &paddock_core::ProviderConfig) -> BTreeSet<String> {
     provider_config
-        .get(CLIENT_TOOLS_KEY)
-        .and_then(|t| serde_json::from_str::<Vec<serde_json::Value>>(t).ok())
-        .unwrap_or_default()
+        .agent()
+        .client_tools
         .iter()
-        .filter_map(|t| t["name"].as_str().map(String::from))
+        .map(|t| t.name.clone())
         .collect()
 }
 

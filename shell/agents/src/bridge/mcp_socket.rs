@@ -38,10 +38,9 @@ impl Served {
     }
 }
 
-/// Serves the session's client tools (`provider_config["client_tools"]`) for `bridge`; `None`
-/// when it has none.
+/// Serves the session's client tools for `bridge`; `None` when it has none.
 pub fn serve_client_tools(bridge: &super::Bridge) -> Result<Option<Served>, String> {
-    let tools = super::openai::client_tools(bridge.config(crate::CLIENT_TOOLS_KEY))?;
+    let tools = bridge.config.agent().client_tools.clone();
     serve(tools, bridge.input.clone())
 }
 

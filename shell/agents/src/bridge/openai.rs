@@ -56,7 +56,6 @@ pub mod sse;
 pub mod store;
 pub mod tools;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -89,70 +88,12 @@ pub struct Settings {
     pub response_max: u64,
     pub system_prompt: Option<String>,
     pub state_dir: PathBuf,
-    /// Tools the client runs (`provider_config["client_tools"]`): offered to the model next to
-    /// paddock's own; a call is put to the daemon, which has the client run it.
+    /// Tools the client runs (parsed with the session's `provider_config`): offered to the
+    /// model next to paddock's own; a call is put to the daemon, which has the client run it.
     pub client_tools: Vec<ClientTool>,
 }
 
 pub use crate::mcp::ClientTool;
-
-/// At most this many client tools are offered.
-pub const CLIENT_TOOLS_MAX: usize = 64;
-
-/// `provider_config["client_tools"]`: a JSON list of `{"name", "description", "schema_json"}`
-/// (`schema_json` a JSON schema as text, or `parameters` as an object).
-pub fn client_tools(text: Option<&str>) -> Result<Vec<ClientTool>, String> {
-    let Some(text) = text else {
-        return Ok(Vec::new());
-    };
-    let list: Vec<Value> = serde_json::from_str(text)
-        .map_err(|e| format!("provider_config.client_tools is not a JSON list: {e}"))?;
-    if list.len() > CLIENT_TOOLS_MAX {
-        return Err(format!(
-            "provider_config.client_tools: at most {CLIENT_TOOLS_MAX} tools"
-        ));
-    }
-    let own = [
-        tools::SHELL,
-        tools::READ_FILE,
-        tools::WRITE_FILE,
-        tools::LIST_DIR,
-    ];
-    list.iter()
-        .map(|t| {
-            let name = t["name"].as_str().unwrap_or("").trim().to_string();
-            if name.is_empty() || own.contains(&name.as_str()) {
-                return Err(format!(
-                    "provider_config.client_tools: every tool needs a name, not one of paddock's own ({name:?})"
-                ));
-            }
-            // A name is a word (it becomes part of an agent's tool list and flags: a comma or
-            // a space must never smuggle in another tool).
-            let word = name.len() <= 64
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-            if !word {
-                return Err(format!(
-                    "provider_config.client_tools: tool name {name:?}: use at most 64 letters, \
-                     digits, _ and -"
-                ));
-            }
-            let parameters = match (&t["parameters"], t["schema_json"].as_str()) {
-                (p @ Value::Object(_), _) => p.clone(),
-                (_, Some(s)) if !s.trim().is_empty() => serde_json::from_str(s).map_err(|e| {
-                    format!("provider_config.client_tools: {name}'s schema_json: {e}")
-                })?,
-                _ => json!({"type": "object", "properties": {}}),
-            };
-            Ok(ClientTool {
-                name,
-                description: t["description"].as_str().unwrap_or("").to_string(),
-                parameters,
-            })
-        })
-        .collect()
-}
 
 impl Settings {
     pub fn from_bridge(b: &Bridge) -> Result<Settings, String> {
@@ -163,7 +104,7 @@ impl Settings {
     /// the key.
     pub fn new(
         model: &str,
-        config: &BTreeMap<String, String>,
+        config: &paddock_core::ProviderConfig,
         cwd: &Path,
     ) -> Result<Settings, String> {
         if model.trim().is_empty() {
@@ -223,7 +164,7 @@ impl Settings {
             response_max: number("max_response_bytes", 8 << 20, 1024)?,
             system_prompt: get("system_prompt").map(String::from),
             state_dir: store::state_dir(get("state_dir"), cwd),
-            client_tools: client_tools(get("client_tools"))?,
+            client_tools: config.agent().client_tools.clone(),
         })
     }
 }
@@ -255,7 +196,7 @@ pub fn conversation_file(
 
 /// Checks a session's `provider_config` at CreateSession, so that a bad value is refused
 /// there (OBEY-2004) rather than crashing the bridge at its start.
-pub fn check_config(config: &BTreeMap<String, String>) -> Result<(), String> {
+pub fn check_config(config: &paddock_core::ProviderConfig) -> Result<(), String> {
     Settings::new("-", config, Path::new(".")).map(|_| ())
 }
 
@@ -494,14 +435,7 @@ impl Agent<'_> {
                 }
             };
         }
-        if ![
-            tools::SHELL,
-            tools::READ_FILE,
-            tools::WRITE_FILE,
-            tools::LIST_DIR,
-        ]
-        .contains(&tc.name.as_str())
-        {
+        if !paddock_core::OWN_TOOLS.contains(&tc.name.as_str()) {
             return self.tools.run(&tc.name, &Value::Null);
         }
         let input = match parse_arguments(&tc.arguments) {
@@ -605,6 +539,7 @@ mod tests {
     use crate::bridge::wire::Buf;
     use crate::claude_stream::{self, ClaudeStreamParser};
     use paddock_core::ProviderEvent;
+    use std::collections::BTreeMap;
     use std::sync::Mutex;
 
     /// A scripted endpoint that records what it was sent.
@@ -764,10 +699,14 @@ mod tests {
             ],
             &["Run the tests."],
             |s| {
-                s.client_tools = client_tools(Some(
-                    r#"[{"name":"run_tests","description":"Run the suite","schema_json":"{\"type\":\"object\",\"properties\":{\"filter\":{\"type\":\"string\"}}}"}]"#,
-                ))
+                s.client_tools = paddock_core::ProviderConfig::parse(BTreeMap::from([(
+                    paddock_core::CLIENT_TOOLS_KEY.into(),
+                    r#"[{"name":"run_tests","description":"Run the suite","schema_json":"{\"type\":\"object\",\"properties\":{\"filter\":{\"type\":\"string\"}}}"}]"#.into(),
+                )]))
                 .unwrap()
+                .agent()
+                .client_tools
+                .clone()
             },
             "",
         );
@@ -789,10 +728,6 @@ mod tests {
             tool_msg["content"],
             r#"client ran run_tests with {"filter":"db"}"#
         );
-        // Bad definitions are refused at create.
-        assert!(client_tools(Some("{}")).is_err());
-        assert!(client_tools(Some(r#"[{"name":"shell"}]"#)).is_err());
-        assert!(client_tools(Some(r#"[{"name":"x","schema_json":"{"}]"#)).is_err());
     }
 
     #[test]
@@ -981,11 +916,14 @@ mod tests {
 
     #[test]
     fn settings_from_provider_config() {
-        let c = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
+        let c = |pairs: &[(&str, &str)]| {
+            paddock_core::ProviderConfig::parse(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+            .unwrap()
         };
         let s = Settings::new(
             "m",

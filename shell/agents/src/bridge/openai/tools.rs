@@ -29,10 +29,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-pub const SHELL: &str = "shell";
-pub const READ_FILE: &str = "read_file";
-pub const WRITE_FILE: &str = "write_file";
-pub const LIST_DIR: &str = "list_dir";
+// The names the core keeps client tools from taking.
+pub const SHELL: &str = paddock_core::OWN_TOOLS[0];
+pub const READ_FILE: &str = paddock_core::OWN_TOOLS[1];
+pub const WRITE_FILE: &str = paddock_core::OWN_TOOLS[2];
+pub const LIST_DIR: &str = paddock_core::OWN_TOOLS[3];
 
 /// A directory listing shows at most this many entries: enough to orient, bounded.
 const LIST_MAX: usize = 500;
