@@ -346,3 +346,34 @@ fn settings_are_parsed_only_where_a_provider_config_comes_in() {
     }
     assert!(found.is_empty(), "{found:#?}");
 }
+
+/// Architecture Invariant: a client (the CLI, sunbeam's and Aria's adapters) tells an error by
+/// its OBEY code, read from the status's `google.rpc.ErrorInfo`, never by matching the message
+/// text. A message may be reworded; a code is part of the contract.
+#[test]
+fn no_code_matches_an_error_by_its_message_text() {
+    let shell = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in CRATES {
+        rust_files(&shell.join(dir), 0, &mut files);
+    }
+    assert!(files.len() > 50, "{} files", files.len());
+    let mut found = Vec::new();
+    for f in &files {
+        if f.ends_with("layout.rs") {
+            continue; // names what it looks for
+        }
+        let code = non_test_code(&std::fs::read_to_string(f).expect("readable"));
+        for call in [
+            "starts_with(\"OBEY",
+            "contains(\"OBEY",
+            "find(\"OBEY",
+            "strip_prefix(\"OBEY",
+        ] {
+            if code.contains(call) {
+                found.push(format!("{} matches {call}…", f.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}
