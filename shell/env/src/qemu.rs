@@ -29,8 +29,9 @@ use super::Made;
 /// How long a booting VM may take to answer ssh (the session's start-up timeout bounds the
 /// whole making too).
 const BOOT_WAIT: Duration = Duration::from_secs(300);
-/// How long a stopped VM is given after TERM before it is killed.
-const STOP_WAIT: Duration = Duration::from_secs(5);
+/// How long a stopped VM is given after TERM before it is killed: the one grace (QEMU ends at
+/// once on TERM; only a hung one waits it out).
+const STOP_WAIT: Duration = Duration::from_millis(paddock_core::process::KILL_GRACE.millis());
 /// A VM's memory unless the block says.
 const DEFAULT_MEMORY: u64 = 1 << 30;
 

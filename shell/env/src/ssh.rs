@@ -30,8 +30,12 @@ use paddock_proto::runner::v1 as rpb;
 use rpb::runner_client::RunnerClient;
 use tonic::transport::Channel;
 
-/// TERM to KILL for a run stopped on the host (the remote runner escalates).
-pub(super) const STOP_GRACE_MS: u32 = 10_000;
+/// TERM to KILL for a run stopped on the host (the remote runner escalates): the one grace.
+pub(super) const STOP_GRACE_MS: u32 = {
+    let ms = paddock_core::process::KILL_GRACE.millis();
+    assert!(ms <= u32::MAX as u64);
+    ms as u32
+};
 /// Where paddock keeps its binary and runners on a host unless the session says otherwise.
 const REMOTE_DIR: &str = "~/.cache/paddock";
 
