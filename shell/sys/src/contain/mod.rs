@@ -105,10 +105,25 @@ pub fn tree_cgroup(tag: &str) -> Option<std::fs::File> {
     cgroup::create(OWNER.get()?.cgroups.as_ref()?, tag)
 }
 
-/// Removes the control group made for a tree that never started (its spawn failed).
+/// Removes the control group made for a tree that never started (its spawn failed). Never
+/// waits: a group the failed child has not left yet (it is still exiting) is emptied and
+/// removed on a thread of its own, not on the caller's (the daemon's event loop spawns).
 pub fn forget_tree(tag: &str) {
-    if let Some(base) = OWNER.get().and_then(|o| o.cgroups.as_ref()) {
-        cgroup::kill(base, tag);
+    let Some(base) = OWNER.get().and_then(|o| o.cgroups.as_ref()) else {
+        return;
+    };
+    let dir = base.join(tag);
+    match std::fs::remove_dir(&dir) {
+        Ok(()) => return,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(_) => {}
+    }
+    let (base, tag) = (base.clone(), tag.to_string());
+    let spawned = std::thread::Builder::new()
+        .name("paddock-cgroup".into())
+        .spawn(move || cgroup::kill(&base, &tag));
+    if let Err(e) = spawned {
+        tracing::warn!(cgroup = %dir.display(), "cannot remove the control group: {e}");
     }
 }
 
