@@ -187,7 +187,9 @@ impl Campaigns {
             root_path: root_path.to_string(),
             created_at: now,
         };
+        debug_assert!(!self.taken(&c.name), "a new campaign's name is free");
         self.by_id.insert(c.id.clone(), c.clone());
+        debug_assert!(self.names_unique(), "no two campaigns share a name");
         Ok((c, true))
     }
 
@@ -206,7 +208,19 @@ impl Campaigns {
         if live > 0 {
             return Err(CampaignError::LiveSessions(live));
         }
-        Ok(self.by_id.remove(&id))
+        let removed = self.by_id.remove(&id);
+        debug_assert!(
+            removed.is_some() && self.get(&id).is_none_or(|c| c.id != id),
+            "a removed campaign is gone"
+        );
+        Ok(removed)
+    }
+
+    /// Every name is one campaign's (checked in debug builds after every change).
+    fn names_unique(&self) -> bool {
+        let names: std::collections::BTreeSet<&str> =
+            self.by_id.values().map(|c| c.name.as_str()).collect();
+        names.len() == self.by_id.len()
     }
 }
 
@@ -228,6 +242,16 @@ mod tests {
             .handle_add("c1", "/srv/process", NewCampaign::Named("ok".into()), now)
             .is_ok());
         assert!(!c.is_empty());
+        // The longest name is accepted.
+        let longest = "n".repeat(NAME_BYTES_MAX);
+        assert!(c
+            .handle_add("c2", "/srv/q", NewCampaign::Named(longest), now)
+            .is_ok());
+        // Each refusal says what was refused.
+        let said = |e: CampaignError| e.to_string();
+        assert!(said(CampaignError::NameTaken("alpha".into())).contains("\"alpha\""));
+        assert!(said(CampaignError::LiveSessions(3)).contains('3'));
+        assert!(said(CampaignError::Invalid("why".into())).contains("why"));
     }
 
     use super::*;

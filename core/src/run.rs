@@ -339,6 +339,55 @@ impl RunMachine {
             Rule::Ignore => return Ok(Vec::new()),
             Rule::Refuse(r) => return Err(r),
         }
+        let before = self.phase();
+        let out = self.apply(input);
+        self.check(before, &out);
+        Ok(out)
+    }
+
+    /// The machine's invariants, after every applied input (debug builds; the simulator and
+    /// the tests run them): the phase only moves forward; a status is emitted exactly when the
+    /// run starts or ends; a stop begins with TERM; a pending escalation belongs to a stop, is
+    /// never later than its grace from the latest time seen, and ends with the KILL.
+    fn check(&self, before: Phase, out: &[Effect]) {
+        let after = self.phase();
+        debug_assert!(
+            after >= before,
+            "a run never goes back: {before:?} -> {after:?}"
+        );
+        let emitted = out.iter().filter(|e| matches!(e, Effect::Emit(_))).count();
+        let entered = after != before && matches!(after, Phase::Running | Phase::Exited);
+        debug_assert_eq!(
+            emitted,
+            usize::from(entered),
+            "a status is emitted exactly when the run starts or ends ({before:?} -> {after:?})"
+        );
+        if after == Phase::Terminating || self.escalated {
+            debug_assert!(self.stopped, "only a stop terminates or escalates");
+        }
+        if let State::Terminating {
+            kill_at: Some(at),
+            grace,
+            ..
+        } = &self.state
+        {
+            debug_assert!(!self.escalated, "an escalation is pending until its KILL");
+            debug_assert!(
+                at.millis() <= self.now.millis().saturating_add(grace.millis()),
+                "the KILL is due within the grace"
+            );
+        }
+        if before == Phase::Running && after == Phase::Terminating {
+            debug_assert_eq!(
+                out,
+                [Effect::Signal(Signal::Term)],
+                "a stop begins with TERM"
+            );
+        }
+    }
+
+    /// One legal input's change.
+    fn apply(&mut self, input: Input) -> Vec<Effect> {
         let mut out = Vec::new();
         match input {
             Input::Started { pid } => {
@@ -420,7 +469,7 @@ impl RunMachine {
                 }
             }
         }
-        Ok(out)
+        out
     }
 
     fn advance(&mut self, now: Instant) -> Instant {
@@ -787,5 +836,59 @@ mod tests {
         let t = render();
         assert_eq!(t.lines().count(), 2 + Phase::ALL.len());
         assert!(t.contains("| Exited | · | · | · | · | refuse: already exited |"));
+    }
+
+    fn arb_input() -> impl proptest::strategy::Strategy<Value = Input> {
+        use proptest::prelude::*;
+        let at = || (0u64..200_000).prop_map(Instant::from_millis);
+        prop_oneof![
+            (1u32..1_000).prop_map(|pid| Input::Started { pid }),
+            (-1i32..128).prop_map(|exit_code| Input::SpawnFailed {
+                reason: "no such file".into(),
+                exit_code
+            }),
+            (0u64..4_096).prop_map(|bytes| Input::Output { bytes }),
+            (
+                proptest::option::of(0i32..3),
+                proptest::option::of(1i32..16)
+            )
+                .prop_map(|(code, signal)| Input::Exited {
+                    code,
+                    signal,
+                    detail: String::new()
+                }),
+            prop_oneof![Just(Signal::Hup), Just(Signal::Term), Just(Signal::Kill)]
+                .prop_map(|signal| Input::Signal { signal }),
+            (at(), (0u64..20_000).prop_map(Duration::from_millis))
+                .prop_map(|(now, grace)| Input::Stop { now, grace }),
+            at().prop_map(|now| Input::Tick { now }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Any sequence of inputs keeps the machine's invariants (`check`, on in this build)
+        /// and these: an outcome exactly once exited, no deadline after that, a KILL of its own
+        /// only at or after the deadline it announced.
+        #[test]
+        fn any_input_sequence_keeps_the_invariants(
+            inputs in proptest::collection::vec(arb_input(), 0..40)
+        ) {
+            let mut m = RunMachine::new();
+            for input in inputs {
+                let due = m.poll_timeout().map(|(at, _)| at);
+                let tick = match &input {
+                    Input::Tick { now } => Some(*now),
+                    _ => None,
+                };
+                let Ok(out) = m.handle(input) else { continue };
+                proptest::prop_assert_eq!(m.is_exited(), m.outcome().is_some());
+                if m.is_exited() {
+                    proptest::prop_assert!(m.poll_timeout().is_none());
+                }
+                if let (Some(now), true) = (tick, out.contains(&Effect::Signal(Signal::Kill))) {
+                    proptest::prop_assert!(due.is_some_and(|at| at <= now.max(m.now)));
+                }
+            }
+        }
     }
 }
