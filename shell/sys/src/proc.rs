@@ -183,16 +183,40 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
 }
 
 /// For code on plain threads (the openai-api bridge's tool commands): starts `cmd` in a process
-/// group of its own, carrying a new containment tag, which it returns: on a timeout
-/// [`crate::contain::kill_tree`] with the child's pid and that tag ends the command and
-/// everything it started, `setsid`ed children included.
+/// group of its own, carrying a new containment tag, which it returns, and killed if the thread
+/// that started it dies ([`die_with_parent`]). On a timeout [`crate::contain::kill_tree`] with
+/// the child's pid and that tag ends the command and everything it started, `setsid`ed
+/// children included.
 pub fn spawn_sync(
-    mut cmd: std::process::Command,
+    cmd: &mut std::process::Command,
 ) -> std::io::Result<(std::process::Child, String)> {
     use std::os::unix::process::CommandExt;
     let tag = crate::contain::new_tag();
     cmd.env(crate::contain::TAG_VAR, &tag).process_group(0);
+    die_with_parent(cmd);
     Ok((cmd.spawn()?, tag))
+}
+
+/// Makes the process `cmd` starts die (SIGKILL) with the thread that starts it, as every
+/// process [`spawn`] starts does: a bridge's agent does not outlive a bridge that was killed.
+/// The thread must outlive the child (it waits for it, or lives as long as the program): the
+/// kernel's "parent death" is the death of that thread.
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl and
+    // getppid, which are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            // The parent died between fork and prctl: the signal will never come.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other("the parent exited"));
+            }
+            Ok(())
+        });
+    }
 }
 
 /// A supervised process, to wait for.
@@ -648,5 +672,25 @@ mod tests {
             lines += 1;
         }
         assert_eq!(lines, 100);
+    }
+
+    #[test]
+    fn a_process_dies_with_the_thread_that_started_it() {
+        use std::os::unix::process::ExitStatusExt;
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The starting thread ends at once, leaving its child behind.
+        std::thread::spawn(move || {
+            let mut cmd = std::process::Command::new("sleep");
+            cmd.arg("30");
+            die_with_parent(&mut cmd);
+            tx.send(cmd.spawn().unwrap()).unwrap();
+        })
+        .join()
+        .unwrap();
+        let mut child = rx.recv().unwrap();
+        let t0 = std::time::Instant::now();
+        let status = child.wait().unwrap();
+        assert_eq!(status.signal(), Some(9), "{status:?}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
     }
 }

@@ -170,11 +170,15 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         paddock_core::Provider::OpenClaw
     };
     let argv = agent_command(provider, &bridge.config)?;
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    // In the bridge's group, with the session's tag; this thread runs the bridge to its end,
+    // and the agent lives no longer than it.
+    paddock_sys::proc::die_with_parent(&mut cmd);
+    let mut child = cmd
         .spawn()
         .map_err(|e| format!("cannot start the ACP agent {:?}: {e}", argv[0]))?;
     let trace = std::env::var_os("PADDOCK_BRIDGE_TRACE").and_then(|p| {

@@ -24,7 +24,9 @@
 //! translates, and when the agent process it drives dies by a signal it dies the same way
 //! ([`die_like`]), so the daemon sees the crash the core then rules on.
 //!
-//! The agent's children share the bridge's process group (the daemon's TERM/KILL reach them),
+//! The agent process shares the bridge's process group (the daemon's TERM/KILL reach it) and
+//! dies with the bridge (`proc::die_with_parent`: a bridge killed mid-turn leaves no agent
+//! running). The agent's children share the group too,
 //! and tool processes that leave the group (codex and gemini run each command in a session of
 //! its own) still carry the session's containment tag: when the bridge exits, the daemon ends
 //! them all (`paddock_sys::contain`). So a bridge keeps the default signal actions and never hunts
@@ -211,15 +213,17 @@ pub fn run_turn(
     exit_after_turn: Duration,
     mut on_line: impl FnMut(&str) -> bool,
 ) -> std::io::Result<TurnExit> {
-    let mut child = cmd
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    // In the bridge's group and with the session's tag (the daemon's TERM reaches it), and
+    // gone with the bridge.
+    proc::die_with_parent(cmd);
+    let mut child = cmd.spawn()?;
     if let (Some(mut w), Some(bytes)) = (child.stdin.take(), stdin) {
         let bytes = bytes.to_vec();
         // On a thread: a large prompt must not block reading the agent's output.

@@ -294,7 +294,7 @@ impl Tools {
                 .stdin(Stdio::null())
                 .stdout(writer.try_clone()?)
                 .stderr(writer);
-            paddock_sys::proc::spawn_sync(cmd)?
+            paddock_sys::proc::spawn_sync(&mut cmd)?
         };
         let max = self.output_max;
         // (kept bytes, total bytes seen), shared so that what came is there even if the pipe
