@@ -147,13 +147,7 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
             if let Some(procs) = &cgroup {
                 let _ = crate::contain::cgroup::enter(procs);
             }
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                .map_err(std::io::Error::from)?;
-            // The parent died between fork and prctl: the signal will never come.
-            if nix::unistd::getppid() != parent {
-                return Err(std::io::Error::other("the parent exited"));
-            }
-            Ok(())
+            die_with(parent)
         });
     }
     let mut child = match cmd.spawn() {
@@ -207,16 +201,20 @@ pub fn die_with_parent(cmd: &mut std::process::Command) {
     // SAFETY: the closure runs in the forked child before exec and only calls prctl and
     // getppid, which are async-signal-safe.
     unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                .map_err(std::io::Error::from)?;
-            // The parent died between fork and prctl: the signal will never come.
-            if nix::unistd::getppid() != parent {
-                return Err(std::io::Error::other("the parent exited"));
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || die_with(parent));
     }
+}
+
+/// In a forked child, before exec: SIGKILL when the thread that forked it dies. Only calls
+/// prctl and getppid (async-signal-safe).
+fn die_with(parent: nix::unistd::Pid) -> std::io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(std::io::Error::from)?;
+    // The parent died between fork and prctl: the signal will never come.
+    if nix::unistd::getppid() != parent {
+        return Err(std::io::Error::other("the parent exited"));
+    }
+    Ok(())
 }
 
 /// A supervised process, to wait for.
