@@ -22,15 +22,17 @@ use paddock_core::{
     ActivityKind, Driver, Error, ErrorCode, Provider, SessionConfig, SessionId, Status,
 };
 use paddock_proto::aria::v1 as pb;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status as GrpcStatus};
 
 use super::convert;
+use super::watch::Watcher;
 use crate::daemon::port::{
     Command, Handle, Query, Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER,
 };
+use crate::daemon::{hear, Heard};
 use crate::transport::error_status as status;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
@@ -267,40 +269,36 @@ impl pb::task_service_server::TaskService for Tasks {
             if !r.follow || rec.status.is_terminal() {
                 return;
             }
+            let w = Watcher::new(tx, handle);
             loop {
                 tokio::select! {
                     biased;
-                    _ = tx.closed() => return,
-                    o = outputs.recv() => match o {
-                        Ok(o) if o.task == id && o.seq > last => {
+                    _ = w.gone() => return,
+                    heard = hear(&mut outputs) => {
+                        let Some(o) = w.take(heard).await else { return };
+                        if o.task == id && o.seq > last {
                             last = o.seq;
-                            if tx.send(Ok(output_pb(&o))).await.is_err() {
+                            if !w.send(output_pb(&o)).await {
                                 return;
                             }
                         }
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
-                                format!("fell {n} lines behind; read again from the start")))).await;
-                            return;
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    },
-                    ev = statuses.recv() => match ev {
-                        Ok(ev) if ev.task == id && ev.status.is_terminal() => {
+                    }
+                    // Only to end with the task: a status missed is no output missed.
+                    heard = hear(&mut statuses) => match heard {
+                        Heard::Event(ev) if ev.task == id && ev.status.is_terminal() => {
                             while let Ok(o) = outputs.try_recv() {
                                 if o.task == id && o.seq > last {
                                     last = o.seq;
-                                    let _ = tx.send(Ok(output_pb(&o))).await;
+                                    w.send(output_pb(&o)).await;
                                 }
                             }
                             return;
                         }
-                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(broadcast::error::RecvError::Closed) => return,
+                        Heard::Event(_) | Heard::Behind(_) => {}
+                        Heard::Over => return,
                     },
                     // Last: events already queued are delivered before the stream ends.
-                    _ = handle.closed() => return,
+                    _ = w.daemon_done() => return,
                 }
             }
         });
@@ -431,76 +429,58 @@ impl pb::notification_service_server::NotificationService for Notifications {
         tokio::spawn(async move {
             let replayed: std::collections::BTreeSet<String> =
                 replay.iter().map(|n| n.id.clone()).collect();
+            let w = Watcher::new(tx, handle);
             for n in replay {
-                if tx.send(Ok(notice_notification(&n))).await.is_err() {
+                if !w.send(notice_notification(&n)).await {
                     return;
                 }
             }
             loop {
                 let (at, payload) = tokio::select! {
                     biased;
-                    _ = tx.closed() => return,
-                    ev = tasks.recv() => match ev {
-                        Ok(ev) => (ev.at, EventPayload::TaskStatus(pb::TaskStatusEvent {
+                    _ = w.gone() => return,
+                    heard = hear(&mut tasks) => {
+                        let Some(ev) = w.take(heard).await else { return };
+                        (ev.at, EventPayload::TaskStatus(pb::TaskStatusEvent {
                             task_id: ev.task.clone(),
                             new_status: ev.status.number(),
                             status_message: ev.message.clone(),
                             exit_code: ev.exit_code,
-                        })),
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
-                                format!("fell {n} notifications behind; resubscribe")))).await;
-                            return;
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    },
-                    ev = sessions.recv(), if sessions_too => match ev {
+                        }))
+                    }
+                    heard = hear(&mut sessions), if sessions_too => {
+                        let Some(ev) = w.take(heard).await else { return };
                         // Worth a client's attention: a session is up, blocked on a human
                         // (and unblocked), or over. Turn-by-turn RUNNING ⇄ WORKING is not.
-                        Ok(ev) if worth_notifying(ev.previous, ev.new) =>
-                        {
-                            (ev.at, EventPayload::SessionStatus(pb::SessionStatusNotification {
-                                session_id: ev.session.0.clone(),
-                                previous_status: ev.previous.map(|s| s.name()).unwrap_or("UNSPECIFIED").to_string(),
-                                new_status: ev.new.name().to_string(),
-                                message: ev.message.clone(),
-                            }))
+                        if !worth_notifying(ev.previous, ev.new) {
+                            continue;
                         }
-                        Ok(_) => continue,
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
-                                format!("fell {n} notifications behind; resubscribe")))).await;
-                            return;
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    },
+                        (ev.at, EventPayload::SessionStatus(pb::SessionStatusNotification {
+                            session_id: ev.session.0.clone(),
+                            previous_status: ev.previous.map(|s| s.name()).unwrap_or("UNSPECIFIED").to_string(),
+                            new_status: ev.new.name().to_string(),
+                            message: ev.message.clone(),
+                        }))
+                    }
                     // Not a status change but as worth attention (output lost while the
                     // daemon was away): the same payload, the status unchanged, the message
                     // saying what happened.
-                    ev = notices.recv(), if sessions_too => match ev {
-                        Ok(n) if replayed.contains(&n.id) => continue,
-                        Ok(n) => {
-                            if tx.send(Ok(notice_notification(&n))).await.is_err() {
-                                return;
-                            }
-                            continue;
-                        }
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
-                                format!("fell {n} notifications behind; resubscribe")))).await;
+                    heard = hear(&mut notices), if sessions_too => {
+                        let Some(n) = w.take(heard).await else { return };
+                        if !replayed.contains(&n.id) && !w.send(notice_notification(&n)).await {
                             return;
                         }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    },
+                        continue;
+                    }
                     // Last: events already queued are delivered before the stream ends.
-                    _ = handle.closed() => return,
+                    _ = w.daemon_done() => return,
                 };
                 let n = pb::Notification {
                     id: format!("ntf_{}", ulid::Ulid::new()),
                     timestamp: Some(convert::timestamp(at)),
                     event_payload: Some(payload),
                 };
-                if tx.send(Ok(n)).await.is_err() {
+                if !w.send(n).await {
                     return;
                 }
             }
@@ -1038,44 +1018,30 @@ impl pb::container_service_server::ContainerService for Containers {
             // Whether a task (one launched later too) runs in this container.
             let mut ours: HashMap<String, bool> =
                 tasks.iter().map(|t| (t.id.clone(), true)).collect();
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = tx.closed() => return,
-                    o = outputs.recv() => match o {
-                        Ok(o) => {
-                            let mine = match ours.get(&o.task) {
-                                Some(m) => *m,
-                                None => {
-                                    let task = o.task.clone();
-                                    let m = handle
-                                        .query(|reply| Query::Task(task, reply))
-                                        .await
-                                        .ok()
-                                        .flatten()
-                                        .is_some_and(|t| t.spec.container_id == c.id);
-                                    ours.insert(o.task.clone(), m);
-                                    m
-                                }
-                            };
-                            if !mine || last.get(&o.task).is_some_and(|s| o.seq <= *s) {
-                                continue;
-                            }
-                            last.insert(o.task.clone(), o.seq);
-                            if let Some(l) = line(&o) {
-                                if tx.send(Ok(l)).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let _ = tx.send(Err(status(Code::ResourceExhausted, "LAGGED",
-                                format!("fell {n} lines behind; read again from the start")))).await;
-                            return;
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    },
-                    _ = handle.closed() => return,
+            let w = Watcher::new(tx, handle.clone());
+            while let Some(o) = w.next(&mut outputs).await {
+                let mine = match ours.get(&o.task) {
+                    Some(m) => *m,
+                    None => {
+                        let task = o.task.clone();
+                        let m = handle
+                            .query(|reply| Query::Task(task, reply))
+                            .await
+                            .ok()
+                            .flatten()
+                            .is_some_and(|t| t.spec.container_id == c.id);
+                        ours.insert(o.task.clone(), m);
+                        m
+                    }
+                };
+                if !mine || last.get(&o.task).is_some_and(|s| o.seq <= *s) {
+                    continue;
+                }
+                last.insert(o.task.clone(), o.seq);
+                if let Some(l) = line(&o) {
+                    if !w.send(l).await {
+                        return;
+                    }
                 }
             }
         });

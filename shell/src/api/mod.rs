@@ -6,6 +6,7 @@ pub mod extensions;
 pub mod history;
 pub mod obey;
 pub mod sunbeam;
+pub mod watch;
 
 use paddock_proto::aria::v1 as aria_pb;
 use paddock_proto::obey::local::v1::local_daemon_service_server::LocalDaemonServiceServer;

@@ -17,10 +17,12 @@ use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::convert;
 use super::extensions::Understood;
+use super::watch::Watcher;
 use crate::daemon::port::{
     Command, Handle, HistoryView, Query, Read, Request as Req, Scope, SessionView,
     TURN_STREAM_BUFFER, WATCH_BUFFER,
 };
+use crate::daemon::{hear, Heard};
 use crate::paths::now_ms;
 use crate::secret;
 use crate::store::{ExternalActivity, ReportedEvent};
@@ -354,13 +356,12 @@ impl LocalDaemonService for Obey {
             }
         };
         loop {
-            let status = match statuses.recv().await {
-                Ok(ev) if ev.task == id => ev.status,
-                Ok(_) => continue,
-                Err(broadcast::error::RecvError::Lagged(_)) => record(id.clone()).await?.status,
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(GrpcStatus::unavailable("the daemon is shutting down"))
-                }
+            let status = match hear(&mut statuses).await {
+                Heard::Event(ev) if ev.task == id => ev.status,
+                Heard::Event(_) => continue,
+                // Fell behind: the task's record says where it is.
+                Heard::Behind(_) => record(id.clone()).await?.status,
+                Heard::Over => return Err(GrpcStatus::unavailable("the daemon is shutting down")),
             };
             match status {
                 TaskStatus::Pending => continue,
@@ -421,24 +422,24 @@ impl LocalDaemonService for Obey {
                         let _ = handle.task(cancel).await;
                         return;
                     }
-                    o = outputs.recv() => match o {
-                        Ok(o) if o.task == id && o.seq > last => {
+                    o = hear(&mut outputs) => match o {
+                        Heard::Event(o) if o.task == id && o.seq > last => {
                             last = o.seq;
                             if tx.send(line(&o)).await.is_err() {
                                 continue; // cancelled above, on the next turn
                             }
                         }
-                        Ok(_) => {}
-                        // Fell behind the hub: the store has every line.
-                        Err(broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(broadcast::error::RecvError::Closed) => {
+                        Heard::Event(_) => {}
+                        // Fell behind the hub: the store has every line, sent at the end.
+                        Heard::Behind(_) => {}
+                        Heard::Over => {
                             break Err(GrpcStatus::unavailable("the daemon shut down"));
                         }
                     },
-                    ev = statuses.recv() => match ev {
-                        Ok(ev) if ev.task == id && ev.status.is_terminal() => break Ok(ev),
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                    ev = hear(&mut statuses) => match ev {
+                        Heard::Event(ev) if ev.task == id && ev.status.is_terminal() => break Ok(ev),
+                        Heard::Event(_) => {}
+                        Heard::Behind(_) => {
                             match record(id.clone()).await {
                                 Ok(t) if t.status.is_terminal() => {
                                     break Ok(paddock_core::task::TaskStatusEvent {
@@ -453,7 +454,7 @@ impl LocalDaemonService for Obey {
                                 Err(e) => break Err(e),
                             }
                         }
-                        Err(broadcast::error::RecvError::Closed) => {
+                        Heard::Over => {
                             break Err(GrpcStatus::unavailable("the daemon shut down"));
                         }
                     },
@@ -841,45 +842,26 @@ impl LocalDaemonService for Obey {
         tokio::spawn(async move {
             let mut campaigns: BTreeMap<SessionId, String> = BTreeMap::new();
             let mut sub = sub;
-            loop {
-                let ev = tokio::select! {
-                    biased;
-                    _ = tx.closed() => return,
-                    ev = sub.recv() => ev,
-                    // Last: events already queued are delivered before the stream ends.
-                    _ = handle.closed() => return,
-                };
-                match ev {
-                    Ok(ev) => {
-                        if let Some(c) = &campaign {
-                            if !campaigns.contains_key(&ev.session) {
-                                let id = ev.session.clone();
-                                let found = match handle.session(id).await {
-                                    Ok(v) => v.map(|v| v.record.config.campaign_id),
-                                    Err(e) => {
-                                        let _ = tx.send(Err(st(e))).await;
-                                        return;
-                                    }
-                                };
-                                let found = found.unwrap_or_default();
-                                campaigns.insert(ev.session.clone(), found);
-                            }
-                            if campaigns.get(&ev.session) != Some(c) {
-                                continue;
-                            }
-                        }
-                        let Some(ev) = understood.event(convert::status_event(&ev)) else {
-                            continue;
+            let w = Watcher::new(tx, handle.clone());
+            while let Some(ev) = w.next(&mut sub).await {
+                if let Some(c) = &campaign {
+                    if !campaigns.contains_key(&ev.session) {
+                        let id = ev.session.clone();
+                        let found = match handle.session(id).await {
+                            Ok(v) => v.map(|v| v.record.config.campaign_id),
+                            Err(e) => return w.fail(st(e)).await,
                         };
-                        if tx.send(Ok(ev)).await.is_err() {
-                            return;
-                        }
+                        campaigns.insert(ev.session.clone(), found.unwrap_or_default());
                     }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        let _ = tx.send(Err(lagged(n))).await;
-                        return;
+                    if campaigns.get(&ev.session) != Some(c) {
+                        continue;
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+                let Some(ev) = understood.event(convert::status_event(&ev)) else {
+                    continue;
+                };
+                if !w.send(ev).await {
+                    return;
                 }
             }
         });
@@ -1103,34 +1085,22 @@ impl LocalDaemonService for Obey {
         tokio::spawn(async move {
             let snapshot: std::collections::BTreeSet<String> =
                 open.iter().map(|a| a.id.clone()).collect();
+            let w = Watcher::new(tx, handle);
             for a in &open {
-                if tx.send(Ok(convert::approval(a))).await.is_err() {
+                if !w.send(convert::approval(a)).await {
                     return;
                 }
             }
-            loop {
-                let ev = tokio::select! {
-                    biased;
-                    _ = tx.closed() => return,
-                    ev = sub.recv() => ev,
-                    _ = handle.closed() => return,
-                };
-                match ev {
-                    Ok(a) if only.as_ref().is_none_or(|id| &a.session == id) => {
-                        // An open request already sent from the snapshot is not sent twice.
-                        if a.is_pending() && snapshot.contains(&a.id) {
-                            continue;
-                        }
-                        if tx.send(Ok(convert::approval(&a))).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        let _ = tx.send(Err(lagged(n))).await;
-                        return;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
+            while let Some(a) = w.next(&mut sub).await {
+                if only.as_ref().is_some_and(|id| &a.session != id) {
+                    continue;
+                }
+                // An open request already sent from the snapshot is not sent twice.
+                if a.is_pending() && snapshot.contains(&a.id) {
+                    continue;
+                }
+                if !w.send(convert::approval(&a)).await {
+                    return;
                 }
             }
         });
@@ -1206,41 +1176,38 @@ impl LocalDaemonService for Obey {
             if rec.status.is_terminal() {
                 return;
             }
+            let w = Watcher::new(tx, handle);
             loop {
                 tokio::select! {
                     biased;
-                    _ = tx.closed() => return,
-                    ev = acts.recv() => match ev {
-                        Ok(ev) if ev.session == id && ev.seq > last => {
+                    _ = w.gone() => return,
+                    heard = hear(&mut acts) => {
+                        let Some(ev) = w.take(heard).await else { return };
+                        if ev.session == id && ev.seq > last {
                             last = ev.seq;
-                            if tx.send(Ok(understood.activity(convert::activity_event(&ev)))).await.is_err() {
+                            if !w.send(understood.activity(convert::activity_event(&ev))).await {
                                 return;
                             }
                         }
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(n)) => {
-                            let _ = tx.send(Err(lagged(n))).await;
-                            return;
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    },
-                    ev = stat.recv() => match ev {
-                        Ok(ev) if ev.session == id && ev.new.is_terminal() => {
+                    }
+                    // Only to end with the session: a status missed is no activity missed.
+                    heard = hear(&mut stat) => match heard {
+                        Heard::Event(ev) if ev.session == id && ev.new.is_terminal() => {
                             // Everything of the session was delivered before its terminal
                             // status; take what is still queued, then end.
                             while let Ok(a) = acts.try_recv() {
                                 if a.session == id && a.seq > last {
                                     last = a.seq;
-                                    let _ = tx.send(Ok(understood.activity(convert::activity_event(&a)))).await;
+                                    w.send(understood.activity(convert::activity_event(&a))).await;
                                 }
                             }
                             return;
                         }
-                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(broadcast::error::RecvError::Closed) => return,
+                        Heard::Event(_) | Heard::Behind(_) => {}
+                        Heard::Over => return,
                     },
                     // Last: events already queued are delivered before the stream ends.
-                    _ = handle.closed() => return,
+                    _ = w.daemon_done() => return,
                 }
             }
         });
@@ -1257,12 +1224,6 @@ fn campaign_pb(c: &crate::store::Campaign) -> pb::Campaign {
     }
 }
 
-fn lagged(n: u64) -> GrpcStatus {
-    GrpcStatus::resource_exhausted(format!(
-        "watcher fell {n} events behind and was dropped; everything is stored — resubscribe"
-    ))
-}
-
 /// Forwards status events that pass `keep` until the client goes away (or, with
 /// `end_on_terminal`, the session ends).
 async fn forward_status(
@@ -1273,32 +1234,18 @@ async fn forward_status(
     end_on_terminal: bool,
     understood: Understood,
 ) {
-    loop {
-        let ev = tokio::select! {
-            biased;
-            _ = tx.closed() => return,
-            ev = sub.recv() => ev,
-            // Last: events already queued are delivered before the stream ends.
-            _ = handle.closed() => return,
-        };
-        match ev {
-            Ok(ev) if keep(&ev) => {
-                let seen = understood.event(convert::status_event(&ev));
-                if let Some(seen) = seen {
-                    if tx.send(Ok(seen)).await.is_err() {
-                        return;
-                    }
-                }
-                if end_on_terminal && ev.new.is_terminal() {
-                    return;
-                }
-            }
-            Ok(_) => {}
-            Err(broadcast::error::RecvError::Lagged(n)) => {
-                let _ = tx.send(Err(lagged(n))).await;
+    let w = Watcher::new(tx, handle);
+    while let Some(ev) = w.next(&mut sub).await {
+        if !keep(&ev) {
+            continue;
+        }
+        if let Some(seen) = understood.event(convert::status_event(&ev)) {
+            if !w.send(seen).await {
                 return;
             }
-            Err(broadcast::error::RecvError::Closed) => return,
+        }
+        if end_on_terminal && ev.new.is_terminal() {
+            return;
         }
     }
 }

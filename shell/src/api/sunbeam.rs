@@ -52,7 +52,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::history::{self, Role};
-use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req};
+use crate::daemon::port::{hear, Command, Handle, Heard, HistoryView, Query, Request as Req};
 use crate::providers;
 use crate::text::truncate;
 
@@ -732,23 +732,24 @@ impl Conn {
                 biased;
                 _ = self.out.closed() => Flow::Stop,
                 Some(o) = done_rx.recv() => self.on_outcome(o).await,
-                ev = activity.recv() => match ev {
-                    Ok(ev) => self.on_activity(ev).await,
-                    // Fell behind the hub: the store has everything.
-                    Err(broadcast::error::RecvError::Lagged(_)) => self.catch_up().await,
-                    Err(broadcast::error::RecvError::Closed) => Flow::Stop,
+                // A session's stream reads on from the store when it falls behind the hub
+                // (the lag rule of streams, `api::watch`).
+                ev = hear(&mut activity) => match ev {
+                    Heard::Event(ev) => self.on_activity(ev).await,
+                    Heard::Behind(_) => self.catch_up().await,
+                    Heard::Over => Flow::Stop,
                 },
-                ev = status.recv() => match ev {
-                    Ok(ev) if ev.session == self.id => self.on_status(ev.new, &ev.message).await,
-                    Ok(_) => Flow::Go,
-                    Err(broadcast::error::RecvError::Lagged(_)) => self.recheck_status().await,
-                    Err(broadcast::error::RecvError::Closed) => Flow::Stop,
+                ev = hear(&mut status) => match ev {
+                    Heard::Event(ev) if ev.session == self.id => self.on_status(ev.new, &ev.message).await,
+                    Heard::Event(_) => Flow::Go,
+                    Heard::Behind(_) => self.recheck_status().await,
+                    Heard::Over => Flow::Stop,
                 },
-                ev = approvals.recv() => match ev {
-                    Ok(a) => self.on_approval(a).await,
-                    // Fell behind: what is open now is asked again (each request once).
-                    Err(broadcast::error::RecvError::Lagged(_)) => self.show_open_approvals().await,
-                    Err(broadcast::error::RecvError::Closed) => Flow::Stop,
+                ev = hear(&mut approvals) => match ev {
+                    Heard::Event(a) => self.on_approval(a).await,
+                    // What is open now is asked again (each request once).
+                    Heard::Behind(_) => self.show_open_approvals().await,
+                    Heard::Over => Flow::Stop,
                 },
                 m = inbound.message(), if self.inbound_open => match m {
                     Ok(Some(msg)) => self.on_client(msg, &done_tx).await,

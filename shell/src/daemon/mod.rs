@@ -18,7 +18,7 @@ use std::time::Duration;
 
 pub use event_loop::State;
 use paddock_core::{Engine, Limits, Stored, Surviving};
-pub use port::{Command, Handle, Hub};
+pub use port::{hear, Command, Handle, Heard, Hub};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 

@@ -15,7 +15,7 @@ use paddock_core::{AskKind, Status};
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 
-use super::port::Hub;
+use super::port::{hear, Heard, Hub};
 use crate::config::{NotifyConfig, NOTIFY_DEFAULT};
 
 /// Deliveries waiting at most.
@@ -105,20 +105,26 @@ async fn listen(
     tx: mpsc::Sender<Note>,
 ) {
     let mut dropped = 0u64;
+    // Notes are best effort (a hook is told of what it can keep up with), but a gap is said.
+    let behind = |n: u64| tracing::warn!("notify hooks fell {n} events behind; those are skipped");
     loop {
         let note = tokio::select! {
-            a = approvals.recv() => match a {
-                Ok(a) if a.state == paddock_core::ApprovalState::Pending => Note {
+            a = hear(&mut approvals) => match a {
+                Heard::Event(a) if a.state == paddock_core::ApprovalState::Pending => Note {
                     event: if a.kind == AskKind::Permission { "approval" } else { "question" },
                     session: a.session.0.clone(),
                     message: a.summary.clone(),
                     approval: a.id.clone(),
                 },
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(broadcast::error::RecvError::Closed) => return,
+                Heard::Event(_) => continue,
+                Heard::Behind(n) => {
+                    behind(n);
+                    continue;
+                }
+                Heard::Over => return,
             },
-            s = statuses.recv() => match s {
-                Ok(s) => match status_note(s.previous, s.new, &s.message) {
+            s = hear(&mut statuses) => match s {
+                Heard::Event(s) => match status_note(s.previous, s.new, &s.message) {
                     Some(event) => Note {
                         event,
                         session: s.session.0.clone(),
@@ -127,8 +133,11 @@ async fn listen(
                     },
                     None => continue,
                 },
-                Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(broadcast::error::RecvError::Closed) => return,
+                Heard::Behind(n) => {
+                    behind(n);
+                    continue;
+                }
+                Heard::Over => return,
             },
         };
         if !on.contains(note.event) {

@@ -361,6 +361,27 @@ impl Hub {
     }
 }
 
+/// What one receive from a hub subscription gave.
+#[derive(Debug)]
+pub enum Heard<T> {
+    Event(T),
+    /// The subscriber fell this many events behind the hub: they are gone from its
+    /// subscription (never from the store).
+    Behind(u64),
+    /// The hub is gone: the daemon is ending.
+    Over,
+}
+
+/// Receives from a hub subscription: the one place a subscription's errors are read. What a
+/// subscriber does when it is [`Heard::Behind`] is its own rule (see `api::watch`).
+pub async fn hear<T: Clone>(sub: &mut broadcast::Receiver<T>) -> Heard<T> {
+    match sub.recv().await {
+        Ok(event) => Heard::Event(event),
+        Err(broadcast::error::RecvError::Lagged(n)) => Heard::Behind(n),
+        Err(broadcast::error::RecvError::Closed) => Heard::Over,
+    }
+}
+
 /// The loop's handle, for the API layer.
 #[derive(Clone)]
 pub struct Handle {
