@@ -482,6 +482,38 @@ mod tests {
     }
 
     #[test]
+    fn states_keep_their_stored_numbers_and_names() {
+        // The store keeps the number: a change would misread every stored container.
+        let numbers = ContainerState::ALL.map(ContainerState::number);
+        assert_eq!(numbers, [0, 1, 2, 3]);
+        for s in ContainerState::ALL {
+            assert_eq!(ContainerState::from_number(s.number()), Some(s));
+        }
+        assert_eq!(ContainerState::from_number(4), None);
+        let names = ContainerState::ALL.map(ContainerState::name);
+        assert_eq!(names, ["creating", "running", "stopped", "failed"]);
+    }
+
+    #[test]
+    fn a_start_while_one_is_under_way_is_refused_and_one_of_a_running_container_is_answered() {
+        let mut cs = Containers::default();
+        ask(&mut cs, "c", ContainerRequest::Create(spec()));
+        cs.report("c", ContainerEvent::Made, &mut Out::default());
+        // Running and not being started: answered at once, as it is.
+        let (_, out) = ask(&mut cs, "c", ContainerRequest::Start);
+        assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
+        ask(&mut cs, "c", ContainerRequest::Stop);
+        let (_, out) = ask(&mut cs, "c", ContainerRequest::Start);
+        assert!(replies(&out).is_empty(), "answered once started");
+        // A second start before the driver reports: refused, the first still waits.
+        let (_, out) = ask(&mut cs, "c", ContainerRequest::Start);
+        assert_eq!(replies(&out), vec![Err(ErrorCode::WrongState)]);
+        let mut out = Out::default();
+        cs.report("c", ContainerEvent::Started, &mut out);
+        assert_eq!(replies(&out), vec![Ok(ContainerState::Running)]);
+    }
+
+    #[test]
     fn stop_start_and_remove_follow_the_diagram() {
         let mut cs = Containers::default();
         ask(&mut cs, "c", ContainerRequest::Create(spec()));

@@ -746,6 +746,40 @@ mod tests {
     }
 
     #[test]
+    fn statuses_are_the_wire_enums_numbers_and_names() {
+        // aria.v1.TaskStatus: 0 is UNSPECIFIED.
+        assert_eq!(TaskStatus::ALL.map(TaskStatus::number), [1, 2, 3, 4, 5, 6]);
+        for s in TaskStatus::ALL {
+            assert_eq!(TaskStatus::from_number(s.number()), Some(s));
+        }
+        assert_eq!(TaskStatus::from_number(0), None);
+        assert_eq!(TaskStatus::from_number(7), None);
+        let names = TaskStatus::ALL.map(TaskStatus::name);
+        assert_eq!(
+            names,
+            [
+                "PENDING",
+                "RUNNING",
+                "COMPLETED",
+                "FAILED",
+                "CANCELLED",
+                "TIMEOUT"
+            ]
+        );
+    }
+
+    #[test]
+    fn only_an_execute_does_not_report_progress() {
+        let spec = |kind: &str| TaskSpec {
+            kind: kind.into(),
+            ..TaskSpec::default()
+        };
+        assert!(!spec(EXECUTE_KIND).reports_progress());
+        assert!(spec(COMMAND_KIND).reports_progress());
+        assert!(spec(CONTAINER_EXEC_KIND).reports_progress());
+    }
+
+    #[test]
     fn task_types_run_only_as_what_they_say() {
         assert_eq!(kind_of("", false), Ok(COMMAND_KIND));
         assert_eq!(kind_of("command", false), Ok(COMMAND_KIND));
