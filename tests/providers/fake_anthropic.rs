@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::fake_http::{respond_json, Conn, Request};
+use crate::fake_http::{respond_json, Conn, Request, Server};
 
 /// One content block of a scripted answer.
 #[derive(Debug, Clone)]
@@ -233,44 +233,20 @@ struct State {
 /// The running server; it stops when dropped.
 pub struct FakeAnthropic {
     pub addr: SocketAddr,
-    state: Arc<Mutex<State>>,
-    arrived: Arc<Notify>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeAnthropic {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    server: Server<State>,
 }
 
 impl FakeAnthropic {
     /// Starts on 127.0.0.1 (a free port) with `script`.
     pub async fn start(script: Vec<Reply>) -> FakeAnthropic {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(State {
+        let state = State {
             script,
             ..State::default()
-        }));
-        let arrived = Arc::new(Notify::new());
-        let (st, ar) = (state.clone(), arrived.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((sock, _)) = listener.accept().await else {
-                    return;
-                };
-                let (st, ar) = (st.clone(), ar.clone());
-                tokio::spawn(async move {
-                    let _ = serve(sock, st, ar).await;
-                });
-            }
-        });
+        };
+        let server = Server::start(state, serve).await;
         FakeAnthropic {
-            addr,
-            state,
-            arrived,
-            task,
+            addr: server.addr,
+            server,
         }
     }
 
@@ -281,12 +257,12 @@ impl FakeAnthropic {
 
     /// Appends replies to the script.
     pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
-        self.state.lock().unwrap().script.extend(replies);
+        self.server.state.lock().unwrap().script.extend(replies);
     }
 
     /// Every request so far.
     pub fn requests(&self) -> Vec<Recorded> {
-        self.state.lock().unwrap().requests.clone()
+        self.server.state.lock().unwrap().requests.clone()
     }
 
     /// The `POST /v1/messages` requests so far.
@@ -299,19 +275,11 @@ impl FakeAnthropic {
 
     /// Waits until at least `n` message requests arrived (at most `limit`).
     pub async fn wait_requests(&self, n: usize, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.arrived.notified();
-            if self.message_requests().len() >= n {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                panic!(
-                    "the fake model server got {} message requests, not {n}, within {limit:?}",
-                    self.message_requests().len()
-                );
-            }
-        }
+        self.server
+            .wait_until(n, limit, "message requests", || {
+                self.message_requests().len()
+            })
+            .await;
     }
 }
 

@@ -26,10 +26,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::fake_http::{respond_json, Conn, Request};
+use crate::fake_http::{respond_json, Conn, Request, Server};
 
 /// One part of a scripted answer.
 #[derive(Debug, Clone)]
@@ -195,43 +195,19 @@ struct State {
 /// The running server; it stops when dropped.
 pub struct FakeGemini {
     pub addr: SocketAddr,
-    state: Arc<Mutex<State>>,
-    arrived: Arc<Notify>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeGemini {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    server: Server<State>,
 }
 
 impl FakeGemini {
     pub async fn start(script: Vec<Reply>) -> FakeGemini {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(State {
+        let state = State {
             script,
             ..State::default()
-        }));
-        let arrived = Arc::new(Notify::new());
-        let (st, ar) = (state.clone(), arrived.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((sock, _)) = listener.accept().await else {
-                    return;
-                };
-                let (st, ar) = (st.clone(), ar.clone());
-                tokio::spawn(async move {
-                    let _ = serve(sock, st, ar).await;
-                });
-            }
-        });
+        };
+        let server = Server::start(state, serve).await;
         FakeGemini {
-            addr,
-            state,
-            arrived,
-            task,
+            addr: server.addr,
+            server,
         }
     }
 
@@ -241,11 +217,11 @@ impl FakeGemini {
     }
 
     pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
-        self.state.lock().unwrap().script.extend(replies);
+        self.server.state.lock().unwrap().script.extend(replies);
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
-        self.state.lock().unwrap().requests.clone()
+        self.server.state.lock().unwrap().requests.clone()
     }
 
     /// The `streamGenerateContent` requests so far.
@@ -258,19 +234,11 @@ impl FakeGemini {
 
     /// Waits until at least `n` `streamGenerateContent` requests arrived.
     pub async fn wait_requests(&self, n: usize, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.arrived.notified();
-            if self.stream_requests().len() >= n {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                panic!(
-                    "the fake Gemini server got {} requests, not {n}, within {limit:?}",
-                    self.stream_requests().len()
-                );
-            }
-        }
+        self.server
+            .wait_until(n, limit, "streamGenerateContent requests", || {
+                self.stream_requests().len()
+            })
+            .await;
     }
 }
 

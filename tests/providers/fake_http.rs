@@ -1,14 +1,91 @@
-//! The HTTP/1.1 every fake model server shares: requests read from a connection
-//! (`Content-Length` or chunked bodies, one after another on a kept-alive connection) and JSON
-//! answers. Plain tokio: a fake server is a small thing, and a framework would only add build
-//! time to a 2-core CI. Each fake (`fake_anthropic`, `fake_responses`, `fake_gemini`,
-//! `fake_openai`) adds its API's routes, script and streaming format.
+//! What every fake model server shares: the running server ([`Server`]: a listener on a free
+//! port of 127.0.0.1, the state its connections share, a signal per request, stopped when
+//! dropped) and the HTTP/1.1 it speaks (requests read from a connection, `Content-Length` or
+//! chunked bodies one after another on a kept-alive connection, and JSON answers). Plain tokio:
+//! a fake server is a small thing, and a framework would only add build time to a 2-core CI.
+//! Each fake (`fake_anthropic`, `fake_responses`, `fake_gemini`, `fake_openai`) adds its API's
+//! routes, script and streaming format.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// A fake server, running: each connection it accepts is served by `serve` on a task of its
+/// own, with the state every connection shares and the signal `serve` gives for each request
+/// that arrived. It stops when dropped.
+pub struct Server<S> {
+    pub addr: SocketAddr,
+    pub state: Arc<Mutex<S>>,
+    arrived: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<S> Drop for Server<S> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<S: Send + 'static> Server<S> {
+    /// Starts on a free port of 127.0.0.1. `serve` is called as each connection is accepted,
+    /// in order (what it does before its future starts is numbered in accept order).
+    pub async fn start<F, Fut>(state: S, serve: F) -> Server<S>
+    where
+        F: Fn(TcpStream, Arc<Mutex<S>>, Arc<Notify>) -> Fut + Send + 'static,
+        Fut: Future<Output = std::io::Result<()>> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(state));
+        let arrived = Arc::new(Notify::new());
+        let (st, ar) = (state.clone(), arrived.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let served = serve(sock, st.clone(), ar.clone());
+                tokio::spawn(async move {
+                    let _ = served.await;
+                });
+            }
+        });
+        Server {
+            addr,
+            state,
+            arrived,
+            task,
+        }
+    }
+
+    /// Waits until `count()` is at least `n`, looking again at each request that arrives;
+    /// after `limit`, fails the test naming `what` it counts.
+    pub async fn wait_until(
+        &self,
+        n: usize,
+        limit: Duration,
+        what: &str,
+        count: impl Fn() -> usize,
+    ) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.arrived.notified();
+            if count() >= n {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!(
+                    "the fake server got {} {what}, not {n}, within {limit:?}",
+                    count()
+                );
+            }
+        }
+    }
+}
 
 /// A request head bigger than this ends the connection.
 const HEAD_MAX: usize = 1 << 20;

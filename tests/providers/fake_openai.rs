@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::fake_http::{respond_json, Conn, Request};
+use crate::fake_http::{respond_json, Conn, Request, Server};
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -168,43 +168,19 @@ struct State {
 /// The running server; it stops when dropped.
 pub struct FakeOpenAi {
     pub addr: SocketAddr,
-    state: Arc<Mutex<State>>,
-    arrived: Arc<Notify>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeOpenAi {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    server: Server<State>,
 }
 
 impl FakeOpenAi {
     pub async fn start(script: Vec<Reply>) -> FakeOpenAi {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(State {
+        let state = State {
             script,
             ..State::default()
-        }));
-        let arrived = Arc::new(Notify::new());
-        let (st, ar) = (state.clone(), arrived.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((sock, _)) = listener.accept().await else {
-                    return;
-                };
-                let (st, ar) = (st.clone(), ar.clone());
-                tokio::spawn(async move {
-                    let _ = serve(sock, st, ar).await;
-                });
-            }
-        });
+        };
+        let server = Server::start(state, serve).await;
         FakeOpenAi {
-            addr,
-            state,
-            arrived,
-            task,
+            addr: server.addr,
+            server,
         }
     }
 
@@ -214,11 +190,11 @@ impl FakeOpenAi {
     }
 
     pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
-        self.state.lock().unwrap().script.extend(replies);
+        self.server.state.lock().unwrap().script.extend(replies);
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
-        self.state.lock().unwrap().requests.clone()
+        self.server.state.lock().unwrap().requests.clone()
     }
 
     /// The `POST /v1/chat/completions` requests so far.
@@ -230,19 +206,9 @@ impl FakeOpenAi {
     }
 
     pub async fn wait_requests(&self, n: usize, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.arrived.notified();
-            if self.completions().len() >= n {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                panic!(
-                    "the fake server got {} completion requests, not {n}, within {limit:?}",
-                    self.completions().len()
-                );
-            }
-        }
+        self.server
+            .wait_until(n, limit, "completion requests", || self.completions().len())
+            .await;
     }
 }
 

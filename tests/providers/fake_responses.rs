@@ -31,10 +31,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::fake_http::{respond_json, Conn, Request};
+use crate::fake_http::{respond_json, Conn, Request, Server};
 
 /// One output item of a scripted response.
 #[derive(Debug, Clone)]
@@ -243,48 +243,28 @@ struct State {
 /// The running server; it stops when dropped.
 pub struct FakeResponses {
     pub addr: SocketAddr,
-    state: Arc<Mutex<State>>,
-    arrived: Arc<Notify>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeResponses {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    server: Server<State>,
 }
 
 impl FakeResponses {
     pub async fn start(script: Vec<Reply>) -> FakeResponses {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(State {
+        let state = State {
             script,
             ..State::default()
-        }));
-        let arrived = Arc::new(Notify::new());
-        let (st, ar) = (state.clone(), arrived.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((sock, _)) = listener.accept().await else {
-                    return;
-                };
-                let conn = {
-                    let mut s = st.lock().unwrap();
-                    s.connections += 1;
-                    s.connections
-                };
-                let (st, ar) = (st.clone(), ar.clone());
-                tokio::spawn(async move {
-                    let _ = serve(sock, conn, st, ar).await;
-                });
-            }
-        });
+        };
+        // Connections are numbered as they are accepted.
+        let server = Server::start(state, |sock, st, ar| {
+            let conn = {
+                let mut s = st.lock().unwrap();
+                s.connections += 1;
+                s.connections
+            };
+            serve(sock, conn, st, ar)
+        })
+        .await;
         FakeResponses {
-            addr,
-            state,
-            arrived,
-            task,
+            addr: server.addr,
+            server,
         }
     }
 
@@ -294,11 +274,11 @@ impl FakeResponses {
     }
 
     pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
-        self.state.lock().unwrap().script.extend(replies);
+        self.server.state.lock().unwrap().script.extend(replies);
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
-        self.state.lock().unwrap().requests.clone()
+        self.server.state.lock().unwrap().requests.clone()
     }
 
     /// The `POST /v1/responses` requests so far.
@@ -310,19 +290,11 @@ impl FakeResponses {
     }
 
     pub async fn wait_requests(&self, n: usize, limit: Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.arrived.notified();
-            if self.response_requests().len() >= n {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                panic!(
-                    "the fake Responses server got {} requests, not {n}, within {limit:?}",
-                    self.response_requests().len()
-                );
-            }
-        }
+        self.server
+            .wait_until(n, limit, "Responses requests", || {
+                self.response_requests().len()
+            })
+            .await;
     }
 }
 
