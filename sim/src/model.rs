@@ -533,8 +533,9 @@ impl Model {
             Input::Close { req, id } => (*req, id, ReqKind::StopGraceful),
             Input::Restart { req, id, .. } => (*req, id, ReqKind::Restart),
             Input::Delete { req, id } => (*req, id, ReqKind::Delete),
-            // The driver never sends Shutdown, tasks, campaigns or agents' own reports (the
-            // sweep does not cover them yet).
+            // Not a session request of a client: a Resolve and an Attach are predicted above, a
+            // Shutdown by `on_shutdown`; tasks, campaigns and containers are the daemon sweep's
+            // (`daemon.rs`); the rest are the world's or the clock's.
             Input::Resolve { .. }
             | Input::Attach { .. }
             | Input::Provider { .. }
