@@ -535,7 +535,9 @@ impl Model {
             Input::Delete { req, id } => (*req, id, ReqKind::Delete),
             // Not a session request of a client: a Resolve and an Attach are predicted above, a
             // Shutdown by `on_shutdown`; tasks, campaigns and containers are the daemon sweep's
-            // (`daemon.rs`); the rest are the world's or the clock's.
+            // (`daemon.rs`); provider and environment events and ticks are the world's and
+            // the clock's. An agent's own report (`Input::Report`, StreamAgentActivity) is
+            // not simulated.
             Input::Resolve { .. }
             | Input::Attach { .. }
             | Input::Provider { .. }
