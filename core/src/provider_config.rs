@@ -136,6 +136,12 @@ impl ClientTool {
             }
             let parameters = match (&t["parameters"], t["schema_json"].as_str()) {
                 (p @ Value::Object(_), _) => p.clone(),
+                (p, _) if !p.is_null() => {
+                    return Err(format!(
+                        "provider_config.client_tools: {name}'s parameters are not a JSON \
+                         object: {p}"
+                    ))
+                }
                 (_, Some(s)) if !s.trim().is_empty() => match serde_json::from_str::<Value>(s) {
                     Ok(p @ Value::Object(_)) => p,
                     Ok(other) => {
@@ -506,6 +512,7 @@ mod tests {
             r#"{"name":"a"}"#.to_string(),
             r#"[{"name":"a","schema_json":"[1]"}]"#.to_string(),
             r#"[{"name":"a","schema_json":"{"}]"#.to_string(),
+            r#"[{"name":"a","parameters":[1]}]"#.to_string(),
             format!(
                 "[{}]",
                 (0..=CLIENT_TOOLS_MAX)

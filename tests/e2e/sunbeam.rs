@@ -455,6 +455,33 @@ async fn sunbeam_refusals() {
         assert!(m.starts_with(expected), "{toml:?}: {m}");
         c.assert_ended().await;
     }
+    // Client tools paddock refuses (a name twice): refused before the project is registered.
+    let mut c = Client::open(&d).await;
+    let twice = |name: &str| sb::ToolDef {
+        name: name.into(),
+        description: String::new(),
+        schema_json: String::new(),
+    };
+    c.send(In::Start(sb::StartSession {
+        client_tools: vec![twice("run_tests"), twice("run_tests")],
+        ..start(&d)
+    }))
+    .await;
+    let m = fatal_error(c.next().await);
+    assert!(
+        m.starts_with("provider_config.client_tools: every tool needs a name of its own"),
+        "{m}"
+    );
+    c.assert_ended().await;
+    let campaigns = d
+        .client()
+        .await
+        .list_campaigns(obey::ListCampaignsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .campaigns;
+    assert!(campaigns.is_empty(), "{campaigns:?}");
     // A model the provider refuses: the core's own error.
     let mut c = Client::open(&d).await;
     c.send(In::Start(sb::StartSession {

@@ -52,7 +52,8 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::history::{self, Role};
-use crate::daemon::port::{hear, Command, Handle, Heard, HistoryView, Query, Request as Req};
+use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req};
+use crate::daemon::{hear, Heard};
 use crate::providers;
 use crate::text::truncate;
 
@@ -471,9 +472,12 @@ impl CodeAgent {
             .map(|t| t.name.trim().to_string())
             .collect();
         let tools_json = client_tools_json(&s.client_tools);
+        // The whole configuration is checked before anything is registered: a refused start
+        // leaves no campaign behind.
+        let provider_config = session_provider_config(&settings, tools_json)?;
 
         let campaign = self.campaign_for(&root_str).await?;
-        let (id, config) = new_session(&campaign, &root_str, &s.model, settings, tools_json)?;
+        let (id, config) = new_session(&campaign, &root_str, &s.model, settings, provider_config);
         let record = self
             .handle
             .attach(root_str, context, id.clone(), config)
@@ -562,15 +566,9 @@ fn new_session(
     root: &str,
     model: &str,
     settings: Settings,
-    client_tools: Option<String>,
-) -> Result<(SessionId, SessionConfig), String> {
+    provider_config: paddock_core::ProviderConfig,
+) -> (SessionId, SessionConfig) {
     let (id, short) = super::new_session_id();
-    let mut provider_config = settings.provider_config;
-    if let Some(tools) = client_tools {
-        provider_config.insert(CLIENT_TOOLS_KEY.into(), tools);
-    }
-    let provider_config =
-        paddock_core::ProviderConfig::parse(provider_config).map_err(|e| e.to_string())?;
     let config = SessionConfig {
         campaign_id: campaign.id.clone(),
         provider: settings.provider,
@@ -586,7 +584,20 @@ fn new_session(
         working_dir: root.to_string(),
         env: paddock_core::EnvSpec::default(),
     };
-    Ok((id, config))
+    (id, config)
+}
+
+/// A new session's `provider_config`: the stream's settings and the client's tools, parsed
+/// (refused as a whole, naming what is wrong).
+fn session_provider_config(
+    settings: &Settings,
+    client_tools: Option<String>,
+) -> Result<paddock_core::ProviderConfig, String> {
+    let mut map = settings.provider_config.clone();
+    if let Some(tools) = client_tools {
+        map.insert(CLIENT_TOOLS_KEY.into(), tools);
+    }
+    paddock_core::ProviderConfig::parse(map).map_err(|e| e.to_string())
 }
 
 /// A session's history as sunbeam shows it: each turn's user message (without a project

@@ -3,9 +3,10 @@
 //! The one lag rule: a subscriber that falls behind the hub never loses anything silently.
 //! A watcher (obey's WatchSession/WatchAllSessions/WatchActivity/WatchApprovals, Aria's
 //! StreamNotifications and task and container output) is told, with `RESOURCE_EXHAUSTED` and
-//! the ErrorInfo reason `LAGGED` ([`lagged`]), and dropped: everything it missed is in the
-//! store, where a new subscription starts. A stream that can read on from the store itself (a
-//! SendMessage turn, an Execute, a sunbeam session) does that instead, at its client's pace.
+//! the ErrorInfo reason `LAGGED` ([`lagged`]), and dropped: what it missed is stored (a
+//! session's activities and statuses, a task's output, the requests), for its client to read
+//! before it subscribes again. A stream that can read on from the store itself (a SendMessage
+//! turn, an Execute, a sunbeam session) does that instead, at its client's pace.
 
 use std::future::Future;
 
@@ -23,8 +24,8 @@ pub fn lagged(n: u64) -> Status {
         Code::ResourceExhausted,
         LAGGED,
         format!(
-            "this stream fell {n} events behind and was dropped; everything is stored: \
-             subscribe again"
+            "this stream fell {n} events behind and was dropped; what it missed is stored: \
+             read it, then subscribe again"
         ),
     )
 }

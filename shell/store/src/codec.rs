@@ -381,6 +381,29 @@ pub(super) fn session_from_row(row: &Row, sealer: &crate::seal::Sealer) -> Resul
     })
 }
 
+/// A stored session's `provider_config`, parsed as at its create. The one exception: earlier
+/// versions checked a `client_tools` list only for the openai-api loop, and none refused a
+/// name twice or a schema that is not an object; a stored list paddock refuses now is dropped,
+/// with a warning naming the session, rather than making its row unreadable (a daemon would
+/// not start with such a live session). Anything else refused is a corrupt row.
+fn stored_provider_config(
+    id: &str,
+    map: BTreeMap<String, String>,
+) -> std::result::Result<ProviderConfig, paddock_core::ConfigError> {
+    if !map.contains_key(paddock_core::CLIENT_TOOLS_KEY) {
+        return ProviderConfig::parse(map);
+    }
+    match ProviderConfig::parse(map.clone()) {
+        Err(e) if e.key == paddock_core::CLIENT_TOOLS_KEY => {
+            tracing::warn!(session = id, "its stored client tools are dropped: {e}");
+            let mut map = map;
+            map.remove(paddock_core::CLIENT_TOOLS_KEY);
+            ProviderConfig::parse(map)
+        }
+        parsed => parsed,
+    }
+}
+
 fn decode_session(row: &Row, id: &str, sealer: &crate::seal::Sealer) -> Result<SessionRecord> {
     const T: &str = "agent_sessions";
     let config = SessionConfig {
@@ -391,12 +414,11 @@ fn decode_session(row: &Row, id: &str, sealer: &crate::seal::Sealer) -> Result<S
         festival_id: sc!("festival_id").get(row)?,
         task_id: sc!("task_id").get(row)?,
         // Validated when the session was created or restarted; a value paddock cannot use
-        // now is a corrupt row, never a silent default.
-        provider_config: ProviderConfig::parse(sealer.open(map_from_json(
-            row,
-            T,
-            sc!("provider_config"),
-        )?))
+        // now is a corrupt row, never a silent default (but see `stored_provider_config`).
+        provider_config: stored_provider_config(
+            id,
+            sealer.open(map_from_json(row, T, sc!("provider_config"))?),
+        )
         .map_err(|e| corrupt(T, sc!("provider_config").name(), e))?,
         environment: sealer.open(map_from_json(row, T, sc!("environment"))?),
         max_tokens: uint(row, T, sc!("max_tokens"))?,

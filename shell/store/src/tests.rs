@@ -890,6 +890,50 @@ fn undecodable_rows_are_reported_as_corrupt() {
     is_corrupt(store.status_events("s", 0, 9).map(drop), "unknown status 0");
 }
 
+/// Earlier versions stored a `client_tools` list unchecked for every agent but the openai-api
+/// loop: a list paddock refuses now is dropped when the row is read (the session stays
+/// readable, and a daemon with it live still starts); any other setting it refuses is a
+/// corrupt row, as above.
+#[test]
+fn a_stored_client_tools_list_refused_now_is_dropped_not_corrupt() {
+    let mut store = Store::open_in_memory().unwrap();
+    store
+        .apply(&[Record::Session(Box::new(full_record("s")))])
+        .unwrap();
+    let set = |config: &str| {
+        let sql = "UPDATE agent_sessions SET provider_config = ?1";
+        store.conn.execute(sql, [config]).unwrap();
+    };
+    // A name twice, and a list that is not JSON: dropped, the rest kept.
+    for bad in [r#"[{\"name\":\"a\"},{\"name\":\"a\"}]"#, "not json"] {
+        set(&format!(
+            r#"{{"client_tools":"{bad}","permissions":"deny"}}"#
+        ));
+        let rec = store.session("s").unwrap().expect("readable");
+        let config = &rec.config.provider_config;
+        assert!(
+            config.get(paddock_core::CLIENT_TOOLS_KEY).is_none(),
+            "{bad}"
+        );
+        assert!(config.agent().client_tools.is_empty());
+        assert_eq!(
+            config.policy(),
+            &paddock_core::Policy::Deny,
+            "the rest is kept"
+        );
+    }
+    // A valid list is read as it is.
+    set(r#"{"client_tools":"[{\"name\":\"run_tests\"}]"}"#);
+    let rec = store.session("s").unwrap().unwrap();
+    assert_eq!(
+        rec.config.provider_config.agent().client_tools[0].name,
+        "run_tests"
+    );
+    // A bad list next to another bad setting: still a corrupt row.
+    set(r#"{"client_tools":"not json","permissions":"maybe"}"#);
+    assert!(matches!(store.session("s"), Err(StoreError::Corrupt(_))));
+}
+
 #[test]
 fn huge_values_saturate_instead_of_failing_the_batch() {
     assert_eq!(codec::int(u64::MAX), i64::MAX);
