@@ -182,14 +182,7 @@ async fn sunbeam_turn_detach_and_resume() {
     assert_eq!(ready.model, "scripted");
     assert!(ready.session_id.starts_with("sess_"), "{ready:?}");
     // The project became a campaign of its own, named after its directory.
-    let campaigns = d
-        .client()
-        .await
-        .list_campaigns(obey::ListCampaignsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .campaigns;
+    let campaigns = campaigns(&d).await;
     assert_eq!(campaigns.len(), 1);
     assert_eq!(campaigns[0].id, ready.room_id);
     assert_eq!(campaigns[0].name, "project");
@@ -473,14 +466,7 @@ async fn sunbeam_refusals() {
         "{m}"
     );
     c.assert_ended().await;
-    let campaigns = d
-        .client()
-        .await
-        .list_campaigns(obey::ListCampaignsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .campaigns;
+    let campaigns = campaigns(&d).await;
     assert!(campaigns.is_empty(), "{campaigns:?}");
     // A model the provider refuses: the core's own error.
     let mut c = Client::open(&d).await;
@@ -749,6 +735,17 @@ async fn sunbeam_approvals_client_tools_and_questions() {
 }
 
 /// AddCampaign without a name: "the campaign of this directory".
+/// Every campaign the daemon has.
+async fn campaigns(d: &Daemon) -> Vec<obey::Campaign> {
+    d.client()
+        .await
+        .list_campaigns(obey::ListCampaignsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .campaigns
+}
+
 async fn campaign_of(d: &Daemon, root: String) -> obey::Campaign {
     d.client()
         .await
