@@ -919,9 +919,7 @@ impl Sim {
                     view.commit(&records)?;
                     self.model.on_batch(self.now, cause, effects, &view)?;
                 }
-                if view.sessions != self.io.store.sessions
-                    || view.approvals != self.io.store.approvals
-                {
+                if view != self.io.store {
                     return Err(
                         "the batch's transaction stored other records than its inputs, applied \
                          one after another"

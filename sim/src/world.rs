@@ -222,7 +222,7 @@ pub fn pick_limits(rng: &mut Rng) -> Limits {
 // ── the fake store ────────────────────────────────────────────────────────
 
 /// Row counters of one session's append-only tables.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Rows {
     status_seq: u64,
     activity_seq: u64,
@@ -232,7 +232,7 @@ struct Rows {
 /// What the daemon's database has committed. The driver commits a step's persists at the end
 /// of the step, as the shell does (one transaction); a crash loses exactly the uncommitted
 /// step, never anything committed.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Store {
     pub sessions: BTreeMap<SessionId, SessionRecord>,
     rows: BTreeMap<SessionId, Rows>,
