@@ -1386,19 +1386,39 @@ fn a_task_bound_to_a_session_lives_while_it_does_and_ends_with_it() {
             pid: 77,
         }),
     );
-    let signalled = |fx: &[Effect]| {
+    // A task of no session, running next to it.
+    r.at(
+        0,
+        Input::Task(TaskInput::Launch {
+            req: 91,
+            id: "task_free".into(),
+            spec: TaskSpec {
+                command: vec!["sleep".into(), "60".into()],
+                ..Default::default()
+            },
+        }),
+    );
+    r.at(
+        0,
+        Input::Task(TaskInput::Started {
+            id: "task_free".into(),
+            pid: 78,
+        }),
+    );
+    let signalled = |fx: &[Effect], task: &str| {
         fx.iter()
-            .any(|e| matches!(e, Effect::SignalTask { id, .. } if id == "exec_1"))
+            .any(|e| matches!(e, Effect::SignalTask { id, .. } if id == task))
     };
     // Its session works on: the task is left alone.
     let (_, fx) = r.send("hi");
-    assert!(!signalled(&fx), "{fx:?}");
-    assert_eq!(r.engine.live_tasks(), 1);
-    // Its session ends: so does the task.
+    assert!(!signalled(&fx, "exec_1"), "{fx:?}");
+    assert_eq!(r.engine.live_tasks(), 2);
+    // Its session ends: so does the task, and only the session's task.
     let (_, mut fx) = r.stop(false);
     fx.extend(r.provider(1, exited()));
     assert_eq!(r.status(), Status::Stopped);
-    assert!(signalled(&fx), "{fx:?}");
+    assert!(signalled(&fx, "exec_1"), "{fx:?}");
+    assert!(!signalled(&fx, "task_free"), "{fx:?}");
 }
 
 /// sunbeam's EndSession: a close marks the session for good and stops it gracefully in the same
