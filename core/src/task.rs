@@ -1100,6 +1100,30 @@ mod tests {
         assert_eq!(kept.len(), 2);
         assert!(matches!(&kept[1], OutputKind::Stderr(m) if m.contains("truncated")));
         assert!(t.0.task("a").unwrap().truncated);
+
+        // Output that fills the bound exactly is all kept.
+        let mut t = T::new();
+        t.launch("b");
+        t.started(1, "b", 5);
+        let mut kept = Vec::new();
+        for line in ["12345", "123"] {
+            for e in t.at(
+                2,
+                TaskInput::Output {
+                    id: "b".into(),
+                    kind: OutputKind::Stdout(line.into()),
+                },
+            ) {
+                if let Effect::EmitTaskOutput(o) = e {
+                    kept.push(o.kind);
+                }
+            }
+        }
+        assert!(
+            matches!(&kept[..], [_, OutputKind::Stdout(l)] if l == "123"),
+            "{kept:?}"
+        );
+        assert!(!t.0.task("b").unwrap().truncated);
     }
 
     /// Start-up: what ran is FAILED (its process lost, or killed if the runner still has
