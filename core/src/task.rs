@@ -1077,48 +1077,36 @@ mod tests {
         assert_eq!(t.0.poll_timeout(), None);
     }
 
-    #[test]
-    fn output_is_bounded_with_one_marker() {
+    /// A new task `id` that prints `lines` on stdout: what reaches its watchers.
+    fn printed(id: &str, lines: &[&str]) -> (T, Vec<OutputKind>) {
         let mut t = T::new();
-        t.launch("a");
-        t.started(1, "a", 5);
+        t.launch(id);
+        t.started(1, id, 5);
         let mut kept = Vec::new();
-        for line in ["12345", "1234", "x", "y"] {
-            for e in t.at(
-                2,
-                TaskInput::Output {
-                    id: "a".into(),
-                    kind: OutputKind::Stdout(line.into()),
-                },
-            ) {
+        for line in lines {
+            let input = TaskInput::Output {
+                id: id.into(),
+                kind: OutputKind::Stdout((*line).into()),
+            };
+            for e in t.at(2, input) {
                 if let Effect::EmitTaskOutput(o) = e {
                     kept.push(o.kind);
                 }
             }
         }
+        (t, kept)
+    }
+
+    #[test]
+    fn output_is_bounded_with_one_marker() {
+        let (t, kept) = printed("a", &["12345", "1234", "x", "y"]);
         // "12345\n" fits in 10 bytes; "1234\n" would not: one marker, then nothing.
         assert_eq!(kept.len(), 2);
         assert!(matches!(&kept[1], OutputKind::Stderr(m) if m.contains("truncated")));
         assert!(t.0.task("a").unwrap().truncated);
 
         // Output that fills the bound exactly is all kept.
-        let mut t = T::new();
-        t.launch("b");
-        t.started(1, "b", 5);
-        let mut kept = Vec::new();
-        for line in ["12345", "123"] {
-            for e in t.at(
-                2,
-                TaskInput::Output {
-                    id: "b".into(),
-                    kind: OutputKind::Stdout(line.into()),
-                },
-            ) {
-                if let Effect::EmitTaskOutput(o) = e {
-                    kept.push(o.kind);
-                }
-            }
-        }
+        let (t, kept) = printed("b", &["12345", "123"]);
         assert!(
             matches!(&kept[..], [_, OutputKind::Stdout(l)] if l == "123"),
             "{kept:?}"

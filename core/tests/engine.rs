@@ -1367,44 +1367,26 @@ fn the_shell_reads_live_tasks_and_the_trace_of_table_lookups() {
 fn a_task_bound_to_a_session_lives_while_it_does_and_ends_with_it() {
     use paddock_core::task::{TaskInput, TaskSpec};
     let mut r = Rig::running(config());
-    r.at(
-        0,
-        Input::Task(TaskInput::Launch {
-            req: 90,
-            id: "exec_1".into(),
-            spec: TaskSpec {
-                session_id: sid().0,
-                command: vec!["sleep".into(), "60".into()],
-                ..Default::default()
-            },
-        }),
-    );
-    r.at(
-        0,
-        Input::Task(TaskInput::Started {
-            id: "exec_1".into(),
-            pid: 77,
-        }),
-    );
-    // A task of no session, running next to it.
-    r.at(
-        0,
-        Input::Task(TaskInput::Launch {
-            req: 91,
-            id: "task_free".into(),
-            spec: TaskSpec {
-                command: vec!["sleep".into(), "60".into()],
-                ..Default::default()
-            },
-        }),
-    );
-    r.at(
-        0,
-        Input::Task(TaskInput::Started {
-            id: "task_free".into(),
-            pid: 78,
-        }),
-    );
+    // `exec_1` bound to the session, and a task of no session running next to it.
+    for (req, id, session, pid) in [
+        (90, "exec_1", sid().0, 77),
+        (91, "task_free", String::new(), 78),
+    ] {
+        let spec = TaskSpec {
+            session_id: session,
+            command: vec!["sleep".into(), "60".into()],
+            ..Default::default()
+        };
+        r.at(
+            0,
+            Input::Task(TaskInput::Launch {
+                req,
+                id: id.into(),
+                spec,
+            }),
+        );
+        r.at(0, Input::Task(TaskInput::Started { id: id.into(), pid }));
+    }
     let signalled = |fx: &[Effect], task: &str| {
         fx.iter()
             .any(|e| matches!(e, Effect::SignalTask { id, .. } if id == task))
