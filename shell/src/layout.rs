@@ -320,31 +320,52 @@ fn settings_are_parsed_only_where_a_provider_config_comes_in() {
         // This test names what it looks for.
         "shell/src/layout.rs",
     ];
-    let mut files = Vec::new();
-    rust_files(&root.join("core/src"), 0, &mut files);
-    for dir in CRATES {
-        rust_files(&shell.join(dir), 0, &mut files);
-    }
-    assert!(files.len() > 50, "{} files", files.len());
-    let mut found = Vec::new();
-    for f in &files {
-        let rel = f.strip_prefix(root).expect("under the repository");
-        let code = non_test_code(&std::fs::read_to_string(f).expect("readable"));
-        // The policy, the approval settings, the agent's command line, the client's tools.
-        for parse in [
+    // The policy, the approval settings, the agent's command line, the client's tools.
+    let found = non_test_code_containing(
+        &[root.join("core/src")],
+        &[
             "Policy::parse(",
             "ApprovalSettings::parse(",
             "shlex::split(",
             "get(CLIENT_TOOLS_KEY",
             "get(\"client_tools\"",
             "(crate::CLIENT_TOOLS_KEY)",
-        ] {
-            if code.contains(parse) && !allowed.iter().any(|a| rel == Path::new(a)) {
-                found.push(format!("{} calls {parse}", rel.display()));
+        ],
+    );
+    let found: Vec<_> = found
+        .iter()
+        .map(|(f, what)| (f.strip_prefix(root).expect("under the repository"), what))
+        .filter(|(rel, _)| !allowed.iter().any(|a| *rel == Path::new(a)))
+        .map(|(rel, what)| format!("{} calls {what}", rel.display()))
+        .collect();
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+/// The files of the shell's crates (and `more` directories) whose non-test code contains one
+/// of `needles`, with the needle (a file may be named once for each).
+fn non_test_code_containing(
+    more: &[std::path::PathBuf],
+    needles: &[&'static str],
+) -> Vec<(std::path::PathBuf, &'static str)> {
+    let shell = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in more {
+        rust_files(dir, 0, &mut files);
+    }
+    for dir in CRATES {
+        rust_files(&shell.join(dir), 0, &mut files);
+    }
+    assert!(files.len() > 50, "{} files", files.len());
+    let mut found = Vec::new();
+    for f in files {
+        let code = non_test_code(&std::fs::read_to_string(&f).expect("readable"));
+        for needle in needles {
+            if code.contains(needle) {
+                found.push((f.clone(), *needle));
             }
         }
     }
-    assert!(found.is_empty(), "{found:#?}");
+    found
 }
 
 /// Architecture Invariant: a client (the CLI, sunbeam's and Aria's adapters) tells an error by
@@ -352,28 +373,18 @@ fn settings_are_parsed_only_where_a_provider_config_comes_in() {
 /// text. A message may be reworded; a code is part of the contract.
 #[test]
 fn no_code_matches_an_error_by_its_message_text() {
-    let shell = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files = Vec::new();
-    for dir in CRATES {
-        rust_files(&shell.join(dir), 0, &mut files);
-    }
-    assert!(files.len() > 50, "{} files", files.len());
-    let mut found = Vec::new();
-    for f in &files {
-        if f.ends_with("layout.rs") {
-            continue; // names what it looks for
-        }
-        let code = non_test_code(&std::fs::read_to_string(f).expect("readable"));
-        for call in [
+    let found: Vec<_> = non_test_code_containing(
+        &[],
+        &[
             "starts_with(\"OBEY",
             "contains(\"OBEY",
             "find(\"OBEY",
             "strip_prefix(\"OBEY",
-        ] {
-            if code.contains(call) {
-                found.push(format!("{} matches {call}…", f.display()));
-            }
-        }
-    }
+        ],
+    )
+    .into_iter()
+    .filter(|(f, _)| !f.ends_with("layout.rs")) // names what it looks for
+    .map(|(f, call)| format!("{} matches {call}…", f.display()))
+    .collect();
     assert!(found.is_empty(), "{found:#?}");
 }
