@@ -301,7 +301,8 @@ impl Tasks {
     /// lists its live task runs). A task's output is not kept across a daemon's death (there is
     /// no cursor for it), so no task is adopted: one that was PENDING or RUNNING is FAILED,
     /// and every surviving task process — its task's or one no record names as running — is
-    /// killed rather than left running unowned.
+    /// killed rather than left running unowned. (Normally none survives: a task's process
+    /// ends with the daemon.)
     pub(crate) fn restore(
         limits: TaskLimits,
         now: Now,
@@ -312,10 +313,13 @@ impl Tasks {
         let mut t = Tasks::new(limits);
         for mut record in records {
             if !record.status.is_terminal() {
+                // A task's process ends with the daemon (the parent-death signal, or the
+                // runner's stop when the daemon's connection closes); one still running now
+                // escaped that (a daemon frozen rather than dead) and is killed here.
                 let why = if surviving.contains_key(&record.id) {
                     "the daemon restarted while the task ran; its process was killed"
                 } else {
-                    "the daemon restarted while the task ran; its process was lost"
+                    "the daemon restarted while the task ran; its process ended with the daemon"
                 };
                 record.status = TaskStatus::Failed;
                 record.completed_at = Some(now.wall);
@@ -1163,7 +1167,7 @@ mod tests {
             .error_message
             .as_ref()
             .unwrap()
-            .contains("lost"));
+            .contains("ended with the daemon"));
         assert_eq!(e.task("done").unwrap().status, TaskStatus::Completed);
         assert_eq!(e.live_tasks(), 0);
         let persisted: Vec<&str> = fx

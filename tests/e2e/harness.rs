@@ -351,6 +351,22 @@ impl Daemon {
         c.id
     }
 
+    /// `Execute` of `command` through `sh -c` in the default campaign: its output stream.
+    pub async fn execute_shell(&mut self, command: &str) -> tonic::Streaming<pb::ExecuteResponse> {
+        let campaign_id = self.campaign().await;
+        self.client()
+            .await
+            .execute(pb::ExecuteRequest {
+                campaign_id,
+                command: command.into(),
+                use_shell: true,
+                ..Default::default()
+            })
+            .await
+            .expect("execute")
+            .into_inner()
+    }
+
     /// A CreateSessionRequest for the scripted agent in the default campaign, with `script`
     /// (a JSON script written to scripts/<name>.json) if given.
     pub async fn request(&mut self, script: Option<(&str, Value)>) -> pb::CreateSessionRequest {
@@ -626,6 +642,15 @@ pub fn pid_running(pid: u32) -> bool {
                 .and_then(|(_, rest)| rest.trim_start().chars().next());
             !matches!(state, Some('Z') | Some('X') | None)
         }
+    }
+}
+
+/// Waits until `pid` is gone; fails, naming `what`, if it is still running after `within`.
+pub async fn wait_pid_gone(pid: u32, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while pid_running(pid) {
+        assert!(Instant::now() < deadline, "{what} ({pid}) is still running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -375,57 +375,36 @@ async fn the_socket_dir_is_0700_and_the_socket_0600() {
     assert_eq!(mode(&d.dirs.socket), 0o600);
 }
 
+/// In both modes: as a run of the runner (stopped when the daemon's connection closes) and as
+/// the daemon's own child (`--no-runner`: the parent-death signal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_executed_command_dies_with_a_killed_daemon() {
     use pb::execute_response::Output;
-    let mut d = Daemon::start().await;
-    d.campaign().await;
-    let mut s = d
-        .client()
-        .await
-        .execute(pb::ExecuteRequest {
-            campaign_id: CAMPAIGN.into(),
-            command: "echo $$; exec sleep 30".into(),
-            use_shell: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let pid: i32 = match next(&mut s).await {
-        Some(Ok(pb::ExecuteResponse {
-            output: Some(Output::Stdout(line)),
-        })) => line.trim().parse().unwrap(),
-        other => panic!("expected the pid, got {other:?}"),
-    };
-    assert!(pid_running(pid as u32));
-    d.kill9();
-    let deadline = Instant::now() + WAIT;
-    while pid_running(pid as u32) {
-        assert!(
-            Instant::now() < deadline,
-            "command {pid} outlived the daemon"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    for args in [&[][..], &["--no-runner"]] {
+        let mut d = Daemon::start_with(Dirs::new(), args).await;
+        // Far longer than the wait below: the command must be ended, not end.
+        let mut s = d.execute_shell("echo $$; exec sleep 300").await;
+        let pid: u32 = match next(&mut s).await {
+            Some(Ok(pb::ExecuteResponse {
+                output: Some(Output::Stdout(line)),
+            })) => line.trim().parse().unwrap(),
+            other => panic!("expected the pid, got {other:?}"),
+        };
+        assert!(pid_running(pid));
+        d.kill9();
+        wait_pid_gone(
+            pid,
+            WAIT,
+            &format!("the command, after the daemon ({args:?})"),
+        )
+        .await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_execute_stream_does_not_keep_the_daemon_alive() {
     let mut d = Daemon::start().await;
-    d.campaign().await;
-    let mut s = d
-        .client()
-        .await
-        .execute(pb::ExecuteRequest {
-            campaign_id: CAMPAIGN.into(),
-            command: "echo started; exec sleep 30".into(),
-            use_shell: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s = d.execute_shell("echo started; exec sleep 30").await;
     assert!(next(&mut s).await.unwrap().is_ok());
     d.client()
         .await

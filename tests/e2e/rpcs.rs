@@ -524,32 +524,18 @@ async fn execute_output_is_bounded_and_a_client_that_leaves_cancels_it() {
     );
 
     // A client that goes away cancels its command (TERM to its process group).
-    let mut s = d
-        .client()
-        .await
-        .execute(pb::ExecuteRequest {
-            campaign_id: CAMPAIGN.into(),
-            command: "echo $$; exec sleep 30".into(),
-            use_shell: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut s = d.execute_shell("echo $$; exec sleep 300").await;
     let first = next(&mut s).await.unwrap().unwrap();
     let Some(Output::Stdout(pid)) = first.output else {
         panic!("the shell's pid first: {first:?}")
     };
-    let pid = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
     drop(s);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    while nix::sys::signal::kill(pid, None).is_ok() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the command outlived its client"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_pid_gone(
+        pid.trim().parse().unwrap(),
+        std::time::Duration::from_secs(15),
+        "the command, after its client left",
+    )
+    .await;
 }
 
 /// The services a socket answers for, by server reflection v1 or v1alpha (grpcurl speaks v1,

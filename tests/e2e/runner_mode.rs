@@ -407,13 +407,14 @@ async fn runs_no_record_names_are_killed_at_start_up() {
     let s = d.session(None).await;
     let mut runner = runner_client(&d).await;
     d.kill9();
-    // Two runs the store knows nothing of: a later run of the session, and a run of a session
-    // that was never stored.
+    // Three runs the store knows nothing of: a later run of the session, a run of a session
+    // that was never stored, and a task's run of a task that was never stored.
     let root = d.dirs.data.display().to_string();
     let (mut pids, mut streams) = (Vec::new(), Vec::new());
     for run_id in [
         format!("agent:{}:{}", s.id, 90),
         "agent:sess_never_stored:91".to_string(),
+        "task:task_never_stored".to_string(),
     ] {
         let mut events = runner
             .run_command(rpb::RunCommandRequest {

@@ -292,6 +292,30 @@ pub fn lifecycle(events: &[pb::RunnerEvent]) -> pb::RunStatus {
     last.clone()
 }
 
+/// The runs the runner lists (`ListRuns`).
+pub async fn list_runs(c: &mut Client) -> Vec<pb::RunInfo> {
+    c.list_runs(pb::ListRunsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .runs
+}
+
+/// `SignalSession` of `signal` to run `run_id`: the runner's answer.
+pub async fn signal_run(
+    c: &mut Client,
+    run_id: &str,
+    signal: pb::ProcessSignal,
+) -> pb::SignalResponse {
+    c.signal_session(pb::SignalRequest {
+        run_id: run_id.into(),
+        signal: signal as i32,
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
 pub fn command(run_id: &str, dir: &Path, command: &str) -> pb::RunCommandRequest {
     pb::RunCommandRequest {
         run_id: run_id.into(),

@@ -268,14 +268,7 @@ async fn run_ids_are_unique_while_the_runner_knows_them() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists);
-    let ok = c
-        .signal_session(pb::SignalRequest {
-            run_id: "dup".into(),
-            signal: pb::ProcessSignal::Kill as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let ok = signal_run(&mut c, "dup", pb::ProcessSignal::Kill).await;
     assert!(ok.ok, "{ok:?}");
     collect(live).await;
     // Finished, but still known: still taken.
@@ -312,27 +305,13 @@ async fn signals_reach_the_whole_process_group() {
     let sleeper: u32 = o.text.trim().parse().unwrap();
     assert!(alive(sleeper));
 
-    let resp = c
-        .signal_session(pb::SignalRequest {
-            run_id: "grp".into(),
-            signal: pb::ProcessSignal::Hup as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let resp = signal_run(&mut c, "grp", pb::ProcessSignal::Hup).await;
     assert!(resp.ok, "{resp:?}");
     assert!(resp.message.contains("SIGHUP"));
     let ev = next(&mut s).await;
     assert!(matches!(&ev.payload, Some(Payload::CommandOutput(o)) if o.text.contains("got-hup")));
 
-    let resp = c
-        .signal_session(pb::SignalRequest {
-            run_id: "grp".into(),
-            signal: pb::ProcessSignal::Term as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let resp = signal_run(&mut c, "grp", pb::ProcessSignal::Term).await;
     assert!(resp.ok);
     let rest = collect(s).await;
     let last = status(rest.last().unwrap()).unwrap();
@@ -344,14 +323,7 @@ async fn signals_reach_the_whole_process_group() {
     .await;
 
     for (run_id, want) in [("grp", "already exited"), ("nobody", "not found")] {
-        let resp = c
-            .signal_session(pb::SignalRequest {
-                run_id: run_id.into(),
-                signal: pb::ProcessSignal::Kill as i32,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let resp = signal_run(&mut c, run_id, pb::ProcessSignal::Kill).await;
         assert!(!resp.ok);
         assert_eq!(resp.message, want);
     }
@@ -476,6 +448,51 @@ async fn stop_run_escalates_to_kill_when_term_is_ignored() {
     }
 }
 
+/// `stop_on_hangup`: a run whose starting call's stream closes (its client died) is stopped;
+/// one without it runs on, as every run does.
+#[tokio::test]
+async fn a_run_started_with_stop_on_hangup_ends_when_its_client_hangs_up() {
+    let r = Runner::start();
+    let mut pids = Vec::new();
+    for (run_id, stop_on_hangup) in [("hung", true), ("kept", false)] {
+        // A client of its own, as a daemon that dies takes its connection with it.
+        let mut c = r.client().await;
+        let mut s = c
+            .run_command(pb::RunCommandRequest {
+                stop_on_hangup,
+                ..command(run_id, &r.work, "echo $$; exec sleep 300")
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        next(&mut s).await; // STARTED
+        let pid: u32 = output(&[next(&mut s).await], pb::StreamKind::Stdout)
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(alive(pid));
+        pids.push(pid);
+        drop(s);
+        drop(c);
+    }
+    let t0 = Instant::now();
+    eventually("the hung-up run's process ends", || !alive(pids[0])).await;
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let mut c = r.client().await;
+    let runs = list_runs(&mut c).await;
+    let run = |id: &str| runs.iter().find(|r| r.run_id == id).unwrap().clone();
+    // Stopped as `StopRun` stops: TERM, which the sleep obeys.
+    assert_eq!(
+        (run("hung").state(), run("hung").exit_code),
+        (pb::RunState::Failed, 143)
+    );
+    assert_eq!(run("kept").state(), pb::RunState::Started);
+    assert!(alive(pids[1]), "the run without stop_on_hangup was ended");
+    let ok = signal_run(&mut c, "kept", pb::ProcessSignal::Kill).await;
+    assert!(ok.ok, "{ok:?}");
+    eventually("the kept run's process ends", || !alive(pids[1])).await;
+}
+
 // ── ownership: ListRuns, AttachRun, WriteStdin ──────────────────────────────
 
 #[tokio::test]
@@ -497,12 +514,7 @@ async fn a_run_outlives_its_client_and_can_be_attached_from_the_middle() {
     drop(s);
     drop(c);
     let mut c = r.client().await;
-    let runs = c
-        .list_runs(pb::ListRunsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .runs;
+    let runs = list_runs(&mut c).await;
     let info = runs.iter().find(|i| i.run_id == "own-1").unwrap();
     assert_eq!(info.kind(), pb::RunKind::Exec);
     assert_eq!(info.state(), pb::RunState::Started);
@@ -544,12 +556,7 @@ async fn a_run_outlives_its_client_and_can_be_attached_from_the_middle() {
     )
     .await;
     assert_eq!(replay, seen);
-    let runs = c
-        .list_runs(pb::ListRunsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .runs;
+    let runs = list_runs(&mut c).await;
     let info = runs.iter().find(|i| i.run_id == "own-1").unwrap();
     assert_eq!(info.state(), pb::RunState::Finished);
     assert_eq!((info.first_seq, info.last_seq), (1, seen.len() as u64));
@@ -575,12 +582,7 @@ async fn write_stdin_feeds_a_run_started_with_keep_stdin() {
     assert!(w.ok, "{w:?}");
     let ev = next(&mut s).await;
     assert!(matches!(&ev.payload, Some(Payload::CommandOutput(o)) if o.text == "hello\n"));
-    let runs = c
-        .list_runs(pb::ListRunsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .runs;
+    let runs = list_runs(&mut c).await;
     assert!(runs.iter().any(|i| i.run_id == "cat" && i.stdin_open));
     let w = c
         .write_stdin(pb::WriteStdinRequest {
@@ -672,12 +674,7 @@ async fn fifty_megabytes_of_output_keep_the_runner_small() {
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (rss_stalled, _) = memory_kib(r.pid());
-    let runs = c
-        .list_runs(pb::ListRunsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .runs;
+    let runs = list_runs(&mut c).await;
     let info = runs.iter().find(|i| i.run_id == "big").unwrap();
     assert_eq!(info.state(), pb::RunState::Started, "held back, not done");
     assert!(info.last_seq <= 10_001, "{info:?}");
@@ -757,12 +754,7 @@ async fn twenty_runs_at_once() {
     // They ran side by side: far less than 20 × 0.3 s.
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     let mut c = c;
-    let runs = c
-        .list_runs(pb::ListRunsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .runs;
+    let runs = list_runs(&mut c).await;
     assert_eq!(runs.len(), 20);
     assert!(runs.iter().all(|i| i.state() == pb::RunState::Finished));
 }
@@ -807,12 +799,7 @@ async fn children_die_with_the_runner() {
     req.argv = vec!["sleep".into(), "60".into()];
     let mut s = c.run_command(req).await.unwrap().into_inner();
     next(&mut s).await;
-    let runs = c
-        .list_runs(pb::ListRunsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .runs;
+    let runs = list_runs(&mut c).await;
     let pid = runs[0].pid;
     assert!(alive(pid));
     let mut child = r.child.take().unwrap();

@@ -497,6 +497,8 @@ impl Relay {
             keep_stdin: true,
             argv: self.a.argv.clone(),
             environment,
+            // A dropped connection is not a dead agent: the relay reconnects and re-attaches.
+            stop_on_hangup: false,
         };
         let mut stream = match client.run_command(req).await {
             Ok(s) => s.into_inner(),

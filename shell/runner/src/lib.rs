@@ -27,6 +27,8 @@
 //!
 //! paddock's extensions (marked `// paddock extension:` in the proto): `RunnerEvent.seq`,
 //! `EventsTruncated`, `ListRuns`, `AttachRun`, `WriteStdin` (+ `RunCommandRequest.keep_stdin`),
+//! `RunCommandRequest.stop_on_hangup` (the run is stopped as by `StopRun` when the stream of
+//! the call that started it closes first: a daemon's tasks end with the daemon),
 //! `StopRun` (TERM, then KILL after `grace_ms`, default 10 s: the core's
 //! [`paddock_core::run`] machine decides), `AckRun` (the client stored a run's events up to a
 //! seq: the runner stops keeping them) and `SetLimits` (a client's limits reach a runner it
@@ -115,7 +117,8 @@ impl RunnerService {
         &self.reg
     }
 
-    /// Registers the run, attaches the caller's stream, starts the process.
+    /// Registers the run, attaches the caller's stream, starts the process. With
+    /// `stop_on_hangup` the run is stopped when that stream is dropped before its end.
     async fn start(
         &self,
         run_id: &str,
@@ -123,6 +126,7 @@ impl RunnerService {
         working_dir: &str,
         launch: Launch,
         mode: OutputMode,
+        stop_on_hangup: bool,
     ) -> Result<Response<EventStream>, Status> {
         let run = self
             .reg
@@ -138,11 +142,27 @@ impl RunnerService {
         let reader = run.attach(0);
         // In a task of its own: a client that hangs up mid-call drops this handler, and must
         // not leave a spawned child unsupervised.
-        let started = tokio::spawn(process::start(self.reg.clone(), run, launch, mode));
+        let started = tokio::spawn(process::start(self.reg.clone(), run.clone(), launch, mode));
         if let Err(e) = started.await {
             return Err(Status::internal(format!("starting the run failed: {e}")));
         }
-        Ok(Response::new(Box::pin(reader.into_stream())))
+        let stream = reader.into_stream();
+        if !stop_on_hangup {
+            return Ok(Response::new(Box::pin(stream)));
+        }
+        let hangup = StopOnHangup {
+            service: self.clone(),
+            run,
+        };
+        // The guard lives as long as the stream: tonic drops both when the client goes away,
+        // and a stream read to its end leaves a run the stop no longer applies to.
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
+            stream,
+            move |ev| {
+                let _ = &hangup;
+                ev
+            },
+        ))))
     }
 
     /// Sends the run's machine `input`; arms the timer it asks for.
@@ -180,6 +200,30 @@ impl RunnerService {
                     grace: DEFAULT_KILL_GRACE,
                 },
             );
+        }
+    }
+}
+
+/// Stops its run when dropped: held by the stream of a call with `stop_on_hangup`.
+struct StopOnHangup {
+    service: RunnerService,
+    run: Arc<Run>,
+}
+
+impl Drop for StopOnHangup {
+    fn drop(&mut self) {
+        // The stop arms its KILL on the runtime; a runtime that is shutting down stops every
+        // run itself.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let stop = Input::Stop {
+            now: self.service.clock.instant(),
+            grace: DEFAULT_KILL_GRACE,
+        };
+        // Refused for a run that already ended: nothing to stop.
+        if self.service.apply(&self.run, stop).is_ok() {
+            tracing::info!(run = %self.run.id, "the client that started the run hung up: stopping it");
         }
     }
 }
@@ -284,6 +328,7 @@ impl Runner for RunnerService {
             &r.working_dir,
             launch,
             OutputMode::Jsonl,
+            false,
         )
         .await
     }
@@ -313,6 +358,7 @@ impl Runner for RunnerService {
             &r.working_dir,
             launch,
             OutputMode::Jsonl,
+            false,
         )
         .await
     }
@@ -368,6 +414,7 @@ impl Runner for RunnerService {
             &r.working_dir,
             launch,
             OutputMode::Chunks,
+            r.stop_on_hangup,
         )
         .await
     }

@@ -302,6 +302,9 @@ impl RunnerLink {
             keep_stdin: false,
             argv: spec.command.clone(),
             environment: spec.environment.clone().into_iter().collect(),
+            // A task is the daemon's alone (a restarted daemon never adopts one): it ends
+            // with the daemon's connection, so nothing it started runs unowned.
+            stop_on_hangup: true,
         };
         let mut client = self.client.clone();
         let id = id.to_string();
@@ -471,6 +474,8 @@ impl RunnerLink {
             keep_stdin: true,
             argv,
             environment: plan.env.iter().cloned().collect(),
+            // An agent outlives the daemon: the next one takes it back.
+            stop_on_hangup: false,
         };
         let client = self.client.clone();
         let link = self.clone();
