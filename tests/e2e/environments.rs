@@ -645,7 +645,13 @@ async fn a_sandbox_cannot_exceed_its_process_and_memory_limits() {
     let info = d.get(&id).await;
     let env = info.environment_spec.as_ref().unwrap();
     assert_eq!((env.pids_limit, env.memory_bytes), (24, 256 << 20));
-    assert_eq!(session_groups(&id).len(), 2, "a pids and a memory group");
+    let groups = session_groups(&id);
+    assert_eq!(groups.len(), 2, "a pids and a memory group");
+    // Under one base group per data dir (`paddock-<hash>`), which holds only this session's.
+    let bases: Vec<_> = groups
+        .iter()
+        .map(|g| g.parent().unwrap().to_owned())
+        .collect();
     // The 25th process of the session cannot start.
     assert_cannot_fork_past(&d, &id, 24).await;
     // 512 MiB in a 256 MiB sandbox: killed.
@@ -667,6 +673,10 @@ async fn a_sandbox_cannot_exceed_its_process_and_memory_limits() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(session_groups(&id).is_empty(), "{:?}", session_groups(&id));
+    // The data dir's base groups went with their last session.
+    for base in bases {
+        assert!(!base.exists(), "{} is left", base.display());
+    }
 }
 
 /// What is run in a session (`session exec`, a task bound to it) ends with the session's stop.

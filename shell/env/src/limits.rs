@@ -1,7 +1,7 @@
 //! Memory and process limits for the bubblewrap driver, through control groups where the
 //! machine lets paddock make them: a group per session in the cgroup v1 `pids` and `memory`
-//! hierarchies (`<mount><this program's group>/paddock-<hash of the data dir>/<session>`),
-//! which every process of the session joins before it starts (`paddock __join-cgroups`, the
+//! hierarchies (`<mount><this program's group>/paddock-<hash of the data dir>/<session>`; the
+//! base goes with its last session's group), which every process of the session joins before it starts (`paddock __join-cgroups`, the
 //! launch plan's first program), so that the sandbox and all it forks count against them.
 //!
 //! On a cgroup2-only machine the containment module already puts each supervised tree in a
@@ -84,7 +84,7 @@ fn make_each(
     procs: &mut Vec<PathBuf>,
 ) -> Result<(), String> {
     for (controller, g) in groups(data_dir, id, spec)? {
-        std::fs::create_dir_all(&g).map_err(|e| format!("cannot make {}: {e}", g.display()))?;
+        make_group(&g).map_err(|e| format!("cannot make {}: {e}", g.display()))?;
         procs.push(g.join("cgroup.procs"));
         let set = |file: &str, value: String| {
             std::fs::write(g.join(file), &value)
@@ -103,7 +103,22 @@ fn make_each(
     Ok(())
 }
 
-/// Removes the groups whose `cgroup.procs` files are `procs`, ending what is still in them.
+/// Makes group `g` and its base. The base goes when its last session's group does (see
+/// [`remove`]): one removed between the two mkdirs is made again.
+fn make_group(g: &Path) -> std::io::Result<()> {
+    let mut tries = 3;
+    loop {
+        tries -= 1;
+        match std::fs::create_dir_all(g) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries > 0 => {}
+            done => return done,
+        }
+    }
+}
+
+/// Removes the groups whose `cgroup.procs` files are `procs`, ending what is still in them,
+/// and their data dir's base group once no other session's group is in it (so nothing of
+/// paddock's stays in the machine's cgroup tree).
 pub fn remove(procs: &[PathBuf]) {
     for g in procs.iter().filter_map(|p| p.parent()) {
         for _ in 0..20 {
@@ -124,6 +139,11 @@ pub fn remove(procs: &[PathBuf]) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!(group = %g.display(), "cannot remove the session's cgroup: {e}");
             }
+        }
+        // Refused (busy) while another session's group is in it; that session's removal
+        // takes it then.
+        if let Some(base) = g.parent() {
+            let _ = std::fs::remove_dir(base);
         }
     }
 }
