@@ -1,4 +1,6 @@
 //! `codex exec --json` output → the seed's `ExecEvent`: one JSONL line in, one event out.
+//! paddock's one codex decoder: the runner's `Exec` streams its events, and the codex bridge
+//! (`paddock_agents::bridge::codex`) turns them into a session's activity.
 //!
 //! Pure: bytes in, a message out, no I/O. The mapping is lenient — missing fields are
 //! defaults, `null` is "not set", numbers may come as integers, floats or numeric strings — and

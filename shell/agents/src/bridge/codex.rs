@@ -65,6 +65,11 @@
 //!
 //! ## What the bridge prints
 //!
+//! Each line is decoded by paddock's one codex decoder, [`paddock_runner::codex::map_line`]
+//! (the seed's `ExecEvent`, as the runner's `Exec` streams it); an MCP call's server, tool,
+//! arguments and result, which the seed's item has no fields for, are read from the item's
+//! own JSON, which the decoder keeps in `ItemEvent.raw`.
+//!
 //! | `codex exec --json` | bridge |
 //! |---|---|
 //! | `thread.started {thread_id}` | [`Out::init`] (the daemon keeps the thread id for `--resume`) |
@@ -133,6 +138,7 @@ use std::path::Path;
 use std::process::Command;
 
 use paddock_core::Provider;
+use paddock_proto::runner::v1::{EventType, ExecEvent, ItemEvent, ItemType, TurnUsage};
 use serde_json::{json, Value};
 
 use super::wire::{Out, TurnEnd, Usage};
@@ -395,12 +401,22 @@ pub struct Totals {
 }
 
 impl Totals {
-    /// From `turn.completed`'s `usage` (or a rollout's `total_token_usage`), leniently.
+    /// From a rollout's `total_token_usage`, leniently.
     pub fn parse(u: &Value) -> Totals {
         Totals {
             input: count(u.get("input_tokens")),
             cached: count(u.get("cached_input_tokens")),
             output: count(u.get("output_tokens")),
+        }
+    }
+
+    /// From `turn.completed`'s decoded usage (a negative count is 0).
+    pub fn of(u: &TurnUsage) -> Totals {
+        let count = |n: i32| u64::try_from(n).unwrap_or(0);
+        Totals {
+            input: count(u.input_tokens),
+            cached: count(u.cached_input_tokens),
+            output: count(u.output_tokens),
         }
     }
 
@@ -554,22 +570,28 @@ impl<'o> Mapper<'o> {
         self.out.result(&end);
     }
 
+    /// One line of `codex exec --json`, decoded by the one codex decoder
+    /// ([`paddock_runner::codex::map_line`], which the runner's `Exec` streams too).
     pub fn line(&mut self, line: &str) {
-        let v: Value = match serde_json::from_str(line) {
-            Ok(v @ Value::Object(_)) => v,
-            _ => return self.out.raw(line),
-        };
-        match str_of(&v, "type") {
-            "thread.started" => match v.get("thread_id").and_then(Value::as_str) {
-                Some(t) if !t.is_empty() => {
-                    self.thread = Some(t.to_string());
-                    self.out.init(t);
+        let ev = paddock_runner::codex::map_line(line.as_bytes());
+        if !self.event(&ev) {
+            self.out.raw(line);
+        }
+    }
+
+    /// One event; false if the bridge prints nothing for it (its line then goes out raw).
+    fn event(&mut self, ev: &ExecEvent) -> bool {
+        match ev.r#type() {
+            EventType::EventThreadStarted => {
+                if ev.thread_id.is_empty() {
+                    return false;
                 }
-                _ => self.out.raw(line),
-            },
-            "turn.started" => {}
-            "turn.completed" => {
-                let after = Totals::parse(v.get("usage").unwrap_or(&Value::Null));
+                self.thread = Some(ev.thread_id.clone());
+                self.out.init(&ev.thread_id);
+            }
+            EventType::EventTurnStarted => {}
+            EventType::EventTurnCompleted => {
+                let after = ev.usage.as_ref().map(Totals::of).unwrap_or_default();
                 self.after = Some(after);
                 let usage = after.since(self.before);
                 let text = std::mem::take(&mut self.last_text);
@@ -579,174 +601,197 @@ impl<'o> Mapper<'o> {
                     ..Default::default()
                 });
             }
-            "turn.failed" => {
-                let msg = v
-                    .pointer("/error/message")
-                    .and_then(Value::as_str)
-                    .map(String::from)
+            EventType::EventTurnFailed => {
+                let msg = ev
+                    .error
+                    .as_ref()
+                    .map(|e| e.message.clone())
+                    .filter(|m| !m.is_empty())
                     .or_else(|| self.last_error.clone())
                     .unwrap_or_else(|| "codex: the turn failed".into());
                 self.fail(msg);
             }
-            "error" => {
-                self.last_error = Some(str_of(&v, "message").to_string());
-                self.out.raw(line);
+            // Kept as the turn's last error, and passed on raw (stored, not shown twice).
+            EventType::EventError => {
+                self.last_error = Some(ev.message.clone());
+                return false;
             }
-            "item.started" | "item.updated" | "item.completed" => {
-                let phase = str_of(&v, "type").trim_start_matches("item.");
-                match v.get("item") {
-                    Some(item @ Value::Object(_)) => {
-                        if !self.item(phase, item) {
-                            self.out.raw(line);
-                        }
-                    }
-                    _ => self.out.raw(line),
-                }
+            phase @ (EventType::EventItemStarted
+            | EventType::EventItemUpdated
+            | EventType::EventItemCompleted) => {
+                return ev.item.as_ref().is_some_and(|item| self.item(phase, item));
             }
-            _ => self.out.raw(line),
+            EventType::Unspecified => return false,
         }
+        true
     }
 
-    /// One item event; false if the bridge does not know it (the line then goes out raw).
-    fn item(&mut self, phase: &str, item: &Value) -> bool {
-        let id = format!("t{}:{}", self.turn, str_of(item, "id"));
-        let done = phase == "completed";
-        match str_of(item, "type") {
-            "agent_message" => {
+    /// One item event; false if the bridge does not know the item.
+    fn item(&mut self, phase: EventType, item: &ItemEvent) -> bool {
+        let id = format!("t{}:{}", self.turn, item.id);
+        let done = phase == EventType::EventItemCompleted;
+        match item.r#type() {
+            ItemType::ItemAgentMessage => {
                 if done {
-                    let t = str_of(item, "text");
-                    self.out.text(t);
-                    self.last_text = t.to_string();
+                    self.out.text(&item.text);
+                    self.last_text = item.text.clone();
                 }
             }
-            "reasoning" => {
-                let t = str_of(item, "text");
-                if done && !t.is_empty() {
-                    self.out.thinking(t);
+            ItemType::ItemReasoning => {
+                if done && !item.text.is_empty() {
+                    self.out.thinking(&item.text);
                 }
             }
-            "error" => {
+            ItemType::ItemError => {
                 if done {
-                    self.out
-                        .status(&format!("codex: {}", str_of(item, "message")));
+                    self.out.status(&format!("codex: {}", item.text));
                 }
             }
-            "todo_list" => {
-                let text = super::wire::plan_text(
-                    item.get("items")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .map(|t| {
-                            let done = t.get("completed").and_then(Value::as_bool) == Some(true);
-                            let step = if done {
-                                super::wire::Step::Done
-                            } else {
-                                super::wire::Step::Pending
-                            };
-                            (step, str_of(t, "text"))
-                        }),
-                );
+            ItemType::ItemTodoList => {
+                let text = super::wire::plan_text(item.items.iter().map(|t| {
+                    let step = if t.completed {
+                        super::wire::Step::Done
+                    } else {
+                        super::wire::Step::Pending
+                    };
+                    (step, t.text.as_str())
+                }));
                 if text != self.todo {
                     self.out.text(&text);
                     self.todo = text;
                 }
             }
-            kind @ ("command_execution" | "file_change" | "mcp_tool_call" | "web_search") => {
-                if phase == "updated" {
+            ItemType::ItemCommandExecution
+            | ItemType::ItemFileChange
+            | ItemType::ItemMcpToolCall
+            | ItemType::ItemWebSearch => {
+                if phase == EventType::EventItemUpdated {
                     return true;
                 }
+                let tool = Tool::of(item);
                 if !self.open.contains(&id) {
-                    // A client tool (paddock's MCP server) is named as the client named it,
-                    // with its arguments as its input.
-                    if kind == "mcp_tool_call" && str_of(item, "server") == mcp::SERVER {
-                        let input = item.get("arguments").cloned().unwrap_or(Value::Null);
-                        self.out.tool_use(&id, str_of(item, "tool"), &input);
-                    } else {
-                        self.out.tool_use(&id, kind, &tool_input(kind, item));
-                    }
+                    let (name, input) = tool.call();
+                    self.out.tool_use(&id, &name, &input);
                     self.open.insert(id.clone());
                 }
                 if done {
                     self.open.remove(&id);
-                    let (content, is_error) = tool_output(kind, item);
+                    let (content, is_error) = tool.result();
                     self.out.tool_result(&id, &content, is_error);
                 }
             }
-            _ => return false,
+            ItemType::Unspecified => return false,
         }
         true
     }
 }
 
-/// A tool item's call, as the tool's input.
-fn tool_input(kind: &str, item: &Value) -> Value {
-    match kind {
-        "command_execution" => json!({"command": str_of(item, "command")}),
-        "file_change" => json!({"changes": item.get("changes").cloned().unwrap_or(json!([]))}),
-        "mcp_tool_call" => json!({
-            "server": str_of(item, "server"),
-            "tool": str_of(item, "tool"),
-            "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
-        }),
-        _ => json!({"query": str_of(item, "query")}),
-    }
+/// A tool item: the decoded item, and for an MCP call the fields the seed's `ItemEvent` has
+/// none for (server, tool, arguments, result, error), read from the item's own JSON.
+struct Tool<'i> {
+    item: &'i ItemEvent,
+    mcp: Value,
 }
 
-/// A completed tool item's result: its text, and whether it failed.
-fn tool_output(kind: &str, item: &Value) -> (String, bool) {
-    let status = str_of(item, "status");
-    match kind {
-        "command_execution" => {
-            let mut out = str_of(item, "aggregated_output").to_string();
-            let code = item.get("exit_code").and_then(Value::as_i64);
-            let failed = status != "completed" || code.is_some_and(|c| c != 0);
-            if failed {
-                if !out.is_empty() && !out.ends_with('\n') {
-                    out.push('\n');
-                }
-                match code {
-                    Some(c) => out.push_str(&format!("(exit code {c})")),
-                    None => out.push_str(&format!(
-                        "({})",
-                        if status.is_empty() { "failed" } else { status }
-                    )),
-                }
+impl<'i> Tool<'i> {
+    fn of(item: &'i ItemEvent) -> Self {
+        let mcp = if item.r#type() == ItemType::ItemMcpToolCall {
+            serde_json::from_slice(&item.raw).unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        Tool { item, mcp }
+    }
+
+    /// The call: the tool's name and its input. A client tool (paddock's MCP server) is named
+    /// as the client named it, with its arguments as its input.
+    fn call(&self) -> (String, Value) {
+        let item = self.item;
+        let arguments = || self.mcp.get("arguments").cloned().unwrap_or(Value::Null);
+        match item.r#type() {
+            ItemType::ItemCommandExecution => {
+                ("command_execution".into(), json!({"command": item.command}))
             }
-            (out, failed)
+            ItemType::ItemFileChange => (
+                "file_change".into(),
+                json!({"changes": item.changes.iter()
+                    .map(|c| json!({"path": c.path, "kind": c.kind}))
+                    .collect::<Vec<_>>()}),
+            ),
+            ItemType::ItemMcpToolCall if str_of(&self.mcp, "server") == mcp::SERVER => {
+                (str_of(&self.mcp, "tool").to_string(), arguments())
+            }
+            ItemType::ItemMcpToolCall => (
+                "mcp_tool_call".into(),
+                json!({
+                    "server": str_of(&self.mcp, "server"),
+                    "tool": str_of(&self.mcp, "tool"),
+                    "arguments": arguments(),
+                }),
+            ),
+            _ => ("web_search".into(), json!({"query": item.query})),
         }
-        "file_change" => {
-            let lines: Vec<String> = item
-                .get("changes")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|c| format!("{} {}", str_of(c, "kind"), str_of(c, "path")))
-                .collect();
-            (lines.join("\n"), status == "failed")
-        }
-        "mcp_tool_call" => {
-            let err = item.pointer("/error/message").and_then(Value::as_str);
-            let text = match err {
-                Some(e) => e.to_string(),
-                None => {
-                    let blocks = item.pointer("/result/content").and_then(Value::as_array);
-                    match blocks {
+    }
+
+    /// A completed tool item's result: its text, and whether it failed.
+    fn result(&self) -> (String, bool) {
+        let item = self.item;
+        let status = item.status.as_str();
+        match item.r#type() {
+            ItemType::ItemCommandExecution => {
+                let mut out = item.aggregated_output.clone();
+                // The seed's exit_code is 0 when codex gave none (a declined command).
+                let code = item.exit_code;
+                let failed = status != "completed" || code != 0;
+                if failed {
+                    if !out.is_empty() && !out.ends_with('\n') {
+                        out.push('\n');
+                    }
+                    if code != 0 {
+                        out.push_str(&format!("(exit code {code})"));
+                    } else {
+                        out.push_str(&format!(
+                            "({})",
+                            if status.is_empty() { "failed" } else { status }
+                        ));
+                    }
+                }
+                (out, failed)
+            }
+            ItemType::ItemFileChange => {
+                let lines: Vec<String> = item
+                    .changes
+                    .iter()
+                    .map(|c| format!("{} {}", c.kind, c.path))
+                    .collect();
+                (lines.join("\n"), status == "failed")
+            }
+            ItemType::ItemMcpToolCall => {
+                let err = self.mcp.pointer("/error/message").and_then(Value::as_str);
+                let text = match err {
+                    Some(e) => e.to_string(),
+                    None => match self
+                        .mcp
+                        .pointer("/result/content")
+                        .and_then(Value::as_array)
+                    {
                         Some(b) => b
                             .iter()
                             .filter_map(|x| x.get("text").and_then(Value::as_str))
                             .collect::<Vec<_>>()
                             .join("\n"),
-                        None => item
+                        None => self
+                            .mcp
                             .get("result")
+                            .filter(|r| !r.is_null())
                             .map(|r| r.to_string())
                             .unwrap_or_default(),
-                    }
-                }
-            };
-            (text, err.is_some() || status == "failed")
+                    },
+                };
+                (text, err.is_some() || status == "failed")
+            }
+            _ => (item.query.clone(), status == "failed"),
         }
-        _ => (str_of(item, "query").to_string(), status == "failed"),
     }
 }
 
