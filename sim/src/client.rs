@@ -1,5 +1,6 @@
 //! The random client: many sessions under create, send, graceful and forced stop, restart,
-//! delete, watch and list, and a human answering the agents' requests — including calls that
+//! delete, watch and list, agents reporting activity for them (StreamAgentActivity), and a
+//! human answering the agents' requests — including calls that
 //! are illegal in the session's current state, calls for sessions that do not exist, creates of
 //! ids that do, second answers, answers to unknown requests and answers of the wrong kind.
 //!
@@ -10,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use paddock_core::{
-    ApprovalId, AskKind, Decision, Driver, EnvSpec, Input, Provider, ProviderConfig, RequestId,
-    SessionConfig, SessionId, Status,
+    Activity, ActivityKind, ApprovalId, AskKind, Decision, Driver, EnvSpec, Input, Provider,
+    ProviderConfig, RequestId, SessionConfig, SessionId, Status,
 };
 
 use crate::model::Model;
@@ -44,6 +45,8 @@ struct Mix {
     /// Answer a request (0: this seed's humans never answer; everything expires).
     resolve: u32,
     delete: u32,
+    /// An agent reports an activity for a session (obey's StreamAgentActivity).
+    report: u32,
     /// Per mille of creates whose session gets an environment of its own (a bubblewrap
     /// sandbox, a worktree, or both: it is made before the agent starts); 0 on some seeds.
     env: u32,
@@ -106,6 +109,11 @@ impl Client {
                 rng.range(2, 30) as u32
             },
             delete: rng.range(0, 2) as u32,
+            report: if rng.chance(1, 3) {
+                0
+            } else {
+                rng.range(1, 6) as u32
+            },
             env: if rng.chance(1, 5) {
                 0
             } else {
@@ -186,6 +194,7 @@ impl Client {
                 m.resolve * 3
             },
             m.delete,
+            m.report,
         ];
         let choice = if self.ids.is_empty() {
             0
@@ -245,6 +254,7 @@ impl Client {
             5 => Action::Watch(self.target(model, |_| true)),
             6 => Action::List,
             7 => self.resolve(model),
+            9 => self.report(),
             _ => {
                 // Mostly sessions that ended (some still have a process going away), the
                 // rest anywhere (live ones are refused).
@@ -253,6 +263,27 @@ impl Client {
                 Action::Request(Box::new(Input::Delete { req, id }))
             }
         }
+    }
+
+    /// An agent reports an activity of any kind, with or without tokens, for any session
+    /// (one that never existed now and then).
+    fn report(&mut self) -> Action {
+        let id = if self.ids.is_empty() || self.rng.chance(1, 40) {
+            SessionId::from("s-unknown")
+        } else {
+            self.rng.pick(&self.ids).clone()
+        };
+        let kind = *self.rng.pick(&ActivityKind::ALL);
+        let n = self.rng.range(0, 1_000);
+        let mut activity = Activity::new(kind, format!("reported {n}"));
+        if self.rng.chance(1, 2) {
+            activity = activity.with_tokens(self.rng.range(0, 50), self.rng.range(0, 50));
+        }
+        if matches!(kind, ActivityKind::ToolCall | ActivityKind::ToolResult) {
+            activity = activity.with_tool("Bash".to_string(), format!("rep-{n}"));
+            activity.tool_success = self.rng.chance(3, 4);
+        }
+        Action::Request(Box::new(Input::Report { id, activity }))
     }
 
     /// A human answers: mostly a request seen open, with an answer of the right kind; now and

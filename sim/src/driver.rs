@@ -676,7 +676,7 @@ impl Sim {
         let mut more = Vec::new();
         let own = match first {
             (Input::Provider { id, .. }, _) => id.clone(),
-            (_, Cause::Request { id, .. }) => id.clone(),
+            (_, Cause::Request { id, .. } | Cause::Report { id, .. }) => id.clone(),
             _ => return more,
         };
         if self.phase != Phase::Chaos || !self.rng.per_mille(self.batching) {
@@ -1658,7 +1658,7 @@ fn check_table(
                 }
             }
         }
-        Cause::Tick | Cause::Restore | Cause::Shutdown { .. } => {}
+        Cause::Tick | Cause::Restore | Cause::Shutdown { .. } | Cause::Report { .. } => {}
     }
     Ok(())
 }

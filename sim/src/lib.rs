@@ -127,7 +127,8 @@
 //!   for a human upserted by id; a delete takes the session's rows with it), the fake runner
 //!   and its provider processes (realistic turns, their faults, asks they wait on, numbered
 //!   output kept for replay, surviving a daemon crash).
-//! - [`client`]: the random client, and the humans who answer.
+//! - [`client`]: the random client, the humans who answer, and agents reporting activity for
+//!   sessions (StreamAgentActivity: their session's activity, ending no turn, counting no token).
 //! - [`model`]: the reference model and its invariants.
 //! - `driver` (re-exported here): the loop — chaos, liveness, drain — and the daemon crashes.
 //!

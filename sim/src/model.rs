@@ -87,6 +87,11 @@ pub enum Cause {
         ask: Option<Box<AskSeen>>,
     },
     Tick,
+    /// An agent's report for session `id` (obey's StreamAgentActivity).
+    Report {
+        id: SessionId,
+        activity: Activity,
+    },
     /// A restarted daemon reconciling what the store says.
     Restore,
     /// The daemon's report on session `id`'s environment: made (`ok`) or not.
@@ -153,7 +158,8 @@ impl Cause {
         match self {
             Cause::Request { id, .. }
             | Cause::Provider { id, .. }
-            | Cause::Environment { id, .. } => Some(id),
+            | Cause::Environment { id, .. }
+            | Cause::Report { id, .. } => Some(id),
             Cause::Tick | Cause::Restore | Cause::Shutdown { .. } => None,
         }
     }
@@ -305,6 +311,10 @@ pub struct ModelStats {
     pub turns_cut: u64,
     /// Turns a daemon crash left open that went on in an adopted process.
     pub turns_adopted: u64,
+    /// Agents' reports (StreamAgentActivity), and those recorded as their session's activity
+    /// (the rest named no session the daemon has).
+    pub reports: u64,
+    pub reports_recorded: u64,
     /// Output events replayed after a restart that had been applied already (and were
     /// recognised as such).
     pub replays_ignored: u64,
@@ -475,6 +485,13 @@ impl Model {
 
     /// A request is about to be fed: remember what its reply may be.
     pub fn on_request(&mut self, input: &Input) -> Cause {
+        if let Input::Report { id, activity } = input {
+            self.stats.reports += 1;
+            return Cause::Report {
+                id: id.clone(),
+                activity: activity.clone(),
+            };
+        }
         if let Input::Attach {
             req,
             project,
@@ -536,8 +553,7 @@ impl Model {
             // Not a session request of a client: a Resolve and an Attach are predicted above, a
             // Shutdown by `on_shutdown`; tasks, campaigns and containers are the daemon sweep's
             // (`daemon.rs`); provider and environment events and ticks are the world's and
-            // the clock's. An agent's own report (`Input::Report`, StreamAgentActivity) is
-            // not simulated.
+            // the clock's; an agent's report (`Input::Report`) is taken above.
             Input::Resolve { .. }
             | Input::Attach { .. }
             | Input::Provider { .. }
@@ -1058,6 +1074,27 @@ impl Model {
             }
         }
         self.check_environment(cause, pre_status, effects)?;
+        if let Cause::Report { id, .. } = cause {
+            // Recorded exactly when the session exists: the activity, and the session's row
+            // (its last activity), nothing else.
+            let recorded = effects
+                .iter()
+                .filter(|e| matches!(e, Effect::EmitActivity(_)))
+                .count();
+            let only = effects.iter().all(|e| {
+                matches!(
+                    e,
+                    Effect::Persist(Record::Activity(_) | Record::Session(_))
+                        | Effect::EmitActivity(_)
+                )
+            });
+            if recorded != usize::from(self.sessions.contains_key(id)) || !only {
+                return Err(format!(
+                    "a report for {id} (known: {}) did {effects:?}",
+                    self.sessions.contains_key(id)
+                ));
+            }
+        }
         if cause.tick() {
             // Every due deadline fired: a due KILL was sent (or, the table ignoring it, dropped).
             for sm in self.sessions.values_mut() {
@@ -1908,6 +1945,24 @@ impl Model {
                 ev.at.millis(),
                 self.now
             ));
+        }
+        // An agent's report: its session's activity, numbered with its own, in whatever state
+        // the session is, and nothing more: its tokens are not counted and it ends no turn.
+        if let Cause::Report { activity: fed, .. } = cause {
+            if std::mem::replace(&mut self.provider_activity_seen, true) {
+                return Err(format!("{id}: one report was recorded twice: {ev:?}"));
+            }
+            if &ev.activity != fed {
+                return Err(format!("{id}: the report {fed:?} was recorded as {ev:?}"));
+            }
+            if ev.ends_turn || ev.turn != sm.open_turn {
+                return Err(format!(
+                    "{id}: a report is of the open turn ({:?}) and ends none: {ev:?}",
+                    sm.open_turn
+                ));
+            }
+            self.stats.reports_recorded += 1;
+            return Ok(());
         }
         // The engine's own notes about requests for a human (opened, answered, expired): a
         // STATUS line without tokens naming a request opened or resolved in this batch.

@@ -138,6 +138,8 @@ fn sweep() {
                 m.envs_timed_out += s.envs_timed_out;
                 m.envs_lost += s.envs_lost;
                 m.env_reports_ignored += s.env_reports_ignored;
+                m.reports += s.reports;
+                m.reports_recorded += s.reports_recorded;
                 coverage.merge(&o.coverage);
             }
             Err(f) => failures.push(*f),
@@ -210,6 +212,11 @@ fn sweep() {
         m.resumable_checked,
         m.prompts_with_message
     );
+    println!(
+        "agents' reports (StreamAgentActivity): {}, {} of them recorded as their session's \
+         activity",
+        m.reports, m.reports_recorded
+    );
     println!("table lookups reached (legal cells: count; refusals and ignored: (count)):");
     println!("{}", coverage.render());
     println!("restart cases reached:");
@@ -276,6 +283,10 @@ fn sweep() {
             (
                 "a report after the making was given up",
                 m.env_reports_ignored,
+            ),
+            (
+                "an agent's report recorded as its session's activity",
+                m.reports_recorded,
             ),
             ("a settled session let go", evicted),
             ("a settled session recalled when named", recalled),

@@ -76,8 +76,9 @@ pub enum Input {
     /// about it.
     Delete { req: RequestId, id: SessionId },
     /// An activity an agent reported for session `id` itself (obey's StreamAgentActivity): the
-    /// session's like its own agent's — numbered, stored, shown to its watchers, its tokens
-    /// counted — but it never ends a turn.
+    /// session's like its own agent's — numbered, stored, shown to its watchers (in the open
+    /// turn, if one is) — but it changes nothing else: it never ends a turn, and its tokens
+    /// are shown, not counted against the budget.
     Report { id: SessionId, activity: Activity },
     /// Something the provider process of run `run` did. `cursor` is the position in the run's
     /// output just after what produced this event (see `SessionRecord::provider_cursor`);
