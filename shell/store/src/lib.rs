@@ -6,7 +6,8 @@
 //! records of one or more engine steps, written in one transaction with cached statements.
 //!
 //! The file is opened in WAL mode with `synchronous=NORMAL`, `foreign_keys=ON` and a busy
-//! timeout, and brought up to the current schema by versioned migrations (`migrations.rs`);
+//! timeout, made with 1 KiB pages ([`PAGE_SIZE`]), and brought up to the current schema by
+//! versioned migrations (`migrations.rs`);
 //! a database written by a newer paddock is refused ([`StoreError::TooNew`]).
 
 pub mod approvals;
@@ -33,6 +34,8 @@ use codec::{int, map_to_json, time, ACTIVITY_COLUMNS, SESSION_COLUMNS};
 /// How long a statement waits for another connection's lock before failing with `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The page size of a database paddock makes (why: the comment where `init` sets it).
+pub const PAGE_SIZE: u32 = 1024;
 /// Prepared statements kept per connection (the `apply` path uses four; the readers a dozen).
 const STATEMENT_CACHE: usize = 64;
 
@@ -401,6 +404,15 @@ impl Store {
     fn init(mut conn: Connection, sealer: seal::Sealer) -> Result<Store> {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.execute_batch("PRAGMA foreign_keys = ON")?;
+        // 1 KiB pages for a new database (an existing one keeps its own: only a VACUUM could
+        // change it, and a start never rewrites the file). Every event updates its session's
+        // row and a leaf of the activity index, pages of their own for each of 1,000 busy
+        // sessions, and WAL mode writes whole pages: with 4 KiB pages each event wrote ~8 KiB
+        // of WAL. Measured (`cargo bench … targets`, P3, P6): 1 KiB pages cut the daemon's
+        // CPU per event by ~17% (97 → 82 µs) and P3's latency (p50 3.3 → 2.2 ms, p99 24 → 16
+        // ms, medians of 5 runs), with listing and start-up (P4, P5) unchanged. Must come
+        // before the journal mode is set (it is fixed once the WAL exists).
+        conn.execute_batch(&format!("PRAGMA page_size = {PAGE_SIZE}"))?;
         // WAL: readers never block the writer, and a commit is one append to the log.
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
         // synchronous=NORMAL is durable enough *with WAL*: a commit is written to the WAL

@@ -222,6 +222,7 @@ fn a_file_database_uses_wal_normal_sync_and_foreign_keys() {
             .unwrap()
     };
     assert_eq!(pragma("journal_mode"), "wal");
+    assert_eq!(pragma("page_size"), PAGE_SIZE.to_string());
     assert_eq!(pragma("synchronous"), "1", "NORMAL");
     assert_eq!(pragma("foreign_keys"), "1");
     assert_eq!(pragma("busy_timeout"), BUSY_TIMEOUT.as_millis().to_string());
