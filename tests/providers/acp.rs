@@ -11,7 +11,7 @@
 //! the next prompt, off with `CLAUDE_CODE_ENABLE_PROMPT_SUGGESTION=false`).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use paddock_proto::obey::local::v1 as pb;
 use pb::SessionStatus as S;
@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
+use crate::scenarios::{push_bash_turn, stop_during_a_tool_call, Kit};
 
 /// The ACP adapter: `PADDOCK_ACP_BIN`, else tests/npm/node_modules/.bin/claude-agent-acp.
 pub fn acp_bin() -> std::path::PathBuf {
@@ -367,41 +368,42 @@ async fn acp_token_budget_crossed_by_real_usage_fails_the_session() {
     wait_no_process_in(&w.root, Duration::from_secs(10)).await;
 }
 
+/// An ACP agent (Claude's ACP adapter) behind paddock's bridge, as the shared scenarios drive it.
+pub(crate) struct Acp(World);
+
+impl Kit for Acp {
+    // The adapter ends its tool's processes itself, a moment later than the others.
+    const TOOL_GONE_WITHIN: Duration = Duration::from_secs(15);
+
+    async fn start() -> Self {
+        Acp(World::start(vec![]).await)
+    }
+
+    fn world(&self) -> &World {
+        &self.0
+    }
+
+    fn push_shell_turn(&self, command: &str, text: &str) {
+        push_bash_turn(&self.0, command, text);
+    }
+
+    async fn session(&self) -> pb::SessionInfo {
+        self.0.create(acp_request(&self.0)).await
+    }
+
+    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
+        vec![(s.pid as u32, "__bridge")]
+    }
+
+    async fn after_stop(&self) {
+        wait_no_process_in(&self.0.root, Duration::from_secs(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn acp_stop_during_a_tool_call_ends_the_tool_and_the_agent() {
-    let w = World::start(vec![]).await;
-    let nap = format!("sleep 30.{}{}", std::process::id(), nonce());
-    w.fake.push([
-        Reply::tool(
-            "Bash",
-            json!({"command": format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"), "description": "Nap"}),
-        ),
-        Reply::text("Woke up."),
-    ]);
-    let s = w.create(acp_request(&w)).await;
-    let mut stream = w.send_stream(&s.id, "Take a nap.").await;
-    let first = next(&mut stream).await.expect("the tool call");
-    assert_eq!(kind(&first), "TOOL_CALL", "{first:?}");
-    wait_file_content(&w.root.join("nap.txt"), "napping\n", WAIT).await;
-    let deadline = Instant::now() + WAIT;
-    while processes_with(&nap).is_empty() {
-        assert!(Instant::now() < deadline, "the tool never started");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let t0 = Instant::now();
-    let stopped = w.stop(&s.id, false).await.expect("forced stop");
-    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
-    let rest = collect(stream).await;
-    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
-    wait_no_process(&nap, Duration::from_secs(15)).await;
-    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
-    wait_gone(s.pid as u32).await;
-    wait_no_process_in(&w.root, Duration::from_secs(10)).await;
-    assert_eq!(
-        std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
-        "napping\n"
-    );
+    stop_during_a_tool_call::<Acp>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,14 +492,6 @@ async fn acp_prompts_wait_for_a_human() {
     assert!(t.contains(r#""optionId":"reject""#), "{t}");
     assert!(t.contains(r#""optionId":"allow-once""#), "{t}");
     w.stop(&s.id, true).await.expect("stop");
-}
-
-fn nonce() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        % 100_000
 }
 
 /// No agent needed: an ACP session without a command line, or with a missing binary, is

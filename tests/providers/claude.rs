@@ -6,14 +6,13 @@
 //! a 5xx / 429 / 529 end the turn at once (by default it retries 10 times with back-off), and
 //! its conversations live under `$HOME/.claude/projects/<cwd>/` (HOME is the test's tempdir).
 
-use std::time::{Duration, Instant};
-
 use paddock_proto::obey::local::v1 as pb;
 use pb::SessionStatus as S;
 use serde_json::{json, Value};
 
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
+use crate::scenarios::{push_bash_turn, stop_during_a_tool_call, Kit};
 
 /// Asserts that `expected` appear in the conversation `r` sent, in this order (other texts may
 /// come between them: the CLI adds system reminders).
@@ -345,53 +344,35 @@ async fn token_budget_crossed_by_real_usage_fails_the_session() {
     wait_gone(s.pid as u32).await;
 }
 
+/// Claude Code, as the shared scenarios (`scenarios.rs`) drive it.
+pub(crate) struct Claude(World);
+
+impl Kit for Claude {
+    async fn start() -> Self {
+        Claude(World::start(vec![]).await)
+    }
+
+    fn world(&self) -> &World {
+        &self.0
+    }
+
+    fn push_shell_turn(&self, command: &str, text: &str) {
+        push_bash_turn(&self.0, command, text);
+    }
+
+    async fn session(&self) -> pb::SessionInfo {
+        self.0.claude().await
+    }
+
+    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
+        vec![(s.pid as u32, "claude")]
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn stop_during_a_tool_call_ends_the_tool_and_the_agent() {
-    let w = World::start(vec![]).await;
-    // A sleep no other process has on its command line. (A bare `sleep 30` is refused by the
-    // CLI's Bash tool: "Blocked: standalone sleep".)
-    let nap = format!("sleep 30.{}{}", std::process::id(), s_nonce());
-    w.fake.push([
-        Reply::tool(
-            "Bash",
-            json!({"command": format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"), "description": "Nap"}),
-        ),
-        Reply::text("Woke up."),
-    ]);
-    let s = w.claude().await;
-    let mut stream = w.send_stream(&s.id, "Take a nap.").await;
-    let first = next(&mut stream).await.expect("the tool call");
-    assert_eq!(kind(&first), "TOOL_CALL");
-    wait_file_content(&w.root.join("nap.txt"), "napping\n", WAIT).await;
-    let deadline = Instant::now() + WAIT;
-    while processes_with(&nap).is_empty() {
-        assert!(Instant::now() < deadline, "the tool never started");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-
-    let t0 = Instant::now();
-    let stopped = w.stop(&s.id, false).await.expect("forced stop");
-    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
-    let mut rest = vec![first];
-    rest.extend(collect(stream).await);
-    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
-    // The tool's processes went with the agent, long before the sleep would have ended.
-    wait_no_process(&nap, Duration::from_secs(5)).await;
-    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
-    wait_gone(s.pid as u32).await;
-    assert_eq!(
-        std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
-        "napping\n"
-    );
-}
-
-fn s_nonce() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        % 100_000
+    stop_during_a_tool_call::<Claude>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

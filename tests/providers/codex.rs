@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 
 use crate::fake_responses::{FakeResponses, Recorded, Reply};
 use crate::harness::*;
+use crate::scenarios::{nonce, stop_during_a_tool_call, Kit};
 
 /// The model the real-CLI sessions ask for (one codex 0.169 knows).
 const CODEX_MODEL: &str = "gpt-5.5";
@@ -96,15 +97,6 @@ fn thread_of(r: &Recorded) -> String {
         .get("thread-id")
         .cloned()
         .unwrap_or_else(|| panic!("no thread-id header: {:?}", r.headers))
-}
-
-fn nonce() -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        % 100_000;
-    format!("{}{n}", std::process::id() % 1000)
 }
 
 // ── the bridge with a fake codex (no CLI needed) ──────────────────────────────────────────────
@@ -797,47 +789,52 @@ async fn codex_failed_turns_are_errors_and_the_session_goes_on() {
     w.stop(&s.id, true).await.expect("stop");
 }
 
+/// codex behind paddock's bridge against the fake Responses API, as the shared scenarios
+/// drive it.
+pub(crate) struct Codex {
+    w: World,
+    fake: FakeResponses,
+}
+
+impl Kit for Codex {
+    async fn start() -> Self {
+        let w = World::start(vec![]).await;
+        let fake = FakeResponses::start(vec![]).await;
+        Codex { w, fake }
+    }
+
+    fn world(&self) -> &World {
+        &self.w
+    }
+
+    fn push_shell_turn(&self, command: &str, text: &str) {
+        // Codex's own timeout for the command: long enough never to end it first.
+        self.fake
+            .push([Reply::shell_waiting(command, 600_000), Reply::text(text)]);
+    }
+
+    async fn session(&self) -> pb::SessionInfo {
+        self.w
+            .create(codex_request(&self.w, &self.fake, None))
+            .await
+    }
+
+    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
+        vec![(s.pid as u32, "__bridge")]
+    }
+
+    /// Codex runs the tool in a session of its own, out of the bridge's process group: what
+    /// ends it is the session's containment, not the group's signal.
+    fn tool_started(&self, s: &pb::SessionInfo, tool: u32) {
+        let sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(tool as i32))).unwrap();
+        assert_ne!(sid.as_raw(), s.pid);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn codex_stop_during_a_tool_call_ends_the_tool_and_the_agent() {
-    let w = World::start(vec![]).await;
-    let nap = format!("sleep 30.{}", nonce());
-    let fake = FakeResponses::start(vec![
-        Reply::shell_waiting(
-            &format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"),
-            600_000,
-        ),
-        Reply::text("Woke up."),
-    ])
-    .await;
-    let s = w.create(codex_request(&w, &fake, None)).await;
-    let mut stream = w.send_stream(&s.id, "Take a nap.").await;
-    let first = next(&mut stream).await.expect("the tool call");
-    assert_eq!(kind(&first), "TOOL_CALL", "{first:?}");
-    wait_file_content(&w.root.join("nap.txt"), "napping\n", WAIT).await;
-    let deadline = Instant::now() + WAIT;
-    while processes_with(&nap).is_empty() {
-        assert!(Instant::now() < deadline, "the tool never started");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    // Codex runs it in a session of its own, out of the bridge's process group.
-    let tool = processes_with(&nap)[0];
-    let sid = nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(tool as i32))).unwrap();
-    assert_ne!(sid.as_raw(), s.pid);
-
-    let t0 = Instant::now();
-    let stopped = w.stop(&s.id, false).await.expect("forced stop");
-    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
-    let mut rest = vec![first];
-    rest.extend(collect(stream).await);
-    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
-    wait_no_process(&nap, Duration::from_secs(5)).await;
-    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
-    assert!(!alive(s.pid as u32));
-    assert_eq!(
-        std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
-        "napping\n"
-    );
+    stop_during_a_tool_call::<Codex>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,12 +22,13 @@ use serde_json::{json, Value};
 
 use crate::fake_gemini::{FakeGemini, Recorded, Reply};
 use crate::harness::*;
+use crate::scenarios::{stop_during_a_tool_call, Kit};
 
 /// The model sessions ask for: it must reach the server unchanged (`-m`).
 const GEMINI_MODEL: &str = "gemini-paddock-test";
 
 /// A test's world with the fake Gemini API.
-struct G {
+pub(crate) struct G {
     w: World,
     fake: FakeGemini,
 }
@@ -411,54 +412,40 @@ async fn gemini_token_budget_crossed_by_real_usage_fails_the_session() {
     wait_gone_with(s.pid as u32, "__bridge").await;
 }
 
+impl Kit for G {
+    async fn start() -> Self {
+        G::start(vec![]).await
+    }
+
+    fn world(&self) -> &World {
+        &self.w
+    }
+
+    fn push_shell_turn(&self, command: &str, text: &str) {
+        self.fake.push([
+            Reply::call(
+                "run_shell_command",
+                json!({"command": command, "description": "Run it"}),
+            ),
+            Reply::text(text),
+        ]);
+    }
+
+    async fn session(&self) -> pb::SessionInfo {
+        G::session(self).await
+    }
+
+    /// The bridge, and the gemini CLI it runs for the turn.
+    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
+        let cli = gemini_child(s.pid as u32).await;
+        vec![(cli, "gemini"), (s.pid as u32, "__bridge")]
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn gemini_stop_during_a_tool_call_ends_the_tool_and_the_agent() {
-    let g = G::start(vec![]).await;
-    // A sleep no other process has on its command line.
-    let nap = format!("sleep 30.{}{}", std::process::id(), nonce());
-    g.fake.push([
-        Reply::call(
-            "run_shell_command",
-            json!({"command": format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"), "description": "Nap"}),
-        ),
-        Reply::text("Woke up."),
-    ]);
-    let s = g.session().await;
-    let mut stream = g.w.send_stream(&s.id, "Take a nap.").await;
-    let first = next(&mut stream).await.expect("the tool call");
-    assert_eq!(kind(&first), "TOOL_CALL");
-    wait_file(&g.w.root.join("nap.txt"), WAIT).await;
-    let deadline = Instant::now() + WAIT;
-    while processes_with(&nap).is_empty() {
-        assert!(Instant::now() < deadline, "the tool never started");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let cli = gemini_child(s.pid as u32).await;
-
-    let t0 = Instant::now();
-    let stopped = g.w.stop(&s.id, false).await.expect("forced stop");
-    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
-    let mut rest = vec![first];
-    rest.extend(collect(stream).await);
-    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
-    // The tool's processes went with the agent, long before the sleep would have ended.
-    wait_no_process(&nap, Duration::from_secs(5)).await;
-    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
-    wait_gone_with(cli, "gemini").await;
-    wait_gone_with(s.pid as u32, "__bridge").await;
-    assert_eq!(
-        std::fs::read_to_string(g.w.root.join("nap.txt")).unwrap(),
-        "napping\n"
-    );
-}
-
-fn nonce() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        % 100_000
+    stop_during_a_tool_call::<G>().await;
 }
 
 /// A permission policy is gemini's `default` approval mode (with `--allowed-tools` for an

@@ -16,6 +16,9 @@
 //! - `codex`: codex through paddock's codex bridge (`codex exec --json` per turn), against a
 //!   fake OpenAI Responses API (`fake_responses.rs`); its bridge tests with a fake `codex`
 //!   script need no CLI.
+//!
+//! What every agent must do alike (a stop during a tool call, …) is written once in
+//! `scenarios.rs` and run against each provider through its `Kit`.
 
 mod acp;
 mod claude;
@@ -28,3 +31,4 @@ mod fake_responses;
 mod gemini;
 mod harness;
 mod openai;
+mod scenarios;

@@ -6,14 +6,13 @@
 //! about retries) and `OPENAI_API_KEY` in its environment; the conversation is saved under the
 //! test's `$HOME/.local/state/paddock/openai-api/`.
 
-use std::time::{Duration, Instant};
-
 use paddock_proto::obey::local::v1 as pb;
 use pb::SessionStatus as S;
 use serde_json::{json, Value};
 
 use crate::fake_openai::{FakeOpenAi, Recorded, Reply};
 use crate::harness::*;
+use crate::scenarios::{stop_during_a_tool_call, Kit};
 
 /// The model sessions ask for: it must reach the server unchanged.
 const MODEL: &str = "gpt-paddock-test";
@@ -382,51 +381,47 @@ async fn openai_token_budget_crossed_by_real_usage_fails_the_session() {
     assert_eq!(fake.completions().len(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn openai_stop_during_a_slow_shell_tool_ends_the_tool_and_the_bridge() {
-    let (w, fake) = start(vec![]).await;
-    let nap = format!("sleep 30.{}{}", std::process::id(), nonce());
-    fake.push([
-        Reply::tool(
-            "shell",
-            json!({"command": format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt")}),
-        ),
-        Reply::text("Woke up."),
-    ]);
-    let s = w.create(request(&w, &fake)).await;
-    let mut stream = w.send_stream(&s.id, "Take a nap.").await;
-    let first = next(&mut stream).await.expect("the tool call");
-    assert_eq!(kind(&first), "TOOL_CALL");
-    wait_file_content(&w.root.join("nap.txt"), "napping\n", WAIT).await;
-    let deadline = Instant::now() + WAIT;
-    while processes_with(&nap).is_empty() {
-        assert!(Instant::now() < deadline, "the tool never started");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-
-    let t0 = Instant::now();
-    let stopped = w.stop(&s.id, false).await.expect("forced stop");
-    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
-    let mut rest = vec![first];
-    rest.extend(collect(stream).await);
-    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
-    // The command went with the bridge (same process group), long before it would have ended.
-    wait_no_process(&nap, Duration::from_secs(5)).await;
-    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
-    wait_gone_with(s.pid as u32, "__bridge").await;
-    assert_eq!(
-        std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
-        "napping\n"
-    );
-    assert_eq!(fake.completions().len(), 1);
+/// paddock's own agent loop against the fake OpenAI API, as the shared scenarios drive it.
+pub(crate) struct OpenAi {
+    w: World,
+    fake: FakeOpenAi,
 }
 
-fn nonce() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos()
-        % 100_000
+impl Kit for OpenAi {
+    async fn start() -> Self {
+        let (w, fake) = start(vec![]).await;
+        OpenAi { w, fake }
+    }
+
+    fn world(&self) -> &World {
+        &self.w
+    }
+
+    fn push_shell_turn(&self, command: &str, text: &str) {
+        self.fake.push([
+            Reply::tool("shell", json!({"command": command})),
+            Reply::text(text),
+        ]);
+    }
+
+    async fn session(&self) -> pb::SessionInfo {
+        self.w.create(request(&self.w, &self.fake)).await
+    }
+
+    /// The bridge: the tool's command is in its process group.
+    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
+        vec![(s.pid as u32, "__bridge")]
+    }
+
+    /// The stop cut the turn at its one tool call: the loop never asked the model again.
+    async fn after_stop(&self) {
+        assert_eq!(self.fake.completions().len(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_stop_during_a_slow_shell_tool_ends_the_tool_and_the_bridge() {
+    stop_during_a_tool_call::<OpenAi>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,111 @@
+//! Scenarios every agent must pass, written once and run against each provider through its
+//! [`Kit`]: how its world starts (the daemon and its fake model server), how its fake model is
+//! told to call the agent's shell tool, how a session of it is made, and which of its processes
+//! must go when it stops. Each provider's file has one `#[tokio::test]` per scenario that
+//! names its kit (so a test keeps its name and its `#[ignore]`).
+
+use std::time::{Duration, Instant};
+
+use paddock_proto::obey::local::v1 as pb;
+use pb::SessionStatus as S;
+
+use crate::harness::*;
+
+/// One provider, as the scenarios drive it.
+pub(crate) trait Kit: Sized {
+    /// Starts the daemon and the provider's fake model server.
+    async fn start() -> Self;
+
+    fn world(&self) -> &World;
+
+    /// Scripts the fake model's next turn: a call of the agent's shell tool running `command`,
+    /// then `text` as its answer.
+    fn push_shell_turn(&self, command: &str, text: &str);
+
+    /// A new session of this provider, RUNNING.
+    async fn session(&self) -> pb::SessionInfo;
+
+    /// The agent's processes that a stop must end, each with a word of its command line (a
+    /// reused pid running something else counts as gone), as seen while a tool runs.
+    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)>;
+
+    /// How long the tool's processes may outlive a forced stop.
+    const TOOL_GONE_WITHIN: Duration = Duration::from_secs(5);
+
+    /// What this provider also checks once the tool runs (its pid given).
+    fn tool_started(&self, _s: &pb::SessionInfo, _tool: u32) {}
+
+    /// What this provider also checks once everything is gone.
+    async fn after_stop(&self) {}
+}
+
+/// For the agents that talk to the fake Anthropic API (Claude Code, Claude's ACP adapter): a
+/// turn of one `Bash` call running `command`, then `text`.
+pub(crate) fn push_bash_turn(w: &World, command: &str, text: &str) {
+    w.fake.push([
+        crate::fake_anthropic::Reply::tool(
+            "Bash",
+            serde_json::json!({"command": command, "description": "Run it"}),
+        ),
+        crate::fake_anthropic::Reply::text(text),
+    ]);
+}
+
+/// A word no other process has on its command line.
+pub(crate) fn nonce() -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos()
+        % 100_000;
+    format!("{}{n}", std::process::id())
+}
+
+/// A forced stop while the agent's shell tool runs a long command: the turn's stream ends with
+/// an ERROR, the session is STOPPED, and the tool's processes and the agent's go with it, long
+/// before the command would have ended (the file it writes after its sleep is never written).
+pub(crate) async fn stop_during_a_tool_call<K: Kit>() {
+    let k = K::start().await;
+    let w = k.world();
+    // A sleep no other process has on its command line. (A bare `sleep 30` is refused by
+    // Claude Code's Bash tool: "Blocked: standalone sleep".)
+    let nap = format!("sleep 30.{}", nonce());
+    k.push_shell_turn(
+        &format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"),
+        "Woke up.",
+    );
+    let s = k.session().await;
+    assert_eq!(s.status, S::Running as i32, "{s:?}");
+    let mut stream = w.send_stream(&s.id, "Take a nap.").await;
+    let first = next(&mut stream).await.expect("the tool call");
+    assert_eq!(kind(&first), "TOOL_CALL", "{first:?}");
+    wait_file_content(&w.root.join("nap.txt"), "napping\n", WAIT).await;
+    let deadline = Instant::now() + WAIT;
+    while processes_with(&nap).is_empty() {
+        assert!(Instant::now() < deadline, "the tool never started");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    k.tool_started(&s, processes_with(&nap)[0]);
+    let agent = k.agent_processes(&s).await;
+
+    let t0 = Instant::now();
+    let stopped = w.stop(&s.id, false).await.expect("forced stop");
+    assert_eq!(stopped.status, S::Stopped as i32, "{stopped:?}");
+    let mut rest = vec![first];
+    rest.extend(collect(stream).await);
+    assert_eq!(kind(rest.last().unwrap()), "ERROR", "{rest:#?}");
+    wait_no_process(&nap, K::TOOL_GONE_WITHIN).await;
+    assert!(
+        t0.elapsed() < K::TOOL_GONE_WITHIN + Duration::from_secs(10),
+        "{:?}",
+        t0.elapsed()
+    );
+    for (pid, word) in agent {
+        wait_gone_with(pid, word).await;
+    }
+    k.after_stop().await;
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
+        "napping\n"
+    );
+}
