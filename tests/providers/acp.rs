@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{push_bash_turn, stop_during_a_tool_call, Kit};
+use crate::scenarios::{killed_mid_turn, push_bash_turn, stop_during_a_tool_call, Kit};
 
 /// The ACP adapter: `PADDOCK_ACP_BIN`, else tests/npm/node_modules/.bin/claude-agent-acp.
 pub fn acp_bin() -> std::path::PathBuf {
@@ -297,31 +297,7 @@ async fn acp_model_api_errors_end_the_turn_with_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn acp_agent_killed_mid_turn_is_obey_2031() {
-    let w = World::start(vec![Reply::hang()]).await;
-    let s = w.create(acp_request(&w)).await;
-    let stream = w.send_stream(&s.id, "Think hard.").await;
-    w.fake.wait_requests(1, WAIT).await;
-    // The adapter the bridge started (it may start helpers of its own).
-    let agents: Vec<u32> = adapter_pids()
-        .into_iter()
-        .filter(|p| parent_of(*p) == Some(s.pid as u32))
-        .collect();
-    assert_eq!(agents.len(), 1, "{agents:?}");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agents[0] as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let acts = collect(stream).await;
-    let last = acts.last().expect("an activity");
-    assert_eq!(kind(last), "ERROR", "{acts:#?}");
-    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
-    assert!(last.content.contains("signal 9"), "{}", last.content);
-    let info = w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2031");
-    wait_gone(s.pid as u32).await;
-    // What the agent had started (Claude Code under the SDK) went with it.
-    wait_no_process_in(&w.root, Duration::from_secs(10)).await;
+    killed_mid_turn::<Acp>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,6 +359,27 @@ impl Kit for Acp {
         &self.0
     }
 
+    // The bridge says how its agent ended in words of its own.
+    const KILLED_SAYS: &'static str = "signal 9";
+
+    fn push_hang(&self) {
+        self.0.fake.push([Reply::hang()]);
+    }
+
+    async fn wait_model_requests(&self, n: usize) {
+        self.0.fake.wait_requests(n, WAIT).await;
+    }
+
+    /// The adapter the bridge started (it may start helpers of its own).
+    async fn agent(&self, s: &pb::SessionInfo) -> u32 {
+        let agents: Vec<u32> = adapter_pids()
+            .into_iter()
+            .filter(|p| parent_of(*p) == Some(s.pid as u32))
+            .collect();
+        assert_eq!(agents.len(), 1, "{agents:?}");
+        agents[0]
+    }
+
     fn push_shell_turn(&self, command: &str, text: &str) {
         push_bash_turn(&self.0, command, text);
     }
@@ -395,7 +392,7 @@ impl Kit for Acp {
         vec![(s.pid as u32, "__bridge")]
     }
 
-    async fn after_stop(&self) {
+    async fn after_end(&self) {
         wait_no_process_in(&self.0.root, Duration::from_secs(10)).await;
     }
 }

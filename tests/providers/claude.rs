@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{push_bash_turn, stop_during_a_tool_call, Kit};
+use crate::scenarios::{killed_mid_turn, push_bash_turn, stop_during_a_tool_call, Kit};
 
 /// Asserts that `expected` appear in the conversation `r` sent, in this order (other texts may
 /// come between them: the CLI adds system reminders).
@@ -282,27 +282,7 @@ async fn max_turns_ends_the_turn_with_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn agent_killed_mid_turn_is_obey_2031() {
-    let w = World::start(vec![Reply::hang()]).await;
-    let s = w.claude().await;
-    let stream = w.send_stream(&s.id, "Think hard.").await;
-    w.fake.wait_requests(1, WAIT).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(s.pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let acts = collect(stream).await;
-    let last = acts.last().expect("an activity");
-    assert_eq!(kind(last), "ERROR", "{acts:#?}");
-    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
-    assert!(
-        last.content.contains("killed by signal 9"),
-        "{}",
-        last.content
-    );
-    let info = w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2031");
-    assert_eq!(info.pid, 0);
+    killed_mid_turn::<Claude>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,6 +334,18 @@ impl Kit for Claude {
 
     fn world(&self) -> &World {
         &self.0
+    }
+
+    fn push_hang(&self) {
+        self.0.fake.push([Reply::hang()]);
+    }
+
+    async fn wait_model_requests(&self, n: usize) {
+        self.0.fake.wait_requests(n, WAIT).await;
+    }
+
+    async fn agent(&self, s: &pb::SessionInfo) -> u32 {
+        s.pid as u32
     }
 
     fn push_shell_turn(&self, command: &str, text: &str) {

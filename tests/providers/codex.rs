@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use crate::fake_responses::{FakeResponses, Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{nonce, stop_during_a_tool_call, Kit};
+use crate::scenarios::{killed_mid_turn, nonce, stop_during_a_tool_call, Kit};
 
 /// The model the real-CLI sessions ask for (one codex 0.169 knows).
 const CODEX_MODEL: &str = "gpt-5.5";
@@ -807,6 +807,34 @@ impl Kit for Codex {
         &self.w
     }
 
+    fn push_hang(&self) {
+        self.fake.push([Reply::Hang]);
+    }
+
+    async fn wait_model_requests(&self, n: usize) {
+        self.fake.wait_requests(n, WAIT).await;
+    }
+
+    /// The bridge's child: codex (its npm launcher). (Tool processes codex orphaned may be the
+    /// bridge's children too, as zombies until it reaps them: they have no command line.)
+    async fn agent(&self, s: &pb::SessionInfo) -> u32 {
+        let codex: Vec<u32> = children_of(s.pid as u32)
+            .into_iter()
+            .filter(|p| cmdline(*p).contains(" exec "))
+            .collect();
+        assert_eq!(codex.len(), 1, "{codex:?}");
+        codex[0]
+    }
+
+    /// Nothing of codex is left behind.
+    async fn after_end(&self) {
+        wait_no_process(
+            &format!("base_url=\"{}\"", self.fake.base_url()),
+            Duration::from_secs(5),
+        )
+        .await;
+    }
+
     fn push_shell_turn(&self, command: &str, text: &str) {
         // Codex's own timeout for the command: long enough never to end it first.
         self.fake
@@ -840,39 +868,5 @@ async fn codex_stop_during_a_tool_call_ends_the_tool_and_the_agent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn codex_killed_mid_turn_is_obey_2031() {
-    let w = World::start(vec![]).await;
-    let fake = FakeResponses::start(vec![Reply::Hang]).await;
-    let s = w.create(codex_request(&w, &fake, None)).await;
-    let stream = w.send_stream(&s.id, "Think hard.").await;
-    fake.wait_requests(1, WAIT).await;
-    // The bridge's child: codex (its npm launcher). (Tool processes codex orphaned may be the
-    // bridge's children too, as zombies until it reaps them: they have no command line.)
-    let codex: Vec<u32> = children_of(s.pid as u32)
-        .into_iter()
-        .filter(|p| cmdline(*p).contains(" exec "))
-        .collect();
-    assert_eq!(codex.len(), 1, "{codex:?}");
-    assert!(cmdline(codex[0]).contains("exec"), "{}", cmdline(codex[0]));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(codex[0] as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let acts = collect(stream).await;
-    let last = acts.last().expect("an activity");
-    assert_eq!(kind(last), "ERROR", "{acts:#?}");
-    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
-    assert!(
-        last.content.contains("killed by signal 9"),
-        "{}",
-        last.content
-    );
-    let info = w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2031");
-    // Nothing of codex is left behind.
-    wait_no_process(
-        &format!("base_url=\"{}\"", fake.base_url()),
-        Duration::from_secs(5),
-    )
-    .await;
+    killed_mid_turn::<Codex>().await;
 }

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 use crate::fake_gemini::{FakeGemini, Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{stop_during_a_tool_call, Kit};
+use crate::scenarios::{killed_mid_turn, stop_during_a_tool_call, Kit};
 
 /// The model sessions ask for: it must reach the server unchanged (`-m`).
 const GEMINI_MODEL: &str = "gemini-paddock-test";
@@ -351,29 +351,7 @@ async fn gemini_model_api_errors_end_the_turn_with_an_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn gemini_killed_mid_turn_is_obey_2031() {
-    let g = G::start(vec![Reply::hang()]).await;
-    let s = g.session().await;
-    let stream = g.w.send_stream(&s.id, "Think hard.").await;
-    g.fake.wait_requests(1, WAIT).await;
-    let cli = gemini_child(s.pid as u32).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(cli as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let acts = collect(stream).await;
-    let last = acts.last().expect("an activity");
-    assert_eq!(kind(last), "ERROR", "{acts:#?}");
-    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
-    assert!(
-        last.content.contains("killed by signal 9"),
-        "{}",
-        last.content
-    );
-    let info = g.w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2031");
-    assert_eq!(info.pid, 0);
-    wait_gone_with(s.pid as u32, "__bridge").await;
+    killed_mid_turn::<G>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,6 +397,18 @@ impl Kit for G {
 
     fn world(&self) -> &World {
         &self.w
+    }
+
+    fn push_hang(&self) {
+        self.fake.push([Reply::hang()]);
+    }
+
+    async fn wait_model_requests(&self, n: usize) {
+        self.fake.wait_requests(n, WAIT).await;
+    }
+
+    async fn agent(&self, s: &pb::SessionInfo) -> u32 {
+        gemini_child(s.pid as u32).await
     }
 
     fn push_shell_turn(&self, command: &str, text: &str) {

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::fake_openai::{FakeOpenAi, Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{stop_during_a_tool_call, Kit};
+use crate::scenarios::{killed_mid_turn, stop_during_a_tool_call, Kit};
 
 /// The model sessions ask for: it must reach the server unchanged.
 const MODEL: &str = "gpt-paddock-test";
@@ -327,27 +327,7 @@ async fn openai_retries_are_bounded_and_shown_and_an_unreachable_endpoint_is_an_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_bridge_killed_mid_turn_is_obey_2031() {
-    let (w, fake) = start(vec![Reply::hang()]).await;
-    let s = w.create(request(&w, &fake)).await;
-    let stream = w.send_stream(&s.id, "Think hard.").await;
-    fake.wait_requests(1, WAIT).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(s.pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let acts = collect(stream).await;
-    let last = acts.last().expect("an activity");
-    assert_eq!(kind(last), "ERROR", "{acts:#?}");
-    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
-    assert!(
-        last.content.contains("killed by signal 9"),
-        "{}",
-        last.content
-    );
-    let info = w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2031");
-    assert_eq!(info.pid, 0);
+    killed_mid_turn::<OpenAi>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -397,6 +377,19 @@ impl Kit for OpenAi {
         &self.w
     }
 
+    fn push_hang(&self) {
+        self.fake.push([Reply::hang()]);
+    }
+
+    async fn wait_model_requests(&self, n: usize) {
+        self.fake.wait_requests(n, WAIT).await;
+    }
+
+    /// The bridge is the agent: paddock's own loop.
+    async fn agent(&self, s: &pb::SessionInfo) -> u32 {
+        s.pid as u32
+    }
+
     fn push_shell_turn(&self, command: &str, text: &str) {
         self.fake.push([
             Reply::tool("shell", json!({"command": command})),
@@ -414,7 +407,7 @@ impl Kit for OpenAi {
     }
 
     /// The stop cut the turn at its one tool call: the loop never asked the model again.
-    async fn after_stop(&self) {
+    async fn after_end(&self) {
         assert_eq!(self.fake.completions().len(), 1);
     }
 }

@@ -22,8 +22,20 @@ pub(crate) trait Kit: Sized {
     /// then `text` as its answer.
     fn push_shell_turn(&self, command: &str, text: &str);
 
+    /// Scripts the fake model's next answer: none, ever (the request hangs).
+    fn push_hang(&self);
+
+    /// Waits until the fake model has received `n` requests.
+    async fn wait_model_requests(&self, n: usize);
+
     /// A new session of this provider, RUNNING.
     async fn session(&self) -> pb::SessionInfo;
+
+    /// The process that is the agent itself (the CLI; for paddock's own loop, its bridge).
+    async fn agent(&self, s: &pb::SessionInfo) -> u32;
+
+    /// What the session's error says of an agent killed by SIGKILL.
+    const KILLED_SAYS: &'static str = "killed by signal 9";
 
     /// The agent's processes that a stop must end, each with a word of its command line (a
     /// reused pid running something else counts as gone), as seen while a tool runs.
@@ -35,8 +47,8 @@ pub(crate) trait Kit: Sized {
     /// What this provider also checks once the tool runs (its pid given).
     fn tool_started(&self, _s: &pb::SessionInfo, _tool: u32) {}
 
-    /// What this provider also checks once everything is gone.
-    async fn after_stop(&self) {}
+    /// What this provider also checks once the session ended and its processes are gone.
+    async fn after_end(&self) {}
 }
 
 /// For the agents that talk to the fake Anthropic API (Claude Code, Claude's ACP adapter): a
@@ -103,9 +115,40 @@ pub(crate) async fn stop_during_a_tool_call<K: Kit>() {
     for (pid, word) in agent {
         wait_gone_with(pid, word).await;
     }
-    k.after_stop().await;
+    k.after_end().await;
     assert_eq!(
         std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
         "napping\n"
     );
+}
+
+/// The agent is killed (SIGKILL) while its turn waits for the model: the turn ends with an
+/// ERROR saying OBEY-2031 and the signal, the session is FAILED with OBEY-2031 and no pid, and
+/// nothing of the agent is left.
+pub(crate) async fn killed_mid_turn<K: Kit>() {
+    let k = K::start().await;
+    let w = k.world();
+    k.push_hang();
+    let s = k.session().await;
+    let stream = w.send_stream(&s.id, "Think hard.").await;
+    k.wait_model_requests(1).await;
+    let agent = k.agent(&s).await;
+    let processes = k.agent_processes(&s).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let acts = collect(stream).await;
+    let last = acts.last().expect("an activity");
+    assert_eq!(kind(last), "ERROR", "{acts:#?}");
+    assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
+    assert!(last.content.contains(K::KILLED_SAYS), "{}", last.content);
+    let info = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(info.error_code, "OBEY-2031");
+    assert_eq!(info.pid, 0);
+    for (pid, word) in processes {
+        wait_gone_with(pid, word).await;
+    }
+    k.after_end().await;
 }
