@@ -1278,9 +1278,13 @@ async fn graceful_stop_closes_input(args: &[&str]) {
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         script.display().to_string()
     };
+    // Reading is the shell's own `read`, not a child: a TERM sent to the group while the shell
+    // forks a child (`cat`) can be taken by the child before its exec, leaving `cat` reading
+    // on and the shell's trap waiting for it until the KILL (a loaded CI machine saw that).
+    let reads_input = "while read -r _; do :; done";
     // It reads its input to the end, then ends: no signal at all.
     let reads = base.join("reads");
-    let s = stand_in(&mut d, agent(&reads, "cat > /dev/null")).await;
+    let s = stand_in(&mut d, agent(&reads, reads_input)).await;
     let t0 = Instant::now();
     d.stop(&s.id, true).await.expect("stop");
     assert_eq!(std::fs::read_to_string(&reads).unwrap(), "EOF\n");
@@ -1302,7 +1306,7 @@ async fn graceful_stop_closes_input(args: &[&str]) {
     );
     // A forced stop does not ask.
     let forced = base.join("forced");
-    let s = stand_in(&mut d, agent(&forced, "cat > /dev/null")).await;
+    let s = stand_in(&mut d, agent(&forced, reads_input)).await;
     d.stop(&s.id, false).await.expect("stop");
     assert_eq!(std::fs::read_to_string(&forced).unwrap(), "TERM\n");
 }
