@@ -1,8 +1,8 @@
 //! Architecture Invariant: no import cycle between the top-level modules of any of the
-//! shell's crates (`paddock`'s `api`, `cli`, `daemon`, …; the agents', environments', runner's,
-//! OS seam's, store's and support's), so the arrows that ARCHITECTURE.md draws are the ones
-//! the code has, and each module could become a crate (`providers`, `env`, `runner` and the
-//! process library did). Between crates, Cargo itself refuses a cycle.
+//! shell's crates (`paddock`'s `api` and `serve`; the daemon's, agents', environments',
+//! runner's, OS seam's, store's and support's), so the arrows that ARCHITECTURE.md draws are
+//! the ones the code has, and each module could become a crate (`providers`, `env`, `runner`,
+//! `daemon` and the process library did). Between crates, Cargo itself refuses a cycle.
 //!
 //! The test reads the sources (non-test code: comments, `#[cfg(test)] mod` tails and `tests.rs`
 //! files are left out), collects every `crate::m` / `crate::{m, …}` path (and `super::m` in a
@@ -32,6 +32,7 @@ const CRATES: &[&str] = &[
     "agents/src",
     "cli/src",
     "config/src",
+    "daemon/src",
     "exec/src",
     "env/src",
     "runner/src",
@@ -40,7 +41,7 @@ const CRATES: &[&str] = &[
     "support/src",
 ];
 
-/// How deep the source tree is walked (`src/daemon/…/x.rs`); the shell's is three levels.
+/// How deep the source tree is walked (`src/api/…/x.rs`); the shell's is three levels.
 const DEPTH_MAX: usize = 8;
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
@@ -219,7 +220,11 @@ fn cycles(g: &Graph) -> BTreeSet<Vec<String>> {
 fn no_import_cycle_between_top_level_modules() {
     let shell = Path::new(env!("CARGO_MANIFEST_DIR"));
     let g = graph(&shell.join("src"));
-    assert!(g.contains_key("api") && g.contains_key("daemon"), "{g:?}");
+    assert!(g.contains_key("api") && g.contains_key("serve"), "{g:?}");
+    // The daemon was the shell's `daemon`: a crate of its own, which cannot name a protocol's
+    // module (`api` → `daemon` is the only way the arrow can go).
+    let daemon = graph(&shell.join("daemon/src"));
+    assert!(daemon["event_loop"].contains("port"), "{daemon:?}");
     // The CLI was the shell's `cli`: its files are its crate's top-level modules now.
     let cli = graph(&shell.join("cli/src"));
     assert!(

@@ -17,10 +17,10 @@
 pub mod api;
 pub use paddock_cli as cli;
 pub use paddock_config as config;
+pub use paddock_daemon as daemon;
+pub use paddock_env as env;
 pub use paddock_sys::confined;
 pub use paddock_sys::contain;
-pub mod daemon;
-pub use paddock_env as env;
 #[cfg(test)]
 mod layout;
 pub use paddock_agents as providers;

@@ -26,7 +26,7 @@
 //! end_grace_secs = 3
 //! startup_timeout_secs = 60
 //!
-//! [notify]                  # when an agent needs you (see daemon/notify.rs)
+//! [notify]                  # when an agent needs you (see shell/daemon/src/notify.rs)
 //! on = ["approval", "question", "failure", "budget", "turn_done"]
 //! command = "notify-send paddock"
 //! webhook = "http://127.0.0.1:9000/paddock"

@@ -6,6 +6,14 @@
 //! stale file is replaced), then serve until SIGINT / SIGTERM / Shutdown, which stop every
 //! session gracefully before the process exits 0.
 
+// The crates the daemon is made of, under the names the rest of the shell knows them by.
+use paddock_agents as providers;
+use paddock_config as config;
+use paddock_env as env;
+use paddock_runner as runner;
+use paddock_store as store;
+use paddock_sys::{contain, paths, proc, socket};
+
 pub mod event_loop;
 pub mod notify;
 pub mod port;
@@ -52,7 +60,7 @@ pub struct Options {
 }
 
 /// A started daemon: its data dir locked, its store loaded, its event loop running, its
-/// sockets bound; nothing served yet (the composition root, [`crate::serve`], serves the
+/// sockets bound; nothing served yet (the composition root, `paddock::serve`, serves the
 /// protocols on the listeners, then calls [`Started::finish`]).
 pub struct Started {
     pub opts: Options,
