@@ -144,8 +144,7 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
     let runner = if opts.use_runner {
         Some(
             runner_link::RunnerLink::connect_or_start(&opts.data_dir, &exe, &opts.runner_limits)
-                .await
-                .map_err(StartError::Runner)?,
+                .await?,
         )
     } else {
         None
@@ -153,7 +152,10 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
     // What outlived the previous daemon in the runner (with `--no-runner`, nothing: our
     // children died with it). The core decides what becomes of it.
     let (surviving, run_floor) = match &runner {
-        Some(link) => link.surviving_runs().await.map_err(StartError::Runner)?,
+        Some(link) => link
+            .surviving_runs()
+            .await
+            .map_err(StartError::RunnerList)?,
         None => (Surviving::default(), 0),
     };
     let stored = Stored {
@@ -332,7 +334,9 @@ pub enum StartError {
     #[error(transparent)]
     Socket(#[from] crate::socket::BindError),
     #[error("the runner: {0}")]
-    Runner(String),
+    Runner(#[from] crate::runner::client::StartError),
+    #[error("the runner: ListRuns: {}", .0.message())]
+    RunnerList(#[source] tonic::Status),
     #[error("server error: {0}")]
     Serve(#[source] tonic::transport::Error),
 }

@@ -164,7 +164,7 @@ impl RunnerLink {
         data_dir: &Path,
         exe: &Path,
         limits: &crate::runner::Limits,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, crate::runner::client::StartError> {
         let socket = data_dir.join("runner.sock");
         let client = match crate::runner::client::connect(&socket).await {
             Some(mut client) => {
@@ -238,13 +238,12 @@ impl RunnerLink {
     /// it knows (new run ids must be above it: the runner refuses an id it remembers). The
     /// engine adopts only the agent runs a stored record names as the session's current run,
     /// and kills every task run.
-    pub async fn surviving_runs(&self) -> Result<(Surviving, RunId), String> {
+    pub async fn surviving_runs(&self) -> Result<(Surviving, RunId), tonic::Status> {
         let runs = self
             .client
             .clone()
             .list_runs(rpb::ListRunsRequest {})
-            .await
-            .map_err(|e| format!("runner ListRuns: {}", e.message()))?
+            .await?
             .into_inner()
             .runs;
         let mut max_run = 0;

@@ -406,7 +406,8 @@ pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
                 &paddock_runner::Limits::default(),
             )
             .await
-            .map(|_| ()),
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
         }
     })?;
     Ok(socket)

@@ -13,6 +13,29 @@ use tonic::transport::Channel;
 /// How long a client waits for a runner it started to answer.
 const RUNNER_START_WAIT: Duration = Duration::from_secs(10);
 
+/// Why a runner could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot open {}: {source}", .path.display())]
+    Log {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the runner: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error(
+        "the runner did not answer on {} within {}s (see {})",
+        .socket.display(),
+        RUNNER_START_WAIT.as_secs(),
+        .log.display()
+    )]
+    NoAnswer {
+        socket: std::path::PathBuf,
+        log: std::path::PathBuf,
+    },
+}
+
 /// Starts a runner on `socket` (detached: its own process group, no parent-death signal, so
 /// that it outlives its client) and waits until it answers.
 pub async fn start(
@@ -20,14 +43,17 @@ pub async fn start(
     exe: &Path,
     socket: &Path,
     limits: &crate::Limits,
-) -> Result<RunnerClient<Channel>, String> {
+) -> Result<RunnerClient<Channel>, StartError> {
     let log_path = data_dir.join("runner.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .mode(0o600)
         .open(&log_path)
-        .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        .map_err(|source| StartError::Log {
+            path: log_path.clone(),
+            source,
+        })?;
     let mut child = std::process::Command::new(exe);
     child
         .arg("runner")
@@ -43,9 +69,7 @@ pub async fn start(
         .stderr(log);
     // Its own process group: a Ctrl-C meant for the daemon's terminal does not reach it.
     std::os::unix::process::CommandExt::process_group(&mut child, 0);
-    let mut child = child
-        .spawn()
-        .map_err(|e| format!("cannot start the runner: {e}"))?;
+    let mut child = child.spawn().map_err(StartError::Spawn)?;
     tracing::info!(pid = child.id(), socket = %socket.display(), "started a runner");
     // Reap it if it exits while we live (it normally outlives us).
     std::thread::spawn(move || {
@@ -57,12 +81,10 @@ pub async fn start(
             return Ok(client);
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
-                "the runner did not answer on {} within {}s (see {})",
-                socket.display(),
-                RUNNER_START_WAIT.as_secs(),
-                log_path.display()
-            ));
+            return Err(StartError::NoAnswer {
+                socket: socket.to_path_buf(),
+                log: log_path,
+            });
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
