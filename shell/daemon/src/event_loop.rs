@@ -846,7 +846,9 @@ impl Ports for Io {
                     self.runs.insert((id.clone(), run), handle);
                     ProviderEvent::Started { pid: Some(pid) }
                 }
-                Err(reason) => ProviderEvent::SpawnFailed { reason },
+                Err(e) => ProviderEvent::SpawnFailed {
+                    reason: e.to_string(),
+                },
             },
         )
     }
@@ -909,7 +911,10 @@ impl Ports for Io {
                 self.task_runs.insert(id.clone(), pid);
                 TaskInput::Started { id, pid }
             }
-            Err(reason) => TaskInput::SpawnFailed { id, reason },
+            Err(e) => TaskInput::SpawnFailed {
+                id,
+                reason: e.to_string(),
+            },
         })
     }
 

@@ -25,6 +25,20 @@ const STDIN_QUEUE: usize = 64;
 /// Longest task output line kept whole.
 pub const TASK_LINE_BYTES_MAX: usize = 64 * 1024;
 
+/// Why a process could not be started: its program, and the operating system's reason (the
+/// core is told its text, as the session's or task's SpawnFailed reason).
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("{}: {source}", .program.display())]
+    Io {
+        program: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("empty command")]
+    EmptyCommand,
+}
+
 /// A running child, as the event loop holds it: a child of the daemon, or a run of the
 /// runner.
 #[derive(Debug)]
@@ -117,9 +131,14 @@ pub fn spawn(
     run: RunId,
     mut parser: Box<dyn LineParser>,
     tx: mpsc::Sender<super::Command>,
-) -> Result<RunHandle, String> {
-    let (process, pipes) = proc::spawn(plan.command(), true, crate::contain::new_tag())
-        .map_err(|e| format!("{}: {e}", plan.program.display()))?;
+) -> Result<RunHandle, SpawnError> {
+    let (process, pipes) =
+        proc::spawn(plan.command(), true, crate::contain::new_tag()).map_err(|source| {
+            SpawnError::Io {
+                program: plan.program.clone(),
+                source,
+            }
+        })?;
     let pid = process.pid;
     let mut stdin = pipes.stdin.expect("stdin is piped");
     let (stdin_tx, mut stdin_rx) = mpsc::channel::<ToStdin>(STDIN_QUEUE);
@@ -258,16 +277,19 @@ pub fn spawn_task(
     id: &str,
     spec: &paddock_core::task::TaskSpec,
     tx: mpsc::Sender<super::Command>,
-) -> Result<u32, String> {
+) -> Result<u32, SpawnError> {
     use paddock_core::task::TaskInput;
-    let (program, args) = spec.command.split_first().ok_or("empty command")?;
+    let (program, args) = spec.command.split_first().ok_or(SpawnError::EmptyCommand)?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).envs(spec.environment.iter());
     if !spec.working_dir.is_empty() {
         cmd.current_dir(&spec.working_dir);
     }
-    let (process, pipes) = proc::spawn(cmd, false, crate::contain::new_tag())
-        .map_err(|e| format!("{program}: {e}"))?;
+    let (process, pipes) =
+        proc::spawn(cmd, false, crate::contain::new_tag()).map_err(|source| SpawnError::Io {
+            program: program.into(),
+            source,
+        })?;
     let pid = process.pid;
     let out_task = tokio::spawn(read_task_lines(
         pipes.stdout.with_line_limit(TASK_LINE_BYTES_MAX),
