@@ -359,9 +359,6 @@ impl Kit for Acp {
         &self.0
     }
 
-    // The bridge says how its agent ended in words of its own.
-    const KILLED_SAYS: &'static str = "signal 9";
-
     fn push_hang(&self) {
         self.0.fake.push([Reply::hang()]);
     }

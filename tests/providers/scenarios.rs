@@ -34,9 +34,6 @@ pub(crate) trait Kit: Sized {
     /// The process that is the agent itself (the CLI; for paddock's own loop, its bridge).
     async fn agent(&self, s: &pb::SessionInfo) -> u32;
 
-    /// What the session's error says of an agent killed by SIGKILL.
-    const KILLED_SAYS: &'static str = "killed by signal 9";
-
     /// The agent's processes that a stop must end, each with a word of its command line (a
     /// reused pid running something else counts as gone), as seen while a tool runs.
     async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)>;
@@ -143,7 +140,11 @@ pub(crate) async fn killed_mid_turn<K: Kit>() {
     let last = acts.last().expect("an activity");
     assert_eq!(kind(last), "ERROR", "{acts:#?}");
     assert!(last.content.starts_with("OBEY-2031"), "{}", last.content);
-    assert!(last.content.contains(K::KILLED_SAYS), "{}", last.content);
+    assert!(
+        last.content.contains("killed by signal 9"),
+        "{}",
+        last.content
+    );
     let info = w.wait_status(&s.id, S::Failed).await;
     assert_eq!(info.error_code, "OBEY-2031");
     assert_eq!(info.pid, 0);
