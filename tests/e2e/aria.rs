@@ -239,12 +239,7 @@ async fn output_is_bounded_and_survives_a_daemon_restart() {
     // The task's process ends with the daemon (the runner stops it when the daemon's
     // connection closes), before any daemon starts again.
     d.kill9();
-    within(async {
-        while pid_running(pid) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    wait_pid_gone(pid, WAIT, "the task's process, after the daemon").await;
     d.launch().await;
     let mut c = tasks(&d).await;
     let out = collect_ok(
