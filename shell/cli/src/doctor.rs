@@ -299,7 +299,7 @@ fn drivers() -> Vec<Check> {
             Err(e) => Check {
                 what,
                 level: Level::Warn,
-                detail: e,
+                detail: e.to_string(),
                 fix: fix.to_string(),
             },
         }

@@ -965,7 +965,8 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
     };
     // What no driver could honour is refused here, before a campaign is registered for it:
     // the daemon checks the same again.
-    crate::env::request::env_spec(request.environment_spec.as_ref()).map_err(Error::Usage)?;
+    crate::env::request::env_spec(request.environment_spec.as_ref())
+        .map_err(|e| Error::Usage(e.to_string()))?;
     Ok(Plan {
         place,
         driver,

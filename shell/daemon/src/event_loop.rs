@@ -662,10 +662,22 @@ impl State {
     }
 }
 
+/// Why a task cannot run where its session or container is.
+#[derive(Debug, thiserror::Error)]
+enum EnterError {
+    #[error("container {0} is gone")]
+    ContainerGone(String),
+    /// Never on the host instead: a session that is gone has no environment to run in.
+    #[error("session {0} is gone")]
+    SessionGone(SessionId),
+    #[error(transparent)]
+    Env(#[from] crate::env::Error),
+}
+
 impl Io {
     /// `spec` as it runs in its session's environment (as it is, for a task of no session or
     /// of a session on the host without a worktree).
-    fn in_session_env(&self, engine: &Engine, spec: TaskSpec) -> Result<TaskSpec, String> {
+    fn in_session_env(&self, engine: &Engine, spec: TaskSpec) -> Result<TaskSpec, EnterError> {
         let Some((program, args)) = spec.command.split_first() else {
             return Ok(spec);
         };
@@ -685,7 +697,7 @@ impl Io {
             let c = engine
                 .containers()
                 .get(&spec.container_id)
-                .ok_or_else(|| format!("container {} is gone", spec.container_id))?;
+                .ok_or_else(|| EnterError::ContainerGone(spec.container_id.clone()))?;
             crate::env::container::enter(&self.env, c, plan)?
         } else {
             if spec.session_id.is_empty() {
@@ -696,7 +708,7 @@ impl Io {
             let config = engine
                 .session(&id)
                 .map(|s| &s.record.config)
-                .ok_or_else(|| format!("session {id} is gone"))?;
+                .ok_or_else(|| EnterError::SessionGone(id.clone()))?;
             if !config.env.needs_provisioning() {
                 return Ok(spec);
             }
@@ -825,7 +837,8 @@ impl Ports for Io {
     fn spawn(&mut self, id: &SessionId, run: RunId, spec: SpawnSpec) -> Option<ProviderEvent> {
         let planned = crate::providers::plan(&spec, &self.exe).and_then(|(plan, parser)| {
             Ok((
-                crate::env::enter(&self.env, id, &spec.config, plan, crate::env::Role::Agent)?,
+                crate::env::enter(&self.env, id, &spec.config, plan, crate::env::Role::Agent)
+                    .map_err(|e| e.to_string())?,
                 parser,
             ))
         });
@@ -888,7 +901,9 @@ impl Ports for Io {
         tokio::task::spawn_blocking(move || {
             let event = match crate::env::provision(&host, &id, &config) {
                 Ok(_) => paddock_core::EnvEvent::Provisioned,
-                Err(reason) => paddock_core::EnvEvent::ProvisionFailed { reason },
+                Err(e) => paddock_core::EnvEvent::ProvisionFailed {
+                    reason: e.to_string(),
+                },
             };
             let _ = tx.blocking_send(Command::Environment { id, event });
         });
@@ -898,7 +913,12 @@ impl Ports for Io {
         // A task of a session runs in the session's environment.
         let spec = match self.in_session_env(engine, spec) {
             Ok(spec) => spec,
-            Err(reason) => return Some(TaskInput::SpawnFailed { id, reason }),
+            Err(e) => {
+                return Some(TaskInput::SpawnFailed {
+                    id,
+                    reason: e.to_string(),
+                })
+            }
         };
         if let Some(link) = &self.runner {
             // Started / SpawnFailed come back from the runner as task inputs.

@@ -6,7 +6,7 @@
 use paddock_core::container::{ContainerEvent, ContainerRecord, ContainerWork};
 use paddock_core::{Driver, EnvSpec, PodmanOptions, Provider, SessionConfig, SessionId};
 
-use super::Host;
+use super::{Error, Host, Result};
 use paddock_sys::proc::LaunchPlan;
 
 /// The environment a container is, in the terms of a session's: its id names its directory
@@ -39,9 +39,9 @@ pub fn config_of(host: &Host, c: &ContainerRecord) -> (SessionId, SessionConfig)
 }
 
 /// What the host lacks for a container of this driver and image, before anything is made.
-pub fn check_host(host: &Host, c: &ContainerRecord) -> Result<(), String> {
+pub fn check_host(host: &Host, c: &ContainerRecord) -> Result<()> {
     let (_, config) = config_of(host, c);
-    config.env.check()?;
+    config.env.check().map_err(Error::Refused)?;
     super::check_host(&config.env, std::path::Path::new(&config.working_dir))
 }
 
@@ -53,14 +53,14 @@ pub fn work(host: &Host, c: &ContainerRecord, work: &ContainerWork) -> Option<Co
         ContainerWork::Make => Some(
             match make_workspace(&config).and_then(|()| super::provision(host, &id, &config)) {
                 Ok(_) => ContainerEvent::Made,
-                Err(reason) => ContainerEvent::MakeFailed(reason),
+                Err(e) => ContainerEvent::MakeFailed(e.to_string()),
             },
         ),
         // Made again if needed (a podman container that is gone is made anew; a stopped one
         // is started).
         ContainerWork::Start => Some(match super::provision(host, &id, &config) {
             Ok(_) => ContainerEvent::Started,
-            Err(reason) => ContainerEvent::StartFailed(reason),
+            Err(e) => ContainerEvent::StartFailed(e.to_string()),
         }),
         ContainerWork::Stop => {
             if c.spec.driver == Driver::Podman {
@@ -75,13 +75,13 @@ pub fn work(host: &Host, c: &ContainerRecord, work: &ContainerWork) -> Option<Co
     }
 }
 
-fn make_workspace(config: &SessionConfig) -> Result<(), String> {
+fn make_workspace(config: &SessionConfig) -> Result<()> {
     std::fs::create_dir_all(&config.working_dir)
-        .map_err(|e| format!("cannot make the workspace {}: {e}", config.working_dir))
+        .map_err(|e| Error::file("make the workspace", &config.working_dir, e))
 }
 
 /// `plan` as it runs in container `c`.
-pub fn enter(host: &Host, c: &ContainerRecord, plan: LaunchPlan) -> Result<LaunchPlan, String> {
+pub fn enter(host: &Host, c: &ContainerRecord, plan: LaunchPlan) -> Result<LaunchPlan> {
     let (id, config) = config_of(host, c);
     super::enter(host, &id, &config, plan, super::Role::Command)
 }

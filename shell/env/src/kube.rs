@@ -45,6 +45,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, AttachParams, DeleteParams, ListParams, LogParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use paddock_core::{EnvSpec, SessionId};
+
+use super::{Error, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The label every pod of paddock's carries (the Kubernetes recommended label).
@@ -58,7 +60,7 @@ pub const OWNER_LABEL: &str = "paddock.dev/owner";
 /// The [`OWNER_LABEL`] of the daemon whose data dir is `data_dir`: a random id made once and
 /// kept there (stable across upgrades; two machines cloned from one image differ once
 /// either made its own).
-pub fn owner(data_dir: &Path) -> Result<String, String> {
+pub fn owner(data_dir: &Path) -> Result<String> {
     let file = data_dir.join("kubernetes-owner");
     if let Ok(id) = std::fs::read_to_string(&file) {
         if !id.trim().is_empty() {
@@ -75,12 +77,12 @@ pub fn owner(data_dir: &Path) -> Result<String, String> {
         Ok(mut f) => f
             .write_all(id.as_bytes())
             .map(|()| id)
-            .map_err(|e| format!("cannot write {}: {e}", file.display())),
+            .map_err(|e| Error::file("write", &file, e)),
         // Made by another process meanwhile: that one.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::read_to_string(&file)
             .map(|s| s.trim().to_string())
-            .map_err(|e| format!("cannot read {}: {e}", file.display())),
-        Err(e) => Err(format!("cannot write {}: {e}", file.display())),
+            .map_err(|e| Error::file("read", &file, e)),
+        Err(e) => Err(Error::file("write", &file, e)),
     }
 }
 /// The pod as paddock created it, in the session's environment directory.
@@ -115,16 +117,16 @@ impl PodRef {
     }
 
     /// The pod's namespace's API, for calls.
-    async fn api(&self) -> Result<Api<Pod>, String> {
+    async fn api(&self) -> Result<Api<Pod>> {
         self.api_for(Use::Calls).await
     }
 
     /// The pod's namespace's API, for exec streams (no read timeout).
-    async fn streams(&self) -> Result<Api<Pod>, String> {
+    async fn streams(&self) -> Result<Api<Pod>> {
         self.api_for(Use::Streams).await
     }
 
-    async fn api_for(&self, used: Use) -> Result<Api<Pod>, String> {
+    async fn api_for(&self, used: Use) -> Result<Api<Pod>> {
         let (client, ..) = client(&self.kubeconfig, &self.context, used).await?;
         Ok(Api::namespaced(client, &self.namespace))
     }
@@ -139,33 +141,27 @@ pub fn pod_name(id: &SessionId) -> String {
 /// Runs `f` to its end on a runtime of its own, on a thread of its own: callable from
 /// anywhere (the daemon's blocking threads, a relay's runtime, the CLI's), never blocking an
 /// async worker's runtime from inside.
-pub(crate) fn block_on<F>(f: F) -> Result<F::Output, String>
+pub(crate) fn block_on<F>(f: F) -> Result<F::Output>
 where
     F: Future + Send,
     F::Output: Send,
 {
     std::thread::scope(|s| {
-        s.spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map(|rt| rt.block_on(f))
-                .map_err(|e| format!("cannot start a runtime: {e}"))
-        })
-        .join()
-        .map_err(|_| "the kubernetes client panicked".to_string())?
+        s.spawn(|| super::runtime().map(|rt| rt.block_on(f)))
+            .join()
+            .map_err(|_| Error::Failed("the kubernetes client panicked".into()))?
     })
 }
 
 /// The kubeconfig: the files named (`:`-separated, merged as kubectl merges them), else
 /// kube-rs' own lookup (`KUBECONFIG`, then `~/.kube/config`).
-fn kubeconfig(files: &str) -> Result<Kubeconfig, String> {
+fn kubeconfig(files: &str) -> Result<Kubeconfig> {
     let explain = |what: &str, e: &dyn std::fmt::Display| {
-        format!(
+        Error::Refused(format!(
             "cannot read the kubeconfig {what}: {e} (the kubernetes driver reaches the cluster \
              with your kubeconfig: set KUBECONFIG, or `kubeconfig:` in the session's kubernetes \
              block)"
-        )
+        ))
     };
     if files.is_empty() {
         return Kubeconfig::read().map_err(|e| explain("(KUBECONFIG or ~/.kube/config)", &e));
@@ -191,11 +187,7 @@ enum Use {
 
 /// A client for the kubeconfig's `context` (empty: its current one), with the context's name
 /// and namespace (`default` when it names none).
-async fn client(
-    files: &str,
-    context: &str,
-    used: Use,
-) -> Result<(kube::Client, String, String), String> {
+async fn client(files: &str, context: &str, used: Use) -> Result<(kube::Client, String, String)> {
     let config = kubeconfig(files)?;
     let resolved = if context.is_empty() {
         config.current_context.clone().unwrap_or_default()
@@ -208,7 +200,7 @@ async fn client(
     };
     let mut config = kube::Config::from_custom_kubeconfig(config, &options)
         .await
-        .map_err(|e| format!("the kubeconfig cannot be used: {e}"))?;
+        .map_err(|e| Error::Refused(format!("the kubeconfig cannot be used: {e}")))?;
     config.connect_timeout = Some(Duration::from_secs(10));
     // kube-rs applies the read timeout to an upgraded exec stream too: none for those (the
     // relay's HTTP/2 keepalives notice a dead stream instead).
@@ -218,67 +210,54 @@ async fn client(
     };
     let namespace = config.default_namespace.clone();
     let client = kube::Client::try_from(config)
-        .map_err(|e| format!("cannot make a kubernetes client: {e}"))?;
+        .map_err(|e| Error::Failed(format!("cannot make a kubernetes client: {e}")))?;
     Ok((client, resolved, namespace))
 }
 
 /// What the host lacks for a kubernetes session: a kubeconfig that names a cluster (the
 /// cluster itself is reached when the environment is made).
-pub fn check_host(spec: &EnvSpec) -> Result<(), String> {
+pub fn check_host(spec: &EnvSpec) -> Result<()> {
     let k = spec.kubernetes();
     let config = kubeconfig(&k.kubeconfig)?;
     if !k.context.is_empty() && !config.contexts.iter().any(|c| c.name == k.context) {
         let names: Vec<&str> = config.contexts.iter().map(|c| c.name.as_str()).collect();
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "the kubeconfig has no context {:?} (it has: {})",
             k.context,
             names.join(", ")
-        ));
+        )));
     }
     if k.context.is_empty() && config.current_context.as_deref().unwrap_or("").is_empty() {
-        return Err(
+        return Err(Error::Refused(
             "the kubeconfig has no current context: name one (`context:` in the kubernetes \
              block, --kube-context, or `kubectl config use-context`)"
                 .into(),
-        );
+        ));
     }
     Ok(())
 }
 
-/// What [`explain`] says of an API server that did not answer (a transport error, not a
-/// refusal): a heal that meets it tries again later.
-const UNREACHABLE: &str = "cannot reach the cluster's API server";
-
-/// An API error in words, with what to do for the common ones.
-fn explain(e: kube::Error, what: &str) -> String {
-    match e {
-        kube::Error::Api(s) => {
-            let hint = match (s.code, s.reason.as_str()) {
-                (401, _) => " (the kubeconfig's credentials were refused: log in again)",
-                (403, _) if s.message.contains("error looking up service account") => {
-                    " (create the service account in that namespace, or name another)"
-                }
-                (403, _) => " (the kubeconfig's user may not do this there: ask for the RBAC role)",
-                (404, _) if s.message.starts_with("namespaces ") => {
-                    " (create it — `kubectl create namespace` — or name another)"
-                }
-                _ => "",
-            };
-            format!("{what}: {}{hint}", s.message)
-        }
-        e => format!("{what}: {UNREACHABLE}: {e}"),
+/// An API error, said with what was asked (and what to do for the common refusals: see
+/// [`Error::Kube`]).
+fn explain(e: kube::Error, what: &str) -> Error {
+    Error::Kube {
+        doing: what.to_string(),
+        source: e,
     }
 }
 
 /// The session's pod as paddock creates it: the spec's, labelled, with the container paddock
 /// enters kept alive. Returns it and the name of that container.
-pub fn pod_object(spec: &EnvSpec, id: &SessionId, owner: &str) -> Result<(Pod, String), String> {
+pub fn pod_object(spec: &EnvSpec, id: &SessionId, owner: &str) -> Result<(Pod, String)> {
     let k = spec.kubernetes();
     let mut pod_spec: PodSpec = if k.pod_spec.trim().is_empty() {
         PodSpec::default()
     } else {
-        serde_json::from_str(&k.pod_spec)
-            .map_err(|e| format!("the kubernetes block's podSpec is not a PodSpec: {e}"))?
+        serde_json::from_str(&k.pod_spec).map_err(|e| {
+            Error::Refused(format!(
+                "the kubernetes block's podSpec is not a PodSpec: {e}"
+            ))
+        })?
     };
     if pod_spec.containers.is_empty() {
         pod_spec.containers.push(Container {
@@ -294,10 +273,10 @@ pub fn pod_object(spec: &EnvSpec, id: &SessionId, owner: &str) -> Result<(Pod, S
     let c = &mut pod_spec.containers[at];
     if c.image.as_deref().unwrap_or("").is_empty() {
         if spec.image.is_empty() {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "the pod's container {:?} has no image: give it one in the podSpec, or --image",
                 c.name
-            ));
+            )));
         }
         c.image = Some(spec.image.clone());
     }
@@ -341,12 +320,12 @@ pub fn make_pod(
     owner: &str,
     root: &Path,
     log: &(dyn Fn(&str) + Sync),
-) -> Result<PodRef, String> {
+) -> Result<PodRef> {
     let (object, container) = pod_object(spec, id, owner)?;
     // Kept: a relay that finds the pod deleted or ended makes it again from it.
     let file = root.join(POD_FILE);
-    let text = serde_json::to_string_pretty(&object).map_err(|e| e.to_string())?;
-    std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    let text = serde_json::to_string_pretty(&object).expect("a Pod is JSON");
+    std::fs::write(&file, text).map_err(|e| Error::file("write", &file, e))?;
     let k = spec.kubernetes();
     block_on(async {
         let (client, context, default_ns) = client(&k.kubeconfig, &k.context, Use::Calls).await?;
@@ -364,7 +343,7 @@ pub fn make_pod(
             container,
         };
         ensure_pod(&api, &pod, object, log).await?;
-        Ok::<_, String>(pod)
+        Ok::<_, Error>(pod)
     })?
 }
 
@@ -375,7 +354,7 @@ pub fn ready(
     spec: &EnvSpec,
     pod: &PodRef,
     log: &(dyn Fn(&str) + Sync),
-) -> Result<(super::ssh::Remote, std::path::PathBuf), String> {
+) -> Result<(super::ssh::Remote, std::path::PathBuf)> {
     block_on(async {
         let api = pod.api().await?;
         wait_running(&api, pod, log).await
@@ -401,7 +380,7 @@ async fn ensure_pod(
     pod: &PodRef,
     object: Pod,
     log: &(dyn Fn(&str) + Sync),
-) -> Result<(), String> {
+) -> Result<()> {
     let found = api
         .get_opt(&pod.name)
         .await
@@ -464,11 +443,7 @@ const HOPELESS: &[&str] = &[
 /// Waits until the pod runs (its agent container started), polling it; fails at once on a
 /// reason no wait mends or a container that keeps exiting, and after [`RUN_WAIT`] with the
 /// last reason seen.
-async fn wait_running(
-    api: &Api<Pod>,
-    pod: &PodRef,
-    log: &(dyn Fn(&str) + Sync),
-) -> Result<(), String> {
+async fn wait_running(api: &Api<Pod>, pod: &PodRef, log: &(dyn Fn(&str) + Sync)) -> Result<()> {
     let deadline = tokio::time::Instant::now() + RUN_WAIT;
     let mut said = String::new();
     loop {
@@ -502,12 +477,12 @@ async fn wait_running(
             }
             "Running" if statuses.is_empty() => return Ok(()),
             "Succeeded" | "Failed" => {
-                return Err(format!(
+                return Err(Error::Failed(format!(
                     "{} ended ({phase}) before paddock could use it: see `kubectl logs -n {} {}`",
                     pod.destination(),
                     pod.namespace,
                     pod.name
-                ))
+                )))
             }
             _ => {}
         }
@@ -521,7 +496,7 @@ async fn wait_running(
                     .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
         }) {
             let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
-            return Err(format!(
+            return Err(Error::Failed(format!(
                 "{}'s container {} keeps exiting (restarted {} times){}",
                 pod.destination(),
                 c.name,
@@ -538,12 +513,12 @@ async fn wait_running(
                     ),
                     None => String::new(),
                 }
-            ));
+            )));
         }
         if let Some((reason, message)) =
             waiting.iter().find(|(r, _)| HOPELESS.contains(&r.as_str()))
         {
-            return Err(format!(
+            return Err(Error::Failed(format!(
                 "{} cannot run: {reason}{}",
                 pod.destination(),
                 if message.is_empty() {
@@ -551,7 +526,7 @@ async fn wait_running(
                 } else {
                     format!(": {message}")
                 }
-            ));
+            )));
         }
         let now = match waiting.first() {
             Some((r, _)) if !r.is_empty() => format!("{phase}: {r}"),
@@ -562,18 +537,18 @@ async fn wait_running(
             said = now;
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
+            return Err(Error::Failed(format!(
                 "{} did not run within {}s (it is {said})",
                 pod.destination(),
                 RUN_WAIT.as_secs()
-            ));
+            )));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
 /// Deletes the pod `name` and waits until it is gone (at most its grace and a little).
-async fn delete_and_wait(api: &Api<Pod>, name: &str) -> Result<(), String> {
+async fn delete_and_wait(api: &Api<Pod>, name: &str) -> Result<()> {
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
@@ -587,7 +562,9 @@ async fn delete_and_wait(api: &Api<Pod>, name: &str) -> Result<(), String> {
             Err(e) => return Err(explain(e, &format!("cannot read pod {name}"))),
         }
     }
-    Err(format!("pod {name} was not gone within 60s of its delete"))
+    Err(Error::Failed(format!(
+        "pod {name} was not gone within 60s of its delete"
+    )))
 }
 
 /// The most of a file sent into an exec before kube-rs flushes it as a frame.
@@ -599,7 +576,7 @@ const DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// signalled: a server of `v4.channel.k8s.io` would take that for the end of the stream; the
 /// command reads what it expects); its stdout, or why it failed (its stderr and the exit the
 /// API server reported).
-pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Result<String, String> {
+pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Result<String> {
     let api = pod.streams().await?;
     let params = AttachParams::default()
         .container(pod.container.clone())
@@ -612,7 +589,7 @@ pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Resu
         .await
         .map_err(|e| explain(e, &format!("cannot exec in {}", pod.destination())))?;
     let Some(status) = p.take_status() else {
-        return Err("the exec gave no status".into());
+        return Err(Error::Failed("the exec gave no status".into()));
     };
     // Read as it comes, kept when the exec ends early: kube-rs ends stdout and stderr when the
     // command ends, but not when the connection drops.
@@ -641,12 +618,12 @@ pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Resu
             Some(tokio::spawn(async move {
                 let mut f = tokio::fs::File::open(&file)
                     .await
-                    .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+                    .map_err(|e| Error::file("read", &file, e))?;
                 tokio::io::copy(&mut f, &mut w)
                     .await
-                    .map_err(|e| format!("cannot send {} into the pod: {e}", file.display()))?;
-                w.flush().await.map_err(|e| e.to_string())?;
-                Ok::<_, String>(())
+                    .and(w.flush().await)
+                    .map_err(|e| Error::file("send into the pod", &file, e))?;
+                Ok::<_, Error>(())
             }))
         }
         _ => None,
@@ -672,7 +649,7 @@ pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Resu
     let (stdout, stderr) = (text(&out), text(&err));
     match status {
         Some(s) if s.status.as_deref() == Some("Success") => fed.map(|()| stdout),
-        Some(s) => Err(format!(
+        Some(s) => Err(Error::Failed(format!(
             "in {}: {}",
             pod.destination(),
             if stderr.trim().is_empty() {
@@ -680,8 +657,8 @@ pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Resu
             } else {
                 stderr.trim().to_string()
             }
-        )),
-        None => Err(format!(
+        ))),
+        None => Err(Error::Failed(format!(
             "in {}: the exec's connection dropped before it ended{}",
             pod.destination(),
             if stderr.trim().is_empty() {
@@ -689,7 +666,7 @@ pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Resu
             } else {
                 format!(" ({})", stderr.trim())
             }
-        )),
+        ))),
     }
 }
 
@@ -697,7 +674,7 @@ pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Resu
 struct PodShell(PodRef);
 
 impl super::ssh::RemoteShell for PodShell {
-    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String, String> {
+    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String> {
         let argv = vec!["sh".to_string(), "-c".to_string(), command.to_string()];
         block_on(exec(&self.0, argv, stdin))?
     }
@@ -717,9 +694,9 @@ impl super::ssh::RemoteShell for PodShell {
 /// Why a pod could not be made ready again.
 pub enum PrepareError {
     /// The cluster, or the way into the pod, does not answer now: try again later.
-    Retry(String),
+    Retry(Error),
     /// It will not be: the run is lost.
-    Fatal(String),
+    Fatal(Error),
 }
 
 pub fn prepare_again(
@@ -745,11 +722,11 @@ pub fn prepare_again(
                 .map_err(|e| e.to_string())
                 .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
                 .map_err(|e| {
-                    format!(
+                    Error::Failed(format!(
                         "{} is gone, and {} cannot be read to make it again: {e}",
                         pod.destination(),
                         file.display()
-                    )
+                    ))
                 })?;
             log(&format!(
                 "{} is gone or has ended; making it again",
@@ -761,7 +738,7 @@ pub fn prepare_again(
     })
     .and_then(|r| r);
     made.map_err(|e| {
-        if e.contains(UNREACHABLE) {
+        if e.is_transient() {
             PrepareError::Retry(e)
         } else {
             PrepareError::Fatal(e)
@@ -779,7 +756,7 @@ pub fn prepare_again(
 
 /// Whether the pod is there and running: `Ok(false)` when it is gone, ended or not yet
 /// running, `Err` when the API server cannot say (unreachable: try again).
-pub async fn running(pod: &PodRef) -> Result<bool, String> {
+pub async fn running(pod: &PodRef) -> Result<bool> {
     let api = pod.api().await?;
     match api.get_opt(&pod.name).await {
         Ok(Some(p)) => Ok(phase(&p) == "Running" && p.metadata.deletion_timestamp.is_none()),
@@ -804,7 +781,10 @@ pub async fn runner_channel(
     paddock: &str,
     socket: &str,
 ) -> Result<tonic::transport::Channel, ChannelError> {
-    let api = pod.streams().await.map_err(ChannelError::Unreachable)?;
+    let api = pod
+        .streams()
+        .await
+        .map_err(|e| ChannelError::Unreachable(e.to_string()))?;
     // What the last exec's opening said, when it failed: the channel's error is then the
     // exec's, not the runner's.
     let opening = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
@@ -834,7 +814,7 @@ pub async fn runner_channel(
                 let mut p = match api.exec(&pod.name, argv, &params).await {
                     Ok(p) => p,
                     Err(e) => {
-                        let why = explain(e, "exec");
+                        let why = explain(e, "exec").to_string();
                         *said.lock().expect("exec opening") = Some(why.clone());
                         return Err(std::io::Error::other(why));
                     }
@@ -967,7 +947,7 @@ pub fn expected(spec: &EnvSpec, id: &SessionId) -> PodRef {
 
 /// The pod's state and the last `lines` of the agent container's log, for `session logs
 /// --environment`.
-pub fn describe(pod: &PodRef, lines: i64) -> Result<(String, String), String> {
+pub fn describe(pod: &PodRef, lines: i64) -> Result<(String, String)> {
     block_on(async {
         let api = pod.api().await?;
         let p = api
@@ -1045,7 +1025,7 @@ pub fn sweep(places: &[PodRef], environments: &Path, owner: &str) -> usize {
                     }
                 }
             }
-            Ok::<_, String>(gone)
+            Ok::<_, Error>(gone)
         });
         match result {
             Ok(Ok(gone)) => {
@@ -1124,8 +1104,14 @@ mod tests {
         assert_eq!(s.volumes.unwrap()[0].name, "workspace");
         assert_eq!(object_workdir(&spec(seed, ""), "agent"), "/workspace");
         let e = pod_object(&spec(r#"{"containers":[{"name":"a"}]}"#, ""), &id, "o1").unwrap_err();
-        assert!(e.contains("has no image"), "{e}");
+        assert!(
+            matches!(&e, Error::Refused(m) if m.contains("has no image")),
+            "{e}"
+        );
         let e = pod_object(&spec(r#"{"containers":7}"#, ""), &id, "o1").unwrap_err();
-        assert!(e.contains("is not a PodSpec"), "{e}");
+        assert!(
+            matches!(&e, Error::Refused(m) if m.contains("is not a PodSpec")),
+            "{e}"
+        );
     }
 }

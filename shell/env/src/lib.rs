@@ -31,6 +31,7 @@ use paddock_core::{Driver, EnvSpec, Provider, SessionConfig, SessionId};
 use paddock_sys::proc::LaunchPlan;
 
 pub mod container;
+mod error;
 pub mod kube;
 pub mod limits;
 pub mod podman;
@@ -38,6 +39,8 @@ pub mod qemu;
 pub mod relay;
 pub mod request;
 pub mod ssh;
+
+pub use error::{Error, Result};
 
 /// What an environment needs to know about the host it is made on.
 #[derive(Debug, Clone)]
@@ -112,19 +115,14 @@ pub fn base_ref(id: &SessionId) -> String {
 
 /// What the host lacks for `spec`, said so that the user knows what to install or fix. Run
 /// before a session is created: a refusal leaves nothing behind.
-pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
+pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<()> {
     if spec.worktree {
-        let git = paddock_sys::paths::find_on_own_path("git")
-            .ok_or("--worktree needs git, which is not on PATH: install git")?;
-        repo_root(&git, working_dir)?;
+        repo_root(&git()?, working_dir)?;
     }
     match spec.driver {
         Driver::Local => Ok(()),
         Driver::Bubblewrap => {
-            let bwrap = paddock_sys::paths::find_on_own_path("bwrap").ok_or(
-                "the bubblewrap driver needs bwrap, which is not on PATH: install the \
-                 `bubblewrap` package (apt install bubblewrap, dnf install bubblewrap)",
-            )?;
+            let bwrap = bwrap()?;
             // A kernel or container that forbids the namespaces bwrap needs says so here,
             // not at the agent's start.
             let out = std::process::Command::new(&bwrap)
@@ -133,13 +131,13 @@ pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
                 .args(["--tmpfs", "/run", "--", "true"])
                 .stdin(Stdio::null())
                 .output()
-                .map_err(|e| format!("cannot run {}: {e}", bwrap.display()))?;
+                .map_err(|e| Error::spawn(&bwrap, e))?;
             if !out.status.success() {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "bwrap cannot make a sandbox on this machine ({}): {}",
                     out.status,
                     String::from_utf8_lossy(&out.stderr).trim()
-                ));
+                )));
             }
             Ok(())
         }
@@ -150,31 +148,59 @@ pub fn check_host(spec: &EnvSpec, working_dir: &Path) -> Result<(), String> {
     }
 }
 
+/// git, or what to install.
+fn git() -> Result<PathBuf> {
+    paddock_sys::paths::find_on_own_path("git").ok_or(Error::NotInstalled {
+        needed_by: "--worktree",
+        program: "git",
+        install: "git",
+    })
+}
+
+/// bwrap, or what to install.
+fn bwrap() -> Result<PathBuf> {
+    paddock_sys::paths::find_on_own_path("bwrap").ok_or(Error::NotInstalled {
+        needed_by: "the bubblewrap driver",
+        program: "bwrap",
+        install: "the `bubblewrap` package (apt install bubblewrap, dnf install bubblewrap)",
+    })
+}
+
 /// The top of the git repository `dir` is in.
-fn repo_root(git: &Path, dir: &Path) -> Result<PathBuf, String> {
+fn repo_root(git: &Path, dir: &Path) -> Result<PathBuf> {
     let top = git_out(git, dir, &["rev-parse", "--show-toplevel"]).map_err(|e| {
-        format!(
+        Error::Refused(format!(
             "--worktree: {} is not in a git repository ({e})",
             dir.display()
-        )
+        ))
     })?;
     Ok(PathBuf::from(top))
 }
 
 /// Runs git in `dir`; its trimmed stdout, or its stderr as the error.
-pub fn git_out(git: &Path, dir: &Path, args: &[&str]) -> Result<String, String> {
+pub fn git_out(git: &Path, dir: &Path, args: &[&str]) -> Result<String> {
     let out = std::process::Command::new(git)
         .arg("-C")
         .arg(dir)
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run git: {e}"))?;
+        .map_err(|e| Error::spawn("git", e))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        Err(Error::Failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
     }
+}
+
+/// A runtime of its own for an async client, on the calling thread.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::Runtime)
 }
 
 /// Appends one line to the environment's log.
@@ -191,7 +217,7 @@ fn log(root: &Path, line: &str) {
 
 /// Makes session `id`'s environment, or what is missing of it: safe to call again (a restart
 /// calls it before the agent starts). Returns what a start there needs.
-pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<Made, String> {
+pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<Made> {
     let spec = &config.env;
     let root = host.root(id);
     // A workspace of its own (an Aria container's) is safe where it is.
@@ -270,16 +296,16 @@ pub fn provision(host: &Host, id: &SessionId, config: &SessionConfig) -> Result<
 /// Refuses a workspace that would undo a sandbox: the workspace is shown writable over
 /// everything else, so it must not be `/`, HOME or a directory holding it, or one of the
 /// directories a sandbox hides (or inside one).
-fn safe_workspace(host: &Host, ws: &Path) -> Result<(), String> {
+fn safe_workspace(host: &Host, ws: &Path) -> Result<()> {
     let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
     let ws = canon(ws);
     let home = canon(&host.home);
     if ws == Path::new("/") || home.starts_with(&ws) {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "the workspace {} holds your home directory: a sandbox would give the agent all of \
              it; give a project directory (--mount DIR:/workspace, or run from it)",
             ws.display()
-        ));
+        )));
     }
     if let Some(h) = host
         .hidden
@@ -287,12 +313,12 @@ fn safe_workspace(host: &Host, ws: &Path) -> Result<(), String> {
         .map(|h| canon(h))
         .find(|h| ws.starts_with(h))
     {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "the workspace {} is inside {}, which a sandbox hides (paddock's data or runtime \
              directory)",
             ws.display(),
             h.display()
-        ));
+        )));
     }
     Ok(())
 }
@@ -346,7 +372,7 @@ impl Made {
         }
     }
 
-    fn write(&self, root: &Path) -> Result<(), String> {
+    fn write(&self, root: &Path) -> Result<()> {
         let mut text = format!("workdir={}\n", self.workdir.display());
         if let Some(r) = &self.repo {
             text += &format!(
@@ -376,7 +402,7 @@ impl Made {
             );
         }
         let file = root.join("made");
-        std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
+        std::fs::write(&file, text).map_err(|e| Error::file("write", file, e))
     }
 
     /// What the environment at `root` recorded (`None`: never made, or unreadable).
@@ -442,24 +468,19 @@ pub fn root_in(data_dir: &Path, id: &SessionId) -> PathBuf {
     data_dir.join("environments").join(&id.0)
 }
 
-fn make_private_dir(dir: &Path) -> Result<(), String> {
+fn make_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("cannot make {}: {e}", dir.display()))
+        .map_err(|e| Error::file("make", dir, e))
 }
 
 /// The session's worktree (made if missing) and its repository, and the working directory in
 /// it that matches the session's own in the repository.
-fn worktree(
-    id: &SessionId,
-    config: &SessionConfig,
-    root: &Path,
-) -> Result<(PathBuf, Repo), String> {
-    let git =
-        paddock_sys::paths::find_on_own_path("git").ok_or("git is not on PATH: install git")?;
+fn worktree(id: &SessionId, config: &SessionConfig, root: &Path) -> Result<(PathBuf, Repo)> {
+    let git = git()?;
     let wd = Path::new(&config.working_dir);
     let top = repo_root(&git, wd)?;
     let inside = wd
@@ -480,10 +501,15 @@ fn worktree(
         Some(r) if path.exists() => r.base,
         _ => {
             let branch = branch(&config.agent_name, id);
-            git_out(&git, &top, &["check-ref-format", "--branch", &branch])
-                .map_err(|e| format!("--worktree: {branch:?} is not a valid branch name ({e})"))?;
+            git_out(&git, &top, &["check-ref-format", "--branch", &branch]).map_err(|e| {
+                Error::Refused(format!(
+                    "--worktree: {branch:?} is not a valid branch name ({e})"
+                ))
+            })?;
             let head = git_out(&git, &top, &["rev-parse", "HEAD"]).map_err(|e| {
-                format!("--worktree: the repository has no commit to start from ({e})")
+                Error::Refused(format!(
+                    "--worktree: the repository has no commit to start from ({e})"
+                ))
             })?;
             let path_s = path.to_string_lossy().to_string();
             let full = format!("refs/heads/{branch}");
@@ -496,10 +522,10 @@ fn worktree(
                 vec!["worktree", "add", "-b", &branch, &path_s, &head]
             };
             git_out(&git, &top, &args).map_err(|e| {
-                format!(
+                e.during(format!(
                     "git worktree add of branch {branch} failed (is a session of that name still \
-                     live? give another --name): {e}"
-                )
+                     live? give another --name)"
+                ))
             })?;
             let base = if exists {
                 git_out(&git, &top, &["rev-parse", &full]).unwrap_or(head)
@@ -509,7 +535,7 @@ fn worktree(
             // Keeps the base commit reachable (gc); what diff compares with is the copy in
             // `made`, out of the agent's reach.
             git_out(&git, &top, &["update-ref", &base_ref(id), &base])
-                .map_err(|e| format!("cannot record the worktree's base: {e}"))?;
+                .map_err(|e| e.during("cannot record the worktree's base"))?;
             log(
                 root,
                 &format!(
@@ -541,21 +567,21 @@ fn worktree(
 /// The administrative directory git keeps for the worktree at `path`: the entry of
 /// `<common>/worktrees/` whose `gitdir` names `path/.git` (found from the repository's side,
 /// never from the worktree's `.git` file, which the agent can rewrite).
-fn admin_dir(common: &Path, path: &Path) -> Result<PathBuf, String> {
+fn admin_dir(common: &Path, path: &Path) -> Result<PathBuf> {
     let want = path.join(".git");
     let entries = std::fs::read_dir(common.join("worktrees"))
-        .map_err(|e| format!("cannot read {}: {e}", common.join("worktrees").display()))?;
+        .map_err(|e| Error::file("read", common.join("worktrees"), e))?;
     for e in entries.flatten() {
         let gitdir = std::fs::read_to_string(e.path().join("gitdir")).unwrap_or_default();
         if Path::new(gitdir.trim()) == want {
             return Ok(e.path());
         }
     }
-    Err(format!(
+    Err(Error::Failed(format!(
         "git has no worktree entry for {} in {}",
         path.display(),
         common.display()
-    ))
+    )))
 }
 
 /// Files under HOME through which each agent signs in and is configured: copied into a
@@ -626,7 +652,7 @@ pub fn enter(
     config: &SessionConfig,
     plan: LaunchPlan,
     role: Role,
-) -> Result<LaunchPlan, String> {
+) -> Result<LaunchPlan> {
     let made = if !config.env.needs_provisioning() {
         Made::nothing_in(&config.working_dir)
     } else {
@@ -666,7 +692,9 @@ pub fn enter(
         }
         Driver::Kubernetes => match &made.pod {
             Some(pod) => relay::enter(host, id, &relay::Place::Pod(pod.clone()), &made, plan, role),
-            None => Err("the environment was not made (no pod recorded)".into()),
+            None => Err(Error::Failed(
+                "the environment was not made (no pod recorded)".into(),
+            )),
         },
     }
 }
@@ -733,9 +761,8 @@ fn bubblewrap(
     config: &SessionConfig,
     made: &Made,
     plan: LaunchPlan,
-) -> Result<LaunchPlan, String> {
-    let bwrap = paddock_sys::paths::find_on_own_path("bwrap")
-        .ok_or("bwrap is not on PATH: install the `bubblewrap` package")?;
+) -> Result<LaunchPlan> {
+    let bwrap = bwrap()?;
     let root = host.root(id);
     let s = |p: &Path| p.to_string_lossy().to_string();
     let mut args = namespace_args(config.env.network);

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 use paddock_core::{EnvSpec, SessionId};
 
+use crate::{Error, Result};
+
 /// The mount point of the v1 hierarchy holding `controller`, and this process's group in it.
 fn v1_group(controller: &str) -> Option<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -44,11 +46,7 @@ fn v1_group(controller: &str) -> Option<PathBuf> {
 }
 
 /// The groups of session `id` (made by [`make`]): where its processes' pids go.
-fn groups(
-    data_dir: &Path,
-    id: &SessionId,
-    spec: &EnvSpec,
-) -> Result<Vec<(&'static str, PathBuf)>, String> {
+fn groups(data_dir: &Path, id: &SessionId, spec: &EnvSpec) -> Result<Vec<(&'static str, PathBuf)>> {
     let hash = super::podman::data_hash(data_dir);
     let mut out = Vec::new();
     for (controller, wanted) in [("pids", spec.pids > 0), ("memory", spec.memory_bytes > 0)] {
@@ -56,10 +54,10 @@ fn groups(
             continue;
         }
         let base = v1_group(controller).ok_or_else(|| {
-            format!(
+            Error::Refused(format!(
                 "{controller} limits under bubblewrap need a cgroup v1 `{controller}` hierarchy \
                  paddock can write (this machine has none: use --driver podman for limits)"
-            )
+            ))
         })?;
         out.push((controller, base.join(format!("paddock-{hash}")).join(&id.0)));
     }
@@ -67,7 +65,7 @@ fn groups(
 }
 
 /// Makes session `id`'s groups with its limits; the files a process writes its pid to.
-pub fn make(data_dir: &Path, id: &SessionId, spec: &EnvSpec) -> Result<Vec<PathBuf>, String> {
+pub fn make(data_dir: &Path, id: &SessionId, spec: &EnvSpec) -> Result<Vec<PathBuf>> {
     let mut procs = Vec::new();
     let made = make_each(data_dir, id, spec, &mut procs);
     if made.is_err() {
@@ -82,13 +80,14 @@ fn make_each(
     id: &SessionId,
     spec: &EnvSpec,
     procs: &mut Vec<PathBuf>,
-) -> Result<(), String> {
+) -> Result<()> {
     for (controller, g) in groups(data_dir, id, spec)? {
-        make_group(&g).map_err(|e| format!("cannot make {}: {e}", g.display()))?;
+        make_group(&g).map_err(|e| Error::file("make", &g, e))?;
         procs.push(g.join("cgroup.procs"));
         let set = |file: &str, value: String| {
             std::fs::write(g.join(file), &value)
-                .map_err(|e| format!("cannot set {} to {value}: {e}", g.join(file).display()))
+                .map_err(|e| Error::file("write", g.join(file), e))
+                .map_err(|e| e.during(format!("cannot limit {controller} to {value}")))
         };
         if controller == "pids" {
             set("pids.max", spec.pids.to_string())?;

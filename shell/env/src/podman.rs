@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 
 use paddock_core::{SessionConfig, SessionId};
 
-use super::{Host, Made};
+use super::{Error, Host, Made, Result};
 use paddock_sys::proc::LaunchPlan;
 
 /// Where podman's static idle init is mounted inside a container.
@@ -47,23 +47,25 @@ pub fn container(id: &SessionId) -> String {
     format!("paddock-{}", id.0)
 }
 
-fn podman() -> Result<PathBuf, String> {
-    paddock_sys::paths::find_on_own_path("podman").ok_or_else(|| {
-        "the podman driver needs podman, which is not on PATH: install the `podman` package \
-         (apt install podman; on hosts without systemd also runc)"
-            .to_string()
+fn podman() -> Result<PathBuf> {
+    paddock_sys::paths::find_on_own_path("podman").ok_or(Error::NotInstalled {
+        needed_by: "the podman driver",
+        program: "podman",
+        install: "the `podman` package (apt install podman; on hosts without systemd also runc)",
     })
 }
 
-fn init_program() -> Result<&'static str, String> {
+fn init_program() -> Result<&'static str> {
     INIT_CANDIDATES
         .iter()
         .copied()
         .find(|p| Path::new(p).is_file())
         .ok_or_else(|| {
-            "the podman driver needs podman's init (catatonit), which is not installed: \
-             install the `catatonit` package"
-                .to_string()
+            Error::Refused(
+                "the podman driver needs podman's init (catatonit), which is not installed: \
+                 install the `catatonit` package"
+                    .into(),
+            )
         })
 }
 
@@ -90,23 +92,23 @@ fn podman_command(podman: &Path) -> Command {
 }
 
 /// Runs podman with `args`; its stdout, or its stderr as the error.
-fn run(podman: &Path, args: &[String]) -> Result<String, String> {
+fn run(podman: &Path, args: &[String]) -> Result<String> {
     let out = podman_command(podman)
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", podman.display()))?;
+        .map_err(|e| Error::spawn(podman, e))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     } else {
         let err = String::from_utf8_lossy(&out.stderr);
         let err = err.trim();
-        Err(format!(
+        Err(Error::Failed(format!(
             "podman {} failed ({}): {}",
             args.first().map(String::as_str).unwrap_or(""),
             out.status,
             if err.is_empty() { "no message" } else { err }
-        ))
+        )))
     }
 }
 
@@ -114,22 +116,26 @@ fn run(podman: &Path, args: &[String]) -> Result<String, String> {
 /// holding the user's home (every secret in it), or paddock's own data or runtime directory
 /// (the store, other sessions, the daemon's sockets). A named volume (no `/` in front) is
 /// podman's own business.
-fn check_mount(host: &Host, mount: &str) -> Result<(), String> {
+fn check_mount(host: &Host, mount: &str) -> Result<()> {
     let src = mount.split(':').next().unwrap_or("");
     if !src.starts_with('/') {
         // podman takes `./x` and `../x` as host paths too: only a bare name is a volume.
         if src.contains('/') || src.starts_with('.') || src.starts_with('~') {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "mount {mount:?}: give the source as an absolute path (or a named volume)"
-            ));
+            )));
         }
         return Ok(());
     }
     let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
     let real = Path::new(src)
         .canonicalize()
-        .map_err(|e| format!("mount {mount:?}: {src}: {e}"))?;
-    let refuse = |why: &str| Err(format!("mount {mount:?}: {why}; mount a project directory"));
+        .map_err(|e| Error::Refused(format!("mount {mount:?}: {src}: {e}")))?;
+    let refuse = |why: &str| {
+        Err(Error::Refused(format!(
+            "mount {mount:?}: {why}; mount a project directory"
+        )))
+    };
     if real == Path::new("/") {
         return refuse("the host's root would be the container's");
     }
@@ -180,7 +186,7 @@ const FORBIDDEN_FLAGS: &[&str] = &[
 ];
 
 /// Refuses a flag of the block that would undo the container (see [`FORBIDDEN_FLAGS`]).
-fn check_flag(flag: &str) -> Result<(), String> {
+fn check_flag(flag: &str) -> Result<()> {
     let f = flag.trim();
     let hit = FORBIDDEN_FLAGS.iter().any(|bad| {
         if bad.contains('=') {
@@ -191,11 +197,11 @@ fn check_flag(flag: &str) -> Result<(), String> {
     });
     // A short flag with its value joined (`-v/x:/y`) is a volume too.
     if hit || (f.starts_with("-v") && !f.starts_with("--")) || !f.starts_with('-') {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "podman flag {flag:?} is not allowed: mounts, network, limits and the \
              container's confinement come from the session's own fields (a flag's value goes \
              in the same word: --flag=value)"
-        ));
+        )));
     }
     Ok(())
 }
@@ -214,22 +220,22 @@ pub enum Image {
 impl Image {
     /// What `image` names: an absolute path is a file or a directory on this machine (the CLI
     /// makes relative ones absolute), anything else a reference.
-    pub fn parse(image: &str) -> Result<Image, String> {
+    pub fn parse(image: &str) -> Result<Image> {
         let image = image.trim();
         if !image.starts_with('/') {
             return Ok(Image::Reference(image.to_string()));
         }
         let path = PathBuf::from(image);
-        let meta =
-            std::fs::metadata(&path).map_err(|e| format!("image {}: {e}", path.display()))?;
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| Error::Refused(format!("image {}: {e}", path.display())))?;
         if meta.is_dir() {
             let has = |p: &str| path.join(p).exists();
             if !(has("bin") || has("usr/bin")) {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "image {} is a directory but not a root directory (it has no bin/ or \
                      usr/bin/): give the root of a filesystem, an image archive or a reference",
                     path.display()
-                ));
+                )));
             }
             Ok(Image::Rootfs(path))
         } else {
@@ -239,7 +245,7 @@ impl Image {
 }
 
 /// What the host lacks to run `image` in a container, said before anything is made.
-pub fn check_host(image: &str) -> Result<(), String> {
+pub fn check_host(image: &str) -> Result<()> {
     let podman = podman()?;
     init_program()?;
     if let Image::Reference(r) = Image::parse(image)? {
@@ -249,12 +255,12 @@ pub fn check_host(image: &str) -> Result<(), String> {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
-            .map_err(|e| format!("cannot run {}: {e}", podman.display()))?;
+            .map_err(|e| Error::spawn(&podman, e))?;
         if !there.success() {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "image {r:?} is not on this machine: pull it first (podman pull {r}), or give \
                  an image archive or a root directory"
-            ));
+            )));
         }
     }
     Ok(())
@@ -275,7 +281,7 @@ pub(super) fn data_hash(data_dir: &Path) -> String {
 }
 
 /// The image to start from, as `podman run` arguments (an archive is loaded first).
-fn image_args(podman: &Path, image: &str, root: &Path) -> Result<Vec<String>, String> {
+fn image_args(podman: &Path, image: &str, root: &Path) -> Result<Vec<String>> {
     match Image::parse(image)? {
         Image::Reference(r) => Ok(vec![r]),
         Image::Rootfs(dir) => Ok(vec!["--rootfs".into(), format!("{}:O", dir.display())]),
@@ -292,7 +298,9 @@ fn image_args(podman: &Path, image: &str, root: &Path) -> Result<Vec<String>, St
                         .rev()
                         .find_map(|l| l.split_once(": ").map(|(_, n)| n.trim().to_string()))
                         .and_then(|n| n.split(',').next().map(str::to_string))
-                        .ok_or_else(|| format!("podman load {path}: no image named in {out:?}"))?;
+                        .ok_or_else(|| {
+                            Error::Failed(format!("podman load {path}: no image named in {out:?}"))
+                        })?;
                     super::log(root, &format!("loaded image {name} from {path}"));
                     Ok(vec![name])
                 }
@@ -304,10 +312,10 @@ fn image_args(podman: &Path, image: &str, root: &Path) -> Result<Vec<String>, St
                         &["import".into(), "-q".into(), path.clone(), tag.clone()],
                     )
                     .map_err(|import| {
-                        format!(
+                        Error::Failed(format!(
                             "image {path} is neither an image archive nor a root tarball \
                                  ({load}; {import})"
-                        )
+                        ))
                     })?;
                     super::log(root, &format!("imported root tarball {path} as {tag}"));
                     Ok(vec![tag])
@@ -349,7 +357,7 @@ pub fn provision(
     config: &SessionConfig,
     root: &Path,
     made: &Made,
-) -> Result<(), String> {
+) -> Result<()> {
     let podman = podman()?;
     let name = container(id);
     let state = run(
@@ -475,15 +483,15 @@ pub fn provision(
         .envs(cmd_env)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", podman.display()))?;
+        .map_err(|e| Error::spawn(&podman, e))?;
     if !out.status.success() {
         // A container podman made but could not start is removed: nothing half-made stays.
         let _ = run(&podman, &["rm".into(), "--force".into(), name.clone()]);
-        return Err(format!(
+        return Err(Error::Failed(format!(
             "podman could not start the container ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        )));
     }
     // podman may drop limits it cannot apply (rootless on cgroup v1) with only a warning: a
     // session that asked for them does not run without them.
@@ -507,11 +515,11 @@ pub fn provision(
         let memory_ok = spec.memory_bytes == 0 || memory == spec.memory_bytes as i64;
         if !(pids_ok && memory_ok) {
             let _ = run(&podman, &["rm".into(), "--force".into(), name.clone()]);
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "podman did not apply the memory and process limits (pids {pids}, memory \
                  {memory}; rootless podman cannot on a cgroup v1 host): run the daemon as \
                  root, or without limits"
-            ));
+            )));
         }
     }
     super::log(
@@ -543,7 +551,7 @@ pub fn enter(
     config: &SessionConfig,
     made: &Made,
     plan: LaunchPlan,
-) -> Result<LaunchPlan, String> {
+) -> Result<LaunchPlan> {
     let podman = podman()?;
     let mut args: Vec<String> = global_args().to_vec();
     args.extend([
@@ -585,7 +593,7 @@ pub fn enter(
 /// What podman says of container `name`: its state and its own log (`podman logs`: what its
 /// main process wrote; paddock's idle init writes nothing, the agents' output is the
 /// session's activity).
-pub fn describe(name: &str) -> Result<(String, String), String> {
+pub fn describe(name: &str) -> Result<(String, String)> {
     let podman = podman()?;
     let state = run(
         &podman,
@@ -728,9 +736,11 @@ mod tests {
         ] {
             assert!(check_mount(&host, &bad).is_err(), "{bad}");
         }
-        assert!(check_mount(&host, "/no/such/dir:/x")
-            .unwrap_err()
-            .contains("/no/such/dir"));
+        let e = check_mount(&host, "/no/such/dir:/x").unwrap_err();
+        assert!(
+            matches!(&e, Error::Refused(m) if m.contains("/no/such/dir")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -741,7 +751,10 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let err = Image::parse(&dir.path().display().to_string()).unwrap_err();
-        assert!(err.contains("not a root directory"), "{err}");
+        assert!(
+            matches!(&err, Error::Refused(m) if m.contains("not a root directory")),
+            "{err}"
+        );
         std::fs::create_dir_all(dir.path().join("usr/bin")).unwrap();
         assert_eq!(
             Image::parse(&dir.path().display().to_string()).unwrap(),
@@ -754,6 +767,9 @@ mod tests {
             Image::Archive(file)
         );
         let missing = Image::parse("/no/such/image.tar").unwrap_err();
-        assert!(missing.contains("/no/such/image.tar"), "{missing}");
+        assert!(
+            matches!(&missing, Error::Refused(m) if m.contains("/no/such/image.tar")),
+            "{missing}"
+        );
     }
 }

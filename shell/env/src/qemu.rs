@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use paddock_core::{EnvSpec, SshTarget};
 
-use super::Made;
+use super::{Error, Made, Result};
 
 /// How long a booting VM may take to answer ssh (the session's start-up timeout bounds the
 /// whole making too).
@@ -35,20 +35,28 @@ const STOP_WAIT: Duration = Duration::from_millis(paddock_core::process::KILL_GR
 /// A VM's memory unless the block says.
 const DEFAULT_MEMORY: u64 = 1 << 30;
 
-fn program(name: &str, package: &str) -> Result<PathBuf, String> {
-    paddock_sys::paths::find_on_own_path(name).ok_or_else(|| {
-        format!(
-            "the qemu driver needs {name}, which is not on PATH: install the `{package}` package"
-        )
+/// QEMU's `qemu-system-x86_64`.
+const QEMU: (&str, &str) = ("qemu-system-x86_64", "the `qemu-system-x86` package");
+/// `qemu-img`.
+const QEMU_IMG: (&str, &str) = ("qemu-img", "the `qemu-utils` package");
+
+/// `program` (its name, and what to install for it), or what to install.
+fn program((program, install): (&'static str, &'static str)) -> Result<PathBuf> {
+    paddock_sys::paths::find_on_own_path(program).ok_or(Error::NotInstalled {
+        needed_by: "the qemu driver",
+        program,
+        install,
     })
 }
 
 /// What the host lacks for a qemu session: QEMU itself, `qemu-img`, the image.
-pub fn check_host(image: &str) -> Result<(), String> {
-    program("qemu-system-x86_64", "qemu-system-x86")?;
-    program("qemu-img", "qemu-utils")?;
+pub fn check_host(image: &str) -> Result<()> {
+    program(QEMU)?;
+    program(QEMU_IMG)?;
     if !Path::new(image).is_file() {
-        return Err(format!("the qemu image {image} is not a file"));
+        return Err(Error::Refused(format!(
+            "the qemu image {image} is not a file"
+        )));
     }
     Ok(())
 }
@@ -118,45 +126,45 @@ pub fn kill(pid: i32) {
 }
 
 /// A free TCP port on 127.0.0.1 (for the VM's ssh).
-fn free_port() -> Result<u16, String> {
+fn free_port() -> Result<u16> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| format!("cannot find a free port on 127.0.0.1: {e}"))
+        .map_err(|e| Error::Failed(format!("cannot find a free port on 127.0.0.1: {e}")))
 }
 
 /// Runs a program to its end; its stdout, or its stderr as the error.
-fn run(program: &Path, args: &[String]) -> Result<String, String> {
+fn run(program: &Path, args: &[String]) -> Result<String> {
     let out = std::process::Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+        .map_err(|e| Error::spawn(program, e))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
     } else {
-        Err(format!(
+        Err(Error::Failed(format!(
             "{} failed ({}): {}",
             program.display(),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        )))
     }
 }
 
 /// Makes the session's VM run (its overlay disk first, once); [`wait_ready`] waits for it.
 /// Returns the port on 127.0.0.1 that reaches its ssh. A VM that runs already is kept.
-pub fn start(spec: &EnvSpec, root: &Path, log: &dyn Fn(&str)) -> Result<u16, String> {
+pub fn start(spec: &EnvSpec, root: &Path, log: &dyn Fn(&str)) -> Result<u16> {
     if running(root) {
         if let Some(port) = Made::read(root).and_then(|m| m.vm_port) {
             return Ok(port);
         }
     }
     let image = std::path::absolute(&spec.image)
-        .map_err(|e| format!("the qemu image {}: {e}", spec.image))?;
+        .map_err(|e| Error::Refused(format!("the qemu image {}: {e}", spec.image)))?;
     let disk = root.join("disk.qcow2");
     if !disk.exists() {
-        let img = program("qemu-img", "qemu-utils")?;
+        let img = program(QEMU_IMG)?;
         let info = run(
             &img,
             &[
@@ -227,11 +235,11 @@ pub fn start(spec: &EnvSpec, root: &Path, log: &dyn Fn(&str)) -> Result<u16, Str
         "virtio-net-pci,netdev=net0".into(),
     ];
     args.extend(spec.qemu().flags.iter().cloned());
-    let qemu = program("qemu-system-x86_64", "qemu-system-x86")?;
+    let qemu = program(QEMU)?;
     // Kept: a VM found stopped (a host reboot) is started again the same way, same port.
-    let saved = serde_json::to_string(&args).map_err(|e| e.to_string())?;
+    let saved = serde_json::to_string(&args).expect("a list of strings is JSON");
     std::fs::write(root.join("qemu.args"), saved)
-        .map_err(|e| format!("cannot write {}: {e}", root.join("qemu.args").display()))?;
+        .map_err(|e| Error::file("write", root.join("qemu.args"), e))?;
     // -daemonize: QEMU answers once the VM is set up, and the VM is nobody's child.
     run(&qemu, &args)?;
     log(&format!(
@@ -249,7 +257,7 @@ pub fn start(spec: &EnvSpec, root: &Path, log: &dyn Fn(&str)) -> Result<u16, Str
 /// Starts the environment's VM again as [`start`] first started it (same disk, same port),
 /// if it is not running: a host reboot stopped it. Its ssh is then waited for by whoever
 /// connects (the relay retries).
-pub fn restart(root: &Path) -> Result<(), String> {
+pub fn restart(root: &Path) -> Result<()> {
     if running(root) {
         return Ok(());
     }
@@ -257,44 +265,47 @@ pub fn restart(root: &Path) -> Result<(), String> {
     let args: Vec<String> = std::fs::read_to_string(&file)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
-        .ok_or_else(|| format!("the VM's command line ({}) is gone", file.display()))?;
-    let qemu = program("qemu-system-x86_64", "qemu-system-x86")?;
-    run(&qemu, &args).map_err(|e| format!("cannot start the session's VM again: {e}"))?;
+        .ok_or_else(|| {
+            Error::Failed(format!(
+                "the VM's command line ({}) is gone",
+                file.display()
+            ))
+        })?;
+    let qemu = program(QEMU)?;
+    run(&qemu, &args).map_err(|e| e.during("cannot start the session's VM again"))?;
     Ok(())
 }
 
 /// Waits until the VM that [`start`] started answers ssh: a refused or reset connection is a
 /// VM still booting; a refused login is an error at once.
-pub fn wait_ready(
-    spec: &EnvSpec,
-    root: &Path,
-    made: &Made,
-    log: &dyn Fn(&str),
-) -> Result<(), String> {
+pub fn wait_ready(spec: &EnvSpec, root: &Path, made: &Made, log: &dyn Fn(&str)) -> Result<()> {
     wait_for_ssh(&target(spec, root, made), root)?;
     log("qemu: the VM answers ssh");
     Ok(())
 }
 
-fn wait_for_ssh(t: &SshTarget, root: &Path) -> Result<(), String> {
+fn wait_for_ssh(t: &SshTarget, root: &Path) -> Result<()> {
     let deadline = Instant::now() + BOOT_WAIT;
     loop {
         match super::ssh::run(t, "true", None) {
             Ok(_) => return Ok(()),
-            Err(e) if e.contains("Permission denied") => return Err(e),
+            // A refused login is not a VM still booting (ssh's own words).
+            Err(e) if matches!(&e, Error::Unreachable { said, .. } if said.contains("Permission denied")) => {
+                return Err(e)
+            }
             Err(e) => {
                 if !running(root) {
-                    return Err(format!(
+                    return Err(Error::Failed(format!(
                         "the VM stopped while it booted; its console ends with:\n{}",
                         console_tail(root, 20)
-                    ));
+                    )));
                 }
                 if Instant::now() >= deadline {
-                    return Err(format!(
+                    return Err(Error::Failed(format!(
                         "the VM did not answer ssh within {} s ({e}); its console ends with:\n{}",
                         BOOT_WAIT.as_secs(),
                         console_tail(root, 20)
-                    ));
+                    )));
                 }
             }
         }

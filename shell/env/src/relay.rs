@@ -66,9 +66,11 @@ pub fn enter(
     made: &Made,
     plan: LaunchPlan,
     role: super::Role,
-) -> Result<LaunchPlan, String> {
+) -> super::Result<LaunchPlan> {
     let Some(remote) = &made.remote else {
-        return Err("the environment was not made (no host recorded)".into());
+        return Err(super::Error::Failed(
+            "the environment was not made (no host recorded)".into(),
+        ));
     };
     // paddock's own programs (the scripted agent, the bridges) are the copy on the host.
     let program = if plan.program == host.exe {
@@ -179,7 +181,7 @@ impl RelayArgs {
         if let Place::Pod(pod) = &place {
             // Only when the API server answers: a heal that cannot reach it is tried again.
             if let Err(e) = super::kube::running(pod).await {
-                return Err(Heal::Retry(e));
+                return Err(Heal::Retry(e.to_string()));
             }
         }
         let dir = self.dir.clone();
@@ -191,12 +193,14 @@ impl RelayArgs {
                         workdir: cwd,
                         ..t.clone()
                     };
-                    provision(&exe, &t, &log).map(|_| ()).map_err(Heal::Fatal)
+                    provision(&exe, &t, &log)
+                        .map(|_| ())
+                        .map_err(|e| Heal::Fatal(e.to_string()))
                 }
                 Place::Pod(pod) => {
                     super::kube::prepare_again(&exe, pod, &cwd, &dir, &log).map_err(|e| match e {
-                        super::kube::PrepareError::Retry(e) => Heal::Retry(e),
-                        super::kube::PrepareError::Fatal(e) => Heal::Fatal(e),
+                        super::kube::PrepareError::Retry(e) => Heal::Retry(e.to_string()),
+                        super::kube::PrepareError::Fatal(e) => Heal::Fatal(e.to_string()),
                     })
                 }
             }
@@ -323,7 +327,7 @@ impl Relay {
         pod: &super::kube::PodRef,
     ) -> Result<(Forward, RunnerClient<Channel>), Connect> {
         match super::kube::running(pod).await {
-            Err(e) => return Err(Connect::Unreachable(e)),
+            Err(e) => return Err(Connect::Unreachable(e.to_string())),
             Ok(false) => {
                 return Err(Connect::NoRunner(format!(
                     "{} is not running",
@@ -381,7 +385,8 @@ impl Relay {
         t: &SshTarget,
     ) -> Result<(Forward, RunnerClient<Channel>), Connect> {
         let _ = std::fs::remove_file(&self.local);
-        let mut cmd = tokio::process::Command::new(ssh_program().map_err(Connect::Unreachable)?);
+        let ssh = ssh_program().map_err(|e| Connect::Unreachable(e.to_string()))?;
+        let mut cmd = tokio::process::Command::new(ssh);
         cmd.args(ssh_options(t))
             .args(["-N", "-o", "ExitOnForwardFailure=yes"])
             .args([
@@ -457,7 +462,7 @@ impl Relay {
             tokio::task::spawn_blocking(move || super::qemu::restart(&dir))
                 .await
                 .map_err(|e| Heal::Fatal(e.to_string()))?
-                .map_err(Heal::Fatal)?;
+                .map_err(|e| Heal::Fatal(e.to_string()))?;
         }
         match self.connect().await {
             Ok(c) => Ok(c),

@@ -5,7 +5,7 @@ use paddock_core as core;
 use paddock_proto::obey::local::v1 as pb;
 
 /// A request's environment (unset: on the host), checked for what no driver could honour.
-pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, String> {
+pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> crate::Result<core::EnvSpec> {
     let Some(e) = e else {
         return Ok(core::EnvSpec::default());
     };
@@ -14,11 +14,11 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, Str
     } else {
         core::Driver::parse(&e.driver).ok_or_else(|| {
             let names: Vec<&str> = core::Driver::ALL.iter().map(|d| d.name()).collect();
-            format!(
+            crate::Error::Refused(format!(
                 "unknown driver {:?}; the drivers are: {}",
                 e.driver,
                 names.join(", ")
-            )
+            ))
         })?
     };
     let spec = core::EnvSpec {
@@ -45,8 +45,9 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, Str
             None => core::SshTarget::default(),
             Some(t) => core::SshTarget {
                 host: t.host.trim().to_string(),
-                port: u16::try_from(t.port)
-                    .map_err(|_| format!("ssh port {} is not a port", t.port))?,
+                port: u16::try_from(t.port).map_err(|_| {
+                    crate::Error::Refused(format!("ssh port {} is not a port", t.port))
+                })?,
                 user: t.user.trim().to_string(),
                 key_file: t.key_file.trim().to_string(),
                 known_hosts: t.known_hosts.trim().to_string(),
@@ -67,6 +68,6 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> Result<core::EnvSpec, Str
             },
         }),
     };
-    spec.check()?;
+    spec.check().map_err(crate::Error::Refused)?;
     Ok(spec)
 }

@@ -30,6 +30,8 @@ use paddock_proto::runner::v1 as rpb;
 use rpb::runner_client::RunnerClient;
 use tonic::transport::Channel;
 
+use super::{runtime, Error, Result};
+
 /// TERM to KILL for a run stopped on the host (the remote runner escalates): the one grace.
 pub(super) const STOP_GRACE_MS: u32 = {
     let ms = paddock_core::process::KILL_GRACE.millis();
@@ -49,17 +51,17 @@ pub struct Remote {
 }
 
 /// The `ssh` client, or what to install.
-pub(super) fn ssh_program() -> Result<PathBuf, String> {
-    paddock_sys::paths::find_on_own_path("ssh").ok_or_else(|| {
-        "the ssh driver needs the OpenSSH client `ssh`, which is not on PATH: install the \
-         `openssh-client` package"
-            .to_string()
+pub(super) fn ssh_program() -> Result<PathBuf> {
+    paddock_sys::paths::find_on_own_path("ssh").ok_or(Error::NotInstalled {
+        needed_by: "the ssh driver",
+        program: "the OpenSSH client `ssh`",
+        install: "the `openssh-client` package",
     })
 }
 
 /// What the host lacks for an ssh session: the client (the remote machine is checked when the
 /// environment is made).
-pub fn check_host() -> Result<(), String> {
+pub fn check_host() -> Result<()> {
     ssh_program().map(|_| ())
 }
 
@@ -111,7 +113,7 @@ fn quote(s: &str) -> String {
 /// file; its stdout, or the reason it failed (ssh's own words for a connection that could not
 /// be made: "Connection refused", "Permission denied (publickey)", "Host key verification
 /// failed").
-pub(super) fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<String, String> {
+pub(super) fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<String> {
     let mut cmd = std::process::Command::new(ssh_program()?);
     cmd.args(ssh_options(t))
         .arg("--")
@@ -121,32 +123,30 @@ pub(super) fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<
         .stderr(Stdio::piped());
     match stdin {
         Some(file) => {
-            let f = std::fs::File::open(file)
-                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            let f = std::fs::File::open(file).map_err(|e| Error::file("read", file, e))?;
             cmd.stdin(f);
         }
         None => {
             cmd.stdin(Stdio::null());
         }
     }
-    let out = cmd.output().map_err(|e| format!("cannot run ssh: {e}"))?;
+    let out = cmd.output().map_err(|e| Error::spawn("ssh", e))?;
     let stderr = String::from_utf8_lossy(&out.stderr)
         .replace("\r\n", "\n")
         .trim()
         .to_string();
     match out.status.code() {
         Some(0) => Ok(String::from_utf8_lossy(&out.stdout).to_string()),
-        Some(255) => Err(format!(
-            "cannot reach {} over ssh: {}{}",
-            t.destination(),
-            if stderr.is_empty() {
+        Some(255) => Err(Error::Unreachable {
+            destination: t.destination(),
+            hint: hint(t, &stderr),
+            said: if stderr.is_empty() {
                 "ssh failed".to_string()
             } else {
-                stderr.clone()
+                stderr
             },
-            hint(t, &stderr)
-        )),
-        _ => Err(format!(
+        }),
+        _ => Err(Error::Failed(format!(
             "on {}: {}",
             t.destination(),
             if stderr.is_empty() {
@@ -154,7 +154,7 @@ pub(super) fn run(t: &SshTarget, command: &str, stdin: Option<&Path>) -> Result<
             } else {
                 stderr
             }
-        )),
+        ))),
     }
 }
 
@@ -230,7 +230,7 @@ chmod 700 "$t" && mv -f "$t" "$p"
 pub trait RemoteShell {
     /// Runs `command` (a POSIX shell command line) there, with `stdin` fed from a file; its
     /// stdout, or why it failed, in words a user can act on.
-    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String, String>;
+    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String>;
     /// Where, for messages (`user@host`, `pod ns/name`).
     fn destination(&self) -> String;
     /// Whether the runner starts through a login shell (`sh -l`: an ssh command's environment
@@ -242,7 +242,7 @@ pub trait RemoteShell {
 }
 
 impl RemoteShell for SshTarget {
-    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String, String> {
+    fn run(&self, command: &str, stdin: Option<&Path>) -> Result<String> {
         run(self, command, stdin)
     }
 
@@ -254,11 +254,7 @@ impl RemoteShell for SshTarget {
 /// Makes `t` ready for a session: the working directory checked, this paddock there (copied
 /// when missing), its runner answering. Returns what a start needs and the working directory
 /// on the host. `log` hears what was done.
-pub fn provision(
-    exe: &Path,
-    t: &SshTarget,
-    log: &dyn Fn(&str),
-) -> Result<(Remote, PathBuf), String> {
+pub fn provision(exe: &Path, t: &SshTarget, log: &dyn Fn(&str)) -> Result<(Remote, PathBuf)> {
     prepare(t, exe, &t.paddock, &t.remote_dir, &t.workdir, log)
 }
 
@@ -272,7 +268,7 @@ pub fn prepare(
     remote_dir: &str,
     workdir: &str,
     log: &dyn Fn(&str),
-) -> Result<(Remote, PathBuf), String> {
+) -> Result<(Remote, PathBuf)> {
     let remote_dir = if remote_dir.is_empty() {
         REMOTE_DIR
     } else {
@@ -293,16 +289,16 @@ pub fn prepare(
     let fact = |k: &str| facts.get(k).map(|v| v.to_string()).unwrap_or_default();
     let (dir, paddock, workdir) = (fact("dir"), fact("paddock"), fact("workdir"));
     if dir.is_empty() || paddock.is_empty() {
-        return Err(format!(
+        return Err(Error::Failed(format!(
             "{}: the host answered the probe with {out:?} (is its login shell a POSIX one?)",
             sh.destination()
-        ));
+        )));
     }
     if fact("workdir_ok") != "yes" {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "there is no directory {workdir} on {} (the session's working directory there)",
             sh.destination()
-        ));
+        )));
     }
     log(&format!(
         "environment on {}: working directory {workdir}",
@@ -310,24 +306,24 @@ pub fn prepare(
     ));
     let arch = fact("arch");
     if installed.is_empty() && !arch.is_empty() && arch != std::env::consts::ARCH {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "{} is {arch}, and this paddock is built for {}: it cannot run there (name a \
              paddock built for {arch} that is installed there)",
             sh.destination(),
             std::env::consts::ARCH
-        ));
+        )));
     }
     if fact("installed") != "yes" {
         if !installed.is_empty() {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "there is no paddock at {paddock} on {} (the session's ssh `paddock`); leave it \
                  out and paddock copies its own",
                 sh.destination()
-            ));
+            )));
         }
         let size = std::fs::metadata(exe)
             .map(|m| m.len())
-            .map_err(|e| format!("cannot read {}: {e}", exe.display()))?;
+            .map_err(|e| Error::file("read", exe, e))?;
         sh.run(
             &format!(
                 "sh -c {} paddock-copy {} {size}",
@@ -357,17 +353,21 @@ pub fn prepare(
             ),
             None,
         )
-        .map_err(|e| {
-            // A binary that does not run there: another C library (musl), an older glibc.
-            if e.contains("not found") || e.contains("GLIBC") || e.contains("Exec format") {
-                format!(
-                    "{e} (paddock's binary does not run on {}: it needs a glibc at least as new \
-                     as this machine's; or name a paddock installed there)",
+        .map_err(|e| match e {
+            // A binary that does not run there: another C library (musl), an older glibc (the
+            // words of the shell and the dynamic loader there).
+            Error::Failed(said)
+                if said.contains("not found")
+                    || said.contains("GLIBC")
+                    || said.contains("Exec format") =>
+            {
+                Error::Refused(format!(
+                    "{said} (paddock's binary does not run on {}: it needs a glibc at least as \
+                     new as this machine's; or name a paddock installed there)",
                     sh.destination()
-                )
-            } else {
-                e
+                ))
             }
+            e => e,
         })?;
     let socket = out
         .lines()
@@ -376,10 +376,10 @@ pub fn prepare(
         .unwrap_or_default()
         .to_string();
     if !socket.starts_with('/') {
-        return Err(format!(
+        return Err(Error::Failed(format!(
             "the runner on {} did not say where it answers (it said {socket:?})",
             sh.destination()
-        ));
+        )));
     }
     log(&format!("runner on {} at {socket}", sh.destination()));
     Ok((Remote { paddock, socket }, PathBuf::from(workdir)))
@@ -388,13 +388,10 @@ pub fn prepare(
 /// The remote side of provisioning (`paddock __ssh-runner DIR`, run over ssh): makes sure a
 /// runner of this binary answers on `DIR/runner.sock`, starting one detached if none does (it
 /// outlives the ssh connection that started it), and prints the socket's path.
-pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
+pub fn ensure_runner(dir: &Path) -> Result<PathBuf> {
     super::make_private_dir(dir)?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| Error::file("find", "this binary", e))?;
+    let rt = runtime()?;
     let socket = runner_socket(dir);
     rt.block_on(async {
         match paddock_runner::client::connect(&socket).await {
@@ -406,8 +403,7 @@ pub fn ensure_runner(dir: &Path) -> Result<PathBuf, String> {
                 &paddock_runner::Limits::default(),
             )
             .await
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
+            .map(|_| ()),
         }
     })?;
     Ok(socket)
@@ -434,12 +430,8 @@ fn runner_socket(dir: &Path) -> PathBuf {
 /// The remote side of a delete (`paddock __ssh-runner DIR --stop PREFIX`, run over ssh): stops
 /// every live run whose id starts with `PREFIX` (the session's), if a runner answers there.
 /// Prints how many it stopped.
-pub fn stop_runs(dir: &Path, prefix: &str) -> Result<usize, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start a runtime: {e}"))?;
-    rt.block_on(async {
+pub fn stop_runs(dir: &Path, prefix: &str) -> Result<usize> {
+    runtime()?.block_on(async {
         let Some(mut client) = paddock_runner::client::connect(&runner_socket(dir)).await else {
             return Ok(0);
         };

@@ -889,7 +889,7 @@ impl pb::container_service_server::ContainerService for Containers {
             tokio::task::spawn_blocking(move || crate::env::container::check_host(&host, &probe))
                 .await
                 .map_err(|e| status(Code::Internal, "INTERNAL", e.to_string()))?;
-        check.map_err(|m| status(Code::FailedPrecondition, "ENVIRONMENT", m))?;
+        check.map_err(|e| status(Code::FailedPrecondition, "ENVIRONMENT", e.to_string()))?;
         let c = self
             .ask(&id, ContainerRequest::Create(Box::new(spec)))
             .await?;

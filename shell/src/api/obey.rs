@@ -536,7 +536,8 @@ impl LocalDaemonService for Obey {
             return Err(invalid("max_tokens must not be negative"));
         }
         paddock_core::check_environment(&r.environment).map_err(invalid)?;
-        let env_spec = convert::env_spec(r.environment_spec.as_ref()).map_err(invalid)?;
+        let env_spec =
+            convert::env_spec(r.environment_spec.as_ref()).map_err(|e| invalid(e.to_string()))?;
         let timeout_ms = match &r.timeout {
             Some(d) => convert::duration_ms(d).map_err(|e| invalid(format!("timeout: {e}")))?,
             None => 0,
@@ -596,7 +597,7 @@ impl LocalDaemonService for Obey {
                 format!("environment check: {e}"),
             ))
         })?
-        .map_err(|e| st(Error::new(ErrorCode::SandboxInitFailed, e)))?;
+        .map_err(|e| st(Error::new(ErrorCode::SandboxInitFailed, e.to_string())))?;
         let record = self.handle.create_session(id, config).await.map_err(st)?;
         Ok(Response::new(pb::CreateSessionResponse {
             session: Some(understood.info(convert::session_info(&record))),
