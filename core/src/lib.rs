@@ -16,7 +16,8 @@
 //! - [`campaign`]: campaigns and the rules for adding and removing them.
 //! - [`environment`]: where a session's agent runs (its driver) and that place's life.
 //! - [`grid`]: the one Markdown renderer of the transition tables.
-//! - [`process`]: the one signal type, TERM → KILL grace and exit-status wording.
+//! - [`process`]: the one signal type, exit-status wording, and [`process::Termination`]: the
+//!   one TERM → grace → KILL rule every machine that ends a process holds.
 //! - [`time`]: monotonic [`Instant`]s for deadlines, [`Duration`]s, recorded [`Timestamp`]s.
 //! - [`error`]: the OBEY-NNNN registry; [`budget`]: the one place that says "over".
 

@@ -89,9 +89,122 @@ pub fn kill_deadline(now: Instant, grace: Duration) -> Instant {
     now + grace
 }
 
+/// A process being ended: TERM was sent, and KILL follows once its grace has passed unless the
+/// process exits first. The one TERM → grace → KILL rule: the session machine (an agent), the
+/// task machine (a task's command) and the run machine (the runner's child) each hold one
+/// from their TERM to the process's exit, and none writes the rule again.
+///
+/// ```text
+///   begin(now, grace) ─▶ TERM; KILL due at now + grace
+///   tick(t ≥ due)     ─▶ KILL, once (escalated)
+///   killed()          ─▶ a KILL sent otherwise: none is due
+///   hasten(now, g)    ─▶ a second stop: the sooner KILL stands
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Termination {
+    /// When KILL is due; `None` once a KILL was sent.
+    kill_at: Option<Instant>,
+    /// The grace of the deadline that stands.
+    grace: Duration,
+    /// KILL was sent because the grace ran out.
+    escalated: bool,
+}
+
+impl Termination {
+    /// Ends a process at `now`: the signal to send now (TERM) and the termination, whose KILL
+    /// is due after `grace`.
+    #[must_use]
+    pub fn begin(now: Instant, grace: Duration) -> (Termination, Signal) {
+        let t = Termination {
+            kill_at: Some(kill_deadline(now, grace)),
+            grace,
+            escalated: false,
+        };
+        (t, Signal::Term)
+    }
+
+    /// When KILL is due (`None` once one was sent).
+    pub fn kill_at(&self) -> Option<Instant> {
+        self.kill_at
+    }
+
+    /// The grace of the deadline that stands.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// KILL was sent because the grace ran out (not by a client's signal).
+    pub fn escalated(&self) -> bool {
+        self.escalated
+    }
+
+    /// Another stop at `now` with its own grace: the sooner KILL stands (a KILL already sent
+    /// stays sent).
+    pub fn hasten(&mut self, now: Instant, grace: Duration) {
+        let at = kill_deadline(now, grace);
+        if let Some(due) = self.kill_at.as_mut() {
+            if at < *due {
+                *due = at;
+                self.grace = grace;
+            }
+        }
+    }
+
+    /// The time is `now`: KILL when it is due, once.
+    #[must_use]
+    pub fn tick(&mut self, now: Instant) -> Option<Signal> {
+        match self.kill_at {
+            Some(at) if at <= now => {
+                self.kill_at = None;
+                self.escalated = true;
+                debug_assert!(self.kill_at.is_none(), "one KILL per termination");
+                Some(Signal::Kill)
+            }
+            _ => None,
+        }
+    }
+
+    /// A KILL was sent by other means (a client's signal): none is due any more.
+    pub fn killed(&mut self) {
+        self.kill_at = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_termination_kills_once_when_its_grace_has_passed() {
+        let at = Instant::from_millis;
+        let (mut t, now) = Termination::begin(at(1_000), KILL_GRACE);
+        assert_eq!(now, Signal::Term);
+        assert_eq!(t.kill_at(), Some(at(11_000)));
+        assert_eq!(t.tick(at(10_999)), None, "not before its grace");
+        assert!(!t.escalated());
+        assert_eq!(t.tick(at(11_000)), Some(Signal::Kill));
+        assert!(t.escalated());
+        assert_eq!(t.kill_at(), None);
+        assert_eq!(t.tick(at(99_000)), None, "one KILL");
+        t.hasten(at(12_000), Duration::ZERO);
+        assert_eq!(t.kill_at(), None, "a KILL sent stays sent");
+
+        let (mut t, _) = Termination::begin(at(0), KILL_GRACE);
+        t.hasten(at(1_000), Duration::from_secs(60));
+        assert_eq!(
+            t.kill_at(),
+            Some(at(10_000)),
+            "a later KILL does not move it"
+        );
+        t.hasten(at(1_000), Duration::from_secs(2));
+        assert_eq!(
+            (t.kill_at(), t.grace()),
+            (Some(at(3_000)), Duration::from_secs(2))
+        );
+        t.killed();
+        assert_eq!(t.tick(at(3_000)), None, "a client's KILL: none is due");
+        assert!(!t.escalated(), "nor was it escalated");
+    }
 
     #[test]
     fn exit_statuses_in_words_and_numbers() {

@@ -19,6 +19,7 @@
 //!
 //! Which (phase, input) pairs are legal is [`rule`], printable with [`render`].
 
+use crate::process::Termination;
 use crate::time::{Duration, Instant};
 
 pub use crate::process::{signal_name, Signal, KILL_GRACE as DEFAULT_KILL_GRACE};
@@ -230,18 +231,9 @@ pub fn render() -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     Starting,
-    Running {
-        pid: u32,
-    },
-    Terminating {
-        pid: u32,
-        /// `None` once KILL was sent.
-        kill_at: Option<Instant>,
-        grace: Duration,
-    },
-    Exited {
-        status: Status,
-    },
+    Running { pid: u32 },
+    Terminating { pid: u32, term: Termination },
+    Exited { status: Status },
 }
 
 /// One child process.
@@ -254,8 +246,6 @@ pub struct RunMachine {
     output_bytes: u64,
     /// A stop was asked for (so a TERM death is expected, not a crash).
     stopped: bool,
-    /// KILL was sent because the grace period ran out.
-    escalated: bool,
 }
 
 impl Default for RunMachine {
@@ -272,7 +262,6 @@ impl RunMachine {
             output_events: 0,
             output_bytes: 0,
             stopped: false,
-            escalated: false,
         }
     }
 
@@ -322,9 +311,9 @@ impl RunMachine {
     /// The next deadline and what it is for: when the shell must feed `Tick`.
     pub fn poll_timeout(&self) -> Option<(Instant, &'static str)> {
         match self.state {
-            State::Terminating {
-                kill_at: Some(at), ..
-            } => Some((at, "TERM to KILL escalation")),
+            State::Terminating { term, .. } => {
+                term.kill_at().map(|at| (at, "TERM to KILL escalation"))
+            }
             _ => None,
         }
     }
@@ -365,20 +354,17 @@ impl RunMachine {
             usize::from(entered),
             "a status is emitted exactly when the run starts or ends ({before:?} -> {after:?})"
         );
-        if after == Phase::Terminating || self.escalated {
+        if after == Phase::Terminating {
             debug_assert!(self.stopped, "only a stop terminates or escalates");
         }
-        if let State::Terminating {
-            kill_at: Some(at),
-            grace,
-            ..
-        } = &self.state
-        {
-            debug_assert!(!self.escalated, "an escalation is pending until its KILL");
-            debug_assert!(
-                at.millis() <= self.now.millis().saturating_add(grace.millis()),
-                "the KILL is due within the grace"
-            );
+        if let State::Terminating { term, .. } = &self.state {
+            if let Some(at) = term.kill_at() {
+                debug_assert!(!term.escalated(), "an escalation is pending until its KILL");
+                debug_assert!(
+                    at.millis() <= self.now.millis().saturating_add(term.grace().millis()),
+                    "the KILL is due within the grace"
+                );
+            }
         }
         if before == Phase::Running && after == Phase::Terminating {
             debug_assert_eq!(
@@ -430,45 +416,30 @@ impl RunMachine {
             Input::Signal { signal } => {
                 if signal == Signal::Kill {
                     // KILL cannot be outdone: no escalation is pending any more.
-                    if let State::Terminating { kill_at, .. } = &mut self.state {
-                        *kill_at = None;
+                    if let State::Terminating { term, .. } = &mut self.state {
+                        term.killed();
                     }
                 }
                 out.push(Effect::Signal(signal));
             }
             Input::Stop { now, grace } => {
                 let now = self.advance(now);
-                let deadline = crate::process::kill_deadline(now, grace);
                 self.stopped = true;
                 match &mut self.state {
                     State::Running { pid } => {
-                        self.state = State::Terminating {
-                            pid: *pid,
-                            kill_at: Some(deadline),
-                            grace,
-                        };
-                        out.push(Effect::Signal(Signal::Term));
+                        let (term, signal) = Termination::begin(now, grace);
+                        self.state = State::Terminating { pid: *pid, term };
+                        out.push(Effect::Signal(signal));
                     }
                     // A second stop joins the first; a shorter grace cuts the wait short.
-                    State::Terminating {
-                        kill_at: Some(at),
-                        grace: g,
-                        ..
-                    } if deadline < *at => {
-                        *at = deadline;
-                        *g = grace;
-                    }
+                    State::Terminating { term, .. } => term.hasten(now, grace),
                     _ => {}
                 }
             }
             Input::Tick { now } => {
                 let now = self.advance(now);
-                if let State::Terminating { kill_at, .. } = &mut self.state {
-                    if kill_at.is_some_and(|at| at <= now) {
-                        *kill_at = None;
-                        self.escalated = true;
-                        out.push(Effect::Signal(Signal::Kill));
-                    }
+                if let State::Terminating { term, .. } = &mut self.state {
+                    out.extend(term.tick(now).map(Effect::Signal));
                 }
             }
         }
@@ -492,11 +463,12 @@ impl RunMachine {
         match (code, signal) {
             (_, Some(_)) => {
                 let mut msg = crate::process::describe_exit(code, signal);
-                if self.escalated {
-                    let grace = match self.state {
-                        State::Terminating { grace, .. } => grace.millis(),
-                        _ => 0,
-                    };
+                let escalated = match self.state {
+                    State::Terminating { term, .. } => term.escalated().then(|| term.grace()),
+                    _ => None,
+                };
+                if let Some(grace) = escalated {
+                    let grace = grace.millis();
                     msg.push_str(&format!(
                         " after ignoring SIGTERM for {grace} ms (stop escalated to SIGKILL)"
                     ));

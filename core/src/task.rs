@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, ErrorCode};
 use crate::model::RequestId;
-use crate::process::Signal;
+use crate::process::{Signal, Termination};
 use crate::session::effect::{Effect, Record};
 use crate::session::machine::Out;
 use crate::time::{Duration, Instant, Now, Timestamp};
@@ -258,11 +258,10 @@ struct Task {
     record: TaskRecord,
     ending: Ending,
     timeout_at: Option<Instant>,
-    kill_at: Option<Instant>,
     alive: bool,
-    /// TERM was sent to its process: never twice (a cancel after a timeout's KILL must not
-    /// start the escalation again).
-    terminated: bool,
+    /// From the TERM to its process until it exits: never a second TERM (a cancel after a
+    /// timeout's KILL must not start the escalation again).
+    term: Option<Termination>,
 }
 
 /// Which deadline is next.
@@ -342,9 +341,8 @@ impl Tasks {
                     record,
                     ending: Ending::None,
                     timeout_at: None,
-                    kill_at: None,
                     alive: false,
-                    terminated: false,
+                    term: None,
                 },
             );
         }
@@ -382,7 +380,7 @@ impl Tasks {
         for (id, t) in &self.tasks {
             for (at, why) in [
                 (t.timeout_at, TaskTimer::Timeout),
-                (t.kill_at, TaskTimer::Kill),
+                (t.term.and_then(|term| term.kill_at()), TaskTimer::Kill),
             ] {
                 if let Some(at) = at {
                     if best.is_none_or(|(b, _, _)| at < b) {
@@ -467,15 +465,13 @@ impl Tasks {
                     terminate(t, now, grace, out);
                 }
             }
-            if t.kill_at.is_some_and(|at| at <= now.at) {
-                t.kill_at = None;
-                if let (true, Some(pid)) = (t.alive, t.record.pid) {
-                    out.rest.push(Effect::SignalTask {
-                        id: t.record.id.clone(),
-                        pid: Some(pid),
-                        signal: Signal::Kill,
-                    });
-                }
+            let kill = t.term.as_mut().and_then(|term| term.tick(now.at));
+            if let (Some(signal), true, Some(pid)) = (kill, t.alive, t.record.pid) {
+                out.rest.push(Effect::SignalTask {
+                    id: t.record.id.clone(),
+                    pid: Some(pid),
+                    signal,
+                });
             }
         }
         self.assert_invariants();
@@ -546,9 +542,8 @@ impl Tasks {
                 record,
                 ending: Ending::None,
                 timeout_at: None,
-                kill_at: None,
                 alive: false,
-                terminated: false,
+                term: None,
             },
         );
     }
@@ -616,13 +611,13 @@ fn set_status(t: &mut Task, status: TaskStatus, message: &str, now: Now, out: &m
 
 fn terminate(t: &mut Task, now: Now, grace: Duration, out: &mut Out) {
     if let (true, Some(pid)) = (t.alive, t.record.pid) {
-        if !t.terminated {
-            t.terminated = true;
-            t.kill_at = Some(crate::process::kill_deadline(now.at, grace));
+        if t.term.is_none() {
+            let (term, signal) = Termination::begin(now.at, grace);
+            t.term = Some(term);
             out.rest.push(Effect::SignalTask {
                 id: t.record.id.clone(),
                 pid: Some(pid),
-                signal: Signal::Term,
+                signal,
             });
         }
     }
@@ -673,15 +668,15 @@ impl Task {
         let r = &self.record;
         if r.status.is_terminal() {
             assert!(
-                !self.alive && r.pid.is_none() && self.kill_at.is_none(),
+                !self.alive && r.pid.is_none() && self.term.is_none(),
                 "a finished task {} has no live process",
                 r.id
             );
             assert!(r.completed_at.is_some(), "a finished task has its end time");
         }
         assert!(
-            self.kill_at.is_none() || self.terminated,
-            "task {}: a KILL is due only after a TERM",
+            self.term.is_none() || self.alive,
+            "task {}: a process is being ended only while it lives",
             r.id
         );
         assert_eq!(
@@ -712,7 +707,7 @@ fn exited(t: &mut Task, code: Option<i32>, signal: Option<i32>, now: Now, out: &
         return;
     }
     t.alive = false;
-    t.kill_at = None;
+    t.term = None;
     t.timeout_at = None;
     t.record.pid = None;
     t.record.completed_at = Some(now.wall);

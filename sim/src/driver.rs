@@ -1299,7 +1299,11 @@ impl Sim {
                     let terminating = Run::Terminating {
                         run,
                         pid: Some(pid),
-                        kill_at: Some(at(now) + self.limits.kill_grace),
+                        term: paddock_core::process::Termination::begin(
+                            at(now),
+                            self.limits.kill_grace,
+                        )
+                        .0,
                     };
                     // An agent that runs has its environment.
                     want.env_state = EnvState::Ready;

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::effect::{Effect, Record, Signal, SpawnSpec};
+use super::effect::{Effect, Record, SpawnSpec};
 use super::input::{Ask, ProviderEvent};
 use super::table::{rule, InputKind, Rule};
 use crate::approval::{Approval, ApprovalId, ApprovalState, AskKind, Decision, PolicyAnswer};
@@ -14,6 +14,7 @@ use crate::model::{
     Activity, ActivityEvent, ActivityKind, RequestId, RunId, SessionRecord, Status, StatusEvent,
     UserMessage,
 };
+use crate::process::Termination;
 use crate::time::{Duration, Instant, Now};
 use crate::Limits;
 
@@ -33,12 +34,11 @@ pub enum Run {
         pid: Option<u32>,
         term_at: Instant,
     },
-    /// TERM was sent; KILL follows at `kill_at` unless it exits first (`None` once KILL was
-    /// sent).
+    /// TERM was sent; KILL follows when the termination says, unless it exits first.
     Terminating {
         run: RunId,
         pid: Option<u32>,
-        kill_at: Option<Instant>,
+        term: Termination,
     },
 }
 
@@ -312,7 +312,7 @@ impl Session {
         );
         match self.run {
             Run::Ending { term_at, .. } => consider(Some(term_at), Timer::Kill),
-            Run::Terminating { kill_at, .. } => consider(kill_at, Timer::Kill),
+            Run::Terminating { term, .. } => consider(term.kill_at(), Timer::Kill),
             _ => {}
         }
         consider(self.expiry.values().min().copied(), Timer::ApprovalExpiry);
@@ -920,6 +920,8 @@ impl Session {
 
     /// Fires `timer` (its deadline has passed).
     pub(crate) fn handle_timer(&mut self, timer: Timer, cx: &mut Ctx) {
+        // The KILL a due termination sends (taken here: it is due only once).
+        let mut kill = None;
         // Clear the deadline first, so an ignored timer never fires again.
         match timer {
             Timer::Startup => self.startup_deadline = None,
@@ -930,12 +932,8 @@ impl Session {
                 }
             }
             Timer::Kill => {
-                if let Run::Terminating { run, pid, .. } = self.run {
-                    self.run = Run::Terminating {
-                        run,
-                        pid,
-                        kill_at: None,
-                    };
+                if let Run::Terminating { term, .. } = &mut self.run {
+                    kill = term.tick(cx.now.at);
                 }
             }
             Timer::ApprovalExpiry => {}
@@ -1006,12 +1004,14 @@ impl Session {
                 Run::Ending { .. } => self.terminate(cx),
                 Run::Terminating { run, pid, .. } => {
                     self.assert_current(run);
-                    cx.out.rest.push(Effect::Signal {
-                        id: self.record.id.clone(),
-                        run,
-                        pid,
-                        signal: Signal::Kill,
-                    });
+                    if let Some(signal) = kill {
+                        cx.out.rest.push(Effect::Signal {
+                            id: self.record.id.clone(),
+                            run,
+                            pid,
+                            signal,
+                        });
+                    }
                 }
                 _ => {}
             },
@@ -1657,17 +1657,14 @@ impl Session {
     /// TERM the process group now, KILL after the grace period.
     fn terminate(&mut self, cx: &mut Ctx) {
         if let Run::Alive { run, pid } | Run::Ending { run, pid, .. } = self.run {
-            self.run = Run::Terminating {
-                run,
-                pid,
-                kill_at: Some(crate::process::kill_deadline(cx.now.at, cx.lim.kill_grace)),
-            };
+            let (term, signal) = Termination::begin(cx.now.at, cx.lim.kill_grace);
+            self.run = Run::Terminating { run, pid, term };
             self.assert_current(run);
             cx.out.rest.push(Effect::Signal {
                 id: self.record.id.clone(),
                 run,
                 pid,
-                signal: Signal::Term,
+                signal,
             });
         }
     }

@@ -167,7 +167,10 @@ mod tests {
         assert!(unreachable.is_transient());
         assert!(kube(kube::Error::LinesCodecMaxLineLengthExceeded).is_transient());
         assert!(!kube(refusal(403, "forbidden")).is_transient());
-        assert!(unreachable.during("healing").is_transient(), "whatever wraps it");
+        assert!(
+            unreachable.during("healing").is_transient(),
+            "whatever wraps it"
+        );
         assert!(!Error::Failed("no".into()).is_transient());
         assert!(!Error::Refused("no".into()).is_transient());
     }
@@ -202,7 +205,10 @@ mod tests {
             io::Error::from(io::ErrorKind::PermissionDenied),
         );
         assert_eq!(io.to_string(), "cannot write /x/made: permission denied");
-        assert!(std::error::Error::source(&io).is_some(), "the io error is kept");
+        assert!(
+            std::error::Error::source(&io).is_some(),
+            "the io error is kept"
+        );
         let during = Error::Failed("fatal: bad".into()).during("git worktree add failed");
         assert_eq!(during.to_string(), "git worktree add failed: fatal: bad");
     }
