@@ -19,7 +19,9 @@ use serde_json::{json, Value};
 
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{killed_mid_turn, push_bash_turn, stop_during_a_tool_call, Kit};
+use crate::scenarios::{
+    budget_crossed_by_real_usage, killed_mid_turn, push_bash_turn, stop_during_a_tool_call, Kit,
+};
 
 /// The ACP adapter: `PADDOCK_ACP_BIN`, else tests/npm/node_modules/.bin/claude-agent-acp.
 pub fn acp_bin() -> std::path::PathBuf {
@@ -303,45 +305,7 @@ async fn acp_agent_killed_mid_turn_is_obey_2031() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn acp_token_budget_crossed_by_real_usage_fails_the_session() {
-    let w = World::start(vec![]).await;
-    w.fake.push([
-        Reply::tool(
-            "Write",
-            json!({"file_path": w.root.join("a.txt").display().to_string(), "content": "a\n"}),
-        )
-        .usage(1500, 0, 10),
-        Reply::text("This answer crosses the budget.").usage(1600, 0, 10),
-    ]);
-    let mut req = acp_request(&w);
-    req.max_tokens = 2000;
-    let s = w.create(req).await;
-    let acts = w.send(&s.id, "Write a.txt, then answer.").await;
-    // ACP reports usage with the prompt's answer only, so the budget is crossed by the turn's
-    // end: the turn completes with its real counts, and then the session fails with
-    // OBEY-2013, as one whose agent streams its usage does mid-turn.
-    assert_eq!(
-        kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "COMPLETION"],
-        "{acts:#?}"
-    );
-    assert_eq!(token_sums(&acts), (3100, 20));
-    let info = w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2013");
-    assert!(
-        info.error_message.contains("3120 of 2000"),
-        "{}",
-        info.error_message
-    );
-    assert_eq!((info.tokens_input, info.tokens_output), (3100, 20));
-    let e = within(w.client().await.send_message(pb::SendMessageRequest {
-        session_id: s.id.clone(),
-        message: "More?".into(),
-    }))
-    .await
-    .expect_err("the budget is spent");
-    assert!(e.message().contains("OBEY-2013"), "{}", e.message());
-    wait_gone(s.pid as u32).await;
-    wait_no_process_in(&w.root, Duration::from_secs(10)).await;
+    budget_crossed_by_real_usage::<Acp>().await;
 }
 
 /// An ACP agent (Claude's ACP adapter) behind paddock's bridge, as the shared scenarios drive it.
@@ -350,6 +314,10 @@ pub(crate) struct Acp(World);
 impl Kit for Acp {
     // The adapter ends its tool's processes itself, a moment later than the others.
     const TOOL_GONE_WITHIN: Duration = Duration::from_secs(15);
+    // ACP reports usage with the prompt's answer only, so the budget is crossed by the turn's
+    // end: the turn completes with its real counts, and then the session fails with
+    // OBEY-2013, as one whose agent streams its usage does mid-turn.
+    const BUDGET_TURN: &'static [&'static str] = &["TOOL_CALL", "TOOL_RESULT", "COMPLETION"];
 
     async fn start() -> Self {
         Acp(World::start(vec![]).await)
@@ -377,19 +345,19 @@ impl Kit for Acp {
         agents[0]
     }
 
-    fn push_shell_turn(&self, command: &str, text: &str) {
-        push_bash_turn(&self.0, command, text);
+    fn push_shell_turn(&self, command: &str, text: &str, usage: Option<[(u64, u64); 2]>) {
+        push_bash_turn(&self.0, command, text, usage);
     }
 
-    async fn session(&self) -> pb::SessionInfo {
-        self.0.create(acp_request(&self.0)).await
+    fn request(&self) -> pb::CreateSessionRequest {
+        acp_request(&self.0)
     }
 
-    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
-        vec![(s.pid as u32, "__bridge")]
+    fn budget_turn(&self, acts: &[pb::SessionActivityEvent]) {
+        assert_eq!(token_sums(acts), (3100, 20));
     }
 
-    async fn after_end(&self) {
+    async fn after_end(&self, _asked: usize) {
         wait_no_process_in(&self.0.root, Duration::from_secs(10)).await;
     }
 }

@@ -12,7 +12,9 @@ use serde_json::{json, Value};
 
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{killed_mid_turn, push_bash_turn, stop_during_a_tool_call, Kit};
+use crate::scenarios::{
+    budget_crossed_by_real_usage, killed_mid_turn, push_bash_turn, stop_during_a_tool_call, Kit,
+};
 
 /// Asserts that `expected` appear in the conversation `r` sent, in this order (other texts may
 /// come between them: the CLI adds system reminders).
@@ -288,46 +290,16 @@ async fn agent_killed_mid_turn_is_obey_2031() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn token_budget_crossed_by_real_usage_fails_the_session() {
-    let w = World::start(vec![]).await;
-    w.fake.push([
-        Reply::tool(
-            "Write",
-            json!({"file_path": w.root.join("a.txt").display().to_string(), "content": "a\n"}),
-        )
-        .usage(1500, 0, 10),
-        Reply::text("This answer crosses the budget.").usage(1600, 0, 10),
-    ]);
-    let mut req = w.claude_request();
-    req.max_tokens = 2000;
-    let s = w.create(req).await;
-    let acts = w.send(&s.id, "Write a.txt, then answer.").await;
-    assert_eq!(
-        kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "ERROR"],
-        "{acts:#?}"
-    );
-    // The budget was crossed by the real usage of the second API call (1500 + 1 then 1600 + 1).
-    assert_eq!(
-        (acts[0].tokens_input, acts[0].tokens_output),
-        (1500, 1),
-        "{acts:#?}"
-    );
-    assert_eq!((acts[2].tokens_input, acts[2].tokens_output), (1600, 1));
-    assert!(
-        acts[3].content.starts_with("OBEY-2013"),
-        "{}",
-        acts[3].content
-    );
-    let info = w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2013");
-    assert_eq!((info.tokens_input, info.tokens_output), (3100, 2));
-    wait_gone(s.pid as u32).await;
+    budget_crossed_by_real_usage::<Claude>().await;
 }
 
 /// Claude Code, as the shared scenarios (`scenarios.rs`) drive it.
 pub(crate) struct Claude(World);
 
 impl Kit for Claude {
+    const BUDGET_TOKENS: (i64, i64) = (3100, 2);
+    const WORD: &'static str = "claude";
+
     async fn start() -> Self {
         Claude(World::start(vec![]).await)
     }
@@ -348,16 +320,19 @@ impl Kit for Claude {
         s.pid as u32
     }
 
-    fn push_shell_turn(&self, command: &str, text: &str) {
-        push_bash_turn(&self.0, command, text);
+    fn push_shell_turn(&self, command: &str, text: &str, usage: Option<[(u64, u64); 2]>) {
+        push_bash_turn(&self.0, command, text, usage);
     }
 
-    async fn session(&self) -> pb::SessionInfo {
-        self.0.claude().await
+    fn request(&self) -> pb::CreateSessionRequest {
+        self.0.claude_request()
     }
 
-    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
-        vec![(s.pid as u32, "claude")]
+    /// The budget was crossed by the real usage of the second API call, mid-turn (1500 + 1,
+    /// then 1600 + 1).
+    fn budget_turn(&self, acts: &[pb::SessionActivityEvent]) {
+        assert_eq!((acts[0].tokens_input, acts[0].tokens_output), (1500, 1));
+        assert_eq!((acts[2].tokens_input, acts[2].tokens_output), (1600, 1));
     }
 }
 

@@ -30,7 +30,9 @@ use serde_json::{json, Value};
 
 use crate::fake_responses::{FakeResponses, Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{killed_mid_turn, nonce, stop_during_a_tool_call, Kit};
+use crate::scenarios::{
+    budget_crossed_by_real_usage, killed_mid_turn, nonce, stop_during_a_tool_call, Kit,
+};
 
 /// The model the real-CLI sessions ask for (one codex 0.169 knows).
 const CODEX_MODEL: &str = "gpt-5.5";
@@ -797,6 +799,10 @@ pub(crate) struct Codex {
 }
 
 impl Kit for Codex {
+    // Codex reports usage with the turn's end: the turn completes with its real counts, and
+    // then the session fails.
+    const BUDGET_TURN: &'static [&'static str] =
+        &["TOOL_CALL", "TOOL_RESULT", "TEXT", "COMPLETION"];
     async fn start() -> Self {
         let w = World::start(vec![]).await;
         let fake = FakeResponses::start(vec![]).await;
@@ -827,7 +833,7 @@ impl Kit for Codex {
     }
 
     /// Nothing of codex is left behind.
-    async fn after_end(&self) {
+    async fn after_end(&self, _asked: usize) {
         wait_no_process(
             &format!("base_url=\"{}\"", self.fake.base_url()),
             Duration::from_secs(5),
@@ -835,20 +841,24 @@ impl Kit for Codex {
         .await;
     }
 
-    fn push_shell_turn(&self, command: &str, text: &str) {
+    fn push_shell_turn(&self, command: &str, text: &str, usage: Option<[(u64, u64); 2]>) {
         // Codex's own timeout for the command: long enough never to end it first.
-        self.fake
-            .push([Reply::shell_waiting(command, 600_000), Reply::text(text)]);
+        let call = Reply::shell_waiting(command, 600_000);
+        self.fake.push(match usage {
+            None => [call, Reply::text(text)],
+            Some([(i1, o1), (i2, o2)]) => {
+                [call.usage(i1, 0, o1), Reply::text(text).usage(i2, 0, o2)]
+            }
+        });
     }
 
-    async fn session(&self) -> pb::SessionInfo {
-        self.w
-            .create(codex_request(&self.w, &self.fake, None))
-            .await
+    fn request(&self) -> pb::CreateSessionRequest {
+        codex_request(&self.w, &self.fake, None)
     }
 
-    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
-        vec![(s.pid as u32, "__bridge")]
+    /// The turn's tokens come with its end, on its completion.
+    fn budget_turn(&self, acts: &[pb::SessionActivityEvent]) {
+        assert_eq!((acts[3].tokens_input, acts[3].tokens_output), (3100, 20));
     }
 
     /// Codex runs the tool in a session of its own, out of the bridge's process group: what
@@ -869,4 +879,10 @@ async fn codex_stop_during_a_tool_call_ends_the_tool_and_the_agent() {
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn codex_killed_mid_turn_is_obey_2031() {
     killed_mid_turn::<Codex>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
+async fn codex_token_budget_crossed_by_real_usage_fails_the_session() {
+    budget_crossed_by_real_usage::<Codex>().await;
 }

@@ -22,7 +22,9 @@ use serde_json::{json, Value};
 
 use crate::fake_gemini::{FakeGemini, Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{killed_mid_turn, stop_during_a_tool_call, Kit};
+use crate::scenarios::{
+    budget_crossed_by_real_usage, killed_mid_turn, stop_during_a_tool_call, Kit,
+};
 
 /// The model sessions ask for: it must reach the server unchanged (`-m`).
 const GEMINI_MODEL: &str = "gemini-paddock-test";
@@ -357,37 +359,7 @@ async fn gemini_killed_mid_turn_is_obey_2031() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn gemini_token_budget_crossed_by_real_usage_fails_the_session() {
-    let g = G::start(vec![]).await;
-    g.fake.push([
-        Reply::call(
-            "write_file",
-            json!({"file_path": g.w.root.join("a.txt").display().to_string(), "content": "a\n"}),
-        )
-        .usage(1500, 0, 10),
-        Reply::text("This answer crosses the budget.").usage(1600, 0, 10),
-    ]);
-    let mut req = g.request();
-    req.max_tokens = 2000;
-    let s = g.w.create(req).await;
-    let acts = g.w.send(&s.id, "Write a.txt, then answer.").await;
-    // gemini reports usage once, with the turn's result: the bridge puts the whole turn's
-    // tokens on the answer, which crosses the budget.
-    assert_eq!(
-        kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "ERROR"],
-        "{acts:#?}"
-    );
-    assert_eq!((acts[2].tokens_input, acts[2].tokens_output), (3100, 20));
-    assert!(
-        acts[3].content.starts_with("OBEY-2013"),
-        "{}",
-        acts[3].content
-    );
-    let info = g.w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2013");
-    assert_eq!((info.tokens_input, info.tokens_output), (3100, 20));
-    assert!(g.w.root.join("a.txt").exists());
-    wait_gone_with(s.pid as u32, "__bridge").await;
+    budget_crossed_by_real_usage::<G>().await;
 }
 
 impl Kit for G {
@@ -411,18 +383,27 @@ impl Kit for G {
         gemini_child(s.pid as u32).await
     }
 
-    fn push_shell_turn(&self, command: &str, text: &str) {
-        self.fake.push([
-            Reply::call(
-                "run_shell_command",
-                json!({"command": command, "description": "Run it"}),
-            ),
-            Reply::text(text),
-        ]);
+    fn push_shell_turn(&self, command: &str, text: &str, usage: Option<[(u64, u64); 2]>) {
+        let call = Reply::call(
+            "run_shell_command",
+            json!({"command": command, "description": "Run it"}),
+        );
+        self.fake.push(match usage {
+            None => [call, Reply::text(text)],
+            Some([(i1, o1), (i2, o2)]) => {
+                [call.usage(i1, 0, o1), Reply::text(text).usage(i2, 0, o2)]
+            }
+        });
     }
 
-    async fn session(&self) -> pb::SessionInfo {
-        G::session(self).await
+    fn request(&self) -> pb::CreateSessionRequest {
+        G::request(self)
+    }
+
+    /// gemini reports usage once, with the turn's result: the bridge puts the whole turn's
+    /// tokens on the answer, which crosses the budget.
+    fn budget_turn(&self, acts: &[pb::SessionActivityEvent]) {
+        assert_eq!((acts[2].tokens_input, acts[2].tokens_output), (3100, 20));
     }
 
     /// The bridge, and the gemini CLI it runs for the turn.

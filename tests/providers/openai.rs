@@ -12,7 +12,9 @@ use serde_json::{json, Value};
 
 use crate::fake_openai::{FakeOpenAi, Recorded, Reply};
 use crate::harness::*;
-use crate::scenarios::{killed_mid_turn, stop_during_a_tool_call, Kit};
+use crate::scenarios::{
+    budget_crossed_by_real_usage, killed_mid_turn, stop_during_a_tool_call, Kit,
+};
 
 /// The model sessions ask for: it must reach the server unchanged.
 const MODEL: &str = "gpt-paddock-test";
@@ -332,33 +334,7 @@ async fn openai_bridge_killed_mid_turn_is_obey_2031() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_token_budget_crossed_by_real_usage_fails_the_session() {
-    let (w, fake) = start(vec![
-        Reply::tool("write_file", json!({"path": "a.txt", "content": "a\n"})).usage(1500, 0, 10),
-        Reply::text("This answer crosses the budget.").usage(1600, 0, 10),
-        Reply::text("Never asked for."),
-    ])
-    .await;
-    let mut req = request(&w, &fake);
-    req.max_tokens = 2000;
-    let s = w.create(req).await;
-    let acts = w.send(&s.id, "Write a.txt, then answer.").await;
-    assert_eq!(
-        kinds(&acts),
-        ["TOOL_CALL", "TOOL_RESULT", "TEXT", "ERROR"],
-        "{acts:#?}"
-    );
-    assert_eq!((acts[0].tokens_input, acts[0].tokens_output), (1500, 10));
-    assert_eq!((acts[2].tokens_input, acts[2].tokens_output), (1600, 10));
-    assert!(
-        acts[3].content.starts_with("OBEY-2013"),
-        "{}",
-        acts[3].content
-    );
-    let info = w.wait_status(&s.id, S::Failed).await;
-    assert_eq!(info.error_code, "OBEY-2013");
-    assert_eq!((info.tokens_input, info.tokens_output), (3100, 20));
-    wait_gone_with(s.pid as u32, "__bridge").await;
-    assert_eq!(fake.completions().len(), 2);
+    budget_crossed_by_real_usage::<OpenAi>().await;
 }
 
 /// paddock's own agent loop against the fake OpenAI API, as the shared scenarios drive it.
@@ -390,25 +366,30 @@ impl Kit for OpenAi {
         s.pid as u32
     }
 
-    fn push_shell_turn(&self, command: &str, text: &str) {
-        self.fake.push([
-            Reply::tool("shell", json!({"command": command})),
-            Reply::text(text),
-        ]);
+    fn push_shell_turn(&self, command: &str, text: &str, usage: Option<[(u64, u64); 2]>) {
+        let call = Reply::tool("shell", json!({"command": command}));
+        self.fake.push(match usage {
+            None => [call, Reply::text(text)],
+            Some([(i1, o1), (i2, o2)]) => {
+                [call.usage(i1, 0, o1), Reply::text(text).usage(i2, 0, o2)]
+            }
+        });
     }
 
-    async fn session(&self) -> pb::SessionInfo {
-        self.w.create(request(&self.w, &self.fake)).await
+    fn request(&self) -> pb::CreateSessionRequest {
+        request(&self.w, &self.fake)
     }
 
-    /// The bridge: the tool's command is in its process group.
-    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
-        vec![(s.pid as u32, "__bridge")]
+    /// Each answer carries its own usage: the second crosses the budget mid-turn.
+    fn budget_turn(&self, acts: &[pb::SessionActivityEvent]) {
+        assert_eq!((acts[0].tokens_input, acts[0].tokens_output), (1500, 10));
+        assert_eq!((acts[2].tokens_input, acts[2].tokens_output), (1600, 10));
     }
 
-    /// The stop cut the turn at its one tool call: the loop never asked the model again.
-    async fn after_end(&self) {
-        assert_eq!(self.fake.completions().len(), 1);
+    /// The loop asked the model no more than the turn needed (a stop cut the turn at its
+    /// first call; a budget crossed by the second answer is the turn's end).
+    async fn after_end(&self, asked: usize) {
+        assert_eq!(self.fake.completions().len(), asked);
     }
 }
 

@@ -19,8 +19,9 @@ pub(crate) trait Kit: Sized {
     fn world(&self) -> &World;
 
     /// Scripts the fake model's next turn: a call of the agent's shell tool running `command`,
-    /// then `text` as its answer.
-    fn push_shell_turn(&self, command: &str, text: &str);
+    /// then `text` as its answer; with `usage`, the (input, output) tokens the model reports
+    /// with each of the two.
+    fn push_shell_turn(&self, command: &str, text: &str, usage: Option<[(u64, u64); 2]>);
 
     /// Scripts the fake model's next answer: none, ever (the request hangs).
     fn push_hang(&self);
@@ -28,15 +29,26 @@ pub(crate) trait Kit: Sized {
     /// Waits until the fake model has received `n` requests.
     async fn wait_model_requests(&self, n: usize);
 
+    /// The request that makes a session of this provider.
+    fn request(&self) -> pb::CreateSessionRequest;
+
     /// A new session of this provider, RUNNING.
-    async fn session(&self) -> pb::SessionInfo;
+    async fn session(&self) -> pb::SessionInfo {
+        self.world().create(self.request()).await
+    }
 
     /// The process that is the agent itself (the CLI; for paddock's own loop, its bridge).
     async fn agent(&self, s: &pb::SessionInfo) -> u32;
 
+    /// A word of the command line of the session's own process (its pid: the agent, or the
+    /// bridge that runs it).
+    const WORD: &'static str = "__bridge";
+
     /// The agent's processes that a stop must end, each with a word of its command line (a
     /// reused pid running something else counts as gone), as seen while a tool runs.
-    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)>;
+    async fn agent_processes(&self, s: &pb::SessionInfo) -> Vec<(u32, &'static str)> {
+        vec![(s.pid as u32, Self::WORD)]
+    }
 
     /// How long the tool's processes may outlive a forced stop.
     const TOOL_GONE_WITHIN: Duration = Duration::from_secs(5);
@@ -44,20 +56,35 @@ pub(crate) trait Kit: Sized {
     /// What this provider also checks once the tool runs (its pid given).
     fn tool_started(&self, _s: &pb::SessionInfo, _tool: u32) {}
 
-    /// What this provider also checks once the session ended and its processes are gone.
-    async fn after_end(&self) {}
+    /// What this provider also checks once the session ended and its processes are gone, its
+    /// model having been asked `asked` times in the turn.
+    async fn after_end(&self, _asked: usize) {}
+
+    /// The kinds of the activities of a turn whose model's usage crosses the token budget
+    /// ([`budget_crossed_by_real_usage`]): an agent that reports usage as it goes is cut
+    /// mid-turn (an ERROR ends it), one that reports it with the turn's end completes first.
+    const BUDGET_TURN: &'static [&'static str] = &["TOOL_CALL", "TOOL_RESULT", "TEXT", "ERROR"];
+
+    /// The (input, output) tokens such a session counts: what the model reported (Claude Code
+    /// counts one output token a call, from the stream's start).
+    const BUDGET_TOKENS: (i64, i64) = (3100, 20);
+
+    /// What this provider also checks of that turn's activities (which carry the tokens).
+    fn budget_turn(&self, _acts: &[pb::SessionActivityEvent]) {}
 }
 
 /// For the agents that talk to the fake Anthropic API (Claude Code, Claude's ACP adapter): a
-/// turn of one `Bash` call running `command`, then `text`.
-pub(crate) fn push_bash_turn(w: &World, command: &str, text: &str) {
-    w.fake.push([
-        crate::fake_anthropic::Reply::tool(
-            "Bash",
-            serde_json::json!({"command": command, "description": "Run it"}),
-        ),
-        crate::fake_anthropic::Reply::text(text),
-    ]);
+/// turn of one `Bash` call running `command`, then `text` (see [`Kit::push_shell_turn`]).
+pub(crate) fn push_bash_turn(w: &World, command: &str, text: &str, usage: Option<[(u64, u64); 2]>) {
+    use crate::fake_anthropic::Reply;
+    let call = Reply::tool(
+        "Bash",
+        serde_json::json!({"command": command, "description": "Run it"}),
+    );
+    w.fake.push(match usage {
+        None => [call, Reply::text(text)],
+        Some([(i1, o1), (i2, o2)]) => [call.usage(i1, 0, o1), Reply::text(text).usage(i2, 0, o2)],
+    });
 }
 
 /// A word no other process has on its command line.
@@ -82,6 +109,7 @@ pub(crate) async fn stop_during_a_tool_call<K: Kit>() {
     k.push_shell_turn(
         &format!("echo napping > nap.txt && {nap} && echo woke >> nap.txt"),
         "Woke up.",
+        None,
     );
     let s = k.session().await;
     assert_eq!(s.status, S::Running as i32, "{s:?}");
@@ -112,7 +140,7 @@ pub(crate) async fn stop_during_a_tool_call<K: Kit>() {
     for (pid, word) in agent {
         wait_gone_with(pid, word).await;
     }
-    k.after_end().await;
+    k.after_end(1).await;
     assert_eq!(
         std::fs::read_to_string(w.root.join("nap.txt")).unwrap(),
         "napping\n"
@@ -151,5 +179,52 @@ pub(crate) async fn killed_mid_turn<K: Kit>() {
     for (pid, word) in processes {
         wait_gone_with(pid, word).await;
     }
-    k.after_end().await;
+    k.after_end(1).await;
+}
+
+/// A session with a token budget of 2,000 whose model reports 1,500 input tokens for its tool
+/// call and 1,600 for its answer: the real usage crosses the budget within the turn. The
+/// session is FAILED with OBEY-2013 and counts what the model reported, the tool did its work,
+/// a next message is refused with OBEY-2013, and the agent is gone.
+pub(crate) async fn budget_crossed_by_real_usage<K: Kit>() {
+    let k = K::start().await;
+    let w = k.world();
+    k.push_shell_turn(
+        "echo a > a.txt",
+        "This answer crosses the budget.",
+        Some([(1500, 10), (1600, 10)]),
+    );
+    let mut req = k.request();
+    req.max_tokens = 2000;
+    let s = w.create(req).await;
+    let acts = w.send(&s.id, "Write a.txt, then answer.").await;
+    assert_eq!(kinds(&acts), K::BUDGET_TURN, "{acts:#?}");
+    if kind(acts.last().unwrap()) == "ERROR" {
+        let e = &acts.last().unwrap().content;
+        assert!(e.starts_with("OBEY-2013"), "{e}");
+    }
+    k.budget_turn(&acts);
+    let info = w.wait_status(&s.id, S::Failed).await;
+    assert_eq!(info.error_code, "OBEY-2013", "{info:?}");
+    let (input, output) = K::BUDGET_TOKENS;
+    assert_eq!((info.tokens_input, info.tokens_output), (input, output));
+    assert!(
+        info.error_message
+            .contains(&format!("{} of 2000", input + output)),
+        "{}",
+        info.error_message
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.root.join("a.txt")).unwrap(),
+        "a\n"
+    );
+    let e = within(w.client().await.send_message(pb::SendMessageRequest {
+        session_id: s.id.clone(),
+        message: "More?".into(),
+    }))
+    .await
+    .expect_err("the budget is spent");
+    assert!(e.message().contains("OBEY-2013"), "{}", e.message());
+    wait_gone_with(s.pid as u32, K::WORD).await;
+    k.after_end(2).await;
 }
