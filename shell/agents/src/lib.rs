@@ -174,7 +174,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
                     scripted::SCRIPT_BYTES_MAX,
                 )
                 .map_err(|e| bad(e.to_string()))?;
-                scripted::parse_script(&text).map_err(bad)?;
+                scripted::parse_script(&text).map_err(|e| bad(e.to_string()))?;
             }
             Ok(())
         }
@@ -185,10 +185,10 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
         | Provider::OpenClaw => {
             check_model(config)?;
             let argv = agent_command(config.provider, &config.provider_config)
-                .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+                .map_err(|e| Error::new(ErrorCode::CreationFailed, e.to_string()))?;
             if config.provider == Provider::Codex {
                 bridge::codex::validate_config(&config.provider_config)
-                    .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+                    .map_err(|e| Error::new(ErrorCode::CreationFailed, e.to_string()))?;
             }
             find_on_path(&argv[0], config).ok_or_else(|| {
                 Error::new(
@@ -210,7 +210,7 @@ pub fn validate(config: &SessionConfig) -> Result<(), Error> {
                 ));
             }
             bridge::openai::check_config(&config.provider_config)
-                .map_err(|e| Error::new(ErrorCode::CreationFailed, e))?;
+                .map_err(|e| Error::new(ErrorCode::CreationFailed, e.to_string()))?;
             openai_key_for_openai(config)
         }
     }
@@ -355,13 +355,25 @@ const CLAUDE_ALIASES: &[&str] = &["default", "sonnet", "opus", "haiku", "best", 
 /// The model aliases gemini-cli accepts for `-m`.
 const GEMINI_ALIASES: &[&str] = &["auto", "pro", "flash", "flash-lite"];
 
+/// Why a provider has no command line to start.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(
+        "the acp provider needs provider_config.command: the agent's command line \
+         (e.g. \"gemini --acp\")"
+    )]
+    AcpNeedsCommand,
+    #[error("provider {} runs no CLI", .0.name())]
+    NoCli(Provider),
+}
+
 /// The command line that starts a CLI agent: `provider_config["command"]` (split like a shell
 /// would where the configuration came in, so `"openclaw acp"` or `"/opt/bin/gemini --acp"`
 /// work), else the provider's default.
 pub fn agent_command(
     provider: Provider,
     provider_config: &paddock_core::ProviderConfig,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, CommandError> {
     if let Some(argv) = &provider_config.agent().command {
         return Ok(argv.clone());
     }
@@ -370,14 +382,8 @@ pub fn agent_command(
         Provider::Codex => &["codex"],
         Provider::Gemini => &["gemini"],
         Provider::OpenClaw => &["openclaw", "acp"],
-        Provider::Acp => {
-            return Err(
-                "the acp provider needs provider_config.command: the agent's command line \
-                 (e.g. \"gemini --acp\")"
-                    .into(),
-            )
-        }
-        other => return Err(format!("provider {} runs no CLI", other.name())),
+        Provider::Acp => return Err(CommandError::AcpNeedsCommand),
+        other => return Err(CommandError::NoCli(other)),
     };
     Ok(argv.iter().map(|a| a.to_string()).collect())
 }
@@ -413,8 +419,17 @@ fn system_prompt_args(config: &SessionConfig) -> Vec<String> {
     }
 }
 
+/// Why a session's agent cannot be started: its run fails (`SpawnFailed`, with this text).
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    #[error("the claude-code CLI binary \"{0}\" was not found")]
+    NotFound(String),
+}
+
 /// How to start the provider of `spec`, and the parser for its output.
-pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LineParser>), String> {
+pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LineParser>), PlanError> {
     let config = &spec.config;
     let cwd = PathBuf::from(&config.working_dir);
     let mut env: Vec<(String, String)> = config
@@ -440,9 +455,8 @@ pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LinePar
         }
         Provider::ClaudeCode => {
             let argv = agent_command(config.provider, &config.provider_config)?;
-            let program = find_on_path(&argv[0], config).ok_or_else(|| {
-                format!("the claude-code CLI binary \"{}\" was not found", argv[0])
-            })?;
+            let program = find_on_path(&argv[0], config)
+                .ok_or_else(|| PlanError::NotFound(argv[0].clone()))?;
             // Checked against the real CLI (2.1.330, tests/providers): `--verbose` is required
             // for stream-json output in `-p` mode; `--permission-prompt-tool stdio` makes it ask
             // us (`control_request` / `can_use_tool` on stdout, our `control_response` on

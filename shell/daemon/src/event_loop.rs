@@ -835,13 +835,15 @@ impl Ports for Io {
     }
 
     fn spawn(&mut self, id: &SessionId, run: RunId, spec: SpawnSpec) -> Option<ProviderEvent> {
-        let planned = crate::providers::plan(&spec, &self.exe).and_then(|(plan, parser)| {
-            Ok((
-                crate::env::enter(&self.env, id, &spec.config, plan, crate::env::Role::Agent)
-                    .map_err(|e| e.to_string())?,
-                parser,
-            ))
-        });
+        // The core is told the text of a failure (SpawnFailed's reason).
+        let planned = crate::providers::plan(&spec, &self.exe)
+            .map_err(|e| e.to_string())
+            .and_then(|(plan, parser)| {
+                let role = crate::env::Role::Agent;
+                let plan = crate::env::enter(&self.env, id, &spec.config, plan, role)
+                    .map_err(|e| e.to_string())?;
+                Ok((plan, parser))
+            });
         let (plan, parser) = match planned {
             Ok(planned) => planned,
             Err(reason) => return Some(ProviderEvent::SpawnFailed { reason }),

@@ -60,7 +60,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::wire::{push_limited, Buf, Decision, In, Out, TurnEnd, Usage, TEXT_MAX};
-use super::{Bridge, TurnExit};
+use super::{Bridge, Error, TurnExit};
 use crate::agent_command;
 
 /// The ACP protocol version this client speaks.
@@ -89,6 +89,8 @@ impl std::fmt::Display for RpcError {
         }
     }
 }
+
+impl std::error::Error for RpcError {}
 
 type Reply = Result<Value, RpcError>;
 
@@ -163,7 +165,7 @@ fn gone() -> RpcError {
 }
 
 /// Runs the ACP bridge.
-pub fn run(bridge: &Bridge) -> Result<(), String> {
+pub fn run(bridge: &Bridge) -> Result<(), Error> {
     let provider = if bridge.config.contains_key("command") {
         paddock_core::Provider::Acp
     } else {
@@ -178,9 +180,10 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
     // In the bridge's group, with the session's tag; this thread runs the bridge to its end,
     // and the agent lives no longer than it.
     paddock_sys::proc::die_with_parent(&mut cmd);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the ACP agent {:?}: {e}", argv[0]))?;
+    let mut child = cmd.spawn().map_err(|source| Error::StartAcp {
+        program: argv[0].clone(),
+        source,
+    })?;
     let trace = std::env::var_os("PADDOCK_BRIDGE_TRACE").and_then(|p| {
         std::fs::OpenOptions::new()
             .create(true)
@@ -261,7 +264,10 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             }),
             SETUP_TIMEOUT,
         )
-        .map_err(|e| format!("initialize: {e}"))?;
+        .map_err(|source| Error::Rpc {
+            call: "initialize".into(),
+            source,
+        })?;
     let caps = &init["agentCapabilities"];
     let cwd = bridge.cwd.display().to_string();
     // The client's tools, from paddock's MCP server: a socket this bridge serves, given to the
@@ -290,14 +296,13 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
                 replaying.store(false, Ordering::SeqCst);
                 r
             } else {
-                return Err(format!(
-                    "cannot continue conversation {id}: the agent offers neither session/resume nor session/load"
-                ));
+                return Err(Error::NoResume { id: id.clone() });
             };
-            (
-                id.clone(),
-                r.map_err(|e| format!("cannot continue conversation {id}: {e}"))?,
-            )
+            let r = r.map_err(|source| Error::Resume {
+                id: id.clone(),
+                source,
+            })?;
+            (id.clone(), r)
         }
         None => {
             let r = rpc
@@ -306,10 +311,13 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
                     json!({"cwd": cwd, "mcpServers": mcp_servers}),
                     SETUP_TIMEOUT,
                 )
-                .map_err(|e| format!("session/new: {e}"))?;
+                .map_err(|source| Error::Rpc {
+                    call: "session/new".into(),
+                    source,
+                })?;
             let id = r["sessionId"]
                 .as_str()
-                .ok_or_else(|| format!("session/new answered without a sessionId: {r}"))?
+                .ok_or_else(|| Error::NoSessionId(r.clone()))?
                 .to_string();
             (id, r)
         }
@@ -323,7 +331,10 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             json!({"sessionId": session_id, "modeId": mode}),
             SETUP_TIMEOUT,
         )
-        .map_err(|e| format!("session/set_mode {mode:?}: {e}"))?;
+        .map_err(|source| Error::Rpc {
+            call: format!("session/set_mode {mode:?}"),
+            source,
+        })?;
     }
     if !bridge.model.is_empty() {
         set_model(&rpc, &session_id, &bridge.model, &setup)?;
@@ -368,7 +379,7 @@ fn select_values(option: &Value) -> Vec<&str> {
 /// category `model` (`session/set_config_option`, what current agents do), else the older
 /// `models` list (`session/set_model`). A model the agent does not offer is refused with the
 /// agent's own list.
-fn set_model(rpc: &Rpc, session_id: &str, model: &str, setup: &Value) -> Result<(), String> {
+fn set_model(rpc: &Rpc, session_id: &str, model: &str, setup: &Value) -> Result<(), Error> {
     let option = setup["configOptions"].as_array().and_then(|opts| {
         opts.iter()
             .find(|o| o["type"] == "select" && (o["category"] == "model" || o["id"] == "model"))
@@ -394,14 +405,17 @@ fn set_model(rpc: &Rpc, session_id: &str, model: &str, setup: &Value) -> Result<
         return Ok(());
     }
     if !offered.contains(&model) {
-        return Err(format!(
-            "the ACP agent does not offer model {model:?} (it offers: {})",
-            offered.join(", ")
-        ));
+        return Err(Error::ModelNotOffered {
+            model: model.to_string(),
+            offered: offered.iter().map(|m| m.to_string()).collect(),
+        });
     }
     rpc.call(method, params, SETUP_TIMEOUT)
         .map(|_| ())
-        .map_err(|e| format!("{method} {model:?}: {e}"))
+        .map_err(|source| Error::Rpc {
+            call: format!("{method} {model:?}"),
+            source,
+        })
 }
 
 /// How a `session/prompt` answer ends the turn.

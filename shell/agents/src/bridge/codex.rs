@@ -142,7 +142,7 @@ use paddock_proto::runner::v1::{EventType, ExecEvent, ItemEvent, ItemType, TurnU
 use serde_json::{json, Value};
 
 use super::wire::{Out, TurnEnd, Usage};
-use super::{die_like, run_turn, Bridge, TurnExit};
+use super::{die_like, run_turn, Bridge, Error, TurnExit};
 use crate::{agent_command, mcp, PermissionPolicy};
 
 /// Longest prompt given as an argument; a longer one goes through stdin (Linux refuses a single
@@ -181,7 +181,7 @@ pub fn sandbox_mode(policy: &PermissionPolicy) -> &'static str {
 }
 
 /// `provider_config["codex_config"]`: one `key=value` per line, blank and `#` lines skipped.
-pub fn extra_config(text: Option<&str>) -> Result<Vec<String>, String> {
+pub fn extra_config(text: Option<&str>) -> Result<Vec<String>, Error> {
     let mut out = Vec::new();
     for (n, line) in text.unwrap_or("").lines().enumerate() {
         let line = line.trim();
@@ -191,10 +191,10 @@ pub fn extra_config(text: Option<&str>) -> Result<Vec<String>, String> {
         match line.split_once('=') {
             Some((k, _)) if !k.trim().is_empty() => out.push(line.to_string()),
             _ => {
-                return Err(format!(
-                    "codex_config line {} is not key=value: {line:?}",
-                    n + 1
-                ))
+                return Err(Error::CodexConfigLine {
+                    line: n + 1,
+                    text: line.to_string(),
+                })
             }
         }
     }
@@ -202,7 +202,7 @@ pub fn extra_config(text: Option<&str>) -> Result<Vec<String>, String> {
 }
 
 /// Checks a codex session's provider_config (at CreateSession).
-pub fn validate_config(config: &std::collections::BTreeMap<String, String>) -> Result<(), String> {
+pub fn validate_config(config: &std::collections::BTreeMap<String, String>) -> Result<(), Error> {
     extra_config(config.get("codex_config").map(String::as_str)).map(|_| ())
 }
 
@@ -220,8 +220,9 @@ pub struct Settings {
 }
 
 impl Settings {
-    pub fn new(bridge: &Bridge) -> Result<Settings, String> {
-        let policy = PermissionPolicy::parse(bridge.config("permissions"))?;
+    pub fn new(bridge: &Bridge) -> Result<Settings, Error> {
+        let policy =
+            PermissionPolicy::parse(bridge.config("permissions")).map_err(Error::Permissions)?;
         Ok(Settings {
             argv: agent_command(Provider::Codex, &bridge.config)?,
             model: bridge.model.clone(),
@@ -284,7 +285,7 @@ impl Settings {
 }
 
 /// Runs turns until stdin closes (a stop ends the bridge by its signal).
-pub fn run(bridge: &Bridge) -> Result<(), String> {
+pub fn run(bridge: &Bridge) -> Result<(), Error> {
     let mut settings = Settings::new(bridge)?;
     // The client's tools, from paddock's MCP server: a socket this bridge serves, named to
     // each turn's codex with `-c mcp_servers.paddock…` (codex starts the relay).

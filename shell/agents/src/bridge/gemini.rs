@@ -99,7 +99,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::wire::{push_limited, truncate, TEXT_MAX};
-use super::{die_like, run_turn, Bridge, Out, TurnEnd, TurnExit, Usage};
+use super::{die_like, run_turn, Bridge, Error, Out, TurnEnd, TurnExit, Usage};
 use crate::{agent_command, PermissionPolicy};
 use paddock_core::Provider;
 
@@ -111,9 +111,10 @@ const PROMPT_MAX: usize = 120 * 1024;
 
 /// Runs one gemini process per user message until stdin closes. Err only when
 /// gemini cannot be started at all (the daemon sees the bridge exit: a crash).
-pub fn run(bridge: &Bridge) -> Result<(), String> {
+pub fn run(bridge: &Bridge) -> Result<(), Error> {
     let argv = agent_command(Provider::Gemini, &bridge.config)?;
-    let policy = PermissionPolicy::parse(bridge.config("permissions"))?;
+    let policy =
+        PermissionPolicy::parse(bridge.config("permissions")).map_err(Error::Permissions)?;
     let mut session = bridge.resume.clone();
     // The client's tools, from paddock's MCP server: a socket this bridge serves, named to
     // gemini in a settings file of its own (gemini's system settings: they add to the user's).
@@ -122,8 +123,10 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
         Some(s) => {
             let file = s.dir.path().join("settings.json");
             let text = serde_json::json!({"mcpServers": super::mcp_socket::server_entry(s)});
-            std::fs::write(&file, text.to_string())
-                .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+            std::fs::write(&file, text.to_string()).map_err(|source| Error::Write {
+                path: file.clone(),
+                source,
+            })?;
             Some(file)
         }
         None => None,
@@ -151,7 +154,10 @@ pub fn run(bridge: &Bridge) -> Result<(), String> {
             turn.line(line, &bridge.out);
             turn.end.is_some()
         })
-        .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
+        .map_err(|source| Error::Start {
+            program: argv[0].clone(),
+            source,
+        })?;
         session = turn.session_id.clone();
         let end = turn.finish(&exit);
         match end {

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use super::openai::ClientTool;
 use super::wire::In;
+use super::Error;
 use crate::mcp::{self, Rpc};
 
 /// The longest JSON-RPC line taken from the agent (a tool call's arguments).
@@ -39,13 +40,13 @@ impl Served {
 }
 
 /// Serves the session's client tools for `bridge`; `None` when it has none.
-pub fn serve_client_tools(bridge: &super::Bridge) -> Result<Option<Served>, String> {
+pub fn serve_client_tools(bridge: &super::Bridge) -> Result<Option<Served>, Error> {
     let tools = bridge.config.agent().client_tools.clone();
     serve(tools, bridge.input.clone())
 }
 
 /// Serves `tools` on a new socket, on threads of its own; `None` when there are none.
-pub fn serve(tools: Vec<ClientTool>, input: Arc<In>) -> Result<Option<Served>, String> {
+pub fn serve(tools: Vec<ClientTool>, input: Arc<In>) -> Result<Option<Served>, Error> {
     if tools.is_empty() {
         return Ok(None);
     }
@@ -55,15 +56,20 @@ pub fn serve(tools: Vec<ClientTool>, input: Arc<In>) -> Result<Option<Served>, S
     let base = dirs::cache_dir()
         .unwrap_or_else(std::env::temp_dir)
         .join("paddock");
-    std::fs::create_dir_all(&base).map_err(|e| format!("cannot make {}: {e}", base.display()))?;
+    std::fs::create_dir_all(&base).map_err(|source| Error::MakeDir {
+        path: base.clone(),
+        source,
+    })?;
     let dir = tempfile::Builder::new()
         .prefix("mcp-")
         .tempdir_in(&base)
-        .map_err(|e| format!("cannot make the MCP socket's directory: {e}"))?;
-    let exe = std::env::current_exe().map_err(|e| format!("paddock's own binary: {e}"))?;
+        .map_err(Error::McpDir)?;
+    let exe = std::env::current_exe().map_err(Error::OwnExe)?;
     let socket = dir.path().join("mcp.sock");
-    let listener = UnixListener::bind(&socket)
-        .map_err(|e| format!("cannot serve MCP on {}: {e}", socket.display()))?;
+    let listener = UnixListener::bind(&socket).map_err(|source| Error::McpServe {
+        socket: socket.clone(),
+        source,
+    })?;
     let tools = Arc::new(tools);
     let live = Arc::new(AtomicUsize::new(0));
     std::thread::spawn(move || {

@@ -51,6 +51,138 @@ pub use wire::{Decision, In, Out, TurnEnd, Usage};
 
 use paddock_sys::proc;
 
+/// Why a bridge cannot go on: the bridges' one error type. [`run`] prints it as the bridge's
+/// last stderr line (`paddock bridge (<agent>): <text>`, which the daemon keeps) and exits 1;
+/// the daemon's own checks at CreateSession ([`codex::validate_config`],
+/// [`openai::check_config`]) turn it into the refusal's text. A turn that fails is not one of
+/// these: it ends in an ERROR result, and the session goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // The session's settings (its model and provider_config).
+    /// The agent's command line (`provider_config.command`, or the provider's default).
+    #[error(transparent)]
+    Command(#[from] crate::CommandError),
+    /// `provider_config.permissions` is not a policy (the core's text).
+    #[error("{0}")]
+    Permissions(String),
+    #[error("codex_config line {line} is not key=value: {text:?}")]
+    CodexConfigLine { line: usize, text: String },
+    #[error("no model: the openai-api provider needs the endpoint's model name")]
+    NoModel,
+    #[error("the openai-api base_url must be an http:// or https:// URL (got {0:?})")]
+    BaseUrl(String),
+    #[error("provider_config.{key} is not a number: {value:?}")]
+    NotANumber { key: String, value: String },
+    #[error("provider_config.{key} must be at least {min}")]
+    TooSmall { key: String, min: u64 },
+    #[error("provider_config.{key} is too large")]
+    TooLarge { key: String },
+    #[error("provider_config.max_retries must be at most {max}")]
+    TooManyRetries { max: u32 },
+
+    // The agent's process.
+    #[error("cannot start {program}: {source}")]
+    Start {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the ACP agent {program:?}: {source}")]
+    StartAcp {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    // The agent's protocol (ACP's set-up requests).
+    /// A set-up request failed: `call` says which (`initialize`, `session/set_mode "m"`, …).
+    #[error("{call}: {source}")]
+    Rpc {
+        call: String,
+        #[source]
+        source: acp::RpcError,
+    },
+    #[error("cannot continue conversation {id}: {source}")]
+    Resume {
+        id: String,
+        #[source]
+        source: acp::RpcError,
+    },
+    #[error(
+        "cannot continue conversation {id}: the agent offers neither session/resume nor session/load"
+    )]
+    NoResume { id: String },
+    #[error("session/new answered without a sessionId: {0}")]
+    NoSessionId(serde_json::Value),
+    #[error("the ACP agent does not offer model {model:?} (it offers: {})", .offered.join(", "))]
+    ModelNotOffered { model: String, offered: Vec<String> },
+
+    // The model API (the openai-api loop).
+    /// The endpoint answered with an error object: its own message.
+    #[error("{0}")]
+    Endpoint(String),
+    /// A tool call's arguments are JSON but not an object.
+    #[error("not an object")]
+    ArgumentsNotObject,
+    /// A tool call's arguments are not JSON.
+    #[error("{0}")]
+    Arguments(#[source] serde_json::Error),
+
+    // Files and directories.
+    #[error("the working directory {}: {source}", .path.display())]
+    WorkingDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make {}: {source}", .path.display())]
+    MakeDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make the MCP socket's directory: {0}")]
+    McpDir(#[source] std::io::Error),
+    #[error("cannot serve MCP on {}: {source}", .socket.display())]
+    McpServe {
+        socket: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("paddock's own binary: {0}")]
+    OwnExe(#[source] std::io::Error),
+    // The openai-api loop's saved conversation ([`openai::store`]).
+    #[error("not a conversation id: {0:?}")]
+    ConversationId(String),
+    #[error("no conversation {id} at {}: {source}", .path.display())]
+    NoConversation {
+        id: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("conversation {} is not JSON: {source}", .path.display())]
+    ConversationNotJson {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("conversation {} is not a version {version} conversation", .path.display())]
+    ConversationVersion { path: PathBuf, version: u64 },
+    #[error("cannot save the conversation to {}: {source}", .path.display())]
+    SaveConversation {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// Which protocol the bridge speaks on the agent's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
@@ -410,6 +542,67 @@ mod tests {
         let _ = Command::new("pkill")
             .args(["-f", "^sleep 29.4817$"])
             .status();
+    }
+
+    /// The bridges' errors say what the strings they replaced said.
+    #[test]
+    fn error_texts() {
+        let io = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let rpc = acp::RpcError {
+            code: -32601,
+            message: "nope".into(),
+        };
+        let cases = [
+            (
+                Error::from(crate::CommandError::AcpNeedsCommand),
+                "the acp provider needs provider_config.command: the agent's command line (e.g. \"gemini --acp\")".to_string(),
+            ),
+            (
+                Error::StartAcp {
+                    program: "openclaw".into(),
+                    source: io(),
+                },
+                format!("cannot start the ACP agent \"openclaw\": {}", io()),
+            ),
+            (
+                Error::Rpc {
+                    call: "session/set_mode \"plan\"".into(),
+                    source: rpc.clone(),
+                },
+                "session/set_mode \"plan\": nope (JSON-RPC error -32601)".into(),
+            ),
+            (
+                Error::ModelNotOffered {
+                    model: "m".into(),
+                    offered: vec!["a".into(), "b".into()],
+                },
+                "the ACP agent does not offer model \"m\" (it offers: a, b)".into(),
+            ),
+            (
+                Error::CodexConfigLine {
+                    line: 2,
+                    text: "just words".into(),
+                },
+                "codex_config line 2 is not key=value: \"just words\"".into(),
+            ),
+            (
+                Error::Write {
+                    path: "/x/settings.json".into(),
+                    source: io(),
+                },
+                format!("cannot write /x/settings.json: {}", io()),
+            ),
+            (
+                Error::ConversationVersion {
+                    path: "/s/c.json".into(),
+                    version: 1,
+                },
+                "conversation /s/c.json is not a version 1 conversation".into(),
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text);
+        }
     }
 
     /// An agent that said its turn is over but does not exit is killed after the grace.

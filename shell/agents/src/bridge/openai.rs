@@ -61,7 +61,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{Bridge, Decision, Out, TurnEnd, Usage};
+use super::{Bridge, Decision, Error, Out, TurnEnd, Usage};
 use crate::stream_json::{ApiRetry, Line, System};
 use api::{Api, CallError, Garbage};
 use sse::{Completion, ToolCall};
@@ -96,7 +96,7 @@ pub struct Settings {
 pub use crate::mcp::ClientTool;
 
 impl Settings {
-    pub fn from_bridge(b: &Bridge) -> Result<Settings, String> {
+    pub fn from_bridge(b: &Bridge) -> Result<Settings, Error> {
         Settings::new(&b.model, &b.config, &b.cwd)
     }
 
@@ -106,9 +106,9 @@ impl Settings {
         model: &str,
         config: &paddock_core::ProviderConfig,
         cwd: &Path,
-    ) -> Result<Settings, String> {
+    ) -> Result<Settings, Error> {
         if model.trim().is_empty() {
-            return Err("no model: the openai-api provider needs the endpoint's model name".into());
+            return Err(Error::NoModel);
         }
         let get = |k: &str| config.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -117,29 +117,30 @@ impl Settings {
             .or_else(|| env("OPENAI_BASE_URL"))
             .unwrap_or_else(|| "https://api.openai.com/v1".into());
         if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-            return Err(format!(
-                "the openai-api base_url must be an http:// or https:// URL (got {base_url:?})"
-            ));
+            return Err(Error::BaseUrl(base_url));
         }
-        let number = |key: &str, default: u64, min: u64| -> Result<u64, String> {
+        let number = |key: &str, default: u64, min: u64| -> Result<u64, Error> {
             let n = match get(key) {
                 None => default,
-                Some(s) => s
-                    .parse()
-                    .map_err(|_| format!("provider_config.{key} is not a number: {s:?}"))?,
+                Some(s) => s.parse().map_err(|_| Error::NotANumber {
+                    key: key.into(),
+                    value: s.into(),
+                })?,
             };
             if n < min {
-                return Err(format!("provider_config.{key} must be at least {min}"));
+                return Err(Error::TooSmall {
+                    key: key.into(),
+                    min,
+                });
             }
             Ok(n)
         };
-        let small = |key: &str, default: u64| -> Result<u32, String> {
-            u32::try_from(number(key, default, 0)?)
-                .map_err(|_| format!("provider_config.{key} is too large"))
+        let too_large = |key: &str| Error::TooLarge { key: key.into() };
+        let small = |key: &str, default: u64| -> Result<u32, Error> {
+            u32::try_from(number(key, default, 0)?).map_err(|_| too_large(key))
         };
-        let size = |key: &str, default: u64| -> Result<usize, String> {
-            usize::try_from(number(key, default, 1024)?)
-                .map_err(|_| format!("provider_config.{key} is too large"))
+        let size = |key: &str, default: u64| -> Result<usize, Error> {
+            usize::try_from(number(key, default, 1024)?).map_err(|_| too_large(key))
         };
         Ok(Settings {
             model: model.to_string(),
@@ -149,11 +150,7 @@ impl Settings {
                 .or_else(|| env("OPENAI_API_KEY")),
             max_tool_rounds: small("max_tool_rounds", 25)?,
             max_retries: match small("max_retries", 2)? {
-                n if n > RETRIES_MAX => {
-                    return Err(format!(
-                        "provider_config.max_retries must be at most {RETRIES_MAX}"
-                    ))
-                }
+                n if n > RETRIES_MAX => return Err(Error::TooManyRetries { max: RETRIES_MAX }),
                 n => n,
             },
             retry_backoff: Duration::from_millis(number("retry_backoff_ms", 500, 0)?),
@@ -196,7 +193,7 @@ pub fn conversation_file(
 
 /// Checks a session's `provider_config` at CreateSession, so that a bad value is refused
 /// there (OBEY-2004) rather than crashing the bridge at its start.
-pub fn check_config(config: &paddock_core::ProviderConfig) -> Result<(), String> {
+pub fn check_config(config: &paddock_core::ProviderConfig) -> Result<(), Error> {
     Settings::new("-", config, Path::new(".")).map(|_| ())
 }
 
@@ -212,10 +209,14 @@ impl Model for Api {
 }
 
 /// Runs the bridge: one turn per user message until stdin closes.
-pub fn run(bridge: &Bridge) -> Result<(), String> {
+pub fn run(bridge: &Bridge) -> Result<(), Error> {
     let s = Settings::from_bridge(bridge)?;
-    let tools = Tools::new(&bridge.cwd, s.shell_timeout, s.tool_output_max)
-        .map_err(|e| format!("the working directory {}: {e}", bridge.cwd.display()))?;
+    let tools = Tools::new(&bridge.cwd, s.shell_timeout, s.tool_output_max).map_err(|source| {
+        Error::WorkingDir {
+            path: bridge.cwd.clone(),
+            source,
+        }
+    })?;
     let api = Api::new(
         &s.base_url,
         s.api_key.clone(),
@@ -485,14 +486,14 @@ impl Agent<'_> {
 }
 
 /// A tool call's arguments: a JSON object ("" counts as `{}`).
-fn parse_arguments(a: &str) -> Result<Value, String> {
+fn parse_arguments(a: &str) -> Result<Value, Error> {
     if a.trim().is_empty() {
         return Ok(json!({}));
     }
     match serde_json::from_str::<Value>(a) {
         Ok(v) if v.is_object() => Ok(v),
-        Ok(_) => Err("not an object".into()),
-        Err(e) => Err(e.to_string()),
+        Ok(_) => Err(Error::ArgumentsNotObject),
+        Err(e) => Err(Error::Arguments(e)),
     }
 }
 
@@ -941,7 +942,7 @@ mod tests {
             ("max_tool_output_bytes", "10"),
             ("base_url", "ftp://x"),
         ] {
-            let e = check_config(&c(&[bad])).unwrap_err();
+            let e = check_config(&c(&[bad])).unwrap_err().to_string();
             assert!(e.contains(bad.0), "{e}");
         }
         assert!(check_config(&c(&[("state_dir", "/tmp/x")])).is_ok());
@@ -949,8 +950,8 @@ mod tests {
 
     #[test]
     fn arguments_parse_leniently() {
-        assert_eq!(parse_arguments(""), Ok(json!({})));
-        assert_eq!(parse_arguments(r#"{"a":1}"#), Ok(json!({"a": 1})));
+        assert_eq!(parse_arguments("").unwrap(), json!({}));
+        assert_eq!(parse_arguments(r#"{"a":1}"#).unwrap(), json!({"a": 1}));
         assert!(parse_arguments("[1]").is_err());
         assert!(parse_arguments("{").is_err());
     }

@@ -138,7 +138,9 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use agent::{Action, Agent, Reply};
-pub use script::{parse_script, Script, Step, StepKind, Turn, SCRIPT_BYTES_MAX};
+pub use script::{
+    parse_script, Script, ScriptError, Step, StepError, StepKind, Turn, SCRIPT_BYTES_MAX,
+};
 pub use tools::{list_dir, LIST_MAX, READ_MAX};
 
 use super::stream_json::{self, AgentInput, ReadAnswer};
@@ -671,7 +673,7 @@ mod tests {
         );
         assert_eq!(s.turns[0].steps[0].delay_ms, 3);
 
-        let err = |t: &str| parse_script(t).unwrap_err();
+        let err = |t: &str| parse_script(t).unwrap_err().to_string();
         assert!(err("not json").starts_with("invalid script"));
         assert!(err(r#"{"turnz":[]}"#).contains("unknown field"));
         assert!(err(r#"{"turns":[{"stepz":[]}]}"#).contains("unknown field"));

@@ -231,34 +231,90 @@ const KINDS: &[(&str, &[&str])] = &[
     ("builtin", &[]),
 ];
 
+/// Why a script cannot be used: the script format's error. The scripted agent prints it
+/// (`paddock scripted agent: <file>: <text>`, exit 2); the daemon refuses a session whose
+/// script has one (`bad script <file>: <text>`).
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error(transparent)]
+    Read(#[from] io::Error),
+    #[error("longer than {SCRIPT_BYTES_MAX} bytes")]
+    TooLong,
+    /// Not a script's outer shape (turns of steps, the script's own keys).
+    #[error("invalid script: {0}")]
+    Invalid(#[source] serde_json::Error),
+    /// One step (1-based) is wrong.
+    #[error("turn {turn} step {step}: {source}")]
+    Step {
+        turn: usize,
+        step: usize,
+        #[source]
+        source: StepError,
+    },
+}
+
+/// What is wrong with one step, as the script's author reads it.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("a step has one kind, found {}", .0.join(", "))]
+    Kinds(Vec<&'static str>),
+    #[error("unknown key {key:?} in a {kind:?} step (allowed: delay_ms{})", after_delay_ms(.allowed))]
+    UnknownKey {
+        key: String,
+        kind: &'static str,
+        allowed: &'static [&'static str],
+    },
+    #[error("unknown key {key:?} (a step needs one of: {})", kind_names())]
+    NoKind { key: String },
+    #[error("empty step (needs one of: {})", kind_names())]
+    Empty,
+    /// A key's value, in words that follow the key: `"text" must be a string`.
+    #[error("{0}")]
+    Value(String),
+}
+
+/// Every kind key, as errors list them.
+fn kind_names() -> String {
+    KINDS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+}
+
+/// `, a, b` for the keys a kind allows besides `delay_ms` (nothing for none).
+fn after_delay_ms(allowed: &[&str]) -> String {
+    allowed.iter().map(|k| format!(", {k}")).collect()
+}
+
 impl Script {
     /// Reads and parses a script file (see the module docs).
-    pub fn load(path: &Path) -> Result<Script, String> {
+    pub fn load(path: &Path) -> Result<Script, ScriptError> {
         let mut text = String::new();
-        fs::File::open(path)
-            .and_then(|f| {
-                let mut bounded = io::Read::take(f, SCRIPT_BYTES_MAX + 1);
-                io::Read::read_to_string(&mut bounded, &mut text)
-            })
-            .map_err(|e| e.to_string())?;
+        fs::File::open(path).and_then(|f| {
+            let mut bounded = io::Read::take(f, SCRIPT_BYTES_MAX + 1);
+            io::Read::read_to_string(&mut bounded, &mut text)
+        })?;
         if text.len() as u64 > SCRIPT_BYTES_MAX {
-            return Err(format!("longer than {SCRIPT_BYTES_MAX} bytes"));
+            return Err(ScriptError::TooLong);
         }
         parse_script(&text)
     }
 }
 
 /// Parses a script file's text. Errors name the turn and step (1-based).
-pub fn parse_script(text: &str) -> Result<Script, String> {
+pub fn parse_script(text: &str) -> Result<Script, ScriptError> {
     let outer: Script<Map<String, Value>> =
-        serde_json::from_str(text).map_err(|e| format!("invalid script: {e}"))?;
+        serde_json::from_str(text).map_err(ScriptError::Invalid)?;
     let mut turns = Vec::with_capacity(outer.turns.len());
     for (ti, t) in outer.turns.into_iter().enumerate() {
         let steps = t
             .steps
             .into_iter()
             .enumerate()
-            .map(|(si, s)| step(s).map_err(|e| format!("turn {} step {}: {e}", ti + 1, si + 1)))
+            .map(|(si, s)| {
+                step(s).map_err(|source| ScriptError::Step {
+                    turn: ti + 1,
+                    step: si + 1,
+                    source,
+                })
+            })
             .collect::<Result<_, _>>()?;
         turns.push(Turn {
             steps,
@@ -279,31 +335,27 @@ pub fn parse_script(text: &str) -> Result<Script, String> {
 }
 
 /// One step's object → a [`Step`]: its kind key found, its keys checked, then derived.
-fn step(mut m: Map<String, Value>) -> Result<Step, String> {
+fn step(mut m: Map<String, Value>) -> Result<Step, StepError> {
     // In the object's key order, as the error lists them.
-    let kinds: Vec<&(&str, &[&str])> = m
+    let kinds: Vec<&(&'static str, &'static [&'static str])> = m
         .keys()
         .filter_map(|k| KINDS.iter().find(|(kind, _)| kind == k))
         .collect();
-    let kind_names = || KINDS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ");
     let (kind, options) = match kinds.as_slice() {
         [] => (None, &[][..]),
         [(k, o)] => (Some(*k), *o),
-        _ => {
-            let found: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
-            return Err(format!("a step has one kind, found {}", found.join(", ")));
-        }
+        _ => return Err(StepError::Kinds(kinds.iter().map(|(k, _)| *k).collect())),
     };
     for k in m.keys() {
         let k = k.as_str();
         if k != "delay_ms" && k != "comment" && Some(k) != kind && !options.contains(&k) {
             return Err(match kind {
-                Some(kind) => format!(
-                    "unknown key {k:?} in a {kind:?} step (allowed: delay_ms{}{})",
-                    if options.is_empty() { "" } else { ", " },
-                    options.join(", ")
-                ),
-                None => format!("unknown key {k:?} (a step needs one of: {})", kind_names()),
+                Some(kind) => StepError::UnknownKey {
+                    key: k.to_string(),
+                    kind,
+                    allowed: options,
+                },
+                None => StepError::NoKind { key: k.to_string() },
             });
         }
     }
@@ -311,14 +363,14 @@ fn step(mut m: Map<String, Value>) -> Result<Step, String> {
     let waits = m.contains_key("delay_ms");
     let delay_ms = match m.remove("delay_ms") {
         None => 0,
-        Some(v) => count_value::<StepError>(v)
-            .map_err(|e| format!("\"delay_ms\" {e}"))?
+        Some(v) => count_value::<serde_json::Error>(v)
+            .map_err(|e| about("delay_ms", e))?
             .unwrap_or(0),
     };
     let kind = match kind {
         None if waits => StepKind::Wait,
-        None => return Err(format!("empty step (needs one of: {})", kind_names())),
-        Some(kind) => StepKind::deserialize(StepObject { kind, fields: m }).map_err(|e| e.0)?,
+        None => return Err(StepError::Empty),
+        Some(kind) => StepKind::deserialize(StepObject { kind, fields: m })?,
     };
     Ok(Step { delay_ms, kind })
 }
@@ -439,26 +491,14 @@ fn labels<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
 // variant's fields are the whole object (its kind key included), a newtype or unit variant's
 // value is the kind key's. Errors are prefixed with the key they are about.
 
-/// A step error: its text as the script's author reads it.
-#[derive(Debug)]
-struct StepError(String);
-
-impl fmt::Display for StepError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for StepError {}
-
 impl de::Error for StepError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        StepError(msg.to_string())
+        StepError::Value(msg.to_string())
     }
 }
 
 fn about(key: &str, e: serde_json::Error) -> StepError {
-    StepError(format!("{key:?} {e}"))
+    StepError::Value(format!("{key:?} {e}"))
 }
 
 struct StepObject {
@@ -568,7 +608,7 @@ mod tests {
             let got = StepKind::deserialize(StepObject { kind, fields: m });
             // A wrong type for the kind key is fine here; an unknown key is not.
             if let Err(e) = got {
-                assert!(!e.0.contains("unknown"), "{kind}: {e}");
+                assert!(!e.to_string().contains("unknown"), "{kind}: {e}");
             }
         }
     }

@@ -441,7 +441,9 @@ fn codex_config_lines() {
             "analytics.enabled = true"
         ]
     );
-    let e = extra_config(Some("ok=1\njust words")).unwrap_err();
+    let e = extra_config(Some("ok=1\njust words"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("line 2"), "{e}");
     assert!(extra_config(Some("=value")).is_err());
     // At CreateSession: OBEY-2004 (creation failed).

@@ -25,7 +25,7 @@ use std::io::{self, BufRead, Read};
 
 use serde_json::Value;
 
-use crate::bridge::Usage;
+use crate::bridge::{Error, Usage};
 
 /// One tool call the model asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,10 +168,8 @@ impl Accumulator {
     }
 
     /// Takes one chunk; `Err` with the endpoint's message when the chunk is an error.
-    pub fn chunk(&mut self, v: &Value) -> Result<(), String> {
-        if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-            return Err(error_message(e).unwrap_or_else(|| e.to_string()));
-        }
+    pub fn chunk(&mut self, v: &Value) -> Result<(), Error> {
+        reported_error(v)?;
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(usage(u));
         }
@@ -234,10 +232,8 @@ impl Accumulator {
     }
 
     /// A whole (non-streamed) `chat.completion` object.
-    pub fn whole(v: &Value) -> Result<Completion, String> {
-        if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-            return Err(error_message(e).unwrap_or_else(|| e.to_string()));
-        }
+    pub fn whole(v: &Value) -> Result<Completion, Error> {
+        reported_error(v)?;
         let mut acc = Accumulator::default();
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             acc.usage = Some(usage(u));
@@ -293,6 +289,16 @@ impl Accumulator {
             finish_reason: self.finish_reason,
             usage: self.usage,
         }
+    }
+}
+
+/// An answer that is an error object (`{"error": …}`): the endpoint's message.
+fn reported_error(v: &Value) -> Result<(), Error> {
+    match v.get("error").filter(|e| !e.is_null()) {
+        Some(e) => Err(Error::Endpoint(
+            error_message(e).unwrap_or_else(|| e.to_string()),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -444,7 +450,7 @@ mod tests {
         let e = acc
             .chunk(&json!({"error": {"message": "overloaded", "type": "server_error"}}))
             .unwrap_err();
-        assert_eq!(e, "overloaded");
+        assert_eq!(e.to_string(), "overloaded");
         // A line over the cap is an error, not a buffer that grows without end.
         let long = format!("data: {}\n\n", "x".repeat(100));
         let mut r = SseReader::new(long.as_bytes(), 1 << 20, 50);

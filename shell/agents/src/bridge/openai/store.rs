@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use crate::bridge::Error;
+
 /// The conversation file's format version.
 const VERSION: u64 = 1;
 
@@ -62,26 +64,31 @@ pub fn path(dir: &Path, id: &str) -> PathBuf {
 }
 
 /// Loads conversation `id`: its messages.
-pub fn load(dir: &Path, id: &str) -> Result<Vec<Value>, String> {
+pub fn load(dir: &Path, id: &str) -> Result<Vec<Value>, Error> {
     if !valid_id(id) {
-        return Err(format!("not a conversation id: {id:?}"));
+        return Err(Error::ConversationId(id.to_string()));
     }
     let p = path(dir, id);
-    let text = fs::read_to_string(&p)
-        .map_err(|e| format!("no conversation {id} at {}: {e}", p.display()))?;
-    let v: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("conversation {} is not JSON: {e}", p.display()))?;
+    let text = fs::read_to_string(&p).map_err(|source| Error::NoConversation {
+        id: id.to_string(),
+        path: p.clone(),
+        source,
+    })?;
+    let v: Value = serde_json::from_str(&text).map_err(|source| Error::ConversationNotJson {
+        path: p.clone(),
+        source,
+    })?;
     match v["messages"].as_array() {
         Some(m) if v["version"] == VERSION => Ok(m.clone()),
-        _ => Err(format!(
-            "conversation {} is not a version {VERSION} conversation",
-            p.display()
-        )),
+        _ => Err(Error::ConversationVersion {
+            path: p,
+            version: VERSION,
+        }),
     }
 }
 
 /// Saves conversation `id` (atomically).
-pub fn save(dir: &Path, id: &str, messages: &[Value]) -> Result<(), String> {
+pub fn save(dir: &Path, id: &str, messages: &[Value]) -> Result<(), Error> {
     use std::io::Write;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let p = path(dir, id);
@@ -104,7 +111,7 @@ pub fn save(dir: &Path, id: &str, messages: &[Value]) -> Result<(), String> {
             f.write_all(body.as_bytes())
         })
         .and_then(|_| fs::rename(&tmp, &p))
-        .map_err(|e| format!("cannot save the conversation to {}: {e}", p.display()))
+        .map_err(|source| Error::SaveConversation { path: p, source })
 }
 
 /// Drops the oldest exchanges (each from a `user` message up to the next) until the messages'
@@ -142,6 +149,7 @@ mod tests {
         assert_eq!(load(&dir, "01JABC").unwrap(), m);
         assert!(load(&dir, "01JXYZ")
             .unwrap_err()
+            .to_string()
             .starts_with("no conversation 01JXYZ"));
         assert!(load(&dir, "../x").is_err());
         assert!(!valid_id("a/b") && !valid_id("") && valid_id("01J-x_9"));

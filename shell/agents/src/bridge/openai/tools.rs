@@ -82,6 +82,23 @@ impl Outcome {
     }
 }
 
+/// Why a tool's path is refused: the tool's error result says it to the model.
+#[derive(Debug, thiserror::Error)]
+pub enum PathRefused {
+    #[error("an empty path")]
+    Empty,
+    #[error("{raw}: outside the working directory")]
+    Outside { raw: String },
+    #[error("{raw}: {source} (a dangling symlink?)")]
+    Unresolved {
+        raw: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{raw}: leads outside the working directory (through a symlink)")]
+    ThroughSymlink { raw: String },
+}
+
 /// The tools of one bridge.
 #[derive(Debug, Clone)]
 pub struct Tools {
@@ -126,9 +143,9 @@ impl Tools {
     }
 
     /// The real path `raw` names inside the root, or why it is refused.
-    pub fn resolve(&self, raw: &str) -> Result<PathBuf, String> {
+    pub fn resolve(&self, raw: &str) -> Result<PathBuf, PathRefused> {
         if raw.trim().is_empty() {
-            return Err("an empty path".into());
+            return Err(PathRefused::Empty);
         }
         let p = Path::new(raw);
         let joined = if p.is_absolute() {
@@ -148,7 +165,7 @@ impl Tools {
             }
         }
         if !norm.starts_with(&self.root) {
-            return Err(format!("{raw}: outside the working directory"));
+            return Err(PathRefused::Outside { raw: raw.into() });
         }
         // Then physically: the deepest existing part, symlinks resolved.
         let mut existing = norm.clone();
@@ -160,12 +177,12 @@ impl Tools {
             }
             existing.pop();
         }
-        let real =
-            fs::canonicalize(&existing).map_err(|e| format!("{raw}: {e} (a dangling symlink?)"))?;
+        let real = fs::canonicalize(&existing).map_err(|source| PathRefused::Unresolved {
+            raw: raw.into(),
+            source,
+        })?;
         if !real.starts_with(&self.root) {
-            return Err(format!(
-                "{raw}: leads outside the working directory (through a symlink)"
-            ));
+            return Err(PathRefused::ThroughSymlink { raw: raw.into() });
         }
         Ok(missing.iter().rev().fold(real, |p, n| p.join(n)))
     }
@@ -182,7 +199,7 @@ impl Tools {
     fn read_file(&self, raw: &str) -> Outcome {
         let path = match self.resolve(raw) {
             Ok(p) => p,
-            Err(e) => return Outcome::error(e),
+            Err(e) => return Outcome::error(e.to_string()),
         };
         let read = || -> std::io::Result<(Vec<u8>, u64)> {
             // Only regular files: opening a FIFO would block the agent until someone writes.
@@ -217,7 +234,7 @@ impl Tools {
     fn write_file(&self, raw: &str, content: &str) -> Outcome {
         let path = match self.resolve(raw) {
             Ok(p) => p,
-            Err(e) => return Outcome::error(e),
+            Err(e) => return Outcome::error(e.to_string()),
         };
         let write = || -> std::io::Result<()> {
             if let Some(parent) = path.parent() {
@@ -245,7 +262,7 @@ impl Tools {
     fn list_dir(&self, raw: &str) -> Outcome {
         let path = match self.resolve(raw) {
             Ok(p) => p,
-            Err(e) => return Outcome::error(e),
+            Err(e) => return Outcome::error(e.to_string()),
         };
         let entries = match fs::read_dir(&path) {
             Ok(d) => d,
