@@ -5,6 +5,7 @@
 //! files read only inside a root, bounded ([`confined`]).
 //! Nothing here knows a session, a run or a protocol's rules.
 
+mod born;
 pub mod confined;
 pub mod contain;
 pub mod paths;

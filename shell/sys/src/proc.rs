@@ -5,7 +5,8 @@
 //!
 //! - [`spawn`]: in a process group of its own (TERM / KILL go to the whole group), with
 //!   `PR_SET_PDEATHSIG(SIGKILL)` (it dies with the thread that forked it, so with its parent),
-//!   in a control group of its own where one can be made, and with a containment tag
+//!   in a control group of its own where one can be made (born there: [`crate::born`]; moved
+//!   there before its exec where the kernel cannot), and with a containment tag
 //!   ([`crate::contain`]); [`Process::wait`] reports the exit only
 //!   after the tree the process leaves behind is killed.
 //! - [`Output`]: a pipe that ends at EOF or once it stayed silent for [`DRAIN_AFTER_EXIT`]
@@ -24,6 +25,7 @@ use std::collections::VecDeque;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use std::task::Poll;
@@ -138,14 +140,31 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
         .kill_on_drop(false);
     let parent = nix::unistd::getpid();
     let cgroup = crate::contain::tree_cgroup(&tag);
+    if let Some(group) = &cgroup {
+        // Born in the tree's control group, where the kernel can (see `crate::born`).
+        if CLONE_INTO_CGROUP.load(Ordering::Relaxed) {
+            use std::os::fd::AsFd;
+            match crate::born::spawn(cmd.as_std(), stdin, group.dir.as_fd(), parent) {
+                Ok(born) => return Process::born(born, tag),
+                Err(crate::born::Error::Failed(e)) => {
+                    crate::contain::forget_tree(&tag);
+                    return Err(e);
+                }
+                Err(crate::born::Error::Unsupported(e)) => {
+                    tracing::info!("cannot clone into a control group ({e}): moving instead");
+                    CLONE_INTO_CGROUP.store(false, Ordering::Relaxed);
+                }
+            }
+        }
+    }
     // SAFETY: the closure runs in the forked child before exec and only calls write, prctl
     // and getppid, which are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             // Into the tree's control group before anything else runs: whatever it starts is
             // born there. A failed move leaves the tree its tag.
-            if let Some(procs) = &cgroup {
-                let _ = crate::contain::cgroup::enter(procs);
+            if let Some(group) = &cgroup {
+                let _ = crate::contain::cgroup::enter(&group.procs);
             }
             die_with(parent)
         });
@@ -169,12 +188,15 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
     };
     let process = Process {
         pid,
-        child,
+        child: Child::Forked(child),
         tag,
         exited: exited_tx,
     };
     Ok((process, pipes))
 }
+
+/// Whether this kernel clones into a control group (until it said it does not).
+static CLONE_INTO_CGROUP: AtomicBool = AtomicBool::new(true);
 
 /// For code on plain threads (the openai-api bridge's tool commands): starts `cmd` in a process
 /// group of its own, carrying a new containment tag, which it returns, and killed if the thread
@@ -222,24 +244,208 @@ fn die_with(parent: nix::unistd::Pid) -> std::io::Result<()> {
 pub struct Process {
     /// Its pid, which is also its process group's id.
     pub pid: u32,
-    child: tokio::process::Child,
+    child: Child,
     tag: String,
     exited: watch::Sender<bool>,
 }
 
+/// How a process was started, hence how it is waited for.
+#[derive(Debug)]
+enum Child {
+    /// By tokio (std's fork and exec).
+    Forked(tokio::process::Child),
+    /// Born in its control group ([`crate::born`]), waited for on its pidfd.
+    Born(PidFd),
+}
+
 impl Process {
+    /// A process [`crate::born`] started, with its pipes.
+    fn born(b: crate::born::Born, tag: String) -> std::io::Result<(Process, Pipes)> {
+        let (exited_tx, exited) = watch::channel(false);
+        let pid = b.pid;
+        // The child is ours from here: a failure below still waits for it.
+        let child = PidFd::new(pid, b.pidfd);
+        let pipes = (|| {
+            Ok::<_, std::io::Error>(Pipes {
+                stdin: b
+                    .stdin
+                    .map(|fd| ChildStdin::from_std(std::process::ChildStdin::from(fd)))
+                    .transpose()?,
+                stdout: Output::new(
+                    ChildStdout::from_std(std::process::ChildStdout::from(b.stdout))?,
+                    exited.clone(),
+                ),
+                stderr: Output::new(
+                    ChildStderr::from_std(std::process::ChildStderr::from(b.stderr))?,
+                    exited,
+                ),
+            })
+        })();
+        let process = Process {
+            pid,
+            child: Child::Born(child),
+            tag,
+            exited: exited_tx,
+        };
+        match pipes {
+            Ok(pipes) => Ok((process, pipes)),
+            Err(e) => {
+                signal_group(pid, paddock_core::Signal::Kill);
+                Err(e)
+            }
+        }
+    }
+
     /// Waits for the process to exit, then kills what it left behind: its group and every
     /// process carrying its tag (a process is its whole tree, as systemd's control-group kill
     /// mode has it). From then on its pipes count down [`DRAIN_AFTER_EXIT`].
     pub async fn wait(mut self) -> Exit {
-        let status = self.child.wait().await;
-        if let Err(e) = &status {
-            tracing::warn!(pid = self.pid, "wait: {e}");
-        }
+        let exit = match &mut self.child {
+            Child::Forked(child) => {
+                let status = child.wait().await;
+                if let Err(e) = &status {
+                    tracing::warn!(pid = self.pid, "wait: {e}");
+                }
+                Exit::from(&status)
+            }
+            Child::Born(child) => child.wait().await,
+        };
         let (pgid, tag) = (self.pid, self.tag);
         crate::contain::end_tree(pgid, tag).await;
         let _ = self.exited.send(true);
-        Exit::from(&status)
+        exit
+    }
+}
+
+/// A child waited for on its pidfd (readable once it exited), reaped with `waitid(P_PIDFD)`.
+/// One dropped before its exit is reaped on a thread of its own, never left a zombie.
+#[derive(Debug)]
+struct PidFd {
+    pid: u32,
+    /// `None` once reaped.
+    fd: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
+    /// The descriptor, when the runtime would not watch it (then waited for on a thread).
+    unwatched: Option<std::os::fd::OwnedFd>,
+}
+
+impl PidFd {
+    fn new(pid: u32, fd: std::os::fd::OwnedFd) -> PidFd {
+        // SAFETY: an OwnedFd: its descriptor is valid, stays open and is the same for as long
+        // as the AsyncFd owns it.
+        let watched = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        };
+        match watched {
+            Ok(fd) => PidFd {
+                pid,
+                fd: Some(fd),
+                unwatched: None,
+            },
+            Err(e) => {
+                let (fd, e) = e.into_parts();
+                // Not expected (a pidfd polls); the wait then blocks a thread.
+                tracing::warn!(pid, "cannot watch the pidfd: {e}");
+                PidFd {
+                    pid,
+                    fd: None,
+                    unwatched: Some(fd),
+                }
+            }
+        }
+    }
+
+    async fn wait(&mut self) -> Exit {
+        use std::os::fd::AsFd;
+        let Some(fd) = &self.fd else {
+            let pid = self.pid;
+            let fd = self.unwatched.take();
+            return tokio::task::spawn_blocking(move || reap(pid, fd.as_ref().map(|f| f.as_fd())))
+                .await
+                .unwrap_or_default();
+        };
+        loop {
+            let Ok(mut ready) = fd.readable().await else {
+                break;
+            };
+            match waitid_pidfd(fd.get_ref().as_fd(), true) {
+                Some(exit) => {
+                    self.fd = None;
+                    return exit;
+                }
+                None => ready.clear_ready(),
+            }
+        }
+        let fd = self.fd.take().map(|f| f.into_inner());
+        let pid = self.pid;
+        tokio::task::spawn_blocking(move || reap(pid, fd.as_ref().map(|f| f.as_fd())))
+            .await
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for PidFd {
+    fn drop(&mut self) {
+        let fd = self
+            .fd
+            .take()
+            .map(|f| f.into_inner())
+            .or(self.unwatched.take());
+        if let Some(fd) = fd {
+            let pid = self.pid;
+            let _ = std::thread::Builder::new()
+                .name("paddock-reap".into())
+                .spawn(move || {
+                    use std::os::fd::AsFd;
+                    reap(pid, Some(fd.as_fd()))
+                });
+        }
+    }
+}
+
+/// The exit of the child behind `fd`, once it exited (`None` while it runs, when `nohang`).
+fn waitid_pidfd(fd: std::os::fd::BorrowedFd<'_>, nohang: bool) -> Option<Exit> {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let mut flags = WaitPidFlag::WEXITED;
+    if nohang {
+        flags |= WaitPidFlag::WNOHANG;
+    }
+    loop {
+        return match waitid(Id::PIDFd(fd), flags) {
+            Ok(WaitStatus::StillAlive) => None,
+            Ok(status) => Some(Exit::from(status)),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                tracing::warn!("waitid: {e}");
+                Some(Exit::default())
+            }
+        };
+    }
+}
+
+impl From<nix::sys::wait::WaitStatus> for Exit {
+    fn from(status: nix::sys::wait::WaitStatus) -> Self {
+        use nix::sys::wait::WaitStatus;
+        match status {
+            WaitStatus::Exited(_, code) => Exit {
+                code: Some(code),
+                signal: None,
+            },
+            WaitStatus::Signaled(_, sig, _) => Exit {
+                code: None,
+                signal: Some(sig as i32),
+            },
+            _ => Exit::default(),
+        }
+    }
+}
+
+/// Blocks until the child exits and reaps it (by its pidfd, else by its pid).
+fn reap(pid: u32, fd: Option<std::os::fd::BorrowedFd<'_>>) -> Exit {
+    match fd {
+        Some(fd) => waitid_pidfd(fd, false).unwrap_or_default(),
+        None => nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), None)
+            .map(Exit::from)
+            .unwrap_or_default(),
     }
 }
 

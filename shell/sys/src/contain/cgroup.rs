@@ -28,7 +28,7 @@ const EMPTY_WAIT: Duration = Duration::from_secs(2);
 
 /// The cgroup2 mount point and this process's cgroup in it, from `/proc/self/mountinfo` and
 /// `/proc/self/cgroup`; `None` where there is no cgroup2 hierarchy.
-fn own_cgroup() -> Option<PathBuf> {
+pub(crate) fn own_cgroup() -> Option<PathBuf> {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
     let (root, mount) = mountinfo.lines().find_map(|line| {
         let (fields, fs) = line.split_once(" - ")?;
@@ -104,21 +104,33 @@ pub(super) fn recorded(data_dir: &Path, role: &str) -> Option<PathBuf> {
     path.is_dir().then_some(path)
 }
 
-/// Makes the group of one tree and opens its `cgroup.procs`, for the child to write itself
-/// into between fork and exec ([`enter`]); `None` if it cannot (the tree then has its tag only).
-pub(super) fn create(base: &Path, tag: &str) -> Option<File> {
+/// The group of one tree, opened: its directory (a child is cloned into it, see
+/// [`crate::born`]) and its `cgroup.procs` (where a child forked the other way writes itself
+/// between fork and exec, [`enter`]).
+#[derive(Debug)]
+pub struct Group {
+    pub dir: File,
+    pub procs: File,
+}
+
+/// Makes the group of one tree and opens it; `None` if it cannot (the tree then has its tag
+/// only).
+pub(super) fn create(base: &Path, tag: &str) -> Option<Group> {
     let dir = base.join(tag);
     if let Err(e) = fs::create_dir(&dir) {
         tracing::warn!(cgroup = %dir.display(), "cannot make the tree's control group: {e}");
         return None;
     }
-    match OpenOptions::new()
-        .write(true)
-        .open(dir.join("cgroup.procs"))
-    {
-        Ok(f) => Some(f),
+    let opened = File::open(&dir).and_then(|d| {
+        let procs = OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))?;
+        Ok(Group { dir: d, procs })
+    });
+    match opened {
+        Ok(g) => Some(g),
         Err(e) => {
-            tracing::warn!(cgroup = %dir.display(), "cannot open cgroup.procs: {e}");
+            tracing::warn!(cgroup = %dir.display(), "cannot open the tree's control group: {e}");
             let _ = fs::remove_dir(&dir);
             None
         }

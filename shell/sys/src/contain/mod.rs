@@ -99,9 +99,9 @@ pub fn has_cgroups() -> bool {
     OWNER.get().is_some_and(|o| o.cgroups.is_some())
 }
 
-/// For [`crate::proc::spawn`]: the `cgroup.procs` of a new group for the tree `tag`, which the
-/// child writes itself into before exec ([`cgroup::enter`]); `None` without cgroups.
-pub fn tree_cgroup(tag: &str) -> Option<std::fs::File> {
+/// For [`crate::proc::spawn`]: a new group for the tree `tag`, which the child is born in (or
+/// writes itself into before exec, [`cgroup::enter`]); `None` without cgroups.
+pub fn tree_cgroup(tag: &str) -> Option<cgroup::Group> {
     cgroup::create(OWNER.get()?.cgroups.as_ref()?, tag)
 }
 
