@@ -299,56 +299,40 @@ pub const CONFIG_KEYS: [&str; 6] = [
 /// (`allow-all`, `deny`, `allow:A,B`), `max_tokens` (0: none), `timeout` (seconds, 0: none),
 /// `env` (a table of strings) and `provider_config` (a table of strings, numbers or booleans).
 /// Unknown keys are refused, all of them named.
-pub fn parse_config(text: &str) -> Result<Settings, String> {
+pub fn parse_config(text: &str) -> Result<Settings, ConfigError> {
     if text.len() > CONFIG_TOML_MAX {
-        return Err(format!(
-            "config_toml is {} bytes; at most {CONFIG_TOML_MAX} are accepted",
-            text.len()
-        ));
+        return Err(ConfigError::TooLarge(text.len()));
     }
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| format!("config_toml is not valid TOML: {e}"))?;
-    let unknown: Vec<&str> = table
+    let table: toml::Table = text.parse()?;
+    let unknown: Vec<String> = table
         .keys()
-        .map(String::as_str)
-        .filter(|k| !CONFIG_KEYS.contains(k))
+        .filter(|k| !CONFIG_KEYS.contains(&k.as_str()))
+        .cloned()
         .collect();
     if !unknown.is_empty() {
-        return Err(format!(
-            "config_toml has unknown key(s): {} (known: {})",
-            unknown.join(", "),
-            CONFIG_KEYS.join(", ")
-        ));
+        return Err(ConfigError::UnknownKeys(unknown));
     }
-    let string = |key: &str| -> Result<Option<String>, String> {
-        match table.get(key) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(format!(
-                "config_toml: {key} must be a string (got {})",
-                v.type_str()
-            )),
-        }
+    let wrong = |key: &str, want: &'static str, got: String| ConfigError::WrongType {
+        key: key.to_string(),
+        want,
+        got,
     };
-    let count = |key: &str| -> Result<u64, String> {
-        match table.get(key) {
-            None => Ok(0),
-            Some(toml::Value::Integer(n)) if *n >= 0 => Ok(*n as u64),
-            Some(v) => Err(format!(
-                "config_toml: {key} must be a non-negative integer (got {v})"
-            )),
-        }
+    let string = |key: &str| match table.get(key) {
+        None => Ok(None),
+        Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(wrong(key, "a string", v.type_str().into())),
     };
-    let strings = |key: &str, scalars: bool| -> Result<BTreeMap<String, String>, String> {
+    let count = |key: &str| match table.get(key) {
+        None => Ok(0),
+        Some(toml::Value::Integer(n)) if *n >= 0 => Ok(*n as u64),
+        Some(v) => Err(wrong(key, "a non-negative integer", v.to_string())),
+    };
+    let strings = |key: &str, scalars: bool| -> Result<BTreeMap<String, String>, ConfigError> {
         let Some(v) = table.get(key) else {
             return Ok(BTreeMap::new());
         };
         let toml::Value::Table(t) = v else {
-            return Err(format!(
-                "config_toml: {key} must be a table (got {})",
-                v.type_str()
-            ));
+            return Err(wrong(key, "a table", v.type_str().into()));
         };
         t.iter()
             .map(|(k, v)| match v {
@@ -358,42 +342,37 @@ pub fn parse_config(text: &str) -> Result<Settings, String> {
                 {
                     Ok((k.clone(), v.to_string()))
                 }
-                other => Err(format!(
-                    "config_toml: {key}.{k} must be a string{} (got {})",
-                    if scalars { ", number or boolean" } else { "" },
-                    other.type_str()
+                other => Err(wrong(
+                    &format!("{key}.{k}"),
+                    if scalars {
+                        "a string, number or boolean"
+                    } else {
+                        "a string"
+                    },
+                    other.type_str().into(),
                 )),
             })
             .collect()
     };
     let provider = match string("provider")? {
         None => Provider::Scripted,
-        Some(name) => Provider::from_name(name.trim()).ok_or_else(|| {
-            let known: Vec<&str> = Provider::ALL.iter().map(|p| p.name()).collect();
-            format!(
-                "config_toml: unknown provider {name:?} (known: {})",
-                known.join(", ")
-            )
-        })?,
+        Some(name) => Provider::from_name(name.trim())
+            .ok_or_else(|| ConfigError::UnknownProvider(name.clone()))?,
     };
     let mut provider_config = strings("provider_config", true)?;
     for reserved in [PROJECT_KEY, providers::SYSTEM_PROMPT_KEY, CLIENT_TOOLS_KEY] {
         if provider_config.contains_key(reserved) {
-            return Err(format!(
-                "config_toml: provider_config.{reserved} is set by sunbeam itself"
-            ));
+            return Err(ConfigError::Reserved(reserved));
         }
     }
     if let Some(p) = string("permissions")? {
         if provider_config.contains_key("permissions") {
-            return Err(
-                "config_toml: permissions is given twice (top level and provider_config)".into(),
-            );
+            return Err(ConfigError::PermissionsTwice);
         }
         provider_config.insert("permissions".into(), p);
     }
     let environment = strings("env", false)?;
-    paddock_core::check_environment(&environment).map_err(|e| format!("config_toml: env: {e}"))?;
+    paddock_core::check_environment(&environment).map_err(ConfigError::Env)?;
     Ok(Settings {
         provider,
         max_tokens: count("max_tokens")?,
@@ -401,6 +380,33 @@ pub fn parse_config(text: &str) -> Result<Settings, String> {
         environment,
         provider_config,
     })
+}
+
+/// Why a stream's `config_toml` is refused: each says what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config_toml is {0} bytes; at most {CONFIG_TOML_MAX} are accepted")]
+    TooLarge(usize),
+    #[error("config_toml is not valid TOML: {0}")]
+    NotToml(#[from] toml::de::Error),
+    #[error("config_toml has unknown key(s): {} (known: {})", .0.join(", "), CONFIG_KEYS.join(", "))]
+    UnknownKeys(Vec<String>),
+    /// `key` (`env.A` for a table's entry) is not what it must be.
+    #[error("config_toml: {key} must be {want} (got {got})")]
+    WrongType {
+        key: String,
+        want: &'static str,
+        got: String,
+    },
+    #[error("config_toml: unknown provider {0:?} (known: {known})", known = Provider::ALL.iter().map(|p| p.name()).collect::<Vec<_>>().join(", "))]
+    UnknownProvider(String),
+    #[error("config_toml: provider_config.{0} is set by sunbeam itself")]
+    Reserved(&'static str),
+    #[error("config_toml: permissions is given twice (top level and provider_config)")]
+    PermissionsTwice,
+    /// The `env` table, as the core's check words it.
+    #[error("config_toml: env: {0}")]
+    Env(String),
 }
 
 /// The agent's project context: the root, the branch, `git status`, the file tree and the
@@ -463,7 +469,7 @@ impl CodeAgent {
                 root.display()
             ));
         }
-        let settings = parse_config(&s.config_toml)?;
+        let settings = parse_config(&s.config_toml).map_err(|e| e.to_string())?;
         let root_str = root.display().to_string();
         let context = project_context(&root_str, &s);
         let declared: Vec<String> = s
@@ -1315,27 +1321,54 @@ mod tests {
         assert!(d.provider_config.is_empty() && d.environment.is_empty());
 
         let e = parse_config("modle = \"x\"\nprovider = \"scripted\"\ncolour = 1").unwrap_err();
-        assert!(e.contains("unknown key(s): colour, modle"), "{e}");
-        assert!(parse_config("provider = ")
-            .unwrap_err()
-            .contains("not valid TOML"));
-        assert!(parse_config("provider = \"nope\"")
-            .unwrap_err()
-            .contains("unknown provider"));
-        assert!(parse_config("max_tokens = -1")
-            .unwrap_err()
-            .contains("non-negative"));
-        assert!(parse_config("env = { A = 1 }")
-            .unwrap_err()
-            .contains("env.A must be a string"));
-        assert!(parse_config("[provider_config]\nsystem_prompt = \"x\"")
-            .unwrap_err()
-            .contains("set by sunbeam"));
         assert!(
-            parse_config("permissions = \"deny\"\n[provider_config]\npermissions = \"deny\"")
-                .unwrap_err()
-                .contains("twice")
+            matches!(&e, ConfigError::UnknownKeys(k) if k == &["colour", "modle"]),
+            "{e}"
         );
+        assert!(
+            e.to_string().contains("unknown key(s): colour, modle"),
+            "{e}"
+        );
+        // Each refusal is its own variant, and says what to change.
+        let refused = |toml: &str| parse_config(toml).unwrap_err();
+        type Is = fn(&ConfigError) -> bool;
+        let cases: [(&str, Is, &str); 6] = [
+            (
+                "provider = ",
+                |e| matches!(e, ConfigError::NotToml(_)),
+                "not valid TOML",
+            ),
+            (
+                "provider = \"nope\"",
+                |e| matches!(e, ConfigError::UnknownProvider(p) if p == "nope"),
+                "unknown provider \"nope\" (known: ",
+            ),
+            (
+                "max_tokens = -1",
+                |e| matches!(e, ConfigError::WrongType { key, .. } if key == "max_tokens"),
+                "max_tokens must be a non-negative integer (got -1)",
+            ),
+            (
+                "env = { A = 1 }",
+                |e| matches!(e, ConfigError::WrongType { key, .. } if key == "env.A"),
+                "env.A must be a string (got integer)",
+            ),
+            (
+                "[provider_config]\nsystem_prompt = \"x\"",
+                |e| matches!(e, ConfigError::Reserved(_)),
+                "provider_config.system_prompt is set by sunbeam itself",
+            ),
+            (
+                "permissions = \"deny\"\n[provider_config]\npermissions = \"deny\"",
+                |e| matches!(e, ConfigError::PermissionsTwice),
+                "twice",
+            ),
+        ];
+        for (toml, is, says) in cases {
+            let e = refused(toml);
+            assert!(is(&e), "{toml}: {e:?}");
+            assert!(e.to_string().contains(says), "{toml}: {e}");
+        }
     }
 
     #[test]
