@@ -26,8 +26,8 @@ pub enum Error {
     #[error("no paddock daemon answers on {}: {} (and --no-autostart is set)", .0.path.display(), .0.source)]
     NoAutostart(ConnectError),
     /// The socket belongs to another user: nothing is sent to it.
-    #[error("{0}")]
-    Untrusted(String),
+    #[error(transparent)]
+    Untrusted(#[from] crate::socket::Untrusted),
     /// A daemon was started but did not answer in time.
     #[error(
         "started a daemon but it did not answer within {wait_s}s: no paddock daemon answers on {}: {} (see {})",

@@ -962,10 +962,11 @@ impl pb::container_service_server::ContainerService for Containers {
     ) -> Result<Response<Self::StreamContainerLogsStream>, GrpcStatus> {
         let r = request.into_inner();
         let since = match &r.since {
-            Some(t) => paddock_core::Timestamp::from_millis(
-                convert::timestamp_ms(t)
-                    .map_err(|m| status(Code::InvalidArgument, "INVALID_ARGUMENT", m))?,
-            ),
+            Some(t) => {
+                paddock_core::Timestamp::from_millis(convert::timestamp_ms(t).map_err(|e| {
+                    status(Code::InvalidArgument, "INVALID_ARGUMENT", e.to_string())
+                })?)
+            }
             None => paddock_core::Timestamp::from_millis(0),
         };
         // Subscribe first, then read what is stored: nothing falls between.

@@ -19,24 +19,33 @@ pub fn opt_timestamp(t: Option<core::Timestamp>) -> Option<prost_types::Timestam
 /// A timestamp in ms since the epoch, or why it is not one paddock can keep: before the
 /// epoch, `nanos` outside `0..1e9` (the well-known type's own rule), or past what ms in a u64
 /// can hold. Nothing is clamped or wrapped silently.
-pub fn timestamp_ms(ts: &prost_types::Timestamp) -> Result<u64, String> {
-    checked_ms(ts.seconds, ts.nanos).ok_or_else(|| {
-        format!(
-            "timestamp {{seconds: {}, nanos: {}}} is not a valid time after the epoch",
-            ts.seconds, ts.nanos
-        )
+pub fn timestamp_ms(ts: &prost_types::Timestamp) -> Result<u64, BadTime> {
+    checked_ms(ts.seconds, ts.nanos).ok_or(BadTime::Timestamp {
+        seconds: ts.seconds,
+        nanos: ts.nanos,
     })
 }
 
 /// A duration in ms, or why it is not one: negative, `nanos` outside `0..1e9`, or too long.
-pub fn duration_ms(d: &prost_types::Duration) -> Result<u64, String> {
-    checked_ms(d.seconds, d.nanos).ok_or_else(|| {
-        format!(
-            "duration {{seconds: {}, nanos: {}}} must be non-negative, with nanos below 1e9, \
-             and fit in 2^64 ms",
-            d.seconds, d.nanos
-        )
+pub fn duration_ms(d: &prost_types::Duration) -> Result<u64, BadTime> {
+    checked_ms(d.seconds, d.nanos).ok_or(BadTime::Duration {
+        seconds: d.seconds,
+        nanos: d.nanos,
     })
+}
+
+/// A request's time that paddock cannot keep ([`timestamp_ms`], [`duration_ms`]).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadTime {
+    #[error(
+        "timestamp {{seconds: {seconds}, nanos: {nanos}}} is not a valid time after the epoch"
+    )]
+    Timestamp { seconds: i64, nanos: i32 },
+    #[error(
+        "duration {{seconds: {seconds}, nanos: {nanos}}} must be non-negative, with nanos below \
+         1e9, and fit in 2^64 ms"
+    )]
+    Duration { seconds: i64, nanos: i32 },
 }
 
 fn checked_ms(seconds: i64, nanos: i32) -> Option<u64> {
@@ -364,8 +373,22 @@ mod tests {
             "overflow"
         );
         assert!(duration_ms(&d(1, 2_000_000_000)).is_err(), "nanos past 1e9");
-        assert!(duration_ms(&d(-1, 0)).is_err());
+        assert_eq!(
+            duration_ms(&d(-1, 0)),
+            Err(BadTime::Duration {
+                seconds: -1,
+                nanos: 0
+            })
+        );
         assert!(duration_ms(&d(1, -1)).is_err());
+        let before_epoch = prost_types::Timestamp {
+            seconds: -5,
+            nanos: 0,
+        };
+        assert_eq!(
+            timestamp_ms(&before_epoch).unwrap_err().to_string(),
+            "timestamp {seconds: -5, nanos: 0} is not a valid time after the epoch"
+        );
         assert_eq!(
             duration_ms(&d(i64::MAX / 1000, 999_999_999)).ok(),
             Some((i64::MAX / 1000) as u64 * 1000 + 999)

@@ -62,8 +62,8 @@ fn read<T>(answer: Result<Read<T>, Error>) -> Result<T, GrpcStatus> {
         .map_err(|e| GrpcStatus::internal(e.to_string()))
 }
 
-fn invalid(msg: impl Into<String>) -> GrpcStatus {
-    GrpcStatus::invalid_argument(crate::transport::status_message(msg))
+fn invalid(msg: impl std::fmt::Display) -> GrpcStatus {
+    GrpcStatus::invalid_argument(crate::transport::status_message(msg.to_string()))
 }
 
 /// A pushed activity as a row to store, or why it is refused.
@@ -780,7 +780,8 @@ impl LocalDaemonService for Obey {
         });
         if let Some(pc) = provider_config.take_if(|pc| pc.values().any(|v| v == secret::MASK)) {
             let stored = self.record(id.clone()).await?.config.provider_config;
-            provider_config = Some(secret::unmask(pc, &stored).map_err(invalid)?);
+            provider_config =
+                Some(secret::unmask(pc, &stored).map_err(|e| invalid(e.to_string()))?);
         }
         let provider_config = provider_config
             .map(paddock_core::ProviderConfig::parse)

@@ -90,7 +90,7 @@ where
 pub fn unmask(
     new: BTreeMap<String, String>,
     stored: &BTreeMap<String, String>,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, MaskedWithoutValue> {
     new.into_iter()
         .map(|(k, v)| {
             if v != MASK {
@@ -98,13 +98,16 @@ pub fn unmask(
             }
             match stored.get(&k) {
                 Some(old) => Ok((k, old.clone())),
-                None => Err(format!(
-                    "{k} is {MASK}, the mask of a secret, and no value is stored for it: send the value"
-                )),
+                None => Err(MaskedWithoutValue(k)),
             }
         })
         .collect()
 }
+
+/// A key sent [`MASK`]ed with nothing stored for it ([`unmask`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is {MASK}, the mask of a secret, and no value is stored for it: send the value")]
+pub struct MaskedWithoutValue(pub String);
 
 #[cfg(test)]
 mod tests {
@@ -160,6 +163,7 @@ mod tests {
         assert_eq!(shown["model"], "m");
         assert_eq!(unmask(shown.clone(), &stored).unwrap(), stored);
         let err = unmask(shown, &BTreeMap::new()).unwrap_err();
-        assert!(err.contains("api_key"), "{err}");
+        assert_eq!(err.0, "api_key");
+        assert!(err.to_string().starts_with("api_key is "), "{err}");
     }
 }

@@ -170,14 +170,14 @@ impl Peers {
 
     /// The allow-list from its text form: uids as numbers or user names, groups as gids or
     /// group names. An unknown name is an error, not a silent no-op.
-    pub fn parse(users: &[String], groups: &[String]) -> Result<Peers, String> {
+    pub fn parse(users: &[String], groups: &[String]) -> Result<Peers, UnknownPeer> {
         let mut peers = Peers::default();
         for u in users {
             let uid = match u.parse::<u32>() {
                 Ok(n) => n,
                 Err(_) => match nix::unistd::User::from_name(u) {
                     Ok(Some(user)) => user.uid.as_raw(),
-                    _ => return Err(format!("unknown user {u:?} in the socket allow-list")),
+                    _ => return Err(UnknownPeer::User(u.clone())),
                 },
             };
             peers.uids.insert(uid);
@@ -187,7 +187,7 @@ impl Peers {
                 Ok(n) => n,
                 Err(_) => match nix::unistd::Group::from_name(g) {
                     Ok(Some(group)) => group.gid.as_raw(),
-                    _ => return Err(format!("unknown group {g:?} in the socket allow-list")),
+                    _ => return Err(UnknownPeer::Group(g.clone())),
                 },
             };
             peers.gids.insert(gid);
@@ -262,9 +262,27 @@ pub fn peer_user<T>(request: &tonic::Request<T>) -> String {
     }
 }
 
+/// A name in the allow-list ([`Peers::parse`]) that is no user or group here.
+#[derive(Debug, thiserror::Error)]
+pub enum UnknownPeer {
+    #[error("unknown user {0:?} in the socket allow-list")]
+    User(String),
+    #[error("unknown group {0:?} in the socket allow-list")]
+    Group(String),
+}
+
+/// A socket that belongs to another user ([`check_owner`]): nothing is sent to it.
+#[derive(Debug, thiserror::Error)]
+#[error("refusing to talk to {}: it belongs to uid {owner}, not to you (uid {me})", .path.display())]
+pub struct Untrusted {
+    pub path: std::path::PathBuf,
+    pub owner: u32,
+    pub me: u32,
+}
+
 /// A client's check before it sends anything: the socket must belong to us or to root, so a
 /// socket another user put in our place never receives a request (and the secrets in it).
-pub fn check_owner(path: &Path) -> Result<(), String> {
+pub fn check_owner(path: &Path) -> Result<(), Untrusted> {
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(()); // nothing there: connecting will say so
     };
@@ -272,11 +290,11 @@ pub fn check_owner(path: &Path) -> Result<(), String> {
     if meta.uid() == me || meta.uid() == 0 {
         Ok(())
     } else {
-        Err(format!(
-            "refusing to talk to {}: it belongs to uid {}, not to you (uid {me})",
-            path.display(),
-            meta.uid()
-        ))
+        Err(Untrusted {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+            me,
+        })
     }
 }
 
@@ -354,7 +372,13 @@ mod tests {
             let sup = Peers::parse(&[], &[g.as_raw().to_string()]).unwrap();
             assert!(sup.allows(other, 999_999, Some(std::process::id() as i32)));
         }
-        assert!(Peers::parse(&["no-such-user-paddock".to_string()], &[]).is_err());
-        assert!(Peers::parse(&[], &["no-such-group-paddock".to_string()]).is_err());
+        assert!(matches!(
+            Peers::parse(&["no-such-user-paddock".to_string()], &[]),
+            Err(UnknownPeer::User(u)) if u == "no-such-user-paddock"
+        ));
+        assert!(matches!(
+            Peers::parse(&[], &["no-such-group-paddock".to_string()]),
+            Err(UnknownPeer::Group(_))
+        ));
     }
 }
