@@ -20,7 +20,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::fake_http::{respond_json, Conn, Request, Server};
+use crate::fake_http::{respond_json, Conn, Fake, Request};
 
 /// One content block of a scripted answer.
 #[derive(Debug, Clone)]
@@ -220,7 +219,7 @@ impl Recorded {
 }
 
 #[derive(Default)]
-struct State {
+pub struct State {
     script: Vec<Reply>,
     /// Index of the reply being served and how many requests it has answered.
     next: usize,
@@ -230,11 +229,13 @@ struct State {
     messages: u64,
 }
 
+// A `POST /v1/messages` that is not a title request is a model call.
+crate::scripted!(State, "message requests", |r| r.method == "POST"
+    && is_messages(&r.path)
+    && !is_title_request(&r.body));
+
 /// The running server; it stops when dropped.
-pub struct FakeAnthropic {
-    pub addr: SocketAddr,
-    server: Server<State>,
-}
+pub type FakeAnthropic = Fake<State>;
 
 impl FakeAnthropic {
     /// Starts on 127.0.0.1 (a free port) with `script`.
@@ -243,11 +244,7 @@ impl FakeAnthropic {
             script,
             ..State::default()
         };
-        let server = Server::start(state, serve).await;
-        FakeAnthropic {
-            addr: server.addr,
-            server,
-        }
+        Fake::serve(state, serve).await
     }
 
     /// `http://127.0.0.1:PORT`, for `ANTHROPIC_BASE_URL`.
@@ -255,31 +252,9 @@ impl FakeAnthropic {
         format!("http://{}", self.addr)
     }
 
-    /// Appends replies to the script.
-    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
-        self.server.state.lock().unwrap().script.extend(replies);
-    }
-
-    /// Every request so far.
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.server.state.lock().unwrap().requests.clone()
-    }
-
     /// The `POST /v1/messages` requests so far.
     pub fn message_requests(&self) -> Vec<Recorded> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == "POST" && is_messages(&r.path) && !is_title_request(&r.body))
-            .collect()
-    }
-
-    /// Waits until at least `n` message requests arrived (at most `limit`).
-    pub async fn wait_requests(&self, n: usize, limit: Duration) {
-        self.server
-            .wait_until(n, limit, "message requests", || {
-                self.message_requests().len()
-            })
-            .await;
+        self.calls()
     }
 }
 

@@ -20,7 +20,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::fake_http::{respond_json, Conn, Request, Server};
+use crate::fake_http::{respond_json, Conn, Fake, Request};
 
 /// One part of a scripted answer.
 #[derive(Debug, Clone)]
@@ -185,18 +184,19 @@ impl Recorded {
 }
 
 #[derive(Default)]
-struct State {
+pub struct State {
     script: Vec<Reply>,
     next: usize,
     requests: Vec<Recorded>,
     calls: u64,
 }
 
+crate::scripted!(State, "streamGenerateContent requests", |r| r.method
+    == "POST"
+    && is_stream(&r.path));
+
 /// The running server; it stops when dropped.
-pub struct FakeGemini {
-    pub addr: SocketAddr,
-    server: Server<State>,
-}
+pub type FakeGemini = Fake<State>;
 
 impl FakeGemini {
     pub async fn start(script: Vec<Reply>) -> FakeGemini {
@@ -204,11 +204,7 @@ impl FakeGemini {
             script,
             ..State::default()
         };
-        let server = Server::start(state, serve).await;
-        FakeGemini {
-            addr: server.addr,
-            server,
-        }
+        Fake::serve(state, serve).await
     }
 
     /// `http://127.0.0.1:PORT`, for `GOOGLE_GEMINI_BASE_URL`.
@@ -216,29 +212,9 @@ impl FakeGemini {
         format!("http://{}", self.addr)
     }
 
-    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
-        self.server.state.lock().unwrap().script.extend(replies);
-    }
-
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.server.state.lock().unwrap().requests.clone()
-    }
-
     /// The `streamGenerateContent` requests so far.
     pub fn stream_requests(&self) -> Vec<Recorded> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == "POST" && is_stream(&r.path))
-            .collect()
-    }
-
-    /// Waits until at least `n` `streamGenerateContent` requests arrived.
-    pub async fn wait_requests(&self, n: usize, limit: Duration) {
-        self.server
-            .wait_until(n, limit, "streamGenerateContent requests", || {
-                self.stream_requests().len()
-            })
-            .await;
+        self.calls()
     }
 }
 

@@ -87,6 +87,94 @@ impl<S: Send + 'static> Server<S> {
     }
 }
 
+/// What a fake's state holds for [`Fake`]: the script of replies it serves and the requests it
+/// recorded, and which of those are the API's model calls (a turn's requests, as opposed to
+/// side requests a client makes: a session title, a model list).
+pub trait Scripted: Send + 'static {
+    type Reply;
+    type Recorded: Clone;
+    /// What the model calls are called, for a wait that fails.
+    const CALLS: &'static str;
+    fn script(&mut self) -> &mut Vec<Self::Reply>;
+    fn recorded(&self) -> &[Self::Recorded];
+    fn is_call(r: &Self::Recorded) -> bool;
+}
+
+/// `impl Scripted for $state` whose script and requests are its fields `script` and
+/// `requests` (of its module's `Reply` and `Recorded`), its model calls named `$calls` and told
+/// apart by `$is_call`.
+#[macro_export]
+macro_rules! scripted {
+    ($state:ty, $calls:literal, $is_call:expr) => {
+        impl $crate::fake_http::Scripted for $state {
+            type Reply = Reply;
+            type Recorded = Recorded;
+            const CALLS: &'static str = $calls;
+            fn script(&mut self) -> &mut Vec<Reply> {
+                &mut self.script
+            }
+            fn recorded(&self) -> &[Recorded] {
+                &self.requests
+            }
+            fn is_call(r: &Recorded) -> bool {
+                let is_call: fn(&Recorded) -> bool = $is_call;
+                is_call(r)
+            }
+        }
+    };
+}
+
+/// A fake model server, running: the part every fake's API shares. Each fake is a
+/// `Fake<its State>` with its own `start` (its routes) and its address as its clients want it.
+/// It stops when dropped.
+pub struct Fake<S: Scripted> {
+    pub addr: SocketAddr,
+    server: Server<S>,
+}
+
+impl<S: Scripted> Fake<S> {
+    /// Starts on a free port of 127.0.0.1 (see [`Server::start`]).
+    pub async fn serve<F, Fut>(state: S, serve: F) -> Fake<S>
+    where
+        F: Fn(TcpStream, Arc<Mutex<S>>, Arc<Notify>) -> Fut + Send + 'static,
+        Fut: Future<Output = std::io::Result<()>> + Send + 'static,
+    {
+        let server = Server::start(state, serve).await;
+        Fake {
+            addr: server.addr,
+            server,
+        }
+    }
+
+    /// Appends replies to the script.
+    pub fn push(&self, replies: impl IntoIterator<Item = S::Reply>) {
+        self.server.state.lock().unwrap().script().extend(replies);
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<S::Recorded> {
+        self.server.state.lock().unwrap().recorded().to_vec()
+    }
+
+    /// The model calls so far.
+    pub fn calls(&self) -> Vec<S::Recorded> {
+        let state = self.server.state.lock().unwrap();
+        state
+            .recorded()
+            .iter()
+            .filter(|r| S::is_call(r))
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until at least `n` model calls arrived (at most `limit`).
+    pub async fn wait_requests(&self, n: usize, limit: Duration) {
+        self.server
+            .wait_until(n, limit, S::CALLS, || self.calls().len())
+            .await;
+    }
+}
+
 /// A request head bigger than this ends the connection.
 const HEAD_MAX: usize = 1 << 20;
 

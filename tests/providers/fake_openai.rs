@@ -17,7 +17,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::fake_http::{respond_json, Conn, Request, Server};
+use crate::fake_http::{respond_json, Conn, Fake, Request};
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -159,17 +158,17 @@ impl Recorded {
 }
 
 #[derive(Default)]
-struct State {
+pub struct State {
     script: Vec<Reply>,
     next: usize,
     requests: Vec<Recorded>,
 }
 
+crate::scripted!(State, "completion requests", |r| r.method == "POST"
+    && r.path == "/v1/chat/completions");
+
 /// The running server; it stops when dropped.
-pub struct FakeOpenAi {
-    pub addr: SocketAddr,
-    server: Server<State>,
-}
+pub type FakeOpenAi = Fake<State>;
 
 impl FakeOpenAi {
     pub async fn start(script: Vec<Reply>) -> FakeOpenAi {
@@ -177,11 +176,7 @@ impl FakeOpenAi {
             script,
             ..State::default()
         };
-        let server = Server::start(state, serve).await;
-        FakeOpenAi {
-            addr: server.addr,
-            server,
-        }
+        Fake::serve(state, serve).await
     }
 
     /// `http://127.0.0.1:PORT/v1`, the `base_url`.
@@ -189,26 +184,9 @@ impl FakeOpenAi {
         format!("http://{}/v1", self.addr)
     }
 
-    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
-        self.server.state.lock().unwrap().script.extend(replies);
-    }
-
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.server.state.lock().unwrap().requests.clone()
-    }
-
     /// The `POST /v1/chat/completions` requests so far.
     pub fn completions(&self) -> Vec<Recorded> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == "POST" && r.path == "/v1/chat/completions")
-            .collect()
-    }
-
-    pub async fn wait_requests(&self, n: usize, limit: Duration) {
-        self.server
-            .wait_until(n, limit, "completion requests", || self.completions().len())
-            .await;
+        self.calls()
     }
 }
 

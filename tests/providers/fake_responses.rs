@@ -25,7 +25,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,7 +33,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::fake_http::{respond_json, Conn, Request, Server};
+use crate::fake_http::{respond_json, Conn, Fake, Request};
 
 /// One output item of a scripted response.
 #[derive(Debug, Clone)]
@@ -232,7 +231,7 @@ impl Recorded {
 }
 
 #[derive(Default)]
-struct State {
+pub struct State {
     script: Vec<Reply>,
     next: usize,
     requests: Vec<Recorded>,
@@ -240,11 +239,11 @@ struct State {
     connections: u64,
 }
 
+crate::scripted!(State, "Responses requests", |r| r.method == "POST"
+    && is_responses(&r.path));
+
 /// The running server; it stops when dropped.
-pub struct FakeResponses {
-    pub addr: SocketAddr,
-    server: Server<State>,
-}
+pub type FakeResponses = Fake<State>;
 
 impl FakeResponses {
     pub async fn start(script: Vec<Reply>) -> FakeResponses {
@@ -253,7 +252,7 @@ impl FakeResponses {
             ..State::default()
         };
         // Connections are numbered as they are accepted.
-        let server = Server::start(state, |sock, st, ar| {
+        Fake::serve(state, |sock, st, ar| {
             let conn = {
                 let mut s = st.lock().unwrap();
                 s.connections += 1;
@@ -261,11 +260,7 @@ impl FakeResponses {
             };
             serve(sock, conn, st, ar)
         })
-        .await;
-        FakeResponses {
-            addr: server.addr,
-            server,
-        }
+        .await
     }
 
     /// `http://127.0.0.1:PORT/v1`, a model provider's `base_url`.
@@ -273,28 +268,9 @@ impl FakeResponses {
         format!("http://{}/v1", self.addr)
     }
 
-    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
-        self.server.state.lock().unwrap().script.extend(replies);
-    }
-
-    pub fn requests(&self) -> Vec<Recorded> {
-        self.server.state.lock().unwrap().requests.clone()
-    }
-
     /// The `POST /v1/responses` requests so far.
     pub fn response_requests(&self) -> Vec<Recorded> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == "POST" && is_responses(&r.path))
-            .collect()
-    }
-
-    pub async fn wait_requests(&self, n: usize, limit: Duration) {
-        self.server
-            .wait_until(n, limit, "Responses requests", || {
-                self.response_requests().len()
-            })
-            .await;
+        self.calls()
     }
 }
 
