@@ -498,7 +498,7 @@ impl Runner for RunnerService {
         match done.await {
             Ok(Ok(())) if r.close => reply(true, format!("wrote {len} bytes; stdin closed")),
             Ok(Ok(())) => reply(true, format!("wrote {len} bytes")),
-            Ok(Err(e)) => reply(false, e),
+            Ok(Err(e)) => reply(false, format!("stdin write failed: {e}")),
             Err(_) => reply(false, "stdin is closed".into()),
         }
     }

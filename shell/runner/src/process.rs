@@ -128,9 +128,7 @@ async fn write_stdin(mut stdin: ChildStdin, mut rx: mpsc::Receiver<StdinMsg>) {
             result = stdin.flush().await;
         }
         let failed = result.is_err();
-        let _ = msg
-            .ack
-            .send(result.map_err(|e| format!("stdin write failed: {e}")));
+        let _ = msg.ack.send(result);
         if msg.close || failed {
             break;
         }

@@ -85,7 +85,8 @@ pub const READ_BATCH_BYTES: usize = 1024 * 1024;
 pub struct StdinMsg {
     pub data: Vec<u8>,
     pub close: bool,
-    pub ack: oneshot::Sender<Result<(), String>>,
+    /// The write's outcome (the reply to the client says it in words).
+    pub ack: oneshot::Sender<std::io::Result<()>>,
 }
 
 /// Why a run could not be registered.
