@@ -201,6 +201,14 @@ mod tests {
             (t.kill_at(), t.grace()),
             (Some(at(3_000)), Duration::from_secs(2))
         );
+        // A stop whose KILL falls when the standing one does changes nothing: the process has
+        // ignored TERM since the first (the escalation's message says how long).
+        let (mut same, _) = Termination::begin(at(0), KILL_GRACE);
+        same.hasten(at(5_000), Duration::from_secs(5));
+        assert_eq!(
+            (same.kill_at(), same.grace()),
+            (Some(at(10_000)), KILL_GRACE)
+        );
         t.killed();
         assert_eq!(t.tick(at(3_000)), None, "a client's KILL: none is due");
         assert!(!t.escalated(), "nor was it escalated");
