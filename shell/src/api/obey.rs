@@ -102,10 +102,26 @@ fn session_id(id: &str) -> Result<SessionId, GrpcStatus> {
 
 impl Obey {
     /// Stores a reported event; answers with its id.
+    /// Stores a reported event of `kind` (its time the client's, else now) and answers its id.
     async fn report(
         &self,
-        event: ReportedEvent,
+        kind: &'static str,
+        campaign_id: String,
+        festival_id: String,
+        r: Reported,
     ) -> Result<Response<pb::EventResponse>, GrpcStatus> {
+        let event = ReportedEvent {
+            kind,
+            campaign_id,
+            festival_id,
+            event_type: r.event_type,
+            payload_json: r.payload_json,
+            at: match &r.timestamp {
+                Some(t) => convert::timestamp_ms(t).map_err(invalid)?,
+                None => now_ms(),
+            },
+            received_at: now_ms(),
+        };
         let id = self
             .handle
             .ask(|reply| Command::Report { event, reply })
@@ -157,6 +173,13 @@ impl Obey {
     }
 }
 
+/// What a campaign or festival event request reports, whichever it is.
+struct Reported {
+    event_type: String,
+    payload_json: String,
+    timestamp: Option<prost_types::Timestamp>,
+}
+
 #[tonic::async_trait]
 impl LocalDaemonService for Obey {
     async fn report_campaign_event(
@@ -168,19 +191,12 @@ impl LocalDaemonService for Obey {
             return Err(invalid("campaign_id and event_type are required"));
         }
         let c = self.campaign(r.campaign_id.clone()).await?;
-        let event = ReportedEvent {
-            kind: "campaign",
-            campaign_id: c.id,
-            festival_id: String::new(),
+        let reported = Reported {
             event_type: r.event_type,
             payload_json: r.payload_json,
-            at: match &r.timestamp {
-                Some(t) => convert::timestamp_ms(t).map_err(invalid)?,
-                None => now_ms(),
-            },
-            received_at: now_ms(),
+            timestamp: r.timestamp,
         };
-        self.report(event).await
+        self.report("campaign", c.id, String::new(), reported).await
     }
 
     async fn report_festival_event(
@@ -196,19 +212,13 @@ impl LocalDaemonService for Obey {
         } else {
             self.campaign(r.campaign_id.clone()).await?.id
         };
-        let event = ReportedEvent {
-            kind: "festival",
-            campaign_id,
-            festival_id: r.festival_id,
+        let reported = Reported {
             event_type: r.event_type,
             payload_json: r.payload_json,
-            at: match &r.timestamp {
-                Some(t) => convert::timestamp_ms(t).map_err(invalid)?,
-                None => now_ms(),
-            },
-            received_at: now_ms(),
+            timestamp: r.timestamp,
         };
-        self.report(event).await
+        self.report("festival", campaign_id, r.festival_id, reported)
+            .await
     }
 
     async fn stream_agent_activity(
