@@ -157,7 +157,6 @@ impl Termination {
             Some(at) if at <= now => {
                 self.kill_at = None;
                 self.escalated = true;
-                debug_assert!(self.kill_at.is_none(), "one KILL per termination");
                 Some(Signal::Kill)
             }
             _ => None,

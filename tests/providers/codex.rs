@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 use crate::fake_responses::{FakeResponses, Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, killed_mid_turn, nonce, stop_during_a_tool_call, Kit,
+    budget_crossed_by_real_usage, costing, killed_mid_turn, nonce, stop_during_a_tool_call, Kit,
 };
 
 /// The model the real-CLI sessions ask for (one codex 0.169 knows).
@@ -844,12 +844,10 @@ impl Kit for Codex {
     fn push_shell_turn(&self, command: &str, text: &str, usage: Option<[(u64, u64); 2]>) {
         // Codex's own timeout for the command: long enough never to end it first.
         let call = Reply::shell_waiting(command, 600_000);
-        self.fake.push(match usage {
-            None => [call, Reply::text(text)],
-            Some([(i1, o1), (i2, o2)]) => {
-                [call.usage(i1, 0, o1), Reply::text(text).usage(i2, 0, o2)]
-            }
-        });
+        self.fake
+            .push(costing([call, Reply::text(text)], usage, |r, i, o| {
+                r.usage(i, 0, o)
+            }));
     }
 
     fn request(&self) -> pb::CreateSessionRequest {

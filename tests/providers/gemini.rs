@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::fake_gemini::{FakeGemini, Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, killed_mid_turn, stop_during_a_tool_call, Kit,
+    budget_crossed_by_real_usage, costing, killed_mid_turn, stop_during_a_tool_call, Kit,
 };
 
 /// The model sessions ask for: it must reach the server unchanged (`-m`).
@@ -388,12 +388,10 @@ impl Kit for G {
             "run_shell_command",
             json!({"command": command, "description": "Run it"}),
         );
-        self.fake.push(match usage {
-            None => [call, Reply::text(text)],
-            Some([(i1, o1), (i2, o2)]) => {
-                [call.usage(i1, 0, o1), Reply::text(text).usage(i2, 0, o2)]
-            }
-        });
+        self.fake
+            .push(costing([call, Reply::text(text)], usage, |r, i, o| {
+                r.usage(i, 0, o)
+            }));
     }
 
     fn request(&self) -> pb::CreateSessionRequest {

@@ -81,10 +81,23 @@ pub(crate) fn push_bash_turn(w: &World, command: &str, text: &str, usage: Option
         "Bash",
         serde_json::json!({"command": command, "description": "Run it"}),
     );
-    w.fake.push(match usage {
-        None => [call, Reply::text(text)],
-        Some([(i1, o1), (i2, o2)]) => [call.usage(i1, 0, o1), Reply::text(text).usage(i2, 0, o2)],
-    });
+    w.fake
+        .push(costing([call, Reply::text(text)], usage, |r, i, o| {
+            r.usage(i, 0, o)
+        }));
+}
+
+/// A turn's two replies, each with its (input, output) tokens when `usage` is given (`cost`
+/// sets them on a fake's reply).
+pub(crate) fn costing<R>(
+    [call, answer]: [R; 2],
+    usage: Option<[(u64, u64); 2]>,
+    cost: impl Fn(R, u64, u64) -> R,
+) -> [R; 2] {
+    match usage {
+        None => [call, answer],
+        Some([(i1, o1), (i2, o2)]) => [cost(call, i1, o1), cost(answer, i2, o2)],
+    }
 }
 
 /// A word no other process has on its command line.

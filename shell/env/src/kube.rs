@@ -619,9 +619,11 @@ pub async fn exec(pod: &PodRef, argv: Vec<String>, stdin: Option<&Path>) -> Resu
                 let mut f = tokio::fs::File::open(&file)
                     .await
                     .map_err(|e| Error::file("read", &file, e))?;
-                tokio::io::copy(&mut f, &mut w)
-                    .await
-                    .and(w.flush().await)
+                let sent = async {
+                    tokio::io::copy(&mut f, &mut w).await?;
+                    w.flush().await
+                };
+                sent.await
                     .map_err(|e| Error::file("send into the pod", &file, e))?;
                 Ok::<_, Error>(())
             }))

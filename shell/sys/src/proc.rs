@@ -356,41 +356,32 @@ impl PidFd {
 
     async fn wait(&mut self) -> Exit {
         use std::os::fd::AsFd;
-        let Some(fd) = &self.fd else {
-            let pid = self.pid;
-            let fd = self.unwatched.take();
-            return tokio::task::spawn_blocking(move || reap(pid, fd.as_ref().map(|f| f.as_fd())))
-                .await
-                .unwrap_or_default();
-        };
-        loop {
-            let Ok(mut ready) = fd.readable().await else {
-                break;
-            };
-            match waitid_pidfd(fd.get_ref().as_fd(), true) {
-                Some(exit) => {
+        if let Some(fd) = &self.fd {
+            while let Ok(mut ready) = fd.readable().await {
+                if let Some(exit) = waitid_pidfd(fd.get_ref().as_fd(), true) {
                     self.fd = None;
                     return exit;
                 }
-                None => ready.clear_ready(),
+                ready.clear_ready();
             }
         }
-        let fd = self.fd.take().map(|f| f.into_inner());
-        let pid = self.pid;
+        // Not watched (or the watch failed): waited for on a blocking thread.
+        let (pid, fd) = (self.pid, self.take());
         tokio::task::spawn_blocking(move || reap(pid, fd.as_ref().map(|f| f.as_fd())))
             .await
             .unwrap_or_default()
+    }
+
+    /// The descriptor of a child not reaped yet.
+    fn take(&mut self) -> Option<std::os::fd::OwnedFd> {
+        let watched = self.fd.take().map(|f| f.into_inner());
+        watched.or(self.unwatched.take())
     }
 }
 
 impl Drop for PidFd {
     fn drop(&mut self) {
-        let fd = self
-            .fd
-            .take()
-            .map(|f| f.into_inner())
-            .or(self.unwatched.take());
-        if let Some(fd) = fd {
+        if let Some(fd) = self.take() {
             let pid = self.pid;
             let _ = std::thread::Builder::new()
                 .name("paddock-reap".into())
