@@ -20,8 +20,9 @@ use paddock_core::{
 };
 pub use paddock_exec::MAX_BATCH;
 use paddock_exec::{Executor, Line, Ports};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 
+use super::fanout::Heard;
 use super::port::{shutting_down, DaemonView, HistoryView, Query, Reply, SessionView, TurnStream};
 pub use super::port::{Command, Hub, Request};
 use super::supervisor::{self, RunHandle};
@@ -773,9 +774,9 @@ impl Io {
     fn catch_up(&self, stream: TurnStream, session: SessionId, turn: u64, after_seq: u64) {
         const PAGE: usize = 256;
         let tx = self.tx.clone();
-        // Woken by every committed activity (subscribed before the first read, so none falls
-        // in between): a short page waits for the next commit, not for a timer.
-        let mut committed = self.hub.activity.subscribe();
+        // Woken by the session's committed activities (subscribed before the first read, so
+        // none falls in between): a short page waits for the next one, not for a timer.
+        let mut committed = self.hub.activity.subscribe(&session);
         tokio::spawn(async move {
             let mut after = after_seq;
             loop {
@@ -815,8 +816,8 @@ impl Io {
                         biased;
                         _ = stream.closed() => return,
                         // Fell behind the hub too: the store has it all, read on.
-                        woke = committed.recv() => {
-                            if let Err(broadcast::error::RecvError::Closed) = woke {
+                        woke = committed.hear() => {
+                            if let Heard::Over = woke {
                                 return;
                             }
                         }
@@ -1041,7 +1042,7 @@ impl Ports for Io {
                         }
                     }
                 }
-                let _ = self.hub.activity.send(ev);
+                self.hub.activity.publish(&ev.session.clone(), ev);
             }
             Effect::EmitApproval(a) => {
                 let _ = self.hub.approval.send(a);

@@ -15,6 +15,7 @@ use paddock_store as store;
 use paddock_sys::{contain, paths, proc, socket};
 
 pub mod event_loop;
+pub mod fanout;
 pub mod notify;
 pub mod port;
 pub mod runner_link;
@@ -25,8 +26,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use event_loop::State;
+pub use fanout::{hear, Heard};
 use paddock_core::{Engine, Limits, Stored, Surviving};
-pub use port::{hear, Command, Handle, Heard, Hub};
+pub use port::{Command, Handle, Hub};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 
@@ -68,7 +70,7 @@ pub struct Started {
     /// Where sessions' environments are made (Aria containers are made there too).
     pub env: crate::env::Host,
     done: watch::Receiver<bool>,
-    loop_task: tokio::task::JoinHandle<()>,
+    loop_task: tokio::sync::oneshot::Receiver<()>,
     runner: Option<runner_link::RunnerLink>,
     socket_activated: bool,
     _lock: nix::fcntl::Flock<std::fs::File>,
@@ -236,14 +238,26 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
         tracing::warn!("{gone} environment(s) of deleted sessions removed");
     }
     state.reattach_adopted();
-    let loop_task = tokio::spawn(async move {
-        if let Err(e) = event_loop::run(state, rx, restore).await {
-            // Crash-only, decided here: nothing of the failed batch was acknowledged, and the
-            // next start reconciles from what the store has.
-            tracing::error!("store commit failed, exiting: {e}");
-            std::process::exit(70);
-        }
-    });
+    // The loop runs on a thread of its own, driven by the runtime (its timers and the tasks it
+    // spawns are the runtime's): its SQLite commits block, and a tokio worker held by one
+    // would hold up every stream served on it (two workers on a 2-core laptop).
+    let runtime = tokio::runtime::Handle::current();
+    let (ended, loop_task) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("paddock-loop".into())
+        .spawn(move || {
+            if let Err(e) = runtime.block_on(event_loop::run(state, rx, restore)) {
+                // Crash-only, decided here: nothing of the failed batch was acknowledged, and
+                // the next start reconciles from what the store has.
+                tracing::error!("store commit failed, exiting: {e}");
+                std::process::exit(70);
+            }
+            let _ = ended.send(());
+        })
+        .map_err(|source| StartError::Io {
+            what: "start the event loop's thread".into(),
+            source,
+        })?;
     let handle = Handle {
         tx: tx.clone(),
         hub,

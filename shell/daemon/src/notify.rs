@@ -15,7 +15,8 @@ use paddock_core::{AskKind, Status};
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 
-use super::port::{hear, Heard, Hub};
+use super::fanout::{hear, Heard};
+use super::port::Hub;
 use crate::config::{NotifyConfig, NOTIFY_DEFAULT};
 
 /// Deliveries waiting at most.

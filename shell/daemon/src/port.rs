@@ -18,6 +18,7 @@ use paddock_core::{
 };
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+use crate::fanout::Fanout;
 use crate::store::{ExternalActivity, ReportedEvent, StoreError};
 
 /// Events buffered per watcher before it is told it fell behind.
@@ -292,7 +293,9 @@ pub enum Query {
 #[derive(Clone)]
 pub struct Hub {
     pub status: broadcast::Sender<StatusEvent>,
-    pub activity: broadcast::Sender<ActivityEvent>,
+    /// A session's activities, to that session's subscribers only (the busiest stream: a
+    /// watcher of one session is not woken, nor put behind, by the others).
+    pub activity: Fanout<SessionId, ActivityEvent>,
     pub task_status: broadcast::Sender<TaskStatusEvent>,
     pub task_output: broadcast::Sender<TaskOutput>,
     /// Requests for a human, as they are opened and resolved.
@@ -323,7 +326,7 @@ impl Hub {
     pub fn new() -> Self {
         Hub {
             status: broadcast::channel(WATCH_BUFFER).0,
-            activity: broadcast::channel(WATCH_BUFFER).0,
+            activity: Fanout::new(WATCH_BUFFER),
             task_status: broadcast::channel(WATCH_BUFFER).0,
             task_output: broadcast::channel(WATCH_BUFFER).0,
             approval: broadcast::channel(WATCH_BUFFER).0,
@@ -358,27 +361,6 @@ impl Hub {
             .filter(|n| n.notice.at >= since)
             .cloned()
             .collect()
-    }
-}
-
-/// What one receive from a hub subscription gave.
-#[derive(Debug)]
-pub enum Heard<T> {
-    Event(T),
-    /// The subscriber fell this many events behind the hub: they are gone from its
-    /// subscription (never from the store).
-    Behind(u64),
-    /// The hub is gone: the daemon is ending.
-    Over,
-}
-
-/// Receives from a hub subscription: the one place a subscription's errors are read. What a
-/// subscriber does when it is [`Heard::Behind`] is its own rule (see `api::watch`).
-pub async fn hear<T: Clone>(sub: &mut broadcast::Receiver<T>) -> Heard<T> {
-    match sub.recv().await {
-        Ok(event) => Heard::Event(event),
-        Err(broadcast::error::RecvError::Lagged(n)) => Heard::Behind(n),
-        Err(broadcast::error::RecvError::Closed) => Heard::Over,
     }
 }
 

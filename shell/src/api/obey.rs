@@ -1141,7 +1141,7 @@ impl LocalDaemonService for Obey {
         let r = request.into_inner();
         let id = session_id(&r.session_id)?;
         // Subscribe before reading the store, then skip what the store already gave.
-        let mut acts = self.handle.hub.activity.subscribe();
+        let mut acts = self.handle.hub.activity.subscribe(&id);
         let mut stat = self.handle.hub.status.subscribe();
         let rec = self.record(id.clone()).await?;
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
@@ -1193,9 +1193,9 @@ impl LocalDaemonService for Obey {
                 tokio::select! {
                     biased;
                     _ = w.gone() => return,
-                    heard = hear(&mut acts) => {
+                    heard = acts.hear() => {
                         let Some(ev) = w.take(heard).await else { return };
-                        if ev.session == id && ev.seq > last {
+                        if ev.seq > last {
                             last = ev.seq;
                             if !w.send(understood.activity(convert::activity_event(&ev))).await {
                                 return;
@@ -1207,8 +1207,8 @@ impl LocalDaemonService for Obey {
                         Heard::Event(ev) if ev.session == id && ev.new.is_terminal() => {
                             // Everything of the session was delivered before its terminal
                             // status; take what is still queued, then end.
-                            while let Ok(a) = acts.try_recv() {
-                                if a.session == id && a.seq > last {
+                            while let Some(a) = acts.try_recv() {
+                                if a.seq > last {
                                     last = a.seq;
                                     w.send(understood.activity(convert::activity_event(&a))).await;
                                 }

@@ -52,6 +52,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::history::{self, Role};
+use crate::daemon::fanout::Subscription;
 use crate::daemon::port::{Command, Handle, HistoryView, Query, Request as Req};
 use crate::daemon::{hear, Heard};
 use crate::providers;
@@ -212,8 +213,8 @@ impl CodeAgent {
             Ok(None) | Err(_) => return,
         };
         // Subscribe before the session is found or made: whatever it does from here on is
-        // either in the history read below or still queued here.
-        let activity = self.handle.hub.activity.subscribe();
+        // either in the history read below or still queued here. (Its activities are
+        // subscribed to once it has an id; the catch-up below reads what came before.)
         let status = self.handle.hub.status.subscribe();
         let approvals = self.handle.hub.approval.subscribe();
         let attached = match self.start(start).await {
@@ -223,6 +224,7 @@ impl CodeAgent {
                 return;
             }
         };
+        let activity = self.handle.hub.activity.subscribe(&attached.record.id);
         let mut conn = Conn {
             agent: self,
             id: attached.record.id.clone(),
@@ -738,7 +740,7 @@ impl Conn {
     async fn run(
         &mut self,
         mut inbound: Streaming<pb::ClientMessage>,
-        mut activity: broadcast::Receiver<ActivityEvent>,
+        mut activity: Subscription<SessionId, ActivityEvent>,
         mut status: broadcast::Receiver<StatusEvent>,
         mut approvals: broadcast::Receiver<Approval>,
     ) {
@@ -751,7 +753,7 @@ impl Conn {
                 Some(o) = done_rx.recv() => self.on_outcome(o).await,
                 // A session's stream reads on from the store when it falls behind the hub
                 // (the lag rule of streams, `api::watch`).
-                ev = hear(&mut activity) => match ev {
+                ev = activity.hear() => match ev {
                     Heard::Event(ev) => self.on_activity(ev).await,
                     Heard::Behind(_) => self.catch_up().await,
                     Heard::Over => Flow::Stop,
