@@ -433,6 +433,15 @@ async fn the_daemon_log_rotates_by_size_and_has_no_colour_codes() {
         d.send(&s.id, "hello").await;
         d.stop(&s.id, false).await.unwrap();
     }
+    // Read once the daemon is gone: a rotation moves every old file up one (daemon.log.4 for a
+    // moment) before it removes the oldest, and a debug log rotates at any line.
+    d.client()
+        .await
+        .shutdown(pb::ShutdownRequest { force: false })
+        .await
+        .unwrap();
+    let st = d.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(st.code(), Some(0), "{st:?}");
     let rotated = log.with_extension("log.1");
     assert!(
         rotated.exists(),
