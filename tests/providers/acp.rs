@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, killed_mid_turn, push_bash_turn, stop_during_a_tool_call, Kit,
+    budget_crossed_by_real_usage, killed_mid_turn, model_api_errors, push_bash_turn,
+    stop_during_a_tool_call, ApiErrors, Kit,
 };
 
 /// The ACP adapter: `PADDOCK_ACP_BIN`, else tests/npm/node_modules/.bin/claude-agent-acp.
@@ -264,36 +265,7 @@ async fn acp_session_model_is_the_agents_model_option() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn acp_model_api_errors_end_the_turn_with_an_error() {
-    let w = World::start(vec![
-        Reply::error(500),
-        Reply::text("Recovered."),
-        // After a 400 the SDK tries again without some betas: answer them all.
-        Reply::error(400).times(20),
-    ])
-    .await;
-    let s = w.create(acp_request(&w)).await;
-    let mut turns = Vec::new();
-    for (msg, status) in [("one", "500"), ("two", ""), ("three", "400")] {
-        let acts = w.send(&s.id, msg).await;
-        if status.is_empty() {
-            assert_eq!(kinds(&acts), ["COMPLETION"], "{acts:#?}");
-        } else {
-            assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
-            let e = &acts[0].content;
-            assert!(
-                e.starts_with(&format!("acp: API error status {status}: ")),
-                "{e}"
-            );
-            assert!(e.contains("fake"), "{e}");
-        }
-        // The session lives on: the same agent, ready for the next message.
-        let info = w.get(&s.id).await;
-        assert_eq!(info.status, S::Running as i32, "{info:?}");
-        assert_eq!(info.pid, s.pid);
-        turns.push(json!({ "message": msg, "activities": w.render(&acts) }));
-    }
-    insta::assert_yaml_snapshot!("acp_api_errors", Value::Array(turns));
-    w.stop(&s.id, true).await.expect("stop");
+    model_api_errors::<Acp>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -546,4 +518,12 @@ async fn openclaw_sessions_are_acp_sessions() {
     assert_eq!(acts[0].content, "Hello from an OpenClaw session.");
     assert!(cmdline(s.pid as u32).contains("__bridge acp"));
     w.stop(&s.id, true).await.expect("stop");
+}
+
+impl ApiErrors for Acp {
+    const SNAPSHOT: &'static str = "acp_api_errors";
+    const AGENT: &'static str = "acp";
+    const TURNS: &'static [Option<u16>] = &[Some(500), None, Some(400)];
+    // The adapter's answer is its prompt's end: no TEXT of its own.
+    const ANSWERED: &'static [&'static str] = &["COMPLETION"];
 }

@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, killed_mid_turn, push_bash_turn, stop_during_a_tool_call, Kit,
+    budget_crossed_by_real_usage, killed_mid_turn, model_api_errors, push_bash_turn,
+    stop_during_a_tool_call, ApiErrors, Kit,
 };
 
 /// Asserts that `expected` appear in the conversation `r` sent, in this order (other texts may
@@ -204,46 +205,7 @@ async fn conversation_continues_across_turns_session_restarts_and_daemon_crashes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn model_api_errors_end_the_turn_with_an_error() {
-    let w = World::start(vec![
-        Reply::error(500),
-        Reply::error(429),
-        Reply::error(529),
-        Reply::text("Recovered."),
-        // After a 400 the CLI tries again without some betas: answer them all.
-        Reply::error(400).times(20),
-    ])
-    .await;
-    let s = w.claude().await;
-    let mut turns = Vec::new();
-    for (msg, status) in [
-        ("one", "500"),
-        ("two", "429"),
-        ("three", "529"),
-        ("four", ""),
-        ("five", "400"),
-    ] {
-        let acts = w.send(&s.id, msg).await;
-        if status.is_empty() {
-            assert_eq!(kinds(&acts), ["TEXT", "COMPLETION"], "{acts:#?}");
-        } else {
-            assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
-            assert!(
-                acts[0]
-                    .content
-                    .starts_with(&format!("claude: API error status {status} (")),
-                "{}",
-                acts[0].content
-            );
-            assert!(acts[0].content.contains("fake"), "{}", acts[0].content);
-        }
-        // The session lives on: the process is the same, ready for the next message.
-        let info = w.get(&s.id).await;
-        assert_eq!(info.status, S::Running as i32, "{info:?}");
-        assert_eq!(info.pid, s.pid);
-        turns.push(json!({ "message": msg, "activities": w.render(&acts) }));
-    }
-    insta::assert_yaml_snapshot!("claude_api_errors", Value::Array(turns));
-    w.stop(&s.id, true).await.expect("stop");
+    model_api_errors::<Claude>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -711,4 +673,10 @@ async fn real_stream_json_through_the_adapter() {
         eprintln!("recorded {} lines to {}", transcript.len(), out.display());
     }
     insta::assert_yaml_snapshot!("claude_real_stream", Value::Array(rendered));
+}
+
+impl ApiErrors for Claude {
+    const SNAPSHOT: &'static str = "claude_api_errors";
+    const AGENT: &'static str = "claude";
+    const TURNS: &'static [Option<u16>] = &[Some(500), Some(429), Some(529), None, Some(400)];
 }

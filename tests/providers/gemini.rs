@@ -23,7 +23,8 @@ use serde_json::{json, Value};
 use crate::fake_gemini::{FakeGemini, Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, costing, killed_mid_turn, stop_during_a_tool_call, Kit,
+    budget_crossed_by_real_usage, costing, killed_mid_turn, model_api_errors,
+    stop_during_a_tool_call, ApiErrors, Kit,
 };
 
 /// The model sessions ask for: it must reach the server unchanged (`-m`).
@@ -302,52 +303,7 @@ async fn gemini_conversation_continues_across_turns_session_restarts_and_daemon_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn gemini_model_api_errors_end_the_turn_with_an_error() {
-    let g = G::start(vec![
-        Reply::error(500),
-        Reply::error(400),
-        Reply::error(429),
-        Reply::text("Recovered."),
-    ])
-    .await;
-    let s = g.session().await;
-    let mut turns = Vec::new();
-    for (msg, status) in [
-        ("one", "500"),
-        ("two", "400"),
-        ("three", "429"),
-        ("four", ""),
-    ] {
-        let acts = g.w.send(&s.id, msg).await;
-        if status.is_empty() {
-            assert_eq!(kinds(&acts), ["TEXT", "COMPLETION"], "{acts:#?}");
-        } else {
-            assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
-            // (The CLI rewrites a 429's message: the status comes from its stderr.)
-            assert!(
-                acts[0]
-                    .content
-                    .starts_with(&format!("gemini: API error status {status}: ")),
-                "{}",
-                acts[0].content
-            );
-            assert!(
-                acts[0]
-                    .content
-                    .contains(&format!("fake {status} from the paddock test server")),
-                "{}",
-                acts[0].content
-            );
-        }
-        // The session lives on: the same bridge, ready for the next message.
-        let info = g.w.get(&s.id).await;
-        assert_eq!(info.status, S::Running as i32, "{info:?}");
-        assert_eq!(info.pid, s.pid);
-        turns.push(json!({ "message": msg, "activities": g.render(&acts) }));
-    }
-    // One request per error: no retries.
-    assert_eq!(g.fake.stream_requests().len(), 4);
-    insta::assert_yaml_snapshot!("gemini_api_errors", Value::Array(turns));
-    g.w.stop(&s.id, true).await.expect("stop");
+    model_api_errors::<G>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -729,4 +685,31 @@ async fn gemini_calls_the_clients_tools_through_paddocks_mcp_server() {
     let last = sent.last().unwrap().body.to_string();
     assert!(last.contains("12 passed"), "{last}");
     g.w.stop(&s.id, true).await.expect("stop");
+}
+
+impl ApiErrors for G {
+    const SNAPSHOT: &'static str = "gemini_api_errors";
+    const AGENT: &'static str = "gemini";
+    const TURNS: &'static [Option<u16>] = &[Some(500), Some(400), Some(429), None];
+
+    fn push_error(&self, status: u16) {
+        self.fake.push([Reply::error(status)]);
+    }
+
+    fn push_text(&self, text: &str) {
+        self.fake.push([Reply::text(text)]);
+    }
+
+    /// The CLI rewrites a 429's message: the status comes from its stderr, the words from
+    /// the server.
+    fn error_words(&self, status: u16, content: &str) {
+        assert!(
+            content.contains(&format!("fake {status} from the paddock test server")),
+            "{content}"
+        );
+    }
+
+    fn render(&self, acts: &[pb::SessionActivityEvent]) -> Value {
+        G::render(self, acts)
+    }
 }

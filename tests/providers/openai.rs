@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 use crate::fake_openai::{FakeOpenAi, Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, costing, killed_mid_turn, stop_during_a_tool_call, Kit,
+    budget_crossed_by_real_usage, costing, killed_mid_turn, model_api_errors,
+    stop_during_a_tool_call, ApiErrors, Kit,
 };
 
 /// The model sessions ask for: it must reach the server unchanged.
@@ -239,43 +240,7 @@ async fn openai_conversation_continues_across_turns_session_restarts_and_daemon_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_api_errors_end_the_turn_with_an_error() {
-    let (w, fake) = start(vec![
-        Reply::error(500),
-        Reply::error(429),
-        Reply::error(400),
-        Reply::error(401),
-        Reply::text("Recovered."),
-    ])
-    .await;
-    let s = w.create(request(&w, &fake)).await;
-    let mut turns = Vec::new();
-    for (msg, status) in [
-        ("one", "500"),
-        ("two", "429"),
-        ("three", "400"),
-        ("four", "401"),
-        ("five", ""),
-    ] {
-        let acts = w.send(&s.id, msg).await;
-        if status.is_empty() {
-            assert_eq!(kinds(&acts), ["TEXT", "COMPLETION"], "{acts:#?}");
-        } else {
-            assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
-            assert_eq!(
-                acts[0].content,
-                format!("openai-api: API error status {status}: fake {status} from the paddock test server")
-            );
-        }
-        // The session lives on: the same process, ready for the next message.
-        let info = w.get(&s.id).await;
-        assert_eq!(info.status, S::Running as i32, "{info:?}");
-        assert_eq!(info.pid, s.pid);
-        turns.push(json!({ "message": msg, "activities": w.render(&acts) }));
-    }
-    // No retries were made (max_retries 0): one request per turn.
-    assert_eq!(fake.completions().len(), 5);
-    insta::assert_yaml_snapshot!("openai_api_errors", Value::Array(turns));
-    w.stop(&s.id, true).await.expect("stop");
+    model_api_errors::<OpenAi>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -847,4 +812,32 @@ async fn openai_a_configured_key_stays_out_of_sight() {
         "Bearer sk-secret-in-config"
     );
     w.stop(&s.id, true).await.expect("stop");
+}
+
+impl ApiErrors for OpenAi {
+    const SNAPSHOT: &'static str = "openai_api_errors";
+    const AGENT: &'static str = "openai-api";
+    const TURNS: &'static [Option<u16>] = &[Some(500), Some(429), Some(400), Some(401), None];
+
+    fn push_error(&self, status: u16) {
+        self.fake.push([Reply::error(status)]);
+    }
+
+    fn push_text(&self, text: &str) {
+        self.fake.push([Reply::text(text)]);
+    }
+
+    fn error_words(&self, status: u16, content: &str) {
+        assert_eq!(
+            content,
+            format!(
+                "openai-api: API error status {status}: fake {status} from the paddock test server"
+            )
+        );
+    }
+
+    /// No retries were made (max_retries 0): one request per turn.
+    fn after_turns(&self) {
+        assert_eq!(self.fake.completions().len(), Self::TURNS.len());
+    }
 }

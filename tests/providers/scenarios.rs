@@ -87,6 +87,14 @@ pub(crate) fn push_bash_turn(w: &World, command: &str, text: &str, usage: Option
         }));
 }
 
+/// For the agents that talk to the fake Anthropic API: `status` as the next answer (after a 400
+/// the CLI and the SDK try again without some betas: each of those gets it too).
+pub(crate) fn push_anthropic_error(w: &World, status: u16) {
+    let times = if status == 400 { 20 } else { 1 };
+    w.fake
+        .push([crate::fake_anthropic::Reply::error(status).times(times)]);
+}
+
 /// A turn's two replies, each with its (input, output) tokens when `usage` is given (`cost`
 /// sets them on a fake's reply).
 pub(crate) fn costing<R>(
@@ -240,4 +248,86 @@ pub(crate) async fn budget_crossed_by_real_usage<K: Kit>() {
     assert!(e.message().contains("OBEY-2013"), "{}", e.message());
     wait_gone_with(s.pid as u32, K::WORD).await;
     k.after_end(2).await;
+}
+
+/// A provider whose agent turns a model API error into its turn's ERROR, as
+/// [`model_api_errors`] drives it.
+pub(crate) trait ApiErrors: Kit {
+    /// The name of the turns' snapshot.
+    const SNAPSHOT: &'static str;
+
+    /// The turns, in order: the API status the fake model answers with, or `None` for a turn
+    /// it answers ("Recovered.").
+    const TURNS: &'static [Option<u16>];
+
+    /// The kinds of a turn the model answers.
+    const ANSWERED: &'static [&'static str] = &["TEXT", "COMPLETION"];
+
+    /// How the ERROR of a turn answered with status S starts: this, then
+    /// `: API error status S`.
+    const AGENT: &'static str;
+
+    /// Scripts the fake model's next answer: `status` (as often as the agent asks again). By
+    /// default the world's own fake, the Anthropic API.
+    fn push_error(&self, status: u16) {
+        push_anthropic_error(self.world(), status);
+    }
+
+    /// Scripts the fake model's next answer: `text` (by default from the Anthropic fake).
+    fn push_text(&self, text: &str) {
+        self.world()
+            .fake
+            .push([crate::fake_anthropic::Reply::text(text)]);
+    }
+
+    /// What this provider also checks of the words of the ERROR that ended a turn answered
+    /// with `status`.
+    fn error_words(&self, _status: u16, _content: &str) {}
+
+    /// A turn's activities as the snapshot has them.
+    fn render(&self, acts: &[pb::SessionActivityEvent]) -> serde_json::Value {
+        self.world().render(acts)
+    }
+
+    /// What this provider also checks once every turn was sent.
+    fn after_turns(&self) {}
+}
+
+/// Model API errors (5xx, 429, 4xx): each ends its turn with one ERROR carrying the status and
+/// the server's words, never retried away into a hang, and the session lives on — RUNNING,
+/// the same process — for the next message, which the model answers.
+pub(crate) async fn model_api_errors<K: ApiErrors>() {
+    const MESSAGES: [&str; 5] = ["one", "two", "three", "four", "five"];
+    assert!(K::TURNS.len() <= MESSAGES.len());
+    let k = K::start().await;
+    let w = k.world();
+    for turn in K::TURNS {
+        match turn {
+            Some(status) => k.push_error(*status),
+            None => k.push_text("Recovered."),
+        }
+    }
+    let s = k.session().await;
+    let mut turns = Vec::new();
+    for (turn, msg) in K::TURNS.iter().zip(MESSAGES) {
+        let acts = w.send(&s.id, msg).await;
+        match turn {
+            None => assert_eq!(kinds(&acts), K::ANSWERED, "{acts:#?}"),
+            Some(status) => {
+                assert_eq!(kinds(&acts), ["ERROR"], "{acts:#?}");
+                let e = &acts[0].content;
+                let said = format!("{}: API error status {status}", K::AGENT);
+                assert!(e.starts_with(&said), "{e}");
+                assert!(e.contains("fake"), "{e}");
+                k.error_words(*status, e);
+            }
+        }
+        let info = w.get(&s.id).await;
+        assert_eq!(info.status, S::Running as i32, "{info:?}");
+        assert_eq!(info.pid, s.pid);
+        turns.push(serde_json::json!({ "message": msg, "activities": k.render(&acts) }));
+    }
+    k.after_turns();
+    insta::assert_yaml_snapshot!(K::SNAPSHOT, serde_json::Value::Array(turns));
+    w.stop(&s.id, true).await.expect("stop");
 }
