@@ -364,6 +364,10 @@ mod tests {
                 result: Err(CampaignError::LiveSessions(1))
             }]
         );
+        assert_eq!(
+            engine.campaigns().get("alpha").map(|c| c.id.as_str()),
+            Some("c-1")
+        );
         // The session's process never started: FAILED, not live any more.
         engine.handle(
             now(2),

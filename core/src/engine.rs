@@ -325,11 +325,12 @@ impl Engine {
         self.tasks.live()
     }
 
-    /// Every campaign.
+    /// Every container (Aria's ContainerService).
     pub fn containers(&self) -> &Containers {
         &self.containers
     }
 
+    /// Every campaign.
     pub fn campaigns(&self) -> &Campaigns {
         &self.campaigns
     }

@@ -1258,6 +1258,18 @@ fn the_next_deadline_is_the_earliest_of_sessions_and_tasks() {
     // A task due after the session: the session's deadline stays the next.
     launch(&mut r, "task_late", 20_000);
     assert_eq!(r.next_deadline(), (session_at, Timer::SessionTimeout));
+    // One due when the session is: a tie goes to the session.
+    let tie = session_at - r.now;
+    launch(&mut r, "task_tie", tie);
+    assert_eq!(r.next_deadline(), (session_at, Timer::SessionTimeout));
+    let held = |r: &Rig| -> Vec<String> { r.engine.tasks().map(|t| t.id.clone()).collect() };
+    assert_eq!(
+        held(&r),
+        ["task_late", "task_tie"],
+        "every task, in id order"
+    );
+    let sessions: Vec<_> = r.engine.sessions().map(|s| s.record.id.clone()).collect();
+    assert_eq!(sessions, [sid()]);
     // One due before it: the task's is the next, then the session's again once it is past.
     launch(&mut r, "task_early", 3_000);
     let task_at = r.now + 3_000;
