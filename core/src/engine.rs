@@ -294,9 +294,10 @@ impl Engine {
         self.sessions.values()
     }
 
-    /// The sessions that are not terminal, in id order: what a list of active sessions, a
-    /// dashboard or a shutdown looks at, without visiting every session ever stored.
-    pub fn live(&self) -> impl Iterator<Item = &Session> {
+    /// The sessions that are not terminal, in id order (`.rev()`: newest first): what a list of
+    /// active sessions, a dashboard or a shutdown looks at, without visiting every session ever
+    /// stored.
+    pub fn live(&self) -> impl DoubleEndedIterator<Item = &Session> {
         self.live.iter().map(|id| &self.sessions[id])
     }
 

@@ -233,7 +233,7 @@ async fn ended_sessions_stay_in_the_store_until_named_and_then_answer_as_before(
     d.kill9();
     d.launch().await;
     let mut c = d.client().await;
-    // Every ended session is listed, in id order, page by page.
+    // Every ended session is listed, newest first, page by page.
     let page = |token: String| pb::ListSessionsRequest {
         include_terminated: true,
         page_size: 2,
@@ -246,7 +246,7 @@ async fn ended_sessions_stay_in_the_store_until_named_and_then_answer_as_before(
         .unwrap()
         .into_inner();
     let listed: Vec<&str> = first.sessions.iter().map(|s| s.id.as_str()).collect();
-    assert_eq!(listed, [ids[0].as_str(), ids[1].as_str()]);
+    assert_eq!(listed, [ids[2].as_str(), ids[1].as_str()]);
     assert!(first
         .sessions
         .iter()
@@ -257,7 +257,7 @@ async fn ended_sessions_stay_in_the_store_until_named_and_then_answer_as_before(
         .unwrap()
         .into_inner();
     let listed: Vec<&str> = second.sessions.iter().map(|s| s.id.as_str()).collect();
-    assert_eq!(listed, [ids[2].as_str()]);
+    assert_eq!(listed, [ids[0].as_str()]);
     assert_eq!(second.next_page_token, "");
     let st = c.get_state(pb::StateRequest {}).await.unwrap().into_inner();
     assert_eq!(st.session_count, 3);

@@ -32,8 +32,10 @@ async fn a_list_of_sessions_larger_than_a_message_comes_in_pages() {
         req.page_token = page.next_page_token;
     }
     assert!(pages >= 2, "{pages} page(s)");
+    // Newest first (ids are ULIDs: creation order).
     ids.sort();
-    assert_eq!(seen, ids, "every session once, in id order");
+    ids.reverse();
+    assert_eq!(seen, ids, "every session once, newest first");
     // The CLI follows the pages.
     let out = d
         .dirs
@@ -51,8 +53,8 @@ async fn a_list_of_sessions_larger_than_a_message_comes_in_pages() {
 }
 
 /// Issue 16: a list costs what it shows. ListSessions' page_size (extension) gives a first page
-/// of that many, in id order, with the token to go on; `session list` shows the first 100 in a
-/// table (--limit N, --limit 0 for all) and says when there are more.
+/// of that many, newest first, with the token to go on (older ones); `session list` shows the
+/// newest 100 in a table (--limit N, --limit 0 for all) and says when there are more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_size_gives_a_first_page_and_the_cli_shows_one() {
     let mut d = Daemon::start_with(Dirs::new(), &["--max-sessions", "16"]).await;
@@ -61,6 +63,7 @@ async fn a_page_size_gives_a_first_page_and_the_cli_shows_one() {
         ids.push(d.session(None).await.id);
     }
     ids.sort();
+    ids.reverse();
     let mut c = d.client().await;
     let mut req = pb::ListSessionsRequest {
         page_size: 3,
@@ -82,7 +85,7 @@ async fn a_page_size_gives_a_first_page_and_the_cli_shows_one() {
     }
     let sizes: Vec<usize> = pages.iter().map(Vec::len).collect();
     assert_eq!(sizes, [3, 3, 1]);
-    assert_eq!(pages.concat(), ids, "every session once, in id order");
+    assert_eq!(pages.concat(), ids, "every session once, newest first");
     let refused = c
         .list_sessions(pb::ListSessionsRequest {
             page_size: -1,
@@ -105,8 +108,8 @@ async fn a_page_size_gives_a_first_page_and_the_cli_shows_one() {
         )
     };
     let (lines, note) = list(&["session", "list", "--limit", "5"]);
-    assert_eq!(lines, 6, "a header and the first 5");
-    assert!(note.contains("the first 5"), "{note}");
+    assert_eq!(lines, 6, "a header and the newest 5");
+    assert!(note.contains("the newest 5"), "{note}");
     let (lines, note) = list(&["session", "list"]);
     assert_eq!(lines, 8, "under the default 100: all");
     assert!(note.is_empty(), "{note}");

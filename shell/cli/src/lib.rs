@@ -80,7 +80,7 @@ pub enum SessionCmd {
         statuses: Vec<String>,
         #[arg(long)]
         provider: Option<String>,
-        /// Show at most this many sessions, oldest first (0: all); by default 100 in a table
+        /// Show at most this many sessions, newest first (0: all); by default 100 in a table
         /// and all with --json
         #[arg(long)]
         limit: Option<usize>,
@@ -451,7 +451,7 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 println!("{}", table(&latis::LIST_HEADERS, &rows));
             }
             if more {
-                eprintln!("(the first {limit}; more with --limit N, all with --limit 0)");
+                eprintln!("(the newest {limit}; more with --limit N, all with --limit 0)");
             }
         }
         SessionCmd::Info { id } => {

@@ -610,17 +610,18 @@ impl State {
                 .exec
                 .engine()
                 .live()
+                .rev()
                 .filter(|s| pick(&s.record))
                 .take(limit)
                 .map(|s| view(s.record.clone(), s.pending().len()))
                 .collect());
         }
         let mut out = Vec::new();
-        let mut after = scope.after.clone();
+        let mut before = scope.before.clone();
         while out.len() < limit {
             let asked = (limit - out.len()).clamp(32, PAGE);
-            let page = self.io.store.sessions_after(
-                &after,
+            let page = self.io.store.sessions_before(
+                &before,
                 scope.campaign.as_deref(),
                 scope.working_dir.as_deref(),
                 asked,
@@ -630,7 +631,7 @@ impl State {
             let Some(last) = page.last() else {
                 break;
             };
-            after = last.id.0.clone();
+            before = last.id.0.clone();
             for stored in page {
                 match self.exec.engine().session(&stored.id) {
                     Some(s) if pick(&s.record) => {

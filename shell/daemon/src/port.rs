@@ -203,8 +203,8 @@ pub type SessionPick = Box<dyn Fn(&SessionRecord) -> bool + Send>;
 pub struct Scope {
     /// Only sessions that are not terminal can match.
     pub live_only: bool,
-    /// Only ids after this one can match (a page token; `""`: from the first).
-    pub after: String,
+    /// Only ids before this one can match (a page token; `""`: from the newest).
+    pub before: String,
     /// Only sessions of this campaign can match.
     pub campaign: Option<String>,
     /// Only sessions working in this directory can match.
@@ -215,8 +215,8 @@ pub struct Scope {
 pub enum Query {
     Daemon(Reply<Read<DaemonView>>),
     Session(SessionId, Reply<Option<SessionView>>),
-    /// The first `limit` sessions the pick keeps, by id, looked for within `scope` (listing
-    /// the live ones never visits every session ever stored).
+    /// The newest `limit` sessions the pick keeps (by id: ULIDs, creation order), looked for
+    /// within `scope` (listing the live ones never visits every session ever stored).
     Sessions {
         scope: Scope,
         pick: SessionPick,

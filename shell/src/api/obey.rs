@@ -662,18 +662,20 @@ impl LocalDaemonService for Obey {
         } else {
             statuses.iter().all(|s| !s.is_terminal())
         };
-        let after = r.page_token.trim().to_string();
+        // Newest first (as a list of sessions is read: what was started last on top); the
+        // page token is the last id a page gave, and the next page is older.
+        let before = r.page_token.trim().to_string();
         let page_size = usize::try_from(r.page_size)
             .map_err(|_| invalid(format!("page_size {} is negative", r.page_size)))?;
         let scope = Scope {
             live_only,
-            after: after.clone(),
+            before: before.clone(),
             campaign: campaign.clone(),
             working_dir: None,
         };
         // Filtered on the loop, where the sessions are: only what matches is copied.
         let pick = Box::new(move |rec: &SessionRecord| {
-            (after.is_empty() || rec.id.0 > after)
+            (before.is_empty() || rec.id.0 < before)
                 && campaign
                     .as_ref()
                     .is_none_or(|c| &rec.config.campaign_id == c)

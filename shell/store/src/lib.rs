@@ -250,12 +250,13 @@ static SELECT_UNSETTLED_SESSIONS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// A page of sessions in id order, after an id, optionally of one campaign or working dir.
-static SELECT_SESSIONS_AFTER: LazyLock<String> = LazyLock::new(|| {
+/// A page of sessions newest first (ids are ULIDs: creation order), before an id (`''`: from
+/// the newest), optionally of one campaign or working dir.
+static SELECT_SESSIONS_BEFORE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM agent_sessions WHERE id > ?1 \
+        "SELECT {} FROM agent_sessions WHERE (?1 = '' OR id < ?1) \
          AND (?2 IS NULL OR campaign_id = ?2) AND (?3 IS NULL OR working_dir = ?3) \
-         ORDER BY id LIMIT ?4",
+         ORDER BY id DESC LIMIT ?4",
         SESSION_COLUMNS.join(", ")
     )
 });
@@ -592,17 +593,17 @@ impl Store {
         collect(rows, |r| self.session_from_row(r))
     }
 
-    /// Up to `limit` sessions with an id after `after` (`""`: from the first), in id order;
-    /// only those of `campaign` and in `working_dir` when given.
-    pub fn sessions_after(
+    /// Up to `limit` sessions with an id before `before` (`""`: from the newest), newest
+    /// first; only those of `campaign` and in `working_dir` when given.
+    pub fn sessions_before(
         &self,
-        after: &str,
+        before: &str,
         campaign: Option<&str>,
         working_dir: Option<&str>,
         limit: usize,
     ) -> Result<Vec<SessionRecord>> {
-        let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS_AFTER)?;
-        let rows = stmt.query(params![after, campaign, working_dir, codec::limit(limit)])?;
+        let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS_BEFORE)?;
+        let rows = stmt.query(params![before, campaign, working_dir, codec::limit(limit)])?;
         collect(rows, |r| self.session_from_row(r))
     }
 

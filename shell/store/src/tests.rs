@@ -1213,25 +1213,25 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
     // Every run id anything names stays reserved: s1's requests name run 11.
     assert_eq!(store.max_run().unwrap(), 11);
     assert_eq!(store.session_count().unwrap(), 6);
-    // Pages, in id order, narrowed by campaign and working dir.
+    // Pages, newest first, narrowed by campaign and working dir.
     assert_eq!(
-        ids(store.sessions_after("", None, None, 4).unwrap()),
-        ["s1", "s2", "s3", "s4"]
+        ids(store.sessions_before("", None, None, 4).unwrap()),
+        ["s6", "s5", "s4", "s3"]
     );
     assert_eq!(
-        ids(store.sessions_after("s4", None, None, 4).unwrap()),
-        ["s5", "s6"]
+        ids(store.sessions_before("s3", None, None, 4).unwrap()),
+        ["s2", "s1"]
     );
     assert_eq!(
-        ids(store.sessions_after("", Some("ca"), None, 10).unwrap()),
-        ["s1", "s2", "s6"]
+        ids(store.sessions_before("", Some("ca"), None, 10).unwrap()),
+        ["s6", "s2", "s1"]
     );
     assert_eq!(
-        ids(store.sessions_after("s1", None, Some("/b"), 10).unwrap()),
-        ["s3", "s4", "s5"]
+        ids(store.sessions_before("s6", None, Some("/b"), 10).unwrap()),
+        ["s5", "s4", "s3"]
     );
     assert!(store
-        .sessions_after("s6", None, None, 10)
+        .sessions_before("s1", None, None, 10)
         .unwrap()
         .is_empty());
 
