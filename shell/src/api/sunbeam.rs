@@ -408,7 +408,7 @@ pub enum ConfigError {
     PermissionsTwice,
     /// The `env` table, as the core's check words it.
     #[error("config_toml: env: {0}")]
-    Env(String),
+    Env(paddock_core::EnvVarError),
 }
 
 /// The agent's project context: the root, the branch, `git status`, the file tree and the
