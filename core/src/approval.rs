@@ -174,6 +174,17 @@ pub enum Policy {
     Ask(Vec<String>),
 }
 
+/// Why [`Policy::parse`] refuses a `permissions` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// None of the policies (the value, trimmed).
+    #[error(
+        "permissions must be allow-all, deny, allow:Tool1,Tool2, ask or ask:Tool1,Tool2 \
+         (got {0:?})"
+    )]
+    Unknown(String),
+}
+
 /// What the policy says about one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PolicyAnswer {
@@ -183,7 +194,8 @@ pub enum PolicyAnswer {
 }
 
 impl Policy {
-    pub fn parse(s: Option<&str>) -> Result<Policy, String> {
+    /// `provider_config["permissions"]` (none or empty: [`Policy::AllowAll`]).
+    pub fn parse(s: Option<&str>) -> Result<Policy, PolicyError> {
         let list = |rest: &str| -> Vec<String> {
             rest.split(',')
                 .map(|t| t.trim().to_string())
@@ -196,10 +208,7 @@ impl Policy {
             Some("ask") => Ok(Policy::Ask(Vec::new())),
             Some(l) if l.starts_with("allow:") => Ok(Policy::Allow(list(&l["allow:".len()..]))),
             Some(l) if l.starts_with("ask:") => Ok(Policy::Ask(list(&l["ask:".len()..]))),
-            Some(other) => Err(format!(
-                "permissions must be allow-all, deny, allow:Tool1,Tool2, ask or ask:Tool1,Tool2 \
-                 (got {other:?})"
-            )),
+            Some(other) => Err(PolicyError::Unknown(other.to_string())),
         }
     }
 
@@ -371,7 +380,15 @@ mod tests {
         assert_eq!(Policy::parse(Some("ask")), Ok(Policy::Ask(vec![])));
         let ask = Policy::parse(Some("ask: Read, LS")).unwrap();
         assert_eq!(ask, Policy::Ask(vec!["Read".into(), "LS".into()]));
-        assert!(Policy::parse(Some("maybe")).is_err());
+        let refused = Policy::parse(Some(" maybe ")).unwrap_err();
+        assert_eq!(refused, PolicyError::Unknown("maybe".into()));
+        assert_eq!(
+            refused.to_string(),
+            "permissions must be allow-all, deny, allow:Tool1,Tool2, ask or ask:Tool1,Tool2 \
+             (got \"maybe\")"
+        );
+        let config = crate::ProviderConfig::parse([("permissions".into(), "maybe".into())].into());
+        assert_eq!(config.unwrap_err().reason, refused.to_string());
 
         assert_eq!(ask.decide(AskKind::Permission, "Read"), PolicyAnswer::Allow);
         assert_eq!(

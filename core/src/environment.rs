@@ -306,64 +306,35 @@ impl EnvSpec {
     }
 
     /// The spec's own consistency: what no driver could honour.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), EnvSpecError> {
         if self.driver == Driver::Local && self.network {
             // The host's network is there anyway: refused so that nobody believes the flag
             // did something.
-            return Err(
-                "network applies to isolating drivers; a local session always has the host's network"
-                    .into(),
-            );
+            return Err(EnvSpecError::NetworkOnLocal);
         }
         crate::model::check_environment(&self.podman.env)?;
-        if !self.driver.is_remote() && !self.ssh().is_empty() {
-            return Err(format!(
-                "ssh options (host, port, user, key) given, but the driver is {}",
-                self.driver
-            ));
+        let driver = self.driver;
+        if !driver.is_remote() && !self.ssh().is_empty() {
+            return Err(EnvSpecError::SshOptions { driver });
         }
-        if self.driver != Driver::Qemu && !self.qemu().is_empty() {
-            return Err(format!(
-                "qemu options (cpus, flags) given, but the driver is {}",
-                self.driver
-            ));
+        if driver != Driver::Qemu && !self.qemu().is_empty() {
+            return Err(EnvSpecError::QemuOptions { driver });
         }
-        if self.driver != Driver::Kubernetes && !self.kubernetes().is_empty() {
-            return Err(format!(
-                "kubernetes options (namespace, serviceAccount, podSpec) given, but the driver is {}",
-                self.driver
-            ));
+        if driver != Driver::Kubernetes && !self.kubernetes().is_empty() {
+            return Err(EnvSpecError::KubernetesOptions { driver });
         }
-        match self.driver {
+        match driver {
             Driver::Ssh => return self.check_ssh(),
             Driver::Qemu => return self.check_qemu(),
             Driver::Kubernetes => return self.check_kubernetes(),
             Driver::Podman if self.image.trim().is_empty() => {
-                return Err(
-                    "the podman driver needs an image (--image, or `image:` in the podman block): \
-                     a reference, an image archive or a root directory"
-                        .into(),
-                )
+                return Err(EnvSpecError::PodmanNeedsImage)
             }
             Driver::Podman => {}
-            _ if !self.image.is_empty() => {
-                return Err(format!(
-                    "an image is for containers: the {} driver runs no image (use --driver podman)",
-                    self.driver
-                ))
-            }
-            _ if !self.podman.is_empty() => {
-                return Err(format!(
-                    "podman options (mounts, ports, flags, env) given, but the driver is {}",
-                    self.driver
-                ))
-            }
+            _ if !self.image.is_empty() => return Err(EnvSpecError::ImageWithoutPodman { driver }),
+            _ if !self.podman.is_empty() => return Err(EnvSpecError::PodmanOptions { driver }),
             Driver::Local if self.memory_bytes > 0 || self.pids > 0 => {
-                return Err(
-                    "memory and process limits need an isolating driver: a local agent runs as \
-                     you, under your own limits (use --driver bubblewrap or podman)"
-                        .into(),
-                )
+                return Err(EnvSpecError::LimitsOnLocal)
             }
             _ => {}
         }
@@ -372,47 +343,34 @@ impl EnvSpec {
 }
 
 impl EnvSpec {
-    fn check_qemu(&self) -> Result<(), String> {
+    fn check_qemu(&self) -> Result<(), EnvSpecError> {
         if self.image.trim().is_empty() {
-            return Err(
-                "the qemu driver needs an image (`image:` in the qemu block, --image): a qcow2 \
-                 disk the VM boots from (it is never written: each session gets an overlay)"
-                    .into(),
-            );
+            return Err(EnvSpecError::QemuNeedsImage);
         }
         let t = self.ssh();
         if !t.host.is_empty() {
-            return Err(
-                "a qemu session's host is its VM: give the qemu block's ssh {user, keyFile}, \
-                 not a host"
-                    .into(),
-            );
+            return Err(EnvSpecError::QemuHost);
         }
         let refused = if self.worktree {
-            Some("a worktree (--worktree) is made on this machine's repository")
+            Some(EnvSpecError::Worktree {
+                driver: Driver::Qemu,
+            })
         } else if !self.podman.is_empty() {
-            Some("podman options (mounts, ports, env)")
+            Some(EnvSpecError::QemuPodmanOptions)
         } else if self.pids > 0 {
-            Some("a process limit (the VM's own kernel counts its processes)")
+            Some(EnvSpecError::QemuProcessLimit)
         } else if t.accept_new_host_key || !t.known_hosts.is_empty() {
-            Some("host key settings (a VM's key is taken at its first boot and held to)")
+            Some(EnvSpecError::QemuHostKeys)
         } else {
             None
         };
-        match refused {
-            Some(what) => Err(format!("{what}: not for the qemu driver")),
-            None => Ok(()),
-        }
+        refused.map_or(Ok(()), Err)
     }
 
-    fn check_kubernetes(&self) -> Result<(), String> {
+    fn check_kubernetes(&self) -> Result<(), EnvSpecError> {
         let k = self.kubernetes();
         if self.image.trim().is_empty() && k.pod_spec.trim().is_empty() {
-            return Err(
-                "the kubernetes driver needs an image (--image) or a podSpec (`podSpec:` in the \
-                 kubernetes block) for the session's pod"
-                    .into(),
-            );
+            return Err(EnvSpecError::KubernetesNeedsImage);
         }
         // A namespace is a DNS label (RFC 1123); a service account a DNS subdomain.
         let dns = |s: &str, dots: bool| {
@@ -425,65 +383,147 @@ impl EnvSpec {
                 && !s.ends_with(['-', '.'])
         };
         if !k.namespace.is_empty() && (!dns(&k.namespace, false) || k.namespace.len() > 63) {
-            return Err(format!(
-                "kubernetes namespace {:?} is not a namespace name (lowercase letters, digits and \
-                 '-', at most 63)",
-                k.namespace
-            ));
+            return Err(EnvSpecError::Namespace(k.namespace.clone()));
         }
         if !k.service_account.is_empty() && !dns(&k.service_account, true) {
-            return Err(format!(
-                "kubernetes service account {:?} is not a service account name",
-                k.service_account
-            ));
+            return Err(EnvSpecError::ServiceAccount(k.service_account.clone()));
         }
         let refused = if self.worktree {
-            Some("a worktree (--worktree) is made on this machine's repository")
+            Some(EnvSpecError::Worktree {
+                driver: Driver::Kubernetes,
+            })
         } else if !self.podman.is_empty() || !self.qemu().is_empty() || !self.ssh().is_empty() {
-            Some("podman, qemu and ssh options")
+            Some(EnvSpecError::KubernetesOtherOptions)
         } else if self.pids > 0 {
-            Some("a process limit (the cluster's own pid limits apply)")
+            Some(EnvSpecError::KubernetesProcessLimit)
         } else if self.network {
-            Some("network (the pod's network is the cluster's: its network policies decide)")
+            Some(EnvSpecError::KubernetesNetwork)
         } else {
             None
         };
-        match refused {
-            Some(what) => Err(format!("{what}: not for the kubernetes driver")),
-            None => Ok(()),
-        }
+        refused.map_or(Ok(()), Err)
     }
 
-    fn check_ssh(&self) -> Result<(), String> {
+    fn check_ssh(&self) -> Result<(), EnvSpecError> {
         let t = self.ssh();
         let word =
             |s: &str| !s.is_empty() && !s.starts_with('-') && !s.contains(char::is_whitespace);
         if !word(&t.host) {
-            return Err(
-                "the ssh driver needs a host (--ssh [USER@]HOST[:PORT], or `host:` in the ssh \
-                 block)"
-                    .into(),
-            );
+            return Err(EnvSpecError::SshNeedsHost);
         }
         if !t.user.is_empty() && !word(&t.user) {
-            return Err(format!("ssh user {:?} is not a user name", t.user));
+            return Err(EnvSpecError::SshUser(t.user.clone()));
         }
         let refused = if self.worktree {
-            Some("a worktree (--worktree) is made on this machine's repository")
+            Some(EnvSpecError::Worktree {
+                driver: Driver::Ssh,
+            })
         } else if self.network {
-            Some("network (the host's own network is there, as for local)")
+            Some(EnvSpecError::SshNetwork)
         } else if !self.image.is_empty() || !self.podman.is_empty() || !self.qemu().is_empty() {
-            Some("an image, podman and qemu options")
+            Some(EnvSpecError::SshOtherOptions)
         } else if self.memory_bytes > 0 || self.pids > 0 {
-            Some("memory and process limits")
+            Some(EnvSpecError::SshLimits)
         } else {
             None
         };
-        match refused {
-            Some(what) => Err(format!("{what}: not for the ssh driver")),
-            None => Ok(()),
-        }
+        refused.map_or(Ok(()), Err)
     }
+}
+
+/// Why [`EnvSpec::check`] refuses a spec: what no driver could honour, or what this driver
+/// does not take. Each says what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvSpecError {
+    #[error("network applies to isolating drivers; a local session always has the host's network")]
+    NetworkOnLocal,
+    /// A variable of the podman block's `env`.
+    #[error(transparent)]
+    Env(#[from] crate::model::EnvVarError),
+    #[error("ssh options (host, port, user, key) given, but the driver is {driver}")]
+    SshOptions { driver: Driver },
+    #[error("qemu options (cpus, flags) given, but the driver is {driver}")]
+    QemuOptions { driver: Driver },
+    #[error(
+        "kubernetes options (namespace, serviceAccount, podSpec) given, but the driver is {driver}"
+    )]
+    KubernetesOptions { driver: Driver },
+    #[error(
+        "the podman driver needs an image (--image, or `image:` in the podman block): \
+         a reference, an image archive or a root directory"
+    )]
+    PodmanNeedsImage,
+    /// An image for a driver that runs none (`local`, `bubblewrap`).
+    #[error("an image is for containers: the {driver} driver runs no image (use --driver podman)")]
+    ImageWithoutPodman { driver: Driver },
+    #[error("podman options (mounts, ports, flags, env) given, but the driver is {driver}")]
+    PodmanOptions { driver: Driver },
+    #[error(
+        "memory and process limits need an isolating driver: a local agent runs as \
+         you, under your own limits (use --driver bubblewrap or podman)"
+    )]
+    LimitsOnLocal,
+    /// A worktree for a driver whose agent runs elsewhere (`ssh`, `qemu`, `kubernetes`).
+    #[error(
+        "a worktree (--worktree) is made on this machine's repository: not for the {driver} driver"
+    )]
+    Worktree { driver: Driver },
+    #[error(
+        "the qemu driver needs an image (`image:` in the qemu block, --image): a qcow2 \
+         disk the VM boots from (it is never written: each session gets an overlay)"
+    )]
+    QemuNeedsImage,
+    #[error(
+        "a qemu session's host is its VM: give the qemu block's ssh {{user, keyFile}}, \
+         not a host"
+    )]
+    QemuHost,
+    #[error("podman options (mounts, ports, env): not for the qemu driver")]
+    QemuPodmanOptions,
+    #[error("a process limit (the VM's own kernel counts its processes): not for the qemu driver")]
+    QemuProcessLimit,
+    #[error(
+        "host key settings (a VM's key is taken at its first boot and held to): not for the \
+         qemu driver"
+    )]
+    QemuHostKeys,
+    #[error(
+        "the kubernetes driver needs an image (--image) or a podSpec (`podSpec:` in the \
+         kubernetes block) for the session's pod"
+    )]
+    KubernetesNeedsImage,
+    /// The namespace given is not a DNS label.
+    #[error(
+        "kubernetes namespace {0:?} is not a namespace name (lowercase letters, digits and \
+         '-', at most 63)"
+    )]
+    Namespace(String),
+    /// The service account given is not a DNS subdomain.
+    #[error("kubernetes service account {0:?} is not a service account name")]
+    ServiceAccount(String),
+    #[error("podman, qemu and ssh options: not for the kubernetes driver")]
+    KubernetesOtherOptions,
+    #[error("a process limit (the cluster's own pid limits apply): not for the kubernetes driver")]
+    KubernetesProcessLimit,
+    #[error(
+        "network (the pod's network is the cluster's: its network policies decide): not for \
+         the kubernetes driver"
+    )]
+    KubernetesNetwork,
+    #[error(
+        "the ssh driver needs a host (--ssh [USER@]HOST[:PORT], or `host:` in the ssh \
+         block)"
+    )]
+    SshNeedsHost,
+    /// The user given is not a word.
+    #[error("ssh user {0:?} is not a user name")]
+    SshUser(String),
+    #[error("network (the host's own network is there, as for local): not for the ssh driver")]
+    SshNetwork,
+    #[error("an image, podman and qemu options: not for the ssh driver")]
+    SshOtherOptions,
+    #[error("memory and process limits: not for the ssh driver")]
+    SshLimits,
 }
 
 /// Where an environment is in its life (see the module's diagram).
@@ -575,49 +615,53 @@ mod tests {
         );
         assert_eq!(ssh(host("build")).check(), Ok(()));
         for bad in ["", "-oProxyCommand=x", "a b"] {
-            let e = ssh(host(bad)).check().unwrap_err();
-            assert!(e.contains("needs a host"), "{bad:?}: {e}");
+            assert_eq!(
+                ssh(host(bad)).check(),
+                Err(EnvSpecError::SshNeedsHost),
+                "{bad:?}"
+            );
         }
         let bad_user = SshTarget {
             user: "-l".into(),
             ..host("build")
         };
-        assert!(ssh(bad_user).check().unwrap_err().contains("not a user"));
+        assert_eq!(
+            ssh(bad_user).check(),
+            Err(EnvSpecError::SshUser("-l".into()))
+        );
         for (spec, what) in [
             (
                 EnvSpec {
                     worktree: true,
                     ..ssh(host("build"))
                 },
-                "worktree",
+                EnvSpecError::Worktree {
+                    driver: Driver::Ssh,
+                },
             ),
             (
                 EnvSpec {
                     network: true,
                     ..ssh(host("build"))
                 },
-                "network",
+                EnvSpecError::SshNetwork,
             ),
             (
                 EnvSpec {
                     pids: 5,
                     ..ssh(host("build"))
                 },
-                "limits",
+                EnvSpecError::SshLimits,
             ),
             (
                 EnvSpec {
                     image: "x".into(),
                     ..ssh(host("build"))
                 },
-                "image",
+                EnvSpecError::SshOtherOptions,
             ),
         ] {
-            let e = spec.check().unwrap_err();
-            assert!(
-                e.contains(what) && e.contains("not for the ssh driver"),
-                "{e}"
-            );
+            assert_eq!(spec.check(), Err(what));
         }
         let elsewhere = EnvSpec {
             driver: Driver::Podman,
@@ -625,7 +669,12 @@ mod tests {
             ssh: boxed(host("build")),
             ..EnvSpec::default()
         };
-        assert!(elsewhere.check().unwrap_err().contains("ssh options"));
+        assert_eq!(
+            elsewhere.check(),
+            Err(EnvSpecError::SshOptions {
+                driver: Driver::Podman
+            })
+        );
     }
 
     #[test]
@@ -643,7 +692,7 @@ mod tests {
         };
         assert_eq!(vm("/img.qcow2").check(), Ok(()));
         assert!(Driver::Qemu.isolates() && Driver::Qemu.is_remote());
-        assert!(vm("").check().unwrap_err().contains("needs an image"));
+        assert_eq!(vm("").check(), Err(EnvSpecError::QemuNeedsImage));
         let with_host = EnvSpec {
             ssh: boxed(SshTarget {
                 host: "h".into(),
@@ -651,28 +700,26 @@ mod tests {
             }),
             ..vm("/img.qcow2")
         };
-        assert!(with_host.check().unwrap_err().contains("its VM"));
+        assert_eq!(with_host.check(), Err(EnvSpecError::QemuHost));
         for (spec, what) in [
             (
                 EnvSpec {
                     worktree: true,
                     ..vm("/i")
                 },
-                "worktree",
+                EnvSpecError::Worktree {
+                    driver: Driver::Qemu,
+                },
             ),
             (
                 EnvSpec {
                     pids: 3,
                     ..vm("/i")
                 },
-                "process limit",
+                EnvSpecError::QemuProcessLimit,
             ),
         ] {
-            let e = spec.check().unwrap_err();
-            assert!(
-                e.contains(what) && e.contains("not for the qemu driver"),
-                "{e}"
-            );
+            assert_eq!(spec.check(), Err(what));
         }
         let elsewhere = EnvSpec {
             driver: Driver::Bubblewrap,
@@ -682,7 +729,12 @@ mod tests {
             }),
             ..EnvSpec::default()
         };
-        assert!(elsewhere.check().unwrap_err().contains("qemu options"));
+        assert_eq!(
+            elsewhere.check(),
+            Err(EnvSpecError::QemuOptions {
+                driver: Driver::Bubblewrap
+            })
+        );
     }
 
     #[test]
@@ -705,63 +757,335 @@ mod tests {
         assert!(Driver::Kubernetes.isolates() && Driver::Kubernetes.is_remote());
         assert!(!Driver::Kubernetes.sandboxes_here());
         assert_eq!(Driver::parse("k8s"), Some(Driver::Kubernetes));
-        let e = pod("", KubeOptions::default()).check().unwrap_err();
-        assert!(e.contains("needs an image"), "{e}");
+        assert_eq!(
+            pod("", KubeOptions::default()).check(),
+            Err(EnvSpecError::KubernetesNeedsImage)
+        );
         for bad in ["Team", "-a", "a_b", &"x".repeat(64)] {
             let k = KubeOptions {
                 namespace: bad.into(),
                 ..spec.clone()
             };
-            assert!(pod("", k).check().unwrap_err().contains("not a namespace"));
+            assert_eq!(pod("", k).check(), Err(EnvSpecError::Namespace(bad.into())));
         }
-        let e = pod(
+        let refused = pod(
             "i",
             KubeOptions {
                 service_account: "Bad SA".into(),
                 ..KubeOptions::default()
             },
         )
-        .check()
-        .unwrap_err();
-        assert!(e.contains("not a service account"), "{e}");
+        .check();
+        assert_eq!(refused, Err(EnvSpecError::ServiceAccount("Bad SA".into())));
         for (s, what) in [
             (
                 EnvSpec {
                     worktree: true,
                     ..pod("i", KubeOptions::default())
                 },
-                "worktree",
+                EnvSpecError::Worktree {
+                    driver: Driver::Kubernetes,
+                },
             ),
             (
                 EnvSpec {
                     pids: 3,
                     ..pod("i", KubeOptions::default())
                 },
-                "process limit",
+                EnvSpecError::KubernetesProcessLimit,
             ),
             (
                 EnvSpec {
                     network: true,
                     ..pod("i", KubeOptions::default())
                 },
-                "network",
+                EnvSpecError::KubernetesNetwork,
             ),
         ] {
-            let e = s.check().unwrap_err();
-            assert!(
-                e.contains(what) && e.contains("not for the kubernetes driver"),
-                "{e}"
-            );
+            assert_eq!(s.check(), Err(what));
         }
         let elsewhere = EnvSpec {
             driver: Driver::Local,
             kubernetes: boxed(spec),
             ..EnvSpec::default()
         };
-        assert!(elsewhere
-            .check()
-            .unwrap_err()
-            .contains("kubernetes options"));
+        assert_eq!(
+            elsewhere.check(),
+            Err(EnvSpecError::KubernetesOptions {
+                driver: Driver::Local
+            })
+        );
+    }
+
+    /// Each refusal of `check` is a variant of its own, in the words clients get.
+    #[test]
+    fn every_refusal_is_a_variant_with_its_words() {
+        use crate::model::EnvVarError;
+        let spec = |driver| EnvSpec {
+            driver,
+            ..EnvSpec::default()
+        };
+        let host = |h: &str| SshTarget {
+            host: h.into(),
+            ..SshTarget::default()
+        };
+        let ssh = EnvSpec {
+            ssh: boxed(host("build")),
+            ..spec(Driver::Ssh)
+        };
+        let vm = EnvSpec {
+            image: "/i.qcow2".into(),
+            ..spec(Driver::Qemu)
+        };
+        let pod = |k: KubeOptions| EnvSpec {
+            image: "i".into(),
+            kubernetes: boxed(k),
+            ..spec(Driver::Kubernetes)
+        };
+        let mounts = Box::new(PodmanOptions {
+            mounts: vec!["/a:/b".into()],
+            ..PodmanOptions::default()
+        });
+        let bad_env = Box::new(PodmanOptions {
+            env: [("A=B".to_string(), "x".to_string())].into(),
+            ..PodmanOptions::default()
+        });
+        let refused = |spec: EnvSpec, want: EnvSpecError, words: &str| {
+            let e = spec.check().unwrap_err();
+            assert_eq!(e, want, "{spec:?}");
+            assert_eq!(e.to_string(), words);
+        };
+        refused(
+            EnvSpec {
+                network: true,
+                ..spec(Driver::Local)
+            },
+            EnvSpecError::NetworkOnLocal,
+            "network applies to isolating drivers; a local session always has the host's network",
+        );
+        refused(
+            EnvSpec {
+                podman: bad_env,
+                image: "x".into(),
+                ..spec(Driver::Podman)
+            },
+            EnvSpecError::Env(EnvVarError::Separator("A=B".into())),
+            "environment variable name \"A=B\" contains '=' or NUL",
+        );
+        refused(
+            EnvSpec {
+                ssh: boxed(host("h")),
+                ..spec(Driver::Bubblewrap)
+            },
+            EnvSpecError::SshOptions {
+                driver: Driver::Bubblewrap,
+            },
+            "ssh options (host, port, user, key) given, but the driver is bubblewrap",
+        );
+        refused(
+            EnvSpec {
+                qemu: boxed(QemuOptions {
+                    cpus: 2,
+                    flags: vec![],
+                }),
+                ..spec(Driver::Local)
+            },
+            EnvSpecError::QemuOptions {
+                driver: Driver::Local,
+            },
+            "qemu options (cpus, flags) given, but the driver is local",
+        );
+        let namespace = KubeOptions {
+            namespace: "a".into(),
+            ..KubeOptions::default()
+        };
+        refused(
+            EnvSpec {
+                kubernetes: boxed(namespace),
+                ..spec(Driver::Podman)
+            },
+            EnvSpecError::KubernetesOptions {
+                driver: Driver::Podman,
+            },
+            "kubernetes options (namespace, serviceAccount, podSpec) given, but the driver is \
+             podman",
+        );
+        refused(
+            spec(Driver::Podman),
+            EnvSpecError::PodmanNeedsImage,
+            "the podman driver needs an image (--image, or `image:` in the podman block): a \
+             reference, an image archive or a root directory",
+        );
+        refused(
+            EnvSpec {
+                image: "x".into(),
+                ..spec(Driver::Bubblewrap)
+            },
+            EnvSpecError::ImageWithoutPodman {
+                driver: Driver::Bubblewrap,
+            },
+            "an image is for containers: the bubblewrap driver runs no image (use --driver podman)",
+        );
+        refused(
+            EnvSpec {
+                podman: mounts.clone(),
+                ..spec(Driver::Local)
+            },
+            EnvSpecError::PodmanOptions {
+                driver: Driver::Local,
+            },
+            "podman options (mounts, ports, flags, env) given, but the driver is local",
+        );
+        refused(
+            EnvSpec {
+                pids: 10,
+                ..spec(Driver::Local)
+            },
+            EnvSpecError::LimitsOnLocal,
+            "memory and process limits need an isolating driver: a local agent runs as you, under \
+             your own limits (use --driver bubblewrap or podman)",
+        );
+        refused(
+            EnvSpec {
+                worktree: true,
+                ..vm.clone()
+            },
+            EnvSpecError::Worktree {
+                driver: Driver::Qemu,
+            },
+            "a worktree (--worktree) is made on this machine's repository: not for the qemu driver",
+        );
+        refused(
+            spec(Driver::Qemu),
+            EnvSpecError::QemuNeedsImage,
+            "the qemu driver needs an image (`image:` in the qemu block, --image): a qcow2 disk \
+             the VM boots from (it is never written: each session gets an overlay)",
+        );
+        refused(
+            EnvSpec {
+                ssh: boxed(host("h")),
+                ..vm.clone()
+            },
+            EnvSpecError::QemuHost,
+            "a qemu session's host is its VM: give the qemu block's ssh {user, keyFile}, not a \
+             host",
+        );
+        refused(
+            EnvSpec {
+                podman: mounts.clone(),
+                ..vm.clone()
+            },
+            EnvSpecError::QemuPodmanOptions,
+            "podman options (mounts, ports, env): not for the qemu driver",
+        );
+        refused(
+            EnvSpec {
+                pids: 3,
+                ..vm.clone()
+            },
+            EnvSpecError::QemuProcessLimit,
+            "a process limit (the VM's own kernel counts its processes): not for the qemu driver",
+        );
+        refused(
+            EnvSpec {
+                ssh: boxed(SshTarget {
+                    accept_new_host_key: true,
+                    ..SshTarget::default()
+                }),
+                ..vm.clone()
+            },
+            EnvSpecError::QemuHostKeys,
+            "host key settings (a VM's key is taken at its first boot and held to): not for the \
+             qemu driver",
+        );
+        refused(
+            spec(Driver::Kubernetes),
+            EnvSpecError::KubernetesNeedsImage,
+            "the kubernetes driver needs an image (--image) or a podSpec (`podSpec:` in the \
+             kubernetes block) for the session's pod",
+        );
+        refused(
+            pod(KubeOptions {
+                namespace: "Team".into(),
+                ..KubeOptions::default()
+            }),
+            EnvSpecError::Namespace("Team".into()),
+            "kubernetes namespace \"Team\" is not a namespace name (lowercase letters, digits and \
+             '-', at most 63)",
+        );
+        refused(
+            pod(KubeOptions {
+                service_account: "Bad SA".into(),
+                ..KubeOptions::default()
+            }),
+            EnvSpecError::ServiceAccount("Bad SA".into()),
+            "kubernetes service account \"Bad SA\" is not a service account name",
+        );
+        refused(
+            EnvSpec {
+                podman: mounts.clone(),
+                ..pod(KubeOptions::default())
+            },
+            EnvSpecError::KubernetesOtherOptions,
+            "podman, qemu and ssh options: not for the kubernetes driver",
+        );
+        refused(
+            EnvSpec {
+                pids: 3,
+                ..pod(KubeOptions::default())
+            },
+            EnvSpecError::KubernetesProcessLimit,
+            "a process limit (the cluster's own pid limits apply): not for the kubernetes driver",
+        );
+        refused(
+            EnvSpec {
+                network: true,
+                ..pod(KubeOptions::default())
+            },
+            EnvSpecError::KubernetesNetwork,
+            "network (the pod's network is the cluster's: its network policies decide): not for \
+             the kubernetes driver",
+        );
+        refused(
+            spec(Driver::Ssh),
+            EnvSpecError::SshNeedsHost,
+            "the ssh driver needs a host (--ssh [USER@]HOST[:PORT], or `host:` in the ssh block)",
+        );
+        refused(
+            EnvSpec {
+                ssh: boxed(SshTarget {
+                    user: "-l".into(),
+                    ..host("build")
+                }),
+                ..spec(Driver::Ssh)
+            },
+            EnvSpecError::SshUser("-l".into()),
+            "ssh user \"-l\" is not a user name",
+        );
+        refused(
+            EnvSpec {
+                network: true,
+                ..ssh.clone()
+            },
+            EnvSpecError::SshNetwork,
+            "network (the host's own network is there, as for local): not for the ssh driver",
+        );
+        refused(
+            EnvSpec {
+                image: "x".into(),
+                ..ssh.clone()
+            },
+            EnvSpecError::SshOtherOptions,
+            "an image, podman and qemu options: not for the ssh driver",
+        );
+        refused(
+            EnvSpec {
+                pids: 5,
+                ..ssh.clone()
+            },
+            EnvSpecError::SshLimits,
+            "memory and process limits: not for the ssh driver",
+        );
     }
 
     #[test]
@@ -796,13 +1120,13 @@ mod tests {
             network: true,
             ..EnvSpec::default()
         };
-        assert!(net.check().is_err());
+        assert_eq!(net.check(), Err(EnvSpecError::NetworkOnLocal));
         let podman = EnvSpec {
             driver: Driver::Podman,
             ..EnvSpec::default()
         };
         assert!(podman.needs_provisioning());
-        assert!(podman.check().unwrap_err().contains("needs an image"));
+        assert_eq!(podman.check(), Err(EnvSpecError::PodmanNeedsImage));
         let image = EnvSpec {
             image: "x".into(),
             ..podman.clone()
@@ -812,12 +1136,17 @@ mod tests {
             driver: Driver::Bubblewrap,
             ..image.clone()
         };
-        assert!(image_elsewhere.check().unwrap_err().contains("containers"));
+        assert_eq!(
+            image_elsewhere.check(),
+            Err(EnvSpecError::ImageWithoutPodman {
+                driver: Driver::Bubblewrap
+            })
+        );
         let limits_on_host = EnvSpec {
             pids: 10,
             ..EnvSpec::default()
         };
-        assert!(limits_on_host.check().unwrap_err().contains("limits"));
+        assert_eq!(limits_on_host.check(), Err(EnvSpecError::LimitsOnLocal));
         let limits_in_sandbox = EnvSpec {
             driver: Driver::Bubblewrap,
             ..limits_on_host

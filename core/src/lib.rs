@@ -41,16 +41,18 @@ pub mod time;
 
 pub use approval::{
     Approval, ApprovalId, ApprovalSettings, ApprovalState, AskKind, Decision, Policy, PolicyAnswer,
+    PolicyError,
 };
 pub use engine::{Deadline, Engine, Limits, Stored, Surviving};
 pub use environment::{
-    Driver, EnvEvent, EnvSpec, EnvState, KubeOptions, PodmanOptions, QemuOptions, SshTarget,
+    Driver, EnvEvent, EnvSpec, EnvSpecError, EnvState, KubeOptions, PodmanOptions, QemuOptions,
+    SshTarget,
 };
 pub use error::{Error, ErrorCode, ErrorKind};
 pub use model::*;
 pub use provider_config::{
-    AgentSettings, ClientTool, ConfigError, ProviderConfig, CLIENT_TOOLS_KEY, CLIENT_TOOLS_MAX,
-    COMMAND_KEY, OWN_TOOLS, SCRIPT_KEY, SYSTEM_PROMPT_KEY,
+    AgentSettings, ClientTool, ClientToolsError, ConfigError, ProviderConfig, CLIENT_TOOLS_KEY,
+    CLIENT_TOOLS_MAX, COMMAND_KEY, OWN_TOOLS, SCRIPT_KEY, SYSTEM_PROMPT_KEY,
 };
 pub use session::effect::{Effect, Record, Signal, SpawnSpec};
 pub use session::input::{Ask, Input, ProviderEvent};

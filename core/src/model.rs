@@ -278,50 +278,68 @@ pub const ENV_ENTRY_BYTES_MAX: usize = 128 * 1024;
 /// stored instead of failing the spawn later.
 pub fn check_environment<'a>(
     env: impl IntoIterator<Item = (&'a String, &'a String)>,
-) -> Result<(), String> {
+) -> Result<(), EnvVarError> {
     for (key, value) in env {
+        // The name as a refusal shows it: at most its first 64 characters.
         let shown = || {
             let mut k: String = key.chars().take(64).collect();
             if k.len() < key.len() {
                 k.push('…');
             }
-            k.escape_debug().to_string()
+            k
         };
         if key.is_empty() {
-            return Err("an environment variable name must not be empty".into());
+            return Err(EnvVarError::EmptyName);
         }
         if key.contains('=') || key.contains('\0') {
-            return Err(format!(
-                "environment variable name \"{}\" contains '=' or NUL",
-                shown()
-            ));
+            return Err(EnvVarError::Separator(shown()));
         }
         // Letters, digits and `_`, not starting with a digit: what a shell can name, and never
         // a pattern (podman's `--env NAME*` would bring in every variable it matches).
         let portable = key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             && !key.starts_with(|c: char| c.is_ascii_digit());
         if !portable {
-            return Err(format!(
-                "environment variable name \"{}\": use letters, digits and _ (not starting \
-                 with a digit)",
-                shown()
-            ));
+            return Err(EnvVarError::NotPortable(shown()));
         }
         if value.contains('\0') {
-            return Err(format!(
-                "the value of environment variable {} contains NUL",
-                shown()
-            ));
+            return Err(EnvVarError::NulInValue(shown()));
         }
-        if key.len() + value.len() + 1 > ENV_ENTRY_BYTES_MAX {
-            return Err(format!(
-                "environment variable {} is {} bytes; at most {ENV_ENTRY_BYTES_MAX}",
-                shown(),
-                key.len() + value.len() + 1
-            ));
+        let bytes = key.len() + value.len() + 1;
+        if bytes > ENV_ENTRY_BYTES_MAX {
+            return Err(EnvVarError::TooLarge {
+                name: shown(),
+                bytes,
+            });
         }
     }
     Ok(())
+}
+
+/// Why [`check_environment`] refuses a variable. A name is carried as it is shown: its first
+/// 64 characters (then `…`), and escaped in the words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvVarError {
+    #[error("an environment variable name must not be empty")]
+    EmptyName,
+    /// The name contains `=` or NUL.
+    #[error("environment variable name \"{}\" contains '=' or NUL", .0.escape_debug())]
+    Separator(String),
+    /// The name is not letters, digits and `_`, or starts with a digit.
+    #[error(
+        "environment variable name \"{}\": use letters, digits and _ (not starting \
+         with a digit)",
+        .0.escape_debug()
+    )]
+    NotPortable(String),
+    /// The value (of the variable named) contains NUL.
+    #[error("the value of environment variable {} contains NUL", .0.escape_debug())]
+    NulInValue(String),
+    /// The entry (`NAME=value`) is `bytes` long, over [`ENV_ENTRY_BYTES_MAX`].
+    #[error(
+        "environment variable {} is {bytes} bytes; at most {ENV_ENTRY_BYTES_MAX}",
+        .name.escape_debug()
+    )]
+    TooLarge { name: String, bytes: usize },
 }
 
 /// Everything a session is created with; restart re-uses it (with an optional
@@ -515,14 +533,60 @@ mod tests {
         };
         assert_eq!(check("PATH", "/bin:/usr/bin"), Ok(()));
         assert_eq!(check("EMPTY", ""), Ok(()));
-        assert!(check("", "x").unwrap_err().contains("must not be empty"));
-        assert!(check("A=B", "x").unwrap_err().contains("'='"));
-        assert!(check("A\0B", "x").unwrap_err().contains("NUL"));
-        assert!(check("A", "x\0y").unwrap_err().contains("NUL"));
+        let refused = |k: &str, v: &str, want: EnvVarError, words: &str| {
+            let e = check(k, v).unwrap_err();
+            assert_eq!(e, want, "{k:?}");
+            assert_eq!(e.to_string(), words);
+        };
+        refused(
+            "",
+            "x",
+            EnvVarError::EmptyName,
+            "an environment variable name must not be empty",
+        );
+        refused(
+            "A=B",
+            "x",
+            EnvVarError::Separator("A=B".into()),
+            "environment variable name \"A=B\" contains '=' or NUL",
+        );
+        refused(
+            "A\0B",
+            "x",
+            EnvVarError::Separator("A\0B".into()),
+            "environment variable name \"A\\0B\" contains '=' or NUL",
+        );
+        refused(
+            "1A",
+            "x",
+            EnvVarError::NotPortable("1A".into()),
+            "environment variable name \"1A\": use letters, digits and _ (not starting with a \
+             digit)",
+        );
+        refused(
+            "A",
+            "x\0y",
+            EnvVarError::NulInValue("A".into()),
+            "the value of environment variable A contains NUL",
+        );
         let big = "v".repeat(ENV_ENTRY_BYTES_MAX);
-        assert!(check("A", &big).unwrap_err().contains("at most"));
+        refused(
+            "A",
+            &big,
+            EnvVarError::TooLarge {
+                name: "A".into(),
+                bytes: ENV_ENTRY_BYTES_MAX + 2,
+            },
+            "environment variable A is 131074 bytes; at most 131072",
+        );
         // A long name is shown cut, never echoed whole.
         let long = format!("{}=", "K".repeat(100_000));
-        assert!(check(&long, "x").unwrap_err().len() < 200);
+        let cut = format!("{}…", "K".repeat(64));
+        refused(
+            &long,
+            "x",
+            EnvVarError::Separator(cut.clone()),
+            &format!("environment variable name \"{cut}\" contains '=' or NUL"),
+        );
     }
 }

@@ -101,14 +101,12 @@ pub struct ClientTool {
 
 impl ClientTool {
     /// `provider_config["client_tools"]` (see [`CLIENT_TOOLS_KEY`]).
-    fn parse_list(text: &str) -> Result<Vec<ClientTool>, String> {
+    fn parse_list(text: &str) -> Result<Vec<ClientTool>, ClientToolsError> {
         use serde_json::Value;
-        let list: Vec<Value> = serde_json::from_str(text)
-            .map_err(|e| format!("provider_config.client_tools is not a JSON list: {e}"))?;
+        let list: Vec<Value> =
+            serde_json::from_str(text).map_err(|e| ClientToolsError::NotAList(e.to_string()))?;
         if list.len() > CLIENT_TOOLS_MAX {
-            return Err(format!(
-                "provider_config.client_tools: at most {CLIENT_TOOLS_MAX} tools"
-            ));
+            return Err(ClientToolsError::TooMany(list.len()));
         }
         let mut tools: Vec<ClientTool> = Vec::with_capacity(list.len());
         for t in &list {
@@ -117,10 +115,7 @@ impl ClientTool {
                 || OWN_TOOLS.contains(&name.as_str())
                 || tools.iter().any(|o| o.name == name)
             {
-                return Err(format!(
-                    "provider_config.client_tools: every tool needs a name of its own, not one \
-                     of paddock's own ({name:?})"
-                ));
+                return Err(ClientToolsError::NameNotItsOwn(name));
             }
             // A name is a word (it becomes part of an agent's tool list and flags: a comma or
             // a space must never smuggle in another tool).
@@ -129,31 +124,29 @@ impl ClientTool {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
             if !word {
-                return Err(format!(
-                    "provider_config.client_tools: tool name {name:?}: use at most 64 letters, \
-                     digits, _ and -"
-                ));
+                return Err(ClientToolsError::NameNotAWord(name));
             }
             let parameters = match (&t["parameters"], t["schema_json"].as_str()) {
                 (p @ Value::Object(_), _) => p.clone(),
                 (p, _) if !p.is_null() => {
-                    return Err(format!(
-                        "provider_config.client_tools: {name}'s parameters are not a JSON \
-                         object: {p}"
-                    ))
+                    return Err(ClientToolsError::ParametersNotAnObject {
+                        tool: name,
+                        parameters: p.clone(),
+                    })
                 }
                 (_, Some(s)) if !s.trim().is_empty() => match serde_json::from_str::<Value>(s) {
                     Ok(p @ Value::Object(_)) => p,
                     Ok(other) => {
-                        return Err(format!(
-                            "provider_config.client_tools: {name}'s schema_json is not a \
-                                 JSON object: {other}"
-                        ))
+                        return Err(ClientToolsError::SchemaNotAnObject {
+                            tool: name,
+                            schema: other,
+                        })
                     }
                     Err(e) => {
-                        return Err(format!(
-                            "provider_config.client_tools: {name}'s schema_json: {e}"
-                        ))
+                        return Err(ClientToolsError::SchemaNotJson {
+                            tool: name,
+                            error: e.to_string(),
+                        })
                     }
                 },
                 _ => serde_json::json!({"type": "object", "properties": {}}),
@@ -166,6 +159,47 @@ impl ClientTool {
         }
         Ok(tools)
     }
+}
+
+/// Why `provider_config["client_tools"]` is not a list of tools (see [`CLIENT_TOOLS_KEY`]).
+/// JSON parse errors are carried as their text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientToolsError {
+    #[error("provider_config.client_tools is not a JSON list: {0}")]
+    NotAList(String),
+    /// The list has this many tools, more than [`CLIENT_TOOLS_MAX`].
+    #[error("provider_config.client_tools: at most {CLIENT_TOOLS_MAX} tools")]
+    TooMany(usize),
+    /// A tool's name is empty, one of [`OWN_TOOLS`] or an earlier tool's.
+    #[error(
+        "provider_config.client_tools: every tool needs a name of its own, not one \
+         of paddock's own ({0:?})"
+    )]
+    NameNotItsOwn(String),
+    /// A tool's name is not a word (letters, digits, `_`, `-`; at most 64).
+    #[error(
+        "provider_config.client_tools: tool name {0:?}: use at most 64 letters, \
+         digits, _ and -"
+    )]
+    NameNotAWord(String),
+    #[error(
+        "provider_config.client_tools: {tool}'s parameters are not a JSON \
+         object: {parameters}"
+    )]
+    ParametersNotAnObject {
+        tool: String,
+        parameters: serde_json::Value,
+    },
+    #[error(
+        "provider_config.client_tools: {tool}'s schema_json is not a \
+         JSON object: {schema}"
+    )]
+    SchemaNotAnObject {
+        tool: String,
+        schema: serde_json::Value,
+    },
+    #[error("provider_config.client_tools: {tool}'s schema_json: {error}")]
+    SchemaNotJson { tool: String, error: String },
 }
 
 impl AgentSettings {
@@ -185,9 +219,9 @@ impl AgentSettings {
         };
         let client_tools = match text(CLIENT_TOOLS_KEY) {
             None => Vec::new(),
-            Some(list) => ClientTool::parse_list(&list).map_err(|reason| ConfigError {
+            Some(list) => ClientTool::parse_list(&list).map_err(|e| ConfigError {
                 key: CLIENT_TOOLS_KEY,
-                reason,
+                reason: e.to_string(),
             })?,
         };
         Ok(AgentSettings {
@@ -217,12 +251,11 @@ impl std::error::Error for ConfigError {}
 impl ProviderConfig {
     /// The one place a map becomes settings.
     pub fn parse(map: BTreeMap<String, String>) -> Result<Self, ConfigError> {
-        let policy = Policy::parse(map.get(PERMISSIONS).map(String::as_str)).map_err(|reason| {
-            ConfigError {
+        let policy =
+            Policy::parse(map.get(PERMISSIONS).map(String::as_str)).map_err(|e| ConfigError {
                 key: PERMISSIONS,
-                reason,
-            }
-        })?;
+                reason: e.to_string(),
+            })?;
         let approvals = ApprovalSettings::parse(&map)?;
         let agent = Box::new(AgentSettings::parse(&map)?);
         let project = map.get(crate::PROJECT_KEY).cloned();
@@ -524,5 +557,81 @@ mod tests {
             let e = parse(&[(CLIENT_TOOLS_KEY, &bad)]).unwrap_err();
             assert!(e.reason.starts_with("provider_config.client_tools"), "{e}");
         }
+    }
+
+    /// Each refusal of a `client_tools` list is a variant of its own, in the words clients get
+    /// (and the configuration's refusal says the same).
+    #[test]
+    fn client_tools_refusals_keep_their_words() {
+        use serde_json::json;
+        let refused = |list: &str, want: ClientToolsError, words: &str| {
+            let e = ClientTool::parse_list(list).unwrap_err();
+            assert_eq!(e, want, "{list}");
+            assert_eq!(e.to_string(), words);
+            let config = parse(&[(CLIENT_TOOLS_KEY, list)]).unwrap_err();
+            assert_eq!(
+                (config.key, config.reason.as_str()),
+                (CLIENT_TOOLS_KEY, words)
+            );
+        };
+        let not_a_list = "provider_config.client_tools is not a JSON list: invalid type: map, \
+                          expected a sequence at line 1 column 0";
+        refused(
+            "{}",
+            ClientToolsError::NotAList(not_a_list.split_once("list: ").unwrap().1.into()),
+            not_a_list,
+        );
+        let many = format!(
+            "[{}]",
+            vec![r#"{"name":"t"}"#; CLIENT_TOOLS_MAX + 1].join(",")
+        );
+        refused(
+            &many,
+            ClientToolsError::TooMany(CLIENT_TOOLS_MAX + 1),
+            "provider_config.client_tools: at most 64 tools",
+        );
+        refused(
+            r#"[{"name":"a"},{"name":" a "}]"#,
+            ClientToolsError::NameNotItsOwn("a".into()),
+            "provider_config.client_tools: every tool needs a name of its own, not one of \
+             paddock's own (\"a\")",
+        );
+        refused(
+            r#"[{"name":"shell"}]"#,
+            ClientToolsError::NameNotItsOwn("shell".into()),
+            "provider_config.client_tools: every tool needs a name of its own, not one of \
+             paddock's own (\"shell\")",
+        );
+        refused(
+            r#"[{"name":"a b"}]"#,
+            ClientToolsError::NameNotAWord("a b".into()),
+            "provider_config.client_tools: tool name \"a b\": use at most 64 letters, digits, _ \
+             and -",
+        );
+        refused(
+            r#"[{"name":"a","parameters":[1, "x"]}]"#,
+            ClientToolsError::ParametersNotAnObject {
+                tool: "a".into(),
+                parameters: json!([1, "x"]),
+            },
+            "provider_config.client_tools: a's parameters are not a JSON object: [1,\"x\"]",
+        );
+        refused(
+            r#"[{"name":"a","schema_json":"[1,2]"}]"#,
+            ClientToolsError::SchemaNotAnObject {
+                tool: "a".into(),
+                schema: json!([1, 2]),
+            },
+            "provider_config.client_tools: a's schema_json is not a JSON object: [1,2]",
+        );
+        refused(
+            r#"[{"name":"a","schema_json":"{"}]"#,
+            ClientToolsError::SchemaNotJson {
+                tool: "a".into(),
+                error: "EOF while parsing an object at line 1 column 1".into(),
+            },
+            "provider_config.client_tools: a's schema_json: EOF while parsing an object at line \
+             1 column 1",
+        );
     }
 }

@@ -95,30 +95,42 @@ pub const CONTAINER_EXEC_KIND: &str = "container:exec";
 /// the task's container (and a task with a container is one, whatever its type says is
 /// empty); `bundle:build` needs a bundle pipeline, which paddock does not have; an unknown
 /// type is refused rather than run as something else.
-pub fn kind_of(requested: &str, in_container: bool) -> Result<&'static str, String> {
+pub fn kind_of(requested: &str, in_container: bool) -> Result<&'static str, TaskKindError> {
     match (requested.trim(), in_container) {
         ("" | CONTAINER_EXEC_KIND, true) => Ok(CONTAINER_EXEC_KIND),
         ("" | COMMAND_KIND, false) => Ok(COMMAND_KIND),
-        (CONTAINER_EXEC_KIND, false) => Err(
-            "task type \"container:exec\" needs a container: give container_id (a container \
-             made with ContainerService.CreateContainer), or launch type \"command\" to run it \
-             on the host"
-                .into(),
-        ),
-        (COMMAND_KIND, true) => Err(
-            "task type \"command\" runs on the host; a task with a container_id is \
-             \"container:exec\""
-                .into(),
-        ),
-        ("bundle:build", _) => Err(
-            "task type \"bundle:build\" (an .aria bundle build) is not something paddock runs"
-                .into(),
-        ),
-        (other, _) => Err(format!(
-            "task type {other:?} is not one paddock runs; type \"command\" runs command_json \
-             as a local process, \"container:exec\" in a container"
-        )),
+        (CONTAINER_EXEC_KIND, false) => Err(TaskKindError::NeedsContainer),
+        (COMMAND_KIND, true) => Err(TaskKindError::CommandInContainer),
+        ("bundle:build", _) => Err(TaskKindError::BundleBuild),
+        (other, _) => Err(TaskKindError::Unknown(other.to_string())),
     }
+}
+
+/// Why [`kind_of`] does not run a task `type`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskKindError {
+    /// `container:exec` for a task without a container.
+    #[error(
+        "task type \"container:exec\" needs a container: give container_id (a container \
+         made with ContainerService.CreateContainer), or launch type \"command\" to run it \
+         on the host"
+    )]
+    NeedsContainer,
+    /// `command` for a task with a container.
+    #[error(
+        "task type \"command\" runs on the host; a task with a container_id is \
+         \"container:exec\""
+    )]
+    CommandInContainer,
+    /// `bundle:build`: paddock has no bundle pipeline.
+    #[error("task type \"bundle:build\" (an .aria bundle build) is not something paddock runs")]
+    BundleBuild,
+    /// A type paddock does not know (trimmed).
+    #[error(
+        "task type {0:?} is not one paddock runs; type \"command\" runs command_json \
+         as a local process, \"container:exec\" in a container"
+    )]
+    Unknown(String),
 }
 
 /// The `kind` of the task an obey `Execute` runs: its output streams to the caller as it
@@ -782,14 +794,62 @@ mod tests {
     fn task_types_run_only_as_what_they_say() {
         assert_eq!(kind_of("", false), Ok(COMMAND_KIND));
         assert_eq!(kind_of("command", false), Ok(COMMAND_KIND));
-        assert!(kind_of("container:exec", false)
-            .unwrap_err()
-            .contains("container_id"));
+        assert_eq!(
+            kind_of("container:exec", false),
+            Err(TaskKindError::NeedsContainer)
+        );
         assert_eq!(kind_of("container:exec", true), Ok(CONTAINER_EXEC_KIND));
         assert_eq!(kind_of("", true), Ok(CONTAINER_EXEC_KIND));
-        assert!(kind_of("command", true).is_err());
-        assert!(kind_of("bundle:build", false).is_err());
-        assert!(kind_of("make", false).unwrap_err().contains("\"command\""));
+        assert_eq!(
+            kind_of("command", true),
+            Err(TaskKindError::CommandInContainer)
+        );
+        assert_eq!(
+            kind_of("bundle:build", false),
+            Err(TaskKindError::BundleBuild)
+        );
+        assert_eq!(
+            kind_of(" make ", false),
+            Err(TaskKindError::Unknown("make".into()))
+        );
+    }
+
+    /// Each refusal of `kind_of` in the words a LaunchTask gets.
+    #[test]
+    fn task_kind_refusals_keep_their_words() {
+        let refused = |requested: &str, in_container: bool, words: &str| {
+            let e = kind_of(requested, in_container).unwrap_err();
+            assert_eq!(e.to_string(), words, "{e:?}");
+            e
+        };
+        let e = refused(
+            "container:exec",
+            false,
+            "task type \"container:exec\" needs a container: give container_id (a container made \
+             with ContainerService.CreateContainer), or launch type \"command\" to run it on the \
+             host",
+        );
+        assert!(matches!(e, TaskKindError::NeedsContainer));
+        let e = refused(
+            "command",
+            true,
+            "task type \"command\" runs on the host; a task with a container_id is \
+             \"container:exec\"",
+        );
+        assert!(matches!(e, TaskKindError::CommandInContainer));
+        let e = refused(
+            "bundle:build",
+            true,
+            "task type \"bundle:build\" (an .aria bundle build) is not something paddock runs",
+        );
+        assert!(matches!(e, TaskKindError::BundleBuild));
+        let e = refused(
+            "x\"y",
+            false,
+            "task type \"x\\\"y\" is not one paddock runs; type \"command\" runs command_json as a \
+             local process, \"container:exec\" in a container",
+        );
+        assert!(matches!(e, TaskKindError::Unknown(t) if t == "x\"y"));
     }
 
     fn spec() -> TaskSpec {

@@ -41,7 +41,7 @@ pub fn config_of(host: &Host, c: &ContainerRecord) -> (SessionId, SessionConfig)
 /// What the host lacks for a container of this driver and image, before anything is made.
 pub fn check_host(host: &Host, c: &ContainerRecord) -> Result<()> {
     let (_, config) = config_of(host, c);
-    config.env.check().map_err(Error::Refused)?;
+    config.env.check()?;
     super::check_host(&config.env, std::path::Path::new(&config.working_dir))
 }
 

@@ -17,6 +17,9 @@ pub enum Error {
     /// Found before anything is made.
     #[error("{0}")]
     Refused(String),
+    /// The spec itself is inconsistent: what no driver could honour (the core's check).
+    #[error(transparent)]
+    Spec(#[from] paddock_core::EnvSpecError),
     /// A program the environment needs is not on PATH.
     #[error("{needed_by} needs {program}, which is not on PATH: install {install}")]
     NotInstalled {

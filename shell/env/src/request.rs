@@ -68,6 +68,6 @@ pub fn env_spec(e: Option<&pb::SessionEnvironment>) -> crate::Result<core::EnvSp
             },
         }),
     };
-    spec.check().map_err(crate::Error::Refused)?;
+    spec.check()?;
     Ok(spec)
 }

@@ -152,7 +152,7 @@ impl pb::task_service_server::TaskService for Tasks {
         // A type paddock does not run is refused, never run as a local command anyway.
         let container_id = r.container_id.trim().to_string();
         let kind = paddock_core::task::kind_of(&r.r#type, !container_id.is_empty())
-            .map_err(|m| status(Code::Unimplemented, "TASK_TYPE_UNSUPPORTED", m))?;
+            .map_err(|e| status(Code::Unimplemented, "TASK_TYPE_UNSUPPORTED", e.to_string()))?;
         if r.command_json.len() > COMMAND_JSON_MAX {
             return Err(bad(format!(
                 "command_json is larger than {COMMAND_JSON_MAX} bytes"
@@ -198,7 +198,7 @@ impl pb::task_service_server::TaskService for Tasks {
                 })?
         };
         paddock_core::check_environment(&r.environment)
-            .map_err(|e| status(Code::InvalidArgument, "INVALID_ARGUMENT", e))?;
+            .map_err(|e| status(Code::InvalidArgument, "INVALID_ARGUMENT", e.to_string()))?;
         let id = format!("task_{}", ulid::Ulid::new());
         let spec = TaskSpec {
             session_id: r.session_id,
@@ -827,7 +827,7 @@ impl pb::container_service_server::ContainerService for Containers {
             .into_iter()
             .map(|kv| (kv.key, kv.value))
             .collect();
-        paddock_core::check_environment(&environment).map_err(bad)?;
+        paddock_core::check_environment(&environment).map_err(|e| bad(e.to_string()))?;
         let session = Some(r.session_id.trim().to_string())
             .filter(|s| !s.is_empty())
             .map(SessionId);

@@ -219,8 +219,8 @@ impl CodeAgent {
         let approvals = self.handle.hub.approval.subscribe();
         let attached = match self.start(start).await {
             Ok(a) => a,
-            Err(message) => {
-                out.error(message, true).await;
+            Err(e) => {
+                out.error(e.to_string(), true).await;
                 return;
             }
         };
@@ -408,7 +408,39 @@ pub enum ConfigError {
     PermissionsTwice,
     /// The `env` table, as the core's check words it.
     #[error("config_toml: env: {0}")]
-    Env(String),
+    Env(paddock_core::EnvVarError),
+}
+
+/// Why a StartSession fails: its words are sunbeam's fatal error event.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("StartSession.project_path is required")]
+    NoProjectPath,
+    /// The project path cannot be canonicalized (it does not exist, or cannot be read).
+    #[error("project_path {path} cannot be used: {source}")]
+    ProjectPath {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The canonical project path is not a directory.
+    #[error("project_path {} is not a directory", .0.display())]
+    NotADirectory(std::path::PathBuf),
+    /// The stream's `config_toml`.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The session's `provider_config` (the settings and the client's tools), as the core
+    /// refuses it.
+    #[error(transparent)]
+    ProviderConfig(#[from] paddock_core::ConfigError),
+    /// The project's campaign could not be registered.
+    #[error("{0}")]
+    Campaign(paddock_core::campaign::CampaignError),
+    /// The daemon refused the attach (an OBEY error), or is gone.
+    #[error(transparent)]
+    Daemon(#[from] paddock_core::Error),
+    /// The session's history could not be read.
+    #[error("cannot read the session's history: {0}")]
+    History(crate::store::StoreError),
 }
 
 /// The agent's project context: the root, the branch, `git status`, the file tree and the
@@ -457,21 +489,20 @@ pub fn project_context(root: &str, s: &pb::StartSession) -> String {
 
 impl CodeAgent {
     /// StartSession: the project's campaign and session, found, restarted or made. An `Err`
-    /// is the fatal error's message.
-    async fn start(&self, s: pb::StartSession) -> Result<Attached, String> {
+    /// is the fatal error (its words the error event's message).
+    async fn start(&self, s: pb::StartSession) -> Result<Attached, SessionError> {
         let given = s.project_path.trim();
         if given.is_empty() {
-            return Err("StartSession.project_path is required".into());
+            return Err(SessionError::NoProjectPath);
         }
-        let root = std::fs::canonicalize(given)
-            .map_err(|e| format!("project_path {given} cannot be used: {e}"))?;
+        let root = std::fs::canonicalize(given).map_err(|source| SessionError::ProjectPath {
+            path: given.to_string(),
+            source,
+        })?;
         if !root.is_dir() {
-            return Err(format!(
-                "project_path {} is not a directory",
-                root.display()
-            ));
+            return Err(SessionError::NotADirectory(root));
         }
-        let settings = parse_config(&s.config_toml).map_err(|e| e.to_string())?;
+        let settings = parse_config(&s.config_toml)?;
         let root_str = root.display().to_string();
         let context = project_context(&root_str, &s);
         let declared: Vec<String> = s
@@ -489,8 +520,7 @@ impl CodeAgent {
         let record = self
             .handle
             .attach(root_str, context, id.clone(), config)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let resumed = record.id != id;
         let (history, last_seq) = self.history(&record).await?;
         Ok(Attached {
@@ -511,7 +541,7 @@ impl CodeAgent {
     /// directory (`name`, `name-2`, … while taken), registered as AddCampaign does.
     /// The project's campaign: the one registered for its root, or a new one (the store's one
     /// way, shared with `paddock session create`).
-    async fn campaign_for(&self, root_str: &str) -> Result<crate::store::Campaign, String> {
+    async fn campaign_for(&self, root_str: &str) -> Result<crate::store::Campaign, SessionError> {
         let root = root_str.to_string();
         let base = crate::store::campaign_name_for(std::path::Path::new(root_str));
         let (c, added) = self
@@ -522,9 +552,8 @@ impl CodeAgent {
                 how: NewCampaign::ForRoot { base },
                 reply,
             })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+            .await?
+            .map_err(SessionError::Campaign)?;
         if added {
             tracing::info!(campaign = %c.id, name = %c.name, root = %c.root_path, "sunbeam registered a campaign for a new project");
         }
@@ -533,7 +562,10 @@ impl CodeAgent {
 
     /// The session's conversation for SessionReady, and the activity the client's feed starts
     /// after: a turn still running is left out of the history and replayed from its start.
-    async fn history(&self, rec: &SessionRecord) -> Result<(Vec<pb::HistoryEntry>, u64), String> {
+    async fn history(
+        &self,
+        rec: &SessionRecord,
+    ) -> Result<(Vec<pb::HistoryEntry>, u64), SessionError> {
         let session = rec.id.clone();
         let HistoryView {
             messages,
@@ -547,9 +579,8 @@ impl CodeAgent {
                 limit: HISTORY_ACTIVITIES,
                 reply,
             })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("cannot read the session's history: {e}"))?;
+            .await?
+            .map_err(SessionError::History)?;
         let now = now.unwrap_or_else(|| rec.clone());
         let open = now.turn_open.then_some(now.turns);
         let replay_from = open.and_then(|t| {
@@ -600,12 +631,12 @@ fn new_session(
 fn session_provider_config(
     settings: &Settings,
     client_tools: Option<String>,
-) -> Result<paddock_core::ProviderConfig, String> {
+) -> Result<paddock_core::ProviderConfig, SessionError> {
     let mut map = settings.provider_config.clone();
     if let Some(tools) = client_tools {
         map.insert(CLIENT_TOOLS_KEY.into(), tools);
     }
-    paddock_core::ProviderConfig::parse(map).map_err(|e| e.to_string())
+    Ok(paddock_core::ProviderConfig::parse(map)?)
 }
 
 /// A session's history as sunbeam shows it: each turn's user message (without a project
@@ -1297,6 +1328,28 @@ fn args_json(content: &str) -> String {
 mod tests {
     use super::*;
     use paddock_core::Activity;
+
+    #[test]
+    fn a_refused_start_keeps_the_cores_refusal_and_its_words() {
+        let e = parse_config("env = { \"A-B\" = \"x\" }").unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::Env(paddock_core::EnvVarError::NotPortable(n)) if n == "A-B")
+        );
+        let e = SessionError::from(e);
+        assert_eq!(
+            e.to_string(),
+            "config_toml: env: environment variable name \"A-B\": use letters, digits and _ \
+             (not starting with a digit)"
+        );
+        let settings = parse_config("").unwrap();
+        let e = session_provider_config(&settings, Some("{".into())).unwrap_err();
+        assert!(matches!(&e, SessionError::ProviderConfig(c) if c.key == CLIENT_TOOLS_KEY));
+        assert_eq!(
+            e.to_string(),
+            "provider_config.client_tools is not a JSON list: invalid type: map, expected a \
+             sequence at line 1 column 0"
+        );
+    }
 
     #[test]
     fn config_toml_keys_types_and_unknowns() {

@@ -62,9 +62,9 @@ pub enum Error {
     /// The agent's command line (`provider_config.command`, or the provider's default).
     #[error(transparent)]
     Command(#[from] crate::CommandError),
-    /// `provider_config.permissions` is not a policy (the core's text).
-    #[error("{0}")]
-    Permissions(String),
+    /// `provider_config.permissions` is not a policy (the core's refusal).
+    #[error(transparent)]
+    Permissions(paddock_core::PolicyError),
     #[error("codex_config line {line} is not key=value: {text:?}")]
     CodexConfigLine { line: usize, text: String },
     #[error("no model: the openai-api provider needs the endpoint's model name")]
