@@ -1053,7 +1053,10 @@ impl Ports for Io {
                 let _ = self.hub.task_status.send(ev);
             }
             Effect::EmitTaskOutput(o) => {
-                let _ = self.hub.task_output.send(o);
+                if self.hub.task_output_all.receiver_count() > 0 {
+                    let _ = self.hub.task_output_all.send(o.clone());
+                }
+                self.hub.task_output.publish(&o.task.clone(), o);
             }
             Effect::Forget(rec) => {
                 forget(&rec);

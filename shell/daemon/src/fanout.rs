@@ -1,6 +1,6 @@
 //! The hub's channels: how a subscription is read ([`hear`], [`Heard`]), and a keyed fan-out
-//! ([`Fanout`]): what the hub publishes for one key (a session) reaches that key's subscribers
-//! only.
+//! ([`Fanout`]): what the hub publishes for one key (a session, a task) reaches that key's
+//! subscribers only.
 //!
 //! A watcher of one session must cost nothing when other sessions are busy, and must never
 //! fall behind because of them. With one channel for every session's activities, each watcher

@@ -297,7 +297,11 @@ pub struct Hub {
     /// watcher of one session is not woken, nor put behind, by the others).
     pub activity: Fanout<SessionId, ActivityEvent>,
     pub task_status: broadcast::Sender<TaskStatusEvent>,
-    pub task_output: broadcast::Sender<TaskOutput>,
+    /// A task's output, to that task's subscribers only (an Execute, StreamTaskOutput).
+    pub task_output: Fanout<String, TaskOutput>,
+    /// Every task's output, for a container's log (it follows all its tasks, those launched
+    /// later too): sent to only while someone listens.
+    pub task_output_all: broadcast::Sender<TaskOutput>,
     /// Requests for a human, as they are opened and resolved.
     pub approval: broadcast::Sender<Approval>,
     /// Things worth a human's attention that are not status changes (lost output); raised
@@ -328,7 +332,8 @@ impl Hub {
             status: broadcast::channel(WATCH_BUFFER).0,
             activity: Fanout::new(WATCH_BUFFER),
             task_status: broadcast::channel(WATCH_BUFFER).0,
-            task_output: broadcast::channel(WATCH_BUFFER).0,
+            task_output: Fanout::new(WATCH_BUFFER),
+            task_output_all: broadcast::channel(WATCH_BUFFER).0,
             approval: broadcast::channel(WATCH_BUFFER).0,
             notice: broadcast::channel(WATCH_BUFFER).0,
             recent: Default::default(),

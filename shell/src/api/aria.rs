@@ -255,7 +255,7 @@ impl pb::task_service_server::TaskService for Tasks {
     ) -> Result<Response<Self::StreamTaskOutputStream>, GrpcStatus> {
         let r = request.into_inner();
         // Subscribe first, then read what is stored: nothing falls between.
-        let mut outputs = self.0.handle.hub.task_output.subscribe();
+        let mut outputs = self.0.handle.hub.task_output.subscribe(&r.task_id);
         let mut statuses = self.0.handle.hub.task_status.subscribe();
         let rec = self.record(&r.task_id).await?;
         let handle = self.0.handle.clone();
@@ -274,9 +274,9 @@ impl pb::task_service_server::TaskService for Tasks {
                 tokio::select! {
                     biased;
                     _ = w.gone() => return,
-                    heard = hear(&mut outputs) => {
+                    heard = outputs.hear() => {
                         let Some(o) = w.take(heard).await else { return };
-                        if o.task == id && o.seq > last {
+                        if o.seq > last {
                             last = o.seq;
                             if !w.send(output_pb(&o)).await {
                                 return;
@@ -286,8 +286,8 @@ impl pb::task_service_server::TaskService for Tasks {
                     // Only to end with the task: a status missed is no output missed.
                     heard = hear(&mut statuses) => match heard {
                         Heard::Event(ev) if ev.task == id && ev.status.is_terminal() => {
-                            while let Ok(o) = outputs.try_recv() {
-                                if o.task == id && o.seq > last {
+                            while let Some(o) = outputs.try_recv() {
+                                if o.seq > last {
                                     last = o.seq;
                                     w.send(output_pb(&o)).await;
                                 }
@@ -970,7 +970,7 @@ impl pb::container_service_server::ContainerService for Containers {
             None => paddock_core::Timestamp::from_millis(0),
         };
         // Subscribe first, then read what is stored: nothing falls between.
-        let mut outputs = self.0.handle.hub.task_output.subscribe();
+        let mut outputs = self.0.handle.hub.task_output_all.subscribe();
         let c = self.record(&r.container_id).await?;
         let handle = self.0.handle.clone();
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);

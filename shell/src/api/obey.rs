@@ -342,7 +342,7 @@ impl LocalDaemonService for Obey {
             parent_task_id: String::new(),
         };
         // Subscribed before the launch: nothing the task says falls in between.
-        let mut outputs = self.handle.hub.task_output.subscribe();
+        let mut outputs = self.handle.hub.task_output.subscribe(&id);
         let mut statuses = self.handle.hub.task_status.subscribe();
         let launch = TaskInput::Launch {
             req: 0,
@@ -432,8 +432,8 @@ impl LocalDaemonService for Obey {
                         let _ = handle.task(cancel).await;
                         return;
                     }
-                    o = hear(&mut outputs) => match o {
-                        Heard::Event(o) if o.task == id && o.seq > last => {
+                    o = outputs.hear() => match o {
+                        Heard::Event(o) if o.seq > last => {
                             last = o.seq;
                             if tx.send(line(&o)).await.is_err() {
                                 continue; // cancelled above, on the next turn
