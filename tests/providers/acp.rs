@@ -17,11 +17,11 @@ use paddock_proto::obey::local::v1 as pb;
 use pb::SessionStatus as S;
 use serde_json::{json, Value};
 
-use crate::fake_anthropic::{Recorded, Reply};
+use crate::fake_anthropic::Reply;
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, killed_mid_turn, model_api_errors, push_bash_turn,
-    stop_during_a_tool_call, ApiErrors, Kit,
+    budget_crossed_by_real_usage, conversation_survives_restarts, killed_mid_turn,
+    model_api_errors, push_bash_turn, stop_during_a_tool_call, ApiErrors, Conversation, Kit,
 };
 
 /// The ACP adapter: `PADDOCK_ACP_BIN`, else tests/npm/node_modules/.bin/claude-agent-acp.
@@ -74,11 +74,6 @@ fn trace(w: &World) -> String {
 /// The adapter's process (a node script), not the bridge in front of it.
 fn adapter_pids() -> Vec<u32> {
     processes_with("claude-agent-acp/dist")
-}
-
-#[track_caller]
-fn assert_sent(r: &Recorded, expected: &[&str]) {
-    assert_in_order(&r.texts(), expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,53 +167,7 @@ async fn acp_agents_call_the_clients_tools_through_paddocks_mcp_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn acp_conversation_continues_across_turns_and_restarts() {
-    let w = World::start(vec![
-        Reply::text("Noted: swordfish."),
-        Reply::text("You said swordfish."),
-        Reply::text("Still swordfish after a restart."),
-    ])
-    .await;
-    let s = w.create(acp_request(&w)).await;
-    let a1 = w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["COMPLETION"], "{a1:#?}");
-    assert_eq!(a1[0].content, "Noted: swordfish.");
-    let a2 = w.send(&s.id, "What was the word?").await;
-    assert_eq!(a2[0].content, "You said swordfish.");
-    let reqs = w.fake.message_requests();
-    assert_sent(
-        &reqs[1],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-        ],
-    );
-    let conv = acp_session_id(&w);
-
-    // A session restart: a new bridge and agent, which continue the same ACP session.
-    let r = w.restart(&s.id).await;
-    assert_ne!(r.pid, s.pid);
-    assert!(
-        cmdline(r.pid as u32).contains(&format!("--resume {conv}")),
-        "{}",
-        cmdline(r.pid as u32)
-    );
-    let a3 = w.send(&s.id, "And now?").await;
-    // The replayed history was not reported again.
-    assert_eq!(kinds(&a3), ["COMPLETION"], "{a3:#?}");
-    let reqs = w.fake.message_requests();
-    assert_sent(
-        &reqs[2],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-            "You said swordfish.",
-            "And now?",
-        ],
-    );
-    assert!(trace(&w).contains(r#""method":"session/resume""#));
-    w.stop(&s.id, true).await.expect("stop");
+    conversation_survives_restarts::<Acp>().await;
 }
 
 /// The session's model reaches the agent through its `model` session config option (what the
@@ -284,6 +233,9 @@ async fn acp_token_budget_crossed_by_real_usage_fails_the_session() {
 pub(crate) struct Acp(World);
 
 impl Kit for Acp {
+    // The adapter's answer is its prompt's end: no TEXT of its own (and a resumed session's
+    // replayed history is not reported again).
+    const ANSWERED: &'static [&'static str] = &["COMPLETION"];
     // The adapter ends its tool's processes itself, a moment later than the others.
     const TOOL_GONE_WITHIN: Duration = Duration::from_secs(15);
     // ACP reports usage with the prompt's answer only, so the budget is crossed by the turn's
@@ -297,6 +249,10 @@ impl Kit for Acp {
 
     fn world(&self) -> &World {
         &self.0
+    }
+
+    fn world_mut(&mut self) -> &mut World {
+        &mut self.0
     }
 
     fn push_hang(&self) {
@@ -524,6 +480,16 @@ impl ApiErrors for Acp {
     const SNAPSHOT: &'static str = "acp_api_errors";
     const AGENT: &'static str = "acp";
     const TURNS: &'static [Option<u16>] = &[Some(500), None, Some(400)];
-    // The adapter's answer is its prompt's end: no TEXT of its own.
-    const ANSWERED: &'static [&'static str] = &["COMPLETION"];
+}
+
+impl Conversation for Acp {
+    /// The ACP session the adapter made (its `session/new` answer).
+    fn conversation(&self) -> String {
+        acp_session_id(&self.0)
+    }
+
+    /// The restarted bridge asked the adapter to resume its session.
+    async fn after_conversation(&self, _s: &pb::SessionInfo) {
+        assert!(trace(&self.0).contains(r#""method":"session/resume""#));
+    }
 }

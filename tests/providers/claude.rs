@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use crate::fake_anthropic::{Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, killed_mid_turn, model_api_errors, push_bash_turn,
-    stop_during_a_tool_call, ApiErrors, Kit,
+    budget_crossed_by_real_usage, conversation_survives_restarts, killed_mid_turn,
+    model_api_errors, push_bash_turn, stop_during_a_tool_call, ApiErrors, Conversation, Kit,
 };
 
 /// Asserts that `expected` appear in the conversation `r` sent, in this order (other texts may
@@ -22,14 +22,6 @@ use crate::scenarios::{
 #[track_caller]
 fn assert_conversation(r: &Recorded, expected: &[&str]) {
     assert_in_order(&r.texts(), expected);
-}
-
-/// The conversation id the CLI sends with every request (the same across `--resume`).
-fn conversation_id(r: &Recorded) -> String {
-    r.headers
-        .get("x-claude-code-session-id")
-        .cloned()
-        .unwrap_or_else(|| panic!("no x-claude-code-session-id header: {:?}", r.headers))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,87 +111,7 @@ async fn tool_turn_changes_files_and_counts_real_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn conversation_continues_across_turns_session_restarts_and_daemon_crashes() {
-    let mut w = World::start(vec![
-        Reply::text("Noted: swordfish."),
-        Reply::text("You said swordfish."),
-        Reply::text("Still swordfish after a session restart."),
-        Reply::text("Still swordfish after a daemon restart."),
-    ])
-    .await;
-    let s = w.claude().await;
-    let pid1 = s.pid;
-
-    let a1 = w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["TEXT", "COMPLETION"]);
-    assert_eq!(a1[1].content, "Noted: swordfish.");
-    let a2 = w.send(&s.id, "What was the word?").await;
-    assert_eq!(a2[1].content, "You said swordfish.");
-    let reqs = w.fake.message_requests();
-    assert_conversation(
-        &reqs[1],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-        ],
-    );
-    let conv = conversation_id(&reqs[0]);
-    assert_eq!(conversation_id(&reqs[1]), conv);
-
-    // A session restart: a new process that resumes the same conversation.
-    let r = w.restart(&s.id).await;
-    assert_eq!(r.restart_count, 1);
-    assert_ne!(r.pid, pid1);
-    let args = cmdline(r.pid as u32);
-    assert!(
-        args.contains(&format!("--resume {conv}")),
-        "the restarted CLI was not resumed: {args}"
-    );
-    let a3 = w.send(&s.id, "And now?").await;
-    assert_eq!(a3[1].content, "Still swordfish after a session restart.");
-    let reqs = w.fake.message_requests();
-    assert_eq!(conversation_id(&reqs[2]), conv);
-    assert_conversation(
-        &reqs[2],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-            "You said swordfish.",
-            "And now?",
-        ],
-    );
-
-    // The daemon dies (SIGKILL); the agent lives on in the runner and the next daemon takes
-    // it back: same process, same conversation, no resume needed.
-    let before = w.get(&s.id).await;
-    w.kill9();
-    w.launch().await;
-    let f = w.get(&s.id).await;
-    assert_eq!(f.status, S::Running as i32, "{}", f.error_message);
-    assert_eq!(f.pid, before.pid);
-    assert_eq!(f.restart_count, 1);
-    let a4 = w.send(&s.id, "And after the crash?").await;
-    assert_eq!(a4[1].content, "Still swordfish after a daemon restart.");
-    let reqs = w.fake.message_requests();
-    assert_eq!(reqs.len(), 4);
-    assert_eq!(conversation_id(&reqs[3]), conv);
-    assert_conversation(
-        &reqs[3],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-            "You said swordfish.",
-            "And now?",
-            "Still swordfish after a session restart.",
-            "And after the crash?",
-        ],
-    );
-    // Every turn's token counts were stored (100 in + 10 out per answer, by default).
-    let info = w.get(&s.id).await;
-    assert_eq!((info.tokens_input, info.tokens_output), (400, 40));
-    w.stop(&s.id, true).await.expect("stop");
+    conversation_survives_restarts::<Claude>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,6 +180,10 @@ impl Kit for Claude {
 
     fn world(&self) -> &World {
         &self.0
+    }
+
+    fn world_mut(&mut self) -> &mut World {
+        &mut self.0
     }
 
     fn push_hang(&self) {
@@ -679,4 +595,17 @@ impl ApiErrors for Claude {
     const SNAPSHOT: &'static str = "claude_api_errors";
     const AGENT: &'static str = "claude";
     const TURNS: &'static [Option<u16>] = &[Some(500), Some(429), Some(529), None, Some(400)];
+}
+
+impl Conversation for Claude {
+    // The CLI sends the whole conversation again after the crash.
+    const AFTER_CRASH: &'static [&'static str] = &[
+        "Remember the word swordfish.",
+        "Noted: swordfish.",
+        "What was the word?",
+        "You said swordfish.",
+        "And now?",
+        "Still swordfish after a session restart.",
+        "And after the crash?",
+    ];
 }

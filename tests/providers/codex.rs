@@ -31,7 +31,8 @@ use serde_json::{json, Value};
 use crate::fake_responses::{FakeResponses, Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, costing, killed_mid_turn, nonce, stop_during_a_tool_call, Kit,
+    budget_crossed_by_real_usage, conversation_survives_restarts, costing, killed_mid_turn, nonce,
+    stop_during_a_tool_call, Conversation, Kit, Sent,
 };
 
 /// The model the real-CLI sessions ask for (one codex 0.169 knows).
@@ -553,74 +554,7 @@ async fn codex_runs_shell_and_patch_tools_and_counts_real_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn codex_conversation_continues_across_turns_restarts_and_daemon_crashes() {
-    let mut w = World::start(vec![]).await;
-    let fake = FakeResponses::start(vec![
-        Reply::text("Noted: swordfish."),
-        Reply::text("You said swordfish."),
-        Reply::text("Still swordfish after a session restart."),
-        Reply::text("Still swordfish after a daemon restart."),
-    ])
-    .await;
-    let s = w.create(codex_request(&w, &fake, None)).await;
-
-    let a1 = w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["TEXT", "COMPLETION"], "{a1:#?}");
-    assert_eq!(a1[1].content, "Noted: swordfish.");
-    let a2 = w.send(&s.id, "What was the word?").await;
-    assert_eq!(a2[1].content, "You said swordfish.");
-    let reqs = fake.response_requests();
-    let thread = thread_of(&reqs[0]);
-    assert_eq!(thread_of(&reqs[1]), thread);
-    assert_input(
-        &reqs[1],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-        ],
-    );
-    // One codex process per turn, under the same bridge.
-    assert_eq!(w.get(&s.id).await.pid, s.pid);
-
-    // A session restart: a new bridge, given the thread to resume.
-    let r = w.restart(&s.id).await;
-    assert_ne!(r.pid, s.pid);
-    let args = cmdline(r.pid as u32);
-    assert!(
-        args.contains(&format!("--resume {thread}")),
-        "the restarted bridge was not resumed: {args}"
-    );
-    let a3 = w.send(&s.id, "And now?").await;
-    assert_eq!(a3[1].content, "Still swordfish after a session restart.");
-    let reqs = fake.response_requests();
-    assert_eq!(thread_of(&reqs[2]), thread);
-    assert_input(
-        &reqs[2],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-            "You said swordfish.",
-            "And now?",
-        ],
-    );
-
-    // The daemon dies; the bridge lives on in the runner and the next daemon takes it back.
-    let before = w.get(&s.id).await;
-    w.kill9();
-    w.launch().await;
-    let f = w.get(&s.id).await;
-    assert_eq!(f.status, S::Running as i32, "{}", f.error_message);
-    assert_eq!(f.pid, before.pid);
-    let a4 = w.send(&s.id, "And after the crash?").await;
-    assert_eq!(a4[1].content, "Still swordfish after a daemon restart.");
-    let reqs = fake.response_requests();
-    assert_eq!(reqs.len(), 4);
-    assert_eq!(thread_of(&reqs[3]), thread);
-    assert_input(&reqs[3], &["swordfish", "And now?", "And after the crash?"]);
-    let info = w.get(&s.id).await;
-    assert_eq!((info.tokens_input, info.tokens_output), (400, 40));
-    w.stop(&s.id, true).await.expect("stop");
+    conversation_survives_restarts::<Codex>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -799,6 +733,10 @@ pub(crate) struct Codex {
 }
 
 impl Kit for Codex {
+    fn push_text(&self, text: &str) {
+        self.fake.push([Reply::text(text)]);
+    }
+
     // Codex reports usage with the turn's end: the turn completes with its real counts, and
     // then the session fails.
     const BUDGET_TURN: &'static [&'static str] =
@@ -811,6 +749,10 @@ impl Kit for Codex {
 
     fn world(&self) -> &World {
         &self.w
+    }
+
+    fn world_mut(&mut self) -> &mut World {
+        &mut self.w
     }
 
     fn push_hang(&self) {
@@ -883,4 +825,19 @@ async fn codex_killed_mid_turn_is_obey_2031() {
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn codex_token_budget_crossed_by_real_usage_fails_the_session() {
     budget_crossed_by_real_usage::<Codex>().await;
+}
+
+impl Conversation for Codex {
+    // What codex sends after the crash: the thread's input as it keeps it.
+    const AFTER_CRASH: &'static [&'static str] = &["swordfish", "And now?", "And after the crash?"];
+
+    fn sent(&self) -> Vec<Sent> {
+        let sent = self.fake.response_requests();
+        sent.iter()
+            .map(|r| Sent {
+                texts: r.texts(),
+                conversation: Some(thread_of(r)),
+            })
+            .collect()
+    }
 }

@@ -23,8 +23,8 @@ use serde_json::{json, Value};
 use crate::fake_gemini::{FakeGemini, Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, costing, killed_mid_turn, model_api_errors,
-    stop_during_a_tool_call, ApiErrors, Kit,
+    budget_crossed_by_real_usage, conversation_survives_restarts, costing, killed_mid_turn,
+    model_api_errors, stop_during_a_tool_call, ApiErrors, Conversation, Kit, Sent,
 };
 
 /// The model sessions ask for: it must reach the server unchanged (`-m`).
@@ -223,81 +223,7 @@ async fn gemini_tool_turn_changes_files_and_counts_real_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the npm CLIs: run .ci/run or `cd tests/npm && npm ci`"]
 async fn gemini_conversation_continues_across_turns_session_restarts_and_daemon_crashes() {
-    let mut g = G::start(vec![
-        Reply::text("Noted: swordfish."),
-        Reply::text("You said swordfish."),
-        Reply::text("Still swordfish after a session restart."),
-        Reply::text("Still swordfish after a daemon restart."),
-    ])
-    .await;
-    let s = g.session().await;
-
-    let a1 = g.w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["TEXT", "COMPLETION"], "{a1:#?}");
-    assert_eq!(a1[1].content, "Noted: swordfish.");
-    let conv = g.conversations();
-    assert_eq!(conv.len(), 1, "{conv:?}");
-    let a2 = g.w.send(&s.id, "What was the word?").await;
-    assert_eq!(a2[1].content, "You said swordfish.");
-    assert_conversation(
-        &g.fake.stream_requests()[1],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-        ],
-    );
-    // The second turn resumed the conversation: still one.
-    assert_eq!(g.conversations(), conv);
-
-    // A session restart: a new bridge, told to resume the conversation.
-    let r = g.w.restart(&s.id).await;
-    assert_eq!(r.restart_count, 1);
-    assert_ne!(r.pid, s.pid);
-    let args = cmdline(r.pid as u32);
-    assert!(
-        args.contains(&format!("--resume {}", conv[0])),
-        "the restarted bridge was not resumed: {args}"
-    );
-    let a3 = g.w.send(&s.id, "And now?").await;
-    assert_eq!(a3[1].content, "Still swordfish after a session restart.");
-    assert_conversation(
-        &g.fake.stream_requests()[2],
-        &[
-            "Remember the word swordfish.",
-            "Noted: swordfish.",
-            "What was the word?",
-            "You said swordfish.",
-            "And now?",
-        ],
-    );
-    assert_eq!(g.conversations(), conv);
-
-    // The daemon dies (SIGKILL); the bridge lives on in the runner and the next daemon takes
-    // it back: same process, same conversation.
-    let before = g.w.get(&s.id).await;
-    g.w.kill9();
-    g.w.launch().await;
-    let f = g.w.get(&s.id).await;
-    assert_eq!(f.status, S::Running as i32, "{}", f.error_message);
-    assert_eq!(f.pid, before.pid);
-    let a4 = g.w.send(&s.id, "And after the crash?").await;
-    assert_eq!(a4[1].content, "Still swordfish after a daemon restart.");
-    assert_conversation(
-        &g.fake.stream_requests()[3],
-        &[
-            "Remember the word swordfish.",
-            "What was the word?",
-            "And now?",
-            "Still swordfish after a session restart.",
-            "And after the crash?",
-        ],
-    );
-    assert_eq!(g.conversations(), conv);
-    // Every turn's tokens were stored (100 in + 10 out per answer, by default).
-    let info = g.w.get(&s.id).await;
-    assert_eq!((info.tokens_input, info.tokens_output), (400, 40));
-    g.w.stop(&s.id, true).await.expect("stop");
+    conversation_survives_restarts::<G>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,12 +245,20 @@ async fn gemini_token_budget_crossed_by_real_usage_fails_the_session() {
 }
 
 impl Kit for G {
+    fn push_text(&self, text: &str) {
+        self.fake.push([Reply::text(text)]);
+    }
+
     async fn start() -> Self {
         G::start(vec![]).await
     }
 
     fn world(&self) -> &World {
         &self.w
+    }
+
+    fn world_mut(&mut self) -> &mut World {
+        &mut self.w
     }
 
     fn push_hang(&self) {
@@ -696,10 +630,6 @@ impl ApiErrors for G {
         self.fake.push([Reply::error(status)]);
     }
 
-    fn push_text(&self, text: &str) {
-        self.fake.push([Reply::text(text)]);
-    }
-
     /// The CLI rewrites a 429's message: the status comes from its stderr, the words from
     /// the server.
     fn error_words(&self, status: u16, content: &str) {
@@ -711,5 +641,29 @@ impl ApiErrors for G {
 
     fn render(&self, acts: &[pb::SessionActivityEvent]) -> Value {
         G::render(self, acts)
+    }
+}
+
+impl Conversation for G {
+    /// The one conversation gemini stored.
+    fn conversation(&self) -> String {
+        let ids = self.conversations();
+        assert_eq!(ids.len(), 1, "{ids:?}");
+        ids[0].clone()
+    }
+
+    fn sent(&self) -> Vec<Sent> {
+        let sent = self.fake.stream_requests();
+        sent.iter()
+            .map(|r| Sent {
+                texts: r.texts(),
+                conversation: None,
+            })
+            .collect()
+    }
+
+    /// Every turn resumed it: still one conversation.
+    async fn after_conversation(&self, _s: &pb::SessionInfo) {
+        assert_eq!(self.conversations().len(), 1);
     }
 }

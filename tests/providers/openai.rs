@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use crate::fake_openai::{FakeOpenAi, Recorded, Reply};
 use crate::harness::*;
 use crate::scenarios::{
-    budget_crossed_by_real_usage, costing, killed_mid_turn, model_api_errors,
-    stop_during_a_tool_call, ApiErrors, Kit,
+    budget_crossed_by_real_usage, conversation_survives_restarts, costing, killed_mid_turn,
+    model_api_errors, stop_during_a_tool_call, ApiErrors, Conversation, Kit, Sent,
 };
 
 /// The model sessions ask for: it must reach the server unchanged.
@@ -146,96 +146,7 @@ async fn openai_tool_turn_changes_files_and_counts_real_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_conversation_continues_across_turns_session_restarts_and_daemon_crashes() {
-    let (mut w, fake) = start(vec![
-        Reply::text("Noted: swordfish."),
-        Reply::text("You said swordfish."),
-        Reply::text("Still swordfish after a session restart."),
-        Reply::text("Still swordfish after a daemon restart."),
-    ])
-    .await;
-    let s = w.create(request(&w, &fake)).await;
-    let pid1 = s.pid;
-
-    let a1 = w.send(&s.id, "Remember the word swordfish.").await;
-    assert_eq!(kinds(&a1), ["TEXT", "COMPLETION"]);
-    assert_eq!(a1[1].content, "Noted: swordfish.");
-    let a2 = w.send(&s.id, "What was the word?").await;
-    assert_eq!(a2[1].content, "You said swordfish.");
-    assert_conversation(
-        &fake.completions()[1],
-        &[
-            "user: Remember the word swordfish.",
-            "assistant: Noted: swordfish.",
-            "user: What was the word?",
-        ],
-    );
-
-    // A session restart: a new bridge process that loads the saved conversation.
-    let r = w.restart(&s.id).await;
-    assert_eq!(r.restart_count, 1);
-    assert_ne!(r.pid, pid1);
-    let args = cmdline(r.pid as u32);
-    let conv = args
-        .split_once("--resume ")
-        .map(|(_, rest)| rest.split_whitespace().next().unwrap().to_string())
-        .unwrap_or_else(|| panic!("the restarted bridge was not resumed: {args}"));
-    assert!(w
-        .home
-        .join(format!(".local/state/paddock/openai-api/{conv}.json"))
-        .is_file());
-    let a3 = w.send(&s.id, "And now?").await;
-    assert_eq!(a3[1].content, "Still swordfish after a session restart.");
-    assert_conversation(
-        &fake.completions()[2],
-        &[
-            "user: Remember the word swordfish.",
-            "assistant: Noted: swordfish.",
-            "user: What was the word?",
-            "assistant: You said swordfish.",
-            "user: And now?",
-        ],
-    );
-
-    // The daemon dies (SIGKILL); the bridge lives on in the runner and the next daemon takes
-    // it back: same process, same conversation.
-    let before = w.get(&s.id).await;
-    w.kill9();
-    w.launch().await;
-    let f = w.get(&s.id).await;
-    assert_eq!(f.status, S::Running as i32, "{}", f.error_message);
-    assert_eq!(f.pid, before.pid);
-    let a4 = w.send(&s.id, "And after the crash?").await;
-    assert_eq!(a4[1].content, "Still swordfish after a daemon restart.");
-    let reqs = fake.completions();
-    assert_eq!(reqs.len(), 4);
-    assert_conversation(
-        &reqs[3],
-        &[
-            "user: Remember the word swordfish.",
-            "user: What was the word?",
-            "user: And now?",
-            "assistant: Still swordfish after a session restart.",
-            "user: And after the crash?",
-        ],
-    );
-    // 100 prompt + 10 completion tokens per answer, by default.
-    let info = w.get(&s.id).await;
-    assert_eq!((info.tokens_input, info.tokens_output), (400, 40));
-    w.stop(&s.id, true).await.expect("stop");
-
-    // Deleting the session deletes its saved conversation too.
-    let saved = w
-        .home
-        .join(format!(".local/state/paddock/openai-api/{conv}.json"));
-    assert!(saved.is_file());
-    w.client()
-        .await
-        .delete_session(pb::DeleteSessionRequest {
-            session_id: s.id.clone(),
-        })
-        .await
-        .expect("delete");
-    assert!(!saved.exists(), "the conversation outlived its session");
+    conversation_survives_restarts::<OpenAi>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,6 +220,10 @@ pub(crate) struct OpenAi {
 }
 
 impl Kit for OpenAi {
+    fn push_text(&self, text: &str) {
+        self.fake.push([Reply::text(text)]);
+    }
+
     async fn start() -> Self {
         let (w, fake) = start(vec![]).await;
         OpenAi { w, fake }
@@ -316,6 +231,10 @@ impl Kit for OpenAi {
 
     fn world(&self) -> &World {
         &self.w
+    }
+
+    fn world_mut(&mut self) -> &mut World {
+        &mut self.w
     }
 
     fn push_hang(&self) {
@@ -823,10 +742,6 @@ impl ApiErrors for OpenAi {
         self.fake.push([Reply::error(status)]);
     }
 
-    fn push_text(&self, text: &str) {
-        self.fake.push([Reply::text(text)]);
-    }
-
     fn error_words(&self, status: u16, content: &str) {
         assert_eq!(
             content,
@@ -839,5 +754,54 @@ impl ApiErrors for OpenAi {
     /// No retries were made (max_retries 0): one request per turn.
     fn after_turns(&self) {
         assert_eq!(self.fake.completions().len(), Self::TURNS.len());
+    }
+}
+
+impl OpenAi {
+    /// Where the bridge saves its conversations.
+    fn saved(&self) -> std::path::PathBuf {
+        self.w.home.join(".local/state/paddock/openai-api")
+    }
+}
+
+impl Conversation for OpenAi {
+    /// The one conversation the bridge saved (`<id>.json`).
+    fn conversation(&self) -> String {
+        let saved: Vec<String> = std::fs::read_dir(self.saved())
+            .expect("the saved conversations")
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_suffix(".json")
+                    .map(String::from)
+            })
+            .collect();
+        assert_eq!(saved.len(), 1, "{saved:?}");
+        saved[0].clone()
+    }
+
+    fn sent(&self) -> Vec<Sent> {
+        let sent = self.fake.completions();
+        sent.iter()
+            .map(|r| Sent {
+                texts: r.texts(),
+                conversation: None,
+            })
+            .collect()
+    }
+
+    /// Deleting the session deletes its saved conversation too.
+    async fn after_conversation(&self, s: &pb::SessionInfo) {
+        let saved = self.saved().join(format!("{}.json", self.conversation()));
+        self.w
+            .client()
+            .await
+            .delete_session(pb::DeleteSessionRequest {
+                session_id: s.id.clone(),
+            })
+            .await
+            .expect("delete");
+        assert!(!saved.exists(), "the conversation outlived its session");
     }
 }

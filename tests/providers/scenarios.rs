@@ -18,6 +18,8 @@ pub(crate) trait Kit: Sized {
 
     fn world(&self) -> &World;
 
+    fn world_mut(&mut self) -> &mut World;
+
     /// Scripts the fake model's next turn: a call of the agent's shell tool running `command`,
     /// then `text` as its answer; with `usage`, the (input, output) tokens the model reports
     /// with each of the two.
@@ -25,6 +27,17 @@ pub(crate) trait Kit: Sized {
 
     /// Scripts the fake model's next answer: none, ever (the request hangs).
     fn push_hang(&self);
+
+    /// Scripts the fake model's next answer: `text`. By default the world's own fake, the
+    /// Anthropic API.
+    fn push_text(&self, text: &str) {
+        self.world()
+            .fake
+            .push([crate::fake_anthropic::Reply::text(text)]);
+    }
+
+    /// The kinds of a turn the model answers with text.
+    const ANSWERED: &'static [&'static str] = &["TEXT", "COMPLETION"];
 
     /// Waits until the fake model has received `n` requests.
     async fn wait_model_requests(&self, n: usize);
@@ -260,9 +273,6 @@ pub(crate) trait ApiErrors: Kit {
     /// it answers ("Recovered.").
     const TURNS: &'static [Option<u16>];
 
-    /// The kinds of a turn the model answers.
-    const ANSWERED: &'static [&'static str] = &["TEXT", "COMPLETION"];
-
     /// How the ERROR of a turn answered with status S starts: this, then
     /// `: API error status S`.
     const AGENT: &'static str;
@@ -271,13 +281,6 @@ pub(crate) trait ApiErrors: Kit {
     /// default the world's own fake, the Anthropic API.
     fn push_error(&self, status: u16) {
         push_anthropic_error(self.world(), status);
-    }
-
-    /// Scripts the fake model's next answer: `text` (by default from the Anthropic fake).
-    fn push_text(&self, text: &str) {
-        self.world()
-            .fake
-            .push([crate::fake_anthropic::Reply::text(text)]);
     }
 
     /// What this provider also checks of the words of the ERROR that ended a turn answered
@@ -330,4 +333,134 @@ pub(crate) async fn model_api_errors<K: ApiErrors>() {
     k.after_turns();
     insta::assert_yaml_snapshot!(K::SNAPSHOT, serde_json::Value::Array(turns));
     w.stop(&s.id, true).await.expect("stop");
+}
+
+/// A provider whose agent keeps its conversation across turns, a session restart (a new
+/// process told to resume it) and a crash of the daemon (the agent lives on in the runner), as
+/// [`conversation_survives_restarts`] drives it.
+pub(crate) trait Conversation: Kit {
+    /// The id of the conversation the agent keeps, once it answered a turn: what a restarted
+    /// process is told to resume (`--resume ID`). By default the one its first request names.
+    fn conversation(&self) -> String {
+        self.sent()[0]
+            .conversation
+            .clone()
+            .expect("the agent's requests name their conversation")
+    }
+
+    /// Every request the fake model received, in order. By default the world's own fake's
+    /// (the Anthropic API: the CLI names its conversation in a header).
+    fn sent(&self) -> Vec<Sent> {
+        self.world()
+            .fake
+            .message_requests()
+            .iter()
+            .map(|r| Sent {
+                texts: r.texts(),
+                conversation: r.headers.get("x-claude-code-session-id").cloned(),
+            })
+            .collect()
+    }
+
+    /// What the request after the daemon's crash carries at least, in order.
+    const AFTER_CRASH: &'static [&'static str] = &[
+        "Remember the word swordfish.",
+        "What was the word?",
+        "And now?",
+        "Still swordfish after a session restart.",
+        "And after the crash?",
+    ];
+
+    /// Whether the daemon's crash is part of it.
+    const CRASH: bool = true;
+
+    /// The (input, output) tokens a session counts for each answer, when checked.
+    const TOKENS_PER_ANSWER: Option<(i64, i64)> = Some((100, 10));
+
+    /// What this provider also checks once the session was stopped.
+    async fn after_conversation(&self, _s: &pb::SessionInfo) {}
+}
+
+/// A request the fake model received: its texts, and the conversation it names (if its agent
+/// sends one).
+pub(crate) struct Sent {
+    pub texts: Vec<String>,
+    pub conversation: Option<String>,
+}
+
+/// Turns keep the conversation; a session restart starts a new process told to resume it (and
+/// the model sees the whole conversation); the daemon dies (SIGKILL) and the next one takes the
+/// same process back, whose next turn still has it.
+pub(crate) async fn conversation_survives_restarts<K: Conversation>() {
+    const TURNS: [(&str, &str); 4] = [
+        ("Remember the word swordfish.", "Noted: swordfish."),
+        ("What was the word?", "You said swordfish."),
+        ("And now?", "Still swordfish after a session restart."),
+        (
+            "And after the crash?",
+            "Still swordfish after a daemon restart.",
+        ),
+    ];
+    let mut k = K::start().await;
+    let turns = if K::CRASH { 4 } else { 3 };
+    for (_, answer) in &TURNS[..turns] {
+        k.push_text(answer);
+    }
+    let s = k.session().await;
+    turn(&k, &s.id, TURNS[0]).await;
+    turn(&k, &s.id, TURNS[1]).await;
+    let (m, a) = (TURNS.map(|t| t.0), TURNS.map(|t| t.1));
+    assert_in_order(&k.sent()[1].texts, &[m[0], a[0], m[1]]);
+    let conv = k.conversation();
+
+    // A session restart: a new process, told to resume the conversation.
+    let r = k.world().restart(&s.id).await;
+    assert_eq!(r.restart_count, 1);
+    assert_ne!(r.pid, s.pid);
+    let args = cmdline(r.pid as u32);
+    assert!(
+        args.contains(&format!("--resume {conv}")),
+        "the restarted process was not resumed: {args}"
+    );
+    turn(&k, &s.id, TURNS[2]).await;
+    assert_in_order(&k.sent()[2].texts, &[m[0], a[0], m[1], a[1], m[2]]);
+
+    if K::CRASH {
+        // The daemon dies; the agent lives on in the runner and the next daemon takes it
+        // back: the same process, the same conversation.
+        let before = k.world().get(&s.id).await;
+        k.world_mut().kill9();
+        k.world_mut().launch().await;
+        let f = k.world().get(&s.id).await;
+        assert_eq!(f.status, S::Running as i32, "{}", f.error_message);
+        assert_eq!(f.pid, before.pid);
+        assert_eq!(f.restart_count, 1);
+        turn(&k, &s.id, TURNS[3]).await;
+        assert_in_order(&k.sent()[3].texts, K::AFTER_CRASH);
+    }
+    let sent = k.sent();
+    assert_eq!(sent.len(), turns);
+    // Every request that names its conversation names the one resumed.
+    for r in &sent {
+        if let Some(c) = &r.conversation {
+            assert_eq!(*c, conv);
+        }
+    }
+    if let Some((input, output)) = K::TOKENS_PER_ANSWER {
+        let info = k.world().get(&s.id).await;
+        let n = turns as i64;
+        assert_eq!(
+            (info.tokens_input, info.tokens_output),
+            (n * input, n * output)
+        );
+    }
+    k.world().stop(&s.id, true).await.expect("stop");
+    k.after_conversation(&s).await;
+}
+
+/// Sends `message` and checks the turn was answered with `answer`.
+async fn turn<K: Kit>(k: &K, id: &str, (message, answer): (&str, &str)) {
+    let acts = k.world().send(id, message).await;
+    assert_eq!(kinds(&acts), K::ANSWERED, "{acts:#?}");
+    assert!(acts.iter().any(|a| a.content == answer), "{acts:#?}");
 }
