@@ -300,6 +300,52 @@ fn codex_args(model: &str, tail: &[&str]) -> Vec<OsString> {
     args
 }
 
+/// What an `Exec` and an `ExecResume` share: a codex run of `codex exec --json`.
+struct Codex<'a> {
+    run_id: &'a str,
+    working_dir: &'a str,
+    /// The run's own arguments that must be given, checked in this order.
+    required: &'a [(&'static str, &'a str)],
+    model: &'a str,
+    ssh_auth_sock: &'a str,
+    json: bool,
+}
+
+impl RunnerService {
+    /// Checks what every codex run is given and starts `codex exec … TAIL` as run `kind`.
+    async fn start_codex(
+        &self,
+        c: Codex<'_>,
+        kind: RunKind,
+        tail: &[&str],
+    ) -> Result<Response<EventStream>, Status> {
+        check_run_id(c.run_id)?;
+        let cwd = check_working_dir(c.working_dir)?;
+        for (name, value) in c.required {
+            check_arg(name, value, true)?;
+        }
+        check_arg("model", c.model, false)?;
+        check_json(c.json)?;
+        let launch = Launch {
+            program: self.codex.clone(),
+            args: codex_args(c.model, tail),
+            cwd,
+            ssh_auth_sock: ssh_auth_sock(c.ssh_auth_sock)?,
+            stdin_piped: false,
+            env: Vec::new(),
+        };
+        self.start(
+            c.run_id,
+            kind,
+            c.working_dir,
+            launch,
+            OutputMode::Jsonl,
+            false,
+        )
+        .await
+    }
+}
+
 #[tonic::async_trait]
 impl Runner for RunnerService {
     type ExecStream = EventStream;
@@ -309,28 +355,16 @@ impl Runner for RunnerService {
 
     async fn exec(&self, req: Request<ExecRequest>) -> Result<Response<EventStream>, Status> {
         let r = req.into_inner();
-        check_run_id(&r.run_id)?;
-        let cwd = check_working_dir(&r.working_dir)?;
-        check_arg("prompt", &r.prompt, true)?;
-        check_arg("model", &r.model, false)?;
-        check_json(r.json)?;
-        let launch = Launch {
-            program: self.codex.clone(),
-            args: codex_args(&r.model, &["--", &r.prompt]),
-            cwd,
-            ssh_auth_sock: ssh_auth_sock(&r.ssh_auth_sock)?,
-            stdin_piped: false,
-            env: Vec::new(),
+        let codex = Codex {
+            run_id: &r.run_id,
+            working_dir: &r.working_dir,
+            required: &[("prompt", &r.prompt)],
+            model: &r.model,
+            ssh_auth_sock: &r.ssh_auth_sock,
+            json: r.json,
         };
-        self.start(
-            &r.run_id,
-            RunKind::Exec,
-            &r.working_dir,
-            launch,
-            OutputMode::Jsonl,
-            false,
-        )
-        .await
+        self.start_codex(codex, RunKind::Exec, &["--", &r.prompt])
+            .await
     }
 
     async fn exec_resume(
@@ -338,29 +372,19 @@ impl Runner for RunnerService {
         req: Request<ExecResumeRequest>,
     ) -> Result<Response<EventStream>, Status> {
         let r = req.into_inner();
-        check_run_id(&r.run_id)?;
-        let cwd = check_working_dir(&r.working_dir)?;
-        check_arg("prompt", &r.prompt, true)?;
-        check_arg("model", &r.model, false)?;
-        check_arg("resume_session_id", &r.resume_session_id, true)?;
-        check_json(r.json)?;
-        let launch = Launch {
-            program: self.codex.clone(),
-            args: codex_args(&r.model, &["resume", "--", &r.resume_session_id, &r.prompt]),
-            cwd,
-            ssh_auth_sock: ssh_auth_sock(&r.ssh_auth_sock)?,
-            stdin_piped: false,
-            env: Vec::new(),
+        let codex = Codex {
+            run_id: &r.run_id,
+            working_dir: &r.working_dir,
+            required: &[
+                ("prompt", &r.prompt),
+                ("resume_session_id", &r.resume_session_id),
+            ],
+            model: &r.model,
+            ssh_auth_sock: &r.ssh_auth_sock,
+            json: r.json,
         };
-        self.start(
-            &r.run_id,
-            RunKind::ExecResume,
-            &r.working_dir,
-            launch,
-            OutputMode::Jsonl,
-            false,
-        )
-        .await
+        let tail = ["resume", "--", &r.resume_session_id, &r.prompt];
+        self.start_codex(codex, RunKind::ExecResume, &tail).await
     }
 
     async fn run_command(
