@@ -1,5 +1,7 @@
 //! One child process's life, as the runner (`paddock runner`) sees it: started, running, being
-//! stopped (TERM, then KILL after a grace period), exited.
+//! stopped (TERM, then KILL after a grace period), exited. Until its exit the run holds the
+//! process's [`Life`] (the phases `Starting`, `Running` and `Terminating` are its `Starting`,
+//! `Alive` and `Terminating`), then its final status.
 //!
 //! ```text
 //!   Starting ─Started─▶ Running ─Stop{now}─▶ Terminating{kill_at} ─Tick{now ≥ kill_at}─▶ KILL
@@ -19,7 +21,7 @@
 //!
 //! Which (phase, input) pairs are legal is [`rule`], printable with [`render`].
 
-use crate::process::Termination;
+use crate::process::Life;
 use crate::time::{Duration, Instant};
 
 pub use crate::process::{signal_name, Signal, KILL_GRACE as DEFAULT_KILL_GRACE};
@@ -228,11 +230,11 @@ pub fn render() -> String {
     )
 }
 
+/// The process's [`Life`] (the runner never asks its child to end its own way: no
+/// `Ending`), then its final status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
-    Starting,
-    Running { pid: u32 },
-    Terminating { pid: u32, term: Termination },
+    Live(Life),
     Exited { status: Status },
 }
 
@@ -257,7 +259,7 @@ impl Default for RunMachine {
 impl RunMachine {
     pub fn new() -> Self {
         RunMachine {
-            state: State::Starting,
+            state: State::Live(Life::Starting),
             now: Instant::ORIGIN,
             output_events: 0,
             output_bytes: 0,
@@ -269,17 +271,18 @@ impl RunMachine {
 
     pub fn phase(&self) -> Phase {
         match self.state {
-            State::Starting => Phase::Starting,
-            State::Running { .. } => Phase::Running,
-            State::Terminating { .. } => Phase::Terminating,
+            State::Live(Life::Starting) => Phase::Starting,
+            State::Live(Life::Alive { .. }) => Phase::Running,
+            State::Live(Life::Terminating { .. }) => Phase::Terminating,
+            State::Live(Life::Ending { .. }) => unreachable!("a run is never asked to end"),
             State::Exited { .. } => Phase::Exited,
         }
     }
 
     pub fn pid(&self) -> Option<u32> {
         match self.state {
-            State::Running { pid } | State::Terminating { pid, .. } => Some(pid),
-            State::Starting | State::Exited { .. } => None,
+            State::Live(life) => life.pid(),
+            State::Exited { .. } => None,
         }
     }
 
@@ -311,10 +314,8 @@ impl RunMachine {
     /// The next deadline and what it is for: when the shell must feed `Tick`.
     pub fn poll_timeout(&self) -> Option<(Instant, &'static str)> {
         match self.state {
-            State::Terminating { term, .. } => {
-                term.kill_at().map(|at| (at, "TERM to KILL escalation"))
-            }
-            _ => None,
+            State::Live(life) => life.deadline().map(|at| (at, "TERM to KILL escalation")),
+            State::Exited { .. } => None,
         }
     }
 
@@ -357,7 +358,7 @@ impl RunMachine {
         if after == Phase::Terminating {
             debug_assert!(self.stopped, "only a stop terminates or escalates");
         }
-        if let State::Terminating { term, .. } = &self.state {
+        if let Some(term) = self.termination() {
             if let Some(at) = term.kill_at() {
                 debug_assert!(!term.escalated(), "an escalation is pending until its KILL");
                 debug_assert!(
@@ -380,7 +381,9 @@ impl RunMachine {
         let mut out = Vec::new();
         match input {
             Input::Started { pid } => {
-                self.state = State::Running { pid };
+                if let State::Live(life) = &mut self.state {
+                    life.started(Some(pid));
+                }
                 out.push(Effect::Emit(Status {
                     kind: StatusKind::Started,
                     exit_code: 0,
@@ -416,8 +419,8 @@ impl RunMachine {
             Input::Signal { signal } => {
                 if signal == Signal::Kill {
                     // KILL cannot be outdone: no escalation is pending any more.
-                    if let State::Terminating { term, .. } = &mut self.state {
-                        term.killed();
+                    if let State::Live(life) = &mut self.state {
+                        life.killed();
                     }
                 }
                 out.push(Effect::Signal(signal));
@@ -425,25 +428,27 @@ impl RunMachine {
             Input::Stop { now, grace } => {
                 let now = self.advance(now);
                 self.stopped = true;
-                match &mut self.state {
-                    State::Running { pid } => {
-                        let (term, signal) = Termination::begin(now, grace);
-                        self.state = State::Terminating { pid: *pid, term };
-                        out.push(Effect::Signal(signal));
-                    }
-                    // A second stop joins the first; a shorter grace cuts the wait short.
-                    State::Terminating { term, .. } => term.hasten(now, grace),
-                    _ => {}
+                // TERM; a second stop joins the first, a shorter grace cutting the wait short.
+                if let State::Live(life) = &mut self.state {
+                    out.extend(life.terminate(now, grace).map(Effect::Signal));
                 }
             }
             Input::Tick { now } => {
                 let now = self.advance(now);
-                if let State::Terminating { term, .. } = &mut self.state {
-                    out.extend(term.tick(now).map(Effect::Signal));
+                if let State::Live(life) = &mut self.state {
+                    out.extend(life.tick(now).map(Effect::Signal));
                 }
             }
         }
         out
+    }
+
+    /// The termination under way, once a stop sent TERM.
+    fn termination(&self) -> Option<&crate::process::Termination> {
+        match &self.state {
+            State::Live(life) => life.termination(),
+            State::Exited { .. } => None,
+        }
     }
 
     fn advance(&mut self, now: Instant) -> Instant {
@@ -463,10 +468,9 @@ impl RunMachine {
         match (code, signal) {
             (_, Some(_)) => {
                 let mut msg = crate::process::describe_exit(code, signal);
-                let escalated = match self.state {
-                    State::Terminating { term, .. } => term.escalated().then(|| term.grace()),
-                    _ => None,
-                };
+                let escalated = self
+                    .termination()
+                    .and_then(|term| term.escalated().then(|| term.grace()));
                 if let Some(grace) = escalated {
                     let grace = grace.millis();
                     msg.push_str(&format!(

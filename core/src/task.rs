@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, ErrorCode};
 use crate::model::RequestId;
-use crate::process::{Signal, Termination};
+use crate::process::{Life, Signal};
 use crate::session::effect::{Effect, Record};
 use crate::session::machine::Out;
 use crate::time::{Duration, Instant, Now, Timestamp};
@@ -270,10 +270,10 @@ struct Task {
     record: TaskRecord,
     ending: Ending,
     timeout_at: Option<Instant>,
-    alive: bool,
-    /// From the TERM to its process until it exits: never a second TERM (a cancel after a
-    /// timeout's KILL must not start the escalation again).
-    term: Option<Termination>,
+    /// Its command's process, from its spawn to its exit: `Starting` while PENDING, then
+    /// `Alive` and, once ended, `Terminating` (never a second TERM: a cancel after a timeout's
+    /// KILL must not start the escalation again).
+    life: Option<Life>,
 }
 
 /// Which deadline is next.
@@ -353,8 +353,7 @@ impl Tasks {
                     record,
                     ending: Ending::None,
                     timeout_at: None,
-                    alive: false,
-                    term: None,
+                    life: None,
                 },
             );
         }
@@ -382,7 +381,7 @@ impl Tasks {
     pub fn live(&self) -> usize {
         self.tasks
             .values()
-            .filter(|t| !t.record.status.is_terminal() || t.alive)
+            .filter(|t| !t.record.status.is_terminal() || t.has_process())
             .count()
     }
 
@@ -392,7 +391,7 @@ impl Tasks {
         for (id, t) in &self.tasks {
             for (at, why) in [
                 (t.timeout_at, TaskTimer::Timeout),
-                (t.term.and_then(|term| term.kill_at()), TaskTimer::Kill),
+                (t.life.and_then(|l| l.deadline()), TaskTimer::Kill),
             ] {
                 if let Some(at) = at {
                     if best.is_none_or(|(b, _, _)| at < b) {
@@ -412,7 +411,10 @@ impl Tasks {
             TaskInput::Started { id, pid } => {
                 if let Some(t) = self.tasks.get_mut(&id) {
                     if t.record.status == TaskStatus::Pending {
-                        t.alive = true;
+                        t.life
+                            .as_mut()
+                            .expect("a PENDING task's spawn was asked for")
+                            .started(Some(pid));
                         t.record.pid = Some(pid);
                         t.record.started_at = Some(now.wall);
                         t.timeout_at = (t.record.spec.timeout_ms > 0)
@@ -428,6 +430,7 @@ impl Tasks {
             TaskInput::SpawnFailed { id, reason } => {
                 if let Some(t) = self.tasks.get_mut(&id) {
                     if t.record.status == TaskStatus::Pending {
+                        t.life = None;
                         t.record.error_message = Some(format!("could not start: {reason}"));
                         t.record.completed_at = Some(now.wall);
                         let msg = t.record.error_message.clone().unwrap_or_default();
@@ -477,8 +480,8 @@ impl Tasks {
                     terminate(t, now, grace, out);
                 }
             }
-            let kill = t.term.as_mut().and_then(|term| term.tick(now.at));
-            if let (Some(signal), true, Some(pid)) = (kill, t.alive, t.record.pid) {
+            let kill = t.life.as_mut().and_then(|l| l.tick(now.at));
+            if let (Some(signal), Some(pid)) = (kill, t.record.pid) {
                 out.rest.push(Effect::SignalTask {
                     id: t.record.id.clone(),
                     pid: Some(pid),
@@ -554,8 +557,7 @@ impl Tasks {
                 record,
                 ending: Ending::None,
                 timeout_at: None,
-                alive: false,
-                term: None,
+                life: Some(Life::Starting),
             },
         );
     }
@@ -621,14 +623,14 @@ fn set_status(t: &mut Task, status: TaskStatus, message: &str, now: Now, out: &m
     }));
 }
 
+/// TERM its process now, KILL after `grace`; nothing for a process not started yet (it is
+/// terminated once it starts) nor for one already being ended.
 fn terminate(t: &mut Task, now: Now, grace: Duration, out: &mut Out) {
-    if let (true, Some(pid)) = (t.alive, t.record.pid) {
-        if t.term.is_none() {
-            let (term, signal) = Termination::begin(now.at, grace);
-            t.term = Some(term);
+    if let Some(life @ Life::Alive { .. }) = t.life.as_mut() {
+        if let Some(signal) = life.terminate(now.at, grace) {
             out.rest.push(Effect::SignalTask {
                 id: t.record.id.clone(),
-                pid: Some(pid),
+                pid: life.pid(),
                 signal,
             });
         }
@@ -680,25 +682,39 @@ impl Task {
         let r = &self.record;
         if r.status.is_terminal() {
             assert!(
-                !self.alive && r.pid.is_none() && self.term.is_none(),
+                self.life.is_none() && r.pid.is_none(),
                 "a finished task {} has no live process",
                 r.id
             );
             assert!(r.completed_at.is_some(), "a finished task has its end time");
         }
+        assert_eq!(
+            r.status == TaskStatus::Pending,
+            self.life == Some(Life::Starting),
+            "task {}: a process is being spawned exactly while PENDING",
+            r.id
+        );
         assert!(
-            self.term.is_none() || self.alive,
-            "task {}: a process is being ended only while it lives",
+            matches!(
+                self.life,
+                None | Some(Life::Starting | Life::Alive { .. } | Life::Terminating { .. })
+            ),
+            "task {}: a task's process is never asked to end its own way",
             r.id
         );
         assert_eq!(
-            self.alive,
+            self.has_process(),
             r.pid.is_some(),
             "task {}: a pid is known exactly while its process lives",
             r.id
         );
         assert!(
-            !self.alive || r.status == TaskStatus::Running,
+            !self.has_process() || r.pid == self.life.and_then(|l| l.pid()),
+            "task {}: the record's pid is its process's",
+            r.id
+        );
+        assert!(
+            !self.has_process() || r.status == TaskStatus::Running,
             "task {}: only a RUNNING task has a process",
             r.id
         );
@@ -709,17 +725,21 @@ impl Task {
         );
     }
 
+    /// Its process started and has not exited.
+    fn has_process(&self) -> bool {
+        self.life.is_some_and(|l| l.has_process())
+    }
+
     fn truncated_at(&self, max: u64, len: u64) -> bool {
         self.record.truncated || self.record.output_bytes + len > max
     }
 }
 
 fn exited(t: &mut Task, code: Option<i32>, signal: Option<i32>, now: Now, out: &mut Out) {
-    if !t.alive {
+    if !t.has_process() {
         return;
     }
-    t.alive = false;
-    t.term = None;
+    t.life = None;
     t.timeout_at = None;
     t.record.pid = None;
     t.record.completed_at = Some(now.wall);

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use paddock_core::budget::timeout_deadline;
+use paddock_core::process::Life;
 use paddock_core::session::table::{InputKind, Rule};
 use paddock_core::{
     Approval, ApprovalId, Deadline, Effect, Engine, EnvEvent, EnvState, ErrorCode, Input, Instant,
@@ -942,7 +943,10 @@ impl Sim {
             let Some(s) = self.exec.engine().session(&id) else {
                 continue; // checked by check_processes: no process outlives its session
             };
-            let alive = matches!(s.run(), Run::Alive { run: r, .. } if r == run);
+            let alive = matches!(
+                s.run(),
+                Run::Live { run: r, life: Life::Alive { .. } } if r == run
+            );
             if !alive || s.record.provider_cursor < cursor {
                 continue; // being killed, or its ask not yet applied (replayed after a crash)
             }
@@ -1292,18 +1296,20 @@ impl Sim {
             match adopt.get(id) {
                 Some(&(run, pid)) => {
                     want.pid = Some(pid);
-                    let alive = Run::Alive {
+                    let alive = Run::Live {
                         run,
-                        pid: Some(pid),
+                        life: Life::Alive { pid: Some(pid) },
                     };
-                    let terminating = Run::Terminating {
+                    let terminating = Run::Live {
                         run,
-                        pid: Some(pid),
-                        term: paddock_core::process::Termination::begin(
-                            at(now),
-                            self.limits.kill_grace,
-                        )
-                        .0,
+                        life: Life::Terminating {
+                            pid: Some(pid),
+                            term: paddock_core::process::Termination::begin(
+                                at(now),
+                                self.limits.kill_grace,
+                            )
+                            .0,
+                        },
                     };
                     // An agent that runs has its environment.
                     want.env_state = EnvState::Ready;
@@ -1359,7 +1365,7 @@ impl Sim {
                             want_deadline = Some((at(now) + self.limits.kill_grace, Timer::Kill));
                         }
                     }
-                    let want_terms = if matches!(want_run, Run::Terminating { .. }) {
+                    let want_terms = if matches!(want_run.life(), Some(Life::Terminating { .. })) {
                         vec![(run, Some(pid))]
                     } else {
                         vec![]
@@ -1518,13 +1524,16 @@ impl Sim {
             let procs = self.io.world.live_run(id);
             let ok = match (s.run(), procs.as_slice()) {
                 (Run::Idle, []) => true,
-                (Run::Spawning { run }, [(r, _, false)]) => *r == run,
                 (
-                    Run::Alive { run, pid }
-                    | Run::Ending { run, pid, .. }
-                    | Run::Terminating { run, pid, .. },
-                    [(r, p, true)],
-                ) => *r == run && pid == Some(*p),
+                    Run::Live {
+                        run,
+                        life: Life::Starting,
+                    },
+                    [(r, _, false)],
+                ) => *r == run,
+                (Run::Live { run, life }, [(r, p, true)]) if life.has_process() => {
+                    *r == run && life.pid() == Some(*p)
+                }
                 _ => false,
             };
             if !ok {

@@ -17,6 +17,7 @@ use paddock_core::{
 };
 
 use crate::world::{at, ts, Millis, Store};
+use paddock_core::process::Life;
 
 /// The kind of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -2674,9 +2675,11 @@ impl Model {
             let run_ok = match rec.status {
                 // Its environment is being made (or nothing at all happened yet).
                 Status::Created => s.run() == Run::Idle,
-                Status::Starting => matches!(s.run(), Run::Spawning { .. } | Run::Alive { .. }),
+                Status::Starting => {
+                    matches!(s.run().life(), Some(Life::Starting | Life::Alive { .. }))
+                }
                 Status::Running | Status::Working | Status::Waiting => {
-                    matches!(s.run(), Run::Alive { .. })
+                    matches!(s.run().life(), Some(Life::Alive { .. }))
                 }
                 Status::Stopped => s.run() == Run::Idle,
                 _ => true,
@@ -2762,12 +2765,7 @@ impl Model {
                      sent (no turn began)"
                 ));
             }
-            let run_pid = match s.run() {
-                paddock_core::Run::Alive { pid, .. }
-                | paddock_core::Run::Ending { pid, .. }
-                | paddock_core::Run::Terminating { pid, .. } => pid,
-                paddock_core::Run::Idle | paddock_core::Run::Spawning { .. } => None,
-            };
+            let run_pid = s.run().life().and_then(|l| l.pid());
             if rec.pid != run_pid {
                 return Err(format!(
                     "{id}: the record's pid is {:?}, its process's {run_pid:?} ({:?})",
@@ -2927,7 +2925,7 @@ impl Model {
                     self.approvals.get(&a.id)
                 ));
             }
-            if !matches!(s.run(), Run::Alive { run, .. } if run == a.run) {
+            if !matches!(s.run(), Run::Live { run, life: Life::Alive { .. } } if run == a.run) {
                 return Err(format!(
                     "{id}: request {} of run {} is open while the session's process is {:?}",
                     a.id,
@@ -2944,8 +2942,8 @@ impl Model {
             ));
         }
         let run = s.run().id();
-        let terminating = matches!(s.run(), Run::Terminating { .. });
-        let ending = matches!(s.run(), Run::Ending { .. });
+        let terminating = matches!(s.run().life(), Some(Life::Terminating { .. }));
+        let ending = matches!(s.run().life(), Some(Life::Ending { .. }));
         if sm.proc_run != run || sm.terminating != terminating || sm.ending.is_some() != ending {
             return Err(format!(
                 "{id}: the engine's process is {:?}; the reference, from spawns, closed inputs, \

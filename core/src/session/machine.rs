@@ -14,7 +14,7 @@ use crate::model::{
     Activity, ActivityEvent, ActivityKind, RequestId, RunId, SessionRecord, Status, StatusEvent,
     UserMessage,
 };
-use crate::process::Termination;
+use crate::process::Life;
 use crate::time::{Duration, Instant, Now};
 use crate::Limits;
 
@@ -23,34 +23,30 @@ use crate::Limits;
 pub enum Run {
     /// No process.
     Idle,
-    /// `Spawn` was asked for; no answer yet.
-    Spawning { run: RunId },
-    /// Running.
-    Alive { run: RunId, pid: Option<u32> },
-    /// Its input was closed (a graceful stop asks it to end its own way); TERM follows at
-    /// `term_at` unless it exits first.
-    Ending {
-        run: RunId,
-        pid: Option<u32>,
-        term_at: Instant,
-    },
-    /// TERM was sent; KILL follows when the termination says, unless it exits first.
-    Terminating {
-        run: RunId,
-        pid: Option<u32>,
-        term: Termination,
-    },
+    /// Run `run`, from its `Spawn` to its exit: its [`Life`] (a graceful stop's `Ending` is
+    /// the session's alone).
+    Live { run: RunId, life: Life },
 }
 
 impl Run {
     pub fn id(self) -> Option<RunId> {
         match self {
             Run::Idle => None,
-            Run::Spawning { run }
-            | Run::Alive { run, .. }
-            | Run::Ending { run, .. }
-            | Run::Terminating { run, .. } => Some(run),
+            Run::Live { run, .. } => Some(run),
         }
+    }
+
+    /// The process's life, unless there is none.
+    pub fn life(self) -> Option<Life> {
+        match self {
+            Run::Idle => None,
+            Run::Live { life, .. } => Some(life),
+        }
+    }
+
+    /// Its process runs, as `Alive` (not being spawned, not asked to end, not terminating).
+    fn is_alive(self) -> bool {
+        matches!(self.life(), Some(Life::Alive { .. }))
     }
 }
 
@@ -310,11 +306,7 @@ impl Session {
             self.stop.as_ref().and_then(|s| s.grace_deadline),
             Timer::StopGrace,
         );
-        match self.run {
-            Run::Ending { term_at, .. } => consider(Some(term_at), Timer::Kill),
-            Run::Terminating { term, .. } => consider(term.kill_at(), Timer::Kill),
-            _ => {}
-        }
+        consider(self.run.life().and_then(|l| l.deadline()), Timer::Kill);
         consider(self.expiry.values().min().copied(), Timer::ApprovalExpiry);
         best
     }
@@ -532,7 +524,7 @@ impl Session {
             if cut_short {
                 self.interrupt_turn("turn interrupted: session force-stopped", cx);
                 self.terminate(cx);
-            } else if !graceful && matches!(self.run, Run::Ending { .. }) {
+            } else if !graceful && matches!(self.run.life(), Some(Life::Ending { .. })) {
                 // A forced stop does not wait for the agent to end its own way.
                 self.terminate(cx);
             }
@@ -697,13 +689,15 @@ impl Session {
     }
 
     fn on_started(&mut self, run: RunId, pid: Option<u32>, cx: &mut Ctx) {
-        if !matches!(self.run, Run::Spawning { .. }) {
+        if self.run.life() != Some(Life::Starting) {
             return;
         }
         if !matches!(self.check(InputKind::Started, cx), Ok(true)) {
             return;
         }
-        self.set_run(Run::Alive { run, pid });
+        if let Run::Live { life, .. } = &mut self.run {
+            life.started(pid);
+        }
         self.record.pid = pid;
         self.dirty = true;
         // A restart after a making that was given up: the shell makes the environment as it
@@ -727,7 +721,7 @@ impl Session {
         if !matches!(self.check(InputKind::Ready, cx), Ok(true)) {
             return;
         }
-        let Run::Alive { pid, .. } = self.run else {
+        let Some(Life::Alive { pid }) = self.run.life() else {
             return; // only a started process can be ready
         };
         self.startup_deadline = None;
@@ -932,8 +926,8 @@ impl Session {
                 }
             }
             Timer::Kill => {
-                if let Run::Terminating { term, .. } = &mut self.run {
-                    kill = term.tick(cx.now.at);
+                if let Run::Live { life, .. } = &mut self.run {
+                    kill = life.tick(cx.now.at);
                 }
             }
             Timer::ApprovalExpiry => {}
@@ -963,7 +957,7 @@ impl Session {
                 let ms = cx.lim.startup_timeout.millis();
                 let e = Error::new(
                     ErrorCode::CreationFailed,
-                    if matches!(self.run, Run::Alive { .. }) {
+                    if self.run.is_alive() {
                         format!(
                             "the provider started but did not say it was ready within {ms} ms \
                              (it never answered paddock's initialize request); session {} is \
@@ -999,22 +993,9 @@ impl Session {
                 self.terminate(cx);
                 self.maybe_finish_stop(cx);
             }
-            Timer::Kill => match self.run {
-                // Asked to end its own way, it has not: TERM now (KILL after its grace).
-                Run::Ending { .. } => self.terminate(cx),
-                Run::Terminating { run, pid, .. } => {
-                    self.assert_current(run);
-                    if let Some(signal) = kill {
-                        cx.out.rest.push(Effect::Signal {
-                            id: self.record.id.clone(),
-                            run,
-                            pid,
-                            signal,
-                        });
-                    }
-                }
-                _ => {}
-            },
+            // Asked to end its own way, it has not: TERM now (KILL after its grace); or
+            // TERMed, it has not exited: KILL.
+            Timer::Kill => self.signal(kill, cx),
             Timer::ApprovalExpiry => self.expire_approvals(cx),
         }
     }
@@ -1025,7 +1006,11 @@ impl Session {
         if !matches!(self.check(InputKind::Ask, cx), Ok(true)) {
             return;
         }
-        let Run::Alive { run, .. } = self.run else {
+        let Run::Live {
+            run,
+            life: Life::Alive { .. },
+        } = self.run
+        else {
             return;
         };
         let settings = self.record.config.provider_config.approvals();
@@ -1263,7 +1248,11 @@ impl Session {
             .persist
             .push(Effect::Persist(Record::Approval(a.clone())));
         if tell_agent {
-            if let Run::Alive { run, .. } = self.run {
+            if let Run::Live {
+                run,
+                life: Life::Alive { .. },
+            } = self.run
+            {
                 if run == a.run {
                     self.assert_current(run);
                     cx.out.rest.push(Effect::Answer {
@@ -1460,7 +1449,10 @@ impl Session {
     /// is now running; a stop in progress, or a session that had already ended, gets its
     /// process terminated.
     pub(crate) fn adopt(&mut self, run: RunId, pid: Option<u32>, cx: &mut Ctx) {
-        self.set_run(Run::Alive { run, pid });
+        self.set_run(Run::Live {
+            run,
+            life: Life::Alive { pid },
+        });
         self.record.pid = pid;
         self.dirty = true;
         // Its agent runs, so in its environment (as `on_started` says).
@@ -1531,7 +1523,10 @@ impl Session {
     }
 
     fn spawn(&mut self, run: RunId, msg: &str, cx: &mut Ctx) {
-        self.set_run(Run::Spawning { run });
+        self.set_run(Run::Live {
+            run,
+            life: Life::Starting,
+        });
         self.startup_deadline = Some(cx.now.after(cx.lim.startup_timeout));
         self.set_status(Status::Starting, msg, cx);
         cx.out.rest.push(Effect::Spawn {
@@ -1654,16 +1649,26 @@ impl Session {
         }
     }
 
-    /// TERM the process group now, KILL after the grace period.
+    /// TERM the process group now, KILL after the grace period (a process being spawned is
+    /// terminated once it has started; one already terminating is not signalled again).
     fn terminate(&mut self, cx: &mut Ctx) {
-        if let Run::Alive { run, pid } | Run::Ending { run, pid, .. } = self.run {
-            let (term, signal) = Termination::begin(cx.now.at, cx.lim.kill_grace);
-            self.run = Run::Terminating { run, pid, term };
+        let signal = match &mut self.run {
+            Run::Live { life, .. } if life.has_process() => {
+                life.terminate(cx.now.at, cx.lim.kill_grace)
+            }
+            _ => None,
+        };
+        self.signal(signal, cx);
+    }
+
+    /// Sends `signal`, if any, to the session's process group.
+    fn signal(&mut self, signal: Option<crate::process::Signal>, cx: &mut Ctx) {
+        if let (Some(signal), Run::Live { run, life }) = (signal, self.run) {
             self.assert_current(run);
             cx.out.rest.push(Effect::Signal {
                 id: self.record.id.clone(),
                 run,
-                pid,
+                pid: life.pid(),
                 signal,
             });
         }
@@ -1673,14 +1678,14 @@ impl Session {
     /// input closed), and TERM follows only if it has not after [`Limits::end_grace`]
     /// (`crate::Limits`); then KILL, as for every process.
     fn end_gracefully(&mut self, cx: &mut Ctx) {
-        match self.run {
-            Run::Alive { run, pid } if cx.lim.end_grace.millis() > 0 => {
+        match &mut self.run {
+            Run::Live {
+                run,
+                life: life @ Life::Alive { .. },
+            } if cx.lim.end_grace.millis() > 0 => {
+                let run = *run;
+                life.end(cx.now.at, cx.lim.end_grace, cx.lim.kill_grace);
                 self.assert_current(run);
-                self.run = Run::Ending {
-                    run,
-                    pid,
-                    term_at: cx.now.after(cx.lim.end_grace),
-                };
                 cx.out.rest.push(Effect::CloseInput {
                     id: self.record.id.clone(),
                     run,
