@@ -406,11 +406,33 @@ fn an_agent_that_does_not_end_its_own_way_is_termed_then_killed() {
     let fx = r.provider(1, exited());
     assert_eq!(reply(&fx, req).unwrap().unwrap().status, Status::Stopped);
 
-    // A forced stop while it ends its own way does not wait: TERM at once.
+    // A forced stop while it ends its own way does not wait: TERM at once; a second
+    // graceful one changes nothing.
     let mut r = Rig::running(config());
     r.stop(true);
+    let (_, fx) = r.stop(true);
+    assert!(signals(&fx).is_empty(), "{fx:?}");
     let (_, fx) = r.stop(false);
     assert_eq!(signals(&fx), vec![Signal::Term]);
+
+    // Without an end grace (`end_grace` 0), a graceful stop of an idle agent is TERM at once,
+    // its input left open.
+    let mut r = Rig {
+        engine: Engine::new(Limits {
+            end_grace: Duration::ZERO,
+            ..limits()
+        }),
+        now: T0,
+        next_req: 1,
+    };
+    r.create(config());
+    r.start(1, 42);
+    let (_, fx) = r.stop(true);
+    assert_eq!(signals(&fx), vec![Signal::Term]);
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::CloseInput { .. })),
+        "{fx:?}"
+    );
 }
 
 #[test]
@@ -536,6 +558,12 @@ fn a_provider_that_never_starts_times_out() {
     assert_eq!(timer, Timer::Startup);
     let fx = r.at(at - r.now, Input::Tick);
     assert_eq!(err_code(&fx, req), ErrorCode::CreationFailed);
+    let e = reply(&fx, req).unwrap().unwrap_err();
+    assert!(
+        e.message.starts_with("the provider did not start within"),
+        "{}",
+        e.message
+    );
     // If it reports it started after all, it is terminated at once.
     let fx = r.provider(1, ProviderEvent::Started { pid: Some(9) });
     assert_eq!(signals(&fx), vec![Signal::Term]);
