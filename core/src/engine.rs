@@ -149,7 +149,7 @@ impl Engine {
     /// session's record names is adopted: the session carries on where it was (a turn in
     /// progress stays in progress, a request for a human stays open; a stop in progress is
     /// finished); a session whose process is gone is FAILED with OBEY-2032 and its open
-    /// requests are cancelled. Tasks are never adopted ([`Tasks::restore`]): what ran is
+    /// requests are cancelled. Tasks are never adopted (`Tasks::restore`): what ran is
     /// FAILED and every surviving task process is killed. The effects are the shell's to
     /// carry out before the socket accepts a call.
     ///

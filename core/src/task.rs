@@ -6,7 +6,7 @@
 //! engine's one [`Effect`] enum (`Persist(Record::Task…)` first: the drain rule), and
 //! [`Tasks::poll_timeout`] names its next deadline (a task's timeout, or the TERM → KILL
 //! escalation of a cancel). Output kept per task is bounded here, once, with a marker line.
-//! What happens to tasks found running at start-up is decided here too ([`Tasks::restore`]).
+//! What happens to tasks found running at start-up is decided here too (`Tasks::restore`).
 
 use std::collections::BTreeMap;
 

@@ -121,6 +121,9 @@ pub fn parse_mount(spec: &str, base: &Path) -> Result<PathBuf> {
 
 /// `session create`'s flags. Every one may also come from `-c session.yaml`; a flag given
 /// overrides the file.
+// The fields' doc comments are `--help` text, for a terminal: `<name>` and `[USER@]HOST` are
+// neither HTML nor links.
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 #[derive(Args, Debug, Default)]
 pub struct CreateArgs {
     /// Campaign id or name [default with --task, --mount or -c: the current directory,

@@ -63,6 +63,8 @@ pub enum CampaignCmd {
     Remove { campaign: String },
 }
 
+// The variants' doc comments are `--help` text, for a terminal (`<name>` is not HTML).
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Subcommand, Debug)]
 pub enum SessionCmd {
     /// Create and start an agent session (`--task "…"` runs in the current directory)

@@ -1,6 +1,6 @@
 //! `paddock top`: a live dashboard of every session, those waiting for a human first.
 //!
-//! Three parts, one direction. [`feed`] turns the daemon's watch streams (`WatchAllSessions`,
+//! Three parts, one direction. `feed` turns the daemon's watch streams (`WatchAllSessions`,
 //! `WatchApprovals`, and `WatchActivity` from the newest event of each live session) into
 //! [`Update`]s; a thread turns key presses into updates too. [`Dashboard`] is the screen's
 //! state: it applies updates and keys and answers with an [`Action`] (no I/O, unit-tested),

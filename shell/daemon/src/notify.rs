@@ -5,7 +5,7 @@
 //! bus exists), whichever are configured.
 //!
 //! It only listens: events come from the hub's broadcasts, after they were committed, and a
-//! slow or failing hook never holds anything up. At most [`QUEUE`] deliveries wait; past that
+//! slow or failing hook never holds anything up. At most `QUEUE` deliveries wait; past that
 //! they are dropped and counted in the log.
 
 use std::collections::BTreeSet;

@@ -10,7 +10,7 @@
 use std::io;
 use std::path::PathBuf;
 
-/// See the [module documentation](self).
+/// See the module's documentation (`error.rs`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request, or this host, cannot have the environment: the words say what to change.

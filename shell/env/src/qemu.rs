@@ -11,7 +11,7 @@
 //! - Reached: ssh to that port as the block's user with its key; the VM's host key is taken at
 //!   its first boot and held to for the session's life (a known_hosts of the session's own).
 //!   Then paddock is copied in and a runner started there, as for `ssh`.
-//! - Removed with the session: the VM is stopped (TERM, KILL after [`STOP_WAIT`]) and its
+//! - Removed with the session: the VM is stopped (TERM, KILL after `STOP_WAIT`) and its
 //!   directory (overlay, console, known_hosts) removed; a daemon start stops the VMs of
 //!   sessions the store no longer has.
 //!
@@ -101,7 +101,7 @@ pub fn running(root: &Path) -> bool {
     vm_pid(root).is_some()
 }
 
-/// Stops VM `pid` (TERM, KILL after [`STOP_WAIT`]). Blocking: call it off the event loop.
+/// Stops VM `pid` (TERM, KILL after `STOP_WAIT`). Blocking: call it off the event loop.
 /// The KILL goes only to a QEMU still: a pid freed in between is not another's to kill.
 pub fn kill(pid: i32) {
     use nix::sys::signal::{kill, Signal};

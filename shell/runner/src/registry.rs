@@ -415,7 +415,7 @@ impl Run {
     // ── the machine ────────────────────────────────────────────────────────
 
     /// Feeds the run's machine. Signals are sent at once, to the process group; the statuses
-    /// it emits are returned, for the caller to [`push`](Self::push) (in order).
+    /// it emits are returned, for the caller to [`push_status`](Self::push_status) (in order).
     pub fn apply(&self, input: Input) -> Result<Vec<Status>, Refusal> {
         let mut st = self.lock();
         if let Input::Started { pid } = input {

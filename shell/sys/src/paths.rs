@@ -120,6 +120,8 @@ pub const LOG_MAX_BYTES: usize = 10 * 1024 * 1024;
 pub const LOG_FILES_KEPT: usize = 3;
 
 /// Where the daemon or the runner logs (`paddock daemon` / `paddock runner`).
+// The fields' doc comments are `--help` text, for a terminal (`<data dir>` is not HTML).
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, Clone, clap::Args)]
 pub struct LogArgs {
     /// Write the log to this file instead of stderr, rotated by size (FILE.1 is the newest old

@@ -5,7 +5,7 @@
 //!
 //! - [`spawn`]: in a process group of its own (TERM / KILL go to the whole group), with
 //!   `PR_SET_PDEATHSIG(SIGKILL)` (it dies with the thread that forked it, so with its parent),
-//!   in a control group of its own where one can be made (born there: [`crate::born`]; moved
+//!   in a control group of its own where one can be made (born there: `born.rs`; moved
 //!   there before its exec where the kernel cannot), and with a containment tag
 //!   ([`crate::contain`]); [`Process::wait`] reports the exit only
 //!   after the tree the process leaves behind is killed.

@@ -4,7 +4,7 @@
 //! ([`crate::claude_stream`]) understands, and reads on stdin exactly the lines the
 //! daemon writes to a Claude Code process: one user message per line, and `control_response`
 //! answers to the `control_request` permission prompts the bridge sends. Both ways the lines
-//! are [`crate::stream_json`]'s types.
+//! are [`crate::stream_json`](mod@crate::stream_json)'s types.
 //!
 //! | bridge prints | daemon sees |
 //! |---|---|

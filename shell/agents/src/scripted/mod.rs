@@ -126,7 +126,7 @@
 //!
 //! `script.rs` reads this format (serde-derived), `agent.rs` turns a turn into actions one
 //! step at a time (a turn of N steps costs O(N) time and holds one step's lines; every line is
-//! a [`super::stream_json`] type), `tools.rs` runs `LS` and `Read`, and this file is the
+//! a [`super::stream_json`](mod@super::stream_json) type), `tools.rs` runs `LS` and `Read`, and this file is the
 //! process: stdin, stdout, sleeps, signals and exit codes.
 
 mod agent;

@@ -105,7 +105,7 @@ pub(super) fn recorded(data_dir: &Path, role: &str) -> Option<PathBuf> {
 }
 
 /// The group of one tree, opened: its directory (a child is cloned into it, see
-/// [`crate::born`]) and its `cgroup.procs` (where a child forked the other way writes itself
+/// `born.rs`) and its `cgroup.procs` (where a child forked the other way writes itself
 /// between fork and exec, [`enter`]).
 #[derive(Debug)]
 pub struct Group {
