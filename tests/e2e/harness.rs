@@ -310,6 +310,17 @@ impl Daemon {
         let _ = child.wait();
     }
 
+    /// Asks the daemon to shut down gracefully (Shutdown, not forced) and waits up to `limit`
+    /// for it to exit; its exit status.
+    pub async fn shut_down(&mut self, limit: Duration) -> ExitStatus {
+        self.client()
+            .await
+            .shutdown(pb::ShutdownRequest { force: false })
+            .await
+            .expect("shutdown");
+        self.wait_exit(limit).await
+    }
+
     /// Waits up to `limit` for the daemon to exit on its own; its exit status.
     pub async fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
         let deadline = Instant::now() + limit;

@@ -406,12 +406,7 @@ async fn an_open_execute_stream_does_not_keep_the_daemon_alive() {
     let mut d = Daemon::start().await;
     let mut s = d.execute_shell("echo started; exec sleep 30").await;
     assert!(next(&mut s).await.unwrap().is_ok());
-    d.client()
-        .await
-        .shutdown(pb::ShutdownRequest { force: false })
-        .await
-        .unwrap();
-    let st = d.wait_exit(Duration::from_secs(10)).await;
+    let st = d.shut_down(Duration::from_secs(10)).await;
     assert_eq!(st.code(), Some(0), "{st:?}: {}", d.stderr());
 }
 
@@ -435,12 +430,7 @@ async fn the_daemon_log_rotates_by_size_and_has_no_colour_codes() {
     }
     // Read once the daemon is gone: a rotation moves every old file up one (daemon.log.4 for a
     // moment) before it removes the oldest, and a debug log rotates at any line.
-    d.client()
-        .await
-        .shutdown(pb::ShutdownRequest { force: false })
-        .await
-        .unwrap();
-    let st = d.wait_exit(Duration::from_secs(10)).await;
+    let st = d.shut_down(Duration::from_secs(10)).await;
     assert_eq!(st.code(), Some(0), "{st:?}");
     let rotated = log.with_extension("log.1");
     assert!(

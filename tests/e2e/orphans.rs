@@ -237,12 +237,7 @@ async fn a_clean_exit_leaves_no_control_group_behind() {
             .all(|e| !e.file_type().unwrap().is_dir())
     })
     .await;
-    d.client()
-        .await
-        .shutdown(pb::ShutdownRequest { force: false })
-        .await
-        .expect("shutdown");
-    d.wait_exit(WAIT).await;
+    d.shut_down(WAIT).await;
     wait_for(
         "the runner's base group was removed at its clean exit",
         || !std::path::Path::new(&base).exists(),

@@ -86,12 +86,7 @@ async fn a_daemon_killed_mid_turn_takes_its_agents_back() {
     assert_eq!(kind(acts.last().unwrap()), "COMPLETION");
 
     // A clean shutdown stops the agents and the runner.
-    d.client()
-        .await
-        .shutdown(pb::ShutdownRequest { force: false })
-        .await
-        .unwrap();
-    let st = d.wait_exit(Duration::from_secs(15)).await;
+    let st = d.shut_down(Duration::from_secs(15)).await;
     assert_eq!(st.code(), Some(0));
     assert_agent_gone(busy.pid).await;
     assert_agent_gone(idle.pid).await;

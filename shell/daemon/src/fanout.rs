@@ -137,8 +137,9 @@ impl<K: Hash + Eq + Clone, T: Clone> Fanout<K, T> {
         }
     }
 
-    /// How many subscriptions are open (for tests and diagnostics).
-    pub fn subscribers(&self) -> usize {
+    /// How many subscriptions are open.
+    #[cfg(test)]
+    fn subscribers(&self) -> usize {
         lock(&self.subs).by_key.values().map(Vec::len).sum()
     }
 }

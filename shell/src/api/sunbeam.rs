@@ -1099,7 +1099,8 @@ impl Conn {
 
     /// The one place the session's activities become server messages.
     async fn on_activity(&mut self, ev: ActivityEvent) -> Flow {
-        if ev.session != self.id || ev.seq <= self.last_seq {
+        // Its own session's only (the hub's subscription is by session).
+        if ev.seq <= self.last_seq {
             return Flow::Go;
         }
         self.last_seq = ev.seq;
