@@ -28,11 +28,11 @@ use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status as GrpcStatus};
 
 use super::convert;
-use super::watch::Watcher;
+use super::watch::{self, Watcher};
 use crate::daemon::port::{
     Command, Handle, Query, Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER,
 };
-use crate::daemon::{hear, Heard};
+use crate::daemon::hear;
 use crate::transport::error_status as status;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
@@ -262,45 +262,24 @@ impl pb::task_service_server::TaskService for Tasks {
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         tokio::spawn(async move {
             let id = rec.id.clone();
-            let Some(mut last) = send_stored(&handle, &id, &tx, |o| Some(output_pb(o))).await
-            else {
+            let Some(last) = send_stored(&handle, &id, &tx, |o| Some(output_pb(o))).await else {
                 return;
             };
             if !r.follow || rec.status.is_terminal() {
                 return;
             }
             let w = Watcher::new(tx, handle);
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = w.gone() => return,
-                    heard = outputs.hear() => {
-                        let Some(o) = w.take(heard).await else { return };
-                        if o.seq > last {
-                            last = o.seq;
-                            if !w.send(output_pb(&o)).await {
-                                return;
-                            }
-                        }
-                    }
-                    // Only to end with the task: a status missed is no output missed.
-                    heard = hear(&mut statuses) => match heard {
-                        Heard::Event(ev) if ev.task == id && ev.status.is_terminal() => {
-                            while let Some(o) = outputs.try_recv() {
-                                if o.seq > last {
-                                    last = o.seq;
-                                    w.send(output_pb(&o)).await;
-                                }
-                            }
-                            return;
-                        }
-                        Heard::Event(_) | Heard::Behind(_) => {}
-                        Heard::Over => return,
-                    },
-                    // Last: events already queued are delivered before the stream ends.
-                    _ = w.daemon_done() => return,
-                }
-            }
+            let ended =
+                |ev: &paddock_core::task::TaskStatusEvent| ev.task == id && ev.status.is_terminal();
+            w.follow_until(
+                &mut outputs,
+                &mut statuses,
+                last,
+                |o| o.seq,
+                ended,
+                output_pb,
+            )
+            .await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -348,46 +327,28 @@ impl pb::task_service_server::TaskService for Tasks {
     }
 }
 
-/// Sends task `task`'s stored output, page by page, as `map` makes it (what it maps to `None` is
-/// skipped); the last output seq read, or `None` when the client went away or the read failed
-/// (the error was sent).
+/// Sends task `task`'s stored output, each line as `map` makes it: the last sequence number
+/// read, or `None` (the client went away, or was told the read failed).
 async fn send_stored<T>(
     handle: &crate::daemon::port::Handle,
     task: &str,
     tx: &mpsc::Sender<Result<T, GrpcStatus>>,
     map: impl Fn(&paddock_core::task::TaskOutput) -> Option<T>,
 ) -> Option<u64> {
-    let mut last = 0u64;
-    loop {
+    let page = |after| async move {
         let task = task.to_string();
-        let page = handle
+        handle
             .query(|reply| Query::TaskOutput {
                 task,
-                after: last,
+                after,
                 limit: OUTPUT_PAGE,
                 reply,
             })
-            .await;
-        let page = match page
+            .await
             .map_err(unavailable)
             .and_then(|r| r.map_err(store_failed))
-        {
-            Ok(page) => page,
-            Err(e) => {
-                let _ = tx.send(Err(e)).await;
-                return None;
-            }
-        };
-        if page.is_empty() {
-            return Some(last);
-        }
-        for o in &page {
-            last = o.seq;
-            if let Some(item) = map(o) {
-                tx.send(Ok(item)).await.ok()?;
-            }
-        }
-    }
+    };
+    watch::send_stored(tx, 0, page, |o| o.seq, map).await
 }
 
 /// ListTasks' answers when the request names no limit, and at most.

@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use super::convert;
 use super::extensions::Understood;
-use super::watch::Watcher;
+use super::watch::{self, Watcher};
 use crate::daemon::port::{
     Command, Handle, HistoryView, Query, Read, Request as Req, Scope, SessionView,
     TURN_STREAM_BUFFER, WATCH_BUFFER,
@@ -1150,80 +1150,38 @@ impl LocalDaemonService for Obey {
         let handle = self.handle.clone();
         // A negative after_seq asks for the newest -after_seq stored events (a dashboard's
         // "what is it doing now"), not the whole history.
-        let mut last = match r.after_seq {
+        let last = match r.after_seq {
             n if n < 0 => rec.last_activity_seq.saturating_sub(n.unsigned_abs()),
             n => n as u64,
         };
         tokio::spawn(async move {
             // Stored history first, in pages.
-            loop {
-                let session = id.clone();
-                let page = handle
-                    .query(|reply| Query::Activities {
-                        session,
-                        after: last,
-                        limit: WATCH_PAGE,
-                        reply,
-                    })
-                    .await;
-                let page = match read(page) {
-                    Ok(page) => page,
-                    Err(e) => {
-                        let _ = tx.send(Err(e)).await;
-                        return;
-                    }
-                };
-                if page.is_empty() {
-                    break;
+            let page = |after| {
+                let (handle, session) = (&handle, id.clone());
+                async move {
+                    read(
+                        handle
+                            .query(|reply| Query::Activities {
+                                session,
+                                after,
+                                limit: WATCH_PAGE,
+                                reply,
+                            })
+                            .await,
+                    )
                 }
-                for ev in &page {
-                    last = ev.seq;
-                    if tx
-                        .send(Ok(understood.activity(convert::activity_event(ev))))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            }
+            };
+            let pb =
+                |ev: &paddock_core::ActivityEvent| understood.activity(convert::activity_event(ev));
+            let stored = watch::send_stored(&tx, last, page, |ev| ev.seq, |ev| Some(pb(ev)));
+            let Some(last) = stored.await else { return };
             if rec.status.is_terminal() {
                 return;
             }
             let w = Watcher::new(tx, handle);
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = w.gone() => return,
-                    heard = acts.hear() => {
-                        let Some(ev) = w.take(heard).await else { return };
-                        if ev.seq > last {
-                            last = ev.seq;
-                            if !w.send(understood.activity(convert::activity_event(&ev))).await {
-                                return;
-                            }
-                        }
-                    }
-                    // Only to end with the session: a status missed is no activity missed.
-                    heard = hear(&mut stat) => match heard {
-                        Heard::Event(ev) if ev.session == id && ev.new.is_terminal() => {
-                            // Everything of the session was delivered before its terminal
-                            // status; take what is still queued, then end.
-                            while let Some(a) = acts.try_recv() {
-                                if a.seq > last {
-                                    last = a.seq;
-                                    w.send(understood.activity(convert::activity_event(&a))).await;
-                                }
-                            }
-                            return;
-                        }
-                        Heard::Event(_) | Heard::Behind(_) => {}
-                        Heard::Over => return,
-                    },
-                    // Last: events already queued are delivered before the stream ends.
-                    _ = w.daemon_done() => return,
-                }
-            }
+            let ended = |ev: &paddock_core::StatusEvent| ev.session == id && ev.new.is_terminal();
+            w.follow_until(&mut acts, &mut stat, last, |ev| ev.seq, ended, pb)
+                .await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

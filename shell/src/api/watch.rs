@@ -13,6 +13,7 @@ use std::future::Future;
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Code, Status};
 
+use crate::daemon::fanout::Subscription;
 use crate::daemon::{hear, Handle, Heard};
 
 /// The ErrorInfo reason of a watcher that fell behind.
@@ -87,6 +88,93 @@ impl<M> Watcher<M> {
     pub fn daemon_done(&self) -> impl Future<Output = ()> + '_ {
         self.handle.closed()
     }
+
+    /// Follows one owner's items (a session's activities, a task's output) after `last`, the
+    /// sequence number the store's read ended at (`items` was subscribed before that read, so
+    /// nothing falls between; what the read already gave is skipped by its number), until the
+    /// owner ends: `ended` picks its terminal status from `statuses`. Everything of an owner is
+    /// published before its terminal status, so what is still queued then is sent, and the
+    /// stream ends. A status missed is no item missed: statuses behind are passed over. The
+    /// client, the lag rule or the daemon's end end it sooner.
+    pub async fn follow_until<K, T, S>(
+        &self,
+        items: &mut Subscription<K, T>,
+        statuses: &mut broadcast::Receiver<S>,
+        mut last: u64,
+        seq: impl Fn(&T) -> u64,
+        ended: impl Fn(&S) -> bool,
+        pb: impl Fn(&T) -> M,
+    ) where
+        K: std::hash::Hash + Eq,
+        S: Clone,
+    {
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.gone() => return,
+                heard = items.hear() => {
+                    let Some(item) = self.take(heard).await else { return };
+                    if seq(&item) > last {
+                        last = seq(&item);
+                        if !self.send(pb(&item)).await {
+                            return;
+                        }
+                    }
+                }
+                heard = hear(statuses) => match heard {
+                    Heard::Event(status) if ended(&status) => {
+                        while let Some(item) = items.try_recv() {
+                            if seq(&item) > last {
+                                last = seq(&item);
+                                if !self.send(pb(&item)).await {
+                                    return;
+                                }
+                            }
+                        }
+                        return;
+                    }
+                    Heard::Event(_) | Heard::Behind(_) => {}
+                    Heard::Over => return,
+                },
+                // Last: events already queued are delivered before the stream ends.
+                _ = self.daemon_done() => return,
+            }
+        }
+    }
+}
+
+/// Sends what is stored after `last`, a page at a time (`page(after)` reads the next one; an
+/// empty page is the end), each item as `pb` makes it (`None`: not one for this stream). The
+/// sequence number the store's read ended at, or `None`: the client went away, or the read
+/// failed and the client was told why.
+pub async fn send_stored<T, M, F>(
+    tx: &mpsc::Sender<Result<M, Status>>,
+    mut last: u64,
+    mut page: impl FnMut(u64) -> F,
+    seq: impl Fn(&T) -> u64,
+    pb: impl Fn(&T) -> Option<M>,
+) -> Option<u64>
+where
+    F: Future<Output = Result<Vec<T>, Status>>,
+{
+    loop {
+        let items = match page(last).await {
+            Ok(items) => items,
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return None;
+            }
+        };
+        if items.is_empty() {
+            return Some(last);
+        }
+        for item in &items {
+            last = seq(item);
+            if let Some(message) = pb(item) {
+                tx.send(Ok(message)).await.ok()?;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -143,5 +231,32 @@ mod tests {
         drop(rx2);
         events.send(8).unwrap();
         assert_eq!(w.next(&mut sub).await, None);
+    }
+
+    #[tokio::test]
+    async fn following_skips_what_the_store_gave_and_ends_with_its_owner() {
+        let (handle, _done) = handle();
+        let items = crate::daemon::fanout::Fanout::<u32, u64>::new(8);
+        let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(8);
+        let mut sub = items.subscribe(&1);
+        for seq in 1..=4 {
+            items.publish(&1, seq);
+        }
+        items.publish(&2, 9);
+        // Another owner's end and this one's progress are passed over; its end ends the stream.
+        statuses.send((2, true)).unwrap();
+        statuses.send((1, false)).unwrap();
+        statuses.send((1, true)).unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let w = Watcher::<u64>::new(tx, handle);
+        let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
+        w.follow_until(&mut sub, &mut stat, 2, |n| *n, ended, |n| n * 10)
+            .await;
+        drop(w);
+        let mut got = Vec::new();
+        while let Some(m) = rx.recv().await {
+            got.push(m.unwrap());
+        }
+        assert_eq!(got, [30, 40], "after the stored 2, this owner's only");
     }
 }
