@@ -482,7 +482,8 @@ impl RunMachine {
                 let msg = if self.stopped { msg } else { with_detail(msg) };
                 Status {
                     kind: StatusKind::Failed,
-                    exit_code: crate::process::exit_code(code, signal).unwrap_or(-1),
+                    exit_code: crate::process::exit_code(code, signal)
+                        .expect("a signal's exit has a code"),
                     message: msg,
                 }
             }
@@ -553,6 +554,24 @@ mod tests {
     }
 
     #[test]
+    fn output_is_counted_by_event_and_byte() {
+        let mut m = running(5);
+        for bytes in [3, 4, 5] {
+            m.handle(Input::Output { bytes }).unwrap();
+        }
+        assert_eq!((m.output_events(), m.output_bytes()), (3, 12));
+    }
+
+    #[test]
+    fn an_exit_with_neither_code_nor_signal_is_a_failure_with_code_minus_one() {
+        let mut m = running(5);
+        let fx = m.handle(exited(None, None)).unwrap();
+        let s = emitted(&fx);
+        assert_eq!((s.kind, s.exit_code), (StatusKind::Failed, -1));
+        assert!(!m.is_stopping(), "no stop was asked for");
+    }
+
+    #[test]
     fn a_failed_spawn_is_a_failed_status_and_the_end() {
         let mut m = RunMachine::new();
         let fx = m
@@ -576,6 +595,7 @@ mod tests {
     #[test]
     fn stop_terms_then_kills_after_the_grace_period() {
         let mut m = running(7);
+        assert!(!m.is_stopping());
         let fx = m
             .handle(Input::Stop {
                 now: Instant::from_millis(1_000),
@@ -584,6 +604,7 @@ mod tests {
             .unwrap();
         assert_eq!(fx, vec![Effect::Signal(Signal::Term)]);
         assert_eq!(m.phase(), Phase::Terminating);
+        assert!(m.is_stopping());
         assert_eq!(
             m.poll_timeout(),
             Some((Instant::from_millis(11_000), "TERM to KILL escalation"))

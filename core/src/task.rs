@@ -915,12 +915,15 @@ mod tests {
             );
         }
         fn launch(&mut self, id: &str) -> Vec<Effect> {
+            self.launch_with(id, spec())
+        }
+        fn launch_with(&mut self, id: &str, spec: TaskSpec) -> Vec<Effect> {
             self.at(
                 0,
                 TaskInput::Launch {
                     req: 1,
                     id: id.into(),
-                    spec: spec(),
+                    spec,
                 },
             )
         }
@@ -1106,6 +1109,87 @@ mod tests {
         t.exited(6_002, "a", None, Some(9));
         assert_eq!(t.status("a"), TaskStatus::Timeout);
         assert!(t.0.poll_timeout().is_none());
+    }
+
+    #[test]
+    fn the_earliest_deadline_of_all_tasks_is_the_one_polled() {
+        let mut t = T::new();
+        let timeout = |ms| TaskSpec {
+            timeout_ms: ms,
+            ..spec()
+        };
+        t.launch_with("a", timeout(9_000));
+        t.launch_with("b", timeout(2_000));
+        t.started(1, "a", 5);
+        t.started(1, "b", 6);
+        let due = |ms, id: &str| {
+            let timer = Deadline::Task(id.into(), TaskTimer::Timeout);
+            Some((Instant::from_millis(ms), timer))
+        };
+        assert_eq!(t.0.poll_timeout(), due(2_001, "b"));
+        // A tie goes to the first by id.
+        t.exited(2, "a", Some(0), None);
+        t.exited(2, "b", Some(0), None);
+        t.launch_with("d", timeout(2_000));
+        t.launch_with("c", timeout(2_000));
+        t.started(3, "d", 7);
+        t.started(3, "c", 8);
+        assert_eq!(t.0.poll_timeout(), due(2_003, "c"));
+    }
+
+    #[test]
+    fn a_task_without_a_timeout_runs_until_it_ends() {
+        let mut t = T::new();
+        t.launch_with(
+            "a",
+            TaskSpec {
+                timeout_ms: 0,
+                ..spec()
+            },
+        );
+        t.started(1, "a", 5);
+        assert_eq!(t.0.poll_timeout(), None);
+        let fx = t.0.handle(now(86_400_000), Input::Tick);
+        assert!(!fx.contains(&signal("a", 5, Signal::Term)), "{fx:?}");
+        assert_eq!(t.status("a"), TaskStatus::Running);
+    }
+
+    #[test]
+    fn a_timeout_due_after_a_cancel_changes_nothing() {
+        let mut t = T::new();
+        t.launch("a");
+        // Cancelled while its spawn is under way: TERMed as it starts, its timeout set then.
+        t.at(
+            0,
+            TaskInput::Cancel {
+                req: 9,
+                id: "a".into(),
+            },
+        );
+        let fx = t.started(2, "a", 5);
+        assert!(fx.contains(&signal("a", 5, Signal::Term)));
+        // The process ignores TERM: its KILL (due at 1,002) and its timeout (5,002) come due.
+        let fx = t.0.handle(now(5_002), Input::Tick);
+        assert_eq!(fx, [signal("a", 5, Signal::Kill)], "the KILL only");
+        t.exited(5_002, "a", None, Some(9));
+        assert_eq!(
+            t.status("a"),
+            TaskStatus::Cancelled,
+            "cancelled, not timed out"
+        );
+    }
+
+    #[test]
+    fn a_command_whose_program_is_empty_is_refused() {
+        for command in [vec![], vec![String::new(), "hi".into()]] {
+            let mut t = T::new();
+            let fx = t.launch_with("a", TaskSpec { command, ..spec() });
+            assert!(
+                fx.iter().any(|e| matches!(e, Effect::ReplyTask { result: Err(e), .. } if e.message.contains("the command is empty"))),
+                "{fx:?}"
+            );
+            assert!(!fx.iter().any(|e| matches!(e, Effect::SpawnTask { .. })));
+        }
     }
 
     #[test]
