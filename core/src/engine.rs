@@ -968,7 +968,7 @@ fn discard_if_refused(sessions: &mut BTreeMap<SessionId, Session>, id: &SessionI
     out.rest.push(Effect::Forget(Box::new(s.record)));
 }
 
-fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionRecord {
+pub(crate) fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionRecord {
     SessionRecord {
         id,
         status: Status::Created,
@@ -997,5 +997,24 @@ fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) -> SessionR
         disconnected: false,
         closed_by_client: false,
         config,
+    }
+}
+
+/// Each checker fires on the drift it guards against.
+#[cfg(test)]
+mod checks {
+    use super::*;
+
+    #[test]
+    fn an_engine_as_made_keeps_its_index() {
+        Engine::new(Limits::default()).check_index();
+    }
+
+    #[test]
+    #[should_panic(expected = "the live set drifted")]
+    fn a_live_set_that_drifted_is_caught() {
+        let mut e = Engine::new(Limits::default());
+        e.live.insert(SessionId("sess_ghost".into()));
+        e.check_index();
     }
 }

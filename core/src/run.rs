@@ -554,6 +554,18 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "a run never goes back")]
+    fn the_checker_catches_a_run_going_back() {
+        running(5).check(Phase::Exited, &[]);
+    }
+
+    #[test]
+    #[should_panic(expected = "a status is emitted exactly when the run starts or ends")]
+    fn the_checker_catches_a_start_without_its_status() {
+        running(5).check(Phase::Starting, &[]);
+    }
+
+    #[test]
     fn output_is_counted_by_event_and_byte() {
         let mut m = running(5);
         for bytes in [3, 4, 5] {

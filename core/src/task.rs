@@ -1193,6 +1193,27 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "has no live process")]
+    fn the_checker_catches_a_finished_task_with_a_live_process() {
+        let mut tasks = Tasks::new(limits().tasks);
+        let mut out = crate::session::machine::Out::default();
+        let launch = TaskInput::Launch {
+            req: 1,
+            id: "a".into(),
+            spec: spec(),
+        };
+        tasks.handle(now(0), launch, &mut out);
+        let started = TaskInput::Started {
+            id: "a".into(),
+            pid: 5,
+        };
+        tasks.handle(now(1), started, &mut out);
+        tasks.assert_invariants();
+        tasks.tasks.get_mut("a").unwrap().record.status = TaskStatus::Completed;
+        tasks.assert_invariants();
+    }
+
+    #[test]
     fn cancel_once_then_not_again() {
         let mut t = T::new();
         t.launch("a");

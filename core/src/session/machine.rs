@@ -1828,3 +1828,124 @@ fn refusal(code: ErrorCode, status: Status, kind: InputKind, rec: &SessionRecord
     }
     Error::new(code, msg)
 }
+
+/// Each checker fires on the drift it guards against: the other half of a pair is no check
+/// that can never fail.
+#[cfg(test)]
+mod checks {
+    use super::*;
+    use crate::model::{Provider, SessionConfig, SessionId};
+    use crate::time::Timestamp;
+
+    fn id() -> SessionId {
+        SessionId("sess_1".into())
+    }
+
+    fn session(status: Status) -> Session {
+        let now = Now::new(Instant::from_millis(0), Timestamp::from_millis(0));
+        let config = SessionConfig::new("camp_1", Provider::Scripted, "/tmp");
+        let mut s = Session::from_record(crate::engine::new_record(id(), config, now));
+        s.record.status = status;
+        s
+    }
+
+    fn status(seq: u64) -> StatusEvent {
+        StatusEvent {
+            session: id(),
+            seq,
+            previous: None,
+            new: Status::Created,
+            message: String::new(),
+            at: Timestamp::from_millis(0),
+        }
+    }
+
+    fn activity(seq: u64) -> ActivityEvent {
+        ActivityEvent {
+            session: id(),
+            seq,
+            turn: None,
+            ends_turn: false,
+            activity: Activity::new(ActivityKind::Thinking, "hm"),
+            at: Timestamp::from_millis(0),
+        }
+    }
+
+    #[test]
+    fn the_drain_rule_holds_for_a_step_that_keeps_it() {
+        check_drain(&[
+            Effect::Persist(Record::Status(status(1))),
+            Effect::Persist(Record::Activity(activity(1))),
+            Effect::Persist(Record::Activity(activity(2))),
+            Effect::EmitStatus(status(1)),
+            Effect::EmitActivity(activity(2)),
+        ]);
+    }
+
+    #[test]
+    #[should_panic(expected = "persists come first")]
+    fn a_persist_after_an_emit_breaks_the_drain_rule() {
+        check_drain(&[
+            Effect::EmitStatus(status(1)),
+            Effect::Persist(Record::Status(status(1))),
+        ]);
+    }
+
+    #[test]
+    #[should_panic(expected = "strictly increase")]
+    fn sequence_numbers_going_back_break_the_sequence_rule() {
+        check_drain(&[
+            Effect::Persist(Record::Activity(activity(2))),
+            Effect::Persist(Record::Activity(activity(2))),
+        ]);
+    }
+
+    #[test]
+    #[should_panic(expected = "without being persisted first")]
+    fn a_status_emitted_unpersisted_is_caught() {
+        check_drain(&[
+            Effect::Persist(Record::Activity(activity(1))),
+            Effect::EmitStatus(status(1)),
+        ]);
+    }
+
+    #[test]
+    #[should_panic(expected = "without being persisted first")]
+    fn an_activity_emitted_unpersisted_is_caught() {
+        check_drain(&[
+            Effect::Persist(Record::Status(status(1))),
+            Effect::EmitActivity(activity(1)),
+        ]);
+    }
+
+    fn with_cx(f: impl FnOnce(&mut Ctx)) {
+        let lim = Limits::default();
+        let mut next_run = 1;
+        let mut trace = None;
+        let mut cx = Ctx {
+            now: Now::new(Instant::from_millis(0), Timestamp::from_millis(0)),
+            lim: &lim,
+            next_run: &mut next_run,
+            trace: &mut trace,
+            out: Out::default(),
+        };
+        f(&mut cx)
+    }
+
+    #[test]
+    fn a_session_as_created_keeps_its_invariants() {
+        with_cx(|cx| session(Status::Created).assert_invariants(cx));
+    }
+
+    #[test]
+    #[should_panic(expected = "WAITING if and only if a request is open")]
+    fn waiting_without_an_open_request_is_caught() {
+        with_cx(|cx| session(Status::Waiting).assert_invariants(cx));
+    }
+
+    #[test]
+    #[should_panic(expected = "effect for run 3")]
+    fn an_effect_for_a_run_that_is_not_the_sessions_is_caught() {
+        session(Status::Running).assert_current(3);
+    }
+}
