@@ -353,16 +353,7 @@ async fn a_pending_request_survives_a_daemon_kill_and_its_answer_reaches_the_age
     assert_eq!(info.pid, s.pid);
     let again = wait_pending(&d, &s.id).await;
     assert_eq!(again.id, a.id);
-    let mut watch = d
-        .client()
-        .await
-        .watch_activity(pb::WatchActivityRequest {
-            session_id: s.id.clone(),
-            after_seq: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch = d.watch_activity(&s.id, 0).await;
     resolve(&d, &a.id, pb::ApprovalDecision::Approve, "")
         .await
         .unwrap();

@@ -484,6 +484,23 @@ impl Daemon {
         collect_ok(stream).await
     }
 
+    /// WatchActivity of session `id`: its activities after sequence number `after`, then live.
+    pub async fn watch_activity(
+        &self,
+        id: &str,
+        after: i64,
+    ) -> tonic::Streaming<pb::SessionActivityEvent> {
+        self.client()
+            .await
+            .watch_activity(pb::WatchActivityRequest {
+                session_id: id.into(),
+                after_seq: after,
+            })
+            .await
+            .expect("watch activity")
+            .into_inner()
+    }
+
     pub async fn stop(&self, id: &str, graceful: bool) -> Result<pb::SessionInfo, tonic::Status> {
         within(self.client().await.stop_session(pb::StopSessionRequest {
             session_id: id.into(),

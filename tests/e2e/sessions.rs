@@ -203,16 +203,7 @@ async fn create_with_initial_message_starts_working_and_stores_the_turn() {
     assert_eq!(s.festival_id, "fest-1");
     assert_eq!(s.task_id, "task-9");
 
-    let mut w = d
-        .client()
-        .await
-        .watch_activity(pb::WatchActivityRequest {
-            session_id: s.id.clone(),
-            after_seq: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut w = d.watch_activity(&s.id, 0).await;
     let acts = collect_until(&mut w, |a| kind(a) == "COMPLETION").await;
     assert_eq!(
         kinds(&acts),
@@ -1059,16 +1050,7 @@ async fn a_provider_crash_mid_turn_fails_with_2031_and_its_stderr() {
         json!({"activities": r.activities(&acts), "statuses": r.statuses(&evs)})
     );
     // Its history can still be read and watched (the watch ends at once, after it).
-    let w = d
-        .client()
-        .await
-        .watch_activity(pb::WatchActivityRequest {
-            session_id: s.id.clone(),
-            after_seq: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let w = d.watch_activity(&s.id, 0).await;
     assert_eq!(r.activities(&collect_ok(w).await), r.activities(&acts));
 }
 
@@ -1116,16 +1098,7 @@ async fn activities_can_be_listed_in_pages_and_watched_from_history_to_the_end()
     assert_eq!(page.iter().map(|a| a.seq).collect::<Vec<_>>(), [3, 4]);
     assert!(list_activities(&d, &s.id, 5, 0).await.is_empty());
     // History after seq 3, then live, then the end at the terminal status.
-    let mut w = d
-        .client()
-        .await
-        .watch_activity(pb::WatchActivityRequest {
-            session_id: s.id.clone(),
-            after_seq: 3,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut w = d.watch_activity(&s.id, 3).await;
     let hist = collect_until(&mut w, |a| a.seq == 5).await;
     assert_eq!(hist.iter().map(|a| a.seq).collect::<Vec<_>>(), [4, 5]);
     let second = d.send(&s.id, "two").await;
@@ -1309,4 +1282,32 @@ async fn graceful_stop_closes_input(args: &[&str]) {
     let s = stand_in(&mut d, agent(&forced, reads_input)).await;
     d.stop(&s.id, false).await.expect("stop");
     assert_eq!(std::fs::read_to_string(&forced).unwrap(), "TERM\n");
+}
+
+/// A WatchActivity client that reads more slowly than its session writes is never dropped:
+/// once more is waiting for it than the hub queues, it reads on from the store, and gets
+/// every activity once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_activity_watcher_reads_on_from_the_store() {
+    let mut d = Daemon::start().await;
+    let mut steps: Vec<serde_json::Value> = (0..5_000)
+        .map(|i| json!({"thinking": format!("step {i}: {}", "x".repeat(1_000))}))
+        .collect();
+    steps.push(json!({"result": "done"}));
+    let s = d.session(Some(("many", turns(json!(steps))))).await;
+    let mut w = d.watch_activity(&s.id, 0).await;
+    // Not read while three turns run: 15,000 activities of 1 KB are more than the hub queues
+    // for it (4,096), its stream's buffer (4,096) and the connection's window hold.
+    let mut acts = Vec::new();
+    for message in ["one", "two", "three"] {
+        acts.extend(d.send(&s.id, message).await);
+    }
+    assert!(acts.len() > 15_000, "{}", acts.len());
+    let mut watched = Vec::new();
+    while watched.len() < acts.len() {
+        let ev = within(w.message()).await.expect("not dropped").unwrap();
+        watched.push(ev.seq);
+    }
+    let sent: Vec<i64> = acts.iter().map(|a| a.seq).collect();
+    assert_eq!(watched, sent, "every activity once, in order");
 }

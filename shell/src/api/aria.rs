@@ -268,13 +268,15 @@ impl pb::task_service_server::TaskService for Tasks {
             if !r.follow || rec.status.is_terminal() {
                 return;
             }
-            let w = Watcher::new(tx, handle);
+            let w = Watcher::new(tx, handle.clone());
             let ended =
                 |ev: &paddock_core::task::TaskStatusEvent| ev.task == id && ev.status.is_terminal();
+            let page = |after| output_page(&handle, id.clone(), after);
             w.follow_until(
                 &mut outputs,
                 &mut statuses,
                 last,
+                page,
                 |o| o.seq,
                 ended,
                 output_pb,
@@ -327,6 +329,24 @@ impl pb::task_service_server::TaskService for Tasks {
     }
 }
 
+/// A page of task `task`'s stored output after sequence number `after`.
+async fn output_page(
+    handle: &crate::daemon::port::Handle,
+    task: String,
+    after: u64,
+) -> Result<Vec<paddock_core::task::TaskOutput>, GrpcStatus> {
+    handle
+        .query(|reply| Query::TaskOutput {
+            task,
+            after,
+            limit: OUTPUT_PAGE,
+            reply,
+        })
+        .await
+        .map_err(unavailable)
+        .and_then(|r| r.map_err(store_failed))
+}
+
 /// Sends task `task`'s stored output, each line as `map` makes it: the last sequence number
 /// read, or `None` (the client went away, or was told the read failed).
 async fn send_stored<T>(
@@ -335,19 +355,7 @@ async fn send_stored<T>(
     tx: &mpsc::Sender<Result<T, GrpcStatus>>,
     map: impl Fn(&paddock_core::task::TaskOutput) -> Option<T>,
 ) -> Option<u64> {
-    let page = |after| async move {
-        let task = task.to_string();
-        handle
-            .query(|reply| Query::TaskOutput {
-                task,
-                after,
-                limit: OUTPUT_PAGE,
-                reply,
-            })
-            .await
-            .map_err(unavailable)
-            .and_then(|r| r.map_err(store_failed))
-    };
+    let page = |after| output_page(handle, task.to_string(), after);
     watch::send_stored(tx, 0, page, |o| o.seq, map).await
 }
 

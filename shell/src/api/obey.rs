@@ -1156,7 +1156,7 @@ impl LocalDaemonService for Obey {
         };
         tokio::spawn(async move {
             // Stored history first, in pages.
-            let page = |after| {
+            let mut page = |after| {
                 let (handle, session) = (&handle, id.clone());
                 async move {
                     read(
@@ -1173,14 +1173,14 @@ impl LocalDaemonService for Obey {
             };
             let pb =
                 |ev: &paddock_core::ActivityEvent| understood.activity(convert::activity_event(ev));
-            let stored = watch::send_stored(&tx, last, page, |ev| ev.seq, |ev| Some(pb(ev)));
+            let stored = watch::send_stored(&tx, last, &mut page, |ev| ev.seq, |ev| Some(pb(ev)));
             let Some(last) = stored.await else { return };
             if rec.status.is_terminal() {
                 return;
             }
-            let w = Watcher::new(tx, handle);
+            let w = Watcher::new(tx, handle.clone());
             let ended = |ev: &paddock_core::StatusEvent| ev.session == id && ev.new.is_terminal();
-            w.follow_until(&mut acts, &mut stat, last, |ev| ev.seq, ended, pb)
+            w.follow_until(&mut acts, &mut stat, last, page, |ev| ev.seq, ended, pb)
                 .await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

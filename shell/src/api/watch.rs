@@ -1,12 +1,13 @@
 //! Watchers: a client's stream fed from the hub, for every protocol.
 //!
 //! The one lag rule: a subscriber that falls behind the hub never loses anything silently.
-//! A watcher (obey's WatchSession/WatchAllSessions/WatchActivity/WatchApprovals, Aria's
-//! StreamNotifications and task and container output) is told, with `RESOURCE_EXHAUSTED` and
-//! the ErrorInfo reason `LAGGED` ([`lagged`]), and dropped: what it missed is stored (a
-//! session's activities and statuses, a task's output, the requests), for its client to read
-//! before it subscribes again. A stream that can read on from the store itself (a SendMessage
-//! turn, an Execute, a sunbeam session) does that instead, at its client's pace.
+//! A stream of one owner's stored items reads on from the store, at its client's pace
+//! ([`Watcher::follow_until`]: obey's WatchActivity, Aria's StreamTaskOutput; a SendMessage
+//! turn, an Execute and a sunbeam session do the same their own way). A watcher of everything
+//! (obey's WatchSession/WatchAllSessions/WatchApprovals, Aria's StreamNotifications and a
+//! container's log) is told, with `RESOURCE_EXHAUSTED` and the ErrorInfo reason `LAGGED`
+//! ([`lagged`]), and dropped: what it missed is stored (statuses, requests, a task's output),
+//! for its client to read before it subscribes again.
 
 use std::future::Future;
 
@@ -92,52 +93,62 @@ impl<M> Watcher<M> {
     /// Follows one owner's items (a session's activities, a task's output) after `last`, the
     /// sequence number the store's read ended at (`items` was subscribed before that read, so
     /// nothing falls between; what the read already gave is skipped by its number), until the
-    /// owner ends: `ended` picks its terminal status from `statuses`. Everything of an owner is
-    /// published before its terminal status, so what is still queued then is sent, and the
-    /// stream ends. A status missed is no item missed: statuses behind are passed over. The
-    /// client, the lag rule or the daemon's end end it sooner.
-    pub async fn follow_until<K, T, S>(
+    /// owner ends: `ended` picks its terminal status from `statuses`. `stored` reads a page of
+    /// the owner's items after a sequence number, as for [`send_stored`].
+    ///
+    /// Such a stream never falls behind for good: everything of an owner is stored before it
+    /// is published, so a subscription that fell behind reads on from the store, and the
+    /// owner's end (told after all of its items were stored) is followed by what the store
+    /// has after `last`. A status missed is no item missed: statuses behind are passed over.
+    /// The client or the daemon's end end it sooner.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn follow_until<K, T, S, F>(
         &self,
         items: &mut Subscription<K, T>,
         statuses: &mut broadcast::Receiver<S>,
         mut last: u64,
+        mut stored: impl FnMut(u64) -> F,
         seq: impl Fn(&T) -> u64,
         ended: impl Fn(&S) -> bool,
         pb: impl Fn(&T) -> M,
     ) where
         K: std::hash::Hash + Eq,
         S: Clone,
+        F: Future<Output = Result<Vec<T>, Status>>,
     {
         loop {
-            tokio::select! {
+            let read_on = tokio::select! {
                 biased;
                 _ = self.gone() => return,
-                heard = items.hear() => {
-                    let Some(item) = self.take(heard).await else { return };
-                    if seq(&item) > last {
-                        last = seq(&item);
-                        if !self.send(pb(&item)).await {
-                            return;
-                        }
-                    }
-                }
-                heard = hear(statuses) => match heard {
-                    Heard::Event(status) if ended(&status) => {
-                        while let Some(item) = items.try_recv() {
-                            if seq(&item) > last {
-                                last = seq(&item);
-                                if !self.send(pb(&item)).await {
-                                    return;
-                                }
+                heard = items.hear() => match heard {
+                    Heard::Event(item) => {
+                        if seq(&item) > last {
+                            last = seq(&item);
+                            if !self.send(pb(&item)).await {
+                                return;
                             }
                         }
+                        false
+                    }
+                    Heard::Behind(_) => true,
+                    Heard::Over => return,
+                },
+                heard = hear(statuses) => match heard {
+                    Heard::Event(status) if ended(&status) => {
+                        send_stored(&self.tx, last, &mut stored, &seq, |i| Some(pb(i))).await;
                         return;
                     }
-                    Heard::Event(_) | Heard::Behind(_) => {}
+                    Heard::Event(_) | Heard::Behind(_) => false,
                     Heard::Over => return,
                 },
                 // Last: events already queued are delivered before the stream ends.
                 _ = self.daemon_done() => return,
+            };
+            if read_on {
+                match send_stored(&self.tx, last, &mut stored, &seq, |i| Some(pb(i))).await {
+                    Some(read) => last = read,
+                    None => return,
+                }
             }
         }
     }
@@ -233,6 +244,19 @@ mod tests {
         assert_eq!(w.next(&mut sub).await, None);
     }
 
+    /// A store of items 1..=n read in pages of two, as [`send_stored`] reads one.
+    fn store(n: u64) -> impl FnMut(u64) -> std::future::Ready<Result<Vec<u64>, Status>> {
+        move |after| std::future::ready(Ok((after + 1..=n).take(2).collect()))
+    }
+
+    async fn received(rx: &mut mpsc::Receiver<Result<u64, Status>>) -> Vec<u64> {
+        let mut got = Vec::new();
+        while let Some(m) = rx.recv().await {
+            got.push(m.unwrap());
+        }
+        got
+    }
+
     #[tokio::test]
     async fn following_skips_what_the_store_gave_and_ends_with_its_owner() {
         let (handle, _done) = handle();
@@ -243,20 +267,42 @@ mod tests {
             items.publish(&1, seq);
         }
         items.publish(&2, 9);
-        // Another owner's end and this one's progress are passed over; its end ends the stream.
+        // Another owner's end and this one's progress are passed over; its end ends the
+        // stream, after what the store has beyond what was heard (5: stored, not yet heard).
         statuses.send((2, true)).unwrap();
         statuses.send((1, false)).unwrap();
         statuses.send((1, true)).unwrap();
         let (tx, mut rx) = mpsc::channel(8);
         let w = Watcher::<u64>::new(tx, handle);
         let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
-        w.follow_until(&mut sub, &mut stat, 2, |n| *n, ended, |n| n * 10)
+        w.follow_until(&mut sub, &mut stat, 2, store(5), |n| *n, ended, |n| n * 10)
             .await;
         drop(w);
-        let mut got = Vec::new();
-        while let Some(m) = rx.recv().await {
-            got.push(m.unwrap());
+        let got = received(&mut rx).await;
+        assert_eq!(got, [30, 40, 50], "after the stored 2, this owner's only");
+    }
+
+    #[tokio::test]
+    async fn a_follower_that_fell_behind_reads_on_from_the_store() {
+        let (handle, _done) = handle();
+        let items = crate::daemon::fanout::Fanout::<u32, u64>::new(2);
+        let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(8);
+        let mut sub = items.subscribe(&1);
+        for seq in 1..=7 {
+            items.publish(&1, seq);
         }
-        assert_eq!(got, [30, 40], "after the stored 2, this owner's only");
+        statuses.send((1, true)).unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let w = Watcher::<u64>::new(tx, handle);
+        let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
+        w.follow_until(&mut sub, &mut stat, 0, store(7), |n| *n, ended, |n| *n)
+            .await;
+        drop(w);
+        let got = received(&mut rx).await;
+        assert_eq!(
+            got,
+            (1..=7).collect::<Vec<_>>(),
+            "each once, in order, none lost"
+        );
     }
 }
