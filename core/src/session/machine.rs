@@ -1932,6 +1932,80 @@ mod checks {
         f(&mut cx)
     }
 
+    fn open_request() -> Approval {
+        Approval {
+            id: "ap_1".into(),
+            session: id(),
+            run: 1,
+            key: "k".into(),
+            kind: AskKind::Permission,
+            tool: "Bash".into(),
+            input: "{}".into(),
+            summary: "Bash".into(),
+            turn: None,
+            created_at: Timestamp::from_millis(0),
+            expires_at: Timestamp::from_millis(1),
+            state: ApprovalState::Pending,
+            answer: String::new(),
+            is_error: false,
+            allowed: false,
+            resolved_by: String::new(),
+            resolved_at: None,
+        }
+    }
+
+    /// The earliest deadline is the one reported; a tie goes to the first of start-up,
+    /// session timeout, stop grace, KILL and request expiry (the start-up's reason, say, not
+    /// the timeout's, when both run out at once).
+    #[test]
+    fn the_earliest_deadline_wins_and_a_tie_goes_to_the_first_kind() {
+        let at = Instant::from_millis;
+        let mut s = session(Status::Starting);
+        s.timeout_deadline = Some(at(5));
+        s.startup_deadline = Some(at(9));
+        assert_eq!(s.next_deadline(), Some((at(5), Timer::SessionTimeout)));
+        s.startup_deadline = Some(at(5));
+        assert_eq!(s.next_deadline(), Some((at(5), Timer::Startup)));
+        s.startup_deadline = None;
+        s.expiry.insert("ap_1".into(), at(5));
+        assert_eq!(s.next_deadline(), Some((at(5), Timer::SessionTimeout)));
+        s.timeout_deadline = None;
+        assert_eq!(s.next_deadline(), Some((at(5), Timer::ApprovalExpiry)));
+    }
+
+    /// Settled: its record is (ended, no process, no run) and nothing else is under way. Each
+    /// thing under way alone keeps an ended session from being let go.
+    #[test]
+    fn an_ended_session_is_settled_only_with_nothing_under_way() {
+        assert!(session(Status::Stopped).is_settled());
+        assert!(!session(Status::Running).is_settled());
+        let under_way: [fn(&mut Session); 6] = [
+            |s| s.restart_pending = true,
+            |s| s.turn = Some(1),
+            |s| {
+                s.stop = Some(StopPlan {
+                    grace_deadline: None,
+                    timed_out: false,
+                    replies: Vec::new(),
+                    then: AfterStop::Stopped,
+                })
+            },
+            |s| s.start_replies.push(7),
+            |s| {
+                s.run = Run::Live {
+                    run: 1,
+                    life: Life::Starting,
+                }
+            },
+            |s| s.pending.push(open_request()),
+        ];
+        for (n, put) in under_way.iter().enumerate() {
+            let mut s = session(Status::Stopped);
+            put(&mut s);
+            assert!(!s.is_settled(), "case {n}");
+        }
+    }
+
     #[test]
     fn a_session_as_created_keeps_its_invariants() {
         with_cx(|cx| session(Status::Created).assert_invariants(cx));
