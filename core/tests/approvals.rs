@@ -57,10 +57,16 @@ impl Rig {
     /// A session (run 1, pid 42) with `permissions` and a 60 s approval timeout, working on a
     /// turn.
     fn working(permissions: &str) -> Rig {
+        Rig::working_with(&[("permissions", permissions)])
+    }
+
+    /// The same with these settings besides the 60 s approval timeout.
+    fn working_with(settings: &[(&str, &str)]) -> Rig {
         let mut config = SessionConfig::new("camp", Provider::Scripted, "/tmp");
         config.provider_config = paddock_core::ProviderConfig::parse(
-            [("permissions", permissions), ("approval_timeout", "60s")]
-                .into_iter()
+            [("approval_timeout", "60s")]
+                .iter()
+                .chain(settings)
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         )
@@ -912,4 +918,80 @@ fn only_the_stores_resolved_copy_of_that_request_and_session_is_a_second_answer(
     open.state = ApprovalState::Pending;
     open.resolved_at = None;
     assert_eq!(answer(None, open), Err(ErrorCode::ApprovalNotFound));
+}
+
+/// An answer (or a deny's reason) of up to `ANSWER_MAX` bytes is passed on whole; a longer one
+/// is refused and the request stays open.
+#[test]
+fn an_answer_of_at_most_answer_max_bytes_is_passed_on() {
+    let mut r = Rig::working("ask");
+    r.ask("q1", AskKind::Question, "AskUserQuestion");
+    let answer = |n| Decision::Answer {
+        text: "x".repeat(n),
+        is_error: false,
+    };
+    let (_, result) = r.resolve("q1", answer(paddock_core::approval::ANSWER_MAX + 1));
+    let e = result.unwrap_err();
+    assert_eq!(e.code, ErrorCode::WrongState);
+    assert!(e.message.contains("at most 262144 are passed on"), "{e:?}");
+    assert_eq!(r.status(), Status::Waiting, "still open");
+    let (fx, result) = r.resolve("q1", answer(paddock_core::approval::ANSWER_MAX));
+    assert_eq!(
+        result.unwrap().answer.len(),
+        paddock_core::approval::ANSWER_MAX
+    );
+    assert_eq!(answers(&fx).len(), 1);
+}
+
+/// What an expiry tells the agent: a permission the session's default allows goes ahead (no
+/// error); a permission it denies, and a question (nobody can make up its answer), are errors.
+#[test]
+fn an_expiry_is_an_error_unless_the_default_allows() {
+    for (default, kind, allowed) in [
+        ("deny", AskKind::Permission, false),
+        ("deny", AskKind::Question, false),
+        ("allow", AskKind::Permission, true),
+        ("allow", AskKind::Question, false),
+    ] {
+        let mut r = Rig::working_with(&[("permissions", "ask"), ("approval_default", default)]);
+        r.ask("a1", kind, "Bash");
+        let (at, _) = r.engine.poll_timeout().unwrap();
+        r.now = at.millis();
+        let fx = r.engine.handle(now(r.now), Input::Tick);
+        let expired = fx
+            .iter()
+            .find_map(|e| match e {
+                Effect::Answer { approval, .. } => Some(approval.clone()),
+                _ => None,
+            })
+            .expect("the agent is told");
+        assert_eq!(expired.state, ApprovalState::Expired);
+        assert_eq!(
+            (expired.allowed, expired.is_error),
+            (allowed, !allowed),
+            "default {default}, {kind:?}"
+        );
+    }
+}
+
+/// A loss of the agent's output while the daemon was away is recorded once, on a live session;
+/// a report of nothing lost, or one for an ended session, records nothing.
+#[test]
+fn output_lost_is_recorded_only_when_something_was_lost_on_a_live_session() {
+    let lost = |dropped| ProviderEvent::OutputLost {
+        dropped,
+        first: 3,
+        next: 3 + dropped,
+    };
+    let recorded = |fx: &[Effect]| fx.iter().filter(|e| matches!(e, Effect::Notice(_))).count();
+    let mut r = Rig::working("allow-all");
+    assert_eq!(recorded(&r.provider(lost(0))), 0, "nothing lost");
+    assert_eq!(recorded(&r.provider(lost(2))), 1);
+    r.provider(ProviderEvent::Exited {
+        code: Some(1),
+        signal: None,
+        stderr_tail: String::new(),
+    });
+    assert!(r.status().is_terminal());
+    assert_eq!(recorded(&r.provider(lost(2))), 0, "an ended session");
 }
