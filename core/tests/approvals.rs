@@ -995,3 +995,40 @@ fn output_lost_is_recorded_only_when_something_was_lost_on_a_live_session() {
     assert!(r.status().is_terminal());
     assert_eq!(recorded(&r.provider(lost(2))), 0, "an ended session");
 }
+
+/// A message refused says why: a session waiting for a human names the way out; one that is
+/// busy says what a message needs.
+#[test]
+fn a_refused_message_says_what_the_session_waits_for() {
+    let mut r = Rig::working("ask");
+    let send = |r: &mut Rig| {
+        let req = r.next_req();
+        let fx = r.at(
+            1,
+            Input::Send {
+                req,
+                id: sid(),
+                text: "more".into(),
+            },
+        );
+        fx.iter()
+            .find_map(|e| match e {
+                Effect::Reply { req: q, result } if *q == req => Some(result.clone()),
+                _ => None,
+            })
+            .expect("a Send is answered")
+            .unwrap_err()
+            .message
+    };
+    let busy = send(&mut r);
+    assert!(
+        busy.contains("SendMessage needs a RUNNING session"),
+        "{busy}"
+    );
+    r.ask("a1", AskKind::Permission, "Bash");
+    let waiting = send(&mut r);
+    assert!(
+        waiting.contains("answer its open request first"),
+        "{waiting}"
+    );
+}
