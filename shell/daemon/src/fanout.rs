@@ -165,6 +165,11 @@ impl<K: Hash + Eq, T> Subscription<K, T> {
         self.rx.try_recv().ok()
     }
 
+    /// Whether events were missed since the last [`Subscription::hear`] (the store has them).
+    pub fn behind(&self) -> bool {
+        self.missed.load(Ordering::Acquire) > 0
+    }
+
     fn take_missed(&mut self) -> Option<u64> {
         match self.missed.swap(0, Ordering::AcqRel) {
             0 => None,
