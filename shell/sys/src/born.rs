@@ -8,7 +8,7 @@
 //! So where the tree has a group, [`spawn`] clones the child straight into it, with a pidfd
 //! (`CLONE_PIDFD`) to wait on, and the child does what `std::process::Command` would before its
 //! exec: its pipes on 0, 1 and 2, a process group of its own, the parent-death signal, the
-//! working directory, the default signal mask and SIGPIPE disposition, `execve`.
+//! working directory, the default signal mask and dispositions, `execve`.
 //!
 //! The child runs between `clone3` and `execve` in a copy of a multi-threaded parent: it calls
 //! only async-signal-safe functions and allocates nothing (every string it needs is made
@@ -23,6 +23,23 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use nix::libc;
+
+/// In a child between fork (or clone) and exec: every signal back to its default action.
+/// An exec resets the signals a program handles but keeps the ones it ignores, and a program
+/// may not undo that: a shell cannot trap a signal ignored when it started. Ignored here are
+/// SIGPIPE (Rust ignores it in its own programs) and whatever paddock itself was started
+/// ignoring (under `nohup`, SIGHUP: an agent's shell would never hear a HUP sent to it).
+/// Calls only `signal`, which is async-signal-safe; KILL and STOP cannot be changed.
+pub(crate) fn default_dispositions() {
+    for sig in 1..32 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: SIG_DFL installs no handler.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+    }
+}
 
 /// `CLONE_INTO_CGROUP` (linux/sched.h; not in every libc crate version).
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
@@ -258,16 +275,13 @@ unsafe fn child(
         libc::write(report, bytes.as_ptr().cast(), bytes.len());
         libc::_exit(127)
     };
-    // Signals as a new program expects them: none blocked, SIGPIPE not ignored (Rust ignores
-    // it in its own programs; handlers are reset by the exec itself).
+    // Signals as a new program expects them: none blocked, none ignored.
     let mut none: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut none);
     if libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
         fail(report);
     }
-    if libc::signal(libc::SIGPIPE, libc::SIG_DFL) == libc::SIG_ERR {
-        fail(report);
-    }
+    default_dispositions();
     for (target, &fd) in fds.iter().enumerate() {
         let target = target as libc::c_int;
         if fd == target {

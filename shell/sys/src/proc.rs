@@ -157,8 +157,8 @@ pub fn spawn(mut cmd: Command, stdin: bool, tag: String) -> std::io::Result<(Pro
             }
         }
     }
-    // SAFETY: the closure runs in the forked child before exec and only calls write, prctl
-    // and getppid, which are async-signal-safe.
+    // SAFETY: the closure runs in the forked child before exec and only calls write, prctl,
+    // getppid and signal, which are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             // Into the tree's control group before anything else runs: whatever it starts is
@@ -233,16 +233,18 @@ pub fn die_on_broken_pipe() {
 pub fn die_with_parent(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
     let parent = nix::unistd::getpid();
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl and
-    // getppid, which are async-signal-safe.
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl, getppid
+    // and signal, which are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || die_with(parent));
     }
 }
 
-/// In a forked child, before exec: SIGKILL when the thread that forked it dies. Only calls
-/// prctl and getppid (async-signal-safe).
+/// In a forked child, before exec: SIGKILL when the thread that forked it dies, and every
+/// signal's default action ([`crate::born::default_dispositions`]). Only calls prctl, getppid
+/// and signal (async-signal-safe).
 fn die_with(parent: nix::unistd::Pid) -> std::io::Result<()> {
+    crate::born::default_dispositions();
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
         .map_err(std::io::Error::from)?;
     // The parent died between fork and prctl: the signal will never come.
