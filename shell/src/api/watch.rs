@@ -122,11 +122,8 @@ impl<M> Watcher<M> {
                 _ = self.gone() => return,
                 heard = items.hear() => match heard {
                     Heard::Event(item) => {
-                        if seq(&item) > last {
-                            last = seq(&item);
-                            if !self.send(pb(&item)).await {
-                                return;
-                            }
+                        if !self.forward(&item, &mut last, &seq, &pb).await {
+                            return;
                         }
                         false
                     }
@@ -140,11 +137,8 @@ impl<M> Watcher<M> {
                         // has it (a daemon shutting down may be gone before a read: only
                         // then is the store asked).
                         while let Some(item) = items.try_recv() {
-                            if seq(&item) > last {
-                                last = seq(&item);
-                                if !self.send(pb(&item)).await {
-                                    return;
-                                }
+                            if !self.forward(&item, &mut last, &seq, &pb).await {
+                                return;
                             }
                         }
                         if items.behind() {
@@ -165,6 +159,22 @@ impl<M> Watcher<M> {
                 }
             }
         }
+    }
+
+    /// Sends `item` if it is newer than `last`, which it then becomes; `false`: the client
+    /// went away.
+    async fn forward<T>(
+        &self,
+        item: &T,
+        last: &mut u64,
+        seq: impl Fn(&T) -> u64,
+        pb: impl Fn(&T) -> M,
+    ) -> bool {
+        if seq(item) <= *last {
+            return true;
+        }
+        *last = seq(item);
+        self.send(pb(item)).await
     }
 }
 
