@@ -292,41 +292,6 @@ enum Command {
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-impl Command {
-    /// Whether this is a command a person runs and reads (its output may go to `head`), not
-    /// one of paddock's own processes: the daemon, the runner, an agent, a bridge or a relay.
-    fn prints_for_a_human(&self) -> bool {
-        match self {
-            Command::Daemon { .. }
-            | Command::Runner { .. }
-            | Command::ScriptedAgent { .. }
-            | Command::McpRelay { .. }
-            | Command::SshRun { .. }
-            | Command::SshRunner { .. }
-            | Command::JoinCgroups { .. }
-            | Command::Bridge(_) => false,
-            // The demo's daemon is a child it ends on its way out (drops run on a panic's
-            // unwinding, never at a signal's death).
-            Command::Demo { .. } => false,
-            Command::Campaign(_)
-            | Command::Config(_)
-            | Command::Approvals { .. }
-            | Command::Approve { .. }
-            | Command::Deny { .. }
-            | Command::Answer { .. }
-            | Command::Session(_)
-            | Command::Task(_)
-            | Command::Completions { .. }
-            | Command::Man
-            | Command::Top
-            | Command::Doctor
-            | Command::Ping
-            | Command::State
-            | Command::Shutdown { .. } => true,
-        }
-    }
-}
-
 fn main() {
     use clap::{CommandFactory, FromArgMatches};
     // The binary answers to the name it was invoked by: as `obey` (a link), `obey --version`
@@ -353,9 +318,6 @@ fn main() {
     // obey's socket alone; an autostarted daemon is given the default path explicitly.
     let explicit_socket = socket != paths::default_socket();
     let data_dir = cli.data_dir.clone().unwrap_or_else(paths::default_data_dir);
-    if cli.command.prints_for_a_human() {
-        paddock::proc::die_on_broken_pipe();
-    }
     let code = match cli.command {
         Command::ScriptedAgent {
             script,

@@ -213,19 +213,6 @@ pub fn spawn_sync(
     Ok((cmd.spawn()?, tag))
 }
 
-/// For a command-line tool's own process: a write to a pipe whose reader is gone (`paddock
-/// session list | head`) ends it as it ends every Unix tool, by SIGPIPE, silently. Rust starts
-/// its programs with SIGPIPE ignored, and then `println!` panics with a backtrace at the
-/// first EPIPE. Not for a daemon, a runner or a bridge: they write to sockets and pipes whose
-/// peers may go, and must live on with the error.
-pub fn die_on_broken_pipe() {
-    use nix::sys::signal::{signal, SigHandler, Signal};
-    // SAFETY: SIG_DFL installs no handler, so no handler can break a signal-safety rule.
-    if let Err(e) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
-        tracing::debug!("SIGPIPE stays ignored: {e}");
-    }
-}
-
 /// Makes the process `cmd` starts die (SIGKILL) with the thread that starts it, as every
 /// process [`spawn`] starts does: a bridge's agent does not outlive a bridge that was killed.
 /// The thread must outlive the child (it waits for it, or lives as long as the program): the
