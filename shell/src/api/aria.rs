@@ -29,10 +29,10 @@ use tonic::{Code, Request, Response, Status as GrpcStatus};
 
 use super::convert;
 use super::watch::{self, Watcher};
+use crate::daemon::hear;
 use crate::daemon::port::{
     Command, Handle, Query, Request as Req, TURN_STREAM_BUFFER, WATCH_BUFFER,
 };
-use crate::daemon::hear;
 use crate::transport::error_status as status;
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
