@@ -3258,73 +3258,35 @@ fn same_session(cause: &Cause, id: &SessionId) -> Result<(), String> {
 
 /// Two records are equal (their configurations compared only if `config`).
 fn same_record(a: &SessionRecord, b: &SessionRecord, config: bool) -> bool {
-    // Destructured, so that a new field cannot be left out of the comparison.
-    let SessionRecord {
-        id,
-        config: a_config,
-        status,
-        tokens_input,
-        tokens_output,
-        pid,
-        restart_count,
-        created_at,
-        started_at,
-        last_activity_at,
-        ended_at,
-        error,
-        provider_session,
-        last_activity_seq,
-        last_status_seq,
-        turns,
-        turn_open,
-        run,
-        provider_cursor,
-        last_turn_failed,
-        env_state,
-        disconnected,
-        closed_by_client,
-    } = a;
-    *id == b.id
-        && *status == b.status
-        && *tokens_input == b.tokens_input
-        && *tokens_output == b.tokens_output
-        && *pid == b.pid
-        && *restart_count == b.restart_count
-        && *created_at == b.created_at
-        && *started_at == b.started_at
-        && *last_activity_at == b.last_activity_at
-        && *ended_at == b.ended_at
-        && *error == b.error
-        && *provider_session == b.provider_session
-        && *last_activity_seq == b.last_activity_seq
-        && *last_status_seq == b.last_status_seq
-        && *turns == b.turns
-        && *turn_open == b.turn_open
-        && *run == b.run
-        && *provider_cursor == b.provider_cursor
-        && *last_turn_failed == b.last_turn_failed
-        && *env_state == b.env_state
-        && *disconnected == b.disconnected
-        && *closed_by_client == b.closed_by_client
-        && (!config || *a_config == b.config)
+    differing(a, b)
+        .iter()
+        .all(|(field, _)| !config && *field == "config")
 }
 
 /// The fields in which two records differ, for failure messages.
 pub fn diff(want: &SessionRecord, got: &SessionRecord) -> String {
+    let fields: Vec<String> = differing(want, got)
+        .into_iter()
+        .map(|(field, values)| format!("{field}: {values}"))
+        .collect();
+    format!("[{}]", fields.join("; "))
+}
+
+/// Each field in which `got` differs from `want`, with both values. The record is
+/// destructured, so that a new field cannot be left out of the comparison.
+fn differing(want: &SessionRecord, got: &SessionRecord) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
-    macro_rules! field {
-        ($($f:ident),*) => {$(
-            if want.$f != got.$f {
-                out.push(format!(
-                    "{}: {:?} vs {:?}",
-                    stringify!($f),
-                    want.$f,
-                    got.$f
-                ));
-            }
-        )*};
+    macro_rules! compare {
+        ($($f:ident),*) => {
+            let SessionRecord { $($f),* } = want;
+            $(
+                if *$f != got.$f {
+                    out.push((stringify!($f), format!("{:?} vs {:?}", $f, got.$f)));
+                }
+            )*
+        };
     }
-    field!(
+    compare!(
         id,
         config,
         status,
@@ -3349,5 +3311,5 @@ pub fn diff(want: &SessionRecord, got: &SessionRecord) -> String {
         disconnected,
         closed_by_client
     );
-    format!("[{}]", out.join("; "))
+    out
 }

@@ -609,20 +609,24 @@ pub fn control_response_error(request_id: &str, error: &str) -> String {
     stream_json::encode(&ControlResponse::error(request_id, error))
 }
 
+/// The activities among parsed items (for the tests of the parsers that read stream-json).
+#[cfg(test)]
+pub(crate) fn activities_of(items: &[Parsed]) -> Vec<Activity> {
+    items
+        .iter()
+        .filter_map(|p| match p {
+            Parsed::Event(ProviderEvent::Activity(a)) => Some(a.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
-    fn acts(items: &[Parsed]) -> Vec<Activity> {
-        items
-            .iter()
-            .filter_map(|p| match p {
-                Parsed::Event(ProviderEvent::Activity(a)) => Some(a.clone()),
-                _ => None,
-            })
-            .collect()
-    }
+    use super::activities_of as acts;
 
     fn run(p: &mut ClaudeStreamParser, transcript: &str) -> Vec<Parsed> {
         transcript.lines().flat_map(|l| p.parse_line(l)).collect()

@@ -741,6 +741,21 @@ mod tests {
         run
     }
 
+    /// `run`'s process exits with 0 and the registry is told.
+    async fn exits(reg: &Registry, run: &Arc<Run>) {
+        let statuses = run
+            .apply(Input::Exited {
+                code: Some(0),
+                signal: None,
+                detail: String::new(),
+            })
+            .unwrap();
+        for s in &statuses {
+            run.push_status(s).await;
+        }
+        reg.finished(run);
+    }
+
     #[tokio::test]
     async fn without_readers_the_oldest_events_go_and_a_late_reader_is_told() {
         let reg = Registry::new(small());
@@ -841,17 +856,7 @@ mod tests {
         let run = started(&reg, "r").await;
         let reader = run.attach(0);
         run.push_output(out("hi"), 2).await;
-        let statuses = run
-            .apply(Input::Exited {
-                code: Some(0),
-                signal: None,
-                detail: String::new(),
-            })
-            .unwrap();
-        for s in &statuses {
-            run.push_status(s).await;
-        }
-        reg.finished(&run);
+        exits(&reg, &run).await;
         run.push_output(out("late"), 1).await; // dropped: closed
         let (events, done) = reader.next();
         assert_eq!(seqs(&events), vec![1, 2, 3]);
@@ -881,18 +886,7 @@ mod tests {
             Some(CreateError::TooManyRuns(3))
         );
         for id in ["a", "b", "c"] {
-            let run = reg.get(id).unwrap();
-            for s in run
-                .apply(Input::Exited {
-                    code: Some(0),
-                    signal: None,
-                    detail: String::new(),
-                })
-                .unwrap()
-            {
-                run.push_status(&s).await;
-            }
-            reg.finished(&run);
+            exits(&reg, &reg.get(id).unwrap()).await;
         }
         // Two finished runs are kept: "a" is forgotten and its id is free again.
         let ids: Vec<String> = reg.list().into_iter().map(|r| r.run_id).collect();
@@ -994,17 +988,7 @@ mod tests {
         });
         let run = started(&reg, "a").await;
         run.push_output(out(&"x".repeat(200)), 200).await;
-        for s in run
-            .apply(Input::Exited {
-                code: Some(0),
-                signal: None,
-                detail: String::new(),
-            })
-            .unwrap()
-        {
-            run.push_status(&s).await;
-        }
-        reg.finished(&run);
+        exits(&reg, &run).await;
         let info = run.info();
         assert_eq!((info.first_seq, info.last_seq), (0, 3));
         let (events, done) = run.attach(0).next();

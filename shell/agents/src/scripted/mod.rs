@@ -418,15 +418,7 @@ mod tests {
         lines.iter().flat_map(|l| p.parse_line(l)).collect()
     }
 
-    fn activities(items: &[Parsed]) -> Vec<Activity> {
-        items
-            .iter()
-            .filter_map(|p| match p {
-                Parsed::Event(ProviderEvent::Activity(a)) => Some(a.clone()),
-                _ => None,
-            })
-            .collect()
-    }
+    use crate::claude_stream::activities_of as activities;
 
     fn tokens(a: &[Activity]) -> Vec<(u64, u64)> {
         a.iter()
