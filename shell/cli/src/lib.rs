@@ -431,8 +431,14 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             };
             let mut list = Vec::new();
             let mut more = loop {
-                let page = c.list_sessions(req.clone()).await?.into_inner();
-                list.extend(page.sessions.into_iter().filter(keep));
+                let mut page = c.list_sessions(req.clone()).await?.into_inner();
+                page.sessions.retain(keep);
+                // The first page is the list (no copy of it).
+                if list.is_empty() {
+                    list = page.sessions;
+                } else {
+                    list.append(&mut page.sessions);
+                }
                 if page.next_page_token.is_empty() {
                     break false;
                 }

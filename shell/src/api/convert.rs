@@ -115,7 +115,7 @@ pub fn session_info_full(
         initial_message: c.initial_message.clone(),
         turns_completed: r.turns.saturating_sub(u64::from(r.turn_open)) as i64,
         last_turn_failed: r.last_turn_failed,
-        environment_spec: Some(environment_spec(&c.env)),
+        environment_spec: Some(Box::new(environment_spec(&c.env))),
         environment_state: r.env_state.name().to_string(),
         disconnected: r.disconnected,
     }

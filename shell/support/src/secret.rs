@@ -41,26 +41,34 @@ static EXTRA: LazyLock<Vec<String>> = LazyLock::new(|| {
 
 /// Whether the value under `key` is a credential.
 pub fn is_secret(key: &str) -> bool {
-    let key = key.to_ascii_uppercase();
-    DEFAULT_PATTERNS.iter().any(|p| glob(p, &key)) || EXTRA.iter().any(|p| glob(p, &key))
+    DEFAULT_PATTERNS.iter().any(|p| glob(p, key)) || EXTRA.iter().any(|p| glob(p, key))
 }
 
-/// `pattern` with `*` as "any run of characters" against `text` (both upper case).
+/// `pattern` (upper case) with `*` as "any run of characters" against `text`, an ASCII letter
+/// of `text` matching in either case. Nothing is allocated: every listed session's settings
+/// are checked key by key.
 fn glob(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
+    let same = |a: &[u8], b: &[u8]| a.eq_ignore_ascii_case(b);
+    let mut parts = pattern.as_bytes().split(|b| *b == b'*');
     let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = text.strip_prefix(first) else {
+    let text = text.as_bytes();
+    if text.len() < first.len() || !same(&text[..first.len()], first) {
         return false;
-    };
+    }
+    let mut rest = &text[first.len()..];
     let mut parts = parts.peekable();
     if parts.peek().is_none() {
         return rest.is_empty(); // no `*`: the whole text
     }
     while let Some(part) = parts.next() {
         if parts.peek().is_none() {
-            return rest.ends_with(part); // the last part ends the text
+            // The last part ends the text.
+            return rest.len() >= part.len() && same(&rest[rest.len() - part.len()..], part);
         }
-        match rest.find(part) {
+        if part.is_empty() {
+            continue; // `**`
+        }
+        match rest.windows(part.len()).position(|w| same(w, part)) {
             Some(i) => rest = &rest[i + part.len()..],
             None => return false,
         }
@@ -150,6 +158,9 @@ mod tests {
         assert!(!glob("TOKEN", "TOKENS"));
         assert!(glob("*", ""));
         assert!(!glob("AB*BA", "ABA"), "the two ends may not overlap");
+        assert!(glob("A**B", "AxB"));
+        assert!(glob("*_KEY", "a_key"), "either case");
+        assert!(glob("*_KEY", "é_key") && !glob("*_KEY", "_KÉY"));
     }
 
     #[test]
