@@ -986,3 +986,35 @@ async fn the_daemon_also_answers_on_obeys_socket_and_to_the_name_obey() {
         "both sockets removed"
     );
 }
+
+/// `paddock … | head`: a reader that goes away ends the command quietly (exit 0, nothing on
+/// stderr), where printing to the closed pipe used to panic with a backtrace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_the_command_quietly() {
+    let mut d = Daemon::start().await;
+    let id = d.session(None).await.id;
+    d.send(&id, "hi").await;
+    for args in [
+        &["session", "list", "--all"][..],
+        &["--json", "session", "list", "--all"],
+        &["session", "history", &id],
+        &["session", "info", &id],
+        &["campaign", "list"],
+    ] {
+        // The reading end is closed before the command writes its first byte.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = d.dirs.cli(false);
+        cmd.args(args).stdout(writer);
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.kill_on_drop(true).stderr(std::process::Stdio::piped());
+        // Not `output()`, which would put a pipe of its own on stdout.
+        let child = cmd.spawn().expect("run paddock");
+        let o = within(child.wait_with_output())
+            .await
+            .expect("paddock ends");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {stderr}");
+        assert_eq!(stderr, "", "{args:?}");
+    }
+}

@@ -113,18 +113,18 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
         .into_inner()
         .approvals;
     if ctx.json {
-        print_json(&json!(list.iter().map(approval_json).collect::<Vec<_>>()));
+        print_json(&json!(list.iter().map(approval_json).collect::<Vec<_>>()))?;
         return Ok(());
     }
     if list.is_empty() {
-        println!(
+        outln!(
             "{}",
             if args.all {
                 "no approvals"
             } else {
                 "nothing is waiting for you"
             }
-        );
+        )?;
         return Ok(());
     }
     let now = crate::paths::now_ms();
@@ -142,10 +142,10 @@ pub async fn list(ctx: &Ctx, args: ListArgs) -> Result<()> {
             ]
         })
         .collect();
-    println!(
+    outln!(
         "{}",
         table(&["ID", "SESSION", "KIND", "STATE", "WHAT", "AGE"], &rows)
-    );
+    )?;
     Ok(())
 }
 
@@ -163,7 +163,7 @@ async fn watch(ctx: &Ctx, c: &mut super::Client, session_id: String) -> Result<(
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     if !ctx.json {
-        println!("waiting for requests (Ctrl-C ends)…");
+        outln!("waiting for requests (Ctrl-C ends)…")?;
     }
     loop {
         let a = tokio::select! {
@@ -175,9 +175,9 @@ async fn watch(ctx: &Ctx, c: &mut super::Client, session_id: String) -> Result<(
         };
         let new = a.state == pb::ApprovalState::Pending as i32 && seen.insert(a.id.clone());
         if ctx.json {
-            println!("{}", approval_json(&a));
+            outln!("{}", approval_json(&a))?;
         } else {
-            println!("{}", approval_line(&a));
+            outln!("{}", approval_line(&a))?;
         }
         if new && bell && !ctx.json {
             super::output::bell();
@@ -240,9 +240,9 @@ pub async fn resolve(
         .await?
         .into_inner();
     if ctx.json {
-        print_json(&approval_json(&a));
+        print_json(&approval_json(&a))?;
     } else {
-        println!("{}", approval_line(&a));
+        outln!("{}", approval_line(&a))?;
     }
     Ok(())
 }

@@ -443,12 +443,12 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
         turn_unfinished: matches!(status, Status::Working | Status::Waiting),
         deferred: None,
     };
-    println!("[Session {} - {}]", s.id, s.label);
+    outln!("[Session {} - {}]", s.id, s.label)?;
     if history.truncated {
-        println!("(earlier entries: paddock session history {})", s.id);
+        outln!("(earlier entries: paddock session history {})", s.id)?;
     }
     for item in &history.items {
-        println!(
+        outln!(
             "{}",
             entry(
                 &item.role,
@@ -456,19 +456,20 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
                 item.tool_success,
                 &item.content
             )
-        );
+        )?;
     }
     if s.status.is_terminal() {
         if !s.error.is_empty() {
-            println!("[{}: {}]", s.label, s.error);
+            outln!("[{}: {}]", s.label, s.error)?;
         }
-        println!(
+        outln!(
             "The session is {}; `paddock session restart {}` starts it again.",
-            s.label, s.id
-        );
+            s.label,
+            s.id
+        )?;
         return Ok(());
     }
-    println!("(type a message and press Enter; Ctrl-D detaches, the agent keeps working)");
+    outln!("(type a message and press Enter; Ctrl-D detaches, the agent keeps working)")?;
     let acts = watch_activity(c, &id, history.last_seq).await?;
     let approvals = watch_approvals(c, &id).await?;
     let (typed_tx, mut typed) = mpsc::channel::<Typed>(4);

@@ -31,10 +31,7 @@ fn sample_project(root: &Path) -> std::io::Result<()> {
         root.join("Cargo.toml"),
         "[package]\nname = \"sample\"\nversion = \"0.1.0\"\n",
     )?;
-    std::fs::write(
-        root.join("src/main.rs"),
-        "fn main() { println!(\"hi\"); }\n",
-    )?;
+    std::fs::write(root.join("src/main.rs"), "fn main() { outln!(\"hi\"); }\n")?;
     Ok(())
 }
 
@@ -48,7 +45,7 @@ async fn demo(message: &str) -> Result<()> {
         project.display()
     )))?;
 
-    println!("▶ starting a paddock daemon on {}", socket.display());
+    outln!("▶ starting a paddock daemon on {}", socket.display())?;
     let exe = std::env::current_exe().map_err(Error::io("this program's path"))?;
     let mut daemon = tokio::process::Command::new(exe)
         .args(["daemon", "--socket"])
@@ -66,15 +63,15 @@ async fn demo(message: &str) -> Result<()> {
         let _ = c.shutdown(pb::ShutdownRequest { force: false }).await;
     }
     match tokio::time::timeout(Duration::from_secs(20), daemon.wait()).await {
-        Ok(Ok(status)) => println!("▶ daemon exited ({status})"),
+        Ok(Ok(status)) => outln!("▶ daemon exited ({status})")?,
         _ => {
             let _ = daemon.kill().await;
         }
     }
-    println!(
+    outln!(
         "▶ the session's database is kept at {}",
         data.join("paddock.db").display()
-    );
+    )?;
     result
 }
 
@@ -98,7 +95,7 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
         })
         .await?
         .into_inner();
-    println!("▶ campaign \"{}\" → {}", camp.name, camp.root_path);
+    outln!("▶ campaign \"{}\" → {}", camp.name, camp.root_path)?;
 
     // Watch every status change of every session, in the background.
     let mut watch = c
@@ -116,12 +113,12 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
         }
     });
     let print_status = |e: &pb::SessionStatusEvent| {
-        println!(
+        outln!(
             "  status  {:>9} → {:<9} {}",
             status_name(e.previous_status),
             status_name(e.new_status),
             e.message
-        );
+        )
     };
 
     let s = c
@@ -137,11 +134,11 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
         .session
         .unwrap_or_default();
     while let Ok(e) = statuses.try_recv() {
-        print_status(&e);
+        print_status(&e)?;
     }
-    println!("▶ session {} created (pid {})", s.id, s.pid);
+    outln!("▶ session {} created (pid {})", s.id, s.pid)?;
 
-    println!("▶ you: {message}");
+    outln!("▶ you: {message}")?;
     let mut stream = c
         .send_message(pb::SendMessageRequest {
             session_id: s.id.clone(),
@@ -155,7 +152,7 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
             item = stream.next() => match item {
                 Some(item) => {
                     let a = item?;
-                    println!("  agent   {}", activity_line(&a));
+                    outln!("  agent   {}", activity_line(&a))?;
                 }
                 None => break,
             },
@@ -163,7 +160,7 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
                 if e.previous_status == paddock_core::Status::Working.number() {
                     held.push(e);
                 } else {
-                    print_status(&e);
+                    print_status(&e)?;
                 }
             }
         }
@@ -176,7 +173,7 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
         }
     }
     for e in held.drain(..) {
-        print_status(&e);
+        print_status(&e)?;
     }
 
     let stopped = c
@@ -190,10 +187,10 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
         .unwrap_or_default();
     tokio::time::sleep(Duration::from_millis(100)).await;
     while let Ok(e) = statuses.try_recv() {
-        print_status(&e);
+        print_status(&e)?;
     }
     watcher.abort();
-    println!(
+    outln!(
         "▶ session {} is {}: {} input + {} output tokens, {} activities stored",
         stopped.id,
         status_name(stopped.status),
@@ -206,6 +203,6 @@ async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
         .await
         .map(|r| r.into_inner().activities.len())
         .unwrap_or(0)
-    );
+    )?;
     Ok(())
 }

@@ -413,26 +413,26 @@ pub async fn run(ctx: &Ctx) -> Result<()> {
                 json!({"check": c.what, "status": c.level.name(), "detail": c.detail, "fix": c.fix})
             })
             .collect();
-        print_json(&json!({"checks": list, "ready_agents": ready}));
+        print_json(&json!({"checks": list, "ready_agents": ready}))?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = checks
         .iter()
         .map(|c| vec![c.what.clone(), c.level.name().to_string(), c.detail.clone()])
         .collect();
-    println!("{}", table(&["CHECK", "STATUS", "DETAIL"], &rows));
+    outln!("{}", table(&["CHECK", "STATUS", "DETAIL"], &rows))?;
     let fixes: Vec<&Check> = checks.iter().filter(|c| !c.fix.is_empty()).collect();
     if !fixes.is_empty() {
-        println!();
+        outln!()?;
         for c in fixes {
-            println!("{}: {}", c.what, c.fix);
+            outln!("{}: {}", c.what, c.fix)?;
         }
     }
-    println!();
+    outln!()?;
     if ready.is_empty() {
-        println!("No real agent is ready here; `paddock demo` runs the built-in scripted agent.");
+        outln!("No real agent is ready here; `paddock demo` runs the built-in scripted agent.")?;
     } else {
-        println!("Ready: {}.", ready.join(", "));
+        outln!("Ready: {}.", ready.join(", "))?;
     }
     Ok(())
 }

@@ -63,6 +63,10 @@ pub enum Error {
     /// Ctrl-C; what became of the turn is already said.
     #[error("interrupted")]
     Interrupted,
+    /// Standard output was closed by its reader (`paddock session list | head`): the command
+    /// stops there and exits 0, saying nothing.
+    #[error("standard output was closed")]
+    StdoutClosed,
 }
 
 /// What a failed command exits with, by kind of failure (`paddock --help` lists them).
@@ -104,7 +108,9 @@ impl Error {
             Error::Usage(_) => return Exit::Usage,
             Error::AgentFailed => return Exit::AgentFailed,
             Error::Interrupted => return Exit::Interrupted,
-            Error::Io { .. } | Error::Protocol(_) | Error::Reported => return Exit::Failed,
+            Error::Io { .. } | Error::Protocol(_) | Error::Reported | Error::StdoutClosed => {
+                return Exit::Failed
+            }
         };
         match crate::transport::obey_code(status) {
             Some(

@@ -1303,7 +1303,7 @@ pub async fn delete(
         info.agent_name
     );
     if !confirm(&what, yes)? {
-        println!("Nothing deleted.");
+        outln!("Nothing deleted.")?;
         return Ok(());
     }
     let has_worktree = info.environment_spec.as_ref().is_some_and(|e| e.worktree);
@@ -1332,19 +1332,19 @@ pub async fn delete(
         if let Some(b) = &branch {
             v["deleted_branch"] = b.as_str().into();
         }
-        super::print_json(&v);
+        super::print_json(&v)?;
     } else {
         if stopped {
-            println!("Session {id} stopped.");
+            outln!("Session {id} stopped.")?;
         }
-        println!("Session {id} deleted.");
+        outln!("Session {id} deleted.")?;
         if let Some(b) = branch {
-            println!("Branch {b} deleted.");
+            outln!("Branch {b} deleted.")?;
         } else if has_worktree {
-            println!(
+            outln!(
                 "Its branch {} is kept (--delete-branch removes it).",
                 crate::env::branch(&info.agent_name, &paddock_core::SessionId(id.to_string()))
-            );
+            )?;
         }
     }
     Ok(())
@@ -1394,7 +1394,7 @@ pub async fn prune(
         ),
     };
     if !list.is_empty() && !confirm(&question, yes)? {
-        println!("Nothing deleted.");
+        outln!("Nothing deleted.")?;
         return Ok(());
     }
     let (mut deleted, mut skipped, mut failed) = (Vec::new(), Vec::new(), 0);
@@ -1411,7 +1411,7 @@ pub async fn prune(
             Ok(now) => {
                 let reason = format!("it is {} now", state_of(&now));
                 if !ctx.json {
-                    println!("Skipped {}: {reason}", s.id);
+                    outln!("Skipped {}: {reason}", s.id)?;
                 }
                 skipped.push(serde_json::json!({ "id": s.id, "reason": reason }));
                 continue;
@@ -1432,7 +1432,7 @@ pub async fn prune(
         match gone {
             Ok(_) => {
                 if !ctx.json {
-                    println!(
+                    outln!(
                         "Deleted {} ({}, {})",
                         s.id,
                         state_of(s),
@@ -1441,7 +1441,7 @@ pub async fn prune(
                         } else {
                             one_line(&s.initial_message, TASK_CELL_MAX_CHARS)
                         }
-                    );
+                    )?;
                 }
                 deleted.push(s.id.clone());
             }
@@ -1453,7 +1453,7 @@ pub async fn prune(
                 ) =>
             {
                 if !ctx.json {
-                    println!("Skipped {}: {}", s.id, e.message());
+                    outln!("Skipped {}: {}", s.id, e.message())?;
                 }
                 skipped.push(serde_json::json!({ "id": s.id, "reason": e.message() }));
             }
@@ -1464,11 +1464,11 @@ pub async fn prune(
         }
     }
     if ctx.json {
-        super::print_json(&serde_json::json!({ "deleted": deleted, "skipped": skipped }));
+        super::print_json(&serde_json::json!({ "deleted": deleted, "skipped": skipped }))?;
     } else if deleted.is_empty() && skipped.is_empty() && failed == 0 {
-        println!("No finished sessions to prune.");
+        outln!("No finished sessions to prune.")?;
     } else {
-        println!("Pruned {} session(s).", deleted.len());
+        outln!("Pruned {} session(s).", deleted.len())?;
     }
     // Each failed delete has been said on stderr.
     if failed > 0 {

@@ -3,6 +3,25 @@
 //! ([`Error`]); a failure prints the daemon's message (`OBEY-2010: session "x" not found`) and
 //! exits 1.
 
+/// `println!` for the CLI's output, as a `Result`: a reader that went away (`paddock session
+/// list | head`) is [`Error::StdoutClosed`], which ends the command quietly, where `println!`
+/// panics.
+macro_rules! outln {
+    () => {
+        $crate::output::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// [`outln!`] without the line's end.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::write_out(format_args!($($arg)*))
+    };
+}
+
 pub mod approvals;
 pub mod attach;
 pub mod client;
@@ -194,7 +213,9 @@ pub(crate) fn parse_secs(s: &str) -> std::result::Result<u64, String> {
 /// `--json`) and its [`Exit`] code.
 pub fn exit_code(r: Result<()>, json: bool) -> i32 {
     match r {
-        Ok(()) => 0,
+        // The reader of the output went away (`paddock session list | head`): it has what
+        // it wanted, and the command ends as quietly as it would have.
+        Ok(()) | Err(Error::StdoutClosed) => 0,
         Err(e @ (Error::Reported | Error::AgentFailed | Error::Interrupted)) => e.exit() as i32,
         Err(e) => {
             if json {
@@ -207,8 +228,8 @@ pub fn exit_code(r: Result<()>, json: bool) -> i32 {
     }
 }
 
-pub(crate) fn print_json(v: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(v).expect("json"));
+pub(crate) fn print_json(v: &serde_json::Value) -> Result<()> {
+    outln!("{}", serde_json::to_string_pretty(v).expect("json"))
 }
 
 fn now_ms() -> u64 {
@@ -227,9 +248,9 @@ pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> Result<()> {
                 .await?
                 .into_inner();
             if ctx.json {
-                print_json(&campaign_json(&camp));
+                print_json(&campaign_json(&camp))?;
             } else {
-                println!("campaign {} ({}) → {}", camp.name, camp.id, camp.root_path);
+                outln!("campaign {} ({}) → {}", camp.name, camp.id, camp.root_path)?;
             }
         }
         CampaignCmd::List => {
@@ -239,13 +260,13 @@ pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> Result<()> {
                 .into_inner()
                 .campaigns;
             if ctx.json {
-                print_json(&json!(list.iter().map(campaign_json).collect::<Vec<_>>()));
+                print_json(&json!(list.iter().map(campaign_json).collect::<Vec<_>>()))?;
             } else {
                 let rows: Vec<Vec<String>> = list
                     .iter()
                     .map(|c| vec![c.name.clone(), c.id.clone(), c.root_path.clone()])
                     .collect();
-                println!("{}", table(&["NAME", "ID", "ROOT"], &rows));
+                outln!("{}", table(&["NAME", "ID", "ROOT"], &rows))?;
             }
         }
         CampaignCmd::Remove { campaign } => {
@@ -256,9 +277,9 @@ pub async fn campaign(ctx: &Ctx, cmd: CampaignCmd) -> Result<()> {
                 .await?
                 .into_inner();
             if ctx.json {
-                print_json(&json!({ "removed": r.removed }));
+                print_json(&json!({ "removed": r.removed }))?;
             } else {
-                println!("campaign {campaign} removed");
+                outln!("campaign {campaign} removed")?;
             }
         }
     }
@@ -333,7 +354,7 @@ pub(crate) fn by_part<'a, T>(
     }
 }
 
-fn print_session(ctx: &Ctx, s: &pb::SessionInfo) {
+fn print_session(ctx: &Ctx, s: &pb::SessionInfo) -> Result<()> {
     if ctx.json {
         return print_json(&session_json(s));
     }
@@ -351,7 +372,7 @@ fn print_session(ctx: &Ctx, s: &pb::SessionInfo) {
         }
         rows.push(vec![k.clone(), text]);
     }
-    println!("{}", table(&["FIELD", "VALUE"], &rows));
+    outln!("{}", table(&["FIELD", "VALUE"], &rows))
 }
 
 pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
@@ -452,11 +473,11 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 more = true;
             }
             if ctx.json {
-                print_json(&json!(list.iter().map(session_json).collect::<Vec<_>>()));
+                print_json(&json!(list.iter().map(session_json).collect::<Vec<_>>()))?;
             } else {
                 let now = now_ms();
                 let rows: Vec<Vec<String>> = list.iter().map(|s| latis::list_row(s, now)).collect();
-                println!("{}", table(&latis::LIST_HEADERS, &rows));
+                outln!("{}", table(&latis::LIST_HEADERS, &rows))?;
             }
             if more {
                 eprintln!("(the newest {limit}; more with --limit N, all with --limit 0)");
@@ -468,7 +489,7 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 .get_session(pb::GetSessionRequest { session_id: id })
                 .await?
                 .into_inner();
-            print_session(ctx, &s);
+            print_session(ctx, &s)?;
         }
         SessionCmd::Status { id } => {
             let id = resolve(&mut c, &id).await?;
@@ -477,9 +498,9 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 .await?
                 .into_inner();
             if ctx.json {
-                print_json(&session_json(&s));
+                print_json(&session_json(&s))?;
             } else {
-                println!("{}", latis::status_text(&s, now_ms()));
+                outln!("{}", latis::status_text(&s, now_ms()))?;
             }
         }
         SessionCmd::Attach { id } => {
@@ -546,9 +567,9 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 };
                 let a = item?;
                 if ctx.json {
-                    println!("{}", activity_json(&a));
+                    outln!("{}", activity_json(&a))?;
                 } else {
-                    println!("{}", activity_line(&a));
+                    outln!("{}", activity_line(&a))?;
                 }
                 if let Some(k @ (ActivityKind::Completion | ActivityKind::Error)) =
                     ActivityKind::from_number(a.r#type)
@@ -588,9 +609,9 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             .session
             .unwrap_or_default();
             if ctx.json {
-                print_json(&session_json(&s));
+                print_json(&session_json(&s))?;
             } else {
-                println!("session {} is {}", s.id, status_name(s.status));
+                outln!("session {} is {}", s.id, status_name(s.status))?;
             }
         }
         SessionCmd::Restart { id, config } => {
@@ -607,14 +628,14 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
             .session
             .unwrap_or_default();
             if ctx.json {
-                print_json(&session_json(&s));
+                print_json(&session_json(&s))?;
             } else {
-                println!(
+                outln!(
                     "session {} is {} (restart #{})",
                     s.id,
                     status_name(s.status),
                     s.restart_count
-                );
+                )?;
             }
         }
         SessionCmd::History { id, limit } => {
@@ -627,13 +648,13 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 .await?
                 .into_inner();
             if h.truncated && !ctx.json {
-                println!("(older entries left out; --limit shows more)");
+                outln!("(older entries left out; --limit shows more)")?;
             }
             for item in &h.items {
                 if ctx.json {
-                    println!("{}", history_json(item));
+                    outln!("{}", history_json(item))?;
                 } else {
-                    println!("{}", history_line(item));
+                    outln!("{}", history_line(item))?;
                 }
             }
         }
@@ -663,9 +684,9 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 after = last.seq;
                 for a in &list {
                     if ctx.json {
-                        println!("{}", activity_json(a));
+                        outln!("{}", activity_json(a))?;
                     } else {
-                        println!("{:>5}  {}", a.seq, activity_line(a));
+                        outln!("{:>5}  {}", a.seq, activity_line(a))?;
                     }
                 }
             }
@@ -736,17 +757,17 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
         }
     }
     if ctx.json {
-        print_json(&session_json(&s));
+        print_json(&session_json(&s))?;
     } else {
-        println!("Session {} created.", s.id);
-        println!(
+        outln!("Session {} created.", s.id)?;
+        outln!(
             "{} ({}, {} driver) is {} in {}",
             s.agent_name,
             provider_name(s.provider),
             view::driver_of(&s),
             state_of(&s),
             s.working_dir
-        );
+        )?;
     }
     Ok(())
 }
@@ -760,12 +781,12 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> Result<()> {
         .await?
         .into_inner();
     if !ctx.json {
-        println!(
+        outln!(
             "watching {} ({}): {}",
             info.id,
             info.agent_name,
             status_name(info.status)
-        );
+        )?;
     }
     let mut statuses = c
         .watch_session(pb::WatchSessionRequest {
@@ -795,9 +816,9 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> Result<()> {
             ev = statuses.next(), if s_open => match ev {
                 Some(Ok(e)) => {
                     if ctx.json {
-                        println!("{}", status_event_json(&e));
+                        outln!("{}", status_event_json(&e))?;
                     } else {
-                        println!("STATUS      {} → {}  {}", status_name(e.previous_status), status_name(e.new_status), e.message);
+                        outln!("STATUS      {} → {}  {}", status_name(e.previous_status), status_name(e.new_status), e.message)?;
                     }
                 }
                 Some(Err(e)) => return Err(e.into()),
@@ -806,9 +827,9 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> Result<()> {
             ev = acts.next(), if a_open => match ev {
                 Some(Ok(a)) => {
                     if ctx.json {
-                        println!("{}", activity_json(&a));
+                        outln!("{}", activity_json(&a))?;
                     } else {
-                        println!("{}", activity_line(&a));
+                        outln!("{}", activity_line(&a))?;
                     }
                 }
                 Some(Err(e)) => return Err(e.into()),
@@ -841,9 +862,9 @@ pub async fn ping(ctx: &Ctx) -> Result<()> {
     };
     let up = p.uptime.map(|d| d.seconds).unwrap_or(0);
     if ctx.json {
-        print_json(&json!({ "version": p.version, "uptime_seconds": up }));
+        print_json(&json!({ "version": p.version, "uptime_seconds": up }))?;
     } else {
-        println!("paddock {} up {}s", p.version, up);
+        outln!("paddock {} up {}s", p.version, up)?;
     }
     Ok(())
 }
@@ -862,9 +883,9 @@ pub async fn state(ctx: &Ctx) -> Result<()> {
                 "id": a.id, "campaign_id": a.campaign_id, "provider": provider_name(a.provider),
                 "agent_name": a.agent_name, "status": status_name(a.status),
             })).collect::<Vec<_>>(),
-        }));
+        }))?;
     } else {
-        println!(
+        outln!(
             "paddock {} on {} (data: {})\n{} campaign(s), {} session(s), {} active",
             s.version,
             s.socket_path,
@@ -872,7 +893,7 @@ pub async fn state(ctx: &Ctx) -> Result<()> {
             s.campaign_count,
             s.session_count,
             s.active_sessions.len()
-        );
+        )?;
         if !s.active_sessions.is_empty() {
             let rows: Vec<Vec<String>> = s
                 .active_sessions
@@ -886,7 +907,7 @@ pub async fn state(ctx: &Ctx) -> Result<()> {
                     ]
                 })
                 .collect();
-            println!("{}", table(&["ID", "NAME", "PROVIDER", "STATUS"], &rows));
+            outln!("{}", table(&["ID", "NAME", "PROVIDER", "STATUS"], &rows))?;
         }
     }
     Ok(())
@@ -905,10 +926,10 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
         .await?
         .into_inner();
     if !ctx.json {
-        println!(
+        outln!(
             "daemon stopping ({} active session(s) being stopped)",
             r.active_sessions
-        );
+        )?;
     }
     // Returns once the daemon has exited (its socket no longer answers), so that a script can
     // start another right after; bounded like every call.
@@ -943,9 +964,9 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
             "accepted": r.accepted,
             "active_sessions": r.active_sessions,
             "exited": true,
-        }));
+        }))?;
     } else {
-        println!("daemon stopped");
+        outln!("daemon stopped")?;
     }
     Ok(())
 }

@@ -157,7 +157,7 @@ impl Screen {
 
     /// Prints one line (or several, separated by `\n`).
     pub fn say(&self, text: impl Into<String>) {
-        let text = text.into();
+        let mut text = text.into();
         if let Some(e) = self
             .editor
             .as_ref()
@@ -166,10 +166,11 @@ impl Screen {
             match e.printer.send(text) {
                 Ok(()) => return,
                 // The editor has ended: printed here.
-                Err(back) => return println!("{}", back.0),
+                Err(back) => text = back.0,
             }
         }
-        println!("{text}");
+        // A screen whose output was closed has no one to show it to.
+        let _ = outln!("{text}");
     }
 
     /// The terminal bell (on a terminal only; the editor passes it through like any output).

@@ -14,6 +14,22 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Value {
     }
 }
 
+/// Writes to standard output ([`outln!`] and [`out!`]): a closed pipe is
+/// [`Error::StdoutClosed`](crate::Error::StdoutClosed), any other failure an I/O error.
+pub fn write_out(text: std::fmt::Arguments) -> crate::Result<()> {
+    use std::io::Write;
+    std::io::stdout()
+        .lock()
+        .write_fmt(text)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => crate::Error::StdoutClosed,
+            _ => crate::Error::Io {
+                what: "cannot write to standard output".into(),
+                source: e,
+            },
+        })
+}
+
 /// The terminal bell: for a person who should look (nothing when stdout is not a terminal).
 pub fn bell() {
     use std::io::{IsTerminal, Write};

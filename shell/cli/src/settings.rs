@@ -194,10 +194,10 @@ pub fn show(ctx: &Ctx) -> Result<()> {
             "file": path,
             "found": loaded.is_some(),
             "values": list.iter().map(|e| json!({"key": e.key, "value": e.value, "source": e.source})).collect::<Vec<_>>(),
-        }));
+        }))?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{} {}",
         path.display(),
         if loaded.is_some() {
@@ -205,11 +205,11 @@ pub fn show(ctx: &Ctx) -> Result<()> {
         } else {
             "(not found: built-in defaults)"
         }
-    );
+    )?;
     let rows: Vec<Vec<String>> = list
         .into_iter()
         .map(|e| vec![e.key, e.value, e.source])
         .collect();
-    println!("{}", table(&["KEY", "VALUE", "SOURCE"], &rows));
+    outln!("{}", table(&["KEY", "VALUE", "SOURCE"], &rows))?;
     Ok(())
 }

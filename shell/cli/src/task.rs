@@ -133,9 +133,9 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
             };
             let id = c.launch_task(req).await?.into_inner().task_id;
             if ctx.json {
-                println!("{}", json!({ "task_id": id }));
+                outln!("{}", json!({ "task_id": id }))?;
             } else {
-                println!("{id}");
+                outln!("{id}")?;
             }
         }
         TaskCmd::List { session, limit } => {
@@ -149,7 +149,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                 .into_inner();
             if ctx.json {
                 let tasks: Vec<serde_json::Value> = r.tasks.iter().map(task_json).collect();
-                println!("{}", json!({ "tasks": tasks, "truncated": r.truncated }));
+                outln!("{}", json!({ "tasks": tasks, "truncated": r.truncated }))?;
                 return Ok(());
             }
             let now = crate::paths::now_ms();
@@ -171,13 +171,13 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                     ]
                 })
                 .collect();
-            println!(
+            outln!(
                 "{}",
                 table(
                     &["ID", "SESSION", "STATUS", "EXIT", "AGE", "COMMAND"],
                     &rows
                 )
-            );
+            )?;
             if r.truncated {
                 eprintln!("(more tasks: --limit)");
             }
@@ -190,7 +190,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                 .into_inner();
             let v = task_json(&t);
             if ctx.json {
-                println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+                outln!("{}", serde_json::to_string_pretty(&v).expect("json"))?;
             } else {
                 let rows: Vec<Vec<String>> = v
                     .as_object()
@@ -206,7 +206,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                         ]
                     })
                     .collect();
-                println!("{}", table(&["FIELD", "VALUE"], &rows));
+                outln!("{}", table(&["FIELD", "VALUE"], &rows))?;
             }
         }
         TaskCmd::Logs { id, follow } => {
@@ -221,11 +221,11 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
                 .into_inner()
                 .cancellation_initiated;
             if ctx.json {
-                println!("{}", json!({ "cancellation_initiated": initiated }));
+                outln!("{}", json!({ "cancellation_initiated": initiated }))?;
             } else if initiated {
-                println!("cancelling");
+                outln!("cancelling")?;
             } else {
-                println!("the task had already ended");
+                outln!("the task had already ended")?;
             }
         }
     }
@@ -250,7 +250,7 @@ async fn print_output(
     use pb::task_output::Output;
     while let Some(item) = stream.next().await {
         match item?.output {
-            Some(Output::StdoutLine(l)) => println!("{l}"),
+            Some(Output::StdoutLine(l)) => outln!("{l}")?,
             Some(Output::StderrLine(l)) => eprintln!("{l}"),
             Some(Output::Progress(p)) if progress => {
                 eprintln!("[{:>5.1}%] {}", p.percent_complete, p.operation_description)

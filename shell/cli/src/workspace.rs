@@ -27,25 +27,25 @@ pub async fn environment_log(c: &mut Client, id: &str) -> Result<()> {
     let root = environment_dir(c, id).await?;
     let file = root.join("environment.log");
     match std::fs::read_to_string(&file) {
-        Ok(text) => print!("{text}"),
+        Ok(text) => out!("{text}")?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             eprintln!("session {id}'s driver made nothing (no environment log)")
         }
         Err(e) => return Err(Error::io(file.display())(e)),
     }
     if root.join("console.log").exists() {
-        println!("VM console (its last 40 lines):");
+        outln!("VM console (its last 40 lines):")?;
         for line in crate::env::qemu::console_tail(&root, 40).lines() {
-            println!("  {line}");
+            outln!("  {line}")?;
         }
     }
     if let Some(pod) = crate::env::Made::read(&root).and_then(|m| m.pod) {
         match crate::env::kube::describe(&pod, 40) {
             Ok((state, logs)) => {
-                println!("{}: {state}", pod.destination());
-                println!("its log (the last 40 lines):");
+                outln!("{}: {state}", pod.destination())?;
+                outln!("its log (the last 40 lines):")?;
                 for line in logs.lines() {
-                    println!("  {line}");
+                    outln!("  {line}")?;
                 }
             }
             Err(e) => eprintln!("{}: {e}", pod.destination()),
@@ -54,13 +54,13 @@ pub async fn environment_log(c: &mut Client, id: &str) -> Result<()> {
     if let Some(name) = crate::env::Made::read(&root).and_then(|m| m.container) {
         match crate::env::podman::describe(&name) {
             Ok((state, logs)) => {
-                println!("container {name}: {state}");
-                println!("podman logs {name}:");
+                outln!("container {name}: {state}")?;
+                outln!("podman logs {name}:")?;
                 if logs.is_empty() {
-                    println!("  (nothing: its init writes nothing; the agent's output is the session's activity)");
+                    outln!("  (nothing: its init writes nothing; the agent's output is the session's activity)")?;
                 }
                 for line in logs.lines() {
-                    println!("  {line}");
+                    outln!("  {line}")?;
                 }
             }
             Err(e) => eprintln!("container {name}: {e}"),
