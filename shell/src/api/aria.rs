@@ -271,6 +271,13 @@ impl pb::task_service_server::TaskService for Tasks {
             let w = Watcher::new(tx, handle.clone());
             let ended =
                 |ev: &paddock_core::task::TaskStatusEvent| ev.task == id && ev.status.is_terminal();
+            let ended_now = || {
+                let (handle, key) = (&handle, id.clone());
+                async move {
+                    let now = handle.query(|reply| Query::Task(key, reply)).await.ok()?;
+                    Some(now.is_none_or(|t| t.status.is_terminal()))
+                }
+            };
             let page = |after| output_page(&handle, id.clone(), after);
             w.follow_until(
                 &mut outputs,
@@ -279,6 +286,7 @@ impl pb::task_service_server::TaskService for Tasks {
                 page,
                 |o| o.seq,
                 ended,
+                ended_now,
                 output_pb,
             )
             .await;

@@ -1180,7 +1180,16 @@ impl LocalDaemonService for Obey {
             }
             let w = Watcher::new(tx, handle.clone());
             let ended = |ev: &paddock_core::StatusEvent| ev.session == id && ev.new.is_terminal();
-            w.follow_until(&mut acts, &mut stat, last, page, |ev| ev.seq, ended, pb)
+            let ended_now = || {
+                let (handle, id) = (&handle, id.clone());
+                async move {
+                    // A session no longer stored (deleted) has ended as well.
+                    let now = handle.session(id).await.ok()?;
+                    Some(now.is_none_or(|s| s.record.status.is_terminal()))
+                }
+            };
+            let seq = |ev: &paddock_core::ActivityEvent| ev.seq;
+            w.follow_until(&mut acts, &mut stat, last, page, seq, ended, ended_now, pb)
                 .await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

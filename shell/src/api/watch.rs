@@ -93,16 +93,17 @@ impl<M> Watcher<M> {
     /// Follows one owner's items (a session's activities, a task's output) after `last`, the
     /// sequence number the store's read ended at (`items` was subscribed before that read, so
     /// nothing falls between; what the read already gave is skipped by its number), until the
-    /// owner ends: `ended` picks its terminal status from `statuses`. `stored` reads a page of
+    /// owner ends: `ended` picks its terminal status from `statuses`, and when statuses fell
+    /// behind (its end may be among those passed over) `ended_now` asks the daemon whether the
+    /// owner has ended (`None`: it cannot say, the daemon is going). `stored` reads a page of
     /// the owner's items after a sequence number, as for [`send_stored`].
     ///
     /// Such a stream never falls behind for good: everything of an owner is stored before it
     /// is published, so a subscription that fell behind reads on from the store. At the
-    /// owner's end (told after all of its items were published) what is queued is sent, and
-    /// the stream ends. A status missed is no item missed: statuses behind are passed over.
-    /// The client or the daemon's end end it sooner.
+    /// owner's end (told, and answered, after all of its items were published) what is queued
+    /// is sent, and the stream ends. The client or the daemon's end end it sooner.
     #[allow(clippy::too_many_arguments)]
-    pub async fn follow_until<K, T, S, F>(
+    pub async fn follow_until<K, T, S, F, G>(
         &self,
         items: &mut Subscription<K, T>,
         statuses: &mut broadcast::Receiver<S>,
@@ -110,11 +111,13 @@ impl<M> Watcher<M> {
         mut stored: impl FnMut(u64) -> F,
         seq: impl Fn(&T) -> u64,
         ended: impl Fn(&S) -> bool,
+        mut ended_now: impl FnMut() -> G,
         pb: impl Fn(&T) -> M,
     ) where
         K: std::hash::Hash + Eq,
         S: Clone,
         F: Future<Output = Result<Vec<T>, Status>>,
+        G: Future<Output = Option<bool>>,
     {
         loop {
             let read_on = tokio::select! {
@@ -130,8 +133,16 @@ impl<M> Watcher<M> {
                     Heard::Behind(_) => true,
                     Heard::Over => return,
                 },
-                heard = hear(statuses) => match heard {
-                    Heard::Event(status) if ended(&status) => {
+                heard = hear(statuses) => {
+                    let over = match heard {
+                        Heard::Event(status) => ended(&status),
+                        Heard::Behind(_) => match ended_now().await {
+                            Some(over) => over,
+                            None => return,
+                        },
+                        Heard::Over => return,
+                    };
+                    if over {
                         // Everything of the owner was published before its end: what is
                         // queued is the rest, or, if this fell behind meanwhile, the store
                         // has it (a daemon shutting down may be gone before a read: only
@@ -146,9 +157,8 @@ impl<M> Watcher<M> {
                         }
                         return;
                     }
-                    Heard::Event(_) | Heard::Behind(_) => false,
-                    Heard::Over => return,
-                },
+                    false
+                }
                 // Last: events already queued are delivered before the stream ends.
                 _ = self.daemon_done() => return,
             };
@@ -299,8 +309,18 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(8);
         let w = Watcher::<u64>::new(tx, handle);
         let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
-        w.follow_until(&mut sub, &mut stat, 2, store(5), |n| *n, ended, |n| n * 10)
-            .await;
+        let asked = || async { panic!("no status was missed: nothing to ask") };
+        w.follow_until(
+            &mut sub,
+            &mut stat,
+            2,
+            store(5),
+            |n| *n,
+            ended,
+            asked,
+            |n| n * 10,
+        )
+        .await;
         drop(w);
         let got = received(&mut rx).await;
         assert_eq!(got, [30, 40], "after the stored 2, this owner's only");
@@ -319,8 +339,18 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(16);
         let w = Watcher::<u64>::new(tx, handle);
         let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
-        w.follow_until(&mut sub, &mut stat, 0, store(7), |n| *n, ended, |n| *n)
-            .await;
+        let asked = || async { panic!("no status was missed: nothing to ask") };
+        w.follow_until(
+            &mut sub,
+            &mut stat,
+            0,
+            store(7),
+            |n| *n,
+            ended,
+            asked,
+            |n| *n,
+        )
+        .await;
         drop(w);
         let got = received(&mut rx).await;
         assert_eq!(
@@ -328,5 +358,49 @@ mod tests {
             (1..=7).collect::<Vec<_>>(),
             "each once, in order, none lost"
         );
+    }
+
+    /// The owner's end among the statuses a follower fell behind on: it asks, and ends.
+    #[tokio::test]
+    async fn an_end_among_missed_statuses_is_asked_for() {
+        let (handle, _done) = handle();
+        let items = crate::daemon::fanout::Fanout::<u32, u64>::new(8);
+        let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(2);
+        let mut sub = items.subscribe(&1);
+        items.publish(&1, 1);
+        items.publish(&1, 2);
+        // Owner 1's end, then more of others than the status channel holds: it is lost.
+        statuses.send((1, true)).unwrap();
+        for other in 2..6 {
+            statuses.send((other, true)).unwrap();
+        }
+        let (tx, mut rx) = mpsc::channel(8);
+        let w = Watcher::<u64>::new(tx, handle);
+        let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
+        let asks = std::cell::Cell::new(0);
+        let asked = || {
+            asks.set(asks.get() + 1);
+            async { Some(true) }
+        };
+        let follow = w.follow_until(
+            &mut sub,
+            &mut stat,
+            0,
+            store(2),
+            |n| *n,
+            ended,
+            asked,
+            |n| *n,
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(10), follow)
+            .await
+            .expect("the follower ends with its owner");
+        drop(w);
+        assert_eq!(
+            received(&mut rx).await,
+            [1, 2],
+            "what was queued, then the end"
+        );
+        assert_eq!(asks.get(), 1);
     }
 }
