@@ -8,7 +8,8 @@
 //! So where the tree has a group, [`spawn`] clones the child straight into it, with a pidfd
 //! (`CLONE_PIDFD`) to wait on, and the child does what `std::process::Command` would before its
 //! exec: its pipes on 0, 1 and 2, a process group of its own, the parent-death signal, the
-//! working directory, the default signal mask and dispositions, `execve`.
+//! working directory, the default signal mask and dispositions, `execve` (and, for a file the
+//! kernel will not run, a script without `#!`, `/bin/sh` with it, as `execvp` does).
 //!
 //! The child runs between `clone3` and `execve` in a copy of a multi-threaded parent: it calls
 //! only async-signal-safe functions and allocates nothing (every string it needs is made
@@ -174,6 +175,12 @@ pub(crate) fn spawn(
         v
     };
     let (argv, envp) = (pointers(&p.argv), pointers(&p.envp));
+    // A file the kernel will not run (a script without `#!`) is the shell's to read, as
+    // `execvp` does it: `/bin/sh program args…`.
+    let sh_argv: Vec<*const libc::c_char> = [SHELL.as_ptr(), p.program.as_ptr()]
+        .into_iter()
+        .chain(argv[1..].iter().copied())
+        .collect();
     let cwd = p.cwd.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
     let (in_r, in_w) = if stdin {
         let (r, w) = pipe().map_err(Error::Failed)?;
@@ -214,9 +221,12 @@ pub(crate) fn spawn(
                 &child_fds,
                 parent,
                 cwd,
-                p.program.as_ptr(),
-                &argv,
-                &envp,
+                &Exec {
+                    program: p.program.as_ptr(),
+                    argv: &argv,
+                    sh_argv: &sh_argv,
+                    envp: &envp,
+                },
                 report,
             )
         }
@@ -255,6 +265,16 @@ pub(crate) fn spawn(
     })
 }
 
+/// What the child executes, made before the clone: NUL-terminated strings and
+/// null-terminated arrays of them.
+struct Exec<'a> {
+    program: *const libc::c_char,
+    argv: &'a [*const libc::c_char],
+    /// `/bin/sh program args…`, for a file the kernel will not run.
+    sh_argv: &'a [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+}
+
 /// The child, between the clone and its exec. Never returns.
 ///
 /// # Safety
@@ -264,9 +284,7 @@ unsafe fn child(
     fds: &[libc::c_int; 3],
     parent: libc::pid_t,
     cwd: *const libc::c_char,
-    program: *const libc::c_char,
-    argv: &[*const libc::c_char],
-    envp: &[*const libc::c_char],
+    exec: &Exec<'_>,
     report: libc::c_int,
 ) -> ! {
     let fail = |report: libc::c_int| -> ! {
@@ -314,9 +332,17 @@ unsafe fn child(
     if !cwd.is_null() && libc::chdir(cwd) < 0 {
         fail(report);
     }
-    libc::execve(program, argv.as_ptr(), envp.as_ptr());
+    libc::execve(exec.program, exec.argv.as_ptr(), exec.envp.as_ptr());
+    if *libc::__errno_location() == libc::ENOEXEC {
+        libc::execve(SHELL.as_ptr(), exec.sh_argv.as_ptr(), exec.envp.as_ptr());
+        // No shell: the file's own failure is the one to tell.
+        *libc::__errno_location() = libc::ENOEXEC;
+    }
     fail(report)
 }
+
+/// The shell that runs a file the kernel cannot ([`spawn`]).
+const SHELL: &std::ffi::CStr = c"/bin/sh";
 
 #[cfg(test)]
 mod tests {
@@ -396,6 +422,26 @@ mod tests {
             Err(Error::Unsupported(_)) => {}
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_script_without_an_interpreter_line_is_run_by_the_shell() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("no-shebang");
+        std::fs::write(&script, "echo \"ran with $# args: $1 $2\"\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut cmd = std::process::Command::new(&script);
+        cmd.args(["a b", "c"]);
+        let b = run(&cmd, false).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            read_all(b.stdout.try_clone().unwrap()),
+            "ran with 2 args: a b c\n"
+        );
+        assert_eq!(
+            exit_of(&b),
+            nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(b.pid as i32), 0)
+        );
     }
 
     #[test]
