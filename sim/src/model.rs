@@ -19,6 +19,20 @@ use paddock_core::{
 use crate::world::{at, ts, Millis, Store};
 use paddock_core::process::Life;
 
+/// The payloads of the effects that match `pattern`, which binds `x`: `pick!(effects, ev =>
+/// Effect::EmitStatus(ev))`.
+macro_rules! pick {
+    ($effects:expr, $x:ident => $pattern:pat) => {
+        $effects
+            .iter()
+            .filter_map(|e| match e {
+                $pattern => Some($x),
+                _ => None,
+            })
+            .collect()
+    };
+}
+
 /// The kind of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReqKind {
@@ -813,20 +827,8 @@ impl Model {
                 _ => {}
             }
         }
-        let e_status: Vec<&StatusEvent> = rest
-            .iter()
-            .filter_map(|e| match e {
-                Effect::EmitStatus(ev) => Some(ev),
-                _ => None,
-            })
-            .collect();
-        let e_activity: Vec<&ActivityEvent> = rest
-            .iter()
-            .filter_map(|e| match e {
-                Effect::EmitActivity(ev) => Some(ev),
-                _ => None,
-            })
-            .collect();
+        let e_status: Vec<&StatusEvent> = pick!(rest, ev => Effect::EmitStatus(ev));
+        let e_activity: Vec<&ActivityEvent> = pick!(rest, ev => Effect::EmitActivity(ev));
         if e_status != p_status {
             return Err(format!(
                 "emitted status events {e_status:?} are not the persisted ones {p_status:?}"
@@ -856,20 +858,9 @@ impl Model {
             }
         }
         // Every request opened or resolved is stored in this transaction, as it is shown.
-        let p_approvals: Vec<&Approval> = persists
-            .iter()
-            .filter_map(|e| match e {
-                Effect::Persist(Record::Approval(a)) => Some(a),
-                _ => None,
-            })
-            .collect();
-        let e_approvals: Vec<&Approval> = rest
-            .iter()
-            .filter_map(|e| match e {
-                Effect::EmitApproval(a) => Some(a),
-                _ => None,
-            })
-            .collect();
+        let p_approvals: Vec<&Approval> =
+            pick!(persists, a => Effect::Persist(Record::Approval(a)));
+        let e_approvals: Vec<&Approval> = pick!(rest, a => Effect::EmitApproval(a));
         if p_approvals != e_approvals {
             return Err(format!(
                 "emitted requests {e_approvals:?} are not the persisted ones {p_approvals:?}"

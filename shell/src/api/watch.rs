@@ -291,9 +291,35 @@ mod tests {
         got
     }
 
+    /// Follows owner 1 of `sub` after `last` until its end, `(1, true)` on `stat`, with items
+    /// 1..=`stored` in the store, each sent as `pb` makes it; what the client received.
+    async fn follow_one<G: Future<Output = Option<bool>>>(
+        sub: &mut Subscription<u32, u64>,
+        stat: &mut broadcast::Receiver<(u32, bool)>,
+        last: u64,
+        stored: u64,
+        ended_now: impl FnMut() -> G,
+        pb: impl Fn(&u64) -> u64,
+    ) -> Vec<u64> {
+        let (handle, _done) = handle();
+        let (tx, mut rx) = mpsc::channel(16);
+        let w = Watcher::<u64>::new(tx, handle);
+        let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
+        let follow = w.follow_until(sub, stat, last, store(stored), |n| *n, ended, ended_now, pb);
+        tokio::time::timeout(std::time::Duration::from_secs(10), follow)
+            .await
+            .expect("the follower ends with its owner");
+        drop(w);
+        received(&mut rx).await
+    }
+
+    /// For a follower that missed no status: it has nothing to ask.
+    fn never_asked() -> std::future::Ready<Option<bool>> {
+        panic!("no status was missed: nothing to ask")
+    }
+
     #[tokio::test]
     async fn following_skips_what_the_store_gave_and_ends_with_its_owner() {
-        let (handle, _done) = handle();
         let items = crate::daemon::fanout::Fanout::<u32, u64>::new(8);
         let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(8);
         let mut sub = items.subscribe(&1);
@@ -306,29 +332,12 @@ mod tests {
         statuses.send((2, true)).unwrap();
         statuses.send((1, false)).unwrap();
         statuses.send((1, true)).unwrap();
-        let (tx, mut rx) = mpsc::channel(8);
-        let w = Watcher::<u64>::new(tx, handle);
-        let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
-        let asked = || async { panic!("no status was missed: nothing to ask") };
-        w.follow_until(
-            &mut sub,
-            &mut stat,
-            2,
-            store(5),
-            |n| *n,
-            ended,
-            asked,
-            |n| n * 10,
-        )
-        .await;
-        drop(w);
-        let got = received(&mut rx).await;
+        let got = follow_one(&mut sub, &mut stat, 2, 5, never_asked, |n| n * 10).await;
         assert_eq!(got, [30, 40], "after the stored 2, this owner's only");
     }
 
     #[tokio::test]
     async fn a_follower_that_fell_behind_reads_on_from_the_store() {
-        let (handle, _done) = handle();
         let items = crate::daemon::fanout::Fanout::<u32, u64>::new(2);
         let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(8);
         let mut sub = items.subscribe(&1);
@@ -336,23 +345,7 @@ mod tests {
             items.publish(&1, seq);
         }
         statuses.send((1, true)).unwrap();
-        let (tx, mut rx) = mpsc::channel(16);
-        let w = Watcher::<u64>::new(tx, handle);
-        let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
-        let asked = || async { panic!("no status was missed: nothing to ask") };
-        w.follow_until(
-            &mut sub,
-            &mut stat,
-            0,
-            store(7),
-            |n| *n,
-            ended,
-            asked,
-            |n| *n,
-        )
-        .await;
-        drop(w);
-        let got = received(&mut rx).await;
+        let got = follow_one(&mut sub, &mut stat, 0, 7, never_asked, |n| *n).await;
         assert_eq!(
             got,
             (1..=7).collect::<Vec<_>>(),
@@ -363,7 +356,6 @@ mod tests {
     /// The owner's end among the statuses a follower fell behind on: it asks, and ends.
     #[tokio::test]
     async fn an_end_among_missed_statuses_is_asked_for() {
-        let (handle, _done) = handle();
         let items = crate::daemon::fanout::Fanout::<u32, u64>::new(8);
         let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(2);
         let mut sub = items.subscribe(&1);
@@ -374,33 +366,13 @@ mod tests {
         for other in 2..6 {
             statuses.send((other, true)).unwrap();
         }
-        let (tx, mut rx) = mpsc::channel(8);
-        let w = Watcher::<u64>::new(tx, handle);
-        let ended = |s: &(u32, bool)| s.0 == 1 && s.1;
         let asks = std::cell::Cell::new(0);
         let asked = || {
             asks.set(asks.get() + 1);
-            async { Some(true) }
+            std::future::ready(Some(true))
         };
-        let follow = w.follow_until(
-            &mut sub,
-            &mut stat,
-            0,
-            store(2),
-            |n| *n,
-            ended,
-            asked,
-            |n| *n,
-        );
-        tokio::time::timeout(std::time::Duration::from_secs(10), follow)
-            .await
-            .expect("the follower ends with its owner");
-        drop(w);
-        assert_eq!(
-            received(&mut rx).await,
-            [1, 2],
-            "what was queued, then the end"
-        );
+        let got = follow_one(&mut sub, &mut stat, 0, 2, asked, |n| *n).await;
+        assert_eq!(got, [1, 2], "what was queued, then the end");
         assert_eq!(asks.get(), 1);
     }
 }
