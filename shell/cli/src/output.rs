@@ -16,7 +16,7 @@ fn ts(t: &Option<prost_types::Timestamp>) -> Value {
 
 /// Writes to standard output ([`outln!`] and [`out!`]): a closed pipe is
 /// [`Error::StdoutClosed`](crate::Error::StdoutClosed), any other failure an I/O error.
-pub fn write_out(text: std::fmt::Arguments) -> crate::Result<()> {
+pub(crate) fn write_out(text: std::fmt::Arguments) -> crate::Result<()> {
     use std::io::Write;
     std::io::stdout()
         .lock()
