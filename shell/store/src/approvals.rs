@@ -108,11 +108,11 @@ impl Store {
             "SELECT {COLUMNS} FROM ( \
                SELECT *, ROW_NUMBER() OVER (PARTITION BY session_id ORDER BY resolved_at DESC, created_at DESC, id DESC) AS n \
                FROM approvals WHERE state != 1 \
-               AND session_id IN (SELECT id FROM agent_sessions WHERE {unsettled})) \
+               AND session_id IN ({unsettled})) \
              WHERE n <= ?1 \
              UNION ALL SELECT {COLUMNS} FROM approvals WHERE state = 1 \
              ORDER BY created_at, id",
-            unsettled = *super::UNSETTLED,
+            unsettled = *super::UNSETTLED_IDS,
         ))?;
         let rows = stmt.query_map([RESOLVED_LOADED], |r| Ok(from_row(r)))?;
         rows.map(|r| r?).collect()

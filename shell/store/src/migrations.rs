@@ -23,7 +23,18 @@ pub(super) const MIGRATIONS: &[&str] = &[
     V10,
     V11,
     V12,
+    V13,
 ];
+
+/// Version 13: start-up reads the sessions it must decide on from an index of the rows that
+/// have not ended or still name a process or a run (`ACTIVE_ROW` in `lib.rs`, the same
+/// expression with Stopped = 6 and Failed = 7), instead of reading every stored session. The
+/// index on the status goes: no query used it, and each event's update of its session kept it.
+const V13: &str = r#"
+DROP INDEX agent_sessions_by_status;
+CREATE INDEX agent_sessions_active ON agent_sessions (id)
+ WHERE status NOT IN (6, 7) OR pid IS NOT NULL OR run_id IS NOT NULL;
+"#;
 
 /// Version 12: whether its client closed a session (sunbeam's EndSession): such a session is
 /// never resumed. Until now that was a campaign event (`sunbeam.session_ended`, payload

@@ -1210,8 +1210,19 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
     assert_eq!(recalled.len() as i64, approvals::RESOLVED_LOADED);
     assert_eq!(recalled[0].id, format!("r{:02}", n - 1));
     assert!(store.resolved_approvals("s6").unwrap().is_empty());
-    // Every run id anything names stays reserved: s1's requests name run 11.
-    assert_eq!(store.max_run().unwrap(), 11);
+    // Every run id a request names stays reserved: s1's requests name run 11.
+    assert_eq!(store.max_request_run().unwrap(), 11);
+    // Those of the sessions come with the sessions loaded: a session naming a run is never
+    // settled.
+    let named: Vec<String> = store
+        .conn
+        .prepare("SELECT id FROM agent_sessions WHERE run_id IS NOT NULL ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(named, ["s2", "s4"], "each of them among those loaded");
     assert_eq!(store.session_count().unwrap(), 6);
     // Pages, newest first, narrowed by campaign and working dir.
     assert_eq!(
@@ -1236,7 +1247,7 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
         .is_empty());
 
     let empty = Store::open_in_memory().unwrap();
-    assert_eq!(empty.max_run().unwrap(), 0);
+    assert_eq!(empty.max_request_run().unwrap(), 0);
     assert_eq!(empty.session_count().unwrap(), 0);
 }
 
@@ -1276,4 +1287,37 @@ fn the_sessions_sunbeam_ended_are_closed_by_the_upgrade() {
     let closed = |id: &str| store.session(id).unwrap().unwrap().closed_by_client;
     assert!(closed("s-ended"));
     assert!(!closed("s-open"));
+}
+
+/// Start-up reads what it must decide on from indexes, never by visiting every stored session:
+/// the partial index's expression (migration 13) and the rule's must stay the same for SQLite
+/// to use it.
+#[test]
+fn start_up_reads_the_unsettled_from_their_index() {
+    let store = Store::open_in_memory().unwrap();
+    let plan = |sql: &str| -> Vec<String> {
+        store
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    };
+    for sql in [&*super::SELECT_UNSETTLED_SESSIONS, &*super::UNSETTLED_IDS] {
+        let steps = plan(sql);
+        assert!(
+            steps.iter().any(|s| s.contains("agent_sessions_active")),
+            "{steps:#?}"
+        );
+        // Sessions are scanned only through the index of the active ones.
+        assert!(
+            steps
+                .iter()
+                .filter(|s| s.starts_with("SCAN agent_sessions"))
+                .all(|s| s.contains("agent_sessions_active")),
+            "{steps:#?}"
+        );
+    }
 }
