@@ -597,25 +597,59 @@ pub struct PidGuard(pub u32);
 
 impl Drop for Dirs {
     /// What a daemon or runner of these dirs that was not stopped cleanly (an autostarted one,
-    /// one a test SIGKILLed) left: a runner still running (an autostarted daemon's `shutdown`
-    /// answers before that daemon has stopped its runner, and the test may end first), and
-    /// groups in the machine's cgroup tree.
+    /// one a test SIGKILLed) left: an autostarted daemon still shutting down (`shutdown`
+    /// answers before it has stopped, and the test may end first: it then wrote into the
+    /// directory being removed, which was left half removed), a runner still running, and
+    /// groups in the machine's cgroup tree. The daemon goes first: it stops its runner.
     fn drop(&mut self) {
-        let pid_file = self.data.join("runner.sock.pid");
-        let runner = std::fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
-                    c.contains(" runner ") && c.contains(&*self.data.to_string_lossy())
-                })
-            });
-        if let Some(pid) = runner {
-            drop(PidGuard(pid));
+        for role in ["daemon", "runner"] {
+            for pid in processes_of(role, &self.data) {
+                drop(PidGuard(pid));
+            }
         }
         paddock::contain::remove_groups(&self.data);
+        // A file system a test mounted inside them (the disk-full tests' tmpfs on the data
+        // dir) is unmounted, or removing the directories fails (EBUSY) half way and leaves
+        // them behind.
+        for at in mounts_under(&self.base) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&at)
+                .status();
+        }
     }
+}
+
+/// The mount points at or below `dir`, deepest first (from `/proc/self/mountinfo`).
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|at| at.starts_with(dir))
+        .collect();
+    found.sort_by_key(|at| std::cmp::Reverse(at.components().count()));
+    found
+}
+
+/// The live `paddock <role>` processes working in `data` (their command line names it).
+fn processes_of(role: &str, data: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let (role, data) = (format!(" {role} "), data.to_string_lossy());
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                c.contains(&role) && c.contains(&*data)
+            })
+        })
+        .filter(|pid| pid_running(*pid))
+        .collect()
 }
 
 /// Removes the control groups recorded in every data dir under `dir` (a `cgroup-runner` or
