@@ -97,16 +97,12 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
     let records = store
         .load_unsettled_sessions()
         .map_err(StartError::store("load sessions"))?;
-    // Every run a stored session or request names stays reserved: a session naming a run is
-    // never settled, so those of the sessions are among the records just loaded.
-    let stored_runs = records
-        .iter()
-        .filter_map(|r| r.run)
-        .chain([store
-            .max_request_run()
-            .map_err(StartError::store("read the stored run ids"))?])
-        .max()
-        .unwrap_or(0);
+    // Every run a stored request names stays reserved; those of the sessions are the
+    // engine's to reserve as it restores them (a session naming a run is never settled, so
+    // every one is among the records loaded).
+    let stored_runs = store
+        .max_request_run()
+        .map_err(StartError::store("read the stored run ids"))?;
     // Claim the socket before anything is started: a daemon that must refuse (another one
     // answers there) leaves nothing behind.
     // Socket activation (systemd's paddock.socket) hands the socket over; else it is bound here.

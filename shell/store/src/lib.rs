@@ -660,8 +660,9 @@ impl Store {
     }
 
     /// The highest run id any stored request names (0: none). With the runs of the sessions
-    /// [`Store::load_unsettled_sessions`] gives (a session that names a run is never settled,
-    /// so every such session is among them), the runs a new daemon must never hand out again.
+    /// [`Store::load_unsettled_sessions`] gives, which `Engine::restore` reserves (a session that
+    /// names a run is never settled, so every such session is among them), the runs a new daemon
+    /// must never hand out again.
     /// A `MAX(run_id)` over the sessions would read every one of them: 2.4 ms of a start with
     /// 10,000 stored, a quarter of what they cost it.
     pub fn max_request_run(&self) -> Result<u64> {
