@@ -878,7 +878,7 @@ async fn p1(s: &Settings) -> Row {
             "no tests/npm/node_modules/.bin/claude (cd tests/npm && npm ci)".into(),
         );
     }
-    let pairs = if s.short { 3 } else { 10 };
+    let pairs = if s.short { 3 } else { 20 };
     let fake = fake_anthropic::FakeAnthropic::start(Vec::new()).await;
     fake.push(
         (0..2 * (pairs + 1)).map(|_| fake_anthropic::Reply::text("Hello from the fake model.")),

@@ -625,6 +625,46 @@ async fn claude_code_without_a_login_is_refused_at_create_with_what_to_do() {
     assert_eq!(all[0].provider, P::ClaudeCode as i32);
 }
 
+/// A claude-code session request whose agent is the shell script `name` running `body`, then
+/// sleeping on.
+async fn stand_in(d: &mut Daemon, name: &str, body: &str) -> pb::CreateSessionRequest {
+    let mut req = d.request(None).await;
+    req.provider = P::ClaudeCode as i32;
+    let agent = d.dirs.base.join(name);
+    std::fs::write(&agent, format!("#!/bin/sh\n{body}exec sleep 600\n")).unwrap();
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    req.provider_config = BTreeMap::from([("command".to_string(), agent.display().to_string())]);
+    req
+}
+
+/// Claude Code is asked whether it is ready with `mcp_status` (it answers `initialize` only
+/// after building its whole command list, ≈10 ms of its CPU paddock never reads), under the
+/// same request id, as the first line it reads — with the runner and without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_is_asked_a_cheap_ready_request() {
+    for args in [&[][..], &["--no-runner"][..]] {
+        let mut d = Daemon::start_with(Dirs::new(), args).await;
+        let first = d.dirs.base.join("first-line");
+        let (_, answer) = ANSWER_READY.split_once('\n').expect("two lines");
+        let body = format!(
+            "read -r line\nprintf '%s\\n' \"$line\" > {}\n{answer}",
+            first.display()
+        );
+        let req = stand_in(&mut d, "recording-agent", &body).await;
+        let s = d.create(req).await;
+        assert_eq!(s.status, S::Running as i32, "{args:?}: {s:?}");
+        let line: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&first).unwrap()).unwrap();
+        assert_eq!(
+            line,
+            json!({"type": "control_request", "request_id": "paddock-ready",
+                   "request": {"subtype": "mcp_status"}}),
+            "{args:?}"
+        );
+        d.stop(&s.id, false).await.expect("stopped");
+    }
+}
+
 /// An agent that cannot be written to (it closed its stdin and goes on running) does not
 /// leave the turn open until it exits: the message's turn ends with OBEY-2012 at once, the
 /// session fails with that code, and the agent is stopped — with the runner and without.
@@ -632,21 +672,11 @@ async fn claude_code_without_a_login_is_refused_at_create_with_what_to_do() {
 async fn a_message_the_agent_cannot_receive_is_2012() {
     for args in [&[][..], &["--no-runner"][..]] {
         let mut d = Daemon::start_with(Dirs::new(), args).await;
-        let mut req = d.request(None).await;
-        req.provider = P::ClaudeCode as i32;
         // It reads the ready request, closes its input, then says it is ready (so no message
         // can be written before the close) and runs on.
-        let agent = d.dirs.base.join("deaf-agent");
         let (read, answer) = ANSWER_READY.split_once('\n').expect("two lines");
-        std::fs::write(
-            &agent,
-            format!("#!/bin/sh\n{read}\nexec 0<&-\n{answer}exec sleep 600\n"),
-        )
-        .unwrap();
-        std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
-        req.provider_config =
-            BTreeMap::from([("command".to_string(), agent.display().to_string())]);
+        let body = format!("{read}\nexec 0<&-\n{answer}");
+        let req = stand_in(&mut d, "deaf-agent", &body).await;
         let s = d.create(req).await;
         assert_eq!(s.status, S::Running as i32, "{args:?}: {s:?}");
         let t0 = std::time::Instant::now();

@@ -77,7 +77,8 @@ pub struct Dirs {
 }
 
 /// The shell lines that make a shell stand-in for an agent answer paddock's ready request (the
-/// first line every agent reads: a `control_request` `initialize`), so that its session runs.
+/// first line every agent reads: a `control_request` with id `paddock-ready`), so that its
+/// session runs.
 pub const ANSWER_READY: &str = "read -r _\nprintf '%s\\n' \
     '{\"type\":\"control_response\",\"response\":{\"subtype\":\"success\",\"request_id\":\"paddock-ready\",\"response\":{}}}'\n";
 

@@ -383,7 +383,7 @@ async fn a_lost_conversation_fails_the_resume_with_the_cli_stderr() {
     );
 }
 
-/// A session is RUNNING when the real CLI answered paddock's ready request (its `initialize`
+/// A session is RUNNING when the real CLI answered paddock's ready request (its `mcp_status`
 /// control request, before any message); a CLI that dies at start — here on a flag it does
 /// not know — refuses CreateSession with OBEY-2004 and its stderr, and leaves no session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -960,7 +960,7 @@ impl Session {
                     if self.run.is_alive() {
                         format!(
                             "the provider started but did not say it was ready within {ms} ms \
-                             (it never answered paddock's initialize request); session {} is \
+                             (it never answered paddock's ready request); session {} is \
                              kept, failed, with what the agent printed",
                             self.record.id
                         )

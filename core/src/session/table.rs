@@ -151,7 +151,7 @@ pub fn rule(status: Status, input: InputKind) -> Rule {
         (S::Starting, I::Send) => wrong_state,
         (S::Starting, I::StopGraceful | I::StopForced | I::Restart) => Legal,
         // STARTING lasts from the spawn until the agent says it is ready (it answered paddock's
-        // `initialize`); an exit before that is a start that failed.
+        // ready request); an exit before that is a start that failed.
         (S::Starting, I::Started | I::SpawnFailed | I::Ready | I::Exited | I::StartupTimeout) => {
             Legal
         }

@@ -210,7 +210,7 @@ impl ClaudeStreamParser {
                 Some(vec![Parsed::Unrecognized(line)])
             }
             "control_request" => on_control_request(v),
-            // The answer to paddock's `initialize` (success or error alike: the agent reads
+            // The answer to paddock's ready request (success or error alike: the agent reads
             // its input and answers) says the agent is ready for messages.
             "control_response"
                 if v.pointer("/response/request_id").and_then(Value::as_str)

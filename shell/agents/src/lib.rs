@@ -428,6 +428,22 @@ pub enum PlanError {
     NotFound(String),
 }
 
+/// The line that asks a started agent of `provider` to say it takes messages (the core's
+/// `AskReady`): Claude Code is asked a cheap question of its control channel
+/// ([`stream_json::STATUS_REQUEST`]), every agent of paddock's own (the scripted agent, the
+/// bridges) `initialize` ([`stream_json::READY_REQUEST`]). Either answer reads as `Ready`.
+pub fn ready_request(provider: Provider) -> &'static str {
+    match provider {
+        Provider::ClaudeCode => stream_json::STATUS_REQUEST,
+        Provider::Scripted
+        | Provider::Codex
+        | Provider::Gemini
+        | Provider::Acp
+        | Provider::OpenClaw
+        | Provider::OpenAiApi => stream_json::READY_REQUEST,
+    }
+}
+
 /// How to start the provider of `spec`, and the parser for its output.
 pub fn plan(spec: &SpawnSpec, exe: &Path) -> Result<(LaunchPlan, Box<dyn LineParser>), PlanError> {
     let config = &spec.config;

@@ -850,17 +850,20 @@ impl Ports for Io {
             Ok(planned) => planned,
             Err(reason) => return Some(ProviderEvent::SpawnFailed { reason }),
         };
+        let ready = crate::providers::ready_request(spec.config.provider);
         if let Some(link) = &self.runner {
             // Started / SpawnFailed come back from the runner as inputs.
             let handle = link.spawn_agent(&plan, id.clone(), run, parser, self.tx.clone());
-            self.runs.insert((id.clone(), run), handle);
+            self.runs
+                .insert((id.clone(), run), handle.asking_ready_with(ready));
             return None;
         }
         Some(
             match supervisor::spawn(&plan, id.clone(), run, parser, self.tx.clone()) {
                 Ok(handle) => {
                     let pid = handle.pid;
-                    self.runs.insert((id.clone(), run), handle);
+                    self.runs
+                        .insert((id.clone(), run), handle.asking_ready_with(ready));
                     ProviderEvent::Started { pid: Some(pid) }
                 }
                 Err(e) => ProviderEvent::SpawnFailed {
@@ -876,7 +879,7 @@ impl Ports for Io {
         };
         h.write_line(match line {
             Line::Message(text) => crate::providers::user_message_line(text),
-            Line::Ready => crate::providers::stream_json::ready_request(),
+            Line::Ready => h.ready_request().to_string(),
             Line::Answer(approval) => crate::providers::answer_line(approval),
         })
     }

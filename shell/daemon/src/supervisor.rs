@@ -47,6 +47,9 @@ pub struct RunHandle {
     pub pid: u32,
     stdin: mpsc::Sender<ToStdin>,
     signaller: Signaller,
+    /// The line that asks the agent whether it takes messages: its provider's
+    /// ([`crate::providers::ready_request`]); paddock's `initialize` until told.
+    ready_request: &'static str,
 }
 
 /// What goes to a child's stdin, in order.
@@ -100,7 +103,21 @@ impl RunHandle {
             pid: 0,
             stdin,
             signaller: Signaller::Runner(run),
+            ready_request: crate::providers::stream_json::READY_REQUEST,
         }
+    }
+
+    /// The agent is asked whether it is ready with `line` (its provider's ready request).
+    pub fn asking_ready_with(self, line: &'static str) -> Self {
+        RunHandle {
+            ready_request: line,
+            ..self
+        }
+    }
+
+    /// The line that asks the agent whether it takes messages.
+    pub fn ready_request(&self) -> &'static str {
+        self.ready_request
     }
 
     /// Queues one line for the child's stdin. False if the queue is full or the child's stdin is
@@ -237,6 +254,7 @@ pub fn spawn(
         pid,
         stdin: stdin_tx,
         signaller: Signaller::Group(pid),
+        ready_request: crate::providers::stream_json::READY_REQUEST,
     })
 }
 

@@ -607,14 +607,14 @@ mod tests {
             let input = Arc::new(In::from_reader(out, Box::new(io::BufReader::new(r))));
             let answered = |buf: &Buf| buf.text().contains(r#""request_id":"paddock-ready""#);
             if early {
-                writeln!(w, "{}", stream_json::ready_request()).unwrap();
+                writeln!(w, "{}", stream_json::READY_REQUEST).unwrap();
                 std::thread::sleep(std::time::Duration::from_millis(50));
                 assert!(!answered(&buf), "not before the bridge is set up");
             }
             let waiter = input.clone();
             let next = std::thread::spawn(move || waiter.next_user());
             if !early {
-                writeln!(w, "{}", stream_json::ready_request()).unwrap();
+                writeln!(w, "{}", stream_json::READY_REQUEST).unwrap();
             }
             let t0 = std::time::Instant::now();
             while !answered(&buf) {

@@ -760,7 +760,7 @@ mod tests {
         let dir = temp_dir("ready");
         let input = format!(
             "{}\n{}\n{}\n",
-            stream_json::ready_request(),
+            stream_json::READY_REQUEST,
             r#"{"type":"control_request","request_id":"x","request":{"subtype":"interrupt"}}"#,
             user_message_line("one")
         );
