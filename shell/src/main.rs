@@ -561,10 +561,7 @@ fn main() {
                 peers,
                 notify: daemon::notify::Notifier::from_config(&config.notify),
             };
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
+            let rt = paddock::serve::runtime().expect("tokio runtime");
             match rt.block_on(paddock::serve::run(opts)) {
                 Ok(()) => 0,
                 Err(e) => {

@@ -14,7 +14,9 @@ use crate::daemon::{Options, StartError};
 /// How long open calls may take to finish after the event loop is done.
 const SERVE_DRAIN: Duration = Duration::from_secs(2);
 
-/// Runs the daemon in the foreground until it is told to stop.
+pub use paddock_sys::service_runtime as runtime;
+
+/// Runs the daemon in the foreground until it is told to stop (on [`runtime`]).
 pub async fn run(opts: Options) -> Result<(), StartError> {
     let (started, listeners) = crate::daemon::start(opts).await?;
     let opts = started.opts.clone();

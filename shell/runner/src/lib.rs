@@ -712,10 +712,7 @@ pub async fn serve(socket: &Path, limits: Limits) -> Result<(), ServeError> {
 /// `paddock runner --socket PATH`: the runner in the foreground; the process exit code.
 pub fn run(socket: PathBuf, log: &paddock_sys::paths::LogArgs, limits: Limits) -> i32 {
     log.init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match paddock_sys::service_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("paddock runner: tokio runtime: {e}");
