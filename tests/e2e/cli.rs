@@ -1018,3 +1018,39 @@ async fn a_closed_stdout_ends_the_command_quietly() {
         assert_eq!(stderr, "", "{args:?}");
     }
 }
+
+/// `paddock session attach` whose stdout closes while it follows the conversation (`… | head
+/// -3`) ends, quietly, at the next line it cannot print, instead of following a conversation
+/// nobody sees — its input still open, its session still working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_whose_stdout_closes_ends_quietly() {
+    use std::io::Read;
+    let mut d = Daemon::start().await;
+    let id = d.session(None).await.id;
+    d.send(&id, "hi").await;
+    let (mut reader, writer) = std::io::pipe().unwrap();
+    let mut cmd = d.dirs.cli(false);
+    cmd.args(["session", "attach", &id]).stdout(writer);
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.kill_on_drop(true)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("run paddock");
+    // Held open: an attach whose input ends detaches by itself.
+    let _typing = child.stdin.take();
+    // Attached (it printed the conversation so far); then nobody reads any more.
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut first = [0u8; 64];
+        let n = reader.read(&mut first).expect("the attach prints");
+        assert!(n > 0);
+        reader
+    });
+    drop(within(reader).await.unwrap());
+    d.send(&id, "and again").await;
+    let o = within(child.wait_with_output())
+        .await
+        .expect("paddock ends");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert_eq!(stderr, "");
+}

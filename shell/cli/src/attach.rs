@@ -526,6 +526,11 @@ async fn converse(
     tokio::pin!(ctrl_c);
 
     while s_open || a_open {
+        if s.screen.closed() {
+            // Nobody reads the conversation any more (`… | head`): it ends, saying nothing.
+            s.screen.close();
+            return Err(Error::StdoutClosed);
+        }
         let deferred = s.deferred;
         tokio::select! {
             biased;

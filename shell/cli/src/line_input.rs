@@ -120,6 +120,8 @@ impl Prompt for Arrow {
 #[derive(Clone, Default)]
 pub struct Screen {
     editor: Option<Arc<Editing>>,
+    /// Stdout was closed (`paddock session attach … | head`): nobody sees the conversation.
+    closed: Arc<AtomicBool>,
 }
 
 struct Editing {
@@ -146,6 +148,7 @@ impl Screen {
                 Ok(editing) => {
                     return Screen {
                         editor: Some(Arc::new(editing)),
+                        closed: Arc::default(),
                     }
                 }
                 Err(e) => tracing::debug!("no line editor ({e}); reading plain lines"),
@@ -169,8 +172,15 @@ impl Screen {
                 Err(back) => text = back.0,
             }
         }
-        // A screen whose output was closed has no one to show it to.
-        let _ = outln!("{text}");
+        // A screen whose output was closed has no one to show it to: the caller ends.
+        if let Err(crate::Error::StdoutClosed) = outln!("{text}") {
+            self.closed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether stdout was closed (a line could not be printed): time to go, quietly.
+    pub fn closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// The terminal bell (on a terminal only; the editor passes it through like any output).
