@@ -32,6 +32,16 @@ CREATE INDEX approvals_by_session ON approvals (session_id, created_at);
 CREATE INDEX approvals_pending ON approvals (state) WHERE state = 1;
 "#;
 
+/// Version 14: the highest run a stored request names (start-up reserves every run up to it)
+/// is read from an index instead of every request ever stored.
+pub(super) const V14: &str = r#"
+CREATE INDEX approvals_by_run ON approvals (run);
+"#;
+
+/// The highest run a stored request names (`NULL` when none is stored): the `approvals_by_run`
+/// index's last entry.
+pub(super) const MAX_REQUEST_RUN: &str = "SELECT MAX(run) FROM approvals";
+
 /// How many resolved requests per session a restarted daemon remembers (for late answers).
 pub const RESOLVED_LOADED: i64 = paddock_core::session::machine::RESOLVED_KEPT as i64;
 

@@ -24,6 +24,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     V11,
     V12,
     V13,
+    super::approvals::V14,
 ];
 
 /// Version 13: start-up reads the sessions it must decide on from an index of the rows that

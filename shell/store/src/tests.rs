@@ -1292,6 +1292,28 @@ fn the_sessions_sunbeam_ended_are_closed_by_the_upgrade() {
 /// Start-up reads what it must decide on from indexes, never by visiting every stored session:
 /// the partial index's expression (migration 13) and the rule's must stay the same for SQLite
 /// to use it.
+/// Start-up's highest stored run reads one entry of an index, not every request ever stored.
+#[test]
+fn start_up_reads_the_highest_request_run_from_its_index() {
+    let store = Store::open_in_memory().unwrap();
+    let steps: Vec<String> = store
+        .conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            super::approvals::MAX_REQUEST_RUN
+        ))
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(
+        steps.iter().all(|s| !s.starts_with("SCAN approvals"))
+            && steps.iter().any(|s| s.contains("approvals_by_run")),
+        "{steps:#?}"
+    );
+}
+
 #[test]
 fn start_up_reads_the_unsettled_from_their_index() {
     let store = Store::open_in_memory().unwrap();
