@@ -76,7 +76,8 @@ pub enum Effect {
         spec: SpawnSpec,
     },
     /// Ask the agent of run `run`, which just started, to say when it is ready for messages
-    /// (paddock's ready request, a control request the shell picks per provider); answer with `ProviderEvent::Ready`.
+    /// (paddock's ready request, a control request the shell picks per provider); answer with
+    /// `ProviderEvent::Ready`.
     AskReady {
         id: SessionId,
         run: RunId,
