@@ -215,14 +215,29 @@ const SESSION_STATE_COLUMNS: [&str; 22] = [
 
 /// A session whose configuration is stored as it is: only its state is written (`?1` is the
 /// id, then [`SESSION_STATE_COLUMNS`]).
-static UPDATE_SESSION_STATE: LazyLock<String> = LazyLock::new(|| {
+static UPDATE_SESSION_STATE: LazyLock<String> = LazyLock::new(|| update_state(&[]));
+
+/// The columns the partial index `agent_sessions_active` reads ([`ACTIVE_ROW`]).
+const ACTIVE_ROW_COLUMNS: [&str; 3] = ["status", "pid", "run_id"];
+
+/// [`UPDATE_SESSION_STATE`] for a session whose [`ACTIVE_ROW_COLUMNS`] are stored as they are:
+/// it leaves them out, and with them the index. SQLite rewrites the entry of every partial
+/// index whose columns an UPDATE sets, equal or not (a delete and an insert: two seeks and a
+/// page more in every commit for each working session). The same parameters bind: those left
+/// out are numbered and not read.
+static UPDATE_SESSION_WORK: LazyLock<String> = LazyLock::new(|| update_state(&ACTIVE_ROW_COLUMNS));
+
+/// `UPDATE agent_sessions SET` every column of [`SESSION_STATE_COLUMNS`] but `skip`, each as
+/// `?{its place + 2}`.
+fn update_state(skip: &[&str]) -> String {
     let set: Vec<String> = SESSION_STATE_COLUMNS
         .iter()
         .enumerate()
+        .filter(|(_, c)| !skip.contains(c))
         .map(|(i, c)| format!("{c} = ?{}", i + 2))
         .collect();
     format!("UPDATE agent_sessions SET {} WHERE id = ?1", set.join(", "))
-});
+}
 
 static SELECT_SESSIONS: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -325,12 +340,27 @@ pub struct Store {
     sealer: seal::Sealer,
     /// Dropped with the store: the checkpointer thread ends.
     _checkpointer: Option<std::sync::mpsc::Sender<()>>,
-    /// The configuration of each session as this store last committed it in full (live
-    /// sessions only, at most [`STORED_CONFIGS_MAX`]). A session that works changes its state
-    /// with every event and its configuration almost never: while the configuration is the
-    /// one stored, a batch writes only the state ([`UPDATE_SESSION_STATE`]) instead of
-    /// encoding and sealing the whole row again.
-    stored_configs: HashMap<String, SessionConfig>,
+    /// What this store last committed of each live session's row (at most
+    /// [`STORED_CONFIGS_MAX`]). A session that works changes its state with every event and
+    /// its configuration almost never: while the configuration is the one stored, a batch
+    /// writes only the state ([`UPDATE_SESSION_STATE`]) instead of encoding and sealing the
+    /// whole row again, and while its status, pid and run are too, only the columns no index
+    /// reads ([`UPDATE_SESSION_WORK`]).
+    stored_configs: HashMap<String, StoredRow>,
+}
+
+/// What [`Store`] remembers of a session's row as it committed it.
+#[derive(Debug)]
+struct StoredRow {
+    config: SessionConfig,
+    active: ActiveKey,
+}
+
+/// A session's [`ACTIVE_ROW_COLUMNS`].
+type ActiveKey = (paddock_core::Status, Option<u32>, Option<u64>);
+
+fn active_key(rec: &SessionRecord) -> ActiveKey {
+    (rec.status, rec.pid, rec.run)
 }
 
 /// Sessions whose stored configuration [`Store`] remembers, at most; the others are written
@@ -489,8 +519,11 @@ impl Store {
             };
         }
         let mut written: std::collections::HashSet<(bool, &str)> = std::collections::HashSet::new();
-        // What the batch does to `stored_configs`, done once it committed.
+        // What the batch does to `stored_configs`, done once it committed: rows stored anew,
+        // rows whose configuration was as stored (their active key may have changed), rows
+        // gone.
         let mut configs_stored: Vec<&SessionRecord> = Vec::new();
+        let mut states_stored: Vec<&SessionRecord> = Vec::new();
         let mut configs_gone: Vec<&str> = Vec::new();
         let stored_configs = &self.stored_configs;
         let tx = self
@@ -509,13 +542,21 @@ impl Store {
             };
             match record {
                 Record::Session(rec) => {
-                    let as_stored = stored_configs.get(&rec.id.0) == Some(&rec.config);
-                    if !(as_stored && update_session_state(&tx, rec)?) {
+                    let stored = stored_configs
+                        .get(&rec.id.0)
+                        .filter(|s| s.config == rec.config);
+                    let updated = match stored {
+                        Some(s) => update_session_state(&tx, rec, s.active == active_key(rec))?,
+                        None => false,
+                    };
+                    if !updated {
                         upsert_session(&tx, sealer, rec)?;
                     }
                     if rec.status.is_terminal() {
                         configs_gone.push(&rec.id.0);
-                    } else if !as_stored {
+                    } else if updated {
+                        states_stored.push(rec);
+                    } else {
                         configs_stored.push(rec);
                     }
                 }
@@ -552,8 +593,16 @@ impl Store {
             if self.stored_configs.len() < STORED_CONFIGS_MAX
                 || self.stored_configs.contains_key(&rec.id.0)
             {
-                self.stored_configs
-                    .insert(rec.id.0.clone(), rec.config.clone());
+                let row = StoredRow {
+                    config: rec.config.clone(),
+                    active: active_key(rec),
+                };
+                self.stored_configs.insert(rec.id.0.clone(), row);
+            }
+        }
+        for rec in states_stored {
+            if let Some(row) = self.stored_configs.get_mut(&rec.id.0) {
+                row.active = active_key(rec);
             }
         }
         for id in configs_gone {
@@ -968,38 +1017,46 @@ fn upsert_session(conn: &Connection, sealer: &seal::Sealer, rec: &SessionRecord)
     Ok(())
 }
 
-/// Writes the state of session `rec`, whose configuration is stored as it is. False when
-/// there is no such row (the caller writes it in full).
-fn update_session_state(conn: &Connection, rec: &SessionRecord) -> Result<bool> {
+/// Writes the state of session `rec`, whose configuration is stored as it is, and whose
+/// [`ACTIVE_ROW_COLUMNS`] too when `active_as_stored`. False when there is no such row (the
+/// caller writes it in full).
+fn update_session_state(
+    conn: &Connection,
+    rec: &SessionRecord,
+    active_as_stored: bool,
+) -> Result<bool> {
     let error_code = rec.error.as_ref().map(|e| e.code.to_string());
     let error_message = rec.error.as_ref().map(|e| e.message.as_str());
-    let n = conn
-        .prepare_cached(&UPDATE_SESSION_STATE)?
-        .execute(params![
-            rec.id.0,
-            rec.status.number(),
-            int(rec.tokens_input),
-            int(rec.tokens_output),
-            rec.pid,
-            rec.restart_count,
-            time(rec.created_at),
-            rec.started_at.map(time),
-            rec.last_activity_at.map(time),
-            rec.ended_at.map(time),
-            error_code,
-            error_message,
-            rec.provider_session,
-            int(rec.last_activity_seq),
-            int(rec.last_status_seq),
-            int(rec.turns),
-            rec.turn_open,
-            rec.run.map(int),
-            int(rec.provider_cursor),
-            rec.last_turn_failed,
-            rec.env_state.number(),
-            rec.disconnected,
-            rec.closed_by_client,
-        ])?;
+    let sql: &str = if active_as_stored {
+        &UPDATE_SESSION_WORK
+    } else {
+        &UPDATE_SESSION_STATE
+    };
+    let n = conn.prepare_cached(sql)?.execute(params![
+        rec.id.0,
+        rec.status.number(),
+        int(rec.tokens_input),
+        int(rec.tokens_output),
+        rec.pid,
+        rec.restart_count,
+        time(rec.created_at),
+        rec.started_at.map(time),
+        rec.last_activity_at.map(time),
+        rec.ended_at.map(time),
+        error_code,
+        error_message,
+        rec.provider_session,
+        int(rec.last_activity_seq),
+        int(rec.last_status_seq),
+        int(rec.turns),
+        rec.turn_open,
+        rec.run.map(int),
+        int(rec.provider_cursor),
+        rec.last_turn_failed,
+        rec.env_state.number(),
+        rec.disconnected,
+        rec.closed_by_client,
+    ])?;
     Ok(n == 1)
 }
 

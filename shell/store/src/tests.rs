@@ -525,16 +525,7 @@ fn the_resumable_session_is_the_newest_one_the_rule_accepts() {
 #[test]
 fn a_session_whose_configuration_is_stored_has_only_its_state_written() {
     let mut store = Store::open_in_memory().unwrap();
-    let config_of = |store: &Store| -> String {
-        store
-            .conn
-            .query_row(
-                "SELECT provider_config FROM agent_sessions WHERE id = 's'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap()
-    };
+    let config_of = |store: &Store| -> String { column_of(store, "s", "provider_config") };
     let mut rec = full_record("s");
     rec.status = Status::Running;
     rec.last_turn_failed = true; // every state field differs from bare_record's
@@ -573,14 +564,7 @@ fn a_session_whose_configuration_is_stored_has_only_its_state_written() {
     // full write.
     let mut changed = rec.clone();
     changed.config.model = "another-model".into();
-    let err = store
-        .apply(&[
-            Record::Session(Box::new(changed.clone())),
-            Record::Activity(activity("s", 1)),
-            Record::Activity(activity("s", 1)),
-        ])
-        .unwrap_err();
-    assert!(is_unique_violation(&err), "{err}");
+    write_rolled_back(&mut store, &changed);
     assert_eq!(store.session("s").unwrap(), Some(rec.clone()));
     store
         .apply(&[Record::Session(Box::new(changed.clone()))])
@@ -698,6 +682,24 @@ fn a_database_from_a_newer_binary_is_refused() {
 }
 
 /// A UNIQUE or PRIMARY KEY constraint violation.
+/// Column `column` of session `id`'s row as stored.
+fn column_of<T: rusqlite::types::FromSql>(store: &Store, id: &str, column: &str) -> T {
+    let sql = format!("SELECT {column} FROM agent_sessions WHERE id = ?1");
+    store.conn.query_row(&sql, [id], |r| r.get(0)).unwrap()
+}
+
+/// Writes `rec` in a batch that fails (an activity twice) and so is rolled back.
+fn write_rolled_back(store: &mut Store, rec: &SessionRecord) {
+    let err = store
+        .apply(&[
+            Record::Session(Box::new(rec.clone())),
+            Record::Activity(activity(&rec.id.0, 1)),
+            Record::Activity(activity(&rec.id.0, 1)),
+        ])
+        .unwrap_err();
+    assert!(is_unique_violation(&err), "{err}");
+}
+
 fn is_unique_violation(err: &StoreError) -> bool {
     matches!(
         err,
@@ -1312,6 +1314,87 @@ fn start_up_reads_the_highest_request_run_from_its_index() {
             && steps.iter().any(|s| s.contains("approvals_by_run")),
         "{steps:#?}"
     );
+}
+
+#[test]
+fn a_working_session_leaves_the_index_of_active_rows_alone() {
+    let mut store = Store::open_in_memory().unwrap();
+    // SQLite rewrites a partial index's entry for every UPDATE that sets a column the index
+    // reads, equal or not: the statement for a working session sets none of them.
+    let opcodes = |sql: &str| -> Vec<String> {
+        let mut stmt = store.conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+        let unbound = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
+        let ops = stmt
+            .query_map(rusqlite::params_from_iter(unbound), |r| r.get(1))
+            .unwrap();
+        ops.collect::<rusqlite::Result<_>>().unwrap()
+    };
+    let touches_an_index = |ops: &[String]| ops.iter().any(|o| o == "IdxDelete");
+    assert!(touches_an_index(&opcodes(&super::UPDATE_SESSION_STATE)));
+    assert!(!touches_an_index(&opcodes(&super::UPDATE_SESSION_WORK)));
+
+    let status_of = |store: &Store| -> i64 { column_of(store, "s", "status") };
+    let unsettled = |store: &Store| -> Vec<String> {
+        let mut stmt = store.conn.prepare(&super::UNSETTLED_IDS).unwrap();
+        let ids = stmt.query_map([], |r| r.get(0)).unwrap();
+        ids.collect::<rusqlite::Result<_>>().unwrap()
+    };
+    let mut rec = full_record("s");
+    rec.status = Status::Running;
+    rec.pid = Some(7);
+    rec.run = Some(3);
+    store
+        .apply(&[Record::Session(Box::new(rec.clone()))])
+        .unwrap();
+    // A status changed behind the store's back stays while the session's status, pid and run
+    // are as the store wrote them (only its work is written)…
+    store
+        .conn
+        .execute(
+            "UPDATE agent_sessions SET status = ?1 WHERE id = 's'",
+            [Status::Waiting.number()],
+        )
+        .unwrap();
+    rec.tokens_input += 5;
+    rec.last_activity_seq += 1;
+    store
+        .apply(&[Record::Session(Box::new(rec.clone()))])
+        .unwrap();
+    assert_eq!(status_of(&store), i64::from(Status::Waiting.number()));
+    let read = store.session("s").unwrap().unwrap();
+    assert_eq!(
+        (read.tokens_input, read.last_activity_seq),
+        (rec.tokens_input, rec.last_activity_seq)
+    );
+    // …and is written with the rest once one of them changes.
+    rec.pid = None;
+    store
+        .apply(&[Record::Session(Box::new(rec.clone()))])
+        .unwrap();
+    assert_eq!(store.session("s").unwrap(), Some(rec.clone()));
+    assert_eq!(unsettled(&store), ["s"]);
+    // A rolled-back batch leaves the stored key as it was: the run that it dropped is
+    // written by the next batch.
+    let mut dropped = rec.clone();
+    dropped.run = None;
+    write_rolled_back(&mut store, &dropped);
+    store
+        .apply(&[Record::Session(Box::new(dropped.clone()))])
+        .unwrap();
+    assert_eq!(store.session("s").unwrap(), Some(dropped.clone()));
+    // Ended, with no process and no run: out of the index.
+    let mut ended = dropped;
+    ended.status = Status::Stopped;
+    store
+        .apply(&[Record::Session(Box::new(ended.clone()))])
+        .unwrap();
+    assert_eq!(store.session("s").unwrap(), Some(ended));
+    assert!(unsettled(&store).is_empty());
+    let check: String = store
+        .conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
 }
 
 #[test]
