@@ -371,12 +371,41 @@ const STORED_CONFIGS_MAX: usize = 4096;
 pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 /// The WAL file is cut back to this size when it restarts after a checkpoint.
 const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+/// A WAL larger than this is restarted under the writer lock ([`checkpointer`]). Below
+/// [`WAL_SIZE_LIMIT`], with room for what half a second adds at 40 MB a second: the file stays
+/// as large as it grew and a restarted WAL writes over blocks the file has, instead of being
+/// cut back and growing again (every block it adds is work for the file system's journal,
+/// which the checkpoint's fsync waits for).
+const WAL_RESTART_AT: i64 = 32 * 1024 * 1024;
+/// Passes a restart may make without the lock first, each copying what the one before left.
+const CATCH_UP_PASSES: usize = 4;
+
+/// When the checkpointer checkpoints ([`CHECKPOINTS`]; tests make it quicker).
+#[derive(Clone, Copy, Debug)]
+struct Checkpoints {
+    every: Duration,
+    restart_at_bytes: i64,
+}
+
+const CHECKPOINTS: Checkpoints = Checkpoints {
+    every: CHECKPOINT_EVERY,
+    restart_at_bytes: WAL_RESTART_AT,
+};
 
 /// Checkpoints a WAL database from its own connection and thread (performance review B2): a
 /// checkpoint copies pages and fsyncs, which on the writer's thread stalled every commit for
 /// 12–20 ms. PASSIVE never waits for the writer nor blocks it; the WAL restarts from its start
 /// once every frame was copied.
-fn checkpointer(path: std::path::PathBuf, stop: std::sync::mpsc::Receiver<()>) {
+///
+/// A writer that never pauses for a whole pass (a thousand busy sessions) never let that
+/// happen: a pass copies what the WAL held when it began, and its WAL grew by every commit
+/// (40 MB a second, 800 MB after 20 s). Once the WAL holds more than
+/// [`Checkpoints::restart_at_bytes`], the checkpointer catches up without the lock (what a pass
+/// leaves is what was written during it, less each time) and then checkpoints in RESTART
+/// mode, which holds the writer lock while it copies the last frames and syncs: the writer
+/// waits that long ([`busy_wait`], 2–4 ms measured) and its next commit writes from the WAL's
+/// start.
+fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mpsc::Receiver<()>) {
     let conn = match Connection::open(&path) {
         Ok(c) => c,
         Err(e) => {
@@ -385,20 +414,49 @@ fn checkpointer(path: std::path::PathBuf, stop: std::sync::mpsc::Receiver<()>) {
         }
     };
     let _ = conn.busy_timeout(BUSY_TIMEOUT);
+    // A frame is a page and its 24-byte header.
+    let frame = conn
+        .query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0))
+        .map_or(4096 + 24, |p| p + 24);
+    let restart_at = when.restart_at_bytes / frame;
+    // Close enough to restart: what a millisecond adds at 40 MB a second.
+    let caught_up = 40 * 1024 / frame;
+    // (frames in the WAL, frames copied).
+    let pass = |mode: &str| {
+        conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+            Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+        })
+    };
+    let mut last_log = 0;
     loop {
-        match stop.recv_timeout(CHECKPOINT_EVERY) {
+        match stop.recv_timeout(when.every) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             _ => return,
         }
-        let r = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        });
+        let mut r = pass("PASSIVE");
+        if let Ok((mut log, _)) = r {
+            // A WAL that did not grow since the last round was idle, and a whole pass copied
+            // it: the writer's next commit restarts it.
+            let grew = log != std::mem::replace(&mut last_log, log);
+            if grew && log > restart_at {
+                for _ in 0..CATCH_UP_PASSES {
+                    r = pass("PASSIVE");
+                    let Ok((now, _)) = r else { break };
+                    if now - std::mem::replace(&mut log, now) <= caught_up {
+                        break;
+                    }
+                }
+                let held = std::time::Instant::now();
+                r = pass("RESTART");
+                tracing::debug!(
+                    frames = log,
+                    held_ms = held.elapsed().as_secs_f64() * 1e3,
+                    "checkpoint: the WAL restarts"
+                );
+            }
+        }
         match r {
-            Ok((_, log, done)) if log > 0 => {
+            Ok((log, done)) if log > 0 => {
                 tracing::trace!(frames = log, copied = done, "checkpoint")
             }
             Ok(_) => {}
@@ -407,10 +465,29 @@ fn checkpointer(path: std::path::PathBuf, stop: std::sync::mpsc::Receiver<()>) {
     }
 }
 
+/// How long the writer sleeps between tries while another connection holds the lock it
+/// needs (the checkpointer's restart): short, so that it writes within a fraction of a
+/// millisecond of the lock's release. (SQLite's own busy timeout sleeps 1, 2, 5, 10… ms.)
+const BUSY_STEP: Duration = Duration::from_micros(100);
+
+/// The writer's busy handler: sleeps [`BUSY_STEP`] per try, for up to [`BUSY_TIMEOUT`].
+fn busy_wait(tries: i32) -> bool {
+    let tries = u32::try_from(tries).unwrap_or(0);
+    if BUSY_STEP * tries >= BUSY_TIMEOUT {
+        return false;
+    }
+    std::thread::sleep(BUSY_STEP);
+    true
+}
+
 impl Store {
     /// Opens (creating if needed) the database file at `path` and migrates it. The parent
     /// directory must exist.
     pub fn open(path: &Path) -> Result<Store> {
+        Store::open_with(path, CHECKPOINTS)
+    }
+
+    fn open_with(path: &Path, checkpoints: Checkpoints) -> Result<Store> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let sealer = seal::Sealer::load_or_create(&dir.join(SECRET_KEY_FILE))?;
         let mut store = Store::init(Connection::open(path)?, sealer)?;
@@ -424,7 +501,7 @@ impl Store {
             let db = path.to_path_buf();
             let spawned = std::thread::Builder::new()
                 .name("paddock-checkpoint".into())
-                .spawn(move || checkpointer(db, rx));
+                .spawn(move || checkpointer(db, checkpoints, rx));
             match spawned {
                 Ok(_) => {
                     store.conn.execute_batch(&format!(
@@ -445,7 +522,7 @@ impl Store {
     }
 
     fn init(mut conn: Connection, sealer: seal::Sealer) -> Result<Store> {
-        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.busy_handler(Some(busy_wait))?;
         conn.execute_batch("PRAGMA foreign_keys = ON")?;
         // 1 KiB pages for a new database (an existing one keeps its own: only a VACUUM could
         // change it, and a start never rewrites the file). Every event updates its session's

@@ -205,6 +205,32 @@ fn count(store: &Store, table: &str) -> i64 {
 }
 
 #[test]
+fn the_writer_waits_for_a_lock_held_elsewhere() {
+    // As the checkpointer's restart holds the writer lock: the store's write waits for it (in
+    // short steps, `busy_wait`) and goes through once it is released.
+    let dir = TempDir::new("busy");
+    let mut store = Store::open(&dir.db()).unwrap();
+    let other = Connection::open(dir.db()).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let held = std::time::Duration::from_millis(60);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(held);
+        other.execute_batch("COMMIT").unwrap();
+        Instant::now()
+    });
+    store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
+    let written = Instant::now();
+    let released = release.join().unwrap();
+    // SQLite's own busy timeout would try again at 53 then 78 ms.
+    assert!(
+        written > released && written - released < std::time::Duration::from_millis(10),
+        "written {:?} after the lock's release",
+        written.saturating_duration_since(released)
+    );
+    assert_eq!(count(&store, "agent_activities"), 1);
+}
+
+#[test]
 fn a_file_database_uses_wal_normal_sync_and_foreign_keys() {
     let dir = TempDir::new("pragmas");
     let store = Store::open(&dir.db()).unwrap();
@@ -225,7 +251,6 @@ fn a_file_database_uses_wal_normal_sync_and_foreign_keys() {
     assert_eq!(pragma("page_size"), PAGE_SIZE.to_string());
     assert_eq!(pragma("synchronous"), "1", "NORMAL");
     assert_eq!(pragma("foreign_keys"), "1");
-    assert_eq!(pragma("busy_timeout"), BUSY_TIMEOUT.as_millis().to_string());
     assert_eq!(
         migrations::current_version(&store.conn).unwrap(),
         MIGRATIONS.len() as i64
@@ -430,6 +455,53 @@ fn a_batch_is_atomic() {
     assert_eq!(store.activities("old", 0, 100).unwrap().len(), 1);
     store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
     assert_eq!(store.activities("s", 0, 100).unwrap().len(), 1);
+}
+
+#[test]
+fn a_wal_that_never_empties_is_restarted_past_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("paddock.db");
+    let quick = super::Checkpoints {
+        every: std::time::Duration::from_millis(20),
+        restart_at_bytes: 256 * 1024,
+    };
+    let mut store = Store::open_with(&db, quick).unwrap();
+    let wal = dir.path().join("paddock.db-wal");
+    // The WAL header's checkpoint sequence number counts its restarts (big-endian, bytes
+    // 12..16).
+    let restarts = || {
+        use std::io::Read;
+        let mut header = [0; 16];
+        std::fs::File::open(&wal)
+            .and_then(|mut f| f.read_exact(&mut header))
+            .map_or(0, |()| u32::from_be_bytes(header[12..].try_into().unwrap()))
+    };
+    // 24 MiB of text, a batch every half millisecond (a loop that commits, delivers and
+    // commits again): a pass never finds the WAL as it began, and without a restart the WAL
+    // holds all of it (36 MB; a restart every round keeps it under 2 MB).
+    let text = "x".repeat(2048);
+    let (mut seq, mut written) = (0, 0);
+    let first = restarts();
+    while written < 24 << 20 {
+        let batch: Vec<Record> = (0..8)
+            .map(|_| {
+                seq += 1;
+                let mut a = activity("01WAL", seq);
+                a.activity.content = text.clone();
+                Record::Activity(a)
+            })
+            .collect();
+        store.apply(&batch).unwrap();
+        written += 8 * text.len();
+        std::thread::sleep(std::time::Duration::from_micros(500));
+    }
+    let size = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        restarts() >= first + 3 && size < 8 << 20,
+        "{} restarts after {written} bytes, a WAL of {size} bytes",
+        restarts() - first
+    );
+    assert_eq!(count(&store, "agent_activities"), seq as i64);
 }
 
 #[test]
