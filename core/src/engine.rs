@@ -826,8 +826,8 @@ impl Engine {
     /// it as it is (the shell calls this once the batch that settled it is committed and the
     /// reads of that batch are answered), and [`Engine::recall`] brings it back, with the same
     /// answers, when something names it. A daemon's memory follows its live sessions, not its
-    /// history. How many were let go.
-    pub fn evict_settled(&mut self) -> usize {
+    /// history. Those let go, in id order (what the shell keeps beside each goes too).
+    pub fn evict_settled(&mut self) -> Vec<SessionId> {
         let settled = std::mem::take(&mut self.settled);
         for id in &settled {
             let s = self.sessions.remove(id).expect("a settled session is held");
@@ -838,7 +838,7 @@ impl Engine {
             );
         }
         self.check_index();
-        settled.len()
+        settled.into_iter().collect()
     }
 
     /// Debug builds (the tests, the simulator) check after every input that the index is what

@@ -813,7 +813,7 @@ fn a_settled_session_is_let_go_and_recalled_with_the_same_answers() {
     r.ask("a1", AskKind::Permission, "Bash");
     let resolved = r.resolve("a1", Decision::Approve).1.unwrap();
     // Live, or ending: nothing to let go.
-    assert_eq!(r.engine.evict_settled(), 0);
+    assert_eq!(r.engine.evict_settled().len(), 0);
     let req = r.next_req();
     r.at(
         1,
@@ -824,7 +824,7 @@ fn a_settled_session_is_let_go_and_recalled_with_the_same_answers() {
         },
     );
     assert_eq!(
-        r.engine.evict_settled(),
+        r.engine.evict_settled().len(),
         0,
         "its process is still being ended"
     );
@@ -835,9 +835,9 @@ fn a_settled_session_is_let_go_and_recalled_with_the_same_answers() {
     });
     let record = r.engine.session(&sid()).unwrap().record.clone();
     let kept = r.engine.clone();
-    assert_eq!(r.engine.evict_settled(), 1);
+    assert_eq!(r.engine.evict_settled().len(), 1);
     assert!(r.engine.session(&sid()).is_none());
-    assert_eq!(r.engine.evict_settled(), 0);
+    assert_eq!(r.engine.evict_settled().len(), 0);
     // Named again, it comes back from what the store holds and answers as the kept one does.
     r.engine.recall(record, vec![resolved]);
     let mut kept = kept;
@@ -865,7 +865,7 @@ fn a_settled_session_is_let_go_and_recalled_with_the_same_answers() {
         assert_eq!(kept.handle(at, input.clone()), r.engine.handle(at, input));
     }
     // Restarted: live again, so kept.
-    assert_eq!(r.engine.evict_settled(), 0);
+    assert_eq!(r.engine.evict_settled().len(), 0);
     assert_eq!(r.engine.live_sessions(), 1);
 }
 

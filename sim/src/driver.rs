@@ -857,7 +857,7 @@ impl Sim {
         }
         self.commit(&done, tick)?;
         // Committed: what the step settled goes back to the store, as the shell lets it go.
-        self.evicted += self.exec.evict_settled() as u64;
+        self.evicted += self.exec.evict_settled().len() as u64;
         if tick {
             self.io.world.check_kills(self.now)?;
             if let Some((at, why)) = self.engine_deadline() {

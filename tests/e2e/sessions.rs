@@ -1111,7 +1111,7 @@ async fn activities_can_be_listed_in_pages_and_watched_from_history_to_the_end()
 
 /// Lines the adapter does not understand never hurt the session: they are stored raw (in the
 /// store's `provider_unrecognized` table), counted in SessionInfo, and the count survives a
-/// daemon restart.
+/// daemon restart and the session's end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unrecognized_provider_lines_are_stored_raw_and_counted() {
     let mut d = Daemon::start().await;
@@ -1147,6 +1147,32 @@ async fn unrecognized_provider_lines_are_stored_raw_and_counted() {
     d.kill9();
     d.launch().await;
     assert_eq!(d.get(&s.id).await.unrecognized_lines, 4);
+    // Stopped, it settles: the daemon lets it go and reads its count from the store, for a
+    // listing of ended sessions and for the session named again, before and after a restart.
+    d.stop(&s.id, false).await.unwrap();
+    d.wait_status(&s.id, pb::SessionStatus::Stopped).await;
+    for restarted in [false, true] {
+        if restarted {
+            d.kill9();
+            d.launch().await;
+        }
+        let all = pb::ListSessionsRequest {
+            include_terminated: true,
+            ..Default::default()
+        };
+        let listed = within(d.client().await.list_sessions(all))
+            .await
+            .unwrap()
+            .into_inner()
+            .sessions;
+        assert_eq!(listed[0].id, s.id);
+        assert_eq!(listed[0].unrecognized_lines, 4, "restarted: {restarted}");
+        assert_eq!(
+            d.get(&s.id).await.unrecognized_lines,
+            4,
+            "restarted: {restarted}"
+        );
+    }
     let db = rusqlite::Connection::open(d.dirs.data.join("paddock.db")).unwrap();
     let lines: Vec<String> = db
         .prepare("SELECT line FROM provider_unrecognized WHERE session_id = ?1 ORDER BY seq")

@@ -112,7 +112,10 @@ pub struct Io {
     /// Who waits for which request's answer.
     pending: BTreeMap<RequestId, Waiting>,
     turn_streams: BTreeMap<(SessionId, u64), TurnStream>,
-    /// Unrecognized provider lines per session, as committed.
+    /// Unrecognized provider lines per session, as committed, of the sessions the engine
+    /// holds (those with none are absent): loaded with them at start and when one is
+    /// recalled, let go with them (`State::evict_settled`). A listing of settled sessions
+    /// reads each one's count with its row.
     pub(super) unrecognized: BTreeMap<String, u64>,
     /// Rows only the shell writes (reported events, unrecognized lines), stored with the
     /// batch's records, and who waits for them.
@@ -184,6 +187,14 @@ impl State {
 
     /// [`Executor::recall`] for a read or a report that cannot be refused: a failed read is
     /// logged, and the engine answers as for a session it does not have.
+    /// The engine lets go of what settled (after a commit and its reads), and the loop of
+    /// what it holds beside each one.
+    fn evict_settled(&mut self) {
+        for id in self.exec.evict_settled() {
+            self.io.unrecognized.remove(&id.0);
+        }
+    }
+
     fn recall_or_log(&mut self, id: &SessionId) {
         if let Err(e) = self.exec.recall(id, &mut self.io) {
             tracing::error!(session = %id, "cannot read the session from the store: {e}");
@@ -631,15 +642,19 @@ impl State {
             let Some(last) = page.last() else {
                 break;
             };
-            before = last.id.0.clone();
-            for stored in page {
+            before = last.0.id.0.clone();
+            for (stored, unrecognized) in page {
                 match self.exec.engine().session(&stored.id) {
                     Some(s) if pick(&s.record) => {
                         out.push(view(s.record.clone(), s.pending().len()))
                     }
                     Some(_) => {}
                     // Settled: no open request.
-                    None if pick(&stored) => out.push(view(stored, 0)),
+                    None if pick(&stored) => out.push(SessionView {
+                        record: stored,
+                        unrecognized,
+                        pending: 0,
+                    }),
                     None => {}
                 }
                 if out.len() == limit {
@@ -971,6 +986,13 @@ impl Ports for Io {
             return Ok(None);
         };
         let resolved = self.store.resolved_approvals(&id.0)?;
+        // Held beside the session while the engine holds it (see `unrecognized`).
+        match self.store.unrecognized_count(&id.0)? {
+            0 => {}
+            n => {
+                self.unrecognized.insert(id.0.clone(), n);
+            }
+        }
         tracing::debug!(session = %id, "recalled a settled session from the store");
         Ok(Some((record, resolved)))
     }
@@ -1143,7 +1165,7 @@ pub async fn run(
     state.exec.execute(restore, &mut state.io);
     state.exec.run(&mut state.io);
     commit_or_wait(&mut state, &mut rx).await?;
-    state.exec.evict_settled();
+    state.evict_settled();
     loop {
         let deadline = state.exec.engine().poll_timeout().and_then(|(at, why)| {
             tracing::trace!(
@@ -1183,7 +1205,7 @@ pub async fn run(
         }
         // What this batch settled is stored now and its reads are answered: the engine lets
         // it go (it is recalled when named again).
-        state.exec.evict_settled();
+        state.evict_settled();
         if state.finished() {
             break;
         }

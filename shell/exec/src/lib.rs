@@ -312,8 +312,8 @@ impl Executor {
     }
 
     /// After a commit and the reads answered from it: the engine lets go of every session
-    /// that settled (recalled when named again). Returns how many.
-    pub fn evict_settled(&mut self) -> usize {
+    /// that settled (recalled when named again). Returns those let go.
+    pub fn evict_settled(&mut self) -> Vec<SessionId> {
         debug_assert!(
             self.records.is_empty() && self.deliver.is_empty(),
             "eviction only after a commit"
@@ -598,7 +598,7 @@ mod tests {
         exec.commit(&mut io).unwrap();
         let record = exec.engine().session(&id()).unwrap().record.clone();
         assert!(record.is_settled());
-        assert_eq!(exec.evict_settled(), 1);
+        assert_eq!(exec.evict_settled().len(), 1);
         assert!(exec.engine().session(&id()).is_none());
         io.stored = Some(record);
         exec.push(Input::Delete { req: 4, id: id() }, &mut io)
@@ -649,7 +649,7 @@ mod tests {
             record.is_settled() && record.resumable_for("/p"),
             "{record:?}"
         );
-        assert_eq!(exec.evict_settled(), 1);
+        assert_eq!(exec.evict_settled().len(), 1);
         io.stored = Some(record);
         io.calls.clear();
 

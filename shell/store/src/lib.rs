@@ -155,19 +155,18 @@ pub const UNRECOGNIZED_LINE_MAX: usize = 16 * 1024;
 
 fn insert_unrecognized(tx: &rusqlite::Transaction<'_>, l: &UnrecognizedLine) -> Result<()> {
     let line = paddock_support::text::prefix(&l.line, UNRECOGNIZED_LINE_MAX);
-    let seq: i64 = tx.query_row(
-        "SELECT COALESCE(MAX(seq), 0) + 1 FROM provider_unrecognized WHERE session_id = ?1",
-        [&l.session_id],
-        |r| r.get(0),
-    )?;
-    tx.execute(
+    // Prepared once: an agent that prints what its parser does not read prints a lot of it.
+    let seq: i64 = tx
+        .prepare_cached(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM provider_unrecognized WHERE session_id = ?1",
+        )?
+        .query_row([&l.session_id], |r| r.get(0))?;
+    tx.prepare_cached(
         "INSERT INTO provider_unrecognized (session_id, seq, run, at, line) VALUES (?1, ?2, ?3, ?4, ?5)",
-        rusqlite::params![l.session_id, seq, l.run as i64, l.at_ms, line],
-    )?;
-    tx.execute(
-        "DELETE FROM provider_unrecognized WHERE session_id = ?1 AND seq <= ?2",
-        rusqlite::params![l.session_id, seq - UNRECOGNIZED_KEPT],
-    )?;
+    )?
+    .execute(rusqlite::params![l.session_id, seq, l.run as i64, l.at_ms, line])?;
+    tx.prepare_cached("DELETE FROM provider_unrecognized WHERE session_id = ?1 AND seq <= ?2")?
+        .execute(rusqlite::params![l.session_id, seq - UNRECOGNIZED_KEPT])?;
     Ok(())
 }
 
@@ -269,6 +268,16 @@ static UNSETTLED_IDS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// [`Store::unrecognized_counts`]: only of the sessions [`UNSETTLED_IDS`] names, through
+/// `provider_unrecognized`'s key.
+static UNSETTLED_UNRECOGNIZED_COUNTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT session_id, MAX(seq) FROM provider_unrecognized \
+         WHERE session_id IN ({}) GROUP BY session_id",
+        *UNSETTLED_IDS
+    )
+});
+
 static SELECT_UNSETTLED_SESSIONS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {} FROM agent_sessions WHERE id IN ({}) ORDER BY id",
@@ -279,14 +288,22 @@ static SELECT_UNSETTLED_SESSIONS: LazyLock<String> = LazyLock::new(|| {
 
 /// A page of sessions newest first (ids are ULIDs: creation order), before an id (`''`: from
 /// the newest), optionally of one campaign or working dir.
+/// Each with the count of its unrecognized lines after [`SESSION_COLUMNS`] (one seek in
+/// `provider_unrecognized`'s key a row).
 static SELECT_SESSIONS_BEFORE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM agent_sessions WHERE (?1 = '' OR id < ?1) \
+        "SELECT {}, ({UNRECOGNIZED_COUNT_OF} agent_sessions.id) FROM agent_sessions \
+         WHERE (?1 = '' OR id < ?1) \
          AND (?2 IS NULL OR campaign_id = ?2) AND (?3 IS NULL OR working_dir = ?3) \
          ORDER BY id DESC LIMIT ?4",
         SESSION_COLUMNS.join(", ")
     )
 });
+
+/// How many unrecognized lines the session whose id follows has had (`seq` counts them all;
+/// the table keeps the newest [`UNRECOGNIZED_KEPT`]).
+const UNRECOGNIZED_COUNT_OF: &str =
+    "SELECT COALESCE(MAX(seq), 0) FROM provider_unrecognized WHERE session_id =";
 
 /// The sessions working in `?1`, newest first by the order of
 /// [`paddock_core::session_to_resume`] (creation, then id).
@@ -688,16 +705,24 @@ impl Store {
         Ok(events)
     }
 
-    /// How many unrecognized provider lines each session has had (sessions with none are
-    /// absent).
+    /// How many unrecognized provider lines each session that is not settled has had (those
+    /// with none are absent): what a starting daemon holds in memory, beside the sessions it
+    /// holds.
     pub fn unrecognized_counts(&self) -> Result<Vec<(String, u64)>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT session_id, MAX(seq) FROM provider_unrecognized GROUP BY session_id",
-        )?;
+        let mut stmt = self.conn.prepare_cached(&UNSETTLED_UNRECOGNIZED_COUNTS)?;
         let rows = stmt.query_map([], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// How many unrecognized provider lines session `id` has had.
+    pub fn unrecognized_count(&self, id: &str) -> Result<u64> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("{UNRECOGNIZED_COUNT_OF} ?1"))?;
+        let n: i64 = stmt.query_row([id], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// The kept unrecognized lines of a session, oldest first: (seq, run, at ms, line).
@@ -732,17 +757,21 @@ impl Store {
     }
 
     /// Up to `limit` sessions with an id before `before` (`""`: from the newest), newest
-    /// first; only those of `campaign` and in `working_dir` when given.
+    /// first, each with how many unrecognized lines it had; only those of `campaign` and in
+    /// `working_dir` when given.
     pub fn sessions_before(
         &self,
         before: &str,
         campaign: Option<&str>,
         working_dir: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<SessionRecord>> {
+    ) -> Result<Vec<(SessionRecord, u64)>> {
         let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS_BEFORE)?;
         let rows = stmt.query(params![before, campaign, working_dir, codec::limit(limit)])?;
-        collect(rows, |r| self.session_from_row(r))
+        collect(rows, |r| {
+            let count: i64 = r.get(SESSION_COLUMNS.len())?;
+            Ok((self.session_from_row(r)?, u64::try_from(count).unwrap_or(0)))
+        })
     }
 
     /// The newest session stored for sunbeam project `project` that the core's rule could

@@ -1263,6 +1263,21 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
         .map(|a| Record::Approval(a.clone()))
         .collect();
     store.apply(&batch).unwrap();
+    // Lines their agents printed that no parser read: 3 of settled s1, 1 of s2, 2 of s5.
+    let lines: Vec<Row> = [("s1", 3), ("s2", 1), ("s5", 2)]
+        .into_iter()
+        .flat_map(|(id, n)| {
+            (0..n).map(move |i| {
+                Row::Unrecognized(UnrecognizedLine {
+                    session_id: id.into(),
+                    run: 1,
+                    at_ms: i,
+                    line: format!("noise {i}"),
+                })
+            })
+        })
+        .collect();
+    store.apply_all(&[], &lines).unwrap();
 
     let ids = |v: Vec<SessionRecord>| v.into_iter().map(|r| r.id.0).collect::<Vec<_>>();
     // The settled ones stay in the store: s1 and s6 (s5 holds an open request).
@@ -1297,23 +1312,36 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
         .collect::<rusqlite::Result<_>>()
         .unwrap();
     assert_eq!(named, ["s2", "s4"], "each of them among those loaded");
+    // And the counts of their unrecognized lines; a settled session's when it is named.
+    assert_eq!(
+        store.unrecognized_counts().unwrap(),
+        [("s2".to_string(), 1), ("s5".to_string(), 2)]
+    );
+    assert_eq!(store.unrecognized_count("s1").unwrap(), 3);
+    assert_eq!(store.unrecognized_count("s6").unwrap(), 0);
     assert_eq!(store.session_count().unwrap(), 6);
-    // Pages, newest first, narrowed by campaign and working dir.
+    // Pages, newest first, narrowed by campaign and working dir, each session with its
+    // count.
+    let page = |before, campaign, dir, limit| {
+        let listed = store.sessions_before(before, campaign, dir, limit).unwrap();
+        let listed = listed.into_iter().map(|(r, n)| (r.id.0, n));
+        listed.collect::<Vec<_>>()
+    };
+    let counted = |ids: &[&str]| -> Vec<(String, u64)> {
+        let count = |id: &str| {
+            [("s1", 3), ("s2", 1), ("s5", 2)]
+                .iter()
+                .find(|c| c.0 == id)
+                .map_or(0, |c| c.1)
+        };
+        ids.iter().map(|id| (id.to_string(), count(id))).collect()
+    };
+    assert_eq!(page("", None, None, 4), counted(&["s6", "s5", "s4", "s3"]));
+    assert_eq!(page("s3", None, None, 4), counted(&["s2", "s1"]));
+    assert_eq!(page("", Some("ca"), None, 10), counted(&["s6", "s2", "s1"]));
     assert_eq!(
-        ids(store.sessions_before("", None, None, 4).unwrap()),
-        ["s6", "s5", "s4", "s3"]
-    );
-    assert_eq!(
-        ids(store.sessions_before("s3", None, None, 4).unwrap()),
-        ["s2", "s1"]
-    );
-    assert_eq!(
-        ids(store.sessions_before("", Some("ca"), None, 10).unwrap()),
-        ["s6", "s2", "s1"]
-    );
-    assert_eq!(
-        ids(store.sessions_before("s6", None, Some("/b"), 10).unwrap()),
-        ["s5", "s4", "s3"]
+        page("s6", None, Some("/b"), 10),
+        counted(&["s5", "s4", "s3"])
     );
     assert!(store
         .sessions_before("s1", None, None, 10)
@@ -1482,8 +1510,19 @@ fn start_up_reads_the_unsettled_from_their_index() {
             .collect::<rusqlite::Result<_>>()
             .unwrap()
     };
-    for sql in [&*super::SELECT_UNSETTLED_SESSIONS, &*super::UNSETTLED_IDS] {
+    for sql in [
+        &*super::SELECT_UNSETTLED_SESSIONS,
+        &*super::UNSETTLED_IDS,
+        &*super::UNSETTLED_UNRECOGNIZED_COUNTS,
+    ] {
         let steps = plan(sql);
+        // Unrecognized lines are read by their key, never scanned.
+        assert!(
+            !steps
+                .iter()
+                .any(|s| s.starts_with("SCAN provider_unrecognized")),
+            "{steps:#?}"
+        );
         assert!(
             steps.iter().any(|s| s.contains("agent_sessions_active")),
             "{steps:#?}"
