@@ -316,9 +316,18 @@ impl Engine {
         self.tasks.get(id)
     }
 
-    /// Every task, in id order.
+    /// Every task held, in id order: the live ones and those that ended since the last
+    /// [`Engine::evict_settled`] (or were recalled).
     pub fn tasks(&self) -> impl Iterator<Item = &TaskRecord> {
         self.tasks.all()
+    }
+
+    /// Takes back an ended task that [`Engine::evict_settled`] let go (or that start-up left in
+    /// the store). The shell calls it before an input that names the task
+    /// ([`Input::recalls_task`]), so that a launch with its id is refused and a cancel is
+    /// answered as for an ended task.
+    pub fn recall_task(&mut self, record: TaskRecord) {
+        self.tasks.recall(record);
     }
 
     /// Tasks not yet terminal, or whose process still runs.
@@ -826,8 +835,10 @@ impl Engine {
     /// it as it is (the shell calls this once the batch that settled it is committed and the
     /// reads of that batch are answered), and [`Engine::recall`] brings it back, with the same
     /// answers, when something names it. A daemon's memory follows its live sessions, not its
-    /// history. Those let go, in id order (what the shell keeps beside each goes too).
+    /// history. Those let go, in id order (what the shell keeps beside each goes too). Ended
+    /// tasks go the same way ([`Engine::recall_task`]).
     pub fn evict_settled(&mut self) -> Vec<SessionId> {
+        self.tasks.evict_ended();
         let settled = std::mem::take(&mut self.settled);
         for id in &settled {
             let s = self.sessions.remove(id).expect("a settled session is held");

@@ -168,6 +168,28 @@ pub struct TaskRecord {
     pub truncated: bool,
 }
 
+impl TaskRecord {
+    /// A task just launched: PENDING, nothing run nor printed yet.
+    pub fn new(id: String, spec: TaskSpec, created_at: Timestamp) -> TaskRecord {
+        TaskRecord {
+            id,
+            spec,
+            status: TaskStatus::Pending,
+            created_at,
+            started_at: None,
+            completed_at: None,
+            exit_code: None,
+            error_message: None,
+            progress_centi: 0,
+            current_operation: String::new(),
+            pid: None,
+            output_bytes: 0,
+            last_output_seq: 0,
+            truncated: false,
+        }
+    }
+}
+
 /// One line of output or a progress report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutputKind {
@@ -374,6 +396,45 @@ impl Tasks {
         self.tasks.get(id).map(|t| &t.record)
     }
 
+    /// Lets go of every ended task (its record is stored as it is: an ended task has no
+    /// process and no deadline, and nothing changes it again): the tasks held follow the
+    /// live ones, not the history. Those let go.
+    pub(crate) fn evict_ended(&mut self) -> Vec<String> {
+        let ended: Vec<String> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.record.status.is_terminal())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &ended {
+            // Nothing of it runs or waits (`Task::assert_invariants`).
+            self.tasks.remove(id);
+        }
+        ended
+    }
+
+    /// Takes back an ended task from the store (see [`Tasks::evict_ended`]).
+    pub(crate) fn recall(&mut self, record: TaskRecord) {
+        assert!(
+            record.status.is_terminal(),
+            "only an ended task is recalled ({} is {:?})",
+            record.id,
+            record.status
+        );
+        let id = record.id.clone();
+        let task = Task {
+            record,
+            ending: Ending::None,
+            timeout_at: None,
+            life: None,
+        };
+        task.assert_invariants(&self.limits);
+        assert!(
+            self.tasks.insert(id.clone(), task).is_none(),
+            "task {id} is recalled once"
+        );
+    }
+
     pub fn all(&self) -> impl Iterator<Item = &TaskRecord> {
         self.tasks.values().map(|t| &t.record)
     }
@@ -518,22 +579,7 @@ impl Tasks {
             });
             return;
         }
-        let record = TaskRecord {
-            id: id.clone(),
-            spec: spec.clone(),
-            status: TaskStatus::Pending,
-            created_at: now.wall,
-            started_at: None,
-            completed_at: None,
-            exit_code: None,
-            error_message: None,
-            progress_centi: 0,
-            current_operation: String::new(),
-            pid: None,
-            output_bytes: 0,
-            last_output_seq: 0,
-            truncated: false,
-        };
+        let record = TaskRecord::new(id.clone(), spec.clone(), now.wall);
         out.persist
             .push(Effect::Persist(Record::Task(Box::new(record.clone()))));
         out.rest.push(Effect::EmitTaskStatus(TaskStatusEvent {
@@ -687,6 +733,7 @@ impl Task {
                 r.id
             );
             assert!(r.completed_at.is_some(), "a finished task has its end time");
+            assert!(self.timeout_at.is_none(), "a finished task has no deadline");
         }
         assert_eq!(
             r.status == TaskStatus::Pending,

@@ -6,10 +6,10 @@
 //! id reused, …) cannot be returned through a port: the first one is kept in
 //! [`SimPorts::failure`] and the driver fails the step with it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use paddock_core::container::{ContainerRecord, ContainerWork};
-use paddock_core::task::{TaskInput, TaskSpec};
+use paddock_core::task::{TaskInput, TaskRecord, TaskSpec};
 use paddock_core::{
     Approval, Effect, Engine, Now, ProviderEvent, Record, RunId, SessionConfig, SessionId,
     SessionRecord, Signal, SpawnSpec,
@@ -139,6 +139,11 @@ impl Ports for SimPorts {
         Ok(Some((rec.clone(), self.store.resolved_of(id))))
     }
 
+    /// The session sweep has no tasks.
+    fn ended_task(&mut self, _: &str) -> Result<Option<TaskRecord>, String> {
+        Ok(None)
+    }
+
     fn resumable(
         &mut self,
         project: &str,
@@ -185,6 +190,8 @@ pub enum Logged {
 pub struct Recorder {
     pub now: Millis,
     pub log: Vec<Logged>,
+    /// The tasks committed, as committed: what an ended task is recalled from.
+    pub tasks: BTreeMap<String, TaskRecord>,
 }
 
 impl Ports for Recorder {
@@ -268,6 +275,11 @@ impl Ports for Recorder {
         Ok(None)
     }
 
+    /// The tasks the task sweep committed.
+    fn ended_task(&mut self, id: &str) -> Result<Option<TaskRecord>, String> {
+        Ok(self.tasks.get(id).cloned())
+    }
+
     fn resumable(
         &mut self,
         _: &str,
@@ -277,6 +289,11 @@ impl Ports for Recorder {
     }
 
     fn commit(&mut self, records: &[Record]) -> Result<(), String> {
+        for r in records {
+            if let Record::Task(t) = r {
+                self.tasks.insert(t.id.clone(), (**t).clone());
+            }
+        }
         self.log.push(Logged::Commit(records.to_vec()));
         Ok(())
     }

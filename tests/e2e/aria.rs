@@ -177,6 +177,55 @@ async fn failure_timeout_and_cancel() {
     assert!(!r.cancellation_initiated);
 }
 
+/// Ended tasks leave the daemon's memory (start-up loads only those that had not ended) and
+/// are read from the store: listed newest first, got by id, and a cancel of one is answered as
+/// for an ended task, before and after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_tasks_are_read_from_the_store() {
+    let mut d = Daemon::start().await;
+    let mut c = tasks(&d).await;
+    let mut ids = Vec::new();
+    for code in 0..3 {
+        let id = launch(&mut c, &["sh", "-c", &format!("exit {code}")], 0).await;
+        wait_task(&mut c, &id).await;
+        ids.push(id);
+    }
+    for restarted in [false, true] {
+        if restarted {
+            d.kill9();
+            d.launch().await;
+            c = tasks(&d).await;
+        }
+        let listed = c
+            .list_tasks(aria::ListTasksRequest {
+                session_id: String::new(),
+                limit: 2,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let newest: Vec<&str> = listed.tasks.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(newest, [&ids[2], &ids[1]], "restarted: {restarted}");
+        assert!(listed.truncated);
+        let t = c
+            .get_task(aria::GetTaskRequest {
+                task_id: ids[1].clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(t.exit_code, Some(1), "restarted: {restarted}");
+        let r = c
+            .cancel_task(aria::CancelTaskRequest {
+                task_id: ids[0].clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!r.cancellation_initiated, "restarted: {restarted}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_from_the_start_and_from_the_middle() {
     let d = Daemon::start().await;

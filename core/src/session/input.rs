@@ -160,6 +160,17 @@ impl Input {
         }
     }
 
+    /// The task a rule about this input may look up though it has ended: a launch's (to
+    /// refuse an id taken) and a cancel's (an ended task is answered as such, not as unknown).
+    /// A shell whose engine lets ended tasks go hands it that task first
+    /// ([`crate::Engine::recall_task`]). A task's process reports name live tasks only.
+    pub fn recalls_task(&self) -> Option<&str> {
+        match self {
+            Input::Task(TaskInput::Launch { id, .. } | TaskInput::Cancel { id, .. }) => Some(id),
+            _ => None,
+        }
+    }
+
     /// The project whose newest resumable session a rule about this input looks for (an
     /// attach's): a shell whose engine holds only what start-up restored hands it the newest
     /// such session it stores and the engine does not hold, as for [`Input::recalls`].

@@ -567,25 +567,19 @@ impl State {
                 );
             }
             Query::Task(id, reply) => {
-                let _ = reply.send(self.exec.engine().task(&id).cloned());
+                // An ended task the engine let go is the store's (read after the commit, the
+                // store has every task as the engine last had it).
+                let task = match self.exec.engine().task(&id) {
+                    Some(t) => Ok(Some(t.clone())),
+                    None => self.io.store.task(&id),
+                };
+                let _ = reply.send(task);
             }
-            Query::Tasks {
-                session,
-                limit,
-                reply,
-            } => {
+            Query::Tasks { of, limit, reply } => {
                 // Newest first by creation (Aria's `task_…` and Execute's `exec_…` ids do not
-                // sort together), ties by id.
-                let mut matching: Vec<&paddock_core::task::TaskRecord> = self
-                    .exec
-                    .engine()
-                    .tasks()
-                    .filter(|t| session.as_ref().is_none_or(|s| &t.spec.session_id == s))
-                    .collect();
-                matching.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
-                let more = matching.len() > limit;
-                let page = matching.into_iter().take(limit).cloned().collect();
-                let _ = reply.send((page, more));
+                // sort together), ties by id: from the store, which after the commit has every
+                // task as the engine has it, ended ones too.
+                let _ = reply.send(self.io.store.newest_tasks(&of, limit));
             }
             Query::TaskOutput {
                 task,
@@ -995,6 +989,13 @@ impl Ports for Io {
         }
         tracing::debug!(session = %id, "recalled a settled session from the store");
         Ok(Some((record, resolved)))
+    }
+
+    fn ended_task(
+        &mut self,
+        id: &str,
+    ) -> Result<Option<paddock_core::task::TaskRecord>, StoreError> {
+        self.store.task(id)
     }
 
     fn resumable(

@@ -169,7 +169,7 @@ pub async fn start(opts: Options) -> Result<(Started, Listeners), StartError> {
             .load_approvals()
             .map_err(StartError::store("load approvals"))?,
         tasks: store
-            .load_tasks()
+            .load_unended_tasks()
             .map_err(StartError::store("load tasks"))?,
         campaigns: store
             .campaigns()

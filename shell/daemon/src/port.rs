@@ -272,13 +272,13 @@ pub enum Query {
     },
     /// The open requests of one session (or all), oldest first, as the engine has them.
     PendingApprovals(Option<SessionId>, Reply<Vec<Approval>>),
-    Task(String, Reply<Option<TaskRecord>>),
-    /// The newest `limit` tasks (of one session, or all), newest first, and whether more
-    /// matched.
+    Task(String, Reply<Read<Option<TaskRecord>>>),
+    /// The newest `limit` tasks (all, a session's, a container's), newest first, and whether
+    /// more matched.
     Tasks {
-        session: Option<String>,
+        of: paddock_store::tasks::TasksOf,
         limit: usize,
-        reply: Reply<(Vec<TaskRecord>, bool)>,
+        reply: Reply<Read<(Vec<TaskRecord>, bool)>>,
     },
     /// A task's output after `after` (a seq), at most `limit`.
     TaskOutput {

@@ -34,7 +34,7 @@
 use std::collections::VecDeque;
 
 use paddock_core::container::{ContainerRecord, ContainerWork};
-use paddock_core::task::{TaskInput, TaskSpec};
+use paddock_core::task::{TaskInput, TaskRecord, TaskSpec};
 use paddock_core::{
     Approval, Effect, Engine, Input, Now, ProviderEvent, Record, RunId, SessionConfig, SessionId,
     SessionRecord, Signal, SpawnSpec,
@@ -100,6 +100,9 @@ pub trait Ports {
         &mut self,
         id: &SessionId,
     ) -> Result<Option<(SessionRecord, Vec<Approval>)>, Self::Error>;
+
+    /// An ended task the store has and the engine does not ([`Engine::recall_task`]).
+    fn ended_task(&mut self, id: &str) -> Result<Option<TaskRecord>, Self::Error>;
 
     /// The newest session stored for `project` that the core's rule could resume
     /// ([`paddock_core::session_to_resume`] over the stored records) among those `skip` does
@@ -195,6 +198,16 @@ impl Executor {
     pub fn push<P: Ports>(&mut self, input: Input, ports: &mut P) -> Result<(), P::Error> {
         if let Some(id) = input.recalls() {
             self.recall(&id, ports)?;
+        }
+        if let Some(id) = input.recalls_task() {
+            // An ended task's record is committed before the engine lets it go: the store's
+            // copy is the one the engine had.
+            if self.engine.task(id).is_none() {
+                let stored = ports.ended_task(id)?;
+                if let Some(record) = stored.filter(|r| r.status.is_terminal()) {
+                    self.engine.recall_task(record);
+                }
+            }
         }
         if let Some(project) = input.project() {
             let held = |id: &SessionId| self.engine.session(id).is_some() || self.deleting(id);
@@ -413,6 +426,9 @@ mod tests {
                 .clone()
                 .filter(|r| &r.id == id)
                 .map(|r| (r, vec![])))
+        }
+        fn ended_task(&mut self, _: &str) -> Result<Option<TaskRecord>, String> {
+            Ok(None)
         }
         fn resumable(
             &mut self,

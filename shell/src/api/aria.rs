@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::pin::Pin;
 
+use crate::store::tasks::TasksOf;
 use paddock_core::campaign::NewCampaign;
 use paddock_core::container::{ContainerRecord, ContainerRequest, ContainerSpec};
 use paddock_core::task::{OutputKind, TaskInput, TaskRecord, TaskReply, TaskSpec};
@@ -130,6 +131,7 @@ impl Tasks {
             .query(|reply| Query::Task(key, reply))
             .await
             .map_err(unavailable)?
+            .map_err(store_failed)?
             .ok_or_else(|| {
                 status(
                     Code::NotFound,
@@ -274,7 +276,11 @@ impl pb::task_service_server::TaskService for Tasks {
             let ended_now = || {
                 let (handle, key) = (&handle, id.clone());
                 async move {
-                    let now = handle.query(|reply| Query::Task(key, reply)).await.ok()?;
+                    let now = handle
+                        .query(|reply| Query::Task(key, reply))
+                        .await
+                        .ok()?
+                        .ok()?;
                     Some(now.is_none_or(|t| t.status.is_terminal()))
                 }
             };
@@ -318,18 +324,18 @@ impl pb::task_service_server::TaskService for Tasks {
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, GrpcStatus> {
         let r = request.into_inner();
-        let session = Some(r.session_id.trim().to_string()).filter(|s| !s.is_empty());
+        let of = match r.session_id.trim() {
+            "" => TasksOf::All,
+            s => TasksOf::Session(s.to_string()),
+        };
         let limit = convert::page_limit(r.limit, LIST_TASKS_DEFAULT, LIST_TASKS_MAX);
         let (tasks, truncated) = self
             .0
             .handle
-            .query(|reply| Query::Tasks {
-                session,
-                limit,
-                reply,
-            })
+            .query(|reply| Query::Tasks { of, limit, reply })
             .await
-            .map_err(unavailable)?;
+            .map_err(unavailable)?
+            .map_err(store_failed)?;
         Ok(Response::new(pb::ListTasksResponse {
             tasks: tasks.iter().map(task_pb).collect(),
             truncated,
@@ -967,16 +973,19 @@ impl pb::container_service_server::ContainerService for Containers {
             // Its tasks, oldest first, and where each one's stored output ends.
             let tasks = match handle
                 .query(|reply| Query::Tasks {
-                    session: None,
+                    of: TasksOf::Container(c.id.clone()),
                     limit: usize::MAX,
                     reply,
                 })
                 .await
             {
-                Ok((mut all, _)) => {
-                    all.retain(|t| t.spec.container_id == c.id);
+                Ok(Ok((mut all, _))) => {
                     all.reverse();
                     all
+                }
+                Ok(Err(e)) => {
+                    let _ = tx.send(Err(store_failed(e))).await;
+                    return;
                 }
                 Err(e) => {
                     let _ = tx.send(Err(unavailable(e))).await;
@@ -1006,6 +1015,7 @@ impl pb::container_service_server::ContainerService for Containers {
                             .query(|reply| Query::Task(task, reply))
                             .await
                             .ok()
+                            .and_then(Result::ok)
                             .flatten()
                             .is_some_and(|t| t.spec.container_id == c.id);
                         ours.insert(o.task.clone(), m);

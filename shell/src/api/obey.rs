@@ -362,6 +362,7 @@ impl LocalDaemonService for Obey {
                     .query(|reply| Query::Task(id, reply))
                     .await
                     .map_err(st)?
+                    .map_err(|e| GrpcStatus::internal(e.to_string()))?
                     .ok_or_else(|| GrpcStatus::internal("the command's task vanished"))
             }
         };

@@ -25,6 +25,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     V12,
     V13,
     super::approvals::V14,
+    super::tasks::V15,
 ];
 
 /// Version 13: start-up reads the sessions it must decide on from an index of the rows that

@@ -47,6 +47,53 @@ pub(super) const V7: &str = r#"
 ALTER TABLE tasks ADD COLUMN user_id TEXT NOT NULL DEFAULT '';
 "#;
 
+/// Version 15: start-up reads the tasks that have not ended (PENDING = 1, RUNNING = 2) from an
+/// index of them, and a listing reads the newest tasks (all, a session's, a container's) from
+/// one by creation, instead of every task ever run.
+pub(super) const V15: &str = r#"
+CREATE INDEX tasks_live ON tasks (id) WHERE status IN (1, 2);
+CREATE INDEX tasks_by_created ON tasks (created_at, id);
+CREATE INDEX tasks_by_session_created ON tasks (session_id, created_at, id);
+CREATE INDEX tasks_by_container ON tasks (container_id, created_at, id);
+DROP INDEX tasks_by_session;
+"#;
+
+static SELECT_UNENDED_TASKS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {TASK_COLUMNS} FROM tasks WHERE status IN ({}, {}) ORDER BY id",
+        TaskStatus::Pending.number(),
+        TaskStatus::Running.number()
+    )
+});
+
+static SELECT_NEWEST_TASKS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!("SELECT {TASK_COLUMNS} FROM tasks ORDER BY created_at DESC, id DESC LIMIT ?1")
+});
+
+/// Whose tasks a listing reads ([`Store::newest_tasks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TasksOf {
+    All,
+    /// The tasks of a session (`TaskSpec::session_id`).
+    Session(String),
+    /// The tasks run in an Aria container (`TaskSpec::container_id`).
+    Container(String),
+}
+
+static SELECT_NEWEST_TASKS_IN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {TASK_COLUMNS} FROM tasks WHERE container_id = ?1 \
+         ORDER BY created_at DESC, id DESC LIMIT ?2"
+    )
+});
+
+static SELECT_NEWEST_TASKS_OF: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {TASK_COLUMNS} FROM tasks WHERE session_id = ?1 \
+         ORDER BY created_at DESC, id DESC LIMIT ?2"
+    )
+});
+
 const TASK_COLUMNS: &str = "id, session_id, type, command_json, environment, timeout_ms, \
      working_dir, status, created_at, started_at, completed_at, exit_code, error_message, \
      progress_centi, current_operation, pid, output_bytes, last_output_seq, truncated, user_id, \
@@ -179,17 +226,47 @@ fn task_from_row(sealer: &super::seal::Sealer, row: &Row) -> Result<TaskRecord> 
 }
 
 impl Store {
-    /// Every task, oldest first.
     /// Every Aria container.
     pub fn load_containers(&self) -> Result<Vec<paddock_core::container::ContainerRecord>> {
         load_containers(&self.conn, &self.sealer)
     }
 
-    pub fn load_tasks(&self) -> Result<Vec<TaskRecord>> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!("SELECT {TASK_COLUMNS} FROM tasks ORDER BY id"))?;
-        let mut rows = stmt.query([])?;
+    /// The tasks a starting daemon must decide on, in id order: those that had not ended
+    /// (through `tasks_live`; ended ones stay in the store, 10,000 of them cost the start-up
+    /// nothing).
+    pub fn load_unended_tasks(&self) -> Result<Vec<TaskRecord>> {
+        let mut stmt = self.conn.prepare_cached(&SELECT_UNENDED_TASKS)?;
+        let rows = stmt.query([])?;
+        self.tasks_of(rows)
+    }
+
+    /// The newest `limit` tasks (by creation, then id) of `of`, and whether older ones follow.
+    pub fn newest_tasks(&self, of: &TasksOf, limit: usize) -> Result<(Vec<TaskRecord>, bool)> {
+        // One more than the page, to know whether more follow.
+        let n = i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX);
+        let mut tasks = match of {
+            TasksOf::All => {
+                let mut stmt = self.conn.prepare_cached(&SELECT_NEWEST_TASKS)?;
+                let rows = stmt.query([n])?;
+                self.tasks_of(rows)?
+            }
+            TasksOf::Session(s) => {
+                let mut stmt = self.conn.prepare_cached(&SELECT_NEWEST_TASKS_OF)?;
+                let rows = stmt.query(params![s, n])?;
+                self.tasks_of(rows)?
+            }
+            TasksOf::Container(c) => {
+                let mut stmt = self.conn.prepare_cached(&SELECT_NEWEST_TASKS_IN)?;
+                let rows = stmt.query(params![c, n])?;
+                self.tasks_of(rows)?
+            }
+        };
+        let more = tasks.len() > limit;
+        tasks.truncate(limit);
+        Ok((tasks, more))
+    }
+
+    fn tasks_of(&self, mut rows: rusqlite::Rows<'_>) -> Result<Vec<TaskRecord>> {
         let mut out = Vec::new();
         while let Some(r) = rows.next()? {
             out.push(task_from_row(&self.sealer, r)?);
@@ -381,7 +458,7 @@ mod tests {
                 &[],
             )
             .unwrap();
-        assert_eq!(store.load_tasks().unwrap(), vec![rec.clone()]);
+        assert_eq!(store.load_unended_tasks().unwrap(), vec![rec.clone()]);
         assert_eq!(store.task("task_1").unwrap(), Some(rec));
         assert_eq!(
             store.task_output("task_1", 0, 10).unwrap(),
@@ -389,6 +466,80 @@ mod tests {
         );
         assert_eq!(store.task_output("task_1", 1, 10).unwrap(), vec![out2]);
         assert_eq!(store.task("nope").unwrap(), None);
+    }
+
+    #[test]
+    fn start_up_loads_the_unended_tasks_and_listings_page_the_newest() {
+        let mut store = Store::open_in_memory().unwrap();
+        let task = |id: &str, session: &str, status: TaskStatus, created: u64| {
+            let spec = TaskSpec {
+                session_id: session.into(),
+                container_id: session.replace('s', "c"),
+                command: vec!["true".into()],
+                ..TaskSpec::default()
+            };
+            let at = paddock_core::Timestamp::from_millis;
+            let mut t = TaskRecord::new(id.into(), spec, at(created));
+            t.status = status;
+            t.completed_at = status.is_terminal().then(|| at(created + 1));
+            t
+        };
+        let tasks = [
+            task("t1", "s1", TaskStatus::Completed, 10),
+            task("t2", "s2", TaskStatus::Running, 20),
+            task("t3", "s1", TaskStatus::Failed, 30),
+            task("t4", "s1", TaskStatus::Pending, 30), // same creation: by id
+            task("t5", "s2", TaskStatus::Cancelled, 40),
+        ];
+        let batch: Vec<Record> = tasks
+            .iter()
+            .map(|t| Record::Task(Box::new(t.clone())))
+            .collect();
+        store.apply(&batch).unwrap();
+        let ids = |v: Vec<TaskRecord>| v.into_iter().map(|t| t.id).collect::<Vec<_>>();
+        assert_eq!(ids(store.load_unended_tasks().unwrap()), ["t2", "t4"]);
+        let page = |of: TasksOf, limit| {
+            let (v, more) = store.newest_tasks(&of, limit).unwrap();
+            (ids(v), more)
+        };
+        let s = |id: &str| TasksOf::Session(id.into());
+        assert_eq!(
+            page(TasksOf::All, 3),
+            (vec!["t5".into(), "t4".into(), "t3".into()], true)
+        );
+        assert!(!page(TasksOf::All, 5).1);
+        assert_eq!(page(s("s1"), 2), (vec!["t4".into(), "t3".into()], true));
+        assert_eq!(page(s("s1"), 10).0, ["t4", "t3", "t1"]);
+        assert_eq!(page(s("none"), 10), (vec![], false));
+        assert_eq!(page(TasksOf::Container("c2".into()), 10).0, ["t5", "t2"]);
+        // Each from its index: no scan of the tasks, no sort.
+        for (sql, index) in [
+            (&*super::SELECT_UNENDED_TASKS, "tasks_live"),
+            (&*super::SELECT_NEWEST_TASKS, "tasks_by_created"),
+            (&*super::SELECT_NEWEST_TASKS_OF, "tasks_by_session_created"),
+            (&*super::SELECT_NEWEST_TASKS_IN, "tasks_by_container"),
+        ] {
+            let steps: Vec<String> = store
+                .conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(
+                    rusqlite::params_from_iter(
+                        [rusqlite::types::Null; 2]
+                            .iter()
+                            .take(sql.matches('?').count()),
+                    ),
+                    |r| r.get(3),
+                )
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert!(
+                steps.iter().any(|s| s.contains(index))
+                    && steps.iter().all(|s| !s.contains("TEMP B-TREE")),
+                "{sql}: {steps:#?}"
+            );
+        }
     }
 
     #[test]
