@@ -932,14 +932,31 @@ impl Store {
     }
 
     /// The tokens (input, output) counted so far for one turn of a session.
+    ///
+    /// Read from the session's newest activity back to the first of an earlier turn: a
+    /// session's activities carry its turn counter, which never goes back (those between
+    /// turns carry none), and both callers ask for the newest turn (the one that just ended,
+    /// or the one an adopted run is in), so this reads that turn's rows and not the
+    /// session's whole history (the `turn` column has no index; a filter on it read every
+    /// activity of the session).
     pub fn turn_tokens(&self, session_id: &str, turn: u64) -> Result<(u64, u64)> {
-        let (i, o): (i64, i64) = self.conn.query_row(
-            "SELECT COALESCE(SUM(tokens_input), 0), COALESCE(SUM(tokens_output), 0) \
-             FROM agent_activities WHERE session_id = ?1 AND turn = ?2",
-            params![session_id, int(turn)],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT turn, tokens_input, tokens_output FROM agent_activities \
+             WHERE session_id = ?1 ORDER BY seq DESC",
         )?;
-        Ok((i.max(0) as u64, o.max(0) as u64))
+        let mut rows = stmt.query([session_id])?;
+        let (mut input, mut output) = (0u64, 0u64);
+        while let Some(r) = rows.next()? {
+            match r.get::<_, Option<i64>>(0)?.map(|t| t.max(0) as u64) {
+                Some(t) if t < turn => break,
+                Some(t) if t == turn => {
+                    input = input.saturating_add(r.get::<_, i64>(1)?.max(0) as u64);
+                    output = output.saturating_add(r.get::<_, i64>(2)?.max(0) as u64);
+                }
+                _ => {}
+            }
+        }
+        Ok((input, output))
     }
 
     /// (number of campaigns, number of sessions).

@@ -205,6 +205,46 @@ fn count(store: &Store, table: &str) -> i64 {
 }
 
 #[test]
+fn a_turns_tokens_are_read_back_to_its_start() {
+    let mut store = Store::open_in_memory().unwrap();
+    // Turns 1, 2, 3 of "s" (seq 1-2, 4-5, 7-8; those between carry none), and another
+    // session's turn 1.
+    let mut batch: Vec<Record> = (1..=9)
+        .map(|seq| Record::Activity(activity("s", seq)))
+        .collect();
+    batch.extend((1..=3).map(|seq| Record::Activity(activity("other", seq))));
+    store.apply(&batch).unwrap();
+    // As a filter on the turn over every activity reads them.
+    let summed = |session: &str, turn: u64| -> (u64, u64) {
+        let (i, o): (i64, i64) = store
+            .conn
+            .query_row(
+                "SELECT COALESCE(SUM(tokens_input), 0), COALESCE(SUM(tokens_output), 0) \
+                 FROM agent_activities WHERE session_id = ?1 AND turn = ?2",
+                rusqlite::params![session, turn as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        (i as u64, o as u64)
+    };
+    assert_eq!(store.turn_tokens("s", 3).unwrap(), (7 + 8, 14 + 16));
+    for (session, turn) in [
+        ("s", 1),
+        ("s", 2),
+        ("s", 3),
+        ("s", 4),
+        ("other", 1),
+        ("none", 1),
+    ] {
+        assert_eq!(
+            store.turn_tokens(session, turn).unwrap(),
+            summed(session, turn),
+            "{session} turn {turn}"
+        );
+    }
+}
+
+#[test]
 fn the_writer_waits_for_a_lock_held_elsewhere() {
     // As the checkpointer's restart holds the writer lock: the store's write waits for it (in
     // short steps, `busy_wait`) and goes through once it is released.
