@@ -33,11 +33,13 @@
 //! with the parser it reads Claude Code with.
 //!
 //! The 10,000-session / 1M-activity store is built in seconds, not by running 10,000 turns: one
-//! daemon runs one real session (a 100-step turn, then a graceful stop) and shuts down; then one
-//! SQL transaction copies that session's rows — in every table keyed by session — 9,999 times
-//! under new ids (`INSERT … SELECT` over a counter, every other column as stored). So every
-//! row is one the daemon wrote itself, the schema is whatever the migrations made, and the
-//! store holds 10,000 stopped sessions and ≈1,010,000 activities.
+//! daemon runs one real session (a 100-step turn with two lines no parser reads, a task run in
+//! it, then a graceful stop) and shuts down; then one SQL transaction copies that session's
+//! rows — in every table keyed by session — 9,999 times under new ids (`INSERT … SELECT` over a
+//! counter, every other column as stored). So every row is one the daemon wrote itself, the
+//! schema is whatever the migrations made, and the store holds 10,000 stopped sessions,
+//! ≈1,010,000 activities, 10,000 ended tasks and 20,000 unrecognized lines: a history that
+//! start-up (P5) and the loop (P6) must not pay for.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -45,6 +47,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use paddock::providers::claude_stream::ClaudeStreamParser;
+use paddock_proto::aria::v1 as aria;
 use paddock_proto::obey::local::v1 as pb;
 use pb::local_daemon_service_client::LocalDaemonServiceClient;
 use serde_json::json;
@@ -629,9 +632,14 @@ async fn build_store(dir: &Path) -> Duration {
     let d = Daemon::start(dir, &[]).await;
     let camp = d.campaign().await;
     let mut c = d.client().await;
+    // With two lines no parser reads (stored raw and counted, as a CLI's warnings are).
     let steps: Vec<serde_json::Value> = (0..STORE_STEPS)
         .map(|i| json!({"text": format!("step {i} of a stored turn"), "tokens_in": 1, "tokens_out": 1}))
-        .chain([json!({"result": "done"})])
+        .chain([
+            json!({"raw": "npm warn: a line no parser reads"}),
+            json!({"raw": "(node) another"}),
+            json!({"result": "done"}),
+        ])
         .collect();
     std::fs::write(
         dir.join("project/store.json"),
@@ -665,6 +673,43 @@ async fn build_store(dir: &Path) -> Duration {
         if got.status == pb::SessionStatus::Running as i32 && got.turns_completed > 0 {
             break;
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And a task run in it (Aria's TaskService, on the same socket), to its end.
+    let mut tasks = aria::task_service_client::TaskServiceClient::new(
+        paddock::transport::channel(&d.socket).await.unwrap(),
+    );
+    let task = tasks
+        .launch_task(aria::LaunchTaskRequest {
+            session_id: s.id.clone(),
+            command_json: r#"["true"]"#.into(),
+            r#type: "command".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task_id;
+    loop {
+        let t = tasks
+            .get_task(aria::GetTaskRequest {
+                task_id: task.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if t.status == aria::TaskStatus::Completed as i32 {
+            break;
+        }
+        assert!(
+            !matches!(
+                aria::TaskStatus::try_from(t.status),
+                Ok(aria::TaskStatus::Failed
+                    | aria::TaskStatus::Cancelled
+                    | aria::TaskStatus::Timeout)
+            ),
+            "the store's task ended {t:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     c.stop_session(pb::StopSessionRequest {
@@ -719,6 +764,9 @@ async fn build_store(dir: &Path) -> Duration {
             .map(|c| {
                 if c == key {
                     "ids.id".to_string()
+                } else if c == "id" && table == "tasks" {
+                    // A task's id is its own key: one per copy.
+                    format!("t.{c} || printf('-%05d', ids.n)")
                 } else if c == "created_at" && table == "agent_sessions" {
                     // Distinct creation times, as 10,000 real sessions would have.
                     format!("t.{c} - ids.n * 1000")
@@ -732,7 +780,7 @@ async fn build_store(dir: &Path) -> Duration {
         let (list, select): (Vec<String>, Vec<String>) = list
             .into_iter()
             .zip(select)
-            .filter(|(c, _)| !(c == "\"id\"" && key != "id"))
+            .filter(|(c, _)| !(c == "\"id\"" && key != "id" && table != "tasks"))
             .unzip();
         tx.execute(
             &format!(
@@ -747,19 +795,23 @@ async fn build_store(dir: &Path) -> Duration {
     tx.commit().unwrap();
     db.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
         .unwrap();
-    let (sessions, activities): (i64, i64) = db
+    let (sessions, activities, tasks, unrecognized): (i64, i64, i64, i64) = db
         .query_row(
-            "SELECT (SELECT count(*) FROM agent_sessions), (SELECT count(*) FROM agent_activities)",
+            "SELECT (SELECT count(*) FROM agent_sessions), (SELECT count(*) FROM agent_activities), \
+             (SELECT count(*) FROM tasks), (SELECT count(*) FROM provider_unrecognized)",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )
         .unwrap();
     drop(db);
     eprintln!(
-        "store: {sessions} sessions, {activities} activities, built in {:.1} s",
+        "store: {sessions} sessions, {activities} activities, {tasks} ended tasks, \
+         {unrecognized} unrecognized lines, built in {:.1} s",
         t0.elapsed().as_secs_f64()
     );
     assert_eq!(sessions as u64, STORE_SESSIONS);
+    assert_eq!(tasks as u64, STORE_SESSIONS);
+    assert_eq!(unrecognized as u64, 2 * STORE_SESSIONS);
     t0.elapsed()
 }
 
