@@ -535,18 +535,6 @@ impl State {
             } => {
                 let _ = reply.send(self.io.store.turn_tokens(&session.0, turn));
             }
-            Query::ReportedPayloads {
-                campaign,
-                event_type,
-                limit,
-                reply,
-            } => {
-                let _ = reply.send(
-                    self.io
-                        .store
-                        .reported_payloads(&campaign, &event_type, limit),
-                );
-            }
             Query::Approvals {
                 session,
                 all,

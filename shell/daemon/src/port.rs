@@ -256,13 +256,6 @@ pub enum Query {
         turn: u64,
         reply: Reply<Read<(u64, u64)>>,
     },
-    /// The payloads of a campaign's newest `limit` reported events of one type, newest first.
-    ReportedPayloads {
-        campaign: String,
-        event_type: String,
-        limit: usize,
-        reply: Reply<Read<Vec<String>>>,
-    },
     /// Stored requests for a human: of one session (or all), resolved ones too if `all`.
     Approvals {
         session: Option<SessionId>,

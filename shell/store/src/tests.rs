@@ -518,7 +518,8 @@ fn a_wal_that_never_empties_is_restarted_past_its_limit() {
     };
     // 24 MiB of text, a batch every half millisecond (a loop that commits, delivers and
     // commits again): a pass never finds the WAL as it began, and without a restart the WAL
-    // holds all of it (36 MB; a restart every round keeps it under 2 MB).
+    // holds all of it (36 MB, no restart). A restart every round keeps it under 2 MB here, and
+    // under 17 MB with both cores kept busy beside the test (the checkpointer runs late).
     let text = "x".repeat(2048);
     let (mut seq, mut written) = (0, 0);
     let first = restarts();
@@ -537,7 +538,7 @@ fn a_wal_that_never_empties_is_restarted_past_its_limit() {
     }
     let size = std::fs::metadata(&wal).unwrap().len();
     assert!(
-        restarts() >= first + 3 && size < 8 << 20,
+        restarts() >= first + 3 && size < 24 << 20,
         "{} restarts after {written} bytes, a WAL of {size} bytes",
         restarts() - first
     );
