@@ -512,9 +512,16 @@ impl State {
                 reply,
             } => {
                 let read = || {
-                    let messages = self.io.store.user_messages(&session.0)?;
                     let (activities, truncated) =
                         self.io.store.last_activities(&session.0, limit)?;
+                    // A window that leaves older activities out shows no message of a turn
+                    // before its first (`api::history::merge`): those are not read, so a
+                    // long session's history costs its window, not every prompt it was sent.
+                    let from = match truncated {
+                        true => activities.iter().find_map(|a| a.turn).unwrap_or(0),
+                        false => 0,
+                    };
+                    let messages = self.io.store.user_messages(&session.0, from)?;
                     Ok(HistoryView {
                         messages,
                         activities,

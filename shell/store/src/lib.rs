@@ -884,13 +884,13 @@ impl Store {
         collect(rows, |row| codec::status_event_from_row(session_id, row))
     }
 
-    /// A session's user messages, in turn order.
-    pub fn user_messages(&self, session_id: &str) -> Result<Vec<UserMessage>> {
+    /// A session's user messages of turn `from_turn` on, in turn order.
+    pub fn user_messages(&self, session_id: &str, from_turn: u64) -> Result<Vec<UserMessage>> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT turn, content, at FROM session_messages \
-             WHERE session_id = ?1 AND role = ?2 ORDER BY turn",
+             WHERE session_id = ?1 AND turn >= ?3 AND role = ?2 ORDER BY turn",
         )?;
-        let rows = stmt.query(params![session_id, codec::ROLE_USER])?;
+        let rows = stmt.query(params![session_id, codec::ROLE_USER, int(from_turn)])?;
         collect(rows, |row| codec::user_message_from_row(session_id, row))
     }
 

@@ -253,19 +253,22 @@ fn the_writer_waits_for_a_lock_held_elsewhere() {
     let other = Connection::open(dir.db()).unwrap();
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
     let held = std::time::Duration::from_millis(60);
+    // When the other connection begins to let go (the write may be through before its
+    // COMMIT returns).
     let release = std::thread::spawn(move || {
         std::thread::sleep(held);
+        let releasing = Instant::now();
         other.execute_batch("COMMIT").unwrap();
-        Instant::now()
+        releasing
     });
     store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
     let written = Instant::now();
-    let released = release.join().unwrap();
+    let releasing = release.join().unwrap();
     // SQLite's own busy timeout would try again at 53 then 78 ms.
     assert!(
-        written > released && written - released < std::time::Duration::from_millis(10),
-        "written {:?} after the lock's release",
-        written.saturating_duration_since(released)
+        written > releasing && written - releasing < std::time::Duration::from_millis(10),
+        "written {:?} after the lock's release began",
+        written.saturating_duration_since(releasing)
     );
     assert_eq!(count(&store, "agent_activities"), 1);
 }
@@ -448,7 +451,7 @@ fn activities_status_events_and_messages_page_by_seq() {
     assert_eq!(store.status_events("a", 0, 1).unwrap()[0].previous, None);
     assert!(store.status_events("b", 0, 100).unwrap().is_empty());
 
-    let messages = store.user_messages("a").unwrap();
+    let messages = store.user_messages("a", 0).unwrap();
     assert_eq!(
         messages,
         vec![
@@ -456,6 +459,28 @@ fn activities_status_events_and_messages_page_by_seq() {
             user_message("a", 2),
             user_message("a", 3)
         ]
+    );
+    // From a turn on (a history window's first), through the key.
+    assert_eq!(
+        store.user_messages("a", 2).unwrap(),
+        vec![user_message("a", 2), user_message("a", 3)]
+    );
+    assert!(store.user_messages("a", 4).unwrap().is_empty());
+    let plan: Vec<String> = store
+        .conn
+        .prepare(
+            "EXPLAIN QUERY PLAN SELECT turn, content, at FROM session_messages \
+             WHERE session_id = ?1 AND turn >= ?3 AND role = ?2 ORDER BY turn",
+        )
+        .unwrap()
+        .query_map(rusqlite::params!["a", "user", 2], |r| r.get(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(
+        plan.iter()
+            .any(|s| s.starts_with("SEARCH session_messages") && s.contains("turn>?")),
+        "{plan:#?}"
     );
 }
 
@@ -490,7 +515,7 @@ fn a_batch_is_atomic() {
     assert_eq!(store.session("s").unwrap(), None);
     assert!(store.activities("s", 0, 100).unwrap().is_empty());
     assert!(store.status_events("s", 0, 100).unwrap().is_empty());
-    assert!(store.user_messages("s").unwrap().is_empty());
+    assert!(store.user_messages("s", 0).unwrap().is_empty());
     // What was committed before is untouched, and the store is still usable.
     assert_eq!(store.activities("old", 0, 100).unwrap().len(), 1);
     store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
@@ -881,10 +906,10 @@ fn delete_session_removes_everything_of_that_session_only() {
     assert_eq!(store.session("gone").unwrap(), None);
     assert!(store.activities("gone", 0, 100).unwrap().is_empty());
     assert!(store.status_events("gone", 0, 100).unwrap().is_empty());
-    assert!(store.user_messages("gone").unwrap().is_empty());
+    assert!(store.user_messages("gone", 0).unwrap().is_empty());
     assert_eq!(store.activities("kept", 0, 100).unwrap().len(), 3);
     assert_eq!(store.status_events("kept", 0, 100).unwrap().len(), 3);
-    assert_eq!(store.user_messages("kept").unwrap().len(), 3);
+    assert_eq!(store.user_messages("kept", 0).unwrap().len(), 3);
     assert_eq!(count(&store, "agent_activities"), 3);
     assert!(!store.delete_session("gone").unwrap());
     assert_eq!(store.counts().unwrap(), (0, 1));
