@@ -398,19 +398,10 @@ impl Tasks {
 
     /// Lets go of every ended task (its record is stored as it is: an ended task has no
     /// process and no deadline, and nothing changes it again): the tasks held follow the
-    /// live ones, not the history. Those let go.
-    pub(crate) fn evict_ended(&mut self) -> Vec<String> {
-        let ended: Vec<String> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.record.status.is_terminal())
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &ended {
-            // Nothing of it runs or waits (`Task::assert_invariants`).
-            self.tasks.remove(id);
-        }
-        ended
+    /// live ones, not the history.
+    pub(crate) fn evict_ended(&mut self) {
+        // Nothing of an ended task runs or waits (`Task::assert_invariants`).
+        self.tasks.retain(|_, t| !t.record.status.is_terminal());
     }
 
     /// Takes back an ended task from the store (see [`Tasks::evict_ended`]).

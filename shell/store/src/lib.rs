@@ -288,6 +288,11 @@ static SELECT_UNSETTLED_SESSIONS: LazyLock<String> = LazyLock::new(|| {
 
 /// A page of sessions newest first (ids are ULIDs: creation order), before an id (`''`: from
 /// the newest), optionally of one campaign or working dir.
+/// [`Store::user_messages`]: `?1` the session, `?2` the role, `?3` the first turn (a range of
+/// the key `(session_id, turn, role)`).
+const SELECT_USER_MESSAGES: &str = "SELECT turn, content, at FROM session_messages \
+     WHERE session_id = ?1 AND turn >= ?3 AND role = ?2 ORDER BY turn";
+
 /// Each with the count of its unrecognized lines after [`SESSION_COLUMNS`] (one seek in
 /// `provider_unrecognized`'s key a row).
 static SELECT_SESSIONS_BEFORE: LazyLock<String> = LazyLock::new(|| {
@@ -886,10 +891,7 @@ impl Store {
 
     /// A session's user messages of turn `from_turn` on, in turn order.
     pub fn user_messages(&self, session_id: &str, from_turn: u64) -> Result<Vec<UserMessage>> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT turn, content, at FROM session_messages \
-             WHERE session_id = ?1 AND turn >= ?3 AND role = ?2 ORDER BY turn",
-        )?;
+        let mut stmt = self.conn.prepare_cached(SELECT_USER_MESSAGES)?;
         let rows = stmt.query(params![session_id, codec::ROLE_USER, int(from_turn)])?;
         collect(rows, |row| codec::user_message_from_row(session_id, row))
     }

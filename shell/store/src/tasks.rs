@@ -519,21 +519,7 @@ mod tests {
             (&*super::SELECT_NEWEST_TASKS_OF, "tasks_by_session_created"),
             (&*super::SELECT_NEWEST_TASKS_IN, "tasks_by_container"),
         ] {
-            let steps: Vec<String> = store
-                .conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap()
-                .query_map(
-                    rusqlite::params_from_iter(
-                        [rusqlite::types::Null; 2]
-                            .iter()
-                            .take(sql.matches('?').count()),
-                    ),
-                    |r| r.get(3),
-                )
-                .unwrap()
-                .collect::<rusqlite::Result<_>>()
-                .unwrap();
+            let steps = crate::tests::query_plan(&store.conn, sql);
             assert!(
                 steps.iter().any(|s| s.contains(index))
                     && steps.iter().all(|s| !s.contains("TEMP B-TREE")),

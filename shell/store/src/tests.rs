@@ -466,17 +466,7 @@ fn activities_status_events_and_messages_page_by_seq() {
         vec![user_message("a", 2), user_message("a", 3)]
     );
     assert!(store.user_messages("a", 4).unwrap().is_empty());
-    let plan: Vec<String> = store
-        .conn
-        .prepare(
-            "EXPLAIN QUERY PLAN SELECT turn, content, at FROM session_messages \
-             WHERE session_id = ?1 AND turn >= ?3 AND role = ?2 ORDER BY turn",
-        )
-        .unwrap()
-        .query_map(rusqlite::params!["a", "user", 2], |r| r.get(3))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
+    let plan = query_plan(&store.conn, super::SELECT_USER_MESSAGES);
     assert!(
         plan.iter()
             .any(|s| s.starts_with("SEARCH session_messages") && s.contains("turn>?")),
@@ -824,6 +814,17 @@ fn a_database_from_a_newer_binary_is_refused() {
 fn column_of<T: rusqlite::types::FromSql>(store: &Store, id: &str, column: &str) -> T {
     let sql = format!("SELECT {column} FROM agent_sessions WHERE id = ?1");
     store.conn.query_row(&sql, [id], |r| r.get(0)).unwrap()
+}
+
+/// The steps of SQLite's plan for `sql`, its parameters bound to NULL (the store's
+/// connection keeps one plan per statement, whatever they are).
+pub(crate) fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
+    let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+    let unbound = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
+    let steps = stmt
+        .query_map(rusqlite::params_from_iter(unbound), |r| r.get(3))
+        .unwrap();
+    steps.collect::<rusqlite::Result<_>>().unwrap()
 }
 
 /// Writes `rec` in a batch that fails (an activity twice) and so is rolled back.
@@ -1464,17 +1465,7 @@ fn the_sessions_sunbeam_ended_are_closed_by_the_upgrade() {
 #[test]
 fn start_up_reads_the_highest_request_run_from_its_index() {
     let store = Store::open_in_memory().unwrap();
-    let steps: Vec<String> = store
-        .conn
-        .prepare(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            super::approvals::MAX_REQUEST_RUN
-        ))
-        .unwrap()
-        .query_map([], |r| r.get::<_, String>(3))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
+    let steps = query_plan(&store.conn, super::approvals::MAX_REQUEST_RUN);
     assert!(
         steps.iter().all(|s| !s.starts_with("SCAN approvals"))
             && steps.iter().any(|s| s.contains("approvals_by_run")),
@@ -1566,16 +1557,7 @@ fn a_working_session_leaves_the_index_of_active_rows_alone() {
 #[test]
 fn start_up_reads_the_unsettled_from_their_index() {
     let store = Store::open_in_memory().unwrap();
-    let plan = |sql: &str| -> Vec<String> {
-        store
-            .conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .unwrap()
-            .query_map([], |r| r.get::<_, String>(3))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap()
-    };
+    let plan = |sql: &str| query_plan(&store.conn, sql);
     for sql in [
         &*super::SELECT_UNSETTLED_SESSIONS,
         &*super::UNSETTLED_IDS,
