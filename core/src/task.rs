@@ -296,6 +296,10 @@ struct Task {
     /// `Alive` and, once ended, `Terminating` (never a second TERM: a cancel after a timeout's
     /// KILL must not start the escalation again).
     life: Option<Life>,
+    /// The most output its record may hold: the limit it runs under, or what it stored under
+    /// a larger limit when it comes back from the store (a daemon restarted with a smaller
+    /// `--task-output-max-bytes` takes its old tasks back as they are; they gain no output).
+    output_bound: u64,
 }
 
 /// Which deadline is next.
@@ -369,15 +373,8 @@ impl Tasks {
                 }));
             }
             let id = record.id.clone();
-            t.tasks.insert(
-                id,
-                Task {
-                    record,
-                    ending: Ending::None,
-                    timeout_at: None,
-                    life: None,
-                },
-            );
+            let task = Task::stored(record, &t.limits);
+            t.tasks.insert(id, task);
         }
         for (id, pid) in surviving {
             out.rest.push(Effect::SignalTask {
@@ -387,7 +384,7 @@ impl Tasks {
             });
         }
         for task in t.tasks.values() {
-            task.assert_invariants(&t.limits);
+            task.assert_invariants();
         }
         t
     }
@@ -413,13 +410,8 @@ impl Tasks {
             record.status
         );
         let id = record.id.clone();
-        let task = Task {
-            record,
-            ending: Ending::None,
-            timeout_at: None,
-            life: None,
-        };
-        task.assert_invariants(&self.limits);
+        let task = Task::stored(record, &self.limits);
+        task.assert_invariants();
         assert!(
             self.tasks.insert(id.clone(), task).is_none(),
             "task {id} is recalled once"
@@ -546,7 +538,7 @@ impl Tasks {
 
     fn assert_invariants(&self) {
         for t in self.tasks.values() {
-            t.assert_invariants(&self.limits);
+            t.assert_invariants();
         }
     }
 
@@ -595,6 +587,7 @@ impl Tasks {
                 ending: Ending::None,
                 timeout_at: None,
                 life: Some(Life::Starting),
+                output_bound: self.limits.max_output_bytes,
             },
         );
     }
@@ -714,8 +707,19 @@ fn output(t: &mut Task, kind: OutputKind, max: u64, now: Now, out: &mut Out) {
 }
 
 impl Task {
+    /// A task as the store kept it: ended, nothing of it running or waiting.
+    fn stored(record: TaskRecord, limits: &TaskLimits) -> Task {
+        Task {
+            output_bound: limits.max_output_bytes.max(record.output_bytes),
+            record,
+            ending: Ending::None,
+            timeout_at: None,
+            life: None,
+        }
+    }
+
     /// What holds for every task after every step (the pair of the changes in `handle`).
-    fn assert_invariants(&self, limits: &TaskLimits) {
+    fn assert_invariants(&self) {
         let r = &self.record;
         if r.status.is_terminal() {
             assert!(
@@ -757,7 +761,7 @@ impl Task {
             r.id
         );
         assert!(
-            r.output_bytes <= limits.max_output_bytes,
+            r.output_bytes <= self.output_bound,
             "task {}: output is bounded",
             r.id
         );
@@ -1338,6 +1342,102 @@ mod tests {
 
     /// Start-up: what ran is FAILED (its process lost, or killed if the runner still has
     /// it), and every task process the runner still runs is killed, its task's or not.
+    /// A task that ended, as the store keeps it.
+    fn ended(id: &str, output_bytes: u64) -> TaskRecord {
+        let mut r = TaskRecord::new(id.into(), spec(), Timestamp::from_millis(0));
+        r.status = TaskStatus::Completed;
+        r.completed_at = Some(Timestamp::from_millis(5));
+        r.output_bytes = output_bytes;
+        r
+    }
+
+    #[test]
+    fn ended_tasks_leave_memory_and_come_back_when_named() {
+        let mut t = T::new();
+        t.launch("done");
+        t.started(1, "done", 40);
+        t.exited(2, "done", Some(0), None);
+        t.launch("running");
+        t.started(3, "running", 41);
+        t.0.evict_settled();
+        assert!(t.0.task("done").is_none(), "an ended task is let go");
+        assert_eq!(t.status("running"), TaskStatus::Running);
+        // Named again (a cancel): recalled from the store, answered as an ended task.
+        t.0.recall_task(ended("done", 0));
+        let fx = t.at(
+            4,
+            TaskInput::Cancel {
+                req: 7,
+                id: "done".into(),
+            },
+        );
+        assert!(fx.contains(&Effect::ReplyTask {
+            req: 7,
+            result: Ok(TaskReply::Cancel { initiated: false }),
+        }));
+    }
+
+    #[test]
+    fn a_task_stored_under_a_larger_output_limit_comes_back_as_it_is() {
+        // The daemon now runs with 10 bytes (`limits`); the task wrote 4 KiB under an older
+        // --task-output-max-bytes. Start-up and a recall take it back without a complaint.
+        let stored = Stored {
+            tasks: vec![ended("big", 4096)],
+            ..Stored::default()
+        };
+        let (mut e, _) = Engine::restore(limits(), now(10), stored, &Surviving::default());
+        assert_eq!(e.task("big").unwrap().output_bytes, 4096);
+        e.evict_settled();
+        e.recall_task(ended("big", 4096));
+        let fx = e.handle(
+            now(20),
+            Input::Task(TaskInput::Cancel {
+                req: 7,
+                id: "big".into(),
+            }),
+        );
+        assert!(fx.contains(&Effect::ReplyTask {
+            req: 7,
+            result: Ok(TaskReply::Cancel { initiated: false }),
+        }));
+        assert_eq!(e.task("big").unwrap().output_bytes, 4096);
+    }
+
+    #[test]
+    #[should_panic(expected = "only an ended task is recalled")]
+    fn recalling_a_task_that_has_not_ended_is_caught() {
+        let mut e = Engine::new(limits());
+        e.recall_task(TaskRecord::new(
+            "a".into(),
+            spec(),
+            Timestamp::from_millis(0),
+        ));
+    }
+
+    #[test]
+    #[should_panic(expected = "task a is recalled once")]
+    fn recalling_a_task_held_is_caught() {
+        let mut e = Engine::new(limits());
+        e.recall_task(ended("a", 0));
+        e.recall_task(ended("a", 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "a finished task has no deadline")]
+    fn a_finished_task_with_a_deadline_is_caught() {
+        let mut task = Task::stored(ended("a", 0), &limits().tasks);
+        task.timeout_at = Some(Instant::from_millis(5));
+        task.assert_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "task a: output is bounded")]
+    fn output_past_a_tasks_bound_is_caught() {
+        let mut task = Task::stored(ended("a", 4), &limits().tasks);
+        task.record.output_bytes = 11;
+        task.assert_invariants();
+    }
+
     #[test]
     fn restore_fails_what_ran_and_kills_what_survived() {
         let mut t = T::new();

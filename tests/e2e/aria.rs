@@ -322,6 +322,23 @@ async fn output_is_bounded_and_survives_a_daemon_restart() {
     let why = t.error_message.unwrap();
     assert!(why.contains("daemon restarted"), "{why}");
     assert!(why.contains("its process ended with the daemon"), "{why}");
+
+    // Started again with a smaller limit, the daemon takes the task back as it is (its 256 KiB
+    // are more than 1 KiB) when a client names it, and goes on.
+    d.kill9();
+    d.extra_args = vec!["--task-output-max-bytes".into(), "1024".into()];
+    d.launch().await;
+    let mut c = tasks(&d).await;
+    let r = c
+        .cancel_task(aria::CancelTaskRequest {
+            task_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.cancellation_initiated);
+    let t = wait_task(&mut c, &id).await;
+    assert_eq!(t.status, aria::TaskStatus::Completed as i32);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
