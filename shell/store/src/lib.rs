@@ -426,7 +426,10 @@ const CHECKPOINTS: Checkpoints = Checkpoints {
 /// leaves is what was written during it, less each time) and then checkpoints in RESTART
 /// mode, which holds the writer lock while it copies the last frames and syncs: the writer
 /// waits that long ([`busy_wait`], 2–4 ms measured) and its next commit writes from the WAL's
-/// start.
+/// start. A restart also waits, the lock held, for every reader to leave an older snapshot:
+/// it gives up after [`RESTART_WAIT`] and tries again a round later, so a reader that keeps
+/// one open (a `sqlite3` shell left in a transaction, a backup tool) costs the writer at most
+/// that, never [`BUSY_TIMEOUT`].
 fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mpsc::Receiver<()>) {
     let conn = match Connection::open(&path) {
         Ok(c) => c,
@@ -435,7 +438,8 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
             return;
         }
     };
-    let _ = conn.busy_timeout(BUSY_TIMEOUT);
+    // Only a restart waits (a PASSIVE pass never calls the busy handler).
+    let _ = conn.busy_timeout(RESTART_WAIT);
     // A frame is a page and its 24-byte header.
     let frame = conn
         .query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0))
@@ -443,10 +447,14 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
     let restart_at = when.restart_at_bytes / frame;
     // Close enough to restart: what a millisecond adds at 40 MB a second.
     let caught_up = 40 * 1024 / frame;
-    // (frames in the WAL, frames copied).
+    // (frames in the WAL, frames copied, whether it gave up waiting).
     let pass = |mode: &str| {
         conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-            Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+            Ok((
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(0)? != 0,
+            ))
         })
     };
     let mut last_log = 0;
@@ -456,29 +464,36 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
             _ => return,
         }
         let mut r = pass("PASSIVE");
-        if let Ok((mut log, _)) = r {
+        if let Ok((mut log, _, _)) = r {
             // A WAL that did not grow since the last round was idle, and a whole pass copied
             // it: the writer's next commit restarts it.
             let grew = log != std::mem::replace(&mut last_log, log);
             if grew && log > restart_at {
                 for _ in 0..CATCH_UP_PASSES {
                     r = pass("PASSIVE");
-                    let Ok((now, _)) = r else { break };
+                    let Ok((now, _, _)) = r else { break };
                     if now - std::mem::replace(&mut log, now) <= caught_up {
                         break;
                     }
                 }
                 let held = std::time::Instant::now();
                 r = pass("RESTART");
-                tracing::debug!(
-                    frames = log,
-                    held_ms = held.elapsed().as_secs_f64() * 1e3,
-                    "checkpoint: the WAL restarts"
-                );
+                let held_ms = held.elapsed().as_secs_f64() * 1e3;
+                match r {
+                    Ok((_, _, false)) => {
+                        tracing::debug!(frames = log, held_ms, "checkpoint: the WAL restarts")
+                    }
+                    _ => tracing::debug!(
+                        frames = log,
+                        held_ms,
+                        "checkpoint: no restart (a reader holds an older snapshot, or the \
+                         writer did not pause); tried again next round"
+                    ),
+                }
             }
         }
         match r {
-            Ok((log, done)) if log > 0 => {
+            Ok((log, done, _)) if log > 0 => {
                 tracing::trace!(frames = log, copied = done, "checkpoint")
             }
             Ok(_) => {}
@@ -492,10 +507,26 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
 /// millisecond of the lock's release. (SQLite's own busy timeout sleeps 1, 2, 5, 10… ms.)
 const BUSY_STEP: Duration = Duration::from_micros(100);
 
-/// The writer's busy handler: sleeps [`BUSY_STEP`] per try, for up to [`BUSY_TIMEOUT`].
+/// How long the checkpointer's restart waits for the writer's transaction to end and for
+/// readers to leave older snapshots, holding off the writer meanwhile: a few of the writer's
+/// commits (0.5–3 ms each under a thousand busy sessions).
+const RESTART_WAIT: Duration = Duration::from_millis(10);
+
+/// The writer's busy handler: sleeps [`BUSY_STEP`] per try, until [`BUSY_TIMEOUT`] has passed
+/// since the first (measured: on a loaded machine a sleep lasts longer than it asks).
 fn busy_wait(tries: i32) -> bool {
-    let tries = u32::try_from(tries).unwrap_or(0);
-    if BUSY_STEP * tries >= BUSY_TIMEOUT {
+    thread_local! {
+        static SINCE: std::cell::Cell<Option<std::time::Instant>> =
+            const { std::cell::Cell::new(None) };
+    }
+    let now = std::time::Instant::now();
+    let since = SINCE.with(|s| {
+        if tries == 0 {
+            s.set(Some(now));
+        }
+        s.get().unwrap_or(now)
+    });
+    if now.duration_since(since) >= BUSY_TIMEOUT {
         return false;
     }
     std::thread::sleep(BUSY_STEP);

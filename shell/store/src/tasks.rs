@@ -2,7 +2,7 @@
 
 use paddock_core::task::{OutputKind, TaskOutput, TaskRecord, TaskSpec, TaskStatus};
 use paddock_core::Timestamp;
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{named_params, params, Connection, OptionalExtension, Row};
 
 use super::{Result, Store, StoreError};
 
@@ -103,51 +103,85 @@ fn i(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Upserts a task's record.
+/// A task's progress where its status is as stored. The status is matched, not set: SQLite
+/// rewrites the entry of a partial index (`tasks_live`) whenever an UPDATE sets one of its
+/// columns, equal or not, and a running task's record is written with every batch of its
+/// output. Nothing of its spec is encoded or sealed again either.
+const UPDATE_TASK_PROGRESS: &str = "UPDATE tasks SET started_at = :started_at, \
+     completed_at = :completed_at, exit_code = :exit_code, error_message = :error_message, \
+     progress_centi = :progress_centi, current_operation = :current_operation, pid = :pid, \
+     output_bytes = :output_bytes, last_output_seq = :last_output_seq, truncated = :truncated \
+     WHERE id = :id AND status = :status";
+
+/// A task's whole row ([`TASK_COLUMNS`], each bound by its name).
+static UPSERT_TASK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let names: Vec<String> = TASK_COLUMNS
+        .split(", ")
+        .map(|c| format!(":{}", c.trim()))
+        .collect();
+    format!(
+        "INSERT INTO tasks ({TASK_COLUMNS}) VALUES ({}) \
+         ON CONFLICT(id) DO UPDATE SET status=excluded.status, \
+         started_at=excluded.started_at, completed_at=excluded.completed_at, \
+         exit_code=excluded.exit_code, error_message=excluded.error_message, \
+         progress_centi=excluded.progress_centi, \
+         current_operation=excluded.current_operation, pid=excluded.pid, \
+         output_bytes=excluded.output_bytes, last_output_seq=excluded.last_output_seq, \
+         truncated=excluded.truncated",
+        names.join(", ")
+    )
+});
+
+/// Stores a task's record: its progress when its status is as stored ([`UPDATE_TASK_PROGRESS`]),
+/// else the whole row (a new task, or a new status).
 pub(super) fn upsert(
     conn: &Connection,
     sealer: &super::seal::Sealer,
     t: &TaskRecord,
 ) -> Result<()> {
+    let (started, completed) = (
+        t.started_at.map(|t| i(t.millis())),
+        t.completed_at.map(|t| i(t.millis())),
+    );
+    let (output_bytes, last_output_seq) = (i(t.output_bytes), i(t.last_output_seq));
+    let progress = named_params! {
+        ":id": t.id,
+        ":status": t.status.number(),
+        ":started_at": started,
+        ":completed_at": completed,
+        ":exit_code": t.exit_code,
+        ":error_message": t.error_message,
+        ":progress_centi": t.progress_centi,
+        ":current_operation": t.current_operation,
+        ":pid": t.pid,
+        ":output_bytes": output_bytes,
+        ":last_output_seq": last_output_seq,
+        ":truncated": t.truncated,
+    };
+    if conn
+        .prepare_cached(UPDATE_TASK_PROGRESS)?
+        .execute(progress)?
+        == 1
     {
-        {
-            let sql = format!(
-                "INSERT INTO tasks ({TASK_COLUMNS}) VALUES \
-                 (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22) \
-                 ON CONFLICT(id) DO UPDATE SET status=excluded.status, \
-                 started_at=excluded.started_at, completed_at=excluded.completed_at, \
-                 exit_code=excluded.exit_code, error_message=excluded.error_message, \
-                 progress_centi=excluded.progress_centi, \
-                 current_operation=excluded.current_operation, pid=excluded.pid, \
-                 output_bytes=excluded.output_bytes, last_output_seq=excluded.last_output_seq, \
-                 truncated=excluded.truncated"
-            );
-            conn.prepare_cached(&sql)?.execute(params![
-                t.id,
-                t.spec.session_id,
-                t.spec.kind,
-                serde_json::to_string(&t.spec.command).expect("json"),
-                serde_json::to_string(&sealer.seal(&t.spec.environment)?).expect("json"),
-                i(t.spec.timeout_ms),
-                t.spec.working_dir,
-                t.status.number(),
-                i(t.created_at.millis()),
-                t.started_at.map(|t| i(t.millis())),
-                t.completed_at.map(|t| i(t.millis())),
-                t.exit_code,
-                t.error_message,
-                t.progress_centi,
-                t.current_operation,
-                t.pid,
-                i(t.output_bytes),
-                i(t.last_output_seq),
-                t.truncated,
-                t.spec.user,
-                t.spec.container_id,
-                t.spec.parent_task_id,
-            ])?;
-        }
+        return Ok(());
     }
+    let command = serde_json::to_string(&t.spec.command).expect("json");
+    let environment = serde_json::to_string(&sealer.seal(&t.spec.environment)?).expect("json");
+    let (timeout_ms, created) = (i(t.spec.timeout_ms), i(t.created_at.millis()));
+    let mut row = progress.to_vec();
+    row.extend_from_slice(named_params! {
+        ":session_id": t.spec.session_id,
+        ":type": t.spec.kind,
+        ":command_json": command,
+        ":environment": environment,
+        ":timeout_ms": timeout_ms,
+        ":working_dir": t.spec.working_dir,
+        ":created_at": created,
+        ":user_id": t.spec.user,
+        ":container_id": t.spec.container_id,
+        ":parent_task_id": t.spec.parent_task_id,
+    });
+    conn.prepare_cached(&UPSERT_TASK)?.execute(row.as_slice())?;
     Ok(())
 }
 
@@ -466,6 +500,54 @@ mod tests {
         );
         assert_eq!(store.task_output("task_1", 1, 10).unwrap(), vec![out2]);
         assert_eq!(store.task("nope").unwrap(), None);
+    }
+
+    #[test]
+    fn a_running_tasks_progress_leaves_the_index_of_live_tasks_alone() {
+        use crate::tests::{opcodes, touches_an_index};
+        let mut store = Store::open_in_memory().unwrap();
+        assert!(touches_an_index(&opcodes(&store.conn, &UPSERT_TASK)));
+        assert!(!touches_an_index(&opcodes(
+            &store.conn,
+            UPDATE_TASK_PROGRESS
+        )));
+        let at = paddock_core::Timestamp::from_millis;
+        let spec = TaskSpec {
+            session_id: "s".into(),
+            command: vec!["make".into()],
+            environment: [("TOKEN".to_string(), "secret".to_string())]
+                .into_iter()
+                .collect(),
+            ..TaskSpec::default()
+        };
+        let mut t = TaskRecord::new("t".into(), spec, at(1));
+        let mut write = |t: &TaskRecord| {
+            store
+                .apply_all(&[Record::Task(Box::new(t.clone()))], &[])
+                .unwrap();
+            (
+                store.task("t").unwrap(),
+                store.load_unended_tasks().unwrap(),
+            )
+        };
+        assert_eq!(write(&t), (Some(t.clone()), vec![t.clone()]));
+        // Started: a new status, the whole row.
+        t.status = TaskStatus::Running;
+        t.started_at = Some(at(2));
+        t.pid = Some(41);
+        assert_eq!(write(&t), (Some(t.clone()), vec![t.clone()]));
+        // Its output and progress: the status as stored, only the progress.
+        t.output_bytes = 300;
+        t.last_output_seq = 9;
+        t.progress_centi = 5000;
+        t.current_operation = "linking".into();
+        assert_eq!(write(&t), (Some(t.clone()), vec![t.clone()]));
+        // Ended: the whole row again, and it leaves the live ones.
+        t.status = TaskStatus::Completed;
+        t.completed_at = Some(at(3));
+        t.exit_code = Some(0);
+        t.pid = None;
+        assert_eq!(write(&t), (Some(t.clone()), vec![]));
     }
 
     #[test]

@@ -522,15 +522,7 @@ fn a_wal_that_never_empties_is_restarted_past_its_limit() {
     };
     let mut store = Store::open_with(&db, quick).unwrap();
     let wal = dir.path().join("paddock.db-wal");
-    // The WAL header's checkpoint sequence number counts its restarts (big-endian, bytes
-    // 12..16).
-    let restarts = || {
-        use std::io::Read;
-        let mut header = [0; 16];
-        std::fs::File::open(&wal)
-            .and_then(|mut f| f.read_exact(&mut header))
-            .map_or(0, |()| u32::from_be_bytes(header[12..].try_into().unwrap()))
-    };
+    let restarts = || wal_restarts(&wal);
     // 24 MiB of text, a batch every half millisecond (a loop that commits, delivers and
     // commits again): a pass never finds the WAL as it began, and without a restart the WAL
     // holds all of it (36 MB, no restart). A restart every round keeps it under 2 MB here, and
@@ -558,6 +550,72 @@ fn a_wal_that_never_empties_is_restarted_past_its_limit() {
         restarts() - first
     );
     assert_eq!(count(&store, "agent_activities"), seq as i64);
+}
+
+/// A restart waits, the writer held off, for every reader to leave an older snapshot. A reader
+/// that stays (a `sqlite3` shell left in a transaction) cost the writer a 5 s stall every round
+/// past the WAL's limit; now at most `RESTART_WAIT`, and the WAL restarts once it leaves.
+#[test]
+fn a_reader_that_keeps_an_old_snapshot_never_stalls_the_writer_for_long() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("paddock.db");
+    let quick = super::Checkpoints {
+        every: std::time::Duration::from_millis(20),
+        restart_at_bytes: 64 * 1024,
+    };
+    let mut store = Store::open_with(&db, quick).unwrap();
+    let reader = rusqlite::Connection::open(&db).unwrap();
+    reader
+        .execute_batch("BEGIN; SELECT COUNT(*) FROM agent_activities;")
+        .unwrap();
+    let wal = dir.path().join("paddock.db-wal");
+    let reading = wal_restarts(&wal);
+    let text = "x".repeat(2048);
+    let mut seq = 0;
+    let mut batch = |store: &mut Store| {
+        let records: Vec<Record> = (0..8)
+            .map(|_| {
+                seq += 1;
+                let mut a = activity("01READ", seq);
+                a.activity.content = text.clone();
+                Record::Activity(a)
+            })
+            .collect();
+        let t = std::time::Instant::now();
+        store.apply(&records).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        t.elapsed()
+    };
+    // A second of batches: the WAL is past its limit and grows at every round.
+    let (start, mut slowest) = (std::time::Instant::now(), std::time::Duration::ZERO);
+    while start.elapsed() < std::time::Duration::from_secs(1) {
+        slowest = slowest.max(batch(&mut store));
+    }
+    assert!(
+        slowest < std::time::Duration::from_millis(500),
+        "a commit waited {slowest:?} for the checkpointer"
+    );
+    // No restart while it reads; once it leaves, the WAL restarts from its start.
+    assert_eq!(wal_restarts(&wal), reading);
+    reader.execute_batch("COMMIT").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while wal_restarts(&wal) == reading {
+        batch(&mut store);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the WAL never restarted once the reader left"
+        );
+    }
+}
+
+/// How many times the WAL at `wal` restarted: its header's checkpoint sequence number
+/// (big-endian, bytes 12..16).
+fn wal_restarts(wal: &Path) -> u32 {
+    use std::io::Read;
+    let mut header = [0; 16];
+    std::fs::File::open(wal)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .map_or(0, |()| u32::from_be_bytes(header[12..].try_into().unwrap()))
 }
 
 #[test]
@@ -825,6 +883,22 @@ pub(crate) fn query_plan(conn: &Connection, sql: &str) -> Vec<String> {
         .query_map(rusqlite::params_from_iter(unbound), |r| r.get(3))
         .unwrap();
     steps.collect::<rusqlite::Result<_>>().unwrap()
+}
+
+/// The opcodes SQLite compiles `sql` to, its parameters bound to NULL.
+pub(crate) fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
+    let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+    let unbound = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
+    let ops = stmt
+        .query_map(rusqlite::params_from_iter(unbound), |r| r.get(1))
+        .unwrap();
+    ops.collect::<rusqlite::Result<_>>().unwrap()
+}
+
+/// Whether a statement's opcodes delete an index entry: SQLite rewrites the entry of every
+/// (partial) index whose columns an UPDATE sets, equal or not.
+pub(crate) fn touches_an_index(ops: &[String]) -> bool {
+    ops.iter().any(|o| o == "IdxDelete")
 }
 
 /// Writes `rec` in a batch that fails (an activity twice) and so is rolled back.
@@ -1476,19 +1550,15 @@ fn start_up_reads_the_highest_request_run_from_its_index() {
 #[test]
 fn a_working_session_leaves_the_index_of_active_rows_alone() {
     let mut store = Store::open_in_memory().unwrap();
-    // SQLite rewrites a partial index's entry for every UPDATE that sets a column the index
-    // reads, equal or not: the statement for a working session sets none of them.
-    let opcodes = |sql: &str| -> Vec<String> {
-        let mut stmt = store.conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
-        let unbound = std::iter::repeat_n(rusqlite::types::Null, stmt.parameter_count());
-        let ops = stmt
-            .query_map(rusqlite::params_from_iter(unbound), |r| r.get(1))
-            .unwrap();
-        ops.collect::<rusqlite::Result<_>>().unwrap()
-    };
-    let touches_an_index = |ops: &[String]| ops.iter().any(|o| o == "IdxDelete");
-    assert!(touches_an_index(&opcodes(&super::UPDATE_SESSION_STATE)));
-    assert!(!touches_an_index(&opcodes(&super::UPDATE_SESSION_WORK)));
+    // The statement for a working session sets none of the partial index's columns.
+    assert!(touches_an_index(&opcodes(
+        &store.conn,
+        &super::UPDATE_SESSION_STATE
+    )));
+    assert!(!touches_an_index(&opcodes(
+        &store.conn,
+        &super::UPDATE_SESSION_WORK
+    )));
 
     let status_of = |store: &Store| -> i64 { column_of(store, "s", "status") };
     let unsettled = |store: &Store| -> Vec<String> {
