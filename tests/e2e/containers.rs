@@ -36,6 +36,11 @@ async fn exec(t: &mut Tasks, ctr: &str, script: &str) -> aria::Task {
         .expect("launch in the container")
         .into_inner()
         .task_id;
+    finished(t, id).await
+}
+
+/// Task `id` once it has ended.
+async fn finished(t: &mut Tasks, id: String) -> aria::Task {
     within(async {
         loop {
             let task = t
@@ -161,7 +166,8 @@ async fn a_bubblewrap_container_runs_commands_keeps_their_logs_and_follows_its_l
     };
     assert!(logs(&mut c, &made.id, Some(later)).await.is_empty());
 
-    // Following: a later command's lines arrive.
+    // Following: what is stored, once each, then a later command's lines as they come (a
+    // command of another container writing meanwhile is not this one's).
     let mut follow = c
         .stream_container_logs(aria::StreamContainerLogsRequest {
             container_id: made.id.clone(),
@@ -171,16 +177,31 @@ async fn a_bubblewrap_container_runs_commands_keeps_their_logs_and_follows_its_l
         .await
         .unwrap()
         .into_inner();
-    exec(&mut t, &made.id, "echo second-command").await;
-    within(async {
+    let other = t
+        .launch_task(aria::LaunchTaskRequest {
+            command_json: r#"["sh", "-c", "echo not-this-container"]"#.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task_id;
+    finished(&mut t, other).await;
+    exec(&mut t, &made.id, "echo second-command; echo third-line").await;
+    let followed = within(async {
+        let mut got = Vec::new();
         loop {
             let l = follow.message().await.unwrap().unwrap();
-            if l.line == "second-command" {
-                return;
+            got.push((l.stream, l.line.clone()));
+            if l.line == "third-line" {
+                return got;
             }
         }
     })
     .await;
+    let mut want = lines.clone();
+    want.extend([out(Stdout, "second-command"), out(Stdout, "third-line")]);
+    assert_eq!(followed, want);
 
     // Stopped: no command runs in it (and what ran is ended); started again: it does.
     let slow = t

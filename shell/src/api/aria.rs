@@ -58,6 +58,10 @@ fn store_failed(e: crate::store::StoreError) -> GrpcStatus {
 /// Stored task output read per page by WatchTaskOutput.
 const OUTPUT_PAGE: usize = 1000;
 
+/// Tasks of other containers a container's log stream remembers as not its own, at most
+/// (`stream_container_logs`).
+const OTHER_TASKS_REMEMBERED: usize = 1024;
+
 /// Shared configuration of the Aria services.
 #[derive(Clone)]
 pub struct AriaConfig {
@@ -1002,7 +1006,10 @@ impl pb::container_service_server::ContainerService for Containers {
             if !r.follow {
                 return;
             }
-            // Whether a task (one launched later too) runs in this container.
+            // Whether a task (one launched later too) runs in this container. Every task
+            // whose output goes by gets an entry: those of other containers are forgotten past
+            // a bound (asked again if they write again), so a stream followed for weeks holds
+            // this container's tasks, not the daemon's history.
             let mut ours: HashMap<String, bool> =
                 tasks.iter().map(|t| (t.id.clone(), true)).collect();
             let w = Watcher::new(tx, handle.clone());
@@ -1018,14 +1025,25 @@ impl pb::container_service_server::ContainerService for Containers {
                             .and_then(Result::ok)
                             .flatten()
                             .is_some_and(|t| t.spec.container_id == c.id);
+                        if ours.len() >= OTHER_TASKS_REMEMBERED {
+                            ours.retain(|_, m| *m);
+                        }
                         ours.insert(o.task.clone(), m);
                         m
                     }
                 };
-                if !mine || last.get(&o.task).is_some_and(|s| o.seq <= *s) {
+                if !mine {
                     continue;
                 }
-                last.insert(o.task.clone(), o.seq);
+                // What the stored replay sent came again live (committed between the
+                // subscription and the read): skipped. Past it a task's output comes in order,
+                // and its mark goes.
+                if let Some(sent) = last.get(&o.task) {
+                    if o.seq <= *sent {
+                        continue;
+                    }
+                    last.remove(&o.task);
+                }
                 if let Some(l) = line(&o) {
                     if !w.send(l).await {
                         return;
