@@ -1340,8 +1340,6 @@ mod tests {
         assert!(!t.0.task("b").unwrap().truncated);
     }
 
-    /// Start-up: what ran is FAILED (its process lost, or killed if the runner still has
-    /// it), and every task process the runner still runs is killed, its task's or not.
     /// A task that ended, as the store keeps it.
     fn ended(id: &str, output_bytes: u64) -> TaskRecord {
         let mut r = TaskRecord::new(id.into(), spec(), Timestamp::from_millis(0));
@@ -1438,6 +1436,8 @@ mod tests {
         task.assert_invariants();
     }
 
+    /// Start-up: what ran is FAILED (its process lost, or killed if the runner still has
+    /// it), and every task process the runner still runs is killed, its task's or not.
     #[test]
     fn restore_fails_what_ran_and_kills_what_survived() {
         let mut t = T::new();

@@ -553,8 +553,9 @@ fn a_wal_that_never_empties_is_restarted_past_its_limit() {
 }
 
 /// A restart waits, the writer held off, for every reader to leave an older snapshot. A reader
-/// that stays (a `sqlite3` shell left in a transaction) cost the writer a 5 s stall every round
-/// past the WAL's limit; now at most `RESTART_WAIT`, and the WAL restarts once it leaves.
+/// that stayed (a `sqlite3` shell left in a transaction) made the writer's commit fail after
+/// 5 s once the WAL passed its limit; now it waits at most `RESTART_WAIT`, and the WAL restarts
+/// once the reader leaves.
 #[test]
 fn a_reader_that_keeps_an_old_snapshot_never_stalls_the_writer_for_long() {
     let dir = tempfile::tempdir().unwrap();
