@@ -447,14 +447,13 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
     let restart_at = when.restart_at_bytes / frame;
     // Close enough to restart: what a millisecond adds at 40 MB a second.
     let caught_up = 40 * 1024 / frame;
-    // (frames in the WAL, frames copied, whether it gave up waiting).
     let pass = |mode: &str| {
         conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-            Ok((
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, i64>(0)? != 0,
-            ))
+            Ok(Pass {
+                gave_up: r.get::<_, i64>(0)? != 0,
+                log: r.get(1)?,
+                copied: r.get(2)?,
+            })
         })
     };
     let mut last_log = 0;
@@ -464,14 +463,14 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
             _ => return,
         }
         let mut r = pass("PASSIVE");
-        if let Ok((mut log, _, _)) = r {
+        if let Ok(Pass { mut log, .. }) = r {
             // A WAL that did not grow since the last round was idle, and a whole pass copied
             // it: the writer's next commit restarts it.
             let grew = log != std::mem::replace(&mut last_log, log);
             if grew && log > restart_at {
                 for _ in 0..CATCH_UP_PASSES {
                     r = pass("PASSIVE");
-                    let Ok((now, _, _)) = r else { break };
+                    let Ok(Pass { log: now, .. }) = r else { break };
                     if now - std::mem::replace(&mut log, now) <= caught_up {
                         break;
                     }
@@ -480,7 +479,7 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
                 r = pass("RESTART");
                 let held_ms = held.elapsed().as_secs_f64() * 1e3;
                 match r {
-                    Ok((_, _, false)) => {
+                    Ok(Pass { gave_up: false, .. }) => {
                         tracing::debug!(frames = log, held_ms, "checkpoint: the WAL restarts")
                     }
                     _ => tracing::debug!(
@@ -493,13 +492,23 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
             }
         }
         match r {
-            Ok((log, done, _)) if log > 0 => {
-                tracing::trace!(frames = log, copied = done, "checkpoint")
+            Ok(Pass { log, copied, .. }) if log > 0 => {
+                tracing::trace!(frames = log, copied, "checkpoint")
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(db = %path.display(), "checkpoint failed: {e}"),
         }
     }
+}
+
+/// What a `PRAGMA wal_checkpoint` pass did.
+struct Pass {
+    /// It gave up waiting (for the writer, or for a reader on an older snapshot).
+    gave_up: bool,
+    /// Frames in the WAL.
+    log: i64,
+    /// Frames copied into the database.
+    copied: i64,
 }
 
 /// How long the writer sleeps between tries while another connection holds the lock it

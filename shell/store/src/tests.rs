@@ -527,20 +527,11 @@ fn a_wal_that_never_empties_is_restarted_past_its_limit() {
     // commits again): a pass never finds the WAL as it began, and without a restart the WAL
     // holds all of it (36 MB, no restart). A restart every round keeps it under 2 MB here, and
     // under 17 MB with both cores kept busy beside the test (the checkpointer runs late).
-    let text = "x".repeat(2048);
     let (mut seq, mut written) = (0, 0);
     let first = restarts();
     while written < 24 << 20 {
-        let batch: Vec<Record> = (0..8)
-            .map(|_| {
-                seq += 1;
-                let mut a = activity("01WAL", seq);
-                a.activity.content = text.clone();
-                Record::Activity(a)
-            })
-            .collect();
-        store.apply(&batch).unwrap();
-        written += 8 * text.len();
+        store.apply(&wal_batch("01WAL", &mut seq)).unwrap();
+        written += 8 * 2048;
         std::thread::sleep(std::time::Duration::from_micros(500));
     }
     let size = std::fs::metadata(&wal).unwrap().len();
@@ -571,17 +562,9 @@ fn a_reader_that_keeps_an_old_snapshot_never_stalls_the_writer_for_long() {
         .unwrap();
     let wal = dir.path().join("paddock.db-wal");
     let reading = wal_restarts(&wal);
-    let text = "x".repeat(2048);
     let mut seq = 0;
     let mut batch = |store: &mut Store| {
-        let records: Vec<Record> = (0..8)
-            .map(|_| {
-                seq += 1;
-                let mut a = activity("01READ", seq);
-                a.activity.content = text.clone();
-                Record::Activity(a)
-            })
-            .collect();
+        let records = wal_batch("01READ", &mut seq);
         let t = std::time::Instant::now();
         store.apply(&records).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -607,6 +590,19 @@ fn a_reader_that_keeps_an_old_snapshot_never_stalls_the_writer_for_long() {
             "the WAL never restarted once the reader left"
         );
     }
+}
+
+/// Eight activities of 2 KiB of text for `session`, numbered on from `seq`: a batch that
+/// grows the WAL.
+fn wal_batch(session: &str, seq: &mut u64) -> Vec<Record> {
+    (0..8)
+        .map(|_| {
+            *seq += 1;
+            let mut a = activity(session, *seq);
+            a.activity.content = "x".repeat(2048);
+            Record::Activity(a)
+        })
+        .collect()
 }
 
 /// How many times the WAL at `wal` restarted: its header's checkpoint sequence number
