@@ -52,6 +52,10 @@ pub enum ErrorCode {
     /// OBEY-2051 The daemon is shutting down: nothing new is taken (paddock extension; the
     /// seed has no code for it, and 2030 "provider adapter not initialized" misled clients).
     ShuttingDown,
+    /// OBEY-2052 The daemon cannot store anything now: another program holds its database's
+    /// write lock (a `sqlite3` shell in a transaction, a backup); nothing new is taken until
+    /// it lets go (paddock extension).
+    StorageLocked,
     /// OBEY-2060 Container not found (paddock extension: Aria's ContainerService).
     ContainerNotFound,
 }
@@ -70,7 +74,7 @@ pub enum ErrorKind {
 
 impl ErrorCode {
     /// Every code, in registry order.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::Generic,
         ErrorCode::CampaignNotFound,
         ErrorCode::ProviderNotSupported,
@@ -91,6 +95,7 @@ impl ErrorCode {
         ErrorCode::ApprovalResolved,
         ErrorCode::StorageFull,
         ErrorCode::ShuttingDown,
+        ErrorCode::StorageLocked,
         ErrorCode::ContainerNotFound,
     ];
 
@@ -117,6 +122,7 @@ impl ErrorCode {
             ErrorCode::ApprovalResolved => 2041,
             ErrorCode::StorageFull => 2050,
             ErrorCode::ShuttingDown => 2051,
+            ErrorCode::StorageLocked => 2052,
             ErrorCode::ContainerNotFound => 2060,
         }
     }
@@ -151,6 +157,7 @@ impl ErrorCode {
             ErrorCode::ApprovalResolved => "approval already resolved",
             ErrorCode::StorageFull => "daemon storage full",
             ErrorCode::ShuttingDown => "daemon shutting down",
+            ErrorCode::StorageLocked => "daemon storage locked by another program",
             ErrorCode::ContainerNotFound => "container not found",
         }
     }
@@ -175,7 +182,8 @@ impl ErrorCode {
             | ErrorCode::AdapterNotInitialized
             | ErrorCode::ProviderCrashed
             | ErrorCode::ConnectionLost
-            | ErrorCode::ShuttingDown => ErrorKind::Unavailable,
+            | ErrorCode::ShuttingDown
+            | ErrorCode::StorageLocked => ErrorKind::Unavailable,
             ErrorCode::Generic | ErrorCode::SandboxInitFailed => ErrorKind::Internal,
         }
     }

@@ -94,7 +94,7 @@ struct Full {
     before: Vec<pb::SessionActivityEvent>,
     filler: PathBuf,
     /// The held message's turn, as its client sees it.
-    held: tokio::task::JoinHandle<Result<Vec<pb::SessionActivityEvent>, tonic::Status>>,
+    held: Held,
 }
 
 /// [`Full`], once the daemon refuses a create with `OBEY-2050` (`None`: no tmpfs here, and
@@ -119,20 +119,7 @@ async fn fill_up(args: &[&str]) -> Option<Full> {
     let filler = fill(&fs.0);
     // A 1 MiB message cannot be stored: the commit fails and the daemon waits for space.
     // Its answer waits with it (nothing is acknowledged before it is stored).
-    let big = "m".repeat(1024 * 1024);
-    let client = d.client().await;
-    let id = s.id.clone();
-    let held = tokio::spawn(async move {
-        let stream = client
-            .clone()
-            .send_message(pb::SendMessageRequest {
-                session_id: id,
-                message: big,
-            })
-            .await?
-            .into_inner();
-        Ok::<_, tonic::Status>(collect_ok(stream).await)
-    });
+    let held = hold(&d, &s.id, "m".repeat(1024 * 1024)).await;
     // New work is refused at once, with the reason.
     let mut refused = None;
     for _ in 0..100 {
@@ -195,9 +182,38 @@ async fn full_disk(args: &[&str]) {
     // daemon that fills the disk again rightly waits again: the file system grows too.
     std::fs::remove_file(&filler).unwrap();
     fs.grow("64m");
+    answered_and_stored(&mut d, &s.id, before.len(), held).await;
+    drop(d);
+}
+
+/// A message's turn that the daemon holds while it cannot store it (its answer waits with it).
+pub(crate) type Held =
+    tokio::task::JoinHandle<Result<Vec<pb::SessionActivityEvent>, tonic::Status>>;
+
+/// Sends `message` to session `id` in a task of its own.
+pub(crate) async fn hold(d: &Daemon, id: &str, message: String) -> Held {
+    let client = d.client().await;
+    let id = id.to_string();
+    tokio::spawn(async move {
+        let stream = client
+            .clone()
+            .send_message(pb::SendMessageRequest {
+                session_id: id,
+                message,
+            })
+            .await?
+            .into_inner();
+        Ok::<_, tonic::Status>(collect_ok(stream).await)
+    })
+}
+
+/// Once the daemon can store again: the held turn is answered to its end, new work is taken,
+/// and session `id` has every acknowledged activity stored once, in order (`before` of them
+/// before the held turn).
+pub(crate) async fn answered_and_stored(d: &mut Daemon, id: &str, before: usize, held: Held) {
     let acts = tokio::time::timeout(Duration::from_secs(30), held)
         .await
-        .expect("the held message is answered once space is back")
+        .expect("the held message is answered once the daemon can store again")
         .unwrap()
         .expect("the held message's turn");
     assert_eq!(
@@ -205,17 +221,16 @@ async fn full_disk(args: &[&str]) {
         pb::ActivityType::Completion as i32,
         "{acts:?}"
     );
-    // Bounded: a create the daemon holds for space would otherwise hang the suite.
+    // Bounded: a create the daemon holds would otherwise hang the suite.
     within(d.session(None)).await;
-    let stored = d.stored_activities(&s.id).await;
+    let stored = d.stored_activities(id).await;
     assert_eq!(
         stored.len(),
-        before.len() + acts.len(),
+        before + acts.len(),
         "every acknowledged activity is stored"
     );
     let seqs: Vec<i64> = stored.iter().map(|a| a.seq).collect();
     assert_eq!(seqs, (1..=stored.len() as i64).collect::<Vec<_>>());
-    drop(d);
 }
 
 /// A SIGTERM ends a daemon that waits for space (it used to wait on), and loses nothing it

@@ -30,6 +30,7 @@ mod kube;
 mod kube_fake;
 mod latis;
 mod lifecycle;
+mod locked;
 mod orphans;
 mod paging;
 mod podman;

@@ -120,7 +120,7 @@ impl Error {
                 | C::Timeout
                 | C::GracefulStopTimedOut,
             ) => return Exit::AgentFailed,
-            Some(C::StorageFull) => return Exit::Refused,
+            Some(C::StorageFull | C::StorageLocked) => return Exit::Refused,
             _ => {}
         }
         match status.code() {

@@ -1214,14 +1214,70 @@ pub async fn run(
     Ok(())
 }
 
-/// Commands held at most while the disk is full (past it, the queue itself holds the rest and
-/// the agents' readers wait, which stops the agents at their next write).
+/// Commands held at most while the store cannot take a batch (past it, the queue itself
+/// holds the rest and the agents' readers wait, which stops the agents at their next write).
 const HELD_MAX: usize = COMMAND_QUEUE;
-/// How often a commit is tried again while the disk is full, at most.
-const FULL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often a commit is tried again while the store cannot take it, at most.
+const STALL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long each try waits for a lock another program holds, while the daemon waits for it
+/// to let go (the first wait was the store's full 5 s): the loop answers reads between tries.
+const LOCKED_TRY_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Commits the batch; when the disk is full, degrades instead of dying: see [`wait_for_space`].
-/// Any other store failure is returned (crash-only: nothing of the batch was acknowledged).
+/// Why the store cannot take a batch now, though it can once what stands in the way is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stall {
+    /// The disk is full (or failing to write).
+    Full,
+    /// Another program holds the database's write lock.
+    Locked,
+}
+
+impl Stall {
+    fn of(e: &StoreError) -> Option<Stall> {
+        if e.is_out_of_space() {
+            Some(Stall::Full)
+        } else if e.is_locked() {
+            Some(Stall::Locked)
+        } else {
+            None
+        }
+    }
+
+    /// What stands in the way, for the log.
+    fn what(self) -> &'static str {
+        match self {
+            Stall::Full => "the disk is full",
+            Stall::Locked => "another program holds the database's write lock",
+        }
+    }
+
+    /// What a request that would write is told meanwhile.
+    fn refusal(self, data_dir: &std::path::Path) -> Error {
+        match self {
+            Stall::Full => Error::new(
+                paddock_core::ErrorCode::StorageFull,
+                format!(
+                    "disk full: the daemon cannot store anything in {} until space is freed; \
+                     running agents are kept and nothing stored is lost",
+                    data_dir.display()
+                ),
+            ),
+            Stall::Locked => Error::new(
+                paddock_core::ErrorCode::StorageLocked,
+                format!(
+                    "database locked: another program holds the write lock of {} (a sqlite3 \
+                     shell in a transaction, a backup); the daemon cannot store anything until \
+                     it lets go; running agents are kept and nothing stored is lost",
+                    crate::paths::database(data_dir).display()
+                ),
+            ),
+        }
+    }
+}
+
+/// Commits the batch; when the disk is full or another program holds the database's lock,
+/// degrades instead of dying: see [`wait_to_store`]. Any other store failure is returned
+/// (crash-only: nothing of the batch was acknowledged).
 async fn commit_or_wait(
     state: &mut State,
     rx: &mut mpsc::Receiver<Command>,
@@ -1229,8 +1285,16 @@ async fn commit_or_wait(
     loop {
         match state.exec.commit(&mut state.io) {
             Ok(()) => return Ok(()),
-            Err(e) if e.is_out_of_space() => {
-                let held = wait_for_space(state, rx, &e).await?;
+            Err(e) => {
+                let Some(stall) = Stall::of(&e) else {
+                    return Err(e);
+                };
+                if stall == Stall::Locked {
+                    paddock_store::Store::set_lock_wait(Some(LOCKED_TRY_WAIT));
+                }
+                let waited = wait_to_store(state, rx, stall, &e).await;
+                paddock_store::Store::set_lock_wait(None);
+                let held = waited?;
                 if held.is_empty() {
                     return Ok(());
                 }
@@ -1240,39 +1304,38 @@ async fn commit_or_wait(
                 }
                 state.exec.run(&mut state.io);
             }
-            Err(e) => return Err(e),
         }
     }
 }
 
-/// The disk is full: the batch that failed (rolled back, nothing of it acknowledged) is tried
-/// again with backoff until it commits. Meanwhile the process and the agents live on, and
-/// nothing is lost: a request that would write is refused with `OBEY-2050` (RESOURCE_EXHAUSTED,
-/// "disk full"); reads are answered (what they show may include the one batch still waiting to
-/// be stored); agents' output, task events and the other writes wait, in order, up to
+/// The store cannot take the batch now ([`Stall`]): the batch that failed (rolled back,
+/// nothing of it acknowledged) is tried again with backoff until it commits. Meanwhile the
+/// process and the agents live on, and nothing is lost: a request that would write is refused
+/// with `OBEY-2050` (RESOURCE_EXHAUSTED, "disk full") or `OBEY-2052` (UNAVAILABLE, "database
+/// locked"); reads are answered (what they show may include the one batch still waiting to be
+/// stored); agents' output, task events and the other writes wait, in order, up to
 /// [`HELD_MAX`], then in the bounded queue, which stops the agents at their next write.
 /// Deadlines wait too. A shutdown ends the wait: the batch is stored if it now can be, else
 /// the daemon exits without it (returned as the error). Returns what waited once the batch
 /// is stored.
-async fn wait_for_space(
+async fn wait_to_store(
     state: &mut State,
     rx: &mut mpsc::Receiver<Command>,
+    mut stall: Stall,
     first: &StoreError,
 ) -> Result<VecDeque<Command>, StoreError> {
-    tracing::error!(
-        "disk full: cannot store ({first}); refusing new work until space is freed in {}",
-        state.data_dir.display()
-    );
-    let dir = state.data_dir.display().to_string();
-    let refusal = || {
-        Error::new(
-            paddock_core::ErrorCode::StorageFull,
-            format!(
-                "disk full: the daemon cannot store anything in {dir} until space is freed; \
-                 running agents are kept and nothing stored is lost"
-            ),
-        )
-    };
+    let dir = state.data_dir.clone();
+    match stall {
+        Stall::Full => tracing::error!(
+            "disk full: cannot store ({first}); refusing new work until space is freed in {}",
+            dir.display()
+        ),
+        Stall::Locked => tracing::error!(
+            "database locked by another program: cannot store ({first}); refusing new work \
+             until it lets go of {}",
+            crate::paths::database(&dir).display()
+        ),
+    }
     let mut held = VecDeque::new();
     let mut delay = std::time::Duration::from_millis(200);
     let mut retry = Box::pin(tokio::time::sleep(delay));
@@ -1281,31 +1344,32 @@ async fn wait_for_space(
             _ = &mut retry => {
                 match state.exec.commit(&mut state.io) {
                     Ok(()) => {
-                        tracing::warn!(waiting = held.len(), "space is back: storing again");
+                        tracing::warn!(waiting = held.len(), "storing again");
                         return Ok(held);
                     }
-                    Err(e) if e.is_out_of_space() => {
-                        delay = (delay * 2).min(FULL_RETRY_MAX);
+                    Err(e) => {
+                        // A lock that gave way to a full disk (or back) is waited for alike.
+                        stall = Stall::of(&e).ok_or(e)?;
+                        delay = (delay * 2).min(STALL_RETRY_MAX);
                         retry = Box::pin(tokio::time::sleep(delay));
                     }
-                    Err(e) => return Err(e),
                 }
             }
             cmd = rx.recv(), if held.len() < HELD_MAX => match cmd {
                 Some(Command::Query(q)) => state.answer_query(q),
                 Some(Command::Request { reply, .. }) => {
-                    let _ = reply.send(Err(refusal()));
+                    let _ = reply.send(Err(stall.refusal(&dir)));
                 }
                 Some(Command::Resolve { reply, .. }) => {
-                    let _ = reply.send(Err(refusal()));
+                    let _ = reply.send(Err(stall.refusal(&dir)));
                 }
                 Some(Command::TaskRequest { reply, .. }) => {
-                    let _ = reply.send(Err(refusal()));
+                    let _ = reply.send(Err(stall.refusal(&dir)));
                 }
                 // A shutdown (SIGTERM, `daemon stop`) is not held: the batch gets one more
-                // try, and if the disk is still full the daemon exits without it. Nothing of
-                // it was acknowledged; agents in the runner live on and the next start takes
-                // them back from what is stored.
+                // try, and if it still cannot be stored the daemon exits without it. Nothing
+                // of it was acknowledged; agents in the runner live on and the next start
+                // takes them back from what is stored.
                 Some(c @ Command::Shutdown { .. }) => match state.exec.commit(&mut state.io) {
                     Ok(()) => {
                         held.push_back(c);
@@ -1313,14 +1377,15 @@ async fn wait_for_space(
                     }
                     Err(e) => {
                         tracing::error!(
-                            "asked to shut down while the disk is full: exiting without \
-                             storing the waiting batch (nothing of it was acknowledged)"
+                            "asked to shut down while {}: exiting without storing the waiting \
+                             batch (nothing of it was acknowledged)",
+                            stall.what()
                         );
                         return Err(e);
                     }
                 },
                 Some(c) => held.push_back(c),
-                // Every sender is gone: what waits can only be stored once there is space.
+                // Every sender is gone: what waits can only be stored once the store takes it.
                 None => {
                     retry.as_mut().await;
                 }

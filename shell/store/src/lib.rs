@@ -106,6 +106,21 @@ impl StoreError {
                 )
         )
     }
+
+    /// Another connection held a lock the write needed for longer than the writer waits
+    /// ([`Store::set_lock_wait`]): another program writing to the database (a `sqlite3` shell
+    /// in a transaction, a VACUUM, a backup). Nothing of the failed transaction was stored, and
+    /// the same write can succeed once it lets go.
+    pub fn is_locked(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                )
+        )
+    }
 }
 
 impl fmt::Display for StoreError {
@@ -521,8 +536,16 @@ const BUSY_STEP: Duration = Duration::from_micros(100);
 /// commits (0.5–3 ms each under a thousand busy sessions).
 const RESTART_WAIT: Duration = Duration::from_millis(10);
 
-/// The writer's busy handler: sleeps [`BUSY_STEP`] per try, until [`BUSY_TIMEOUT`] has passed
-/// since the first (measured: on a loaded machine a sleep lasts longer than it asks).
+thread_local! {
+    /// How long the writer on this thread waits for a lock another connection holds before
+    /// its statement fails with `SQLITE_BUSY` ([`BUSY_TIMEOUT`] unless
+    /// [`Store::set_lock_wait`] said otherwise).
+    static LOCK_WAIT: std::cell::Cell<Duration> = const { std::cell::Cell::new(BUSY_TIMEOUT) };
+}
+
+/// The writer's busy handler: sleeps [`BUSY_STEP`] per try, until its thread's lock wait
+/// ([`BUSY_TIMEOUT`] by default) has passed since the first (measured: on a loaded machine a
+/// sleep lasts longer than it asks).
 fn busy_wait(tries: i32) -> bool {
     thread_local! {
         static SINCE: std::cell::Cell<Option<std::time::Instant>> =
@@ -535,7 +558,7 @@ fn busy_wait(tries: i32) -> bool {
         }
         s.get().unwrap_or(now)
     });
-    if now.duration_since(since) >= BUSY_TIMEOUT {
+    if now.duration_since(since) >= LOCK_WAIT.get() {
         return false;
     }
     std::thread::sleep(BUSY_STEP);
@@ -547,6 +570,14 @@ impl Store {
     /// directory must exist.
     pub fn open(path: &Path) -> Result<Store> {
         Store::open_with(path, CHECKPOINTS)
+    }
+
+    /// How long a write on the calling thread waits for a lock another program holds before
+    /// it fails with [`StoreError::is_locked`] (`None`: the default, 5 s). A daemon whose
+    /// commits fail that way shortens it while it waits, so that each try costs its event
+    /// loop little.
+    pub fn set_lock_wait(wait: Option<Duration>) {
+        LOCK_WAIT.set(wait.unwrap_or(BUSY_TIMEOUT));
     }
 
     fn open_with(path: &Path, checkpoints: Checkpoints) -> Result<Store> {

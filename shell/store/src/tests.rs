@@ -273,6 +273,34 @@ fn the_writer_waits_for_a_lock_held_elsewhere() {
     assert_eq!(count(&store, "agent_activities"), 1);
 }
 
+/// A lock held past the writer's wait fails the write with `is_locked` (nothing of it stored,
+/// and the same write goes through once the lock is let go); the wait is the calling thread's
+/// to shorten, as the daemon does while it waits for another program to let go.
+#[test]
+fn a_write_past_the_lock_wait_fails_as_locked_and_goes_through_later() {
+    let dir = TempDir::new("locked");
+    let mut store = Store::open(&dir.db()).unwrap();
+    let other = Connection::open(dir.db()).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let wait = std::time::Duration::from_millis(50);
+    Store::set_lock_wait(Some(wait));
+    let t = Instant::now();
+    let e = store
+        .apply(&[Record::Activity(activity("s", 1))])
+        .unwrap_err();
+    let waited = t.elapsed();
+    Store::set_lock_wait(None);
+    assert!(e.is_locked() && !e.is_out_of_space(), "{e}");
+    assert!(
+        waited >= wait && waited < std::time::Duration::from_secs(2),
+        "waited {waited:?} for the lock"
+    );
+    other.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(count(&store, "agent_activities"), 0);
+    store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
+    assert_eq!(count(&store, "agent_activities"), 1);
+}
+
 #[test]
 fn a_file_database_uses_wal_normal_sync_and_foreign_keys() {
     let dir = TempDir::new("pragmas");
