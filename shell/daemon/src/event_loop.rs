@@ -1219,9 +1219,9 @@ pub async fn run(
 const HELD_MAX: usize = COMMAND_QUEUE;
 /// How often a commit is tried again while the store cannot take it, at most.
 const STALL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
-/// How long each try waits for a lock another program holds, while the daemon waits for it
-/// to let go (the first wait was the store's full 5 s): the loop answers reads between tries.
-const LOCKED_TRY_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long each try of a waiting batch waits for a lock another program holds (a commit's
+/// first wait is the store's full 5 s): the loop answers reads between tries.
+const STALLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Why the store cannot take a batch now, though it can once what stands in the way is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1289,9 +1289,8 @@ async fn commit_or_wait(
                 let Some(stall) = Stall::of(&e) else {
                     return Err(e);
                 };
-                if stall == Stall::Locked {
-                    paddock_store::Store::set_lock_wait(Some(LOCKED_TRY_WAIT));
-                }
+                // Whatever stands in the way now, a lock may stand there at the next try.
+                paddock_store::Store::set_lock_wait(Some(STALLED_LOCK_WAIT));
                 let waited = wait_to_store(state, rx, stall, &e).await;
                 paddock_store::Store::set_lock_wait(None);
                 let held = waited?;
