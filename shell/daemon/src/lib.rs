@@ -340,6 +340,9 @@ pub enum StartError {
     Locked(PathBuf),
     #[error("cannot {what}: {source}{}", if source.is_out_of_space() {
         " (is the disk full? free space in the data dir and start again)"
+    } else if source.is_locked() {
+        " (another program holds the database's write lock for more than 5 s: a sqlite3 shell \
+         in a transaction, a backup; let it go and start again)"
     } else {
         ""
     })]
