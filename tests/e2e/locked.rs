@@ -11,6 +11,7 @@ use tonic::Code;
 
 use crate::diskfull::{answered_and_stored, hold};
 use crate::harness::*;
+use crate::lifecycle::refused_start;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_locked_by_another_program_refuses_new_work_and_loses_nothing() {
@@ -75,4 +76,24 @@ async fn a_database_locked_by_another_program_refuses_new_work_and_loses_nothing
     other.execute_batch("ROLLBACK").unwrap();
     drop(other);
     answered_and_stored(&mut d, &s.id, before.len(), held).await;
+}
+
+/// A daemon that starts while another program holds the lock (past the 5 s wait) exits 1 and
+/// says why; once the lock goes it starts on the same store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_started_while_the_database_is_locked_says_so() {
+    let mut d = Daemon::start().await;
+    let s = d.session(None).await;
+    assert!(d.shut_down(Duration::from_secs(15)).await.success());
+    let other = rusqlite::Connection::open(d.dirs.data.join("paddock.db")).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let err = refused_start(&d, &d.dirs.socket, &d.dirs.data).await;
+    assert!(
+        err.contains("database is locked (another program holds the database's write lock"),
+        "{err}"
+    );
+    other.execute_batch("ROLLBACK").unwrap();
+    drop(other);
+    d.launch().await;
+    assert_eq!(d.get(&s.id).await.id, s.id);
 }
