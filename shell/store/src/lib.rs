@@ -97,14 +97,8 @@ impl StoreError {
     /// The disk is full (or failing to write): the same write can succeed once space is back,
     /// and nothing of the failed transaction was stored.
     pub fn is_out_of_space(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
-                if matches!(
-                    e.code,
-                    rusqlite::ErrorCode::DiskFull | rusqlite::ErrorCode::SystemIoFailure
-                )
-        )
+        use rusqlite::ErrorCode as C;
+        matches!(self.sqlite_code(), Some(C::DiskFull | C::SystemIoFailure))
     }
 
     /// Another connection held a lock the write needed for longer than the writer waits
@@ -112,14 +106,19 @@ impl StoreError {
     /// in a transaction, a VACUUM, a backup). Nothing of the failed transaction was stored, and
     /// the same write can succeed once it lets go.
     pub fn is_locked(&self) -> bool {
+        use rusqlite::ErrorCode as C;
         matches!(
-            self,
-            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _))
-                if matches!(
-                    e.code,
-                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
-                )
+            self.sqlite_code(),
+            Some(C::DatabaseBusy | C::DatabaseLocked)
         )
+    }
+
+    /// SQLite's primary result code, when SQLite failed.
+    fn sqlite_code(&self) -> Option<rusqlite::ErrorCode> {
+        match self {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => Some(e.code),
+            _ => None,
+        }
     }
 }
 
