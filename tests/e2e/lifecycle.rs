@@ -303,11 +303,7 @@ async fn ended_sessions_stay_in_the_store_until_named_and_then_answer_as_before(
 }
 
 /// Runs a second daemon that must refuse to start; its stderr.
-pub(crate) async fn refused_start(
-    d: &Daemon,
-    socket: &std::path::Path,
-    data: &std::path::Path,
-) -> String {
+async fn refused_start(d: &Daemon, socket: &std::path::Path, data: &std::path::Path) -> String {
     let mut child = Daemon::daemon_command(&d.dirs, socket, data, Stdio::piped())
         .spawn()
         .unwrap();

@@ -252,6 +252,19 @@ pub(super) fn migrate(conn: &mut Connection, migrations: &[&str], now: u64) -> R
          ) STRICT",
     )?;
     let known = i64::try_from(migrations.len()).unwrap_or(i64::MAX);
+    // A database already at this version is only read: a start needs no write lock (another
+    // program holding one, a `sqlite3` shell in a transaction, is waited out by the daemon's
+    // first commit instead of failing the start).
+    match current_version(conn)? {
+        current if current > known => {
+            return Err(StoreError::TooNew {
+                found: current,
+                known,
+            })
+        }
+        current if current == known => return Ok(current),
+        _ => {}
+    }
     loop {
         // IMMEDIATE: two processes opening the same file at once cannot both apply a step.
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;

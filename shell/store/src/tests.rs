@@ -301,6 +301,33 @@ fn a_write_past_the_lock_wait_fails_as_locked_and_goes_through_later() {
     assert_eq!(count(&store, "agent_activities"), 1);
 }
 
+/// A database at this binary's version is only read when opened: another program's lock
+/// does not hold up (or fail, past the 5 s wait) a daemon's start; its first write waits.
+#[test]
+fn a_current_database_opens_while_another_program_holds_the_write_lock() {
+    let dir = TempDir::new("open-locked");
+    drop(Store::open(&dir.db()).unwrap());
+    let other = Connection::open(dir.db()).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let t = Instant::now();
+    let mut store = Store::open(&dir.db()).unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(1),
+        "the open waited {:?}",
+        t.elapsed()
+    );
+    assert!(store.load_sessions().unwrap().is_empty());
+    Store::set_lock_wait(Some(std::time::Duration::from_millis(20)));
+    let e = store
+        .apply(&[Record::Activity(activity("s", 1))])
+        .unwrap_err();
+    Store::set_lock_wait(None);
+    assert!(e.is_locked(), "{e}");
+    other.execute_batch("ROLLBACK").unwrap();
+    store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
+    assert_eq!(count(&store, "agent_activities"), 1);
+}
+
 #[test]
 fn a_file_database_uses_wal_normal_sync_and_foreign_keys() {
     let dir = TempDir::new("pragmas");
