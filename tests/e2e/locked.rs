@@ -101,7 +101,6 @@ async fn a_daemon_started_while_the_database_is_locked_answers_and_waits_for_it(
         .into_inner()
         .session
         .unwrap();
-    assert_eq!(d.get(&created.id).await.id, created.id);
     let t0 = Instant::now();
     loop {
         let req = d.request(None).await;
@@ -116,6 +115,10 @@ async fn a_daemon_started_while_the_database_is_locked_answers_and_waits_for_it(
             }
         }
     }
+    // Stored, not only answered: the next daemon on this data dir has it.
+    assert!(d.shut_down(Duration::from_secs(15)).await.success());
+    d.launch().await;
+    assert_eq!(d.get(&created.id).await.id, created.id);
 }
 
 /// The first create refused (within 30 s), refused as the lock says: UNAVAILABLE, 2052.
