@@ -478,8 +478,20 @@ async fn a_run_started_with_stop_on_hangup_ends_when_its_client_hangs_up() {
     let t0 = Instant::now();
     eventually("the hung-up run's process ends", || !alive(pids[0])).await;
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // The runner records the end when it reaps the process, a moment after it has died.
     let mut c = r.client().await;
-    let runs = list_runs(&mut c).await;
+    let runs = loop {
+        let runs = list_runs(&mut c).await;
+        let ended = |r: &pb::RunInfo| r.run_id == "hung" && r.state() != pb::RunState::Started;
+        if runs.iter().any(ended) {
+            break runs;
+        }
+        assert!(
+            t0.elapsed() < WAIT,
+            "the hung-up run is still listed as started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let run = |id: &str| runs.iter().find(|r| r.run_id == id).unwrap().clone();
     // Stopped as `StopRun` stops: TERM, which the sleep obeys.
     assert_eq!(
