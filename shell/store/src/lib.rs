@@ -443,7 +443,8 @@ const CHECKPOINTS: Checkpoints = Checkpoints {
 /// start. A restart also waits, the lock held, for every reader to leave an older snapshot:
 /// it gives up after [`RESTART_WAIT`] and tries again a round later, so a reader that keeps
 /// one open (a `sqlite3` shell left in a transaction, a backup tool) costs the writer at most
-/// that, never [`BUSY_TIMEOUT`].
+/// that, never [`BUSY_TIMEOUT`]. Such a reader keeps every frame written since: past
+/// [`STUCK_WARN_FACTOR`] times the restart size the log says so, naming the cause ([`Stuck`]).
 fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mpsc::Receiver<()>) {
     let conn = match Connection::open(&path) {
         Ok(c) => c,
@@ -471,6 +472,7 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
         })
     };
     let mut last_log = 0;
+    let mut stuck = Stuck::new(when.restart_at_bytes.saturating_mul(STUCK_WARN_FACTOR));
     loop {
         match stop.recv_timeout(when.every) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -492,16 +494,30 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
                 let held = std::time::Instant::now();
                 r = pass("RESTART");
                 let held_ms = held.elapsed().as_secs_f64() * 1e3;
-                match r {
-                    Ok(Pass { gave_up: false, .. }) => {
-                        tracing::debug!(frames = log, held_ms, "checkpoint: the WAL restarts")
-                    }
-                    _ => tracing::debug!(
+                let restarted = matches!(r, Ok(Pass { gave_up: false, .. }));
+                if restarted {
+                    tracing::debug!(frames = log, held_ms, "checkpoint: the WAL restarts")
+                } else {
+                    tracing::debug!(
                         frames = log,
                         held_ms,
                         "checkpoint: no restart (a reader holds an older snapshot, or the \
                          writer did not pause); tried again next round"
+                    )
+                }
+                match stuck.after(restarted, log.saturating_mul(frame)) {
+                    Some(Said::Growing(bytes)) => tracing::warn!(
+                        db = %path.display(),
+                        "the database's write-ahead log is {} MiB and cannot be emptied: \
+                         another program keeps a read transaction open on it (a sqlite3 \
+                         shell, a backup); it grows until that program lets go",
+                        bytes >> 20
                     ),
+                    Some(Said::Restarted) => tracing::info!(
+                        db = %path.display(),
+                        "the database's write-ahead log is emptied again"
+                    ),
+                    None => {}
                 }
             }
         }
@@ -512,6 +528,52 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
             Ok(_) => {}
             Err(e) => tracing::warn!(db = %path.display(), "checkpoint failed: {e}"),
         }
+    }
+}
+
+/// A WAL this many times [`Checkpoints::restart_at_bytes`] that a restart could not empty is
+/// said once in the log (128 MiB by default), then again at each doubling.
+const STUCK_WARN_FACTOR: i64 = 4;
+
+/// When the checkpointer tells the user that the WAL cannot be emptied: a reader that keeps an
+/// older snapshot (a `sqlite3` shell left in a transaction) holds every frame written since,
+/// and only its user can let it go.
+#[derive(Debug)]
+struct Stuck {
+    /// The size of the first warning.
+    first: i64,
+    /// The size of the next warning.
+    next: i64,
+}
+
+/// What [`Stuck`] has the checkpointer say.
+#[derive(Debug, PartialEq)]
+enum Said {
+    /// The WAL holds this many bytes, and grows.
+    Growing(i64),
+    /// It restarted after a warning.
+    Restarted,
+}
+
+impl Stuck {
+    fn new(first: i64) -> Stuck {
+        Stuck { first, next: first }
+    }
+
+    /// After a restart that did or did not go through, with a WAL of `bytes`.
+    fn after(&mut self, restarted: bool, bytes: i64) -> Option<Said> {
+        let warned = self.next > self.first;
+        if restarted {
+            self.next = self.first;
+            return warned.then_some(Said::Restarted);
+        }
+        if bytes < self.next {
+            return None;
+        }
+        while self.next <= bytes {
+            self.next = self.next.saturating_mul(2);
+        }
+        Some(Said::Growing(bytes))
     }
 }
 

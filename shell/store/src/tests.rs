@@ -610,6 +610,17 @@ fn a_reader_that_keeps_an_old_snapshot_never_stalls_the_writer_for_long() {
         every: std::time::Duration::from_millis(20),
         restart_at_bytes: 64 * 1024,
     };
+    // What the checkpointer's thread logs (the process's subscriber: this test's alone).
+    let logged = Logged::default();
+    let w = logged.clone();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .finish(),
+    )
+    .expect("no other test of the store sets a subscriber");
     let mut store = Store::open_with(&db, quick).unwrap();
     let reader = rusqlite::Connection::open(&db).unwrap();
     reader
@@ -634,8 +645,19 @@ fn a_reader_that_keeps_an_old_snapshot_never_stalls_the_writer_for_long() {
         slowest < std::time::Duration::from_millis(500),
         "a commit waited {slowest:?} for the checkpointer"
     );
-    // No restart while it reads; once it leaves, the WAL restarts from its start.
+    // No restart while it reads, and the user is told why the WAL grows (past 4 × 64 KiB);
+    // once it leaves, the WAL restarts from its start, and that is said too.
     assert_eq!(wal_restarts(&wal), reading);
+    let said = logged.text();
+    assert!(
+        said.contains("write-ahead log is")
+            && said.contains("cannot be emptied: another program keeps a read transaction open"),
+        "{said}"
+    );
+    assert!(
+        said.matches("cannot be emptied").count() < 16,
+        "said at every round: {said}"
+    );
     reader.execute_batch("COMMIT").unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while wal_restarts(&wal) == reading {
@@ -645,6 +667,59 @@ fn a_reader_that_keeps_an_old_snapshot_never_stalls_the_writer_for_long() {
             "the WAL never restarted once the reader left"
         );
     }
+    while !logged.text().contains("write-ahead log is emptied again") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restart was not said: {}",
+            logged.text()
+        );
+        batch(&mut store);
+    }
+}
+
+/// A log written into memory.
+#[derive(Clone, Default)]
+struct Logged(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logged {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logged {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A WAL that a reader keeps from restarting is said once past the first size, again at each
+/// doubling (not at every round), and once more when it restarts.
+#[test]
+fn a_wal_that_cannot_be_emptied_is_said_at_each_doubling() {
+    use super::{Said, Stuck};
+    let mut stuck = Stuck::new(100);
+    assert_eq!(stuck.after(false, 99), None);
+    assert_eq!(
+        stuck.after(true, 150),
+        None,
+        "a restart before any warning is not news"
+    );
+    assert_eq!(stuck.after(false, 120), Some(Said::Growing(120)));
+    assert_eq!(stuck.after(false, 150), None);
+    assert_eq!(stuck.after(false, 199), None);
+    assert_eq!(stuck.after(false, 200), Some(Said::Growing(200)));
+    // A jump past several doublings is said once.
+    assert_eq!(stuck.after(false, 1000), Some(Said::Growing(1000)));
+    assert_eq!(stuck.after(false, 1500), None);
+    assert_eq!(stuck.after(true, 1500), Some(Said::Restarted));
+    assert_eq!(stuck.after(true, 0), None);
+    assert_eq!(stuck.after(false, 100), Some(Said::Growing(100)));
 }
 
 /// Eight activities of 2 KiB of text for `session`, numbered on from `seq`: a batch that
