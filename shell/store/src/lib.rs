@@ -505,7 +505,13 @@ fn checkpointer(path: std::path::PathBuf, when: Checkpoints, stop: std::sync::mp
                          writer did not pause); tried again next round"
                     )
                 }
-                match stuck.after(restarted, log.saturating_mul(frame)) {
+                // The frames a reader keeps: a restart it blocks copies none past its snapshot,
+                // while one that found the writer busy has copied all but the newest.
+                let pinned = match r {
+                    Ok(Pass { log, copied, .. }) if !restarted && copied <= log / 2 => log,
+                    _ => 0,
+                };
+                match stuck.after(restarted, pinned.saturating_mul(frame)) {
                     Some(Said::Growing(bytes)) => tracing::warn!(
                         db = %path.display(),
                         "the database's write-ahead log is {} MiB and cannot be emptied: \
@@ -560,7 +566,7 @@ impl Stuck {
         Stuck { first, next: first }
     }
 
-    /// After a restart that did or did not go through, with a WAL of `bytes`.
+    /// After a restart that did or did not go through, with `bytes` of WAL kept by a reader.
     fn after(&mut self, restarted: bool, bytes: i64) -> Option<Said> {
         let warned = self.next > self.first;
         if restarted {
