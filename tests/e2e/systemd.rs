@@ -76,10 +76,17 @@ async fn a_socket_passed_by_the_service_manager_is_served_and_left_in_place() {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: dup2 is async-signal-safe; it also clears close-on-exec on fd 3.
+    // SAFETY: dup2 and fcntl are async-signal-safe. dup2 clears close-on-exec on fd 3, but
+    // onto itself it changes nothing: a listener that is fd 3 already (the lowest free one
+    // when the test binds it) loses the flag by fcntl, or the daemon would find no socket.
     unsafe {
         cmd.pre_exec(move || {
-            if nix::libc::dup2(fd, 3) < 0 {
+            let r = if fd == 3 {
+                nix::libc::fcntl(3, nix::libc::F_SETFD, 0)
+            } else {
+                nix::libc::dup2(fd, 3)
+            };
+            if r < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -88,7 +95,13 @@ async fn a_socket_passed_by_the_service_manager_is_served_and_left_in_place() {
     let mut daemon = cmd.spawn().unwrap();
     drop(listener);
     let o = run(dirs.cli(false), &["ping"]).await;
-    assert_eq!(o.code, 0, "the daemon answers on the passed socket: {o:?}");
+    if o.code != 0 {
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        let mut log = String::new();
+        let _ = std::io::Read::read_to_string(daemon.stderr.as_mut().unwrap(), &mut log);
+        panic!("the daemon does not answer on the passed socket: {o:?}\ndaemon: {log}");
+    }
     let o = run(dirs.cli(false), &["shutdown"]).await;
     assert_eq!(o.code, 0, "{o:?}");
     let status = daemon.wait().unwrap();
