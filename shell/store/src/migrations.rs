@@ -255,27 +255,18 @@ pub(super) fn migrate(conn: &mut Connection, migrations: &[&str], now: u64) -> R
     // A database already at this version is only read: a start needs no write lock (another
     // program holding one, a `sqlite3` shell in a transaction, is waited out by the daemon's
     // first commit instead of failing the start).
-    match current_version(conn)? {
-        current if current > known => {
-            return Err(StoreError::TooNew {
-                found: current,
-                known,
-            })
-        }
-        current if current == known => return Ok(current),
-        _ => {}
+    let up_to_date = |current: i64| match current {
+        found if found > known => Err(StoreError::TooNew { found, known }),
+        current => Ok(current == known),
+    };
+    if up_to_date(current_version(conn)?)? {
+        return Ok(known);
     }
     loop {
         // IMMEDIATE: two processes opening the same file at once cannot both apply a step.
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let current = current_version(&tx)?;
-        if current > known {
-            return Err(StoreError::TooNew {
-                found: current,
-                known,
-            });
-        }
-        if current == known {
+        if up_to_date(current)? {
             tx.commit()?;
             return Ok(current);
         }
