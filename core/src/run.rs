@@ -26,6 +26,16 @@ use crate::time::{Duration, Instant};
 
 pub use crate::process::{signal_name, Signal, KILL_GRACE as DEFAULT_KILL_GRACE};
 
+/// How a run's `Failed` status begins when its process could not start.
+const COULD_NOT_START: &str = "could not start: ";
+
+/// The reason a run whose process could not start gave ([`Input::SpawnFailed`]'s), read back
+/// from its status message: a client that says "could not start" in its own words (the
+/// daemon's session and task machines) does not say it twice.
+pub fn spawn_failure_reason(message: &str) -> &str {
+    message.strip_prefix(COULD_NOT_START).unwrap_or(message)
+}
+
 /// How a run's status line reads: the seed's `RunState` without `UNSPECIFIED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StatusKind {
@@ -394,7 +404,7 @@ impl RunMachine {
                 let status = Status {
                     kind: StatusKind::Failed,
                     exit_code,
-                    message: format!("could not start: {reason}"),
+                    message: format!("{COULD_NOT_START}{reason}"),
                 };
                 self.state = State::Exited {
                     status: status.clone(),
@@ -594,7 +604,19 @@ mod tests {
             .unwrap();
         let s = emitted(&fx);
         assert_eq!((s.kind, s.exit_code), (StatusKind::Failed, 127));
-        assert!(s.message.contains("No such file"));
+        assert_eq!(
+            s.message,
+            "could not start: codex: No such file or directory"
+        );
+        // The reason reads back from the message, for a client that words the failure itself.
+        assert_eq!(
+            spawn_failure_reason(&s.message),
+            "codex: No such file or directory"
+        );
+        assert_eq!(
+            spawn_failure_reason("the runner went away"),
+            "the runner went away"
+        );
         assert_eq!(
             m.handle(Input::Stop {
                 now: Instant::from_millis(0),

@@ -180,6 +180,29 @@ async fn failure_timeout_and_cancel() {
 /// Ended tasks leave the daemon's memory (start-up loads only those that had not ended) and
 /// are read from the store: listed newest first, got by id, and a cancel of one is answered as
 /// for an ended task, before and after a restart.
+/// A task whose command could not start holds nothing the daemon waits for: a graceful
+/// shutdown after it ends the daemon, with the runner and without (a failed start once left
+/// the runner's handle behind, and the shutdown waited for it for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_could_not_start_never_holds_up_a_shutdown() {
+    for args in [&[][..], &["--no-runner"][..]] {
+        let mut d = Daemon::start_with(Dirs::new(), args).await;
+        let mut c = tasks(&d).await;
+        let missing = launch(&mut c, &["/definitely/not/a/program"], 0).await;
+        let t = wait_task(&mut c, &missing).await;
+        assert_eq!(t.status, aria::TaskStatus::Failed as i32, "{args:?}");
+        // Said once, with the system's reason (the runner's status said "could not start" too).
+        let why = t.error_message.unwrap_or_default();
+        assert!(
+            why.starts_with("could not start: /definitely/not/a/program: ")
+                && why.matches("could not start").count() == 1,
+            "{args:?}: {why}"
+        );
+        let st = d.shut_down(Duration::from_secs(15)).await;
+        assert!(st.success(), "{args:?}: {st}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_tasks_are_read_from_the_store() {
     let mut d = Daemon::start().await;

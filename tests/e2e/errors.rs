@@ -234,8 +234,11 @@ async fn refused_creates_write_nothing() {
     );
     let all = d.all_sessions().await;
     assert!(all.is_empty(), "a refused create left {all:?}");
-    // And the daemon still creates sessions.
+    // And the daemon still creates sessions, and the agent that never started holds nothing a
+    // shutdown waits for.
     d.session(None).await;
+    let st = d.shut_down(std::time::Duration::from_secs(15)).await;
+    assert!(st.success(), "{st}");
 }
 
 /// A session is RUNNING when its agent says it is ready, not when its process exists: an agent

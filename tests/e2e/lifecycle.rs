@@ -44,6 +44,18 @@ async fn shutdown_stops_every_session_gracefully_and_the_daemon_exits_0() {
         .expect_err("a create during shutdown");
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
     assert!(e.message().starts_with("OBEY-2051: "), "{e:?}");
+    // A task's launch the same (it once read RESOURCE_EXHAUSTED, as for a full daemon).
+    let ch = paddock::transport::channel(&d.dirs.socket).await.unwrap();
+    let e = paddock_proto::aria::v1::task_service_client::TaskServiceClient::new(ch)
+        .launch_task(paddock_proto::aria::v1::LaunchTaskRequest {
+            command_json: r#"["true"]"#.into(),
+            r#type: "command".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a launch during shutdown");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().starts_with("OBEY-2051: "), "{e:?}");
     // Graceful: the running turn is allowed to finish.
     let rest = collect_ok(stream).await;
     assert_eq!(kinds(&rest), ["TEXT", "COMPLETION"]);

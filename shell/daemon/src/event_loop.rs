@@ -1131,18 +1131,19 @@ impl Ports for Io {
     }
 
     /// A process's exit ends its handle (its output was read to the end): nothing more is
-    /// written or signalled to its pid.
+    /// written or signalled to its pid. So does a start that failed (the runner's run never
+    /// had a process): a shutdown waits for every handle, and would wait for that one for good.
     fn taking(&mut self, input: &Input) {
         match input {
             Input::Provider {
                 id,
                 run,
-                event: ProviderEvent::Exited { .. },
+                event: ProviderEvent::Exited { .. } | ProviderEvent::SpawnFailed { .. },
                 ..
             } => {
                 self.runs.remove(&(id.clone(), *run));
             }
-            Input::Task(TaskInput::Exited { id, .. }) => {
+            Input::Task(TaskInput::Exited { id, .. } | TaskInput::SpawnFailed { id, .. }) => {
                 self.task_runs.remove(id);
             }
             _ => {}

@@ -414,7 +414,10 @@ impl RunnerLink {
                                 } else {
                                     TaskInput::SpawnFailed {
                                         id,
-                                        reason: st.message,
+                                        reason: paddock_core::run::spawn_failure_reason(
+                                            &st.message,
+                                        )
+                                        .to_string(),
                                     }
                                 };
                                 send(input).await;
@@ -862,7 +865,7 @@ impl Reader {
     async fn finish(mut self, state: rpb::RunState, exit_code: i32, message: &str) {
         let event = if !self.started && state == rpb::RunState::Failed {
             ProviderEvent::SpawnFailed {
-                reason: message.to_string(),
+                reason: paddock_core::run::spawn_failure_reason(message).to_string(),
             }
         } else {
             let (code, signal) = exit_of(state, exit_code);

@@ -237,6 +237,7 @@ impl pb::task_service_server::TaskService for Tasks {
                     ErrorCode::ContainerNotFound
                         | ErrorCode::WrongState
                         | ErrorCode::SessionNotFound
+                        | ErrorCode::ShuttingDown
                 ) =>
             {
                 Err(from_core(&e))
