@@ -1054,3 +1054,50 @@ async fn an_attach_whose_stdout_closes_ends_quietly() {
     assert_eq!(o.status.code(), Some(0), "{stderr}");
     assert_eq!(stderr, "");
 }
+
+/// A line piped into `paddock session attach` is sent before the input's end detaches it:
+/// the SendMessage in flight is seen through (leaving at once cancelled it, and the line was
+/// neither sent nor said not to be).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_sends_its_piped_line_before_it_detaches() {
+    use tokio::io::AsyncWriteExt;
+    let mut d = Daemon::start().await;
+    let id = d.session(None).await.id;
+    for i in 0..6 {
+        let line = format!("piped line {i}");
+        let mut cmd = tokio::process::Command::from(d.dirs.cli(false));
+        cmd.args(["session", "attach", &id])
+            .kill_on_drop(true)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("run paddock");
+        let mut typing = child.stdin.take().unwrap();
+        typing
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        drop(typing);
+        let o = within(child.wait_with_output())
+            .await
+            .expect("paddock ends");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{out}");
+        assert!(!out.contains("not sent"), "{line}: {out}");
+        // The agent took it: its turn ends, and the next line finds it idle again.
+        within(async {
+            loop {
+                if d.get(&id).await.turns_completed > i {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        let told = d.stored_activities(&id).await;
+        assert!(
+            told.iter().any(|a| a.content.contains(&line)),
+            "{line} never reached the session: {out}"
+        );
+    }
+}

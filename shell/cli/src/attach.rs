@@ -5,7 +5,7 @@
 //! missed or shown twice) and its state changes (WatchSession). A line typed is sent as a
 //! message (SendMessage); while the agent is busy, lines wait in a bounded queue and go out,
 //! in order, when its turn ends. EOF on stdin (Ctrl-D) or Ctrl-C detaches: the session goes
-//! on.
+//! on (at EOF, once the line already on its way is sent: `see_through`).
 //!
 //! Lines are read by [`super::line_input`] (a line editor on a terminal, the output printed
 //! above the line being typed), on a thread of its own. A SendMessage stream is drained by a task of its own: its
@@ -552,6 +552,7 @@ async fn converse(
                     t_open = false;
                 }
                 Some(Typed::Eof) | None => {
+                    see_through(s, &mut sent).await;
                     detach(s);
                     return Ok(());
                 }
@@ -727,6 +728,28 @@ fn drop_queue(s: &mut Session) {
             state_label(s.status, s.turns, s.last_failed),
             one_line(&line.text, DETAIL_MAX_CHARS)
         ));
+    }
+}
+
+/// The line already on its way is seen through before a detach (the input's end: a piped
+/// line, Ctrl-D): its SendMessage is a task of this process, and leaving at once would cancel
+/// it, the line neither sent nor said not to be. Lines still queued behind a busy agent are
+/// said not sent by [`detach`].
+async fn see_through(s: &mut Session, sent: &mut mpsc::Receiver<Sent>) {
+    if !s.sending {
+        return;
+    }
+    s.sending = false;
+    match tokio::time::timeout(super::client::call_timeout(), sent.recv()).await {
+        Ok(Some(Sent::Accepted)) => {}
+        Ok(Some(Sent::Refused(line, e))) => s.screen.say(format!(
+            "(not sent: {}: {})",
+            e.message(),
+            one_line(&line.text, DETAIL_MAX_CHARS)
+        )),
+        Ok(None) | Err(_) => s
+            .screen
+            .say("(the last line may not have been sent: the daemon did not answer)"),
     }
 }
 
