@@ -476,7 +476,7 @@ fn main() {
             let config = match paddock::config::load() {
                 Ok(c) => c.map(|l| l.config).unwrap_or_default(),
                 Err(e) => {
-                    eprintln!("paddock daemon: {e}");
+                    eprintln!("{}{e}", cli::client::DAEMON_ERROR);
                     std::process::exit(2);
                 }
             };
@@ -508,7 +508,7 @@ fn main() {
             let peers = match paddock::socket::Peers::parse(&allow_users, &allow_groups) {
                 Ok(p) => p,
                 Err(e) => {
-                    eprintln!("paddock daemon: {e}");
+                    eprintln!("{}{e}", cli::client::DAEMON_ERROR);
                     std::process::exit(2);
                 }
             };
@@ -525,7 +525,10 @@ fn main() {
                 },
             };
             let Some(aria_provider) = paddock_core::Provider::from_name(&aria_provider) else {
-                eprintln!("paddock daemon: unknown --aria-provider {aria_provider}");
+                eprintln!(
+                    "{}unknown --aria-provider {aria_provider}",
+                    cli::client::DAEMON_ERROR
+                );
                 std::process::exit(2);
             };
             let aria_socket =
@@ -565,7 +568,7 @@ fn main() {
             match rt.block_on(paddock::serve::run(opts)) {
                 Ok(()) => 0,
                 Err(e) => {
-                    eprintln!("paddock daemon: {e}");
+                    eprintln!("{}{e}", cli::client::DAEMON_ERROR);
                     1
                 }
             }

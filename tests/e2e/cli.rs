@@ -87,9 +87,14 @@ async fn no_autostart_without_a_daemon_fails_clearly() {
         );
     }
     assert!(!dirs.socket.exists(), "no daemon was started");
-    // `shutdown` never starts a daemon, even without --no-autostart.
+    // `shutdown` never starts a daemon, even without --no-autostart (and does not blame that
+    // flag when it was not given).
     let o = run(dirs.cli(true), &["shutdown"]).await;
     assert_eq!(o.code, 5, "{o:?}");
+    assert!(
+        o.stderr.contains("no paddock daemon answers") && !o.stderr.contains("--no-autostart"),
+        "{o:?}"
+    );
     // With --json the error is a JSON object on stderr.
     let o = run(dirs.cli(false), &["--json", "ping"]).await;
     assert_eq!(o.code, 5, "{o:?}");
@@ -100,6 +105,47 @@ async fn no_autostart_without_a_daemon_fails_clearly() {
         .unwrap()
         .contains("no paddock daemon answers"));
     assert!(!dirs.socket.exists(), "no daemon was started");
+}
+
+/// A daemon the CLI started that exits at once (a mistyped key in the config file; another
+/// daemon on the data dir) is said at once, with what it said: not after the 15 s wait for an
+/// answer that cannot come. Exit 5, as for any daemon that does not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autostarted_daemon_that_exits_at_once_is_said_at_once() {
+    let d = Daemon::start().await;
+    let config = d.dirs.base.join("config.toml");
+    std::fs::write(&config, "[daemon]\nmax_sesions = 3\n").unwrap();
+    let (configured, mut other) = (Dirs::new(), Dirs::new());
+    other.data = d.dirs.data.clone();
+    let misconfigured = || {
+        let mut c = configured.cli(true);
+        c.env("PADDOCK_CONFIG", &config);
+        c
+    };
+    for (cmd, why) in [
+        (misconfigured(), "unknown field `max_sesions`"),
+        (
+            other.cli(true),
+            "another paddock daemon is already using the data dir",
+        ),
+    ] {
+        let t = Instant::now();
+        let o = run(cmd, &["session", "list"]).await;
+        assert_eq!(o.code, 5, "{o:?}");
+        assert!(
+            o.stderr.contains("started a daemon but it exited at once")
+                && o.stderr.contains(why)
+                && o.stderr.contains("daemon.log"),
+            "{o:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+    // The config file's error keeps the line at fault.
+    let o = run(misconfigured(), &["ping"]).await;
+    assert!(
+        o.stderr.contains("line 2") && o.stderr.contains("max_sesions = 3"),
+        "{o:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,7 +59,7 @@ pub async fn connect_channel(ctx: &Ctx) -> Result<Channel> {
         Ok(ch) => Ok(ch),
         Err(e) if !ctx.autostart => Err(Error::NoAutostart(e)),
         Err(_) => {
-            start_daemon(&ctx.socket, &ctx.data_dir)?;
+            let mut started = start_daemon(&ctx.socket, &ctx.data_dir)?;
             let deadline = tokio::time::Instant::now() + AUTOSTART_WAIT;
             loop {
                 match channel(&ctx.socket).await {
@@ -67,20 +67,71 @@ pub async fn connect_channel(ctx: &Ctx) -> Result<Channel> {
                     Err(source) if tokio::time::Instant::now() >= deadline => {
                         return Err(Error::Autostart {
                             wait_s: AUTOSTART_WAIT.as_secs(),
-                            log: ctx.data_dir.join("daemon.log"),
+                            log: started.log,
                             source,
                         })
                     }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    Err(_) => {
+                        // A daemon that exited will never answer: said now, not after the wait.
+                        if let Ok(Some(status)) = started.child.try_wait() {
+                            return Err(Error::AutostartExited {
+                                status,
+                                said: started.last_words(),
+                                log: started.log,
+                            });
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
                 }
             }
         }
     }
 }
 
+/// A daemon [`start_daemon`] started: its process (never waited for while it runs: it outlives
+/// the CLI) and where its log begins.
+pub struct Started {
+    pub child: std::process::Child,
+    pub log: std::path::PathBuf,
+    /// The log's length before the daemon wrote to it.
+    log_start: u64,
+}
+
+/// How `paddock daemon` begins the message it prints (to its log, when started by the CLI)
+/// when it cannot start or stops serving.
+pub const DAEMON_ERROR: &str = "paddock daemon: ";
+
+/// How much of an exited daemon's log is read back for what it said last.
+const LAST_WORDS_MAX_BYTES: u64 = 16 * 1024;
+
+impl Started {
+    /// Why the daemon said it could not start: what it wrote to its log since it started,
+    /// from its last [`DAEMON_ERROR`] message on (which may span lines: a config file's error
+    /// shows the line at fault), else its last line.
+    pub fn last_words(&self) -> String {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut text = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let end = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let from = self.log_start.max(end.saturating_sub(LAST_WORDS_MAX_BYTES));
+            if f.seek(SeekFrom::Start(from)).is_ok() {
+                let _ = f.take(LAST_WORDS_MAX_BYTES).read_to_string(&mut text);
+            }
+        }
+        let said = match text.rfind(DAEMON_ERROR) {
+            Some(at) => &text[at + DAEMON_ERROR.len()..],
+            None => text.trim_end().lines().last().unwrap_or_default(),
+        };
+        match said.trim() {
+            "" => "it wrote nothing to its log".to_string(),
+            said => said.to_string(),
+        }
+    }
+}
+
 /// Starts `paddock daemon` detached (own process group), logging to `daemon.log` (rotated by
 /// the daemon; what it prints outside its log, such as a panic, is appended there too).
-pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32> {
+pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<Started> {
     std::fs::create_dir_all(data_dir)
         .map_err(Error::io(format!("cannot create {}", data_dir.display())))?;
     let log_path = data_dir.join("daemon.log");
@@ -90,6 +141,7 @@ pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32> {
         .mode(0o600)
         .open(&log_path)
         .map_err(Error::io(format!("cannot open {}", log_path.display())))?;
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let exe = std::env::current_exe().map_err(Error::io("this program's path"))?;
     let child = std::process::Command::new(exe)
         .arg("daemon")
@@ -113,5 +165,9 @@ pub fn start_daemon(socket: &Path, data_dir: &Path) -> Result<u32> {
         child.id(),
         socket.display()
     );
-    Ok(child.id())
+    Ok(Started {
+        child,
+        log: log_path,
+        log_start,
+    })
 }

@@ -39,6 +39,17 @@ pub enum Error {
         #[source]
         source: ConnectError,
     },
+    /// A daemon was started and exited before it answered (a bad config file, another daemon
+    /// on the data dir): what it said last, from its log.
+    #[error("started a daemon but it exited at once ({status}; its log: {}): {said}", log.display())]
+    AutostartExited {
+        status: std::process::ExitStatus,
+        said: String,
+        log: PathBuf,
+    },
+    /// A daemon took the connection but did not answer in time.
+    #[error("the daemon on {} did not answer within {wait_s}s", socket.display())]
+    Silent { socket: PathBuf, wait_s: u64 },
     /// A local file, directory or process could not be used.
     #[error("{what}: {source}")]
     Io {
@@ -101,9 +112,11 @@ impl Error {
         use tonic::Code;
         let status = match self {
             Error::Daemon(s) | Error::Step { source: s, .. } => s,
-            Error::NoDaemon(_) | Error::NoAutostart(_) | Error::Autostart { .. } => {
-                return Exit::Unreachable
-            }
+            Error::NoDaemon(_)
+            | Error::NoAutostart(_)
+            | Error::Autostart { .. }
+            | Error::AutostartExited { .. }
+            | Error::Silent { .. } => return Exit::Unreachable,
             Error::Untrusted(_) => return Exit::Refused,
             Error::Usage(_) => return Exit::Usage,
             Error::AgentFailed => return Exit::AgentFailed,

@@ -853,11 +853,10 @@ pub async fn ping(ctx: &Ctx) -> Result<()> {
     let p = match answer {
         Ok(p) => p?,
         Err(_) => {
-            return Err(Error::Protocol(format!(
-                "the daemon on {} did not answer within {}s",
-                ctx.socket.display(),
-                wait.as_secs()
-            )))
+            return Err(Error::Silent {
+                socket: ctx.socket.clone(),
+                wait_s: wait.as_secs(),
+            })
         }
     };
     let up = p.uptime.map(|d| d.seconds).unwrap_or(0);
@@ -920,7 +919,11 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
         json: ctx.json,
         autostart: false,
     };
-    let mut c = client::connect(&ctx_no_start).await?;
+    // Never starts one to stop it; and it is not --no-autostart (unless given) that says so.
+    let mut c = match client::connect(&ctx_no_start).await {
+        Err(Error::NoAutostart(e)) if ctx.autostart => return Err(Error::NoDaemon(e)),
+        c => c?,
+    };
     let r = c
         .shutdown(pb::ShutdownRequest { force })
         .await?
