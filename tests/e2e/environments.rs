@@ -454,6 +454,17 @@ async fn environments_the_host_cannot_give_are_refused_and_leave_nothing() {
         o.stderr.contains("OBEY-2005") && o.stderr.contains("not in a git repository"),
         "{o:?}"
     );
+    // The directory's campaign, registered for the create, is not left behind (nor said).
+    assert!(!o.stderr.contains("registered"), "{o:?}");
+    let campaigns = d
+        .client()
+        .await
+        .list_campaigns(pb::ListCampaignsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .campaigns;
+    assert!(campaigns.is_empty(), "{campaigns:?}");
     // An unknown driver, and the network flag where it means nothing.
     let o = cli_in(
         &d,

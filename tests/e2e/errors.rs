@@ -351,6 +351,26 @@ async fn unknown_sessions_are_2010_on_every_session_rpc() {
         .await
         .unwrap_err(),
     );
+    // A session's approvals too: an unknown session is not one with nothing waiting.
+    check(
+        c.list_approvals(pb::ListApprovalsRequest {
+            session_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err(),
+    );
+    check(
+        c.watch_approvals(pb::WatchApprovalsRequest {
+            session_id: id.clone(),
+        })
+        .await
+        .unwrap_err(),
+    );
+    // And the CLI says so, exit 3 (what is named does not exist).
+    let o = crate::cli::cli(&d, &["approvals", "--session", "nope"]).await;
+    assert_eq!(o.code, 3, "{o:?}");
+    assert!(o.stderr.contains("OBEY-2010"), "{o:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -450,13 +450,19 @@ async fn drivers_and_mounts_under_the_local_driver() {
     )
     .await
     .fails_with("2 mounts given: a session has one workspace (SRC:/workspace)");
-    cli_in(
+    // A path that is not there is a wrong argument: exit 2, as for a session file.
+    let o = cli_in(
         &d,
         base,
         &["session", "create", "--mount", "missing:/workspace"],
     )
     .await
     .fails_with("mount \"missing:/workspace\": ");
+    assert_eq!(o.code, 2, "{o:?}");
+    let o = cli_in(&d, base, &["session", "create", "-c", "missing.yaml"])
+        .await
+        .fails_with("missing.yaml: ");
+    assert_eq!(o.code, 2, "{o:?}");
     // A campaign and a mount must agree: a campaign has one root.
     cli(&d, &["campaign", "add", "proj", &root]).await.ok();
     cli_in(

@@ -173,6 +173,13 @@ impl Error {
         move |source| Error::Io { what, source }
     }
 
+    /// A path the command line (or its input file) names that cannot be read: bad input,
+    /// exit 2, like any wrong argument.
+    pub fn input(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+        let what = what.to_string();
+        move |source| Error::Usage(format!("{what}: {source}"))
+    }
+
     /// A provider name no provider has, refused as the daemon would (OBEY-2002), with the names
     /// there are.
     pub fn unknown_provider(name: &str) -> Error {

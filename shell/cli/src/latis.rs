@@ -108,8 +108,10 @@ pub fn parse_mount(spec: &str, base: &Path) -> Result<PathBuf> {
         return Err(Error::Usage(format!("mount \"{spec}\": SRC is empty")));
     }
     let path = base.join(src);
-    let canon = std::fs::canonicalize(&path)
-        .map_err(Error::io(format!("mount \"{spec}\": {}", path.display())))?;
+    let canon = std::fs::canonicalize(&path).map_err(Error::input(format!(
+        "mount \"{spec}\": {}",
+        path.display()
+    )))?;
     if !canon.is_dir() {
         return Err(Error::Usage(format!(
             "mount \"{spec}\": {} is not a directory",
@@ -183,7 +185,8 @@ pub struct CreateArgs {
     #[arg(short = 'c', long = "file", value_name = "session.yaml")]
     pub file: Option<PathBuf>,
     /// scripted, claude-code, codex, openclaw, openai-api, gemini, acp [default:
-    /// $PADDOCK_PROVIDER, else the first of claude, codex, gemini found on PATH]
+    /// $PADDOCK_PROVIDER, else the config file's [session] provider, else the first of claude,
+    /// codex, gemini found on PATH]
     #[arg(long)]
     pub provider: Option<String>,
     #[arg(long)]
@@ -461,7 +464,7 @@ impl SessionFile {
         std::fs::create_dir_all(&path)
             .and_then(|()| std::fs::canonicalize(&path))
             .map(Some)
-            .map_err(Error::io(format!("local.workdir {}", path.display())))
+            .map_err(Error::input(format!("local.workdir {}", path.display())))
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<SessionFile> {
@@ -473,11 +476,11 @@ impl SessionFile {
 
     pub fn read(path: &Path) -> Result<SessionFile> {
         use std::io::Read;
-        let f = std::fs::File::open(path).map_err(Error::io(path.display()))?;
+        let f = std::fs::File::open(path).map_err(Error::input(path.display()))?;
         let mut text = String::new();
         f.take(SESSION_FILE_MAX_BYTES + 1)
             .read_to_string(&mut text)
-            .map_err(Error::io(path.display()))?;
+            .map_err(Error::input(path.display()))?;
         if text.len() as u64 > SESSION_FILE_MAX_BYTES {
             return Err(Error::Usage(format!(
                 "{}: larger than {SESSION_FILE_MAX_BYTES} bytes",
@@ -977,9 +980,36 @@ pub fn plan(args: CreateArgs, file: Option<(SessionFile, PathBuf)>, cwd: &Path) 
     })
 }
 
-/// The campaign id whose root is `dir`, registering one (named after the directory, with
-/// `-2`, `-3`, … when that name is taken) if none is. Says so on stderr when it registers.
-pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String> {
+/// The campaign a session is created in, and whether it was registered for it.
+pub struct Resolved {
+    pub id: String,
+    /// The campaign registered for this create (its root and name), if one was.
+    registered: Option<(String, String)>,
+}
+
+impl Resolved {
+    /// The create went through: the campaign registered for it is said.
+    pub fn keep(self) {
+        if let Some((root, name)) = self.registered {
+            eprintln!("paddock: registered {root} as campaign \"{name}\"");
+        }
+    }
+
+    /// The create was refused: a campaign registered for it is removed again (a refused
+    /// create leaves nothing behind; the daemon refuses the removal if a session of another
+    /// client's has come into it meanwhile).
+    pub async fn undo(self, c: &mut Client) {
+        if self.registered.is_some() {
+            let _ = c
+                .remove_campaign(pb::RemoveCampaignRequest { campaign: self.id })
+                .await;
+        }
+    }
+}
+
+/// The campaign whose root is `dir`, registering one (named after the directory, with `-2`,
+/// `-3`, … when that name is taken) if none is.
+pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<Resolved> {
     let root = dir.display().to_string();
     let known = c
         .list_campaigns(pb::ListCampaignsRequest {})
@@ -987,7 +1017,10 @@ pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String> {
         .into_inner()
         .campaigns;
     if let Some(found) = known.iter().find(|k| k.root_path == root) {
-        return Ok(found.id.clone());
+        return Ok(Resolved {
+            id: found.id.clone(),
+            registered: None,
+        });
     }
     // AddCampaign without a name: the daemon finds or registers "the campaign of this
     // directory" (one way for every client, sunbeam's included).
@@ -998,16 +1031,21 @@ pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<String> {
         })
         .await?
         .into_inner();
-    if !known.iter().any(|x| x.id == k.id) {
-        eprintln!("paddock: registered {root} as campaign \"{}\"", k.name);
-    }
-    Ok(k.id)
+    let registered = (!known.iter().any(|x| x.id == k.id)).then(|| (root, k.name.clone()));
+    Ok(Resolved {
+        id: k.id,
+        registered,
+    })
 }
 
-/// The campaign id a plan's place comes to.
-pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String> {
+/// The campaign a plan's place comes to.
+pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<Resolved> {
+    let known = |id: String| Resolved {
+        id,
+        registered: None,
+    };
     match place {
-        Place::Campaign(name) => Ok(name.clone()),
+        Place::Campaign(name) => Ok(known(name.clone())),
         Place::Dir(dir) => campaign_for_dir(c, dir).await,
         Place::Both(name, dir) => {
             let list = c
@@ -1030,7 +1068,7 @@ pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<String> {
                     k.root_path
                 )));
             }
-            Ok(k.id.clone())
+            Ok(known(k.id.clone()))
         }
     }
 }

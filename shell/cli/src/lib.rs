@@ -741,12 +741,16 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
     // The scripted agent is a stand-in (demos, tests): what its default means is not news.
     let default_permissions = !req.provider_config.contains_key("permissions")
         && req.provider != paddock_core::Provider::Scripted.number();
-    req.campaign_id = latis::resolve_place(c, &plan.place).await?;
-    let s = with_progress("starting the agent", c.create_session(req))
-        .await?
-        .into_inner()
-        .session
-        .unwrap_or_default();
+    let place = latis::resolve_place(c, &plan.place).await?;
+    req.campaign_id = place.id.clone();
+    let s = match with_progress("starting the agent", c.create_session(req)).await {
+        Ok(r) => r.into_inner().session.unwrap_or_default(),
+        Err(e) => {
+            place.undo(c).await;
+            return Err(e.into());
+        }
+    };
+    place.keep();
     if default_permissions {
         if let Some(note) = s
             .provider_config

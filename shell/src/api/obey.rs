@@ -1031,6 +1031,11 @@ impl LocalDaemonService for Obey {
         let r = request.into_inner();
         let session =
             (!r.session_id.trim().is_empty()).then(|| SessionId(r.session_id.trim().to_string()));
+        // A session named is one that exists (OBEY-2010), as for every session RPC: an unknown
+        // id is not a session with nothing waiting.
+        if let Some(id) = &session {
+            self.record(id.clone()).await?;
+        }
         let limit = convert::page_limit(r.limit, APPROVALS_DEFAULT, LIST_ACTIVITIES_MAX);
         let all = r.include_resolved;
         let list = read(
@@ -1087,6 +1092,9 @@ impl LocalDaemonService for Obey {
     ) -> Result<Response<Self::WatchApprovalsStream>, GrpcStatus> {
         let r = request.into_inner();
         let only = (!r.session_id.trim().is_empty()).then(|| SessionId(r.session_id.trim().into()));
+        if let Some(id) = &only {
+            self.record(id.clone()).await?;
+        }
         // Subscribe before reading what is open, so nothing falls between the two.
         let mut sub = self.handle.hub.approval.subscribe();
         let only_ = only.clone();
