@@ -303,8 +303,8 @@ fn main() {
     if as_obey {
         command = command.name("obey");
     }
-    let matches = command.get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let matches = command.try_get_matches().unwrap_or_else(|e| usage_error(e));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage_error(e));
     // Whether a `daemon` flag was given (on the command line or by its variable): the
     // configuration file's value applies only where it was not.
     let daemon_flag = |id: &str| {
@@ -641,6 +641,23 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// A command line clap cannot parse (or `--help`, `--version`): as clap says it, but with
+/// `--json` anywhere on the line an error is the same JSON object on stderr as every other
+/// failure's (`error`, `exit_code`).
+fn usage_error(e: clap::Error) -> ! {
+    let json = std::env::args_os().any(|a| a == "--json");
+    if json && e.use_stderr() {
+        let text = e.render().to_string();
+        let text = text.trim().strip_prefix("error: ").unwrap_or(text.trim());
+        eprintln!(
+            "{}",
+            serde_json::json!({ "error": text, "exit_code": e.exit_code() })
+        );
+        std::process::exit(e.exit_code());
+    }
+    e.exit()
 }
 
 /// Writes `bytes` to stdout; a closed pipe is not an error.

@@ -464,6 +464,39 @@ async fn cli_errors_exit_by_kind_with_the_obey_message() {
     )
     .await
     .fails_with("OBEY-2002: ");
+    // Refused by the CLI before it asks, as the daemon would: the same JSON fields.
+    let o = cli(
+        &d,
+        &[
+            "--json",
+            "session",
+            "create",
+            "--campaign",
+            CAMPAIGN,
+            "--provider",
+            "banana",
+        ],
+    )
+    .await;
+    assert_eq!(o.code, 2, "{o:?}");
+    let e: Value = serde_json::from_str(o.stderr.trim()).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert_eq!(
+        (&e["obey_code"], &e["grpc_code"], &e["exit_code"]),
+        (&json!("OBEY-2002"), &json!("InvalidArgument"), &json!(2)),
+        "{e}"
+    );
+    // And what the argument parser refuses is a JSON object too with --json.
+    let o = cli(&d, &["--json", "session", "bogus"]).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    let e: Value = serde_json::from_str(o.stderr.trim()).unwrap_or_else(|e| panic!("{e}: {o:?}"));
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("unrecognized subcommand 'bogus'"),
+        "{e}"
+    );
+    assert_eq!(e["exit_code"], 2);
     cli(
         &d,
         &[

@@ -7,8 +7,9 @@ use crate::transport::ConnectError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The daemon refused or failed the request. Its message is shown as it is (it starts with
-    /// the OBEY code); programs read the code from the status ([`crate::transport::obey_code`]).
+    /// The daemon refused or failed the request (or the CLI refused it first, as the daemon
+    /// would: [`Error::refused`]). Its message is shown as it is (it starts with the OBEY code);
+    /// programs read the code from the status ([`crate::transport::obey_code`]).
     #[error("{}", .0.message())]
     Daemon(#[from] tonic::Status),
     /// The daemon refused or failed one step of a command that takes several (`delete` stops
@@ -180,6 +181,15 @@ impl Error {
         move |source| Error::Usage(format!("{what}: {source}"))
     }
 
+    /// A refusal the CLI makes before asking, as the daemon would make it: the same status
+    /// (its OBEY code in the message and the details), so the same exit code and `--json`
+    /// fields.
+    pub fn refused(code: paddock_core::ErrorCode, message: impl Into<String>) -> Error {
+        Error::Daemon(crate::transport::core_status(&paddock_core::Error::new(
+            code, message,
+        )))
+    }
+
     /// A provider name no provider has, refused as the daemon would (OBEY-2002), with the names
     /// there are.
     pub fn unknown_provider(name: &str) -> Error {
@@ -187,10 +197,10 @@ impl Error {
             .iter()
             .map(|p| p.name())
             .collect();
-        Error::Usage(format!(
-            "OBEY-2002: unknown provider \"{name}\" ({})",
-            names.join(", ")
-        ))
+        Error::refused(
+            paddock_core::ErrorCode::ProviderNotSupported,
+            format!("unknown provider \"{name}\" ({})", names.join(", ")),
+        )
     }
 }
 

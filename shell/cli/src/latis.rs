@@ -1054,9 +1054,10 @@ pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<Resolved> {
                 .into_inner()
                 .campaigns;
             let Some(k) = list.iter().find(|k| k.id == *name || k.name == *name) else {
-                return Err(Error::Usage(format!(
-                    "OBEY-2001: campaign \"{name}\" not found"
-                )));
+                return Err(Error::refused(
+                    paddock_core::ErrorCode::CampaignNotFound,
+                    format!("campaign \"{name}\" not found"),
+                ));
             };
             if Path::new(&k.root_path) != dir {
                 return Err(Error::Usage(format!(

@@ -216,21 +216,8 @@ pub fn session_summary(r: &core::SessionRecord) -> pb::SessionSummary {
     }
 }
 
-/// A core error as a gRPC status, for every protocol: the message starts with the code
-/// (`OBEY-2001: …`) and an `ErrorInfo` detail carries it (reason `OBEY-2001`, domain
-/// `paddock`), which is what clients match ([`crate::transport::obey_code`]).
-pub fn status(e: &core::Error) -> tonic::Status {
-    let code = match e.code.kind() {
-        core::ErrorKind::NotFound => tonic::Code::NotFound,
-        core::ErrorKind::InvalidArgument => tonic::Code::InvalidArgument,
-        core::ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
-        core::ErrorKind::ResourceExhausted => tonic::Code::ResourceExhausted,
-        core::ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
-        core::ErrorKind::Unavailable => tonic::Code::Unavailable,
-        core::ErrorKind::Internal => tonic::Code::Internal,
-    };
-    crate::transport::error_status(code, &e.code.to_string(), e.to_string())
-}
+/// A core error as a gRPC status, for every protocol ([`crate::transport::core_status`]).
+pub use crate::transport::core_status as status;
 
 /// How much of a request's tool input a message carries (a 4 MiB file write would not fit a
 /// gRPC message next to anything else).

@@ -108,6 +108,24 @@ pub fn error_status(code: tonic::Code, reason: &str, message: impl Into<String>)
     )
 }
 
+/// A core error as a gRPC status, for every protocol and for the CLI's own refusals (made as
+/// the daemon would make them): the message starts with the code (`OBEY-2001: …`) and an
+/// `ErrorInfo` detail carries it (reason `OBEY-2001`, domain `paddock`), which is what clients
+/// match ([`obey_code`]).
+pub fn core_status(e: &paddock_core::Error) -> tonic::Status {
+    use paddock_core::ErrorKind as K;
+    let code = match e.code.kind() {
+        K::NotFound => tonic::Code::NotFound,
+        K::InvalidArgument => tonic::Code::InvalidArgument,
+        K::FailedPrecondition => tonic::Code::FailedPrecondition,
+        K::ResourceExhausted => tonic::Code::ResourceExhausted,
+        K::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+        K::Unavailable => tonic::Code::Unavailable,
+        K::Internal => tonic::Code::Internal,
+    };
+    error_status(code, &e.code.to_string(), e.to_string())
+}
+
 /// The OBEY code a status carries in its `ErrorInfo`; `None` for a status paddock did not
 /// refuse with a registry code (a transport failure, a plain `InvalidArgument`, …).
 pub fn obey_code(s: &tonic::Status) -> Option<ErrorCode> {
