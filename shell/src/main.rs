@@ -153,8 +153,13 @@ enum Command {
     /// Print the shell completion script (bash, zsh, fish, elvish, powershell), e.g.
     /// `paddock completions bash > ~/.local/share/bash-completion/completions/paddock`
     Completions { shell: clap_complete::Shell },
-    /// Print the man page (roff), e.g. `paddock man | man -l -`
-    Man,
+    /// Print the man page (roff), e.g. `paddock man | man -l -`; with a command, that
+    /// command's page (`paddock man session create`: paddock-session-create(1), as SEE ALSO
+    /// names them)
+    Man {
+        /// The command whose page to print
+        command: Vec<String>,
+    },
     /// A live dashboard of every session, those waiting for you first: approve, deny, answer,
     /// attach, stop, restart and delete from it (needs a terminal)
     Top,
@@ -424,17 +429,7 @@ fn main() {
             clap_complete::generate(shell, &mut Cli::command(), "paddock", &mut out);
             print_quietly(&out)
         }
-        Command::Man => {
-            use clap::CommandFactory;
-            let mut out = Vec::new();
-            match clap_mangen::Man::new(Cli::command()).render(&mut out) {
-                Ok(()) => print_quietly(&out),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    1
-                }
-            }
-        }
+        Command::Man { command } => man_page(&command),
         Command::Runner {
             socket,
             max_runs,
@@ -632,7 +627,7 @@ fn main() {
                         | Command::McpRelay { .. }
                         | Command::Bridge(_)
                         | Command::Completions { .. }
-                        | Command::Man
+                        | Command::Man { .. }
                         | Command::Runner { .. } => unreachable!(),
                     }
                 }),
@@ -641,6 +636,44 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+/// `paddock man [COMMAND]…`: the page of paddock, or of one of its commands (the pages the
+/// top page's SEE ALSO names), generated into memory, then written: a reader that stops early
+/// (`| head`) ends the output quietly.
+fn man_page(command: &[String]) -> i32 {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    // Built, each subcommand has its page's name (paddock-session-create).
+    cli.build();
+    let mut page = &cli;
+    for name in command {
+        match page.find_subcommand(name) {
+            Some(sub) => page = sub,
+            None => {
+                let known: Vec<&str> = page
+                    .get_subcommands()
+                    .filter(|c| !c.is_hide_set())
+                    .map(|c| c.get_name())
+                    .collect();
+                eprintln!(
+                    "error: no command \"{}\" has a page (those of {}: {})",
+                    command.join(" "),
+                    page.get_display_name().unwrap_or(page.get_name()),
+                    known.join(", ")
+                );
+                return 2;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    match clap_mangen::Man::new(page.clone()).render(&mut out) {
+        Ok(()) => print_quietly(&out),
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
 }
 
 /// A command line clap cannot parse (or `--help`, `--version`): as clap says it, but with

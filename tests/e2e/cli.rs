@@ -979,6 +979,32 @@ async fn completions_and_the_man_page() {
         man.stdout.contains("Exit codes"),
         "the exit codes are in the man page too"
     );
+    // Every page the top page's SEE ALSO names is there too: paddock-session(1) is
+    // `paddock man session`, and its own SEE ALSO's paddock-session-create(1) one deeper.
+    assert!(man.stdout.contains("paddock\\-session(1)"), "{man:?}");
+    let session = run(dirs.cli(false), &["man", "session"]).await.ok();
+    assert!(
+        session.stdout.contains(".TH paddock-session 1"),
+        "{session:?}"
+    );
+    assert!(
+        session.stdout.contains("paddock\\-session\\-create(1)"),
+        "{session:?}"
+    );
+    let create = run(dirs.cli(false), &["man", "session", "create"])
+        .await
+        .ok();
+    assert!(
+        create.stdout.contains(".TH paddock-session-create 1")
+            && create.stdout.contains("\\-\\-worktree"),
+        "{create:?}"
+    );
+    let o = run(dirs.cli(false), &["man", "sessions"]).await;
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(
+        o.stderr.contains("no command \"sessions\" has a page"),
+        "{o:?}"
+    );
 }
 
 /// obey's clients find the daemon where obey's was: a daemon on its default socket also serves

@@ -198,6 +198,25 @@ pub fn parse(path: &Path, text: String) -> Result<Loaded, ConfigError> {
             )));
         }
     }
+    if let Some(p) = &c.session.permissions {
+        if let Err(e) = paddock_core::Policy::parse(Some(p.get_ref())) {
+            return Err(invalid(format!(
+                "line {}: [session] {e}",
+                loaded.line(p.span())
+            )));
+        }
+    }
+    if let Some(d) = &c.session.driver {
+        if paddock_core::Driver::parse(d.get_ref()).is_none() {
+            let names: Vec<&str> = paddock_core::Driver::ALL.iter().map(|d| d.name()).collect();
+            return Err(invalid(format!(
+                "line {}: unknown driver {:?} in [session] ({})",
+                loaded.line(d.span()),
+                d.get_ref(),
+                names.join(", ")
+            )));
+        }
+    }
     for name in c.agents.keys() {
         if paddock_core::Provider::from_name(name).is_none() {
             return Err(invalid(format!(
@@ -282,6 +301,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("claud"), "{e}");
+        // What a session create would refuse is refused here, where the file can be named.
+        let e = parse_str("[session]\npermissions = \"sometimes\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("config.toml: line 2") && e.contains("\"sometimes\"") && e.contains("ask"),
+            "{e}"
+        );
+        parse_str("[session]\npermissions = \"ask:Read,Grep\"\n").unwrap();
+        let e = parse_str("[session]\ndriver = \"docker\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2") && e.contains("docker") && e.contains("podman"),
+            "{e}"
+        );
     }
 
     #[test]
