@@ -339,6 +339,13 @@ async fn worktrees_keep_agents_apart_and_diff_shows_what_each_changed() {
         )
         .await;
         assert_eq!(o.code, 0, "{o:?}");
+        assert!(
+            o.stdout.contains(&format!(
+                " in its own worktree of {} on branch paddock/{name}",
+                d.dirs.root.display()
+            )),
+            "{o:?}"
+        );
         ids.push(created_id(&o));
     }
     for id in &ids {
@@ -349,12 +356,15 @@ async fn worktrees_keep_agents_apart_and_diff_shows_what_each_changed() {
         branches.contains("paddock/alpha") && branches.contains("paddock/beta"),
         "{branches}"
     );
+    // Where it works is said as what it is: its own worktree of the directory, not the
+    // directory itself.
     let o = cli_in(&d, &d.dirs.root, &["session", "status", &ids[1]]).await;
     assert!(
-        o.stdout.contains(
-            "bubblewrap (sandbox: host read-only, own HOME and /tmp, no network; own worktree; \
-             working directory"
-        ),
+        o.stdout.contains(&format!(
+            "bubblewrap (sandbox: host read-only, own HOME and /tmp, no network; own worktree \
+             of {} on branch paddock/beta)",
+            d.dirs.root.display()
+        )),
         "{o:?}"
     );
     let o = cli_in(

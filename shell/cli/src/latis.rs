@@ -1148,7 +1148,11 @@ fn driver_line(s: &pb::SessionInfo) -> String {
         parts.push(format!("at most {} processes", env.pids_limit));
     }
     if env.worktree {
-        parts.push("own worktree".into());
+        parts.push(format!(
+            "own worktree of {} on branch {}",
+            s.working_dir,
+            crate::env::branch(&s.agent_name, &paddock_core::SessionId(s.id.clone()))
+        ));
     }
     if !matches!(s.environment_state.as_str(), "" | "ready") {
         parts.push(format!("environment {}", s.environment_state));
@@ -1156,11 +1160,26 @@ fn driver_line(s: &pb::SessionInfo) -> String {
     if matches!(driver_of(s), "ssh" | "qemu") {
         // The campaign's directory is this machine's; the agent works on the other one.
         parts.push(format!("campaign directory {} here", s.working_dir));
-    } else {
+    } else if !env.worktree {
         parts.push(format!("working directory {}", s.working_dir));
     }
     parts.retain(|p| !p.is_empty());
     format!("{} ({})", driver_of(s), parts.join("; "))
+}
+
+/// Where a session's agent works, as `session create` says it: its working directory, or for
+/// a session with a worktree, that it works in a worktree of it on its own branch, not in the
+/// directory itself (`session diff` shows what it changed).
+pub fn where_it_works(s: &pb::SessionInfo) -> String {
+    if s.environment_spec.as_ref().is_some_and(|e| e.worktree) {
+        let branch = crate::env::branch(&s.agent_name, &paddock_core::SessionId(s.id.clone()));
+        format!(
+            "its own worktree of {} on branch {branch} (`paddock session diff` shows its changes)",
+            s.working_dir
+        )
+    } else {
+        s.working_dir.clone()
+    }
 }
 
 /// `session status`: the session's details, latis state first, as `key: value` lines.

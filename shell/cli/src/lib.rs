@@ -770,7 +770,7 @@ async fn create(ctx: &Ctx, c: &mut Client, args: latis::CreateArgs) -> Result<()
             provider_name(s.provider),
             view::driver_of(&s),
             state_of(&s),
-            s.working_dir
+            latis::where_it_works(&s)
         )?;
     }
     Ok(())
