@@ -1206,3 +1206,47 @@ async fn an_attach_sends_its_piped_line_before_it_detaches() {
         );
     }
 }
+
+/// `paddock session watch` shows a turn's end (the status change back to RUNNING) after the
+/// turn's last activity, though the two come on separate streams, either one ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_watch_shows_a_turns_end_after_its_last_activity() {
+    use tokio::io::AsyncBufReadExt;
+    let mut d = Daemon::start().await;
+    let id = d.session(None).await.id;
+    let mut cmd = tokio::process::Command::from(d.dirs.cli(false));
+    cmd.args(["session", "watch", &id])
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("run paddock");
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = within(out.next_line()).await.unwrap().unwrap_or_default();
+    assert!(first.starts_with("watching "), "{first}");
+    // Its streams are open once it printed that; give them a moment to be subscribed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..5 {
+        d.send(&id, &format!("turn {i}")).await;
+    }
+    d.stop(&id, true).await.expect("stop");
+    let mut lines = Vec::new();
+    while let Some(l) = within(out.next_line()).await.unwrap() {
+        lines.push(l);
+    }
+    assert!(within(child.wait()).await.unwrap().success(), "{lines:#?}");
+    let ends: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("STATUS") && l.contains("WORKING → RUNNING"))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(ends.len(), 5, "{lines:#?}");
+    for i in ends {
+        let before = lines[..i]
+            .iter()
+            .rev()
+            .find(|l| !l.starts_with("STATUS"))
+            .unwrap();
+        assert!(before.starts_with("COMPLETION"), "line {i}: {lines:#?}");
+    }
+}

@@ -814,15 +814,27 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> Result<()> {
         })
         .await?
         .into_inner();
+    let print_status = |e: &pb::SessionStatusEvent| {
+        if ctx.json {
+            outln!("{}", status_event_json(e))
+        } else {
+            outln!(
+                "STATUS      {} → {}  {}",
+                status_name(e.previous_status),
+                status_name(e.new_status),
+                e.message
+            )
+        }
+    };
+    let mut order = TurnOrder::new(Status::from_number(info.status));
     let (mut s_open, mut a_open) = (true, true);
     while s_open || a_open {
+        let held_until = order.held_until();
         tokio::select! {
             ev = statuses.next(), if s_open => match ev {
                 Some(Ok(e)) => {
-                    if ctx.json {
-                        outln!("{}", status_event_json(&e))?;
-                    } else {
-                        outln!("STATUS      {} → {}  {}", status_name(e.previous_status), status_name(e.new_status), e.message)?;
+                    for e in order.status(e) {
+                        print_status(&e)?;
                     }
                 }
                 Some(Err(e)) => return Err(e.into()),
@@ -835,13 +847,150 @@ async fn watch(ctx: &Ctx, c: &mut Client, id: String) -> Result<()> {
                     } else {
                         outln!("{}", activity_line(&a))?;
                     }
+                    if let Some(e) = order.activity(&a) {
+                        print_status(&e)?;
+                    }
                 }
                 Some(Err(e)) => return Err(e.into()),
                 None => a_open = false,
             },
+            _ = tokio::time::sleep_until(held_until.unwrap_or_else(tokio::time::Instant::now)), if held_until.is_some() => {
+                if let Some(e) = order.expire() {
+                    print_status(&e)?;
+                }
+            }
         }
     }
+    if let Some(e) = order.expire() {
+        print_status(&e)?;
+    }
     Ok(())
+}
+
+/// A session's status changes and its activity come on two streams, and either may run ahead
+/// of the other: `watch` shows them in the order they happened by holding a status change that
+/// ends a turn (WORKING → RUNNING, → FAILED, …) until that turn's last activity (COMPLETION or
+/// ERROR) is shown, at most [`TURN_END_WAIT`] (a turn cut short by a crash has none).
+struct TurnOrder {
+    /// Turns begun (a status change into WORKING, or WORKING when the watch began) less turns
+    /// whose last activity was shown; below 0 while an activity stream ahead of the statuses
+    /// has shown a turn's end before the status change that began it.
+    open: i64,
+    held: Option<(pb::SessionStatusEvent, tokio::time::Instant)>,
+}
+
+/// How long a status change that ends a turn waits for the turn's last activity.
+const TURN_END_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl TurnOrder {
+    fn new(now: Option<Status>) -> TurnOrder {
+        TurnOrder {
+            open: i64::from(matches!(now, Some(Status::Working | Status::Waiting))),
+            held: None,
+        }
+    }
+
+    fn in_turn(n: i32) -> bool {
+        matches!(
+            Status::from_number(n),
+            Some(Status::Working | Status::Waiting)
+        )
+    }
+
+    /// The status changes to show now for `e`, in order: one held before it, then `e` unless
+    /// it ends a turn whose last activity has not been shown yet.
+    fn status(&mut self, e: pb::SessionStatusEvent) -> Vec<pb::SessionStatusEvent> {
+        let mut now: Vec<_> = self.expire().into_iter().collect();
+        let (was, is) = (
+            Self::in_turn(e.previous_status),
+            Self::in_turn(e.new_status),
+        );
+        if is && !was {
+            self.open += 1;
+        }
+        if was && !is && self.open > 0 {
+            self.held = Some((e, tokio::time::Instant::now() + TURN_END_WAIT));
+        } else {
+            now.push(e);
+        }
+        now
+    }
+
+    /// An activity was shown: the status change held for it, if it ended the turn.
+    fn activity(&mut self, a: &pb::SessionActivityEvent) -> Option<pb::SessionStatusEvent> {
+        if !ActivityKind::from_number(a.r#type).is_some_and(ActivityKind::ends_turn) {
+            return None;
+        }
+        self.open -= 1;
+        self.held.take().map(|(e, _)| e)
+    }
+
+    fn held_until(&self) -> Option<tokio::time::Instant> {
+        self.held.as_ref().map(|(_, t)| *t)
+    }
+
+    /// The held status change, shown anyway (its wait is over, another change came, or the
+    /// streams ended): its turn counts as ended.
+    fn expire(&mut self) -> Option<pb::SessionStatusEvent> {
+        let (e, _) = self.held.take()?;
+        self.open = 0;
+        Some(e)
+    }
+}
+
+#[cfg(test)]
+mod turn_order_tests {
+    use super::*;
+
+    fn status(from: Status, to: Status) -> pb::SessionStatusEvent {
+        pb::SessionStatusEvent {
+            previous_status: from.number(),
+            new_status: to.number(),
+            ..Default::default()
+        }
+    }
+
+    fn act(kind: ActivityKind) -> pb::SessionActivityEvent {
+        pb::SessionActivityEvent {
+            r#type: kind.number(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_turns_end_is_shown_after_its_last_activity_whichever_stream_is_ahead() {
+        use ActivityKind as A;
+        use Status as S;
+        // In order: nothing is held.
+        let mut o = TurnOrder::new(Some(S::Running));
+        assert_eq!(o.status(status(S::Running, S::Working)).len(), 1);
+        assert!(o.activity(&act(A::Thinking)).is_none());
+        assert!(o.activity(&act(A::Completion)).is_none());
+        assert_eq!(o.status(status(S::Working, S::Running)).len(), 1);
+        // The statuses ahead: the end waits for the COMPLETION.
+        assert_eq!(o.status(status(S::Running, S::Working)).len(), 1);
+        assert!(o.status(status(S::Working, S::Running)).is_empty());
+        assert!(o.held_until().is_some());
+        assert!(o.activity(&act(A::Thinking)).is_none());
+        let e = o
+            .activity(&act(A::Completion))
+            .expect("released by the turn's end");
+        assert_eq!(e.new_status, S::Running.number());
+        // The activities ahead: the turn's statuses come after its end, and pass at once.
+        assert!(o.activity(&act(A::Thinking)).is_none());
+        assert!(o.activity(&act(A::Completion)).is_none());
+        assert_eq!(o.status(status(S::Running, S::Working)).len(), 1);
+        assert_eq!(o.status(status(S::Working, S::Running)).len(), 1);
+        // A turn cut short (no COMPLETION): shown when its wait is over; a WAITING in a turn
+        // does not end it.
+        assert_eq!(o.status(status(S::Running, S::Working)).len(), 1);
+        assert_eq!(o.status(status(S::Working, S::Waiting)).len(), 1);
+        assert!(o.status(status(S::Waiting, S::Failed)).is_empty());
+        assert_eq!(o.expire().unwrap().new_status, S::Failed.number());
+        // A watch that began mid-turn holds that turn's end too.
+        let mut o = TurnOrder::new(Some(S::Working));
+        assert!(o.status(status(S::Working, S::Running)).is_empty());
+    }
 }
 
 /// How long `ping` waits at most, whatever the call timeout: it answers "is it alive?".
