@@ -199,7 +199,12 @@ pub fn parse(path: &Path, text: String) -> Result<Loaded, ConfigError> {
         }
     }
     if let Some(p) = &c.session.permissions {
-        if let Err(e) = paddock_core::Policy::parse(Some(p.get_ref())) {
+        // Read as a session's provider_config reads it (the one place such a map is parsed).
+        let map = BTreeMap::from([(
+            paddock_core::provider_config::PERMISSIONS.to_string(),
+            p.get_ref().clone(),
+        )]);
+        if let Err(e) = paddock_core::ProviderConfig::parse(map) {
             return Err(invalid(format!(
                 "line {}: [session] {e}",
                 loaded.line(p.span())
