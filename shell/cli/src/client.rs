@@ -113,7 +113,13 @@ impl Started {
         let mut text = String::new();
         if let Ok(mut f) = std::fs::File::open(&self.log) {
             let end = f.metadata().map(|m| m.len()).unwrap_or(0);
-            let from = self.log_start.max(end.saturating_sub(LAST_WORDS_MAX_BYTES));
+            // Shorter than it was: the daemon rotated it at its start, and wrote it afresh.
+            let start = if self.log_start <= end {
+                self.log_start
+            } else {
+                0
+            };
+            let from = start.max(end.saturating_sub(LAST_WORDS_MAX_BYTES));
             if f.seek(SeekFrom::Start(from)).is_ok() {
                 let _ = f.take(LAST_WORDS_MAX_BYTES).read_to_string(&mut text);
             }
