@@ -69,6 +69,12 @@ impl Status {
         matches!(self, Status::Stopped | Status::Failed)
     }
 
+    /// Whether a turn is open: the agent works on a message (WORKING), or waits for a human
+    /// in the middle of one (WAITING). A status change out of these ends the turn.
+    pub fn in_turn(self) -> bool {
+        matches!(self, Status::Working | Status::Waiting)
+    }
+
     /// "Active" as obey's ListSessions means it by default: CREATED, STARTING, RUNNING and
     /// WORKING, plus WAITING (paddock's, a working session waiting for a human). A STOPPING
     /// session is on its way out: listed when asked for by status or with terminated ones.

@@ -808,14 +808,12 @@ impl Session {
         }
         self.record_activity(activity, cx);
         if kind == InputKind::TurnEnd {
-            if matches!(self.record.status, Status::Working | Status::Waiting)
-                && self.budget().exceeded(self.record.tokens_total())
-            {
+            if self.record.status.in_turn() && self.budget().exceeded(self.record.tokens_total()) {
                 // The turn's own report took it past the budget (agents that report usage
                 // once per turn): the same end as a crossing mid-turn, after the turn's answer.
                 let e = self.budget().error("exceeded", self.record.tokens_total());
                 self.fail(e, cx);
-            } else if matches!(self.record.status, Status::Working | Status::Waiting) {
+            } else if self.record.status.in_turn() {
                 // Whatever the turn still asked is moot now.
                 self.cancel_pending("the turn ended before it was answered", false, cx);
                 self.set_status(Status::Running, "turn completed", cx);

@@ -440,7 +440,7 @@ pub async fn run(c: &mut Client, id: String) -> super::Result<()> {
         queue: VecDeque::new(),
         sending: false,
         busy_retries: 0,
-        turn_unfinished: matches!(status, Status::Working | Status::Waiting),
+        turn_unfinished: status.in_turn(),
         deferred: None,
     };
     outln!("[Session {} - {}]", s.id, s.label)?;

@@ -988,6 +988,14 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// A campaign that was there before this create.
+    fn existing(id: String) -> Resolved {
+        Resolved {
+            id,
+            registered: None,
+        }
+    }
+
     /// The create went through: the campaign registered for it is said.
     pub fn keep(self) {
         if let Some((root, name)) = self.registered {
@@ -1017,10 +1025,7 @@ pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<Resolved> {
         .into_inner()
         .campaigns;
     if let Some(found) = known.iter().find(|k| k.root_path == root) {
-        return Ok(Resolved {
-            id: found.id.clone(),
-            registered: None,
-        });
+        return Ok(Resolved::existing(found.id.clone()));
     }
     // AddCampaign without a name: the daemon finds or registers "the campaign of this
     // directory" (one way for every client, sunbeam's included).
@@ -1040,12 +1045,8 @@ pub async fn campaign_for_dir(c: &mut Client, dir: &Path) -> Result<Resolved> {
 
 /// The campaign a plan's place comes to.
 pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<Resolved> {
-    let known = |id: String| Resolved {
-        id,
-        registered: None,
-    };
     match place {
-        Place::Campaign(name) => Ok(known(name.clone())),
+        Place::Campaign(name) => Ok(Resolved::existing(name.clone())),
         Place::Dir(dir) => campaign_for_dir(c, dir).await,
         Place::Both(name, dir) => {
             let list = c
@@ -1069,7 +1070,7 @@ pub async fn resolve_place(c: &mut Client, place: &Place) -> Result<Resolved> {
                     k.root_path
                 )));
             }
-            Ok(known(k.id.clone()))
+            Ok(Resolved::existing(k.id.clone()))
         }
     }
 }
@@ -1151,7 +1152,7 @@ fn driver_line(s: &pb::SessionInfo) -> String {
         parts.push(format!(
             "own worktree of {} on branch {}",
             s.working_dir,
-            crate::env::branch(&s.agent_name, &paddock_core::SessionId(s.id.clone()))
+            worktree_branch(s)
         ));
     }
     if !matches!(s.environment_state.as_str(), "" | "ready") {
@@ -1172,14 +1173,19 @@ fn driver_line(s: &pb::SessionInfo) -> String {
 /// directory itself (`session diff` shows what it changed).
 pub fn where_it_works(s: &pb::SessionInfo) -> String {
     if s.environment_spec.as_ref().is_some_and(|e| e.worktree) {
-        let branch = crate::env::branch(&s.agent_name, &paddock_core::SessionId(s.id.clone()));
         format!(
-            "its own worktree of {} on branch {branch} (`paddock session diff` shows its changes)",
-            s.working_dir
+            "its own worktree of {} on branch {} (`paddock session diff` shows its changes)",
+            s.working_dir,
+            worktree_branch(s)
         )
     } else {
         s.working_dir.clone()
     }
+}
+
+/// The branch a session's worktree is on (the environments crate names it).
+fn worktree_branch(s: &pb::SessionInfo) -> String {
+    crate::env::branch(&s.agent_name, &paddock_core::SessionId(s.id.clone()))
 }
 
 /// `session status`: the session's details, latis state first, as `key: value` lines.

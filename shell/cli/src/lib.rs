@@ -885,16 +885,13 @@ const TURN_END_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 impl TurnOrder {
     fn new(now: Option<Status>) -> TurnOrder {
         TurnOrder {
-            open: i64::from(matches!(now, Some(Status::Working | Status::Waiting))),
+            open: i64::from(now.is_some_and(Status::in_turn)),
             held: None,
         }
     }
 
     fn in_turn(n: i32) -> bool {
-        matches!(
-            Status::from_number(n),
-            Some(Status::Working | Status::Waiting)
-        )
+        Status::from_number(n).is_some_and(Status::in_turn)
     }
 
     /// The status changes to show now for `e`, in order: one held before it, then `e` unless
