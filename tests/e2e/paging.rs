@@ -174,3 +174,105 @@ async fn activities_of_several_mib_are_listed_page_by_page() {
     let lines = String::from_utf8_lossy(&out.stdout).lines().count();
     assert!(lines >= 3, "{lines} activities printed");
 }
+
+/// Issue 16: a list carries what it shows. ListSessions' `view` (extension) BASIC leaves out a
+/// session's settings and options and cuts its task, live or ended; unset is every field, as
+/// GetSession gives it; an unknown view is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_basic_view_carries_what_a_list_shows() {
+    let mut d = Daemon::start().await;
+    let task = "é".repeat(300); // 600 bytes: cut at 256, on a character boundary
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let mut req = d.request(None).await;
+        req.initial_message = task.clone();
+        req.timeout = Some(prost_types::Duration {
+            seconds: 600,
+            nanos: 0,
+        });
+        req.provider_config
+            .insert("permissions".into(), "ask".into());
+        ids.push(d.create(req).await.id);
+    }
+    // One ended (read from the store), one live (from the loop).
+    d.stop(&ids[0], false).await.unwrap();
+    d.wait_status(&ids[0], pb::SessionStatus::Stopped).await;
+    let mut c = d.client().await;
+    let list = |view: pb::SessionView| pb::ListSessionsRequest {
+        include_terminated: true,
+        view: view.into(),
+        ..Default::default()
+    };
+    // Twice: the second reads the ended session's row as the first list left it.
+    for _ in 0..2 {
+        let basic = c.list_sessions(list(pb::SessionView::Basic)).await.unwrap();
+        let basic = basic.into_inner().sessions;
+        assert_eq!(basic.len(), 2);
+        for s in &basic {
+            let full = d.get(&s.id).await;
+            assert!(s.provider_config.is_empty() && s.timeout.is_none(), "{s:?}");
+            assert_eq!(
+                s.environment_spec, None,
+                "the host's: unset, as at a create"
+            );
+            let cut = &s.initial_message;
+            assert!(cut.starts_with(&"é".repeat(128)), "{cut}");
+            assert!(cut.ends_with("… [truncated 344 bytes]"), "{cut}");
+            // Every other field as GetSession gives it.
+            let expected = pb::SessionInfo {
+                provider_config: Default::default(),
+                timeout: None,
+                environment_spec: None,
+                initial_message: cut.clone(),
+                ..full.clone()
+            };
+            assert_eq!(s, &expected);
+            assert_eq!(full.initial_message, task);
+            assert_eq!(full.provider_config["permissions"], "ask");
+            assert_eq!(full.environment_spec.unwrap().driver, "local");
+        }
+        for view in [pb::SessionView::Unspecified, pb::SessionView::Full] {
+            let page = c.list_sessions(list(view)).await.unwrap().into_inner();
+            for s in page.sessions {
+                assert_eq!(s, d.get(&s.id).await, "{view:?}: as GetSession");
+            }
+        }
+    }
+    let refused = c
+        .list_sessions(pb::ListSessionsRequest {
+            view: 9,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("view 9"),
+        "{}",
+        refused.message()
+    );
+    // The table shows the task's start; --json every field of every session.
+    let out = d
+        .dirs
+        .cli(false)
+        .args(["session", "list", "--all"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        table.matches(&format!("{}…", "é".repeat(39))).count(),
+        2,
+        "{table}"
+    );
+    let out = d
+        .dirs
+        .cli(false)
+        .args(["--json", "session", "list", "--all"])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for s in json.as_array().unwrap() {
+        assert_eq!(s["initial_message"], json!(task));
+        assert_eq!(s["provider_config"]["permissions"], "ask");
+    }
+}

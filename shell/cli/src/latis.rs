@@ -6,6 +6,7 @@
 //! stopped); paddock's core has statuses. [`latis_state`](super::view::latis_state) is the one place that maps one onto
 //! the other.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -29,25 +30,26 @@ pub const TASK_CELL_MAX_CHARS: usize = 40;
 const SESSION_FILE_MAX_BYTES: u64 = 1024 * 1024;
 
 /// The latis list's row: ID, DRIVER, STATUS, TASK, AGE, then paddock's NAME, PROVIDER, TOKENS.
-pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<String> {
+/// Its cells borrow what they show as it is (a list of 100 costs a few allocations a row).
+pub fn list_row(s: &pb::SessionInfo, now_ms: u64) -> Vec<Cow<'_, str>> {
     vec![
-        s.id.clone(),
-        driver_of(s).to_string(),
+        Cow::Borrowed(s.id.as_str()),
+        Cow::Borrowed(driver_of(s)),
         if s.disconnected {
             // The agent works on, out of reach until the connection is back.
-            format!("{} (disconnected)", state_of(s))
+            Cow::Owned(format!("{} (disconnected)", state_of(s)))
         } else {
-            state_of(s).to_string()
+            Cow::Borrowed(state_of(s))
         },
         if s.initial_message.trim().is_empty() {
-            "-".to_string()
+            Cow::Borrowed("-")
         } else {
-            one_line(&s.initial_message, TASK_CELL_MAX_CHARS)
+            Cow::Owned(one_line(&s.initial_message, TASK_CELL_MAX_CHARS))
         },
-        age(&s.created_at, now_ms),
-        s.agent_name.clone(),
-        provider_name(s.provider).to_string(),
-        format!("{}", s.tokens_input + s.tokens_output),
+        Cow::Owned(age(&s.created_at, now_ms)),
+        Cow::Borrowed(s.agent_name.as_str()),
+        Cow::Borrowed(provider_name(s.provider)),
+        Cow::Owned((s.tokens_input + s.tokens_output).to_string()),
     ]
 }
 
@@ -1435,6 +1437,7 @@ pub async fn prune(
         pb::ListSessionsRequest {
             campaign_id: campaign.unwrap_or_default(),
             include_terminated: true,
+            view: pb::SessionView::Basic.into(),
             ..Default::default()
         },
     )

@@ -300,6 +300,7 @@ pub(crate) async fn resolve(c: &mut Client, id: &str) -> Result<String> {
         c,
         pb::ListSessionsRequest {
             include_terminated: true,
+            view: pb::SessionView::Basic.into(),
             ..Default::default()
         },
     )
@@ -449,6 +450,12 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 include_terminated: all,
                 page_token: String::new(),
                 page_size: i32::try_from(limit).unwrap_or(i32::MAX),
+                // The table shows a few fields of each; --json gives all of them.
+                view: match ctx.json {
+                    true => pb::SessionView::Full,
+                    false => pb::SessionView::Basic,
+                }
+                .into(),
             };
             let mut list = Vec::new();
             let mut more = loop {
@@ -476,7 +483,7 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 print_json(&json!(list.iter().map(session_json).collect::<Vec<_>>()))?;
             } else {
                 let now = now_ms();
-                let rows: Vec<Vec<String>> = list.iter().map(|s| latis::list_row(s, now)).collect();
+                let rows: Vec<_> = list.iter().map(|s| latis::list_row(s, now)).collect();
                 outln!("{}", table(&latis::LIST_HEADERS, &rows))?;
             }
             if more {

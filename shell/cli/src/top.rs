@@ -565,6 +565,7 @@ async fn feed_inner(ch: Channel, tx: &mpsc::Sender<Update>) -> Result<()> {
                     &mut c,
                     pb::ListSessionsRequest {
                         include_terminated: true,
+                        view: pb::SessionView::Basic.into(),
                         ..Default::default()
                     },
                 )

@@ -53,35 +53,35 @@ fn cell(c: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Renders rows as an aligned table.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> = rows
-        .iter()
-        .map(|r| r.iter().map(|c| cell(c)).collect())
-        .collect();
+pub fn table<S: AsRef<str>>(headers: &[&str], rows: &[Vec<S>]) -> String {
     use unicode_width::UnicodeWidthStr;
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.width()).collect();
-    for r in &rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.width());
+    let rows = || rows.iter().map(|r| r.iter().map(AsRef::as_ref));
+    let mut widths: Vec<usize> = headers.iter().map(|h| cell(h).width()).collect();
+    for r in rows() {
+        for (i, c) in r.enumerate() {
+            widths[i] = widths[i].max(cell(c).width());
         }
     }
     // Padded by hand: `format!`'s width is a u16 and panics past 65,535.
-    let line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut s = String::new();
-        let cells: Vec<&str> = cells.collect();
-        for (i, c) in cells.iter().enumerate() {
-            s.push_str(c);
-            if i + 1 < cells.len() {
-                let pad = widths[i] - c.width() + 2;
-                s.extend(std::iter::repeat_n(' ', pad));
+    let mut out = String::new();
+    let mut line = |r: &mut dyn ExactSizeIterator<Item = &str>| {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        let (start, last) = (out.len(), r.len().saturating_sub(1));
+        for (i, c) in r.enumerate() {
+            let c = cell(c);
+            out.push_str(&c);
+            if i < last {
+                out.extend(std::iter::repeat_n(' ', widths[i] - c.width() + 2));
             }
         }
-        s.trim_end().to_string()
+        let kept = out[start..].trim_end().len();
+        out.truncate(start + kept);
     };
-    let mut out = line(&mut headers.iter().copied());
-    for r in &rows {
-        out.push('\n');
-        out.push_str(&line(&mut r.iter().map(|c| c.as_ref())));
+    line(&mut headers.iter().copied());
+    for mut r in rows() {
+        line(&mut r);
     }
     out
 }
@@ -167,7 +167,7 @@ mod tests {
     #[test]
     fn cells_past_any_width_are_cut_and_never_panic() {
         let long = "n".repeat(70_000);
-        let t = table(&["NAME", "STATUS"], &[vec![long, "RUNNING".into()]]);
+        let t = table(&["NAME", "STATUS"], &[vec![long.as_str(), "RUNNING"]]);
         let row = t.lines().nth(1).unwrap();
         assert!(row.starts_with(&format!("{}…", "n".repeat(CELL_WIDTH_MAX - 1))));
         assert!(row.ends_with("RUNNING"));
@@ -178,10 +178,7 @@ mod tests {
     fn wide_characters_keep_columns_aligned() {
         let t = table(
             &["NAME", "STATUS"],
-            &[
-                vec!["修正".into(), "RUNNING".into()],
-                vec!["ab".into(), "FAILED".into()],
-            ],
+            &[vec!["修正", "RUNNING"], vec!["ab", "FAILED"]],
         );
         // 修正 takes four cells on a terminal, as "NAME" does.
         assert_eq!(t, "NAME  STATUS\n修正  RUNNING\nab    FAILED");
@@ -202,7 +199,7 @@ mod tests {
 
     #[test]
     fn tables_align() {
-        let t = table(&["ID", "STATUS"], &[vec!["a".into(), "RUNNING".into()]]);
+        let t = table(&["ID", "STATUS"], &[vec!["a", "RUNNING"]]);
         assert_eq!(t, "ID  STATUS\na   RUNNING");
     }
 }

@@ -618,8 +618,13 @@ impl State {
         }
         let mut out = Vec::new();
         let mut before = scope.before.clone();
+        let mut first = true;
         while out.len() < limit {
-            let asked = (limit - out.len()).clamp(32, PAGE);
+            // The page itself first (a first page of one reads one row); after some rows were
+            // filtered out, more at a time.
+            let least = if first { 1 } else { 32 };
+            first = false;
+            let asked = (limit - out.len()).clamp(least, PAGE);
             let page = self.io.store.sessions_before(
                 &before,
                 scope.campaign.as_deref(),
@@ -662,7 +667,7 @@ impl State {
     fn view(&self, record: SessionRecord, pending: usize) -> SessionView {
         SessionView {
             unrecognized: self.io.unrecognized.get(&record.id.0).copied().unwrap_or(0),
-            record,
+            record: std::sync::Arc::new(record),
             pending,
         }
     }

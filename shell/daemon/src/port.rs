@@ -163,7 +163,8 @@ pub enum Command {
 /// A session as the loop knows it.
 #[derive(Debug, Clone)]
 pub struct SessionView {
-    pub record: SessionRecord,
+    /// Shared, not copied, when the store holds it ([`paddock_store::Store::sessions_before`]).
+    pub record: std::sync::Arc<SessionRecord>,
     /// Provider lines its adapter did not understand.
     pub unrecognized: u64,
     /// Its open requests for a human.
@@ -451,7 +452,7 @@ impl Handle {
         if let Some(pc) = &provider_config {
             // An unknown session is the core's to refuse (OBEY-1001), in the restart's step.
             if let Some(view) = self.session(id.clone()).await? {
-                let mut probe = view.record.config;
+                let mut probe = view.record.config.clone();
                 probe.provider_config = pc.clone();
                 validate(probe).await?;
             }

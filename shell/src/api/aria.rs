@@ -194,7 +194,7 @@ impl pb::task_service_server::TaskService for Tasks {
                 .session(id)
                 .await
                 .map_err(unavailable)?
-                .map(|v| v.record.config.working_dir)
+                .map(|v| v.record.config.working_dir.clone())
                 .ok_or_else(|| {
                     status(
                         Code::NotFound,

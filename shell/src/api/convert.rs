@@ -81,7 +81,43 @@ pub fn session_info_full(
     unrecognized_lines: u64,
     pending_approvals: usize,
 ) -> pb::SessionInfo {
+    session_info_as(r, unrecognized_lines, pending_approvals, View::Full)
+}
+
+/// How much of a session a reply carries (obey's `SessionView`, a paddock extension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    /// Every field.
+    Full,
+    /// What a list shows: no `provider_config` or `timeout`, the environment's driver,
+    /// worktree and network only (none for the host's), the initial message's first
+    /// [`BASIC_MESSAGE_BYTES`].
+    Basic,
+}
+
+impl View {
+    /// The view a request names (`SESSION_VIEW_UNSPECIFIED`: full), or `None` for a number
+    /// that is none.
+    pub fn from_number(n: i32) -> Option<View> {
+        match pb::SessionView::try_from(n).ok()? {
+            pb::SessionView::Unspecified | pb::SessionView::Full => Some(View::Full),
+            pb::SessionView::Basic => Some(View::Basic),
+        }
+    }
+}
+
+/// How much of a session's initial message its basic view carries.
+pub const BASIC_MESSAGE_BYTES: usize = 256;
+
+/// A session as `view` shows it.
+pub fn session_info_as(
+    r: &core::SessionRecord,
+    unrecognized_lines: u64,
+    pending_approvals: usize,
+    view: View,
+) -> pb::SessionInfo {
     let c = &r.config;
+    let full = view == View::Full;
     pb::SessionInfo {
         pending_approvals: pending_approvals as i32,
         unrecognized_lines: unrecognized_lines as i64,
@@ -110,12 +146,30 @@ pub fn session_info_full(
             .map(|e| e.code.to_string())
             .unwrap_or_default(),
         // Credentials never leave the daemon: their keys show, their values read as the mask.
-        provider_config: crate::secret::redact(&c.provider_config).collect(),
-        timeout: (c.timeout_ms > 0).then(|| duration(c.timeout_ms)),
-        initial_message: c.initial_message.clone(),
+        provider_config: match full {
+            true => crate::secret::redact(&c.provider_config).collect(),
+            false => Default::default(),
+        },
+        timeout: (full && c.timeout_ms > 0).then(|| duration(c.timeout_ms)),
+        initial_message: match full {
+            true => c.initial_message.clone(),
+            false => crate::text::truncate(&c.initial_message, BASIC_MESSAGE_BYTES).into_owned(),
+        },
         turns_completed: r.turns.saturating_sub(u64::from(r.turn_open)) as i64,
         last_turn_failed: r.last_turn_failed,
-        environment_spec: Some(Box::new(environment_spec(&c.env))),
+        environment_spec: match full {
+            true => Some(Box::new(environment_spec(&c.env))),
+            // Unset is the host's ("local", no worktree), as at a create.
+            false if c.env.driver == core::Driver::Local && !c.env.worktree && !c.env.network => {
+                None
+            }
+            false => Some(Box::new(pb::SessionEnvironment {
+                driver: c.env.driver.name().to_string(),
+                worktree: c.env.worktree,
+                network: c.env.network,
+                ..Default::default()
+            })),
+        },
         environment_state: r.env_state.name().to_string(),
         disconnected: r.disconnected,
     }

@@ -144,7 +144,8 @@ impl Obey {
     }
 
     async fn record(&self, id: SessionId) -> Result<paddock_core::SessionRecord, GrpcStatus> {
-        Ok(self.session(id).await?.record)
+        let record = self.session(id).await?.record;
+        Ok(std::sync::Arc::unwrap_or_clone(record))
     }
 
     /// A session's info, with the counts the loop keeps (as of now) and `rec` as answered.
@@ -668,6 +669,8 @@ impl LocalDaemonService for Obey {
         let before = r.page_token.trim().to_string();
         let page_size = usize::try_from(r.page_size)
             .map_err(|_| invalid(format!("page_size {} is negative", r.page_size)))?;
+        let view = convert::View::from_number(r.view)
+            .ok_or_else(|| invalid(format!("unknown session view {}", r.view)))?;
         let scope = Scope {
             live_only,
             before: before.clone(),
@@ -707,10 +710,11 @@ impl LocalDaemonService for Obey {
             matching.truncate(page_size);
         }
         let matching = matching.iter().map(|v| {
-            understood.info(convert::session_info_full(
+            understood.info(convert::session_info_as(
                 &v.record,
                 v.unrecognized,
                 v.pending,
+                view,
             ))
         });
         let (sessions, more) = convert::page_by_size(matching);
@@ -863,7 +867,7 @@ impl LocalDaemonService for Obey {
                     if !campaigns.contains_key(&ev.session) {
                         let id = ev.session.clone();
                         let found = match handle.session(id).await {
-                            Ok(v) => v.map(|v| v.record.config.campaign_id),
+                            Ok(v) => v.map(|v| v.record.config.campaign_id.clone()),
                             Err(e) => return w.fail(st(e)).await,
                         };
                         campaigns.insert(ev.session.clone(), found.unwrap_or_default());

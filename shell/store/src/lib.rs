@@ -21,7 +21,7 @@ mod tests;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use paddock_core::{
@@ -307,14 +307,19 @@ static SELECT_UNSETTLED_SESSIONS: LazyLock<String> = LazyLock::new(|| {
 const SELECT_USER_MESSAGES: &str = "SELECT turn, content, at FROM session_messages \
      WHERE session_id = ?1 AND turn >= ?3 AND role = ?2 ORDER BY turn";
 
-/// Each with the count of its unrecognized lines after [`SESSION_COLUMNS`] (one seek in
-/// `provider_unrecognized`'s key a row).
-static SELECT_SESSIONS_BEFORE: LazyLock<String> = LazyLock::new(|| {
+/// Their ids only: the rows themselves are read one by one, those [`Store`] holds
+/// ([`SettledRows`]) not at all. Without a campaign or directory asked for, this reads only
+/// the primary key's index.
+const SELECT_SESSION_IDS_BEFORE: &str = "SELECT id FROM agent_sessions \
+     WHERE (?1 = '' OR id < ?1) \
+     AND (?2 IS NULL OR campaign_id = ?2) AND (?3 IS NULL OR working_dir = ?3) \
+     ORDER BY id DESC LIMIT ?4";
+
+/// One session with the count of its unrecognized lines after [`SESSION_COLUMNS`] (one seek
+/// in `provider_unrecognized`'s key).
+static SELECT_SESSION_COUNTED: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {}, ({UNRECOGNIZED_COUNT_OF} agent_sessions.id) FROM agent_sessions \
-         WHERE (?1 = '' OR id < ?1) \
-         AND (?2 IS NULL OR campaign_id = ?2) AND (?3 IS NULL OR working_dir = ?3) \
-         ORDER BY id DESC LIMIT ?4",
+        "SELECT {}, ({UNRECOGNIZED_COUNT_OF} ?1) FROM agent_sessions WHERE id = ?1",
         SESSION_COLUMNS.join(", ")
     )
 });
@@ -383,7 +388,26 @@ pub struct Store {
     /// whole row again, and while its status, pid and run are too, only the columns no index
     /// reads ([`UPDATE_SESSION_WORK`]).
     stored_configs: HashMap<String, StoredRow>,
+    /// The ended sessions' rows a list read lately, decoded ([`SettledRows`]).
+    settled: std::cell::RefCell<SettledRows>,
 }
+
+/// The rows of ended (STOPPED or FAILED) sessions that lists read lately, decoded, with their
+/// unrecognized-line counts: at most [`SETTLED_ROWS_MAX`], the least recently read dropped
+/// first.
+///
+/// A list of sessions is mostly ended ones (a user's history), read again and again (`session
+/// list --all`, `top`), and an ended session's row changes only when it is restarted or
+/// deleted. Decoding a row is most of what a list costs (46 columns, four of them JSON, and the
+/// credentials opened), so a row held here is not read again. Every write of a session's row,
+/// of its unrecognized lines or its deletion goes through [`Store::apply_all`] or
+/// [`Store::delete_session`], and both drop the session from here first, whether the
+/// transaction commits or not: what is held is always what is stored. Empty at start: memory
+/// does not grow with the stored history.
+type SettledRows = lru::LruCache<String, (Arc<SessionRecord>, u64)>;
+
+/// How many ended sessions' rows [`Store`] holds at most: a few pages of a list (~1 KiB each).
+const SETTLED_ROWS_MAX: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
 
 /// What [`Store`] remembers of a session's row as it committed it.
 #[derive(Debug)]
@@ -727,6 +751,7 @@ impl Store {
             sealer,
             _checkpointer: None,
             stored_configs: HashMap::new(),
+            settled: std::cell::RefCell::new(lru::LruCache::new(SETTLED_ROWS_MAX)),
         })
     }
 
@@ -741,6 +766,20 @@ impl Store {
     pub fn apply_all(&mut self, records: &[Record], rows: &[Row]) -> Result<Vec<i64>> {
         if records.is_empty() && rows.is_empty() {
             return Ok(Vec::new());
+        }
+        // Before anything is written: a row held is never older than the stored one.
+        let settled = self.settled.get_mut();
+        for record in records {
+            match record {
+                Record::Session(rec) => settled.pop(&rec.id.0),
+                Record::Delete(id) => settled.pop(&id.0),
+                _ => None,
+            };
+        }
+        for row in rows {
+            if let Row::Unrecognized(line) = row {
+                settled.pop(&line.session_id);
+            }
         }
         let sealer = &self.sealer;
         // A batch of a fast agent's N events carries N versions of its session's record (and a
@@ -901,20 +940,37 @@ impl Store {
 
     /// Up to `limit` sessions with an id before `before` (`""`: from the newest), newest
     /// first, each with how many unrecognized lines it had; only those of `campaign` and in
-    /// `working_dir` when given.
+    /// `working_dir` when given. An ended session's row read lately is not read again
+    /// ([`SettledRows`]).
     pub fn sessions_before(
         &self,
         before: &str,
         campaign: Option<&str>,
         working_dir: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<(SessionRecord, u64)>> {
-        let mut stmt = self.conn.prepare_cached(&SELECT_SESSIONS_BEFORE)?;
+    ) -> Result<Vec<(Arc<SessionRecord>, u64)>> {
+        let mut stmt = self.conn.prepare_cached(SELECT_SESSION_IDS_BEFORE)?;
         let rows = stmt.query(params![before, campaign, working_dir, codec::limit(limit)])?;
-        collect(rows, |r| {
-            let count: i64 = r.get(SESSION_COLUMNS.len())?;
-            Ok((self.session_from_row(r)?, u64::try_from(count).unwrap_or(0)))
-        })
+        let ids = collect(rows, |r| Ok(r.get::<_, String>(0)?))?;
+        let mut settled = self.settled.borrow_mut();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some((record, count)) = settled.get(&id) {
+                out.push((Arc::clone(record), *count));
+                continue;
+            }
+            let mut stmt = self.conn.prepare_cached(&SELECT_SESSION_COUNTED)?;
+            let mut rows = stmt.query([&id])?;
+            // Gone between the two reads: only a write on this connection could do that.
+            let Some(r) = rows.next()? else { continue };
+            let count = u64::try_from(r.get::<_, i64>(SESSION_COLUMNS.len())?).unwrap_or(0);
+            let record = Arc::new(self.session_from_row(r)?);
+            if record.status.is_terminal() {
+                settled.put(id, (Arc::clone(&record), count));
+            }
+            out.push((record, count));
+        }
+        Ok(out)
     }
 
     /// The newest session stored for sunbeam project `project` that the core's rule could
@@ -1065,6 +1121,7 @@ impl Store {
     /// transaction. Returns whether the session existed (its other rows are deleted anyway).
     /// `external_activities` are left alone: they are what other processes reported.
     pub fn delete_session(&mut self, id: &str) -> Result<bool> {
+        self.settled.get_mut().pop(id);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;

@@ -1592,7 +1592,7 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
     // count.
     let page = |before, campaign, dir, limit| {
         let listed = store.sessions_before(before, campaign, dir, limit).unwrap();
-        let listed = listed.into_iter().map(|(r, n)| (r.id.0, n));
+        let listed = listed.into_iter().map(|(r, n)| (r.id.0.clone(), n));
         listed.collect::<Vec<_>>()
     };
     let counted = |ids: &[&str]| -> Vec<(String, u64)> {
@@ -1781,4 +1781,99 @@ fn start_up_reads_the_unsettled_from_their_index() {
             "{steps:#?}"
         );
     }
+}
+
+/// The ended sessions' rows a list holds ([`SettledRows`]) are what is stored, whatever wrote
+/// the row since: a restart, a rolled-back batch, a line of its agent, a deletion, a rewrite.
+#[test]
+fn an_ended_sessions_row_held_for_lists_is_never_older_than_the_stored_one() {
+    let mut store = Store::open_in_memory().unwrap();
+    let ended = |id: &str, tokens| {
+        let mut r = bare_record(id);
+        r.status = Status::Stopped;
+        r.tokens_input = tokens;
+        r
+    };
+    write(
+        &mut store,
+        vec![
+            Record::Session(Box::new(ended("s1", 1))),
+            Record::Session(Box::new(ended("s2", 2))),
+        ],
+    )
+    .unwrap();
+    let listed = |store: &Store| -> Vec<(String, Status, u64, u64)> {
+        let page = store.sessions_before("", None, None, 10).unwrap();
+        page.iter()
+            .map(|(r, n)| (r.id.0.clone(), r.status, r.tokens_input, *n))
+            .collect()
+    };
+    let first = listed(&store);
+    assert_eq!(
+        first,
+        [
+            ("s2".into(), Status::Stopped, 2, 0),
+            ("s1".into(), Status::Stopped, 1, 0)
+        ]
+    );
+    // Held now: a second list reads the same rows without decoding them again.
+    assert_eq!(store.settled.borrow().len(), 2);
+    assert_eq!(listed(&store), first);
+    let held = store.sessions_before("", None, None, 1).unwrap();
+    let again = store.sessions_before("", None, None, 1).unwrap();
+    assert!(
+        Arc::ptr_eq(&held[0].0, &again[0].0),
+        "one decoded row, shared"
+    );
+
+    // A restart writes the row: the list shows the live one.
+    let mut live = ended("s2", 5);
+    live.status = Status::Running;
+    write(&mut store, vec![Record::Session(Box::new(live))]).unwrap();
+    assert_eq!(listed(&store)[0], ("s2".into(), Status::Running, 5, 0));
+    // A live row is never held; ended again, it is read anew and held.
+    assert_eq!(store.settled.borrow().len(), 1);
+    write(&mut store, vec![Record::Session(Box::new(ended("s2", 6)))]).unwrap();
+    assert_eq!(listed(&store)[0], ("s2".into(), Status::Stopped, 6, 0));
+
+    // A batch that rolls back leaves the stored row, and the list shows that one.
+    write_rolled_back(&mut store, &ended("s1", 99));
+    assert_eq!(listed(&store)[1], ("s1".into(), Status::Stopped, 1, 0));
+
+    // An unrecognized line counts at once.
+    let line = Row::Unrecognized(UnrecognizedLine {
+        session_id: "s1".into(),
+        run: 1,
+        at_ms: 0,
+        line: "noise".into(),
+    });
+    store.apply_all(&[], &[line]).unwrap();
+    assert_eq!(listed(&store)[1], ("s1".into(), Status::Stopped, 1, 1));
+
+    // Deleted, by the batch or by itself: gone from the list.
+    write(&mut store, vec![Record::Delete(SessionId("s2".into()))]).unwrap();
+    assert_eq!(listed(&store), [("s1".into(), Status::Stopped, 1, 1)]);
+    assert!(store.delete_session("s1").unwrap());
+    assert!(listed(&store).is_empty());
+    assert_eq!(store.settled.borrow().len(), 0);
+}
+
+/// The rows held are bounded: a list of more ended sessions than [`SETTLED_ROWS_MAX`] holds
+/// the last ones it read and reads the rest again.
+#[test]
+fn the_rows_held_for_lists_are_bounded() {
+    let mut store = Store::open_in_memory().unwrap();
+    let n = SETTLED_ROWS_MAX.get() + 10;
+    let batch: Vec<Record> = (0..n)
+        .map(|i| {
+            let mut r = bare_record(&format!("s{i:05}"));
+            r.status = Status::Failed;
+            Record::Session(Box::new(r))
+        })
+        .collect();
+    write(&mut store, batch).unwrap();
+    let all = store.sessions_before("", None, None, n).unwrap();
+    assert_eq!(all.len(), n);
+    assert_eq!(store.settled.borrow().len(), SETTLED_ROWS_MAX.get());
+    assert_eq!(all[0].0.id.0, format!("s{:05}", n - 1));
 }
