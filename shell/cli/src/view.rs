@@ -39,12 +39,21 @@ pub const CELL_WIDTH_MAX: usize = 200;
 /// two), the cut marked with `…`.
 pub fn fit(text: &str, width: usize) -> std::borrow::Cow<'_, str> {
     use unicode_truncate::UnicodeTruncateStr;
-    use unicode_width::UnicodeWidthStr;
-    if text.width() <= width {
+    if columns(text) <= width {
         return text.into();
     }
     let (kept, _) = text.unicode_truncate(width.saturating_sub(1));
     format!("{}…", kept.trim_end()).into()
+}
+
+/// How many terminal columns `text` takes: one a byte for printable ASCII (ids, names,
+/// numbers: most of a table, measured without a lookup a character), else its display width.
+pub fn columns(text: &str) -> usize {
+    use unicode_width::UnicodeWidthStr;
+    match text.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        true => text.len(),
+        false => text.width(),
+    }
 }
 
 /// A cell's text as a table shows it: at most [`CELL_WIDTH_MAX`] columns.
@@ -54,12 +63,11 @@ fn cell(c: &str) -> std::borrow::Cow<'_, str> {
 
 /// Renders rows as an aligned table.
 pub fn table<S: AsRef<str>>(headers: &[&str], rows: &[Vec<S>]) -> String {
-    use unicode_width::UnicodeWidthStr;
     let rows = || rows.iter().map(|r| r.iter().map(AsRef::as_ref));
-    let mut widths: Vec<usize> = headers.iter().map(|h| cell(h).width()).collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| columns(&cell(h))).collect();
     for r in rows() {
         for (i, c) in r.enumerate() {
-            widths[i] = widths[i].max(cell(c).width());
+            widths[i] = widths[i].max(columns(&cell(c)));
         }
     }
     // Padded by hand: `format!`'s width is a u16 and panics past 65,535.
@@ -73,7 +81,7 @@ pub fn table<S: AsRef<str>>(headers: &[&str], rows: &[Vec<S>]) -> String {
             let c = cell(c);
             out.push_str(&c);
             if i < last {
-                out.extend(std::iter::repeat_n(' ', widths[i] - c.width() + 2));
+                out.extend(std::iter::repeat_n(' ', widths[i] - columns(&c) + 2));
             }
         }
         let kept = out[start..].trim_end().len();
@@ -195,6 +203,22 @@ mod tests {
         assert_eq!(one_line("ok 🦀🦀🦀", 6), "ok 🦀…");
         assert_eq!(one_line("a  b\nc", 10), "a b c");
         assert_eq!(fit("short", 10), "short");
+    }
+
+    #[test]
+    fn printable_ascii_takes_a_column_a_byte_and_the_rest_its_display_width() {
+        use unicode_width::UnicodeWidthStr;
+        for s in [
+            "",
+            "sess_01ABC",
+            "a b~",
+            "修正",
+            "ok 🦀",
+            "tab\there",
+            "e\u{301}",
+        ] {
+            assert_eq!(columns(s), s.width(), "{s:?}");
+        }
     }
 
     #[test]
