@@ -940,8 +940,8 @@ impl Store {
 
     /// Up to `limit` sessions with an id before `before` (`""`: from the newest), newest
     /// first, each with how many unrecognized lines it had; only those of `campaign` and in
-    /// `working_dir` when given. An ended session's row read lately is not read again
-    /// ([`SettledRows`]).
+    /// `working_dir` when given. An ended session's row read lately is not read again (the
+    /// store holds it, `SettledRows`).
     pub fn sessions_before(
         &self,
         before: &str,
@@ -961,7 +961,7 @@ impl Store {
             }
             let mut stmt = self.conn.prepare_cached(&SELECT_SESSION_COUNTED)?;
             let mut rows = stmt.query([&id])?;
-            // Gone between the two reads: only a write on this connection could do that.
+            // Gone between the two reads (another program writing the file): not listed.
             let Some(r) = rows.next()? else { continue };
             let count = u64::try_from(r.get::<_, i64>(SESSION_COLUMNS.len())?).unwrap_or(0);
             let record = Arc::new(self.session_from_row(r)?);
