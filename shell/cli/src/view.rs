@@ -72,10 +72,12 @@ pub fn table<S: AsRef<str>>(headers: &[&str], rows: &[Vec<S>]) -> String {
     }
     // Padded by hand: `format!`'s width is a u16 and panics past 65,535.
     let mut out = String::new();
+    let mut lines = 0;
     let mut line = |r: &mut dyn ExactSizeIterator<Item = &str>| {
-        if !out.is_empty() {
+        if lines > 0 {
             out.push('\n');
         }
+        lines += 1;
         let (start, last) = (out.len(), r.len().saturating_sub(1));
         for (i, c) in r.enumerate() {
             let c = cell(c);
@@ -225,5 +227,8 @@ mod tests {
     fn tables_align() {
         let t = table(&["ID", "STATUS"], &[vec!["a", "RUNNING"]]);
         assert_eq!(t, "ID  STATUS\na   RUNNING");
+        // A line with nothing to show is still a line.
+        let t = table(&["", ""], &[vec!["", ""], vec!["a", "b"]]);
+        assert_eq!(t, "\n\na  b");
     }
 }
