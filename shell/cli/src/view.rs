@@ -63,37 +63,60 @@ fn cell(c: &str) -> std::borrow::Cow<'_, str> {
 
 /// Renders rows as an aligned table.
 pub fn table<S: AsRef<str>>(headers: &[&str], rows: &[Vec<S>]) -> String {
-    let rows = || rows.iter().map(|r| r.iter().map(AsRef::as_ref));
-    let mut widths: Vec<usize> = headers.iter().map(|h| columns(&cell(h))).collect();
-    for r in rows() {
-        for (i, c) in r.enumerate() {
-            widths[i] = widths[i].max(columns(&cell(c)));
+    use std::borrow::Cow;
+    // How many cells each line has: the header's, then each row's.
+    let lines = || std::iter::once(headers.len()).chain(rows.iter().map(Vec::len));
+    // Each cell cut and measured once.
+    let mut cells: Vec<(Cow<'_, str>, usize)> = Vec::with_capacity(lines().sum());
+    let texts = headers
+        .iter()
+        .copied()
+        .chain(rows.iter().flat_map(|r| r.iter().map(AsRef::as_ref)));
+    cells.extend(texts.map(|t| {
+        let c = cell(t);
+        let w = columns(&c);
+        (c, w)
+    }));
+    let mut widths = vec![0; lines().max().unwrap_or(0)];
+    let mut rest = cells.as_slice();
+    for n in lines() {
+        let (line, after) = rest.split_at(n);
+        for (width, (_, w)) in widths.iter_mut().zip(line) {
+            *width = (*width).max(*w);
         }
+        rest = after;
     }
     // Padded by hand: `format!`'s width is a u16 and panics past 65,535.
-    let mut out = String::new();
-    let mut lines = 0;
-    let mut line = |r: &mut dyn ExactSizeIterator<Item = &str>| {
-        if lines > 0 {
+    let line_max = widths.iter().map(|w| w + 2).sum::<usize>() + 1;
+    let mut out = String::with_capacity(line_max.saturating_mul(rows.len() + 1));
+    let mut rest = cells.as_slice();
+    for (l, n) in lines().enumerate() {
+        if l > 0 {
             out.push('\n');
         }
-        lines += 1;
-        let (start, last) = (out.len(), r.len().saturating_sub(1));
-        for (i, c) in r.enumerate() {
-            let c = cell(c);
-            out.push_str(&c);
-            if i < last {
-                out.extend(std::iter::repeat_n(' ', widths[i] - columns(&c) + 2));
+        let (line, after) = rest.split_at(n);
+        let start = out.len();
+        for (i, (c, w)) in line.iter().enumerate() {
+            out.push_str(c);
+            if i + 1 < n {
+                pad(&mut out, widths[i] - w + 2);
             }
         }
         let kept = out[start..].trim_end().len();
         out.truncate(start + kept);
-    };
-    line(&mut headers.iter().copied());
-    for mut r in rows() {
-        line(&mut r);
+        rest = after;
     }
     out
+}
+
+/// `n` spaces onto `out`.
+fn pad(out: &mut String, mut n: usize) {
+    const SPACES: &str = "                                                                ";
+    while n > 0 {
+        let k = n.min(SPACES.len());
+        out.push_str(&SPACES[..k]);
+        n -= k;
+    }
 }
 
 /// "3s", "5m", "2h", "4d": how long ago `t` was.
@@ -230,5 +253,14 @@ mod tests {
         // A line with nothing to show is still a line.
         let t = table(&["", ""], &[vec!["", ""], vec!["a", "b"]]);
         assert_eq!(t, "\n\na  b");
+        // Padding past what one push holds; a wide character takes two columns.
+        let long = "x".repeat(100);
+        let t = table(&["A", "B"], &[vec![long.as_str(), "1"], vec!["y", "2"]]);
+        assert_eq!(
+            t.lines().nth(2),
+            Some(format!("y{}2", " ".repeat(101)).as_str())
+        );
+        let t = table(&["N", "M"], &[vec!["修正", "1"]]);
+        assert_eq!(t, "N     M\n修正  1");
     }
 }

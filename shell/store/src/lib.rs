@@ -954,12 +954,17 @@ impl Store {
         let ids = collect(rows, |r| Ok(r.get::<_, String>(0)?))?;
         let mut settled = self.settled.borrow_mut();
         let mut out = Vec::with_capacity(ids.len());
+        // Prepared once a page, and only when a row is not held.
+        let mut counted = None;
         for id in ids {
             if let Some((record, count)) = settled.get(&id) {
                 out.push((Arc::clone(record), *count));
                 continue;
             }
-            let mut stmt = self.conn.prepare_cached(&SELECT_SESSION_COUNTED)?;
+            let stmt = match &mut counted {
+                Some(stmt) => stmt,
+                None => counted.insert(self.conn.prepare_cached(&SELECT_SESSION_COUNTED)?),
+            };
             let mut rows = stmt.query([&id])?;
             // Gone between the two reads (another program writing the file): not listed.
             let Some(r) = rows.next()? else { continue };
