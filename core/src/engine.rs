@@ -672,18 +672,25 @@ impl Engine {
                 }
             }
             // A command for a session runs only while the engine knows the session (its
-            // environment is the session's: without it the command would run on the host).
-            Input::Task(TaskInput::Launch { req, spec, .. })
-                if !spec.session_id.is_empty()
-                    && !self.sessions.contains_key(&SessionId(spec.session_id.clone())) =>
-            {
-                cx.out.rest.push(Effect::ReplyTask {
-                    req,
-                    result: Err(Error::new(
-                        ErrorCode::SessionNotFound,
-                        format!("session \"{}\" not found", spec.session_id),
-                    )),
-                })
+            // environment is the session's: without it the command would run on the host),
+            // with the session's variables under the command's own, as its agent has them.
+            Input::Task(TaskInput::Launch { req, id, mut spec }) if !spec.session_id.is_empty() => {
+                match self.sessions.get(&SessionId(spec.session_id.clone())) {
+                    Some(s) => {
+                        for (k, v) in &s.record.config.environment {
+                            spec.environment.entry(k.clone()).or_insert_with(|| v.clone());
+                        }
+                        let input = TaskInput::Launch { req, id, spec };
+                        self.tasks.handle(now, input, &mut cx.out)
+                    }
+                    None => cx.out.rest.push(Effect::ReplyTask {
+                        req,
+                        result: Err(Error::new(
+                            ErrorCode::SessionNotFound,
+                            format!("session \"{}\" not found", spec.session_id),
+                        )),
+                    }),
+                }
             }
             Input::Task(input) => self.tasks.handle(now, input, &mut cx.out),
             Input::Container { req, .. } if self.shutting_down => {

@@ -1645,3 +1645,42 @@ fn the_system_prompt_goes_with_the_first_message_to_an_agent_without_one() {
         assert_eq!(writes(&fx), vec!["again"], "{provider:?}");
     }
 }
+
+#[test]
+fn a_sessions_task_has_the_sessions_variables_under_its_own() {
+    use paddock_core::task::{TaskInput, TaskSpec};
+    let mut c = config();
+    c.environment = [("SHARED", "session"), ("ONLY_SESSION", "s")]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut r = Rig::running(c);
+    let spec = TaskSpec {
+        session_id: sid().0,
+        command: vec!["env".into()],
+        environment: [("SHARED".to_string(), "command".to_string())]
+            .into_iter()
+            .collect(),
+        ..Default::default()
+    };
+    let fx = r.at(
+        1,
+        Input::Task(TaskInput::Launch {
+            req: 90,
+            id: "exec_1".into(),
+            spec,
+        }),
+    );
+    let spawned = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::SpawnTask { spec, .. } => Some(spec.environment.clone()),
+            _ => None,
+        })
+        .expect("launched");
+    let got: Vec<(&str, &str)> = spawned
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(got, [("ONLY_SESSION", "s"), ("SHARED", "command")]);
+}

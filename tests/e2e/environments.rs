@@ -700,6 +700,32 @@ async fn a_sandbox_cannot_exceed_its_process_and_memory_limits() {
     }
 }
 
+/// `session exec` runs with the session's variables (`--env`), as its agent does, on the host
+/// and in a sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_run_in_a_session_has_its_variables() {
+    let d = Daemon::start().await;
+    for driver in ["local", "bubblewrap"] {
+        let id = create_ready(
+            &d,
+            &[
+                "--driver",
+                driver,
+                "--provider",
+                "scripted",
+                "--env",
+                "PADDOCK_E2E_VAR=from-session",
+                "--task",
+                "hi",
+            ],
+        )
+        .await;
+        let o = exec_sh(&d, &id, "echo var=$PADDOCK_E2E_VAR").await;
+        assert_eq!(o.code, 0, "{driver}: {o:?}");
+        assert!(o.stdout.contains("var=from-session"), "{driver}: {o:?}");
+    }
+}
+
 /// What is run in a session (`session exec`, a task bound to it) ends with the session's stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_run_in_a_session_end_with_its_stop() {
