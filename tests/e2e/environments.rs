@@ -391,6 +391,23 @@ async fn worktrees_keep_agents_apart_and_diff_shows_what_each_changed() {
             "runs in its worktree"
         );
     }
+    // `session info` says where the worktree is (to look at it, or cd there).
+    let wt = d
+        .dirs
+        .data
+        .join("environments")
+        .join(&ids[1])
+        .join("worktree");
+    let o = cli_in(&d, &d.dirs.root, &["session", "info", &ids[1]]).await;
+    assert!(
+        o.stdout
+            .lines()
+            .any(|l| l.starts_with("worktree_path") && l.ends_with(&*wt.display().to_string())),
+        "{o:?}"
+    );
+    let o = cli_in(&d, &d.dirs.root, &["--json", "session", "info", &ids[1]]).await;
+    let info: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(info["worktree_path"], wt.display().to_string(), "{o:?}");
     // The user's checkout is untouched.
     assert_eq!(git(&d.dirs.root, &["status", "--porcelain"]), "");
     assert_eq!(git(&d.dirs.root, &["log", "--oneline"]).lines().count(), 1);
@@ -419,6 +436,8 @@ async fn worktrees_keep_agents_apart_and_diff_shows_what_each_changed() {
     let o = cli_in(&d, &d.dirs.root, &["session", "diff", &plain]).await;
     assert_eq!(o.code, 2, "{o:?}");
     assert!(o.stderr.contains("has no worktree"), "{o:?}");
+    let o = cli_in(&d, &d.dirs.root, &["session", "info", &plain]).await;
+    assert!(!o.stdout.contains("worktree_path"), "{o:?}");
 
     // Delete removes the worktree and keeps the branch, unless asked.
     let o = cli_in(&d, &d.dirs.root, &["session", "delete", "-y", &ids[0]]).await;

@@ -355,11 +355,15 @@ pub(crate) fn by_part<'a, T>(
     }
 }
 
-fn print_session(ctx: &Ctx, s: &pb::SessionInfo) -> Result<()> {
-    if ctx.json {
-        return print_json(&session_json(s));
+/// A session's every field (`session info`), and where its worktree is when it has one.
+fn print_session(ctx: &Ctx, s: &pb::SessionInfo, worktree: Option<&std::path::Path>) -> Result<()> {
+    let mut v = session_json(s);
+    if let Some(path) = worktree {
+        v["worktree_path"] = json!(path.display().to_string());
     }
-    let v = session_json(s);
+    if ctx.json {
+        return print_json(&v);
+    }
     let obj = v.as_object().expect("object");
     let mut rows = Vec::new();
     for (k, val) in obj {
@@ -496,7 +500,8 @@ pub async fn session(ctx: &Ctx, cmd: SessionCmd) -> Result<()> {
                 .get_session(pb::GetSessionRequest { session_id: id })
                 .await?
                 .into_inner();
-            print_session(ctx, &s)?;
+            let worktree = workspace::worktree_path(&mut c, &s).await;
+            print_session(ctx, &s, worktree.as_deref())?;
         }
         SessionCmd::Status { id } => {
             let id = resolve(&mut c, &id).await?;
