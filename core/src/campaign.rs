@@ -29,6 +29,8 @@ pub enum CampaignError {
     LiveSessions(usize),
     /// The name or the root is not one a campaign may have (says why).
     Invalid(String),
+    /// The daemon is shutting down: nothing new is written.
+    ShuttingDown,
 }
 
 /// The longest campaign name, in bytes.
@@ -71,6 +73,7 @@ impl std::fmt::Display for CampaignError {
                 write!(f, "campaign has {n} live session(s); stop them first")
             }
             CampaignError::Invalid(why) => f.write_str(why),
+            CampaignError::ShuttingDown => f.write_str("the daemon is shutting down"),
         }
     }
 }

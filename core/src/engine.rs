@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::approval::Approval;
-use crate::campaign::{Campaign, Campaigns};
+use crate::campaign::{Campaign, CampaignError, Campaigns};
 use crate::container::{ContainerRecord, ContainerRequest, Containers};
 use crate::error::{Error, ErrorCode};
 use crate::model::{RunId, SessionId, SessionRecord, Status};
@@ -726,6 +726,19 @@ impl Engine {
                 }
             }
             Input::ContainerReport { id, event } => self.containers.report(&id, event, &mut cx.out),
+            // Nothing new once the daemon shuts down, as for sessions, tasks and containers.
+            Input::AddCampaign { req, .. } if self.shutting_down => {
+                cx.out.rest.push(Effect::ReplyAddCampaign {
+                    req,
+                    result: Err(CampaignError::ShuttingDown),
+                })
+            }
+            Input::RemoveCampaign { req, .. } if self.shutting_down => {
+                cx.out.rest.push(Effect::ReplyRemoveCampaign {
+                    req,
+                    result: Err(CampaignError::ShuttingDown),
+                })
+            }
             Input::AddCampaign { req, id, root, how } => {
                 let result = self.campaigns.handle_add(&id, &root, how, now.wall);
                 if let Ok((c, true)) = &result {

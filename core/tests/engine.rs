@@ -1684,3 +1684,66 @@ fn a_sessions_task_has_the_sessions_variables_under_its_own() {
         .collect();
     assert_eq!(got, [("ONLY_SESSION", "s"), ("SHARED", "command")]);
 }
+
+#[test]
+fn a_campaign_is_neither_added_nor_removed_during_a_shutdown() {
+    use paddock_core::campaign::{CampaignError, NewCampaign};
+    let mut r = Rig::new();
+    let add = |req, id: &str, name: &str| Input::AddCampaign {
+        req,
+        id: id.into(),
+        root: "/srv/p".into(),
+        how: NewCampaign::Named(name.into()),
+    };
+    let fx = r.at(0, add(1, "camp_a", "a"));
+    assert!(
+        fx.iter().any(|e| matches!(
+            e,
+            Effect::ReplyAddCampaign {
+                req: 1,
+                result: Ok(_)
+            }
+        )),
+        "{fx:?}"
+    );
+    r.at(
+        0,
+        Input::Shutdown {
+            req: 2,
+            graceful: true,
+        },
+    );
+    let fx = r.at(0, add(3, "camp_b", "b"));
+    assert!(
+        fx.iter().any(|e| matches!(
+            e,
+            Effect::ReplyAddCampaign {
+                req: 3,
+                result: Err(CampaignError::ShuttingDown)
+            }
+        )),
+        "{fx:?}"
+    );
+    let fx = r.at(
+        0,
+        Input::RemoveCampaign {
+            req: 4,
+            key: "a".into(),
+        },
+    );
+    assert!(
+        fx.iter().any(|e| matches!(
+            e,
+            Effect::ReplyRemoveCampaign {
+                req: 4,
+                result: Err(CampaignError::ShuttingDown)
+            }
+        )),
+        "{fx:?}"
+    );
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::Persist(_))),
+        "{fx:?}"
+    );
+    assert!(r.engine.campaigns().get("a").is_some() && r.engine.campaigns().get("b").is_none());
+}

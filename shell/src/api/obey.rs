@@ -930,6 +930,9 @@ impl LocalDaemonService for Obey {
             .map_err(st)?
             .map_err(|e| match e {
                 CampaignError::Invalid(why) => invalid(why),
+                CampaignError::ShuttingDown => {
+                    st(Error::new(ErrorCode::ShuttingDown, e.to_string()))
+                }
                 e => GrpcStatus::already_exists(e.to_string()),
             })?;
         Ok(Response::new(campaign_pb(&c)))
@@ -956,7 +959,12 @@ impl LocalDaemonService for Obey {
             .ask(|reply| Command::RemoveCampaign { key: c.id, reply })
             .await
             .map_err(st)?
-            .map_err(|e| GrpcStatus::failed_precondition(e.to_string()))?;
+            .map_err(|e| match e {
+                CampaignError::ShuttingDown => {
+                    st(Error::new(ErrorCode::ShuttingDown, e.to_string()))
+                }
+                e => GrpcStatus::failed_precondition(e.to_string()),
+            })?;
         Ok(Response::new(pb::RemoveCampaignResponse {
             removed: result,
         }))
