@@ -390,6 +390,9 @@ pub struct Store {
     stored_configs: HashMap<String, StoredRow>,
     /// The ended sessions' rows a list read lately, decoded ([`SettledRows`]).
     settled: std::cell::RefCell<SettledRows>,
+    /// SQLite's `data_version` when those rows were last known to be the stored ones: it
+    /// changes with every commit of another connection to the file.
+    settled_version: std::cell::Cell<i64>,
 }
 
 /// The rows of ended (STOPPED or FAILED) sessions that lists read lately, decoded, with their
@@ -402,8 +405,10 @@ pub struct Store {
 /// credentials opened), so a row held here is not read again. Every write of a session's row,
 /// of its unrecognized lines or its deletion goes through [`Store::apply_all`] or
 /// [`Store::delete_session`], and both drop the session from here first, whether the
-/// transaction commits or not: what is held is always what is stored. Empty at start: memory
-/// does not grow with the stored history.
+/// transaction commits or not: what is held is always what is stored. Another program's commit
+/// to the file (`sqlite3` by hand) lets every held row go before the next list (SQLite's
+/// `PRAGMA data_version` says there was one). Empty at start: memory does not grow with the
+/// stored history.
 type SettledRows = lru::LruCache<String, (Arc<SessionRecord>, u64)>;
 
 /// How many ended sessions' rows [`Store`] holds at most: a few pages of a list (~1 KiB each).
@@ -752,6 +757,7 @@ impl Store {
             _checkpointer: None,
             stored_configs: HashMap::new(),
             settled: std::cell::RefCell::new(lru::LruCache::new(SETTLED_ROWS_MAX)),
+            settled_version: std::cell::Cell::new(0),
         })
     }
 
@@ -953,6 +959,15 @@ impl Store {
         let rows = stmt.query(params![before, campaign, working_dir, codec::limit(limit)])?;
         let ids = collect(rows, |r| Ok(r.get::<_, String>(0)?))?;
         let mut settled = self.settled.borrow_mut();
+        // Another program committed to the file since the last list: nothing held is trusted
+        // (one that commits from now on is seen by the next list).
+        let version = self
+            .conn
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |r| r.get::<_, i64>(0))?;
+        if self.settled_version.replace(version) != version {
+            settled.clear();
+        }
         let mut out = Vec::with_capacity(ids.len());
         // Prepared once a page, and only when a row is not held.
         let mut counted = None;

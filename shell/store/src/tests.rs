@@ -1858,6 +1858,39 @@ fn an_ended_sessions_row_held_for_lists_is_never_older_than_the_stored_one() {
     assert_eq!(store.settled.borrow().len(), 0);
 }
 
+/// A row another program changed in the file (`sqlite3` by hand) is listed as it is now, not
+/// as it was held.
+#[test]
+fn a_row_changed_by_another_program_is_listed_as_it_is_now() {
+    let dir = TempDir::new("held");
+    let mut store = Store::open(&dir.db()).unwrap();
+    let mut r = bare_record("s1");
+    r.status = Status::Stopped;
+    r.config.agent_name = "before".into();
+    write(&mut store, vec![Record::Session(Box::new(r))]).unwrap();
+    let name = |store: &Store| {
+        let page = store.sessions_before("", None, None, 10).unwrap();
+        page[0].0.config.agent_name.clone()
+    };
+    assert_eq!(name(&store), "before");
+    assert_eq!(store.settled.borrow().len(), 1);
+    // Held: listed again without a read of the row.
+    assert_eq!(name(&store), "before");
+    let other = Connection::open(dir.db()).unwrap();
+    other
+        .execute(
+            "UPDATE agent_sessions SET agent_name = 'after' WHERE id = 's1'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(name(&store), "after");
+    // Held again, and kept while nothing else writes.
+    assert_eq!(store.settled.borrow().len(), 1);
+    let held = store.sessions_before("", None, None, 1).unwrap();
+    let again = store.sessions_before("", None, None, 1).unwrap();
+    assert!(Arc::ptr_eq(&held[0].0, &again[0].0));
+}
+
 /// The rows held are bounded: a list of more ended sessions than [`SETTLED_ROWS_MAX`] holds
 /// the last ones it read and reads the rest again.
 #[test]
