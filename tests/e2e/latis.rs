@@ -1017,6 +1017,12 @@ async fn attach_asks_the_human_and_answers_on_the_same_line() {
             .position(|l| *l == line || (line.starts_with(' ') && l.ends_with(line)))
             .unwrap_or_else(|| panic!("no {line:?} in:\n{s}"))
     };
+    // What the agent did before it asked shows before the question (the activity comes on
+    // another stream than the request).
+    assert!(
+        at("[waiting for input]") < at("Allow Bash: rm -rf build? [y/n, or n and a reason]"),
+        "{s}"
+    );
     assert!(at("[waiting for input]") < at(" approved (attach)]"), "{s}");
     assert!(
         at("Allow Bash: rm -rf build? [y/n, or n and a reason]") < at("> sure"),

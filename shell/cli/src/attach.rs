@@ -81,6 +81,11 @@ pub fn role_of(kind: ActivityKind) -> &'static str {
 /// is left to `paddock approvals`.
 pub const APPROVALS_MAX: usize = 64;
 
+/// How long a request waits before attach shows it: what the agent did before it asked (its
+/// tool call) comes on the activity stream, which may be a moment behind the approvals one,
+/// and is shown first.
+const ASK_SETTLE: std::time::Duration = std::time::Duration::from_millis(150);
+
 /// How attach asks a human for one request (agent text made safe for the terminal).
 pub fn approval_prompt(a: &pb::Approval) -> String {
     crate::text::for_terminal(&approval_prompt_raw(a)).into_owned()
@@ -515,6 +520,9 @@ async fn converse(
         screen: s.screen.clone(),
         ..Asks::default()
     };
+    // New requests as they came, shown once the activity before them is in ([`ASK_SETTLE`]).
+    let mut held: VecDeque<pb::Approval> = VecDeque::new();
+    let mut show_at: Option<tokio::time::Instant> = None;
     let mut reopened = 0u32;
     let (sent_tx, mut sent) = mpsc::channel::<Sent>(4);
     let mut printer = Printer {
@@ -593,8 +601,29 @@ async fn converse(
                 None => {}
             },
             ev = approvals.next(), if q_open => match ev {
-                Some(Ok(a)) => asks.on_event(a),
+                Some(Ok(a)) if a.state == pb::ApprovalState::Pending as i32 => {
+                    held.push_back(a);
+                    if held.len() >= APPROVALS_MAX {
+                        held.drain(..).for_each(|a| asks.on_event(a));
+                        show_at = None;
+                    } else {
+                        show_at.get_or_insert_with(|| tokio::time::Instant::now() + ASK_SETTLE);
+                    }
+                }
+                // An end counts at once (the next line typed is no answer to it); a request
+                // ended before it was shown goes unshown.
+                Some(Ok(a)) => match held.iter().position(|h| h.id == a.id) {
+                    Some(i) => {
+                        held.remove(i);
+                        if held.is_empty() {
+                            show_at = None;
+                        }
+                    }
+                    None => asks.on_event(a),
+                },
                 Some(Err(e)) => {
+                    held.drain(..).for_each(|a| asks.on_event(a));
+                    show_at = None;
                     // Fell behind: reopen; the open requests come again (known ones once).
                     reopened += 1;
                     if reopened > REOPEN_MAX {
@@ -653,8 +682,13 @@ async fn converse(
                 s.turn_unfinished = false;
                 s.announce();
             },
+            _ = tokio::time::sleep_until(show_at.unwrap_or_else(tokio::time::Instant::now)), if show_at.is_some() => {
+                held.drain(..).for_each(|a| asks.on_event(a));
+                show_at = None;
+            },
         }
     }
+    held.drain(..).for_each(|a| asks.on_event(a));
     // Both streams ended: the session is over, or the daemon went away.
     let end = get(c, &id).await.map_err(|source| Error::Step {
         step: "lost the daemon".into(),
