@@ -1713,34 +1713,26 @@ fn a_campaign_is_neither_added_nor_removed_during_a_shutdown() {
             graceful: true,
         },
     );
+    // Each refused as the daemon shutting down.
+    let refused = |fx: &[Effect], want: RequestId| {
+        fx.iter().any(|e| match e {
+            Effect::ReplyAddCampaign { req, result } => {
+                *req == want && result == &Err(CampaignError::ShuttingDown)
+            }
+            Effect::ReplyRemoveCampaign { req, result } => {
+                *req == want && result == &Err(CampaignError::ShuttingDown)
+            }
+            _ => false,
+        })
+    };
     let fx = r.at(0, add(3, "camp_b", "b"));
-    assert!(
-        fx.iter().any(|e| matches!(
-            e,
-            Effect::ReplyAddCampaign {
-                req: 3,
-                result: Err(CampaignError::ShuttingDown)
-            }
-        )),
-        "{fx:?}"
-    );
-    let fx = r.at(
-        0,
-        Input::RemoveCampaign {
-            req: 4,
-            key: "a".into(),
-        },
-    );
-    assert!(
-        fx.iter().any(|e| matches!(
-            e,
-            Effect::ReplyRemoveCampaign {
-                req: 4,
-                result: Err(CampaignError::ShuttingDown)
-            }
-        )),
-        "{fx:?}"
-    );
+    assert!(refused(&fx, 3), "{fx:?}");
+    let remove = Input::RemoveCampaign {
+        req: 4,
+        key: "a".into(),
+    };
+    let fx = r.at(0, remove);
+    assert!(refused(&fx, 4), "{fx:?}");
     assert!(
         !fx.iter().any(|e| matches!(e, Effect::Persist(_))),
         "{fx:?}"

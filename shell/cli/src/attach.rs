@@ -191,6 +191,11 @@ impl Asks {
         }
     }
 
+    /// [`Asks::on_event`] for each of `events`, in order.
+    fn on_events(&mut self, events: impl IntoIterator<Item = pb::Approval>) {
+        events.into_iter().for_each(|a| self.on_event(a));
+    }
+
     /// After a reopened stream: forget what was settled while no stream was read (`open`: the
     /// ids open now), so a line is never taken as the answer to a closed request.
     fn keep_only(&mut self, open: &[String]) {
@@ -604,7 +609,7 @@ async fn converse(
                 Some(Ok(a)) if a.state == pb::ApprovalState::Pending as i32 => {
                     held.push_back(a);
                     if held.len() >= APPROVALS_MAX {
-                        held.drain(..).for_each(|a| asks.on_event(a));
+                        asks.on_events(held.drain(..));
                         show_at = None;
                     } else {
                         show_at.get_or_insert_with(|| tokio::time::Instant::now() + ASK_SETTLE);
@@ -622,7 +627,7 @@ async fn converse(
                     None => asks.on_event(a),
                 },
                 Some(Err(e)) => {
-                    held.drain(..).for_each(|a| asks.on_event(a));
+                    asks.on_events(held.drain(..));
                     show_at = None;
                     // Fell behind: reopen; the open requests come again (known ones once).
                     reopened += 1;
@@ -683,12 +688,12 @@ async fn converse(
                 s.announce();
             },
             _ = tokio::time::sleep_until(show_at.unwrap_or_else(tokio::time::Instant::now)), if show_at.is_some() => {
-                held.drain(..).for_each(|a| asks.on_event(a));
+                asks.on_events(held.drain(..));
                 show_at = None;
             },
         }
     }
-    held.drain(..).for_each(|a| asks.on_event(a));
+    asks.on_events(held.drain(..));
     // Both streams ended: the session is over, or the daemon went away.
     let end = get(c, &id).await.map_err(|source| Error::Step {
         step: "lost the daemon".into(),

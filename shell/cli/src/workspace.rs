@@ -1,6 +1,6 @@
 //! A session's workspace from the command line: `session diff` (what the agent changed in its
-//! worktree), where that worktree is (`session info`), `session exec` (a command in the session's environment) and the branch
-//! `session delete --delete-branch` removes.
+//! worktree), where that worktree is (`session info`), `session exec` (a command in the
+//! session's environment) and the branch `session delete --delete-branch` removes.
 //!
 //! `diff` and the branch deletion run git here, on the same machine as the daemon (the socket
 //! is a local one): the worktree is `<the daemon's data dir>/environments/<id>/worktree`, as
@@ -71,9 +71,6 @@ pub async fn environment_log(c: &mut Client, id: &str) -> Result<()> {
 
 /// Where the session's worktree is, when it has one that is there (`session info` shows it).
 pub async fn worktree_path(c: &mut Client, info: &pb::SessionInfo) -> Option<PathBuf> {
-    if !info.environment_spec.as_ref().is_some_and(|e| e.worktree) {
-        return None;
-    }
     worktree_of(c, info).await.ok().map(|(path, _)| path)
 }
 
