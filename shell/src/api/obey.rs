@@ -66,6 +66,17 @@ fn invalid(msg: impl std::fmt::Display) -> GrpcStatus {
     GrpcStatus::invalid_argument(crate::transport::status_message(msg.to_string()))
 }
 
+/// A campaign change the engine refused: during a shutdown OBEY-2051, as for sessions and
+/// tasks; a name or root no campaign may have, INVALID_ARGUMENT; what else stood in the way
+/// (a taken name, live sessions), `otherwise`.
+fn campaign_refused(e: CampaignError, otherwise: fn(String) -> GrpcStatus) -> GrpcStatus {
+    match e {
+        CampaignError::Invalid(why) => invalid(why),
+        CampaignError::ShuttingDown => st(Error::new(ErrorCode::ShuttingDown, e.to_string())),
+        e => otherwise(e.to_string()),
+    }
+}
+
 /// A pushed activity as a row to store, or why it is refused.
 fn external_row(ev: pb::AgentActivityEvent) -> Result<ExternalActivity, GrpcStatus> {
     let at = match &ev.timestamp {
@@ -928,13 +939,7 @@ impl LocalDaemonService for Obey {
             })
             .await
             .map_err(st)?
-            .map_err(|e| match e {
-                CampaignError::Invalid(why) => invalid(why),
-                CampaignError::ShuttingDown => {
-                    st(Error::new(ErrorCode::ShuttingDown, e.to_string()))
-                }
-                e => GrpcStatus::already_exists(e.to_string()),
-            })?;
+            .map_err(|e| campaign_refused(e, GrpcStatus::already_exists))?;
         Ok(Response::new(campaign_pb(&c)))
     }
 
@@ -959,12 +964,7 @@ impl LocalDaemonService for Obey {
             .ask(|reply| Command::RemoveCampaign { key: c.id, reply })
             .await
             .map_err(st)?
-            .map_err(|e| match e {
-                CampaignError::ShuttingDown => {
-                    st(Error::new(ErrorCode::ShuttingDown, e.to_string()))
-                }
-                e => GrpcStatus::failed_precondition(e.to_string()),
-            })?;
+            .map_err(|e| campaign_refused(e, GrpcStatus::failed_precondition))?;
         Ok(Response::new(pb::RemoveCampaignResponse {
             removed: result,
         }))
