@@ -121,9 +121,7 @@ impl<T: prost::Message> tonic::codec::Encoder for Encoder<T> {
         buf: &mut tonic::codec::EncodeBuf<'_>,
     ) -> Result<(), Self::Error> {
         use prost::bytes::BufMut as _;
-        let mut bytes = Vec::with_capacity(item.encoded_len());
-        item.encode_raw(&mut bytes);
-        buf.put_slice(&bytes);
+        buf.put_slice(&item.encode_to_vec());
         Ok(())
     }
 
@@ -167,29 +165,13 @@ impl<U: prost::Message + Default + 'static> tonic::codec::Decoder for Decoder<U>
 /// How many times field `field` (length-delimited) occurs at the top of the encoded message
 /// `bytes`; counting stops where the bytes are not a message (decoding then says why).
 fn occurrences(mut bytes: &[u8], field: u32) -> usize {
-    use prost::encoding::{decode_key, decode_varint, WireType};
+    use prost::encoding::{decode_key, skip_field, DecodeContext, WireType};
     let mut n = 0;
-    while !bytes.is_empty() {
-        let Ok((tag, wire_type)) = decode_key(&mut bytes) else {
-            break;
-        };
-        let skip = match wire_type {
-            WireType::Varint => decode_varint(&mut bytes).map(|_| 0),
-            WireType::SixtyFourBit => Ok(8),
-            WireType::ThirtyTwoBit => Ok(4),
-            WireType::LengthDelimited => decode_varint(&mut bytes),
-            WireType::StartGroup | WireType::EndGroup => break,
-        };
-        let Some(skip) = skip.ok().and_then(|s| usize::try_from(s).ok()) else {
-            break;
-        };
-        if skip > bytes.len() {
+    while let Ok((tag, wire_type)) = decode_key(&mut bytes) {
+        if skip_field(wire_type, tag, &mut bytes, DecodeContext::default()).is_err() {
             break;
         }
-        bytes = &bytes[skip..];
-        if tag == field && wire_type == WireType::LengthDelimited {
-            n += 1;
-        }
+        n += usize::from(tag == field && wire_type == WireType::LengthDelimited);
     }
     n
 }
