@@ -1027,7 +1027,7 @@ pub(crate) fn new_record(id: SessionId, config: crate::SessionConfig, now: Now) 
         },
         disconnected: false,
         closed_by_client: false,
-        config,
+        config: config.into(),
     }
 }
 

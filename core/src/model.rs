@@ -5,6 +5,7 @@
 //! the caller; deadlines are [`crate::time::Instant`]s and never stored.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use crate::time::Timestamp;
 
@@ -398,7 +399,11 @@ impl SessionConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord {
     pub id: SessionId,
-    pub config: SessionConfig,
+    /// Shared, not copied: the record is cloned into a `Persist` effect on every change of
+    /// state (every event of a working session), and its configuration, which rarely
+    /// changes, was most of what each clone copied, compared and dropped. A change goes
+    /// through `Arc::make_mut`, so it never shows in an older copy.
+    pub config: Arc<SessionConfig>,
     pub status: Status,
     pub tokens_input: u64,
     pub tokens_output: u64,

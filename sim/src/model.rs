@@ -2622,7 +2622,7 @@ impl Model {
                     format!("{}/{:?}", sm.turns, sm.open_turn),
                 );
             }
-            if full && rec.config != sm.config {
+            if full && *rec.config != sm.config {
                 return mismatch(
                     "config",
                     format!("{:?}", rec.config),
@@ -3007,7 +3007,7 @@ impl Model {
             sm.restart_asked = false;
             sm.started_at = rec.started_at.map(|t| t.millis());
             // A restart's override was only kept if its step committed.
-            sm.config = rec.config.clone();
+            sm.config = SessionConfig::clone(&rec.config);
         }
         Ok(())
     }

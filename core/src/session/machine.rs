@@ -2,6 +2,7 @@
 //! provider process, the current turn, a pending stop or restart, the deadlines).
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use super::effect::{Effect, Record, SpawnSpec};
 use super::input::{Ask, ProviderEvent};
@@ -11,8 +12,8 @@ use crate::budget::{timeout_deadline, TokenBudget};
 use crate::environment::{EnvEvent, EnvState};
 use crate::error::{Error, ErrorCode};
 use crate::model::{
-    Activity, ActivityEvent, ActivityKind, RequestId, RunId, SessionRecord, Status, StatusEvent,
-    UserMessage,
+    Activity, ActivityEvent, ActivityKind, RequestId, RunId, SessionConfig, SessionRecord, Status,
+    StatusEvent, UserMessage,
 };
 use crate::process::Life;
 use crate::time::{Duration, Instant, Now};
@@ -342,7 +343,7 @@ impl Session {
             self.startup_deadline = Some(cx.now.after(cx.lim.startup_timeout));
             cx.out.rest.push(Effect::Provision {
                 id: self.record.id.clone(),
-                config: self.record.config.clone(),
+                config: SessionConfig::clone(&self.record.config),
             });
             return;
         }
@@ -579,7 +580,7 @@ impl Session {
         }
         if let Some(mut pc) = provider_config {
             pc.keep_permissions_of(&self.record.config.provider_config);
-            self.record.config.provider_config = pc;
+            Arc::make_mut(&mut self.record.config).provider_config = pc;
             self.dirty = true;
         }
         self.start_replies.push(req);
@@ -1531,7 +1532,7 @@ impl Session {
             id: self.record.id.clone(),
             run,
             spec: SpawnSpec {
-                config: self.record.config.clone(),
+                config: SessionConfig::clone(&self.record.config),
                 resume: self.record.provider_session.clone(),
                 restart_count: self.record.restart_count,
             },

@@ -231,7 +231,7 @@ impl State {
             .collect();
         for (id, run, cursor, record) in adopted {
             let spec = paddock_core::SpawnSpec {
-                config: record.config.clone(),
+                config: SessionConfig::clone(&record.config),
                 resume: record.provider_session.clone(),
                 restart_count: record.restart_count,
             };

@@ -452,7 +452,7 @@ impl Handle {
         if let Some(pc) = &provider_config {
             // An unknown session is the core's to refuse (OBEY-1001), in the restart's step.
             if let Some(view) = self.session(id.clone()).await? {
-                let mut probe = view.record.config.clone();
+                let mut probe = SessionConfig::clone(&view.record.config);
                 probe.provider_config = pc.clone();
                 validate(probe).await?;
             }

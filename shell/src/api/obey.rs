@@ -807,7 +807,12 @@ impl LocalDaemonService for Obey {
                 .collect::<BTreeMap<String, String>>()
         });
         if let Some(pc) = provider_config.take_if(|pc| pc.values().any(|v| v == secret::MASK)) {
-            let stored = self.record(id.clone()).await?.config.provider_config;
+            let stored = self
+                .record(id.clone())
+                .await?
+                .config
+                .provider_config
+                .clone();
             provider_config =
                 Some(secret::unmask(pc, &stored).map_err(|e| invalid(e.to_string()))?);
         }

@@ -498,7 +498,7 @@ fn decode_session(row: &Row, id: &str, sealer: &crate::seal::Sealer) -> Result<S
     };
     Ok(SessionRecord {
         id: SessionId(id.to_string()),
-        config,
+        config: config.into(),
         status: status(row, T, sc!("status"))?,
         tokens_input: uint(row, T, sc!("tokens_input"))?,
         tokens_output: uint(row, T, sc!("tokens_output"))?,

@@ -417,7 +417,9 @@ const SETTLED_ROWS_MAX: std::num::NonZeroUsize = std::num::NonZeroUsize::new(102
 /// What [`Store`] remembers of a session's row as it committed it.
 #[derive(Debug)]
 struct StoredRow {
-    config: SessionConfig,
+    /// The very configuration the engine's record holds (one `Arc`): a record of the same
+    /// configuration is known so without comparing its fields.
+    config: std::sync::Arc<SessionConfig>,
     active: ActiveKey,
 }
 
@@ -824,9 +826,9 @@ impl Store {
             };
             match record {
                 Record::Session(rec) => {
-                    let stored = stored_configs
-                        .get(&rec.id.0)
-                        .filter(|s| s.config == rec.config);
+                    let stored = stored_configs.get(&rec.id.0).filter(|s| {
+                        std::sync::Arc::ptr_eq(&s.config, &rec.config) || s.config == rec.config
+                    });
                     let updated = match stored {
                         Some(s) => update_session_state(&tx, rec, s.active == active_key(rec))?,
                         None => false,

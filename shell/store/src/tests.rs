@@ -97,7 +97,7 @@ fn full_record(id: &str) -> SessionRecord {
     };
     SessionRecord {
         id: SessionId(id.to_string()),
-        config,
+        config: config.into(),
         status: Status::Failed,
         tokens_input: 12_345,
         tokens_output: 678,
@@ -128,7 +128,7 @@ fn full_record(id: &str) -> SessionRecord {
 fn bare_record(id: &str) -> SessionRecord {
     SessionRecord {
         id: SessionId(id.to_string()),
-        config: SessionConfig::new("", Provider::Scripted, ""),
+        config: SessionConfig::new("", Provider::Scripted, "").into(),
         status: Status::Created,
         tokens_input: 0,
         tokens_output: 0,
@@ -402,7 +402,7 @@ fn a_session_round_trips_with_every_field_set_and_with_none() {
 
     // The upsert overwrites every column, including back to NULL.
     let mut cleared = bare_record("01FULL");
-    cleared.config.provider = Provider::Gemini;
+    std::sync::Arc::make_mut(&mut cleared.config).provider = Provider::Gemini;
     store
         .apply(&[Record::Session(Box::new(cleared.clone()))])
         .unwrap();
@@ -466,7 +466,7 @@ fn every_status_provider_and_error_code_round_trips() {
     for (i, code) in ErrorCode::ALL.into_iter().enumerate() {
         let mut rec = full_record(&format!("s{i:02}"));
         rec.status = Status::ALL[i % Status::ALL.len()];
-        rec.config.provider = Provider::ALL[i % Provider::ALL.len()];
+        std::sync::Arc::make_mut(&mut rec.config).provider = Provider::ALL[i % Provider::ALL.len()];
         rec.error = Some(Error::new(code, format!("{code}: because {i}")));
         records.push(rec);
     }
@@ -810,8 +810,9 @@ fn the_resumable_session_is_the_newest_one_the_rule_accepts() {
         let mut r = bare_record(id);
         let mut map = std::collections::BTreeMap::new();
         map.insert(paddock_core::PROJECT_KEY.to_string(), project.to_string());
-        r.config.working_dir = project.to_string();
-        r.config.provider_config = paddock_core::ProviderConfig::parse(map).unwrap();
+        std::sync::Arc::make_mut(&mut r.config).working_dir = project.to_string();
+        std::sync::Arc::make_mut(&mut r.config).provider_config =
+            paddock_core::ProviderConfig::parse(map).unwrap();
         r.created_at = paddock_core::Timestamp::from_millis(at);
         r.closed_by_client = closed;
         Record::Session(Box::new(r))
@@ -876,7 +877,7 @@ fn a_session_whose_configuration_is_stored_has_only_its_state_written() {
     // remembered: the next write of the old configuration is a state write, of the new one a
     // full write.
     let mut changed = rec.clone();
-    changed.config.model = "another-model".into();
+    std::sync::Arc::make_mut(&mut changed.config).model = "another-model".into();
     write_rolled_back(&mut store, &changed);
     assert_eq!(store.session("s").unwrap(), Some(rec.clone()));
     store
@@ -1413,7 +1414,7 @@ fn store_errors_display_and_chain() {
 fn credentials_an_older_install_stored_in_the_clear_are_sealed_once_at_open() {
     let dir = TempDir::new("seal");
     let mut rec = full_record("s1");
-    rec.config
+    std::sync::Arc::make_mut(&mut rec.config)
         .environment
         .insert("GITHUB_TOKEN".into(), "ghp-old".into());
     {
@@ -1491,8 +1492,8 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
         r.status = status;
         r.pid = pid;
         r.run = run;
-        r.config.working_dir = dir.into();
-        r.config.campaign_id = if dir == "/a" {
+        std::sync::Arc::make_mut(&mut r.config).working_dir = dir.into();
+        std::sync::Arc::make_mut(&mut r.config).campaign_id = if dir == "/a" {
             "ca".into()
         } else {
             "cb".into()
@@ -1866,7 +1867,7 @@ fn a_row_changed_by_another_program_is_listed_as_it_is_now() {
     let mut store = Store::open(&dir.db()).unwrap();
     let mut r = bare_record("s1");
     r.status = Status::Stopped;
-    r.config.agent_name = "before".into();
+    std::sync::Arc::make_mut(&mut r.config).agent_name = "before".into();
     write(&mut store, vec![Record::Session(Box::new(r))]).unwrap();
     let name = |store: &Store| {
         let page = store.sessions_before("", None, None, 10).unwrap();
