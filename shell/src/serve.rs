@@ -75,19 +75,29 @@ pub async fn run(opts: Options) -> Result<(), StartError> {
         );
     }
     let sunbeam = crate::api::sunbeam::CodeAgent::new(handle.clone());
-    let serve = crate::api::router(aria, Some(sunbeam))
-        .await
-        .serve_with_incoming_shutdown(incoming, shutdown);
+    // Served from a worker, not from this thread (the one `block_on` runs): a connection is
+    // then accepted by the worker that polls the socket, and its task starts on that same
+    // worker, instead of the worker waking this thread to accept and this thread waking a
+    // worker to serve (two thread hops at the start of every CLI command).
+    let mut serve = tokio::spawn(
+        crate::api::router(aria, Some(sunbeam))
+            .await
+            .serve_with_incoming_shutdown(incoming, shutdown),
+    );
     // Once the loop is done, in-flight calls get a short while to finish; a client that keeps
     // a call open (a stream it never reads) does not keep the daemon alive.
     let mut done_late = done_rx.clone();
     let result = tokio::select! {
-        r = serve => r,
+        r = &mut serve => match r {
+            Ok(r) => r,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        },
         _ = async move {
             let _ = done_late.wait_for(|d| *d).await;
             tokio::time::sleep(SERVE_DRAIN).await;
         } => {
             tracing::warn!("open calls did not finish within {SERVE_DRAIN:?} of shutdown; exiting");
+            serve.abort();
             Ok(())
         }
     };
