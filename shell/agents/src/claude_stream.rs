@@ -299,10 +299,16 @@ impl ClaudeStreamParser {
         {
             return Some(Vec::new());
         }
-        // Validate the shape before touching any state.
-        let blocks: Vec<Value> = match content {
-            Value::Array(a) => a.clone(),
-            Value::String(s) => vec![serde_json::json!({"type": "text", "text": s})],
+        // Validate the shape before touching any state. The blocks are read where they are
+        // (a copy of them, every text and tool input, cost a busy agent's reader more than
+        // the rest of the line's parse).
+        let text_block;
+        let blocks: &[Value] = match content {
+            Value::Array(a) => a,
+            Value::String(s) => {
+                text_block = [serde_json::json!({"type": "text", "text": s})];
+                &text_block
+            }
             _ => return None,
         };
         if let Some(usage) = msg.get("usage").filter(|u| u.is_object()) {
@@ -323,7 +329,7 @@ impl ClaudeStreamParser {
             }
         }
         let mut acts = Vec::new();
-        for b in &blocks {
+        for b in blocks {
             let bt = b.get("type").and_then(Value::as_str).unwrap_or("");
             match bt {
                 "thinking" => {
@@ -347,11 +353,11 @@ impl ClaudeStreamParser {
                         Some(own) => own.to_string(),
                         None => name,
                     };
-                    let input = b.get("input").cloned().unwrap_or(Value::Null);
+                    let input = b.get("input").unwrap_or(&Value::Null);
                     if !id.is_empty() {
                         self.tool_names.insert(id.clone(), name.clone());
                     }
-                    let content = render_tool_input(&name, &input);
+                    let content = render_tool_input(&name, input);
                     acts.push(Activity::new(ActivityKind::ToolCall, content).with_tool(name, id));
                 }
                 // Results of server-side tools (web search, …) come inside assistant messages.
