@@ -299,9 +299,8 @@ impl ClaudeStreamParser {
         {
             return Some(Vec::new());
         }
-        // Validate the shape before touching any state. The blocks are read where they are
-        // (a copy of them, every text and tool input, cost a busy agent's reader more than
-        // the rest of the line's parse).
+        // Validate the shape before touching any state. The blocks are read where they are:
+        // a copy would copy every text and tool input of the line.
         let text_block;
         let blocks: &[Value] = match content {
             Value::Array(a) => a,
