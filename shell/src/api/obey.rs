@@ -807,14 +807,11 @@ impl LocalDaemonService for Obey {
                 .collect::<BTreeMap<String, String>>()
         });
         if let Some(pc) = provider_config.take_if(|pc| pc.values().any(|v| v == secret::MASK)) {
-            let stored = self
-                .record(id.clone())
-                .await?
-                .config
-                .provider_config
-                .clone();
-            provider_config =
-                Some(secret::unmask(pc, &stored).map_err(|e| invalid(e.to_string()))?);
+            let stored = self.record(id.clone()).await?;
+            provider_config = Some(
+                secret::unmask(pc, &stored.config.provider_config)
+                    .map_err(|e| invalid(e.to_string()))?,
+            );
         }
         let provider_config = provider_config
             .map(paddock_core::ProviderConfig::parse)
