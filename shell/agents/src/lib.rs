@@ -9,6 +9,7 @@ pub mod ask;
 pub mod bridge;
 pub mod claude_stream;
 pub mod credentials;
+mod lenient;
 pub mod mcp;
 pub mod scripted;
 pub mod stream_json;
