@@ -500,8 +500,11 @@ impl ClaudeStreamParser {
         // The turn is over: reset its accounting.
         self.pending = (0, 0);
         self.attributed = (0, 0);
-        // A new map, not `clear()`: a long turn's capacity is not kept (review B6).
+        // A new map, not `clear()`: a long turn's capacity is not kept (review B6). The tool
+        // names of calls still waiting for their results stay (an agent may answer one after
+        // the turn's end), in a map cut to their number.
         self.seen_usage = HashMap::new();
+        self.tool_names.shrink_to_fit();
         out
     }
 
@@ -1365,6 +1368,35 @@ mod tests {
             vec![Parsed::Unrecognized(
                 r#"["assistant",{"content":"x"}]"#.into()
             )]
+        );
+    }
+
+    /// A turn's maps do not keep a long turn's size (issue 16: the parser's per-turn maps
+    /// shrink after a turn); a call still waiting for its result keeps its name.
+    #[test]
+    fn a_long_turns_maps_shrink_at_its_end() {
+        let mut p = ClaudeStreamParser::new();
+        // 500 calls made at once (as parallel tool calls are), then all but the first answered.
+        for i in 0..500 {
+            p.parse_line(&format!(
+                r#"{{"type":"assistant","message":{{"id":"m{i}","content":[{{"type":"tool_use","id":"t{i}","name":"Bash","input":{{"command":"true"}}}}],"usage":{{"input_tokens":1,"output_tokens":1}}}}}}"#
+            ));
+        }
+        for i in 1..500 {
+            p.parse_line(&format!(
+                r#"{{"type":"user","message":{{"content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"ok"}}]}}}}"#
+            ));
+        }
+        assert!(p.seen_usage.capacity() >= 500 && p.tool_names.capacity() >= 500);
+        p.parse_line(r#"{"type":"result","subtype":"success","result":"done"}"#);
+        assert_eq!(p.seen_usage.capacity(), 0);
+        assert!(p.tool_names.capacity() < 16, "{}", p.tool_names.capacity());
+        let a = acts(&p.parse_line(
+            r#"{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t0","content":"late"}]}}"#,
+        ));
+        assert_eq!(
+            (a[0].tool_name.as_str(), a[0].content.as_str()),
+            ("Bash", "late")
         );
     }
 
