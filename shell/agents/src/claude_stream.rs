@@ -85,7 +85,7 @@
 //! 63.3k.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::VecDeque;
 
 use paddock_core::{Activity, ActivityKind, ProviderEvent};
 use serde::Deserialize;
@@ -99,6 +99,20 @@ use super::stream_json::{self, ControlRequest, ControlResponse, Line, ReadResult
 pub const TOOL_INPUT_MAX: usize = 2000;
 /// `TOOL_RESULT` content is cut to this many bytes (plus the marker).
 pub const TOOL_RESULT_MAX: usize = 8 * 1024;
+
+/// How many API messages' usage a turn remembers. Claude Code repeats a message's usage on
+/// each of its lines (one a content block) and a message's lines follow each other; only a
+/// sub-agent's may come between them, and a turn runs a handful at once. So the last few
+/// messages are all a line can continue, and a turn of a million messages (P2's) keeps 64
+/// ids, not a million. A message forgotten and seen again would have its usage counted twice
+/// on its activities; the turn's `result` still carries its totals less what was attributed,
+/// floored at 0.
+pub const USAGE_IDS_KEPT: usize = 64;
+
+/// How many tool calls waiting for their results a session remembers (to name the tool on a
+/// result): more than any agent runs at once. Past it the oldest is forgotten, and its result,
+/// should it come, names no tool.
+pub const TOOL_CALLS_KEPT: usize = 256;
 
 /// `system` lines that carry nothing a session's activity needs (progress, UI and bookkeeping
 /// notices; the tool results and the `result` that matter arrive as their own lines). Taken from
@@ -160,10 +174,12 @@ pub enum Parsed {
 pub struct ClaudeStreamParser {
     /// The last `session_id` reported (from `init` or `result`).
     session_id: Option<String>,
-    /// tool_use id → tool name, until its result arrives.
-    tool_names: HashMap<String, String>,
-    /// Per message id (this turn): the (input, output) usage attributed so far.
-    seen_usage: HashMap<String, (u64, u64)>,
+    /// (tool_use id, tool name) of the calls waiting for their results, oldest first: at most
+    /// [`TOOL_CALLS_KEPT`].
+    tool_names: VecDeque<(String, String)>,
+    /// The API messages of this turn seen last, oldest first, each with the (input, output)
+    /// usage attributed to it so far: at most [`USAGE_IDS_KEPT`].
+    seen_usage: VecDeque<(String, (u64, u64))>,
     /// Delta not yet attached to an activity.
     pending: (u64, u64),
     /// Attached to activities during this turn.
@@ -332,13 +348,11 @@ impl ClaudeStreamParser {
                 Some(id) => {
                     // The message's usage so far: only its increase is new. Numbers an agent
                     // reports are never trusted to stay in range.
-                    let seen = match self.seen_usage.get_mut(id) {
-                        Some(seen) => seen,
-                        None => self.seen_usage.entry(id.to_string()).or_default(),
-                    };
-                    self.pending.0 = self.pending.0.saturating_add(inp.saturating_sub(seen.0));
-                    self.pending.1 = self.pending.1.saturating_add(out.saturating_sub(seen.1));
+                    let seen = self.usage_of(id);
+                    let new = (inp.saturating_sub(seen.0), out.saturating_sub(seen.1));
                     *seen = (seen.0.max(inp), seen.1.max(out));
+                    self.pending.0 = self.pending.0.saturating_add(new.0);
+                    self.pending.1 = self.pending.1.saturating_add(new.1);
                 }
                 None => {
                     self.pending.0 = self.pending.0.saturating_add(inp);
@@ -373,7 +387,11 @@ impl ClaudeStreamParser {
                     // A client tool (paddock's MCP server) is named as the client named it.
                     let name = name.strip_prefix(super::mcp::TOOL_PREFIX).unwrap_or(name);
                     if !id.is_empty() {
-                        self.tool_names.insert(id.to_string(), name.to_string());
+                        if self.tool_names.len() >= TOOL_CALLS_KEPT {
+                            self.tool_names.pop_front();
+                        }
+                        self.tool_names
+                            .push_back((id.to_string(), name.to_string()));
                     }
                     let content = render_tool_input(name, b.input);
                     acts.push(Activity::new(ActivityKind::ToolCall, content).with_tool(name, id));
@@ -386,6 +404,27 @@ impl ClaudeStreamParser {
             }
         }
         Some(self.attach(acts))
+    }
+
+    /// The usage attributed so far to message `id`, remembered from now on if it is new (the
+    /// oldest remembered one forgotten when [`USAGE_IDS_KEPT`] are; its id's buffer reused).
+    fn usage_of(&mut self, id: &str) -> &mut (u64, u64) {
+        // Newest first: a line is almost always of the message of the line before.
+        if let Some(i) = self.seen_usage.iter().rposition(|(seen, _)| seen == id) {
+            return &mut self.seen_usage[i].1;
+        }
+        let mut key = match self.seen_usage.len() {
+            USAGE_IDS_KEPT.. => self
+                .seen_usage
+                .pop_front()
+                .map(|(k, _)| k)
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
+        key.clear();
+        key.push_str(id);
+        self.seen_usage.push_back((key, (0, 0)));
+        &mut self.seen_usage.back_mut().expect("just pushed").1
     }
 
     fn on_user(&mut self, l: &WireLine<'_>) -> Option<Vec<Parsed>> {
@@ -408,7 +447,14 @@ impl ClaudeStreamParser {
 
     fn tool_result_activity(&mut self, b: &Block<'_>) -> Activity {
         let id = b.tool_use_id.as_deref().unwrap_or("");
-        let name = self.tool_names.remove(id).unwrap_or_default();
+        let name = match self.tool_names.iter().position(|(call, _)| call == id) {
+            Some(i) => self
+                .tool_names
+                .remove(i)
+                .map(|(_, name)| name)
+                .unwrap_or_default(),
+            None => String::new(),
+        };
         let text = b.content.as_ref().map_or("", ResultContent::as_str);
         let mut a = Activity::new(
             ActivityKind::ToolResult,
@@ -503,7 +549,7 @@ impl ClaudeStreamParser {
         // A new map, not `clear()`: a long turn's capacity is not kept (review B6). The tool
         // names of calls still waiting for their results stay (an agent may answer one after
         // the turn's end), in a map cut to their number.
-        self.seen_usage = HashMap::new();
+        self.seen_usage = VecDeque::new();
         self.tool_names.shrink_to_fit();
         out
     }
@@ -1207,6 +1253,16 @@ mod tests {
             .map(|a| (a.tokens_input, a.tokens_output))
             .collect();
         assert_eq!(toks, [(150, 1), (0, 0), (0, 29), (0, 0), (0, 0)]);
+
+        // Another message's lines between two of msg_X's (a sub-agent's, say): msg_X is still
+        // remembered, and its next line attributes only what grew.
+        for i in 0..USAGE_IDS_KEPT - 1 {
+            p.parse_line(
+                &line(r#"{"type":"text","text":"x"}"#, 1).replace("msg_X", &format!("sub_{i}")),
+            );
+        }
+        let a = acts(&p.parse_line(&line(r#"{"type":"text","text":"f"}"#, 31)));
+        assert_eq!((a[0].tokens_input, a[0].tokens_output), (0, 1));
     }
 
     #[test]
@@ -1371,33 +1427,49 @@ mod tests {
         );
     }
 
-    /// A turn's maps do not keep a long turn's size (issue 16: the parser's per-turn maps
-    /// shrink after a turn); a call still waiting for its result keeps its name.
+    /// A turn's memory of messages and calls is bounded, and does not keep a long turn's size
+    /// after it (issue 16: the parser's per-turn maps shrink after a turn); a call still
+    /// waiting for its result keeps its name.
     #[test]
-    fn a_long_turns_maps_shrink_at_its_end() {
-        let mut p = ClaudeStreamParser::new();
-        // 500 calls made at once (as parallel tool calls are), then all but the first answered.
-        for i in 0..500 {
-            p.parse_line(&format!(
+    fn a_turns_memory_is_bounded_and_shrinks_at_its_end() {
+        let call = |i: usize| {
+            format!(
                 r#"{{"type":"assistant","message":{{"id":"m{i}","content":[{{"type":"tool_use","id":"t{i}","name":"Bash","input":{{"command":"true"}}}}],"usage":{{"input_tokens":1,"output_tokens":1}}}}}}"#
-            ));
+            )
+        };
+        let result = |i: usize, text: &str| {
+            format!(
+                r#"{{"type":"user","message":{{"content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"{text}"}}]}}}}"#
+            )
+        };
+        let mut p = ClaudeStreamParser::new();
+        // 200 calls made at once (as parallel tool calls are), then all but the first answered.
+        for i in 0..200 {
+            p.parse_line(&call(i));
         }
-        for i in 1..500 {
-            p.parse_line(&format!(
-                r#"{{"type":"user","message":{{"content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"ok"}}]}}}}"#
-            ));
+        for i in 1..200 {
+            assert_eq!(acts(&p.parse_line(&result(i, "ok")))[0].tool_name, "Bash");
         }
-        assert!(p.seen_usage.capacity() >= 500 && p.tool_names.capacity() >= 500);
+        assert!(p.tool_names.capacity() >= 200);
+        // The turn's 200 messages: only the last USAGE_IDS_KEPT are remembered.
+        assert_eq!(p.seen_usage.len(), USAGE_IDS_KEPT);
+        assert_eq!(p.seen_usage.back().unwrap().0, "m199");
         p.parse_line(r#"{"type":"result","subtype":"success","result":"done"}"#);
         assert_eq!(p.seen_usage.capacity(), 0);
         assert!(p.tool_names.capacity() < 16, "{}", p.tool_names.capacity());
-        let a = acts(&p.parse_line(
-            r#"{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t0","content":"late"}]}}"#,
-        ));
+        let a = acts(&p.parse_line(&result(0, "late")));
         assert_eq!(
             (a[0].tool_name.as_str(), a[0].content.as_str()),
             ("Bash", "late")
         );
+
+        // Calls never answered: the oldest are forgotten past TOOL_CALLS_KEPT.
+        for i in 1000..1000 + TOOL_CALLS_KEPT + 10 {
+            p.parse_line(&call(i));
+        }
+        assert_eq!(p.tool_names.len(), TOOL_CALLS_KEPT);
+        assert_eq!(acts(&p.parse_line(&result(1000, "x")))[0].tool_name, "");
+        assert_eq!(acts(&p.parse_line(&result(1010, "x")))[0].tool_name, "Bash");
     }
 
     #[test]
