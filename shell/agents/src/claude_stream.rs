@@ -72,11 +72,11 @@
 //!
 //! # Reading
 //!
-//! A line is read in one pass into typed structs ([`WireLine`], its `message`, its blocks),
+//! A line is read in one pass into typed structs (`WireLine`, its `message`, its blocks),
 //! not into a `serde_json::Value` tree: strings are borrowed from the line where they have no
 //! escapes, a tool result's text is cut from the line's own bytes, and every field the parser
 //! does not name (Claude Code's `uuid`, `tool_use_result` with its second copy of a file, …)
-//! is skipped without being built. Every field is [lenient](super::lenient): one of another
+//! is skipped without being built. Every field is lenient (`lenient.rs`): one of another
 //! type reads as absent, so what is unrecognized is what it was when the parser walked a
 //! `Value`. Only what is shown as JSON (a tool input without a main argument, a result block
 //! of an unknown type) and the rare `control_request` (whose input is handed on as it is)
