@@ -80,9 +80,15 @@
 //! type reads as absent, so what is unrecognized is what it was when the parser walked a
 //! `Value`. Only what is shown as JSON (a tool input without a main argument, a result block
 //! of an unknown type) and the rare `control_request` (whose input is handed on as it is)
-//! become `Value`s. Measured with callgrind on the bench's assistant line: 23.5k → 11.1k
-//! instructions a line; on a recorded Claude Code stream with 4 KiB tool results: 96.9k →
-//! 63.3k.
+//! become `Value`s. A field the parser skips is checked only for being well-formed JSON, not
+//! built: a lone surrogate in it (JavaScript cutting a string between the halves of a pair, in
+//! Claude Code's `tool_use_result` copy of a command's output, say) no longer makes the whole
+//! line, and the tool result in it, unrecognized; a tool input shown as JSON that cannot be
+//! built as a `Value` is shown as the agent wrote it. A line that repeats a key the parser
+//! reads is unrecognized (before, the last value counted).
+//!
+//! Measured with callgrind, instructions a line: the bench's assistant line 23.5k → 11.1k; a
+//! recorded Claude Code stream with 4 KiB tool results 96.9k → 63.3k.
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -234,7 +240,7 @@ impl ClaudeStreamParser {
             "system" => self.on_system(l),
             "assistant" => self.on_assistant(l),
             "user" => self.on_user(l),
-            "result" => Some(self.on_result(text)),
+            "result" => self.on_result(text),
             // A bridge's envelope for an agent line it did not understand: stored raw.
             "paddock_raw" => {
                 let line = l.line.as_deref()?.to_string();
@@ -387,7 +393,10 @@ impl ClaudeStreamParser {
                     // A client tool (paddock's MCP server) is named as the client named it.
                     let name = name.strip_prefix(super::mcp::TOOL_PREFIX).unwrap_or(name);
                     if !id.is_empty() {
-                        if self.tool_names.len() >= TOOL_CALLS_KEPT {
+                        // An id used again names its latest call (the one its result answers).
+                        if let Some(i) = self.tool_names.iter().position(|(call, _)| call == id) {
+                            self.tool_names.remove(i);
+                        } else if self.tool_names.len() >= TOOL_CALLS_KEPT {
                             self.tool_names.pop_front();
                         }
                         self.tool_names
@@ -466,9 +475,12 @@ impl ClaudeStreamParser {
     }
 
     /// A `result` line (`text`): its fields are read on their own, each malformed one as
-    /// missing ([`ReadResult`]), so a turn's end is never lost to an odd field.
-    fn on_result(&mut self, text: &str) -> Vec<Parsed> {
-        let r = serde_json::from_str::<ReadResult>(text).unwrap_or_default();
+    /// missing ([`ReadResult`]), so a turn's end is never lost to an odd field. `None` (the
+    /// line is unrecognized) only when the line itself cannot be read as one: a duplicate key,
+    /// a lone surrogate or an out-of-range number in one of those fields; an empty successful
+    /// completion would misreport it.
+    fn on_result(&mut self, text: &str) -> Option<Vec<Parsed>> {
+        let r = serde_json::from_str::<ReadResult>(text).ok()?;
         let mut out = Vec::new();
         if let Some(sid) = &r.session_id {
             if self.session_id.as_ref() != Some(sid) {
@@ -551,7 +563,7 @@ impl ClaudeStreamParser {
         // the turn's end), in a map cut to their number.
         self.seen_usage = VecDeque::new();
         self.tool_names.shrink_to_fit();
-        out
+        Some(out)
     }
 
     /// Puts the pending token delta on the first activity and wraps them.
@@ -1357,6 +1369,9 @@ mod tests {
             r#"{"type":"user","message":{"content":{"x":1}}}"#,
             r#"{"type":"control_request","request_id":"r"}"#,
             "{\"type\":\"assistant\",\"message\":{\"content\":\"\u{0}\"}} trailing",
+            // A result that cannot be read as one is not an empty successful completion.
+            r#"{"type":"result","is_error":true,"result":"boom \ud83d"}"#,
+            r#"{"type":"result","is_error":true,"is_error":true,"result":"x"}"#,
         ];
         for l in lines {
             let out = p.parse_line(l);
@@ -1418,6 +1433,16 @@ mod tests {
             a[1].content,
             "plain\nt\n{\"a\":2,\"type\":\"video\",\"z\":1}\n3"
         );
+        // A tool-call id used again names its latest call.
+        p.parse_line(r#"{"type":"assistant","message":{"content":[{"type":"tool_use","id":"r","name":"Bash","input":{}}]}}"#);
+        p.parse_line(r#"{"type":"assistant","message":{"content":[{"type":"tool_use","id":"r","name":"Read","input":{}}]}}"#);
+        let res = r#"{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"r","content":"x"}]}}"#;
+        assert_eq!(acts(&p.parse_line(res))[0].tool_name, "Read");
+        assert_eq!(acts(&p.parse_line(res))[0].tool_name, "");
+        // A lone surrogate in a field the parser skips (Claude Code's copy of a command's
+        // output, cut between the halves of a pair) leaves the line's tool result readable.
+        let cut = r#"{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"q","content":"ok"}]},"tool_use_result":{"stdout":"x\ud83d"}}"#;
+        assert_eq!(acts(&p.parse_line(cut))[0].content, "ok");
         // An array where the line's object should be is not a line.
         assert_eq!(
             p.parse_line(r#"["assistant",{"content":"x"}]"#),
