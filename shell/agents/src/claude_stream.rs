@@ -98,7 +98,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::lenient::{self, Obj};
+use super::lenient::{self, Obj, StrOrSeq};
 use super::stream_json::{self, ControlRequest, ControlResponse, Line, ReadResult, Usage, User};
 
 /// `TOOL_CALL` content is cut to this many bytes.
@@ -338,15 +338,15 @@ impl ClaudeStreamParser {
         // The CLI's own stand-in for a failed API call ("API Error: 500 …"): the `result` line
         // that follows says the same as an ERROR, so this one adds nothing.
         if l.is_api_error_message == Some(true)
-            && matches!(msg.content, Content::Text(_) | Content::Blocks(_))
+            && matches!(msg.content, StrOrSeq::Str(_) | StrOrSeq::Seq(_))
         {
             return Some(Vec::new());
         }
         // Validate the shape before touching any state. A string is one text block.
         let blocks = match &msg.content {
-            Content::Blocks(blocks) => blocks.as_slice(),
-            Content::Text(_) => &[],
-            Content::Invalid => return None,
+            StrOrSeq::Seq(blocks) => blocks.as_slice(),
+            StrOrSeq::Str(_) => &[],
+            StrOrSeq::Other(_) => return None,
         };
         if let Some(usage) = &msg.usage.0 {
             let (inp, out) = (usage.input(), usage.output_tokens);
@@ -367,12 +367,12 @@ impl ClaudeStreamParser {
             }
         }
         let mut acts = Vec::with_capacity(blocks.len().max(1));
-        if let Content::Text(t) = &msg.content {
+        if let StrOrSeq::Str(t) = &msg.content {
             if !t.is_empty() {
                 acts.push(Activity::new(ActivityKind::Text, t.as_ref()));
             }
         }
-        for b in blocks {
+        for b in blocks.iter().filter_map(|b| b.0.as_ref()) {
             match b.ty.as_deref().unwrap_or("") {
                 "thinking" => {
                     let t = b.thinking.as_deref().unwrap_or("");
@@ -439,12 +439,12 @@ impl ClaudeStreamParser {
     fn on_user(&mut self, l: &WireLine<'_>) -> Option<Vec<Parsed>> {
         let msg = l.message.0.as_ref()?;
         let blocks = match &msg.content {
-            Content::Blocks(blocks) => blocks,
-            Content::Text(_) => return Some(Vec::new()), // a replayed user message
-            Content::Invalid => return None,
+            StrOrSeq::Seq(blocks) => blocks,
+            StrOrSeq::Str(_) => return Some(Vec::new()), // a replayed user message
+            StrOrSeq::Other(_) => return None,
         };
         let mut acts = Vec::new();
-        for b in blocks {
+        for b in blocks.iter().filter_map(|b| b.0.as_ref()) {
             let bt = b.ty.as_deref().unwrap_or("");
             if bt.ends_with("tool_result") && b.tool_use_id.is_some() {
                 acts.push(self.tool_result_activity(b));
@@ -464,10 +464,10 @@ impl ClaudeStreamParser {
                 .unwrap_or_default(),
             None => String::new(),
         };
-        let text = b.content.as_ref().map_or("", ResultContent::as_str);
+        let text = b.content.as_ref().map(result_text).unwrap_or_default();
         let mut a = Activity::new(
             ActivityKind::ToolResult,
-            paddock_sys::text::truncate(text, TOOL_RESULT_MAX).into_owned(),
+            paddock_sys::text::truncate(&text, TOOL_RESULT_MAX).into_owned(),
         )
         .with_tool(name, id);
         a.tool_success = !b.is_error.unwrap_or(false);
@@ -622,103 +622,39 @@ fn json_text(raw: &RawValue) -> String {
         .unwrap_or_else(|_| raw.get().to_string())
 }
 
-/// A tool result's `content`, read in the same pass as its line: a string as it is (borrowed
-/// where it has no escapes: a file's contents are not copied before they are cut), blocks as
-/// their text joined by newlines (a text block's text, `[image]` for an image, a string as it
-/// is, anything else as JSON), any other value as JSON.
-enum ResultContent<'a> {
-    Text(Cow<'a, str>),
-    Joined(String),
-}
-
-impl ResultContent<'_> {
-    fn as_str(&self) -> &str {
-        match self {
-            ResultContent::Text(t) => t,
-            ResultContent::Joined(t) => t,
-        }
+/// A tool result's `content` as text: a string as it is (borrowed from the line where it has
+/// no escapes: a file's contents are not copied before they are cut), blocks as their text
+/// joined by newlines, any other value as JSON.
+fn result_text<'c>(content: &'c StrOrSeq<'_, Value>) -> Cow<'c, str> {
+    match content {
+        StrOrSeq::Str(text) => Cow::Borrowed(text),
+        StrOrSeq::Seq(blocks) => Cow::Owned(
+            blocks
+                .iter()
+                .map(result_block_text)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        StrOrSeq::Other(v) => Cow::Owned(v.to_string()),
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for ResultContent<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::value::MapAccessDeserializer;
-
-        struct ResultVisitor;
-
-        impl<'de> serde::de::Visitor<'de> for ResultVisitor {
-            type Value = ResultContent<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(ResultContent::Text(Cow::Borrowed(v)))
-            }
-
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(ResultContent::Text(Cow::Owned(v.to_owned())))
-            }
-
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(ResultContent::Text(Cow::Owned(v)))
-            }
-
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                // Blocks are few and small (the text of a result is one block): each is read
-                // as a `Value`, so that one paddock has no rendering for shows as its JSON.
-                let mut parts = Vec::new();
-                while let Some(block) = seq.next_element::<Value>()? {
-                    parts.push(match block {
-                        Value::String(s) => s,
-                        Value::Object(mut o) => match o.get("type").and_then(Value::as_str) {
-                            Some("text") => match o.remove("text") {
-                                Some(Value::String(t)) => t,
-                                _ => String::new(),
-                            },
-                            Some("image") => "[image]".to_string(),
-                            _ => Value::Object(o).to_string(),
-                        },
-                        other => other.to_string(),
-                    });
-                }
-                Ok(ResultContent::Joined(parts.join("\n")))
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                map: A,
-            ) -> Result<Self::Value, A::Error> {
-                let v = Value::deserialize(MapAccessDeserializer::new(map))?;
-                Ok(ResultContent::Joined(v.to_string()))
-            }
-
-            fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
-                Ok(ResultContent::Joined(Value::from(v).to_string()))
-            }
-
-            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
-                Ok(ResultContent::Joined(v.to_string()))
-            }
-
-            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
-                Ok(ResultContent::Joined(v.to_string()))
-            }
-
-            fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
-                Ok(ResultContent::Joined(Value::from(v).to_string()))
-            }
-
-            fn visit_unit<E>(self) -> Result<Self::Value, E> {
-                Ok(ResultContent::Joined(String::new()))
-            }
-        }
-
-        d.deserialize_any(ResultVisitor)
+/// One block of a tool result's content (blocks are few and small: the text of a result is
+/// one block): a text block's text, `[image]` for an image, a string as it is, anything else
+/// as JSON.
+fn result_block_text(block: &Value) -> String {
+    match block {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("text") => o
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            Some("image") => "[image]".to_string(),
+            _ => block.to_string(),
+        },
+        other => other.to_string(),
     }
 }
 
@@ -841,86 +777,9 @@ struct Message<'a> {
     usage: Obj<Usage>,
 }
 
-/// A message's `content`: a string, or blocks. Anything else (or none) makes the line
-/// unrecognized.
-#[derive(Default)]
-enum Content<'a> {
-    Text(Cow<'a, str>),
-    /// The elements that are objects (another element has no `type`: nothing to map).
-    Blocks(Vec<Block<'a>>),
-    #[default]
-    Invalid,
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct ContentVisitor;
-
-        impl<'de> serde::de::Visitor<'de> for ContentVisitor {
-            type Value = Content<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Borrowed(v)))
-            }
-
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Owned(v.to_owned())))
-            }
-
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Owned(v)))
-            }
-
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut blocks = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
-                while let Some(Obj(block)) = seq.next_element::<Obj<Block<'de>>>()? {
-                    blocks.extend(block);
-                }
-                Ok(Content::Blocks(blocks))
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                while map
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(Content::Invalid)
-            }
-
-            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(Content::Invalid)
-            }
-
-            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(Content::Invalid)
-            }
-
-            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(Content::Invalid)
-            }
-
-            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Content::Invalid)
-            }
-
-            fn visit_unit<E>(self) -> Result<Self::Value, E> {
-                Ok(Content::Invalid)
-            }
-        }
-
-        d.deserialize_any(ContentVisitor)
-    }
-}
+/// A message's `content`: a string, or blocks (an element that is not an object has no
+/// `type`: nothing to map). Anything else, or none, makes the line unrecognized.
+type Content<'a> = StrOrSeq<'a, Obj<Block<'a>>>;
 
 /// One content block of any type; each type reads the fields it has.
 #[derive(Deserialize)]
@@ -945,9 +804,9 @@ struct Block<'a> {
     tool_use_id: Option<Cow<'a, str>>,
     #[serde(default, deserialize_with = "lenient::boolean")]
     is_error: Option<bool>,
-    /// A result's content (`None` for `null`).
+    /// A result's content (`None` for `null`), read by [`result_text`].
     #[serde(default, borrow)]
-    content: Option<ResultContent<'a>>,
+    content: Option<StrOrSeq<'a, Value>>,
 }
 
 /// The stdin line that delivers one user message (no trailing newline; the caller adds it):

@@ -9,8 +9,8 @@
 //! is of the type asked for, as walking a `Value` with `as_str` / `as_bool` / `as_u64` would.
 //!
 //! Use them as `#[serde(default, deserialize_with = "lenient::string")]` on an
-//! `Option<Cow<'a, str>>` field (with `borrow` so that it borrows), and [`Obj`] for a nested
-//! object.
+//! `Option<Cow<'a, str>>` field (with `borrow` so that it borrows), [`Obj`] for a nested
+//! object and [`StrOrSeq`] for a field that is a string or an array.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -18,6 +18,7 @@ use std::marker::PhantomData;
 
 use serde::de::{value::MapAccessDeserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 /// Any JSON value, reduced to the scalar kinds the helpers keep.
 enum Scalar<'de> {
@@ -202,6 +203,91 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
         }
 
         d.deserialize_any(ObjVisitor(PhantomData))
+    }
+}
+
+/// A value that may be a string or an array: a string is borrowed from the input where it has
+/// no escapes, an array's elements are read as `T` in the same pass, and anything else (rare:
+/// what a reader shows as JSON or refuses) is kept as a [`Value`]. An absent field reads as
+/// `Other(Null)`.
+#[derive(Debug)]
+pub(crate) enum StrOrSeq<'a, T> {
+    Str(Cow<'a, str>),
+    Seq(Vec<T>),
+    Other(Value),
+}
+
+impl<T> Default for StrOrSeq<'_, T> {
+    fn default() -> Self {
+        StrOrSeq::Other(Value::Null)
+    }
+}
+
+impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for StrOrSeq<'a, T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct StrOrSeqVisitor<T>(PhantomData<T>);
+
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for StrOrSeqVisitor<T> {
+            type Value = StrOrSeq<'de, T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Str(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Str(Cow::Owned(v.to_owned())))
+            }
+
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Str(Cow::Owned(v)))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
+                while let Some(item) = seq.next_element::<T>()? {
+                    items.push(item);
+                }
+                Ok(StrOrSeq::Seq(items))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                Value::deserialize(MapAccessDeserializer::new(map)).map(StrOrSeq::Other)
+            }
+
+            fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Other(Value::from(v)))
+            }
+
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Other(Value::from(v)))
+            }
+
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Other(Value::from(v)))
+            }
+
+            fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Other(Value::from(v)))
+            }
+
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Other(Value::Null))
+            }
+
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(StrOrSeq::Other(Value::Null))
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                StrOrSeq::deserialize(d)
+            }
+        }
+
+        d.deserialize_any(StrOrSeqVisitor(PhantomData))
     }
 }
 
