@@ -79,13 +79,14 @@
 //! is skipped without being built. Every field is lenient (`lenient.rs`): one of another
 //! type reads as absent, so what is unrecognized is what it was when the parser walked a
 //! `Value`. Only what is shown as JSON (a tool input without a main argument, a result block
-//! of an unknown type) and the rare `control_request` (whose input is handed on as it is)
-//! become `Value`s. A field the parser skips is checked only for being well-formed JSON, not
-//! built: a lone surrogate in it (JavaScript cutting a string between the halves of a pair, in
-//! Claude Code's `tool_use_result` copy of a command's output, say) no longer makes the whole
-//! line, and the tool result in it, unrecognized; a tool input shown as JSON that cannot be
-//! built as a `Value` is shown as the agent wrote it. A line that repeats a key the parser
-//! reads is unrecognized (before, the last value counted).
+//! of an unknown type), an `api_retry`'s `error_status` and the rare `control_request` (whose
+//! input is handed on as it is) become `Value`s. A field the parser skips is checked only for
+//! being well-formed JSON, not built: a lone surrogate in it (JavaScript cutting a string
+//! between the halves of a pair, in Claude Code's `tool_use_result` copy of a command's
+//! output, say) no longer makes the whole line, and the tool result in it, unrecognized; a
+//! tool input shown as JSON that cannot be built as a `Value` is shown as the agent wrote it.
+//! A line that repeats a key the parser reads is unrecognized (before, the last value
+//! counted).
 //!
 //! Measured with callgrind, instructions a line: the bench's assistant line 23.5k → 11.1k; a
 //! recorded Claude Code stream with 4 KiB tool results 96.9k → 63.3k.
@@ -175,17 +176,84 @@ pub enum Parsed {
     },
 }
 
+/// What a turn remembers by id (API messages, tool calls): the `KEEP` ids seen last, oldest
+/// first. A line refers to what came just before it, so an id is looked up newest first;
+/// past `KEEP` the oldest is forgotten and its id's buffer reused for the new one.
+#[derive(Debug)]
+struct Recent<V, const KEEP: usize>(VecDeque<(String, V)>);
+
+impl<V, const KEEP: usize> Default for Recent<V, KEEP> {
+    fn default() -> Self {
+        Recent(VecDeque::new())
+    }
+}
+
+/// Read like the list it is (its length, its newest entry).
+impl<V, const KEEP: usize> std::ops::Deref for Recent<V, KEEP> {
+    type Target = VecDeque<(String, V)>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<V, const KEEP: usize> Recent<V, KEEP> {
+    fn position(&self, id: &str) -> Option<usize> {
+        self.0.iter().rposition(|(seen, _)| seen == id)
+    }
+
+    /// `id`'s value, remembered from now on (as `V::default()`) if it is new.
+    fn entry(&mut self, id: &str) -> &mut V
+    where
+        V: Default,
+    {
+        match self.position(id) {
+            Some(i) => &mut self.0[i].1,
+            None => self.push(id, V::default()),
+        }
+    }
+
+    /// Remembers `value` for `id` as the newest (replacing what `id` had).
+    fn insert(&mut self, id: &str, value: V) {
+        if let Some(i) = self.position(id) {
+            self.0.remove(i);
+        }
+        self.push(id, value);
+    }
+
+    /// Forgets `id`, giving back its value.
+    fn take(&mut self, id: &str) -> Option<V> {
+        let i = self.position(id)?;
+        self.0.remove(i).map(|(_, value)| value)
+    }
+
+    /// Gives back the room of forgotten entries.
+    fn shrink_to_fit(&mut self) {
+        self.0.shrink_to_fit();
+    }
+
+    fn push(&mut self, id: &str, value: V) -> &mut V {
+        let mut key = match self.0.len() {
+            n if n >= KEEP => self.0.pop_front().map(|(k, _)| k).unwrap_or_default(),
+            _ => String::new(),
+        };
+        key.clear();
+        key.push_str(id);
+        self.0.push_back((key, value));
+        &mut self.0.back_mut().expect("just pushed").1
+    }
+}
+
 /// Per-session parser state.
 #[derive(Debug, Default)]
 pub struct ClaudeStreamParser {
     /// The last `session_id` reported (from `init` or `result`).
     session_id: Option<String>,
-    /// (tool_use id, tool name) of the calls waiting for their results, oldest first: at most
-    /// [`TOOL_CALLS_KEPT`].
-    tool_names: VecDeque<(String, String)>,
-    /// The API messages of this turn seen last, oldest first, each with the (input, output)
-    /// usage attributed to it so far: at most [`USAGE_IDS_KEPT`].
-    seen_usage: VecDeque<(String, (u64, u64))>,
+    /// Tool name by tool_use id, of the calls waiting for their results.
+    tool_names: Recent<String, TOOL_CALLS_KEPT>,
+    /// The (input, output) usage attributed so far, by API message id, of this turn's
+    /// messages seen last.
+    seen_usage: Recent<(u64, u64), USAGE_IDS_KEPT>,
     /// Delta not yet attached to an activity.
     pending: (u64, u64),
     /// Attached to activities during this turn.
@@ -282,12 +350,9 @@ impl ClaudeStreamParser {
             "api_retry" => {
                 let mut text = String::from("API error");
                 // A number as JSON writes it, or a non-empty string.
-                match l
-                    .error_status
-                    .map(|raw| serde_json::from_str::<Value>(raw.get()))
-                {
-                    Some(Ok(Value::Number(n))) => text.push_str(&format!(" {n}")),
-                    Some(Ok(Value::String(s))) if !s.is_empty() => text.push_str(&format!(" {s}")),
+                match &l.error_status {
+                    Some(Value::Number(n)) => text.push_str(&format!(" {n}")),
+                    Some(Value::String(s)) if !s.is_empty() => text.push_str(&format!(" {s}")),
                     _ => {}
                 }
                 if let Some(e) = l.error.as_deref() {
@@ -354,7 +419,7 @@ impl ClaudeStreamParser {
                 Some(id) => {
                     // The message's usage so far: only its increase is new. Numbers an agent
                     // reports are never trusted to stay in range.
-                    let seen = self.usage_of(id);
+                    let seen = self.seen_usage.entry(id);
                     let new = (inp.saturating_sub(seen.0), out.saturating_sub(seen.1));
                     *seen = (seen.0.max(inp), seen.1.max(out));
                     self.pending.0 = self.pending.0.saturating_add(new.0);
@@ -394,13 +459,7 @@ impl ClaudeStreamParser {
                     let name = name.strip_prefix(super::mcp::TOOL_PREFIX).unwrap_or(name);
                     if !id.is_empty() {
                         // An id used again names its latest call (the one its result answers).
-                        if let Some(i) = self.tool_names.iter().position(|(call, _)| call == id) {
-                            self.tool_names.remove(i);
-                        } else if self.tool_names.len() >= TOOL_CALLS_KEPT {
-                            self.tool_names.pop_front();
-                        }
-                        self.tool_names
-                            .push_back((id.to_string(), name.to_string()));
+                        self.tool_names.insert(id, name.to_string());
                     }
                     let content = render_tool_input(name, b.input);
                     acts.push(Activity::new(ActivityKind::ToolCall, content).with_tool(name, id));
@@ -413,27 +472,6 @@ impl ClaudeStreamParser {
             }
         }
         Some(self.attach(acts))
-    }
-
-    /// The usage attributed so far to message `id`, remembered from now on if it is new (the
-    /// oldest remembered one forgotten when [`USAGE_IDS_KEPT`] are; its id's buffer reused).
-    fn usage_of(&mut self, id: &str) -> &mut (u64, u64) {
-        // Newest first: a line is almost always of the message of the line before.
-        if let Some(i) = self.seen_usage.iter().rposition(|(seen, _)| seen == id) {
-            return &mut self.seen_usage[i].1;
-        }
-        let mut key = match self.seen_usage.len() {
-            USAGE_IDS_KEPT.. => self
-                .seen_usage
-                .pop_front()
-                .map(|(k, _)| k)
-                .unwrap_or_default(),
-            _ => String::new(),
-        };
-        key.clear();
-        key.push_str(id);
-        self.seen_usage.push_back((key, (0, 0)));
-        &mut self.seen_usage.back_mut().expect("just pushed").1
     }
 
     fn on_user(&mut self, l: &WireLine<'_>) -> Option<Vec<Parsed>> {
@@ -456,14 +494,7 @@ impl ClaudeStreamParser {
 
     fn tool_result_activity(&mut self, b: &Block<'_>) -> Activity {
         let id = b.tool_use_id.as_deref().unwrap_or("");
-        let name = match self.tool_names.iter().position(|(call, _)| call == id) {
-            Some(i) => self
-                .tool_names
-                .remove(i)
-                .map(|(_, name)| name)
-                .unwrap_or_default(),
-            None => String::new(),
-        };
+        let name = self.tool_names.take(id).unwrap_or_default();
         let text = b.content.as_ref().map(result_text).unwrap_or_default();
         let mut a = Activity::new(
             ActivityKind::ToolResult,
@@ -558,10 +589,10 @@ impl ClaudeStreamParser {
         // The turn is over: reset its accounting.
         self.pending = (0, 0);
         self.attributed = (0, 0);
-        // A new map, not `clear()`: a long turn's capacity is not kept (review B6). The tool
-        // names of calls still waiting for their results stay (an agent may answer one after
-        // the turn's end), in a map cut to their number.
-        self.seen_usage = VecDeque::new();
+        // Anew, not cleared: a long turn's capacity is not kept (review B6). The tool names of
+        // calls still waiting for their results stay (an agent may answer one after the
+        // turn's end), cut to their number.
+        self.seen_usage = Recent::default();
         self.tool_names.shrink_to_fit();
         Some(out)
     }
@@ -739,9 +770,9 @@ struct WireLine<'a> {
     /// `control_response`.
     #[serde(default, borrow)]
     response: Obj<ResponseId<'a>>,
-    /// `system` / `api_retry` (a number or a string).
-    #[serde(default, borrow)]
-    error_status: Option<&'a RawValue>,
+    /// `system` / `api_retry`: a number or a string (only those lines carry it).
+    #[serde(default)]
+    error_status: Option<Value>,
     #[serde(default, borrow, deserialize_with = "lenient::string")]
     error: Option<Cow<'a, str>>,
     #[serde(default, deserialize_with = "lenient::uint")]
