@@ -69,6 +69,21 @@ fn assistant_line(i: u64, text: &str) -> String {
     .to_string()
 }
 
+/// [`assistant_line`]`(i, "ts=<ts>")` and a newline, appended to `out` without building a
+/// `serde_json::Value` (the same fields; a paced agent writes one every few milliseconds).
+fn paced_line(out: &mut String, i: u64, ts: u128) {
+    use std::fmt::Write as _;
+    write!(
+        out,
+        "{{\"type\":\"assistant\",\"message\":{{\"id\":\"msg_bench_{i}\",\"type\":\"message\",\
+         \"role\":\"assistant\",\"model\":\"bench\",\"content\":[{{\"type\":\"text\",\
+         \"text\":\"ts={ts}\"}}],\"stop_reason\":null,\"usage\":{{\"input_tokens\":1,\
+         \"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}},\
+         \"parent_tool_use_id\":null,\"session_id\":\"bench\"}}\n"
+    )
+    .expect("a String takes every write");
+}
+
 fn init_line() -> String {
     json!({"type": "system", "subtype": "init", "cwd": "/", "session_id": "bench",
         "tools": [], "mcp_servers": [], "model": "bench", "permissionMode": "default",
@@ -136,12 +151,16 @@ fn agent(args: &[String]) -> ! {
                         % u128::from(ms * 1000);
                     std::thread::sleep(Duration::from_micros(phase as u64));
                 }
+                // The load's own cost is kept small (P3 runs a thousand of these on the cores
+                // paddock has): each line is written into one buffer, and written at once.
+                let mut l = String::new();
                 for i in 0..n {
                     if ms > 0 {
                         std::thread::sleep(Duration::from_millis(ms));
                     }
-                    let l = assistant_line(turn * 1_000_000 + i, &format!("ts={}", wall_ns()));
-                    writeln!(out, "{l}").unwrap();
+                    l.clear();
+                    paced_line(&mut l, turn * 1_000_000 + i, wall_ns());
+                    out.write_all(l.as_bytes()).unwrap();
                     out.flush().unwrap();
                 }
                 writeln!(out, "{}", result_line(n)).unwrap();
@@ -1445,6 +1464,13 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("--bench-agent") {
         agent(&args[2..]);
     }
+    let mut paced = String::new();
+    paced_line(&mut paced, 7, 42);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&paced).unwrap(),
+        serde_json::from_str::<serde_json::Value>(&assistant_line(7, "ts=42")).unwrap(),
+        "the paced agent's line is the assistant line"
+    );
     let s = Settings::read();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
