@@ -73,13 +73,13 @@ fn assistant_line(i: u64, text: &str) -> String {
 /// `serde_json::Value` (the same fields; a paced agent writes one every few milliseconds).
 fn paced_line(out: &mut String, i: u64, ts: u128) {
     use std::fmt::Write as _;
-    write!(
+    writeln!(
         out,
         "{{\"type\":\"assistant\",\"message\":{{\"id\":\"msg_bench_{i}\",\"type\":\"message\",\
          \"role\":\"assistant\",\"model\":\"bench\",\"content\":[{{\"type\":\"text\",\
          \"text\":\"ts={ts}\"}}],\"stop_reason\":null,\"usage\":{{\"input_tokens\":1,\
          \"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}},\
-         \"parent_tool_use_id\":null,\"session_id\":\"bench\"}}\n"
+         \"parent_tool_use_id\":null,\"session_id\":\"bench\"}}"
     )
     .expect("a String takes every write");
 }
