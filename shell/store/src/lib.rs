@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use paddock_core::{
     ActivityEvent, Record, SessionConfig, SessionId, SessionRecord, StatusEvent, UserMessage,
 };
-use rusqlite::{named_params, params, Connection, Rows, TransactionBehavior};
+use rusqlite::{named_params, params, Connection, OptionalExtension, Rows, TransactionBehavior};
 
 use codec::{int, map_to_json, time, ACTIVITY_COLUMNS, SESSION_COLUMNS};
 
@@ -361,8 +361,30 @@ static SELECT_LAST_ACTIVITIES: LazyLock<String> = LazyLock::new(|| {
 
 const INSERT_ACTIVITY: &str = "INSERT INTO agent_activities \
      (session_id, seq, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
-      tokens_input, tokens_output, at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
+      tokens_input, tokens_output, at, session_cursor, session_tokens_input, \
+      session_tokens_output, session_last_activity_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+
+/// The columns of an activity row that may carry its session's progress as of it (migration
+/// 16; NULL when they do not): the output cursor, the token totals and the last activity's
+/// time; the row's seq is the session's last activity number ([`Store::apply_all`]).
+pub(crate) const CARRIED_COLUMNS: [&str; 4] = [
+    "session_cursor",
+    "session_tokens_input",
+    "session_tokens_output",
+    "session_last_activity_at",
+];
+
+/// The newest activity of session `?1` after seq `?2` that carries its progress (through the
+/// key `(session_id, seq)`: past the row's own seq there is one such activity, or none).
+static SELECT_CARRIED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT seq, {} FROM agent_activities \
+         WHERE session_id = ?1 AND seq > ?2 AND session_cursor IS NOT NULL \
+         ORDER BY seq DESC LIMIT 1",
+        CARRIED_COLUMNS.join(", ")
+    )
+});
 
 const INSERT_STATUS: &str = "INSERT INTO session_status_events \
      (session_id, seq, previous_status, new_status, message, at) \
@@ -414,13 +436,20 @@ type SettledRows = lru::LruCache<String, (Arc<SessionRecord>, u64)>;
 /// How many ended sessions' rows [`Store`] holds at most: a few pages of a list (~1 KiB each).
 const SETTLED_ROWS_MAX: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
 
-/// What [`Store`] remembers of a session's row as it committed it.
+/// What [`Store`] remembers of a session's row as it committed it: the record it wrote last
+/// in full or in state. Its configuration is the very one the engine's record holds (one
+/// `Arc`): a record of the same configuration is known so without comparing its fields. Its
+/// progress ([`differs_only_in_progress`]) may be older than the row's since: the activity
+/// rows carry that.
 #[derive(Debug)]
 struct StoredRow {
-    /// The very configuration the engine's record holds (one `Arc`): a record of the same
-    /// configuration is known so without comparing its fields.
-    config: std::sync::Arc<SessionConfig>,
-    active: ActiveKey,
+    record: SessionRecord,
+}
+
+impl StoredRow {
+    fn config_is(&self, config: &Arc<SessionConfig>) -> bool {
+        Arc::ptr_eq(&self.record.config, config) || *self.record.config == **config
+    }
 }
 
 /// A session's [`ACTIVE_ROW_COLUMNS`].
@@ -428,6 +457,56 @@ type ActiveKey = (paddock_core::Status, Option<u32>, Option<u64>);
 
 fn active_key(rec: &SessionRecord) -> ActiveKey {
     (rec.status, rec.pid, rec.run)
+}
+
+/// Whether `a` and `b` are the same session in the same state but for its progress: the output
+/// cursor, the token totals, the last activity's number and time, which every event of a
+/// working session moves and nothing else does. Every field is named, so that a field added
+/// to the record is a decision here.
+fn differs_only_in_progress(a: &SessionRecord, b: &SessionRecord) -> bool {
+    let SessionRecord {
+        id,
+        config,
+        status,
+        tokens_input: _,
+        tokens_output: _,
+        pid,
+        restart_count,
+        created_at,
+        started_at,
+        last_activity_at: _,
+        ended_at,
+        error,
+        provider_session,
+        last_activity_seq: _,
+        last_status_seq,
+        turns,
+        turn_open,
+        last_turn_failed,
+        run,
+        provider_cursor: _,
+        env_state,
+        disconnected,
+        closed_by_client,
+    } = a;
+    *id == b.id
+        && (Arc::ptr_eq(config, &b.config) || **config == *b.config)
+        && *status == b.status
+        && *pid == b.pid
+        && *restart_count == b.restart_count
+        && *created_at == b.created_at
+        && *started_at == b.started_at
+        && *ended_at == b.ended_at
+        && *error == b.error
+        && *provider_session == b.provider_session
+        && *last_status_seq == b.last_status_seq
+        && *turns == b.turns
+        && *turn_open == b.turn_open
+        && *last_turn_failed == b.last_turn_failed
+        && *run == b.run
+        && *env_state == b.env_state
+        && *disconnected == b.disconnected
+        && *closed_by_client == b.closed_by_client
 }
 
 /// Sessions whose stored configuration [`Store`] remembers, at most; the others are written
@@ -802,7 +881,43 @@ impl Store {
                 _ => None,
             };
         }
-        let mut written: std::collections::HashSet<(bool, &str)> = std::collections::HashSet::new();
+        // A working session's row is not written for an event at all when the event's activity
+        // row can carry what changed (performance review B2, "no full session upsert per
+        // event"): the last record of a session in the batch differs from the row this store
+        // committed only in its progress, and the batch's last activity of the session is its
+        // last (its seq is the record's). That activity row gets the progress
+        // (`CARRIED_COLUMNS`), in the same transaction, and every read of a session's row takes
+        // it back from there ([`Store::session_from_row`]). An ended session's row is always
+        // written: it is read without looking further.
+        let mut last_activity: std::collections::HashMap<&str, usize> =
+            std::collections::HashMap::new();
+        for (i, record) in records.iter().enumerate() {
+            if let Record::Activity(ev) = record {
+                last_activity.insert(ev.session.0.as_str(), i);
+            }
+        }
+        let mut carried: std::collections::HashMap<usize, &SessionRecord> =
+            std::collections::HashMap::new();
+        for (&(is_session, id), &i) in &last {
+            let (true, Record::Session(rec), Some(&a)) =
+                (is_session, &records[i], last_activity.get(id))
+            else {
+                continue;
+            };
+            let carries = !rec.status.is_terminal()
+                && matches!(&records[a], Record::Activity(ev) if ev.seq == rec.last_activity_seq)
+                && self
+                    .stored_configs
+                    .get(id)
+                    .is_some_and(|s| differs_only_in_progress(&s.record, rec));
+            if carries {
+                carried.insert(a, rec);
+            }
+        }
+        let mut written: std::collections::HashSet<(bool, &str)> = carried
+            .values()
+            .map(|rec| (true, rec.id.0.as_str()))
+            .collect();
         // What the batch does to `stored_configs`, done once it committed: rows stored anew,
         // rows whose configuration was as stored (their active key may have changed), rows
         // gone.
@@ -813,7 +928,7 @@ impl Store {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        for record in records {
+        for (i, record) in records.iter().enumerate() {
             let key = match record {
                 Record::Session(rec) => Some((true, rec.id.0.as_str())),
                 Record::Task(t) => Some((false, t.id.as_str())),
@@ -826,11 +941,15 @@ impl Store {
             };
             match record {
                 Record::Session(rec) => {
-                    let stored = stored_configs.get(&rec.id.0).filter(|s| {
-                        std::sync::Arc::ptr_eq(&s.config, &rec.config) || s.config == rec.config
-                    });
+                    let stored = stored_configs
+                        .get(&rec.id.0)
+                        .filter(|s| s.config_is(&rec.config));
                     let updated = match stored {
-                        Some(s) => update_session_state(&tx, rec, s.active == active_key(rec))?,
+                        Some(s) => update_session_state(
+                            &tx,
+                            rec,
+                            active_key(&s.record) == active_key(rec),
+                        )?,
                         None => false,
                     };
                     if !updated {
@@ -844,7 +963,7 @@ impl Store {
                         configs_stored.push(rec);
                     }
                 }
-                Record::Activity(ev) => insert_activity(&tx, ev)?,
+                Record::Activity(ev) => insert_activity(&tx, ev, carried.get(&i).copied())?,
                 Record::Status(ev) => insert_status(&tx, ev)?,
                 Record::UserMessage(m) => insert_message(&tx, m)?,
                 Record::Approval(a) => approvals::upsert(&tx, a)?,
@@ -878,15 +997,14 @@ impl Store {
                 || self.stored_configs.contains_key(&rec.id.0)
             {
                 let row = StoredRow {
-                    config: rec.config.clone(),
-                    active: active_key(rec),
+                    record: rec.clone(),
                 };
                 self.stored_configs.insert(rec.id.0.clone(), row);
             }
         }
         for rec in states_stored {
             if let Some(row) = self.stored_configs.get_mut(&rec.id.0) {
-                row.active = active_key(rec);
+                row.record = rec.clone();
             }
         }
         for id in configs_gone {
@@ -1057,9 +1175,35 @@ impl Store {
         rows.next()?.map(|r| self.session_from_row(r)).transpose()
     }
 
-    /// A session row with its credentials opened.
+    /// A session row with its credentials opened, and the progress its newest activity carries
+    /// when that is newer than the row's ([`CARRIED_COLUMNS`]). An ended session's row is read
+    /// as it is: its end was written in full, and nothing is carried for it after.
     fn session_from_row(&self, row: &rusqlite::Row) -> Result<SessionRecord> {
-        codec::session_from_row(row, &self.sealer)
+        let mut rec = codec::session_from_row(row, &self.sealer)?;
+        if !rec.status.is_terminal() {
+            let carried = self
+                .conn
+                .prepare_cached(&SELECT_CARRIED)?
+                .query_row(params![rec.id.0, int(rec.last_activity_seq)], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, Option<i64>>(4)?,
+                    ))
+                })
+                .optional()?;
+            if let Some((seq, cursor, input, output, at)) = carried {
+                let uint = |v: i64| u64::try_from(v).unwrap_or(0);
+                rec.last_activity_seq = uint(seq);
+                rec.provider_cursor = uint(cursor);
+                rec.tokens_input = uint(input);
+                rec.tokens_output = uint(output);
+                rec.last_activity_at = at.map(|ms| paddock_core::Timestamp::from_millis(uint(ms)));
+            }
+        }
+        Ok(rec)
     }
 
     /// Up to `limit` activities of a session with `seq > after_seq`, in seq order.
@@ -1405,7 +1549,12 @@ fn update_session_state(
     Ok(n == 1)
 }
 
-fn insert_activity(conn: &Connection, ev: &ActivityEvent) -> Result<()> {
+/// Appends `ev`; with `progress`, its session's progress as of it ([`CARRIED_COLUMNS`]).
+fn insert_activity(
+    conn: &Connection,
+    ev: &ActivityEvent,
+    progress: Option<&SessionRecord>,
+) -> Result<()> {
     let a = &ev.activity;
     conn.prepare_cached(INSERT_ACTIVITY)?.execute(params![
         ev.session.0,
@@ -1419,7 +1568,11 @@ fn insert_activity(conn: &Connection, ev: &ActivityEvent) -> Result<()> {
         a.tool_success,
         int(a.tokens_input),
         int(a.tokens_output),
-        time(ev.at)
+        time(ev.at),
+        progress.map(|r| int(r.provider_cursor)),
+        progress.map(|r| int(r.tokens_input)),
+        progress.map(|r| int(r.tokens_output)),
+        progress.and_then(|r| r.last_activity_at).map(time),
     ])?;
     Ok(())
 }

@@ -26,7 +26,19 @@ pub(super) const MIGRATIONS: &[&str] = &[
     V13,
     super::approvals::V14,
     super::tasks::V15,
+    V16,
 ];
+
+/// Version 16: an activity row may carry its session's progress as of it (the output cursor,
+/// the token totals, the last activity's time), so that an event's activity is all a working
+/// session's event writes, not its session's row too (`CARRIED_COLUMNS` in `lib.rs`). NULL
+/// in the rows written before, and in those that carry nothing.
+const V16: &str = r#"
+ALTER TABLE agent_activities ADD COLUMN session_cursor INTEGER;
+ALTER TABLE agent_activities ADD COLUMN session_tokens_input INTEGER;
+ALTER TABLE agent_activities ADD COLUMN session_tokens_output INTEGER;
+ALTER TABLE agent_activities ADD COLUMN session_last_activity_at INTEGER;
+"#;
 
 /// Version 13: start-up reads the sessions it must decide on from an index of the rows that
 /// have not ended or still name a process or a run (`ACTIVE_ROW` in `lib.rs`, the same

@@ -377,7 +377,7 @@ fn the_session_column_list_matches_the_schema() {
 #[test]
 fn the_activity_column_list_is_every_column_but_the_session() {
     let mut cols = columns_of("agent_activities");
-    cols.retain(|c| c != "session_id");
+    cols.retain(|c| c != "session_id" && !crate::CARRIED_COLUMNS.contains(&c.as_str()));
     assert_eq!(cols, ACTIVITY_COLUMNS);
 }
 
@@ -1910,4 +1910,164 @@ fn the_rows_held_for_lists_are_bounded() {
     assert_eq!(all.len(), n);
     assert_eq!(store.settled.borrow().len(), SETTLED_ROWS_MAX.get());
     assert_eq!(all[0].0.id.0, format!("s{:05}", n - 1));
+}
+
+/// `rec` after one more event of its agent: its activity `seq`, the output cursor at
+/// `cursor`, the activity's tokens counted.
+fn progressed(rec: &SessionRecord, seq: u64, cursor: u64) -> SessionRecord {
+    let mut next = rec.clone();
+    next.last_activity_seq = seq;
+    next.provider_cursor = cursor;
+    next.tokens_input += seq;
+    next.tokens_output += seq * 2;
+    next.last_activity_at = Some(paddock_core::Timestamp::from_millis(
+        1_700_000_000_000 + seq,
+    ));
+    next
+}
+
+/// A working session's event writes its activity row and not the session's: the row carries
+/// the session's progress, every read of the session (by id, in a page, at start-up, after a
+/// reopen) takes it back from there, and whatever else changes writes the session's row again.
+#[test]
+fn an_events_progress_rides_on_its_activity_row() {
+    let dir = TempDir::new("carried");
+    let mut store = Store::open(&dir.db()).unwrap();
+    let mut rec = bare_record("s");
+    rec.status = Status::Running;
+    rec.run = Some(3);
+    rec.provider_cursor = 4;
+    rec.turns = 1;
+    rec.turn_open = true;
+    store
+        .apply(&[Record::Session(Box::new(rec.clone()))])
+        .unwrap();
+    let stored_seq = |store: &Store| column_of::<i64>(store, "s", "last_activity_seq");
+
+    // Two events in one batch: the last activity carries the last record's progress.
+    let v1 = progressed(&rec, 1, 5);
+    let v2 = progressed(&v1, 2, 7);
+    store
+        .apply(&[
+            Record::Activity(activity("s", 1)),
+            Record::Session(Box::new(v1)),
+            Record::Activity(activity("s", 2)),
+            Record::Session(Box::new(v2.clone())),
+        ])
+        .unwrap();
+    assert_eq!(stored_seq(&store), 0, "the session's row is not written");
+    let carried: Vec<Option<i64>> = store
+        .conn
+        .prepare("SELECT session_cursor FROM agent_activities ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(carried, [None, Some(7)]);
+    assert_eq!(store.session("s").unwrap(), Some(v2.clone()));
+    assert_eq!(store.load_unsettled_sessions().unwrap(), std::slice::from_ref(&v2));
+    assert_eq!(*store.sessions_before("", None, None, 10).unwrap()[0].0, v2);
+
+    // A crash here loses nothing: a store opened again reads the same.
+    drop(store);
+    let mut store = Store::open(&dir.db()).unwrap();
+    assert_eq!(store.load_unsettled_sessions().unwrap(), std::slice::from_ref(&v2));
+    // Its first write of the session is in full (it remembers no row yet); then events ride.
+    let v3 = progressed(&v2, 3, 8);
+    store
+        .apply(&[
+            Record::Activity(activity("s", 3)),
+            Record::Session(Box::new(v3.clone())),
+        ])
+        .unwrap();
+    assert_eq!(stored_seq(&store), 3);
+    let v4 = progressed(&v3, 4, 9);
+    store
+        .apply(&[
+            Record::Activity(activity("s", 4)),
+            Record::Session(Box::new(v4.clone())),
+        ])
+        .unwrap();
+    assert_eq!(
+        (stored_seq(&store), store.session("s").unwrap()),
+        (3, Some(v4.clone()))
+    );
+
+    // A cursor moved by a line that made no activity: no row can carry it, the session's is
+    // written.
+    let mut v5 = v4.clone();
+    v5.provider_cursor = 10;
+    store
+        .apply(&[Record::Session(Box::new(v5.clone()))])
+        .unwrap();
+    assert_eq!(column_of::<i64>(&store, "s", "provider_cursor"), 10);
+    assert_eq!(store.session("s").unwrap(), Some(v5.clone()));
+
+    // An event that also changes the state (its turn ends): the row is written.
+    let mut v6 = progressed(&v5, 5, 11);
+    v6.turn_open = false;
+    store
+        .apply(&[
+            Record::Activity(activity("s", 5)),
+            Record::Session(Box::new(v6.clone())),
+        ])
+        .unwrap();
+    assert_eq!(stored_seq(&store), 5);
+    assert_eq!(store.session("s").unwrap(), Some(v6.clone()));
+
+    // A record whose seq is not the batch's last activity of it (an activity of a report
+    // after it, say): written.
+    let v7 = progressed(&v6, 6, 12);
+    store
+        .apply(&[
+            Record::Activity(activity("s", 6)),
+            Record::Session(Box::new(v7.clone())),
+            Record::Activity(activity("s", 7)),
+        ])
+        .unwrap();
+    assert_eq!(stored_seq(&store), 6);
+
+    // Its end is written in full, and read as it is.
+    let mut ended = progressed(&v7, 8, 13);
+    ended.status = Status::Stopped;
+    ended.run = None;
+    ended.provider_cursor = 0;
+    store
+        .apply(&[
+            Record::Activity(activity("s", 8)),
+            Record::Session(Box::new(ended.clone())),
+        ])
+        .unwrap();
+    assert_eq!(stored_seq(&store), 8);
+    assert_eq!(store.session("s").unwrap(), Some(ended));
+}
+
+/// Only a committed batch's progress is read back: a batch rolled back leaves the session as
+/// it was, and the next event rides again.
+#[test]
+fn a_rolled_back_batch_carries_nothing() {
+    let mut store = Store::open_in_memory().unwrap();
+    let mut rec = bare_record("s");
+    rec.status = Status::Working;
+    rec.run = Some(1);
+    store
+        .apply(&[Record::Session(Box::new(rec.clone()))])
+        .unwrap();
+    let v1 = progressed(&rec, 1, 1);
+    // The second activity repeats the first's key: the batch fails.
+    let failed = store.apply(&[
+        Record::Activity(activity("s", 1)),
+        Record::Session(Box::new(v1.clone())),
+        Record::Activity(activity("s", 1)),
+    ]);
+    assert!(failed.is_err());
+    assert_eq!(store.session("s").unwrap(), Some(rec));
+    store
+        .apply(&[
+            Record::Activity(activity("s", 1)),
+            Record::Session(Box::new(v1.clone())),
+        ])
+        .unwrap();
+    assert_eq!(store.session("s").unwrap(), Some(v1));
 }
