@@ -1966,13 +1966,19 @@ fn an_events_progress_rides_on_its_activity_row() {
         .unwrap();
     assert_eq!(carried, [None, Some(7)]);
     assert_eq!(store.session("s").unwrap(), Some(v2.clone()));
-    assert_eq!(store.load_unsettled_sessions().unwrap(), std::slice::from_ref(&v2));
+    assert_eq!(
+        store.load_unsettled_sessions().unwrap(),
+        std::slice::from_ref(&v2)
+    );
     assert_eq!(*store.sessions_before("", None, None, 10).unwrap()[0].0, v2);
 
     // A crash here loses nothing: a store opened again reads the same.
     drop(store);
     let mut store = Store::open(&dir.db()).unwrap();
-    assert_eq!(store.load_unsettled_sessions().unwrap(), std::slice::from_ref(&v2));
+    assert_eq!(
+        store.load_unsettled_sessions().unwrap(),
+        std::slice::from_ref(&v2)
+    );
     // Its first write of the session is in full (it remembers no row yet); then events ride.
     let v3 = progressed(&v2, 3, 8);
     store

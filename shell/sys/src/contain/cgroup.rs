@@ -152,8 +152,9 @@ fn members(dir: &Path) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Kills every process in the group at `dir` and removes it once empty; how many it held.
-fn kill_dir(dir: &Path) -> usize {
+/// Kills every process in the group at `dir` and removes it once empty; how many it held, and
+/// whether it is gone (removed, or never there): then nothing of it runs any more.
+fn kill_dir(dir: &Path) -> (usize, bool) {
     let n = members(dir).len();
     if n > 0 {
         match OpenOptions::new().write(true).open(dir.join("cgroup.kill")) {
@@ -171,25 +172,30 @@ fn kill_dir(dir: &Path) -> usize {
     let deadline = Instant::now() + EMPTY_WAIT;
     loop {
         match fs::remove_dir(dir) {
-            Ok(()) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Ok(()) => return (n, true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (n, true),
             Err(e) if Instant::now() >= deadline => {
                 tracing::warn!(cgroup = %dir.display(), "cannot remove the control group: {e}");
-                break;
+                return (n, false);
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
-    n
 }
 
-/// Kills the tree `tag` and removes its group; how many processes it held. Blocking.
-pub(super) fn kill(base: &Path, tag: &str) -> usize {
+/// Kills the tree `tag` and removes its group. Blocking. How many processes it held, if the
+/// tree had a group and the group is gone now (every process of the tree has exited); `None`
+/// when it had none, or its group could not be emptied (a kernel without `cgroup.kill`): what
+/// is left of the tree is then found by its tag.
+pub(super) fn kill(base: &Path, tag: &str) -> Option<usize> {
     let dir = base.join(tag);
     if !dir.is_dir() {
-        return 0;
+        return None;
     }
-    kill_dir(&dir)
+    match kill_dir(&dir) {
+        (n, true) => Some(n),
+        (_, false) => None,
+    }
 }
 
 /// Kills every tree in `base`: what an earlier incarnation left. How many processes that was.
@@ -200,7 +206,7 @@ pub(super) fn reap(base: &Path) -> usize {
     entries
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| kill_dir(&e.path()))
+        .map(|e| kill_dir(&e.path()).0)
         .sum()
 }
 
