@@ -1,10 +1,13 @@
 //! A control group (cgroup v2) per supervised tree, where the machine lets paddock make one.
 //!
 //! A process cannot leave its cgroup by `setsid`, by scrubbing its environment (`env -i`) or by
-//! double-forking: only a write to another group's `cgroup.procs`, which an agent's tools have
-//! no reason (and, unprivileged, no right) to do. So a tree's cgroup is the one complete list of
+//! double-forking: only by a write to another group's `cgroup.procs`. So a tree's cgroup holds
 //! what it started, and `cgroup.kill` (Linux 5.14) ends all of it at once, forks in flight
-//! included, where the tag ([`super::TAG_VAR`]) only finds what kept its environment.
+//! included, where the tag ([`super::TAG_VAR`]) only finds what kept its environment. It is not
+//! the whole list, though: some tools do make that write — podman moves its container monitor
+//! (`conmon`) into a group of its own (as root, or through systemd when rootless) — so a tree's
+//! end looks for its tag too, even where its group ended it (the e2e test
+//! `podman_keeps_the_agent_in_its_container_and_ends_all_it_started` fails without it).
 //!
 //! Layout: `<cgroup2 mount><this program's cgroup>/paddock-<role>-<hash of the data dir>/<tag>`.
 //! The base sits under this program's own cgroup because that is the part of the tree a user
@@ -152,9 +155,8 @@ fn members(dir: &Path) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Kills every process in the group at `dir` and removes it once empty; how many it held, and
-/// whether it is gone (removed, or never there): then nothing of it runs any more.
-fn kill_dir(dir: &Path) -> (usize, bool) {
+/// Kills every process in the group at `dir` and removes it once empty; how many it held.
+fn kill_dir(dir: &Path) -> usize {
     let n = members(dir).len();
     if n > 0 {
         match OpenOptions::new().write(true).open(dir.join("cgroup.kill")) {
@@ -172,30 +174,25 @@ fn kill_dir(dir: &Path) -> (usize, bool) {
     let deadline = Instant::now() + EMPTY_WAIT;
     loop {
         match fs::remove_dir(dir) {
-            Ok(()) => return (n, true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (n, true),
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
             Err(e) if Instant::now() >= deadline => {
                 tracing::warn!(cgroup = %dir.display(), "cannot remove the control group: {e}");
-                return (n, false);
+                break;
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
+    n
 }
 
-/// Kills the tree `tag` and removes its group. Blocking. How many processes it held, if the
-/// tree had a group and the group is gone now (every process of the tree has exited); `None`
-/// when it had none, or its group could not be emptied (a kernel without `cgroup.kill`): what
-/// is left of the tree is then found by its tag.
-pub(super) fn kill(base: &Path, tag: &str) -> Option<usize> {
+/// Kills the tree `tag` and removes its group; how many processes it held. Blocking.
+pub(super) fn kill(base: &Path, tag: &str) -> usize {
     let dir = base.join(tag);
     if !dir.is_dir() {
-        return None;
+        return 0;
     }
-    match kill_dir(&dir) {
-        (n, true) => Some(n),
-        (_, false) => None,
-    }
+    kill_dir(&dir)
 }
 
 /// Kills every tree in `base`: what an earlier incarnation left. How many processes that was.
@@ -206,7 +203,7 @@ pub(super) fn reap(base: &Path) -> usize {
     entries
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| kill_dir(&e.path()).0)
+        .map(|e| kill_dir(&e.path()))
         .sum()
 }
 

@@ -206,43 +206,28 @@ pub fn kill_tree(pgid: u32, tag: &str) -> usize {
 fn kill_trees(trees: &[(u32, &str)]) -> Vec<usize> {
     let cgroups = OWNER.get().and_then(|o| o.cgroups.as_ref());
     // The groups first: one write ends a whole tree, forks in flight included.
-    let in_cgroup: Vec<Option<usize>> = trees
+    let in_cgroup: Vec<usize> = trees
         .iter()
         .map(|(pgid, tag)| {
-            let n = cgroups.and_then(|base| cgroup::kill(base, tag));
+            let n = cgroups.map_or(0, |base| cgroup::kill(base, tag));
             if *pgid != 0 {
                 let _ = killpg(Pid::from_raw(*pgid as i32), Signal::SIGKILL);
             }
             n
         })
         .collect();
-    // What no group ended (no cgroups here, or a kernel without `cgroup.kill`) is found by
-    // its tag, one look through /proc for all of those trees. A tree whose group is gone is
-    // not looked for: no process leaves its group (see `cgroup`), and reading every process's
-    // environment costs ~10 ms of CPU with a thousand agents running, at every agent's exit.
+    // What the groups did not hold (no cgroups here) is found by its tag. A process a group
+    // held is gone by now: a zombie's environment reads empty, so none is counted twice.
     let vars: Vec<String> = trees
         .iter()
-        .zip(&in_cgroup)
-        .filter(|(_, ended)| ended.is_none())
-        .map(|((_, tag), _)| format!("{TAG_VAR}={tag}"))
+        .map(|(_, tag)| format!("{TAG_VAR}={tag}"))
         .collect();
-    let mut by_tag = if vars.is_empty() {
-        Vec::new()
-    } else {
-        stop_and_kill_any(&vars)
-    }
-    .into_iter();
-    let counts: Vec<usize> = in_cgroup
-        .iter()
-        .map(|ended| match ended {
-            Some(n) => *n,
-            None => by_tag.next().unwrap_or(0),
-        })
-        .collect();
+    let by_tag = stop_and_kill_any(&vars);
     trees
         .iter()
-        .zip(counts)
-        .map(|((_, tag), n)| {
+        .zip(in_cgroup.into_iter().zip(by_tag))
+        .map(|((_, tag), (a, b))| {
+            let n = a + b;
             if n > 0 {
                 tracing::info!(tag, count = n, "killed what was left of a process tree");
             }
