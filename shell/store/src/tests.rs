@@ -2077,3 +2077,118 @@ fn a_rolled_back_batch_carries_nothing() {
         .unwrap();
     assert_eq!(store.session("s").unwrap(), Some(v1));
 }
+
+/// One step of a session's life in [`carried_progress_reads_back_as_written`].
+#[derive(Debug, Clone)]
+enum Step {
+    /// An event of its agent: an activity, the cursor and the tokens move.
+    Event { cursor: u64, tokens: u64 },
+    /// An event that also changes its state (a turn opens or closes).
+    EventAndState { cursor: u64 },
+    /// A line that made no activity: only the cursor moves.
+    Cursor(u64),
+    /// An activity another process reported: its seq and time move, nothing else.
+    Report,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        4 => (1..5u64, 0..9u64).prop_map(|(cursor, tokens)| Step::Event { cursor, tokens }),
+        1 => (1..5u64).prop_map(|cursor| Step::EventAndState { cursor }),
+        1 => (1..5u64).prop_map(Step::Cursor),
+        1 => Just(Step::Report),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Whatever mix of events, state changes and bare cursor moves two sessions go through, in
+    /// batches of any size, and wherever the store is closed and opened again (a crash between
+    /// batches), every read gives the last record written: the progress an activity row carries
+    /// and the row's own state always add up to it.
+    #[test]
+    fn carried_progress_reads_back_as_written(
+        steps in proptest::collection::vec((step(), proptest::bool::ANY, 0..2usize), 1..40),
+        reopen_every in 2..9usize,
+    ) {
+        let dir = TempDir::new("carried-prop");
+        let mut store = Store::open(&dir.db()).unwrap();
+        let mut recs: Vec<SessionRecord> = ["a", "b"]
+            .iter()
+            .map(|id| {
+                let mut r = bare_record(id);
+                r.status = Status::Running;
+                r.run = Some(1);
+                r
+            })
+            .collect();
+        store
+            .apply(&recs.iter().map(|r| Record::Session(Box::new(r.clone()))).collect::<Vec<_>>())
+            .unwrap();
+        let mut batch = Vec::new();
+        for (n, (step, ends_batch, who)) in steps.into_iter().enumerate() {
+            let rec = &mut recs[who];
+            let id = rec.id.0.clone();
+            let mut activity_of = |rec: &mut SessionRecord| {
+                rec.last_activity_seq += 1;
+                rec.last_activity_at =
+                    Some(paddock_core::Timestamp::from_millis(1_000 + rec.last_activity_seq));
+                batch.push(Record::Activity(activity(&id, rec.last_activity_seq)));
+            };
+            match step {
+                Step::Event { cursor, tokens } => {
+                    rec.provider_cursor += cursor;
+                    rec.tokens_input += tokens;
+                    rec.tokens_output += 2 * tokens;
+                    activity_of(rec);
+                }
+                Step::EventAndState { cursor } => {
+                    rec.provider_cursor += cursor;
+                    rec.turn_open = !rec.turn_open;
+                    rec.turns += u64::from(rec.turn_open);
+                    activity_of(rec);
+                }
+                Step::Cursor(c) => rec.provider_cursor += c,
+                Step::Report => activity_of(rec),
+            }
+            batch.push(Record::Session(Box::new(rec.clone())));
+            if ends_batch {
+                store.apply(&std::mem::take(&mut batch)).unwrap();
+                for r in &recs {
+                    let read = store.session(&r.id.0).unwrap();
+                    proptest::prop_assert_eq!(read.as_ref(), Some(r));
+                }
+                if n % reopen_every == 0 {
+                    drop(store);
+                    store = Store::open(&dir.db()).unwrap();
+                    proptest::prop_assert_eq!(&store.load_unsettled_sessions().unwrap(), &recs);
+                }
+            }
+        }
+        store.apply(&batch).unwrap();
+        proptest::prop_assert_eq!(&store.load_unsettled_sessions().unwrap(), &recs);
+        let page: Vec<SessionRecord> = store
+            .sessions_before("", None, None, 10)
+            .unwrap()
+            .into_iter()
+            .map(|(r, _)| (*r).clone())
+            .rev()
+            .collect();
+        proptest::prop_assert_eq!(&page, &recs);
+        // An end is written in full and read as it is.
+        for rec in &mut recs {
+            rec.status = Status::Stopped;
+            rec.run = None;
+            rec.provider_cursor = 0;
+        }
+        store
+            .apply(&recs.iter().map(|r| Record::Session(Box::new(r.clone()))).collect::<Vec<_>>())
+            .unwrap();
+        for r in &recs {
+            let read = store.session(&r.id.0).unwrap();
+            proptest::prop_assert_eq!(read.as_ref(), Some(r));
+        }
+    }
+}
