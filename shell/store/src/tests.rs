@@ -2192,3 +2192,17 @@ proptest::proptest! {
         }
     }
 }
+
+/// A session's carried progress is read through the activities' key, one seek past the row's
+/// own seq: never a scan of the session's activities.
+#[test]
+fn carried_progress_is_read_through_the_activity_key() {
+    let store = Store::open_in_memory().unwrap();
+    let plan = query_plan(&store.conn, &super::SELECT_CARRIED);
+    assert!(
+        plan.iter()
+            .any(|s| s.starts_with("SEARCH agent_activities") && s.contains("seq>?")),
+        "{plan:#?}"
+    );
+    assert!(!plan.iter().any(|s| s.starts_with("SCAN")), "{plan:#?}");
+}
