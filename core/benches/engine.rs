@@ -35,7 +35,7 @@ fn engine_with(ended: usize) -> (Engine, u64) {
             Input::Create {
                 req,
                 id: id.clone(),
-                config: config(),
+                config: config().into(),
             },
         );
         e.handle(

@@ -352,7 +352,7 @@ mod tests {
             Input::Create {
                 req: 1,
                 id: crate::SessionId("s".into()),
-                config,
+                config: config.into(),
             },
         );
         let remove = |req| Input::RemoveCampaign {

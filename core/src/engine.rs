@@ -450,7 +450,7 @@ impl Engine {
                 self.shutting_down,
                 req,
                 id,
-                config,
+                *config,
                 &mut cx,
             ),
             Input::Attach {

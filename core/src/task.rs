@@ -227,7 +227,8 @@ pub enum TaskInput {
     Launch {
         req: RequestId,
         id: String,
-        spec: TaskSpec,
+        /// Boxed: see `Input::Create`.
+        spec: Box<TaskSpec>,
     },
     Cancel {
         req: RequestId,
@@ -542,7 +543,7 @@ impl Tasks {
         }
     }
 
-    fn launch(&mut self, now: Now, req: RequestId, id: String, spec: TaskSpec, out: &mut Out) {
+    fn launch(&mut self, now: Now, req: RequestId, id: String, spec: Box<TaskSpec>, out: &mut Out) {
         let refuse = if self.tasks.contains_key(&id) {
             Some(format!("a task with id {id} already exists"))
         } else if spec.command.is_empty() || spec.command[0].is_empty() {
@@ -562,7 +563,7 @@ impl Tasks {
             });
             return;
         }
-        let record = TaskRecord::new(id.clone(), spec.clone(), now.wall);
+        let record = TaskRecord::new(id.clone(), TaskSpec::clone(&spec), now.wall);
         out.persist
             .push(Effect::Persist(Record::Task(Box::new(record.clone()))));
         out.rest.push(Effect::EmitTaskStatus(TaskStatusEvent {
@@ -965,7 +966,7 @@ mod tests {
                 TaskInput::Launch {
                     req: 1,
                     id: id.into(),
-                    spec,
+                    spec: spec.into(),
                 },
             )
         }
@@ -990,10 +991,10 @@ mod tests {
             TaskInput::Launch {
                 req: 1,
                 id: "a".into(),
-                spec: TaskSpec {
+                spec: Box::new(TaskSpec {
                     session_id: "sess_gone".into(),
                     ..spec()
-                },
+                }),
             },
         );
         assert!(
@@ -1010,10 +1011,10 @@ mod tests {
         let in_ctr = |id: &str| TaskInput::Launch {
             req: 1,
             id: id.into(),
-            spec: TaskSpec {
+            spec: Box::new(TaskSpec {
                 container_id: "c".into(),
                 ..spec()
-            },
+            }),
         };
         let refused = |fx: &[Effect]| {
             fx.iter().any(|e| matches!(e, Effect::ReplyTask { result: Err(e), .. } if e.code == ErrorCode::ContainerNotFound || e.code == ErrorCode::WrongState))
@@ -1242,7 +1243,7 @@ mod tests {
         let launch = TaskInput::Launch {
             req: 1,
             id: "a".into(),
-            spec: spec(),
+            spec: spec().into(),
         };
         tasks.handle(now(0), launch, &mut out);
         let started = TaskInput::Started {

@@ -82,7 +82,7 @@ impl Rig {
             Input::Create {
                 req,
                 id: sid(),
-                config,
+                config: config.into(),
             },
         );
         r.provider(ProviderEvent::Started { pid: Some(42) });
@@ -617,7 +617,7 @@ fn expiry_allows_only_permissions_and_open_requests_are_bounded() {
             Input::Create {
                 req: 1,
                 id: sid(),
-                config,
+                config: config.into(),
             },
         );
         r.provider(ProviderEvent::Started { pid: Some(1) });

@@ -95,7 +95,7 @@ impl Rig {
             Input::Create {
                 req,
                 id: sid(),
-                config,
+                config: config.into(),
             },
         );
         (req, fx)
@@ -704,7 +704,7 @@ fn unknown_sessions_are_2010_and_the_live_limit_is_2004() {
             Input::Create {
                 req: 10 + i,
                 id: SessionId(format!("s{i}")),
-                config: config(),
+                config: config().into(),
             },
         );
         if i < 2 {
@@ -950,7 +950,7 @@ fn a_shutdown_stops_every_live_session_and_refuses_creates() {
         Input::Create {
             req,
             id: SessionId::from("sess_2"),
-            config: config(),
+            config: config().into(),
         },
     );
     assert_eq!(err_code(&fx, req), ErrorCode::ShuttingDown);
@@ -1278,7 +1278,7 @@ fn the_next_deadline_is_the_earliest_of_sessions_and_tasks() {
             Input::Task(TaskInput::Launch {
                 req,
                 id: id.clone(),
-                spec,
+                spec: spec.into(),
             }),
         );
         r.at(0, Input::Task(TaskInput::Started { id, pid: 7 }));
@@ -1386,10 +1386,10 @@ fn the_shell_reads_live_tasks_and_the_trace_of_table_lookups() {
     let launch = Input::Task(paddock_core::task::TaskInput::Launch {
         req: 1,
         id: "task_1".into(),
-        spec: paddock_core::task::TaskSpec {
+        spec: Box::new(paddock_core::task::TaskSpec {
             command: vec!["true".into()],
             ..Default::default()
-        },
+        }),
     });
     r.at(0, launch);
     assert_eq!(r.engine.live_tasks(), 1);
@@ -1422,7 +1422,7 @@ fn a_task_bound_to_a_session_lives_while_it_does_and_ends_with_it() {
             Input::Task(TaskInput::Launch {
                 req,
                 id: id.into(),
-                spec,
+                spec: spec.into(),
             }),
         );
         r.at(0, Input::Task(TaskInput::Started { id: id.into(), pid }));
@@ -1668,7 +1668,7 @@ fn a_sessions_task_has_the_sessions_variables_under_its_own() {
         Input::Task(TaskInput::Launch {
             req: 90,
             id: "exec_1".into(),
-            spec,
+            spec: spec.into(),
         }),
     );
     let spawned = fx

@@ -441,7 +441,11 @@ impl Client {
             config.env = env;
         }
         let Some(project) = attach else {
-            return Action::Request(Box::new(Input::Create { req, id, config }));
+            return Action::Request(Box::new(Input::Create {
+                req,
+                id,
+                config: Box::new(config),
+            }));
         };
         // Now and then the shell refused the configuration (used only if nothing resumes).
         let config = if self.rng.chance(1, 20) {

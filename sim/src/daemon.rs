@@ -353,7 +353,11 @@ impl Run {
                 },
             );
         }
-        self.feed(Input::Task(TaskInput::Launch { req, id, spec }))
+        self.feed(Input::Task(TaskInput::Launch {
+            req,
+            id,
+            spec: Box::new(spec),
+        }))
     }
 
     // ── the world ─────────────────────────────────────────────────────────

@@ -620,7 +620,7 @@ impl Model {
                 _ => {}
             }
         } else if let Input::Create { config: c, .. } = input {
-            config = Some(c.clone());
+            config = Some(SessionConfig::clone(c));
         }
         let refuse_create =
             kind == ReqKind::Create && (pre.is_some() || live >= self.limits.max_live_sessions);
@@ -722,7 +722,7 @@ impl Model {
                 return self.on_request(&Input::Create {
                     req,
                     id: id.clone(),
-                    config,
+                    config: config.into(),
                 });
             }
             (None, Err(e)) => {

@@ -205,7 +205,7 @@ impl Ports for Recorder {
         self.log.push(Logged::At(Effect::Spawn {
             id: id.clone(),
             run,
-            spec,
+            spec: spec.into(),
         }));
         None
     }
@@ -249,11 +249,17 @@ impl Ports for Recorder {
     }
 
     fn provision(&mut self, id: SessionId, config: SessionConfig) {
-        self.log.push(Logged::At(Effect::Provision { id, config }));
+        self.log.push(Logged::At(Effect::Provision {
+            id,
+            config: Box::new(config),
+        }));
     }
 
     fn spawn_task(&mut self, _: &Engine, id: String, spec: TaskSpec) -> Option<TaskInput> {
-        self.log.push(Logged::At(Effect::SpawnTask { id, spec }));
+        self.log.push(Logged::At(Effect::SpawnTask {
+            id,
+            spec: Box::new(spec),
+        }));
         None
     }
 

@@ -66,14 +66,17 @@ pub enum Effect {
     /// session is CREATED).
     Provision {
         id: SessionId,
-        config: SessionConfig,
+        /// Boxed, as every large payload of an effect: effects are moved through the executor
+        /// and its ports, so the enum is as large as its largest variant.
+        config: Box<SessionConfig>,
     },
     /// Start the provider process for run `run` (in the session's environment); answer with
     /// `ProviderEvent::Started` or `SpawnFailed`.
     Spawn {
         id: SessionId,
         run: RunId,
-        spec: SpawnSpec,
+        /// Boxed: see `Provision`.
+        spec: Box<SpawnSpec>,
     },
     /// Ask the agent of run `run`, which just started, to say when it is ready for messages
     /// (paddock's ready request, a control request the shell picks per provider); answer with
@@ -134,7 +137,8 @@ pub enum Effect {
     /// Start task `id`'s command; answer with `TaskEvent::Started` or `SpawnFailed`.
     SpawnTask {
         id: String,
-        spec: TaskSpec,
+        /// Boxed: see `Provision`.
+        spec: Box<TaskSpec>,
     },
     /// Signal the process group of task `id` (TERM, then KILL after the grace).
     SignalTask {

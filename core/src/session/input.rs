@@ -13,7 +13,10 @@ pub enum Input {
     Create {
         req: RequestId,
         id: SessionId,
-        config: SessionConfig,
+        /// Boxed, as every large payload of an input: an input is moved through the loop's
+        /// queue, the executor and the engine, so the enum is as large as its largest variant,
+        /// and a configuration is 392 bytes where a provider's event is 176.
+        config: Box<SessionConfig>,
     },
     /// SendMessage.
     Send {

@@ -343,7 +343,7 @@ impl Session {
             self.startup_deadline = Some(cx.now.after(cx.lim.startup_timeout));
             cx.out.rest.push(Effect::Provision {
                 id: self.record.id.clone(),
-                config: SessionConfig::clone(&self.record.config),
+                config: Box::new(SessionConfig::clone(&self.record.config)),
             });
             return;
         }
@@ -1531,11 +1531,11 @@ impl Session {
         cx.out.rest.push(Effect::Spawn {
             id: self.record.id.clone(),
             run,
-            spec: SpawnSpec {
+            spec: Box::new(SpawnSpec {
                 config: SessionConfig::clone(&self.record.config),
                 resume: self.record.provider_session.clone(),
                 restart_count: self.record.restart_count,
-            },
+            }),
         });
     }
 

@@ -300,11 +300,7 @@ impl State {
                 turn,
             } => {
                 let input = |req| match request {
-                    Request::Create { id, config } => Input::Create {
-                        req,
-                        id,
-                        config: *config,
-                    },
+                    Request::Create { id, config } => Input::Create { req, id, config },
                     Request::Send { id, text } => Input::Send { req, id, text },
                     Request::Stop { id, graceful } => Input::Stop { req, id, graceful },
                     Request::Close { id } => Input::Close { req, id },

@@ -237,7 +237,7 @@ impl Executor {
             match effect {
                 Effect::Persist(record) => self.records.push(record),
                 Effect::Spawn { id, run, spec } => {
-                    if let Some(event) = ports.spawn(&id, run, spec) {
+                    if let Some(event) = ports.spawn(&id, run, *spec) {
                         self.inputs.push_back(Input::Provider {
                             id,
                             run,
@@ -266,9 +266,9 @@ impl Executor {
                     approval,
                     at_once: true,
                 } => self.write(ports, id, run, Line::Answer(&approval), "an answer"),
-                Effect::Provision { id, config } => ports.provision(id, config),
+                Effect::Provision { id, config } => ports.provision(id, *config),
                 Effect::SpawnTask { id, spec } => {
-                    if let Some(event) = ports.spawn_task(&self.engine, id, spec) {
+                    if let Some(event) = ports.spawn_task(&self.engine, id, *spec) {
                         self.inputs.push_back(Input::Task(event));
                     }
                 }
@@ -469,7 +469,7 @@ mod tests {
             Input::Create {
                 req: 1,
                 id: id(),
-                config,
+                config: config.into(),
             },
             &mut io,
         )
@@ -562,7 +562,7 @@ mod tests {
             Input::Create {
                 req: 1,
                 id: id(),
-                config: SessionConfig::new("c", Provider::Scripted, "/tmp"),
+                config: SessionConfig::new("c", Provider::Scripted, "/tmp").into(),
             },
             &mut io,
         )

@@ -220,7 +220,11 @@ impl pb::task_service_server::TaskService for Tasks {
         match self
             .0
             .handle
-            .task(TaskInput::Launch { req: 0, id, spec })
+            .task(TaskInput::Launch {
+                req: 0,
+                id,
+                spec: Box::new(spec),
+            })
             .await
         {
             Ok(TaskReply::Launched(task_id)) => {

@@ -359,7 +359,7 @@ impl LocalDaemonService for Obey {
         let launch = TaskInput::Launch {
             req: 0,
             id: id.clone(),
-            spec,
+            spec: Box::new(spec),
         };
         match self.handle.task(launch).await.map_err(st)? {
             TaskReply::Launched(_) => {}
