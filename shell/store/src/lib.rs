@@ -404,12 +404,15 @@ pub struct Store {
     /// Dropped with the store: the checkpointer thread ends.
     _checkpointer: Option<std::sync::mpsc::Sender<()>>,
     /// What this store last committed of each live session's row (at most
-    /// [`STORED_CONFIGS_MAX`]). A session that works changes its state with every event and
-    /// its configuration almost never: while the configuration is the one stored, a batch
-    /// writes only the state ([`UPDATE_SESSION_STATE`]) instead of encoding and sealing the
-    /// whole row again, and while its status, pid and run are too, only the columns no index
-    /// reads ([`UPDATE_SESSION_WORK`]).
-    stored_configs: HashMap<String, StoredRow>,
+    /// [`STORED_CONFIGS_MAX`]): the record it wrote last in full or in state. A session that
+    /// works changes its state with every event and its configuration almost never: while the
+    /// configuration is the one stored ([`same_config`]), a batch writes only the state
+    /// ([`UPDATE_SESSION_STATE`]) instead of encoding and sealing the whole row again, while
+    /// its status, pid and run are too, only the columns no index reads
+    /// ([`UPDATE_SESSION_WORK`]), and while only its progress moved, nothing of the row
+    /// ([`differs_only_in_progress`]: the record's progress here may be older than the row's,
+    /// which the activity rows carry).
+    stored_configs: HashMap<String, SessionRecord>,
     /// The ended sessions' rows a list read lately, decoded ([`SettledRows`]).
     settled: std::cell::RefCell<SettledRows>,
     /// SQLite's `data_version` when those rows were last known to be the stored ones: it
@@ -436,20 +439,11 @@ type SettledRows = lru::LruCache<String, (Arc<SessionRecord>, u64)>;
 /// How many ended sessions' rows [`Store`] holds at most: a few pages of a list (~1 KiB each).
 const SETTLED_ROWS_MAX: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
 
-/// What [`Store`] remembers of a session's row as it committed it: the record it wrote last
-/// in full or in state. Its configuration is the very one the engine's record holds (one
-/// `Arc`): a record of the same configuration is known so without comparing its fields. Its
-/// progress ([`differs_only_in_progress`]) may be older than the row's since: the activity
-/// rows carry that.
-#[derive(Debug)]
-struct StoredRow {
-    record: SessionRecord,
-}
-
-impl StoredRow {
-    fn config_is(&self, config: &Arc<SessionConfig>) -> bool {
-        Arc::ptr_eq(&self.record.config, config) || *self.record.config == **config
-    }
+/// Whether two records hold the same configuration: the stored record's is the very one the
+/// engine's holds (one `Arc`), so a record of the same configuration is known so without
+/// comparing its fields.
+fn same_config(a: &Arc<SessionConfig>, b: &Arc<SessionConfig>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
 }
 
 /// A session's [`ACTIVE_ROW_COLUMNS`].
@@ -490,7 +484,7 @@ fn differs_only_in_progress(a: &SessionRecord, b: &SessionRecord) -> bool {
         closed_by_client,
     } = a;
     *id == b.id
-        && (Arc::ptr_eq(config, &b.config) || **config == *b.config)
+        && same_config(config, &b.config)
         && *status == b.status
         && *pid == b.pid
         && *restart_count == b.restart_count
@@ -909,7 +903,7 @@ impl Store {
                 && self
                     .stored_configs
                     .get(id)
-                    .is_some_and(|s| differs_only_in_progress(&s.record, rec));
+                    .is_some_and(|stored| differs_only_in_progress(stored, rec));
             if carries {
                 carried.insert(a, rec);
             }
@@ -946,13 +940,11 @@ impl Store {
                 Record::Session(rec) => {
                     let stored = stored_configs
                         .get(&rec.id.0)
-                        .filter(|s| s.config_is(&rec.config));
+                        .filter(|stored| same_config(&stored.config, &rec.config));
                     let updated = match stored {
-                        Some(s) => update_session_state(
-                            &tx,
-                            rec,
-                            active_key(&s.record) == active_key(rec),
-                        )?,
+                        Some(s) => {
+                            update_session_state(&tx, rec, active_key(s) == active_key(rec))?
+                        }
                         None => false,
                     };
                     if !updated {
@@ -1006,15 +998,12 @@ impl Store {
             if self.stored_configs.len() < STORED_CONFIGS_MAX
                 || self.stored_configs.contains_key(&rec.id.0)
             {
-                let row = StoredRow {
-                    record: rec.clone(),
-                };
-                self.stored_configs.insert(rec.id.0.clone(), row);
+                self.stored_configs.insert(rec.id.0.clone(), rec.clone());
             }
         }
         for rec in states_stored {
-            if let Some(row) = self.stored_configs.get_mut(&rec.id.0) {
-                row.record = rec.clone();
+            if let Some(stored) = self.stored_configs.get_mut(&rec.id.0) {
+                *stored = rec.clone();
             }
         }
         for id in configs_gone {
