@@ -800,11 +800,15 @@ async fn build_store(dir: &Path) -> Duration {
             })
             .collect();
         let list: Vec<String> = cols.iter().map(|c| format!("\"{c}\"")).collect();
-        // An AUTOINCREMENT id column takes new values.
+        // An AUTOINCREMENT id column takes new values, and so does a session's key.
         let (list, select): (Vec<String>, Vec<String>) = list
             .into_iter()
             .zip(select)
-            .filter(|(c, _)| !(c == "\"id\"" && key != "id" && table != "tasks"))
+            .filter(|(c, _)| {
+                let new_id = c == "\"id\"" && key != "id" && table != "tasks";
+                let new_key = c == "\"key\"" && table == "session_keys";
+                !(new_id || new_key)
+            })
             .unzip();
         tx.execute(
             &format!(
@@ -816,6 +820,28 @@ async fn build_store(dir: &Path) -> Duration {
         )
         .unwrap_or_else(|e| panic!("copying {table}: {e}"));
     }
+    // Activities are keyed by their session's key (made above for each copy) and their seq.
+    let cols: Vec<String> = columns(&tx, "agent_activities")
+        .into_iter()
+        .filter(|c| c != "key")
+        .collect();
+    tx.execute(
+        &format!(
+            "INSERT INTO agent_activities (key, {list}) \
+             SELECT (k.key << 32) | (t.key & 4294967295), {select} \
+             FROM ids JOIN session_keys AS k ON k.session_id = ids.id, agent_activities AS t \
+             WHERE t.key >> 32 = (SELECT key FROM session_keys WHERE session_id = ?1) \
+             ORDER BY k.key, t.key",
+            list = cols.join(", "),
+            select = cols
+                .iter()
+                .map(|c| format!("t.{c}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        [&s.id],
+    )
+    .unwrap_or_else(|e| panic!("copying agent_activities: {e}"));
     tx.commit().unwrap();
     db.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
         .unwrap();

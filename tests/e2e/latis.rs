@@ -780,18 +780,23 @@ async fn attach_follows_a_session_to_its_end() {
 fn stored_rows(d: &Daemon, session: &str) -> Vec<(&'static str, i64)> {
     let db = rusqlite::Connection::open(d.dirs.data.join("paddock.db")).expect("open the store");
     let mut out = Vec::new();
-    let id_column = [
-        ("agent_sessions", "id"),
-        ("agent_activities", "session_id"),
-        ("session_status_events", "session_id"),
-        ("session_messages", "session_id"),
-        ("provider_unrecognized", "session_id"),
-        ("approvals", "session_id"),
+    // An activity is keyed by its session's key (`session_keys`) and its seq.
+    let rows_of = [
+        ("agent_sessions", "id = ?1"),
+        ("session_keys", "session_id = ?1"),
+        (
+            "agent_activities",
+            "key >> 32 = (SELECT key FROM session_keys WHERE session_id = ?1)",
+        ),
+        ("session_status_events", "session_id = ?1"),
+        ("session_messages", "session_id = ?1"),
+        ("provider_unrecognized", "session_id = ?1"),
+        ("approvals", "session_id = ?1"),
     ];
-    for (table, column) in id_column {
+    for (table, of_session) in rows_of {
         let n: i64 = db
             .query_row(
-                &format!("SELECT COUNT(*) FROM {table} WHERE {column} = ?1"),
+                &format!("SELECT COUNT(*) FROM {table} WHERE {of_session}"),
                 [session],
                 |r| r.get(0),
             )

@@ -67,10 +67,11 @@ pub(super) const SESSION_COLUMNS: [&str; 46] = [
     "closed_by_client",
 ];
 
-/// The columns of `agent_activities` the readers select (all but `session_id`), in order: a
-/// catch-up or a history decodes thousands of rows, by position.
+/// The columns of `agent_activities` the readers select (all but those that carry the
+/// session's progress), in order: a catch-up or a history decodes thousands of rows, by
+/// position. The key holds the seq ([`super::activity_seq`]).
 pub(super) const ACTIVITY_COLUMNS: [&str; 11] = [
-    "seq",
+    "key",
     "turn",
     "ends_turn",
     "type",
@@ -532,7 +533,7 @@ pub(super) fn activity_from_row(session: &str, row: &Row) -> Result<ActivityEven
     const T: &str = "agent_activities";
     Ok(ActivityEvent {
         session: SessionId(session.to_string()),
-        seq: uint(row, T, ac!("seq"))?,
+        seq: super::activity_seq(ac!("key").get(row)?),
         turn: opt_uint(row, T, ac!("turn"))?,
         ends_turn: ac!("ends_turn").get(row)?,
         activity: Activity {

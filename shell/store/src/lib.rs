@@ -89,6 +89,9 @@ pub enum StoreError {
     TooNew { found: i64, known: i64 },
     /// A stored value cannot be decoded (unknown enum number, bad JSON, negative counter…).
     Corrupt(String),
+    /// A value is beyond what the store's format can hold: an activity's number past
+    /// 4,294,967,295, a session's key past 2,147,483,647 (migration 17).
+    Limit(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -133,6 +136,7 @@ impl fmt::Display for StoreError {
                  or use another database file"
             ),
             StoreError::Corrupt(what) => write!(f, "corrupt database: {what}"),
+            StoreError::Limit(what) => write!(f, "beyond what the database can hold: {what}"),
         }
     }
 }
@@ -345,25 +349,63 @@ static SELECT_SESSION: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// An activity's row is keyed by one integer (migration 17): its session's key (its row in
+/// `session_keys`) in the high bits, its seq in the low `SEQ_BITS`. A session's activities are
+/// one range of the table's B-tree, in seq order.
+pub(crate) const SEQ_BITS: u32 = 32;
+/// The largest activity number a session can hold (4,294,967,295).
+pub(crate) const SEQ_MAX: u64 = (1 << SEQ_BITS) - 1;
+/// The largest session key (2,147,483,647 sessions with activities, over the file's life:
+/// keys are never reused).
+pub(crate) const SESSION_KEY_MAX: i64 = (1 << (63 - SEQ_BITS)) - 1;
+
+/// The key of activity `seq` of the session whose key is `session`.
+fn activity_key(session: i64, seq: u64) -> Result<i64> {
+    if seq > SEQ_MAX {
+        return Err(StoreError::Limit(format!(
+            "activity {seq} of one session: a session holds at most {SEQ_MAX}"
+        )));
+    }
+    Ok((session << SEQ_BITS) | seq as i64)
+}
+
+/// The seq of the activity whose key is `key`.
+pub(crate) fn activity_seq(key: i64) -> u64 {
+    key as u64 & SEQ_MAX
+}
+
+/// `WHERE` terms for the activities of session `?1` after seq `?2`: a range of the table's key
+/// (empty when the session has no key, having no activities).
+const ACTIVITIES_OF_AFTER: &str =
+    "key > (SELECT (key << 32) + ?2 FROM session_keys WHERE session_id = ?1) \
+     AND key < (SELECT (key + 1) << 32 FROM session_keys WHERE session_id = ?1)";
+
+/// `WHERE` terms for every activity of session `?1`.
+const ACTIVITIES_OF: &str = "key >= (SELECT key << 32 FROM session_keys WHERE session_id = ?1) \
+     AND key < (SELECT (key + 1) << 32 FROM session_keys WHERE session_id = ?1)";
+
 static SELECT_ACTIVITIES_AFTER: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM agent_activities WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        "SELECT {} FROM agent_activities WHERE {ACTIVITIES_OF_AFTER} ORDER BY key LIMIT ?3",
         ACTIVITY_COLUMNS.join(", ")
     )
 });
 
 static SELECT_LAST_ACTIVITIES: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM agent_activities WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2",
+        "SELECT {} FROM agent_activities WHERE {ACTIVITIES_OF} ORDER BY key DESC LIMIT ?2",
         ACTIVITY_COLUMNS.join(", ")
     )
 });
 
 const INSERT_ACTIVITY: &str = "INSERT INTO agent_activities \
-     (session_id, seq, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
+     (key, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
       tokens_input, tokens_output, at, session_cursor, session_tokens_input, \
       session_tokens_output, session_last_activity_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+
+const SELECT_SESSION_KEY: &str = "SELECT key FROM session_keys WHERE session_id = ?1";
+const INSERT_SESSION_KEY: &str = "INSERT INTO session_keys (session_id) VALUES (?1)";
 
 /// The columns of an activity row that may carry its session's progress as of it (migration
 /// 16; NULL when they do not): the output cursor, the token totals and the last activity's
@@ -375,13 +417,14 @@ pub(crate) const CARRIED_COLUMNS: [&str; 4] = [
     "session_last_activity_at",
 ];
 
-/// The newest activity of session `?1` after seq `?2` that carries its progress (through the
-/// key `(session_id, seq)`: past the row's own seq there is one such activity, or none).
+/// The newest activity of session `?1` after seq `?2` that carries its progress (a range of
+/// the activities' key, from its end: past the row's own seq there is one such activity, or
+/// none).
 static SELECT_CARRIED: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT seq, {} FROM agent_activities \
-         WHERE session_id = ?1 AND seq > ?2 AND session_cursor IS NOT NULL \
-         ORDER BY seq DESC LIMIT 1",
+        "SELECT key, {} FROM agent_activities \
+         WHERE {ACTIVITIES_OF_AFTER} AND session_cursor IS NOT NULL \
+         ORDER BY key DESC LIMIT 1",
         CARRIED_COLUMNS.join(", ")
     )
 });
@@ -413,6 +456,10 @@ pub struct Store {
     /// ([`differs_only_in_progress`]: the record's progress here may be older than the row's,
     /// which the activity rows carry).
     stored_configs: HashMap<String, SessionRecord>,
+    /// The keys (`session_keys`) of the sessions whose activities this store wrote lately, as
+    /// committed: at most [`SESSION_KEYS_MAX`], the least recently used dropped first. An
+    /// activity's row is keyed by its session's key ([`activity_key`]).
+    session_keys: lru::LruCache<String, i64>,
     /// The ended sessions' rows a list read lately, decoded ([`SettledRows`]).
     settled: std::cell::RefCell<SettledRows>,
     /// SQLite's `data_version` when those rows were last known to be the stored ones: it
@@ -438,6 +485,10 @@ type SettledRows = lru::LruCache<String, (Arc<SessionRecord>, u64)>;
 
 /// How many ended sessions' rows [`Store`] holds at most: a few pages of a list (~1 KiB each).
 const SETTLED_ROWS_MAX: std::num::NonZeroUsize = std::num::NonZeroUsize::new(1024).unwrap();
+
+/// How many sessions' keys [`Store`] holds at most: as many as it holds stored rows.
+const SESSION_KEYS_MAX: std::num::NonZeroUsize =
+    std::num::NonZeroUsize::new(STORED_CONFIGS_MAX).unwrap();
 
 /// Whether two records hold the same configuration: the stored record's is the very one the
 /// engine's holds (one `Arc`), so a record of the same configuration is known so without
@@ -831,6 +882,7 @@ impl Store {
             sealer,
             _checkpointer: None,
             stored_configs: HashMap::new(),
+            session_keys: lru::LruCache::new(SESSION_KEYS_MAX),
             settled: std::cell::RefCell::new(lru::LruCache::new(SETTLED_ROWS_MAX)),
             settled_version: std::cell::Cell::new(0),
         })
@@ -853,7 +905,10 @@ impl Store {
         for record in records {
             match record {
                 Record::Session(rec) => settled.pop(&rec.id.0),
-                Record::Delete(id) => settled.pop(&id.0),
+                Record::Delete(id) => {
+                    self.session_keys.pop(&id.0);
+                    settled.pop(&id.0)
+                }
                 _ => None,
             };
         }
@@ -919,6 +974,13 @@ impl Store {
         let mut states_stored: Vec<&SessionRecord> = Vec::new();
         let mut configs_gone: Vec<&str> = Vec::new();
         let stored_configs = &self.stored_configs;
+        // The keys of the batch's sessions that this store did not hold: remembered once the
+        // batch committed (a key made in a transaction that rolled back was never stored).
+        let mut keys_found: Vec<(&str, i64)> = Vec::new();
+        // The last activity's session and key: a batch's activities come in runs of one
+        // session.
+        let mut last_key: Option<(&str, i64)> = None;
+        let known_keys = &mut self.session_keys;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -959,11 +1021,23 @@ impl Store {
                     }
                 }
                 Record::Activity(ev) => {
+                    let id = ev.session.0.as_str();
+                    let session = match last_key {
+                        Some((last, key)) if last == id => key,
+                        _ => {
+                            let key = match known_keys.get(id) {
+                                Some(&key) => key,
+                                None => session_key(&tx, id, &mut keys_found)?,
+                            };
+                            last_key = Some((id, key));
+                            key
+                        }
+                    };
                     let insert = match &mut insert_activities {
                         Some(stmt) => stmt,
                         None => insert_activities.insert(tx.prepare_cached(INSERT_ACTIVITY)?),
                     };
-                    insert_activity(insert, ev, carried.get(&i).copied())?
+                    insert_activity(insert, session, ev, carried.get(&i).copied())?
                 }
                 Record::Status(ev) => insert_status(&tx, ev)?,
                 Record::UserMessage(m) => insert_message(&tx, m)?,
@@ -993,6 +1067,9 @@ impl Store {
         }
         drop(insert_activities);
         tx.commit()?;
+        for (id, key) in keys_found {
+            known_keys.put(id.to_string(), key);
+        }
         // Only what is committed is remembered: after a rollback the next write is in full.
         for rec in configs_stored {
             if self.stored_configs.len() < STORED_CONFIGS_MAX
@@ -1183,19 +1260,22 @@ impl Store {
             let carried = self
                 .conn
                 .prepare_cached(&SELECT_CARRIED)?
-                .query_row(params![rec.id.0, int(rec.last_activity_seq)], |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, i64>(2)?,
-                        r.get::<_, i64>(3)?,
-                        r.get::<_, Option<i64>>(4)?,
-                    ))
-                })
+                .query_row(
+                    params![rec.id.0, int(rec.last_activity_seq.min(SEQ_MAX))],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                            r.get::<_, i64>(3)?,
+                            r.get::<_, Option<i64>>(4)?,
+                        ))
+                    },
+                )
                 .optional()?;
-            if let Some((seq, cursor, input, output, at)) = carried {
+            if let Some((key, cursor, input, output, at)) = carried {
                 let uint = |v: i64| u64::try_from(v).unwrap_or(0);
-                rec.last_activity_seq = uint(seq);
+                rec.last_activity_seq = activity_seq(key);
                 rec.provider_cursor = uint(cursor);
                 rec.tokens_input = uint(input);
                 rec.tokens_output = uint(output);
@@ -1213,7 +1293,11 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<ActivityEvent>> {
         let mut stmt = self.conn.prepare_cached(&SELECT_ACTIVITIES_AFTER)?;
-        let rows = stmt.query(params![session_id, int(after_seq), codec::limit(limit)])?;
+        let rows = stmt.query(params![
+            session_id,
+            int(after_seq.min(SEQ_MAX)),
+            codec::limit(limit)
+        ])?;
         collect(rows, |row| codec::activity_from_row(session_id, row))
     }
 
@@ -1287,6 +1371,7 @@ impl Store {
     /// `external_activities` are left alone: they are what other processes reported.
     pub fn delete_session(&mut self, id: &str) -> Result<bool> {
         self.settled.get_mut().pop(id);
+        self.session_keys.pop(id);
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -1305,10 +1390,10 @@ impl Store {
     /// session's whole history (the `turn` column has no index; a filter on it read every
     /// activity of the session).
     pub fn turn_tokens(&self, session_id: &str, turn: u64) -> Result<(u64, u64)> {
-        let mut stmt = self.conn.prepare_cached(
+        let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT turn, tokens_input, tokens_output FROM agent_activities \
-             WHERE session_id = ?1 ORDER BY seq DESC",
-        )?;
+             WHERE {ACTIVITIES_OF} ORDER BY key DESC"
+        ))?;
         let mut rows = stmt.query([session_id])?;
         let (mut input, mut output) = (0u64, 0u64);
         while let Some(r) = rows.next()? {
@@ -1416,8 +1501,12 @@ fn insert_external(conn: &Connection, rows: &[ExternalActivity]) -> Result<()> {
 
 fn delete_session_rows(conn: &Connection, id: &str) -> Result<bool> {
     let existed = conn.execute("DELETE FROM agent_sessions WHERE id = ?1", [id])? > 0;
+    conn.execute(
+        &format!("DELETE FROM agent_activities WHERE {ACTIVITIES_OF}"),
+        [id],
+    )?;
     for table in [
-        "agent_activities",
+        "session_keys",
         "session_status_events",
         "session_messages",
         "provider_unrecognized",
@@ -1548,16 +1637,47 @@ fn update_session_state(
     Ok(n == 1)
 }
 
-/// Appends `ev`; with `progress`, its session's progress as of it ([`CARRIED_COLUMNS`]).
+/// The key of session `id` in `session_keys`, made if it has none; one this store did not
+/// hold is added to `found` (unless already there: a batch looks a session up once).
+fn session_key<'a>(
+    tx: &rusqlite::Transaction<'_>,
+    id: &'a str,
+    found: &mut Vec<(&'a str, i64)>,
+) -> Result<i64> {
+    if let Some(&(_, key)) = found.iter().find(|(f, _)| *f == id) {
+        return Ok(key);
+    }
+    let stored = tx
+        .prepare_cached(SELECT_SESSION_KEY)?
+        .query_row([id], |r| r.get::<_, i64>(0))
+        .optional()?;
+    let key = match stored {
+        Some(key) => key,
+        None => {
+            tx.prepare_cached(INSERT_SESSION_KEY)?.execute([id])?;
+            tx.last_insert_rowid()
+        }
+    };
+    if !(1..=SESSION_KEY_MAX).contains(&key) {
+        return Err(StoreError::Limit(format!(
+            "session key {key} of session {id}: keys go from 1 to {SESSION_KEY_MAX}"
+        )));
+    }
+    found.push((id, key));
+    Ok(key)
+}
+
+/// Appends `ev`, whose session's key is `session`; with `progress`, its session's progress as
+/// of it ([`CARRIED_COLUMNS`]).
 fn insert_activity(
     insert: &mut rusqlite::Statement<'_>,
+    session: i64,
     ev: &ActivityEvent,
     progress: Option<&SessionRecord>,
 ) -> Result<()> {
     let a = &ev.activity;
     insert.execute(params![
-        ev.session.0,
-        int(ev.seq),
+        activity_key(session, ev.seq)?,
         ev.turn.map(int),
         ev.ends_turn,
         a.kind().number(),

@@ -220,7 +220,8 @@ fn a_turns_tokens_are_read_back_to_its_start() {
             .conn
             .query_row(
                 "SELECT COALESCE(SUM(tokens_input), 0), COALESCE(SUM(tokens_output), 0) \
-                 FROM agent_activities WHERE session_id = ?1 AND turn = ?2",
+                 FROM agent_activities AS a JOIN session_keys AS k ON a.key >> 32 = k.key \
+                 WHERE session_id = ?1 AND turn = ?2",
                 rusqlite::params![session, turn as i64],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
@@ -375,9 +376,9 @@ fn the_session_column_list_matches_the_schema() {
 }
 
 #[test]
-fn the_activity_column_list_is_every_column_but_the_session() {
+fn the_activity_column_list_is_every_column_but_the_carried_progress() {
     let mut cols = columns_of("agent_activities");
-    cols.retain(|c| c != "session_id" && !crate::CARRIED_COLUMNS.contains(&c.as_str()));
+    cols.retain(|c| !crate::CARRIED_COLUMNS.contains(&c.as_str()));
     assert_eq!(cols, ACTIVITY_COLUMNS);
 }
 
@@ -1958,7 +1959,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     assert_eq!(stored_seq(&store), 0, "the session's row is not written");
     let carried: Vec<Option<i64>> = store
         .conn
-        .prepare("SELECT session_cursor FROM agent_activities ORDER BY seq")
+        .prepare("SELECT session_cursor FROM agent_activities ORDER BY key")
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
@@ -2047,6 +2048,188 @@ fn an_events_progress_rides_on_its_activity_row() {
         .unwrap();
     assert_eq!(stored_seq(&store), 8);
     assert_eq!(store.session("s").unwrap(), Some(ended));
+}
+
+/// Version 17 keys activities by one integer: a database written before it keeps every
+/// activity of every session, in order, with the progress its rows carried, and the sessions'
+/// keys follow the order their activities were first written in.
+#[test]
+fn the_upgrade_to_one_integer_key_keeps_every_activity() {
+    let dir = TempDir::new("v17");
+    {
+        let mut conn = Connection::open(dir.db()).unwrap();
+        migrations::migrate(&mut conn, &MIGRATIONS[..16], 1).unwrap();
+        let mut insert = conn
+            .prepare(
+                "INSERT INTO agent_activities (session_id, seq, turn, ends_turn, type, content,
+                   tool_name, tool_call_id, tool_success, tokens_input, tokens_output, at,
+                   session_cursor, session_tokens_input, session_tokens_output,
+                   session_last_activity_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            )
+            .unwrap();
+        // Written interleaved and out of seq order: the copy is by session, then seq.
+        for (id, seq) in [
+            ("b", 2),
+            ("a", 1),
+            ("b", 1),
+            ("a", 3),
+            ("a", 2),
+            ("orphan", 1),
+        ] {
+            let ev = activity(id, seq);
+            let a = &ev.activity;
+            let carried = (id == "a" && seq == 3).then_some(42i64);
+            insert
+                .execute(rusqlite::params![
+                    id,
+                    seq as i64,
+                    ev.turn.map(|t| t as i64),
+                    ev.ends_turn,
+                    a.kind().number(),
+                    a.content,
+                    a.tool_name,
+                    a.tool_call_id,
+                    a.tool_success,
+                    a.tokens_input as i64,
+                    a.tokens_output as i64,
+                    ev.at.millis() as i64,
+                    carried,
+                    carried,
+                    carried,
+                    carried,
+                ])
+                .unwrap();
+        }
+    }
+    let mut store = Store::open(&dir.db()).unwrap();
+    for (id, n) in [("a", 3), ("b", 2), ("orphan", 1)] {
+        let want: Vec<_> = (1..=n).map(|seq| activity(id, seq)).collect();
+        assert_eq!(store.activities(id, 0, 100).unwrap(), want, "{id}");
+        assert_eq!(
+            store.last_activities(id, 2).unwrap().0,
+            want[want.len().saturating_sub(2)..]
+        );
+    }
+    let keys: Vec<(i64, String)> = pairs(
+        &store.conn,
+        "SELECT key, session_id FROM session_keys ORDER BY key",
+    );
+    assert_eq!(
+        keys,
+        [(1, "b".into()), (2, "a".into()), (3, "orphan".into())]
+    );
+    let carried: Vec<(i64, Option<i64>)> = pairs(
+        &store.conn,
+        "SELECT key, session_cursor FROM agent_activities ORDER BY key",
+    );
+    let key = |session: i64, seq: i64| (session << 32) | seq;
+    assert_eq!(
+        carried,
+        [
+            (key(1, 1), None),
+            (key(1, 2), None),
+            (key(2, 1), None),
+            (key(2, 2), None),
+            (key(2, 3), Some(42)),
+            (key(3, 1), None),
+        ]
+    );
+    // The next activity of a session goes on after its copied ones.
+    store.apply(&[Record::Activity(activity("a", 4))]).unwrap();
+    assert_eq!(
+        store.activities("a", 2, 100).unwrap(),
+        [activity("a", 3), activity("a", 4)]
+    );
+}
+
+/// The rows of a query of two columns.
+fn pairs<A: rusqlite::types::FromSql, B: rusqlite::types::FromSql>(
+    conn: &Connection,
+    sql: &str,
+) -> Vec<(A, B)> {
+    conn.prepare(sql)
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+}
+
+/// A session's key is never given to another: a session deleted and created again under the
+/// same id starts with no activities, and a key made in a batch that rolled back is made
+/// again by the next.
+#[test]
+fn session_keys_are_made_once_and_never_reused() {
+    let mut store = Store::open_in_memory().unwrap();
+    let key_of = |store: &Store, id: &str| -> Option<i64> {
+        store
+            .conn
+            .query_row(super::SELECT_SESSION_KEY, [id], |r| r.get(0))
+            .optional()
+            .unwrap()
+    };
+    // The second activity repeats the first's key: the batch, and the key it made, roll back.
+    let failed = store.apply(&[
+        Record::Activity(activity("s", 1)),
+        Record::Activity(activity("s", 1)),
+    ]);
+    assert!(failed.is_err());
+    assert_eq!(key_of(&store, "s"), None);
+    store
+        .apply(&[
+            Record::Activity(activity("s", 1)),
+            Record::Activity(activity("t", 1)),
+            Record::Activity(activity("s", 2)),
+        ])
+        .unwrap();
+    let (s, t) = (key_of(&store, "s").unwrap(), key_of(&store, "t").unwrap());
+    assert!(s < t);
+    // `t` holds the highest key: deleted (it has no session row, only activities), its key is
+    // not the next one made.
+    assert!(!store.delete_session("t").unwrap());
+    assert_eq!(key_of(&store, "t"), None);
+    assert!(store.activities("t", 0, 100).unwrap().is_empty());
+    store.apply(&[Record::Activity(activity("u", 1))]).unwrap();
+    let u = key_of(&store, "u").unwrap();
+    assert!(u > t, "{u} after {t}");
+    // Created again under the same id, a session starts with no activities.
+    store.apply(&[Record::Activity(activity("t", 7))]).unwrap();
+    assert!(key_of(&store, "t").unwrap() > u);
+    assert_eq!(store.activities("t", 0, 100).unwrap(), [activity("t", 7)]);
+    assert_eq!(
+        store.activities("s", 0, 100).unwrap(),
+        [activity("s", 1), activity("s", 2)]
+    );
+    // The same through a batch's `Record::Delete`.
+    store
+        .apply(&[Record::Delete(SessionId("s".into()))])
+        .unwrap();
+    assert!(store.activities("s", 0, 100).unwrap().is_empty());
+    store.apply(&[Record::Activity(activity("s", 3))]).unwrap();
+    assert!(key_of(&store, "s").unwrap() > key_of(&store, "t").unwrap());
+    assert_eq!(store.activities("s", 0, 100).unwrap(), [activity("s", 3)]);
+    assert_eq!(store.activities("u", 0, 100).unwrap(), [activity("u", 1)]);
+}
+
+/// An activity's number past what its key holds is refused with a clear error, not stored
+/// under another session's key; the last one that fits is stored and read back.
+#[test]
+fn an_activity_number_past_the_key_is_refused() {
+    let mut store = Store::open_in_memory().unwrap();
+    let last = activity("s", super::SEQ_MAX);
+    store.apply(&[Record::Activity(last.clone())]).unwrap();
+    let err = store
+        .apply(&[Record::Activity(activity("s", super::SEQ_MAX + 1))])
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Limit(_)), "{err}");
+    assert!(err.to_string().contains("4294967295"), "{err}");
+    assert_eq!(
+        store.activities("s", 0, 10).unwrap(),
+        std::slice::from_ref(&last)
+    );
+    assert_eq!(store.activities("s", u64::MAX, 10).unwrap(), []);
+    assert_eq!(store.last_activities("s", 10).unwrap(), (vec![last], false));
 }
 
 /// Only a committed batch's progress is read back: a batch rolled back leaves the session as
@@ -2200,9 +2383,36 @@ fn carried_progress_is_read_through_the_activity_key() {
     let store = Store::open_in_memory().unwrap();
     let plan = query_plan(&store.conn, &super::SELECT_CARRIED);
     assert!(
-        plan.iter()
-            .any(|s| s.starts_with("SEARCH agent_activities") && s.contains("seq>?")),
+        plan.iter().any(|s| s.starts_with("SEARCH agent_activities")
+            && s.contains("INTEGER PRIMARY KEY (rowid>? AND rowid<?)")),
         "{plan:#?}"
     );
     assert!(!plan.iter().any(|s| s.starts_with("SCAN")), "{plan:#?}");
+}
+
+/// Every read of a session's activities is a range of the activities' key, found through the
+/// session's key: never a scan.
+#[test]
+fn activities_are_read_as_a_range_of_their_key() {
+    let store = Store::open_in_memory().unwrap();
+    for sql in [
+        super::SELECT_ACTIVITIES_AFTER.as_str(),
+        super::SELECT_LAST_ACTIVITIES.as_str(),
+    ] {
+        let plan = query_plan(&store.conn, sql);
+        assert!(
+            plan.iter().any(|s| s.starts_with("SEARCH agent_activities")
+                && s.contains("INTEGER PRIMARY KEY (rowid>? AND rowid<?)")),
+            "{sql}: {plan:#?}"
+        );
+        assert!(
+            plan.iter()
+                .any(|s| s.contains("SEARCH session_keys USING COVERING INDEX")),
+            "{sql}: {plan:#?}"
+        );
+        assert!(
+            !plan.iter().any(|s| s.starts_with("SCAN")),
+            "{sql}: {plan:#?}"
+        );
+    }
 }
