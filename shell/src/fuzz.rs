@@ -157,6 +157,45 @@ fn lines(bytes: &[u8]) -> Vec<String> {
     text(bytes).lines().map(str::to_string).collect()
 }
 
+/// `text` fed in chunks of about `cut` bytes (cut at characters, as the runner sends them)
+/// to [`crate::proc::LineSplitter::feed_text`] and its bytes to `feed`: the same lines, at
+/// the same ends, wherever the chunks end; a line cut keeps at most `max` bytes, the byte
+/// splitter's line up to the character it split.
+fn text_lines_match(text: &str, cut: usize, max: usize) -> Result<(), TestCaseError> {
+    let mut chunks = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let at = rest.ceil_char_boundary(cut.min(rest.len()));
+        let (chunk, after) = rest.split_at(at);
+        chunks.push(chunk);
+        rest = after;
+    }
+    let (mut bytes, mut texts) = (
+        crate::proc::LineSplitter::new(max),
+        crate::proc::LineSplitter::new(max),
+    );
+    let (mut by_bytes, mut by_text) = (Vec::new(), Vec::new());
+    for chunk in chunks {
+        bytes.feed(chunk.as_bytes(), &mut by_bytes);
+        let mut lines = Vec::new();
+        texts.feed_text(chunk, &mut lines);
+        by_text.extend(lines.into_iter().map(|l| (l.text.into_owned(), l.end)));
+    }
+    prop_assert_eq!(by_bytes.len(), by_text.len());
+    for (b, (t, end)) in by_bytes.iter().zip(&by_text) {
+        prop_assert_eq!(b.end, *end);
+        if b.cut_bytes == 0 {
+            prop_assert_eq!(&b.text(), t);
+        } else {
+            let (kept, _) = t.split_once("… [").unwrap();
+            prop_assert!(kept.len() <= max, "{} > {}", kept.len(), max);
+            prop_assert!(b.text().starts_with(kept), "{:?} / {:?}", b.text(), t);
+            prop_assert!(b.bytes.len() - kept.len() < 4, "{:?} / {:?}", b.text(), t);
+        }
+    }
+    Ok(())
+}
+
 /// A writer that keeps what a bridge prints, to check that it is stream-json.
 #[derive(Clone, Default)]
 struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
@@ -315,6 +354,27 @@ proptest! {
         )]));
         let _ = crate::providers::bridge::codex::extra_config(Some(&s));
         let _ = crate::secret::is_secret(&s);
+    }
+
+    /// Text split as the daemon splits the runner's output is what the byte splitter makes of
+    /// the same bytes (see [`text_lines_match`]): agents' lines, and text of characters of
+    /// every width.
+    #[test]
+    fn text_lines_are_the_byte_lines(
+        input in inputs("stream_json"),
+        cut in 1usize..256,
+        max in 1usize..4096,
+    ) {
+        text_lines_match(&text(&input), cut, max)?;
+    }
+
+    #[test]
+    fn text_lines_of_wide_characters_are_the_byte_lines(
+        input in "[a-zé€😀\r\n]{0,400}",
+        cut in 1usize..24,
+        max in 1usize..64,
+    ) {
+        text_lines_match(&input, cut, max)?;
     }
 
     /// The line splitter every agent's and task's output goes through: lines never exceed

@@ -29,9 +29,7 @@ use super::supervisor::{self, RunHandle};
 use crate::paths::{now_ms, Clock};
 use crate::store::{Row, Store, StoreError, UnrecognizedLine};
 
-/// The command queue's bound: provider readers wait (and so slow their agent down) when the
-/// loop is behind, instead of buffering without limit.
-pub const COMMAND_QUEUE: usize = 4096;
+pub use super::port::COMMAND_QUEUE;
 
 /// Who waits for the core's answer to a request: one map, keyed by the request id the loop
 /// gave it, answered by the `Reply*` effects once their batch committed.
@@ -279,7 +277,8 @@ impl State {
     fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Provider(input) => self.queue(input),
-            Command::ProviderLine(inputs) => {
+            Command::ProviderLines(inputs, room) => {
+                drop(room);
                 for input in inputs {
                     self.queue(input)
                 }
@@ -1186,12 +1185,19 @@ pub async fn run(
                 _ = sleep_until(deadline) => None,
             }
         };
+        // Commands are taken while the batch has fewer than MAX_BATCH inputs (a command of
+        // an agent's lines carries up to 64).
+        let mut taken = 0;
         if let Some(c) = first {
+            taken += c.inputs();
             state.command(c);
         }
-        for _ in 0..MAX_BATCH {
+        while taken < MAX_BATCH {
             match rx.try_recv() {
-                Ok(c) => state.command(c),
+                Ok(c) => {
+                    taken += c.inputs();
+                    state.command(c);
+                }
                 Err(_) => break,
             }
         }

@@ -21,6 +21,11 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use crate::fanout::Fanout;
 use crate::store::{ExternalActivity, ReportedEvent, StoreError};
 
+/// The command queue's bound: provider readers wait (and so slow their agent down) when the
+/// loop is behind, instead of buffering without limit. Agents' events take room by the event
+/// (a command of lines, one permit each: `runner_link::send_lines`).
+pub const COMMAND_QUEUE: usize = 4096;
+
 /// Events buffered per watcher before it is told it fell behind.
 pub const WATCH_BUFFER: usize = 4096;
 /// Activities buffered for one SendMessage client; a client that falls this far behind is
@@ -80,9 +85,10 @@ pub enum Request {
 pub enum Command {
     /// A provider's event (from a child's reader or waiter).
     Provider(Input),
-    /// The events of one line of a provider's output: handled in one batch, so they are
-    /// committed together (a line is applied whole or not at all).
-    ProviderLine(Vec<Input>),
+    /// The events of consecutive lines of a provider's output, in order: handled in one
+    /// batch, so they are committed together (a line is applied whole or not at all). With
+    /// their room in the queue (a permit each), given back when the loop takes them.
+    ProviderLines(Vec<Input>, tokio::sync::OwnedSemaphorePermit),
     /// What the driver did with a session's environment (made off the loop: a worktree of a
     /// large repository takes a while).
     Environment {
@@ -158,6 +164,16 @@ pub enum Command {
         reply: Reply<usize>,
     },
     Query(Query),
+}
+
+impl Command {
+    /// How many inputs of the loop's batch it makes ([`super::event_loop::MAX_BATCH`]).
+    pub fn inputs(&self) -> usize {
+        match self {
+            Command::ProviderLines(inputs, _) => inputs.len(),
+            _ => 1,
+        }
+    }
 }
 
 /// A session as the loop knows it.

@@ -34,7 +34,7 @@ use std::time::Duration;
 use paddock_core::{Input, ProviderEvent, Record, RunId, SessionId, Signal, Surviving};
 use paddock_proto::runner::v1 as rpb;
 use rpb::runner_client::RunnerClient;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tonic::transport::Channel;
 
 use super::supervisor::{task_line, RunHandle, RunRef, ToStdin, TASK_LINE_BYTES_MAX};
@@ -114,6 +114,9 @@ pub struct RunnerLink {
     exe: PathBuf,
     limits: crate::runner::Limits,
     acks: Arc<Acks>,
+    /// Room for agents' events in the loop's queue, shared by every run's reader: a command
+    /// of an agent's lines takes one permit per event (see [`send_lines`]).
+    room: Arc<Semaphore>,
 }
 
 /// Acknowledgements on their way to the runner (see the module's "Acknowledgement").
@@ -195,6 +198,7 @@ impl RunnerLink {
             exe: exe.to_path_buf(),
             limits: limits.clone(),
             acks,
+            room: Arc::new(Semaphore::new(crate::port::COMMAND_QUEUE)),
         })
     }
 
@@ -487,7 +491,8 @@ impl RunnerLink {
             let (client, result) = Box::pin(link.run_command(client, req)).await;
             match result {
                 Ok(stream) => {
-                    let reader = Reader::new(id, run, parser, tx, client, false, None);
+                    let room = link.room.clone();
+                    let reader = Reader::new(id, run, parser, tx, room, client, Begin::Spawned);
                     reader.read(stream.into_inner()).await;
                 }
                 Err(e) => {
@@ -558,15 +563,18 @@ impl RunnerLink {
             self.ack_later(&rref.run_id, stored_through(cursor));
         }
         let mut client = self.client.clone();
+        let room = self.room.clone();
         tokio::spawn(async move {
             let reader = Reader::new(
                 id.clone(),
                 run,
                 parser,
                 tx.clone(),
+                room,
                 client.clone(),
-                true,
-                (seq > 0).then_some((seq, offset)),
+                Begin::Attached {
+                    skip: (seq > 0).then_some((seq, offset)),
+                },
             );
             // Boxed, as a spawn's call: the task lives as long as the run.
             match Box::pin(client.attach_run(req)).await {
@@ -658,12 +666,51 @@ async fn send_acks(mut client: RunnerClient<Channel>, acks: Arc<Acks>) {
     }
 }
 
+/// The most inputs one [`Command::ProviderLines`] carries (a line's events are never split,
+/// so one line's may be more): a chunk of output (up to 64 KiB) can hold hundreds of lines.
+const LINES_INPUTS_MAX: usize = 64;
+
+/// Sends the events of the lines in `batch` to the loop as one command, once the queue has
+/// room for the command and `room` for its events (one permit each, given back when the loop
+/// takes them: agents' events wait in the queue no deeper than one per slot, as if each
+/// line were its own command); false when the loop is gone.
+async fn send_lines(
+    tx: &mpsc::Sender<Command>,
+    room: &Arc<Semaphore>,
+    batch: &mut Vec<Input>,
+) -> bool {
+    if batch.is_empty() {
+        return true;
+    }
+    // A line of more events than the queue holds takes all of it.
+    let events = u32::try_from(batch.len().min(crate::port::COMMAND_QUEUE)).unwrap_or(1);
+    let Ok(permit) = room.clone().acquire_many_owned(events).await else {
+        return false;
+    };
+    let Ok(slot) = tx.reserve().await else {
+        return false;
+    };
+    slot.send(Command::ProviderLines(std::mem::take(batch), permit));
+    true
+}
+
+/// How a [`Reader`] comes to a run.
+enum Begin {
+    /// Its run was just asked for: `Started` comes from the runner.
+    Spawned,
+    /// An agent run that outlived the previous daemon, its output read again from just after
+    /// `skip` (the last line the session applied), if anything was.
+    Attached { skip: Option<(u64, usize)> },
+}
+
 /// Reads one run's event stream into provider inputs.
 struct Reader {
     id: SessionId,
     run: RunId,
     parser: Box<dyn LineParser>,
     tx: mpsc::Sender<Command>,
+    /// The link's room for events in the loop's queue.
+    room: Arc<Semaphore>,
     client: RunnerClient<Channel>,
     started: bool,
     /// Skip output before this position (a reattach resumes after the last applied line).
@@ -678,15 +725,20 @@ impl Reader {
         run: RunId,
         parser: Box<dyn LineParser>,
         tx: mpsc::Sender<Command>,
+        room: Arc<Semaphore>,
         client: RunnerClient<Channel>,
-        started: bool,
-        skip: Option<(u64, usize)>,
+        begin: Begin,
     ) -> Self {
+        let (started, skip) = match begin {
+            Begin::Spawned => (false, None),
+            Begin::Attached { skip } => (true, skip),
+        };
         Reader {
             id,
             run,
             parser,
             tx,
+            room,
             client,
             started,
             skip,
@@ -731,7 +783,7 @@ impl Reader {
                 Some(Payload::CommandOutput(out)) => {
                     if out.stream == rpb::StreamKind::Stderr as i32 {
                         self.stderr.feed(out.text.as_bytes());
-                    } else if !self.stdout(ev.seq, out.text.as_bytes()).await {
+                    } else if !self.stdout(ev.seq, &out.text).await {
                         return;
                     }
                 }
@@ -793,29 +845,33 @@ impl Reader {
             .filter(|p| *p > 0)
     }
 
-    /// Feeds one stdout chunk: whole lines go to the parser with their cursors.
-    async fn stdout(&mut self, seq: u64, bytes: &[u8]) -> bool {
+    /// Feeds one stdout chunk: whole lines go to the parser with their cursors, and the
+    /// events of consecutive lines to the loop as one command (at most
+    /// [`LINES_INPUTS_MAX`] inputs, never part of a line's).
+    async fn stdout(&mut self, seq: u64, text: &str) -> bool {
         let mut from = 0;
         if let Some((skip_seq, skip_off)) = self.skip {
             if seq < skip_seq {
                 return true;
             }
             if seq == skip_seq {
-                from = skip_off.min(bytes.len());
+                // Just after a line's `\n`, so on a character's boundary.
+                from = text.floor_char_boundary(skip_off);
             }
             self.skip = None;
         }
         let mut lines = Vec::new();
-        self.stdout.feed(&bytes[from..], &mut lines);
+        self.stdout.feed_text(&text[from..], &mut lines);
+        let mut batch: Vec<Input> = Vec::new();
         for line in lines {
             let end = from + line.end;
-            let text = line.text();
-            if text.is_empty() {
+            if line.text.is_empty() {
                 continue;
             }
-            let parsed = self.parser.parse_line(&text);
-            // Sized to the line (almost always one event): the command may wait in the loop's
-            // queue, and a pushed-to `Vec` would hold room for four inputs.
+            // A chunk holds hundreds of lines: its parsing lets the worker's other tasks (the
+            // clients' streams) run between lines as a line per command did.
+            tokio::task::consume_budget().await;
+            let parsed = self.parser.parse_line(&line.text);
             let mut inputs = Vec::with_capacity(parsed.len());
             for parsed in parsed {
                 match parsed {
@@ -826,6 +882,10 @@ impl Reader {
                         event,
                     }),
                     Parsed::Reply(line) => {
+                        // After what the lines before it made, as if each went on its own.
+                        if !send_lines(&self.tx, &self.room, &mut batch).await {
+                            return false;
+                        }
                         let mut client = self.client.clone();
                         let req = rpb::WriteStdinRequest {
                             run_id: run_id(&self.id, self.run),
@@ -835,6 +895,9 @@ impl Reader {
                         let _ = Box::pin(client.write_stdin(req)).await;
                     }
                     Parsed::Unrecognized(line) => {
+                        if !send_lines(&self.tx, &self.room, &mut batch).await {
+                            return false;
+                        }
                         // As `send`: the command is made once there is room.
                         let Ok(room) = self.tx.reserve().await else {
                             return false;
@@ -847,19 +910,19 @@ impl Reader {
                     }
                 }
             }
-            // The line's events go as one command (one batch, one transaction); the last one
+            // The line's events go in one command (one batch, one transaction); the last one
             // carries the line's end as the cursor the session stores.
             if let Some(Input::Provider { cursor: c, .. }) = inputs.last_mut() {
                 *c = Some(cursor(seq, end));
             }
-            if !inputs.is_empty() {
-                let Ok(room) = self.tx.reserve().await else {
-                    return false;
-                };
-                room.send(Command::ProviderLine(inputs));
+            if batch.len() + inputs.len() > LINES_INPUTS_MAX
+                && !send_lines(&self.tx, &self.room, &mut batch).await
+            {
+                return false;
             }
+            batch.append(&mut inputs);
         }
-        true
+        send_lines(&self.tx, &self.room, &mut batch).await
     }
 
     async fn finish(mut self, state: rpb::RunState, exit_code: i32, message: &str) {
@@ -937,6 +1000,59 @@ mod tests {
         st.session(&a, None);
         assert_eq!(st.pending.get(&run_id(&a, 2)), Some(&u64::MAX));
         assert!(st.sessions.is_empty());
+    }
+
+    /// Agents' events wait in the loop's queue no deeper than its room, however many lines a
+    /// command carries: a command waits until the loop has taken enough of those before it.
+    #[tokio::test]
+    async fn a_command_of_lines_waits_for_room_for_its_events() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let room = Arc::new(Semaphore::new(10));
+        let events = |n: usize| -> Vec<Input> {
+            (0..n)
+                .map(|_| Input::Provider {
+                    id: SessionId("s".into()),
+                    run: 1,
+                    cursor: None,
+                    event: ProviderEvent::Started { pid: None },
+                })
+                .collect()
+        };
+        let mut first = events(6);
+        assert!(send_lines(&tx, &room, &mut first).await);
+        assert!(first.is_empty());
+        assert_eq!(room.available_permits(), 4);
+        // Six more do not fit until the loop takes the first six.
+        let second = tokio::spawn({
+            let (tx, room) = (tx.clone(), room.clone());
+            async move { send_lines(&tx, &room, &mut events(6)).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!second.is_finished());
+        let Some(Command::ProviderLines(taken, permit)) = rx.recv().await else {
+            panic!("the first command")
+        };
+        assert_eq!(taken.len(), 6);
+        drop(permit);
+        assert!(second.await.unwrap());
+        assert_eq!(room.available_permits(), 4);
+        let Some(Command::ProviderLines(_, permit)) = rx.recv().await else {
+            panic!("the second command")
+        };
+        drop(permit);
+        // Nothing is sent for no events, and no room is taken.
+        assert!(send_lines(&tx, &room, &mut Vec::new()).await);
+        assert_eq!(room.available_permits(), 10);
+        assert!(rx.try_recv().is_err());
+        // A line of more events than the loop's whole room takes all of it, and goes.
+        let whole = crate::port::COMMAND_QUEUE;
+        let room = Arc::new(Semaphore::new(whole));
+        assert!(send_lines(&tx, &room, &mut events(whole + 5)).await);
+        assert_eq!(room.available_permits(), 0);
+        let Some(Command::ProviderLines(taken, _)) = rx.recv().await else {
+            panic!("the third command")
+        };
+        assert_eq!(taken.len(), whole + 5);
     }
 
     #[test]

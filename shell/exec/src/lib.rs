@@ -40,7 +40,8 @@ use paddock_core::{
     SessionRecord, Signal, SpawnSpec,
 };
 
-/// Commands (and so inputs) the daemon takes into one batch, and so one commit, at most.
+/// Inputs the daemon takes into one batch, and so one commit, at most (the command that
+/// crosses it is taken whole: a line of an agent's output is applied whole).
 pub const MAX_BATCH: usize = 512;
 
 /// A line written on an agent's input.

@@ -221,14 +221,16 @@ pub fn environment_spec(e: &core::EnvSpec) -> pb::SessionEnvironment {
 /// A request's environment: the environments crate's reading of it.
 pub use crate::env::request::env_spec;
 
-pub fn activity_event(e: &core::ActivityEvent) -> pb::SessionActivityEvent {
-    let a = &e.activity;
+/// The wire form of an activity, its text moved, not copied (a turn's stream and a page own
+/// what they send; a watcher of many clones its copy first).
+pub fn activity_event(e: core::ActivityEvent) -> pb::SessionActivityEvent {
+    let a = e.activity;
     pb::SessionActivityEvent {
-        session_id: e.session.0.clone(),
+        session_id: e.session.0,
         r#type: a.kind().number(),
-        content: a.content.clone(),
-        tool_name: a.tool_name.clone(),
-        tool_call_id: a.tool_call_id.clone(),
+        content: a.content,
+        tool_name: a.tool_name,
+        tool_call_id: a.tool_call_id,
         tool_success: a.tool_success,
         tokens_input: a.tokens_input as i64,
         tokens_output: a.tokens_output as i64,

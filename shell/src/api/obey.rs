@@ -764,7 +764,7 @@ impl LocalDaemonService for Obey {
             .await
             .map_err(st)?;
         let stream = ReceiverStream::new(rx).map(move |item| match item {
-            Ok(ev) => Ok(understood.activity(convert::activity_event(&ev))),
+            Ok(ev) => Ok(understood.activity(convert::activity_event(*ev))),
             Err(e) => Err(convert::status(&e)),
         });
         Ok(Response::new(Box::pin(stream)))
@@ -994,7 +994,7 @@ impl LocalDaemonService for Obey {
         )?;
         // Paged by size too: the client goes on from the last seq it got.
         let (activities, _more) = convert::page_by_size(
-            list.iter()
+            list.into_iter()
                 .map(|a| understood.activity(convert::activity_event(a))),
         );
         Ok(Response::new(pb::ListActivitiesResponse { activities }))
@@ -1194,8 +1194,9 @@ impl LocalDaemonService for Obey {
                     )
                 }
             };
-            let pb =
-                |ev: &paddock_core::ActivityEvent| understood.activity(convert::activity_event(ev));
+            let pb = |ev: &paddock_core::ActivityEvent| {
+                understood.activity(convert::activity_event(ev.clone()))
+            };
             let stored = watch::send_stored(&tx, last, &mut page, |ev| ev.seq, |ev| Some(pb(ev)));
             let Some(last) = stored.await else { return };
             if rec.status.is_terminal() {

@@ -579,7 +579,7 @@ impl LineSplitter {
     pub fn feed(&mut self, data: &[u8], out: &mut Vec<Line>) {
         let mut start = 0;
         while start < data.len() {
-            let (part, end, complete) = match data[start..].iter().position(|&b| b == b'\n') {
+            let (part, end, complete) = match memchr::memchr(b'\n', &data[start..]) {
                 Some(i) => (&data[start..start + i], start + i + 1, true),
                 None => (&data[start..], data.len(), false),
             };
@@ -591,6 +591,57 @@ impl LineSplitter {
                 self.emit(end, out);
             }
             start = end;
+        }
+    }
+
+    /// Feeds one chunk of text (already UTF-8: the runner's `CommandOutput`); the lines it
+    /// completes go to `out` as they are. A line wholly inside `data` is lent from it, not
+    /// copied, and is text without a check: `data` is split only at `\n`. A line begun in an
+    /// earlier chunk is the one copied; one past the limit is cut at a character boundary,
+    /// its cut marked as [`Line::text`] marks it. Not to be mixed with [`LineSplitter::feed`]
+    /// on one splitter (a line it began may end inside a character).
+    pub fn feed_text<'a>(&mut self, data: &'a str, out: &mut Vec<TextLine<'a>>) {
+        let mut start = 0;
+        while start < data.len() {
+            let (part, end, complete) = match memchr::memchr(b'\n', &data.as_bytes()[start..]) {
+                Some(i) => (&data[start..start + i], start + i + 1, true),
+                None => (&data[start..], data.len(), false),
+            };
+            start = end;
+            if complete && self.line.is_empty() && self.cut == 0 && part.len() <= self.max {
+                let text = part.strip_suffix('\r').unwrap_or(part);
+                out.push(TextLine {
+                    text: std::borrow::Cow::Borrowed(text),
+                    end,
+                });
+                continue;
+            }
+            // Once cut, a line takes nothing more (a character's worth of room may be left).
+            let room = match self.cut {
+                0 => self.max.saturating_sub(self.line.len()),
+                _ => 0,
+            };
+            let keep = part.floor_char_boundary(part.len().min(room));
+            self.line.extend_from_slice(&part.as_bytes()[..keep]);
+            self.cut += part.len() - keep;
+            if complete {
+                out.push(self.emit_text(end));
+            }
+        }
+    }
+
+    fn emit_text(&mut self, end: usize) -> TextLine<'static> {
+        let mut line = Line {
+            bytes: std::mem::take(&mut self.line),
+            cut_bytes: std::mem::take(&mut self.cut),
+            end,
+        };
+        if line.cut_bytes == 0 && line.bytes.last() == Some(&b'\r') {
+            line.bytes.pop();
+        }
+        TextLine {
+            text: std::borrow::Cow::Owned(line.text()),
+            end,
         }
     }
 
@@ -619,6 +670,15 @@ impl LineSplitter {
             end,
         });
     }
+}
+
+/// One line of text from [`LineSplitter::feed_text`]: without its `\n` (nor a `\r` before
+/// it), the cut marked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextLine<'a> {
+    pub text: std::borrow::Cow<'a, str>,
+    /// Where the line ended in the chunk that completed it: the offset just after its `\n`.
+    pub end: usize,
 }
 
 /// Lines split from chunks as they come, waiting to be taken.
@@ -759,6 +819,7 @@ pub fn cut_marker(cut_bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::borrow::Cow;
 
     #[test]
     fn truncation_respects_char_boundaries() {
@@ -791,6 +852,40 @@ mod tests {
         let mut out = Vec::new();
         s.finish(&mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn text_lines_are_lent_when_whole_and_cut_at_a_character() {
+        let mut s = LineSplitter::new(5);
+        let mut out = Vec::new();
+        s.feed_text("ab", &mut out);
+        assert!(out.is_empty());
+        s.feed_text("c\r\nhi\r\n\nhello world\néééé\nx", &mut out);
+        let got: Vec<_> = out
+            .iter()
+            .map(|l| (l.text.as_ref(), matches!(l.text, Cow::Borrowed(_)), l.end))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                // Begun in the chunk before: copied.
+                ("abc", false, 3),
+                ("hi", true, 7),
+                ("", true, 8),
+                ("hello… [6 bytes cut]", false, 20),
+                // Five bytes would split the third `é`.
+                ("éé… [4 bytes cut]", false, 29),
+            ]
+        );
+        let mut out = Vec::new();
+        s.feed_text("y\n", &mut out);
+        assert_eq!(
+            out,
+            vec![TextLine {
+                text: Cow::Owned("xy".into()),
+                end: 2
+            }]
+        );
     }
 
     #[test]
