@@ -204,7 +204,7 @@ fn err_code(fx: &[Effect], req: RequestId) -> ErrorCode {
 fn activities(fx: &[Effect]) -> Vec<ActivityEvent> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::EmitActivity(a) => Some(a.clone()),
+            Effect::EmitActivity(a) => Some(ActivityEvent::clone(a)),
             _ => None,
         })
         .collect()

@@ -813,7 +813,7 @@ impl Model {
         // Nothing reaches a client that is not in this transaction: every emitted status or
         // activity was persisted, in the same order, with the same content.
         let mut p_status: Vec<&StatusEvent> = Vec::new();
-        let mut p_activity: Vec<&ActivityEvent> = Vec::new();
+        let mut p_activity: Vec<&std::sync::Arc<ActivityEvent>> = Vec::new();
         let mut messages: Vec<(&SessionId, u64)> = Vec::new();
         let mut stored_messages: Vec<&paddock_core::UserMessage> = Vec::new();
         for e in persists {
@@ -828,7 +828,8 @@ impl Model {
             }
         }
         let e_status: Vec<&StatusEvent> = pick!(rest, ev => Effect::EmitStatus(ev));
-        let e_activity: Vec<&ActivityEvent> = pick!(rest, ev => Effect::EmitActivity(ev));
+        let e_activity: Vec<&std::sync::Arc<ActivityEvent>> =
+            pick!(rest, ev => Effect::EmitActivity(ev));
         if e_status != p_status {
             return Err(format!(
                 "emitted status events {e_status:?} are not the persisted ones {p_status:?}"

@@ -7,6 +7,8 @@
 //! `Emit*` and `Reply` only after that transaction committed: so no client ever sees an event
 //! that a crash could still lose.
 
+use std::sync::Arc;
+
 use crate::approval::Approval;
 use crate::campaign::{Campaign, CampaignError};
 use crate::container::{ContainerRecord, ContainerWork};
@@ -22,8 +24,9 @@ use crate::task::{TaskOutput, TaskRecord, TaskReply, TaskSpec, TaskStatusEvent};
 pub enum Record {
     /// Upsert the session's durable record.
     Session(Box<SessionRecord>),
-    /// Append one activity.
-    Activity(ActivityEvent),
+    /// Append one activity (shared with its [`Effect::EmitActivity`]: one copy of its text
+    /// goes from the parser to the store and to the client).
+    Activity(Arc<ActivityEvent>),
     /// Append one status change.
     Status(StatusEvent),
     /// Append one user message.
@@ -117,7 +120,7 @@ pub enum Effect {
     /// Tell watchers about a status change.
     EmitStatus(StatusEvent),
     /// Tell the turn's stream (and activity watchers) about an activity.
-    EmitActivity(ActivityEvent),
+    EmitActivity(Arc<ActivityEvent>),
     /// Tell watchers about a request for a human that was opened or resolved.
     EmitApproval(Approval),
     /// Remove what the deleted session kept outside the store — its provider's saved

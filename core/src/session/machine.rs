@@ -1635,6 +1635,7 @@ impl Session {
             self.record.turn_open = false;
             self.record.last_turn_failed = ev.activity.kind() == ActivityKind::Error;
         }
+        let ev = Arc::new(ev);
         cx.out
             .persist
             .push(Effect::Persist(Record::Activity(ev.clone())));
@@ -1874,10 +1875,10 @@ mod checks {
     fn the_drain_rule_holds_for_a_step_that_keeps_it() {
         check_drain(&[
             Effect::Persist(Record::Status(status(1))),
-            Effect::Persist(Record::Activity(activity(1))),
-            Effect::Persist(Record::Activity(activity(2))),
+            Effect::Persist(Record::Activity(Arc::new(activity(1)))),
+            Effect::Persist(Record::Activity(Arc::new(activity(2)))),
             Effect::EmitStatus(status(1)),
-            Effect::EmitActivity(activity(2)),
+            Effect::EmitActivity(Arc::new(activity(2))),
         ]);
     }
 
@@ -1894,8 +1895,8 @@ mod checks {
     #[should_panic(expected = "strictly increase")]
     fn sequence_numbers_going_back_break_the_sequence_rule() {
         check_drain(&[
-            Effect::Persist(Record::Activity(activity(2))),
-            Effect::Persist(Record::Activity(activity(2))),
+            Effect::Persist(Record::Activity(Arc::new(activity(2)))),
+            Effect::Persist(Record::Activity(Arc::new(activity(2)))),
         ]);
     }
 
@@ -1903,7 +1904,7 @@ mod checks {
     #[should_panic(expected = "without being persisted first")]
     fn a_status_emitted_unpersisted_is_caught() {
         check_drain(&[
-            Effect::Persist(Record::Activity(activity(1))),
+            Effect::Persist(Record::Activity(Arc::new(activity(1)))),
             Effect::EmitStatus(status(1)),
         ]);
     }
@@ -1913,7 +1914,7 @@ mod checks {
     fn an_activity_emitted_unpersisted_is_caught() {
         check_drain(&[
             Effect::Persist(Record::Status(status(1))),
-            Effect::EmitActivity(activity(1)),
+            Effect::EmitActivity(Arc::new(activity(1))),
         ]);
     }
 

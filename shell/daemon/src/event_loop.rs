@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use paddock_core::campaign::{Campaign, CampaignError};
 use paddock_core::container::{ContainerRecord, ContainerWork};
@@ -812,7 +813,7 @@ impl Io {
                         continue;
                     }
                     let ends = ev.ends_turn;
-                    if stream.send(Ok(Box::new(ev))).await.is_err() || ends {
+                    if stream.send(Ok(Arc::new(ev))).await.is_err() || ends {
                         return;
                     }
                 }
@@ -1049,7 +1050,7 @@ impl Ports for Io {
                 if let Some(turn) = ev.turn {
                     let key = (ev.session.clone(), turn);
                     if let Some(stream) = self.turn_streams.get(&key) {
-                        match stream.try_send(Ok(Box::new(ev.clone()))) {
+                        match stream.try_send(Ok(ev.clone())) {
                             Ok(()) if !ev.ends_turn => {}
                             Err(mpsc::error::TrySendError::Full(_)) => {
                                 // The client fell behind: the rest of its turn comes from the
@@ -1064,7 +1065,7 @@ impl Ports for Io {
                         }
                     }
                 }
-                self.hub.activity.publish(&ev.session.clone(), ev);
+                self.hub.activity.publish(&ev.session, &ev);
             }
             Effect::EmitApproval(a) => {
                 let _ = self.hub.approval.send(a);
@@ -1077,7 +1078,7 @@ impl Ports for Io {
                 if self.hub.task_output_all.receiver_count() > 0 {
                     let _ = self.hub.task_output_all.send(o.clone());
                 }
-                self.hub.task_output.publish(&o.task.clone(), o);
+                self.hub.task_output.publish(&o.task, &o);
             }
             Effect::Forget(rec) => {
                 forget(&rec);

@@ -117,9 +117,9 @@ impl<K: Hash + Eq + Clone, T: Clone> Fanout<K, T> {
         }
     }
 
-    /// Gives `event` to every subscriber of `key`; one whose queue is full misses it (counted,
-    /// and told at its next receive). Never waits.
-    pub fn publish(&self, key: &K, event: T) {
+    /// Gives a copy of `event` to every subscriber of `key` (none made when there is none);
+    /// one whose queue is full misses it (counted, and told at its next receive). Never waits.
+    pub fn publish(&self, key: &K, event: &T) {
         let mut subs = lock(&self.subs);
         let Some(entries) = subs.by_key.get_mut(key) else {
             return;
@@ -208,9 +208,9 @@ mod tests {
         let mut a = hub.subscribe(&"a");
         let mut b = hub.subscribe(&"b");
         for n in 0..5 {
-            hub.publish(&"a", n);
+            hub.publish(&"a", &n);
         }
-        hub.publish(&"b", 100);
+        hub.publish(&"b", &100);
         for n in 0..5 {
             assert!(matches!(a.hear().await, Heard::Event(m) if m == n));
         }
@@ -224,9 +224,9 @@ mod tests {
         let mut quiet = hub.subscribe(&"quiet");
         let _busy = hub.subscribe(&"busy");
         for n in 0..10_000 {
-            hub.publish(&"busy", n);
+            hub.publish(&"busy", &n);
         }
-        hub.publish(&"quiet", 7);
+        hub.publish(&"quiet", &7);
         assert!(matches!(quiet.hear().await, Heard::Event(7)));
     }
 
@@ -235,12 +235,12 @@ mod tests {
         let hub = Fanout::<&str, u32>::new(2);
         let mut s = hub.subscribe(&"a");
         for n in 0..5 {
-            hub.publish(&"a", n);
+            hub.publish(&"a", &n);
         }
         // 0 and 1 were queued, 2..5 missed: told first, the queued prefix dropped with it.
         assert!(matches!(s.hear().await, Heard::Behind(3)));
         assert!(s.try_recv().is_none());
-        hub.publish(&"a", 5);
+        hub.publish(&"a", &5);
         assert!(matches!(s.hear().await, Heard::Event(5)));
     }
 
@@ -252,7 +252,7 @@ mod tests {
         assert_eq!(hub.subscribers(), 2);
         drop(s);
         assert_eq!(hub.subscribers(), 1);
-        hub.publish(&"nobody", 1);
+        hub.publish(&"nobody", &1);
         drop(hub);
         assert!(matches!(t.hear().await, Heard::Over));
     }

@@ -9,6 +9,7 @@
 //! lose. A store read that fails is an error in the reply, never an empty result.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use paddock_core::campaign::{Campaign, CampaignError, NewCampaign};
 use paddock_core::task::{TaskInput, TaskOutput, TaskRecord, TaskReply, TaskStatusEvent};
@@ -34,10 +35,11 @@ pub const TURN_STREAM_BUFFER: usize = 4096;
 
 /// Where an answer goes.
 pub type Reply<T> = oneshot::Sender<T>;
-/// A turn's activities, for the client whose Send started it. Boxed: a channel holds its
-/// slots in blocks of 32, so an open turn takes a block of 1 KiB instead of 5 KiB (1,000 busy
-/// sessions, each with a turn open: ~4 MiB).
-pub type TurnStream = mpsc::Sender<Result<Box<ActivityEvent>, Error>>;
+/// A turn's activities, for the client whose Send started it. Behind a pointer: a channel
+/// holds its slots in blocks of 32, so an open turn takes a block of 1 KiB instead of 5 KiB
+/// (1,000 busy sessions, each with a turn open: ~4 MiB). Shared (the engine's own `Arc`):
+/// once the store and the watchers let go, the stream moves its text to the wire uncopied.
+pub type TurnStream = mpsc::Sender<Result<Arc<ActivityEvent>, Error>>;
 /// A store read's answer.
 pub type Read<T> = Result<T, StoreError>;
 

@@ -763,10 +763,12 @@ impl LocalDaemonService for Obey {
             )
             .await
             .map_err(st)?;
-        let stream = ReceiverStream::new(rx).map(move |item| match item {
-            Ok(ev) => Ok(understood.activity(convert::activity_event(*ev))),
-            Err(e) => Err(convert::status(&e)),
-        });
+        let stream =
+            ReceiverStream::new(rx).map(move |item| match item {
+                Ok(ev) => Ok(understood
+                    .activity(convert::activity_event(std::sync::Arc::unwrap_or_clone(ev)))),
+                Err(e) => Err(convert::status(&e)),
+            });
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -324,9 +324,9 @@ mod tests {
         let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(8);
         let mut sub = items.subscribe(&1);
         for seq in 1..=4 {
-            items.publish(&1, seq);
+            items.publish(&1, &seq);
         }
-        items.publish(&2, 9);
+        items.publish(&2, &9);
         // Another owner's end and this one's progress are passed over; its end ends the
         // stream, after what is queued (the store is not read: 5 is not sent).
         statuses.send((2, true)).unwrap();
@@ -342,7 +342,7 @@ mod tests {
         let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(8);
         let mut sub = items.subscribe(&1);
         for seq in 1..=7 {
-            items.publish(&1, seq);
+            items.publish(&1, &seq);
         }
         statuses.send((1, true)).unwrap();
         let got = follow_one(&mut sub, &mut stat, 0, 7, never_asked, |n| *n).await;
@@ -359,8 +359,8 @@ mod tests {
         let items = crate::daemon::fanout::Fanout::<u32, u64>::new(8);
         let (statuses, mut stat) = broadcast::channel::<(u32, bool)>(2);
         let mut sub = items.subscribe(&1);
-        items.publish(&1, 1);
-        items.publish(&1, 2);
+        items.publish(&1, &1);
+        items.publish(&1, &2);
         // Owner 1's end, then more of others than the status channel holds: it is lost.
         statuses.send((1, true)).unwrap();
         for other in 2..6 {

@@ -210,9 +210,9 @@ fn a_turns_tokens_are_read_back_to_its_start() {
     // Turns 1, 2, 3 of "s" (seq 1-2, 4-5, 7-8; those between carry none), and another
     // session's turn 1.
     let mut batch: Vec<Record> = (1..=9)
-        .map(|seq| Record::Activity(activity("s", seq)))
+        .map(|seq| Record::Activity(Arc::new(activity("s", seq))))
         .collect();
-    batch.extend((1..=3).map(|seq| Record::Activity(activity("other", seq))));
+    batch.extend((1..=3).map(|seq| Record::Activity(Arc::new(activity("other", seq)))));
     store.apply(&batch).unwrap();
     // As a filter on the turn over every activity reads them.
     let summed = |session: &str, turn: u64| -> (u64, u64) {
@@ -262,7 +262,9 @@ fn the_writer_waits_for_a_lock_held_elsewhere() {
         other.execute_batch("COMMIT").unwrap();
         releasing
     });
-    store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
+        .unwrap();
     let written = Instant::now();
     let releasing = release.join().unwrap();
     // SQLite's own busy timeout would try again at 53 then 78 ms.
@@ -287,7 +289,7 @@ fn a_write_past_the_lock_wait_fails_as_locked_and_goes_through_later() {
     Store::set_lock_wait(Some(wait));
     let t = Instant::now();
     let e = store
-        .apply(&[Record::Activity(activity("s", 1))])
+        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
         .unwrap_err();
     let waited = t.elapsed();
     Store::set_lock_wait(None);
@@ -298,7 +300,9 @@ fn a_write_past_the_lock_wait_fails_as_locked_and_goes_through_later() {
     );
     other.execute_batch("ROLLBACK").unwrap();
     assert_eq!(count(&store, "agent_activities"), 0);
-    store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
+        .unwrap();
     assert_eq!(count(&store, "agent_activities"), 1);
 }
 
@@ -320,12 +324,14 @@ fn a_current_database_opens_while_another_program_holds_the_write_lock() {
     assert!(store.load_sessions().unwrap().is_empty());
     Store::set_lock_wait(Some(std::time::Duration::from_millis(20)));
     let e = store
-        .apply(&[Record::Activity(activity("s", 1))])
+        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
         .unwrap_err();
     Store::set_lock_wait(None);
     assert!(e.is_locked(), "{e}");
     other.execute_batch("ROLLBACK").unwrap();
-    store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
+        .unwrap();
     assert_eq!(count(&store, "agent_activities"), 1);
 }
 
@@ -484,8 +490,8 @@ fn activities_status_events_and_messages_page_by_seq() {
     let mut store = Store::open_in_memory().unwrap();
     let mut batch = Vec::new();
     for seq in 1..=20 {
-        batch.push(Record::Activity(activity("a", seq)));
-        batch.push(Record::Activity(activity("b", seq)));
+        batch.push(Record::Activity(Arc::new(activity("a", seq))));
+        batch.push(Record::Activity(Arc::new(activity("b", seq))));
         batch.push(Record::Status(status_event("a", seq)));
     }
     for turn in [2, 1, 3] {
@@ -535,7 +541,9 @@ fn an_activity_without_a_kind_is_stored_as_status() {
     let mut store = Store::open_in_memory().unwrap();
     let mut ev = activity("s", 1);
     ev.activity.kind = None;
-    store.apply(&[Record::Activity(ev.clone())]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(ev.clone()))])
+        .unwrap();
     ev.activity.kind = Some(ActivityKind::Status);
     assert_eq!(store.activities("s", 0, 10).unwrap(), vec![ev]);
 }
@@ -544,16 +552,16 @@ fn an_activity_without_a_kind_is_stored_as_status() {
 fn a_batch_is_atomic() {
     let mut store = Store::open_in_memory().unwrap();
     store
-        .apply(&[Record::Activity(activity("old", 1))])
+        .apply(&[Record::Activity(Arc::new(activity("old", 1)))])
         .unwrap();
 
     let err = store
         .apply(&[
             Record::Session(Box::new(full_record("s"))),
-            Record::Activity(activity("s", 1)),
+            Record::Activity(Arc::new(activity("s", 1))),
             Record::Status(status_event("s", 1)),
             Record::UserMessage(user_message("s", 1)),
-            Record::Activity(activity("s", 1)), // the same (session, seq): PK violation
+            Record::Activity(Arc::new(activity("s", 1))), // the same (session, seq): PK violation
         ])
         .unwrap_err();
     assert!(is_unique_violation(&err), "{err}");
@@ -564,7 +572,9 @@ fn a_batch_is_atomic() {
     assert!(store.user_messages("s", 0).unwrap().is_empty());
     // What was committed before is untouched, and the store is still usable.
     assert_eq!(store.activities("old", 0, 100).unwrap().len(), 1);
-    store.apply(&[Record::Activity(activity("s", 1))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
+        .unwrap();
     assert_eq!(store.activities("s", 0, 100).unwrap().len(), 1);
 }
 
@@ -731,7 +741,7 @@ fn wal_batch(session: &str, seq: &mut u64) -> Vec<Record> {
             *seq += 1;
             let mut a = activity(session, *seq);
             a.activity.content = "x".repeat(2048);
-            Record::Activity(a)
+            Record::Activity(Arc::new(a))
         })
         .collect()
 }
@@ -754,7 +764,7 @@ fn the_checkpointer_thread_moves_the_wal_into_the_database() {
     let size = || std::fs::metadata(&db).unwrap().len();
     let before = size();
     let records: Vec<Record> = (1..=2000)
-        .map(|seq| Record::Activity(activity("01CKPT", seq)))
+        .map(|seq| Record::Activity(Arc::new(activity("01CKPT", seq))))
         .collect();
     store.apply(&records).unwrap();
     // Nothing checkpoints on commit any more: the pages wait in the WAL ...
@@ -783,9 +793,9 @@ fn a_batch_stores_the_last_version_of_each_session_once() {
     store
         .apply(&[
             Record::Session(Box::new(v1)),
-            Record::Activity(activity("01ONE", 1)),
+            Record::Activity(Arc::new(activity("01ONE", 1))),
             Record::Session(Box::new(other.clone())),
-            Record::Activity(activity("01ONE", 2)),
+            Record::Activity(Arc::new(activity("01ONE", 2))),
             Record::Session(Box::new(v2.clone())),
         ])
         .unwrap();
@@ -1035,8 +1045,8 @@ fn write_rolled_back(store: &mut Store, rec: &SessionRecord) {
     let err = store
         .apply(&[
             Record::Session(Box::new(rec.clone())),
-            Record::Activity(activity(&rec.id.0, 1)),
-            Record::Activity(activity(&rec.id.0, 1)),
+            Record::Activity(Arc::new(activity(&rec.id.0, 1))),
+            Record::Activity(Arc::new(activity(&rec.id.0, 1))),
         ])
         .unwrap_err();
     assert!(is_unique_violation(&err), "{err}");
@@ -1100,7 +1110,7 @@ fn delete_session_removes_everything_of_that_session_only() {
     for id in ["gone", "kept"] {
         batch.push(Record::Session(Box::new(full_record(id))));
         for seq in 1..=3 {
-            batch.push(Record::Activity(activity(id, seq)));
+            batch.push(Record::Activity(Arc::new(activity(id, seq))));
             batch.push(Record::Status(status_event(id, seq)));
             batch.push(Record::UserMessage(user_message(id, seq)));
         }
@@ -1178,7 +1188,7 @@ fn undecodable_rows_are_reported_as_corrupt() {
     store
         .apply(&[
             Record::Session(Box::new(full_record("s"))),
-            Record::Activity(activity("s", 1)),
+            Record::Activity(Arc::new(activity("s", 1))),
             Record::Status(status_event("s", 1)),
         ])
         .unwrap();
@@ -1310,7 +1320,7 @@ fn committed_rows_survive_a_crash() {
         for seq in 1..=50 {
             store
                 .apply(&[
-                    Record::Activity(activity("s", seq)),
+                    Record::Activity(Arc::new(activity("s", seq))),
                     Record::Session(Box::new(full_record("s"))),
                 ])
                 .unwrap();
@@ -1345,10 +1355,14 @@ fn committed_rows_survive_a_crash() {
 
     // A drop (the connection closes), then a leak (it never does).
     let mut store = Store::open(&dir.db()).unwrap();
-    store.apply(&[Record::Activity(activity("s", 51))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 51)))])
+        .unwrap();
     drop(store);
     let mut store = Store::open(&dir.db()).unwrap();
-    store.apply(&[Record::Activity(activity("s", 52))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 52)))])
+        .unwrap();
     std::mem::forget(store);
     let store = Store::open(&dir.db()).unwrap();
     assert_eq!(store.activities("s", 50, 1000).unwrap().len(), 2);
@@ -1365,7 +1379,7 @@ fn throughput_of_batched_activity_writes() {
     let started = Instant::now();
     for b in 0..TOTAL / BATCH {
         let mut batch: Vec<Record> = (b * BATCH + 1..=(b + 1) * BATCH)
-            .map(|seq| Record::Activity(activity("s", seq)))
+            .map(|seq| Record::Activity(Arc::new(activity("s", seq))))
             .collect();
         rec.last_activity_seq = (b + 1) * BATCH;
         batch.push(Record::Session(Box::new(rec.clone())));
@@ -1388,7 +1402,7 @@ fn throughput_of_batched_activity_writes() {
     let started = Instant::now();
     for seq in TOTAL + 1..=TOTAL + 1000 {
         store
-            .apply(&[Record::Activity(activity("s", seq))])
+            .apply(&[Record::Activity(Arc::new(activity("s", seq)))])
             .unwrap();
     }
     let elapsed = started.elapsed();
@@ -1950,9 +1964,9 @@ fn an_events_progress_rides_on_its_activity_row() {
     let v2 = progressed(&v1, 2, 7);
     store
         .apply(&[
-            Record::Activity(activity("s", 1)),
+            Record::Activity(Arc::new(activity("s", 1))),
             Record::Session(Box::new(v1)),
-            Record::Activity(activity("s", 2)),
+            Record::Activity(Arc::new(activity("s", 2))),
             Record::Session(Box::new(v2.clone())),
         ])
         .unwrap();
@@ -1984,7 +1998,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     let v3 = progressed(&v2, 3, 8);
     store
         .apply(&[
-            Record::Activity(activity("s", 3)),
+            Record::Activity(Arc::new(activity("s", 3))),
             Record::Session(Box::new(v3.clone())),
         ])
         .unwrap();
@@ -1992,7 +2006,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     let v4 = progressed(&v3, 4, 9);
     store
         .apply(&[
-            Record::Activity(activity("s", 4)),
+            Record::Activity(Arc::new(activity("s", 4))),
             Record::Session(Box::new(v4.clone())),
         ])
         .unwrap();
@@ -2016,7 +2030,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     v6.turn_open = false;
     store
         .apply(&[
-            Record::Activity(activity("s", 5)),
+            Record::Activity(Arc::new(activity("s", 5))),
             Record::Session(Box::new(v6.clone())),
         ])
         .unwrap();
@@ -2028,9 +2042,9 @@ fn an_events_progress_rides_on_its_activity_row() {
     let v7 = progressed(&v6, 6, 12);
     store
         .apply(&[
-            Record::Activity(activity("s", 6)),
+            Record::Activity(Arc::new(activity("s", 6))),
             Record::Session(Box::new(v7.clone())),
-            Record::Activity(activity("s", 7)),
+            Record::Activity(Arc::new(activity("s", 7))),
         ])
         .unwrap();
     assert_eq!(stored_seq(&store), 6);
@@ -2042,7 +2056,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     ended.provider_cursor = 0;
     store
         .apply(&[
-            Record::Activity(activity("s", 8)),
+            Record::Activity(Arc::new(activity("s", 8))),
             Record::Session(Box::new(ended.clone())),
         ])
         .unwrap();
@@ -2136,7 +2150,9 @@ fn the_upgrade_to_one_integer_key_keeps_every_activity() {
         ]
     );
     // The next activity of a session goes on after its copied ones.
-    store.apply(&[Record::Activity(activity("a", 4))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("a", 4)))])
+        .unwrap();
     assert_eq!(
         store.activities("a", 2, 100).unwrap(),
         [activity("a", 3), activity("a", 4)]
@@ -2171,16 +2187,16 @@ fn session_keys_are_made_once_and_never_reused() {
     };
     // The second activity repeats the first's key: the batch, and the key it made, roll back.
     let failed = store.apply(&[
-        Record::Activity(activity("s", 1)),
-        Record::Activity(activity("s", 1)),
+        Record::Activity(Arc::new(activity("s", 1))),
+        Record::Activity(Arc::new(activity("s", 1))),
     ]);
     assert!(failed.is_err());
     assert_eq!(key_of(&store, "s"), None);
     store
         .apply(&[
-            Record::Activity(activity("s", 1)),
-            Record::Activity(activity("t", 1)),
-            Record::Activity(activity("s", 2)),
+            Record::Activity(Arc::new(activity("s", 1))),
+            Record::Activity(Arc::new(activity("t", 1))),
+            Record::Activity(Arc::new(activity("s", 2))),
         ])
         .unwrap();
     let (s, t) = (key_of(&store, "s").unwrap(), key_of(&store, "t").unwrap());
@@ -2190,11 +2206,15 @@ fn session_keys_are_made_once_and_never_reused() {
     assert!(!store.delete_session("t").unwrap());
     assert_eq!(key_of(&store, "t"), None);
     assert!(store.activities("t", 0, 100).unwrap().is_empty());
-    store.apply(&[Record::Activity(activity("u", 1))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("u", 1)))])
+        .unwrap();
     let u = key_of(&store, "u").unwrap();
     assert!(u > t, "{u} after {t}");
     // Created again under the same id, a session starts with no activities.
-    store.apply(&[Record::Activity(activity("t", 7))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("t", 7)))])
+        .unwrap();
     assert!(key_of(&store, "t").unwrap() > u);
     assert_eq!(store.activities("t", 0, 100).unwrap(), [activity("t", 7)]);
     assert_eq!(
@@ -2206,7 +2226,9 @@ fn session_keys_are_made_once_and_never_reused() {
         .apply(&[Record::Delete(SessionId("s".into()))])
         .unwrap();
     assert!(store.activities("s", 0, 100).unwrap().is_empty());
-    store.apply(&[Record::Activity(activity("s", 3))]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 3)))])
+        .unwrap();
     assert!(key_of(&store, "s").unwrap() > key_of(&store, "t").unwrap());
     assert_eq!(store.activities("s", 0, 100).unwrap(), [activity("s", 3)]);
     assert_eq!(store.activities("u", 0, 100).unwrap(), [activity("u", 1)]);
@@ -2218,9 +2240,14 @@ fn session_keys_are_made_once_and_never_reused() {
 fn an_activity_number_past_the_key_is_refused() {
     let mut store = Store::open_in_memory().unwrap();
     let last = activity("s", super::SEQ_MAX);
-    store.apply(&[Record::Activity(last.clone())]).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(last.clone()))])
+        .unwrap();
     let err = store
-        .apply(&[Record::Activity(activity("s", super::SEQ_MAX + 1))])
+        .apply(&[Record::Activity(Arc::new(activity(
+            "s",
+            super::SEQ_MAX + 1,
+        )))])
         .unwrap_err();
     assert!(matches!(err, StoreError::Limit(_)), "{err}");
     assert!(err.to_string().contains("4294967295"), "{err}");
@@ -2246,15 +2273,15 @@ fn a_rolled_back_batch_carries_nothing() {
     let v1 = progressed(&rec, 1, 1);
     // The second activity repeats the first's key: the batch fails.
     let failed = store.apply(&[
-        Record::Activity(activity("s", 1)),
+        Record::Activity(Arc::new(activity("s", 1))),
         Record::Session(Box::new(v1.clone())),
-        Record::Activity(activity("s", 1)),
+        Record::Activity(Arc::new(activity("s", 1))),
     ]);
     assert!(failed.is_err());
     assert_eq!(store.session("s").unwrap(), Some(rec));
     store
         .apply(&[
-            Record::Activity(activity("s", 1)),
+            Record::Activity(Arc::new(activity("s", 1))),
             Record::Session(Box::new(v1.clone())),
         ])
         .unwrap();
@@ -2318,7 +2345,7 @@ proptest::proptest! {
                 rec.last_activity_seq += 1;
                 rec.last_activity_at =
                     Some(paddock_core::Timestamp::from_millis(1_000 + rec.last_activity_seq));
-                batch.push(Record::Activity(activity(&id, rec.last_activity_seq)));
+                batch.push(Record::Activity(Arc::new(activity(&id, rec.last_activity_seq))));
             };
             match step {
                 Step::Event { cursor, tokens } => {
