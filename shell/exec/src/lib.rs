@@ -44,6 +44,10 @@ use paddock_core::{
 /// crosses it is taken whole: a line of an agent's output is applied whole).
 pub const MAX_BATCH: usize = 512;
 
+/// Deliveries a batch's buffer keeps room for between batches (a full batch of events makes
+/// about one each, ~300 bytes).
+const DELIVER_KEPT: usize = MAX_BATCH * 2;
+
 /// A line written on an agent's input.
 #[derive(Debug, Clone, Copy)]
 pub enum Line<'a> {
@@ -307,7 +311,9 @@ impl Executor {
     pub fn commit<P: Ports>(&mut self, ports: &mut P) -> Result<(), P::Error> {
         ports.commit(&self.records)?;
         self.records.clear();
-        for effect in std::mem::take(&mut self.deliver) {
+        // Drained, not taken: the next batch's deliveries reuse the room.
+        let mut deliver = std::mem::take(&mut self.deliver);
+        for effect in deliver.drain(..) {
             match effect {
                 // Stored: the answer may go. One the agent's input refuses comes back as an
                 // input of the next batch.
@@ -322,6 +328,8 @@ impl Executor {
                 e => ports.deliver(e),
             }
         }
+        deliver.shrink_to(DELIVER_KEPT);
+        self.deliver = deliver;
         Ok(())
     }
 

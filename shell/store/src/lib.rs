@@ -18,7 +18,6 @@ pub mod tasks;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, LazyLock};
@@ -455,7 +454,7 @@ pub struct Store {
     /// ([`UPDATE_SESSION_WORK`]), and while only its progress moved, nothing of the row
     /// ([`differs_only_in_progress`]: the record's progress here may be older than the row's,
     /// which the activity rows carry).
-    stored_configs: HashMap<String, SessionRecord>,
+    stored_configs: foldhash::HashMap<String, SessionRecord>,
     /// The keys (`session_keys`) of the sessions whose activities this store wrote lately, as
     /// committed: at most [`SESSION_KEYS_MAX`], the least recently used dropped first. An
     /// activity's row is keyed by its session's key ([`activity_key`]).
@@ -881,7 +880,7 @@ impl Store {
             conn,
             sealer,
             _checkpointer: None,
-            stored_configs: HashMap::new(),
+            stored_configs: foldhash::HashMap::default(),
             session_keys: lru::LruCache::new(SESSION_KEYS_MAX),
             settled: std::cell::RefCell::new(lru::LruCache::new(SETTLED_ROWS_MAX)),
             settled_version: std::cell::Cell::new(0),
@@ -921,8 +920,7 @@ impl Store {
         // A batch of a fast agent's N events carries N versions of its session's record (and a
         // busy task's of its task's): only the last one is written, in the place of the first
         // (performance review B2). Nothing in between reads the row back.
-        let mut last: std::collections::HashMap<(bool, &str), usize> =
-            std::collections::HashMap::new();
+        let mut last: foldhash::HashMap<(bool, &str), usize> = foldhash::HashMap::default();
         for (i, record) in records.iter().enumerate() {
             match record {
                 Record::Session(rec) => last.insert((true, rec.id.0.as_str()), i),
@@ -938,15 +936,13 @@ impl Store {
         // (`CARRIED_COLUMNS`), in the same transaction, and every read of a session's row takes
         // it back from there ([`Store::session_from_row`]). An ended session's row is always
         // written: it is read without looking further.
-        let mut last_activity: std::collections::HashMap<&str, usize> =
-            std::collections::HashMap::new();
+        let mut last_activity: foldhash::HashMap<&str, usize> = foldhash::HashMap::default();
         for (i, record) in records.iter().enumerate() {
             if let Record::Activity(ev) = record {
                 last_activity.insert(ev.session.0.as_str(), i);
             }
         }
-        let mut carried: std::collections::HashMap<usize, &SessionRecord> =
-            std::collections::HashMap::new();
+        let mut carried: foldhash::HashMap<usize, &SessionRecord> = foldhash::HashMap::default();
         for (&(is_session, id), &i) in &last {
             let (true, Record::Session(rec), Some(&a)) =
                 (is_session, &records[i], last_activity.get(id))
@@ -963,7 +959,7 @@ impl Store {
                 carried.insert(a, rec);
             }
         }
-        let mut written: std::collections::HashSet<(bool, &str)> = carried
+        let mut written: foldhash::HashSet<(bool, &str)> = carried
             .values()
             .map(|rec| (true, rec.id.0.as_str()))
             .collect();
