@@ -91,7 +91,7 @@ pub async fn start(
 }
 
 pub async fn connect(socket: &Path) -> Option<RunnerClient<Channel>> {
-    let ch = paddock_sys::transport::channel(socket).await.ok()?;
+    let ch = paddock_sys::transport::bulk_channel(socket).await.ok()?;
     let mut client = RunnerClient::new(ch);
     client.list_runs(rpb::ListRunsRequest {}).await.ok()?;
     Some(client)

@@ -33,6 +33,28 @@ pub async fn channel(path: &Path) -> Result<Channel, ConnectError> {
     connect(Endpoint::from_static("http://localhost"), path).await
 }
 
+/// [`channel`] for streams of bulk data (the daemon's link to the runner: every agent's
+/// output, in chunks of up to 64 KiB). With HTTP/2's defaults (frames of 16 KiB, a receive
+/// window of 64 KiB) the runner wrote each chunk as four frames, a system call each, and
+/// waited for a window update within it. What the runner may send ahead is bounded by the
+/// connection's window, for all runs together.
+pub async fn bulk_channel(path: &Path) -> Result<Channel, ConnectError> {
+    let endpoint = Endpoint::from_static("http://localhost")
+        .max_frame_size(BULK_FRAME)
+        .initial_stream_window_size(BULK_STREAM_WINDOW)
+        .initial_connection_window_size(BULK_CONNECTION_WINDOW);
+    connect(endpoint, path).await
+}
+
+/// The largest HTTP/2 frame a [`bulk_channel`] takes: a chunk of output and its message's
+/// framing in one.
+pub const BULK_FRAME: u32 = 128 * 1024;
+/// One stream's receive window on a [`bulk_channel`]: a few chunks.
+pub const BULK_STREAM_WINDOW: u32 = 256 * 1024;
+/// A [`bulk_channel`]'s receive window for all its streams: what the daemon may hold of the
+/// runner's output unread, at most.
+pub const BULK_CONNECTION_WINDOW: u32 = 2 * 1024 * 1024;
+
 /// [`channel`] for a client that must never wait forever (the CLI): connecting, and each call
 /// until its answer (a stream's first message for a streaming call), take at most `limit`.
 pub async fn channel_within(
