@@ -1041,6 +1041,11 @@ impl Store {
                 Record::Delete(id) => {
                     delete_session_rows(&tx, &id.0)?;
                     configs_gone.push(&id.0);
+                    // Its key went with it: a later activity of the same id makes a new one.
+                    keys_found.retain(|(found, _)| *found != id.0);
+                    if last_key.is_some_and(|(last, _)| last == id.0) {
+                        last_key = None;
+                    }
                 }
                 Record::Task(t) => tasks::upsert(&tx, sealer, t)?,
                 Record::TaskOutput(o) => tasks::insert_output(&tx, o)?,

@@ -2234,6 +2234,36 @@ fn session_keys_are_made_once_and_never_reused() {
     assert_eq!(store.activities("u", 0, 100).unwrap(), [activity("u", 1)]);
 }
 
+/// A session deleted in the middle of a batch takes its key with it: an activity of the same
+/// id after the delete, in the same batch or the next, is stored under a new key and read back.
+#[test]
+fn a_delete_within_a_batch_takes_the_sessions_key_with_it() {
+    let mut store = Store::open_in_memory().unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
+        .unwrap();
+    store
+        .apply(&[
+            Record::Activity(Arc::new(activity("s", 2))),
+            Record::Delete(SessionId("s".into())),
+            Record::Activity(Arc::new(activity("s", 1))),
+        ])
+        .unwrap();
+    assert_eq!(store.activities("s", 0, 10).unwrap(), [activity("s", 1)]);
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 2)))])
+        .unwrap();
+    assert_eq!(
+        store.activities("s", 0, 10).unwrap(),
+        [activity("s", 1), activity("s", 2)]
+    );
+    assert_eq!(
+        count(&store, "agent_activities"),
+        2,
+        "nothing left under the old key"
+    );
+}
+
 /// An activity's number past what its key holds is refused with a clear error, not stored
 /// under another session's key; the last one that fits is stored and read back.
 #[test]
