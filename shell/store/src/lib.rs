@@ -459,6 +459,9 @@ pub struct Store {
     /// committed: at most [`SESSION_KEYS_MAX`], the least recently used dropped first. An
     /// activity's row is keyed by its session's key ([`activity_key`]).
     session_keys: lru::LruCache<String, i64>,
+    /// SQLite's `data_version` when those keys were last known to be the stored ones: another
+    /// program's commit (a session deleted by hand) lets them all go.
+    keys_version: i64,
     /// The ended sessions' rows a list read lately, decoded ([`SettledRows`]).
     settled: std::cell::RefCell<SettledRows>,
     /// SQLite's `data_version` when those rows were last known to be the stored ones: it
@@ -882,6 +885,7 @@ impl Store {
             _checkpointer: None,
             stored_configs: foldhash::HashMap::default(),
             session_keys: lru::LruCache::new(SESSION_KEYS_MAX),
+            keys_version: 0,
             settled: std::cell::RefCell::new(lru::LruCache::new(SETTLED_ROWS_MAX)),
             settled_version: std::cell::Cell::new(0),
         })
@@ -980,6 +984,13 @@ impl Store {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Read under the write lock: no other commit can come before this batch's.
+        let version = tx
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |r| r.get::<_, i64>(0))?;
+        if std::mem::replace(&mut self.keys_version, version) != version {
+            known_keys.clear();
+        }
         // Taken from the statement cache once a batch, not once an activity: looking a statement
         // up by its text and putting it back was an eighth of a fast agent's commit (`perf`, P2).
         let mut insert_activities: Option<rusqlite::CachedStatement<'_>> = None;

@@ -2264,6 +2264,27 @@ fn a_delete_within_a_batch_takes_the_sessions_key_with_it() {
     );
 }
 
+/// A session's key deleted by another program (by hand, with `sqlite3`) is not used again
+/// from memory: the next activity of that id makes a new key, and is read back.
+#[test]
+fn a_key_another_program_deleted_is_not_used_from_memory() {
+    let dir = TempDir::new("keys-by-hand");
+    let mut store = Store::open(&dir.db()).unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
+        .unwrap();
+    let by_hand = Connection::open(dir.db()).unwrap();
+    by_hand
+        .execute_batch(
+            "DELETE FROM agent_activities; DELETE FROM session_keys WHERE session_id = 's';",
+        )
+        .unwrap();
+    store
+        .apply(&[Record::Activity(Arc::new(activity("s", 2)))])
+        .unwrap();
+    assert_eq!(store.activities("s", 0, 10).unwrap(), [activity("s", 2)]);
+}
+
 /// An activity's number past what its key holds is refused with a clear error, not stored
 /// under another session's key; the last one that fits is stored and read back.
 #[test]
