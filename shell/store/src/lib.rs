@@ -373,29 +373,47 @@ pub(crate) fn activity_seq(key: i64) -> u64 {
     key as u64 & SEQ_MAX
 }
 
-/// `WHERE` terms for the activities of session `?1` after seq `?2`: a range of the table's key
-/// (empty when the session has no key, having no activities).
-const ACTIVITIES_OF_AFTER: &str =
-    "key > (SELECT (key << 32) + ?2 FROM session_keys WHERE session_id = ?1) \
-     AND key < (SELECT (key + 1) << 32 FROM session_keys WHERE session_id = ?1)";
+/// `WHERE` terms for the activities of session `?1` after seq `?2` (`>= ?2` with `op` `>=`): a
+/// range of the table's key, empty when the session has no key (it has no activities).
+fn activities_of(op: &str) -> String {
+    format!(
+        "key {op} (SELECT (key << {SEQ_BITS}) + ?2 FROM session_keys WHERE session_id = ?1) \
+         AND key < (SELECT (key + 1) << {SEQ_BITS} FROM session_keys WHERE session_id = ?1)"
+    )
+}
 
-/// `WHERE` terms for every activity of session `?1`.
-const ACTIVITIES_OF: &str = "key >= (SELECT key << 32 FROM session_keys WHERE session_id = ?1) \
-     AND key < (SELECT (key + 1) << 32 FROM session_keys WHERE session_id = ?1)";
+/// `WHERE` terms for the activities of session `?1` after seq `?2`.
+static ACTIVITIES_OF_AFTER: LazyLock<String> = LazyLock::new(|| activities_of(">"));
 
 static SELECT_ACTIVITIES_AFTER: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM agent_activities WHERE {ACTIVITIES_OF_AFTER} ORDER BY key LIMIT ?3",
-        ACTIVITY_COLUMNS.join(", ")
+        "SELECT {} FROM agent_activities WHERE {} ORDER BY key LIMIT ?3",
+        ACTIVITY_COLUMNS.join(", "),
+        *ACTIVITIES_OF_AFTER
     )
 });
 
+/// The newest `?3` activities of session `?1` (from seq `?2` = 0).
 static SELECT_LAST_ACTIVITIES: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM agent_activities WHERE {ACTIVITIES_OF} ORDER BY key DESC LIMIT ?2",
-        ACTIVITY_COLUMNS.join(", ")
+        "SELECT {} FROM agent_activities WHERE {} ORDER BY key DESC LIMIT ?3",
+        ACTIVITY_COLUMNS.join(", "),
+        activities_of(">=")
     )
 });
+
+/// The turn and tokens of every activity of session `?1` (from seq `?2` = 0), newest first.
+static SELECT_TURN_TOKENS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT turn, tokens_input, tokens_output FROM agent_activities WHERE {} \
+         ORDER BY key DESC",
+        activities_of(">=")
+    )
+});
+
+/// Every activity of session `?1` (from seq `?2` = 0).
+static DELETE_ACTIVITIES: LazyLock<String> =
+    LazyLock::new(|| format!("DELETE FROM agent_activities WHERE {}", activities_of(">=")));
 
 const INSERT_ACTIVITY: &str = "INSERT INTO agent_activities \
      (key, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
@@ -422,9 +440,10 @@ pub(crate) const CARRIED_COLUMNS: [&str; 4] = [
 static SELECT_CARRIED: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT key, {} FROM agent_activities \
-         WHERE {ACTIVITIES_OF_AFTER} AND session_cursor IS NOT NULL \
+         WHERE {} AND session_cursor IS NOT NULL \
          ORDER BY key DESC LIMIT 1",
-        CARRIED_COLUMNS.join(", ")
+        CARRIED_COLUMNS.join(", "),
+        *ACTIVITIES_OF_AFTER
     )
 });
 
@@ -908,10 +927,7 @@ impl Store {
         for record in records {
             match record {
                 Record::Session(rec) => settled.pop(&rec.id.0),
-                Record::Delete(id) => {
-                    self.session_keys.pop(&id.0);
-                    settled.pop(&id.0)
-                }
+                Record::Delete(id) => settled.pop(&id.0),
                 _ => None,
             };
         }
@@ -1053,6 +1069,7 @@ impl Store {
                     delete_session_rows(&tx, &id.0)?;
                     configs_gone.push(&id.0);
                     // Its key went with it: a later activity of the same id makes a new one.
+                    known_keys.pop(&id.0);
                     keys_found.retain(|(found, _)| *found != id.0);
                     if last_key.is_some_and(|(last, _)| last == id.0) {
                         last_key = None;
@@ -1320,7 +1337,11 @@ impl Store {
         limit: usize,
     ) -> Result<(Vec<ActivityEvent>, bool)> {
         let mut stmt = self.conn.prepare_cached(&SELECT_LAST_ACTIVITIES)?;
-        let rows = stmt.query(params![session_id, codec::limit(limit.saturating_add(1))])?;
+        let rows = stmt.query(params![
+            session_id,
+            0,
+            codec::limit(limit.saturating_add(1))
+        ])?;
         let mut list = collect(rows, |row| codec::activity_from_row(session_id, row))?;
         let truncated = list.len() > limit;
         list.truncate(limit);
@@ -1402,11 +1423,8 @@ impl Store {
     /// session's whole history (the `turn` column has no index; a filter on it read every
     /// activity of the session).
     pub fn turn_tokens(&self, session_id: &str, turn: u64) -> Result<(u64, u64)> {
-        let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT turn, tokens_input, tokens_output FROM agent_activities \
-             WHERE {ACTIVITIES_OF} ORDER BY key DESC"
-        ))?;
-        let mut rows = stmt.query([session_id])?;
+        let mut stmt = self.conn.prepare_cached(&SELECT_TURN_TOKENS)?;
+        let mut rows = stmt.query(params![session_id, 0])?;
         let (mut input, mut output) = (0u64, 0u64);
         while let Some(r) = rows.next()? {
             match r.get::<_, Option<i64>>(0)?.map(|t| t.max(0) as u64) {
@@ -1513,10 +1531,8 @@ fn insert_external(conn: &Connection, rows: &[ExternalActivity]) -> Result<()> {
 
 fn delete_session_rows(conn: &Connection, id: &str) -> Result<bool> {
     let existed = conn.execute("DELETE FROM agent_sessions WHERE id = ?1", [id])? > 0;
-    conn.execute(
-        &format!("DELETE FROM agent_activities WHERE {ACTIVITIES_OF}"),
-        [id],
-    )?;
+    conn.prepare_cached(&DELETE_ACTIVITIES)?
+        .execute(params![id, 0])?;
     for table in [
         "session_keys",
         "session_status_events",

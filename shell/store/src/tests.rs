@@ -173,6 +173,11 @@ fn activity(session: &str, seq: u64) -> ActivityEvent {
     }
 }
 
+/// [`activity`] as the record a batch stores.
+fn activity_record(session: &str, seq: u64) -> Record {
+    Record::Activity(Arc::new(activity(session, seq)))
+}
+
 fn status_event(session: &str, seq: u64) -> StatusEvent {
     StatusEvent {
         session: SessionId(session.to_string()),
@@ -209,10 +214,8 @@ fn a_turns_tokens_are_read_back_to_its_start() {
     let mut store = Store::open_in_memory().unwrap();
     // Turns 1, 2, 3 of "s" (seq 1-2, 4-5, 7-8; those between carry none), and another
     // session's turn 1.
-    let mut batch: Vec<Record> = (1..=9)
-        .map(|seq| Record::Activity(Arc::new(activity("s", seq))))
-        .collect();
-    batch.extend((1..=3).map(|seq| Record::Activity(Arc::new(activity("other", seq)))));
+    let mut batch: Vec<Record> = (1..=9).map(|seq| activity_record("s", seq)).collect();
+    batch.extend((1..=3).map(|seq| activity_record("other", seq)));
     store.apply(&batch).unwrap();
     // As a filter on the turn over every activity reads them.
     let summed = |session: &str, turn: u64| -> (u64, u64) {
@@ -262,9 +265,7 @@ fn the_writer_waits_for_a_lock_held_elsewhere() {
         other.execute_batch("COMMIT").unwrap();
         releasing
     });
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 1)]).unwrap();
     let written = Instant::now();
     let releasing = release.join().unwrap();
     // SQLite's own busy timeout would try again at 53 then 78 ms.
@@ -288,9 +289,7 @@ fn a_write_past_the_lock_wait_fails_as_locked_and_goes_through_later() {
     let wait = std::time::Duration::from_millis(50);
     Store::set_lock_wait(Some(wait));
     let t = Instant::now();
-    let e = store
-        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
-        .unwrap_err();
+    let e = store.apply(&[activity_record("s", 1)]).unwrap_err();
     let waited = t.elapsed();
     Store::set_lock_wait(None);
     assert!(e.is_locked() && !e.is_out_of_space(), "{e}");
@@ -300,9 +299,7 @@ fn a_write_past_the_lock_wait_fails_as_locked_and_goes_through_later() {
     );
     other.execute_batch("ROLLBACK").unwrap();
     assert_eq!(count(&store, "agent_activities"), 0);
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 1)]).unwrap();
     assert_eq!(count(&store, "agent_activities"), 1);
 }
 
@@ -323,15 +320,11 @@ fn a_current_database_opens_while_another_program_holds_the_write_lock() {
     );
     assert!(store.load_sessions().unwrap().is_empty());
     Store::set_lock_wait(Some(std::time::Duration::from_millis(20)));
-    let e = store
-        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
-        .unwrap_err();
+    let e = store.apply(&[activity_record("s", 1)]).unwrap_err();
     Store::set_lock_wait(None);
     assert!(e.is_locked(), "{e}");
     other.execute_batch("ROLLBACK").unwrap();
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 1)]).unwrap();
     assert_eq!(count(&store, "agent_activities"), 1);
 }
 
@@ -490,8 +483,8 @@ fn activities_status_events_and_messages_page_by_seq() {
     let mut store = Store::open_in_memory().unwrap();
     let mut batch = Vec::new();
     for seq in 1..=20 {
-        batch.push(Record::Activity(Arc::new(activity("a", seq))));
-        batch.push(Record::Activity(Arc::new(activity("b", seq))));
+        batch.push(activity_record("a", seq));
+        batch.push(activity_record("b", seq));
         batch.push(Record::Status(status_event("a", seq)));
     }
     for turn in [2, 1, 3] {
@@ -551,17 +544,15 @@ fn an_activity_without_a_kind_is_stored_as_status() {
 #[test]
 fn a_batch_is_atomic() {
     let mut store = Store::open_in_memory().unwrap();
-    store
-        .apply(&[Record::Activity(Arc::new(activity("old", 1)))])
-        .unwrap();
+    store.apply(&[activity_record("old", 1)]).unwrap();
 
     let err = store
         .apply(&[
             Record::Session(Box::new(full_record("s"))),
-            Record::Activity(Arc::new(activity("s", 1))),
+            activity_record("s", 1),
             Record::Status(status_event("s", 1)),
             Record::UserMessage(user_message("s", 1)),
-            Record::Activity(Arc::new(activity("s", 1))), // the same (session, seq): PK violation
+            activity_record("s", 1), // the same (session, seq): PK violation
         ])
         .unwrap_err();
     assert!(is_unique_violation(&err), "{err}");
@@ -572,9 +563,7 @@ fn a_batch_is_atomic() {
     assert!(store.user_messages("s", 0).unwrap().is_empty());
     // What was committed before is untouched, and the store is still usable.
     assert_eq!(store.activities("old", 0, 100).unwrap().len(), 1);
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 1)]).unwrap();
     assert_eq!(store.activities("s", 0, 100).unwrap().len(), 1);
 }
 
@@ -764,7 +753,7 @@ fn the_checkpointer_thread_moves_the_wal_into_the_database() {
     let size = || std::fs::metadata(&db).unwrap().len();
     let before = size();
     let records: Vec<Record> = (1..=2000)
-        .map(|seq| Record::Activity(Arc::new(activity("01CKPT", seq))))
+        .map(|seq| activity_record("01CKPT", seq))
         .collect();
     store.apply(&records).unwrap();
     // Nothing checkpoints on commit any more: the pages wait in the WAL ...
@@ -793,9 +782,9 @@ fn a_batch_stores_the_last_version_of_each_session_once() {
     store
         .apply(&[
             Record::Session(Box::new(v1)),
-            Record::Activity(Arc::new(activity("01ONE", 1))),
+            activity_record("01ONE", 1),
             Record::Session(Box::new(other.clone())),
-            Record::Activity(Arc::new(activity("01ONE", 2))),
+            activity_record("01ONE", 2),
             Record::Session(Box::new(v2.clone())),
         ])
         .unwrap();
@@ -1045,8 +1034,8 @@ fn write_rolled_back(store: &mut Store, rec: &SessionRecord) {
     let err = store
         .apply(&[
             Record::Session(Box::new(rec.clone())),
-            Record::Activity(Arc::new(activity(&rec.id.0, 1))),
-            Record::Activity(Arc::new(activity(&rec.id.0, 1))),
+            activity_record(&rec.id.0, 1),
+            activity_record(&rec.id.0, 1),
         ])
         .unwrap_err();
     assert!(is_unique_violation(&err), "{err}");
@@ -1110,7 +1099,7 @@ fn delete_session_removes_everything_of_that_session_only() {
     for id in ["gone", "kept"] {
         batch.push(Record::Session(Box::new(full_record(id))));
         for seq in 1..=3 {
-            batch.push(Record::Activity(Arc::new(activity(id, seq))));
+            batch.push(activity_record(id, seq));
             batch.push(Record::Status(status_event(id, seq)));
             batch.push(Record::UserMessage(user_message(id, seq)));
         }
@@ -1188,7 +1177,7 @@ fn undecodable_rows_are_reported_as_corrupt() {
     store
         .apply(&[
             Record::Session(Box::new(full_record("s"))),
-            Record::Activity(Arc::new(activity("s", 1))),
+            activity_record("s", 1),
             Record::Status(status_event("s", 1)),
         ])
         .unwrap();
@@ -1320,7 +1309,7 @@ fn committed_rows_survive_a_crash() {
         for seq in 1..=50 {
             store
                 .apply(&[
-                    Record::Activity(Arc::new(activity("s", seq))),
+                    activity_record("s", seq),
                     Record::Session(Box::new(full_record("s"))),
                 ])
                 .unwrap();
@@ -1355,14 +1344,10 @@ fn committed_rows_survive_a_crash() {
 
     // A drop (the connection closes), then a leak (it never does).
     let mut store = Store::open(&dir.db()).unwrap();
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 51)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 51)]).unwrap();
     drop(store);
     let mut store = Store::open(&dir.db()).unwrap();
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 52)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 52)]).unwrap();
     std::mem::forget(store);
     let store = Store::open(&dir.db()).unwrap();
     assert_eq!(store.activities("s", 50, 1000).unwrap().len(), 2);
@@ -1379,7 +1364,7 @@ fn throughput_of_batched_activity_writes() {
     let started = Instant::now();
     for b in 0..TOTAL / BATCH {
         let mut batch: Vec<Record> = (b * BATCH + 1..=(b + 1) * BATCH)
-            .map(|seq| Record::Activity(Arc::new(activity("s", seq))))
+            .map(|seq| activity_record("s", seq))
             .collect();
         rec.last_activity_seq = (b + 1) * BATCH;
         batch.push(Record::Session(Box::new(rec.clone())));
@@ -1401,9 +1386,7 @@ fn throughput_of_batched_activity_writes() {
     // And one record per commit, the worst case (a lone activity between quiet periods).
     let started = Instant::now();
     for seq in TOTAL + 1..=TOTAL + 1000 {
-        store
-            .apply(&[Record::Activity(Arc::new(activity("s", seq)))])
-            .unwrap();
+        store.apply(&[activity_record("s", seq)]).unwrap();
     }
     let elapsed = started.elapsed();
     println!(
@@ -1964,9 +1947,9 @@ fn an_events_progress_rides_on_its_activity_row() {
     let v2 = progressed(&v1, 2, 7);
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 1))),
+            activity_record("s", 1),
             Record::Session(Box::new(v1)),
-            Record::Activity(Arc::new(activity("s", 2))),
+            activity_record("s", 2),
             Record::Session(Box::new(v2.clone())),
         ])
         .unwrap();
@@ -1998,7 +1981,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     let v3 = progressed(&v2, 3, 8);
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 3))),
+            activity_record("s", 3),
             Record::Session(Box::new(v3.clone())),
         ])
         .unwrap();
@@ -2006,7 +1989,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     let v4 = progressed(&v3, 4, 9);
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 4))),
+            activity_record("s", 4),
             Record::Session(Box::new(v4.clone())),
         ])
         .unwrap();
@@ -2030,7 +2013,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     v6.turn_open = false;
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 5))),
+            activity_record("s", 5),
             Record::Session(Box::new(v6.clone())),
         ])
         .unwrap();
@@ -2042,9 +2025,9 @@ fn an_events_progress_rides_on_its_activity_row() {
     let v7 = progressed(&v6, 6, 12);
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 6))),
+            activity_record("s", 6),
             Record::Session(Box::new(v7.clone())),
-            Record::Activity(Arc::new(activity("s", 7))),
+            activity_record("s", 7),
         ])
         .unwrap();
     assert_eq!(stored_seq(&store), 6);
@@ -2056,7 +2039,7 @@ fn an_events_progress_rides_on_its_activity_row() {
     ended.provider_cursor = 0;
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 8))),
+            activity_record("s", 8),
             Record::Session(Box::new(ended.clone())),
         ])
         .unwrap();
@@ -2150,9 +2133,7 @@ fn the_upgrade_to_one_integer_key_keeps_every_activity() {
         ]
     );
     // The next activity of a session goes on after its copied ones.
-    store
-        .apply(&[Record::Activity(Arc::new(activity("a", 4)))])
-        .unwrap();
+    store.apply(&[activity_record("a", 4)]).unwrap();
     assert_eq!(
         store.activities("a", 2, 100).unwrap(),
         [activity("a", 3), activity("a", 4)]
@@ -2186,17 +2167,14 @@ fn session_keys_are_made_once_and_never_reused() {
             .unwrap()
     };
     // The second activity repeats the first's key: the batch, and the key it made, roll back.
-    let failed = store.apply(&[
-        Record::Activity(Arc::new(activity("s", 1))),
-        Record::Activity(Arc::new(activity("s", 1))),
-    ]);
+    let failed = store.apply(&[activity_record("s", 1), activity_record("s", 1)]);
     assert!(failed.is_err());
     assert_eq!(key_of(&store, "s"), None);
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 1))),
-            Record::Activity(Arc::new(activity("t", 1))),
-            Record::Activity(Arc::new(activity("s", 2))),
+            activity_record("s", 1),
+            activity_record("t", 1),
+            activity_record("s", 2),
         ])
         .unwrap();
     let (s, t) = (key_of(&store, "s").unwrap(), key_of(&store, "t").unwrap());
@@ -2206,15 +2184,11 @@ fn session_keys_are_made_once_and_never_reused() {
     assert!(!store.delete_session("t").unwrap());
     assert_eq!(key_of(&store, "t"), None);
     assert!(store.activities("t", 0, 100).unwrap().is_empty());
-    store
-        .apply(&[Record::Activity(Arc::new(activity("u", 1)))])
-        .unwrap();
+    store.apply(&[activity_record("u", 1)]).unwrap();
     let u = key_of(&store, "u").unwrap();
     assert!(u > t, "{u} after {t}");
     // Created again under the same id, a session starts with no activities.
-    store
-        .apply(&[Record::Activity(Arc::new(activity("t", 7)))])
-        .unwrap();
+    store.apply(&[activity_record("t", 7)]).unwrap();
     assert!(key_of(&store, "t").unwrap() > u);
     assert_eq!(store.activities("t", 0, 100).unwrap(), [activity("t", 7)]);
     assert_eq!(
@@ -2226,9 +2200,7 @@ fn session_keys_are_made_once_and_never_reused() {
         .apply(&[Record::Delete(SessionId("s".into()))])
         .unwrap();
     assert!(store.activities("s", 0, 100).unwrap().is_empty());
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 3)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 3)]).unwrap();
     assert!(key_of(&store, "s").unwrap() > key_of(&store, "t").unwrap());
     assert_eq!(store.activities("s", 0, 100).unwrap(), [activity("s", 3)]);
     assert_eq!(store.activities("u", 0, 100).unwrap(), [activity("u", 1)]);
@@ -2239,20 +2211,16 @@ fn session_keys_are_made_once_and_never_reused() {
 #[test]
 fn a_delete_within_a_batch_takes_the_sessions_key_with_it() {
     let mut store = Store::open_in_memory().unwrap();
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 1)]).unwrap();
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 2))),
+            activity_record("s", 2),
             Record::Delete(SessionId("s".into())),
-            Record::Activity(Arc::new(activity("s", 1))),
+            activity_record("s", 1),
         ])
         .unwrap();
     assert_eq!(store.activities("s", 0, 10).unwrap(), [activity("s", 1)]);
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 2)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 2)]).unwrap();
     assert_eq!(
         store.activities("s", 0, 10).unwrap(),
         [activity("s", 1), activity("s", 2)]
@@ -2270,18 +2238,14 @@ fn a_delete_within_a_batch_takes_the_sessions_key_with_it() {
 fn a_key_another_program_deleted_is_not_used_from_memory() {
     let dir = TempDir::new("keys-by-hand");
     let mut store = Store::open(&dir.db()).unwrap();
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 1)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 1)]).unwrap();
     let by_hand = Connection::open(dir.db()).unwrap();
     by_hand
         .execute_batch(
             "DELETE FROM agent_activities; DELETE FROM session_keys WHERE session_id = 's';",
         )
         .unwrap();
-    store
-        .apply(&[Record::Activity(Arc::new(activity("s", 2)))])
-        .unwrap();
+    store.apply(&[activity_record("s", 2)]).unwrap();
     assert_eq!(store.activities("s", 0, 10).unwrap(), [activity("s", 2)]);
 }
 
@@ -2295,10 +2259,7 @@ fn an_activity_number_past_the_key_is_refused() {
         .apply(&[Record::Activity(Arc::new(last.clone()))])
         .unwrap();
     let err = store
-        .apply(&[Record::Activity(Arc::new(activity(
-            "s",
-            super::SEQ_MAX + 1,
-        )))])
+        .apply(&[activity_record("s", super::SEQ_MAX + 1)])
         .unwrap_err();
     assert!(matches!(err, StoreError::Limit(_)), "{err}");
     assert!(err.to_string().contains("4294967295"), "{err}");
@@ -2324,15 +2285,15 @@ fn a_rolled_back_batch_carries_nothing() {
     let v1 = progressed(&rec, 1, 1);
     // The second activity repeats the first's key: the batch fails.
     let failed = store.apply(&[
-        Record::Activity(Arc::new(activity("s", 1))),
+        activity_record("s", 1),
         Record::Session(Box::new(v1.clone())),
-        Record::Activity(Arc::new(activity("s", 1))),
+        activity_record("s", 1),
     ]);
     assert!(failed.is_err());
     assert_eq!(store.session("s").unwrap(), Some(rec));
     store
         .apply(&[
-            Record::Activity(Arc::new(activity("s", 1))),
+            activity_record("s", 1),
             Record::Session(Box::new(v1.clone())),
         ])
         .unwrap();
@@ -2396,7 +2357,7 @@ proptest::proptest! {
                 rec.last_activity_seq += 1;
                 rec.last_activity_at =
                     Some(paddock_core::Timestamp::from_millis(1_000 + rec.last_activity_seq));
-                batch.push(Record::Activity(Arc::new(activity(&id, rec.last_activity_seq))));
+                batch.push(activity_record(&id, rec.last_activity_seq));
             };
             match step {
                 Step::Event { cursor, tokens } => {
