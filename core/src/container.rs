@@ -262,7 +262,7 @@ impl Containers {
             (ContainerRequest::Start, ContainerState::Running)
                 if !self.starting.contains_key(&id) =>
             {
-                reply(out, Ok(c.clone()))
+                reply(out, Ok(Box::new(c.clone())))
             }
             (ContainerRequest::Start, ContainerState::Running) => {
                 reply(out, wrong(c, "started again while it is being started"))
@@ -279,7 +279,9 @@ impl Containers {
                 });
                 self.starting.insert(id, req);
             }
-            (ContainerRequest::Stop, ContainerState::Stopped) => reply(out, Ok(c.clone())),
+            (ContainerRequest::Stop, ContainerState::Stopped) => {
+                reply(out, Ok(Box::new(c.clone())))
+            }
             (ContainerRequest::Stop, ContainerState::Running | ContainerState::Failed) => {
                 if let Some(start) = self.starting.remove(&id) {
                     out.rest.push(Effect::ReplyContainer {
@@ -297,7 +299,7 @@ impl Containers {
                     work: ContainerWork::Stop,
                     record: Box::new(c.clone()),
                 });
-                reply(out, Ok(c.clone()));
+                reply(out, Ok(Box::new(c.clone())));
                 return Some(id);
             }
             (ContainerRequest::Start | ContainerRequest::Stop, ContainerState::Creating) => {
@@ -316,7 +318,7 @@ impl Containers {
                     });
                 }
                 Self::destroy(&c, out);
-                reply(out, Ok(c));
+                reply(out, Ok(Box::new(c)));
                 return Some(id);
             }
         }
@@ -355,7 +357,7 @@ impl Containers {
                 if let Some(req) = self.creating.remove(id) {
                     out.rest.push(Effect::ReplyContainer {
                         req,
-                        result: Ok(c.clone()),
+                        result: Ok(Box::new(c.clone())),
                     });
                 }
             }
@@ -378,7 +380,7 @@ impl Containers {
                 if let Some(req) = self.starting.remove(id) {
                     out.rest.push(Effect::ReplyContainer {
                         req,
-                        result: Ok(c.clone()),
+                        result: Ok(Box::new(c.clone())),
                     });
                 }
             }

@@ -473,7 +473,7 @@ impl Engine {
                             // Live: the client joins it as it is.
                             cx.out.rest.push(Effect::Reply {
                                 req,
-                                result: Ok(s.record.clone()),
+                                result: Ok(Box::new(s.record.clone())),
                             });
                         } else if self.shutting_down {
                             cx.out.rest.push(Effect::Reply {
@@ -611,7 +611,7 @@ impl Engine {
                         cx.out.rest.push(Effect::Forget(Box::new(record.clone())));
                         cx.out.rest.push(Effect::Reply {
                             req,
-                            result: Ok(record),
+                            result: Ok(Box::new(record)),
                         });
                     }
                     Err(e) => cx.out.rest.push(Effect::Reply {

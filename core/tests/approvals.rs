@@ -149,7 +149,9 @@ impl Rig {
         let result = fx
             .iter()
             .find_map(|e| match e {
-                Effect::ReplyApproval { req: r, result } if *r == req => Some(result.clone()),
+                Effect::ReplyApproval { req: r, result } if *r == req => {
+                    Some(result.clone().map(|a| *a))
+                }
                 _ => None,
             })
             .expect("a Resolve is always answered");
@@ -232,7 +234,7 @@ fn an_approval_waits_then_the_answer_reaches_the_agent_once() {
     assert_eq!(answers(&fx), [("key-a1".to_string(), true, String::new())]);
     assert_eq!(stored(&fx), [("a1".to_string(), ApprovalState::Approved)]);
     assert!(
-        fx.contains(&Effect::EmitApproval(a.clone())),
+        fx.contains(&Effect::EmitApproval(Box::new(a.clone()))),
         "the reply is the request as stored"
     );
     assert_eq!(r.status(), Status::Working);
@@ -338,6 +340,7 @@ fn expiry_runs_on_the_monotonic_clock_and_a_restart_converts_it() {
     else {
         unreachable!()
     };
+    let pending = *pending;
     let asked = r.now;
     assert_eq!(
         (pending.created_at, pending.expires_at),
@@ -459,6 +462,7 @@ fn an_open_request_survives_a_daemon_restart_when_the_agent_does() {
     else {
         unreachable!()
     };
+    let pending = *pending;
     let record = r.engine.session(&sid()).unwrap().record.clone();
     assert_eq!(record.status, Status::Waiting);
 
@@ -560,8 +564,9 @@ fn an_adopted_agent_is_sent_its_answers_again_and_run_ids_stay_unique() {
         &surviving,
     );
     assert!(
-        fx.iter()
-            .any(|e| matches!(e, Effect::Answer { run: 1, approval, .. } if *approval == resolved)),
+        fx.iter().any(
+            |e| matches!(e, Effect::Answer { run: 1, approval, .. } if **approval == resolved)
+        ),
         "{fx:?}"
     );
     assert_eq!(engine.session(&sid()).unwrap().status(), Status::Working);

@@ -189,7 +189,7 @@ fn statuses(fx: &[Effect]) -> Vec<(Option<Status>, Status)> {
 
 fn reply(fx: &[Effect], req: RequestId) -> Option<Result<SessionRecord, Error>> {
     fx.iter().find_map(|e| match e {
-        Effect::Reply { req: r, result } if *r == req => Some(result.clone()),
+        Effect::Reply { req: r, result } if *r == req => Some(result.clone().map(|r| *r)),
         _ => None,
     })
 }

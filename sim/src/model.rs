@@ -859,9 +859,9 @@ impl Model {
             }
         }
         // Every request opened or resolved is stored in this transaction, as it is shown.
-        let p_approvals: Vec<&Approval> =
+        let p_approvals: Vec<&Box<Approval>> =
             pick!(persists, a => Effect::Persist(Record::Approval(a)));
-        let e_approvals: Vec<&Approval> = pick!(rest, a => Effect::EmitApproval(a));
+        let e_approvals: Vec<&Box<Approval>> = pick!(rest, a => Effect::EmitApproval(a));
         if p_approvals != e_approvals {
             return Err(format!(
                 "emitted requests {e_approvals:?} are not the persisted ones {p_approvals:?}"
@@ -1431,7 +1431,7 @@ impl Model {
         &mut self,
         cause: &Cause,
         req: RequestId,
-        result: &Result<Approval, Error>,
+        result: &Result<Box<Approval>, Error>,
     ) -> Result<(), String> {
         let Some(p) = self.pending.remove(&req) else {
             return Err(format!(
@@ -2115,7 +2115,7 @@ impl Model {
         &mut self,
         cause: &Cause,
         req: RequestId,
-        result: &Result<SessionRecord, Error>,
+        result: &Result<Box<SessionRecord>, Error>,
         store: &Store,
     ) -> Result<(), String> {
         let Some(p) = self.pending.remove(&req) else {
@@ -2157,7 +2157,7 @@ impl Model {
                 return Err(format!("{what} was answered with the record of {}", rec.id));
             }
             match store.sessions.get(&rec.id) {
-                Some(stored) if stored == rec => {}
+                Some(stored) if *stored == **rec => {}
                 Some(stored) => {
                     return Err(format!(
                         "{what} was answered with a record that is not the committed one: {}",
@@ -2324,7 +2324,7 @@ impl Model {
         &mut self,
         p: &Pending,
         immediate: bool,
-        result: &Result<SessionRecord, Error>,
+        result: &Result<Box<SessionRecord>, Error>,
         store: &Store,
         what: &str,
     ) -> Result<(), String> {

@@ -224,7 +224,7 @@ impl Ports for Recorder {
             Line::Answer(approval) => Effect::Answer {
                 id: id.clone(),
                 run,
-                approval: approval.clone(),
+                approval: Box::new(approval.clone()),
                 at_once: true,
             },
         };

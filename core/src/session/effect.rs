@@ -31,8 +31,9 @@ pub enum Record {
     Status(StatusEvent),
     /// Append one user message.
     UserMessage(UserMessage),
-    /// Upsert one request for a human.
-    Approval(Approval),
+    /// Upsert one request for a human (boxed, as every large payload of a record: see
+    /// `Effect::Provision`).
+    Approval(Box<Approval>),
     /// Remove the session and everything stored about it.
     Delete(SessionId),
     /// Upsert an Aria task's record.
@@ -101,7 +102,8 @@ pub enum Effect {
     Answer {
         id: SessionId,
         run: RunId,
-        approval: Approval,
+        /// Boxed: see `Provision`.
+        approval: Box<Approval>,
         at_once: bool,
     },
     /// Close the input of run `run`'s provider: the agent is asked to end its own way (a
@@ -122,7 +124,7 @@ pub enum Effect {
     /// Tell the turn's stream (and activity watchers) about an activity.
     EmitActivity(Arc<ActivityEvent>),
     /// Tell watchers about a request for a human that was opened or resolved.
-    EmitApproval(Approval),
+    EmitApproval(Box<Approval>),
     /// Remove what the deleted session kept outside the store — its provider's saved
     /// conversation, its environment (sandbox directories, worktree) — once the deletion is
     /// committed (or a refused create is discarded).
@@ -130,12 +132,13 @@ pub enum Effect {
     /// Answer request `req`.
     Reply {
         req: RequestId,
-        result: Result<SessionRecord, Error>,
+        /// Boxed: see `Provision`.
+        result: Result<Box<SessionRecord>, Error>,
     },
     /// Answer a `Resolve` request.
     ReplyApproval {
         req: RequestId,
-        result: Result<Approval, Error>,
+        result: Result<Box<Approval>, Error>,
     },
     /// Start task `id`'s command; answer with `TaskEvent::Started` or `SpawnFailed`.
     SpawnTask {
@@ -177,7 +180,7 @@ pub enum Effect {
     /// Answer a ContainerService request.
     ReplyContainer {
         req: RequestId,
-        result: Result<ContainerRecord, Error>,
+        result: Result<Box<ContainerRecord>, Error>,
     },
     /// Tell watchers that want a human's attention about something that is not a status
     /// change (output the agent wrote was lost). Delivered after the commit, like `Emit*`.

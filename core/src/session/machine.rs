@@ -448,7 +448,7 @@ impl Session {
         );
         cx.out.rest.push(Effect::Reply {
             req,
-            result: Ok(self.record.clone()),
+            result: Ok(Box::new(self.record.clone())),
         });
     }
 
@@ -474,7 +474,7 @@ impl Session {
         self.begin_turn(text, cx);
         cx.out.rest.push(Effect::Reply {
             req,
-            result: Ok(self.record.clone()),
+            result: Ok(Box::new(self.record.clone())),
         });
     }
 
@@ -738,7 +738,7 @@ impl Session {
         for req in std::mem::take(&mut self.start_replies) {
             cx.out.rest.push(Effect::Reply {
                 req,
-                result: Ok(self.record.clone()),
+                result: Ok(Box::new(self.record.clone())),
             });
         }
     }
@@ -1072,7 +1072,7 @@ impl Session {
             cx.out.rest.push(Effect::Answer {
                 id: self.record.id.clone(),
                 run,
-                approval: a,
+                approval: Box::new(a),
                 at_once: true,
             });
             return;
@@ -1088,8 +1088,8 @@ impl Session {
         self.record_activity(activity, cx);
         cx.out
             .persist
-            .push(Effect::Persist(Record::Approval(a.clone())));
-        cx.out.rest.push(Effect::EmitApproval(a.clone()));
+            .push(Effect::Persist(Record::Approval(Box::new(a.clone()))));
+        cx.out.rest.push(Effect::EmitApproval(Box::new(a.clone())));
         self.expiry.insert(
             a.id.clone(),
             cx.now.after(Duration::from_millis(settings.timeout_ms)),
@@ -1176,7 +1176,7 @@ impl Session {
         a.resolved_at = Some(cx.now.wall);
         self.finish_approval(a.clone(), true, cx);
         self.settle_status("", cx);
-        reply(cx, Ok(a))
+        reply(cx, Ok(Box::new(a)))
     }
 
     /// Every open request whose time is up gets the session's default answer.
@@ -1245,7 +1245,7 @@ impl Session {
         }
         cx.out
             .persist
-            .push(Effect::Persist(Record::Approval(a.clone())));
+            .push(Effect::Persist(Record::Approval(Box::new(a.clone()))));
         if tell_agent {
             if let Run::Live {
                 run,
@@ -1257,13 +1257,13 @@ impl Session {
                     cx.out.rest.push(Effect::Answer {
                         id: self.record.id.clone(),
                         run,
-                        approval: a.clone(),
+                        approval: Box::new(a.clone()),
                         at_once: false,
                     });
                 }
             }
         }
-        cx.out.rest.push(Effect::EmitApproval(a.clone()));
+        cx.out.rest.push(Effect::EmitApproval(Box::new(a.clone())));
         self.remember(a);
     }
 
@@ -1488,7 +1488,7 @@ impl Session {
                         cx.out.rest.push(Effect::Answer {
                             id: self.record.id.clone(),
                             run,
-                            approval: a.clone(),
+                            approval: Box::new(a.clone()),
                             at_once: false,
                         });
                     }
@@ -1746,7 +1746,10 @@ impl Session {
             } else {
                 Ok(self.record.clone())
             };
-            cx.out.rest.push(Effect::Reply { req, result });
+            cx.out.rest.push(Effect::Reply {
+                req,
+                result: result.map(Box::new),
+            });
         }
     }
 

@@ -1068,7 +1068,7 @@ impl Ports for Io {
                 self.hub.activity.publish(&ev.session, &ev);
             }
             Effect::EmitApproval(a) => {
-                let _ = self.hub.approval.send(a);
+                let _ = self.hub.approval.send(*a);
             }
             Effect::Notice(n) => self.hub.raise_notice(n),
             Effect::EmitTaskStatus(ev) => {
@@ -1093,12 +1093,12 @@ impl Ports for Io {
                         self.turn_streams
                             .insert((record.id.clone(), record.turns), stream);
                     }
-                    let _ = reply.send(result);
+                    let _ = reply.send(result.map(|r| *r));
                 }
             }
             Effect::ReplyApproval { req, result } => {
                 if let Some(Waiting::Approval(reply)) = self.waiting(req) {
-                    let _ = reply.send(result);
+                    let _ = reply.send(result.map(|a| *a));
                 }
             }
             Effect::ReplyTask { req, result } => {
@@ -1113,7 +1113,7 @@ impl Ports for Io {
             }
             Effect::ReplyContainer { req, result } => {
                 if let Some(Waiting::Container(reply)) = self.waiting(req) {
-                    let _ = reply.send(result);
+                    let _ = reply.send(result.map(|c| *c));
                 }
             }
             Effect::ReplyRemoveCampaign { req, result } => {

@@ -65,7 +65,8 @@ pub trait Ports {
     /// A store failure.
     type Error;
 
-    /// The clock, read once per input.
+    /// The clock, read once per [`Executor::run`]: every input of a batch is handled at the
+    /// time its run began.
     fn now(&self) -> Now;
 
     /// Starts an agent's run. `Some` when its outcome is known at once (a child of the daemon:
@@ -226,10 +227,16 @@ impl Executor {
 
     /// Runs every queued input (and those their effects bring back), carrying out each one's
     /// effects before the next.
+    ///
+    /// The clock is read once: the inputs of a run arrived together (a batch of at most a few
+    /// hundred), and their time is when the loop took them. Reading it for each of a fast
+    /// agent's events (a monotonic and a wall reading) was a twentieth of the event loop's
+    /// time (`perf`, P2).
     pub fn run<P: Ports>(&mut self, ports: &mut P) {
+        let now = ports.now();
         while let Some(input) = self.inputs.pop_front() {
             ports.taking(&input);
-            let effects = self.engine.handle(ports.now(), input);
+            let effects = self.engine.handle(now, input);
             ports.observe(&effects);
             self.execute(effects, ports);
         }

@@ -1527,7 +1527,7 @@ fn start_up_loads_only_what_is_not_settled_and_the_rest_pages_by_id() {
     requests.push(request("r2", "s2", 3, Some(50)));
     let batch: Vec<Record> = requests
         .iter()
-        .map(|a| Record::Approval(a.clone()))
+        .map(|a| Record::Approval(Box::new(a.clone())))
         .collect();
     store.apply(&batch).unwrap();
     // Lines their agents printed that no parser read: 3 of settled s1, 1 of s2, 2 of s5.
