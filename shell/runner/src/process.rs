@@ -202,18 +202,32 @@ async fn read_chunks(
     let mut utf8 = Utf8Chunker::default();
     loop {
         let chunk = out.next_chunk().await;
-        let text = match &chunk {
+        let ended = chunk.is_none();
+        let text = match chunk {
             Some(bytes) => utf8.feed(bytes),
             None => utf8.finish(),
         };
-        for piece in split_at_chars(&text, CHUNK_BYTES) {
-            let payload = Payload::CommandOutput(CommandOutput {
-                stream: stream as i32,
-                text: piece.to_string(),
-            });
-            run.push_output(payload, piece.len() as u64).await;
+        // A read is at most 64 KiB, so its text is one piece but for a character carried over
+        // from the read before: then it is moved into its event, not copied.
+        if text.len() <= CHUNK_BYTES {
+            if !text.is_empty() {
+                let size = text.len() as u64;
+                let payload = Payload::CommandOutput(CommandOutput {
+                    stream: stream as i32,
+                    text,
+                });
+                run.push_output(payload, size).await;
+            }
+        } else {
+            for piece in split_at_chars(&text, CHUNK_BYTES) {
+                let payload = Payload::CommandOutput(CommandOutput {
+                    stream: stream as i32,
+                    text: piece.to_string(),
+                });
+                run.push_output(payload, piece.len() as u64).await;
+            }
         }
-        if chunk.is_none() {
+        if ended {
             return;
         }
     }
@@ -227,16 +241,42 @@ pub struct Utf8Chunker {
 }
 
 impl Utf8Chunker {
-    pub fn feed(&mut self, data: &[u8]) -> String {
-        let mut bytes = std::mem::take(&mut self.carry);
-        bytes.extend_from_slice(data);
+    /// The text of `data` (after what the last chunk left over). Valid UTF-8, as an agent's
+    /// output nearly always is, becomes the text in place: the chunk's bytes are not copied.
+    pub fn feed(&mut self, data: Vec<u8>) -> String {
+        let bytes = if self.carry.is_empty() {
+            data
+        } else {
+            let mut carried = std::mem::take(&mut self.carry);
+            carried.extend_from_slice(&data);
+            carried
+        };
+        match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => {
+                let error = e.utf8_error();
+                let mut bytes = e.into_bytes();
+                if error.error_len().is_none() {
+                    // Only the end is cut: a character the next chunk completes.
+                    self.carry = bytes.split_off(error.valid_up_to());
+                    String::from_utf8(bytes).unwrap_or_default()
+                } else {
+                    self.lossy(&bytes)
+                }
+            }
+        }
+    }
+
+    /// `bytes` with each invalid sequence as U+FFFD, but for an incomplete character at the
+    /// end, which is carried over.
+    fn lossy(&mut self, bytes: &[u8]) -> String {
         let mut out = String::with_capacity(bytes.len());
-        let mut rest = &bytes[..];
+        let mut rest = bytes;
         loop {
             match std::str::from_utf8(rest) {
                 Ok(s) => {
                     out.push_str(s);
-                    break;
+                    return out;
                 }
                 Err(e) => {
                     let (valid, after) = rest.split_at(e.valid_up_to());
@@ -248,13 +288,12 @@ impl Utf8Chunker {
                         }
                         None => {
                             self.carry = after.to_vec();
-                            break;
+                            return out;
                         }
                     }
                 }
             }
         }
-        out
     }
 
     /// End of input: an incomplete character left over becomes U+FFFD.
@@ -293,15 +332,19 @@ mod tests {
         let bytes = text.as_bytes();
         for cut in 0..bytes.len() {
             let mut c = Utf8Chunker::default();
-            let mut got = c.feed(&bytes[..cut]);
-            got.push_str(&c.feed(&bytes[cut..]));
+            let mut got = c.feed(bytes[..cut].to_vec());
+            got.push_str(&c.feed(bytes[cut..].to_vec()));
             got.push_str(&c.finish());
             assert_eq!(got, text, "cut at {cut}");
         }
         let mut c = Utf8Chunker::default();
-        assert_eq!(c.feed(b"a\xffb"), "a\u{FFFD}b");
-        assert_eq!(c.feed(b"\xe2\x9c"), "");
+        assert_eq!(c.feed(b"a\xffb".to_vec()), "a\u{FFFD}b");
+        assert_eq!(c.feed(b"\xe2\x9c".to_vec()), "");
         assert_eq!(c.finish(), "\u{FFFD}");
+        // An invalid byte and a character cut at the end, in one chunk.
+        assert_eq!(c.feed(b"x\xffy\xe2\x9c".to_vec()), "x\u{FFFD}y");
+        assert_eq!(c.feed(b"\x93z".to_vec()), "\u{2713}z");
+        assert_eq!(c.finish(), "");
     }
 
     #[test]
