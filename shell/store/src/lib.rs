@@ -10,6 +10,7 @@
 //! versioned migrations (`migrations.rs`);
 //! a database written by a newer paddock is refused ([`StoreError::TooNew`]).
 
+mod activities;
 pub mod approvals;
 mod codec;
 mod migrations;
@@ -414,12 +415,6 @@ static SELECT_TURN_TOKENS: LazyLock<String> = LazyLock::new(|| {
 /// Every activity of session `?1` (from seq `?2` = 0).
 static DELETE_ACTIVITIES: LazyLock<String> =
     LazyLock::new(|| format!("DELETE FROM agent_activities WHERE {}", activities_of(">=")));
-
-const INSERT_ACTIVITY: &str = "INSERT INTO agent_activities \
-     (key, turn, ends_turn, type, content, tool_name, tool_call_id, tool_success, \
-      tokens_input, tokens_output, at, session_cursor, session_tokens_input, \
-      session_tokens_output, session_last_activity_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
 
 const SELECT_SESSION_KEY: &str = "SELECT key FROM session_keys WHERE session_id = ?1";
 const INSERT_SESSION_KEY: &str = "INSERT INTO session_keys (session_id) VALUES (?1)";
@@ -1007,9 +1002,7 @@ impl Store {
         if std::mem::replace(&mut self.keys_version, version) != version {
             known_keys.clear();
         }
-        // Taken from the statement cache once a batch, not once an activity: looking a statement
-        // up by its text and putting it back was an eighth of a fast agent's commit (`perf`, P2).
-        let mut insert_activities: Option<rusqlite::CachedStatement<'_>> = None;
+        let mut activities = activities::ActivityInserts::new(&tx);
         for (i, record) in records.iter().enumerate() {
             let key = match record {
                 Record::Session(rec) => Some((true, rec.id.0.as_str())),
@@ -1021,6 +1014,10 @@ impl Store {
                 Some(k) => &records[last[&k]],
                 None => record,
             };
+            // The activities waiting go in before anything else is written.
+            if !matches!(record, Record::Activity(_)) {
+                activities.flush()?;
+            }
             match record {
                 Record::Session(rec) => {
                     let stored = stored_configs
@@ -1056,11 +1053,7 @@ impl Store {
                             key
                         }
                     };
-                    let insert = match &mut insert_activities {
-                        Some(stmt) => stmt,
-                        None => insert_activities.insert(tx.prepare_cached(INSERT_ACTIVITY)?),
-                    };
-                    insert_activity(insert, session, ev, carried.get(&i).copied())?
+                    activities.push(session, ev, carried.get(&i).copied())?
                 }
                 Record::Status(ev) => insert_status(&tx, ev)?,
                 Record::UserMessage(m) => insert_message(&tx, m)?,
@@ -1086,6 +1079,8 @@ impl Store {
                 Record::RemoveContainer(id) => tasks::remove_container(&tx, id)?,
             }
         }
+        activities.flush()?;
+        drop(activities);
         let mut events = Vec::new();
         for row in rows {
             match row {
@@ -1094,7 +1089,6 @@ impl Store {
                 Row::Unrecognized(line) => insert_unrecognized(&tx, line)?,
             }
         }
-        drop(insert_activities);
         tx.commit()?;
         for (id, key) in keys_found {
             known_keys.put(id.to_string(), key);
@@ -1693,35 +1687,6 @@ fn session_key<'a>(
     }
     found.push((id, key));
     Ok(key)
-}
-
-/// Appends `ev`, whose session's key is `session`; with `progress`, its session's progress as
-/// of it ([`CARRIED_COLUMNS`]).
-fn insert_activity(
-    insert: &mut rusqlite::Statement<'_>,
-    session: i64,
-    ev: &ActivityEvent,
-    progress: Option<&SessionRecord>,
-) -> Result<()> {
-    let a = &ev.activity;
-    insert.execute(params![
-        activity_key(session, ev.seq)?,
-        ev.turn.map(int),
-        ev.ends_turn,
-        a.kind().number(),
-        a.content,
-        a.tool_name,
-        a.tool_call_id,
-        a.tool_success,
-        int(a.tokens_input),
-        int(a.tokens_output),
-        time(ev.at),
-        progress.map(|r| int(r.provider_cursor)),
-        progress.map(|r| int(r.tokens_input)),
-        progress.map(|r| int(r.tokens_output)),
-        progress.and_then(|r| r.last_activity_at).map(time),
-    ])?;
-    Ok(())
 }
 
 fn insert_status(conn: &Connection, ev: &StatusEvent) -> Result<()> {

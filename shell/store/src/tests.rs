@@ -2455,3 +2455,82 @@ fn activities_are_read_as_a_range_of_their_key() {
         );
     }
 }
+
+/// What a batch does in [`activities_read_back_in_order_whatever_their_shapes`].
+#[derive(Debug, Clone)]
+enum Put {
+    /// An activity of session 0 or 1: plain text, a tool call, or text marked successful
+    /// (each kind of row the inserts bind differently).
+    Activity(usize, u8),
+    /// Session 0 or 1 is deleted.
+    Delete(usize),
+}
+
+fn put() -> impl proptest::strategy::Strategy<Value = Put> {
+    use proptest::prelude::*;
+    prop_oneof![
+        20 => (0..2usize, 0..3u8).prop_map(|(s, shape)| Put::Activity(s, shape)),
+        1 => (0..2usize).prop_map(Put::Delete),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Activities go into the table many to a statement (`activities.rs`). Whatever the mix
+    /// of shapes, sessions and deletes in batches of any size, each session reads back
+    /// exactly the activities written since its last delete, in order.
+    #[test]
+    fn activities_read_back_in_order_whatever_their_shapes(
+        puts in proptest::collection::vec(put(), 1..200),
+        batch in 1..120usize,
+    ) {
+        let mut store = Store::open_in_memory().unwrap();
+        let ids = ["s0", "s1"];
+        let mut want: [Vec<ActivityEvent>; 2] = Default::default();
+        let mut seqs = [0u64; 2];
+        for chunk in puts.chunks(batch) {
+            let mut records = Vec::new();
+            for p in chunk {
+                match *p {
+                    Put::Activity(s, shape) => {
+                        seqs[s] += 1;
+                        let seq = seqs[s];
+                        let mut a = Activity::new(ActivityKind::Text, format!("text {seq}"))
+                            .with_tokens(seq, 1);
+                        match shape {
+                            0 => {}
+                            1 => a = a.with_tool("bash", format!("call-{seq}")),
+                            _ => a.tool_success = true,
+                        }
+                        let ev = ActivityEvent {
+                            session: SessionId(ids[s].to_string()),
+                            seq,
+                            turn: Some(1),
+                            ends_turn: false,
+                            activity: a,
+                            at: paddock_core::Timestamp::from_millis(1_700_000_000_000 + seq),
+                        };
+                        want[s].push(ev.clone());
+                        records.push(Record::Activity(Arc::new(ev)));
+                    }
+                    Put::Delete(s) => {
+                        want[s].clear();
+                        seqs[s] = 0;
+                        records.push(Record::Delete(SessionId(ids[s].to_string())));
+                    }
+                }
+            }
+            store.apply(&records).unwrap();
+        }
+        for s in 0..2 {
+            proptest::prop_assert_eq!(&store.activities(ids[s], 0, usize::MAX).unwrap(), &want[s]);
+        }
+        // And nothing else: no row went in under a deleted session's key.
+        let rows: i64 = store
+            .conn
+            .query_row("SELECT COUNT(*) FROM agent_activities", [], |r| r.get(0))
+            .unwrap();
+        proptest::prop_assert_eq!(rows as usize, want[0].len() + want[1].len());
+    }
+}
