@@ -123,6 +123,8 @@ pub struct Engine {
     trace: Option<Vec<Step>>,
     /// Set by [`Input::Shutdown`]: no new session from then on.
     shutting_down: bool,
+    /// The room of a step's effects, empty between steps.
+    out: Out,
 }
 
 impl Engine {
@@ -141,6 +143,7 @@ impl Engine {
             now: Now::default(),
             trace: None,
             shutting_down: false,
+            out: Out::default(),
         }
     }
 
@@ -390,6 +393,14 @@ impl Engine {
 
     /// Feeds one input at time `now`; returns its effects (persists first: the drain rule).
     pub fn handle(&mut self, now: Now, input: Input) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        self.handle_into(now, input, &mut effects);
+        effects
+    }
+
+    /// [`Engine::handle`], its effects appended to `effects` (the executor's, used again for
+    /// every input).
+    pub fn handle_into(&mut self, now: Now, input: Input, effects: &mut Vec<Effect>) {
         // Time never goes backwards inside the engine: an earlier `now` is read as the latest.
         self.now = self.now.max(now);
         let now = self.now;
@@ -441,7 +452,9 @@ impl Engine {
             lim: &self.limits,
             next_run: &mut self.next_run,
             trace: &mut self.trace,
-            out: Out::default(),
+            // The room of the steps before: a fast agent's events are written into memory
+            // that is already in cache, not into a new allocation each (`perf`, P2).
+            out: std::mem::take(&mut self.out),
         };
         match input {
             Input::Create { req, id, config } => create(
@@ -807,12 +820,12 @@ impl Engine {
                 self.tasks.end_of_session(now, &id.0, &mut cx.out);
             }
         }
-        let effects = cx.out.into_effects();
+        cx.out.drain_into(effects);
+        self.out = cx.out;
         for id in &touched {
             self.reindex(id);
         }
         self.check_index();
-        effects
     }
 
     /// Brings session `id`'s entries in the live set and the deadline index up to date (it

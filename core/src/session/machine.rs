@@ -102,23 +102,37 @@ impl Timer {
 }
 
 /// Effects of one step, persists kept apart so they can be put first (the drain rule).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Out {
     pub persist: Vec<Effect>,
     pub rest: Vec<Effect>,
 }
 
+/// The room an [`Out`] keeps between steps (the engine's is used again at every step, so
+/// that a step's effects are written into memory that is already there and in cache).
+const OUT_KEPT: usize = 64;
+
 impl Out {
     /// The step's effects in drain order: every persist before anything else. The pair of
     /// this assertion is [`check_drain`], which checks the order of what comes out.
     pub fn into_effects(mut self) -> Vec<Effect> {
+        let mut effects = Vec::with_capacity(self.persist.len() + self.rest.len());
+        self.drain_into(&mut effects);
+        effects
+    }
+
+    /// [`Out::into_effects`], appended to `effects`; this `Out` is left empty, with its room.
+    pub fn drain_into(&mut self, effects: &mut Vec<Effect>) {
         debug_assert!(
             self.rest.iter().all(|e| !matches!(e, Effect::Persist(_))),
             "a persist was queued behind the step's other effects"
         );
-        self.persist.append(&mut self.rest);
-        check_drain(&self.persist);
-        self.persist
+        let start = effects.len();
+        effects.append(&mut self.persist);
+        effects.append(&mut self.rest);
+        check_drain(&effects[start..]);
+        self.persist.shrink_to(OUT_KEPT);
+        self.rest.shrink_to(OUT_KEPT);
     }
 }
 

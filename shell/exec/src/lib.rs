@@ -45,8 +45,10 @@ use paddock_core::{
 pub const MAX_BATCH: usize = 512;
 
 /// Deliveries a batch's buffer keeps room for between batches (a full batch of events makes
-/// about one each, ~300 bytes).
+/// about one each, 96 bytes).
 const DELIVER_KEPT: usize = MAX_BATCH * 2;
+/// The room for one step's effects kept between runs.
+const STEP_KEPT: usize = 64;
 
 /// A line written on an agent's input.
 #[derive(Debug, Clone, Copy)]
@@ -143,6 +145,8 @@ pub struct Executor {
     inputs: VecDeque<Input>,
     records: Vec<Record>,
     deliver: Vec<Effect>,
+    /// The effects of the step being carried out (empty between steps).
+    step: Vec<Effect>,
 }
 
 impl Executor {
@@ -152,6 +156,7 @@ impl Executor {
             inputs: VecDeque::new(),
             records: Vec::new(),
             deliver: Vec::new(),
+            step: Vec::new(),
         }
     }
 
@@ -234,17 +239,21 @@ impl Executor {
     /// time (`perf`, P2).
     pub fn run<P: Ports>(&mut self, ports: &mut P) {
         let now = ports.now();
+        // One step's effects at a time, in room kept between steps and runs.
+        let mut step = std::mem::take(&mut self.step);
         while let Some(input) = self.inputs.pop_front() {
             ports.taking(&input);
-            let effects = self.engine.handle(now, input);
-            ports.observe(&effects);
-            self.execute(effects, ports);
+            self.engine.handle_into(now, input, &mut step);
+            ports.observe(&step);
+            self.execute(step.drain(..), ports);
         }
+        step.shrink_to(STEP_KEPT);
+        self.step = step;
     }
 
     /// Carries out `effects` (a step's, or those of the engine's start-up): records and
     /// deliveries wait for the commit, everything else is done now.
-    pub fn execute<P: Ports>(&mut self, effects: Vec<Effect>, ports: &mut P) {
+    pub fn execute<P: Ports>(&mut self, effects: impl IntoIterator<Item = Effect>, ports: &mut P) {
         for effect in effects {
             match effect {
                 Effect::Persist(record) => self.records.push(record),
