@@ -129,34 +129,62 @@ struct Acks {
 
 #[derive(Debug, Default)]
 struct AckState {
-    /// Per session, the run its last committed record names and what was acknowledged of it.
-    sessions: BTreeMap<SessionId, (RunId, u64)>,
+    /// Per session, the run its last committed record names, what was acknowledged of it, and
+    /// the runner's id of that run (made once a run, not once a commit).
+    sessions: BTreeMap<SessionId, Acked>,
     /// Not sent yet: runner run id → the seq stored through (`u64::MAX`: all of it).
     pending: BTreeMap<String, u64>,
 }
 
+/// What was acknowledged of a session's current run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Acked {
+    run: RunId,
+    seq: u64,
+    run_id: String,
+}
+
 impl AckState {
     /// `seq` of `run_id` is stored; never moves an acknowledgement back.
-    fn push(&mut self, run_id: String, seq: u64) {
-        let e = self.pending.entry(run_id).or_default();
-        *e = (*e).max(seq);
+    fn push(&mut self, run_id: &str, seq: u64) {
+        push_ack(&mut self.pending, run_id, seq);
     }
 
     /// What a committed session record says: the events it stored of its run, and that a run
     /// it no longer names will not be read again.
+    ///
+    /// A busy session's batch holds a record per event: the usual one (the same run, further
+    /// on) changes its entry in place, without a new string or map entry.
     fn session(&mut self, id: &SessionId, now: Option<(RunId, u64)>) {
-        let before = self.sessions.remove(id);
-        if let Some((old, _)) = before {
-            if now.map(|(run, _)| run) != Some(old) {
-                self.push(run_id(id, old), u64::MAX);
+        if let (Some((run, seq)), Some(acked)) = (now, self.sessions.get_mut(id)) {
+            if acked.run == run {
+                if seq > acked.seq {
+                    acked.seq = seq;
+                    push_ack(&mut self.pending, &acked.run_id, seq);
+                }
+                return;
             }
         }
+        if let Some(old) = self.sessions.remove(id) {
+            // A run the session no longer names is read no more: all of it may go.
+            self.push(&old.run_id, u64::MAX);
+        }
         if let Some((run, seq)) = now {
-            let acked = before.filter(|(r, _)| *r == run).map_or(0, |(_, s)| s);
-            if seq > acked {
-                self.push(run_id(id, run), seq);
+            let run_id = run_id(id, run);
+            if seq > 0 {
+                self.push(&run_id, seq);
             }
-            self.sessions.insert(id.clone(), (run, seq.max(acked)));
+            self.sessions.insert(id.clone(), Acked { run, seq, run_id });
+        }
+    }
+}
+
+/// [`AckState::push`] on the map alone (beside a borrowed session entry).
+fn push_ack(pending: &mut BTreeMap<String, u64>, run_id: &str, seq: u64) {
+    match pending.get_mut(run_id) {
+        Some(e) => *e = (*e).max(seq),
+        None => {
+            pending.insert(run_id.to_string(), seq);
         }
     }
 }
@@ -232,7 +260,7 @@ impl RunnerLink {
             .st
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(run_id.to_string(), seq);
+            .push(run_id, seq);
         self.acks.wake.notify_one();
     }
 
@@ -690,7 +718,13 @@ async fn send_lines(
     let Ok(slot) = tx.reserve().await else {
         return false;
     };
-    slot.send(Command::ProviderLines(std::mem::take(batch), permit));
+    // The next command's room is as large as this one's (the rest of a chunk of many lines
+    // fills it again without growing it step by step).
+    let next = Vec::with_capacity(batch.capacity());
+    slot.send(Command::ProviderLines(
+        std::mem::replace(batch, next),
+        permit,
+    ));
     true
 }
 
@@ -862,7 +896,9 @@ impl Reader {
         }
         let mut lines = Vec::new();
         self.stdout.feed_text(&text[from..], &mut lines);
-        let mut batch: Vec<Input> = Vec::new();
+        let mut batch: Vec<Input> = Vec::with_capacity(lines.len().min(LINES_INPUTS_MAX));
+        // One line's events, in room used again for every line.
+        let mut inputs = Vec::new();
         for line in lines {
             let end = from + line.end;
             if line.text.is_empty() {
@@ -872,7 +908,7 @@ impl Reader {
             // clients' streams) run between lines as a line per command did.
             tokio::task::consume_budget().await;
             let parsed = self.parser.parse_line(&line.text);
-            let mut inputs = Vec::with_capacity(parsed.len());
+            inputs.reserve(parsed.len());
             for parsed in parsed {
                 match parsed {
                     Parsed::Event(event) => inputs.push(Input::Provider {
@@ -989,7 +1025,14 @@ mod tests {
         st.session(&a, Some((1, stored_through(cursor(9, 3)))));
         st.session(&a, Some((1, stored_through(cursor(5, 3)))));
         assert_eq!(st.pending.get(&run_id(&a, 1)), Some(&8));
-        assert_eq!(st.sessions.get(&a), Some(&(1, 8)));
+        assert_eq!(
+            st.sessions.get(&a),
+            Some(&Acked {
+                run: 1,
+                seq: 8,
+                run_id: run_id(&a, 1)
+            })
+        );
         st.pending.clear();
         // A new run: the old one is read no more, whole; the new one starts from nothing.
         st.session(&a, Some((2, 0)));
