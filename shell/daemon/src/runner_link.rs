@@ -145,11 +145,6 @@ struct Acked {
 }
 
 impl AckState {
-    /// `seq` of `run_id` is stored; never moves an acknowledgement back.
-    fn push(&mut self, run_id: &str, seq: u64) {
-        push_ack(&mut self.pending, run_id, seq);
-    }
-
     /// What a committed session record says: the events it stored of its run, and that a run
     /// it no longer names will not be read again.
     ///
@@ -167,19 +162,20 @@ impl AckState {
         }
         if let Some(old) = self.sessions.remove(id) {
             // A run the session no longer names is read no more: all of it may go.
-            self.push(&old.run_id, u64::MAX);
+            push_ack(&mut self.pending, &old.run_id, u64::MAX);
         }
         if let Some((run, seq)) = now {
             let run_id = run_id(id, run);
             if seq > 0 {
-                self.push(&run_id, seq);
+                push_ack(&mut self.pending, &run_id, seq);
             }
             self.sessions.insert(id.clone(), Acked { run, seq, run_id });
         }
     }
 }
 
-/// [`AckState::push`] on the map alone (beside a borrowed session entry).
+/// `seq` of `run_id` is stored; never moves an acknowledgement back. A function of the map
+/// alone, so that it runs beside a borrowed session entry.
 fn push_ack(pending: &mut BTreeMap<String, u64>, run_id: &str, seq: u64) {
     match pending.get_mut(run_id) {
         Some(e) => *e = (*e).max(seq),
@@ -256,11 +252,9 @@ impl RunnerLink {
 
     /// Acknowledges `seq` of runner run `run_id` (coalesced like [`Self::committed`]'s).
     fn ack_later(&self, run_id: &str, seq: u64) {
-        self.acks
-            .st
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(run_id, seq);
+        let mut st = self.acks.st.lock().unwrap_or_else(|p| p.into_inner());
+        push_ack(&mut st.pending, run_id, seq);
+        drop(st);
         self.acks.wake.notify_one();
     }
 

@@ -211,26 +211,27 @@ async fn read_chunks(
         // from the read before: then it is moved into its event, not copied.
         if text.len() <= CHUNK_BYTES {
             if !text.is_empty() {
-                let size = text.len() as u64;
-                let payload = Payload::CommandOutput(CommandOutput {
-                    stream: stream as i32,
-                    text,
-                });
-                run.push_output(payload, size).await;
+                push_text(&run, stream, text).await;
             }
         } else {
             for piece in split_at_chars(&text, CHUNK_BYTES) {
-                let payload = Payload::CommandOutput(CommandOutput {
-                    stream: stream as i32,
-                    text: piece.to_string(),
-                });
-                run.push_output(payload, piece.len() as u64).await;
+                push_text(&run, stream, piece.to_string()).await;
             }
         }
         if ended {
             return;
         }
     }
+}
+
+/// One piece of a stream's output as the run's next event.
+async fn push_text(run: &Run, stream: StreamKind, text: String) {
+    let size = text.len() as u64;
+    let payload = Payload::CommandOutput(CommandOutput {
+        stream: stream as i32,
+        text,
+    });
+    run.push_output(payload, size).await;
 }
 
 /// Turns byte chunks into text without splitting a UTF-8 character across chunks (an

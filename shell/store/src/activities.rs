@@ -63,20 +63,14 @@ impl Shape {
         }
     }
 
-    /// Index into [`ActivityInserts::statements`] of its statement of one row or of a group.
-    fn statement(self, group: bool) -> usize {
-        match self {
-            Shape::Full => usize::from(group),
-            Shape::Plain => 2 + usize::from(group),
-        }
-    }
-
-    fn sql(index: usize) -> &'static str {
-        match index {
-            0 => &FULL_ONE,
-            1 => &FULL_GROUP,
-            2 => &PLAIN_ONE,
-            _ => &PLAIN_GROUP,
+    /// Its statement for one row or for a group of [`GROUP`], and where the batch keeps it in
+    /// [`ActivityInserts::statements`].
+    fn statement(self, group: bool) -> (usize, &'static str) {
+        match (self, group) {
+            (Shape::Full, false) => (0, &FULL_ONE),
+            (Shape::Full, true) => (1, &FULL_GROUP),
+            (Shape::Plain, false) => (2, &PLAIN_ONE),
+            (Shape::Plain, true) => (3, &PLAIN_GROUP),
         }
     }
 }
@@ -141,10 +135,10 @@ impl<'c, 'r> ActivityInserts<'c, 'r> {
 
     fn insert(&mut self, rows: &[Pending<'r>], group: bool) -> Result<()> {
         let shape = self.shape;
-        let index = shape.statement(group);
+        let (index, sql) = shape.statement(group);
         let stmt = match &mut self.statements[index] {
             Some(stmt) => stmt,
-            slot => slot.insert(self.tx.prepare_cached(Shape::sql(index))?),
+            slot => slot.insert(self.tx.prepare_cached(sql)?),
         };
         let mut at = 1;
         let mut bind = |value: &dyn ToSql| -> rusqlite::Result<()> {
@@ -185,10 +179,11 @@ mod tests {
 
     #[test]
     fn a_statement_binds_every_placeholder_of_its_rows() {
-        for (index, per_row) in [(0, 15), (1, 15), (2, 8), (3, 8)] {
-            let rows = if index % 2 == 1 { GROUP } else { 1 };
-            let sql = Shape::sql(index);
-            assert_eq!(sql.matches('?').count(), per_row * rows, "{sql}");
+        for (shape, per_row) in [(Shape::Full, 15), (Shape::Plain, 8)] {
+            for (group, rows) in [(false, 1), (true, GROUP)] {
+                let (_, sql) = shape.statement(group);
+                assert_eq!(sql.matches('?').count(), per_row * rows, "{sql}");
+            }
         }
     }
 }
