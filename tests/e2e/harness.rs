@@ -298,7 +298,7 @@ impl Daemon {
 
     /// A new client on the socket.
     pub async fn client(&self) -> Client {
-        let ch = paddock::transport::channel(&self.dirs.socket)
+        let ch = paddock::transport::conn(&self.dirs.socket)
             .await
             .expect("connect");
         paddock::cli::client::client_of(ch)

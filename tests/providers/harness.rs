@@ -190,7 +190,7 @@ impl World {
 
     pub async fn client(&self) -> Client {
         paddock::cli::client::client_of(
-            paddock::transport::channel(&self.socket)
+            paddock::transport::conn(&self.socket)
                 .await
                 .expect("connect"),
         )

@@ -7,20 +7,22 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use paddock_proto::obey::local::v1::local_daemon_service_client::LocalDaemonServiceClient;
-use tonic::transport::Channel;
 
 use super::{Ctx, Error, Result};
 use crate::transport::MESSAGE_MAX_BYTES;
 
-/// A channel that never waits longer than [`call_timeout`].
-async fn channel(socket: &Path) -> std::result::Result<Channel, crate::transport::ConnectError> {
-    crate::transport::channel_within(socket, call_timeout()).await
+/// A connection whose calls never wait longer than [`call_timeout`].
+async fn channel(socket: &Path) -> std::result::Result<Conn, crate::transport::ConnectError> {
+    crate::transport::conn_within(socket, call_timeout()).await
 }
+
+/// The CLI's connection to the daemon ([`crate::transport::Conn`]).
+pub use crate::transport::Conn;
 
 /// paddock's own client: it understands everything paddock adds to the seeds (WAITING, …; see
 /// the daemon's `api::extensions`).
 pub type Client = LocalDaemonServiceClient<
-    tonic::service::interceptor::InterceptedService<Channel, crate::transport::UnderstandAll>,
+    tonic::service::interceptor::InterceptedService<Conn, crate::transport::UnderstandAll>,
 >;
 
 /// How long a CLI waits for an autostarted daemon to answer.
@@ -40,7 +42,7 @@ pub fn call_timeout() -> Duration {
         .map_or(CALL_TIMEOUT, Duration::from_secs)
 }
 
-pub fn client_of(ch: Channel) -> Client {
+pub fn client_of(ch: Conn) -> Client {
     LocalDaemonServiceClient::with_interceptor(ch, crate::transport::UnderstandAll)
         .max_decoding_message_size(MESSAGE_MAX_BYTES)
         .max_encoding_message_size(MESSAGE_MAX_BYTES)
@@ -52,7 +54,7 @@ pub async fn connect(ctx: &Ctx) -> Result<Client> {
 }
 
 /// [`connect`]'s channel, for the other services on the same socket (Aria's tasks).
-pub async fn connect_channel(ctx: &Ctx) -> Result<Channel> {
+pub async fn connect_channel(ctx: &Ctx) -> Result<Conn> {
     // Said at once, not after an autostart that could not work either.
     crate::socket::check_owner(&ctx.socket).map_err(Error::Untrusted)?;
     match channel(&ctx.socket).await {

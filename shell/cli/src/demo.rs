@@ -15,7 +15,7 @@ use tokio_stream::StreamExt;
 use super::output::*;
 use super::view::*;
 use super::{Ctx, Error, Result};
-use crate::transport::channel;
+use crate::transport::conn as channel;
 
 pub async fn run(_ctx: &Ctx, message: &str) -> Result<()> {
     demo(message).await

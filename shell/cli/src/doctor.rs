@@ -266,7 +266,7 @@ fn host_port(url: &str) -> Option<(String, u16)> {
 
 async fn daemon(ctx: &Ctx) -> Check {
     let what = "daemon".to_string();
-    match crate::transport::channel_within(&ctx.socket, Duration::from_secs(3)).await {
+    match crate::transport::conn_within(&ctx.socket, Duration::from_secs(3)).await {
         Ok(_) => Check {
             what,
             level: Level::Ok,

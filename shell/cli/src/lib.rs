@@ -1101,7 +1101,7 @@ pub async fn shutdown(ctx: &Ctx, force: bool) -> Result<()> {
     drop(c);
     let deadline = std::time::Instant::now() + client::call_timeout();
     loop {
-        let answers = match crate::transport::channel(&ctx.socket).await {
+        let answers = match crate::transport::conn(&ctx.socket).await {
             Err(_) => false,
             Ok(ch) => {
                 let mut probe = client::client_of(ch);

@@ -84,7 +84,7 @@ fn command_line(command_json: &str) -> String {
 
 /// Accepts a task's full id or a unique part of it (its start, its start after `task_`, or
 /// its end: what a narrow table shows).
-async fn resolve(c: &mut TaskServiceClient<tonic::transport::Channel>, id: &str) -> Result<String> {
+async fn resolve(c: &mut TaskServiceClient<client::Conn>, id: &str) -> Result<String> {
     let tasks = c
         .list_tasks(pb::ListTasksRequest {
             session_id: String::new(),
@@ -235,7 +235,7 @@ pub async fn run(ctx: &Ctx, cmd: TaskCmd) -> Result<()> {
 /// Prints task `id`'s output, stdout lines on stdout and stderr lines on stderr (progress
 /// reports there too when `progress`), following it until the task ends when `follow`.
 async fn print_output(
-    c: &mut TaskServiceClient<tonic::transport::Channel>,
+    c: &mut TaskServiceClient<client::Conn>,
     id: String,
     follow: bool,
     progress: bool,

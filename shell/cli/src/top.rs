@@ -22,7 +22,6 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Cell, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 
 use super::approvals::{kind_name, state_name};
 use super::view::{age, one_line, provider_name, state_of};
@@ -534,7 +533,7 @@ fn activity_line(a: &pb::SessionActivityEvent) -> String {
 }
 
 /// Turns the daemon's watch streams into updates until they end (or `tx` is dropped).
-async fn feed(ch: Channel, tx: mpsc::Sender<Update>) {
+async fn feed(ch: client::Conn, tx: mpsc::Sender<Update>) {
     let why = match feed_inner(ch, &tx).await {
         Ok(()) => "the daemon closed its streams".to_string(),
         Err(e) => e.to_string(),
@@ -542,7 +541,7 @@ async fn feed(ch: Channel, tx: mpsc::Sender<Update>) {
     let _ = tx.send(Update::Lost(why)).await;
 }
 
-async fn feed_inner(ch: Channel, tx: &mpsc::Sender<Update>) -> Result<()> {
+async fn feed_inner(ch: client::Conn, tx: &mpsc::Sender<Update>) -> Result<()> {
     let mut c = client::client_of(ch);
     // Subscribed before listing, so nothing falls between the list and the streams.
     let mut statuses = c

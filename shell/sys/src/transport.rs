@@ -25,7 +25,7 @@ pub const MESSAGE_MAX_BYTES: usize = 4 * 1024 * 1024;
 pub struct ConnectError {
     pub path: PathBuf,
     #[source]
-    pub source: tonic::transport::Error,
+    pub source: tonic::codegen::StdError,
 }
 
 /// A channel over the socket at `path` (the URI is a placeholder; the connector decides).
@@ -81,8 +81,106 @@ async fn connect(endpoint: Endpoint, path: &Path) -> Result<Channel, ConnectErro
         .await
         .map_err(|source| ConnectError {
             path: path.to_path_buf(),
-            source,
+            source: source.into(),
         })
+}
+
+/// A client's connection to the daemon (the CLI's): one HTTP/2 connection on the socket, each
+/// call sent on it at once. tonic's [`Channel`] adds a queue of requests served by a task of
+/// its own and reconnects lazily, which a long-lived client of many servers wants; a command
+/// makes one connection, a few calls on it, and exits. Without them `paddock session list`
+/// runs less code, and less code first touched at its start (a page fault each):
+/// `docs/performance.md`, P4.
+///
+/// Each call waits at most the limit it was made with ([`conn_within`]) for its answer (for a
+/// streaming call, for the stream's start), and then fails as tonic's own timeout does
+/// (`CANCELLED`, "Timeout expired").
+#[derive(Clone, Debug)]
+pub struct Conn {
+    send: hyper::client::conn::http2::SendRequest<tonic::body::Body>,
+    limit: Option<std::time::Duration>,
+}
+
+/// A [`Conn`] on the socket at `path`, its calls unbounded in time.
+pub async fn conn(path: &Path) -> Result<Conn, ConnectError> {
+    open_conn(path, None).await
+}
+
+/// A [`Conn`] for a client that must never wait forever (the CLI): connecting, and each call
+/// until its answer (a stream's first message for a streaming call), take at most `limit`.
+pub async fn conn_within(path: &Path, limit: std::time::Duration) -> Result<Conn, ConnectError> {
+    open_conn(path, Some(limit)).await
+}
+
+async fn open_conn(path: &Path, limit: Option<std::time::Duration>) -> Result<Conn, ConnectError> {
+    let failed = |source: tonic::codegen::StdError| ConnectError {
+        path: path.to_path_buf(),
+        source,
+    };
+    let open = async {
+        let stream = UnixStream::connect(path).await?;
+        server_is_trusted(&stream, path)?;
+        let (send, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(stream),
+        )
+        .await
+        .map_err(std::io::Error::other)?;
+        // Drives the connection until both ends are done with it (or the process exits).
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("connection to the daemon: {e}");
+            }
+        });
+        Ok::<_, std::io::Error>(Conn { send, limit })
+    };
+    match limit {
+        None => open.await.map_err(|e| failed(e.into())),
+        Some(limit) => match tokio::time::timeout(limit, open).await {
+            Ok(r) => r.map_err(|e| failed(e.into())),
+            Err(_) => Err(failed(tonic::TimeoutExpired(()).into())),
+        },
+    }
+}
+
+impl tower::Service<tonic::codegen::http::Request<tonic::body::Body>> for Conn {
+    // tonic's body (not hyper's) because an interceptor's refusal needs an empty one.
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = tonic::codegen::StdError;
+    type Future = tonic::codegen::BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.send.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
+        // A generated client sends its method's path alone; HTTP/2 asks for a scheme and an
+        // authority too (the socket is the server: the authority is a placeholder).
+        let mut uri = std::mem::take(req.uri_mut()).into_parts();
+        uri.scheme = Some(tonic::codegen::http::uri::Scheme::HTTP);
+        uri.authority = Some(tonic::codegen::http::uri::Authority::from_static(
+            "localhost",
+        ));
+        match Uri::from_parts(uri) {
+            Ok(uri) => *req.uri_mut() = uri,
+            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+        }
+        let answer = self.send.send_request(req);
+        let limit = self.limit;
+        Box::pin(async move {
+            let answer = match limit {
+                None => answer.await?,
+                Some(limit) => match tokio::time::timeout(limit, answer).await {
+                    Ok(r) => r?,
+                    Err(_) => return Err(tonic::TimeoutExpired(()).into()),
+                },
+            };
+            Ok(answer.map(tonic::body::Body::new))
+        })
+    }
 }
 
 /// A client talks only to a server run by itself or by root: a socket another user put in the
