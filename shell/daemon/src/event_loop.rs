@@ -1193,11 +1193,18 @@ pub async fn run(
             taken += c.inputs();
             state.command(c);
         }
+        let mut waited = false;
         while taken < MAX_BATCH {
             match rx.try_recv() {
                 Ok(c) => {
                     taken += c.inputs();
                     state.command(c);
+                }
+                // A flood (agents' output faster than it is stored): a moment more fills the
+                // batch, and its commit is shared by more events.
+                Err(_) if !waited && taken >= FLOOD_INPUTS => {
+                    waited = true;
+                    std::thread::sleep(FLOOD_WAIT);
                 }
                 Err(_) => break,
             }
@@ -1222,6 +1229,17 @@ pub async fn run(
     let _ = state.done.send(true);
     Ok(())
 }
+
+/// A batch this large when the queue ran dry is a flood of agents' output (a reader's command
+/// carries up to 64 lines): the loop waits [`FLOOD_WAIT`] for more before it commits. A
+/// commit's fixed cost (the pages every commit rewrites: the last leaf of the activities and
+/// the pages above it, each session's row) is then shared by more events: `cargo bench … P2`,
+/// the daemon's CPU an event 2.46 → 2.35 µs (medians of 4 alternated runs). A batch below it
+/// (a few agents, a person's requests) is committed at once, as before.
+const FLOOD_INPUTS: usize = 64;
+/// How long a flood's batch waits for more inputs: what adds to an event's latency then, at
+/// most (the loop's thread sleeps; its tasks run on the runtime's workers).
+const FLOOD_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Commands held at most while the store cannot take a batch (past it, the queue itself
 /// holds the rest and the agents' readers wait, which stops the agents at their next write).
