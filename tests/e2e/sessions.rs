@@ -1196,10 +1196,13 @@ async fn unrecognized_provider_lines_are_stored_raw_and_counted() {
 /// with the COMPLETION: past the stream's buffer the rest comes from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_client_gets_its_whole_turn() {
-    let mut d = Daemon::start().await;
-    let n = 6000;
+    let log = [("PADDOCK_LOG", "warn,paddock_daemon::event_loop=debug")];
+    let mut d = Daemon::start_with_env(Dirs::new(), &[], &log).await;
+    // More than the stream's buffer (4,096) and HTTP/2's windows (~2.4 MB) hold.
+    let n = 20_000;
+    let pad = "x".repeat(200);
     let mut steps: Vec<serde_json::Value> = (0..n)
-        .map(|i| json!({"text": format!("step {i}"), "tokens_in": 1, "tokens_out": 1}))
+        .map(|i| json!({"text": format!("step {i} {pad}"), "tokens_in": 1, "tokens_out": 1}))
         .collect();
     steps.push(json!({"result": "all done"}));
     let s = d.session(Some(("long", turns(json!(steps))))).await;
@@ -1230,6 +1233,64 @@ async fn a_slow_client_gets_its_whole_turn() {
     let last = last.unwrap();
     assert_eq!(kind(&last), "COMPLETION");
     assert_eq!(last.content, "all done");
+    let said = d.stderr();
+    assert!(
+        said.contains("fell behind: fed from the store"),
+        "the client fell behind; the daemon said:\n{said}"
+    );
+}
+
+/// A client that fell behind and read the store up to its end goes back to the live
+/// activities, and still gets every one of its turn once, in order: the agent makes 20,000
+/// activities while the client reads nothing, pauses while the client catches up from the
+/// store, then makes 300 more, which come live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_caught_up_is_fed_live_again() {
+    let dirs = Dirs::new();
+    let log = [("PADDOCK_LOG", "warn,paddock_daemon::event_loop=debug")];
+    let mut d = Daemon::start_with_env(dirs, &[], &log).await;
+    let (first, then) = (20_000, 300);
+    // More than the stream's buffer (4,096) and HTTP/2's windows (~2.4 MB) hold.
+    let pad = "x".repeat(200);
+    let step =
+        |i: usize| json!({"text": format!("step {i} {pad}"), "tokens_in": 1, "tokens_out": 1});
+    let mut steps: Vec<serde_json::Value> = (0..first).map(step).collect();
+    steps.push(json!({"delay_ms": 3000}));
+    steps.extend((first..first + then).map(step));
+    steps.push(json!({"result": "all done"}));
+    let s = d.session(Some(("long", turns(json!(steps))))).await;
+    let mut stream = within(d.client().await.send_message(pb::SendMessageRequest {
+        session_id: s.id.clone(),
+        message: "go".into(),
+    }))
+    .await
+    .unwrap()
+    .into_inner();
+    // The client reads nothing until the agent made its first part (past the stream's buffer).
+    let deadline = Instant::now() + WAIT;
+    while d.get(&s.id).await.tokens_input < first as i64 {
+        assert!(Instant::now() < deadline, "the first part never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut seqs = Vec::new();
+    let mut last = None;
+    while let Some(ev) = within(stream.message()).await.unwrap() {
+        seqs.push(ev.seq);
+        last = Some(ev);
+    }
+    assert_eq!(seqs.len(), first + then + 1);
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "in order, none twice"
+    );
+    let last = last.unwrap();
+    assert_eq!(kind(&last), "COMPLETION");
+    assert_eq!(last.content, "all done");
+    let said = d.stderr();
+    assert!(
+        said.contains("a turn's stream is live again"),
+        "the stream went back to the live activities; the daemon said:\n{said}"
+    );
 }
 
 /// A claude-code session whose agent is the shell command `cmd` (which answers the ready

@@ -442,6 +442,28 @@ impl State {
                 }
                 self.io.acks.push(Ack::Count(reply, n));
             }
+            Command::Resume {
+                session,
+                turn,
+                after,
+                stream,
+                reply,
+            } => {
+                // Every batch before this one is committed and delivered: a session whose last
+                // activity is the one the stream read last has nothing the stream missed, and
+                // what it makes next is delivered live.
+                let caught_up = self.exec.engine().session(&session).is_some_and(|s| {
+                    let r = &s.record;
+                    r.last_activity_seq == after && r.turn_open && r.turns == turn
+                });
+                if caught_up {
+                    tracing::debug!(%session, turn, after, "a turn's stream is live again");
+                    self.io.turn_streams.insert((session, turn), stream);
+                    let _ = reply.send(None);
+                } else {
+                    let _ = reply.send(Some(stream));
+                }
+            }
             Command::Query(q) => {
                 match &q {
                     Query::Session(id, _) | Query::History { session: id, .. } => {
@@ -776,9 +798,14 @@ impl Io {
     /// Feeds a turn's stream from the store, from activity `after_seq` on, until the turn's
     /// last activity (or the client goes): a client slower than its agent still gets every
     /// activity of its turn, in order, ending with the one that ends it. The loop never waits
-    /// for a client; the store is the buffer.
-    fn catch_up(&self, stream: TurnStream, session: SessionId, turn: u64, after_seq: u64) {
+    /// for a client; the store is the buffer. Once a read finds nothing more stored, the stream
+    /// goes back to the live activities ([`Command::Resume`]) if none was committed since:
+    /// reading a turn back costs the loop a query a page and the client a page's wait, so a
+    /// client that fell behind for a moment (a burst; its process not scheduled) is not fed
+    /// from the store for the rest of its turn.
+    fn catch_up(&self, mut stream: TurnStream, session: SessionId, turn: u64, after_seq: u64) {
         const PAGE: usize = 256;
+        tracing::debug!(%session, turn, after_seq, "a turn's client fell behind: fed from the store");
         let tx = self.tx.clone();
         // Woken by the session's committed activities (subscribed before the first read, so
         // none falls in between): a short page waits for the next one, not for a timer.
@@ -818,6 +845,23 @@ impl Io {
                     }
                 }
                 if !full {
+                    // All the store had: back to the live activities if none came since.
+                    let (reply, back) = tokio::sync::oneshot::channel();
+                    let resume = Command::Resume {
+                        session: session.clone(),
+                        turn,
+                        after,
+                        stream,
+                        reply,
+                    };
+                    if tx.send(resume).await.is_err() {
+                        return; // the loop is gone
+                    }
+                    stream = match back.await {
+                        Ok(Some(stream)) => stream,
+                        // Live again (or the loop is gone).
+                        Ok(None) | Err(_) => return,
+                    };
                     tokio::select! {
                         biased;
                         _ = stream.closed() => return,

@@ -166,6 +166,16 @@ pub enum Command {
         reply: Reply<usize>,
     },
     Query(Query),
+    /// A turn's stream fed from the store ([`crate::event_loop`]'s catch-up) that read all the
+    /// store had, up to activity `after`: it goes back to the turn's live activities if nothing
+    /// of its session was committed since, and is handed back otherwise.
+    Resume {
+        session: SessionId,
+        turn: u64,
+        after: u64,
+        stream: TurnStream,
+        reply: Reply<Option<TurnStream>>,
+    },
 }
 
 impl Command {
