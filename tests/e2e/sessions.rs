@@ -1196,29 +1196,79 @@ async fn unrecognized_provider_lines_are_stored_raw_and_counted() {
 /// with the COMPLETION: past the stream's buffer the rest comes from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_client_gets_its_whole_turn() {
-    let log = [("PADDOCK_LOG", "warn,paddock_daemon::event_loop=debug")];
-    let mut d = Daemon::start_with_env(Dirs::new(), &[], &log).await;
-    // More than the stream's buffer (4,096) and HTTP/2's windows (~2.4 MB) hold.
     let n = 20_000;
-    let pad = "x".repeat(200);
-    let mut steps: Vec<serde_json::Value> = (0..n)
-        .map(|i| json!({"text": format!("step {i} {pad}"), "tokens_in": 1, "tokens_out": 1}))
-        .collect();
-    steps.push(json!({"result": "all done"}));
-    let s = d.session(Some(("long", turns(json!(steps))))).await;
-    let mut stream = within(d.client().await.send_message(pb::SendMessageRequest {
-        session_id: s.id.clone(),
-        message: "go".into(),
-    }))
-    .await
-    .unwrap()
-    .into_inner();
+    let (d, stream, s) = long_turn((0..n).map(padded_step).collect()).await;
     // Let the agent run far ahead of this client.
     let deadline = Instant::now() + WAIT;
     while d.get(&s.id).await.status != S::Running as i32 {
         assert!(Instant::now() < deadline, "the turn never ended");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    read_whole_turn(stream, n).await;
+    let said = d.stderr();
+    assert!(
+        said.contains("fell behind: fed from the store"),
+        "the client fell behind; the daemon said:\n{said}"
+    );
+}
+
+/// A client that fell behind and read the store up to its end goes back to the live
+/// activities, and still gets every one of its turn once, in order: the agent makes 20,000
+/// activities while the client reads nothing, pauses while the client catches up from the
+/// store, then makes 300 more, which come live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_caught_up_is_fed_live_again() {
+    let (first, then) = (20_000, 300);
+    let mut steps: Vec<serde_json::Value> = (0..first).map(padded_step).collect();
+    steps.push(json!({"delay_ms": 3000}));
+    steps.extend((first..first + then).map(padded_step));
+    let (d, stream, s) = long_turn(steps).await;
+    // The client reads nothing until the agent made its first part.
+    let deadline = Instant::now() + WAIT;
+    while d.get(&s.id).await.tokens_input < first as i64 {
+        assert!(Instant::now() < deadline, "the first part never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    read_whole_turn(stream, first + then).await;
+    let said = d.stderr();
+    assert!(
+        said.contains("a turn's stream is live again"),
+        "the stream went back to the live activities; the daemon said:\n{said}"
+    );
+}
+
+/// A step of about 250 bytes: 20,000 are more than a turn's stream buffers (4,096) and
+/// HTTP/2's windows (~2.4 MB) hold.
+fn padded_step(i: usize) -> serde_json::Value {
+    let pad = "x".repeat(200);
+    json!({"text": format!("step {i} {pad}"), "tokens_in": 1, "tokens_out": 1})
+}
+
+/// A daemon that logs its loop's debug lines, a scripted session of `steps` (then "all done"),
+/// and the stream of the turn started.
+async fn long_turn(
+    mut steps: Vec<serde_json::Value>,
+) -> (
+    Daemon,
+    tonic::Streaming<pb::SessionActivityEvent>,
+    pb::SessionInfo,
+) {
+    let log = [("PADDOCK_LOG", "warn,paddock_daemon::event_loop=debug")];
+    let mut d = Daemon::start_with_env(Dirs::new(), &[], &log).await;
+    steps.push(json!({"result": "all done"}));
+    let s = d.session(Some(("long", turns(json!(steps))))).await;
+    let stream = within(d.client().await.send_message(pb::SendMessageRequest {
+        session_id: s.id.clone(),
+        message: "go".into(),
+    }))
+    .await
+    .unwrap()
+    .into_inner();
+    (d, stream, s)
+}
+
+/// Reads a turn to its end: `n` activities and the COMPLETION, each once, in order.
+async fn read_whole_turn(mut stream: tonic::Streaming<pb::SessionActivityEvent>, n: usize) {
     let mut seqs = Vec::new();
     let mut last = None;
     while let Some(ev) = within(stream.message()).await.unwrap() {
@@ -1233,64 +1283,6 @@ async fn a_slow_client_gets_its_whole_turn() {
     let last = last.unwrap();
     assert_eq!(kind(&last), "COMPLETION");
     assert_eq!(last.content, "all done");
-    let said = d.stderr();
-    assert!(
-        said.contains("fell behind: fed from the store"),
-        "the client fell behind; the daemon said:\n{said}"
-    );
-}
-
-/// A client that fell behind and read the store up to its end goes back to the live
-/// activities, and still gets every one of its turn once, in order: the agent makes 20,000
-/// activities while the client reads nothing, pauses while the client catches up from the
-/// store, then makes 300 more, which come live.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_caught_up_is_fed_live_again() {
-    let dirs = Dirs::new();
-    let log = [("PADDOCK_LOG", "warn,paddock_daemon::event_loop=debug")];
-    let mut d = Daemon::start_with_env(dirs, &[], &log).await;
-    let (first, then) = (20_000, 300);
-    // More than the stream's buffer (4,096) and HTTP/2's windows (~2.4 MB) hold.
-    let pad = "x".repeat(200);
-    let step =
-        |i: usize| json!({"text": format!("step {i} {pad}"), "tokens_in": 1, "tokens_out": 1});
-    let mut steps: Vec<serde_json::Value> = (0..first).map(step).collect();
-    steps.push(json!({"delay_ms": 3000}));
-    steps.extend((first..first + then).map(step));
-    steps.push(json!({"result": "all done"}));
-    let s = d.session(Some(("long", turns(json!(steps))))).await;
-    let mut stream = within(d.client().await.send_message(pb::SendMessageRequest {
-        session_id: s.id.clone(),
-        message: "go".into(),
-    }))
-    .await
-    .unwrap()
-    .into_inner();
-    // The client reads nothing until the agent made its first part (past the stream's buffer).
-    let deadline = Instant::now() + WAIT;
-    while d.get(&s.id).await.tokens_input < first as i64 {
-        assert!(Instant::now() < deadline, "the first part never came");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut seqs = Vec::new();
-    let mut last = None;
-    while let Some(ev) = within(stream.message()).await.unwrap() {
-        seqs.push(ev.seq);
-        last = Some(ev);
-    }
-    assert_eq!(seqs.len(), first + then + 1);
-    assert!(
-        seqs.windows(2).all(|w| w[1] == w[0] + 1),
-        "in order, none twice"
-    );
-    let last = last.unwrap();
-    assert_eq!(kind(&last), "COMPLETION");
-    assert_eq!(last.content, "all done");
-    let said = d.stderr();
-    assert!(
-        said.contains("a turn's stream is live again"),
-        "the stream went back to the live activities; the daemon said:\n{said}"
-    );
 }
 
 /// A claude-code session whose agent is the shell command `cmd` (which answers the ready
