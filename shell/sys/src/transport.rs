@@ -55,18 +55,6 @@ pub const BULK_STREAM_WINDOW: u32 = 256 * 1024;
 /// runner's output unread, at most.
 pub const BULK_CONNECTION_WINDOW: u32 = 2 * 1024 * 1024;
 
-/// [`channel`] for a client that must never wait forever (the CLI): connecting, and each call
-/// until its answer (a stream's first message for a streaming call), take at most `limit`.
-pub async fn channel_within(
-    path: &Path,
-    limit: std::time::Duration,
-) -> Result<Channel, ConnectError> {
-    let endpoint = Endpoint::from_static("http://localhost")
-        .connect_timeout(limit)
-        .timeout(limit);
-    connect(endpoint, path).await
-}
-
 async fn connect(endpoint: Endpoint, path: &Path) -> Result<Channel, ConnectError> {
     let p = path.to_path_buf();
     endpoint
