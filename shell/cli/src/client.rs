@@ -12,7 +12,7 @@ use super::{Ctx, Error, Result};
 use crate::transport::MESSAGE_MAX_BYTES;
 
 /// A connection whose calls never wait longer than [`call_timeout`].
-async fn channel(socket: &Path) -> std::result::Result<Conn, crate::transport::ConnectError> {
+async fn conn(socket: &Path) -> std::result::Result<Conn, crate::transport::ConnectError> {
     crate::transport::conn_within(socket, call_timeout()).await
 }
 
@@ -57,14 +57,14 @@ pub async fn connect(ctx: &Ctx) -> Result<Client> {
 pub async fn connect_channel(ctx: &Ctx) -> Result<Conn> {
     // Said at once, not after an autostart that could not work either.
     crate::socket::check_owner(&ctx.socket).map_err(Error::Untrusted)?;
-    match channel(&ctx.socket).await {
+    match conn(&ctx.socket).await {
         Ok(ch) => Ok(ch),
         Err(e) if !ctx.autostart => Err(Error::NoAutostart(e)),
         Err(_) => {
             let mut started = start_daemon(&ctx.socket, &ctx.data_dir)?;
             let deadline = tokio::time::Instant::now() + AUTOSTART_WAIT;
             loop {
-                match channel(&ctx.socket).await {
+                match conn(&ctx.socket).await {
                     Ok(ch) => return Ok(ch),
                     Err(source) if tokio::time::Instant::now() >= deadline => {
                         return Err(Error::Autostart {

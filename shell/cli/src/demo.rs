@@ -15,7 +15,7 @@ use tokio_stream::StreamExt;
 use super::output::*;
 use super::view::*;
 use super::{Ctx, Error, Result};
-use crate::transport::conn as channel;
+use crate::transport::conn;
 
 pub async fn run(_ctx: &Ctx, message: &str) -> Result<()> {
     demo(message).await
@@ -58,7 +58,7 @@ async fn demo(message: &str) -> Result<()> {
         .map_err(Error::io("cannot start the daemon"))?;
     let result = session(&socket, &project, message).await;
     // Shut the daemon down whatever happened, and wait for it.
-    if let Ok(ch) = channel(&socket).await {
+    if let Ok(ch) = conn(&socket).await {
         let mut c = super::client::client_of(ch);
         let _ = c.shutdown(pb::ShutdownRequest { force: false }).await;
     }
@@ -78,7 +78,7 @@ async fn demo(message: &str) -> Result<()> {
 async fn session(socket: &Path, project: &Path, message: &str) -> Result<()> {
     let mut waited = 0;
     let ch = loop {
-        match channel(socket).await {
+        match conn(socket).await {
             Ok(ch) => break ch,
             Err(e) if waited > 200 => return Err(Error::NoDaemon(e)),
             Err(_) => {

@@ -122,11 +122,20 @@ async fn open_conn(path: &Path, limit: Option<std::time::Duration>) -> Result<Co
         });
         Ok::<_, std::io::Error>(Conn { send, limit })
     };
+    within(limit, open).await.map_err(failed)
+}
+
+/// `work`, given at most `limit`: past it, the error tonic's own timeout gives
+/// ([`tonic::TimeoutExpired`], a `CANCELLED` status).
+async fn within<T, E: Into<tonic::codegen::StdError>>(
+    limit: Option<std::time::Duration>,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, tonic::codegen::StdError> {
     match limit {
-        None => open.await.map_err(|e| failed(e.into())),
-        Some(limit) => match tokio::time::timeout(limit, open).await {
-            Ok(r) => r.map_err(|e| failed(e.into())),
-            Err(_) => Err(failed(tonic::TimeoutExpired(()).into())),
+        None => work.await.map_err(Into::into),
+        Some(limit) => match tokio::time::timeout(limit, work).await {
+            Ok(r) => r.map_err(Into::into),
+            Err(_) => Err(tonic::TimeoutExpired(()).into()),
         },
     }
 }
@@ -156,16 +165,9 @@ impl tower::Service<tonic::codegen::http::Request<tonic::body::Body>> for Conn {
             Ok(uri) => *req.uri_mut() = uri,
             Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
         }
-        let answer = self.send.send_request(req);
-        let limit = self.limit;
+        let answer = within(self.limit, self.send.send_request(req));
         Box::pin(async move {
-            let answer = match limit {
-                None => answer.await?,
-                Some(limit) => match tokio::time::timeout(limit, answer).await {
-                    Ok(r) => r?,
-                    Err(_) => return Err(tonic::TimeoutExpired(()).into()),
-                },
-            };
+            let answer = answer.await?;
             Ok(answer.map(tonic::body::Body::new))
         })
     }
