@@ -1250,3 +1250,44 @@ async fn session_watch_shows_a_turns_end_after_its_last_activity() {
         assert!(before.starts_with("COMPLETION"), "line {i}: {lines:#?}");
     }
 }
+
+/// jemalloc's options as each kind of process gets them (`choose_malloc_conf` in main.rs): a
+/// user's command backs its heap with huge pages where the system allows; the daemon, the
+/// runner and the hidden per-agent helpers keep jemalloc's defaults, whatever else their
+/// arguments say. jemalloc prints its options at exit when told to (`stats_print`, through its
+/// variable, which adds to the options and changes none of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_commands_ask_for_huge_pages_and_the_long_lived_processes_do_not() {
+    let dirs = Dirs::new();
+    let thp = |args: &'static [&'static str]| {
+        let mut cmd = dirs.cli(false);
+        cmd.env("_RJEM_MALLOC_CONF", "stats_print:true");
+        async move {
+            let o = run(cmd, args).await;
+            let line = o
+                .stderr
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("opt.thp: "))
+                .unwrap_or_else(|| panic!("jemalloc printed no options for {args:?}: {o:?}"))
+                .trim_matches('"')
+                .to_string();
+            (o.code, line)
+        }
+    };
+    for user in [&["--version"][..], &["session", "list", "--help"]] {
+        let (code, thp) = thp(user).await;
+        assert_eq!(code, 0, "{user:?}");
+        // "always"; "not supported" where the system says nothing of huge pages.
+        assert_ne!(thp, "default", "{user:?} kept jemalloc's default");
+    }
+    for long_lived in [
+        &["daemon", "--help"][..],
+        &["runner", "--help"],
+        &["__scripted-agent", "--help"],
+        &["__bridge", "--help"],
+    ] {
+        let (code, thp) = thp(long_lived).await;
+        assert_eq!(code, 0, "{long_lived:?}");
+        assert_eq!(thp, "default", "{long_lived:?}");
+    }
+}
