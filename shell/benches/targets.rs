@@ -1097,6 +1097,13 @@ async fn p2(s: &Settings) -> Vec<Row> {
         base.push(p2_baseline(&file).as_secs_f64());
         value.push(p2_value_loop(&file).as_secs_f64());
         daemon.push(p2_daemon(&file, s.p2_events).await.as_secs_f64());
+        let k = |secs: &[f64]| s.p2_events as f64 / secs[secs.len() - 1] / 1000.0;
+        eprintln!(
+            "P2: parse loop {:.0} k/s, relay {:.0} k/s ({:.2}×)",
+            k(&base),
+            k(&daemon),
+            k(&daemon) / k(&base)
+        );
     }
     let n = s.p2_events as f64;
     let b = n / median(&mut base) / 1000.0;

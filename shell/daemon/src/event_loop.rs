@@ -24,7 +24,9 @@ use paddock_exec::{Executor, Line, Ports};
 use tokio::sync::{mpsc, watch};
 
 use super::fanout::Heard;
-use super::port::{shutting_down, DaemonView, HistoryView, Query, Reply, SessionView, TurnStream};
+use super::port::{
+    shutting_down, CaughtUp, DaemonView, HistoryView, Query, Reply, SessionView, TurnStream,
+};
 pub use super::port::{Command, Hub, Request};
 use super::supervisor::{self, RunHandle};
 use crate::paths::{now_ms, Clock};
@@ -442,27 +444,14 @@ impl State {
                 }
                 self.io.acks.push(Ack::Count(reply, n));
             }
-            Command::Resume {
+            Command::CatchUp {
                 session,
                 turn,
                 after,
                 stream,
                 reply,
             } => {
-                // Every batch before this one is committed and delivered: a session whose last
-                // activity is the one the stream read last has nothing the stream missed, and
-                // what it makes next is delivered live.
-                let caught_up = self.exec.engine().session(&session).is_some_and(|s| {
-                    let r = &s.record;
-                    r.last_activity_seq == after && r.turn_open && r.turns == turn
-                });
-                if caught_up {
-                    tracing::debug!(%session, turn, after, "a turn's stream is live again");
-                    self.io.turn_streams.insert((session, turn), stream);
-                    let _ = reply.send(None);
-                } else {
-                    let _ = reply.send(Some(stream));
-                }
+                let _ = reply.send(self.catch_up_read(session, turn, after, stream));
             }
             Command::Query(q) => {
                 match &q {
@@ -475,6 +464,62 @@ impl State {
                 self.queries.push(q)
             }
         }
+    }
+
+    /// One step of a behind turn's catch-up ([`Command::CatchUp`]): what is stored after
+    /// activity `after` goes into the stream, as much as it has room for; when that was all and
+    /// the turn goes on, the stream is live again.
+    ///
+    /// Every batch before this command is committed and delivered, so the store holds every
+    /// activity the session has made, and what it makes from here is delivered live, after
+    /// what was read. The read and the switch are one step of the loop's: a reader that read
+    /// through the loop's queries and then asked to go live found a flood's next batches
+    /// committed meanwhile (500–5,000 activities in P2), and was fed from the store to its
+    /// turn's end. The loop sends only what the stream has room for: it never waits for a
+    /// client.
+    fn catch_up_read(
+        &mut self,
+        session: SessionId,
+        turn: u64,
+        mut after: u64,
+        stream: TurnStream,
+    ) -> CaughtUp {
+        let room = stream.capacity();
+        let page = match self.io.store.activities(&session.0, after, room) {
+            Ok(page) => page,
+            Err(e) => {
+                let _ = stream.try_send(Err(read_failed("the turn's activities", e)));
+                return CaughtUp::Done;
+            }
+        };
+        let more = page.len() == room;
+        for ev in page {
+            after = ev.seq;
+            if ev.turn != Some(turn) {
+                continue;
+            }
+            let ends = ev.ends_turn;
+            // Room was counted (only this loop sends on the stream): only a client that went
+            // refuses it.
+            if stream.try_send(Ok(Arc::new(ev))).is_err() || ends {
+                return CaughtUp::Done;
+            }
+        }
+        let goes_on = self
+            .exec
+            .engine()
+            .session(&session)
+            .is_some_and(|s| s.record.turn_open && s.record.turns == turn);
+        if more || !goes_on {
+            return CaughtUp::Behind {
+                stream,
+                after,
+                more,
+            };
+        }
+        tracing::debug!(%session, turn, after, "a turn's stream is live again");
+        self.io.turn_streams.insert((session, turn), stream);
+        CaughtUp::Live
     }
 
     /// Answers a query from what is committed.
@@ -798,70 +843,49 @@ impl Io {
     /// Feeds a turn's stream from the store, from activity `after_seq` on, until the turn's
     /// last activity (or the client goes): a client slower than its agent still gets every
     /// activity of its turn, in order, ending with the one that ends it. The loop never waits
-    /// for a client; the store is the buffer. Once a read finds nothing more stored, the stream
-    /// goes back to the live activities ([`Command::Resume`]) if none was committed since:
-    /// reading a turn back costs the loop a query a page and the client a page's wait, so a
-    /// client that fell behind for a moment (a burst; its process not scheduled) is not fed
-    /// from the store for the rest of its turn.
+    /// for a client; the store is the buffer. A task waits for the stream to have room for a
+    /// page, then asks the loop for what is stored ([`State::catch_up_read`]), which makes the
+    /// stream live again once the client has read all of it: a client that fell behind for a
+    /// moment (a burst; its process not scheduled) is not fed from the store for the rest of
+    /// its turn.
     fn catch_up(&self, mut stream: TurnStream, session: SessionId, turn: u64, after_seq: u64) {
+        /// The room the stream must have before the loop reads for it.
         const PAGE: usize = 256;
         tracing::debug!(%session, turn, after_seq, "a turn's client fell behind: fed from the store");
         let tx = self.tx.clone();
         // Woken by the session's committed activities (subscribed before the first read, so
-        // none falls in between): a short page waits for the next one, not for a timer.
+        // none falls in between): a turn that cannot go live yet waits for the next one.
         let mut committed = self.hub.activity.subscribe(&session);
         tokio::spawn(async move {
             let mut after = after_seq;
             loop {
-                let (reply, rrx) = tokio::sync::oneshot::channel();
-                let read = Query::Activities {
+                // Room for a page (or the client went).
+                match stream.reserve_many(PAGE).await {
+                    Ok(room) => drop(room),
+                    Err(_) => return,
+                }
+                let (reply, back) = tokio::sync::oneshot::channel();
+                let step = Command::CatchUp {
                     session: session.clone(),
+                    turn,
                     after,
-                    limit: PAGE,
+                    stream,
                     reply,
                 };
-                if tx.send(Command::Query(read)).await.is_err() {
+                if tx.send(step).await.is_err() {
                     return; // the loop is gone
                 }
-                let page = match rrx.await {
-                    Ok(Ok(page)) => page,
-                    Ok(Err(e)) => {
-                        let _ = stream
-                            .send(Err(read_failed("the turn's activities", e)))
-                            .await;
-                        return;
-                    }
-                    Err(_) => return, // the loop is gone
-                };
-                let full = page.len() == PAGE;
-                for ev in page {
-                    after = ev.seq;
-                    if ev.turn != Some(turn) {
-                        continue;
-                    }
-                    let ends = ev.ends_turn;
-                    if stream.send(Ok(Arc::new(ev))).await.is_err() || ends {
-                        return;
-                    }
-                }
-                if !full {
-                    // All the store had: back to the live activities if none came since.
-                    let (reply, back) = tokio::sync::oneshot::channel();
-                    let resume = Command::Resume {
-                        session: session.clone(),
-                        turn,
-                        after,
+                let more;
+                (stream, after, more) = match back.await {
+                    Ok(CaughtUp::Behind {
                         stream,
-                        reply,
-                    };
-                    if tx.send(resume).await.is_err() {
-                        return; // the loop is gone
-                    }
-                    stream = match back.await {
-                        Ok(Some(stream)) => stream,
-                        // Live again (or the loop is gone).
-                        Ok(None) | Err(_) => return,
-                    };
+                        after,
+                        more,
+                    }) => (stream, after, more),
+                    // Live again, over, or the loop is gone.
+                    Ok(CaughtUp::Live | CaughtUp::Done) | Err(_) => return,
+                };
+                if !more {
                     tokio::select! {
                         biased;
                         _ = stream.closed() => return,

@@ -40,6 +40,24 @@ pub type Reply<T> = oneshot::Sender<T>;
 /// (1,000 busy sessions, each with a turn open: ~4 MiB). Shared (the engine's own `Arc`):
 /// once the store and the watchers let go, the stream moves its text to the wire uncopied.
 pub type TurnStream = mpsc::Sender<Result<Arc<ActivityEvent>, Error>>;
+
+/// What became of a turn's stream the loop fed from the store ([`Command::CatchUp`]).
+#[derive(Debug)]
+pub enum CaughtUp {
+    /// Live again: the loop delivers the turn's activities as they come.
+    Live,
+    /// Over: the turn's last activity was sent, the client went, or the read failed (said on
+    /// the stream).
+    Done,
+    /// Sent through activity `after`; `more` is stored than the stream had room for, or (not
+    /// `more`) all of it was sent but the turn could not go live: the reader waits for room,
+    /// or for the session's next commit.
+    Behind {
+        stream: TurnStream,
+        after: u64,
+        more: bool,
+    },
+}
 /// A store read's answer.
 pub type Read<T> = Result<T, StoreError>;
 
@@ -166,15 +184,15 @@ pub enum Command {
         reply: Reply<usize>,
     },
     Query(Query),
-    /// A turn's stream fed from the store ([`crate::event_loop`]'s catch-up) that read all the
-    /// store had, up to activity `after`: it goes back to the turn's live activities if nothing
-    /// of its session was committed since, and is handed back otherwise.
-    Resume {
+    /// A turn's stream whose client fell behind ([`crate::event_loop`]'s catch-up), at activity
+    /// `after`: the loop sends it what is stored after that, as much as it has room for, and
+    /// makes it live again once that was all.
+    CatchUp {
         session: SessionId,
         turn: u64,
         after: u64,
         stream: TurnStream,
-        reply: Reply<Option<TurnStream>>,
+        reply: Reply<CaughtUp>,
     },
 }
 
