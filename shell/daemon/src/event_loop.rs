@@ -859,8 +859,8 @@ impl Io {
         tokio::spawn(async move {
             let mut after = after_seq;
             loop {
-                // Room for a page (or the client went).
-                match stream.reserve_many(PAGE).await {
+                // Room for a page (or the client went); a stream smaller than a page, all of it.
+                match stream.reserve_many(PAGE.min(stream.max_capacity())).await {
                     Ok(room) => drop(room),
                     Err(_) => return,
                 }
