@@ -1237,6 +1237,72 @@ async fn a_client_that_caught_up_is_fed_live_again() {
     );
 }
 
+/// A client that fell behind while its agent floods on, with no pause, goes back to the live
+/// activities before the turn ends: the loop reads back what was committed and makes the
+/// stream live in the same step. (A reader that read the store and then asked to go live found
+/// the flood's next batches committed each time, and was fed from the store to the turn's end.)
+/// The agent prints 150,000 lines as fast as `cat` writes them; the client reads nothing until
+/// 20,000 are stored, then reads as fast as it can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_behind_a_flood_is_fed_live_again_before_the_turn_ends() {
+    let n: usize = 150_000;
+    let log = [("PADDOCK_LOG", "warn,paddock_daemon::event_loop=debug")];
+    let mut d = Daemon::start_with_env(Dirs::new(), &[], &log).await;
+    let base = d.dirs.base.clone();
+    let lines = base.join("flood.jsonl");
+    let mut text = String::new();
+    for i in 0..n {
+        let pad = "x".repeat(100);
+        let line = json!({"type": "assistant", "message": {"id": format!("msg_{i}"),
+            "type": "message", "role": "assistant", "model": "m",
+            "content": [{"type": "text", "text": format!("step {i} {pad}")}],
+            "stop_reason": null, "usage": {"input_tokens": 1, "output_tokens": 1}},
+            "parent_tool_use_id": null, "session_id": "flood"});
+        text.push_str(&line.to_string());
+        text.push('\n');
+    }
+    text.push_str(
+        &json!({"type": "result", "subtype": "success", "is_error": false, "result": "all done",
+            "session_id": "flood", "usage": {"input_tokens": n, "output_tokens": n}})
+        .to_string(),
+    );
+    text.push('\n');
+    std::fs::write(&lines, text).unwrap();
+    let script = base.join("flood.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n{ANSWER_READY}read -r _\ncat {}\nwhile read -r _; do :; done\n",
+            lines.display()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let s = stand_in(&mut d, script.display().to_string()).await;
+    let stream = go(&d, &s.id).await;
+    let deadline = Instant::now() + WAIT;
+    while d.get(&s.id).await.tokens_output < 20_000 {
+        assert!(Instant::now() < deadline, "the flood never came");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let still_flooding = d.get(&s.id).await.tokens_output < n as i64 / 2;
+    read_whole_turn(stream, n).await;
+    let said = d.stderr();
+    assert!(
+        said.contains("fell behind: fed from the store"),
+        "the client fell behind; the daemon said:\n{said}"
+    );
+    // Live again means before the turn's end: a turn that ended is read back to its end.
+    assert!(
+        still_flooding && said.contains("a turn's stream is live again"),
+        "the stream went back to the live activities while the agent flooded on \
+         (flooding when the client began to read: {still_flooding}); the daemon said:\n{said}"
+    );
+}
+
 /// A step of about 250 bytes: 20,000 are more than a turn's stream buffers (4,096) and
 /// HTTP/2's windows (~2.4 MB) hold.
 fn padded_step(i: usize) -> serde_json::Value {
@@ -1257,14 +1323,19 @@ async fn long_turn(
     let mut d = Daemon::start_with_env(Dirs::new(), &[], &log).await;
     steps.push(json!({"result": "all done"}));
     let s = d.session(Some(("long", turns(json!(steps))))).await;
-    let stream = within(d.client().await.send_message(pb::SendMessageRequest {
-        session_id: s.id.clone(),
+    let stream = go(&d, &s.id).await;
+    (d, stream, s)
+}
+
+/// The stream of a turn ("go") started on session `id`.
+async fn go(d: &Daemon, id: &str) -> tonic::Streaming<pb::SessionActivityEvent> {
+    within(d.client().await.send_message(pb::SendMessageRequest {
+        session_id: id.to_string(),
         message: "go".into(),
     }))
     .await
     .unwrap()
-    .into_inner();
-    (d, stream, s)
+    .into_inner()
 }
 
 /// Reads a turn to its end: `n` activities and the COMPLETION, each once, in order.
