@@ -511,6 +511,25 @@ impl Daemon {
         .map(|r| r.into_inner().session.expect("session in response"))
     }
 
+    /// Waits until the session is as `done` says (polling GetSession); `what` names the wait
+    /// in the failure.
+    pub async fn wait_until(
+        &self,
+        id: &str,
+        what: &str,
+        done: impl Fn(&pb::SessionInfo) -> bool,
+    ) -> pb::SessionInfo {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let s = self.get(id).await;
+            if done(&s) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "session {id}: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Waits until the session has `status` (polling GetSession).
     pub async fn wait_status(&self, id: &str, status: pb::SessionStatus) -> pb::SessionInfo {
         let deadline = Instant::now() + WAIT;

@@ -1198,12 +1198,8 @@ async fn unrecognized_provider_lines_are_stored_raw_and_counted() {
 async fn a_slow_client_gets_its_whole_turn() {
     let n = 20_000;
     let (d, stream, s) = long_turn((0..n).map(padded_step).collect()).await;
-    // Let the agent run far ahead of this client.
-    let deadline = Instant::now() + WAIT;
-    while d.get(&s.id).await.status != S::Running as i32 {
-        assert!(Instant::now() < deadline, "the turn never ended");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Let the agent run far ahead of this client: the turn ends unread.
+    d.wait_status(&s.id, S::Running).await;
     read_whole_turn(stream, n).await;
     let said = d.stderr();
     assert!(
@@ -1224,11 +1220,10 @@ async fn a_client_that_caught_up_is_fed_live_again() {
     steps.extend((first..first + then).map(padded_step));
     let (d, stream, s) = long_turn(steps).await;
     // The client reads nothing until the agent made its first part.
-    let deadline = Instant::now() + WAIT;
-    while d.get(&s.id).await.tokens_input < first as i64 {
-        assert!(Instant::now() < deadline, "the first part never came");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    d.wait_until(&s.id, "the first part never came", |s| {
+        s.tokens_input >= first as i64
+    })
+    .await;
     read_whole_turn(stream, first + then).await;
     let said = d.stderr();
     assert!(
@@ -1283,12 +1278,10 @@ async fn a_client_behind_a_flood_is_fed_live_again_before_the_turn_ends() {
     }
     let s = stand_in(&mut d, script.display().to_string()).await;
     let stream = go(&d, &s.id).await;
-    let deadline = Instant::now() + WAIT;
-    while d.get(&s.id).await.tokens_output < 20_000 {
-        assert!(Instant::now() < deadline, "the flood never came");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let still_flooding = d.get(&s.id).await.tokens_output < n as i64 / 2;
+    let behind = d
+        .wait_until(&s.id, "the flood never came", |s| s.tokens_output >= 20_000)
+        .await;
+    let still_flooding = behind.tokens_output < n as i64 / 2;
     read_whole_turn(stream, n).await;
     let said = d.stderr();
     assert!(
